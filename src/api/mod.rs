@@ -1,0 +1,250 @@
+//! HTTP only: routes, extractors, problem+json, middleware and the OpenAPI document.
+//! Knows nothing about devices.
+
+mod auth;
+mod elements;
+mod extract;
+pub mod problem;
+pub mod system;
+pub mod zk;
+
+pub use extract::ApiJson;
+
+use crate::backend::Backends;
+use crate::config::Settings;
+use crate::metrics::Metrics;
+use crate::pool::{Pool, RunInfo};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use problem::{ErrorCode, Problem};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{
+    MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
+};
+use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_swagger_ui::SwaggerUi;
+
+pub struct AppState {
+    pub settings: Settings,
+    pub metrics: Arc<Metrics>,
+    pub pool: Arc<Pool>,
+    pub backends: Arc<Backends>,
+    shutting_down: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(
+        settings: Settings,
+        metrics: Arc<Metrics>,
+        pool: Arc<Pool>,
+        backends: Arc<Backends>,
+    ) -> Self {
+        Self {
+            settings,
+            metrics,
+            pool,
+            backends,
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "gpu-ops", description = "GPU operations behind REST, with a CPU fallback that gives the same answers."),
+    paths(
+        system::live, system::ready, system::device, system::metrics,
+        zk::field_add, zk::field_sub, zk::field_mul,
+    ),
+    components(schemas(problem::ProblemDocument, problem::FieldIssue)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "system", description = "Health, devices and metrics"),
+        (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
+    )
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("Needed when the server runs with --api-keys-file"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The OpenAPI document as committed in `openapi/openapi.json`.
+pub fn openapi_json() -> String {
+    ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document serialises")
+        + "\n"
+}
+
+/// The whole application: routes plus the middleware stack.
+pub fn router(state: Arc<AppState>) -> Router {
+    with_middleware(routes(state.clone()), state)
+}
+
+/// The routes without middleware; `with_middleware` wraps them (tests add routes between).
+pub fn routes(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/zk/field_add", post(zk::field_add))
+        .route("/zk/field_sub", post(zk::field_sub))
+        .route("/zk/field_mul", post(zk::field_mul))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ));
+    Router::new()
+        .route("/health/live", get(system::live))
+        .route("/health/ready", get(system::ready))
+        .route("/device", get(system::device))
+        .route("/metrics", get(system::metrics))
+        .merge(SwaggerUi::new("/docs").url("/api-doc/openapi.json", ApiDoc::openapi()))
+        .merge(api)
+        .fallback(|| async { Problem::new(ErrorCode::NotFound, "no route matches this path") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                ErrorCode::MethodNotAllowed,
+                "this path does not accept that method",
+            )
+        })
+        .with_state(state)
+}
+
+pub fn with_middleware(routes: Router, state: Arc<AppState>) -> Router {
+    let x_request_id = HeaderName::from_static("x-request-id");
+    let limit = state.settings.config.max_body_bytes;
+    routes.layer(DefaultBodyLimit::max(limit)).layer(
+        ServiceBuilder::new()
+            .layer(SetRequestIdLayer::new(x_request_id.clone(), MakeRequestUuid))
+            .layer(PropagateRequestIdLayer::new(x_request_id))
+            .layer(TraceLayer::new_for_http().make_span_with(|req: &Request| {
+                let id = req.extensions().get::<RequestId>().and_then(|r| r.header_value().to_str().ok()).unwrap_or("");
+                tracing::info_span!("request", method = %req.method(), path = %req.uri().path(), request_id = %id)
+            }))
+            .layer(middleware::from_fn_with_state(state, record_http_metrics))
+            .layer(middleware::from_fn(render_problems))
+            .layer(CatchPanicLayer::custom(|panic: Box<dyn std::any::Any + Send>| {
+                tracing::error!(panic = %crate::backend::cpu::panic_message(&panic), "handler panicked");
+                Problem::new(ErrorCode::Internal, "the request failed unexpectedly; it has been logged").into_response()
+            })),
+    )
+}
+
+async fn record_http_metrics(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("<unmatched>".to_string(), |p| p.as_str().to_string());
+    let method = req.method().as_str().to_string();
+    let start = Instant::now();
+    let res = next.run(req).await;
+    let m = &state.metrics;
+    m.http_requests
+        .with_label_values(&[&route, &method, res.status().as_str()])
+        .inc();
+    m.http_duration
+        .with_label_values(&[&route])
+        .observe(start.elapsed().as_secs_f64());
+    res
+}
+
+/// Gives every error response the problem+json shape with the request id: our own
+/// problems are re-rendered with it, and any other error (from a layer or axum itself)
+/// is wrapped.
+async fn render_problems(req: Request, next: Next) -> Response {
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let res = next.run(req).await;
+    if let Some(problem) = res.extensions().get::<Arc<Problem>>().cloned() {
+        let mut fresh = problem.to_response(request_id);
+        for (k, v) in res.headers() {
+            if !fresh.headers().contains_key(k) {
+                fresh.headers_mut().insert(k.clone(), v.clone());
+            }
+        }
+        return fresh;
+    }
+    let status = res.status();
+    if status.as_u16() < 400 {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .unwrap_or_default();
+    let code = match status {
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::PayloadTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+        s if s.is_server_error() => ErrorCode::Internal,
+        _ => ErrorCode::HttpError,
+    };
+    let mut problem = Problem::new(code, String::from_utf8_lossy(&text).into_owned());
+    problem.status = Some(status);
+    let mut fresh = problem.to_response(request_id);
+    for (k, v) in &parts.headers {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            fresh.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    fresh
+}
+
+/// A 200 JSON response carrying where and how long the job ran.
+pub(crate) fn job_response(body: Vec<u8>, done: &RunInfo) -> Response {
+    let mut res = Response::new(Body::from(body));
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert("x-backend", HeaderValue::from_static(done.backend.name()));
+    if let Some(d) = done.device {
+        h.insert("x-device", HeaderValue::from(d));
+    }
+    let ms = |d: std::time::Duration| {
+        HeaderValue::from_str(&format!("{:.3}", d.as_secs_f64() * 1e3)).expect("ascii")
+    };
+    h.insert("x-queue-time-ms", ms(done.queue_time));
+    h.insert("x-compute-time-ms", ms(done.compute_time));
+    res
+}

@@ -1,0 +1,195 @@
+//! RFC 9457 problem details. Every error the service returns goes through `Problem`,
+//! and every `code` is in the one table below, so docs, SDKs and code agree.
+
+use crate::pool::JobError;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+macro_rules! error_codes {
+    ($($variant:ident = ($code:literal, $status:expr, $title:literal),)*) => {
+        /// Stable, snake_case error codes.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum ErrorCode { $($variant,)* }
+
+        /// (code, HTTP status, title) for every code; the README table is made from it.
+        pub const ERROR_CODES: &[(&str, u16, &str)] = &[$(($code, $status, $title),)*];
+
+        impl ErrorCode {
+            pub fn as_str(self) -> &'static str { match self { $(ErrorCode::$variant => $code,)* } }
+            pub fn status(self) -> StatusCode {
+                match self { $(ErrorCode::$variant => StatusCode::from_u16($status).expect("valid status"),)* }
+            }
+            pub fn title(self) -> &'static str { match self { $(ErrorCode::$variant => $title,)* } }
+        }
+    };
+}
+
+error_codes! {
+    MalformedJson = ("malformed_json", 400, "The body is not valid JSON"),
+    Unauthorized = ("unauthorized", 401, "A valid API key is required"),
+    NotFound = ("not_found", 404, "No such resource"),
+    MethodNotAllowed = ("method_not_allowed", 405, "Method not allowed on this resource"),
+    PayloadTooLarge = ("payload_too_large", 413, "The request is larger than the server accepts"),
+    UnsupportedMediaType = ("unsupported_media_type", 415, "The body must be application/json"),
+    InvalidRequest = ("invalid_request", 422, "The request does not match the schema"),
+    InvalidFieldElement = ("invalid_field_element", 422, "A field element is malformed or not canonical"),
+    LengthMismatch = ("length_mismatch", 422, "Input vectors have incompatible lengths"),
+    InvalidParameter = ("invalid_parameter", 422, "A parameter is out of range"),
+    Internal = ("internal", 500, "Internal error"),
+    QueueFull = ("queue_full", 503, "The job queue is full"),
+    DeviceUnavailable = ("device_unavailable", 503, "No usable CUDA device"),
+    DeviceError = ("device_error", 503, "The device failed and CPU fallback is off"),
+    NotReady = ("not_ready", 503, "The service is not ready"),
+    ShuttingDown = ("shutting_down", 503, "The service is shutting down"),
+    DeadlineExceeded = ("deadline_exceeded", 504, "The job's deadline passed"),
+    HttpError = ("http_error", 400, "The request was refused"),
+}
+
+/// One bad field: a JSON pointer into the request body and what is wrong there.
+#[derive(Clone, Debug, Serialize, ToSchema, PartialEq, Eq)]
+pub struct FieldIssue {
+    #[schema(example = "/a/3")]
+    pub path: String,
+    #[schema(example = "invalid digit 'x'")]
+    pub message: String,
+}
+
+/// The body of every error response (`application/problem+json`, RFC 9457).
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct ProblemDocument {
+    #[serde(rename = "type")]
+    #[schema(example = "urn:gpu-ops:problem:invalid_field_element")]
+    pub type_: String,
+    #[schema(example = "A field element is malformed or not canonical")]
+    pub title: String,
+    #[schema(example = 422)]
+    pub status: u16,
+    pub detail: String,
+    /// Stable error code; see the README's table.
+    #[schema(example = "invalid_field_element")]
+    pub code: String,
+    #[schema(example = "0d9f4b52-8c1e-4c39-9d5a-3b1f0e2a7c44")]
+    pub request_id: Option<String>,
+    pub errors: Vec<FieldIssue>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Problem {
+    pub code: ErrorCode,
+    /// Overrides the code's status where one code covers several (http_error).
+    pub status: Option<StatusCode>,
+    pub detail: String,
+    pub errors: Vec<FieldIssue>,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl Problem {
+    pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
+        Self {
+            code,
+            status: None,
+            detail: detail.into(),
+            errors: Vec::new(),
+            retry_after_secs: None,
+        }
+    }
+
+    /// A problem about one field of the request.
+    pub fn at(code: ErrorCode, path: impl Into<String>, message: impl Into<String>) -> Self {
+        let message = message.into();
+        let path = path.into();
+        Self::new(code, format!("{path}: {message}"))
+            .with_errors(vec![FieldIssue { path, message }])
+    }
+
+    pub fn with_errors(mut self, errors: Vec<FieldIssue>) -> Self {
+        self.errors = errors;
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status.unwrap_or_else(|| self.code.status())
+    }
+
+    pub fn document(&self, request_id: Option<String>) -> ProblemDocument {
+        ProblemDocument {
+            type_: format!("urn:gpu-ops:problem:{}", self.code.as_str()),
+            title: self.code.title().to_string(),
+            status: self.status().as_u16(),
+            detail: self.detail.clone(),
+            code: self.code.as_str().to_string(),
+            request_id,
+            errors: self.errors.clone(),
+        }
+    }
+
+    /// The response, with the request id filled in when it is known.
+    pub fn to_response(&self, request_id: Option<String>) -> Response {
+        let body = serde_json::to_vec(&self.document(request_id)).unwrap_or_default();
+        let mut res = (self.status(), body).into_response();
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(secs) = self.retry_after_secs {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.code == ErrorCode::Unauthorized {
+            h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        res.extensions_mut().insert(Arc::new(self.clone()));
+        res
+    }
+}
+
+impl IntoResponse for Problem {
+    /// The request id is added by the `render_problems` middleware, which sees the
+    /// request; this body is complete but for that.
+    fn into_response(self) -> Response {
+        self.to_response(None)
+    }
+}
+
+impl From<JobError> for Problem {
+    fn from(e: JobError) -> Self {
+        let detail = e.to_string();
+        match e {
+            JobError::QueueFull {
+                retry_after_secs, ..
+            } => Problem {
+                retry_after_secs: Some(retry_after_secs),
+                ..Problem::new(ErrorCode::QueueFull, detail)
+            },
+            JobError::DeadlineExceeded => Problem::new(ErrorCode::DeadlineExceeded, detail),
+            JobError::DeviceUnavailable(_) => Problem::new(ErrorCode::DeviceUnavailable, detail),
+            JobError::DeviceFailed(_) => Problem::new(ErrorCode::DeviceError, detail),
+            JobError::ShuttingDown => Problem {
+                retry_after_secs: Some(1),
+                ..Problem::new(ErrorCode::ShuttingDown, detail)
+            },
+            JobError::Internal(_) => Problem::new(ErrorCode::Internal, detail),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_snake_case_and_statuses_are_errors() {
+        let mut seen = std::collections::HashSet::new();
+        for (code, status, _) in ERROR_CODES {
+            assert!(seen.insert(*code), "duplicate code {code}");
+            assert!(
+                code.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{code}"
+            );
+            assert!((400..600).contains(status));
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Health, device report, metrics.
+
+use super::problem::{ErrorCode, Problem, ProblemDocument};
+use super::AppState;
+use crate::backend::cpu::CpuInfo;
+use crate::backend::cuda::GpuInfo;
+use crate::backend::{BackendChoice, BackendKind};
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+#[derive(Serialize, ToSchema)]
+pub struct HealthStatus {
+    #[schema(example = "ready")]
+    pub status: &'static str,
+}
+
+#[utoipa::path(get, path = "/health/live", tag = "system", operation_id = "health_live",
+    summary = "Liveness: the process is up and serving HTTP",
+    responses((status = 200, body = HealthStatus)))]
+pub async fn live() -> Json<HealthStatus> {
+    Json(HealthStatus { status: "live" })
+}
+
+#[utoipa::path(get, path = "/health/ready", tag = "system", operation_id = "health_ready",
+    summary = "Readiness: backends discovered, kernels compiled, not shutting down",
+    responses(
+        (status = 200, body = HealthStatus),
+        (status = 503, description = "not_ready or shutting_down", body = ProblemDocument, content_type = "application/problem+json")))]
+pub async fn ready(State(state): State<Arc<AppState>>) -> Result<Json<HealthStatus>, Problem> {
+    if state.is_shutting_down() {
+        return Err(Problem::new(
+            ErrorCode::ShuttingDown,
+            "draining before exit",
+        ));
+    }
+    if !state.backends.discovery_done() {
+        return Err(Problem::new(
+            ErrorCode::NotReady,
+            "device discovery and kernel compilation are still running",
+        ));
+    }
+    Ok(Json(HealthStatus { status: "ready" }))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct GpuReport {
+    #[serde(flatten)]
+    pub info: GpuInfo,
+    pub memory_free_bytes: Option<u64>,
+    /// NVIDIA driver version from NVML, when available.
+    pub driver_version: Option<String>,
+    /// False after a device error took it out of service.
+    pub healthy: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct DeviceReport {
+    /// The backend `auto` work goes to now.
+    pub backend: BackendKind,
+    /// `--backend` as configured.
+    pub mode: BackendChoice,
+    /// Why this backend: what discovery found, or why CUDA is not in use.
+    #[schema(example = "no NVIDIA driver (libcuda not found); using the CPU")]
+    pub reason: String,
+    /// Whether a failed device job reruns on the CPU.
+    pub fallback: bool,
+    pub gpus: Vec<GpuReport>,
+    pub cpu: CpuInfo,
+}
+
+#[utoipa::path(get, path = "/device", tag = "system", operation_id = "device_info",
+    summary = "The backend in use and why, every GPU, and the CPU pool",
+    responses((status = 200, body = DeviceReport)))]
+pub async fn device(State(state): State<Arc<AppState>>) -> Json<DeviceReport> {
+    let b = &state.backends;
+    let gpus = b
+        .gpus()
+        .iter()
+        .map(|d| GpuReport {
+            info: d.info.clone(),
+            memory_free_bytes: d.memory().map(|(free, _)| free),
+            driver_version: crate::backend::nvml_driver_version().map(str::to_string),
+            healthy: d.is_healthy(),
+        })
+        .collect();
+    Json(DeviceReport {
+        backend: b.active(),
+        mode: b.mode,
+        reason: b.reason(),
+        fallback: state.settings.config.fallback,
+        gpus,
+        cpu: b.cpu.info.clone(),
+    })
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "system", operation_id = "metrics",
+    summary = "Prometheus metrics (text exposition format)",
+    responses((status = 200, content_type = "text/plain; version=0.0.4", body = String)))]
+pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}

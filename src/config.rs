@@ -1,0 +1,234 @@
+//! Flags and `GPU_OPS_*` environment variables: one struct, validated once at start-up.
+
+use crate::backend::cuda::DeviceSelection;
+use crate::backend::BackendChoice;
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "gpu-ops",
+    version,
+    about = "GPU operations behind a REST API, with a CPU fallback"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub config: Config,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the HTTP server (the default).
+    Serve(Box<Config>),
+    /// Print the OpenAPI document.
+    Openapi,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "GPU_OPS_BIND", default_value = "127.0.0.1:8080")]
+    pub bind: SocketAddr,
+    /// Backend for work: auto (CUDA when usable), cuda (required), cpu.
+    #[arg(long, env = "GPU_OPS_BACKEND", value_enum, default_value = "auto")]
+    pub backend: BackendChoice,
+    /// Rerun a job on the CPU when the device fails (true/false).
+    #[arg(long, env = "GPU_OPS_FALLBACK", default_value_t = true, action = ArgAction::Set)]
+    pub fallback: bool,
+    /// GPUs to use: "all" or ordinals such as "0,1".
+    #[arg(long, env = "GPU_OPS_DEVICES", default_value = "all")]
+    pub devices: DeviceSelection,
+    /// Jobs that may wait in the queue; beyond it requests get 503 queue_full.
+    #[arg(long, env = "GPU_OPS_QUEUE_CAPACITY", default_value_t = 1024)]
+    pub queue_capacity: usize,
+    /// CPU compute threads (default: the machine's cores).
+    #[arg(long, env = "GPU_OPS_CPU_THREADS")]
+    pub cpu_threads: Option<usize>,
+    /// Default and longest deadline of a job, e.g. 30s or 500ms.
+    #[arg(long, env = "GPU_OPS_JOB_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub job_timeout: Duration,
+    /// Largest request body in bytes; larger ones get 413.
+    #[arg(long, env = "GPU_OPS_MAX_BODY_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Most elements in one input vector; more gets 413.
+    #[arg(long, env = "GPU_OPS_MAX_ELEMENTS", default_value_t = 1 << 24)]
+    pub max_elements: usize,
+    /// Directory for persistent state (kernel cache; later budgets and datasets).
+    #[arg(long, env = "GPU_OPS_DATA_DIR", default_value = "data")]
+    pub data_dir: PathBuf,
+    /// Log format.
+    #[arg(long, env = "GPU_OPS_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// File of API keys, one "KEY TENANT" per line; when set, API routes need a bearer key.
+    #[arg(long, env = "GPU_OPS_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+    /// How long shutdown waits for queued and running jobs.
+    #[arg(long, env = "GPU_OPS_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_grace: Duration,
+    /// How often GPU gauges are sampled from NVML.
+    #[arg(long, env = "GPU_OPS_DEVICE_SAMPLE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub device_sample_interval: Duration,
+}
+
+/// A validated configuration, ready to serve with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub config: Config,
+    pub cpu_threads: usize,
+    /// API key -> tenant, when auth is on.
+    pub api_keys: Option<HashMap<String, String>>,
+}
+
+impl Config {
+    /// Checks what clap cannot; every error is one line naming the flag.
+    pub fn validate(self) -> Result<Settings, String> {
+        if self.queue_capacity == 0 {
+            return Err("--queue-capacity must be at least 1".into());
+        }
+        let cpu_threads = match self.cpu_threads {
+            Some(0) => return Err("--cpu-threads must be at least 1".into()),
+            Some(n) if n > 4096 => return Err(format!("--cpu-threads {n} is more than 4096")),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        if self.job_timeout.is_zero() {
+            return Err("--job-timeout must be longer than 0".into());
+        }
+        if self.max_body_bytes < 1024 {
+            return Err("--max-body-bytes must be at least 1024".into());
+        }
+        if self.max_elements == 0 {
+            return Err("--max-elements must be at least 1".into());
+        }
+        if self.device_sample_interval < Duration::from_millis(100) {
+            return Err("--device-sample-interval must be at least 100ms".into());
+        }
+        let api_keys = self
+            .api_keys_file
+            .as_ref()
+            .map(|p| load_api_keys(p))
+            .transpose()?;
+        Ok(Settings {
+            cpu_threads,
+            api_keys,
+            config: self,
+        })
+    }
+
+    /// The defaults, as if no flag or variable were given (tests, benchmarks).
+    pub fn defaults() -> Self {
+        Cli::parse_from(["gpu-ops"]).config
+    }
+}
+
+fn load_api_keys(path: &std::path::Path) -> Result<HashMap<String, String>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--api-keys-file {}: {e}", path.display()))?;
+    let mut keys = HashMap::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        let (Some(key), Some(tenant), None) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!(
+                "--api-keys-file {} line {}: expected \"KEY TENANT\"",
+                path.display(),
+                n + 1
+            ));
+        };
+        if key.len() < 16 {
+            return Err(format!(
+                "--api-keys-file {} line {}: keys must be at least 16 characters",
+                path.display(),
+                n + 1
+            ));
+        }
+        if keys.insert(key.to_string(), tenant.to_string()).is_some() {
+            return Err(format!(
+                "--api-keys-file {} line {}: duplicate key",
+                path.display(),
+                n + 1
+            ));
+        }
+    }
+    if keys.is_empty() {
+        return Err(format!("--api-keys-file {}: no keys", path.display()));
+    }
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Settings, String> {
+        let mut all = vec!["gpu-ops"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all)
+            .map_err(|e| e.to_string())?
+            .config
+            .validate()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let s = parse(&[]).unwrap();
+        assert_eq!(s.config.bind.to_string(), "127.0.0.1:8080");
+        assert!(s.config.fallback && s.api_keys.is_none() && s.cpu_threads >= 1);
+    }
+
+    #[test]
+    fn invalid_values_are_refused_with_the_flag_named() {
+        assert!(parse(&["--queue-capacity", "0"])
+            .unwrap_err()
+            .contains("--queue-capacity"));
+        assert!(parse(&["--cpu-threads", "0"])
+            .unwrap_err()
+            .contains("--cpu-threads"));
+        assert!(parse(&["--job-timeout", "0s"])
+            .unwrap_err()
+            .contains("--job-timeout"));
+        assert!(parse(&["--job-timeout", "soon"]).is_err());
+        assert!(parse(&["--backend", "tpu"]).is_err());
+        assert!(parse(&["--devices", "0,x"]).is_err());
+        assert!(parse(&["--api-keys-file", "/nonexistent/keys"])
+            .unwrap_err()
+            .contains("--api-keys-file"));
+    }
+
+    #[test]
+    fn api_keys_file_is_parsed_and_checked() {
+        let dir = std::env::temp_dir().join(format!("gpu-ops-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        std::fs::write(
+            &good,
+            "# comment\n0123456789abcdef alice\n\nfedcba9876543210 bob\n",
+        )
+        .unwrap();
+        let keys = parse(&["--api-keys-file", good.to_str().unwrap()])
+            .unwrap()
+            .api_keys
+            .unwrap();
+        assert_eq!(keys["0123456789abcdef"], "alice");
+        let short = dir.join("short");
+        std::fs::write(&short, "abc alice\n").unwrap();
+        assert!(parse(&["--api-keys-file", short.to_str().unwrap()])
+            .unwrap_err()
+            .contains("16 characters"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,136 @@
+//! gpu-ops: GPU operations behind REST, with a CPU fallback that gives the same answers.
+//!
+//! `App::start` builds everything; tests use it in-process and over a real socket.
+
+pub mod api;
+pub mod backend;
+pub mod config;
+pub mod metrics;
+pub mod ops;
+pub mod pool;
+
+use api::AppState;
+use backend::{BackendChoice, Backends, CpuExecutor};
+use config::Settings;
+use metrics::Metrics;
+use pool::{Pool, PoolConfig};
+use std::future::Future;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub struct App {
+    pub state: Arc<AppState>,
+    discovered: watch::Receiver<bool>,
+}
+
+impl App {
+    /// Builds the executors and the pool, and starts device discovery and kernel
+    /// compilation in the background (`/health/ready` is 503 until they finish).
+    /// Must be called inside a Tokio runtime.
+    pub fn start(settings: Settings) -> Result<Self, String> {
+        let cfg = &settings.config;
+        let metrics = Arc::new(Metrics::new());
+        let backends = Arc::new(Backends::new(
+            cfg.backend,
+            CpuExecutor::new(settings.cpu_threads)?,
+        ));
+        let pool = Arc::new(Pool::start(
+            PoolConfig {
+                capacity: cfg.queue_capacity,
+                workers: settings.cpu_threads,
+                fallback: cfg.fallback,
+                default_timeout: cfg.job_timeout,
+            },
+            metrics.clone(),
+            backends.clone(),
+        ));
+        let (done_tx, discovered) = watch::channel(false);
+        if cfg.backend == BackendChoice::Cpu {
+            backends.set_gpus(Vec::new(), "CUDA not used: --backend cpu".into());
+            done_tx.send_replace(true);
+        } else {
+            let (b, m) = (backends.clone(), metrics.clone());
+            let (selection, cache) = (cfg.devices.clone(), cfg.data_dir.join("kernel-cache"));
+            let interval = cfg.device_sample_interval;
+            tokio::task::spawn_blocking(move || {
+                let (gpus, reason) = backend::cuda::discover(&selection, &cache);
+                for g in &gpus {
+                    m.device_healthy
+                        .with_label_values(&[&g.info.ordinal.to_string(), &g.info.uuid])
+                        .set(1);
+                }
+                tracing::info!(devices = gpus.len(), reason = %reason, "device discovery finished");
+                if !gpus.is_empty() {
+                    if let Err(why) = backend::spawn_nvml_sampler(m, interval) {
+                        tracing::warn!(reason = %why, "GPU gauges will not be exported");
+                    }
+                }
+                b.set_gpus(gpus, reason);
+                done_tx.send_replace(true);
+            });
+        }
+        let state = Arc::new(AppState::new(settings, metrics, pool, backends));
+        Ok(Self { state, discovered })
+    }
+
+    /// Waits for device discovery to finish.
+    pub async fn discovery_finished(&self) {
+        let _ = self.discovered.clone().wait_for(|d| *d).await;
+    }
+
+    pub fn router(&self) -> axum::Router {
+        api::router(self.state.clone())
+    }
+
+    /// Serves until `shutdown` resolves, then stops accepting connections, lets
+    /// in-flight requests and queued jobs finish within `--shutdown-grace`, and returns.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let router = self.router();
+        self.serve_router(listener, router, shutdown).await
+    }
+
+    /// As `serve`, with a router the caller built from `api::routes` (tests).
+    pub async fn serve_router(
+        self,
+        listener: TcpListener,
+        router: axum::Router,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let state = self.state.clone();
+        let grace = state.settings.config.shutdown_grace;
+        let (stopping_tx, mut stopping) = watch::channel(false);
+        let signalled = {
+            let state = state.clone();
+            async move {
+                shutdown.await;
+                tracing::info!(grace = ?grace, "shutdown requested: no new connections, draining");
+                state.begin_shutdown();
+                stopping_tx.send_replace(true);
+            }
+        };
+        let server = axum::serve(listener, router).with_graceful_shutdown(signalled);
+        let deadline = async {
+            let _ = stopping.wait_for(|s| *s).await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            r = server => r?,
+            _ = deadline => tracing::warn!("shutdown grace period over with requests still open"),
+        }
+        state.pool.close();
+        // Jobs whose clients are gone still hold workers; give them what is left of the grace.
+        if tokio::time::timeout(grace, state.pool.drain())
+            .await
+            .is_err()
+        {
+            tracing::warn!("jobs still running at exit");
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}

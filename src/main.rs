@@ -1,0 +1,96 @@
+use clap::Parser;
+use gpu_ops::backend::{BackendChoice, BackendKind};
+use gpu_ops::config::{Cli, Command, Config, LogFormat};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return fail(e.to_string().lines().next().unwrap_or("invalid arguments")),
+    };
+    match cli.command {
+        Some(Command::Openapi) => {
+            print!("{}", gpu_ops::api::openapi_json());
+            ExitCode::SUCCESS
+        }
+        Some(Command::Serve(config)) => serve(*config),
+        None => serve(cli.config),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("gpu-ops: {}", message.trim_start_matches("error: "));
+    ExitCode::from(2)
+}
+
+fn serve(config: Config) -> ExitCode {
+    let settings = match config.validate() {
+        Ok(s) => s,
+        Err(e) => return fail(&e),
+    };
+    init_logging(settings.config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
+    };
+    runtime.block_on(async move {
+        let bind = settings.config.bind;
+        let require_cuda = settings.config.backend == BackendChoice::Cuda;
+        let app = match gpu_ops::App::start(settings) {
+            Ok(app) => app,
+            Err(e) => return fail(&e),
+        };
+        if require_cuda {
+            app.discovery_finished().await;
+            if app.state.backends.active() != BackendKind::Cuda {
+                return fail(&format!("--backend cuda: {}", app.state.backends.reason()));
+            }
+        }
+        let listener = match tokio::net::TcpListener::bind(bind).await {
+            Ok(l) => l,
+            Err(e) => return fail(&format!("cannot listen on {bind}: {e}")),
+        };
+        tracing::info!(address = %bind, "listening");
+        match app.serve(listener, shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&format!("server error: {e}")),
+        }
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

@@ -1,0 +1,238 @@
+//! Every metric the service exports, in one place. Names carry the `gpu_ops_` prefix
+//! and base units (seconds, bytes, ratios 0–1). One registry per app instance, so
+//! tests can run several servers in one process.
+
+use prometheus::{
+    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests: IntCounterVec,
+    pub http_duration: HistogramVec,
+    pub queue_depth: IntGauge,
+    pub queue_capacity: IntGauge,
+    pub jobs_running: IntGauge,
+    pub job_queue_wait: HistogramVec,
+    pub job_compute: HistogramVec,
+    pub jobs: IntCounterVec,
+    pub fallbacks: IntCounterVec,
+    pub elements: IntCounterVec,
+    pub bytes: IntCounterVec,
+    pub device_healthy: IntGaugeVec,
+    pub gpu_utilization: GaugeVec,
+    pub gpu_memory_used: GaugeVec,
+    pub gpu_memory_total: GaugeVec,
+    pub gpu_temperature: GaugeVec,
+    pub gpu_power: GaugeVec,
+    pub gpu_sm_clock: GaugeVec,
+}
+
+/// (name, help) of every metric, for the README and the test that checks them.
+pub const NAMES: &[(&str, &str)] = &[
+    (
+        "gpu_ops_http_requests_total",
+        "HTTP requests by route, method and status",
+    ),
+    (
+        "gpu_ops_http_request_duration_seconds",
+        "HTTP request latency by route",
+    ),
+    ("gpu_ops_queue_depth", "Jobs waiting in the queue"),
+    (
+        "gpu_ops_queue_capacity",
+        "Queue capacity (--queue-capacity)",
+    ),
+    ("gpu_ops_jobs_running", "Jobs executing now"),
+    (
+        "gpu_ops_job_queue_wait_seconds",
+        "Time a job waited in the queue, by op and backend",
+    ),
+    (
+        "gpu_ops_job_compute_seconds",
+        "Time a job computed, by op and backend",
+    ),
+    ("gpu_ops_jobs_total", "Jobs by op, backend and outcome"),
+    (
+        "gpu_ops_fallbacks_total",
+        "Jobs rerun on the CPU after a device failure, by op and reason",
+    ),
+    (
+        "gpu_ops_processed_elements_total",
+        "Input elements processed, by op and backend",
+    ),
+    (
+        "gpu_ops_processed_bytes_total",
+        "Input bytes processed, by op and backend",
+    ),
+    ("gpu_ops_build_info", "Always 1; labels carry the version"),
+    (
+        "gpu_ops_device_healthy",
+        "1 while a GPU is in service, 0 after it was taken out",
+    ),
+    (
+        "gpu_ops_gpu_utilization_ratio",
+        "GPU busy fraction over NVML's sample period (0-1)",
+    ),
+    ("gpu_ops_gpu_memory_used_bytes", "GPU memory in use"),
+    ("gpu_ops_gpu_memory_total_bytes", "GPU memory installed"),
+    ("gpu_ops_gpu_temperature_celsius", "GPU temperature"),
+    ("gpu_ops_gpu_power_watts", "GPU power draw"),
+    ("gpu_ops_gpu_sm_clock_hertz", "GPU SM clock"),
+    ("gpu_ops_process_cpu_seconds_total", "Process CPU time"),
+    (
+        "gpu_ops_process_resident_memory_bytes",
+        "Process resident memory",
+    ),
+];
+
+fn name(n: &str) -> &'static str {
+    NAMES
+        .iter()
+        .find(|(k, _)| *k == n)
+        .map(|(k, _)| *k)
+        .expect("metric listed in NAMES")
+}
+
+fn help(n: &str) -> &'static str {
+    NAMES
+        .iter()
+        .find(|(k, _)| *k == n)
+        .map(|(_, h)| *h)
+        .expect("metric listed in NAMES")
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let r = &registry;
+        let latency = exponential_buckets(0.0001, 2.5, 14).expect("valid buckets");
+        let m = Metrics {
+            http_requests: reg(
+                r,
+                IntCounterVec::new(
+                    opts("gpu_ops_http_requests_total"),
+                    &["route", "method", "status"],
+                ),
+            ),
+            http_duration: reg(
+                r,
+                HistogramVec::new(
+                    hopts("gpu_ops_http_request_duration_seconds", &latency),
+                    &["route"],
+                ),
+            ),
+            queue_depth: reg(r, IntGauge::with_opts(opts("gpu_ops_queue_depth"))),
+            queue_capacity: reg(r, IntGauge::with_opts(opts("gpu_ops_queue_capacity"))),
+            jobs_running: reg(r, IntGauge::with_opts(opts("gpu_ops_jobs_running"))),
+            job_queue_wait: reg(
+                r,
+                HistogramVec::new(
+                    hopts("gpu_ops_job_queue_wait_seconds", &latency),
+                    &["op", "backend"],
+                ),
+            ),
+            job_compute: reg(
+                r,
+                HistogramVec::new(
+                    hopts("gpu_ops_job_compute_seconds", &latency),
+                    &["op", "backend"],
+                ),
+            ),
+            jobs: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_jobs_total"), &["op", "backend", "outcome"]),
+            ),
+            fallbacks: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_fallbacks_total"), &["op", "reason"]),
+            ),
+            elements: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_processed_elements_total"), &["op", "backend"]),
+            ),
+            bytes: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_processed_bytes_total"), &["op", "backend"]),
+            ),
+            device_healthy: reg(
+                r,
+                IntGaugeVec::new(opts("gpu_ops_device_healthy"), &["gpu", "uuid"]),
+            ),
+            gpu_utilization: reg(
+                r,
+                GaugeVec::new(opts("gpu_ops_gpu_utilization_ratio"), &["gpu", "uuid"]),
+            ),
+            gpu_memory_used: reg(
+                r,
+                GaugeVec::new(opts("gpu_ops_gpu_memory_used_bytes"), &["gpu", "uuid"]),
+            ),
+            gpu_memory_total: reg(
+                r,
+                GaugeVec::new(opts("gpu_ops_gpu_memory_total_bytes"), &["gpu", "uuid"]),
+            ),
+            gpu_temperature: reg(
+                r,
+                GaugeVec::new(opts("gpu_ops_gpu_temperature_celsius"), &["gpu", "uuid"]),
+            ),
+            gpu_power: reg(
+                r,
+                GaugeVec::new(opts("gpu_ops_gpu_power_watts"), &["gpu", "uuid"]),
+            ),
+            gpu_sm_clock: reg(
+                r,
+                GaugeVec::new(opts("gpu_ops_gpu_sm_clock_hertz"), &["gpu", "uuid"]),
+            ),
+            registry,
+        };
+        let build = reg(
+            &m.registry,
+            IntGaugeVec::new(opts("gpu_ops_build_info"), &["version"]),
+        );
+        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        #[cfg(target_os = "linux")]
+        {
+            let pc = prometheus::process_collector::ProcessCollector::new(
+                std::process::id() as i32,
+                "gpu_ops",
+            );
+            m.registry
+                .register(Box::new(pc))
+                .expect("process collector registers once");
+        }
+        m
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn opts(n: &str) -> Opts {
+    Opts::new(name(n), help(n))
+}
+
+fn hopts(n: &str, buckets: &[f64]) -> HistogramOpts {
+    HistogramOpts::new(name(n), help(n)).buckets(buckets.to_vec())
+}
+
+fn reg<C: prometheus::core::Collector + Clone + 'static>(
+    r: &Registry,
+    c: prometheus::Result<C>,
+) -> C {
+    let c = c.expect("metric definition is valid");
+    r.register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}

@@ -1,0 +1,3 @@
+//! The domains: maths only, no HTTP. Each op has a CPU implementation (the oracle)
+//! and a GPU launcher.
+pub mod zk;

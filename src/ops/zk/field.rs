@@ -1,0 +1,192 @@
+//! The prime fields and validated vectors of their canonical elements.
+
+use super::u256::U256;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A prime field. Elements are canonical integers in `[0, p)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Field {
+    /// BN254 scalar field, r = 21888242871839275222246405745257275088548364400416034343698204186575808495617.
+    Bn254Fr,
+    /// Goldilocks, p = 2^64 - 2^32 + 1 = 18446744069414584321.
+    Goldilocks,
+}
+
+pub(crate) const GOLDILOCKS_P: u64 = 0xffff_ffff_0000_0001;
+pub(crate) const BN254_R: U256 = U256([
+    0x43e1_f593_f000_0001,
+    0x2833_e848_79b9_7091,
+    0xb850_45b6_8181_585d,
+    0x3064_4e72_e131_a029,
+]);
+
+impl Field {
+    pub const ALL: [Field; 2] = [Field::Bn254Fr, Field::Goldilocks];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Field::Bn254Fr => "bn254_fr",
+            Field::Goldilocks => "goldilocks",
+        }
+    }
+
+    pub fn modulus(self) -> U256 {
+        match self {
+            Field::Bn254Fr => BN254_R,
+            Field::Goldilocks => U256::from_u64(GOLDILOCKS_P),
+        }
+    }
+
+    /// Bytes of one element in the little-endian fixed-width wire form.
+    pub fn byte_width(self) -> usize {
+        match self {
+            Field::Bn254Fr => 32,
+            Field::Goldilocks => 8,
+        }
+    }
+}
+
+/// Why one element of an input vector was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElementError {
+    pub index: usize,
+    pub message: String,
+}
+
+/// A vector of canonical elements of one field. Only the constructors below make one,
+/// so every value inside is `< p`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FieldVec {
+    /// Little-endian 64-bit limbs.
+    Bn254Fr(Vec<[u64; 4]>),
+    Goldilocks(Vec<u64>),
+}
+
+impl FieldVec {
+    pub fn field(&self) -> Field {
+        match self {
+            FieldVec::Bn254Fr(_) => Field::Bn254Fr,
+            FieldVec::Goldilocks(_) => Field::Goldilocks,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            FieldVec::Bn254Fr(v) => v.len(),
+            FieldVec::Goldilocks(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn byte_len(&self) -> usize {
+        self.len() * self.field().byte_width()
+    }
+
+    /// Refuses the first value that is not canonical, naming its index.
+    pub fn from_integers(field: Field, values: &[U256]) -> Result<Self, ElementError> {
+        let p = field.modulus();
+        if let Some(index) = values.iter().position(|v| *v >= p) {
+            return Err(non_canonical(field, index));
+        }
+        Ok(match field {
+            Field::Bn254Fr => FieldVec::Bn254Fr(values.iter().map(|v| v.0).collect()),
+            Field::Goldilocks => FieldVec::Goldilocks(values.iter().map(|v| v.0[0]).collect()),
+        })
+    }
+
+    /// Little-endian fixed-width values, `field.byte_width()` bytes each.
+    pub fn from_le_bytes(field: Field, bytes: &[u8]) -> Result<Self, ElementError> {
+        let width = field.byte_width();
+        if bytes.len() % width != 0 {
+            return Err(ElementError {
+                index: bytes.len() / width,
+                message: format!(
+                    "{} bytes is not a whole number of {width}-byte {} elements",
+                    bytes.len(),
+                    field.name()
+                ),
+            });
+        }
+        let values: Vec<U256> = bytes
+            .chunks_exact(width)
+            .map(|chunk| {
+                let mut limbs = [0u64; 4];
+                for (limb, word) in limbs.iter_mut().zip(chunk.chunks_exact(8)) {
+                    *limb = u64::from_le_bytes(word.try_into().expect("8-byte chunk"));
+                }
+                U256(limbs)
+            })
+            .collect();
+        Self::from_integers(field, &values)
+    }
+
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match self {
+            FieldVec::Bn254Fr(v) => v.iter().flatten().flat_map(|l| l.to_le_bytes()).collect(),
+            FieldVec::Goldilocks(v) => v.iter().flat_map(|l| l.to_le_bytes()).collect(),
+        }
+    }
+
+    pub fn get(&self, i: usize) -> U256 {
+        match self {
+            FieldVec::Bn254Fr(v) => U256(v[i]),
+            FieldVec::Goldilocks(v) => U256::from_u64(v[i]),
+        }
+    }
+}
+
+fn non_canonical(field: Field, index: usize) -> ElementError {
+    ElementError {
+        index,
+        message: format!(
+            "not a canonical {} element: it must be less than the modulus {}",
+            field.name(),
+            field.modulus()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ark_ff::PrimeField;
+
+    #[test]
+    fn bn254_modulus_matches_arkworks() {
+        assert_eq!(BN254_R.0, ark_bn254::Fr::MODULUS.0);
+    }
+
+    #[test]
+    fn modulus_itself_is_refused_and_p_minus_one_accepted() {
+        for field in Field::ALL {
+            let p = field.modulus();
+            let mut p_minus_1 = p;
+            p_minus_1.0[0] -= 1;
+            let ok = FieldVec::from_integers(field, &[U256::ZERO, p_minus_1]).unwrap();
+            assert_eq!(ok.get(1), p_minus_1);
+            let err = FieldVec::from_integers(field, &[U256::ZERO, p_minus_1, p]).unwrap_err();
+            assert_eq!(err.index, 2);
+        }
+    }
+
+    #[test]
+    fn le_bytes_round_trip_and_reject_ragged_lengths() {
+        let v = FieldVec::from_integers(Field::Bn254Fr, &[U256([1, 2, 3, 4]), U256::ZERO]).unwrap();
+        let bytes = v.to_le_bytes();
+        assert_eq!(bytes.len(), 64);
+        assert_eq!(FieldVec::from_le_bytes(Field::Bn254Fr, &bytes).unwrap(), v);
+        assert!(FieldVec::from_le_bytes(Field::Bn254Fr, &bytes[..63]).is_err());
+        let big = u64::MAX.to_le_bytes();
+        assert_eq!(
+            FieldVec::from_le_bytes(Field::Goldilocks, &big)
+                .unwrap_err()
+                .index,
+            0
+        );
+    }
+}

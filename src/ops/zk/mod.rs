@@ -1,0 +1,14 @@
+//! Zero-knowledge primitives: prime-field vectors.
+mod field;
+mod gpu;
+pub mod samples;
+mod u256;
+mod vector_ops;
+
+pub use field::{ElementError, Field, FieldVec};
+pub use gpu::run_field_binary_cuda;
+pub use u256::{ParseError, U256};
+pub use vector_ops::{FieldBinaryJob, FieldOp, LengthMismatch};
+
+#[cfg(test)]
+mod host_kernel_parity;

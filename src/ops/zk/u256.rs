@@ -1,0 +1,231 @@
+//! 256-bit unsigned integers as they travel over the wire: decimal or `0x` hex text.
+//! Hand-written because this is the hot path of every JSON request (millions of
+//! elements), and it allocates nothing per element.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+/// Little-endian 64-bit limbs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct U256(pub [u64; 4]);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("empty string")]
+    Empty,
+    #[error("invalid digit {0:?}")]
+    InvalidDigit(char),
+    #[error("value does not fit in 256 bits")]
+    Overflow,
+}
+
+const TEN_POW_19: u64 = 10_000_000_000_000_000_000;
+
+impl U256 {
+    pub const ZERO: U256 = U256([0; 4]);
+
+    pub fn from_u64(v: u64) -> Self {
+        U256([v, 0, 0, 0])
+    }
+
+    /// Decimal digits, or hex digits after a `0x`/`0X` prefix. No sign, no spaces.
+    pub fn parse(s: &str) -> Result<Self, ParseError> {
+        match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+            Some(hex) => Self::parse_hex(hex),
+            None => Self::parse_decimal(s),
+        }
+    }
+
+    fn parse_decimal(s: &str) -> Result<Self, ParseError> {
+        if s.is_empty() {
+            return Err(ParseError::Empty);
+        }
+        let mut acc = U256::ZERO;
+        for chunk in s.as_bytes().chunks(19) {
+            let mut v = 0u64;
+            for &c in chunk {
+                if !c.is_ascii_digit() {
+                    return Err(ParseError::InvalidDigit(c as char));
+                }
+                v = v * 10 + u64::from(c - b'0');
+            }
+            acc = acc
+                .mul_small_add(10u64.pow(chunk.len() as u32), v)
+                .ok_or(ParseError::Overflow)?;
+        }
+        Ok(acc)
+    }
+
+    fn parse_hex(s: &str) -> Result<Self, ParseError> {
+        if s.is_empty() {
+            return Err(ParseError::Empty);
+        }
+        let digits = s.trim_start_matches('0');
+        if digits.len() > 64 {
+            // Validate the digits first so a bad character wins over a long string.
+            if let Some(c) = s.chars().find(|c| !c.is_ascii_hexdigit()) {
+                return Err(ParseError::InvalidDigit(c));
+            }
+            return Err(ParseError::Overflow);
+        }
+        let mut limbs = [0u64; 4];
+        for (i, c) in digits.bytes().rev().enumerate() {
+            let d = (c as char)
+                .to_digit(16)
+                .ok_or(ParseError::InvalidDigit(c as char))?;
+            limbs[i / 16] |= u64::from(d) << (4 * (i % 16));
+        }
+        Ok(U256(limbs))
+    }
+
+    /// self * m + add, or None on overflow.
+    fn mul_small_add(self, m: u64, add: u64) -> Option<Self> {
+        let mut out = [0u64; 4];
+        let mut carry = u128::from(add);
+        for (o, &l) in out.iter_mut().zip(&self.0) {
+            let t = u128::from(l) * u128::from(m) + carry;
+            *o = t as u64;
+            carry = t >> 64;
+        }
+        (carry == 0).then_some(U256(out))
+    }
+
+    /// (self / d, self % d)
+    fn div_rem_small(self, d: u64) -> (Self, u64) {
+        let mut out = [0u64; 4];
+        let mut rem = 0u128;
+        for i in (0..4).rev() {
+            let cur = (rem << 64) | u128::from(self.0[i]);
+            out[i] = (cur / u128::from(d)) as u64;
+            rem = cur % u128::from(d);
+        }
+        (U256(out), rem as u64)
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.0 == [0; 4]
+    }
+
+    /// Appends the decimal form to `out`.
+    pub fn write_decimal(&self, out: &mut String) {
+        // 2^256 < 10^78, so at most five 19-digit chunks.
+        let mut chunks = [0u64; 5];
+        let mut n = 0;
+        let mut v = *self;
+        loop {
+            let (q, r) = v.div_rem_small(TEN_POW_19);
+            chunks[n] = r;
+            n += 1;
+            v = q;
+            if v.is_zero() {
+                break;
+            }
+        }
+        use std::fmt::Write;
+        let _ = write!(out, "{}", chunks[n - 1]);
+        for c in chunks[..n - 1].iter().rev() {
+            let _ = write!(out, "{c:019}");
+        }
+    }
+
+    /// Appends `0x` and the shortest lowercase hex form to `out`.
+    pub fn write_hex(&self, out: &mut String) {
+        use std::fmt::Write;
+        out.push_str("0x");
+        match self.0.iter().rposition(|&l| l != 0) {
+            None => out.push('0'),
+            Some(top) => {
+                let _ = write!(out, "{:x}", self.0[top]);
+                for l in self.0[..top].iter().rev() {
+                    let _ = write!(out, "{l:016x}");
+                }
+            }
+        }
+    }
+}
+
+impl Ord for U256 {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.0.iter().rev().cmp(other.0.iter().rev())
+    }
+}
+
+impl PartialOrd for U256 {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl fmt::Display for U256 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::with_capacity(80);
+        self.write_decimal(&mut s);
+        f.write_str(&s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use num_bigint::BigUint;
+    use proptest::prelude::*;
+
+    fn to_big(v: U256) -> BigUint {
+        BigUint::from_slice(
+            &v.0.iter()
+                .flat_map(|l| [*l as u32, (*l >> 32) as u32])
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn decimal_and_hex_round_trip_through_an_independent_bigint(limbs in any::<[u64; 4]>()) {
+            let v = U256(limbs);
+            let big = to_big(v);
+            let mut dec = String::new();
+            v.write_decimal(&mut dec);
+            prop_assert_eq!(&dec, &big.to_str_radix(10));
+            prop_assert_eq!(U256::parse(&dec).unwrap(), v);
+            let mut hex = String::new();
+            v.write_hex(&mut hex);
+            prop_assert_eq!(&hex, &format!("0x{}", big.to_str_radix(16)));
+            prop_assert_eq!(U256::parse(&hex).unwrap(), v);
+        }
+    }
+
+    #[test]
+    fn edge_values_format_and_parse() {
+        assert_eq!(U256::parse("0").unwrap(), U256::ZERO);
+        assert_eq!(U256::parse("0x0").unwrap(), U256::ZERO);
+        assert_eq!(U256::parse("000123").unwrap(), U256::from_u64(123));
+        assert_eq!(U256::parse("0X00ff").unwrap(), U256::from_u64(255));
+        let max = U256([u64::MAX; 4]);
+        assert_eq!(U256::parse(&max.to_string()).unwrap(), max);
+        let mut hex = String::new();
+        U256::ZERO.write_hex(&mut hex);
+        assert_eq!(hex, "0x0");
+    }
+
+    #[test]
+    fn rejects_malformed_and_oversized_text() {
+        assert_eq!(U256::parse(""), Err(ParseError::Empty));
+        assert_eq!(U256::parse("0x"), Err(ParseError::Empty));
+        assert_eq!(U256::parse("-1"), Err(ParseError::InvalidDigit('-')));
+        assert_eq!(U256::parse("12a"), Err(ParseError::InvalidDigit('a')));
+        assert_eq!(U256::parse("0xg"), Err(ParseError::InvalidDigit('g')));
+        assert_eq!(U256::parse(" 1"), Err(ParseError::InvalidDigit(' ')));
+        // 2^256 exactly
+        let two_256 =
+            "115792089237316195423570985008687907853269984665640564039457584007913129639936";
+        assert_eq!(U256::parse(two_256), Err(ParseError::Overflow));
+        assert_eq!(
+            U256::parse(&format!("0x1{}", "0".repeat(64))),
+            Err(ParseError::Overflow)
+        );
+        assert_eq!(
+            U256::parse(&format!("0x{}", "0".repeat(70))).unwrap(),
+            U256::ZERO
+        );
+    }
+}

@@ -1,0 +1,285 @@
+//! Element-wise binary field ops: the CPU implementation, which is the oracle for the
+//! GPU kernels in `kernels/field_ops.cu`.
+
+use super::field::{Field, FieldVec, GOLDILOCKS_P};
+use ark_bn254::Fr;
+use ark_ff::{BigInt, PrimeField};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FieldOp {
+    Add,
+    Sub,
+    Mul,
+}
+
+impl FieldOp {
+    pub const ALL: [FieldOp; 3] = [FieldOp::Add, FieldOp::Sub, FieldOp::Mul];
+
+    /// The op's name in routes, metrics and kernel names.
+    pub fn name(self) -> &'static str {
+        match self {
+            FieldOp::Add => "field_add",
+            FieldOp::Sub => "field_sub",
+            FieldOp::Mul => "field_mul",
+        }
+    }
+
+    pub(crate) fn kernel_suffix(self) -> &'static str {
+        match self {
+            FieldOp::Add => "add",
+            FieldOp::Sub => "sub",
+            FieldOp::Mul => "mul",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LengthMismatch {
+    #[error("a is empty: give at least one element")]
+    Empty,
+    #[error("a has {a} elements and b has {b}: b must have as many, or exactly one to broadcast")]
+    Lengths { a: usize, b: usize },
+    #[error("a is a {a} vector and b a {b} vector")]
+    Fields { a: &'static str, b: &'static str },
+}
+
+/// `a (op) b` element-wise, `b` either as long as `a` or a single broadcast element.
+#[derive(Clone, Debug)]
+pub struct FieldBinaryJob {
+    op: FieldOp,
+    a: FieldVec,
+    b: FieldVec,
+}
+
+/// Below this many elements a job runs on one thread: splitting costs more than it saves.
+const PAR_MIN_LEN: usize = 4096;
+
+impl FieldBinaryJob {
+    pub fn new(op: FieldOp, a: FieldVec, b: FieldVec) -> Result<Self, LengthMismatch> {
+        if a.field() != b.field() {
+            return Err(LengthMismatch::Fields {
+                a: a.field().name(),
+                b: b.field().name(),
+            });
+        }
+        if a.is_empty() {
+            return Err(LengthMismatch::Empty);
+        }
+        if b.len() != a.len() && b.len() != 1 {
+            return Err(LengthMismatch::Lengths {
+                a: a.len(),
+                b: b.len(),
+            });
+        }
+        Ok(Self { op, a, b })
+    }
+
+    pub fn op(&self) -> FieldOp {
+        self.op
+    }
+
+    pub fn field(&self) -> Field {
+        self.a.field()
+    }
+
+    pub fn len(&self) -> usize {
+        self.a.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.a.is_empty()
+    }
+
+    pub fn inputs(&self) -> (&FieldVec, &FieldVec) {
+        (&self.a, &self.b)
+    }
+
+    pub fn is_broadcast(&self) -> bool {
+        self.b.len() != self.a.len()
+    }
+
+    pub fn input_bytes(&self) -> usize {
+        self.a.byte_len() + self.b.byte_len()
+    }
+
+    /// Runs on the current rayon pool.
+    pub fn run_cpu(&self) -> FieldVec {
+        match (&self.a, &self.b) {
+            (FieldVec::Goldilocks(a), FieldVec::Goldilocks(b)) => {
+                let f = goldilocks_fn(self.op);
+                FieldVec::Goldilocks(zip_broadcast(a, b, |x, y| f(*x, *y)))
+            }
+            (FieldVec::Bn254Fr(a), FieldVec::Bn254Fr(b)) => {
+                let op = self.op;
+                FieldVec::Bn254Fr(zip_broadcast(a, b, |x, y| {
+                    let (x, y) = (Fr::new(BigInt(*x)), Fr::new(BigInt(*y)));
+                    let r = match op {
+                        FieldOp::Add => x + y,
+                        FieldOp::Sub => x - y,
+                        FieldOp::Mul => x * y,
+                    };
+                    r.into_bigint().0
+                }))
+            }
+            _ => unreachable!("FieldBinaryJob::new refuses mixed fields"),
+        }
+    }
+}
+
+fn zip_broadcast<T: Sync, R: Send>(a: &[T], b: &[T], f: impl Fn(&T, &T) -> R + Sync) -> Vec<R> {
+    if b.len() == 1 {
+        let y = &b[0];
+        a.par_iter()
+            .with_min_len(PAR_MIN_LEN)
+            .map(|x| f(x, y))
+            .collect()
+    } else {
+        a.par_iter()
+            .with_min_len(PAR_MIN_LEN)
+            .zip(b.par_iter())
+            .map(|(x, y)| f(x, y))
+            .collect()
+    }
+}
+
+fn goldilocks_fn(op: FieldOp) -> fn(u64, u64) -> u64 {
+    match op {
+        FieldOp::Add => goldilocks::add,
+        FieldOp::Sub => goldilocks::sub,
+        FieldOp::Mul => goldilocks::mul,
+    }
+}
+
+/// Goldilocks arithmetic on canonical u64, through u128 — written independently of the
+/// kernel's reduction so the two check each other.
+pub(crate) mod goldilocks {
+    use super::GOLDILOCKS_P as P;
+
+    pub fn add(a: u64, b: u64) -> u64 {
+        ((u128::from(a) + u128::from(b)) % u128::from(P)) as u64
+    }
+
+    pub fn sub(a: u64, b: u64) -> u64 {
+        ((u128::from(a) + u128::from(P) - u128::from(b)) % u128::from(P)) as u64
+    }
+
+    pub fn mul(a: u64, b: u64) -> u64 {
+        ((u128::from(a) * u128::from(b)) % u128::from(P)) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::zk::samples::edge_values;
+    use crate::ops::zk::U256;
+    use num_bigint::BigUint;
+    use proptest::prelude::*;
+
+    fn big(v: U256) -> BigUint {
+        BigUint::from_slice(
+            &v.0.iter()
+                .flat_map(|l| [*l as u32, (*l >> 32) as u32])
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    fn oracle(op: FieldOp, field: Field, x: U256, y: U256) -> BigUint {
+        let p = big(field.modulus());
+        let (x, y) = (big(x), big(y));
+        match op {
+            FieldOp::Add => (x + y) % &p,
+            FieldOp::Sub => (x + &p - y) % &p,
+            FieldOp::Mul => (x * y) % &p,
+        }
+    }
+
+    /// A canonical element from random limbs: reduce by the independent bigint.
+    fn element(field: Field, limbs: [u64; 4]) -> U256 {
+        let r = big(U256(limbs)) % big(field.modulus());
+        let mut out = [0u64; 4];
+        for (i, d) in r.to_u64_digits().into_iter().enumerate() {
+            out[i] = d;
+        }
+        U256(out)
+    }
+
+    fn check(op: FieldOp, field: Field, xs: &[U256], ys: &[U256]) {
+        let a = FieldVec::from_integers(field, xs).unwrap();
+        let b = FieldVec::from_integers(field, ys).unwrap();
+        let out = FieldBinaryJob::new(op, a, b).unwrap().run_cpu();
+        for i in 0..xs.len() {
+            let y = if ys.len() == 1 { ys[0] } else { ys[i] };
+            assert_eq!(
+                big(out.get(i)),
+                oracle(op, field, xs[i], y),
+                "{op:?} {field:?} at {i}"
+            );
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_op_matches_an_independent_bigint_oracle(
+            pairs in prop::collection::vec((any::<[u64; 4]>(), any::<[u64; 4]>()), 1..64),
+        ) {
+            for field in Field::ALL {
+                let xs: Vec<U256> = pairs.iter().map(|p| element(field, p.0)).collect();
+                let ys: Vec<U256> = pairs.iter().map(|p| element(field, p.1)).collect();
+                for op in FieldOp::ALL {
+                    check(op, field, &xs, &ys);
+                    check(op, field, &xs, &ys[..1]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn edge_values_in_every_combination() {
+        for field in Field::ALL {
+            let e = edge_values(field);
+            let xs: Vec<U256> = e.iter().flat_map(|x| e.iter().map(move |_| *x)).collect();
+            let ys: Vec<U256> = e.iter().flat_map(|_| e.iter().copied()).collect();
+            for op in FieldOp::ALL {
+                check(op, field, &xs, &ys);
+            }
+        }
+    }
+
+    #[test]
+    fn large_inputs_split_across_threads_give_the_same_answer() {
+        let xs: Vec<U256> = (0..3 * PAR_MIN_LEN as u64)
+            .map(|i| U256::from_u64(i * 7919))
+            .collect();
+        let ys: Vec<U256> = (0..3 * PAR_MIN_LEN as u64)
+            .map(|i| U256::from_u64(i ^ 0xdead_beef))
+            .collect();
+        check(FieldOp::Mul, Field::Goldilocks, &xs, &ys);
+        check(FieldOp::Sub, Field::Bn254Fr, &xs, &ys);
+    }
+
+    #[test]
+    fn refuses_mismatched_lengths_empty_and_mixed_fields() {
+        let g = |n: u64| {
+            FieldVec::from_integers(Field::Goldilocks, &vec![U256::from_u64(1); n as usize])
+                .unwrap()
+        };
+        assert_eq!(
+            FieldBinaryJob::new(FieldOp::Add, g(3), g(2)).unwrap_err(),
+            LengthMismatch::Lengths { a: 3, b: 2 }
+        );
+        assert_eq!(
+            FieldBinaryJob::new(FieldOp::Add, g(0), g(0)).unwrap_err(),
+            LengthMismatch::Empty
+        );
+        let bn = FieldVec::from_integers(Field::Bn254Fr, &[U256::ZERO]).unwrap();
+        assert!(FieldBinaryJob::new(FieldOp::Add, g(1), bn).is_err());
+        assert!(FieldBinaryJob::new(FieldOp::Add, g(3), g(1))
+            .unwrap()
+            .is_broadcast());
+    }
+}

@@ -1,0 +1,371 @@
+//! The job queue: a bounded channel in front of worker tasks that pick a backend, run
+//! the job, fall back to the CPU when a device fails, and enforce deadlines. Knows
+//! neither HTTP nor maths.
+
+mod work;
+
+pub use work::{Output, Work};
+
+use crate::backend::cuda::DeviceErrorKind;
+use crate::backend::{BackendChoice, BackendKind, Backends, CudaDevice};
+use crate::metrics::Metrics;
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+
+#[derive(Clone, Debug)]
+pub struct PoolConfig {
+    pub capacity: usize,
+    /// Jobs that may run at once.
+    pub workers: usize,
+    pub fallback: bool,
+    pub default_timeout: Duration,
+}
+
+/// A finished job and where and how long it ran.
+pub struct Completed {
+    pub output: Output,
+    pub run: RunInfo,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct RunInfo {
+    pub backend: BackendKind,
+    pub device: Option<usize>,
+    pub queue_time: Duration,
+    pub compute_time: Duration,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum JobError {
+    #[error("the job queue is full ({capacity} waiting)")]
+    QueueFull {
+        capacity: usize,
+        retry_after_secs: u64,
+    },
+    #[error("the job's deadline passed before it finished")]
+    DeadlineExceeded,
+    #[error("{0}")]
+    DeviceUnavailable(String),
+    #[error("the device failed and CPU fallback is off: {0}")]
+    DeviceFailed(String),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+struct Job {
+    work: Arc<Work>,
+    backend: BackendChoice,
+    deadline: Instant,
+    enqueued: Instant,
+    reply: oneshot::Sender<Result<Completed, JobError>>,
+}
+
+enum Target {
+    Cpu,
+    Cuda(Arc<CudaDevice>),
+}
+
+struct Shared {
+    config: PoolConfig,
+    metrics: Arc<Metrics>,
+    backends: Arc<Backends>,
+    depth: AtomicI64,
+    paused: watch::Sender<bool>,
+    /// Moving average of job compute time, for Retry-After.
+    avg_compute_us: AtomicU64,
+    next_gpu: AtomicUsize,
+}
+
+pub struct Pool {
+    sender: RwLock<Option<mpsc::Sender<Job>>>,
+    shared: Arc<Shared>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Pool {
+    /// Starts the workers on the current Tokio runtime.
+    pub fn start(config: PoolConfig, metrics: Arc<Metrics>, backends: Arc<Backends>) -> Self {
+        let (tx, rx) = mpsc::channel(config.capacity);
+        metrics.queue_capacity.set(config.capacity as i64);
+        let shared = Arc::new(Shared {
+            metrics,
+            backends,
+            depth: AtomicI64::new(0),
+            paused: watch::Sender::new(false),
+            avg_compute_us: AtomicU64::new(1000),
+            next_gpu: AtomicUsize::new(0),
+            config,
+        });
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        let workers = (0..shared.config.workers.max(1))
+            .map(|_| tokio::spawn(worker(shared.clone(), rx.clone())))
+            .collect();
+        Self {
+            sender: RwLock::new(Some(tx)),
+            shared,
+            workers: Mutex::new(workers),
+        }
+    }
+
+    /// Queues `work` and waits for its result. `timeout` can only shorten the server's
+    /// default deadline. Dropping the returned future before the job starts cancels it.
+    pub async fn submit(
+        &self,
+        work: Work,
+        backend: BackendChoice,
+        timeout: Option<Duration>,
+    ) -> Result<Completed, JobError> {
+        let s = &self.shared;
+        if backend == BackendChoice::Cuda && s.backends.healthy_gpus().next().is_none() {
+            return Err(JobError::DeviceUnavailable(format!(
+                "no usable CUDA device: {}",
+                s.backends.reason()
+            )));
+        }
+        let now = Instant::now();
+        let timeout = timeout.map_or(s.config.default_timeout, |t| {
+            t.min(s.config.default_timeout)
+        });
+        let deadline = now + timeout;
+        let (reply, rx) = oneshot::channel();
+        let job = Job {
+            work: Arc::new(work),
+            backend,
+            deadline,
+            enqueued: now,
+            reply,
+        };
+        {
+            let sender = self.sender.read().unwrap_or_else(|e| e.into_inner());
+            let Some(sender) = sender.as_ref() else {
+                return Err(JobError::ShuttingDown);
+            };
+            s.set_depth(s.depth.fetch_add(1, Ordering::SeqCst) + 1);
+            if let Err(e) = sender.try_send(job) {
+                s.set_depth(s.depth.fetch_sub(1, Ordering::SeqCst) - 1);
+                return Err(match e {
+                    mpsc::error::TrySendError::Full(_) => JobError::QueueFull {
+                        capacity: s.config.capacity,
+                        retry_after_secs: s.retry_after_secs(),
+                    },
+                    mpsc::error::TrySendError::Closed(_) => JobError::ShuttingDown,
+                });
+            }
+        }
+        match tokio::time::timeout_at(deadline.into(), rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(JobError::Internal("the worker dropped the job".into())),
+            Err(_) => Err(JobError::DeadlineExceeded),
+        }
+    }
+
+    /// Workers stop taking jobs until `resume`; jobs keep queueing. Used to hold work
+    /// still (maintenance, tests of overload and deadlines).
+    pub fn pause(&self) {
+        self.shared.paused.send_replace(true);
+    }
+
+    pub fn resume(&self) {
+        self.shared.paused.send_replace(false);
+    }
+
+    pub fn queue_depth(&self) -> usize {
+        self.shared.depth.load(Ordering::SeqCst).max(0) as usize
+    }
+
+    /// Stops intake; queued jobs still run. Await `drain` for them to finish.
+    pub fn close(&self) {
+        self.sender
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    pub async fn drain(&self) {
+        let handles: Vec<_> =
+            std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            let _ = h.await;
+        }
+    }
+}
+
+impl Shared {
+    fn set_depth(&self, d: i64) {
+        self.metrics.queue_depth.set(d.max(0));
+    }
+
+    /// Seconds until a slot is likely free, rounded up so clients do not retry too early.
+    fn retry_after_secs(&self) -> u64 {
+        let per_job = self.avg_compute_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let depth = self.depth.load(Ordering::SeqCst).max(1) as f64;
+        ((depth * per_job / self.config.workers.max(1) as f64).ceil() as u64).clamp(1, 60)
+    }
+
+    fn record_compute(&self, d: Duration) {
+        let old = self.avg_compute_us.load(Ordering::Relaxed) as f64;
+        let new = 0.8 * old + 0.2 * d.as_micros() as f64;
+        self.avg_compute_us.store(new as u64, Ordering::Relaxed);
+    }
+
+    fn pick_gpu(&self) -> Option<Arc<CudaDevice>> {
+        let healthy: Vec<_> = self.backends.healthy_gpus().collect();
+        if healthy.is_empty() {
+            return None;
+        }
+        Some(healthy[self.next_gpu.fetch_add(1, Ordering::Relaxed) % healthy.len()].clone())
+    }
+
+    fn choose(&self, work: &Work, requested: BackendChoice) -> Result<Target, JobError> {
+        match requested {
+            BackendChoice::Cpu => Ok(Target::Cpu),
+            BackendChoice::Cuda => self.pick_gpu().map(Target::Cuda).ok_or_else(|| {
+                JobError::DeviceUnavailable(format!(
+                    "no usable CUDA device: {}",
+                    self.backends.reason()
+                ))
+            }),
+            BackendChoice::Auto if work.elements() < work.gpu_min_elements() => Ok(Target::Cpu),
+            BackendChoice::Auto => Ok(self.pick_gpu().map_or(Target::Cpu, Target::Cuda)),
+        }
+    }
+
+    async fn run_cpu(&self, work: Arc<Work>) -> Result<Output, JobError> {
+        self.backends
+            .cpu
+            .run(move || work.run_cpu())
+            .await
+            .map_err(|p| {
+                tracing::error!(error = %p, "CPU job panicked");
+                JobError::Internal("the computation failed unexpectedly; it has been logged".into())
+            })
+    }
+
+    /// Runs the job where `choose` says; on a device failure reruns it on the CPU when
+    /// fallback is on. Returns the output, the backend that produced it, and the device.
+    async fn execute(&self, job: &Job) -> Result<(Output, BackendKind, Option<usize>), JobError> {
+        let op = job.work.op_name();
+        let dev = match self.choose(&job.work, job.backend)? {
+            Target::Cpu => {
+                return Ok((
+                    self.run_cpu(job.work.clone()).await?,
+                    BackendKind::Cpu,
+                    None,
+                ))
+            }
+            Target::Cuda(dev) => dev,
+        };
+        let work = job.work.clone();
+        let d = dev.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let lease = d.lease()?;
+            work.run_cuda(&lease)
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(crate::backend::DeviceError::fatal(format!(
+                "device job panicked: {e}"
+            )))
+        });
+        let err = match result {
+            Ok(out) => return Ok((out, BackendKind::Cuda, Some(dev.info.ordinal))),
+            Err(e) => e,
+        };
+        tracing::warn!(op, device = dev.info.ordinal, error = %err, fallback = self.config.fallback, "device job failed");
+        if err.kind == DeviceErrorKind::Fatal {
+            dev.mark_unhealthy(&err.message);
+            self.metrics
+                .device_healthy
+                .with_label_values(&[&dev.info.ordinal.to_string(), &dev.info.uuid])
+                .set(0);
+        }
+        if !self.config.fallback {
+            return Err(JobError::DeviceFailed(err.message));
+        }
+        self.metrics
+            .fallbacks
+            .with_label_values(&[op, err.reason()])
+            .inc();
+        Ok((
+            self.run_cpu(job.work.clone()).await?,
+            BackendKind::Cpu,
+            None,
+        ))
+    }
+}
+
+async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>) {
+    let mut paused = s.paused.subscribe();
+    loop {
+        let Some(job) = rx.lock().await.recv().await else {
+            break;
+        };
+        s.set_depth(s.depth.fetch_sub(1, Ordering::SeqCst) - 1);
+        // A paused worker holds the job it took, as a busy one would.
+        let _ = paused.wait_for(|p| !*p).await;
+        let op = job.work.op_name();
+        if Instant::now() >= job.deadline {
+            s.metrics
+                .jobs
+                .with_label_values(&[op, "none", "expired"])
+                .inc();
+            let _ = job.reply.send(Err(JobError::DeadlineExceeded));
+            continue;
+        }
+        if job.reply.is_closed() {
+            s.metrics
+                .jobs
+                .with_label_values(&[op, "none", "cancelled"])
+                .inc();
+            continue;
+        }
+        let started = Instant::now();
+        let queue_time = started - job.enqueued;
+        s.metrics.jobs_running.inc();
+        let result = s.execute(&job).await;
+        s.metrics.jobs_running.dec();
+        let compute_time = started.elapsed();
+        s.record_compute(compute_time);
+        let result = result.map(|(output, backend, device)| {
+            let b = backend.name();
+            s.metrics
+                .job_queue_wait
+                .with_label_values(&[op, b])
+                .observe(queue_time.as_secs_f64());
+            s.metrics
+                .job_compute
+                .with_label_values(&[op, b])
+                .observe(compute_time.as_secs_f64());
+            s.metrics.jobs.with_label_values(&[op, b, "ok"]).inc();
+            s.metrics
+                .elements
+                .with_label_values(&[op, b])
+                .inc_by(job.work.elements() as u64);
+            s.metrics
+                .bytes
+                .with_label_values(&[op, b])
+                .inc_by(job.work.input_bytes() as u64);
+            Completed {
+                output,
+                run: RunInfo {
+                    backend,
+                    device,
+                    queue_time,
+                    compute_time,
+                },
+            }
+        });
+        if result.is_err() {
+            s.metrics
+                .jobs
+                .with_label_values(&[op, "none", "error"])
+                .inc();
+        }
+        let _ = job.reply.send(result);
+    }
+}
