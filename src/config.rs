@@ -12,7 +12,8 @@ use std::time::Duration;
 #[command(
     name = "gpu-ops",
     version,
-    about = "GPU operations behind a REST API, with a CPU fallback"
+    about = "GPU operations behind a REST API, with a CPU fallback",
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]

@@ -151,10 +151,10 @@ impl<'de> Visitor<'de> for ElementsVisitor {
                 Ok(v) => values.push(v),
                 Err(message) => {
                     if errors.len() < MAX_LISTED_ERRORS {
-                        errors.push((values.len() + error_count, message));
+                        errors.push((values.len(), message));
                     }
                     error_count += 1;
-                    values.push(U256::ZERO);
+                    values.push(U256::ZERO); // keeps later indices right
                 }
             }
         }

@@ -67,14 +67,12 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
             return Problem::new(ErrorCode::MalformedJson, inner.to_string());
         }
         let message = inner.to_string();
-        // Serde names a missing or unknown field in the message, at the parent's path.
-        for prefix in ["missing field `", "unknown field `"] {
-            if let Some(name) = message
-                .strip_prefix(prefix)
-                .and_then(|r| r.split('`').next())
-            {
-                path = format!("{path}/{}", escape(name));
-            }
+        // Serde reports a missing field at its parent's path, naming it only in the message.
+        if let Some(name) = message
+            .strip_prefix("missing field `")
+            .and_then(|r| r.split('`').next())
+        {
+            path = format!("{path}/{}", escape(name));
         }
         let message = message
             .split(" at line ")

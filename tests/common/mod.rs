@@ -1,0 +1,112 @@
+//! Starts a real server on an ephemeral port for HTTP tests.
+#![allow(dead_code)]
+
+use clap::Parser;
+use gpu_ops::api::AppState;
+use gpu_ops::config::{Cli, Settings};
+use std::sync::Arc;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub struct TestServer {
+    pub url: String,
+    pub state: Arc<AppState>,
+    pub client: reqwest::Client,
+    shutdown: Option<oneshot::Sender<()>>,
+    pub handle: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+pub fn settings(args: &[&str]) -> Settings {
+    let mut all = vec!["gpu-ops", "--backend", "cpu", "--cpu-threads", "2"];
+    all.extend_from_slice(args);
+    Cli::try_parse_from(all)
+        .expect("test flags parse")
+        .config
+        .validate()
+        .expect("test settings are valid")
+}
+
+impl TestServer {
+    pub async fn start(args: &[&str]) -> Self {
+        Self::start_with(settings(args), |r| r).await
+    }
+
+    /// `extend` may add routes before the middleware is applied.
+    pub async fn start_with(
+        settings: Settings,
+        extend: impl FnOnce(axum::Router) -> axum::Router,
+    ) -> Self {
+        let app = gpu_ops::App::start(settings).expect("app starts");
+        app.discovery_finished().await;
+        let state = app.state.clone();
+        let router = gpu_ops::api::with_middleware(
+            extend(gpu_ops::api::routes(state.clone())),
+            state.clone(),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(app.serve_router(listener, router, async move {
+            let _ = rx.await;
+        }));
+        Self {
+            url,
+            state,
+            client: reqwest::Client::new(),
+            shutdown: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    pub fn post(&self, path: &str, body: serde_json::Value) -> reqwest::RequestBuilder {
+        self.client.post(format!("{}{path}", self.url)).json(&body)
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.get("/metrics").await.text().await.unwrap()
+    }
+
+    /// The value of one sample line, e.g. `gpu_ops_jobs_total{...}`, or 0.
+    pub async fn metric(&self, name_and_labels_prefix: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(name_and_labels_prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub fn trigger_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Asserts a problem+json response and returns its body.
+pub async fn problem(res: reqwest::Response, status: u16, code: &str) -> serde_json::Value {
+    assert_eq!(res.status().as_u16(), status, "status");
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let id = res
+        .headers()
+        .get("x-request-id")
+        .map(|v| v.to_str().unwrap().to_string());
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["code"], code, "{body}");
+    assert_eq!(body["status"], status);
+    assert!(body["title"].is_string() && body["type"].is_string() && body["detail"].is_string());
+    assert_eq!(
+        body["request_id"].as_str().map(str::to_string),
+        id,
+        "request id in body and header"
+    );
+    body
+}

@@ -1,0 +1,334 @@
+//! The field vector ops over HTTP: results against an independent big-integer oracle,
+//! in every encoding, and each kind of bad input with its problem code.
+
+mod common;
+
+use base64::Engine;
+use common::{problem, TestServer};
+use gpu_ops::ops::zk::samples::{edge_values, random_elements};
+use gpu_ops::ops::zk::{Field, U256};
+use num_bigint::BigUint;
+use serde_json::{json, Value};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+fn big(v: &U256) -> BigUint {
+    BigUint::from_slice(
+        &v.0.iter()
+            .flat_map(|l| [*l as u32, (*l >> 32) as u32])
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn oracle(op: &str, field: Field, x: &U256, y: &U256) -> BigUint {
+    let p = big(&field.modulus());
+    match op {
+        "field_add" => (big(x) + big(y)) % &p,
+        "field_sub" => (big(x) + &p - big(y)) % &p,
+        _ => (big(x) * big(y)) % &p,
+    }
+}
+
+fn field_name(f: Field) -> &'static str {
+    f.name()
+}
+
+#[tokio::test]
+async fn every_op_and_field_matches_the_oracle_including_edges_and_broadcast() {
+    let s = TestServer::start(&[]).await;
+    for field in Field::ALL {
+        let mut xs = edge_values(field);
+        let mut ys: Vec<U256> = xs.iter().rev().copied().collect();
+        xs.extend(random_elements(field, 200, 11));
+        ys.extend(random_elements(field, 200, 12));
+        for op in ["field_add", "field_sub", "field_mul"] {
+            for broadcast in [false, true] {
+                let b = if broadcast { vec![ys[3]] } else { ys.clone() };
+                let res = s
+                    .post(
+                        &format!("/zk/{op}"),
+                        json!({
+                            "field": field_name(field),
+                            "a": xs.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+                            "b": b.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
+                        }),
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(res.status(), 200);
+                assert_eq!(res.headers()["x-backend"], "cpu");
+                for h in ["x-queue-time-ms", "x-compute-time-ms", "x-request-id"] {
+                    assert!(res.headers().contains_key(h), "{h}");
+                }
+                let body: Value = res.json().await.unwrap();
+                assert_eq!(body["length"], xs.len());
+                let result = body["result"].as_array().unwrap();
+                for (i, x) in xs.iter().enumerate() {
+                    let y = if broadcast { &b[0] } else { &b[i] };
+                    let want = oracle(op, field, x, y).to_str_radix(10);
+                    assert_eq!(result[i], want, "{op} {field:?} element {i}");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn hex_and_base64_answer_in_kind() {
+    let s = TestServer::start(&[]).await;
+    let res: Value = s
+        .post("/zk/field_add", json!({"field": "goldilocks", "a": ["0xff", "1"], "b": ["1", "0x0"], "encoding": "hex"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(res["result"], json!(["0x100", "0x1"]));
+
+    let a: Vec<u8> = [3u64, u64::MAX - (1 << 32)]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let b: Vec<u8> = 5u64.to_le_bytes().to_vec();
+    let res: Value = s
+        .post(
+            "/zk/field_mul",
+            json!({"field": "goldilocks", "a": B64.encode(&a), "b": B64.encode(&b), "encoding": "base64"}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(res["encoding"], "base64");
+    let out = B64.decode(res["result"].as_str().unwrap()).unwrap();
+    let p = 0xffff_ffff_0000_0001u128;
+    let want: Vec<u8> = [15u128, (u128::from(u64::MAX - (1 << 32)) * 5) % p]
+        .iter()
+        .flat_map(|v| (*v as u64).to_le_bytes())
+        .collect();
+    assert_eq!(out, want);
+
+    // BN254 over base64: 32 bytes per element, p - 1 + 1 = 0.
+    let mut pm1 = Field::Bn254Fr.modulus();
+    pm1.0[0] -= 1;
+    let a: Vec<u8> = pm1.0.iter().flat_map(|l| l.to_le_bytes()).collect();
+    let mut one = vec![0u8; 32];
+    one[0] = 1;
+    let res: Value = s
+        .post("/zk/field_add", json!({"field": "bn254_fr", "a": B64.encode(&a), "b": B64.encode(&one), "encoding": "base64"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        B64.decode(res["result"].as_str().unwrap()).unwrap(),
+        vec![0u8; 32]
+    );
+}
+
+async fn bad(s: &TestServer, body: Value, status: u16, code: &str) -> Value {
+    problem(
+        s.post("/zk/field_add", body).send().await.unwrap(),
+        status,
+        code,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn bad_inputs_get_their_problem_code_and_path() {
+    let s = TestServer::start(&["--max-elements", "4"]).await;
+    let p = "18446744069414584321";
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": ["1", p], "b": ["1"]}),
+        422,
+        "invalid_field_element",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/a/1");
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": ["1"], "b": ["-1"]}),
+        422,
+        "invalid_field_element",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/b/0");
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": [1, "2"], "b": ["1"]}),
+        422,
+        "invalid_field_element",
+    )
+    .await;
+    assert!(body["errors"][0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("strings"));
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": ["1", "2", "3"], "b": ["1", "2"]}),
+        422,
+        "length_mismatch",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/b");
+    bad(
+        &s,
+        json!({"field": "goldilocks", "a": [], "b": []}),
+        422,
+        "length_mismatch",
+    )
+    .await;
+    let body = bad(
+        &s,
+        json!({"field": "bls12_381_fr", "a": ["1"], "b": ["1"]}),
+        422,
+        "invalid_request",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/field");
+    let body = bad(&s, json!({"a": ["1"], "b": ["1"]}), 422, "invalid_request").await;
+    assert_eq!(body["errors"][0]["path"], "/field");
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": ["1"], "b": ["1"], "c": 1}),
+        422,
+        "invalid_request",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/c");
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": ["1"], "b": ["1"], "timeout_ms": 0}),
+        422,
+        "invalid_parameter",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/timeout_ms");
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": "AQ==", "b": ["1"]}),
+        422,
+        "invalid_request",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/a");
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": "%%%", "b": "AQ==", "encoding": "base64"}),
+        422,
+        "invalid_field_element",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/a");
+    let body = bad(
+        &s,
+        json!({"field": "goldilocks", "a": ["1", "1", "1", "1", "1"], "b": ["1"]}),
+        413,
+        "payload_too_large",
+    )
+    .await;
+    assert_eq!(body["errors"][0]["path"], "/a");
+
+    let res = s
+        .client
+        .post(format!("{}/zk/field_add", s.url))
+        .header("content-type", "application/json")
+        .body("{\"field\":")
+        .send()
+        .await
+        .unwrap();
+    problem(res, 400, "malformed_json").await;
+    let res = s
+        .client
+        .post(format!("{}/zk/field_add", s.url))
+        .body("field=goldilocks")
+        .send()
+        .await
+        .unwrap();
+    problem(res, 415, "unsupported_media_type").await;
+    problem(s.get("/zk/nothing").await, 404, "not_found").await;
+    problem(s.get("/zk/field_add").await, 405, "method_not_allowed").await;
+
+    // Still serving after all of that.
+    let res = s
+        .post(
+            "/zk/field_sub",
+            json!({"field": "goldilocks", "a": ["0"], "b": ["1"]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["result"],
+        json!(["18446744069414584320"])
+    );
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_get_413() {
+    let s = TestServer::start(&["--max-body-bytes", "2048"]).await;
+    let a: Vec<String> = (0..500).map(|i| i.to_string()).collect();
+    let res = s
+        .post(
+            "/zk/field_add",
+            json!({"field": "goldilocks", "a": a, "b": ["1"]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 413, "payload_too_large").await;
+}
+
+#[tokio::test]
+async fn forcing_cuda_without_a_device_is_503_device_unavailable() {
+    let s = TestServer::start(&[]).await;
+    let res = s
+        .post(
+            "/zk/field_mul",
+            json!({"field": "goldilocks", "a": ["2"], "b": ["3"], "backend": "cuda"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let body = problem(res, 503, "device_unavailable").await;
+    assert!(body["detail"].as_str().unwrap().contains("CUDA"));
+    let res = s
+        .post(
+            "/zk/field_mul",
+            json!({"field": "goldilocks", "a": ["2"], "b": ["3"], "backend": "cpu"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+}
+
+#[tokio::test]
+async fn a_large_vector_round_trips_through_the_blocking_decoder() {
+    let s = TestServer::start(&[]).await;
+    let n = 50_000u64;
+    let a: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let res: Value = s
+        .post(
+            "/zk/field_mul",
+            json!({"field": "goldilocks", "a": a, "b": ["3"]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let result = res["result"].as_array().unwrap();
+    assert_eq!(result.len(), n as usize);
+    assert_eq!(result[49_999], (49_999u64 * 3).to_string());
+}

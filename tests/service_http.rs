@@ -1,0 +1,312 @@
+//! Service behaviour over a real socket: system endpoints, overload, deadlines,
+//! cancellation, auth, panics, metrics, OpenAPI drift and graceful shutdown.
+
+mod common;
+
+use common::{problem, settings, TestServer};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn small_job() -> Value {
+    json!({"field": "goldilocks", "a": ["1"], "b": ["2"]})
+}
+
+#[tokio::test]
+async fn system_endpoints_answer() {
+    let s = TestServer::start(&[]).await;
+    assert_eq!(
+        s.get("/health/live").await.json::<Value>().await.unwrap()["status"],
+        "live"
+    );
+    assert_eq!(
+        s.get("/health/ready").await.json::<Value>().await.unwrap()["status"],
+        "ready"
+    );
+    let device: Value = s.get("/device").await.json().await.unwrap();
+    assert_eq!(device["backend"], "cpu");
+    assert_eq!(device["mode"], "cpu");
+    assert_eq!(device["cpu"]["threads"], 2);
+    assert!(device["reason"].as_str().unwrap().contains("--backend cpu"));
+    assert_eq!(device["gpus"], json!([]));
+    let spec: Value = s.get("/api-doc/openapi.json").await.json().await.unwrap();
+    assert!(spec["paths"]["/zk/field_add"]["post"]["operationId"] == "field_add");
+    let docs = s.get("/docs/").await;
+    assert_eq!(docs.status(), 200);
+    assert!(docs.text().await.unwrap().contains("swagger"));
+    let res = s.get("/health/live").await;
+    assert!(res.headers().contains_key("x-request-id"));
+}
+
+#[tokio::test]
+async fn a_client_request_id_is_echoed() {
+    let s = TestServer::start(&[]).await;
+    let res = s
+        .post("/zk/field_add", small_job())
+        .header("x-request-id", "trace-me-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["x-request-id"], "trace-me-42");
+    let res = s
+        .client
+        .get(format!("{}/missing", s.url))
+        .header("x-request-id", "trace-me-43")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 404, "not_found").await["request_id"],
+        "trace-me-43"
+    );
+}
+
+#[tokio::test]
+async fn in_process_oneshot_uses_the_same_router() {
+    use tower::ServiceExt;
+    let s = TestServer::start(&[]).await;
+    let router = gpu_ops::api::router(s.state.clone());
+    let req = axum::http::Request::post("/zk/field_mul")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(
+            r#"{"field":"goldilocks","a":["4"],"b":["5"]}"#,
+        ))
+        .unwrap();
+    let res = router.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["result"],
+        json!(["20"])
+    );
+}
+
+#[tokio::test]
+async fn queue_full_returns_503_with_retry_after() {
+    let s = TestServer::start(&["--queue-capacity", "1", "--cpu-threads", "1"]).await;
+    s.state.pool.pause();
+    // The one worker holds one job and the queue holds one more; the next is refused.
+    let mut accepted = Vec::new();
+    let mut refused = None;
+    for _ in 0..6 {
+        let fut = s.post("/zk/field_add", small_job()).send();
+        let pending = tokio::spawn(fut);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if pending.is_finished() {
+            refused = Some(pending.await.unwrap().unwrap());
+            break;
+        }
+        accepted.push(pending);
+    }
+    let res = refused.expect("a request was refused");
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    problem(res, 503, "queue_full").await;
+    assert_eq!(accepted.len(), 2);
+    assert_eq!(s.metric("gpu_ops_queue_capacity").await, 1.0);
+    s.state.pool.resume();
+    for p in accepted {
+        assert_eq!(
+            p.await.unwrap().unwrap().status(),
+            200,
+            "held jobs complete after resume"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_job_whose_deadline_passes_in_the_queue_gets_504_and_never_runs() {
+    let s = TestServer::start(&[]).await;
+    s.state.pool.pause();
+    let mut body = small_job();
+    body["timeout_ms"] = json!(100);
+    let res = s.post("/zk/field_add", body).send().await.unwrap();
+    problem(res, 504, "deadline_exceeded").await;
+    s.state.pool.resume();
+    let expired = r#"gpu_ops_jobs_total{backend="none",op="field_add",outcome="expired"}"#;
+    for _ in 0..50 {
+        if s.metric(expired).await == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.metric(expired).await, 1.0);
+    assert_eq!(
+        s.metric(r#"gpu_ops_jobs_total{backend="cpu",op="field_add",outcome="ok"}"#)
+            .await,
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_its_queued_job() {
+    let s = TestServer::start(&[]).await;
+    s.state.pool.pause();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let err = client
+        .post(format!("{}/zk/field_mul", s.url))
+        .json(&small_job())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.state.pool.resume();
+    let cancelled = r#"gpu_ops_jobs_total{backend="none",op="field_mul",outcome="cancelled"}"#;
+    for _ in 0..50 {
+        if s.metric(cancelled).await == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.metric(cancelled).await, 1.0);
+}
+
+#[tokio::test]
+async fn api_keys_guard_the_api_but_not_health_metrics_or_docs() {
+    let dir = std::env::temp_dir().join(format!("gpu-ops-auth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("keys");
+    std::fs::write(&keys, "0123456789abcdef0123 alice\n").unwrap();
+    let s = TestServer::start(&["--api-keys-file", keys.to_str().unwrap()]).await;
+    let res = s.post("/zk/field_add", small_job()).send().await.unwrap();
+    assert_eq!(res.headers()["www-authenticate"], "Bearer");
+    problem(res, 401, "unauthorized").await;
+    let res = s
+        .post("/zk/field_add", small_job())
+        .bearer_auth("wrong-key-wrong-key")
+        .send()
+        .await
+        .unwrap();
+    problem(res, 401, "unauthorized").await;
+    let res = s
+        .post("/zk/field_add", small_job())
+        .bearer_auth("0123456789abcdef0123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    for open in [
+        "/health/live",
+        "/health/ready",
+        "/metrics",
+        "/device",
+        "/api-doc/openapi.json",
+    ] {
+        assert_eq!(s.get(open).await.status(), 200, "{open}");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_panicking_handler_gets_a_500_problem_and_the_server_keeps_serving() {
+    let s = TestServer::start_with(settings(&[]), |r| {
+        r.route(
+            "/test/panic",
+            axum::routing::get(|| async { panic!("deliberate") as &'static str }),
+        )
+    })
+    .await;
+    problem(s.get("/test/panic").await, 500, "internal").await;
+    assert_eq!(
+        s.post("/zk/field_add", small_job())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[tokio::test]
+async fn metric_names_are_present_after_traffic() {
+    let s = TestServer::start(&[]).await;
+    assert_eq!(
+        s.post("/zk/field_add", small_job())
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let text = s.metrics().await;
+    // GPU gauges only exist where NVML does; everything else must be exported here.
+    for (name, _) in gpu_ops::metrics::NAMES.iter().filter(|(n, _)| {
+        !n.starts_with("gpu_ops_gpu_")
+            && *n != "gpu_ops_device_healthy"
+            && *n != "gpu_ops_fallbacks_total"
+    }) {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+    assert!(text.contains(
+        r#"gpu_ops_http_requests_total{method="POST",route="/zk/field_add",status="200"} 1"#
+    ));
+    assert!(text.contains(r#"gpu_ops_jobs_total{backend="cpu",op="field_add",outcome="ok"} 1"#));
+    assert!(text.contains(r#"gpu_ops_processed_elements_total{backend="cpu",op="field_add"} 1"#));
+}
+
+#[tokio::test]
+async fn openapi_document_matches_the_committed_file() {
+    let committed =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.json"))
+            .unwrap_or_default();
+    let generated = gpu_ops::api::openapi_json();
+    assert!(
+        committed == generated,
+        "openapi/openapi.json is stale: run `cargo run -- openapi > openapi/openapi.json` and commit it"
+    );
+    let spec: Value = serde_json::from_str(&generated).unwrap();
+    for (path, id) in [
+        ("/zk/field_add", "field_add"),
+        ("/zk/field_sub", "field_sub"),
+        ("/zk/field_mul", "field_mul"),
+    ] {
+        assert_eq!(spec["paths"][path]["post"]["operationId"], id);
+    }
+    for (path, id) in [
+        ("/health/live", "health_live"),
+        ("/health/ready", "health_ready"),
+        ("/device", "device_info"),
+        ("/metrics", "metrics"),
+    ] {
+        assert_eq!(spec["paths"][path]["get"]["operationId"], id);
+    }
+}
+
+#[tokio::test]
+async fn graceful_shutdown_drains_an_in_flight_job() {
+    let mut s = TestServer::start(&["--shutdown-grace", "10s"]).await;
+    s.state.pool.pause();
+    let in_flight = tokio::spawn(s.post("/zk/field_mul", small_job()).send());
+    // The paused worker holds the job; it has not finished.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!in_flight.is_finished());
+    s.trigger_shutdown();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(s.state.is_shutting_down());
+    s.state.pool.resume();
+    let res = in_flight.await.unwrap().unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap()["result"], json!(["2"]));
+    let served = tokio::time::timeout(Duration::from_secs(5), s.handle.take().unwrap()).await;
+    assert!(served.expect("server stopped in time").unwrap().is_ok());
+}
+
+#[test]
+fn readme_lists_every_error_code_and_metric() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for (code, _, _) in gpu_ops::api::problem::ERROR_CODES {
+        assert!(readme.contains(&format!("`{code}`")), "README lacks error code {code}");
+    }
+    for (name, _) in gpu_ops::metrics::NAMES {
+        assert!(readme.contains(name), "README lacks metric {name}");
+    }
+}
