@@ -24,7 +24,10 @@ fn cuda_field_ops_are_bit_identical_to_the_cpu() {
         return;
     }
     for dev in &devices {
-        eprintln!("GPU {}: {} (sm {}, {})", dev.info.ordinal, dev.info.name, dev.info.compute_capability, dev.info.kernel_arch);
+        eprintln!(
+            "GPU {}: {} (sm {}, {})",
+            dev.info.ordinal, dev.info.name, dev.info.compute_capability, dev.info.kernel_arch
+        );
         // Sizes cross the grid-stride boundary (more elements than threads launched).
         for n in [1usize, 255, 257, 100_000, 3_000_000] {
             for field in Field::ALL {
@@ -37,8 +40,14 @@ fn cuda_field_ops_are_bit_identical_to_the_cpu() {
                         let job = FieldBinaryJob::new(op, a.clone(), b.clone()).unwrap();
                         let cpu = job.run_cpu();
                         let lease = dev.lease().expect("device lease");
-                        let gpu = gpu_ops::ops::zk::run_field_binary_cuda(&job, &lease).expect("kernel runs");
-                        assert!(cpu == gpu, "{op:?} on {field:?}, n={}, broadcast={}: GPU differs from CPU", xs.len(), b.len() == 1);
+                        let gpu = gpu_ops::ops::zk::run_field_binary_cuda(&job, &lease)
+                            .expect("kernel runs");
+                        assert!(
+                            cpu == gpu,
+                            "{op:?} on {field:?}, n={}, broadcast={}: GPU differs from CPU",
+                            xs.len(),
+                            b.len() == 1
+                        );
                     }
                 }
             }

@@ -2,7 +2,9 @@
 //! comes from a pinned PyPI wheel and REQUIRE_NVRTC=1 makes its absence a failure;
 //! elsewhere the test says why it skips.
 
-use gpu_ops::backend::cuda::kernels::{compile, kernel_names, nvrtc_available, nvrtc_version, MODULES};
+use gpu_ops::backend::cuda::kernels::{
+    compile, kernel_names, nvrtc_available, nvrtc_version, MODULES,
+};
 
 const SHIPPED_ARCHES: &[&str] = &["compute_80", "compute_89", "compute_90"];
 
@@ -10,7 +12,10 @@ const SHIPPED_ARCHES: &[&str] = &["compute_80", "compute_89", "compute_90"];
 fn every_kernel_compiles_for_every_shipped_architecture() {
     if !nvrtc_available() {
         let required = std::env::var("REQUIRE_NVRTC").is_ok_and(|v| v == "1");
-        assert!(!required, "REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (is LD_LIBRARY_PATH set?)");
+        assert!(
+            !required,
+            "REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (is LD_LIBRARY_PATH set?)"
+        );
         eprintln!("SKIP every_kernel_compiles_for_every_shipped_architecture: libnvrtc not found (set REQUIRE_NVRTC=1 to fail instead)");
         return;
     }
@@ -20,7 +25,10 @@ fn every_kernel_compiles_for_every_shipped_architecture() {
             let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{module} for {arch}: {e}"));
             let text = ptx.to_src();
             for name in kernel_names(module) {
-                assert!(text.contains(&format!(".entry {name}(")), "{module}/{arch}: no entry point {name}");
+                assert!(
+                    text.contains(&format!(".entry {name}(")),
+                    "{module}/{arch}: no entry point {name}"
+                );
             }
             let target = format!(".target sm_{}", arch.trim_start_matches("compute_"));
             assert!(text.contains(&target), "{module}: PTX is not for {arch}");
@@ -34,6 +42,10 @@ fn a_broken_kernel_is_reported_with_the_compiler_log() {
         eprintln!("SKIP a_broken_kernel_is_reported_with_the_compiler_log: libnvrtc not found");
         return;
     }
-    let err = compile("extern \"C\" __global__ void k() { undefined_thing(); }", "compute_80").unwrap_err();
+    let err = compile(
+        "extern \"C\" __global__ void k() { undefined_thing(); }",
+        "compute_80",
+    )
+    .unwrap_err();
     assert!(err.contains("undefined_thing"), "{err}");
 }

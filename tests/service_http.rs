@@ -302,9 +302,13 @@ async fn graceful_shutdown_drains_an_in_flight_job() {
 
 #[test]
 fn readme_lists_every_error_code_and_metric() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     for (code, _, _) in gpu_ops::api::problem::ERROR_CODES {
-        assert!(readme.contains(&format!("`{code}`")), "README lacks error code {code}");
+        assert!(
+            readme.contains(&format!("`{code}`")),
+            "README lacks error code {code}"
+        );
     }
     for (name, _) in gpu_ops::metrics::NAMES {
         assert!(readme.contains(name), "README lacks metric {name}");

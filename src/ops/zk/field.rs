@@ -112,17 +112,28 @@ impl FieldVec {
                 ),
             });
         }
-        let values: Vec<U256> = bytes
-            .chunks_exact(width)
-            .map(|chunk| {
-                let mut limbs = [0u64; 4];
-                for (limb, word) in limbs.iter_mut().zip(chunk.chunks_exact(8)) {
-                    *limb = u64::from_le_bytes(word.try_into().expect("8-byte chunk"));
-                }
-                U256(limbs)
-            })
-            .collect();
-        Self::from_integers(field, &values)
+        let word = |w: &[u8]| u64::from_le_bytes(w.try_into().expect("8-byte chunk"));
+        let p = field.modulus();
+        let vec = match field {
+            Field::Goldilocks => FieldVec::Goldilocks(bytes.chunks_exact(8).map(word).collect()),
+            Field::Bn254Fr => FieldVec::Bn254Fr(
+                bytes
+                    .chunks_exact(32)
+                    .map(|c| {
+                        [
+                            word(&c[..8]),
+                            word(&c[8..16]),
+                            word(&c[16..24]),
+                            word(&c[24..]),
+                        ]
+                    })
+                    .collect(),
+            ),
+        };
+        match (0..vec.len()).find(|&i| vec.get(i) >= p) {
+            Some(index) => Err(non_canonical(field, index)),
+            None => Ok(vec),
+        }
     }
 
     pub fn to_le_bytes(&self) -> Vec<u8> {

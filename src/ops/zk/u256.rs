@@ -108,6 +108,20 @@ impl U256 {
 
     /// Appends the decimal form to `out`.
     pub fn write_decimal(&self, out: &mut String) {
+        use std::fmt::Write;
+        // Fast paths: every Goldilocks element fits in 64 bits.
+        if self.0[1..] == [0, 0, 0] {
+            let _ = write!(out, "{}", self.0[0]);
+            return;
+        }
+        if self.0[2..] == [0, 0] {
+            let _ = write!(
+                out,
+                "{}",
+                u128::from(self.0[0]) | (u128::from(self.0[1]) << 64)
+            );
+            return;
+        }
         // 2^256 < 10^78, so at most five 19-digit chunks.
         let mut chunks = [0u64; 5];
         let mut n = 0;
@@ -121,7 +135,6 @@ impl U256 {
                 break;
             }
         }
-        use std::fmt::Write;
         let _ = write!(out, "{}", chunks[n - 1]);
         for c in chunks[..n - 1].iter().rev() {
             let _ = write!(out, "{c:019}");
@@ -191,6 +204,18 @@ mod tests {
             v.write_hex(&mut hex);
             prop_assert_eq!(&hex, &format!("0x{}", big.to_str_radix(16)));
             prop_assert_eq!(U256::parse(&hex).unwrap(), v);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn values_of_64_and_128_bits_take_the_fast_paths_correctly(small in any::<u64>(), mid in any::<u128>()) {
+            for v in [U256([small, 0, 0, 0]), U256([mid as u64, (mid >> 64) as u64, 0, 0])] {
+                let mut dec = String::new();
+                v.write_decimal(&mut dec);
+                prop_assert_eq!(&dec, &to_big(v).to_str_radix(10));
+                prop_assert_eq!(U256::parse(&dec).unwrap(), v);
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 
 use super::field::{Field, FieldVec, GOLDILOCKS_P};
 use ark_bn254::Fr;
-use ark_ff::{BigInt, PrimeField};
+use ark_ff::BigInt;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -115,15 +115,7 @@ impl FieldBinaryJob {
             }
             (FieldVec::Bn254Fr(a), FieldVec::Bn254Fr(b)) => {
                 let op = self.op;
-                FieldVec::Bn254Fr(zip_broadcast(a, b, |x, y| {
-                    let (x, y) = (Fr::new(BigInt(*x)), Fr::new(BigInt(*y)));
-                    let r = match op {
-                        FieldOp::Add => x + y,
-                        FieldOp::Sub => x - y,
-                        FieldOp::Mul => x * y,
-                    };
-                    r.into_bigint().0
-                }))
+                FieldVec::Bn254Fr(zip_broadcast(a, b, |x, y| bn254_canonical(op, x, y)))
             }
             _ => unreachable!("FieldBinaryJob::new refuses mixed fields"),
         }
@@ -144,6 +136,20 @@ fn zip_broadcast<T: Sync, R: Send>(a: &[T], b: &[T], f: impl Fn(&T, &T) -> R + S
             .map(|(x, y)| f(x, y))
             .collect()
     }
+}
+
+/// One BN254 op on canonical limbs with one Montgomery product at most. Modular add
+/// and sub do not depend on the representation, so canonical words go straight in. For
+/// mul, `Fr::new(x)` holds xR and `new_unchecked(y)` is read as the Montgomery form of
+/// yR^-1; their product's internal word is xR * y * R^-1 = xy, already canonical.
+fn bn254_canonical(op: FieldOp, x: &[u64; 4], y: &[u64; 4]) -> [u64; 4] {
+    let word = |v: &[u64; 4]| Fr::new_unchecked(BigInt(*v));
+    let r = match op {
+        FieldOp::Add => word(x) + word(y),
+        FieldOp::Sub => word(x) - word(y),
+        FieldOp::Mul => Fr::new(BigInt(*x)) * word(y),
+    };
+    r.0 .0
 }
 
 fn goldilocks_fn(op: FieldOp) -> fn(u64, u64) -> u64 {
