@@ -163,15 +163,7 @@ async fn http(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {
             let mut times = Vec::new();
             for i in 0..8 {
                 let t = Instant::now();
-                let res = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .body(body.clone())
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(res.status(), 200);
-                res.bytes().await.unwrap();
+                post_ok(&client, &url, body.clone()).await;
                 if i > 0 {
                     times.push(t.elapsed());
                 }
@@ -200,15 +192,7 @@ async fn http(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {
                 let mut lat = Vec::new();
                 for _ in 0..total / conc {
                     let t = Instant::now();
-                    let res = client
-                        .post(&url)
-                        .header("content-type", "application/json")
-                        .body(body.clone())
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(res.status(), 200);
-                    res.bytes().await.unwrap();
+                    post_ok(&client, &url, body.clone()).await;
                     lat.push(t.elapsed());
                 }
                 lat
@@ -231,4 +215,17 @@ async fn http(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {
         ms(lat[lat.len() / 2]),
         ms(lat[lat.len() * 99 / 100])
     );
+}
+
+/// POSTs a JSON body, requires 200, and reads the whole answer.
+async fn post_ok(client: &reqwest::Client, url: &str, body: bytes::Bytes) {
+    let res = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.bytes().await.unwrap();
 }

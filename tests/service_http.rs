@@ -129,13 +129,7 @@ async fn a_job_whose_deadline_passes_in_the_queue_gets_504_and_never_runs() {
     problem(res, 504, "deadline_exceeded").await;
     s.state.pool.resume();
     let expired = r#"gpu_ops_jobs_total{backend="none",op="field_add",outcome="expired"}"#;
-    for _ in 0..50 {
-        if s.metric(expired).await == 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(s.metric(expired).await, 1.0);
+    assert_eq!(s.wait_for_metric(expired, 1.0).await, 1.0);
     assert_eq!(
         s.metric(r#"gpu_ops_jobs_total{backend="cpu",op="field_add",outcome="ok"}"#)
             .await,
@@ -161,13 +155,7 @@ async fn a_client_that_disconnects_cancels_its_queued_job() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     s.state.pool.resume();
     let cancelled = r#"gpu_ops_jobs_total{backend="none",op="field_mul",outcome="cancelled"}"#;
-    for _ in 0..50 {
-        if s.metric(cancelled).await == 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(s.metric(cancelled).await, 1.0);
+    assert_eq!(s.wait_for_metric(cancelled, 1.0).await, 1.0);
 }
 
 #[tokio::test]

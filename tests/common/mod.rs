@@ -84,6 +84,19 @@ impl TestServer {
             .sum()
     }
 
+    /// Polls a metric (the worker records outcomes after the reply) for up to a second;
+    /// returns its last value.
+    pub async fn wait_for_metric(&self, name_and_labels: &str, want: f64) -> f64 {
+        for _ in 0..50 {
+            let v = self.metric(name_and_labels).await;
+            if v == want {
+                return v;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        self.metric(name_and_labels).await
+    }
+
     pub fn trigger_shutdown(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
