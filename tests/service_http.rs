@@ -92,7 +92,12 @@ async fn queue_full_returns_503_with_retry_after() {
     for _ in 0..6 {
         let fut = s.post("/zk/field_add", small_job()).send();
         let pending = tokio::spawn(fut);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A refusal comes back at once; an accepted job stays open while paused.
+        // Generous, because CI shares two cores with the build.
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while !pending.is_finished() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         if pending.is_finished() {
             refused = Some(pending.await.unwrap().unwrap());
             break;
@@ -142,7 +147,7 @@ async fn a_client_that_disconnects_cancels_its_queued_job() {
     let s = TestServer::start(&[]).await;
     s.state.pool.pause();
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
+        .timeout(Duration::from_millis(500))
         .build()
         .unwrap();
     let err = client
