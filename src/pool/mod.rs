@@ -121,11 +121,9 @@ impl Pool {
         timeout: Option<Duration>,
     ) -> Result<Completed, JobError> {
         let s = &self.shared;
+        // Checked again when the job runs: a device can be lost while it waits.
         if backend == BackendChoice::Cuda && s.backends.healthy_gpus().next().is_none() {
-            return Err(JobError::DeviceUnavailable(format!(
-                "no usable CUDA device: {}",
-                s.backends.reason()
-            )));
+            return Err(s.no_device());
         }
         let now = Instant::now();
         let timeout = timeout.map_or(s.config.default_timeout, |t| {
@@ -213,6 +211,10 @@ impl Shared {
         self.avg_compute_us.store(new as u64, Ordering::Relaxed);
     }
 
+    fn no_device(&self) -> JobError {
+        JobError::DeviceUnavailable(format!("no usable CUDA device: {}", self.backends.reason()))
+    }
+
     fn pick_gpu(&self) -> Option<Arc<CudaDevice>> {
         let healthy: Vec<_> = self.backends.healthy_gpus().collect();
         if healthy.is_empty() {
@@ -224,12 +226,10 @@ impl Shared {
     fn choose(&self, work: &Work, requested: BackendChoice) -> Result<Target, JobError> {
         match requested {
             BackendChoice::Cpu => Ok(Target::Cpu),
-            BackendChoice::Cuda => self.pick_gpu().map(Target::Cuda).ok_or_else(|| {
-                JobError::DeviceUnavailable(format!(
-                    "no usable CUDA device: {}",
-                    self.backends.reason()
-                ))
-            }),
+            BackendChoice::Cuda => self
+                .pick_gpu()
+                .map(Target::Cuda)
+                .ok_or_else(|| self.no_device()),
             BackendChoice::Auto if work.elements() < work.gpu_min_elements() => Ok(Target::Cpu),
             BackendChoice::Auto => Ok(self.pick_gpu().map_or(Target::Cpu, Target::Cuda)),
         }
