@@ -172,10 +172,6 @@ impl Pool {
         self.shared.paused.send_replace(false);
     }
 
-    pub fn queue_depth(&self) -> usize {
-        self.shared.depth.load(Ordering::SeqCst).max(0) as usize
-    }
-
     /// Stops intake; queued jobs still run. Await `drain` for them to finish.
     pub fn close(&self) {
         self.sender

@@ -26,10 +26,7 @@ pub const MODULES: &[(&str, &str)] =
 /// The `extern "C"` kernels each module must provide.
 pub fn kernel_names(module: &str) -> Vec<String> {
     match module {
-        "field_ops" => ["bn254_fr", "goldilocks"]
-            .iter()
-            .flat_map(|f| ["add", "sub", "mul"].map(|op| format!("{f}_{op}")))
-            .collect(),
+        "field_ops" => crate::ops::zk::field_kernel_names(),
         _ => Vec::new(),
     }
 }

@@ -1,15 +1,29 @@
 //! GPU launcher for the field vector kernels (`kernels/field_ops.cu`).
 
-use super::{FieldBinaryJob, FieldVec};
+use super::{Field, FieldBinaryJob, FieldOp, FieldVec};
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use cudarc::driver::{CudaSlice, PushKernelArg};
+
+/// The `extern "C"` name of the kernel for `op` over `field`; the device loads and the
+/// launcher calls kernels by this one rule.
+fn kernel_name(field: Field, op: FieldOp) -> String {
+    format!("{}_{}", field.name(), op.kernel_suffix())
+}
+
+/// Every kernel `kernels/field_ops.cu` must provide.
+pub fn field_kernel_names() -> Vec<String> {
+    Field::ALL
+        .iter()
+        .flat_map(|&f| FieldOp::ALL.map(|op| kernel_name(f, op)))
+        .collect()
+}
 
 pub fn run_field_binary_cuda(
     job: &FieldBinaryJob,
     dev: &DeviceLease<'_>,
 ) -> Result<FieldVec, DeviceError> {
-    let name = format!("{}_{}", job.field().name(), job.op().kernel_suffix());
+    let name = kernel_name(job.field(), job.op());
     let (a, b) = job.inputs();
     // Both fields travel as u64 words; a BN254 element is four of them.
     let (a_words, b_words): (&[u64], &[u64]) = match (a, b) {

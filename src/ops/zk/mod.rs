@@ -6,7 +6,7 @@ mod u256;
 mod vector_ops;
 
 pub use field::{ElementError, Field, FieldVec};
-pub use gpu::run_field_binary_cuda;
+pub use gpu::{field_kernel_names, run_field_binary_cuda};
 pub use u256::{ParseError, U256};
 pub use vector_ops::{FieldBinaryJob, FieldOp, LengthMismatch};
 
