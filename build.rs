@@ -1,9 +1,11 @@
-// Compiles the kernels' field arithmetic for the host, so unit tests check the exact
-// code the GPU runs against the CPU twin even on machines without a GPU.
+// Compiles the kernels' field arithmetic and noise samplers for the host, so unit tests
+// check the exact code the GPU runs against the CPU twin even on machines without a GPU.
 fn main() {
     println!("cargo:rerun-if-changed=kernels");
     cc::Build::new()
         .file("kernels/host/field_host.c")
+        .file("kernels/host/dp_host.c")
+        .flag_if_supported("-ffp-contract=off")
         .opt_level(2)
         .warnings(true)
         .extra_warnings(true)

@@ -15,4 +15,14 @@ typedef unsigned long long u64;
 #define FIELD_CONST static const
 #endif
 
+// Double arithmetic that is never fused into an FMA, so the GPU rounds exactly as the
+// CPU twin does (Rust never contracts; the host build passes -ffp-contract=off).
+#ifdef __CUDACC__
+#define DMUL(a, b) __dmul_rn((a), (b))
+#define DADD(a, b) __dadd_rn((a), (b))
+#else
+#define DMUL(a, b) ((a) * (b))
+#define DADD(a, b) ((a) + (b))
+#endif
+
 #endif

@@ -27,6 +27,8 @@ pub struct Metrics {
     pub gpu_temperature: GaugeVec,
     pub gpu_power: GaugeVec,
     pub gpu_sm_clock: GaugeVec,
+    pub dp_budget_charges: IntCounterVec,
+    pub dp_noise_values: IntCounterVec,
 }
 
 /// (name, help) of every metric, for the README and the test that checks them.
@@ -67,6 +69,14 @@ pub const NAMES: &[(&str, &str)] = &[
         "Input bytes processed, by op and backend",
     ),
     ("gpu_ops_build_info", "Always 1; labels carry the version"),
+    (
+        "gpu_ops_dp_budget_charges_total",
+        "Privacy-budget charges by outcome: charged, exhausted (refused with 409), refunded",
+    ),
+    (
+        "gpu_ops_dp_noise_values_total",
+        "Values released with privacy noise, by mechanism",
+    ),
     (
         "gpu_ops_device_healthy",
         "1 while a GPU is in service, 0 after it was taken out",
@@ -183,6 +193,14 @@ impl Metrics {
             gpu_sm_clock: reg(
                 r,
                 GaugeVec::new(opts("gpu_ops_gpu_sm_clock_hertz"), &["gpu", "uuid"]),
+            ),
+            dp_budget_charges: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_dp_budget_charges_total"), &["outcome"]),
+            ),
+            dp_noise_values: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_dp_noise_values_total"), &["mechanism"]),
             ),
             registry,
         };

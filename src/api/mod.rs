@@ -229,6 +229,18 @@ async fn render_problems(req: Request, next: Next) -> Response {
     fresh
 }
 
+/// Runs `f` on a blocking thread (decoding, encoding, accounting, storage).
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, Problem> + Send + 'static,
+) -> Result<T, Problem> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(Problem::new(
+            ErrorCode::Internal,
+            format!("worker thread failed: {e}"),
+        ))
+    })
+}
+
 /// A 200 JSON response carrying where and how long the job ran.
 pub(crate) fn job_response(body: Vec<u8>, done: &RunInfo) -> Response {
     let mut res = Response::new(Body::from(body));

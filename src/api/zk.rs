@@ -2,7 +2,7 @@
 
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::problem::{ErrorCode, Problem, ProblemDocument};
-use super::{job_response, AppState};
+use super::{blocking, job_response, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::{Field, FieldBinaryJob, FieldOp};
 use crate::pool::{Output, Work};
@@ -126,7 +126,9 @@ async fn field_binary(
         .submit(Work::FieldBinary(job), backend, timeout)
         .await?;
     let run = done.run;
-    let Output::Field(values) = done.output;
+    let Output::Field(values) = done.output else {
+        return Err(Problem::new(ErrorCode::Internal, "the job returned another op's output"));
+    };
     let length = values.len();
     let body = FieldVectorResponse {
         field,
@@ -145,13 +147,3 @@ async fn field_binary(
     Ok(job_response(bytes, &run))
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, Problem> + Send + 'static,
-) -> Result<T, Problem> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(Problem::new(
-            ErrorCode::Internal,
-            format!("worker thread failed: {e}"),
-        ))
-    })
-}

@@ -3,14 +3,19 @@
 
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
+use crate::ops::dp::{self, Gradients, NoiseJob, PrivatizeJob, Privatized};
 use crate::ops::zk::{self, FieldBinaryJob, FieldVec};
 
 pub enum Work {
     FieldBinary(FieldBinaryJob),
+    DpPrivatize(PrivatizeJob),
+    DpNoise(NoiseJob),
 }
 
 pub enum Output {
     Field(FieldVec),
+    Privatized(Privatized),
+    Values(Vec<f64>),
 }
 
 impl Work {
@@ -18,18 +23,27 @@ impl Work {
     pub fn op_name(&self) -> &'static str {
         match self {
             Work::FieldBinary(j) => j.op().name(),
+            Work::DpPrivatize(_) => "dp_privatize",
+            Work::DpNoise(j) => j.mechanism.name(),
         }
     }
 
     pub fn elements(&self) -> usize {
         match self {
             Work::FieldBinary(j) => j.len(),
+            Work::DpPrivatize(j) => j.gradients.len(),
+            Work::DpNoise(j) => j.len(),
         }
     }
 
     pub fn input_bytes(&self) -> usize {
         match self {
             Work::FieldBinary(j) => j.input_bytes(),
+            Work::DpPrivatize(j) => match &j.gradients {
+                Gradients::F32(g) => 4 * g.len(),
+                Gradients::F64(g) => 8 * g.len(),
+            },
+            Work::DpNoise(j) => 8 * j.len(),
         }
     }
 
@@ -43,18 +57,25 @@ impl Work {
                 (zk::Field::Bn254Fr, _) => 1 << 15,
                 (zk::Field::Goldilocks, _) => 1 << 17,
             },
+            // Sampling exact noise costs the CPU about a microsecond per value.
+            Work::DpNoise(_) => 1 << 12,
+            Work::DpPrivatize(_) => 1 << 18,
         }
     }
 
     pub fn run_cpu(&self) -> Output {
         match self {
             Work::FieldBinary(j) => Output::Field(j.run_cpu()),
+            Work::DpPrivatize(j) => Output::Privatized(j.run_cpu()),
+            Work::DpNoise(j) => Output::Values(j.run_cpu()),
         }
     }
 
     pub fn run_cuda(&self, dev: &DeviceLease<'_>) -> Result<Output, DeviceError> {
         match self {
             Work::FieldBinary(j) => zk::run_field_binary_cuda(j, dev).map(Output::Field),
+            Work::DpPrivatize(j) => dp::run_privatize_cuda(j, dev).map(Output::Privatized),
+            Work::DpNoise(j) => dp::run_noise_cuda(j, dev).map(Output::Values),
         }
     }
 }

@@ -17,16 +17,23 @@ const HEADERS: &[(&str, &str)] = &[
         "goldilocks.cuh",
         include_str!("../../../kernels/goldilocks.cuh"),
     ),
+    (
+        "dp_noise.cuh",
+        include_str!("../../../kernels/dp_noise.cuh"),
+    ),
 ];
 
 /// Every compilation unit: (module name, source).
-pub const MODULES: &[(&str, &str)] =
-    &[("field_ops", include_str!("../../../kernels/field_ops.cu"))];
+pub const MODULES: &[(&str, &str)] = &[
+    ("field_ops", include_str!("../../../kernels/field_ops.cu")),
+    ("dp", include_str!("../../../kernels/dp.cu")),
+];
 
 /// The `extern "C"` kernels each module must provide.
 pub fn kernel_names(module: &str) -> Vec<String> {
     match module {
         "field_ops" => crate::ops::zk::field_kernel_names(),
+        "dp" => crate::ops::dp::KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
         _ => Vec::new(),
     }
 }
@@ -128,15 +135,19 @@ mod tests {
 
     #[test]
     fn expansion_inlines_each_header_once_and_leaves_no_includes() {
-        let src = expand(MODULES[0].1);
-        assert!(!src.contains("#include"));
-        assert_eq!(src.matches("#define GPU_OPS_COMMON_CUH").count(), 1);
-        for name in kernel_names("field_ops") {
-            // The kernels are stamped out by macros: KERNEL(name, fn).
-            assert!(
-                src.contains(&format!("({name},")),
-                "{name} missing from field_ops.cu"
-            );
+        for (module, source) in MODULES {
+            let src = expand(source);
+            assert!(!src.contains("#include"));
+            assert_eq!(src.matches("#define GPU_OPS_COMMON_CUH").count(), 1);
+            let names = kernel_names(module);
+            assert!(!names.is_empty(), "{module} lists no kernels");
+            for name in names {
+                // Written out, or stamped by a macro: KERNEL(name, ...).
+                assert!(
+                    src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
+                    "{name} missing from {module}"
+                );
+            }
         }
     }
 }

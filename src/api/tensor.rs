@@ -1,0 +1,252 @@
+//! Numeric arrays in requests and answers: JSON numbers, or base64 of little-endian
+//! f32/f64 with a shape. Answers come back in the form (and dtype) the request used.
+
+use super::problem::{ErrorCode, Problem};
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    F32,
+    F64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BinaryEncoding {
+    Base64,
+}
+
+/// Packed little-endian values: `data` is base64 of `shape`'s product of `dtype` values,
+/// row-major.
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"encoding": "base64", "dtype": "f32", "shape": [2, 2], "data": "AACAPwAAAEAAAEBAAACAQA=="}))]
+pub struct Packed {
+    pub encoding: BinaryEncoding,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub data: String,
+}
+
+/// A decoded array and the dtype it arrived in.
+pub enum Decoded {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Decoded {
+    pub fn len(&self) -> usize {
+        match self {
+            Decoded::F32(v) => v.len(),
+            Decoded::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn into_f64(self) -> Vec<f64> {
+        match self {
+            Decoded::F32(v) => v.into_iter().map(f64::from).collect(),
+            Decoded::F64(v) => v,
+        }
+    }
+}
+
+impl Packed {
+    /// Decodes and checks the shape has `dims` dimensions and every value is finite.
+    pub fn decode(&self, path: &str, dims: usize, max: usize) -> Result<(Vec<usize>, Decoded), Problem> {
+        let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
+        if self.shape.len() != dims {
+            return Err(bad(format!("{path}/shape"), format!("expected {dims} dimension(s), got {}", self.shape.len())));
+        }
+        let n = self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let n = match n {
+            Some(0) | None => {
+                return Err(bad(format!("{path}/shape"), "every dimension must be at least 1".into()))
+            }
+            Some(n) if n > max => return Err(too_many(&format!("{path}/shape"), n, max)),
+            Some(n) => n,
+        };
+        let bytes = B64
+            .decode(self.data.as_bytes())
+            .map_err(|e| bad(format!("{path}/data"), format!("not base64: {e}")))?;
+        let width = match self.dtype {
+            Dtype::F32 => 4,
+            Dtype::F64 => 8,
+        };
+        if bytes.len() != n * width {
+            return Err(bad(
+                format!("{path}/data"),
+                format!("{} bytes, but shape {:?} of {:?} needs {}", bytes.len(), self.shape, self.dtype, n * width),
+            ));
+        }
+        let decoded = match self.dtype {
+            Dtype::F32 => Decoded::F32(
+                bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+            ),
+            Dtype::F64 => Decoded::F64(
+                bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+            ),
+        };
+        let first_bad = match &decoded {
+            Decoded::F32(v) => v.iter().position(|x| !x.is_finite()),
+            Decoded::F64(v) => v.iter().position(|x| !x.is_finite()),
+        };
+        if let Some(i) = first_bad {
+            return Err(bad(format!("{path}/data"), format!("value {i} (row-major) is not finite")));
+        }
+        Ok((self.shape.clone(), decoded))
+    }
+
+    pub fn encode_f64(values: &[f64], dtype: Dtype) -> Self {
+        let data = match dtype {
+            Dtype::F32 => B64.encode(values.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect::<Vec<u8>>()),
+            Dtype::F64 => B64.encode(values.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
+        };
+        Packed {
+            encoding: BinaryEncoding::Base64,
+            dtype,
+            shape: vec![values.len()],
+            data,
+        }
+    }
+}
+
+fn too_many(path: &str, n: usize, max: usize) -> Problem {
+    let mut p = Problem::at(
+        ErrorCode::PayloadTooLarge,
+        path,
+        format!("{n} values; the server accepts at most {max}"),
+    );
+    p.detail = format!("{path}: {n} values is more than the server's limit of {max}");
+    p
+}
+
+/// A `[rows, cols]` tensor: nested JSON arrays, or `Packed`.
+pub enum Matrix {
+    Nested(Vec<Vec<f64>>),
+    Packed(Packed),
+}
+
+/// A vector: a JSON array of numbers, or `Packed` with a one-dimensional shape.
+pub enum Vector {
+    Numbers(Vec<f64>),
+    Packed(Packed),
+}
+
+macro_rules! seq_or_map {
+    ($ty:ident, $seq:ident($inner:ty), $expecting:literal) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str($expecting)
+                    }
+                    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<$ty, A::Error> {
+                        <$inner>::deserialize(SeqAccessDeserializer::new(seq)).map($ty::$seq)
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<$ty, A::Error> {
+                        Packed::deserialize(MapAccessDeserializer::new(map)).map($ty::Packed)
+                    }
+                }
+                d.deserialize_any(V)
+            }
+        }
+    };
+}
+
+seq_or_map!(Matrix, Nested(Vec<Vec<f64>>), "an array of arrays of numbers, or {encoding, dtype, shape, data}");
+seq_or_map!(Vector, Numbers(Vec<f64>), "an array of numbers, or {encoding, dtype, shape, data}");
+
+impl Matrix {
+    /// (rows, cols, row-major values).
+    pub fn decode(self, path: &str, max: usize) -> Result<(usize, usize, Decoded), Problem> {
+        match self {
+            Matrix::Packed(p) => {
+                let (shape, values) = p.decode(path, 2, max)?;
+                Ok((shape[0], shape[1], values))
+            }
+            Matrix::Nested(rows) => {
+                let bad = |p: String, m: &str| Problem::at(ErrorCode::InvalidTensor, p, m);
+                let cols = rows.first().map_or(0, Vec::len);
+                if rows.is_empty() || cols == 0 {
+                    return Err(bad(path.into(), "must have at least one row and one column"));
+                }
+                if let Some(i) = rows.iter().position(|r| r.len() != cols) {
+                    return Err(bad(
+                        format!("{path}/{i}"),
+                        &format!("has {} values where row 0 has {cols} (ragged)", rows[i].len()),
+                    ));
+                }
+                let n = rows.len().saturating_mul(cols);
+                if n > max {
+                    return Err(too_many(path, n, max));
+                }
+                let flat: Vec<f64> = rows.into_iter().flatten().collect();
+                Ok((n / cols, cols, Decoded::F64(flat)))
+            }
+        }
+    }
+}
+
+impl Vector {
+    pub fn decode(self, path: &str, max: usize) -> Result<Decoded, Problem> {
+        match self {
+            Vector::Packed(p) => Ok(p.decode(path, 1, max)?.1),
+            Vector::Numbers(v) if v.is_empty() => {
+                Err(Problem::at(ErrorCode::InvalidTensor, path, "must not be empty"))
+            }
+            Vector::Numbers(v) if v.len() > max => Err(too_many(path, v.len(), max)),
+            Vector::Numbers(v) => Ok(Decoded::F64(v)),
+        }
+    }
+
+    pub fn is_packed(&self) -> bool {
+        matches!(self, Vector::Packed(_))
+    }
+}
+
+/// An answer vector in the request's form.
+#[derive(Serialize)]
+#[serde(untagged)]
+pub enum VectorOut {
+    Numbers(Vec<f64>),
+    Packed(Packed),
+}
+
+impl VectorOut {
+    pub fn new(values: Vec<f64>, packed: Option<Dtype>) -> Self {
+        match packed {
+            Some(dtype) => VectorOut::Packed(Packed::encode_f64(&values, dtype)),
+            None => VectorOut::Numbers(values),
+        }
+    }
+}
+
+/// Schema of `Matrix` for the OpenAPI document.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum MatrixDoc {
+    Nested(Vec<Vec<f64>>),
+    Packed(Packed),
+}
+
+/// Schema of `Vector` / `VectorOut` for the OpenAPI document.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum VectorDoc {
+    Numbers(Vec<f64>),
+    Packed(Packed),
+}

@@ -1,0 +1,131 @@
+//! GPU launchers for `kernels/dp.cu`. Clip factors are computed on the host from the
+//! device's squared norms with the CPU twin's own function, so both backends clip alike.
+
+use super::privatize::{clip_factors, clip_stats, Gradients, Privatized, PrivatizeJob, LANES};
+use super::release::{Mechanism, NoiseJob};
+use crate::backend::cuda::DeviceLease;
+use crate::backend::DeviceError;
+use cudarc::driver::{CudaSlice, PushKernelArg};
+
+/// Every kernel `kernels/dp.cu` must provide.
+pub const KERNEL_NAMES: &[&str] = &[
+    "dp_sq_norms_f32",
+    "dp_sq_norms_f64",
+    "dp_clip_sum_noise_f32",
+    "dp_clip_sum_noise_f64",
+    "dp_gaussian_release",
+    "dp_laplace_release",
+];
+
+pub fn run_privatize_cuda(
+    job: &PrivatizeJob,
+    dev: &DeviceLease<'_>,
+) -> Result<Privatized, DeviceError> {
+    match &job.gradients {
+        Gradients::F32(g) => privatize::<f32>(job, g, dev, "f32"),
+        Gradients::F64(g) => privatize::<f64>(job, g, dev, "f64"),
+    }
+}
+
+fn privatize<T: cudarc::driver::DeviceRepr + Copy>(
+    job: &PrivatizeJob,
+    g: &[T],
+    dev: &DeviceLease<'_>,
+    dtype: &str,
+) -> Result<Privatized, DeviceError> {
+    let stream = dev.stream();
+    let (rows, cols, layers) = (job.rows as u64, job.cols as u64, job.layers() as u32);
+    let dg = stream.clone_htod(g)?;
+    let dbounds = stream.clone_htod(&job.bounds)?;
+    let mut dsq: CudaSlice<f64> = stream.alloc_zeros(job.rows * job.layers())?;
+    let norms = dev.function(&format!("dp_sq_norms_{dtype}"))?;
+    let mut launch = stream.launch_builder(norms);
+    launch
+        .arg(&dg)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&dbounds)
+        .arg(&layers)
+        .arg(&mut dsq);
+    // The reduction needs exactly LANES threads per block; one block per (row, layer).
+    let config = dev.launch_config(job.rows * job.layers() * LANES);
+    assert_eq!(config.block_dim.0 as usize, LANES);
+    // SAFETY: g has rows*cols elements, bounds layers+1 (the last = cols), sq rows*layers.
+    unsafe { launch.launch(config) }?;
+    let sq = stream.clone_dtoh(&dsq)?;
+    stream.synchronize()?;
+
+    let factors = clip_factors(&sq, &job.clip_norms);
+    let dfactors = stream.clone_htod(&factors)?;
+    let dkey = stream.clone_htod(&job.key.words())?;
+    let mut dout: CudaSlice<f64> = stream.alloc_zeros(job.cols)?;
+    let (grid, inv_grid) = (job.plan.grid, 1.0 / job.plan.grid);
+    let sum = dev.function(&format!("dp_clip_sum_noise_{dtype}"))?;
+    let mut launch = stream.launch_builder(sum);
+    launch
+        .arg(&dg)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&dbounds)
+        .arg(&layers)
+        .arg(&dfactors)
+        .arg(&dkey)
+        .arg(&inv_grid)
+        .arg(&grid)
+        .arg(&job.plan.t)
+        .arg(&job.plan.c)
+        .arg(&job.divisor)
+        .arg(&mut dout);
+    // SAFETY: as above; factors has rows*layers entries, key 8 words, out cols.
+    unsafe { launch.launch(dev.launch_config(job.cols)) }?;
+    let gradient = stream.clone_dtoh(&dout)?;
+    stream.synchronize()?;
+    Ok(Privatized {
+        gradient,
+        stats: clip_stats(&sq, &job.clip_norms),
+    })
+}
+
+pub fn run_noise_cuda(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
+    let stream = dev.stream();
+    let n = job.len() as u64;
+    let dx = stream.clone_htod(&job.values)?;
+    let dkey = stream.clone_htod(&job.key.words())?;
+    let mut dout: CudaSlice<f64> = stream.alloc_zeros(job.len())?;
+    let grid = job.mechanism.grid();
+    let inv_grid = 1.0 / grid;
+    match job.mechanism {
+        Mechanism::Gaussian(p) => {
+            let f = dev.function("dp_gaussian_release")?;
+            let mut launch = stream.launch_builder(f);
+            launch
+                .arg(&dx)
+                .arg(&n)
+                .arg(&dkey)
+                .arg(&inv_grid)
+                .arg(&grid)
+                .arg(&p.t)
+                .arg(&p.c)
+                .arg(&mut dout);
+            // SAFETY: x and out have n elements, key 8 words.
+            unsafe { launch.launch(dev.launch_config(job.len())) }?;
+        }
+        Mechanism::Laplace(p) => {
+            let f = dev.function("dp_laplace_release")?;
+            let mut launch = stream.launch_builder(f);
+            launch
+                .arg(&dx)
+                .arg(&n)
+                .arg(&dkey)
+                .arg(&inv_grid)
+                .arg(&grid)
+                .arg(&p.t)
+                .arg(&mut dout);
+            // SAFETY: x and out have n elements, key 8 words.
+            unsafe { launch.launch(dev.launch_config(job.len())) }?;
+        }
+    }
+    let out = stream.clone_dtoh(&dout)?;
+    stream.synchronize()?;
+    Ok(out)
+}

@@ -1,0 +1,17 @@
+//! Differential privacy: RDP accounting, exact discrete noise shared by the CPU and the
+//! GPU, and DP-SGD gradient privatization.
+
+pub mod accountant;
+mod gpu;
+#[cfg(test)]
+mod host_kernel_parity;
+pub mod noise;
+pub mod plan;
+pub mod privatize;
+pub mod release;
+
+pub use gpu::{run_noise_cuda, run_privatize_cuda, KERNEL_NAMES};
+pub use noise::NoiseKey;
+pub use plan::{GaussianPlan, LaplacePlan};
+pub use privatize::{Gradients, PrivatizeJob, Privatized};
+pub use release::{Mechanism, NoiseJob};

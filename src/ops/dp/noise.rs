@@ -1,0 +1,291 @@
+//! Counter-based privacy noise: the CPU twin of `kernels/dp_noise.cuh`, bit for bit.
+//! Element i of a release reads ChaCha20 keyed by the release's key with nonce
+//! (domain, i); the samplers are Canonne, Kamath & Steinke's exact integer algorithms.
+
+use chacha20::cipher::{KeyIvInit, StreamCipher};
+use chacha20::ChaCha20;
+use sha2::{Digest, Sha256};
+
+pub const DOMAIN_GAUSSIAN: u32 = 1;
+pub const DOMAIN_LAPLACE: u32 = 2;
+/// Proposals beyond this are rejected outright (acceptance below exp(-2^17)).
+const MAX_ABS_NOISE: u64 = 1 << 40;
+
+/// The 256-bit key of one release.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct NoiseKey(pub [u8; 32]);
+
+impl std::fmt::Debug for NoiseKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NoiseKey(..)")
+    }
+}
+
+impl NoiseKey {
+    /// A fresh key from the operating system's CSPRNG.
+    pub fn from_os() -> Result<Self, String> {
+        let mut key = [0u8; 32];
+        getrandom::fill(&mut key).map_err(|e| format!("no OS entropy: {e}"))?;
+        Ok(Self(key))
+    }
+
+    /// A reproducible key, for servers started with the client-seed test flag.
+    pub fn from_seed(seed: u64) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"gpu-ops/dp/client-seed/v1");
+        h.update(seed.to_le_bytes());
+        Self(h.finalize().into())
+    }
+
+    /// The key as the kernels take it: eight little-endian words.
+    pub fn words(&self) -> [u32; 8] {
+        std::array::from_fn(|i| u32::from_le_bytes(self.0[4 * i..4 * i + 4].try_into().unwrap()))
+    }
+}
+
+/// The random bits of one element, consumed lowest bit first from 32-bit words.
+pub struct BitStream {
+    cipher: ChaCha20,
+    block: [u8; 64],
+    next_word: usize,
+    buf: u64,
+    avail: u32,
+}
+
+impl BitStream {
+    pub fn new(key: &NoiseKey, domain: u32, index: u64) -> Self {
+        let mut nonce = [0u8; 12];
+        nonce[..4].copy_from_slice(&domain.to_le_bytes());
+        nonce[4..].copy_from_slice(&index.to_le_bytes());
+        Self {
+            cipher: ChaCha20::new(&key.0.into(), &nonce.into()),
+            block: [0; 64],
+            next_word: 16,
+            buf: 0,
+            avail: 0,
+        }
+    }
+
+    fn next_word(&mut self) -> u32 {
+        if self.next_word == 16 {
+            self.block = [0; 64];
+            self.cipher.apply_keystream(&mut self.block);
+            self.next_word = 0;
+        }
+        let i = 4 * self.next_word;
+        self.next_word += 1;
+        u32::from_le_bytes(self.block[i..i + 4].try_into().unwrap())
+    }
+
+    /// The next `k` bits, 1 <= k <= 32.
+    fn take(&mut self, k: u32) -> u32 {
+        if self.avail < k {
+            self.buf |= u64::from(self.next_word()) << self.avail;
+            self.avail += 32;
+        }
+        let r = (self.buf & ((1u64 << k) - 1)) as u32;
+        self.buf >>= k;
+        self.avail -= k;
+        r
+    }
+
+    /// Uniform on 0..t, t >= 1.
+    fn uniform(&mut self, t: u64) -> u64 {
+        if t <= 1 {
+            return 0;
+        }
+        let bits = 64 - (t - 1).leading_zeros();
+        loop {
+            let u = if bits <= 32 {
+                u64::from(self.take(bits))
+            } else {
+                let lo = u64::from(self.take(32));
+                lo | (u64::from(self.take(bits - 32)) << 32)
+            };
+            if u < t {
+                return u;
+            }
+        }
+    }
+
+    /// Bernoulli(n/m), m < 2^127.
+    fn bernoulli(&mut self, n: u128, m: u128) -> bool {
+        if n >= m {
+            return true;
+        }
+        if n == 0 {
+            return false;
+        }
+        let mut rem = n;
+        loop {
+            rem <<= 1;
+            let p_bit = rem >= m;
+            if p_bit {
+                rem -= m;
+            }
+            let u_bit = self.take(1) == 1;
+            if u_bit != p_bit {
+                return p_bit;
+            }
+            if rem == 0 {
+                return false;
+            }
+        }
+    }
+
+    /// Bernoulli(exp(-n/m)) for n/m in [0, 1].
+    fn bernoulli_exp_unit(&mut self, n: u128, m: u128) -> bool {
+        let mut k = 1u64;
+        while k < 64 && self.bernoulli(n, m * u128::from(k)) {
+            k += 1;
+        }
+        k % 2 == 1
+    }
+
+    fn bernoulli_exp(&mut self, n: u128, m: u128) -> bool {
+        let whole = n / m;
+        let mut i = 0u128;
+        while i < whole {
+            if !self.bernoulli_exp_unit(1, 1) {
+                return false;
+            }
+            i += 1;
+        }
+        self.bernoulli_exp_unit(n - whole * m, m)
+    }
+
+    /// P(y) ∝ exp(-|y| / t).
+    pub fn discrete_laplace(&mut self, t: u64) -> i64 {
+        loop {
+            let u = self.uniform(t);
+            if !self.bernoulli_exp_unit(u128::from(u), u128::from(t)) {
+                continue;
+            }
+            let mut v = 0u64;
+            while self.bernoulli_exp_unit(1, 1) {
+                v += 1;
+            }
+            let y = u + t * v;
+            let negative = self.take(1) == 1;
+            if negative && y == 0 {
+                continue;
+            }
+            return if negative { -(y as i64) } else { y as i64 };
+        }
+    }
+
+    /// P(y) ∝ exp(-y² / (2 t c)).
+    pub fn discrete_gaussian(&mut self, t: u64, c: u64) -> i64 {
+        let den = 2 * u128::from(t) * u128::from(c);
+        loop {
+            let y = self.discrete_laplace(t);
+            let mag = y.unsigned_abs();
+            if mag > MAX_ABS_NOISE {
+                continue;
+            }
+            let diff = u128::from(mag.abs_diff(c));
+            if self.bernoulli_exp(diff * diff, den) {
+                return y;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn draws(n: u64, f: impl Fn(&mut BitStream) -> i64 + Sync) -> Vec<i64> {
+        use rayon::prelude::*;
+        let key = NoiseKey::from_seed(42);
+        (0..n)
+            .into_par_iter()
+            .map(|i| f(&mut BitStream::new(&key, DOMAIN_GAUSSIAN, i)))
+            .collect()
+    }
+
+    fn mean_var(xs: &[i64]) -> (f64, f64) {
+        let n = xs.len() as f64;
+        let mean = xs.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = xs.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / (n - 1.0);
+        (mean, var)
+    }
+
+    /// |observed − expected| within 5 standard errors of a proportion.
+    fn assert_proportion(count: usize, n: usize, p: f64, what: &str) {
+        let se = (p * (1.0 - p) / n as f64).sqrt();
+        let got = count as f64 / n as f64;
+        assert!((got - p).abs() < 5.0 * se + 1e-12, "{what}: {got} vs {p} (se {se})");
+    }
+
+    #[test]
+    fn discrete_gaussian_moments_and_tails() {
+        let n = 200_000usize;
+        // sigma^2 = t c = 1_000_001 * 1_000_000 ≈ 1e12.
+        let (t, c) = (1_000_001u64, 1_000_000u64);
+        let xs = draws(n as u64, |b| b.discrete_gaussian(t, c));
+        let sigma2 = (t * c) as f64;
+        let (mean, var) = mean_var(&xs);
+        assert!(mean.abs() < 5.0 * (sigma2 / n as f64).sqrt(), "mean {mean}");
+        // Var of the sample variance is 2σ⁴/(n−1).
+        assert!((var - sigma2).abs() < 5.0 * sigma2 * (2.0 / n as f64).sqrt(), "var {var}");
+        let sigma = sigma2.sqrt();
+        for (k, p) in [(1.0, 0.317_310_507_862_914_1), (2.0, 0.045_500_263_896_358_4), (3.0, 0.002_699_796_063_260_2)] {
+            let count = xs.iter().filter(|&&x| (x as f64).abs() > k * sigma).count();
+            assert_proportion(count, n, p, &format!("P(|X| > {k}σ)"));
+        }
+    }
+
+    #[test]
+    fn discrete_gaussian_is_exact_at_small_scale() {
+        // sigma^2 = 2: P(y) ∝ exp(-y²/4), checked value by value.
+        let n = 200_000usize;
+        let xs = draws(n as u64, |b| b.discrete_gaussian(1, 2));
+        let w = |y: i64| (-(y * y) as f64 / 4.0).exp();
+        let z: f64 = (-40..=40).map(w).sum();
+        for y in -6..=6 {
+            let count = xs.iter().filter(|&&x| x == y).count();
+            assert_proportion(count, n, w(y) / z, &format!("P(Y = {y})"));
+        }
+    }
+
+    #[test]
+    fn discrete_laplace_is_exact() {
+        for t in [1u64, 5, 1 << 20] {
+            let n = 200_000usize;
+            let xs = draws(n as u64, |b| b.discrete_laplace(t));
+            let r = (-1.0 / t as f64).exp();
+            // P(y) = (1 − r)/(1 + r) r^|y|; Var = 2r/(1 − r)².
+            let p = |y: i64| (1.0 - r) / (1.0 + r) * r.powi(y.abs() as i32);
+            let (mean, var) = mean_var(&xs);
+            let want_var = 2.0 * r / (1.0 - r).powi(2);
+            assert!(mean.abs() < 5.0 * (want_var / n as f64).sqrt(), "t={t} mean {mean}");
+            // Laplace kurtosis is 6: Var(s²) ≈ (κ − 1)σ⁴/n = 5σ⁴/n.
+            assert!((var - want_var).abs() < 5.0 * want_var * (5.0 / n as f64).sqrt(), "t={t} var {var}");
+            if t == 1 {
+                for y in -4..=4 {
+                    let count = xs.iter().filter(|&&x| x == y).count();
+                    assert_proportion(count, n, p(y), &format!("t=1 P(Y = {y})"));
+                }
+            } else {
+                // P(|Y| > k t) = 2 r^(k t + 1) / (1 + r).
+                for k in [1u64, 3] {
+                    let count = xs.iter().filter(|&&x| x.unsigned_abs() > k * t).count();
+                    let want = 2.0 * r.powf((k * t + 1) as f64) / (1.0 + r);
+                    assert_proportion(count, n, want, &format!("t={t} P(|Y| > {k}t)"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn streams_depend_on_key_domain_and_index_only() {
+        let k = NoiseKey::from_seed(9);
+        let a: Vec<i64> = (0..50).map(|i| BitStream::new(&k, 1, i).discrete_laplace(1000)).collect();
+        let b: Vec<i64> = (0..50).map(|i| BitStream::new(&k, 1, i).discrete_laplace(1000)).collect();
+        assert_eq!(a, b);
+        let other: Vec<i64> = (0..50).map(|i| BitStream::new(&k, 2, i).discrete_laplace(1000)).collect();
+        assert_ne!(a, other);
+        assert_ne!(NoiseKey::from_os().unwrap(), NoiseKey::from_os().unwrap());
+    }
+}

@@ -1,0 +1,79 @@
+//! Embedded persistence: one SQLite database under `--data-dir`, in WAL mode with full
+//! synchronous commits, so what a response reports as written survives a crash.
+
+mod budgets;
+
+pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
+
+use rusqlite::Connection;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+pub struct Store {
+    conn: Mutex<Connection>,
+    path: PathBuf,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS budgets (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT,
+    accountant TEXT NOT NULL,
+    epsilon_limit REAL NOT NULL,
+    delta REAL NOT NULL,
+    orders TEXT NOT NULL,
+    rdp TEXT NOT NULL,
+    epsilon_spent REAL NOT NULL,
+    optimal_order REAL,
+    charges INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS budgets_by_tenant ON budgets (tenant, created_at);
+CREATE TABLE IF NOT EXISTS budget_charges (
+    budget_id TEXT NOT NULL REFERENCES budgets (id),
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    params TEXT NOT NULL,
+    rdp TEXT NOT NULL,
+    epsilon_after REAL NOT NULL,
+    status TEXT NOT NULL,
+    at TEXT NOT NULL,
+    PRIMARY KEY (budget_id, seq)
+);
+";
+
+impl Store {
+    /// Opens (creating if needed) `gpu-ops.sqlite3` in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
+        let path = dir.join("gpu-ops.sqlite3");
+        let conn = Connection::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .and_then(|_| conn.pragma_update(None, "synchronous", "FULL"))
+            .and_then(|_| conn.pragma_update(None, "foreign_keys", "ON"))
+            .and_then(|_| conn.busy_timeout(std::time::Duration::from_secs(10)))
+            .and_then(|_| conn.execute_batch(SCHEMA))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+            path,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut conn)
+    }
+}
+
+/// Now, as RFC 3339 UTC with milliseconds.
+fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
