@@ -65,7 +65,13 @@ pub struct Config {
     /// Most elements in one input vector; more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_ELEMENTS", default_value_t = 1 << 24)]
     pub max_elements: usize,
-    /// Directory for persistent state (kernel cache; later budgets and datasets).
+    /// Most values in one `[B, D]` tensor (/dp/privatize); more gets 413.
+    #[arg(long, env = "GPU_OPS_MAX_TENSOR_ELEMENTS", default_value_t = 1 << 26)]
+    pub max_tensor_elements: usize,
+    /// Accept a client `seed` for privacy noise. For tests only: seeded noise is predictable.
+    #[arg(long, env = "GPU_OPS_DP_ALLOW_CLIENT_SEED", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub dp_allow_client_seed: bool,
+    /// Directory for persistent state (privacy budgets, kernel cache).
     #[arg(long, env = "GPU_OPS_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
     /// Log format.
@@ -111,6 +117,9 @@ impl Config {
         }
         if self.max_elements == 0 {
             return Err("--max-elements must be at least 1".into());
+        }
+        if self.max_tensor_elements == 0 {
+            return Err("--max-tensor-elements must be at least 1".into());
         }
         if self.device_sample_interval < Duration::from_millis(100) {
             return Err("--device-sample-interval must be at least 100ms".into());

@@ -8,8 +8,10 @@ pub mod config;
 pub mod metrics;
 pub mod ops;
 pub mod pool;
+pub mod store;
 
 use api::AppState;
+use store::Store;
 use backend::{BackendChoice, Backends, CpuExecutor};
 use config::Settings;
 use metrics::Metrics;
@@ -31,6 +33,10 @@ impl App {
     pub fn start(settings: Settings) -> Result<Self, String> {
         let cfg = &settings.config;
         let metrics = Arc::new(Metrics::new());
+        let store = Arc::new(Store::open(&cfg.data_dir)?);
+        if cfg.dp_allow_client_seed {
+            tracing::warn!("--dp-allow-client-seed is on: clients can make privacy noise predictable; never in production");
+        }
         let backends = Arc::new(Backends::new(
             cfg.backend,
             CpuExecutor::new(settings.cpu_threads)?,
@@ -70,7 +76,7 @@ impl App {
                 done_tx.send_replace(true);
             });
         }
-        let state = Arc::new(AppState::new(settings, metrics, pool, backends));
+        let state = Arc::new(AppState::new(settings, metrics, pool, backends, store));
         Ok(Self { state, discovered })
     }
 

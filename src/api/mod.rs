@@ -2,10 +2,12 @@
 //! Knows nothing about devices.
 
 mod auth;
+pub mod dp;
 mod elements;
 mod extract;
 pub mod problem;
 pub mod system;
+mod tensor;
 pub mod zk;
 
 pub use extract::ApiJson;
@@ -14,6 +16,7 @@ use crate::backend::Backends;
 use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::pool::{Pool, RunInfo};
+use crate::store::Store;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
@@ -39,6 +42,7 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub pool: Arc<Pool>,
     pub backends: Arc<Backends>,
+    pub store: Arc<Store>,
     shutting_down: AtomicBool,
 }
 
@@ -48,12 +52,14 @@ impl AppState {
         metrics: Arc<Metrics>,
         pool: Arc<Pool>,
         backends: Arc<Backends>,
+        store: Arc<Store>,
     ) -> Self {
         Self {
             settings,
             metrics,
             pool,
             backends,
+            store,
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -73,12 +79,16 @@ impl AppState {
     paths(
         system::live, system::ready, system::device, system::metrics,
         zk::field_add, zk::field_sub, zk::field_mul,
+        dp::privatize, dp::laplace, dp::gaussian,
+        dp::accountant_epsilon, dp::accountant_noise_multiplier,
+        dp::create_budget, dp::get_budget, dp::list_budgets,
     ),
     components(schemas(problem::ProblemDocument, problem::FieldIssue)),
     modifiers(&BearerAuth),
     tags(
         (name = "system", description = "Health, devices and metrics"),
         (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
+        (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
     )
 )]
 pub struct ApiDoc;
@@ -120,6 +130,16 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/zk/field_add", post(zk::field_add))
         .route("/zk/field_sub", post(zk::field_sub))
         .route("/zk/field_mul", post(zk::field_mul))
+        .route("/dp/privatize", post(dp::privatize))
+        .route("/dp/laplace", post(dp::laplace))
+        .route("/dp/gaussian", post(dp::gaussian))
+        .route("/dp/accountant/epsilon", post(dp::accountant_epsilon))
+        .route(
+            "/dp/accountant/noise_multiplier",
+            post(dp::accountant_noise_multiplier),
+        )
+        .route("/dp/budgets", post(dp::create_budget).get(dp::list_budgets))
+        .route("/dp/budgets/{id}", get(dp::get_budget))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

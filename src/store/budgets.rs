@@ -85,12 +85,16 @@ fn row_to_budget(r: &rusqlite::Row<'_>) -> rusqlite::Result<Budget> {
     })
 }
 
+/// RDP vectors as JSON; +∞ (an order a charge does not bound) is stored as null.
 fn to_json(v: &[f64]) -> String {
-    serde_json::to_string(v).expect("finite floats serialise")
+    let v: Vec<Option<f64>> = v.iter().map(|&x| x.is_finite().then_some(x)).collect();
+    serde_json::to_string(&v).expect("floats serialise")
 }
 
 fn from_json(s: &str) -> Result<Vec<f64>, BudgetError> {
-    serde_json::from_str(s).map_err(|e| BudgetError::Storage(format!("corrupt RDP vector: {e}")))
+    let v: Vec<Option<f64>> = serde_json::from_str(s)
+        .map_err(|e| BudgetError::Storage(format!("corrupt RDP vector: {e}")))?;
+    Ok(v.into_iter().map(|x| x.unwrap_or(f64::INFINITY)).collect())
 }
 
 fn new_id() -> Result<String, BudgetError> {
