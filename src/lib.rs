@@ -11,13 +11,13 @@ pub mod pool;
 pub mod store;
 
 use api::AppState;
-use store::Store;
 use backend::{BackendChoice, Backends, CpuExecutor};
 use config::Settings;
 use metrics::Metrics;
 use pool::{Pool, PoolConfig};
 use std::future::Future;
 use std::sync::Arc;
+use store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 

@@ -230,6 +230,21 @@ async fn metric_names_are_present_after_traffic() {
             .status(),
         200
     );
+    let budget: serde_json::Value = s
+        .post(
+            "/dp/budgets",
+            serde_json::json!({"epsilon_limit": 5.0, "delta": 1e-5}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let release = serde_json::json!({"values": [1.0], "sensitivity": 1.0, "epsilon": 1.0,
+        "delta": 1e-5, "budget_id": budget["id"]});
+    let res = s.post("/dp/gaussian", release).send().await.unwrap();
+    assert_eq!(res.status(), 200);
     let text = s.metrics().await;
     // GPU gauges only exist where NVML does; everything else must be exported here.
     for (name, _) in gpu_ops::metrics::NAMES.iter().filter(|(n, _)| {

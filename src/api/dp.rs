@@ -26,7 +26,11 @@ fn positive(v: f64, path: &str) -> Result<f64, Problem> {
     if v.is_finite() && v > 0.0 {
         Ok(v)
     } else {
-        Err(Problem::at(ErrorCode::InvalidParameter, path, "must be a finite number greater than 0"))
+        Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            "must be a finite number greater than 0",
+        ))
     }
 }
 
@@ -34,7 +38,11 @@ fn open_unit(v: f64, path: &str) -> Result<f64, Problem> {
     if v > 0.0 && v < 1.0 {
         Ok(v)
     } else {
-        Err(Problem::at(ErrorCode::InvalidParameter, path, "must be strictly between 0 and 1"))
+        Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            "must be strictly between 0 and 1",
+        ))
     }
 }
 
@@ -42,19 +50,28 @@ fn sample_rate(v: f64, path: &str) -> Result<f64, Problem> {
     if v > 0.0 && v <= 1.0 {
         Ok(v)
     } else {
-        Err(Problem::at(ErrorCode::InvalidParameter, path, "must be in (0, 1]"))
+        Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            "must be in (0, 1]",
+        ))
     }
 }
 
 fn timeout(ms: Option<u64>) -> Result<Option<Duration>, Problem> {
     match ms {
-        Some(0) => Err(Problem::at(ErrorCode::InvalidParameter, "/timeout_ms", "must be at least 1")),
+        Some(0) => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/timeout_ms",
+            "must be at least 1",
+        )),
         t => Ok(t.map(Duration::from_millis)),
     }
 }
 
 fn tenant(t: &Option<Extension<Tenant>>) -> String {
-    t.as_ref().map_or_else(String::new, |Extension(Tenant(t))| t.clone())
+    t.as_ref()
+        .map_or_else(String::new, |Extension(Tenant(t))| t.clone())
 }
 
 /// A fresh key from OS entropy; a client seed only on servers started for testing.
@@ -87,8 +104,12 @@ pub struct PrivacyReport {
 
 fn budget_problem(e: BudgetError) -> Problem {
     match e {
-        BudgetError::NotFound => Problem::at(ErrorCode::BudgetNotFound, "/budget_id", "no such budget"),
-        e @ BudgetError::Exhausted { .. } => Problem::new(ErrorCode::BudgetExhausted, e.to_string()),
+        BudgetError::NotFound => {
+            Problem::at(ErrorCode::BudgetNotFound, "/budget_id", "no such budget")
+        }
+        e @ BudgetError::Exhausted { .. } => {
+            Problem::new(ErrorCode::BudgetExhausted, e.to_string())
+        }
         BudgetError::Storage(m) => Problem::new(ErrorCode::Internal, m),
     }
 }
@@ -100,14 +121,22 @@ async fn charge(
     budget_id: &str,
     charge: Charge,
 ) -> Result<(Budget, u64), Problem> {
-    let (store, t, id) = (state.store.clone(), tenant.to_string(), budget_id.to_string());
+    let (store, t, id) = (
+        state.store.clone(),
+        tenant.to_string(),
+        budget_id.to_string(),
+    );
     let out = blocking(move || store.charge(&t, &id, &charge).map_err(budget_problem)).await;
     let outcome = match &out {
         Ok(_) => "charged",
         Err(p) if p.code == ErrorCode::BudgetExhausted => "exhausted",
         Err(_) => "failed",
     };
-    state.metrics.dp_budget_charges.with_label_values(&[outcome]).inc();
+    state
+        .metrics
+        .dp_budget_charges
+        .with_label_values(&[outcome])
+        .inc();
     out
 }
 
@@ -125,8 +154,14 @@ async fn run_charged(
             if let Some((tenant, id, seq)) = charged {
                 let (store, t, bid) = (state.store.clone(), tenant.to_string(), id.to_string());
                 match blocking(move || store.refund(&t, &bid, seq).map_err(budget_problem)).await {
-                    Ok(_) => state.metrics.dp_budget_charges.with_label_values(&["refunded"]).inc(),
-                    Err(r) => tracing::error!(budget = %id, seq, error = %r.detail, "refund failed; the charge stands"),
+                    Ok(_) => state
+                        .metrics
+                        .dp_budget_charges
+                        .with_label_values(&["refunded"])
+                        .inc(),
+                    Err(r) => {
+                        tracing::error!(budget = %id, seq, error = %r.detail, "refund failed; the charge stands")
+                    }
                 }
             }
             Err(e.into())
@@ -147,7 +182,10 @@ fn report(b: &Budget, seq: u64) -> PrivacyReport {
 }
 
 async fn encode(body: impl Serialize + Send + 'static) -> Result<Vec<u8>, Problem> {
-    blocking(move || serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))).await
+    blocking(move || {
+        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))
+    })
+    .await
 }
 
 // ------------------------------------------------------------------------- privatize
@@ -260,7 +298,10 @@ pub async fn privatize(
 ) -> Result<Response, Problem> {
     let timeout = timeout(req.timeout_ms)?;
     let nm = positive(req.noise_multiplier, "/noise_multiplier")?;
-    let q = req.sample_rate.map(|q| sample_rate(q, "/sample_rate")).transpose()?;
+    let q = req
+        .sample_rate
+        .map(|q| sample_rate(q, "/sample_rate"))
+        .transpose()?;
     if req.budget_id.is_some() && q.is_none() {
         return Err(Problem::at(
             ErrorCode::InvalidParameter,
@@ -268,7 +309,10 @@ pub async fn privatize(
             "is required with budget_id: the accountant needs the batch's sampling rate",
         ));
     }
-    let ebs = req.expected_batch_size.map(|b| positive(b, "/expected_batch_size")).transpose()?;
+    let ebs = req
+        .expected_batch_size
+        .map(|b| positive(b, "/expected_batch_size"))
+        .transpose()?;
     let key = noise_key(&state, req.seed)?;
     let clip = match (&req.clip_norm, &req.layers) {
         (Some(c), None) => vec![(None, positive(*c, "/clip_norm")?)],
@@ -277,12 +321,25 @@ pub async fn privatize(
             .enumerate()
             .map(|(i, l)| {
                 if l.columns == 0 {
-                    return Err(Problem::at(ErrorCode::InvalidParameter, format!("/layers/{i}/columns"), "must be at least 1"));
+                    return Err(Problem::at(
+                        ErrorCode::InvalidParameter,
+                        format!("/layers/{i}/columns"),
+                        "must be at least 1",
+                    ));
                 }
-                Ok((Some(l.columns), positive(l.clip_norm, &format!("/layers/{i}/clip_norm"))?))
+                Ok((
+                    Some(l.columns),
+                    positive(l.clip_norm, &format!("/layers/{i}/clip_norm"))?,
+                ))
             })
             .collect::<Result<Vec<_>, _>>()?,
-        (None, Some(_)) => return Err(Problem::at(ErrorCode::InvalidParameter, "/layers", "must not be empty")),
+        (None, Some(_)) => {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/layers",
+                "must not be empty",
+            ))
+        }
         _ => {
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
@@ -298,7 +355,8 @@ pub async fn privatize(
         Matrix::Nested(_) => None,
     };
     let grads = req.per_example_gradients;
-    let (rows, cols, values) = blocking(move || grads.decode("/per_example_gradients", max)).await?;
+    let (rows, cols, values) =
+        blocking(move || grads.decode("/per_example_gradients", max)).await?;
 
     let mut bounds = vec![0u64];
     for (cols_in_layer, _) in &clip {
@@ -309,7 +367,10 @@ pub async fn privatize(
         return Err(Problem::at(
             ErrorCode::InvalidParameter,
             "/layers",
-            format!("the layers cover {} columns but the gradients have {cols}", bounds.last().unwrap()),
+            format!(
+                "the layers cover {} columns but the gradients have {cols}",
+                bounds.last().unwrap()
+            ),
         ));
     }
     let clip_norms: Vec<f64> = clip.iter().map(|c| c.1).collect();
@@ -351,19 +412,42 @@ pub async fn privatize(
         Decoded::F32(v) => Gradients::F32(v),
         Decoded::F64(v) => Gradients::F64(v),
     };
-    let job = PrivatizeJob { gradients, rows, cols, bounds, clip_norms, plan, divisor, key };
-    let charge_ref = charged.as_ref().map(|(b, seq)| (tenant.as_str(), b.id.as_str(), *seq));
+    let job = PrivatizeJob {
+        gradients,
+        rows,
+        cols,
+        bounds,
+        clip_norms,
+        plan,
+        divisor,
+        key,
+    };
+    let charge_ref = charged
+        .as_ref()
+        .map(|(b, seq)| (tenant.as_str(), b.id.as_str(), *seq));
     let done = run_charged(&state, Work::DpPrivatize(job), backend, timeout, charge_ref).await?;
     let Output::Privatized(out) = done.output else {
-        return Err(Problem::new(ErrorCode::Internal, "the job returned another op's output"));
+        return Err(Problem::new(
+            ErrorCode::Internal,
+            "the job returned another op's output",
+        ));
     };
-    state.metrics.dp_noise_values.with_label_values(&["discrete_gaussian"]).inc_by(cols as u64);
+    state
+        .metrics
+        .dp_noise_values
+        .with_label_values(&["discrete_gaussian"])
+        .inc_by(cols as u64);
     let body = PrivatizeResponse {
         gradient: VectorOut::new(out.gradient, packed),
         fraction_clipped: out.stats.fraction_clipped,
         mean_norm: out.stats.mean_norm,
         max_norm: out.stats.max_norm,
-        noise: NoiseInfo { mechanism: "discrete_gaussian", scale: plan.sigma(), grid: plan.grid, sensitivity },
+        noise: NoiseInfo {
+            mechanism: "discrete_gaussian",
+            scale: plan.sigma(),
+            grid: plan.grid,
+            sensitivity,
+        },
         effective_noise_multiplier: effective_nm,
         privacy: charged.map(|(b, seq)| report(&b, seq)),
     };
@@ -456,20 +540,36 @@ pub async fn laplace(
 ) -> Result<Response, Problem> {
     let sensitivity = positive(req.sensitivity, "/sensitivity")?;
     let epsilon = positive(req.epsilon, "/epsilon")?;
-    let r = Release { values: req.values, budget_id: req.budget_id, seed: req.seed, backend: req.backend, timeout_ms: req.timeout_ms };
+    let r = Release {
+        values: req.values,
+        budget_id: req.budget_id,
+        seed: req.seed,
+        backend: req.backend,
+        timeout_ms: req.timeout_ms,
+    };
     release(state, who, r, move |n| {
         let cal = plan::calibrate_laplace(n, sensitivity, epsilon)
             .map_err(|m| Problem::at(ErrorCode::InvalidParameter, "/epsilon", m))?;
         let eps = cal.epsilon;
         Ok((
             Mechanism::Laplace(cal.plan),
-            NoiseInfo { mechanism: "discrete_laplace", scale: cal.plan.scale(), grid: cal.plan.grid, sensitivity: cal.sensitivity },
+            NoiseInfo {
+                mechanism: "discrete_laplace",
+                scale: cal.plan.scale(),
+                grid: cal.plan.grid,
+                sensitivity: cal.sensitivity,
+            },
             eps,
             None,
             Charge {
                 kind: "laplace",
                 params: json!({"epsilon": eps, "sensitivity": sensitivity, "values": n}),
-                rdp: Box::new(move |orders| orders.iter().map(|&a| accountant::pure_dp_rdp(a, eps)).collect()),
+                rdp: Box::new(move |orders| {
+                    orders
+                        .iter()
+                        .map(|&a| accountant::pure_dp_rdp(a, eps))
+                        .collect()
+                }),
             },
         ))
     })
@@ -501,7 +601,13 @@ pub async fn gaussian(
     let sensitivity = positive(req.sensitivity, "/sensitivity")?;
     let epsilon = positive(req.epsilon, "/epsilon")?;
     let delta = open_unit(req.delta, "/delta")?;
-    let r = Release { values: req.values, budget_id: req.budget_id, seed: req.seed, backend: req.backend, timeout_ms: req.timeout_ms };
+    let r = Release {
+        values: req.values,
+        budget_id: req.budget_id,
+        seed: req.seed,
+        backend: req.backend,
+        timeout_ms: req.timeout_ms,
+    };
     release(state, who, r, move |n| {
         let cal = plan::calibrate_gaussian(n, sensitivity, epsilon, delta)
             .map_err(|m| Problem::at(ErrorCode::InvalidParameter, "/epsilon", m))?;
@@ -546,7 +652,9 @@ async fn release(
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
                 format!("/values/{i}"),
-                format!("too large for the noise grid {grid:e} (|value| must be below 2^62 grid steps)"),
+                format!(
+                    "too large for the noise grid {grid:e} (|value| must be below 2^62 grid steps)"
+                ),
             ));
         }
         Ok((values, cal))
@@ -558,13 +666,26 @@ async fn release(
         None => None,
     };
     let n = values.len() as u64;
-    let job = NoiseJob { values, mechanism, key };
-    let charge_ref = charged.as_ref().map(|(b, seq)| (tenant.as_str(), b.id.as_str(), *seq));
+    let job = NoiseJob {
+        values,
+        mechanism,
+        key,
+    };
+    let charge_ref = charged
+        .as_ref()
+        .map(|(b, seq)| (tenant.as_str(), b.id.as_str(), *seq));
     let done = run_charged(&state, Work::DpNoise(job), r.backend, timeout, charge_ref).await?;
     let Output::Values(out) = done.output else {
-        return Err(Problem::new(ErrorCode::Internal, "the job returned another op's output"));
+        return Err(Problem::new(
+            ErrorCode::Internal,
+            "the job returned another op's output",
+        ));
     };
-    state.metrics.dp_noise_values.with_label_values(&[info.mechanism]).inc_by(n);
+    state
+        .metrics
+        .dp_noise_values
+        .with_label_values(&[info.mechanism])
+        .inc_by(n);
     let body = MechanismResponse {
         values: VectorOut::new(out, packed),
         noise: info,
@@ -600,7 +721,11 @@ fn orders(o: Option<Orders>) -> Result<Vec<f64>, Problem> {
         Some(Orders::Preset(OrdersPreset::Tf)) => Ok(accountant::tf_orders()),
         Some(Orders::List(list)) => {
             if list.is_empty() || list.len() > 512 {
-                return Err(Problem::at(ErrorCode::InvalidParameter, "/orders", "give 1 to 512 orders"));
+                return Err(Problem::at(
+                    ErrorCode::InvalidParameter,
+                    "/orders",
+                    "give 1 to 512 orders",
+                ));
             }
             for (i, &a) in list.iter().enumerate() {
                 if !(a > 1.0 && a <= MAX_ORDER) {
@@ -666,7 +791,11 @@ fn steps(s: u64) -> Result<u64, Problem> {
     if (1..=MAX_STEPS).contains(&s) {
         Ok(s)
     } else {
-        Err(Problem::at(ErrorCode::InvalidParameter, "/steps", format!("must be 1 to {MAX_STEPS}")))
+        Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/steps",
+            format!("must be 1 to {MAX_STEPS}"),
+        ))
     }
 }
 
@@ -683,7 +812,9 @@ fn steps(s: u64) -> Result<u64, Problem> {
     ),
     security((), ("bearer" = []))
 )]
-pub async fn accountant_epsilon(ApiJson(req): ApiJson<EpsilonRequest>) -> Result<Json<EpsilonResponse>, Problem> {
+pub async fn accountant_epsilon(
+    ApiJson(req): ApiJson<EpsilonRequest>,
+) -> Result<Json<EpsilonResponse>, Problem> {
     let q = sample_rate(req.sample_rate, "/sample_rate")?;
     let sigma = positive(req.noise_multiplier, "/noise_multiplier")?;
     let steps = steps(req.steps)?;
@@ -691,7 +822,10 @@ pub async fn accountant_epsilon(ApiJson(req): ApiJson<EpsilonRequest>) -> Result
     let orders = orders(req.orders)?;
     blocking(move || {
         let (epsilon, optimal_order) = accountant::epsilon(q, sigma, steps, delta, &orders);
-        Ok(Json(EpsilonResponse { epsilon, optimal_order }))
+        Ok(Json(EpsilonResponse {
+            epsilon,
+            optimal_order,
+        }))
     })
     .await
 }
@@ -715,15 +849,23 @@ pub async fn accountant_noise_multiplier(
     let delta = open_unit(req.delta, "/delta")?;
     let orders = orders(req.orders)?;
     blocking(move || {
-        let (sigma, epsilon) = accountant::noise_multiplier(target, delta, q, steps, &orders).ok_or_else(|| {
-            Problem::at(
-                ErrorCode::InvalidParameter,
-                "/target_epsilon",
-                format!("no noise multiplier up to {} meets it: the budget is too small", accountant::MAX_NOISE_MULTIPLIER),
-            )
-        })?;
+        let (sigma, epsilon) = accountant::noise_multiplier(target, delta, q, steps, &orders)
+            .ok_or_else(|| {
+                Problem::at(
+                    ErrorCode::InvalidParameter,
+                    "/target_epsilon",
+                    format!(
+                        "no noise multiplier up to {} meets it: the budget is too small",
+                        accountant::MAX_NOISE_MULTIPLIER
+                    ),
+                )
+            })?;
         let (_, optimal_order) = accountant::epsilon(q, sigma, steps, delta, &orders);
-        Ok(Json(NoiseMultiplierResponse { noise_multiplier: sigma, epsilon, optimal_order }))
+        Ok(Json(NoiseMultiplierResponse {
+            noise_multiplier: sigma,
+            epsilon,
+            optimal_order,
+        }))
     })
     .await
 }
@@ -803,7 +945,14 @@ pub struct ChargeView {
 
 impl From<ChargeRecord> for ChargeView {
     fn from(c: ChargeRecord) -> Self {
-        Self { seq: c.seq, kind: c.kind, params: c.params, epsilon_after: c.epsilon_after, status: c.status, at: c.at }
+        Self {
+            seq: c.seq,
+            kind: c.kind,
+            params: c.params,
+            epsilon_after: c.epsilon_after,
+            status: c.status,
+            at: c.at,
+        }
     }
 }
 
@@ -844,13 +993,27 @@ pub async fn create_budget(
     let epsilon_limit = positive(req.epsilon_limit, "/epsilon_limit")?;
     let delta = open_unit(req.delta, "/delta")?;
     if req.name.as_ref().is_some_and(|n| n.len() > 200) {
-        return Err(Problem::at(ErrorCode::InvalidParameter, "/name", "at most 200 bytes"));
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/name",
+            "at most 200 bytes",
+        ));
     }
     let store = state.store.clone();
-    let new = NewBudget { tenant: tenant(&who), name: req.name, epsilon_limit, delta };
+    let new = NewBudget {
+        tenant: tenant(&who),
+        name: req.name,
+        epsilon_limit,
+        delta,
+    };
     let b = blocking(move || store.create_budget(new).map_err(budget_problem)).await?;
     let location = HeaderValue::from_str(&format!("/dp/budgets/{}", b.id)).expect("ascii id");
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(BudgetView::from(b))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(BudgetView::from(b)),
+    )
+        .into_response())
 }
 
 #[utoipa::path(
@@ -878,7 +1041,10 @@ pub async fn get_budget(
     blocking(move || {
         let b = store.budget(&t, &id).map_err(not_found)?;
         let history = store.charges(&t, &id, limit).map_err(not_found)?;
-        Ok(Json(BudgetDetail { budget: b.into(), history: history.into_iter().map(Into::into).collect() }))
+        Ok(Json(BudgetDetail {
+            budget: b.into(),
+            history: history.into_iter().map(Into::into).collect(),
+        }))
     })
     .await
 }
@@ -896,7 +1062,9 @@ pub async fn list_budgets(
     let (store, t) = (state.store.clone(), tenant(&who));
     blocking(move || {
         let budgets = store.budgets(&t).map_err(budget_problem)?;
-        Ok(Json(BudgetList { budgets: budgets.into_iter().map(Into::into).collect() }))
+        Ok(Json(BudgetList {
+            budgets: budgets.into_iter().map(Into::into).collect(),
+        }))
     })
     .await
 }

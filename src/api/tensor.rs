@@ -62,15 +62,26 @@ impl Decoded {
 
 impl Packed {
     /// Decodes and checks the shape has `dims` dimensions and every value is finite.
-    pub fn decode(&self, path: &str, dims: usize, max: usize) -> Result<(Vec<usize>, Decoded), Problem> {
+    pub fn decode(
+        &self,
+        path: &str,
+        dims: usize,
+        max: usize,
+    ) -> Result<(Vec<usize>, Decoded), Problem> {
         let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
         if self.shape.len() != dims {
-            return Err(bad(format!("{path}/shape"), format!("expected {dims} dimension(s), got {}", self.shape.len())));
+            return Err(bad(
+                format!("{path}/shape"),
+                format!("expected {dims} dimension(s), got {}", self.shape.len()),
+            ));
         }
         let n = self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         let n = match n {
             Some(0) | None => {
-                return Err(bad(format!("{path}/shape"), "every dimension must be at least 1".into()))
+                return Err(bad(
+                    format!("{path}/shape"),
+                    "every dimension must be at least 1".into(),
+                ))
             }
             Some(n) if n > max => return Err(too_many(&format!("{path}/shape"), n, max)),
             Some(n) => n,
@@ -85,15 +96,27 @@ impl Packed {
         if bytes.len() != n * width {
             return Err(bad(
                 format!("{path}/data"),
-                format!("{} bytes, but shape {:?} of {:?} needs {}", bytes.len(), self.shape, self.dtype, n * width),
+                format!(
+                    "{} bytes, but shape {:?} of {:?} needs {}",
+                    bytes.len(),
+                    self.shape,
+                    self.dtype,
+                    n * width
+                ),
             ));
         }
         let decoded = match self.dtype {
             Dtype::F32 => Decoded::F32(
-                bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
             ),
             Dtype::F64 => Decoded::F64(
-                bytes.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
+                bytes
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                    .collect(),
             ),
         };
         let first_bad = match &decoded {
@@ -101,15 +124,28 @@ impl Packed {
             Decoded::F64(v) => v.iter().position(|x| !x.is_finite()),
         };
         if let Some(i) = first_bad {
-            return Err(bad(format!("{path}/data"), format!("value {i} (row-major) is not finite")));
+            return Err(bad(
+                format!("{path}/data"),
+                format!("value {i} (row-major) is not finite"),
+            ));
         }
         Ok((self.shape.clone(), decoded))
     }
 
     pub fn encode_f64(values: &[f64], dtype: Dtype) -> Self {
         let data = match dtype {
-            Dtype::F32 => B64.encode(values.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect::<Vec<u8>>()),
-            Dtype::F64 => B64.encode(values.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
+            Dtype::F32 => B64.encode(
+                values
+                    .iter()
+                    .flat_map(|&x| (x as f32).to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
+            Dtype::F64 => B64.encode(
+                values
+                    .iter()
+                    .flat_map(|x| x.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
         };
         Packed {
             encoding: BinaryEncoding::Base64,
@@ -165,8 +201,16 @@ macro_rules! seq_or_map {
     };
 }
 
-seq_or_map!(Matrix, Nested(Vec<Vec<f64>>), "an array of arrays of numbers, or {encoding, dtype, shape, data}");
-seq_or_map!(Vector, Numbers(Vec<f64>), "an array of numbers, or {encoding, dtype, shape, data}");
+seq_or_map!(
+    Matrix,
+    Nested(Vec<Vec<f64>>),
+    "an array of arrays of numbers, or {encoding, dtype, shape, data}"
+);
+seq_or_map!(
+    Vector,
+    Numbers(Vec<f64>),
+    "an array of numbers, or {encoding, dtype, shape, data}"
+);
 
 impl Matrix {
     /// (rows, cols, row-major values).
@@ -180,12 +224,18 @@ impl Matrix {
                 let bad = |p: String, m: &str| Problem::at(ErrorCode::InvalidTensor, p, m);
                 let cols = rows.first().map_or(0, Vec::len);
                 if rows.is_empty() || cols == 0 {
-                    return Err(bad(path.into(), "must have at least one row and one column"));
+                    return Err(bad(
+                        path.into(),
+                        "must have at least one row and one column",
+                    ));
                 }
                 if let Some(i) = rows.iter().position(|r| r.len() != cols) {
                     return Err(bad(
                         format!("{path}/{i}"),
-                        &format!("has {} values where row 0 has {cols} (ragged)", rows[i].len()),
+                        &format!(
+                            "has {} values where row 0 has {cols} (ragged)",
+                            rows[i].len()
+                        ),
                     ));
                 }
                 let n = rows.len().saturating_mul(cols);
@@ -203,9 +253,11 @@ impl Vector {
     pub fn decode(self, path: &str, max: usize) -> Result<Decoded, Problem> {
         match self {
             Vector::Packed(p) => Ok(p.decode(path, 1, max)?.1),
-            Vector::Numbers(v) if v.is_empty() => {
-                Err(Problem::at(ErrorCode::InvalidTensor, path, "must not be empty"))
-            }
+            Vector::Numbers(v) if v.is_empty() => Err(Problem::at(
+                ErrorCode::InvalidTensor,
+                path,
+                "must not be empty",
+            )),
             Vector::Numbers(v) if v.len() > max => Err(too_many(path, v.len(), max)),
             Vector::Numbers(v) => Ok(Decoded::F64(v)),
         }

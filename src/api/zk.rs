@@ -127,7 +127,10 @@ async fn field_binary(
         .await?;
     let run = done.run;
     let Output::Field(values) = done.output else {
-        return Err(Problem::new(ErrorCode::Internal, "the job returned another op's output"));
+        return Err(Problem::new(
+            ErrorCode::Internal,
+            "the job returned another op's output",
+        ));
     };
     let length = values.len();
     let body = FieldVectorResponse {
@@ -146,4 +149,3 @@ async fn field_binary(
     };
     Ok(job_response(bytes, &run))
 }
-

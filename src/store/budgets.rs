@@ -29,12 +29,15 @@ pub struct Budget {
     pub updated_at: String,
 }
 
+/// A release's RDP at each of the given orders.
+pub type RdpCurve = Box<dyn Fn(&[f64]) -> Vec<f64> + Send>;
+
 /// What one release costs: its kind and parameters for the history, and its RDP at any
 /// set of orders.
 pub struct Charge {
     pub kind: &'static str,
     pub params: Value,
-    pub rdp: Box<dyn Fn(&[f64]) -> Vec<f64> + Send>,
+    pub rdp: RdpCurve,
 }
 
 #[derive(Clone, Debug)]
@@ -100,7 +103,10 @@ fn from_json(s: &str) -> Result<Vec<f64>, BudgetError> {
 fn new_id() -> Result<String, BudgetError> {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b).map_err(|e| BudgetError::Storage(format!("no OS entropy: {e}")))?;
-    Ok(format!("bud_{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>()))
+    Ok(format!(
+        "bud_{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    ))
 }
 
 fn find(conn: &Connection, tenant: &str, id: &str) -> Result<Budget, BudgetError> {
@@ -200,9 +206,14 @@ impl Store {
             )?;
             let orders = from_json(&orders)?;
             let step = (charge.rdp)(&orders);
-            let total: Vec<f64> = from_json(&rdp)?.iter().zip(&step).map(|(a, s)| a + s).collect();
+            let total: Vec<f64> = from_json(&rdp)?
+                .iter()
+                .zip(&step)
+                .map(|(a, s)| a + s)
+                .collect();
             let (eps, order) = accountant::epsilon_from_rdp(&orders, &total, b.delta);
-            if !(eps <= b.epsilon_limit) {
+            // NaN (a broken curve) is refused too.
+            if eps.is_nan() || eps > b.epsilon_limit {
                 return Err(BudgetError::Exhausted {
                     spent: b.epsilon_spent,
                     would_be: eps,
@@ -218,7 +229,15 @@ impl Store {
             tx.execute(
                 "INSERT INTO budget_charges (budget_id, seq, kind, params, rdp, epsilon_after, \
                  status, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'charged', ?7)",
-                params![id, seq, charge.kind, charge.params.to_string(), to_json(&step), eps, at],
+                params![
+                    id,
+                    seq,
+                    charge.kind,
+                    charge.params.to_string(),
+                    to_json(&step),
+                    eps,
+                    at
+                ],
             )?;
             tx.execute(
                 "UPDATE budgets SET rdp = ?2, epsilon_spent = ?3, optimal_order = ?4, \
@@ -237,8 +256,11 @@ impl Store {
         self.with(|conn| {
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let b = find(&tx, tenant, id)?;
-            let orders: String =
-                tx.query_row("SELECT orders FROM budgets WHERE id = ?1", params![id], |r| r.get(0))?;
+            let orders: String = tx.query_row(
+                "SELECT orders FROM budgets WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )?;
             let orders = from_json(&orders)?;
             tx.execute(
                 "UPDATE budget_charges SET status = 'refunded' WHERE budget_id = ?1 AND seq = ?2",
@@ -293,7 +315,10 @@ mod tests {
             kind: "test",
             params: serde_json::json!({"sigma": sigma}),
             rdp: Box::new(move |orders| {
-                orders.iter().map(|&a| accountant::gaussian_rdp(a, 1.0, sigma)).collect()
+                orders
+                    .iter()
+                    .map(|&a| accountant::gaussian_rdp(a, 1.0, sigma))
+                    .collect()
             }),
         }
     }
@@ -302,7 +327,12 @@ mod tests {
     fn charges_accumulate_refuse_past_the_limit_and_persist() {
         let (store, dir) = temp_store("limit");
         let b = store
-            .create_budget(NewBudget { tenant: "t".into(), name: None, epsilon_limit: 3.0, delta: 1e-5 })
+            .create_budget(NewBudget {
+                tenant: "t".into(),
+                name: None,
+                epsilon_limit: 3.0,
+                delta: 1e-5,
+            })
             .unwrap();
         let mut last = 0.0;
         let mut accepted = 0;
@@ -313,7 +343,11 @@ mod tests {
                     last = after.epsilon_spent;
                     accepted += 1;
                 }
-                Err(BudgetError::Exhausted { spent, would_be, limit }) => {
+                Err(BudgetError::Exhausted {
+                    spent,
+                    would_be,
+                    limit,
+                }) => {
                     assert_eq!((spent, limit), (last, 3.0));
                     assert!(would_be > 3.0);
                     break;
@@ -322,7 +356,10 @@ mod tests {
             }
         }
         assert!(accepted >= 2);
-        assert!(matches!(store.budget("other", &b.id), Err(BudgetError::NotFound)));
+        assert!(matches!(
+            store.budget("other", &b.id),
+            Err(BudgetError::NotFound)
+        ));
         drop(store);
         let again = Store::open(&dir).unwrap().budget("t", &b.id).unwrap();
         assert_eq!((again.epsilon_spent, again.charges), (last, accepted));
@@ -333,13 +370,20 @@ mod tests {
         let (store, _dir) = temp_store("race");
         let store = Arc::new(store);
         let b = store
-            .create_budget(NewBudget { tenant: "".into(), name: Some("race".into()), epsilon_limit: 2.0, delta: 1e-5 })
+            .create_budget(NewBudget {
+                tenant: "".into(),
+                name: Some("race".into()),
+                epsilon_limit: 2.0,
+                delta: 1e-5,
+            })
             .unwrap();
         let handles: Vec<_> = (0..8)
             .map(|_| {
                 let (store, id) = (store.clone(), b.id.clone());
                 std::thread::spawn(move || {
-                    (0..20).filter(|_| store.charge("", &id, &gaussian_step(6.0)).is_ok()).count()
+                    (0..20)
+                        .filter(|_| store.charge("", &id, &gaussian_step(6.0)).is_ok())
+                        .count()
                 })
             })
             .collect();

@@ -47,8 +47,7 @@ CREATE TABLE IF NOT EXISTS budget_charges (
 impl Store {
     /// Opens (creating if needed) `gpu-ops.sqlite3` in `dir`.
     pub fn open(dir: &Path) -> Result<Self, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
         let path = dir.join("gpu-ops.sqlite3");
         let conn = Connection::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         conn.pragma_update(None, "journal_mode", "WAL")

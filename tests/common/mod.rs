@@ -16,8 +16,30 @@ pub struct TestServer {
     pub handle: Option<JoinHandle<std::io::Result<()>>>,
 }
 
+/// A fresh, empty data directory for one test server.
+pub fn temp_data_dir() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "gpu-ops-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir.to_string_lossy().into_owned()
+}
+
 pub fn settings(args: &[&str]) -> Settings {
-    let mut all = vec!["gpu-ops", "--backend", "cpu", "--cpu-threads", "2"];
+    let data = temp_data_dir();
+    let mut all = vec![
+        "gpu-ops",
+        "--backend",
+        "cpu",
+        "--cpu-threads",
+        "2",
+        "--data-dir",
+        &data,
+    ];
     all.extend_from_slice(args);
     Cli::try_parse_from(all)
         .expect("test flags parse")

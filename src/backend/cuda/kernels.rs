@@ -33,7 +33,10 @@ pub const MODULES: &[(&str, &str)] = &[
 pub fn kernel_names(module: &str) -> Vec<String> {
     match module {
         "field_ops" => crate::ops::zk::field_kernel_names(),
-        "dp" => crate::ops::dp::KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
+        "dp" => crate::ops::dp::KERNEL_NAMES
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -85,13 +88,19 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
     (rc == nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
 
+/// NVRTC options besides the architecture; part of the PTX cache key. The noise
+/// samplers do exact arithmetic in 128-bit integers.
+const OPTIONS: &[&str] = &["--std=c++17", "--device-int128"];
+
 /// Compiles one module to PTX for a virtual architecture such as `compute_90`.
 pub fn compile(source: &str, arch: &str) -> Result<Ptx, String> {
     if !nvrtc_available() {
         return Err("libnvrtc not found".into());
     }
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(OPTIONS.iter().map(|o| o.to_string()));
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        options,
         ..Default::default()
     };
     nvrtc::compile_ptx_with_opts(expand(source), opts).map_err(|e| match e {
@@ -111,7 +120,7 @@ pub fn compile_cached(
     cache_dir: &Path,
 ) -> Result<Ptx, String> {
     let (major, minor) = nvrtc_version().ok_or("libnvrtc not found")?;
-    let hash = Sha256::digest(expand(source).as_bytes());
+    let hash = Sha256::digest((expand(source) + &OPTIONS.join(" ")).as_bytes());
     let key: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
     let path = cache_dir.join(format!("{module}-{key}-{arch}-nvrtc{major}.{minor}.ptx"));
     if let Ok(text) = std::fs::read_to_string(&path) {

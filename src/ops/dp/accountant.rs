@@ -24,8 +24,8 @@ pub fn tf_orders() -> Vec<f64> {
 pub fn budget_orders() -> Vec<f64> {
     let mut orders = opacus_orders();
     orders.extend([
-        80.0, 96.0, 128.0, 160.0, 192.0, 256.0, 320.0, 384.0, 512.0, 768.0, 1024.0, 1536.0,
-        2048.0, 3072.0, 4096.0,
+        80.0, 96.0, 128.0, 160.0, 192.0, 256.0, 320.0, 384.0, 512.0, 768.0, 1024.0, 1536.0, 2048.0,
+        3072.0, 4096.0,
     ]);
     // Only the plain Gaussian uses these (small ε needs α ≈ ln(1/δ)/ε); for subsampled
     // steps they are charged as +∞ (see `sampled_gaussian_rdp_capped`).
@@ -321,7 +321,10 @@ mod tests {
                 &opacus_orders(),
             )
             .unwrap();
-            assert!((sigma - f("noise_multiplier")).abs() <= f("tolerance"), "{case}: {sigma}");
+            assert!(
+                (sigma - f("noise_multiplier")).abs() <= f("tolerance"),
+                "{case}: {sigma}"
+            );
             assert!(eps <= f("target_epsilon"));
             // Smallest: a hair less noise overspends.
             let (over, _) = epsilon(
@@ -357,7 +360,10 @@ mod tests {
             for a in [2u64, 5, 17] {
                 let int = sampled_gaussian_rdp(q, s, a as f64);
                 let frac = sampled_gaussian_rdp(q, s, a as f64 + 1e-9);
-                assert!((int - frac).abs() <= 1e-6 * int.abs().max(1e-12), "{q} {s} {a}");
+                assert!(
+                    (int - frac).abs() <= 1e-6 * int.abs().max(1e-12),
+                    "{q} {s} {a}"
+                );
             }
         }
     }

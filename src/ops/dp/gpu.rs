@@ -1,7 +1,7 @@
 //! GPU launchers for `kernels/dp.cu`. Clip factors are computed on the host from the
 //! device's squared norms with the CPU twin's own function, so both backends clip alike.
 
-use super::privatize::{clip_factors, clip_stats, Gradients, Privatized, PrivatizeJob, LANES};
+use super::privatize::{clip_factors, clip_stats, Gradients, PrivatizeJob, Privatized, LANES};
 use super::release::{Mechanism, NoiseJob};
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;

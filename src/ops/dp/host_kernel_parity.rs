@@ -4,7 +4,14 @@
 use super::noise::{BitStream, NoiseKey, DOMAIN_GAUSSIAN, DOMAIN_LAPLACE};
 
 extern "C" {
-    fn gpu_ops_host_chacha20_block(key: *const u32, counter: u32, n0: u32, n1: u32, n2: u32, out: *mut u32);
+    fn gpu_ops_host_chacha20_block(
+        key: *const u32,
+        counter: u32,
+        n0: u32,
+        n1: u32,
+        n2: u32,
+        out: *mut u32,
+    );
     fn gpu_ops_host_dp_noise(
         kind: i32,
         key: *const u32,
@@ -20,11 +27,25 @@ extern "C" {
 #[test]
 fn chacha20_block_matches_rfc8439_section_2_3_2() {
     let key: [u32; 8] = std::array::from_fn(|i| {
-        u32::from_le_bytes([4 * i as u8, 4 * i as u8 + 1, 4 * i as u8 + 2, 4 * i as u8 + 3])
+        u32::from_le_bytes([
+            4 * i as u8,
+            4 * i as u8 + 1,
+            4 * i as u8 + 2,
+            4 * i as u8 + 3,
+        ])
     });
     let mut out = [0u32; 16];
     // SAFETY: key has 8 words, out 16.
-    unsafe { gpu_ops_host_chacha20_block(key.as_ptr(), 1, 0x0900_0000, 0x4a00_0000, 0, out.as_mut_ptr()) };
+    unsafe {
+        gpu_ops_host_chacha20_block(
+            key.as_ptr(),
+            1,
+            0x0900_0000,
+            0x4a00_0000,
+            0,
+            out.as_mut_ptr(),
+        )
+    };
     let want = [
         0xe4e7f110, 0x15593bd1, 0x1fdd0f50, 0xc47120a3, 0xc7f4d1c7, 0x0368c033, 0x9aaa2204,
         0x4e6cd4c3, 0x466482d2, 0x09aa9f07, 0x05d7c214, 0xa2028bd9, 0xd19c12b5, 0xb94e16de,
@@ -37,22 +58,44 @@ fn host(kind: i32, key: &NoiseKey, domain: u32, first: u64, n: usize, t: u64, c:
     let mut out = vec![0i64; n];
     let words = key.words();
     // SAFETY: key has 8 words; out has n elements.
-    unsafe { gpu_ops_host_dp_noise(kind, words.as_ptr(), domain, first, n, t, c, out.as_mut_ptr()) };
+    unsafe {
+        gpu_ops_host_dp_noise(
+            kind,
+            words.as_ptr(),
+            domain,
+            first,
+            n,
+            t,
+            c,
+            out.as_mut_ptr(),
+        )
+    };
     out
 }
 
 #[test]
 fn samplers_match_the_rust_twin_bit_for_bit() {
-    let keys = [NoiseKey([0; 32]), NoiseKey::from_seed(1), NoiseKey::from_seed(0xdead_beef)];
+    let keys = [
+        NoiseKey([0; 32]),
+        NoiseKey::from_seed(1),
+        NoiseKey::from_seed(0xdead_beef),
+    ];
     // (t, c): small, typical (2^20 steps) and the largest plans the service makes.
-    let gaussian = [(1, 1), (2, 3), (1_048_577, 1_048_576), (2_147_483_649, 2_147_483_647)];
+    let gaussian = [
+        (1, 1),
+        (2, 3),
+        (1_048_577, 1_048_576),
+        (2_147_483_649, 2_147_483_647),
+    ];
     let laplace = [1u64, 3, 1 << 20, (1 << 50) - 1];
     for key in &keys {
         for first in [0u64, (1 << 32) - 5] {
             for &(t, c) in &gaussian {
                 let got = host(0, key, DOMAIN_GAUSSIAN, first, 500, t, c);
                 let want: Vec<i64> = (0..500)
-                    .map(|i| BitStream::new(key, DOMAIN_GAUSSIAN, first + i).discrete_gaussian(t, c))
+                    .map(|i| {
+                        BitStream::new(key, DOMAIN_GAUSSIAN, first + i).discrete_gaussian(t, c)
+                    })
                     .collect();
                 assert_eq!(got, want, "gaussian t={t} c={c}");
             }

@@ -215,7 +215,10 @@ mod tests {
     fn assert_proportion(count: usize, n: usize, p: f64, what: &str) {
         let se = (p * (1.0 - p) / n as f64).sqrt();
         let got = count as f64 / n as f64;
-        assert!((got - p).abs() < 5.0 * se + 1e-12, "{what}: {got} vs {p} (se {se})");
+        assert!(
+            (got - p).abs() < 5.0 * se + 1e-12,
+            "{what}: {got} vs {p} (se {se})"
+        );
     }
 
     #[test]
@@ -228,9 +231,16 @@ mod tests {
         let (mean, var) = mean_var(&xs);
         assert!(mean.abs() < 5.0 * (sigma2 / n as f64).sqrt(), "mean {mean}");
         // Var of the sample variance is 2σ⁴/(n−1).
-        assert!((var - sigma2).abs() < 5.0 * sigma2 * (2.0 / n as f64).sqrt(), "var {var}");
+        assert!(
+            (var - sigma2).abs() < 5.0 * sigma2 * (2.0 / n as f64).sqrt(),
+            "var {var}"
+        );
         let sigma = sigma2.sqrt();
-        for (k, p) in [(1.0, 0.317_310_507_862_914_1), (2.0, 0.045_500_263_896_358_4), (3.0, 0.002_699_796_063_260_2)] {
+        for (k, p) in [
+            (1.0, 0.317_310_507_862_914_1),
+            (2.0, 0.045_500_263_896_358_4),
+            (3.0, 0.002_699_796_063_260_2),
+        ] {
             let count = xs.iter().filter(|&&x| (x as f64).abs() > k * sigma).count();
             assert_proportion(count, n, p, &format!("P(|X| > {k}σ)"));
         }
@@ -259,9 +269,15 @@ mod tests {
             let p = |y: i64| (1.0 - r) / (1.0 + r) * r.powi(y.abs() as i32);
             let (mean, var) = mean_var(&xs);
             let want_var = 2.0 * r / (1.0 - r).powi(2);
-            assert!(mean.abs() < 5.0 * (want_var / n as f64).sqrt(), "t={t} mean {mean}");
+            assert!(
+                mean.abs() < 5.0 * (want_var / n as f64).sqrt(),
+                "t={t} mean {mean}"
+            );
             // Laplace kurtosis is 6: Var(s²) ≈ (κ − 1)σ⁴/n = 5σ⁴/n.
-            assert!((var - want_var).abs() < 5.0 * want_var * (5.0 / n as f64).sqrt(), "t={t} var {var}");
+            assert!(
+                (var - want_var).abs() < 5.0 * want_var * (5.0 / n as f64).sqrt(),
+                "t={t} var {var}"
+            );
             if t == 1 {
                 for y in -4..=4 {
                     let count = xs.iter().filter(|&&x| x == y).count();
@@ -281,10 +297,16 @@ mod tests {
     #[test]
     fn streams_depend_on_key_domain_and_index_only() {
         let k = NoiseKey::from_seed(9);
-        let a: Vec<i64> = (0..50).map(|i| BitStream::new(&k, 1, i).discrete_laplace(1000)).collect();
-        let b: Vec<i64> = (0..50).map(|i| BitStream::new(&k, 1, i).discrete_laplace(1000)).collect();
+        let a: Vec<i64> = (0..50)
+            .map(|i| BitStream::new(&k, 1, i).discrete_laplace(1000))
+            .collect();
+        let b: Vec<i64> = (0..50)
+            .map(|i| BitStream::new(&k, 1, i).discrete_laplace(1000))
+            .collect();
         assert_eq!(a, b);
-        let other: Vec<i64> = (0..50).map(|i| BitStream::new(&k, 2, i).discrete_laplace(1000)).collect();
+        let other: Vec<i64> = (0..50)
+            .map(|i| BitStream::new(&k, 2, i).discrete_laplace(1000))
+            .collect();
         assert_ne!(a, other);
         assert_ne!(NoiseKey::from_os().unwrap(), NoiseKey::from_os().unwrap());
     }

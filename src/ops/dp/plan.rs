@@ -123,11 +123,15 @@ pub fn calibrate_gaussian(
     delta: f64,
 ) -> Result<GaussianCalibration, String> {
     let orders = accountant::budget_orders();
-    let sigma =
-        accountant::gaussian_sigma(sensitivity * (1.0 + GRID_SLACK), epsilon, delta, &orders)
-            .ok_or_else(|| {
-                format!("no amount of noise reaches epsilon {epsilon} at delta {delta}; raise one of them")
-            })?;
+    let sigma = accountant::gaussian_sigma(
+        sensitivity * (1.0 + GRID_SLACK),
+        epsilon,
+        delta,
+        &orders,
+    )
+    .ok_or_else(|| {
+        format!("no amount of noise reaches epsilon {epsilon} at delta {delta}; raise one of them")
+    })?;
     let root_n = (n.max(1) as f64).sqrt();
     let plan = GaussianPlan::new(sigma, sensitivity * GRID_SLACK / root_n)?;
     let snapped = sensitivity + root_n * plan.grid;
@@ -186,7 +190,10 @@ mod tests {
     fn plans_never_add_less_noise_than_asked() {
         for sigma in [1e-3, 0.7, 1.0, 12.5, 4e6] {
             let p = GaussianPlan::new(sigma, f64::INFINITY).unwrap();
-            assert!(p.sigma() >= sigma && p.sigma() <= sigma * (1.0 + 1e-5), "{sigma} {p:?}");
+            assert!(
+                p.sigma() >= sigma && p.sigma() <= sigma * (1.0 + 1e-5),
+                "{sigma} {p:?}"
+            );
             let l = LaplacePlan::new(sigma, f64::INFINITY).unwrap();
             assert!(l.scale() >= sigma && l.scale() <= sigma * (1.0 + 1e-5));
         }

@@ -181,7 +181,13 @@ pub fn clip_stats(sq_norms: &[f64], clip_norms: &[f64]) -> ClipStats {
 mod tests {
     use super::*;
 
-    fn job(g: Vec<f64>, rows: usize, cols: usize, bounds: Vec<u64>, clips: Vec<f64>) -> PrivatizeJob {
+    fn job(
+        g: Vec<f64>,
+        rows: usize,
+        cols: usize,
+        bounds: Vec<u64>,
+        clips: Vec<f64>,
+    ) -> PrivatizeJob {
         PrivatizeJob {
             gradients: Gradients::F64(g),
             rows,
@@ -189,7 +195,11 @@ mod tests {
             bounds,
             clip_norms: clips,
             // Noise so small against the grid that the result is the exact clipped sum.
-            plan: GaussianPlan { grid: 2f64.powi(-40), t: 1, c: 1 },
+            plan: GaussianPlan {
+                grid: 2f64.powi(-40),
+                t: 1,
+                c: 1,
+            },
             divisor: 1.0,
             key: NoiseKey([7; 32]),
         }
@@ -206,7 +216,9 @@ mod tests {
             assert!((o - w).abs() < 1e-9, "{o} vs {w}");
         }
         assert_eq!(out.stats.fraction_clipped, 0.5);
-        assert!((out.stats.max_norm - 5.0).abs() < 1e-12 && (out.stats.mean_norm - 2.75).abs() < 1e-12);
+        assert!(
+            (out.stats.max_norm - 5.0).abs() < 1e-12 && (out.stats.mean_norm - 2.75).abs() < 1e-12
+        );
 
         // Per layer: column 0 alone (clip 1), column 1 alone (clip 10).
         let out = job(g, 2, 2, vec![0, 1, 2], vec![1.0, 10.0]).run_cpu();
@@ -219,7 +231,9 @@ mod tests {
 
     #[test]
     fn lane_tree_matches_a_plain_sum_closely() {
-        let xs: Vec<f64> = (0..10_000).map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0).collect();
+        let xs: Vec<f64> = (0..10_000)
+            .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0)
+            .collect();
         let plain: f64 = xs.iter().map(|x| x * x).sum();
         assert!((lane_tree_sum_of_squares(&xs) - plain).abs() < 1e-9 * plain);
         assert_eq!(lane_tree_sum_of_squares::<f64>(&[]), 0.0);
