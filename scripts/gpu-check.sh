@@ -3,7 +3,7 @@
 #   scripts/gpu-check.sh stage        on the development machine: build release binaries
 #                                     and test executables into .gpu/ (git-ignored)
 #   .gpu/gpu-check.sh run LOGDIR      on the GPU host (no Rust there), from the repo root:
-#                                     GPU parity tests, NVRTC compile, benchmark, the
+#                                     GPU parity tests, NVRTC compile, benchmarks, the
 #                                     server with curl, and the device gauges.
 set -euo pipefail
 cmd="${1:-}"
@@ -21,13 +21,13 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] != ["bin"]:
         print(m["target"]["name"], m["executable"])' |
     while read -r name exe; do cp "$exe" ".gpu/tests/$name"; done
-  cargo bench --bench service --no-run --message-format=json 2>/dev/null |
+  cargo bench --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["bench"]:
-        print(m["executable"])' | while read -r exe; do cp "$exe" .gpu/bench-service; done
-  strip .gpu/gpu-ops .gpu/bench-service .gpu/tests/* 2>/dev/null || true
+        print(m["target"]["name"], m["executable"])' | while read -r name exe; do cp "$exe" ".gpu/bench-$name"; done
+  strip .gpu/gpu-ops .gpu/bench-* .gpu/tests/* 2>/dev/null || true
   cp scripts/gpu-check.sh .gpu/
   du -sh .gpu
   ;;
@@ -49,6 +49,8 @@ run)
   done
   echo "== bench"
   "$here/bench-service" 2>&1 | tee "$logs/bench.md" || status=1
+  echo "== bench dp"
+  "$here/bench-dp" 2>&1 | tee "$logs/bench-dp.md" || status=1
   echo "== server"
   "$here/gpu-ops" --bind 127.0.0.1:18080 --data-dir "$logs/data" --device-sample-interval 1s > "$logs/server.log" 2>&1 &
   pid=$!

@@ -10,7 +10,9 @@ pub mod plan;
 pub mod privatize;
 pub mod release;
 
-pub use gpu::{run_noise_cuda, run_privatize_cuda, KERNEL_NAMES};
+pub use gpu::{
+    privatize_resident, run_noise_cuda, run_privatize_cuda, GradientElement, KERNEL_NAMES,
+};
 pub use noise::NoiseKey;
 pub use plan::{GaussianPlan, LaplacePlan};
 pub use privatize::{Gradients, PrivatizeJob, Privatized};
