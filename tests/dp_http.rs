@@ -610,3 +610,52 @@ async fn budgets_belong_to_their_tenant() {
     assert_eq!(bobs["budgets"], json!([]));
     let _ = std::fs::remove_file(keys);
 }
+
+#[tokio::test]
+async fn a_release_that_fails_before_producing_anything_is_refunded() {
+    // No device on a CPU-only server: the job fails after the charge, before any output.
+    let server = TestServer::start(&[]).await;
+    let id = budget(&server, 5.0).await;
+    let release = json!({"values": [1.0], "sensitivity": 1.0, "epsilon": 1.0, "budget_id": id, "backend": "cuda"});
+    let res = server.post("/dp/laplace", release).send().await.unwrap();
+    problem(res, 503, "device_unavailable").await;
+    let detail: Value = server
+        .get(&format!("/dp/budgets/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(detail["charges"], 0, "{detail}");
+    assert_eq!(detail["epsilon_spent"], 0.0);
+    assert_eq!(detail["history"][0]["status"], "refunded");
+    assert_eq!(
+        server
+            .metric("gpu_ops_dp_budget_charges_total{outcome=\"refunded\"}")
+            .await,
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn oversized_inputs_get_413() {
+    let server = TestServer::start(&["--max-elements", "2", "--max-tensor-elements", "4"]).await;
+    let res = server
+        .post(
+            "/dp/laplace",
+            json!({"values": [1.0, 2.0, 3.0], "sensitivity": 1.0, "epsilon": 1.0}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 413, "payload_too_large").await;
+    let res = server
+        .post(
+            "/dp/privatize",
+            json!({"per_example_gradients": [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], "clip_norm": 1.0, "noise_multiplier": 1.0}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 413, "payload_too_large").await;
+    assert_eq!(p["errors"][0]["path"], "/per_example_gradients");
+}
