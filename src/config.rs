@@ -28,6 +28,20 @@ pub enum Command {
     Serve(Box<Config>),
     /// Print the OpenAPI document.
     Openapi,
+    /// Exit 0 when a server answers 200 on /health/live (container HEALTHCHECK; the
+    /// runtime image has no curl).
+    Healthcheck {
+        /// host:port of the server.
+        #[arg(
+            long,
+            env = "GPU_OPS_HEALTHCHECK_ADDR",
+            default_value = "127.0.0.1:8080"
+        )]
+        addr: String,
+        /// Path to probe.
+        #[arg(long, default_value = "/health/live")]
+        path: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -18,7 +18,48 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Command::Serve(config)) => serve(*config),
+        Some(Command::Healthcheck { addr, path }) => match healthcheck(&addr, &path) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("gpu-ops healthcheck: {e}");
+                ExitCode::FAILURE
+            }
+        },
         None => serve(cli.config),
+    }
+}
+
+/// One HTTP/1.1 GET with a short timeout; Ok when the status is 200.
+fn healthcheck(addr: &str, path: &str) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    use std::time::Duration;
+    let timeout = Duration::from_secs(3);
+    let sock = addr
+        .to_socket_addrs()
+        .map_err(|e| format!("{addr}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{addr}: no address"))?;
+    let mut s =
+        std::net::TcpStream::connect_timeout(&sock, timeout).map_err(|e| format!("{addr}: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut head = [0u8; 64];
+    let n = s.read(&mut head).map_err(|e| e.to_string())?;
+    let line = String::from_utf8_lossy(&head[..n]);
+    let status = line.split_whitespace().nth(1).unwrap_or("");
+    if status == "200" {
+        Ok(())
+    } else {
+        Err(format!(
+            "{path} answered {:?}",
+            line.lines().next().unwrap_or("")
+        ))
     }
 }
 

@@ -182,3 +182,27 @@ fn a_budget_charge_survives_a_crash_before_the_response() {
     assert_eq!(after["epsilon_spent"].as_f64(), Some(spent_before_kill));
     let _ = std::fs::remove_dir_all(data);
 }
+
+#[cfg(unix)]
+#[test]
+fn healthcheck_subcommand_reports_liveness_by_exit_code() {
+    let data = std::env::temp_dir().join(format!("gpu-ops-health-{}", std::process::id()));
+    let (mut child, port) = spawn_server(&data);
+    let probe = |port: u16| {
+        Command::new(BIN)
+            .args(["healthcheck", "--addr", &format!("127.0.0.1:{port}")])
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+    };
+    assert!(probe(port).success());
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    assert!(
+        !probe(port).success(),
+        "a stopped server must fail the probe"
+    );
+    let _ = std::fs::remove_dir_all(data);
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Static checks of everything under deploy/ plus the Dockerfile and compose file, with
+# the real tools (CI installs them; see .ci/run). Exits non-zero on the first failure.
+# The end-to-end check against a running Prometheus is tests/observability.rs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "== hadolint Dockerfile"
+hadolint Dockerfile
+echo "== shellcheck"
+shellcheck scripts/*.sh .ci/run
+echo "== yamllint"
+yamllint -s docker-compose.yml deploy .yamllint.yaml
+echo "== docker-compose config (GPU default and CPU profile)"
+docker-compose -f docker-compose.yml config -q
+services="$(docker-compose -f docker-compose.yml --profile cpu config --services | sort | tr '\n' ' ')"
+[ "$services" = "gpu-ops gpu-ops-cpu grafana prometheus " ] || { echo "unexpected services: $services" >&2; exit 1; }
+echo "== kustomize render (base and GPU overlay)"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+kubectl kustomize deploy/kubernetes/base > "$tmp/base.yaml"
+kubectl kustomize deploy/kubernetes/overlays/gpu > "$tmp/gpu.yaml"
+for kind in ConfigMap Deployment Service PodDisruptionBudget ServiceMonitor ScaledObject; do
+  grep -q "^kind: $kind$" "$tmp/base.yaml" || { echo "base lacks a $kind" >&2; exit 1; }
+done
+grep -q 'nvidia.com/gpu: 1' "$tmp/gpu.yaml" || { echo "GPU overlay requests no GPU" >&2; exit 1; }
+! grep -q 'nvidia.com/gpu' "$tmp/base.yaml" || { echo "base must not require a GPU" >&2; exit 1; }
+yamllint -s -d '{extends: relaxed, rules: {line-length: disable}}' "$tmp/base.yaml" "$tmp/gpu.yaml"
+echo "== promtool"
+promtool check config deploy/prometheus/prometheus.yml
+promtool check rules deploy/prometheus/rules/*.yml
+promtool test rules deploy/prometheus/tests/*.yml
+echo "== Grafana dashboard JSON"
+python3 -m json.tool deploy/grafana/dashboards/gpu-ops.json > /dev/null
+echo "deploy checks passed"
