@@ -101,4 +101,39 @@ FIELD_FN void bn254_mul(u32 *r, const u32 *a, const u32 *b) {
     bn254_mont_mul(r, t, BN254_R2);
 }
 
+// x^e for a 256-bit exponent (8 little-endian limbs), canonical in and out, 0^0 = 1.
+// Square-and-multiply over all 256 bits in the Montgomery domain (mont_mul writes its
+// result only after reading both inputs, so in-place calls are safe).
+FIELD_FN void bn254_pow(u32 *r, const u32 *x, const u32 *e) {
+    u32 one[BN254_LIMBS] = {1, 0, 0, 0, 0, 0, 0, 0};
+    u32 xm[BN254_LIMBS], acc[BN254_LIMBS];
+    bn254_mont_mul(xm, x, BN254_R2);
+    bn254_mont_mul(acc, one, BN254_R2);
+    for (int i = 255; i >= 0; i--) {
+        bn254_mont_mul(acc, acc, acc);
+        if ((e[i / 32] >> (i % 32)) & 1u) bn254_mont_mul(acc, acc, xm);
+    }
+    bn254_mont_mul(r, acc, one);
+}
+
+// r - 2, the Fermat exponent of an inverse.
+FIELD_CONST u32 BN254_P_MINUS_2[BN254_LIMBS] = {0xefffffffu, 0x43e1f593u, 0x79b97091u,
+                                                0x2833e848u, 0x8181585du, 0xb85045b6u,
+                                                0xe131a029u, 0x30644e72u};
+
+// out[i] = in[i]^-1 for n >= 1 nonzero elements (8 limbs each; out must not alias in):
+// Montgomery's trick, prefix products, one Fermat inversion, back substitution.
+FIELD_FN void bn254_batch_inv(u32 *out, const u32 *in, u64 n) {
+    for (int k = 0; k < BN254_LIMBS; k++) out[k] = in[k];
+    for (u64 i = 1; i < n; i++) bn254_mul(out + 8 * i, out + 8 * (i - 1), in + 8 * i);
+    u32 inv[BN254_LIMBS], t[BN254_LIMBS];
+    bn254_pow(inv, out + 8 * (n - 1), BN254_P_MINUS_2);
+    for (u64 i = n - 1; i > 0; i--) {
+        bn254_mul(t, inv, out + 8 * (i - 1));
+        bn254_mul(inv, inv, in + 8 * i);
+        for (int k = 0; k < BN254_LIMBS; k++) out[8 * i + k] = t[k];
+    }
+    for (int k = 0; k < BN254_LIMBS; k++) out[k] = inv[k];
+}
+
 #endif

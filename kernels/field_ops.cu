@@ -35,3 +35,42 @@ BN254_KERNEL(bn254_fr_mul, bn254_mul)
 GOLDILOCKS_KERNEL(goldilocks_add, gl_add)
 GOLDILOCKS_KERNEL(goldilocks_sub, gl_sub)
 GOLDILOCKS_KERNEL(goldilocks_mul, gl_mul)
+
+// out[i] = base[i] ^ exp[i * e_stride]; exponents are 256-bit, 8 little-endian u32 limbs.
+extern "C" __global__ void bn254_fr_pow(const u32 *base, const u32 *exp, u32 *out, u64 n,
+                                        u32 e_stride) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        bn254_pow(out + 8 * i, base + 8 * i, exp + 8 * i * e_stride);
+    }
+}
+
+extern "C" __global__ void goldilocks_pow(const u64 *base, const u64 *exp, u64 *out, u64 n,
+                                         u32 e_stride) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        out[i] = gl_pow(base[i], exp + 4 * i * e_stride);
+    }
+}
+
+// Batch inversion: each thread inverts its own chunk of `chunk` consecutive elements
+// with Montgomery's trick (one Fermat inversion per chunk). Inputs are nonzero.
+extern "C" __global__ void bn254_fr_inv(const u32 *in, u32 *out, u64 n, u64 chunk) {
+    u64 chunks = (n + chunk - 1) / chunk;
+    for (u64 c = blockIdx.x * (u64)blockDim.x + threadIdx.x; c < chunks;
+         c += (u64)gridDim.x * blockDim.x) {
+        u64 start = c * chunk;
+        u64 len = n - start < chunk ? n - start : chunk;
+        bn254_batch_inv(out + 8 * start, in + 8 * start, len);
+    }
+}
+
+extern "C" __global__ void goldilocks_inv(const u64 *in, u64 *out, u64 n, u64 chunk) {
+    u64 chunks = (n + chunk - 1) / chunk;
+    for (u64 c = blockIdx.x * (u64)blockDim.x + threadIdx.x; c < chunks;
+         c += (u64)gridDim.x * blockDim.x) {
+        u64 start = c * chunk;
+        u64 len = n - start < chunk ? n - start : chunk;
+        gl_batch_inv(out + start, in + start, len);
+    }
+}

@@ -39,4 +39,28 @@ FIELD_FN u64 gl_mul(u64 a, u64 b) {
 #endif
 }
 
+// x^e for a 256-bit exponent (4 little-endian words), 0^0 = 1.
+FIELD_FN u64 gl_pow(u64 x, const u64 *e) {
+    u64 acc = 1;
+    for (int i = 255; i >= 0; i--) {
+        acc = gl_mul(acc, acc);
+        if ((e[i / 64] >> (i % 64)) & 1ull) acc = gl_mul(acc, x);
+    }
+    return acc;
+}
+
+// out[i] = in[i]^-1 for n >= 1 nonzero elements; out must not alias in.
+FIELD_FN void gl_batch_inv(u64 *out, const u64 *in, u64 n) {
+    const u64 p_minus_2[4] = {GL_P - 2, 0, 0, 0};
+    out[0] = in[0];
+    for (u64 i = 1; i < n; i++) out[i] = gl_mul(out[i - 1], in[i]);
+    u64 inv = gl_pow(out[n - 1], p_minus_2);
+    for (u64 i = n - 1; i > 0; i--) {
+        u64 t = gl_mul(inv, out[i - 1]);
+        inv = gl_mul(inv, in[i]);
+        out[i] = t;
+    }
+    out[0] = inv;
+}
+
 #endif

@@ -1,6 +1,6 @@
 //! GPU launcher for the field vector kernels (`kernels/field_ops.cu`).
 
-use super::{Field, FieldBinaryJob, FieldOp, FieldVec};
+use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec};
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use cudarc::driver::{CudaSlice, PushKernelArg};
@@ -15,8 +15,87 @@ fn kernel_name(field: Field, op: FieldOp) -> String {
 pub fn field_kernel_names() -> Vec<String> {
     Field::ALL
         .iter()
-        .flat_map(|&f| FieldOp::ALL.map(|op| kernel_name(f, op)))
+        .flat_map(|&f| {
+            FieldOp::ALL
+                .map(|op| kernel_name(f, op))
+                .into_iter()
+                .chain([format!("{}_pow", f.name()), format!("{}_inv", f.name())])
+        })
         .collect()
+}
+
+/// Both fields travel as u64 words; a BN254 element is four of them.
+fn words(v: &FieldVec) -> &[u64] {
+    match v {
+        FieldVec::Goldilocks(w) => w,
+        FieldVec::Bn254Fr(l) => l.as_flattened(),
+    }
+}
+
+fn from_words(field: Field, out: Vec<u64>) -> FieldVec {
+    match field {
+        Field::Goldilocks => FieldVec::Goldilocks(out),
+        Field::Bn254Fr => FieldVec::Bn254Fr(
+            out.chunks_exact(4)
+                .map(|c| [c[0], c[1], c[2], c[3]])
+                .collect(),
+        ),
+    }
+}
+
+pub fn run_field_pow_cuda(
+    job: &FieldPowJob,
+    dev: &DeviceLease<'_>,
+) -> Result<FieldVec, DeviceError> {
+    let field = job.base().field();
+    let f = dev.function(&format!("{}_pow", field.name()))?;
+    let stream = dev.stream();
+    let base = words(job.base());
+    let exps: Vec<u64> = job.exponents().iter().flat_map(|e| e.0).collect();
+    let db = stream.clone_htod(base)?;
+    let de = stream.clone_htod(&exps)?;
+    let mut out: CudaSlice<u64> = stream.alloc_zeros(base.len())?;
+    let (n, e_stride) = (job.len() as u64, u32::from(!job.is_broadcast()));
+    let mut launch = stream.launch_builder(f);
+    launch
+        .arg(&db)
+        .arg(&de)
+        .arg(&mut out)
+        .arg(&n)
+        .arg(&e_stride);
+    // SAFETY: base and out hold n elements, exponents n (or 1 with stride 0) of 32 bytes.
+    unsafe { launch.launch(dev.launch_config(job.len())) }?;
+    let host = stream.clone_dtoh(&out)?;
+    stream.synchronize()?;
+    Ok(from_words(field, host))
+}
+
+/// Elements per thread in the inversion kernel: enough threads to fill the device, at
+/// least 8 elements each so the one Fermat inversion per chunk is amortised.
+fn inv_chunk(n: usize, threads: usize) -> u64 {
+    n.div_ceil(threads.max(1)).max(8) as u64
+}
+
+pub fn run_field_inv_cuda(
+    job: &FieldInvJob,
+    dev: &DeviceLease<'_>,
+) -> Result<FieldVec, DeviceError> {
+    let field = job.values().field();
+    let f = dev.function(&format!("{}_inv", field.name()))?;
+    let stream = dev.stream();
+    let input = words(job.values());
+    let din = stream.clone_htod(input)?;
+    let mut out: CudaSlice<u64> = stream.alloc_zeros(input.len())?;
+    let config = dev.launch_config(job.len());
+    let threads = (config.grid_dim.0 * config.block_dim.0) as usize;
+    let (n, chunk) = (job.len() as u64, inv_chunk(job.len(), threads));
+    let mut launch = stream.launch_builder(f);
+    launch.arg(&din).arg(&mut out).arg(&n).arg(&chunk);
+    // SAFETY: in and out hold n elements; each chunk writes only its own range.
+    unsafe { launch.launch(config) }?;
+    let host = stream.clone_dtoh(&out)?;
+    stream.synchronize()?;
+    Ok(from_words(field, host))
 }
 
 pub fn run_field_binary_cuda(

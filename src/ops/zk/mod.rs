@@ -1,12 +1,14 @@
 //! Zero-knowledge primitives: prime-field vectors.
 mod field;
 mod gpu;
+mod pow_inv;
 pub mod samples;
 mod u256;
 mod vector_ops;
 
 pub use field::{ElementError, Field, FieldVec};
-pub use gpu::{field_kernel_names, run_field_binary_cuda};
+pub use gpu::{field_kernel_names, run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda};
+pub use pow_inv::{FieldInvJob, FieldPowJob, InvError, PowShape};
 pub use u256::{ParseError, U256};
 pub use vector_ops::{FieldBinaryJob, FieldOp, LengthMismatch};
 

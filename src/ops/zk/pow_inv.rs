@@ -1,0 +1,299 @@
+//! Element-wise exponentiation and batch inversion: the CPU twins of the `*_pow` and
+//! `*_inv` kernels in `kernels/field_ops.cu`.
+
+use super::field::{FieldVec, GOLDILOCKS_P};
+use super::u256::U256;
+use super::vector_ops::goldilocks;
+use ark_bn254::Fr;
+use ark_ff::{BigInt, Field as _, PrimeField};
+use rayon::prelude::*;
+
+/// Chunk of one Montgomery-trick pass on the CPU: one inversion per chunk, chunks in
+/// parallel.
+const INV_CHUNK: usize = 4096;
+/// Zero elements reported at most, as for malformed elements.
+const MAX_REPORTED: usize = 16;
+
+/// `base[i] ^ exponent[i]` (or one exponent for all), exponents any 256-bit integer.
+#[derive(Clone, Debug)]
+pub struct FieldPowJob {
+    base: FieldVec,
+    exponents: Vec<U256>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PowShape {
+    #[error("base is empty: give at least one element")]
+    Empty,
+    #[error(
+        "base has {base} elements and exponent {exponent}: give as many exponents, or exactly one"
+    )]
+    Lengths { base: usize, exponent: usize },
+}
+
+impl FieldPowJob {
+    pub fn new(base: FieldVec, exponents: Vec<U256>) -> Result<Self, PowShape> {
+        if base.is_empty() {
+            return Err(PowShape::Empty);
+        }
+        if exponents.len() != base.len() && exponents.len() != 1 {
+            return Err(PowShape::Lengths {
+                base: base.len(),
+                exponent: exponents.len(),
+            });
+        }
+        Ok(Self { base, exponents })
+    }
+
+    pub fn base(&self) -> &FieldVec {
+        &self.base
+    }
+
+    pub fn exponents(&self) -> &[U256] {
+        &self.exponents
+    }
+
+    pub fn len(&self) -> usize {
+        self.base.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.base.is_empty()
+    }
+
+    pub fn is_broadcast(&self) -> bool {
+        self.exponents.len() != self.base.len()
+    }
+
+    pub fn input_bytes(&self) -> usize {
+        self.base.byte_len() + 32 * self.exponents.len()
+    }
+
+    pub fn run_cpu(&self) -> FieldVec {
+        let exp = |i: usize| &self.exponents[if self.is_broadcast() { 0 } else { i }];
+        match &self.base {
+            FieldVec::Bn254Fr(b) => FieldVec::Bn254Fr(
+                b.par_iter()
+                    .enumerate()
+                    .with_min_len(256)
+                    .map(|(i, x)| {
+                        let x = Fr::from_bigint(BigInt(*x)).expect("canonical by construction");
+                        x.pow(exp(i).0).into_bigint().0
+                    })
+                    .collect(),
+            ),
+            FieldVec::Goldilocks(b) => FieldVec::Goldilocks(
+                b.par_iter()
+                    .enumerate()
+                    .with_min_len(1024)
+                    .map(|(i, &x)| goldilocks_pow(x, exp(i)))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// Square-and-multiply from the top bit, through the u128 arithmetic of the Goldilocks
+/// twin; 0^0 = 1.
+fn goldilocks_pow(x: u64, e: &U256) -> u64 {
+    let mut acc = 1u64;
+    for i in (0..256).rev() {
+        acc = goldilocks::mul(acc, acc);
+        if (e.0[i / 64] >> (i % 64)) & 1 == 1 {
+            acc = goldilocks::mul(acc, x);
+        }
+    }
+    acc
+}
+
+/// Element-wise inverses of a vector with no zero.
+#[derive(Clone, Debug)]
+pub struct FieldInvJob {
+    values: FieldVec,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum InvError {
+    Empty,
+    /// Indices of zero elements (the first `MAX_REPORTED`) and how many there are.
+    Zeros {
+        indices: Vec<usize>,
+        count: usize,
+    },
+}
+
+impl FieldInvJob {
+    pub fn new(values: FieldVec) -> Result<Self, InvError> {
+        if values.is_empty() {
+            return Err(InvError::Empty);
+        }
+        let zero = |i: &usize| match &values {
+            FieldVec::Bn254Fr(v) => v[*i] == [0; 4],
+            FieldVec::Goldilocks(v) => v[*i] == 0,
+        };
+        let count = (0..values.len()).filter(zero).count();
+        if count > 0 {
+            let indices = (0..values.len()).filter(zero).take(MAX_REPORTED).collect();
+            return Err(InvError::Zeros { indices, count });
+        }
+        Ok(Self { values })
+    }
+
+    pub fn values(&self) -> &FieldVec {
+        &self.values
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    pub fn input_bytes(&self) -> usize {
+        self.values.byte_len()
+    }
+
+    pub fn run_cpu(&self) -> FieldVec {
+        match &self.values {
+            FieldVec::Bn254Fr(v) => FieldVec::Bn254Fr(
+                v.par_chunks(INV_CHUNK)
+                    .flat_map_iter(|c| {
+                        let mut f: Vec<Fr> = c
+                            .iter()
+                            .map(|x| Fr::from_bigint(BigInt(*x)).expect("canonical"))
+                            .collect();
+                        ark_ff::batch_inversion(&mut f);
+                        f.into_iter().map(|x| x.into_bigint().0)
+                    })
+                    .collect(),
+            ),
+            FieldVec::Goldilocks(v) => FieldVec::Goldilocks(
+                v.par_chunks(INV_CHUNK)
+                    .flat_map_iter(goldilocks_batch_inv)
+                    .collect(),
+            ),
+        }
+    }
+}
+
+fn goldilocks_batch_inv(c: &[u64]) -> Vec<u64> {
+    let mut prefix = Vec::with_capacity(c.len());
+    let mut acc = 1u64;
+    for &x in c {
+        acc = goldilocks::mul(acc, x);
+        prefix.push(acc);
+    }
+    let mut inv = goldilocks_pow(acc, &U256::from_u64(GOLDILOCKS_P - 2));
+    let mut out = vec![0u64; c.len()];
+    for i in (1..c.len()).rev() {
+        out[i] = goldilocks::mul(inv, prefix[i - 1]);
+        inv = goldilocks::mul(inv, c[i]);
+    }
+    out[0] = inv;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::zk::samples::{edge_values, random_elements};
+    use crate::ops::zk::Field;
+
+    #[test]
+    fn inverses_multiply_to_one_and_match_element_wise_inversion() {
+        for field in Field::ALL {
+            let mut xs: Vec<U256> = edge_values(field)
+                .into_iter()
+                .filter(|v| *v != U256::ZERO)
+                .collect();
+            xs.extend(
+                random_elements(field, 10_000, 5)
+                    .into_iter()
+                    .filter(|v| *v != U256::ZERO),
+            );
+            let v = FieldVec::from_integers(field, &xs).unwrap();
+            let inv = FieldInvJob::new(v.clone()).unwrap().run_cpu();
+            for i in 0..xs.len() {
+                match (&v, &inv) {
+                    (FieldVec::Bn254Fr(a), FieldVec::Bn254Fr(b)) => {
+                        let x = Fr::from_bigint(BigInt(a[i])).unwrap();
+                        assert_eq!(x.inverse().unwrap().into_bigint().0, b[i]);
+                    }
+                    (FieldVec::Goldilocks(a), FieldVec::Goldilocks(b)) => {
+                        assert_eq!(goldilocks::mul(a[i], b[i]), 1, "{}", a[i]);
+                    }
+                    _ => unreachable!(),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn zeros_are_refused_with_their_indices() {
+        let v = FieldVec::from_integers(
+            Field::Goldilocks,
+            &[U256::from_u64(3), U256::ZERO, U256::from_u64(1), U256::ZERO],
+        )
+        .unwrap();
+        assert_eq!(
+            FieldInvJob::new(v).unwrap_err(),
+            InvError::Zeros {
+                indices: vec![1, 3],
+                count: 2
+            }
+        );
+    }
+
+    #[test]
+    fn pow_agrees_with_repeated_multiplication_and_fermat() {
+        for field in Field::ALL {
+            let xs = random_elements(field, 50, 9);
+            let v = FieldVec::from_integers(field, &xs).unwrap();
+            // x^0 = 1 (also for 0), x^1 = x, x^(p-1) = 1 for x != 0, x^p = x.
+            let p = field.modulus();
+            let mut p_minus_1 = p;
+            p_minus_1.0[0] -= 1;
+            let one = FieldPowJob::new(v.clone(), vec![U256::ZERO])
+                .unwrap()
+                .run_cpu();
+            assert!((0..50).all(|i| one.get(i) == U256::from_u64(1)));
+            assert_eq!(
+                FieldPowJob::new(v.clone(), vec![U256::from_u64(1)])
+                    .unwrap()
+                    .run_cpu(),
+                v
+            );
+            assert_eq!(FieldPowJob::new(v.clone(), vec![p]).unwrap().run_cpu(), v);
+            let fermat = FieldPowJob::new(v.clone(), vec![p_minus_1])
+                .unwrap()
+                .run_cpu();
+            assert!((0..50).all(|i| xs[i] == U256::ZERO || fermat.get(i) == U256::from_u64(1)));
+            // x^3 per element, against two multiplications.
+            let cube = FieldPowJob::new(v.clone(), vec![U256::from_u64(3); 50])
+                .unwrap()
+                .run_cpu();
+            let sq = crate::ops::zk::FieldBinaryJob::new(
+                crate::ops::zk::FieldOp::Mul,
+                v.clone(),
+                v.clone(),
+            )
+            .unwrap()
+            .run_cpu();
+            let want =
+                crate::ops::zk::FieldBinaryJob::new(crate::ops::zk::FieldOp::Mul, sq, v.clone())
+                    .unwrap()
+                    .run_cpu();
+            assert_eq!(cube, want);
+        }
+        let zero = FieldVec::from_integers(Field::Bn254Fr, &[U256::ZERO]).unwrap();
+        assert_eq!(
+            FieldPowJob::new(zero, vec![U256::ZERO])
+                .unwrap()
+                .run_cpu()
+                .get(0),
+            U256::from_u64(1)
+        );
+    }
+}
