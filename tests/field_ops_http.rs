@@ -323,3 +323,126 @@ async fn a_large_vector_round_trips_through_the_blocking_decoder() {
     assert_eq!(result.len(), n as usize);
     assert_eq!(result[49_999], (49_999u64 * 3).to_string());
 }
+
+async fn result_of(s: &TestServer, path: &str, body: Value) -> Vec<BigUint> {
+    let res = s.post(path, body).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{path}");
+    let v: Value = res.json().await.unwrap();
+    v["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap().parse::<BigUint>().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn pow_and_inv_match_big_integer_arithmetic() {
+    let s = TestServer::start(&[]).await;
+    for field in Field::ALL {
+        let p = big(&field.modulus());
+        let xs: Vec<U256> = random_elements(field, 200, 11);
+        let es: Vec<U256> = random_elements(Field::Bn254Fr, 200, 12);
+        let strings = |v: &[U256]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let got = result_of(
+            &s,
+            "/zk/field_pow",
+            json!({"field": field_name(field), "base": strings(&xs), "exponent": strings(&es)}),
+        )
+        .await;
+        for i in 0..xs.len() {
+            assert_eq!(
+                got[i],
+                big(&xs[i]).modpow(&big(&es[i]), &p),
+                "{field:?} pow {i}"
+            );
+        }
+        // One exponent for all, beyond p (exponents are not reduced): x^(p) = x.
+        let got = result_of(
+            &s,
+            "/zk/field_pow",
+            json!({"field": field_name(field), "base": strings(&xs[..5]), "exponent": [field.modulus().to_string()]}),
+        )
+        .await;
+        assert!((0..5).all(|i| got[i] == big(&xs[i])));
+
+        let nonzero: Vec<U256> = xs.into_iter().filter(|x| *x != U256::ZERO).collect();
+        let got = result_of(
+            &s,
+            "/zk/field_inv",
+            json!({"field": field_name(field), "values": strings(&nonzero)}),
+        )
+        .await;
+        for (x, inv) in nonzero.iter().zip(&got) {
+            assert_eq!((big(x) * inv) % &p, BigUint::from(1u32), "{field:?} inv");
+        }
+    }
+    // base64 in, base64 out; exponents are 32 bytes each.
+    let base = B64.encode(3u64.to_le_bytes());
+    let mut e = [0u8; 32];
+    e[0] = 4;
+    let res: Value = s
+        .post("/zk/field_pow", json!({"field": "goldilocks", "encoding": "base64", "base": base, "exponent": B64.encode(e)}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(res["result"], B64.encode(81u64.to_le_bytes()));
+}
+
+#[tokio::test]
+async fn pow_and_inv_bad_inputs() {
+    let s = TestServer::start(&[]).await;
+    let zeros = json!({"field": "goldilocks", "values": ["3", "0", "5", "0"]});
+    let p = problem(
+        s.post("/zk/field_inv", zeros).send().await.unwrap(),
+        422,
+        "not_invertible",
+    )
+    .await;
+    let paths: Vec<&str> = p["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["/values/1", "/values/3"]);
+    let res = s
+        .post(
+            "/zk/field_inv",
+            json!({"field": "goldilocks", "values": []}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 422, "length_mismatch").await;
+    let cases = [
+        (
+            json!({"field": "bn254_fr", "base": ["1", "2"], "exponent": ["1", "2", "3"]}),
+            "length_mismatch",
+            "/exponent",
+        ),
+        (
+            json!({"field": "bn254_fr", "base": ["1"], "exponent": ["x"]}),
+            "invalid_field_element",
+            "/exponent/0",
+        ),
+        (
+            json!({"field": "goldilocks", "base": ["18446744069414584321"], "exponent": ["1"]}),
+            "invalid_field_element",
+            "/base/0",
+        ),
+        (
+            json!({"field": "goldilocks", "encoding": "base64", "base": "AQAAAAAAAAA=", "exponent": "AQAAAAAAAAA="}),
+            "invalid_field_element",
+            "/exponent",
+        ),
+    ];
+    for (body, code, path) in cases {
+        let res = s.post("/zk/field_pow", body.clone()).send().await.unwrap();
+        let p = problem(res, 422, code).await;
+        assert_eq!(p["errors"][0]["path"], path, "{body}");
+    }
+}

@@ -156,3 +156,40 @@ mod dp {
         }
     }
 }
+
+#[test]
+fn cuda_pow_and_inv_are_bit_identical_to_the_cpu() {
+    use gpu_ops::ops::zk::{run_field_inv_cuda, run_field_pow_cuda, FieldInvJob, FieldPowJob};
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP cuda_pow_and_inv_are_bit_identical_to_the_cpu: {reason}");
+        return;
+    }
+    for dev in &devices {
+        for n in [1usize, 7, 1000, 300_000] {
+            for field in Field::ALL {
+                let mut xs = edge_values(field);
+                xs.extend(random_elements(field, n, 31));
+                let base = FieldVec::from_integers(field, &xs).unwrap();
+                let exps = random_elements(Field::Bn254Fr, xs.len(), 32);
+                for e in [exps.clone(), exps[..1].to_vec()] {
+                    let job = FieldPowJob::new(base.clone(), e).unwrap();
+                    let lease = dev.lease().expect("device lease");
+                    let gpu = run_field_pow_cuda(&job, &lease).expect("kernel runs");
+                    assert!(job.run_cpu() == gpu, "pow on {field:?}, n={}", xs.len());
+                }
+                let nonzero: Vec<U256> = xs.into_iter().filter(|x| *x != U256::ZERO).collect();
+                let job =
+                    FieldInvJob::new(FieldVec::from_integers(field, &nonzero).unwrap()).unwrap();
+                let lease = dev.lease().expect("device lease");
+                let gpu = run_field_inv_cuda(&job, &lease).expect("kernel runs");
+                assert!(
+                    job.run_cpu() == gpu,
+                    "inv on {field:?}, n={}",
+                    nonzero.len()
+                );
+            }
+        }
+    }
+}

@@ -53,6 +53,61 @@ pub enum Elements {
 impl Elements {
     /// Validates against `field`: well-formed, canonical, within `max_elements`.
     /// `path` is the JSON pointer of this vector in the request.
+    /// Plain 256-bit integers (exponents): decimal/hex strings, or base64 of 32-byte
+    /// little-endian values. No field check.
+    pub fn decode_integers(
+        &self,
+        encoding: Encoding,
+        path: &str,
+        max_elements: usize,
+    ) -> Result<Vec<U256>, Problem> {
+        match (self, encoding) {
+            (Elements::Base64(text), Encoding::Base64) => {
+                check_count(text.len() / 4 * 3 / 32, max_elements, path)?;
+                let bytes = B64.decode(text).map_err(|e| {
+                    Problem::at(
+                        ErrorCode::InvalidFieldElement,
+                        path,
+                        format!("invalid base64: {e}"),
+                    )
+                })?;
+                if bytes.len() % 32 != 0 {
+                    return Err(Problem::at(
+                        ErrorCode::InvalidFieldElement,
+                        path,
+                        format!(
+                            "{} bytes is not a whole number of 32-byte integers",
+                            bytes.len()
+                        ),
+                    ));
+                }
+                Ok(bytes
+                    .chunks_exact(32)
+                    .map(|c| {
+                        U256(std::array::from_fn(|i| {
+                            u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().unwrap())
+                        }))
+                    })
+                    .collect())
+            }
+            (Elements::Strings { values, errors, .. }, Encoding::Decimal | Encoding::Hex)
+                if errors.is_empty() =>
+            {
+                check_count(values.len(), max_elements, path)?;
+                Ok(values.clone())
+            }
+            // Malformed strings and encoding mismatches: the same answers as for elements.
+            _ => self
+                .decode(Field::Bn254Fr, encoding, path, max_elements)
+                .and_then(|_| {
+                    Err(Problem::new(
+                        ErrorCode::Internal,
+                        "exponent decoding fell through",
+                    ))
+                }),
+        }
+    }
+
     pub fn decode(
         &self,
         field: Field,

@@ -78,7 +78,7 @@ impl AppState {
     info(title = "gpu-ops", description = "GPU operations behind REST, with a CPU fallback that gives the same answers."),
     paths(
         system::live, system::ready, system::device, system::metrics,
-        zk::field_add, zk::field_sub, zk::field_mul,
+        zk::field_add, zk::field_sub, zk::field_mul, zk::field_pow, zk::field_inv,
         dp::privatize, dp::laplace, dp::gaussian,
         dp::accountant_epsilon, dp::accountant_noise_multiplier,
         dp::create_budget, dp::get_budget, dp::list_budgets,
@@ -130,6 +130,8 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/zk/field_add", post(zk::field_add))
         .route("/zk/field_sub", post(zk::field_sub))
         .route("/zk/field_mul", post(zk::field_mul))
+        .route("/zk/field_pow", post(zk::field_pow))
+        .route("/zk/field_inv", post(zk::field_inv))
         .route("/dp/privatize", post(dp::privatize))
         .route("/dp/laplace", post(dp::laplace))
         .route("/dp/gaussian", post(dp::gaussian))

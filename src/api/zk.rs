@@ -1,10 +1,10 @@
 //! `/zk/*`: prime-field vector operations.
 
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
-use super::problem::{ErrorCode, Problem, ProblemDocument};
+use super::problem::{ErrorCode, FieldIssue, Problem, ProblemDocument};
 use super::{blocking, job_response, AppState};
 use crate::backend::BackendChoice;
-use crate::ops::zk::{Field, FieldBinaryJob, FieldOp};
+use crate::ops::zk::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, InvError};
 use crate::pool::{Output, Work};
 use axum::extract::State;
 use axum::response::Response;
@@ -97,16 +97,7 @@ async fn field_binary(
     op: FieldOp,
     req: FieldBinaryRequest,
 ) -> Result<Response, Problem> {
-    let timeout = match req.timeout_ms {
-        Some(0) => {
-            return Err(Problem::at(
-                ErrorCode::InvalidParameter,
-                "/timeout_ms",
-                "must be at least 1",
-            ))
-        }
-        t => t.map(Duration::from_millis),
-    };
+    let timeout = timeout_of(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.a.approx_len() > INLINE_ELEMENTS;
@@ -121,10 +112,190 @@ async fn field_binary(
     } else {
         build()?
     };
-    let done = state
-        .pool
-        .submit(Work::FieldBinary(job), backend, timeout)
-        .await?;
+    answer(
+        state,
+        Work::FieldBinary(job),
+        field,
+        encoding,
+        backend,
+        timeout,
+        large,
+    )
+    .await
+}
+
+/// `base[i] ^ exponent[i]` over one prime field.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"field": "bn254_fr", "base": ["2", "3"], "exponent": ["10"]}))]
+pub struct FieldPowRequest {
+    pub field: Field,
+    /// Canonical elements (< p).
+    #[schema(value_type = ElementsDoc)]
+    pub base: Elements,
+    /// Non-negative integers below 2^256 (not reduced mod p), as many as `base` or one for
+    /// all; in base64 each is 32 little-endian bytes. 0^0 = 1.
+    #[schema(value_type = ElementsDoc)]
+    pub exponent: Elements,
+    #[serde(default)]
+    pub encoding: Encoding,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Element-wise inverses.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"field": "goldilocks", "values": ["2", "3"]}))]
+pub struct FieldInvRequest {
+    pub field: Field,
+    /// Canonical, nonzero elements.
+    #[schema(value_type = ElementsDoc)]
+    pub values: Elements,
+    #[serde(default)]
+    pub encoding: Encoding,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[utoipa::path(
+    post, path = "/zk/field_pow", tag = "zk", operation_id = "field_pow", summary = "base ^ exponent mod p",
+    description = "Element-wise exponentiation by square-and-multiply over all 256 exponent bits. \
+        Bit-identical on the CPU (arkworks for BN254) and CUDA backends.",
+    request_body = FieldPowRequest,
+    responses(
+        (status = 200, description = "The result vector", body = FieldVectorResponse),
+        (status = 413, description = "Body or vector too large", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_request, invalid_field_element, length_mismatch, invalid_parameter", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn field_pow(
+    State(state): State<Arc<AppState>>,
+    super::ApiJson(req): super::ApiJson<FieldPowRequest>,
+) -> Result<Response, Problem> {
+    let timeout = timeout_of(req.timeout_ms)?;
+    let (field, encoding, backend) = (req.field, req.encoding, req.backend);
+    let max = state.settings.config.max_elements;
+    let large = req.base.approx_len() > INLINE_ELEMENTS;
+    let build = move || -> Result<FieldPowJob, Problem> {
+        let base = req.base.decode(field, encoding, "/base", max)?;
+        let exponents = req.exponent.decode_integers(encoding, "/exponent", max)?;
+        FieldPowJob::new(base, exponents)
+            .map_err(|e| Problem::at(ErrorCode::LengthMismatch, "/exponent", e.to_string()))
+    };
+    let job = if large {
+        blocking(build).await?
+    } else {
+        build()?
+    };
+    answer(
+        state,
+        Work::FieldPow(job),
+        field,
+        encoding,
+        backend,
+        timeout,
+        large,
+    )
+    .await
+}
+
+#[utoipa::path(
+    post, path = "/zk/field_inv", tag = "zk", operation_id = "field_inv", summary = "1 / x mod p, batched",
+    description = "Batch inversion by Montgomery's trick (prefix products, one inversion per chunk, back \
+        substitution). A zero element is refused with 422 not_invertible naming its index (up to 16 listed). \
+        Bit-identical on the CPU and CUDA backends.",
+    request_body = FieldInvRequest,
+    responses(
+        (status = 200, description = "The inverses", body = FieldVectorResponse),
+        (status = 413, description = "Body or vector too large", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_request, invalid_field_element, not_invertible, length_mismatch", body = ProblemDocument, content_type = "application/problem+json",
+            example = json!({"type": "urn:gpu-ops:problem:not_invertible", "title": "Zero has no inverse", "status": 422,
+                "detail": "1 zero element(s) in /values; the first 1 are listed", "code": "not_invertible",
+                "request_id": "0d9f4b52-8c1e-4c39-9d5a-3b1f0e2a7c44", "errors": [{"path": "/values/2", "message": "zero has no inverse"}]})),
+        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn field_inv(
+    State(state): State<Arc<AppState>>,
+    super::ApiJson(req): super::ApiJson<FieldInvRequest>,
+) -> Result<Response, Problem> {
+    let timeout = timeout_of(req.timeout_ms)?;
+    let (field, encoding, backend) = (req.field, req.encoding, req.backend);
+    let max = state.settings.config.max_elements;
+    let large = req.values.approx_len() > INLINE_ELEMENTS;
+    let build = move || -> Result<FieldInvJob, Problem> {
+        let values = req.values.decode(field, encoding, "/values", max)?;
+        FieldInvJob::new(values).map_err(|e| match e {
+            InvError::Empty => Problem::at(
+                ErrorCode::LengthMismatch,
+                "/values",
+                "give at least one element",
+            ),
+            InvError::Zeros { indices, count } => {
+                let issues: Vec<FieldIssue> = indices
+                    .iter()
+                    .map(|i| FieldIssue {
+                        path: format!("/values/{i}"),
+                        message: "zero has no inverse".into(),
+                    })
+                    .collect();
+                let detail = format!(
+                    "{count} zero element(s) in /values; the first {} are listed",
+                    issues.len()
+                );
+                Problem::new(ErrorCode::NotInvertible, detail).with_errors(issues)
+            }
+        })
+    };
+    let job = if large {
+        blocking(build).await?
+    } else {
+        build()?
+    };
+    answer(
+        state,
+        Work::FieldInv(job),
+        field,
+        encoding,
+        backend,
+        timeout,
+        large,
+    )
+    .await
+}
+
+fn timeout_of(ms: Option<u64>) -> Result<Option<Duration>, Problem> {
+    match ms {
+        Some(0) => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/timeout_ms",
+            "must be at least 1",
+        )),
+        t => Ok(t.map(Duration::from_millis)),
+    }
+}
+
+/// Runs a job whose output is a field vector and answers it in `encoding`.
+async fn answer(
+    state: Arc<AppState>,
+    work: Work,
+    field: Field,
+    encoding: Encoding,
+    backend: BackendChoice,
+    timeout: Option<Duration>,
+    large: bool,
+) -> Result<Response, Problem> {
+    let done = state.pool.submit(work, backend, timeout).await?;
     let run = done.run;
     let Output::Field(values) = done.output else {
         return Err(Problem::new(
@@ -132,11 +303,10 @@ async fn field_binary(
             "the job returned another op's output",
         ));
     };
-    let length = values.len();
     let body = FieldVectorResponse {
         field,
         encoding,
-        length,
+        length: values.len(),
         result: ElementsOut { values, encoding },
     };
     let encode = move || {

@@ -4,10 +4,12 @@
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use crate::ops::dp::{self, Gradients, NoiseJob, PrivatizeJob, Privatized};
-use crate::ops::zk::{self, FieldBinaryJob, FieldVec};
+use crate::ops::zk::{self, FieldBinaryJob, FieldInvJob, FieldPowJob, FieldVec};
 
 pub enum Work {
     FieldBinary(FieldBinaryJob),
+    FieldPow(FieldPowJob),
+    FieldInv(FieldInvJob),
     DpPrivatize(PrivatizeJob),
     DpNoise(NoiseJob),
 }
@@ -23,6 +25,8 @@ impl Work {
     pub fn op_name(&self) -> &'static str {
         match self {
             Work::FieldBinary(j) => j.op().name(),
+            Work::FieldPow(_) => "field_pow",
+            Work::FieldInv(_) => "field_inv",
             Work::DpPrivatize(_) => "dp_privatize",
             Work::DpNoise(j) => j.mechanism.name(),
         }
@@ -31,6 +35,8 @@ impl Work {
     pub fn elements(&self) -> usize {
         match self {
             Work::FieldBinary(j) => j.len(),
+            Work::FieldPow(j) => j.len(),
+            Work::FieldInv(j) => j.len(),
             Work::DpPrivatize(j) => j.gradients.len(),
             Work::DpNoise(j) => j.len(),
         }
@@ -39,6 +45,8 @@ impl Work {
     pub fn input_bytes(&self) -> usize {
         match self {
             Work::FieldBinary(j) => j.input_bytes(),
+            Work::FieldPow(j) => j.input_bytes(),
+            Work::FieldInv(j) => j.input_bytes(),
             Work::DpPrivatize(j) => match &j.gradients {
                 Gradients::F32(g) => 4 * g.len(),
                 Gradients::F64(g) => 8 * g.len(),
@@ -57,6 +65,9 @@ impl Work {
                 (zk::Field::Bn254Fr, _) => 1 << 15,
                 (zk::Field::Goldilocks, _) => 1 << 17,
             },
+            // 256 squarings per element: compute-bound from small sizes on.
+            Work::FieldPow(_) => 1 << 10,
+            Work::FieldInv(_) => 1 << 14,
             // Sampling exact noise costs the CPU about a microsecond per value.
             Work::DpNoise(_) => 1 << 12,
             Work::DpPrivatize(_) => 1 << 18,
@@ -66,6 +77,8 @@ impl Work {
     pub fn run_cpu(&self) -> Output {
         match self {
             Work::FieldBinary(j) => Output::Field(j.run_cpu()),
+            Work::FieldPow(j) => Output::Field(j.run_cpu()),
+            Work::FieldInv(j) => Output::Field(j.run_cpu()),
             Work::DpPrivatize(j) => Output::Privatized(j.run_cpu()),
             Work::DpNoise(j) => Output::Values(j.run_cpu()),
         }
@@ -74,6 +87,8 @@ impl Work {
     pub fn run_cuda(&self, dev: &DeviceLease<'_>) -> Result<Output, DeviceError> {
         match self {
             Work::FieldBinary(j) => zk::run_field_binary_cuda(j, dev).map(Output::Field),
+            Work::FieldPow(j) => zk::run_field_pow_cuda(j, dev).map(Output::Field),
+            Work::FieldInv(j) => zk::run_field_inv_cuda(j, dev).map(Output::Field),
             Work::DpPrivatize(j) => dp::run_privatize_cuda(j, dev).map(Output::Privatized),
             Work::DpNoise(j) => dp::run_noise_cuda(j, dev).map(Output::Values),
         }
