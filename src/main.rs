@@ -98,7 +98,9 @@ fn serve(config: Config) -> ExitCode {
             Ok(l) => l,
             Err(e) => return fail(&format!("cannot listen on {bind}: {e}")),
         };
-        tracing::info!(address = %bind, "listening");
+        // The bound address, so `--bind host:0` tells which port it got.
+        let address = listener.local_addr().unwrap_or(bind);
+        tracing::info!(%address, "listening");
         match app.serve(listener, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("server error: {e}")),

@@ -178,7 +178,7 @@ async fn bad_inputs_get_their_problem_code_and_path() {
             "/b",
         ),
         (
-            json!({"field": "bls12_381_fr", "a": ["1"], "b": ["1"]}),
+            json!({"field": "pallas_fr", "a": ["1"], "b": ["1"]}),
             422,
             "invalid_request",
             "/field",

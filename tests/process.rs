@@ -33,32 +33,9 @@ fn openapi_subcommand_prints_the_committed_document() {
 #[cfg(unix)]
 #[test]
 fn sigterm_stops_the_server_cleanly_with_exit_code_0() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
     let data = std::env::temp_dir().join(format!("gpu-ops-process-{}", std::process::id()));
-    let mut child = Command::new(BIN)
-        .args([
-            "--bind",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-            data.to_str().unwrap(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let (mut child, _port) = spawn_server(&data);
     let start = Instant::now();
-    let ready = loop {
-        let ok = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-        if ok || start.elapsed() > Duration::from_secs(20) {
-            break ok;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(ready, "server did not start listening");
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -78,36 +55,41 @@ fn sigterm_stops_the_server_cleanly_with_exit_code_0() {
     let _ = std::fs::remove_dir_all(data);
 }
 
-/// Starts the binary on `data` and waits until it listens; returns it and its port.
+/// Starts the binary on `data` with an OS-chosen port, and returns it and the port it
+/// reports in its "listening" log line (no free-port race between parallel tests).
 #[cfg(unix)]
 fn spawn_server(data: &std::path::Path) -> (std::process::Child, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(BIN)
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(BIN)
         .args([
             "--bind",
-            &format!("127.0.0.1:{port}"),
+            "127.0.0.1:0",
             "--backend",
             "cpu",
             "--cpu-threads",
             "1",
+            "--log-format",
+            "json",
         ])
         .args(["--data-dir", data.to_str().unwrap()])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "server did not start listening"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let port = loop {
+        let line = lines
+            .next()
+            .expect("server exited before listening")
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if v["fields"]["message"] == "listening" {
+            let address = v["fields"]["address"].as_str().unwrap().to_string();
+            break address.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+        }
+    };
+    // Keep draining the log so the server never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
     (child, port)
 }
 

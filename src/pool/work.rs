@@ -63,7 +63,9 @@ impl Work {
             Work::FieldBinary(j) => match (j.field(), j.op()) {
                 (zk::Field::Bn254Fr, zk::FieldOp::Mul) => 1 << 12,
                 (zk::Field::Bn254Fr, _) => 1 << 15,
-                (zk::Field::Goldilocks, _) => 1 << 17,
+                (zk::Field::Bls12_381Fr, zk::FieldOp::Mul) => 1 << 12,
+                (zk::Field::Bls12_381Fr, _) => 1 << 15,
+                (zk::Field::Goldilocks | zk::Field::BabyBear, _) => 1 << 17,
             },
             // 256 squarings per element: compute-bound from small sizes on.
             Work::FieldPow(_) => 1 << 10,

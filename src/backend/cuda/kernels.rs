@@ -9,9 +9,18 @@ use std::path::Path;
 /// no kernel files on disk.
 const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
+    ("fp256.cuh", include_str!("../../../kernels/fp256.cuh")),
     (
         "bn254_fr.cuh",
         include_str!("../../../kernels/bn254_fr.cuh"),
+    ),
+    (
+        "bls12_381_fr.cuh",
+        include_str!("../../../kernels/bls12_381_fr.cuh"),
+    ),
+    (
+        "babybear.cuh",
+        include_str!("../../../kernels/babybear.cuh"),
     ),
     (
         "goldilocks.cuh",

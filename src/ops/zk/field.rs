@@ -10,11 +10,24 @@ use utoipa::ToSchema;
 pub enum Field {
     /// BN254 scalar field, r = 21888242871839275222246405745257275088548364400416034343698204186575808495617.
     Bn254Fr,
+    /// BLS12-381 scalar field, r = 52435875175126190479447740508185965837690552500527637822603658699938581184513.
+    #[serde(rename = "bls12_381_fr")]
+    Bls12_381Fr,
     /// Goldilocks, p = 2^64 - 2^32 + 1 = 18446744069414584321.
     Goldilocks,
+    /// BabyBear, p = 2^31 - 2^27 + 1 = 2013265921.
+    #[serde(rename = "babybear")]
+    BabyBear,
 }
 
 pub(crate) const GOLDILOCKS_P: u64 = 0xffff_ffff_0000_0001;
+pub(crate) const BABYBEAR_P: u32 = 2_013_265_921;
+pub(crate) const BLS12_381_R: U256 = U256([
+    0xffff_ffff_0000_0001,
+    0x53bd_a402_fffe_5bfe,
+    0x3339_d808_09a1_d805,
+    0x73ed_a753_299d_7d48,
+]);
 pub(crate) const BN254_R: U256 = U256([
     0x43e1_f593_f000_0001,
     0x2833_e848_79b9_7091,
@@ -23,27 +36,37 @@ pub(crate) const BN254_R: U256 = U256([
 ]);
 
 impl Field {
-    pub const ALL: [Field; 2] = [Field::Bn254Fr, Field::Goldilocks];
+    pub const ALL: [Field; 4] = [
+        Field::Bn254Fr,
+        Field::Bls12_381Fr,
+        Field::Goldilocks,
+        Field::BabyBear,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Field::Bn254Fr => "bn254_fr",
+            Field::Bls12_381Fr => "bls12_381_fr",
             Field::Goldilocks => "goldilocks",
+            Field::BabyBear => "babybear",
         }
     }
 
     pub fn modulus(self) -> U256 {
         match self {
             Field::Bn254Fr => BN254_R,
+            Field::Bls12_381Fr => BLS12_381_R,
             Field::Goldilocks => U256::from_u64(GOLDILOCKS_P),
+            Field::BabyBear => U256::from_u64(u64::from(BABYBEAR_P)),
         }
     }
 
     /// Bytes of one element in the little-endian fixed-width wire form.
     pub fn byte_width(self) -> usize {
         match self {
-            Field::Bn254Fr => 32,
+            Field::Bn254Fr | Field::Bls12_381Fr => 32,
             Field::Goldilocks => 8,
+            Field::BabyBear => 4,
         }
     }
 }
@@ -61,21 +84,36 @@ pub struct ElementError {
 pub enum FieldVec {
     /// Little-endian 64-bit limbs.
     Bn254Fr(Vec<[u64; 4]>),
+    /// Little-endian 64-bit limbs.
+    Bls12_381Fr(Vec<[u64; 4]>),
     Goldilocks(Vec<u64>),
+    BabyBear(Vec<u32>),
 }
 
 impl FieldVec {
     pub fn field(&self) -> Field {
         match self {
             FieldVec::Bn254Fr(_) => Field::Bn254Fr,
+            FieldVec::Bls12_381Fr(_) => Field::Bls12_381Fr,
             FieldVec::Goldilocks(_) => Field::Goldilocks,
+            FieldVec::BabyBear(_) => Field::BabyBear,
         }
     }
 
     pub fn len(&self) -> usize {
         match self {
-            FieldVec::Bn254Fr(v) => v.len(),
+            FieldVec::Bn254Fr(v) | FieldVec::Bls12_381Fr(v) => v.len(),
             FieldVec::Goldilocks(v) => v.len(),
+            FieldVec::BabyBear(v) => v.len(),
+        }
+    }
+
+    /// Element i is zero.
+    pub fn is_zero(&self, i: usize) -> bool {
+        match self {
+            FieldVec::Bn254Fr(v) | FieldVec::Bls12_381Fr(v) => v[i] == [0; 4],
+            FieldVec::Goldilocks(v) => v[i] == 0,
+            FieldVec::BabyBear(v) => v[i] == 0,
         }
     }
 
@@ -95,7 +133,9 @@ impl FieldVec {
         }
         Ok(match field {
             Field::Bn254Fr => FieldVec::Bn254Fr(values.iter().map(|v| v.0).collect()),
+            Field::Bls12_381Fr => FieldVec::Bls12_381Fr(values.iter().map(|v| v.0).collect()),
             Field::Goldilocks => FieldVec::Goldilocks(values.iter().map(|v| v.0[0]).collect()),
+            Field::BabyBear => FieldVec::BabyBear(values.iter().map(|v| v.0[0] as u32).collect()),
         })
     }
 
@@ -114,21 +154,26 @@ impl FieldVec {
         }
         let word = |w: &[u8]| u64::from_le_bytes(w.try_into().expect("8-byte chunk"));
         let p = field.modulus();
+        let limbs = |c: &[u8]| {
+            [
+                word(&c[..8]),
+                word(&c[8..16]),
+                word(&c[16..24]),
+                word(&c[24..]),
+            ]
+        };
         let vec = match field {
             Field::Goldilocks => FieldVec::Goldilocks(bytes.chunks_exact(8).map(word).collect()),
-            Field::Bn254Fr => FieldVec::Bn254Fr(
+            Field::BabyBear => FieldVec::BabyBear(
                 bytes
-                    .chunks_exact(32)
-                    .map(|c| {
-                        [
-                            word(&c[..8]),
-                            word(&c[8..16]),
-                            word(&c[16..24]),
-                            word(&c[24..]),
-                        ]
-                    })
+                    .chunks_exact(4)
+                    .map(|c| u32::from_le_bytes(c.try_into().expect("4-byte chunk")))
                     .collect(),
             ),
+            Field::Bn254Fr => FieldVec::Bn254Fr(bytes.chunks_exact(32).map(limbs).collect()),
+            Field::Bls12_381Fr => {
+                FieldVec::Bls12_381Fr(bytes.chunks_exact(32).map(limbs).collect())
+            }
         };
         match (0..vec.len()).find(|&i| vec.get(i) >= p) {
             Some(index) => Err(non_canonical(field, index)),
@@ -138,15 +183,19 @@ impl FieldVec {
 
     pub fn to_le_bytes(&self) -> Vec<u8> {
         match self {
-            FieldVec::Bn254Fr(v) => v.iter().flatten().flat_map(|l| l.to_le_bytes()).collect(),
+            FieldVec::Bn254Fr(v) | FieldVec::Bls12_381Fr(v) => {
+                v.iter().flatten().flat_map(|l| l.to_le_bytes()).collect()
+            }
             FieldVec::Goldilocks(v) => v.iter().flat_map(|l| l.to_le_bytes()).collect(),
+            FieldVec::BabyBear(v) => v.iter().flat_map(|l| l.to_le_bytes()).collect(),
         }
     }
 
     pub fn get(&self, i: usize) -> U256 {
         match self {
-            FieldVec::Bn254Fr(v) => U256(v[i]),
+            FieldVec::Bn254Fr(v) | FieldVec::Bls12_381Fr(v) => U256(v[i]),
             FieldVec::Goldilocks(v) => U256::from_u64(v[i]),
+            FieldVec::BabyBear(v) => U256::from_u64(u64::from(v[i])),
         }
     }
 }
@@ -168,8 +217,10 @@ mod tests {
     use ark_ff::PrimeField;
 
     #[test]
-    fn bn254_modulus_matches_arkworks() {
+    fn moduli_match_arkworks_and_the_definitions() {
         assert_eq!(BN254_R.0, ark_bn254::Fr::MODULUS.0);
+        assert_eq!(BLS12_381_R.0, ark_bls12_381::Fr::MODULUS.0);
+        assert_eq!(BABYBEAR_P, (1u32 << 31) - (1 << 27) + 1);
     }
 
     #[test]

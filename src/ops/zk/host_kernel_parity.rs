@@ -3,24 +3,43 @@
 
 use super::samples::{edge_values, random_elements};
 use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec, U256};
+use std::ffi::c_void;
 
 extern "C" {
-    fn gpu_ops_host_bn254_fr(
+    fn gpu_ops_host_field_binary(
+        field: i32,
         op: i32,
-        a: *const u32,
-        b: *const u32,
-        out: *mut u32,
+        a: *const c_void,
+        b: *const c_void,
+        out: *mut c_void,
         n: usize,
         b_stride: usize,
     );
-    fn gpu_ops_host_goldilocks(
-        op: i32,
-        a: *const u64,
-        b: *const u64,
-        out: *mut u64,
+    fn gpu_ops_host_field_pow(
+        field: i32,
+        base: *const c_void,
+        exp: *const c_void,
+        out: *mut c_void,
         n: usize,
-        b_stride: usize,
+        e_stride: usize,
     );
+    fn gpu_ops_host_field_inv(
+        field: i32,
+        input: *const c_void,
+        out: *mut c_void,
+        n: usize,
+        chunk: usize,
+    );
+}
+
+/// The C side's field numbering (kernels/host/field_host.c).
+fn field_code(f: Field) -> i32 {
+    match f {
+        Field::Bn254Fr => 0,
+        Field::Bls12_381Fr => 1,
+        Field::Goldilocks => 2,
+        Field::BabyBear => 3,
+    }
 }
 
 fn op_code(op: FieldOp) -> i32 {
@@ -31,41 +50,31 @@ fn op_code(op: FieldOp) -> i32 {
     }
 }
 
-fn run_host_kernel(op: FieldOp, a: &FieldVec, b: &FieldVec) -> FieldVec {
-    let n = a.len();
-    let stride = usize::from(b.len() == n);
-    match (a, b) {
-        (FieldVec::Goldilocks(x), FieldVec::Goldilocks(y)) => {
-            let mut out = vec![0u64; n];
-            // SAFETY: out has n elements; b has n or 1 (stride 0) elements.
-            unsafe {
-                gpu_ops_host_goldilocks(
-                    op_code(op),
-                    x.as_ptr(),
-                    y.as_ptr(),
-                    out.as_mut_ptr(),
-                    n,
-                    stride,
-                )
-            };
-            FieldVec::Goldilocks(out)
-        }
-        (FieldVec::Bn254Fr(x), FieldVec::Bn254Fr(y)) => {
-            let mut out = vec![[0u64; 4]; n];
-            // SAFETY: [u64; 4] is 8 u32 limbs in little-endian order on a little-endian host.
-            unsafe {
-                gpu_ops_host_bn254_fr(
-                    op_code(op),
-                    x.as_ptr().cast(),
-                    y.as_ptr().cast(),
-                    out.as_mut_ptr().cast(),
-                    n,
-                    stride,
-                )
-            };
-            FieldVec::Bn254Fr(out)
-        }
-        _ => unreachable!(),
+/// A zeroed vector of `n` elements of `field`, and a pointer to its storage.
+fn zeros(field: Field, n: usize) -> FieldVec {
+    match field {
+        Field::Bn254Fr => FieldVec::Bn254Fr(vec![[0; 4]; n]),
+        Field::Bls12_381Fr => FieldVec::Bls12_381Fr(vec![[0; 4]; n]),
+        Field::Goldilocks => FieldVec::Goldilocks(vec![0; n]),
+        Field::BabyBear => FieldVec::BabyBear(vec![0; n]),
+    }
+}
+
+/// Element storage as the C code reads it: 8 u32 limbs, a u64 or a u32 per element, in
+/// little-endian order (this test only builds on little-endian hosts).
+fn ptr(v: &FieldVec) -> *const c_void {
+    match v {
+        FieldVec::Bn254Fr(x) | FieldVec::Bls12_381Fr(x) => x.as_ptr().cast(),
+        FieldVec::Goldilocks(x) => x.as_ptr().cast(),
+        FieldVec::BabyBear(x) => x.as_ptr().cast(),
+    }
+}
+
+fn ptr_mut(v: &mut FieldVec) -> *mut c_void {
+    match v {
+        FieldVec::Bn254Fr(x) | FieldVec::Bls12_381Fr(x) => x.as_mut_ptr().cast(),
+        FieldVec::Goldilocks(x) => x.as_mut_ptr().cast(),
+        FieldVec::BabyBear(x) => x.as_mut_ptr().cast(),
     }
 }
 
@@ -89,7 +98,20 @@ fn kernel_arithmetic_matches_cpu_twin_bit_for_bit() {
                 let cpu = FieldBinaryJob::new(op, a.clone(), b.clone())
                     .unwrap()
                     .run_cpu();
-                let host = run_host_kernel(op, &a, b);
+                let mut host = zeros(field, a.len());
+                let stride = usize::from(b.len() == a.len());
+                // SAFETY: a and out hold a.len() elements; b a.len() or 1 (stride 0).
+                unsafe {
+                    gpu_ops_host_field_binary(
+                        field_code(field),
+                        op_code(op),
+                        ptr(&a),
+                        ptr(b),
+                        ptr_mut(&mut host),
+                        a.len(),
+                        stride,
+                    )
+                };
                 assert_eq!(
                     cpu,
                     host,
@@ -99,25 +121,6 @@ fn kernel_arithmetic_matches_cpu_twin_bit_for_bit() {
             }
         }
     }
-}
-
-extern "C" {
-    fn gpu_ops_host_bn254_fr_pow(
-        base: *const u32,
-        exp: *const u32,
-        out: *mut u32,
-        n: usize,
-        e_stride: usize,
-    );
-    fn gpu_ops_host_goldilocks_pow(
-        base: *const u64,
-        exp: *const u64,
-        out: *mut u64,
-        n: usize,
-        e_stride: usize,
-    );
-    fn gpu_ops_host_bn254_fr_inv(input: *const u32, out: *mut u32, n: usize, chunk: usize);
-    fn gpu_ops_host_goldilocks_inv(input: *const u64, out: *mut u64, n: usize, chunk: usize);
 }
 
 /// Exponents: edge cases (0, 1, 2, p-1, p, 2^256-1) then arbitrary 256-bit values.
@@ -153,52 +156,26 @@ fn kernel_pow_and_batch_inversion_match_cpu_twin_bit_for_bit() {
         let n = xs.len();
         let base = FieldVec::from_integers(field, &xs).unwrap();
         let exps = exponents(field, n);
-        let e_words: Vec<u64> = exps.iter().flat_map(|e| e.0).collect();
         for broadcast in [false, true] {
-            let job = FieldPowJob::new(
-                base.clone(),
-                if broadcast {
-                    exps[n - 1..].to_vec()
-                } else {
-                    exps.clone()
-                },
-            )
-            .unwrap();
-            let ew = if broadcast {
-                &e_words[4 * (n - 1)..]
+            let e = if broadcast {
+                exps[n - 1..].to_vec()
             } else {
-                &e_words[..]
+                exps.clone()
             };
-            let stride = usize::from(!broadcast);
-            let host = match &base {
-                FieldVec::Bn254Fr(b) => {
-                    let mut out = vec![[0u64; 4]; n];
-                    // SAFETY: n elements of 8 u32 limbs each; exponents n (or 1) of 8 limbs.
-                    unsafe {
-                        gpu_ops_host_bn254_fr_pow(
-                            b.as_ptr().cast(),
-                            ew.as_ptr().cast(),
-                            out.as_mut_ptr().cast(),
-                            n,
-                            stride,
-                        )
-                    };
-                    FieldVec::Bn254Fr(out)
-                }
-                FieldVec::Goldilocks(b) => {
-                    let mut out = vec![0u64; n];
-                    // SAFETY: n elements; exponents n (or 1) of 4 words.
-                    unsafe {
-                        gpu_ops_host_goldilocks_pow(
-                            b.as_ptr(),
-                            ew.as_ptr(),
-                            out.as_mut_ptr(),
-                            n,
-                            stride,
-                        )
-                    };
-                    FieldVec::Goldilocks(out)
-                }
+            // 256-bit exponents as 4 u64 words: also 8 little-endian u32 limbs.
+            let words: Vec<u64> = e.iter().flat_map(|x| x.0).collect();
+            let job = FieldPowJob::new(base.clone(), e).unwrap();
+            let mut host = zeros(field, n);
+            // SAFETY: base and out hold n elements; exponents n (or 1) of 32 bytes.
+            unsafe {
+                gpu_ops_host_field_pow(
+                    field_code(field),
+                    ptr(&base),
+                    words.as_ptr().cast(),
+                    ptr_mut(&mut host),
+                    n,
+                    usize::from(!broadcast),
+                )
             };
             assert_eq!(
                 job.run_cpu(),
@@ -210,27 +187,16 @@ fn kernel_pow_and_batch_inversion_match_cpu_twin_bit_for_bit() {
         let v = FieldVec::from_integers(field, &nonzero).unwrap();
         let cpu = FieldInvJob::new(v.clone()).unwrap().run_cpu();
         for chunk in [1usize, 7, 64, 100_000] {
-            let m = nonzero.len();
-            let host = match &v {
-                FieldVec::Bn254Fr(x) => {
-                    let mut out = vec![[0u64; 4]; m];
-                    // SAFETY: m elements of 8 u32 limbs in and out.
-                    unsafe {
-                        gpu_ops_host_bn254_fr_inv(
-                            x.as_ptr().cast(),
-                            out.as_mut_ptr().cast(),
-                            m,
-                            chunk,
-                        )
-                    };
-                    FieldVec::Bn254Fr(out)
-                }
-                FieldVec::Goldilocks(x) => {
-                    let mut out = vec![0u64; m];
-                    // SAFETY: m elements in and out.
-                    unsafe { gpu_ops_host_goldilocks_inv(x.as_ptr(), out.as_mut_ptr(), m, chunk) };
-                    FieldVec::Goldilocks(out)
-                }
+            let mut host = zeros(field, v.len());
+            // SAFETY: in and out hold v.len() elements.
+            unsafe {
+                gpu_ops_host_field_inv(
+                    field_code(field),
+                    ptr(&v),
+                    ptr_mut(&mut host),
+                    v.len(),
+                    chunk,
+                )
             };
             assert_eq!(cpu, host, "inv on {field:?}, chunk {chunk}");
         }

@@ -1,11 +1,10 @@
 //! Element-wise exponentiation and batch inversion: the CPU twins of the `*_pow` and
 //! `*_inv` kernels in `kernels/field_ops.cu`.
 
-use super::field::{FieldVec, GOLDILOCKS_P};
+use super::field::{FieldVec, BABYBEAR_P, GOLDILOCKS_P};
 use super::u256::U256;
-use super::vector_ops::goldilocks;
-use ark_bn254::Fr;
-use ark_ff::{BigInt, Field as _, PrimeField};
+use super::vector_ops::{babybear, goldilocks, Fp};
+use ark_ff::{BigInt, Field as _, MontConfig, PrimeField};
 use rayon::prelude::*;
 
 /// Chunk of one Montgomery-trick pass on the CPU: one inversion per chunk, chunks in
@@ -72,16 +71,10 @@ impl FieldPowJob {
     pub fn run_cpu(&self) -> FieldVec {
         let exp = |i: usize| &self.exponents[if self.is_broadcast() { 0 } else { i }];
         match &self.base {
-            FieldVec::Bn254Fr(b) => FieldVec::Bn254Fr(
-                b.par_iter()
-                    .enumerate()
-                    .with_min_len(256)
-                    .map(|(i, x)| {
-                        let x = Fr::from_bigint(BigInt(*x)).expect("canonical by construction");
-                        x.pow(exp(i).0).into_bigint().0
-                    })
-                    .collect(),
-            ),
+            FieldVec::Bn254Fr(b) => FieldVec::Bn254Fr(fp256_pow::<ark_bn254::FrConfig>(b, exp)),
+            FieldVec::Bls12_381Fr(b) => {
+                FieldVec::Bls12_381Fr(fp256_pow::<ark_bls12_381::FrConfig>(b, exp))
+            }
             FieldVec::Goldilocks(b) => FieldVec::Goldilocks(
                 b.par_iter()
                     .enumerate()
@@ -89,8 +82,40 @@ impl FieldPowJob {
                     .map(|(i, &x)| goldilocks_pow(x, exp(i)))
                     .collect(),
             ),
+            FieldVec::BabyBear(b) => FieldVec::BabyBear(
+                b.par_iter()
+                    .enumerate()
+                    .with_min_len(1024)
+                    .map(|(i, &x)| babybear_pow(x, exp(i)))
+                    .collect(),
+            ),
         }
     }
+}
+
+fn fp256_pow<'a, C: MontConfig<4>>(
+    b: &[[u64; 4]],
+    exp: impl Fn(usize) -> &'a U256 + Sync,
+) -> Vec<[u64; 4]> {
+    b.par_iter()
+        .enumerate()
+        .with_min_len(256)
+        .map(|(i, x)| {
+            let x = Fp::<C>::from_bigint(BigInt(*x)).expect("canonical by construction");
+            x.pow(exp(i).0).into_bigint().0
+        })
+        .collect()
+}
+
+fn babybear_pow(x: u32, e: &U256) -> u32 {
+    let mut acc = 1u32;
+    for i in (0..256).rev() {
+        acc = babybear::mul(acc, acc);
+        if (e.0[i / 64] >> (i % 64)) & 1 == 1 {
+            acc = babybear::mul(acc, x);
+        }
+    }
+    acc
 }
 
 /// Square-and-multiply from the top bit, through the u128 arithmetic of the Goldilocks
@@ -127,10 +152,7 @@ impl FieldInvJob {
         if values.is_empty() {
             return Err(InvError::Empty);
         }
-        let zero = |i: &usize| match &values {
-            FieldVec::Bn254Fr(v) => v[*i] == [0; 4],
-            FieldVec::Goldilocks(v) => v[*i] == 0,
-        };
+        let zero = |i: &usize| values.is_zero(*i);
         let count = (0..values.len()).filter(zero).count();
         if count > 0 {
             let indices = (0..values.len()).filter(zero).take(MAX_REPORTED).collect();
@@ -157,39 +179,64 @@ impl FieldInvJob {
 
     pub fn run_cpu(&self) -> FieldVec {
         match &self.values {
-            FieldVec::Bn254Fr(v) => FieldVec::Bn254Fr(
+            FieldVec::Bn254Fr(v) => FieldVec::Bn254Fr(fp256_inv::<ark_bn254::FrConfig>(v)),
+            FieldVec::Bls12_381Fr(v) => {
+                FieldVec::Bls12_381Fr(fp256_inv::<ark_bls12_381::FrConfig>(v))
+            }
+            FieldVec::Goldilocks(v) => FieldVec::Goldilocks(
                 v.par_chunks(INV_CHUNK)
                     .flat_map_iter(|c| {
-                        let mut f: Vec<Fr> = c
-                            .iter()
-                            .map(|x| Fr::from_bigint(BigInt(*x)).expect("canonical"))
-                            .collect();
-                        ark_ff::batch_inversion(&mut f);
-                        f.into_iter().map(|x| x.into_bigint().0)
+                        word_batch_inv(c, 1, goldilocks::mul, |x| {
+                            goldilocks_pow(x, &U256::from_u64(GOLDILOCKS_P - 2))
+                        })
                     })
                     .collect(),
             ),
-            FieldVec::Goldilocks(v) => FieldVec::Goldilocks(
+            FieldVec::BabyBear(v) => FieldVec::BabyBear(
                 v.par_chunks(INV_CHUNK)
-                    .flat_map_iter(goldilocks_batch_inv)
+                    .flat_map_iter(|c| {
+                        word_batch_inv(c, 1, babybear::mul, |x| {
+                            babybear_pow(x, &U256::from_u64(u64::from(BABYBEAR_P - 2)))
+                        })
+                    })
                     .collect(),
             ),
         }
     }
 }
 
-fn goldilocks_batch_inv(c: &[u64]) -> Vec<u64> {
+fn fp256_inv<C: MontConfig<4>>(v: &[[u64; 4]]) -> Vec<[u64; 4]> {
+    v.par_chunks(INV_CHUNK)
+        .flat_map_iter(|c| {
+            let mut f: Vec<Fp<C>> = c
+                .iter()
+                .map(|x| Fp::<C>::from_bigint(BigInt(*x)).expect("canonical"))
+                .collect();
+            ark_ff::batch_inversion(&mut f);
+            f.into_iter().map(|x| x.into_bigint().0)
+        })
+        .collect()
+}
+
+/// Montgomery's trick over a one-word field: prefix products, one inversion, back
+/// substitution.
+fn word_batch_inv<T: Copy + Default>(
+    c: &[T],
+    one: T,
+    mul: fn(T, T) -> T,
+    invert: impl Fn(T) -> T,
+) -> Vec<T> {
     let mut prefix = Vec::with_capacity(c.len());
-    let mut acc = 1u64;
+    let mut acc = one;
     for &x in c {
-        acc = goldilocks::mul(acc, x);
+        acc = mul(acc, x);
         prefix.push(acc);
     }
-    let mut inv = goldilocks_pow(acc, &U256::from_u64(GOLDILOCKS_P - 2));
-    let mut out = vec![0u64; c.len()];
+    let mut inv = invert(acc);
+    let mut out = vec![T::default(); c.len()];
     for i in (1..c.len()).rev() {
-        out[i] = goldilocks::mul(inv, prefix[i - 1]);
-        inv = goldilocks::mul(inv, c[i]);
+        out[i] = mul(inv, prefix[i - 1]);
+        inv = mul(inv, c[i]);
     }
     out[0] = inv;
     out
@@ -202,7 +249,8 @@ mod tests {
     use crate::ops::zk::Field;
 
     #[test]
-    fn inverses_multiply_to_one_and_match_element_wise_inversion() {
+    fn inverses_multiply_to_one() {
+        use crate::ops::zk::{FieldBinaryJob, FieldOp};
         for field in Field::ALL {
             let mut xs: Vec<U256> = edge_values(field)
                 .into_iter()
@@ -215,18 +263,24 @@ mod tests {
             );
             let v = FieldVec::from_integers(field, &xs).unwrap();
             let inv = FieldInvJob::new(v.clone()).unwrap().run_cpu();
-            for i in 0..xs.len() {
-                match (&v, &inv) {
-                    (FieldVec::Bn254Fr(a), FieldVec::Bn254Fr(b)) => {
-                        let x = Fr::from_bigint(BigInt(a[i])).unwrap();
-                        assert_eq!(x.inverse().unwrap().into_bigint().0, b[i]);
-                    }
-                    (FieldVec::Goldilocks(a), FieldVec::Goldilocks(b)) => {
-                        assert_eq!(goldilocks::mul(a[i], b[i]), 1, "{}", a[i]);
-                    }
-                    _ => unreachable!(),
-                }
-            }
+            let product = FieldBinaryJob::new(FieldOp::Mul, v, inv).unwrap().run_cpu();
+            assert!(
+                (0..xs.len()).all(|i| product.get(i) == U256::from_u64(1)),
+                "{field:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn batch_inversion_matches_element_wise_inversion() {
+        let xs: Vec<U256> = random_elements(Field::Bls12_381Fr, 5000, 8);
+        let v = FieldVec::from_integers(Field::Bls12_381Fr, &xs).unwrap();
+        let FieldVec::Bls12_381Fr(inv) = FieldInvJob::new(v).unwrap().run_cpu() else {
+            unreachable!()
+        };
+        for (x, i) in xs.iter().zip(inv) {
+            let x = ark_bls12_381::Fr::from_bigint(BigInt(x.0)).unwrap();
+            assert_eq!(x.inverse().unwrap().into_bigint().0, i);
         }
     }
 

@@ -1,9 +1,8 @@
 //! Element-wise binary field ops: the CPU implementation, which is the oracle for the
 //! GPU kernels in `kernels/field_ops.cu`.
 
-use super::field::{Field, FieldVec, GOLDILOCKS_P};
-use ark_bn254::Fr;
-use ark_ff::BigInt;
+use super::field::{Field, FieldVec, BABYBEAR_P, GOLDILOCKS_P};
+use ark_ff::{BigInt, Fp256, MontBackend, MontConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -115,7 +114,19 @@ impl FieldBinaryJob {
             }
             (FieldVec::Bn254Fr(a), FieldVec::Bn254Fr(b)) => {
                 let op = self.op;
-                FieldVec::Bn254Fr(zip_broadcast(a, b, |x, y| bn254_canonical(op, x, y)))
+                FieldVec::Bn254Fr(zip_broadcast(a, b, |x, y| {
+                    fp256_canonical::<ark_bn254::FrConfig>(op, x, y)
+                }))
+            }
+            (FieldVec::Bls12_381Fr(a), FieldVec::Bls12_381Fr(b)) => {
+                let op = self.op;
+                FieldVec::Bls12_381Fr(zip_broadcast(a, b, |x, y| {
+                    fp256_canonical::<ark_bls12_381::FrConfig>(op, x, y)
+                }))
+            }
+            (FieldVec::BabyBear(a), FieldVec::BabyBear(b)) => {
+                let f = babybear_fn(self.op);
+                FieldVec::BabyBear(zip_broadcast(a, b, |x, y| f(*x, *y)))
             }
             _ => unreachable!("FieldBinaryJob::new refuses mixed fields"),
         }
@@ -138,18 +149,46 @@ fn zip_broadcast<T: Sync, R: Send>(a: &[T], b: &[T], f: impl Fn(&T, &T) -> R + S
     }
 }
 
-/// One BN254 op on canonical limbs with one Montgomery product at most. Modular add
-/// and sub do not depend on the representation, so canonical words go straight in. For
-/// mul, `Fr::new(x)` holds xR and `new_unchecked(y)` is read as the Montgomery form of
-/// yR^-1; their product's internal word is xR * y * R^-1 = xy, already canonical.
-fn bn254_canonical(op: FieldOp, x: &[u64; 4], y: &[u64; 4]) -> [u64; 4] {
-    let word = |v: &[u64; 4]| Fr::new_unchecked(BigInt(*v));
+/// An arkworks 256-bit prime field (BN254 Fr, BLS12-381 Fr).
+pub(crate) type Fp<C> = Fp256<MontBackend<C, 4>>;
+
+/// One op on canonical limbs with one Montgomery product at most. Modular add and sub
+/// do not depend on the representation, so canonical words go straight in. For mul,
+/// `Fp::new(x)` holds xR and `new_unchecked(y)` is read as the Montgomery form of yR^-1;
+/// their product's internal word is xR * y * R^-1 = xy, already canonical.
+fn fp256_canonical<C: MontConfig<4>>(op: FieldOp, x: &[u64; 4], y: &[u64; 4]) -> [u64; 4] {
+    let word = |v: &[u64; 4]| Fp::<C>::new_unchecked(BigInt(*v));
     let r = match op {
         FieldOp::Add => word(x) + word(y),
         FieldOp::Sub => word(x) - word(y),
-        FieldOp::Mul => Fr::new(BigInt(*x)) * word(y),
+        FieldOp::Mul => Fp::<C>::new(BigInt(*x)) * word(y),
     };
     r.0 .0
+}
+
+fn babybear_fn(op: FieldOp) -> fn(u32, u32) -> u32 {
+    match op {
+        FieldOp::Add => babybear::add,
+        FieldOp::Sub => babybear::sub,
+        FieldOp::Mul => babybear::mul,
+    }
+}
+
+/// BabyBear arithmetic on canonical u32, through u64.
+pub(crate) mod babybear {
+    use super::BABYBEAR_P as P;
+
+    pub fn add(a: u32, b: u32) -> u32 {
+        ((u64::from(a) + u64::from(b)) % u64::from(P)) as u32
+    }
+
+    pub fn sub(a: u32, b: u32) -> u32 {
+        ((u64::from(a) + u64::from(P) - u64::from(b)) % u64::from(P)) as u32
+    }
+
+    pub fn mul(a: u32, b: u32) -> u32 {
+        ((u64::from(a) * u64::from(b)) % u64::from(P)) as u32
+    }
 }
 
 fn goldilocks_fn(op: FieldOp) -> fn(u64, u64) -> u64 {
