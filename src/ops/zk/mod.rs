@@ -1,6 +1,7 @@
 //! Zero-knowledge primitives: prime-field vectors.
 mod field;
 mod gpu;
+pub mod ntt;
 mod pow_inv;
 pub mod samples;
 mod u256;

@@ -1,0 +1,660 @@
+//! Number-theoretic transforms over the four fields: the CPU twin of the `*_ntt_*`
+//! kernels. ω_n = g^((p−1)/n) for the field's standard multiplicative generator g (the
+//! root arkworks' radix-2 domains use), so results agree with `ark-poly`.
+
+use super::field::{Field, FieldVec};
+use super::u256::U256;
+use super::vector_ops::{babybear, goldilocks, Fp};
+use ark_ff::{BigInt, MontConfig, PrimeField};
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+impl Field {
+    /// The multiplicative generator ω is derived from (arkworks' / Plonky3's choice).
+    pub fn generator(self) -> u64 {
+        match self {
+            Field::Bn254Fr => 5,
+            Field::Bls12_381Fr => 7,
+            Field::Goldilocks => 7,
+            Field::BabyBear => 31,
+        }
+    }
+
+    /// The largest k with 2^k dividing p − 1: NTT sizes go up to 2^k.
+    pub fn two_adicity(self) -> u32 {
+        match self {
+            Field::Bn254Fr => 28,
+            Field::Bls12_381Fr => 32,
+            Field::Goldilocks => 32,
+            Field::BabyBear => 27,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Order {
+    #[default]
+    Natural,
+    BitReversed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Forward,
+    Inverse,
+}
+
+impl Direction {
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Forward => "ntt",
+            Direction::Inverse => "intt",
+        }
+    }
+}
+
+/// `batch` transforms of equal power-of-two size over consecutive slices of `values`.
+#[derive(Clone, Debug)]
+pub struct NttJob {
+    pub direction: Direction,
+    pub values: FieldVec,
+    pub batch: usize,
+    pub input_order: Order,
+    pub output_order: Order,
+    /// Evaluate on (or interpolate from) the coset shift·⟨ω⟩; never zero.
+    pub coset_shift: Option<U256>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NttShape {
+    #[error("batch must be at least 1")]
+    ZeroBatch,
+    #[error("{len} values do not split into {batch} equal transforms")]
+    Uneven { len: usize, batch: usize },
+    #[error("the transform size {n} is not a power of two")]
+    NotPowerOfTwo { n: usize },
+    #[error("the transform size {n} exceeds 2^{max_log2} (the field's two-adicity or the server's limit)")]
+    TooLarge { n: usize, max_log2: u32 },
+    #[error("coset_shift must not be zero")]
+    ZeroShift,
+}
+
+impl NttJob {
+    /// Checks the shape against the field's two-adicity and `max_log2`.
+    pub fn new(
+        direction: Direction,
+        values: FieldVec,
+        batch: usize,
+        input_order: Order,
+        output_order: Order,
+        coset_shift: Option<U256>,
+        max_log2: u32,
+    ) -> Result<Self, NttShape> {
+        if batch == 0 {
+            return Err(NttShape::ZeroBatch);
+        }
+        let len = values.len();
+        if len == 0 || len % batch != 0 {
+            return Err(NttShape::Uneven { len, batch });
+        }
+        let n = len / batch;
+        if !n.is_power_of_two() {
+            return Err(NttShape::NotPowerOfTwo { n });
+        }
+        let max_log2 = max_log2.min(values.field().two_adicity());
+        if n.trailing_zeros() > max_log2 {
+            return Err(NttShape::TooLarge { n, max_log2 });
+        }
+        if coset_shift.is_some_and(|s| s.is_zero()) {
+            return Err(NttShape::ZeroShift);
+        }
+        Ok(Self {
+            direction,
+            values,
+            batch,
+            input_order,
+            output_order,
+            coset_shift,
+        })
+    }
+
+    /// Size of one transform.
+    pub fn size(&self) -> usize {
+        self.values.len() / self.batch
+    }
+
+    pub fn run_cpu(&self) -> FieldVec {
+        match &self.values {
+            FieldVec::Bn254Fr(v) => {
+                FieldVec::Bn254Fr(self.run::<Fp<ark_bn254::FrConfig>, _>(v, from_limbs, to_limbs))
+            }
+            FieldVec::Bls12_381Fr(v) => FieldVec::Bls12_381Fr(
+                self.run::<Fp<ark_bls12_381::FrConfig>, _>(v, from_limbs, to_limbs),
+            ),
+            FieldVec::Goldilocks(v) => {
+                FieldVec::Goldilocks(self.run::<Gl, _>(v, |x| Gl(*x), |x| x.0))
+            }
+            FieldVec::BabyBear(v) => FieldVec::BabyBear(self.run::<Bb, _>(v, |x| Bb(*x), |x| x.0)),
+        }
+    }
+
+    fn run<T: NttArith, W: Sync + Send>(
+        &self,
+        v: &[W],
+        from: impl Fn(&W) -> T + Sync,
+        to: impl Fn(T) -> W + Sync + Send,
+    ) -> Vec<W> {
+        let field = self.values.field();
+        let n = self.size();
+        let plan = Plan::<T>::new(field, n, self.direction, self.coset_shift);
+        let mut data: Vec<T> = v.par_iter().with_min_len(4096).map(&from).collect();
+        data.chunks_mut(n).for_each(|poly| {
+            if self.input_order == Order::BitReversed {
+                bit_reverse(poly);
+            }
+            plan.transform(poly);
+            if self.output_order == Order::BitReversed {
+                bit_reverse(poly);
+            }
+        });
+        data.into_par_iter().with_min_len(4096).map(to).collect()
+    }
+}
+
+/// What one transform of size n needs: twiddles ω^k (k < n/2, ω inverted for INTT), the
+/// coset powers, and n^-1 for INTT.
+struct Plan<T> {
+    direction: Direction,
+    twiddles: Vec<T>,
+    shift: Option<T>,
+    n_inv: T,
+}
+
+impl<T: NttArith> Plan<T> {
+    fn new(field: Field, n: usize, direction: Direction, shift: Option<U256>) -> Self {
+        let p_minus_1 = sub_small(field.modulus(), 1);
+        let p_minus_2 = sub_small(field.modulus(), 2);
+        let g = T::from_u64(field.generator());
+        let omega = g.pow(&shr(p_minus_1, n.trailing_zeros()));
+        let omega = match direction {
+            Direction::Forward => omega,
+            Direction::Inverse => omega.pow(&p_minus_2),
+        };
+        let mut twiddles = Vec::with_capacity(n / 2);
+        let mut w = T::one();
+        for _ in 0..n / 2 {
+            twiddles.push(w);
+            w = w.mul(omega);
+        }
+        let shift = shift.map(|s| {
+            let s = T::from_u256(&s);
+            match direction {
+                Direction::Forward => s,
+                Direction::Inverse => s.pow(&p_minus_2),
+            }
+        });
+        let n_inv = T::from_u64(n as u64).pow(&p_minus_2);
+        Self {
+            direction,
+            twiddles,
+            shift,
+            n_inv,
+        }
+    }
+
+    /// Natural order in, natural order out.
+    fn transform(&self, a: &mut [T]) {
+        let n = a.len();
+        if self.direction == Direction::Forward {
+            self.scale_by_shift_powers(a);
+        }
+        bit_reverse(a);
+        let mut len = 2;
+        while len <= n {
+            let step = n / len;
+            let half = len / 2;
+            let butterflies = |chunk: &mut [T]| {
+                let (lo, hi) = chunk.split_at_mut(half);
+                for (j, (u, v)) in lo.iter_mut().zip(hi.iter_mut()).enumerate() {
+                    let t = v.mul(self.twiddles[j * step]);
+                    let x = *u;
+                    *u = x.add(t);
+                    *v = x.sub(t);
+                }
+            };
+            if n >= 1 << 14 {
+                a.par_chunks_mut(len).for_each(butterflies);
+            } else {
+                a.chunks_mut(len).for_each(butterflies);
+            }
+            len *= 2;
+        }
+        if self.direction == Direction::Inverse {
+            a.iter_mut().for_each(|x| *x = x.mul(self.n_inv));
+            self.scale_by_shift_powers(a);
+        }
+    }
+
+    /// a[j] *= s^j (s already inverted for INTT).
+    fn scale_by_shift_powers(&self, a: &mut [T]) {
+        if let Some(s) = self.shift {
+            let mut p = T::one();
+            for x in a.iter_mut() {
+                *x = x.mul(p);
+                p = p.mul(s);
+            }
+        }
+    }
+}
+
+pub fn bit_reverse<T>(a: &mut [T]) {
+    let n = a.len();
+    if n <= 2 {
+        return;
+    }
+    let bits = n.trailing_zeros();
+    for i in 0..n {
+        let j = i.reverse_bits() >> (usize::BITS - bits);
+        if i < j {
+            a.swap(i, j);
+        }
+    }
+}
+
+fn sub_small(v: U256, k: u64) -> U256 {
+    let mut r = v;
+    let (lo, borrow) = r.0[0].overflowing_sub(k);
+    r.0[0] = lo;
+    // Moduli are odd and far above k: no borrow past limb 0 for the fields here.
+    debug_assert!(!borrow);
+    r
+}
+
+fn shr(v: U256, k: u32) -> U256 {
+    let mut r = U256::ZERO;
+    for i in 0..4 {
+        let lo = v.0[i] >> k;
+        let hi = if k > 0 && i + 1 < 4 {
+            v.0[i + 1] << (64 - k)
+        } else {
+            0
+        };
+        r.0[i] = lo | hi;
+    }
+    r
+}
+
+/// The arithmetic an NTT needs, over each field's CPU representation.
+trait NttArith: Copy + Send + Sync {
+    fn one() -> Self;
+    fn from_u64(v: u64) -> Self;
+    fn from_u256(v: &U256) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    fn mul(self, o: Self) -> Self;
+    fn pow(self, e: &U256) -> Self;
+}
+
+fn from_limbs<C: MontConfig<4>>(x: &[u64; 4]) -> Fp<C> {
+    Fp::<C>::from_bigint(BigInt(*x)).expect("canonical by construction")
+}
+
+fn to_limbs<C: MontConfig<4>>(x: Fp<C>) -> [u64; 4] {
+    x.into_bigint().0
+}
+
+impl<C: MontConfig<4>> NttArith for Fp<C> {
+    fn one() -> Self {
+        <Self as ark_ff::One>::one()
+    }
+    fn from_u64(v: u64) -> Self {
+        Self::from(v)
+    }
+    fn from_u256(v: &U256) -> Self {
+        from_limbs(&v.0)
+    }
+    fn add(self, o: Self) -> Self {
+        self + o
+    }
+    fn sub(self, o: Self) -> Self {
+        self - o
+    }
+    fn mul(self, o: Self) -> Self {
+        self * o
+    }
+    fn pow(self, e: &U256) -> Self {
+        ark_ff::Field::pow(&self, e.0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Gl(u64);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Bb(u32);
+
+/// Square-and-multiply over 256 exponent bits.
+fn pow_bits<T: Copy>(x: T, e: &U256, one: T, mul: impl Fn(T, T) -> T) -> T {
+    let mut acc = one;
+    for i in (0..256).rev() {
+        acc = mul(acc, acc);
+        if (e.0[i / 64] >> (i % 64)) & 1 == 1 {
+            acc = mul(acc, x);
+        }
+    }
+    acc
+}
+
+impl NttArith for Gl {
+    fn one() -> Self {
+        Gl(1)
+    }
+    fn from_u64(v: u64) -> Self {
+        Gl(v % super::field::GOLDILOCKS_P)
+    }
+    fn from_u256(v: &U256) -> Self {
+        Gl(v.0[0])
+    }
+    fn add(self, o: Self) -> Self {
+        Gl(goldilocks::add(self.0, o.0))
+    }
+    fn sub(self, o: Self) -> Self {
+        Gl(goldilocks::sub(self.0, o.0))
+    }
+    fn mul(self, o: Self) -> Self {
+        Gl(goldilocks::mul(self.0, o.0))
+    }
+    fn pow(self, e: &U256) -> Self {
+        pow_bits(self, e, Gl(1), |a, b| a.mul(b))
+    }
+}
+
+impl NttArith for Bb {
+    fn one() -> Self {
+        Bb(1)
+    }
+    fn from_u64(v: u64) -> Self {
+        Bb((v % u64::from(super::field::BABYBEAR_P)) as u32)
+    }
+    fn from_u256(v: &U256) -> Self {
+        Bb(v.0[0] as u32)
+    }
+    fn add(self, o: Self) -> Self {
+        Bb(babybear::add(self.0, o.0))
+    }
+    fn sub(self, o: Self) -> Self {
+        Bb(babybear::sub(self.0, o.0))
+    }
+    fn mul(self, o: Self) -> Self {
+        Bb(babybear::mul(self.0, o.0))
+    }
+    fn pow(self, e: &U256) -> Self {
+        pow_bits(self, e, Bb(1), |a, b| a.mul(b))
+    }
+}
+
+/// ω_n^k for k < n/2 as canonical integers, for the GPU launcher (twiddles are uploaded
+/// per call) and tests. ω is inverted for INTT.
+pub fn twiddles(field: Field, n: usize, direction: Direction) -> FieldVec {
+    fn table<T: NttArith, W>(field: Field, n: usize, d: Direction, to: impl Fn(T) -> W) -> Vec<W> {
+        Plan::<T>::new(field, n, d, None)
+            .twiddles
+            .into_iter()
+            .map(to)
+            .collect()
+    }
+    match field {
+        Field::Bn254Fr => FieldVec::Bn254Fr(table::<Fp<ark_bn254::FrConfig>, _>(
+            field, n, direction, to_limbs,
+        )),
+        Field::Bls12_381Fr => FieldVec::Bls12_381Fr(table::<Fp<ark_bls12_381::FrConfig>, _>(
+            field, n, direction, to_limbs,
+        )),
+        Field::Goldilocks => FieldVec::Goldilocks(table::<Gl, _>(field, n, direction, |x| x.0)),
+        Field::BabyBear => FieldVec::BabyBear(table::<Bb, _>(field, n, direction, |x| x.0)),
+    }
+}
+
+/// Coset powers s^j (j < n; s inverted for INTT) and n^-1 (1 for NTT), for the launcher.
+pub fn scalings(
+    field: Field,
+    n: usize,
+    direction: Direction,
+    shift: Option<U256>,
+) -> (FieldVec, U256) {
+    fn table<T: NttArith, W>(
+        field: Field,
+        n: usize,
+        d: Direction,
+        shift: Option<U256>,
+        to: impl Fn(T) -> W,
+    ) -> (Vec<W>, W) {
+        let plan = Plan::<T>::new(field, n, d, shift);
+        let s = plan.shift.unwrap_or(T::one());
+        let mut p = T::one();
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push(to(p));
+            p = p.mul(s);
+        }
+        let n_inv = match d {
+            Direction::Forward => T::one(),
+            Direction::Inverse => plan.n_inv,
+        };
+        (out, to(n_inv))
+    }
+    match field {
+        Field::Bn254Fr => {
+            let (v, k) = table::<Fp<ark_bn254::FrConfig>, _>(field, n, direction, shift, to_limbs);
+            (FieldVec::Bn254Fr(v), U256(k))
+        }
+        Field::Bls12_381Fr => {
+            let (v, k) =
+                table::<Fp<ark_bls12_381::FrConfig>, _>(field, n, direction, shift, to_limbs);
+            (FieldVec::Bls12_381Fr(v), U256(k))
+        }
+        Field::Goldilocks => {
+            let (v, k) = table::<Gl, _>(field, n, direction, shift, |x| x.0);
+            (FieldVec::Goldilocks(v), U256::from_u64(k))
+        }
+        Field::BabyBear => {
+            let (v, k) = table::<Bb, _>(field, n, direction, shift, |x| x.0);
+            (FieldVec::BabyBear(v), U256::from_u64(u64::from(k)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::zk::samples::random_elements;
+    use ark_poly::{EvaluationDomain, Radix2EvaluationDomain};
+
+    fn job(d: Direction, v: FieldVec, batch: usize, i: Order, o: Order, s: Option<U256>) -> NttJob {
+        NttJob::new(d, v, batch, i, o, s, 30).unwrap()
+    }
+
+    #[test]
+    fn roots_have_exact_order_n() {
+        use crate::ops::zk::{FieldBinaryJob, FieldOp};
+        for field in Field::ALL {
+            for log_n in [2u32, 5, 16] {
+                let n = 1usize << log_n;
+                // ω^(n/2) = −1 exactly when ω (with ω^n = 1) has order n.
+                let tw = twiddles(field, n, Direction::Forward);
+                let at = |k: usize| FieldVec::from_integers(field, &[tw.get(k)]).unwrap();
+                let half = FieldBinaryJob::new(FieldOp::Mul, at(n / 2 - 1), at(1))
+                    .unwrap()
+                    .run_cpu();
+                assert_eq!(
+                    half.get(0),
+                    sub_small(field.modulus(), 1),
+                    "{field:?} n=2^{log_n}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn round_trips_in_every_order_with_and_without_a_coset() {
+        for field in Field::ALL {
+            for log_n in [0u32, 1, 3, 10] {
+                let n = 1usize << log_n;
+                let xs = random_elements(field, 3 * n, 77);
+                let v = FieldVec::from_integers(field, &xs).unwrap();
+                for shift in [None, Some(U256::from_u64(field.generator()))] {
+                    for (i, o) in [
+                        (Order::Natural, Order::BitReversed),
+                        (Order::BitReversed, Order::Natural),
+                        (Order::Natural, Order::Natural),
+                    ] {
+                        let fwd = job(Direction::Forward, v.clone(), 3, i, o, shift).run_cpu();
+                        let back = job(Direction::Inverse, fwd, 3, o, i, shift).run_cpu();
+                        assert_eq!(back, v, "{field:?} n={n} {i:?}->{o:?} shift={shift:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn agrees_with_ark_poly_domains_including_cosets() {
+        fn check<C: MontConfig<4>>(field: Field) {
+            for log_n in [1u32, 4, 12] {
+                let n = 1usize << log_n;
+                let xs = random_elements(field, n, 5);
+                let v = FieldVec::from_integers(field, &xs).unwrap();
+                let coeffs: Vec<Fp<C>> = xs.iter().map(|x| from_limbs::<C>(&x.0)).collect();
+                let domain = Radix2EvaluationDomain::<Fp<C>>::new(n).unwrap();
+                let want: Vec<[u64; 4]> = domain.fft(&coeffs).into_iter().map(to_limbs).collect();
+                let got = job(
+                    Direction::Forward,
+                    v.clone(),
+                    1,
+                    Order::Natural,
+                    Order::Natural,
+                    None,
+                )
+                .run_cpu();
+                assert_eq!(
+                    got.to_le_bytes(),
+                    FieldVec::from_integers(
+                        field,
+                        &want.iter().map(|l| U256(*l)).collect::<Vec<_>>()
+                    )
+                    .unwrap()
+                    .to_le_bytes()
+                );
+                let shift = Fp::<C>::from(9u64);
+                let coset = domain.get_coset(shift).unwrap();
+                let want: Vec<U256> = coset
+                    .fft(&coeffs)
+                    .into_iter()
+                    .map(|x| U256(to_limbs(x)))
+                    .collect();
+                let got = job(
+                    Direction::Forward,
+                    v,
+                    1,
+                    Order::Natural,
+                    Order::Natural,
+                    Some(U256::from_u64(9)),
+                )
+                .run_cpu();
+                assert_eq!(
+                    got,
+                    FieldVec::from_integers(field, &want).unwrap(),
+                    "{field:?} coset n={n}"
+                );
+            }
+        }
+        check::<ark_bn254::FrConfig>(Field::Bn254Fr);
+        check::<ark_bls12_381::FrConfig>(Field::Bls12_381Fr);
+    }
+
+    #[test]
+    fn small_fields_match_the_definition() {
+        // X_k = Σ_j x_j ω^(jk), evaluated naively.
+        for field in [Field::Goldilocks, Field::BabyBear] {
+            let n = 16;
+            let xs = random_elements(field, n, 3);
+            let v = FieldVec::from_integers(field, &xs).unwrap();
+            let got = job(
+                Direction::Forward,
+                v,
+                1,
+                Order::Natural,
+                Order::Natural,
+                None,
+            )
+            .run_cpu();
+            let tw = twiddles(field, 2 * n, Direction::Forward); // ω_{2n}^k; ω_n = ω_{2n}^2
+            let p = num_bigint::BigUint::from_bytes_le(
+                &field
+                    .modulus()
+                    .0
+                    .iter()
+                    .flat_map(|l| l.to_le_bytes())
+                    .collect::<Vec<_>>(),
+            );
+            let big = |u: U256| {
+                num_bigint::BigUint::from_bytes_le(
+                    &u.0.iter().flat_map(|l| l.to_le_bytes()).collect::<Vec<_>>(),
+                )
+            };
+            let omega = (big(tw.get(1)) * big(tw.get(1))) % &p;
+            for k in 0..n {
+                let mut acc = num_bigint::BigUint::from(0u32);
+                for (j, x) in xs.iter().enumerate() {
+                    acc = (acc + big(*x) * omega.modpow(&((j * k) as u64).into(), &p)) % &p;
+                }
+                assert_eq!(big(got.get(k)), acc, "{field:?} k={k}");
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_are_checked() {
+        let v = |n| FieldVec::from_integers(Field::BabyBear, &vec![U256::from_u64(1); n]).unwrap();
+        let new = |v, b, s| {
+            NttJob::new(
+                Direction::Forward,
+                v,
+                b,
+                Order::Natural,
+                Order::Natural,
+                s,
+                30,
+            )
+        };
+        assert_eq!(
+            new(v(12), 1, None).unwrap_err(),
+            NttShape::NotPowerOfTwo { n: 12 }
+        );
+        assert_eq!(
+            new(v(12), 5, None).unwrap_err(),
+            NttShape::Uneven { len: 12, batch: 5 }
+        );
+        assert_eq!(new(v(12), 3, None).unwrap().size(), 4);
+        assert_eq!(new(v(8), 0, None).unwrap_err(), NttShape::ZeroBatch);
+        assert_eq!(
+            new(v(8), 1, Some(U256::ZERO)).unwrap_err(),
+            NttShape::ZeroShift
+        );
+        let too_big = NttJob::new(
+            Direction::Forward,
+            v(8),
+            1,
+            Order::Natural,
+            Order::Natural,
+            None,
+            2,
+        );
+        assert_eq!(
+            too_big.unwrap_err(),
+            NttShape::TooLarge { n: 8, max_log2: 2 }
+        );
+    }
+}
