@@ -79,6 +79,9 @@ pub struct Config {
     /// Most elements in one input vector; more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_ELEMENTS", default_value_t = 1 << 24)]
     pub max_elements: usize,
+    /// Largest NTT size as a power of two (also capped by each field's two-adicity).
+    #[arg(long, env = "GPU_OPS_MAX_NTT_LOG2", default_value_t = 24)]
+    pub max_ntt_log2: u32,
     /// Most values in one `[B, D]` tensor (/dp/privatize); more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_TENSOR_ELEMENTS", default_value_t = 1 << 26)]
     pub max_tensor_elements: usize,
@@ -131,6 +134,9 @@ impl Config {
         }
         if self.max_elements == 0 {
             return Err("--max-elements must be at least 1".into());
+        }
+        if !(1..=32).contains(&self.max_ntt_log2) {
+            return Err("--max-ntt-log2 must be 1 to 32".into());
         }
         if self.max_tensor_elements == 0 {
             return Err("--max-tensor-elements must be at least 1".into());

@@ -446,3 +446,88 @@ async fn pow_and_inv_bad_inputs() {
         assert_eq!(p["errors"][0]["path"], path, "{body}");
     }
 }
+
+#[tokio::test]
+async fn ntt_evaluates_on_the_documented_domain_and_intt_inverts_it() {
+    let s = TestServer::start(&[]).await;
+    for field in Field::ALL {
+        let p = big(&field.modulus());
+        let n = 8usize;
+        let xs = random_elements(field, 3 * n, 21);
+        let strings: Vec<String> = xs.iter().map(|x| x.to_string()).collect();
+        // ω = g^((p−1)/n); X_k = Σ_j x_j (s ω^k)^j, for s = 1 and s = 3.
+        let omega = BigUint::from(field.generator()).modpow(&((&p - 1u32) / n), &p);
+        for shift in [1u32, 3] {
+            let mut body = json!({"field": field_name(field), "values": strings, "batch": 3});
+            if shift != 1 {
+                body["coset_shift"] = json!([shift.to_string()]);
+            }
+            let got = result_of(&s, "/zk/ntt", body.clone()).await;
+            for poly in 0..3 {
+                for k in 0..n {
+                    let point = (BigUint::from(shift) * omega.modpow(&BigUint::from(k), &p)) % &p;
+                    let want = (0..n).fold(BigUint::from(0u32), |acc, j| {
+                        (acc + big(&xs[poly * n + j]) * point.modpow(&BigUint::from(j), &p)) % &p
+                    });
+                    assert_eq!(
+                        got[poly * n + k],
+                        want,
+                        "{field:?} shift {shift} poly {poly} k {k}"
+                    );
+                }
+            }
+            // Bit-reversed out, then back in through the inverse.
+            body["output_order"] = json!("bit_reversed");
+            let evals: Vec<String> = result_of(&s, "/zk/ntt", body.clone())
+                .await
+                .iter()
+                .map(|v| v.to_string())
+                .collect();
+            let mut back = body.clone();
+            back["values"] = json!(evals);
+            back["input_order"] = json!("bit_reversed");
+            back["output_order"] = json!("natural");
+            let coeffs = result_of(&s, "/zk/intt", back).await;
+            assert!(
+                coeffs.iter().zip(&xs).all(|(c, x)| *c == big(x)),
+                "{field:?} round trip"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn ntt_shapes_out_of_range_get_422() {
+    let s = TestServer::start(&["--max-ntt-log2", "3"]).await;
+    let cases = [
+        (
+            json!({"field": "babybear", "values": ["1", "2", "3"]}),
+            "/values",
+        ),
+        (
+            json!({"field": "babybear", "values": vec!["1"; 16]}),
+            "/values",
+        ),
+        (
+            json!({"field": "babybear", "values": ["1", "2"], "batch": 0}),
+            "/batch",
+        ),
+        (
+            json!({"field": "babybear", "values": ["1", "2", "3", "4"], "batch": 3}),
+            "/batch",
+        ),
+        (
+            json!({"field": "babybear", "values": ["1", "2"], "coset_shift": ["0"]}),
+            "/coset_shift",
+        ),
+        (
+            json!({"field": "babybear", "values": ["1", "2"], "coset_shift": ["1", "2"]}),
+            "/coset_shift",
+        ),
+    ];
+    for (body, path) in cases {
+        let res = s.post("/zk/ntt", body.clone()).send().await.unwrap();
+        let p = problem(res, 422, "invalid_parameter").await;
+        assert_eq!(p["errors"][0]["path"], path, "{body}: {p}");
+    }
+}

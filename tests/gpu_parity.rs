@@ -193,3 +193,47 @@ fn cuda_pow_and_inv_are_bit_identical_to_the_cpu() {
         }
     }
 }
+
+#[test]
+fn cuda_ntt_is_bit_identical_to_the_cpu() {
+    use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
+    use gpu_ops::ops::zk::run_ntt_cuda;
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP cuda_ntt_is_bit_identical_to_the_cpu: {reason}");
+        return;
+    }
+    for dev in &devices {
+        for field in Field::ALL {
+            for (log_n, batch) in [(0u32, 3usize), (1, 1), (5, 4), (12, 2), (20, 1)] {
+                let n = 1usize << log_n;
+                let xs = random_elements(field, n * batch, 41);
+                let values = FieldVec::from_integers(field, &xs).unwrap();
+                for direction in [Direction::Forward, Direction::Inverse] {
+                    for (input, output) in [
+                        (Order::Natural, Order::Natural),
+                        (Order::BitReversed, Order::Natural),
+                        (Order::Natural, Order::BitReversed),
+                    ] {
+                        for shift in [None, Some(U256::from_u64(3))] {
+                            let job = NttJob::new(
+                                direction,
+                                values.clone(),
+                                batch,
+                                input,
+                                output,
+                                shift,
+                                30,
+                            )
+                            .unwrap();
+                            let lease = dev.lease().expect("device lease");
+                            let gpu = run_ntt_cuda(&job, &lease).expect("kernels run");
+                            assert!(job.run_cpu() == gpu, "{field:?} n=2^{log_n} batch={batch} {direction:?} {input:?}->{output:?} shift={shift:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

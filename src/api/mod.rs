@@ -79,6 +79,7 @@ impl AppState {
     paths(
         system::live, system::ready, system::device, system::metrics,
         zk::field_add, zk::field_sub, zk::field_mul, zk::field_pow, zk::field_inv,
+        zk::ntt, zk::intt,
         dp::privatize, dp::laplace, dp::gaussian,
         dp::accountant_epsilon, dp::accountant_noise_multiplier,
         dp::create_budget, dp::get_budget, dp::list_budgets,
@@ -132,6 +133,8 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/zk/field_mul", post(zk::field_mul))
         .route("/zk/field_pow", post(zk::field_pow))
         .route("/zk/field_inv", post(zk::field_inv))
+        .route("/zk/ntt", post(zk::ntt))
+        .route("/zk/intt", post(zk::intt))
         .route("/dp/privatize", post(dp::privatize))
         .route("/dp/laplace", post(dp::laplace))
         .route("/dp/gaussian", post(dp::gaussian))

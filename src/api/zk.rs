@@ -4,6 +4,7 @@ use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::problem::{ErrorCode, FieldIssue, Problem, ProblemDocument};
 use super::{blocking, job_response, AppState};
 use crate::backend::BackendChoice;
+use crate::ops::zk::ntt::{Direction, NttJob, NttShape, Order};
 use crate::ops::zk::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, InvError};
 use crate::pool::{Output, Work};
 use axum::extract::State;
@@ -318,4 +319,137 @@ async fn answer(
         encode()?
     };
     Ok(job_response(bytes, &run))
+}
+
+/// A batch of equal-size polynomials to transform.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"field": "goldilocks", "values": ["1", "2", "3", "4"]}))]
+pub struct NttRequest {
+    pub field: Field,
+    /// `batch` polynomials of n = len/batch values each, one after the other; n a power
+    /// of two up to 2^min(two-adicity, --max-ntt-log2).
+    #[schema(value_type = ElementsDoc)]
+    pub values: Elements,
+    /// How many polynomials `values` holds (default 1).
+    #[schema(minimum = 1)]
+    pub batch: Option<usize>,
+    #[serde(default)]
+    pub input_order: Order,
+    #[serde(default)]
+    pub output_order: Order,
+    /// Transform over the coset shift·⟨ω⟩ instead of ⟨ω⟩: one nonzero element, written in
+    /// `encoding` (a one-element array, or base64 of one element).
+    #[schema(value_type = Option<ElementsDoc>)]
+    pub coset_shift: Option<Elements>,
+    #[serde(default)]
+    pub encoding: Encoding,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+}
+
+macro_rules! ntt_route {
+    ($fn:ident, $dir:expr, $path:literal, $summary:literal, $description:literal) => {
+        #[utoipa::path(
+            post, path = $path, tag = "zk", operation_id = stringify!($fn), summary = $summary,
+            description = $description,
+            request_body = NttRequest,
+            responses(
+                (status = 200, description = "The transformed values, batch after batch", body = FieldVectorResponse),
+                (status = 413, description = "Body or vector too large", body = ProblemDocument, content_type = "application/problem+json"),
+                (status = 422, description = "invalid_request, invalid_field_element, invalid_parameter (size, batch, coset)", body = ProblemDocument, content_type = "application/problem+json"),
+                (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
+                (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+            ),
+            security((), ("bearer" = []))
+        )]
+        pub async fn $fn(
+            State(state): State<Arc<AppState>>,
+            super::ApiJson(req): super::ApiJson<NttRequest>,
+        ) -> Result<Response, Problem> {
+            transform(state, $dir, req).await
+        }
+    };
+}
+
+ntt_route!(
+    ntt,
+    Direction::Forward,
+    "/zk/ntt",
+    "Number-theoretic transform (evaluate on the domain)",
+    "X_k = Σ_j x_j (s·ω^k)^j with ω = g^((p−1)/n) for the field's generator g (bn254_fr 5, bls12_381_fr 7, \
+     goldilocks 7, babybear 31) and s = coset_shift (1 by default) — arkworks' radix-2 domain. \
+     Bit-identical on the CPU and CUDA backends."
+);
+ntt_route!(
+    intt,
+    Direction::Inverse,
+    "/zk/intt",
+    "Inverse NTT (interpolate from the domain)",
+    "x_j = s^(−j) n^(−1) Σ_k X_k ω^(−jk): the inverse of /zk/ntt with the same field, size, orders (swapped) \
+     and coset_shift. Bit-identical on the CPU and CUDA backends."
+);
+
+async fn transform(
+    state: Arc<AppState>,
+    direction: Direction,
+    req: NttRequest,
+) -> Result<Response, Problem> {
+    let timeout = timeout_of(req.timeout_ms)?;
+    let (field, encoding, backend) = (req.field, req.encoding, req.backend);
+    let max = state.settings.config.max_elements;
+    let max_log2 = state.settings.config.max_ntt_log2;
+    let large = req.values.approx_len() > INLINE_ELEMENTS;
+    let build = move || -> Result<NttJob, Problem> {
+        let values = req.values.decode(field, encoding, "/values", max)?;
+        let shift = match &req.coset_shift {
+            None => None,
+            Some(s) => {
+                let v = s.decode(field, encoding, "/coset_shift", 16)?;
+                if v.len() != 1 {
+                    return Err(Problem::at(
+                        ErrorCode::InvalidParameter,
+                        "/coset_shift",
+                        "give exactly one element",
+                    ));
+                }
+                Some(v.get(0))
+            }
+        };
+        let batch = req.batch.unwrap_or(1);
+        NttJob::new(
+            direction,
+            values,
+            batch,
+            req.input_order,
+            req.output_order,
+            shift,
+            max_log2,
+        )
+        .map_err(|e| {
+            let path = match e {
+                NttShape::ZeroBatch | NttShape::Uneven { .. } => "/batch",
+                NttShape::ZeroShift => "/coset_shift",
+                NttShape::NotPowerOfTwo { .. } | NttShape::TooLarge { .. } => "/values",
+            };
+            Problem::at(ErrorCode::InvalidParameter, path, e.to_string())
+        })
+    };
+    let job = if large {
+        blocking(build).await?
+    } else {
+        build()?
+    };
+    answer(
+        state,
+        Work::Ntt(job),
+        field,
+        encoding,
+        backend,
+        timeout,
+        large,
+    )
+    .await
 }

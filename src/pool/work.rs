@@ -4,12 +4,14 @@
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use crate::ops::dp::{self, Gradients, NoiseJob, PrivatizeJob, Privatized};
+use crate::ops::zk::ntt::NttJob;
 use crate::ops::zk::{self, FieldBinaryJob, FieldInvJob, FieldPowJob, FieldVec};
 
 pub enum Work {
     FieldBinary(FieldBinaryJob),
     FieldPow(FieldPowJob),
     FieldInv(FieldInvJob),
+    Ntt(NttJob),
     DpPrivatize(PrivatizeJob),
     DpNoise(NoiseJob),
 }
@@ -27,6 +29,7 @@ impl Work {
             Work::FieldBinary(j) => j.op().name(),
             Work::FieldPow(_) => "field_pow",
             Work::FieldInv(_) => "field_inv",
+            Work::Ntt(j) => j.direction.name(),
             Work::DpPrivatize(_) => "dp_privatize",
             Work::DpNoise(j) => j.mechanism.name(),
         }
@@ -37,6 +40,7 @@ impl Work {
             Work::FieldBinary(j) => j.len(),
             Work::FieldPow(j) => j.len(),
             Work::FieldInv(j) => j.len(),
+            Work::Ntt(j) => j.values.len(),
             Work::DpPrivatize(j) => j.gradients.len(),
             Work::DpNoise(j) => j.len(),
         }
@@ -47,6 +51,7 @@ impl Work {
             Work::FieldBinary(j) => j.input_bytes(),
             Work::FieldPow(j) => j.input_bytes(),
             Work::FieldInv(j) => j.input_bytes(),
+            Work::Ntt(j) => j.values.byte_len(),
             Work::DpPrivatize(j) => match &j.gradients {
                 Gradients::F32(g) => 4 * g.len(),
                 Gradients::F64(g) => 8 * g.len(),
@@ -70,6 +75,7 @@ impl Work {
             // 256 squarings per element: compute-bound from small sizes on.
             Work::FieldPow(_) => 1 << 10,
             Work::FieldInv(_) => 1 << 14,
+            Work::Ntt(_) => 1 << 14,
             // Sampling exact noise costs the CPU about a microsecond per value.
             Work::DpNoise(_) => 1 << 12,
             Work::DpPrivatize(_) => 1 << 18,
@@ -81,6 +87,7 @@ impl Work {
             Work::FieldBinary(j) => Output::Field(j.run_cpu()),
             Work::FieldPow(j) => Output::Field(j.run_cpu()),
             Work::FieldInv(j) => Output::Field(j.run_cpu()),
+            Work::Ntt(j) => Output::Field(j.run_cpu()),
             Work::DpPrivatize(j) => Output::Privatized(j.run_cpu()),
             Work::DpNoise(j) => Output::Values(j.run_cpu()),
         }
@@ -91,6 +98,7 @@ impl Work {
             Work::FieldBinary(j) => zk::run_field_binary_cuda(j, dev).map(Output::Field),
             Work::FieldPow(j) => zk::run_field_pow_cuda(j, dev).map(Output::Field),
             Work::FieldInv(j) => zk::run_field_inv_cuda(j, dev).map(Output::Field),
+            Work::Ntt(j) => zk::run_ntt_cuda(j, dev).map(Output::Field),
             Work::DpPrivatize(j) => dp::run_privatize_cuda(j, dev).map(Output::Privatized),
             Work::DpNoise(j) => dp::run_noise_cuda(j, dev).map(Output::Values),
         }

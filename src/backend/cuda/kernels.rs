@@ -36,6 +36,7 @@ const HEADERS: &[(&str, &str)] = &[
 pub const MODULES: &[(&str, &str)] = &[
     ("field_ops", include_str!("../../../kernels/field_ops.cu")),
     ("dp", include_str!("../../../kernels/dp.cu")),
+    ("ntt", include_str!("../../../kernels/ntt.cu")),
 ];
 
 /// The `extern "C"` kernels each module must provide.
@@ -46,6 +47,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             .iter()
             .map(|s| s.to_string())
             .collect(),
+        "ntt" => crate::ops::zk::ntt_kernel_names(),
         _ => Vec::new(),
     }
 }
@@ -162,7 +164,9 @@ mod tests {
             for name in names {
                 // Written out, or stamped by a macro: KERNEL(name, ...).
                 assert!(
-                    src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
+                    src.contains(&format!("({name},"))
+                        || src.contains(&format!("({name})"))
+                        || src.contains(&format!(" {name}(")),
                     "{name} missing from {module}"
                 );
             }

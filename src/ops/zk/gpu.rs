@@ -1,5 +1,6 @@
 //! GPU launchers for the field vector kernels (`kernels/field_ops.cu`).
 
+use super::ntt::{self, Direction, NttJob, Order};
 use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec};
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
@@ -172,6 +173,107 @@ fn launch_inv<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
     // SAFETY: in and out hold n elements; each chunk writes only its own range.
     unsafe { launch.launch(config) }?;
     let host = stream.clone_dtoh(&out)?;
+    stream.synchronize()?;
+    Ok(host)
+}
+
+/// Every kernel `kernels/ntt.cu` must provide.
+pub fn ntt_kernel_names() -> Vec<String> {
+    Field::ALL
+        .iter()
+        .flat_map(|f| ["scale", "bitrev", "stage"].map(|k| format!("{}_ntt_{k}", f.name())))
+        .collect()
+}
+
+/// The NTT on the device; the same steps as the CPU twin (`ntt.rs`): [bit-reverse a
+/// bit-reversed input back], [coset scaling], bit-reverse, stages, [n^-1 and inverse
+/// coset scaling], [bit-reverse for a bit-reversed output].
+pub fn run_ntt_cuda(job: &NttJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+    let field = job.values.field();
+    let n = job.size();
+    let tw = ntt::twiddles(field, n, job.direction);
+    let scale = ntt::scaling(field, n, job.direction, job.coset_shift);
+    match (words(&job.values), words(&tw)) {
+        (Words::U64(x), Words::U64(t)) => {
+            let s = scale.as_ref().map(|s| match words(s) {
+                Words::U64(w) => w,
+                Words::U32(_) => unreachable!("one field, one representation"),
+            });
+            Ok(from_u64(field, ntt_steps(dev, job, x, t, s)?))
+        }
+        (Words::U32(x), Words::U32(t)) => {
+            let s = scale.as_ref().map(|s| match words(s) {
+                Words::U32(w) => w,
+                Words::U64(_) => unreachable!("one field, one representation"),
+            });
+            Ok(FieldVec::BabyBear(ntt_steps(dev, job, x, t, s)?))
+        }
+        _ => Err(mixed()),
+    }
+}
+
+fn ntt_steps<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
+    dev: &DeviceLease<'_>,
+    job: &NttJob,
+    x: &[T],
+    twiddles: &[T],
+    scale: Option<&[T]>,
+) -> Result<Vec<T>, DeviceError> {
+    let name = job.values.field().name();
+    let stream = dev.stream();
+    let (n, total) = (job.size() as u64, job.values.len() as u64);
+    let log_n = n.trailing_zeros();
+    let mut dx = stream.clone_htod(x)?;
+    // A one-element twiddle table for n = 1 keeps every buffer non-empty.
+    let dtw = if twiddles.is_empty() {
+        stream.alloc_zeros::<T>(1)?
+    } else {
+        stream.clone_htod(twiddles)?
+    };
+    let ds = scale.map(|s| stream.clone_htod(s)).transpose()?;
+    let bitrev = dev.function(&format!("{name}_ntt_bitrev"))?;
+    let scale_fn = dev.function(&format!("{name}_ntt_scale"))?;
+    let stage = dev.function(&format!("{name}_ntt_stage"))?;
+    let all = dev.launch_config(job.values.len());
+    let butterflies = dev.launch_config(job.values.len() / 2);
+    let permute = |dx: &mut CudaSlice<T>| -> Result<(), DeviceError> {
+        let mut l = stream.launch_builder(bitrev);
+        l.arg(dx).arg(&n).arg(&log_n).arg(&total);
+        // SAFETY: x holds `total` elements in polynomials of n; swaps stay inside each.
+        unsafe { l.launch(all) }?;
+        Ok(())
+    };
+    let scale_by = |dx: &mut CudaSlice<T>, ds: &CudaSlice<T>| -> Result<(), DeviceError> {
+        let mut l = stream.launch_builder(scale_fn);
+        l.arg(dx).arg(ds).arg(&n).arg(&total);
+        // SAFETY: x holds `total` elements, the table n.
+        unsafe { l.launch(all) }?;
+        Ok(())
+    };
+    if job.input_order == Order::BitReversed {
+        permute(&mut dx)?;
+    }
+    if let (Direction::Forward, Some(ds)) = (job.direction, &ds) {
+        scale_by(&mut dx, ds)?;
+    }
+    permute(&mut dx)?;
+    let half_total = total / 2;
+    let mut half = 1u64;
+    while half < n {
+        let mut l = stream.launch_builder(stage);
+        l.arg(&mut dx).arg(&dtw).arg(&n).arg(&half).arg(&half_total);
+        // SAFETY: total/2 butterflies, each on two elements of its own polynomial;
+        // twiddle indices stay below n/2.
+        unsafe { l.launch(butterflies) }?;
+        half *= 2;
+    }
+    if let (Direction::Inverse, Some(ds)) = (job.direction, &ds) {
+        scale_by(&mut dx, ds)?;
+    }
+    if job.output_order == Order::BitReversed {
+        permute(&mut dx)?;
+    }
+    let host = stream.clone_dtoh(&dx)?;
     stream.synchronize()?;
     Ok(host)
 }

@@ -8,7 +8,10 @@ mod u256;
 mod vector_ops;
 
 pub use field::{ElementError, Field, FieldVec};
-pub use gpu::{field_kernel_names, run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda};
+pub use gpu::{
+    field_kernel_names, ntt_kernel_names, run_field_binary_cuda, run_field_inv_cuda,
+    run_field_pow_cuda, run_ntt_cuda,
+};
 pub use pow_inv::{FieldInvJob, FieldPowJob, InvError, PowShape};
 pub use u256::{ParseError, U256};
 pub use vector_ops::{FieldBinaryJob, FieldOp, LengthMismatch};

@@ -417,53 +417,50 @@ pub fn twiddles(field: Field, n: usize, direction: Direction) -> FieldVec {
     }
 }
 
-/// Coset powers s^j (j < n; s inverted for INTT) and n^-1 (1 for NTT), for the launcher.
-pub fn scalings(
+/// The element-wise scaling the launcher applies: s^j before an NTT on a coset, or
+/// n^-1·s^-j after an INTT (n^-1 alone without a coset). None when there is nothing to
+/// scale (a plain NTT).
+pub fn scaling(
     field: Field,
     n: usize,
     direction: Direction,
     shift: Option<U256>,
-) -> (FieldVec, U256) {
+) -> Option<FieldVec> {
     fn table<T: NttArith, W>(
         field: Field,
         n: usize,
         d: Direction,
         shift: Option<U256>,
         to: impl Fn(T) -> W,
-    ) -> (Vec<W>, W) {
+    ) -> Vec<W> {
         let plan = Plan::<T>::new(field, n, d, shift);
         let s = plan.shift.unwrap_or(T::one());
-        let mut p = T::one();
+        let mut p = match d {
+            Direction::Forward => T::one(),
+            Direction::Inverse => plan.n_inv,
+        };
         let mut out = Vec::with_capacity(n);
         for _ in 0..n {
             out.push(to(p));
             p = p.mul(s);
         }
-        let n_inv = match d {
-            Direction::Forward => T::one(),
-            Direction::Inverse => plan.n_inv,
-        };
-        (out, to(n_inv))
+        out
     }
-    match field {
-        Field::Bn254Fr => {
-            let (v, k) = table::<Fp<ark_bn254::FrConfig>, _>(field, n, direction, shift, to_limbs);
-            (FieldVec::Bn254Fr(v), U256(k))
-        }
-        Field::Bls12_381Fr => {
-            let (v, k) =
-                table::<Fp<ark_bls12_381::FrConfig>, _>(field, n, direction, shift, to_limbs);
-            (FieldVec::Bls12_381Fr(v), U256(k))
-        }
+    if direction == Direction::Forward && shift.is_none() {
+        return None;
+    }
+    Some(match field {
+        Field::Bn254Fr => FieldVec::Bn254Fr(table::<Fp<ark_bn254::FrConfig>, _>(
+            field, n, direction, shift, to_limbs,
+        )),
+        Field::Bls12_381Fr => FieldVec::Bls12_381Fr(table::<Fp<ark_bls12_381::FrConfig>, _>(
+            field, n, direction, shift, to_limbs,
+        )),
         Field::Goldilocks => {
-            let (v, k) = table::<Gl, _>(field, n, direction, shift, |x| x.0);
-            (FieldVec::Goldilocks(v), U256::from_u64(k))
+            FieldVec::Goldilocks(table::<Gl, _>(field, n, direction, shift, |x| x.0))
         }
-        Field::BabyBear => {
-            let (v, k) = table::<Bb, _>(field, n, direction, shift, |x| x.0);
-            (FieldVec::BabyBear(v), U256::from_u64(u64::from(k)))
-        }
-    }
+        Field::BabyBear => FieldVec::BabyBear(table::<Bb, _>(field, n, direction, shift, |x| x.0)),
+    })
 }
 
 #[cfg(test)]
