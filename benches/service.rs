@@ -79,6 +79,40 @@ fn main() {
                     let _ = Fr::MODULUS;
                     (d, "arkworks Fr")
                 }
+                (FieldVec::Bls12_381Fr(x), FieldVec::Bls12_381Fr(y)) => {
+                    use ark_bls12_381::Fr as Fq;
+                    let xf: Vec<Fq> = x.iter().map(|l| Fq::new(BigInt(*l))).collect();
+                    let yf: Vec<Fq> = y.iter().map(|l| Fq::new(BigInt(*l))).collect();
+                    let d = cpu.install(|| {
+                        time(9, || {
+                            xf.par_iter()
+                                .zip(&yf)
+                                .map(|(p, q)| match op {
+                                    FieldOp::Add => *p + q,
+                                    FieldOp::Sub => *p - q,
+                                    FieldOp::Mul => *p * q,
+                                })
+                                .collect::<Vec<Fq>>()
+                        })
+                    });
+                    (d, "arkworks Fr")
+                }
+                (FieldVec::BabyBear(x), FieldVec::BabyBear(y)) => {
+                    const P: u64 = 2_013_265_921;
+                    let d = cpu.install(|| {
+                        time(9, || {
+                            x.par_iter()
+                                .zip(y)
+                                .map(|(p, q)| match op {
+                                    FieldOp::Add => ((*p as u64 + *q as u64) % P) as u32,
+                                    FieldOp::Sub => ((*p as u64 + P - *q as u64) % P) as u32,
+                                    FieldOp::Mul => ((*p as u64 * *q as u64) % P) as u32,
+                                })
+                                .collect::<Vec<u32>>()
+                        })
+                    });
+                    (d, "u64 loop")
+                }
                 (FieldVec::Goldilocks(x), FieldVec::Goldilocks(y)) => {
                     const P: u128 = 0xffff_ffff_0000_0001;
                     let d = cpu.install(|| {
@@ -108,11 +142,66 @@ fn main() {
         }
     }
 
+    ntt(n, &cpu);
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(http(n, &cpu));
+}
+
+/// The NTT twin against ark-poly's radix-2 FFT on the same pool (BN254, BLS12-381), and
+/// the small fields' NTT on its own.
+fn ntt(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {
+    use ark_poly::{EvaluationDomain, Radix2EvaluationDomain};
+    use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
+    println!("\n## NTT, n = {n}\n");
+    println!("| field | service NTT | ark-poly FFT (Montgomery form in, out) | ratio |");
+    println!("|---|---|---|---|");
+    for field in Field::ALL {
+        let xs = random_elements(field, n, 9);
+        let v = FieldVec::from_integers(field, &xs).unwrap();
+        let job = NttJob::new(
+            Direction::Forward,
+            v,
+            1,
+            Order::Natural,
+            Order::Natural,
+            None,
+            32,
+        )
+        .unwrap();
+        let service = cpu.install(|| time(5, || job.run_cpu()));
+        let direct = match field {
+            Field::Bn254Fr => {
+                let c: Vec<Fr> = xs.iter().map(|x| Fr::new(BigInt(x.0))).collect();
+                let d = Radix2EvaluationDomain::<Fr>::new(n).unwrap();
+                Some(cpu.install(|| time(5, || d.fft(&c))))
+            }
+            Field::Bls12_381Fr => {
+                use ark_bls12_381::Fr as Fq;
+                let c: Vec<Fq> = xs.iter().map(|x| Fq::new(BigInt(x.0))).collect();
+                let d = Radix2EvaluationDomain::<Fq>::new(n).unwrap();
+                Some(cpu.install(|| time(5, || d.fft(&c))))
+            }
+            _ => None,
+        };
+        match direct {
+            Some(d) => println!(
+                "| {} | {} | {} | {:.2}× |",
+                field.name(),
+                ms(service),
+                ms(d),
+                service.as_secs_f64() / d.as_secs_f64()
+            ),
+            None => println!(
+                "| {} | {} | (no reference library here) | |",
+                field.name(),
+                ms(service)
+            ),
+        }
+    }
 }
 
 async fn http(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {

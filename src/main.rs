@@ -94,6 +94,7 @@ fn serve(config: Config) -> ExitCode {
                 return fail(&format!("--backend cuda: {}", app.state.backends.reason()));
             }
         }
+        let shutdown = shutdown_signal();
         let listener = match tokio::net::TcpListener::bind(bind).await {
             Ok(l) => l,
             Err(e) => return fail(&format!("cannot listen on {bind}: {e}")),
@@ -101,29 +102,36 @@ fn serve(config: Config) -> ExitCode {
         // The bound address, so `--bind host:0` tells which port it got.
         let address = listener.local_addr().unwrap_or(bind);
         tracing::info!(%address, "listening");
-        match app.serve(listener, shutdown_signal()).await {
+        match app.serve(listener, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("server error: {e}")),
         }
     })
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGTERM or ctrl-c. The SIGTERM handler is installed when this is called,
+/// not when first polled: a signal that arrives right after "listening" is logged must
+/// start a graceful shutdown, not kill the process.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    async move {
+        let ctrl_c = async {
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        #[cfg(unix)]
+        let term = async {
+            match term.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+        };
+        #[cfg(not(unix))]
+        let term = std::future::pending::<()>();
+        tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    }
 }
 
 fn init_logging(format: LogFormat) {
