@@ -79,6 +79,16 @@ pub struct Config {
     /// Most elements in one input vector; more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_ELEMENTS", default_value_t = 1 << 24)]
     pub max_elements: usize,
+    /// Dynamic batching of small field-vector requests: gpu (while a GPU is in service),
+    /// always, off.
+    #[arg(long, env = "GPU_OPS_BATCHING", value_enum, default_value = "gpu")]
+    pub batching: crate::pool::BatchMode,
+    /// How long the first small request of a batch waits for others.
+    #[arg(long, env = "GPU_OPS_BATCH_MAX_DELAY", default_value = "500us", value_parser = humantime::parse_duration)]
+    pub batch_max_delay: Duration,
+    /// Elements at which a batch is launched without waiting further.
+    #[arg(long, env = "GPU_OPS_BATCH_MAX_ELEMENTS", default_value_t = 1 << 16)]
+    pub batch_max_elements: usize,
     /// Largest NTT size as a power of two (also capped by each field's two-adicity).
     #[arg(long, env = "GPU_OPS_MAX_NTT_LOG2", default_value_t = 24)]
     pub max_ntt_log2: u32,
@@ -134,6 +144,12 @@ impl Config {
         }
         if self.max_elements == 0 {
             return Err("--max-elements must be at least 1".into());
+        }
+        if self.batch_max_delay > Duration::from_secs(1) {
+            return Err("--batch-max-delay must be at most 1s".into());
+        }
+        if self.batch_max_elements == 0 {
+            return Err("--batch-max-elements must be at least 1".into());
         }
         if !(1..=32).contains(&self.max_ntt_log2) {
             return Err("--max-ntt-log2 must be 1 to 32".into());

@@ -47,6 +47,11 @@ impl App {
                 workers: settings.cpu_threads,
                 fallback: cfg.fallback,
                 default_timeout: cfg.job_timeout,
+                batch: pool::BatchConfig {
+                    mode: cfg.batching,
+                    max_delay: cfg.batch_max_delay,
+                    max_elements: cfg.batch_max_elements,
+                },
             },
             metrics.clone(),
             backends.clone(),

@@ -29,6 +29,7 @@ pub struct Metrics {
     pub gpu_sm_clock: GaugeVec,
     pub dp_budget_charges: IntCounterVec,
     pub dp_noise_values: IntCounterVec,
+    pub batch_size: HistogramVec,
 }
 
 /// (name, help) of every metric, for the README and the test that checks them.
@@ -69,6 +70,10 @@ pub const NAMES: &[(&str, &str)] = &[
         "Input bytes processed, by op and backend",
     ),
     ("gpu_ops_build_info", "Always 1; labels carry the version"),
+    (
+        "gpu_ops_batch_size",
+        "Requests coalesced into one job by dynamic batching, by op",
+    ),
     (
         "gpu_ops_dp_budget_charges_total",
         "Privacy-budget charges by outcome: charged, exhausted (refused with 409), refunded",
@@ -201,6 +206,16 @@ impl Metrics {
             dp_noise_values: reg(
                 r,
                 IntCounterVec::new(opts("gpu_ops_dp_noise_values_total"), &["mechanism"]),
+            ),
+            batch_size: reg(
+                r,
+                HistogramVec::new(
+                    hopts(
+                        "gpu_ops_batch_size",
+                        &exponential_buckets(1.0, 2.0, 11).expect("valid buckets"),
+                    ),
+                    &["op"],
+                ),
             ),
             registry,
         };

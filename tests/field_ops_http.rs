@@ -531,3 +531,42 @@ async fn ntt_shapes_out_of_range_get_422() {
         assert_eq!(p["errors"][0]["path"], path, "{body}: {p}");
     }
 }
+
+#[tokio::test]
+async fn small_requests_are_batched_and_each_caller_gets_its_own_answer() {
+    let s = TestServer::start(&["--batching", "always", "--batch-max-delay", "200ms"]).await;
+    let calls: Vec<_> = (0..8u64)
+        .map(|i| {
+            // Mixed lengths and a broadcast b: the batch must expand and split correctly.
+            let a: Vec<String> = (0..=i).map(|k| (k + 100 * i).to_string()).collect();
+            let body = json!({"field": "goldilocks", "a": a, "b": [(7 * i).to_string()]});
+            let req = s.post("/zk/field_add", body);
+            tokio::spawn(async move { req.send().await.unwrap().json::<Value>().await.unwrap() })
+        })
+        .collect();
+    for (i, h) in calls.into_iter().enumerate() {
+        let i = i as u64;
+        let want: Vec<String> = (0..=i).map(|k| (k + 100 * i + 7 * i).to_string()).collect();
+        assert_eq!(h.await.unwrap()["result"], json!(want), "caller {i}");
+    }
+    assert_eq!(s.metric("gpu_ops_batch_size_sum").await, 8.0);
+    let batches = s.metric("gpu_ops_batch_size_count").await;
+    assert!(
+        batches < 8.0,
+        "no two requests shared a launch ({batches} batches)"
+    );
+
+    // The default batches only while a GPU is in service: none on this CPU-only server.
+    let plain = TestServer::start(&[]).await;
+    let body = json!({"field": "goldilocks", "a": ["1"], "b": ["2"]});
+    assert_eq!(
+        plain
+            .post("/zk/field_add", body)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(plain.metric("gpu_ops_batch_size_count").await, 0.0);
+}

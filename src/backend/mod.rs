@@ -15,7 +15,17 @@ pub use nvml::{driver_version as nvml_driver_version, spawn_sampler as spawn_nvm
 
 /// Where a job may run, as the server is configured (`--backend`) or a request asks.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema, clap::ValueEnum,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    ToSchema,
+    clap::ValueEnum,
 )]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {

@@ -2,8 +2,10 @@
 //! the job, fall back to the CPU when a device fails, and enforce deadlines. Knows
 //! neither HTTP nor maths.
 
+mod batch;
 mod work;
 
+pub use batch::{BatchConfig, BatchMode};
 pub use work::{Output, Work};
 
 use crate::backend::cuda::DeviceErrorKind;
@@ -22,6 +24,7 @@ pub struct PoolConfig {
     pub workers: usize,
     pub fallback: bool,
     pub default_timeout: Duration,
+    pub batch: BatchConfig,
 }
 
 /// A finished job and where and how long it ran.
@@ -82,9 +85,16 @@ struct Shared {
 }
 
 pub struct Pool {
-    sender: RwLock<Option<mpsc::Sender<Job>>>,
-    shared: Arc<Shared>,
+    enqueuer: Enqueuer,
+    batcher: batch::Batcher,
     workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// What puts a job on the queue; the batcher holds a clone to submit its batches.
+#[derive(Clone)]
+struct Enqueuer {
+    sender: Arc<RwLock<Option<mpsc::Sender<Job>>>>,
+    shared: Arc<Shared>,
 }
 
 impl Pool {
@@ -105,9 +115,14 @@ impl Pool {
         let workers = (0..shared.config.workers.max(1))
             .map(|_| tokio::spawn(worker(shared.clone(), rx.clone())))
             .collect();
-        Self {
-            sender: RwLock::new(Some(tx)),
+        let batch = shared.config.batch;
+        let enqueuer = Enqueuer {
+            sender: Arc::new(RwLock::new(Some(tx))),
             shared,
+        };
+        Self {
+            batcher: batch::Batcher::new(batch, enqueuer.clone()),
+            enqueuer,
             workers: Mutex::new(workers),
         }
     }
@@ -120,16 +135,72 @@ impl Pool {
         backend: BackendChoice,
         timeout: Option<Duration>,
     ) -> Result<Completed, JobError> {
-        let s = &self.shared;
+        let s = &self.enqueuer.shared;
         // Checked again when the job runs: a device can be lost while it waits.
         if backend == BackendChoice::Cuda && s.backends.healthy_gpus().next().is_none() {
             return Err(s.no_device());
         }
-        let now = Instant::now();
         let timeout = timeout.map_or(s.config.default_timeout, |t| {
             t.min(s.config.default_timeout)
         });
-        let deadline = now + timeout;
+        let deadline = Instant::now() + timeout;
+        match self.batcher.offer(work, backend, deadline) {
+            Ok(rx) => reply_by(rx, deadline).await,
+            Err(work) => self.enqueuer.submit(*work, backend, deadline).await,
+        }
+    }
+
+    /// Workers stop taking jobs until `resume`; jobs keep queueing. Used to hold work
+    /// still (maintenance, tests of overload and deadlines).
+    pub fn pause(&self) {
+        self.enqueuer.shared.paused.send_replace(true);
+    }
+
+    pub fn resume(&self) {
+        self.enqueuer.shared.paused.send_replace(false);
+    }
+
+    /// Stops intake; queued jobs still run. Await `drain` for them to finish.
+    pub fn close(&self) {
+        self.enqueuer
+            .sender
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
+    pub async fn drain(&self) {
+        let handles: Vec<_> =
+            std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in handles {
+            let _ = h.await;
+        }
+    }
+}
+
+/// Waits for a job's reply until its deadline.
+async fn reply_by(
+    rx: oneshot::Receiver<Result<Completed, JobError>>,
+    deadline: Instant,
+) -> Result<Completed, JobError> {
+    match tokio::time::timeout_at(deadline.into(), rx).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(_)) => Err(JobError::Internal("the worker dropped the job".into())),
+        Err(_) => Err(JobError::DeadlineExceeded),
+    }
+}
+
+impl Enqueuer {
+    /// Queues `work` and waits for its result until `deadline`. Dropping the returned
+    /// future before the job starts cancels it.
+    async fn submit(
+        &self,
+        work: Work,
+        backend: BackendChoice,
+        deadline: Instant,
+    ) -> Result<Completed, JobError> {
+        let s = &self.shared;
+        let now = Instant::now();
         let (reply, rx) = oneshot::channel();
         let job = Job {
             work: Arc::new(work),
@@ -155,37 +226,7 @@ impl Pool {
                 });
             }
         }
-        match tokio::time::timeout_at(deadline.into(), rx).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(JobError::Internal("the worker dropped the job".into())),
-            Err(_) => Err(JobError::DeadlineExceeded),
-        }
-    }
-
-    /// Workers stop taking jobs until `resume`; jobs keep queueing. Used to hold work
-    /// still (maintenance, tests of overload and deadlines).
-    pub fn pause(&self) {
-        self.shared.paused.send_replace(true);
-    }
-
-    pub fn resume(&self) {
-        self.shared.paused.send_replace(false);
-    }
-
-    /// Stops intake; queued jobs still run. Await `drain` for them to finish.
-    pub fn close(&self) {
-        self.sender
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-    }
-
-    pub async fn drain(&self) {
-        let handles: Vec<_> =
-            std::mem::take(&mut *self.workers.lock().unwrap_or_else(|e| e.into_inner()));
-        for h in handles {
-            let _ = h.await;
-        }
+        reply_by(rx, deadline).await
     }
 }
 

@@ -200,6 +200,56 @@ impl FieldVec {
     }
 }
 
+/// Applies `$body` to the inner Vec of every variant, rebuilding the same variant.
+macro_rules! each_variant {
+    ($v:expr, |$x:ident| $body:expr) => {
+        match $v {
+            FieldVec::Bn254Fr($x) => FieldVec::Bn254Fr($body),
+            FieldVec::Bls12_381Fr($x) => FieldVec::Bls12_381Fr($body),
+            FieldVec::Goldilocks($x) => FieldVec::Goldilocks($body),
+            FieldVec::BabyBear($x) => FieldVec::BabyBear($body),
+        }
+    };
+}
+
+impl FieldVec {
+    /// `self` repeated to `n` elements when it holds one (a broadcast operand), else a copy.
+    pub fn expanded(&self, n: usize) -> FieldVec {
+        each_variant!(self, |v| if v.len() == 1 {
+            vec![v[0]; n]
+        } else {
+            v.clone()
+        })
+    }
+
+    /// The parts one after the other; all of `first`'s field.
+    pub fn concat(first: &FieldVec, rest: &[FieldVec]) -> FieldVec {
+        let mut out = first.clone();
+        for part in rest {
+            match (&mut out, part) {
+                (FieldVec::Bn254Fr(o), FieldVec::Bn254Fr(p))
+                | (FieldVec::Bls12_381Fr(o), FieldVec::Bls12_381Fr(p)) => o.extend_from_slice(p),
+                (FieldVec::Goldilocks(o), FieldVec::Goldilocks(p)) => o.extend_from_slice(p),
+                (FieldVec::BabyBear(o), FieldVec::BabyBear(p)) => o.extend_from_slice(p),
+                _ => panic!("concat of different fields"),
+            }
+        }
+        out
+    }
+
+    /// Consecutive pieces of the given lengths (which sum to `self.len()`).
+    pub fn split(&self, lens: &[usize]) -> Vec<FieldVec> {
+        let mut start = 0;
+        lens.iter()
+            .map(|&n| {
+                let piece = each_variant!(self, |v| v[start..start + n].to_vec());
+                start += n;
+                piece
+            })
+            .collect()
+    }
+}
+
 fn non_canonical(field: Field, index: usize) -> ElementError {
     ElementError {
         index,

@@ -105,6 +105,18 @@ impl FieldBinaryJob {
         self.a.byte_len() + self.b.byte_len()
     }
 
+    /// One job computing all of `jobs` (same op and field) back to back, broadcast
+    /// operands expanded; split its output with `FieldVec::split` by the jobs' lengths.
+    pub fn concat(jobs: &[&FieldBinaryJob]) -> FieldBinaryJob {
+        let a: Vec<FieldVec> = jobs.iter().map(|j| j.a.clone()).collect();
+        let b: Vec<FieldVec> = jobs.iter().map(|j| j.b.expanded(j.len())).collect();
+        FieldBinaryJob {
+            op: jobs[0].op,
+            a: FieldVec::concat(&a[0], &a[1..]),
+            b: FieldVec::concat(&b[0], &b[1..]),
+        }
+    }
+
     /// Runs on the current rayon pool.
     pub fn run_cpu(&self) -> FieldVec {
         match (&self.a, &self.b) {
