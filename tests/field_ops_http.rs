@@ -570,3 +570,23 @@ async fn small_requests_are_batched_and_each_caller_gets_its_own_answer() {
     );
     assert_eq!(plain.metric("gpu_ops_batch_size_count").await, 0.0);
 }
+
+#[tokio::test]
+async fn an_impatient_caller_does_not_expire_its_batch_mates() {
+    let s = TestServer::start(&["--batching", "always", "--batch-max-delay", "100ms"]).await;
+    let patient = s.post(
+        "/zk/field_mul",
+        json!({"field": "babybear", "a": ["3"], "b": ["4"]}),
+    );
+    let patient = tokio::spawn(async move { patient.send().await.unwrap() });
+    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    // Joins the same batch but only waits 20 ms: the batch launches after 100 ms.
+    let hasty = s.post(
+        "/zk/field_mul",
+        json!({"field": "babybear", "a": ["5"], "b": ["6"], "timeout_ms": 20}),
+    );
+    problem(hasty.send().await.unwrap(), 504, "deadline_exceeded").await;
+    let res = patient.await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap()["result"], json!(["12"]));
+}

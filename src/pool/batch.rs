@@ -1,7 +1,7 @@
 //! Dynamic batching: small field-vector jobs of one (field, op, backend) that arrive
 //! within `max_delay` of the first are coalesced into one job — one device launch —
 //! up to `max_elements`, like Triton's `max_queue_delay_microseconds`. Each caller gets
-//! its own slice of the result, in its own order.
+//! its own slice of the result, in its own order, or its own 504 at its own deadline.
 
 use super::{Completed, Enqueuer, JobError, Output, Work};
 use crate::backend::BackendChoice;
@@ -143,7 +143,9 @@ async fn run_batch(batch: Vec<Pending>, lane: Lane, enqueuer: Enqueuer) {
     } else {
         FieldBinaryJob::concat(&jobs.iter().collect::<Vec<_>>())
     };
-    let deadline = waiting.iter().map(|(d, _)| *d).min().expect("non-empty");
+    // The latest deadline: each caller still times out at its own (its receiver is
+    // dropped), and one impatient caller cannot expire the others' work.
+    let deadline = waiting.iter().map(|(d, _)| *d).max().expect("non-empty");
     let result = enqueuer
         .submit(Work::FieldBinary(combined), backend, deadline)
         .await;
