@@ -3,7 +3,7 @@
 //! Env: BENCH_LOG2 (default 20), BENCH_TINY_REQUESTS (20000), BENCH_CONCURRENCY (32).
 
 use ark_bn254::Fr;
-use ark_ff::{BigInt, PrimeField};
+use ark_ff::{BigInt, Fp256, MontBackend, MontConfig};
 use base64::Engine;
 use gpu_ops::ops::zk::samples::random_elements;
 use gpu_ops::ops::zk::{Field, FieldBinaryJob, FieldOp, FieldVec};
@@ -37,6 +37,31 @@ fn time<R>(runs: usize, mut f: impl FnMut() -> R) -> Duration {
     )
 }
 
+/// `op` over arkworks elements already in Montgomery form (what an arkworks user holds),
+/// on the pool.
+fn arkworks_loop<C: MontConfig<4>>(
+    cpu: &gpu_ops::backend::CpuExecutor,
+    op: FieldOp,
+    x: &[[u64; 4]],
+    y: &[[u64; 4]],
+) -> Duration {
+    type F<C> = Fp256<MontBackend<C, 4>>;
+    let xf: Vec<F<C>> = x.iter().map(|l| F::<C>::new(BigInt(*l))).collect();
+    let yf: Vec<F<C>> = y.iter().map(|l| F::<C>::new(BigInt(*l))).collect();
+    cpu.install(|| {
+        time(9, || {
+            xf.par_iter()
+                .zip(&yf)
+                .map(|(p, q)| match op {
+                    FieldOp::Add => *p + q,
+                    FieldOp::Sub => *p - q,
+                    FieldOp::Mul => *p * q,
+                })
+                .collect::<Vec<F<C>>>()
+        })
+    })
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
@@ -60,43 +85,14 @@ fn main() {
             let job = FieldBinaryJob::new(op, a.clone(), b.clone()).unwrap();
             let service = cpu.install(|| time(9, || job.run_cpu()));
             let (direct, what) = match (&a, &b) {
-                (FieldVec::Bn254Fr(x), FieldVec::Bn254Fr(y)) => {
-                    // What an arkworks user holds: elements already in Montgomery form.
-                    let xf: Vec<Fr> = x.iter().map(|l| Fr::new(BigInt(*l))).collect();
-                    let yf: Vec<Fr> = y.iter().map(|l| Fr::new(BigInt(*l))).collect();
-                    let d = cpu.install(|| {
-                        time(9, || {
-                            xf.par_iter()
-                                .zip(&yf)
-                                .map(|(p, q)| match op {
-                                    FieldOp::Add => *p + q,
-                                    FieldOp::Sub => *p - q,
-                                    FieldOp::Mul => *p * q,
-                                })
-                                .collect::<Vec<Fr>>()
-                        })
-                    });
-                    let _ = Fr::MODULUS;
-                    (d, "arkworks Fr")
-                }
-                (FieldVec::Bls12_381Fr(x), FieldVec::Bls12_381Fr(y)) => {
-                    use ark_bls12_381::Fr as Fq;
-                    let xf: Vec<Fq> = x.iter().map(|l| Fq::new(BigInt(*l))).collect();
-                    let yf: Vec<Fq> = y.iter().map(|l| Fq::new(BigInt(*l))).collect();
-                    let d = cpu.install(|| {
-                        time(9, || {
-                            xf.par_iter()
-                                .zip(&yf)
-                                .map(|(p, q)| match op {
-                                    FieldOp::Add => *p + q,
-                                    FieldOp::Sub => *p - q,
-                                    FieldOp::Mul => *p * q,
-                                })
-                                .collect::<Vec<Fq>>()
-                        })
-                    });
-                    (d, "arkworks Fr")
-                }
+                (FieldVec::Bn254Fr(x), FieldVec::Bn254Fr(y)) => (
+                    arkworks_loop::<ark_bn254::FrConfig>(&cpu, op, x, y),
+                    "arkworks Fr",
+                ),
+                (FieldVec::Bls12_381Fr(x), FieldVec::Bls12_381Fr(y)) => (
+                    arkworks_loop::<ark_bls12_381::FrConfig>(&cpu, op, x, y),
+                    "arkworks Fr",
+                ),
                 (FieldVec::BabyBear(x), FieldVec::BabyBear(y)) => {
                     const P: u64 = 2_013_265_921;
                     let d = cpu.install(|| {

@@ -115,37 +115,25 @@ pub fn run_noise_cuda(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>,
     let mut dout: CudaSlice<f64> = stream.alloc_zeros(job.len())?;
     let grid = job.mechanism.grid();
     let inv_grid = 1.0 / grid;
-    match job.mechanism {
-        Mechanism::Gaussian(p) => {
-            let f = dev.function("dp_gaussian_release")?;
-            let mut launch = stream.launch_builder(f);
-            launch
-                .arg(&dx)
-                .arg(&n)
-                .arg(&dkey)
-                .arg(&inv_grid)
-                .arg(&grid)
-                .arg(&p.t)
-                .arg(&p.c)
-                .arg(&mut dout);
-            // SAFETY: x and out have n elements, key 8 words.
-            unsafe { launch.launch(dev.launch_config(job.len())) }?;
-        }
-        Mechanism::Laplace(p) => {
-            let f = dev.function("dp_laplace_release")?;
-            let mut launch = stream.launch_builder(f);
-            launch
-                .arg(&dx)
-                .arg(&n)
-                .arg(&dkey)
-                .arg(&inv_grid)
-                .arg(&grid)
-                .arg(&p.t)
-                .arg(&mut dout);
-            // SAFETY: x and out have n elements, key 8 words.
-            unsafe { launch.launch(dev.launch_config(job.len())) }?;
-        }
+    // The Gaussian kernel takes one more scale parameter (c) before the output.
+    let (kernel, t, c) = match job.mechanism {
+        Mechanism::Gaussian(p) => ("dp_gaussian_release", p.t, Some(p.c)),
+        Mechanism::Laplace(p) => ("dp_laplace_release", p.t, None),
+    };
+    let mut launch = stream.launch_builder(dev.function(kernel)?);
+    launch
+        .arg(&dx)
+        .arg(&n)
+        .arg(&dkey)
+        .arg(&inv_grid)
+        .arg(&grid)
+        .arg(&t);
+    if let Some(c) = &c {
+        launch.arg(c);
     }
+    launch.arg(&mut dout);
+    // SAFETY: x and out have n elements, key 8 words; the arguments match the kernel's.
+    unsafe { launch.launch(dev.launch_config(job.len())) }?;
     let out = stream.clone_dtoh(&dout)?;
     stream.synchronize()?;
     Ok(out)

@@ -191,8 +191,7 @@ pub fn ntt_kernel_names() -> Vec<String> {
 pub fn run_ntt_cuda(job: &NttJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
     let field = job.values.field();
     let n = job.size();
-    let tw = ntt::twiddles(field, n, job.direction);
-    let scale = ntt::scaling(field, n, job.direction, job.coset_shift);
+    let (tw, scale) = ntt::device_tables(field, n, job.direction, job.coset_shift);
     match (words(&job.values), words(&tw)) {
         (Words::U64(x), Words::U64(t)) => {
             let s = scale.as_ref().map(|s| match words(s) {

@@ -395,72 +395,62 @@ impl NttArith for Bb {
     }
 }
 
-/// ω_n^k for k < n/2 as canonical integers, for the GPU launcher (twiddles are uploaded
-/// per call) and tests. ω is inverted for INTT.
-pub fn twiddles(field: Field, n: usize, direction: Direction) -> FieldVec {
-    fn table<T: NttArith, W>(field: Field, n: usize, d: Direction, to: impl Fn(T) -> W) -> Vec<W> {
-        Plan::<T>::new(field, n, d, None)
-            .twiddles
-            .into_iter()
-            .map(to)
-            .collect()
-    }
-    match field {
-        Field::Bn254Fr => FieldVec::Bn254Fr(table::<Fp<ark_bn254::FrConfig>, _>(
-            field, n, direction, to_limbs,
-        )),
-        Field::Bls12_381Fr => FieldVec::Bls12_381Fr(table::<Fp<ark_bls12_381::FrConfig>, _>(
-            field, n, direction, to_limbs,
-        )),
-        Field::Goldilocks => FieldVec::Goldilocks(table::<Gl, _>(field, n, direction, |x| x.0)),
-        Field::BabyBear => FieldVec::BabyBear(table::<Bb, _>(field, n, direction, |x| x.0)),
-    }
-}
-
-/// The element-wise scaling the launcher applies: s^j before an NTT on a coset, or
-/// n^-1·s^-j after an INTT (n^-1 alone without a coset). None when there is nothing to
-/// scale (a plain NTT).
-pub fn scaling(
+/// What the GPU launcher uploads, from one plan: the twiddles ω_n^k (k < n/2; ω inverted
+/// for INTT) as canonical integers, and the element-wise scaling — s^j before an NTT on a
+/// coset, or n^-1·s^-j after an INTT — or None when there is nothing to scale (a plain NTT).
+pub fn device_tables(
     field: Field,
     n: usize,
     direction: Direction,
     shift: Option<U256>,
-) -> Option<FieldVec> {
-    fn table<T: NttArith, W>(
+) -> (FieldVec, Option<FieldVec>) {
+    fn tables<T: NttArith, W>(
         field: Field,
         n: usize,
         d: Direction,
         shift: Option<U256>,
         to: impl Fn(T) -> W,
-    ) -> Vec<W> {
+    ) -> (Vec<W>, Option<Vec<W>>) {
         let plan = Plan::<T>::new(field, n, d, shift);
-        let s = plan.shift.unwrap_or(T::one());
-        let mut p = match d {
-            Direction::Forward => T::one(),
-            Direction::Inverse => plan.n_inv,
-        };
-        let mut out = Vec::with_capacity(n);
-        for _ in 0..n {
-            out.push(to(p));
-            p = p.mul(s);
-        }
-        out
+        let scale = (d == Direction::Inverse || shift.is_some()).then(|| {
+            let s = plan.shift.unwrap_or(T::one());
+            let mut p = match d {
+                Direction::Forward => T::one(),
+                Direction::Inverse => plan.n_inv,
+            };
+            let mut out = Vec::with_capacity(n);
+            for _ in 0..n {
+                out.push(to(p));
+                p = p.mul(s);
+            }
+            out
+        });
+        (plan.twiddles.into_iter().map(&to).collect(), scale)
     }
-    if direction == Direction::Forward && shift.is_none() {
-        return None;
+    fn wrap<W>(
+        (tw, scale): (Vec<W>, Option<Vec<W>>),
+        variant: fn(Vec<W>) -> FieldVec,
+    ) -> (FieldVec, Option<FieldVec>) {
+        (variant(tw), scale.map(variant))
     }
-    Some(match field {
-        Field::Bn254Fr => FieldVec::Bn254Fr(table::<Fp<ark_bn254::FrConfig>, _>(
-            field, n, direction, shift, to_limbs,
-        )),
-        Field::Bls12_381Fr => FieldVec::Bls12_381Fr(table::<Fp<ark_bls12_381::FrConfig>, _>(
-            field, n, direction, shift, to_limbs,
-        )),
-        Field::Goldilocks => {
-            FieldVec::Goldilocks(table::<Gl, _>(field, n, direction, shift, |x| x.0))
-        }
-        Field::BabyBear => FieldVec::BabyBear(table::<Bb, _>(field, n, direction, shift, |x| x.0)),
-    })
+    match field {
+        Field::Bn254Fr => wrap(
+            tables::<Fp<ark_bn254::FrConfig>, _>(field, n, direction, shift, to_limbs),
+            FieldVec::Bn254Fr,
+        ),
+        Field::Bls12_381Fr => wrap(
+            tables::<Fp<ark_bls12_381::FrConfig>, _>(field, n, direction, shift, to_limbs),
+            FieldVec::Bls12_381Fr,
+        ),
+        Field::Goldilocks => wrap(
+            tables::<Gl, _>(field, n, direction, shift, |x| x.0),
+            FieldVec::Goldilocks,
+        ),
+        Field::BabyBear => wrap(
+            tables::<Bb, _>(field, n, direction, shift, |x| x.0),
+            FieldVec::BabyBear,
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -480,7 +470,7 @@ mod tests {
             for log_n in [2u32, 5, 16] {
                 let n = 1usize << log_n;
                 // ω^(n/2) = −1 exactly when ω (with ω^n = 1) has order n.
-                let tw = twiddles(field, n, Direction::Forward);
+                let tw = device_tables(field, n, Direction::Forward, None).0;
                 let at = |k: usize| FieldVec::from_integers(field, &[tw.get(k)]).unwrap();
                 let half = FieldBinaryJob::new(FieldOp::Mul, at(n / 2 - 1), at(1))
                     .unwrap()
@@ -587,7 +577,7 @@ mod tests {
                 None,
             )
             .run_cpu();
-            let tw = twiddles(field, 2 * n, Direction::Forward); // ω_{2n}^k; ω_n = ω_{2n}^2
+            let tw = device_tables(field, 2 * n, Direction::Forward, None).0; // ω_{2n}^k; ω_n = ω_{2n}^2
             let p = num_bigint::BigUint::from_bytes_le(
                 &field
                     .modulus()

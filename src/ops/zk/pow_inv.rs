@@ -152,10 +152,14 @@ impl FieldInvJob {
         if values.is_empty() {
             return Err(InvError::Empty);
         }
-        let zero = |i: &usize| values.is_zero(*i);
-        let count = (0..values.len()).filter(zero).count();
+        let (mut indices, mut count) = (Vec::new(), 0);
+        for i in (0..values.len()).filter(|&i| values.is_zero(i)) {
+            count += 1;
+            if indices.len() < MAX_REPORTED {
+                indices.push(i);
+            }
+        }
         if count > 0 {
-            let indices = (0..values.len()).filter(zero).take(MAX_REPORTED).collect();
             return Err(InvError::Zeros { indices, count });
         }
         Ok(Self { values })
