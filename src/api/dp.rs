@@ -3,7 +3,7 @@
 use super::auth::Tenant;
 use super::problem::{ErrorCode, Problem, ProblemDocument};
 use super::tensor::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
-use super::{blocking, job_response, ApiJson, AppState};
+use super::{blocking, job_response, job_timeout, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::dp::accountant::{self, MAX_ORDER};
 use crate::ops::dp::plan::{self, GaussianPlan, MAX_SNAPPED};
@@ -55,17 +55,6 @@ fn sample_rate(v: f64, path: &str) -> Result<f64, Problem> {
             path,
             "must be in (0, 1]",
         ))
-    }
-}
-
-fn timeout(ms: Option<u64>) -> Result<Option<Duration>, Problem> {
-    match ms {
-        Some(0) => Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/timeout_ms",
-            "must be at least 1",
-        )),
-        t => Ok(t.map(Duration::from_millis)),
     }
 }
 
@@ -296,7 +285,7 @@ pub async fn privatize(
     who: Option<Extension<Tenant>>,
     ApiJson(req): ApiJson<PrivatizeRequest>,
 ) -> Result<Response, Problem> {
-    let timeout = timeout(req.timeout_ms)?;
+    let timeout = job_timeout(req.timeout_ms)?;
     let nm = positive(req.noise_multiplier, "/noise_multiplier")?;
     let q = req
         .sample_rate
@@ -635,7 +624,7 @@ async fn release(
     r: Release,
     calibrate: impl FnOnce(usize) -> Result<Calibrated, Problem> + Send + 'static,
 ) -> Result<Response, Problem> {
-    let timeout = timeout(r.timeout_ms)?;
+    let timeout = job_timeout(r.timeout_ms)?;
     let key = noise_key(&state, r.seed)?;
     let max = state.settings.config.max_elements;
     let packed = match &r.values {

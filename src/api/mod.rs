@@ -254,6 +254,18 @@ async fn render_problems(req: Request, next: Next) -> Response {
     fresh
 }
 
+/// A request's `timeout_ms`: at least 1 when given (the pool caps it at --job-timeout).
+pub(crate) fn job_timeout(ms: Option<u64>) -> Result<Option<std::time::Duration>, Problem> {
+    match ms {
+        Some(0) => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/timeout_ms",
+            "must be at least 1",
+        )),
+        t => Ok(t.map(std::time::Duration::from_millis)),
+    }
+}
+
 /// Runs `f` on a blocking thread (decoding, encoding, accounting, storage).
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Problem> + Send + 'static,

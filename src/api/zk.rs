@@ -2,7 +2,7 @@
 
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::problem::{ErrorCode, FieldIssue, Problem, ProblemDocument};
-use super::{blocking, job_response, AppState};
+use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::ntt::{Direction, NttJob, NttShape, Order};
 use crate::ops::zk::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, InvError};
@@ -98,7 +98,7 @@ async fn field_binary(
     op: FieldOp,
     req: FieldBinaryRequest,
 ) -> Result<Response, Problem> {
-    let timeout = timeout_of(req.timeout_ms)?;
+    let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.a.approx_len() > INLINE_ELEMENTS;
@@ -181,7 +181,7 @@ pub async fn field_pow(
     State(state): State<Arc<AppState>>,
     super::ApiJson(req): super::ApiJson<FieldPowRequest>,
 ) -> Result<Response, Problem> {
-    let timeout = timeout_of(req.timeout_ms)?;
+    let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.base.approx_len() > INLINE_ELEMENTS;
@@ -230,7 +230,7 @@ pub async fn field_inv(
     State(state): State<Arc<AppState>>,
     super::ApiJson(req): super::ApiJson<FieldInvRequest>,
 ) -> Result<Response, Problem> {
-    let timeout = timeout_of(req.timeout_ms)?;
+    let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
@@ -273,17 +273,6 @@ pub async fn field_inv(
         large,
     )
     .await
-}
-
-fn timeout_of(ms: Option<u64>) -> Result<Option<Duration>, Problem> {
-    match ms {
-        Some(0) => Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/timeout_ms",
-            "must be at least 1",
-        )),
-        t => Ok(t.map(Duration::from_millis)),
-    }
 }
 
 /// Runs a job whose output is a field vector and answers it in `encoding`.
@@ -397,7 +386,7 @@ async fn transform(
     direction: Direction,
     req: NttRequest,
 ) -> Result<Response, Problem> {
-    let timeout = timeout_of(req.timeout_ms)?;
+    let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let max_log2 = state.settings.config.max_ntt_log2;
