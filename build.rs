@@ -3,8 +3,10 @@
 fn main() {
     println!("cargo:rerun-if-changed=kernels");
     cc::Build::new()
-        .file("kernels/host/field_host.c")
-        .file("kernels/host/dp_host.c")
+        .cpp(true)
+        .file("kernels/host/field_host.cpp")
+        .file("kernels/host/dp_host.cpp")
+        .file("kernels/host/msm_host.cpp")
         .flag_if_supported("-ffp-contract=off")
         .opt_level(2)
         .warnings(true)

@@ -10,7 +10,7 @@
 // probability, so the floating-point attacks on textbook samplers (Mironov 2012) have
 // nothing to work on. Callers snap values to a power-of-two grid first.
 //
-// Plain C as well as CUDA: kernels/host/dp_host.c compiles this file for the host and
+// Host C++ as well as CUDA: kernels/host/dp_host.cpp compiles this file for the host and
 // the Rust twin (src/ops/dp/noise.rs) is checked against it bit for bit.
 #ifndef GPU_OPS_DP_NOISE_CUH
 #define GPU_OPS_DP_NOISE_CUH

@@ -28,7 +28,7 @@
 #define FP256_POW(NAME, F)                                                                \
     extern "C" __global__ void NAME(const u32 *base, const u32 *exp, u32 *out, u64 n,      \
                                     u32 e_stride) {                                       \
-        GRID_STRIDE(i, n) { fp256_pow(&F, out + 8 * i, base + 8 * i, exp + 8 * i * e_stride); } \
+        GRID_STRIDE(i, n) { fp_pow(&F, out + 8 * i, base + 8 * i, exp + 8 * i * e_stride); } \
     }
 
 // Batch inversion: each thread inverts its own chunk of `chunk` consecutive elements
@@ -40,19 +40,19 @@
     extern "C" __global__ void NAME(const u32 *in, u32 *out, u64 n, u64 chunk) {           \
         CHUNKS(c, n, chunk) {                                                             \
             u64 s = c * chunk;                                                            \
-            fp256_batch_inv(&F, out + 8 * s, in + 8 * s, CHUNK_LEN(c, n, chunk));          \
+            fp_batch_inv(&F, out + 8 * s, in + 8 * s, CHUNK_LEN(c, n, chunk));          \
         }                                                                                 \
     }
 
-FP256_BINARY(bn254_fr_add, fp256_add, BN254_FR)
-FP256_BINARY(bn254_fr_sub, fp256_sub, BN254_FR)
-FP256_BINARY(bn254_fr_mul, fp256_mul, BN254_FR)
+FP256_BINARY(bn254_fr_add, fp_add, BN254_FR)
+FP256_BINARY(bn254_fr_sub, fp_sub, BN254_FR)
+FP256_BINARY(bn254_fr_mul, fp_mul, BN254_FR)
 FP256_POW(bn254_fr_pow, BN254_FR)
 FP256_INV(bn254_fr_inv, BN254_FR)
 
-FP256_BINARY(bls12_381_fr_add, fp256_add, BLS12_381_FR)
-FP256_BINARY(bls12_381_fr_sub, fp256_sub, BLS12_381_FR)
-FP256_BINARY(bls12_381_fr_mul, fp256_mul, BLS12_381_FR)
+FP256_BINARY(bls12_381_fr_add, fp_add, BLS12_381_FR)
+FP256_BINARY(bls12_381_fr_sub, fp_sub, BLS12_381_FR)
+FP256_BINARY(bls12_381_fr_mul, fp_mul, BLS12_381_FR)
 FP256_POW(bls12_381_fr_pow, BLS12_381_FR)
 FP256_INV(bls12_381_fr_inv, BLS12_381_FR)
 

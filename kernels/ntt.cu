@@ -27,7 +27,7 @@ FIELD_FN u64 ntt_bitrev(u64 k, u32 bits) {
 // 256-bit fields: 8 u32 limbs per element.
 #define FP256_NTT_SCALE(NAME, F)                                                          \
     extern "C" __global__ void NAME(u32 *x, const u32 *s, u64 n, u64 total) {              \
-        GRID_STRIDE(i, total) { fp256_mul(&F, x + 8 * i, x + 8 * i, s + 8 * (i % n)); }    \
+        GRID_STRIDE(i, total) { fp_mul(&F, x + 8 * i, x + 8 * i, s + 8 * (i % n)); }    \
     }
 #define FP256_NTT_BITREV(NAME)                                                            \
     extern "C" __global__ void NAME(u32 *x, u64 n, u32 log_n, u64 total) {                 \
@@ -45,9 +45,9 @@ FIELD_FN u64 ntt_bitrev(u64 k, u32 bits) {
             BUTTERFLY_INDEX(t, n, half, i0, i1, w);                                       \
             u32 u[8], v[8];                                                               \
             for (int l = 0; l < 8; l++) u[l] = x[8 * i0 + l];                             \
-            fp256_mul(&F, v, x + 8 * i1, tw + 8 * w);                                     \
-            fp256_add(&F, x + 8 * i0, u, v);                                              \
-            fp256_sub(&F, x + 8 * i1, u, v);                                              \
+            fp_mul(&F, v, x + 8 * i1, tw + 8 * w);                                     \
+            fp_add(&F, x + 8 * i0, u, v);                                              \
+            fp_sub(&F, x + 8 * i1, u, v);                                              \
         }                                                                                 \
     }
 

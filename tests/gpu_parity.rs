@@ -237,3 +237,65 @@ fn cuda_ntt_is_bit_identical_to_the_cpu() {
         }
     }
 }
+
+/// MSM on the device against arkworks on the CPU, compared in affine (unique), on the
+/// hard cases: tiny and odd sizes, zero and r − 1 scalars, the identity, duplicates (the
+/// doubling path inside a bucket), P beside −P, every scalar in one bucket, a batch, and
+/// the chunked path.
+#[test]
+fn cuda_msm_equals_the_cpu() {
+    use gpu_ops::ops::zk::msm::{Curve, MsmJob, Points};
+    use gpu_ops::ops::zk::samples::random_points;
+    use gpu_ops::ops::zk::{run_msm_cuda, run_msm_cuda_in_chunks};
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP cuda_msm_equals_the_cpu: {reason}");
+        return;
+    }
+    fn with_hard_points(points: Points) -> Points {
+        use ark_ec::short_weierstrass::{Affine, SWCurveConfig};
+        fn mix<P: SWCurveConfig>(mut p: Vec<Affine<P>>) -> Vec<Affine<P>> {
+            let (a, b) = (p[0], p[1]);
+            p.extend([Affine::identity(), a, a, -b]);
+            p
+        }
+        match points {
+            Points::Bn254G1(p) => Points::Bn254G1(mix(p)),
+            Points::Bls12_381G1(p) => Points::Bls12_381G1(mix(p)),
+        }
+    }
+    for dev in &devices {
+        for curve in [Curve::Bn254G1, Curve::Bls12_381G1] {
+            let field = curve.scalar_field();
+            for n in [2usize, 31, 1000, 1 << 16] {
+                let points = with_hard_points(random_points(curve, n, n as u64));
+                let m = points.len();
+                let mut edge = edge_values(field);
+                edge.extend(random_elements(field, m, 5));
+                edge.truncate(m);
+                let one_bucket = vec![U256::from_u64(7); m];
+                let vectors = [
+                    random_elements(field, m, 9),
+                    edge,
+                    one_bucket,
+                    vec![U256::ZERO; m],
+                ];
+                let scalars: Vec<FieldVec> = vectors
+                    .iter()
+                    .map(|v| FieldVec::from_integers(field, v).unwrap())
+                    .collect();
+                let job = MsmJob::new(points, scalars).unwrap();
+                let cpu = job.run_cpu();
+                let lease = dev.lease().expect("device lease");
+                let gpu = run_msm_cuda(&job, &lease).expect("kernels run");
+                assert!(cpu == gpu, "{curve:?} n={m}: GPU differs from CPU");
+                if m > 1000 {
+                    let chunked =
+                        run_msm_cuda_in_chunks(&job, &lease, 1 << 12).expect("kernels run");
+                    assert!(cpu == chunked, "{curve:?} n={m} in chunks of 2^12");
+                }
+            }
+        }
+    }
+}

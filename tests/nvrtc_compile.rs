@@ -22,7 +22,12 @@ fn every_kernel_compiles_for_every_shipped_architecture() {
     eprintln!("NVRTC {:?}", nvrtc_version());
     for (module, source) in MODULES {
         for arch in SHIPPED_ARCHES {
+            let started = std::time::Instant::now();
             let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{module} for {arch}: {e}"));
+            eprintln!(
+                "{module} for {arch}: {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
             let text = ptx.to_src();
             for name in kernel_names(module) {
                 assert!(

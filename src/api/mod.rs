@@ -5,6 +5,7 @@ mod auth;
 pub mod dp;
 mod elements;
 mod extract;
+pub mod msm;
 pub mod problem;
 pub mod system;
 mod tensor;
@@ -79,7 +80,7 @@ impl AppState {
     paths(
         system::live, system::ready, system::device, system::metrics,
         zk::field_add, zk::field_sub, zk::field_mul, zk::field_pow, zk::field_inv,
-        zk::ntt, zk::intt,
+        zk::ntt, zk::intt, msm::msm,
         dp::privatize, dp::laplace, dp::gaussian,
         dp::accountant_epsilon, dp::accountant_noise_multiplier,
         dp::create_budget, dp::get_budget, dp::list_budgets,
@@ -135,6 +136,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/zk/field_inv", post(zk::field_inv))
         .route("/zk/ntt", post(zk::ntt))
         .route("/zk/intt", post(zk::intt))
+        .route("/zk/msm", post(msm::msm))
         .route("/dp/privatize", post(dp::privatize))
         .route("/dp/laplace", post(dp::laplace))
         .route("/dp/gaussian", post(dp::gaussian))

@@ -40,6 +40,7 @@ error_codes! {
     InvalidRequest = ("invalid_request", 422, "The request does not match the schema"),
     InvalidFieldElement = ("invalid_field_element", 422, "A field element is malformed or not canonical"),
     LengthMismatch = ("length_mismatch", 422, "Input vectors have incompatible lengths"),
+    InvalidPoint = ("invalid_point", 422, "A point is malformed, not on the curve, or outside the prime-order subgroup"),
     NotInvertible = ("not_invertible", 422, "Zero has no inverse"),
     InvalidParameter = ("invalid_parameter", 422, "A parameter is out of range"),
     InvalidTensor = ("invalid_tensor", 422, "A numeric array is empty, ragged, non-finite or mis-shaped"),

@@ -4,6 +4,7 @@
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use crate::ops::dp::{self, Gradients, NoiseJob, PrivatizeJob, Privatized};
+use crate::ops::zk::msm::{MsmJob, Points};
 use crate::ops::zk::ntt::NttJob;
 use crate::ops::zk::{self, FieldBinaryJob, FieldInvJob, FieldPowJob, FieldVec};
 
@@ -12,12 +13,15 @@ pub enum Work {
     FieldPow(FieldPowJob),
     FieldInv(FieldInvJob),
     Ntt(NttJob),
+    Msm(MsmJob),
     DpPrivatize(PrivatizeJob),
     DpNoise(NoiseJob),
 }
 
 pub enum Output {
     Field(FieldVec),
+    /// One sum per scalar vector of an MSM.
+    Points(Points),
     Privatized(Privatized),
     Values(Vec<f64>),
 }
@@ -30,6 +34,7 @@ impl Work {
             Work::FieldPow(_) => "field_pow",
             Work::FieldInv(_) => "field_inv",
             Work::Ntt(j) => j.direction.name(),
+            Work::Msm(_) => "msm",
             Work::DpPrivatize(_) => "dp_privatize",
             Work::DpNoise(j) => j.mechanism.name(),
         }
@@ -41,6 +46,7 @@ impl Work {
             Work::FieldPow(j) => j.len(),
             Work::FieldInv(j) => j.len(),
             Work::Ntt(j) => j.values.len(),
+            Work::Msm(j) => j.terms(),
             Work::DpPrivatize(j) => j.gradients.len(),
             Work::DpNoise(j) => j.len(),
         }
@@ -52,6 +58,7 @@ impl Work {
             Work::FieldPow(j) => j.input_bytes(),
             Work::FieldInv(j) => j.input_bytes(),
             Work::Ntt(j) => j.values.byte_len(),
+            Work::Msm(j) => j.input_bytes(),
             Work::DpPrivatize(j) => match &j.gradients {
                 Gradients::F32(g) => 4 * g.len(),
                 Gradients::F64(g) => 8 * g.len(),
@@ -76,6 +83,9 @@ impl Work {
             Work::FieldPow(_) => 1 << 10,
             Work::FieldInv(_) => 1 << 14,
             Work::Ntt(_) => 1 << 14,
+            // A 2^10 MSM takes the CPU about a millisecond: less than a device round trip
+            // with its seven launches.
+            Work::Msm(_) => 1 << 12,
             // Sampling exact noise costs the CPU about a microsecond per value.
             Work::DpNoise(_) => 1 << 12,
             Work::DpPrivatize(_) => 1 << 18,
@@ -88,6 +98,7 @@ impl Work {
             Work::FieldPow(j) => Output::Field(j.run_cpu()),
             Work::FieldInv(j) => Output::Field(j.run_cpu()),
             Work::Ntt(j) => Output::Field(j.run_cpu()),
+            Work::Msm(j) => Output::Points(j.run_cpu()),
             Work::DpPrivatize(j) => Output::Privatized(j.run_cpu()),
             Work::DpNoise(j) => Output::Values(j.run_cpu()),
         }
@@ -99,6 +110,7 @@ impl Work {
             Work::FieldPow(j) => zk::run_field_pow_cuda(j, dev).map(Output::Field),
             Work::FieldInv(j) => zk::run_field_inv_cuda(j, dev).map(Output::Field),
             Work::Ntt(j) => zk::run_ntt_cuda(j, dev).map(Output::Field),
+            Work::Msm(j) => zk::run_msm_cuda(j, dev).map(Output::Points),
             Work::DpPrivatize(j) => dp::run_privatize_cuda(j, dev).map(Output::Privatized),
             Work::DpNoise(j) => dp::run_noise_cuda(j, dev).map(Output::Values),
         }

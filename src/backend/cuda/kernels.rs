@@ -9,7 +9,7 @@ use std::path::Path;
 /// no kernel files on disk.
 const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../../kernels/common.cuh")),
-    ("fp256.cuh", include_str!("../../../kernels/fp256.cuh")),
+    ("fp.cuh", include_str!("../../../kernels/fp.cuh")),
     (
         "bn254_fr.cuh",
         include_str!("../../../kernels/bn254_fr.cuh"),
@@ -27,6 +27,16 @@ const HEADERS: &[(&str, &str)] = &[
         include_str!("../../../kernels/goldilocks.cuh"),
     ),
     (
+        "bn254_fq.cuh",
+        include_str!("../../../kernels/bn254_fq.cuh"),
+    ),
+    (
+        "bls12_381_fq.cuh",
+        include_str!("../../../kernels/bls12_381_fq.cuh"),
+    ),
+    ("curve.cuh", include_str!("../../../kernels/curve.cuh")),
+    ("msm.cuh", include_str!("../../../kernels/msm.cuh")),
+    (
         "dp_noise.cuh",
         include_str!("../../../kernels/dp_noise.cuh"),
     ),
@@ -37,6 +47,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("field_ops", include_str!("../../../kernels/field_ops.cu")),
     ("dp", include_str!("../../../kernels/dp.cu")),
     ("ntt", include_str!("../../../kernels/ntt.cu")),
+    ("msm", include_str!("../../../kernels/msm.cu")),
 ];
 
 /// The `extern "C"` kernels each module must provide.
@@ -48,6 +59,7 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             .map(|s| s.to_string())
             .collect(),
         "ntt" => crate::ops::zk::ntt_kernel_names(),
+        "msm" => crate::ops::zk::msm_kernel_names(),
         _ => Vec::new(),
     }
 }

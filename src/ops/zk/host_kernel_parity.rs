@@ -32,7 +32,7 @@ extern "C" {
     );
 }
 
-/// The C side's field numbering (kernels/host/field_host.c).
+/// The C side's field numbering (kernels/host/field_host.cpp).
 fn field_code(f: Field) -> i32 {
     match f {
         Field::Bn254Fr => 0,

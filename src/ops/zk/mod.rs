@@ -1,6 +1,8 @@
-//! Zero-knowledge primitives: prime-field vectors.
+//! Zero-knowledge primitives: prime-field vectors, NTT, MSM.
 mod field;
 mod gpu;
+pub mod msm;
+mod msm_gpu;
 pub mod ntt;
 mod pow_inv;
 pub mod samples;
@@ -12,9 +14,12 @@ pub use gpu::{
     field_kernel_names, ntt_kernel_names, run_field_binary_cuda, run_field_inv_cuda,
     run_field_pow_cuda, run_ntt_cuda,
 };
+pub use msm_gpu::{msm_kernel_names, run_msm_cuda, run_msm_cuda_in_chunks};
 pub use pow_inv::{FieldInvJob, FieldPowJob, InvError, PowShape};
 pub use u256::{ParseError, U256};
 pub use vector_ops::{FieldBinaryJob, FieldOp, LengthMismatch};
 
 #[cfg(test)]
 mod host_kernel_parity;
+#[cfg(test)]
+mod msm_host_parity;

@@ -1,7 +1,11 @@
 //! Deterministic inputs for tests, parity checks and benchmarks: the edge values every
 //! field op must survive, and reproducible pseudo-random canonical elements.
 
+use super::msm::{Curve, Points};
 use super::{Field, U256};
+use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
+use ark_ec::{AffineRepr, CurveGroup};
+use ark_ff::PrimeField;
 
 /// 0, 1, 2, p-1, p-2, (p-1)/2 and 2^64-1 where it is canonical.
 pub fn edge_values(field: Field) -> Vec<U256> {
@@ -58,6 +62,33 @@ pub fn random_elements(field: Field, n: usize, seed: u64) -> Vec<U256> {
     out
 }
 
+/// `n` reproducible points of `curve`: P₀ + i·S for random multiples P₀, S of the
+/// generator (additions only, so 2^20 points take a second, not minutes).
+pub fn random_points(curve: Curve, n: usize, seed: u64) -> Points {
+    match curve {
+        Curve::Bn254G1 => Points::Bn254G1(point_walk(n, seed)),
+        Curve::Bls12_381G1 => Points::Bls12_381G1(point_walk(n, seed)),
+    }
+}
+
+fn point_walk<P: SWCurveConfig>(n: usize, seed: u64) -> Vec<Affine<P>>
+where
+    P::ScalarField: PrimeField<BigInt = ark_ff::BigInt<4>>,
+{
+    let field = if P::ScalarField::MODULUS == ark_ff::BigInt(crate::ops::zk::field::BN254_R.0) {
+        Field::Bn254Fr
+    } else {
+        Field::Bls12_381Fr
+    };
+    let k = random_elements(field, 2, seed);
+    let g = Affine::<P>::generator();
+    let (start, step) = (g.mul_bigint(k[0].0), g.mul_bigint(k[1].0));
+    let walk: Vec<Projective<P>> = std::iter::successors(Some(start), |p| Some(*p + step))
+        .take(n)
+        .collect();
+    Projective::normalize_batch(&walk)
+}
+
 fn bit_length(v: U256) -> u32 {
     v.0.iter()
         .rposition(|&l| l != 0)
@@ -86,6 +117,17 @@ mod tests {
             // The top limb in use must vary, or the masking is wrong.
             let top = if field.byte_width() <= 8 { 0 } else { 3 };
             assert!(a.iter().any(|v| v.0[top] > field.modulus().0[top] / 2));
+        }
+    }
+
+    #[test]
+    fn random_points_are_valid_distinct_and_reproducible() {
+        for curve in Curve::ALL {
+            let p = random_points(curve, 50, 3);
+            assert_eq!(p, random_points(curve, 50, 3));
+            assert_eq!(Points::from_le_bytes(curve, &p.to_le_bytes()).unwrap(), p);
+            let coords: std::collections::HashSet<_> = (0..50).map(|i| p.coordinates(i)).collect();
+            assert_eq!(coords.len(), 50);
         }
     }
 

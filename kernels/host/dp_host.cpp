@@ -3,13 +3,13 @@
 #include <stddef.h>
 #include "../dp_noise.cuh"
 
-void gpu_ops_host_chacha20_block(const u32 *key, u32 counter, u32 n0, u32 n1, u32 n2,
+extern "C" void gpu_ops_host_chacha20_block(const u32 *key, u32 counter, u32 n0, u32 n1, u32 n2,
                                  u32 *out) {
     dp_chacha20_block(key, counter, n0, n1, n2, out);
 }
 
 /* kind: 0 discrete Gaussian (t, c), 1 discrete Laplace (t). */
-void gpu_ops_host_dp_noise(int kind, const u32 *key, u32 domain, u64 first, size_t n, u64 t,
+extern "C" void gpu_ops_host_dp_noise(int kind, const u32 *key, u32 domain, u64 first, size_t n, u64 t,
                            u64 c, i64 *out) {
     for (size_t i = 0; i < n; i++) {
         dp_bits bits;

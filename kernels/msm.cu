@@ -1,0 +1,89 @@
+// MSM kernels (bodies in msm.cuh). The launcher (src/ops/zk/msm_gpu.rs) runs, per chunk
+// of points and per scalar vector: msm_digits -> msm_count -> msm_scan -> msm_scatter ->
+// <curve>_msm_buckets -> <curve>_msm_reduce, then combines the segments on the host.
+#include "bn254_fq.cuh"
+#include "bls12_381_fq.cuh"
+#include "msm.cuh"
+
+#define GRID_STRIDE(i, n)                                                                 \
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n);                     \
+         i += (u64)gridDim.x * blockDim.x)
+
+extern "C" __global__ void msm_digits(const u32 *scalars, u64 n, u32 c, u32 windows,
+                                      u32 *digits) {
+    GRID_STRIDE(i, n) { msm_digits_of(scalars + 8 * i, i, n, c, windows, digits); }
+}
+
+// counts[w * nb + |d| - 1] += 1 for every nonzero digit.
+extern "C" __global__ void msm_count(const u32 *digits, u64 total, u64 n, u32 nb, u32 *counts) {
+    GRID_STRIDE(k, total) {
+        u32 m = digits[k] & ~MSM_NEG;
+        if (m) atomicAdd(&counts[(k / n) * nb + m - 1], 1u);
+    }
+}
+
+// Exclusive prefix sum of len counts, in one block: each thread sums a contiguous run,
+// the block scans the run totals, then each thread writes its run's offsets.
+extern "C" __global__ void msm_scan(const u32 *counts, u32 *offsets, u64 len) {
+    __shared__ u32 totals[1024];
+    u64 run = (len + blockDim.x - 1) / blockDim.x;
+    u64 lo = threadIdx.x * run, hi = lo + run < len ? lo + run : len;
+    u32 sum = 0;
+    for (u64 k = lo; k < hi; k++) sum += counts[k];
+    totals[threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 acc = 0;
+        for (u32 t = 0; t < blockDim.x; t++) {
+            u32 v = totals[t];
+            totals[t] = acc;
+            acc += v;
+        }
+    }
+    __syncthreads();
+    u32 acc = totals[threadIdx.x];
+    for (u64 k = lo; k < hi; k++) {
+        offsets[k] = acc;
+        acc += counts[k];
+    }
+}
+
+// entries[cursor[bucket]++] = i | sign. The order inside a bucket varies from run to run;
+// point addition is exact, so the sum does not.
+extern "C" __global__ void msm_scatter(const u32 *digits, u64 total, u64 n, u32 nb, u32 *cursor,
+                                       u32 *entries) {
+    GRID_STRIDE(k, total) {
+        u32 d = digits[k], m = d & ~MSM_NEG;
+        if (m) {
+            u32 pos = atomicAdd(&cursor[(k / n) * nb + m - 1], 1u);
+            entries[pos] = (u32)(k % n) | (d & MSM_NEG);
+        }
+    }
+}
+
+#define MSM_BUCKETS(NAME, N, F)                                                           \
+    extern "C" __global__ void NAME(const u32 *points, const u32 *entries,                \
+                                    const u32 *offsets, const u32 *counts, u64 buckets,   \
+                                    u32 *out) {                                           \
+        GRID_STRIDE(b, buckets) {                                                         \
+            msm_bucket_sum<N>(&F, points, entries, offsets[b], counts[b],                 \
+                              (xyzz<N> *)out + b);                                        \
+        }                                                                                 \
+    }
+
+#define MSM_REDUCE(NAME, N, F)                                                            \
+    extern "C" __global__ void NAME(const u32 *buckets, u32 nb, u32 windows, u32 seg_len,  \
+                                    u32 *out) {                                           \
+        u32 segs = (nb + seg_len - 1) / seg_len;                                          \
+        GRID_STRIDE(t, (u64)windows * segs) {                                             \
+            u32 w = (u32)(t / segs), s = (u32)(t % segs), start = s * seg_len;             \
+            u32 len = nb - start < seg_len ? nb - start : seg_len;                        \
+            msm_segment_reduce<N>(&F, (const xyzz<N> *)buckets + (u64)w * nb, start, len,  \
+                                  out + 3 * N * t);                                       \
+        }                                                                                 \
+    }
+
+MSM_BUCKETS(bn254_g1_msm_buckets, 8, BN254_FQ)
+MSM_REDUCE(bn254_g1_msm_reduce, 8, BN254_FQ)
+MSM_BUCKETS(bls12_381_g1_msm_buckets, 12, BLS12_381_FQ)
+MSM_REDUCE(bls12_381_g1_msm_reduce, 12, BLS12_381_FQ)

@@ -1,0 +1,433 @@
+//! `POST /zk/msm`: multi-scalar multiplication over G1 of BN254 and BLS12-381.
+
+use super::elements::{Elements, ElementsDoc, Encoding};
+use super::problem::{ErrorCode, FieldIssue, Problem, ProblemDocument};
+use super::{blocking, job_response, job_timeout, AppState};
+use crate::backend::BackendChoice;
+use crate::ops::zk::msm::{Curve, MsmJob, MsmShape, PointErrors, Points, RawPoint};
+use crate::ops::zk::FieldVec;
+use crate::pool::{Output, Work};
+use axum::extract::State;
+use axum::response::Response;
+use base64::Engine;
+use num_bigint::BigUint;
+use serde::de::{self, SeqAccess, Visitor};
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+/// Up to this many points the request is decoded on the runtime thread.
+const INLINE_POINTS: usize = 16;
+
+/// Σ sᵢ·Pᵢ for one scalar vector, or for each vector of a batch over the same points.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"curve": "bn254_g1", "scalars": ["2", "3"],
+    "points": [{"x": "1", "y": "2"}, null]}))]
+pub struct MsmRequest {
+    pub curve: Curve,
+    /// One scalar per point: canonical integers below the group order r (the
+    /// `bn254_fr` / `bls12_381_fr` modulus), **not** in Montgomery form. In base64, 32
+    /// little-endian bytes each. Give this or `scalar_batch`.
+    #[schema(value_type = Option<ElementsDoc>)]
+    pub scalars: Option<Elements>,
+    /// Several scalar vectors over the same points, each as `scalars`; the answer has one
+    /// result per vector, in order.
+    #[schema(value_type = Option<Vec<ElementsDoc>>)]
+    pub scalar_batch: Option<Vec<Elements>>,
+    /// Affine points with canonical coordinates (below the base field modulus q, not in
+    /// Montgomery form), `null` for the identity. Each must be on the curve and, for
+    /// BLS12-381, in the prime-order subgroup.
+    #[schema(value_type = PointsDoc)]
+    pub points: PointsIn,
+    /// How scalars, points and the result are written.
+    #[serde(default)]
+    pub encoding: Encoding,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Documentation form of an affine point.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct AffinePointDoc {
+    /// Decimal or `0x` hex (output follows `encoding`).
+    #[schema(example = "1")]
+    x: String,
+    #[schema(example = "2")]
+    y: String,
+}
+
+/// Documentation form of a point vector.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum PointsDoc {
+    /// `{x, y}` objects, `null` for the identity.
+    List(Vec<Option<AffinePointDoc>>),
+    /// With `"encoding": "base64"`: per point x ‖ y, each coordinate little-endian and
+    /// fixed-width (32 bytes for bn254_g1, 48 for bls12_381_g1); all zero bytes for the
+    /// identity (Ethereum's convention: (0, 0) is on neither curve).
+    Base64(String),
+}
+
+/// Documentation form of one result point.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub enum PointOutDoc {
+    /// The affine point (`null` for the identity).
+    Affine(Option<AffinePointDoc>),
+    /// With `"encoding": "base64"`: x ‖ y little-endian, all zero for the identity.
+    Base64(String),
+}
+
+#[derive(Serialize, ToSchema)]
+#[schema(example = json!({"curve": "bn254_g1", "encoding": "decimal", "points": 2, "result": {"x": "1368015179489954701390400359078579693043519447331113978918064868415326638035", "y": "9918110051302171585080402603319702774565515993150576347155970296011118125764"}}))]
+pub struct MsmResponse {
+    pub curve: Curve,
+    pub encoding: Encoding,
+    /// How many points each sum ran over.
+    pub points: usize,
+    /// Σ sᵢ·Pᵢ, when `scalars` was given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<PointOutDoc>)]
+    pub result: Option<PointOut>,
+    /// One sum per vector of `scalar_batch`, in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<PointOutDoc>>)]
+    pub results: Option<Vec<PointOut>>,
+}
+
+/// Points as received: coordinate strings, or one base64 string.
+pub enum PointsIn {
+    List(Vec<Option<PointStrings>>),
+    Base64(String),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PointStrings {
+    x: String,
+    y: String,
+}
+
+impl PointsIn {
+    fn approx_len(&self, curve: Curve) -> usize {
+        match self {
+            PointsIn::List(v) => v.len(),
+            PointsIn::Base64(s) => s.len() / 4 * 3 / (2 * curve.coordinate_bytes()),
+        }
+    }
+
+    fn decode(&self, curve: Curve, encoding: Encoding, max: usize) -> Result<Points, Problem> {
+        let n = self.approx_len(curve);
+        if n > max {
+            return Err(Problem::at(
+                ErrorCode::PayloadTooLarge,
+                "/points",
+                format!("{n} points is more than the server's limit of {max} (--max-elements)"),
+            ));
+        }
+        let checked = match (self, encoding) {
+            (PointsIn::List(list), Encoding::Decimal | Encoding::Hex) => {
+                Points::validate(curve, &parse_list(list)?)
+            }
+            (PointsIn::Base64(text), Encoding::Base64) => {
+                let bytes = B64.decode(text).map_err(|e| {
+                    Problem::at(
+                        ErrorCode::InvalidPoint,
+                        "/points",
+                        format!("invalid base64: {e}"),
+                    )
+                })?;
+                Points::from_le_bytes(curve, &bytes)
+            }
+            (PointsIn::Base64(_), _) => {
+                return Err(Problem::at(
+                    ErrorCode::InvalidRequest,
+                    "/points",
+                    "a string is only accepted with \"encoding\": \"base64\"; send an array of {x, y} otherwise",
+                ))
+            }
+            (PointsIn::List(_), Encoding::Base64) => {
+                return Err(Problem::at(
+                    ErrorCode::InvalidRequest,
+                    "/points",
+                    "with \"encoding\": \"base64\" send one base64 string",
+                ))
+            }
+        };
+        checked.map_err(|e| point_problem(e, |i| format!("/points/{i}")))
+    }
+}
+
+/// Coordinates of every listed point; malformed numbers are reported like bad points.
+fn parse_list(list: &[Option<PointStrings>]) -> Result<Vec<RawPoint>, Problem> {
+    let mut errors = PointErrors {
+        listed: Vec::new(),
+        count: 0,
+    };
+    let mut raw = Vec::with_capacity(list.len());
+    for (i, p) in list.iter().enumerate() {
+        let Some(p) = p else {
+            raw.push(None);
+            continue;
+        };
+        let (name, why) = match (parse_uint(&p.x), parse_uint(&p.y)) {
+            (Ok(x), Ok(y)) => {
+                raw.push(Some((x, y)));
+                continue;
+            }
+            (Err(e), _) => ("x", e),
+            (_, Err(e)) => ("y", e),
+        };
+        errors.count += 1;
+        if errors.listed.len() < 16 {
+            errors.listed.push((i, format!("{name}: {why}")));
+        }
+        raw.push(None);
+    }
+    if errors.count > 0 {
+        return Err(point_problem(errors, |i| format!("/points/{i}")));
+    }
+    Ok(raw)
+}
+
+/// A non-negative integer as decimal or `0x` hex.
+fn parse_uint(s: &str) -> Result<BigUint, String> {
+    let (digits, radix) = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => (hex, 16),
+        None => (s, 10),
+    };
+    // Coordinates are below 2^384: about 116 decimal digits; refuse megabyte numbers early.
+    if digits.is_empty() || digits.len() > 200 {
+        return Err(format!("{s:.40}: not a decimal or 0x-hex coordinate"));
+    }
+    BigUint::parse_bytes(digits.as_bytes(), radix)
+        .ok_or_else(|| format!("{s:.40}: not a decimal or 0x-hex coordinate"))
+}
+
+fn point_problem(e: PointErrors, path: impl Fn(usize) -> String) -> Problem {
+    let issues: Vec<FieldIssue> = e
+        .listed
+        .iter()
+        .map(|(i, m)| FieldIssue {
+            path: path(*i),
+            message: m.clone(),
+        })
+        .collect();
+    let detail = match issues.as_slice() {
+        [one] if e.count == 1 => format!("{}: {}", one.path, one.message),
+        _ => format!(
+            "{} invalid point(s); the first {} are listed",
+            e.count,
+            issues.len()
+        ),
+    };
+    Problem::new(ErrorCode::InvalidPoint, detail).with_errors(issues)
+}
+
+impl<'de> Deserialize<'de> for PointsIn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(PointsVisitor)
+    }
+}
+
+struct PointsVisitor;
+
+impl<'de> Visitor<'de> for PointsVisitor {
+    type Value = PointsIn;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an array of {x, y} objects or nulls, or a base64 string")
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<PointsIn, E> {
+        Ok(PointsIn::Base64(v.to_string()))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PointsIn, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+        while let Some(p) = seq.next_element::<Option<PointStrings>>()? {
+            out.push(p);
+        }
+        Ok(PointsIn::List(out))
+    }
+}
+
+/// One result point in the response's encoding.
+pub enum PointOut {
+    Identity,
+    Affine { x: String, y: String },
+    Base64(String),
+}
+
+impl PointOut {
+    fn of(results: &Points, i: usize, encoding: Encoding) -> PointOut {
+        let text = |v: BigUint| match encoding {
+            Encoding::Hex => format!("0x{v:x}"),
+            _ => v.to_string(),
+        };
+        match (encoding, results.coordinates(i)) {
+            (Encoding::Base64, _) => {
+                let width = 2 * results.curve().coordinate_bytes();
+                PointOut::Base64(B64.encode(&results.to_le_bytes()[i * width..(i + 1) * width]))
+            }
+            (_, None) => PointOut::Identity,
+            (_, Some((x, y))) => PointOut::Affine {
+                x: text(x),
+                y: text(y),
+            },
+        }
+    }
+}
+
+impl Serialize for PointOut {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            PointOut::Identity => s.serialize_none(),
+            PointOut::Base64(b) => s.serialize_str(b),
+            PointOut::Affine { x, y } => {
+                let mut st = s.serialize_struct("Point", 2)?;
+                st.serialize_field("x", x)?;
+                st.serialize_field("y", y)?;
+                st.end()
+            }
+        }
+    }
+}
+
+#[utoipa::path(
+    post, path = "/zk/msm", tag = "zk", operation_id = "msm", summary = "Multi-scalar multiplication Σ sᵢ·Pᵢ",
+    description = "Over bn254_g1 or bls12_381_g1, one scalar vector (`scalars` → `result`) or several over the same \
+        points (`scalar_batch` → `results`). Every point is checked: canonical coordinates, on the curve, and for \
+        BLS12-381 in the prime-order subgroup; a bad one is refused with 422 invalid_point naming its index. \
+        The result is the affine sum, `null` for the identity. The CPU backend is arkworks' Pippenger; the CUDA \
+        backend a bucket method with signed windows. Both give the same point (affine form is unique).",
+    request_body = MsmRequest,
+    responses(
+        (status = 200, description = "The sum(s)", body = MsmResponse),
+        (status = 413, description = "More points or scalars than --max-elements", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_request, invalid_point, invalid_field_element, length_mismatch, invalid_parameter", body = ProblemDocument, content_type = "application/problem+json",
+            example = json!({"type": "urn:gpu-ops:problem:invalid_point", "title": "A point is malformed, not on the curve, or outside the prime-order subgroup",
+                "status": 422, "detail": "/points/1: not on the curve y² = x³ + 3", "code": "invalid_point",
+                "request_id": "0d9f4b52-8c1e-4c39-9d5a-3b1f0e2a7c44", "errors": [{"path": "/points/1", "message": "not on the curve y² = x³ + 3"}]})),
+        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn msm(
+    State(state): State<Arc<AppState>>,
+    super::ApiJson(req): super::ApiJson<MsmRequest>,
+) -> Result<Response, Problem> {
+    let timeout = job_timeout(req.timeout_ms)?;
+    let (curve, encoding, backend) = (req.curve, req.encoding, req.backend);
+    let batched = req.scalar_batch.is_some();
+    let max = state.settings.config.max_elements;
+    let large = req.points.approx_len(curve) > INLINE_POINTS;
+    let build = move || -> Result<MsmJob, Problem> {
+        let scalars = decode_scalars(&req, max)?;
+        let points = req.points.decode(curve, encoding, max)?;
+        MsmJob::new(points, scalars).map_err(|e| {
+            let path = match &e {
+                MsmShape::NoPoints => "/points".to_string(),
+                MsmShape::NoScalars => "/scalar_batch".to_string(),
+                MsmShape::Lengths { batch, .. } if batched => format!("/scalar_batch/{batch}"),
+                MsmShape::Lengths { .. } => "/scalars".to_string(),
+                MsmShape::WrongField { .. } => {
+                    return Problem::new(ErrorCode::Internal, e.to_string())
+                }
+            };
+            let code = match e {
+                MsmShape::Lengths { .. } => ErrorCode::LengthMismatch,
+                _ => ErrorCode::InvalidParameter,
+            };
+            Problem::at(code, path, e.to_string())
+        })
+    };
+    let job = if large {
+        blocking(build).await?
+    } else {
+        build()?
+    };
+    let n_points = job.points().len();
+    let done = state.pool.submit(Work::Msm(job), backend, timeout).await?;
+    let Output::Points(sums) = done.output else {
+        return Err(Problem::new(
+            ErrorCode::Internal,
+            "the job returned another op's output",
+        ));
+    };
+    let mut out: Vec<PointOut> = (0..sums.len())
+        .map(|i| PointOut::of(&sums, i, encoding))
+        .collect();
+    let (result, results) = if batched {
+        (None, Some(out))
+    } else {
+        (out.pop(), None)
+    };
+    let body = MsmResponse {
+        curve,
+        encoding,
+        points: n_points,
+        result,
+        results,
+    };
+    let bytes =
+        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(job_response(bytes, &done.run))
+}
+
+fn decode_scalars(req: &MsmRequest, max: usize) -> Result<Vec<FieldVec>, Problem> {
+    let field = req.curve.scalar_field();
+    let vectors = match (&req.scalars, &req.scalar_batch) {
+        (Some(s), None) => vec![s.decode(field, req.encoding, "/scalars", max)?],
+        (None, Some(batch)) => {
+            let per_element = match req.encoding {
+                Encoding::Base64 => field.byte_width(),
+                _ => 1,
+            };
+            let total: usize = batch.iter().map(|s| s.approx_len() / per_element).sum();
+            if total > max {
+                return Err(too_many(total, max));
+            }
+            batch
+                .iter()
+                .enumerate()
+                .map(|(k, s)| s.decode(field, req.encoding, &format!("/scalar_batch/{k}"), max))
+                .collect::<Result<_, _>>()?
+        }
+        (Some(_), Some(_)) => {
+            return Err(Problem::at(
+                ErrorCode::InvalidRequest,
+                "/scalar_batch",
+                "give scalars (one vector) or scalar_batch (several), not both",
+            ))
+        }
+        (None, None) => {
+            return Err(Problem::at(
+                ErrorCode::InvalidRequest,
+                "/scalars",
+                "give scalars (one vector) or scalar_batch (several)",
+            ))
+        }
+    };
+    let total: usize = vectors.iter().map(FieldVec::len).sum();
+    if total > max {
+        return Err(too_many(total, max));
+    }
+    Ok(vectors)
+}
+
+fn too_many(n: usize, max: usize) -> Problem {
+    Problem::at(
+        ErrorCode::PayloadTooLarge,
+        "/scalar_batch",
+        format!("{n} scalars in all is more than the server's limit of {max} (--max-elements)"),
+    )
+}

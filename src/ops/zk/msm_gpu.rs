@@ -1,0 +1,374 @@
+//! GPU launcher for the MSM kernels (`kernels/msm.cu`), and what it shares with their
+//! host build: the plan (window size, segments) and the final combination of the
+//! per-segment sums the kernels return.
+
+use super::msm::{MsmJob, Points};
+use super::FieldVec;
+use crate::backend::cuda::DeviceLease;
+use crate::backend::DeviceError;
+use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
+use ark_ec::{AffineRepr, CurveGroup};
+use ark_ff::{AdditiveGroup, BigInt, Zero};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+
+/// Window size and reduction layout for `n` points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MsmPlan {
+    /// Window bits.
+    pub c: u32,
+    pub windows: u32,
+    /// Buckets per window: signed digits need 2^(c-1).
+    pub nb: u32,
+    /// Buckets one reduction thread walks.
+    pub seg_len: u32,
+}
+
+impl MsmPlan {
+    /// c ≈ log2(n) − 3, in [4, 16]: a few points per bucket on average, so the bucket
+    /// pass has many threads with similar work and the reduction stays small. The top
+    /// window holds at most c − 1 bits plus the carry, so its digit is at most 2^(c-1):
+    /// kept positive (bucket nb), no carry is lost.
+    pub fn new(n: usize, scalar_bits: u32) -> Self {
+        let log2 = usize::BITS - n.max(1).leading_zeros();
+        let c = (log2 as i32 - 3).clamp(4, 16) as u32;
+        let nb = 1 << (c - 1);
+        Self {
+            c,
+            windows: scalar_bits / c + 1,
+            nb,
+            seg_len: nb.min(256),
+        }
+    }
+
+    pub fn segments(&self) -> u32 {
+        self.nb.div_ceil(self.seg_len)
+    }
+
+    pub fn buckets(&self) -> usize {
+        (self.windows * self.nb) as usize
+    }
+
+    /// Segment sums the reduction returns.
+    pub fn partials(&self) -> usize {
+        (self.windows * self.segments()) as usize
+    }
+}
+
+/// A curve the kernels know: its kernel prefix, limb count and Montgomery words.
+pub(crate) trait DeviceCurve: SWCurveConfig {
+    const PREFIX: &'static str;
+    /// u32 limbs per base-field element.
+    const LIMBS: usize;
+    const SCALAR_BITS: u32;
+    /// Appends the element's Montgomery form (what the kernels compute in).
+    fn push_words(v: &Self::BaseField, out: &mut Vec<u32>);
+    fn from_words(w: &[u32]) -> Self::BaseField;
+}
+
+macro_rules! device_curve {
+    ($config:ty, $fq:ty, $prefix:literal, $limbs64:literal, $bits:literal) => {
+        impl DeviceCurve for $config {
+            const PREFIX: &'static str = $prefix;
+            const LIMBS: usize = 2 * $limbs64;
+            const SCALAR_BITS: u32 = $bits;
+            fn push_words(v: &$fq, out: &mut Vec<u32>) {
+                // arkworks keeps field elements in Montgomery form with the same R.
+                for l in v.0 .0 {
+                    out.extend([l as u32, (l >> 32) as u32]);
+                }
+            }
+            fn from_words(w: &[u32]) -> $fq {
+                let limbs =
+                    std::array::from_fn(|i| u64::from(w[2 * i]) | (u64::from(w[2 * i + 1]) << 32));
+                <$fq>::new_unchecked(BigInt::<$limbs64>(limbs))
+            }
+        }
+    };
+}
+
+device_curve!(ark_bn254::g1::Config, ark_bn254::Fq, "bn254_g1", 4, 254);
+device_curve!(
+    ark_bls12_381::g1::Config,
+    ark_bls12_381::Fq,
+    "bls12_381_g1",
+    6,
+    255
+);
+
+/// Every kernel `kernels/msm.cu` must provide.
+pub fn msm_kernel_names() -> Vec<String> {
+    let shared = ["msm_digits", "msm_count", "msm_scan", "msm_scatter"].map(String::from);
+    let per_curve = [
+        <ark_bn254::g1::Config as DeviceCurve>::PREFIX,
+        <ark_bls12_381::g1::Config as DeviceCurve>::PREFIX,
+    ]
+    .into_iter()
+    .flat_map(|p| [format!("{p}_msm_buckets"), format!("{p}_msm_reduce")]);
+    shared.into_iter().chain(per_curve).collect()
+}
+
+/// Affine points as the kernels read them: x then y, Montgomery words.
+pub(crate) fn point_words<P: DeviceCurve>(points: &[Affine<P>]) -> Vec<u32> {
+    let mut out = Vec::with_capacity(points.len() * 2 * P::LIMBS);
+    for p in points {
+        let (x, y) = p.xy().expect("the identity is filtered out before upload");
+        P::push_words(&x, &mut out);
+        P::push_words(&y, &mut out);
+    }
+    out
+}
+
+/// Σ over segments and windows (Horner in 2^c) of the reduction's Jacobian words.
+pub(crate) fn combine<P: DeviceCurve>(plan: &MsmPlan, words: &[u32]) -> Projective<P> {
+    let width = 3 * P::LIMBS;
+    let segs = plan.segments() as usize;
+    let mut total = Projective::<P>::zero();
+    for w in (0..plan.windows as usize).rev() {
+        for _ in 0..plan.c {
+            total.double_in_place();
+        }
+        for s in 0..segs {
+            let j = &words[(w * segs + s) * width..][..width];
+            let z = P::from_words(&j[2 * P::LIMBS..]);
+            if !z.is_zero() {
+                total += Projective::<P>::new_unchecked(
+                    P::from_words(&j[..P::LIMBS]),
+                    P::from_words(&j[P::LIMBS..2 * P::LIMBS]),
+                    z,
+                );
+            }
+        }
+    }
+    total
+}
+
+/// The scalars of the kept points, as u64 words (the kernels read 8 u32 limbs).
+pub(crate) fn scalar_words(scalars: &FieldVec, keep: &[usize]) -> Vec<u64> {
+    match scalars {
+        FieldVec::Bn254Fr(v) | FieldVec::Bls12_381Fr(v) => {
+            keep.iter().flat_map(|&i| v[i]).collect()
+        }
+        _ => unreachable!("MsmJob::new checked the scalar field"),
+    }
+}
+
+pub fn run_msm_cuda(job: &MsmJob, dev: &DeviceLease<'_>) -> Result<Points, DeviceError> {
+    run_msm_cuda_in_chunks(job, dev, usize::MAX)
+}
+
+/// As `run_msm_cuda`, with at most `max_chunk` points per device pass (the parity tests
+/// use it to exercise the chunked path without filling the device).
+pub fn run_msm_cuda_in_chunks(
+    job: &MsmJob,
+    dev: &DeviceLease<'_>,
+    max_chunk: usize,
+) -> Result<Points, DeviceError> {
+    Ok(match job.points() {
+        Points::Bn254G1(p) => Points::Bn254G1(run_curve(dev, p, job.scalars(), max_chunk)?),
+        Points::Bls12_381G1(p) => Points::Bls12_381G1(run_curve(dev, p, job.scalars(), max_chunk)?),
+    })
+}
+
+/// Share of the device's free memory one MSM may use; larger inputs run in chunks of
+/// points whose sums are added on the host.
+const MEMORY_SHARE: f64 = 0.5;
+
+/// Device bytes for a chunk of `n` points.
+fn chunk_bytes<P: DeviceCurve>(n: usize) -> usize {
+    let plan = MsmPlan::new(n, P::SCALAR_BITS);
+    let per_point = 4 * 2 * P::LIMBS + 32 + 2 * 4 * plan.windows as usize;
+    let per_bucket = 4 * 4 * P::LIMBS + 3 * 4;
+    n * per_point + plan.buckets() * per_bucket + plan.partials() * 4 * 3 * P::LIMBS
+}
+
+fn chunk_len<P: DeviceCurve>(dev: &DeviceLease<'_>, n: usize) -> usize {
+    let Some((free, _)) = dev.device.memory() else {
+        return n;
+    };
+    let budget = (free as f64 * MEMORY_SHARE) as usize;
+    let mut len = n;
+    while len > 1 << 10 && chunk_bytes::<P>(len) > budget {
+        len = len.div_ceil(2);
+    }
+    len
+}
+
+fn run_curve<P: DeviceCurve>(
+    dev: &DeviceLease<'_>,
+    points: &[Affine<P>],
+    scalars: &[FieldVec],
+    max_chunk: usize,
+) -> Result<Vec<Affine<P>>, DeviceError> {
+    let keep: Vec<usize> = (0..points.len())
+        .filter(|&i| !points[i].is_zero())
+        .collect();
+    let mut sums = vec![Projective::<P>::zero(); scalars.len()];
+    let chunk = chunk_len::<P>(dev, keep.len()).min(max_chunk).max(1);
+    for part in keep.chunks(chunk) {
+        let plan = MsmPlan::new(part.len(), P::SCALAR_BITS);
+        let chosen: Vec<Affine<P>> = part.iter().map(|&i| points[i]).collect();
+        let mut launcher = Launcher::<P>::new(dev, plan, &point_words(&chosen))?;
+        for (sum, s) in sums.iter_mut().zip(scalars) {
+            *sum += launcher.run(&scalar_words(s, part))?;
+        }
+    }
+    Ok(Projective::normalize_batch(&sums))
+}
+
+/// Device buffers for one chunk of points, reused across the batch's scalar vectors.
+struct Launcher<'a, P: DeviceCurve> {
+    dev: &'a DeviceLease<'a>,
+    plan: MsmPlan,
+    n: usize,
+    points: CudaSlice<u32>,
+    digits: CudaSlice<u32>,
+    counts: CudaSlice<u32>,
+    offsets: CudaSlice<u32>,
+    cursor: CudaSlice<u32>,
+    entries: CudaSlice<u32>,
+    buckets: CudaSlice<u32>,
+    partials: CudaSlice<u32>,
+    _curve: std::marker::PhantomData<P>,
+}
+
+impl<'a, P: DeviceCurve> Launcher<'a, P> {
+    fn new(dev: &'a DeviceLease<'a>, plan: MsmPlan, words: &[u32]) -> Result<Self, DeviceError> {
+        let stream = dev.stream();
+        let n = words.len() / (2 * P::LIMBS);
+        let terms = n * plan.windows as usize;
+        Ok(Self {
+            dev,
+            plan,
+            n,
+            points: stream.clone_htod(words)?,
+            digits: stream.alloc_zeros(terms)?,
+            counts: stream.alloc_zeros(plan.buckets())?,
+            offsets: stream.alloc_zeros(plan.buckets())?,
+            cursor: stream.alloc_zeros(plan.buckets())?,
+            entries: stream.alloc_zeros(terms)?,
+            buckets: stream.alloc_zeros(plan.buckets() * 4 * P::LIMBS)?,
+            partials: stream.alloc_zeros(plan.partials() * 3 * P::LIMBS)?,
+            _curve: std::marker::PhantomData,
+        })
+    }
+
+    /// Σ sᵢ·Pᵢ over this chunk for one scalar vector (u64 words, 4 per scalar).
+    fn run(&mut self, scalars: &[u64]) -> Result<Projective<P>, DeviceError> {
+        let Self {
+            dev,
+            plan,
+            n,
+            points,
+            digits,
+            counts,
+            offsets,
+            cursor,
+            entries,
+            buckets: bucket_sums,
+            partials,
+            ..
+        } = self;
+        let (dev, plan, n_points) = (*dev, *plan, *n);
+        let stream = dev.stream();
+        let (n, terms) = (n_points as u64, (n_points * plan.windows as usize) as u64);
+        let buckets = plan.buckets() as u64;
+        let d_scalars = stream.clone_htod(scalars)?;
+
+        let mut l = stream.launch_builder(dev.function("msm_digits")?);
+        l.arg(&d_scalars)
+            .arg(&n)
+            .arg(&plan.c)
+            .arg(&plan.windows)
+            .arg(&mut *digits);
+        // SAFETY: n scalars of 8 limbs in, n·windows digits out.
+        unsafe { l.launch(dev.launch_config(n_points)) }?;
+
+        stream.memset_zeros(counts)?;
+        let mut l = stream.launch_builder(dev.function("msm_count")?);
+        l.arg(&*digits)
+            .arg(&terms)
+            .arg(&n)
+            .arg(&plan.nb)
+            .arg(&mut *counts);
+        // SAFETY: digits hold `terms` words; every bucket index is < windows·nb.
+        unsafe { l.launch(dev.launch_config(terms as usize)) }?;
+
+        let mut l = stream.launch_builder(dev.function("msm_scan")?);
+        l.arg(&*counts).arg(&mut *offsets).arg(&buckets);
+        let one_block = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: counts and offsets hold `buckets` words; the kernel's shared array is
+        // sized for its 1024 threads.
+        unsafe { l.launch(one_block) }?;
+
+        stream.memcpy_dtod(&*offsets, &mut *cursor)?;
+        let mut l = stream.launch_builder(dev.function("msm_scatter")?);
+        l.arg(&*digits)
+            .arg(&terms)
+            .arg(&n)
+            .arg(&plan.nb)
+            .arg(&mut *cursor)
+            .arg(&mut *entries);
+        // SAFETY: offsets are an exclusive scan of the counts, so every position is
+        // below the number of nonzero digits ≤ terms.
+        unsafe { l.launch(dev.launch_config(terms as usize)) }?;
+
+        let name = format!("{}_msm_buckets", P::PREFIX);
+        let mut l = stream.launch_builder(dev.function(&name)?);
+        l.arg(&*points)
+            .arg(&*entries)
+            .arg(&*offsets)
+            .arg(&*counts)
+            .arg(&buckets)
+            .arg(&mut *bucket_sums);
+        // SAFETY: entries name points < n; one XYZZ point (4·LIMBS words) per bucket.
+        unsafe { l.launch(dev.launch_config(buckets as usize)) }?;
+
+        let name = format!("{}_msm_reduce", P::PREFIX);
+        let mut l = stream.launch_builder(dev.function(&name)?);
+        l.arg(&*bucket_sums)
+            .arg(&plan.nb)
+            .arg(&plan.windows)
+            .arg(&plan.seg_len)
+            .arg(&mut *partials);
+        // SAFETY: windows·segments threads each write 3·LIMBS words of `partials`.
+        unsafe { l.launch(dev.launch_config(plan.partials())) }?;
+
+        let words = stream.clone_dtoh(&*partials)?;
+        stream.synchronize()?;
+        Ok(combine::<P>(&plan, &words))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_keep_the_top_window_below_half_a_window() {
+        for bits in [254u32, 255] {
+            for n in [1usize, 31, 1 << 10, 1 << 16, 1 << 20, 1 << 26] {
+                let p = MsmPlan::new(n, bits);
+                assert!((4..=16).contains(&p.c));
+                // The top window holds bits − (windows − 1)·c ≤ c − 1 bits.
+                assert!(bits - (p.windows - 1) * p.c < p.c, "{p:?}");
+                assert!((p.windows - 1) * p.c < bits, "an empty top window: {p:?}");
+                assert_eq!(p.segments() * p.seg_len, p.nb);
+            }
+        }
+        assert_eq!(MsmPlan::new(1 << 20, 254).c, 16);
+        assert_eq!(MsmPlan::new(1 << 10, 254).c, 8);
+    }
+
+    #[test]
+    fn montgomery_words_round_trip() {
+        let x = ark_bn254::Fq::from(123456789u64);
+        let mut w = Vec::new();
+        <ark_bn254::g1::Config as DeviceCurve>::push_words(&x, &mut w);
+        assert_eq!(w.len(), 8);
+        assert_eq!(<ark_bn254::g1::Config as DeviceCurve>::from_words(&w), x);
+    }
+}
