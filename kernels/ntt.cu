@@ -1,88 +1,73 @@
 // Radix-2 NTT over batches of equal power-of-two polynomials, in place:
-//   [scale] -> bit-reverse -> log2(n) Cooley-Tukey stages -> [scale]
-// The launcher (src/ops/zk/gpu.rs) uploads the twiddles w^k (k < n/2) and the scaling
-// table (coset powers, n^-1) computed by the CPU twin, and permutes for bit-reversed
-// input or output with the same bit-reverse kernel.
-#include "bn254_fr.cuh"
-#include "bls12_381_fr.cuh"
-#include "goldilocks.cuh"
-#include "babybear.cuh"
+//   [scale] -> bit-reverse -> tile stages (shared memory) -> wide stages -> [scale]
+// The first log2(tile) stages of every tile run in one launch out of shared memory (one
+// global read and write for up to 13 stages); the stages wider than a tile run one
+// launch each. The launcher (src/ops/zk/gpu.rs) keeps the twiddles ω^k (k < n/2) and the
+// scaling table (coset powers, n^-1) on the device per (field, size, direction, shift),
+// and permutes for bit-reversed input or output with the same bit-reverse kernel.
+#include "ntt.cuh"
 
 #define GRID_STRIDE(i, n)                                                                 \
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n);                     \
          i += (u64)gridDim.x * blockDim.x)
 
-FIELD_FN u64 ntt_bitrev(u64 k, u32 bits) {
-    u64 r = 0;
-    for (u32 b = 0; b < bits; b++) r |= ((k >> b) & 1ull) << (bits - 1 - b);
-    return r;
-}
-
-// Index of butterfly t: polynomial, pair (i0, i1 = i0 + half) and twiddle index.
-#define BUTTERFLY_INDEX(t, n, half, i0, i1, w)                                            \
-    u64 poly = (t) / ((n) / 2), k = (t) % ((n) / 2), j = k % (half);                       \
-    u64 i0 = poly * (n) + (k / (half)) * 2 * (half) + j, i1 = i0 + (half);                 \
-    u64 w = j * ((n) / (2 * (half)))
-
-// 256-bit fields: 8 u32 limbs per element.
-#define FP256_NTT_SCALE(NAME, F)                                                          \
-    extern "C" __global__ void NAME(u32 *x, const u32 *s, u64 n, u64 total) {              \
-        GRID_STRIDE(i, total) { fp_mul(&F, x + 8 * i, x + 8 * i, s + 8 * (i % n)); }    \
-    }
-#define FP256_NTT_BITREV(NAME)                                                            \
-    extern "C" __global__ void NAME(u32 *x, u64 n, u32 log_n, u64 total) {                 \
+// W: words of T per element. BUTTERFLY(a, b, w) on element pointers.
+#define NTT_KERNELS(SCALE, BITREV, STAGE, TILE, T, W, MUL_BY, BUTTERFLY)                                      \
+    extern "C" __global__ void SCALE(T *x, const T *s, u64 n, u64 total) {    \
+        GRID_STRIDE(i, total) { MUL_BY(x + W * i, s + W * (i % n)); }                     \
+    }                                                                                     \
+    extern "C" __global__ void BITREV(T *x, u64 n, u32 log_n, u64 total) {    \
         GRID_STRIDE(i, total) {                                                           \
             u64 k = i % n, r = ntt_bitrev(k, log_n);                                      \
             if (k < r) {                                                                  \
-                u32 *a = x + 8 * i, *b = x + 8 * (i - k + r);                             \
-                for (int l = 0; l < 8; l++) { u32 t = a[l]; a[l] = b[l]; b[l] = t; }      \
+                T *a = x + W * i, *b = x + W * (i - k + r);                               \
+                for (int l = 0; l < W; l++) { T t = a[l]; a[l] = b[l]; b[l] = t; }        \
             }                                                                             \
         }                                                                                 \
-    }
-#define FP256_NTT_STAGE(NAME, F)                                                          \
-    extern "C" __global__ void NAME(u32 *x, const u32 *tw, u64 n, u64 half, u64 total) {   \
-        GRID_STRIDE(t, total) {                                                           \
-            BUTTERFLY_INDEX(t, n, half, i0, i1, w);                                       \
-            u32 u[8], v[8];                                                               \
-            for (int l = 0; l < 8; l++) u[l] = x[8 * i0 + l];                             \
-            fp_mul(&F, v, x + 8 * i1, tw + 8 * w);                                     \
-            fp_add(&F, x + 8 * i0, u, v);                                              \
-            fp_sub(&F, x + 8 * i1, u, v);                                              \
+    }                                                                                     \
+    extern "C" __global__ void STAGE(T *x, const T *tw, u64 n, u64 half,      \
+                                                  u64 total) {                            \
+        GRID_STRIDE(t, total / 2) {                                                       \
+            u64 i0, w;                                                                    \
+            ntt_stage_pair(t, n, half, &i0, &w);                                          \
+            BUTTERFLY(x + W * i0, x + W * (i0 + half), tw + W * w);                       \
+        }                                                                                 \
+    }                                                                                     \
+    extern "C" __global__ void TILE(T *x, const T *tw, u64 n, u32 log_tile,   \
+                                                 u64 tiles) {                             \
+        extern __shared__ __align__(16) unsigned char ntt_shared[];                       \
+        T *sh = (T *)ntt_shared;                                                          \
+        u32 tile = 1u << log_tile;                                                        \
+        for (u64 b = blockIdx.x; b < tiles; b += gridDim.x) {                             \
+            T *g = x + (u64)W * tile * b;                                                 \
+            for (u32 i = threadIdx.x; i < W * tile; i += blockDim.x) sh[i] = g[i];        \
+            __syncthreads();                                                              \
+            for (u32 half = 1; half < tile; half <<= 1) {                                 \
+                for (u32 k = threadIdx.x; k < tile / 2; k += blockDim.x) {                \
+                    u32 i0;                                                               \
+                    u64 w;                                                                \
+                    ntt_tile_pair(k, half, n, &i0, &w);                                   \
+                    BUTTERFLY(sh + W * i0, sh + W * (i0 + half), tw + W * w);             \
+                }                                                                         \
+                __syncthreads();                                                          \
+            }                                                                             \
+            for (u32 i = threadIdx.x; i < W * tile; i += blockDim.x) g[i] = sh[i];        \
+            __syncthreads();                                                              \
         }                                                                                 \
     }
 
-FP256_NTT_SCALE(bn254_fr_ntt_scale, BN254_FR)
-FP256_NTT_BITREV(bn254_fr_ntt_bitrev)
-FP256_NTT_STAGE(bn254_fr_ntt_stage, BN254_FR)
-FP256_NTT_SCALE(bls12_381_fr_ntt_scale, BLS12_381_FR)
-FP256_NTT_BITREV(bls12_381_fr_ntt_bitrev)
-FP256_NTT_STAGE(bls12_381_fr_ntt_stage, BLS12_381_FR)
+#define BN254_MUL_BY(a, s) fp_mont_mul(&BN254_FR, a, a, s)
+#define BN254_BUTTERFLY(a, b, w) fp_butterfly(&BN254_FR, a, b, w)
+#define BLS_MUL_BY(a, s) fp_mont_mul(&BLS12_381_FR, a, a, s)
+#define BLS_BUTTERFLY(a, b, w) fp_butterfly(&BLS12_381_FR, a, b, w)
+#define GL_MUL_BY(a, s) (*(a) = gl_mul(*(a), *(s)))
+#define BB_MUL_BY(a, s) (*(a) = bb_mul(*(a), *(s)))
 
-// One-word fields.
-#define WORD_NTT_SCALE(NAME, T, MUL)                                                      \
-    extern "C" __global__ void NAME(T *x, const T *s, u64 n, u64 total) {                  \
-        GRID_STRIDE(i, total) { x[i] = MUL(x[i], s[i % n]); }                             \
-    }
-#define WORD_NTT_BITREV(NAME, T)                                                          \
-    extern "C" __global__ void NAME(T *x, u64 n, u32 log_n, u64 total) {                   \
-        GRID_STRIDE(i, total) {                                                           \
-            u64 k = i % n, r = ntt_bitrev(k, log_n);                                      \
-            if (k < r) { T t = x[i]; x[i] = x[i - k + r]; x[i - k + r] = t; }             \
-        }                                                                                 \
-    }
-#define WORD_NTT_STAGE(NAME, T, ADD, SUB, MUL)                                            \
-    extern "C" __global__ void NAME(T *x, const T *tw, u64 n, u64 half, u64 total) {       \
-        GRID_STRIDE(t, total) {                                                           \
-            BUTTERFLY_INDEX(t, n, half, i0, i1, w);                                       \
-            T u = x[i0], v = MUL(x[i1], tw[w]);                                           \
-            x[i0] = ADD(u, v);                                                            \
-            x[i1] = SUB(u, v);                                                            \
-        }                                                                                 \
-    }
-
-WORD_NTT_SCALE(goldilocks_ntt_scale, u64, gl_mul)
-WORD_NTT_BITREV(goldilocks_ntt_bitrev, u64)
-WORD_NTT_STAGE(goldilocks_ntt_stage, u64, gl_add, gl_sub, gl_mul)
-WORD_NTT_SCALE(babybear_ntt_scale, u32, bb_mul)
-WORD_NTT_BITREV(babybear_ntt_bitrev, u32)
-WORD_NTT_STAGE(babybear_ntt_stage, u32, bb_add, bb_sub, bb_mul)
+NTT_KERNELS(bn254_fr_ntt_scale, bn254_fr_ntt_bitrev, bn254_fr_ntt_stage, bn254_fr_ntt_tile,
+            u32, 8, BN254_MUL_BY, BN254_BUTTERFLY)
+NTT_KERNELS(bls12_381_fr_ntt_scale, bls12_381_fr_ntt_bitrev, bls12_381_fr_ntt_stage,
+            bls12_381_fr_ntt_tile, u32, 8, BLS_MUL_BY, BLS_BUTTERFLY)
+NTT_KERNELS(goldilocks_ntt_scale, goldilocks_ntt_bitrev, goldilocks_ntt_stage,
+            goldilocks_ntt_tile, u64, 1, GL_MUL_BY, gl_butterfly)
+NTT_KERNELS(babybear_ntt_scale, babybear_ntt_bitrev, babybear_ntt_stage, babybear_ntt_tile,
+            u32, 1, BB_MUL_BY, bb_butterfly)

@@ -92,6 +92,11 @@ pub struct Config {
     /// Largest NTT size as a power of two (also capped by each field's two-adicity).
     #[arg(long, env = "GPU_OPS_MAX_NTT_LOG2", default_value_t = 24)]
     pub max_ntt_log2: u32,
+    /// Device memory one GPU job may use, in MiB; larger work (field vectors, NTT
+    /// batches, MSM points) runs in passes that fit. 0: half the memory free when the job
+    /// starts.
+    #[arg(long, env = "GPU_OPS_GPU_MEMORY_LIMIT_MIB", default_value_t = 0)]
+    pub gpu_memory_limit_mib: u64,
     /// Most values in one `[B, D]` tensor (/dp/privatize); more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_TENSOR_ELEMENTS", default_value_t = 1 << 26)]
     pub max_tensor_elements: usize,

@@ -64,9 +64,11 @@ impl App {
             let (b, m) = (backends.clone(), metrics.clone());
             let (selection, cache) = (cfg.devices.clone(), cfg.data_dir.join("kernel-cache"));
             let interval = cfg.device_sample_interval;
+            let memory_limit = cfg.gpu_memory_limit_mib << 20;
             tokio::task::spawn_blocking(move || {
                 let (gpus, reason) = backend::cuda::discover(&selection, &cache);
                 for g in &gpus {
+                    g.set_memory_limit(memory_limit);
                     m.device_healthy
                         .with_label_values(&[&g.info.ordinal.to_string(), &g.info.uuid])
                         .set(1);

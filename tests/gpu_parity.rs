@@ -299,3 +299,63 @@ fn cuda_msm_equals_the_cpu() {
         }
     }
 }
+
+/// With a 1 MiB `--gpu-memory-limit-mib`, work many times larger runs in passes and still
+/// equals the CPU: field vectors by element ranges, NTT batches by whole polynomials, MSM
+/// by point chunks.
+#[test]
+fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
+    use gpu_ops::ops::zk::msm::{Curve, MsmJob};
+    use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
+    use gpu_ops::ops::zk::samples::random_points;
+    use gpu_ops::ops::zk::{run_field_inv_cuda, run_msm_cuda, run_ntt_cuda, FieldInvJob};
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP cuda_work_beyond_the_memory_limit_runs_in_passes: {reason}");
+        return;
+    }
+    for dev in &devices {
+        dev.set_memory_limit(1 << 20);
+        let field = Field::Bn254Fr;
+        let (xs, ys) = inputs(field, 1 << 18);
+        let a = FieldVec::from_integers(field, &xs).unwrap();
+        let b = FieldVec::from_integers(field, &ys).unwrap();
+        let lease = dev.lease().expect("device lease");
+        let job = FieldBinaryJob::new(FieldOp::Mul, a.clone(), b).unwrap();
+        let gpu = gpu_ops::ops::zk::run_field_binary_cuda(&job, &lease).expect("kernels run");
+        assert!(job.run_cpu() == gpu, "field_mul in passes");
+
+        let nonzero: Vec<U256> = xs.iter().copied().filter(|x| *x != U256::ZERO).collect();
+        let inv = FieldInvJob::new(FieldVec::from_integers(field, &nonzero).unwrap()).unwrap();
+        assert!(
+            inv.run_cpu() == run_field_inv_cuda(&inv, &lease).expect("kernels run"),
+            "field_inv in passes"
+        );
+
+        let values = FieldVec::from_integers(field, &random_elements(field, 8 << 14, 4)).unwrap();
+        let ntt = NttJob::new(
+            Direction::Inverse,
+            values,
+            8,
+            Order::Natural,
+            Order::Natural,
+            Some(U256::from_u64(5)),
+            30,
+        )
+        .unwrap();
+        assert!(
+            ntt.run_cpu() == run_ntt_cuda(&ntt, &lease).expect("kernels run"),
+            "NTT batch in passes"
+        );
+
+        let points = random_points(Curve::Bn254G1, 1 << 15, 2);
+        let scalars = FieldVec::from_integers(field, &random_elements(field, 1 << 15, 6)).unwrap();
+        let msm = MsmJob::new(points, vec![scalars]).unwrap();
+        assert!(
+            msm.run_cpu() == run_msm_cuda(&msm, &lease).expect("kernels run"),
+            "MSM in chunks"
+        );
+        dev.set_memory_limit(0);
+    }
+}

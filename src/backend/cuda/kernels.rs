@@ -36,6 +36,7 @@ const HEADERS: &[(&str, &str)] = &[
     ),
     ("curve.cuh", include_str!("../../../kernels/curve.cuh")),
     ("msm.cuh", include_str!("../../../kernels/msm.cuh")),
+    ("ntt.cuh", include_str!("../../../kernels/ntt.cuh")),
     (
         "dp_noise.cuh",
         include_str!("../../../kernels/dp_noise.cuh"),
@@ -178,7 +179,8 @@ mod tests {
                 assert!(
                     src.contains(&format!("({name},"))
                         || src.contains(&format!("({name})"))
-                        || src.contains(&format!(" {name}(")),
+                        || src.contains(&format!(" {name}("))
+                        || src.contains(&format!(" {name},")),
                     "{name} missing from {module}"
                 );
             }

@@ -5,12 +5,13 @@
 pub mod kernels;
 
 use cudarc::driver::{
-    result::DriverError, sys, CudaContext, CudaFunction, CudaStream, LaunchConfig,
+    result::DriverError, sys, CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig,
 };
 use serde::Serialize;
+use std::any::Any;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use utoipa::ToSchema;
 
@@ -77,6 +78,10 @@ impl From<DriverError> for DeviceError {
     }
 }
 
+/// Device memory kept for cached constant tables: the twiddles of a few large NTT
+/// sizes per field (2^24 BN254 elements' twiddles are 256 MiB).
+const TABLE_CACHE_BYTES: usize = 512 << 20;
+
 /// One GPU: its context, a stream, the loaded kernels, and its health.
 pub struct CudaDevice {
     pub info: GpuInfo,
@@ -86,6 +91,55 @@ pub struct CudaDevice {
     healthy: AtomicBool,
     /// One job at a time per device; the stream orders its work.
     busy: Mutex<()>,
+    /// `--gpu-memory-limit-mib` in bytes; 0: half the memory free when a job starts.
+    memory_limit: AtomicU64,
+    /// Constant tables (NTT twiddles, scale factors) kept on the device between jobs.
+    tables: Mutex<TableCache>,
+}
+
+/// Device-resident constant tables by key, least recently used first out once their
+/// bytes pass the cap. Values are `Arc<CudaSlice<T>>` behind `Any`.
+struct TableCache {
+    cap_bytes: usize,
+    bytes: usize,
+    tick: u64,
+    entries: HashMap<String, (Arc<dyn Any + Send + Sync>, usize, u64)>,
+}
+
+impl TableCache {
+    fn get(&mut self, key: &str) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.entries.get_mut(key).map(|e| {
+            e.2 = tick;
+            e.0.clone()
+        })
+    }
+
+    fn insert(&mut self, key: String, value: Arc<dyn Any + Send + Sync>, bytes: usize) {
+        if let Some((_, old, _)) = self.entries.remove(&key) {
+            self.bytes -= old;
+        }
+        if bytes > self.cap_bytes {
+            return;
+        }
+        while self.bytes + bytes > self.cap_bytes {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.2)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some((_, b, _)) = self.entries.remove(&oldest) {
+                self.bytes -= b;
+            }
+        }
+        self.tick += 1;
+        self.bytes += bytes;
+        self.entries.insert(key, (value, bytes, self.tick));
+    }
 }
 
 /// Held while a job uses the device.
@@ -142,6 +196,13 @@ impl CudaDevice {
             functions,
             healthy: AtomicBool::new(true),
             busy: Mutex::new(()),
+            memory_limit: AtomicU64::new(0),
+            tables: Mutex::new(TableCache {
+                cap_bytes: TABLE_CACHE_BYTES,
+                bytes: 0,
+                tick: 0,
+                entries: HashMap::new(),
+            }),
         })
     }
 
@@ -169,6 +230,12 @@ impl CudaDevice {
         })
     }
 
+    /// The most device memory one job may use (`--gpu-memory-limit-mib`, 0 for half of
+    /// the memory free when the job starts).
+    pub fn set_memory_limit(&self, bytes: u64) {
+        self.memory_limit.store(bytes, Ordering::Relaxed);
+    }
+
     /// (free, total) bytes now.
     pub fn memory(&self) -> Option<(u64, u64)> {
         self.ctx
@@ -188,6 +255,47 @@ impl DeviceLease<'_> {
             .functions
             .get(name)
             .ok_or_else(|| DeviceError::fatal(format!("kernel {name} is not loaded")))
+    }
+
+    /// Bytes this job may allocate: the configured limit, never more than is free.
+    pub fn memory_budget(&self) -> usize {
+        let free = self.device.memory().map_or(usize::MAX, |(f, _)| f as usize);
+        match self.device.memory_limit.load(Ordering::Relaxed) as usize {
+            0 => free / 2,
+            limit => limit.min(free),
+        }
+    }
+
+    /// How many of `items` items of `per_item` bytes fit in one pass beside `fixed`
+    /// bytes, within the budget; at least one.
+    pub fn items_per_pass(&self, items: usize, per_item: usize, fixed: usize) -> usize {
+        let room = self.memory_budget().saturating_sub(fixed);
+        (room / per_item.max(1)).clamp(1, items.max(1))
+    }
+
+    /// The cached device table under `key`, or the one `make` uploads (then cached).
+    pub fn cached_table<T: Send + Sync + 'static>(
+        &self,
+        key: &str,
+        make: impl FnOnce() -> Result<CudaSlice<T>, DeviceError>,
+    ) -> Result<Arc<CudaSlice<T>>, DeviceError> {
+        let found = self
+            .device
+            .tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key);
+        if let Some(t) = found.and_then(|t| t.downcast::<CudaSlice<T>>().ok()) {
+            return Ok(t);
+        }
+        let table = Arc::new(make()?);
+        let bytes = table.len() * std::mem::size_of::<T>();
+        self.device
+            .tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.to_string(), table.clone(), bytes);
+        Ok(table)
     }
 
     /// A grid-stride launch over `n` items: enough blocks to fill the device, no more.
@@ -322,4 +430,44 @@ pub fn discover(selection: &DeviceSelection, cache_dir: &Path) -> (Vec<Arc<CudaD
         )
     };
     (devices, reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(cap_bytes: usize) -> TableCache {
+        TableCache {
+            cap_bytes,
+            bytes: 0,
+            tick: 0,
+            entries: HashMap::new(),
+        }
+    }
+
+    fn value(v: u32) -> Arc<dyn Any + Send + Sync> {
+        Arc::new(v)
+    }
+
+    #[test]
+    fn table_cache_evicts_the_least_recently_used_and_keeps_its_byte_count() {
+        let mut c = cache(100);
+        c.insert("a".into(), value(1), 40);
+        c.insert("b".into(), value(2), 40);
+        assert!(c.get("a").is_some()); // b is now the oldest
+        c.insert("c".into(), value(3), 40);
+        assert!(c.get("b").is_none());
+        assert_eq!(
+            c.get("a").and_then(|v| v.downcast::<u32>().ok()).as_deref(),
+            Some(&1)
+        );
+        assert!(c.get("c").is_some());
+        assert_eq!(c.bytes, 80);
+        // Replacing a key does not count it twice; an oversized table is not kept.
+        c.insert("c".into(), value(4), 50);
+        assert_eq!(c.bytes, 90);
+        c.insert("huge".into(), value(5), 101);
+        assert!(c.get("huge").is_none());
+        assert_eq!(c.bytes, 90);
+    }
 }

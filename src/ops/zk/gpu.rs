@@ -4,7 +4,7 @@ use super::ntt::{self, Direction, NttJob, Order};
 use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec};
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
-use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
 
 /// The `extern "C"` name of the kernel for `op` over `field`; the device loads and the
 /// launcher calls kernels by this one rule.
@@ -107,7 +107,8 @@ pub fn run_field_pow_cuda(
     }
 }
 
-/// The binary and pow kernels' shape: (x, y, out, n, y_stride), out as long as x.
+/// The binary and pow kernels' shape: (x, y, out, n, y_stride), out as long as x. Runs
+/// in passes of as many elements as the device's memory budget allows.
 fn launch_pair<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
     dev: &DeviceLease<'_>,
     kernel: &str,
@@ -118,22 +119,45 @@ fn launch_pair<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
 ) -> Result<Vec<T>, DeviceError> {
     let f = dev.function(kernel)?;
     let stream = dev.stream();
-    let dx = stream.clone_htod(x)?;
-    let dy = stream.clone_htod(y)?;
-    let mut out: CudaSlice<T> = stream.alloc_zeros(x.len())?;
-    let n64 = n as u64;
-    let mut launch = stream.launch_builder(f);
-    launch
-        .arg(&dx)
-        .arg(&dy)
-        .arg(&mut out)
-        .arg(&n64)
-        .arg(&y_stride);
-    // SAFETY: the kernel reads n elements of x, n (or 1, stride 0) of y, and writes n of
-    // out; the buffers hold exactly those words.
-    unsafe { launch.launch(dev.launch_config(n)) }?;
-    let host = stream.clone_dtoh(&out)?;
-    stream.synchronize()?;
+    let size = std::mem::size_of::<T>();
+    let wx = x.len() / n.max(1);
+    let broadcast = y_stride == 0;
+    let wy = if broadcast { 0 } else { y.len() / n.max(1) };
+    let fixed = if broadcast {
+        std::mem::size_of_val(y)
+    } else {
+        0
+    };
+    let per_pass = dev.items_per_pass(n, (2 * wx + wy) * size, fixed);
+    let dy_all = broadcast.then(|| stream.clone_htod(y)).transpose()?;
+    let mut host = Vec::with_capacity(x.len());
+    for start in (0..n).step_by(per_pass) {
+        let m = per_pass.min(n - start);
+        let dx = stream.clone_htod(&x[start * wx..(start + m) * wx])?;
+        let dy_pass;
+        let dy = match &dy_all {
+            Some(all) => all,
+            None => {
+                dy_pass = stream.clone_htod(&y[start * wy..(start + m) * wy])?;
+                &dy_pass
+            }
+        };
+        let mut out: CudaSlice<T> = stream.alloc_zeros(m * wx)?;
+        let m64 = m as u64;
+        let mut launch = stream.launch_builder(f);
+        launch
+            .arg(&dx)
+            .arg(dy)
+            .arg(&mut out)
+            .arg(&m64)
+            .arg(&y_stride);
+        // SAFETY: the kernel reads m elements of x, m (or 1, stride 0) of y, and writes m
+        // of out; the buffers hold exactly those words.
+        unsafe { launch.launch(dev.launch_config(m)) }?;
+        let part = stream.clone_dtoh(&out)?;
+        stream.synchronize()?;
+        host.extend(part);
+    }
     Ok(host)
 }
 
@@ -163,17 +187,24 @@ fn launch_inv<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
 ) -> Result<Vec<T>, DeviceError> {
     let f = dev.function(kernel)?;
     let stream = dev.stream();
-    let din = stream.clone_htod(x)?;
-    let mut out: CudaSlice<T> = stream.alloc_zeros(x.len())?;
-    let config = dev.launch_config(n);
-    let threads = (config.grid_dim.0 * config.block_dim.0) as usize;
-    let (n64, chunk) = (n as u64, inv_chunk(n, threads));
-    let mut launch = stream.launch_builder(f);
-    launch.arg(&din).arg(&mut out).arg(&n64).arg(&chunk);
-    // SAFETY: in and out hold n elements; each chunk writes only its own range.
-    unsafe { launch.launch(config) }?;
-    let host = stream.clone_dtoh(&out)?;
-    stream.synchronize()?;
+    let w = x.len() / n.max(1);
+    let per_pass = dev.items_per_pass(n, 2 * w * std::mem::size_of::<T>(), 0);
+    let mut host = Vec::with_capacity(x.len());
+    for start in (0..n).step_by(per_pass) {
+        let m = per_pass.min(n - start);
+        let din = stream.clone_htod(&x[start * w..(start + m) * w])?;
+        let mut out: CudaSlice<T> = stream.alloc_zeros(m * w)?;
+        let config = dev.launch_config(m);
+        let threads = (config.grid_dim.0 * config.block_dim.0) as usize;
+        let (m64, chunk) = (m as u64, inv_chunk(m, threads));
+        let mut launch = stream.launch_builder(f);
+        launch.arg(&din).arg(&mut out).arg(&m64).arg(&chunk);
+        // SAFETY: in and out hold m elements; each chunk writes only its own range.
+        unsafe { launch.launch(config) }?;
+        let part = stream.clone_dtoh(&out)?;
+        stream.synchronize()?;
+        host.extend(part);
+    }
     Ok(host)
 }
 
@@ -181,98 +212,182 @@ fn launch_inv<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
 pub fn ntt_kernel_names() -> Vec<String> {
     Field::ALL
         .iter()
-        .flat_map(|f| ["scale", "bitrev", "stage"].map(|k| format!("{}_ntt_{k}", f.name())))
+        .flat_map(|f| ["scale", "bitrev", "stage", "tile"].map(|k| format!("{}_ntt_{k}", f.name())))
         .collect()
 }
 
 /// The NTT on the device; the same steps as the CPU twin (`ntt.rs`): [bit-reverse a
 /// bit-reversed input back], [coset scaling], bit-reverse, stages, [n^-1 and inverse
-/// coset scaling], [bit-reverse for a bit-reversed output].
+/// coset scaling], [bit-reverse for a bit-reversed output]. The constant tables stay on
+/// the device between calls, keyed by (field, size, direction[, shift]); a batch larger
+/// than the memory budget runs in passes of whole polynomials.
 pub fn run_ntt_cuda(job: &NttJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
     let field = job.values.field();
     let n = job.size();
-    let (tw, scale) = ntt::device_tables(field, n, job.direction, job.coset_shift);
-    match (words(&job.values), words(&tw)) {
-        (Words::U64(x), Words::U64(t)) => {
-            let s = scale.as_ref().map(|s| match words(s) {
-                Words::U64(w) => w,
-                Words::U32(_) => unreachable!("one field, one representation"),
-            });
-            Ok(from_u64(field, ntt_steps(dev, job, x, t, s)?))
+    let host_tables = std::cell::OnceCell::new();
+    let tables =
+        || host_tables.get_or_init(|| ntt::kernel_tables(field, n, job.direction, job.coset_shift));
+    let key = format!("ntt/{}/{n}/{:?}", field.name(), job.direction);
+    let scaled = job.direction == Direction::Inverse || job.coset_shift.is_some();
+    let scale_key = format!("{key}/scale/{:?}", job.coset_shift);
+    match words(&job.values) {
+        Words::U64(x) => {
+            let tw = dev.cached_table(&format!("{key}/twiddles"), || {
+                upload(dev, u64_words(&tables().0))
+            })?;
+            let scale = scaled
+                .then(|| {
+                    dev.cached_table(&scale_key, || {
+                        upload(dev, u64_words(tables().1.as_ref().expect("scaled")))
+                    })
+                })
+                .transpose()?;
+            Ok(from_u64(
+                field,
+                ntt_steps(dev, job, x, &tw, scale.as_deref())?,
+            ))
         }
-        (Words::U32(x), Words::U32(t)) => {
-            let s = scale.as_ref().map(|s| match words(s) {
-                Words::U32(w) => w,
-                Words::U64(_) => unreachable!("one field, one representation"),
-            });
-            Ok(FieldVec::BabyBear(ntt_steps(dev, job, x, t, s)?))
+        Words::U32(x) => {
+            let tw = dev.cached_table(&format!("{key}/twiddles"), || {
+                upload(dev, u32_words(&tables().0))
+            })?;
+            let scale = scaled
+                .then(|| {
+                    dev.cached_table(&scale_key, || {
+                        upload(dev, u32_words(tables().1.as_ref().expect("scaled")))
+                    })
+                })
+                .transpose()?;
+            Ok(FieldVec::BabyBear(ntt_steps(
+                dev,
+                job,
+                x,
+                &tw,
+                scale.as_deref(),
+            )?))
         }
-        _ => Err(mixed()),
     }
+}
+
+fn u64_words(v: &FieldVec) -> &[u64] {
+    match words(v) {
+        Words::U64(w) => w,
+        Words::U32(_) => &[],
+    }
+}
+
+fn u32_words(v: &FieldVec) -> &[u32] {
+    match words(v) {
+        Words::U32(w) => w,
+        Words::U64(_) => &[],
+    }
+}
+
+/// A table on the device; one zero word for an empty one (n = 1 has no twiddles) keeps
+/// every buffer non-empty.
+fn upload<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
+    dev: &DeviceLease<'_>,
+    words: &[T],
+) -> Result<CudaSlice<T>, DeviceError> {
+    let stream = dev.stream();
+    Ok(if words.is_empty() {
+        stream.alloc_zeros::<T>(1)?
+    } else {
+        stream.clone_htod(words)?
+    })
+}
+
+/// Shared memory per tile block: 32 KiB fits every architecture's default 48 KiB and
+/// leaves room for two resident blocks per SM on sm_80+.
+const TILE_BYTES: usize = 32 << 10;
+
+/// log2 of the tile (elements whose first stages run in shared memory) and the threads
+/// per tile block.
+pub fn tile_plan(n: usize, element_bytes: usize) -> (u32, u32) {
+    let max_tile = (TILE_BYTES / element_bytes).max(2);
+    let tile = n.min(1 << max_tile.ilog2());
+    (tile.trailing_zeros(), (tile / 2).clamp(1, 512) as u32)
 }
 
 fn ntt_steps<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
     dev: &DeviceLease<'_>,
     job: &NttJob,
     x: &[T],
-    twiddles: &[T],
-    scale: Option<&[T]>,
+    tw: &CudaSlice<T>,
+    scale: Option<&CudaSlice<T>>,
 ) -> Result<Vec<T>, DeviceError> {
     let name = job.values.field().name();
     let stream = dev.stream();
-    let (n, total) = (job.size() as u64, job.values.len() as u64);
-    let log_n = n.trailing_zeros();
-    let mut dx = stream.clone_htod(x)?;
-    // A one-element twiddle table for n = 1 keeps every buffer non-empty.
-    let dtw = if twiddles.is_empty() {
-        stream.alloc_zeros::<T>(1)?
-    } else {
-        stream.clone_htod(twiddles)?
-    };
-    let ds = scale.map(|s| stream.clone_htod(s)).transpose()?;
+    let n = job.size();
+    let batch = job.values.len() / n;
+    let w = x.len() / job.values.len();
+    let element_bytes = w * std::mem::size_of::<T>();
+    let (log_tile, tile_threads) = tile_plan(n, element_bytes);
+    let (n64, log_n) = (n as u64, n.trailing_zeros());
     let bitrev = dev.function(&format!("{name}_ntt_bitrev"))?;
     let scale_fn = dev.function(&format!("{name}_ntt_scale"))?;
     let stage = dev.function(&format!("{name}_ntt_stage"))?;
-    let all = dev.launch_config(job.values.len());
-    let butterflies = dev.launch_config(job.values.len() / 2);
-    let permute = |dx: &mut CudaSlice<T>| -> Result<(), DeviceError> {
-        let mut l = stream.launch_builder(bitrev);
-        l.arg(dx).arg(&n).arg(&log_n).arg(&total);
-        // SAFETY: x holds `total` elements in polynomials of n; swaps stay inside each.
-        unsafe { l.launch(all) }?;
-        Ok(())
-    };
-    let scale_by = |dx: &mut CudaSlice<T>, ds: &CudaSlice<T>| -> Result<(), DeviceError> {
-        let mut l = stream.launch_builder(scale_fn);
-        l.arg(dx).arg(ds).arg(&n).arg(&total);
-        // SAFETY: x holds `total` elements, the table n.
-        unsafe { l.launch(all) }?;
-        Ok(())
-    };
-    if job.input_order == Order::BitReversed {
+    let tile_fn = dev.function(&format!("{name}_ntt_tile"))?;
+    let polys = dev.items_per_pass(batch, n * element_bytes, 0);
+    let mut host = Vec::with_capacity(x.len());
+    for first in (0..batch).step_by(polys) {
+        let m = polys.min(batch - first);
+        let total = (m * n) as u64;
+        let mut dx = stream.clone_htod(&x[first * n * w..(first + m) * n * w])?;
+        let all = dev.launch_config(m * n);
+        let permute = |dx: &mut CudaSlice<T>| -> Result<(), DeviceError> {
+            let mut l = stream.launch_builder(bitrev);
+            l.arg(dx).arg(&n64).arg(&log_n).arg(&total);
+            // SAFETY: x holds `total` elements in polynomials of n; swaps stay inside each.
+            unsafe { l.launch(all) }?;
+            Ok(())
+        };
+        let scale_by = |dx: &mut CudaSlice<T>, ds: &CudaSlice<T>| -> Result<(), DeviceError> {
+            let mut l = stream.launch_builder(scale_fn);
+            l.arg(dx).arg(ds).arg(&n64).arg(&total);
+            // SAFETY: x holds `total` elements, the table n.
+            unsafe { l.launch(all) }?;
+            Ok(())
+        };
+        if job.input_order == Order::BitReversed {
+            permute(&mut dx)?;
+        }
+        if let (Direction::Forward, Some(ds)) = (job.direction, scale) {
+            scale_by(&mut dx, ds)?;
+        }
         permute(&mut dx)?;
+        if n > 1 {
+            let tiles = total >> log_tile;
+            let mut l = stream.launch_builder(tile_fn);
+            l.arg(&mut dx).arg(tw).arg(&n64).arg(&log_tile).arg(&tiles);
+            let config = LaunchConfig {
+                grid_dim: (tiles.min(1 << 16) as u32, 1, 1),
+                block_dim: (tile_threads, 1, 1),
+                shared_mem_bytes: (element_bytes << log_tile) as u32,
+            };
+            // SAFETY: tiles·2^log_tile = total elements; each block stages its own tile in
+            // `shared_mem_bytes` of shared memory; twiddle indices stay below n/2.
+            unsafe { l.launch(config) }?;
+        }
+        let butterflies = dev.launch_config(m * n / 2);
+        let mut half = 1u64 << log_tile;
+        while half < n64 {
+            let mut l = stream.launch_builder(stage);
+            l.arg(&mut dx).arg(tw).arg(&n64).arg(&half).arg(&total);
+            // SAFETY: total/2 butterflies, each on two elements of its own polynomial;
+            // twiddle indices stay below n/2.
+            unsafe { l.launch(butterflies) }?;
+            half *= 2;
+        }
+        if let (Direction::Inverse, Some(ds)) = (job.direction, scale) {
+            scale_by(&mut dx, ds)?;
+        }
+        if job.output_order == Order::BitReversed {
+            permute(&mut dx)?;
+        }
+        let part = stream.clone_dtoh(&dx)?;
+        stream.synchronize()?;
+        host.extend(part);
     }
-    if let (Direction::Forward, Some(ds)) = (job.direction, &ds) {
-        scale_by(&mut dx, ds)?;
-    }
-    permute(&mut dx)?;
-    let half_total = total / 2;
-    let mut half = 1u64;
-    while half < n {
-        let mut l = stream.launch_builder(stage);
-        l.arg(&mut dx).arg(&dtw).arg(&n).arg(&half).arg(&half_total);
-        // SAFETY: total/2 butterflies, each on two elements of its own polynomial;
-        // twiddle indices stay below n/2.
-        unsafe { l.launch(butterflies) }?;
-        half *= 2;
-    }
-    if let (Direction::Inverse, Some(ds)) = (job.direction, &ds) {
-        scale_by(&mut dx, ds)?;
-    }
-    if job.output_order == Order::BitReversed {
-        permute(&mut dx)?;
-    }
-    let host = stream.clone_dtoh(&dx)?;
-    stream.synchronize()?;
     Ok(host)
 }

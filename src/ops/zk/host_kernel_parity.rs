@@ -30,6 +30,14 @@ extern "C" {
         n: usize,
         chunk: usize,
     );
+    fn gpu_ops_host_ntt(
+        field: i32,
+        x: *mut c_void,
+        tw: *const c_void,
+        n: u64,
+        total: u64,
+        log_tile: u32,
+    ) -> i32;
 }
 
 /// The C side's field numbering (kernels/host/field_host.cpp).
@@ -199,6 +207,56 @@ fn kernel_pow_and_batch_inversion_match_cpu_twin_bit_for_bit() {
                 )
             };
             assert_eq!(cpu, host, "inv on {field:?}, chunk {chunk}");
+        }
+    }
+}
+
+/// The NTT kernels' index maps and butterflies (tile stages, then wide stages) with the
+/// twiddles the launcher uploads, against the CPU twin's forward NTT; tiles from the
+/// launcher's plan and smaller ones, so both stage kinds and their hand-over run.
+#[test]
+fn ntt_kernel_stages_match_cpu_twin() {
+    use super::gpu::tile_plan;
+    use super::ntt::{kernel_tables, Direction, NttJob, Order};
+    for field in Field::ALL {
+        for (log_n, batch) in [(1u32, 3usize), (3, 2), (10, 2), (13, 1), (14, 1)] {
+            let n = 1usize << log_n;
+            let values =
+                FieldVec::from_integers(field, &random_elements(field, n * batch, 3)).unwrap();
+            let job = NttJob::new(
+                Direction::Forward,
+                values.clone(),
+                batch,
+                Order::Natural,
+                Order::Natural,
+                None,
+                30,
+            )
+            .unwrap();
+            let want = job.run_cpu();
+            let element_bytes = values.byte_len() / values.len();
+            let (planned, _) = tile_plan(n, element_bytes);
+            let (tw, _) = kernel_tables(field, n, Direction::Forward, None);
+            for log_tile in [planned, planned.min(2), 1] {
+                let mut x = values.clone();
+                // SAFETY: x holds n·batch elements, tw n/2 (or none for n = 1); tiles of
+                // 2^log_tile ≤ n divide every polynomial.
+                let rc = unsafe {
+                    gpu_ops_host_ntt(
+                        field_code(field),
+                        ptr_mut(&mut x),
+                        ptr(&tw),
+                        n as u64,
+                        (n * batch) as u64,
+                        log_tile,
+                    )
+                };
+                assert_eq!(rc, 0);
+                assert!(
+                    x == want,
+                    "{field:?} n=2^{log_n} batch={batch} tile=2^{log_tile}"
+                );
+            }
         }
     }
 }

@@ -169,10 +169,6 @@ pub fn run_msm_cuda_in_chunks(
     })
 }
 
-/// Share of the device's free memory one MSM may use; larger inputs run in chunks of
-/// points whose sums are added on the host.
-const MEMORY_SHARE: f64 = 0.5;
-
 /// Device bytes for a chunk of `n` points.
 fn chunk_bytes<P: DeviceCurve>(n: usize) -> usize {
     let plan = MsmPlan::new(n, P::SCALAR_BITS);
@@ -182,10 +178,9 @@ fn chunk_bytes<P: DeviceCurve>(n: usize) -> usize {
 }
 
 fn chunk_len<P: DeviceCurve>(dev: &DeviceLease<'_>, n: usize) -> usize {
-    let Some((free, _)) = dev.device.memory() else {
-        return n;
-    };
-    let budget = (free as f64 * MEMORY_SHARE) as usize;
+    // Points beyond the device's memory budget run in chunks whose sums are added on
+    // the host.
+    let budget = dev.memory_budget();
     let mut len = n;
     while len > 1 << 10 && chunk_bytes::<P>(len) > budget {
         len = len.div_ceil(2);

@@ -404,6 +404,28 @@ pub fn device_tables(
     direction: Direction,
     shift: Option<U256>,
 ) -> (FieldVec, Option<FieldVec>) {
+    tables_in(field, n, direction, shift, false)
+}
+
+/// `device_tables` as the kernels take them: the 256-bit fields' words in Montgomery form
+/// (t·R mod p, ark's internal representation), so one Montgomery product multiplies by t.
+/// The small fields' words are canonical, as their kernels multiply directly.
+pub fn kernel_tables(
+    field: Field,
+    n: usize,
+    direction: Direction,
+    shift: Option<U256>,
+) -> (FieldVec, Option<FieldVec>) {
+    tables_in(field, n, direction, shift, true)
+}
+
+fn tables_in(
+    field: Field,
+    n: usize,
+    direction: Direction,
+    shift: Option<U256>,
+    montgomery: bool,
+) -> (FieldVec, Option<FieldVec>) {
     fn tables<T: NttArith, W>(
         field: Field,
         n: usize,
@@ -435,11 +457,23 @@ pub fn device_tables(
     }
     match field {
         Field::Bn254Fr => wrap(
-            tables::<Fp<ark_bn254::FrConfig>, _>(field, n, direction, shift, to_limbs),
+            tables::<Fp<ark_bn254::FrConfig>, _>(field, n, direction, shift, |x| {
+                if montgomery {
+                    (x.0).0
+                } else {
+                    to_limbs(x)
+                }
+            }),
             FieldVec::Bn254Fr,
         ),
         Field::Bls12_381Fr => wrap(
-            tables::<Fp<ark_bls12_381::FrConfig>, _>(field, n, direction, shift, to_limbs),
+            tables::<Fp<ark_bls12_381::FrConfig>, _>(field, n, direction, shift, |x| {
+                if montgomery {
+                    (x.0).0
+                } else {
+                    to_limbs(x)
+                }
+            }),
             FieldVec::Bls12_381Fr,
         ),
         Field::Goldilocks => wrap(
