@@ -51,8 +51,8 @@ run)
   "$here/bench-service" 2>&1 | tee "$logs/bench.md" || status=1
   echo "== bench dp"
   "$here/bench-dp" 2>&1 | tee "$logs/bench-dp.md" || status=1
-  echo "== bench msm"
-  BENCH_MSM_LOG2=16 "$here/bench-msm" 2>&1 | tee "$logs/bench-msm.md" || status=1
+  echo "== bench zk"
+  BENCH_MSM_LOG2=16 "$here/bench-zk" 2>&1 | tee "$logs/bench-zk.md" || status=1
   echo "== server"
   "$here/gpu-ops" --bind 127.0.0.1:18080 --data-dir "$logs/data" --device-sample-interval 1s > "$logs/server.log" 2>&1 &
   pid=$!

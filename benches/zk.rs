@@ -1,8 +1,9 @@
-//! `cargo bench --bench msm`: BN254 MSM through the service beside a direct in-process
+//! `cargo bench --bench zk`: BN254 MSM through the service beside a direct in-process
 //! arkworks call on the same rayon pool (the aim: ≤ 1.15×), over HTTP with base64
-//! bodies, and on a CUDA device when one is usable (end to end: transfers included).
-//! Env: BENCH_MSM_LOG2 (comma-separated, default "16,18"), BENCH_MSM_GPU_LOG2
-//! (default "16,18,20,22").
+//! bodies, and, when a CUDA device is usable, MSM and NTT on it: end to end per call, and
+//! device time estimated as end to end minus a host↔device round trip of the same bytes
+//! measured in the same run. Env: BENCH_MSM_LOG2 (comma-separated, default "16,18"),
+//! BENCH_MSM_GPU_LOG2 (default "16,18,20,22"), BENCH_NTT_GPU_LOG2 (default "16,20,24").
 
 use ark_ec::short_weierstrass::Projective;
 use ark_ec::VariableBaseMSM;
@@ -94,7 +95,10 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(http(&cpu_sizes, &cpu));
-    gpu(&sizes("BENCH_MSM_GPU_LOG2", "16,18,20,22"));
+    gpu(
+        &sizes("BENCH_MSM_GPU_LOG2", "16,18,20,22"),
+        &sizes("BENCH_NTT_GPU_LOG2", "16,20,24"),
+    );
 }
 
 async fn http(cpu_sizes: &[u32], cpu: &gpu_ops::backend::CpuExecutor) {
@@ -156,10 +160,22 @@ async fn http(cpu_sizes: &[u32], cpu: &gpu_ops::backend::CpuExecutor) {
     }
 }
 
-/// End-to-end device time (host conversion, transfers, kernels, host combine) beside the
-/// CPU twin in the same run.
-fn gpu(gpu_sizes: &[u32]) {
+/// Host→device and back for `bytes` bytes: the transfer share of an end-to-end call.
+fn copy_round_trip(lease: &gpu_ops::backend::cuda::DeviceLease<'_>, bytes: usize) -> Duration {
+    let host = vec![0u8; bytes];
+    let stream = lease.stream();
+    time(5, || {
+        let d = stream.clone_htod(&host).unwrap();
+        let back = stream.clone_dtoh(&d).unwrap();
+        stream.synchronize().unwrap();
+        back
+    })
+}
+
+fn gpu(msm_sizes: &[u32], ntt_sizes: &[u32]) {
     use gpu_ops::backend::cuda::{discover, DeviceSelection};
+    use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
+    use gpu_ops::ops::zk::Field;
     let cache = std::env::temp_dir().join("gpu-ops-bench-kernels");
     let (devices, reason) = discover(&DeviceSelection::All, &cache);
     let Some(dev) = devices.first() else {
@@ -167,24 +183,67 @@ fn gpu(gpu_sizes: &[u32]) {
         return;
     };
     println!(
-        "\n## GPU {} (sm {}): BN254 G1, end to end per call\n",
+        "\n## GPU {} (sm {}): BN254 G1 MSM per call\n",
         dev.info.name, dev.info.compute_capability
     );
-    println!("| n | device (end to end) | CPU twin | speed-up | equal |");
-    println!("|---|---|---|---|---|");
-    for &log_n in gpu_sizes {
+    println!("| n | end to end | transfers | device (difference) | CPU twin | speed-up (end to end) | equal |");
+    println!("|---|---|---|---|---|---|---|");
+    for &log_n in msm_sizes {
         let (job, _) = inputs(log_n);
         let lease = dev.lease().expect("device lease");
         let out = gpu_ops::ops::zk::run_msm_cuda(&job, &lease).expect("kernels run");
-        let device = time(5, || gpu_ops::ops::zk::run_msm_cuda(&job, &lease).unwrap());
+        let e2e = time(5, || gpu_ops::ops::zk::run_msm_cuda(&job, &lease).unwrap());
+        let copies = copy_round_trip(&lease, job.input_bytes());
+        drop(lease);
         let cpu_out = job.run_cpu();
         let cpu = time(3, || job.run_cpu());
         println!(
-            "| 2^{log_n} | {} | {} | {:.1}× | {} |",
-            ms(device),
+            "| 2^{log_n} | {} | {} | {} | {} | {:.1}× | {} |",
+            ms(e2e),
+            ms(copies),
+            ms(e2e.saturating_sub(copies)),
             ms(cpu),
-            cpu.as_secs_f64() / device.as_secs_f64(),
+            cpu.as_secs_f64() / e2e.as_secs_f64(),
             out == cpu_out
         );
+    }
+    println!(
+        "\n## GPU {}: forward NTT per call, one polynomial\n",
+        dev.info.name
+    );
+    println!("| field | n | end to end | transfers | device (difference) | CPU twin | equal |");
+    println!("|---|---|---|---|---|---|---|");
+    for field in [Field::Bn254Fr, Field::Goldilocks] {
+        for &log_n in ntt_sizes {
+            let n = 1usize << log_n;
+            let values = FieldVec::from_integers(field, &random_elements(field, n, 12)).unwrap();
+            let bytes = values.byte_len();
+            let job = NttJob::new(
+                Direction::Forward,
+                values,
+                1,
+                Order::Natural,
+                Order::Natural,
+                None,
+                32,
+            )
+            .unwrap();
+            let lease = dev.lease().expect("device lease");
+            let out = gpu_ops::ops::zk::run_ntt_cuda(&job, &lease).expect("kernels run");
+            let e2e = time(5, || gpu_ops::ops::zk::run_ntt_cuda(&job, &lease).unwrap());
+            let copies = copy_round_trip(&lease, bytes);
+            drop(lease);
+            let cpu_out = job.run_cpu();
+            let cpu = time(1, || job.run_cpu());
+            println!(
+                "| {} | 2^{log_n} | {} | {} | {} | {} | {} |",
+                field.name(),
+                ms(e2e),
+                ms(copies),
+                ms(e2e.saturating_sub(copies)),
+                ms(cpu),
+                out == cpu_out
+            );
+        }
     }
 }
