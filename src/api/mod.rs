@@ -7,6 +7,7 @@ mod elements;
 mod extract;
 pub mod msm;
 pub mod problem;
+pub mod rf;
 pub mod system;
 mod tensor;
 pub mod zk;
@@ -84,6 +85,7 @@ impl AppState {
         dp::privatize, dp::laplace, dp::gaussian,
         dp::accountant_epsilon, dp::accountant_noise_multiplier,
         dp::create_budget, dp::get_budget, dp::list_budgets,
+        rf::rf_features,
     ),
     components(schemas(problem::ProblemDocument, problem::FieldIssue)),
     modifiers(&BearerAuth),
@@ -91,6 +93,7 @@ impl AppState {
         (name = "system", description = "Health, devices and metrics"),
         (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
         (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
+        (name = "rf", description = "RF signal features from IQ recordings"),
     )
 )]
 pub struct ApiDoc;
@@ -137,6 +140,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/zk/ntt", post(zk::ntt))
         .route("/zk/intt", post(zk::intt))
         .route("/zk/msm", post(msm::msm))
+        .route("/rf/features", post(rf::rf_features))
         .route("/dp/privatize", post(dp::privatize))
         .route("/dp/laplace", post(dp::laplace))
         .route("/dp/gaussian", post(dp::gaussian))

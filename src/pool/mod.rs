@@ -263,6 +263,13 @@ impl Shared {
     fn choose(&self, work: &Work, requested: BackendChoice) -> Result<Target, JobError> {
         match requested {
             BackendChoice::Cpu => Ok(Target::Cpu),
+            BackendChoice::Cuda if !work.has_cuda_kernel() => {
+                Err(JobError::DeviceUnavailable(format!(
+                    "{} has no CUDA kernel yet; use backend auto or cpu",
+                    work.op_name()
+                )))
+            }
+            BackendChoice::Auto if !work.has_cuda_kernel() => Ok(Target::Cpu),
             BackendChoice::Cuda => self
                 .pick_gpu()
                 .map(Target::Cuda)

@@ -4,6 +4,7 @@
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use crate::ops::dp::{self, Gradients, NoiseJob, PrivatizeJob, Privatized};
+use crate::ops::rf::{self, ExtractError, Extraction};
 use crate::ops::zk::msm::{MsmJob, Points};
 use crate::ops::zk::ntt::NttJob;
 use crate::ops::zk::{self, FieldBinaryJob, FieldInvJob, FieldPowJob, FieldVec};
@@ -16,6 +17,7 @@ pub enum Work {
     Msm(MsmJob),
     DpPrivatize(PrivatizeJob),
     DpNoise(NoiseJob),
+    RfFeatures(rf::FeaturesJob),
 }
 
 pub enum Output {
@@ -24,6 +26,7 @@ pub enum Output {
     Points(Points),
     Privatized(Privatized),
     Values(Vec<f64>),
+    RfFeatures(Result<Extraction, ExtractError>),
 }
 
 impl Work {
@@ -37,6 +40,7 @@ impl Work {
             Work::Msm(_) => "msm",
             Work::DpPrivatize(_) => "dp_privatize",
             Work::DpNoise(j) => j.mechanism.name(),
+            Work::RfFeatures(_) => "rf_features",
         }
     }
 
@@ -49,6 +53,7 @@ impl Work {
             Work::Msm(j) => j.terms(),
             Work::DpPrivatize(j) => j.gradients.len(),
             Work::DpNoise(j) => j.len(),
+            Work::RfFeatures(j) => j.iq.len(),
         }
     }
 
@@ -64,6 +69,7 @@ impl Work {
                 Gradients::F64(g) => 8 * g.len(),
             },
             Work::DpNoise(j) => 8 * j.len(),
+            Work::RfFeatures(j) => 8 * j.iq.len(),
         }
     }
 
@@ -89,7 +95,15 @@ impl Work {
             // Sampling exact noise costs the CPU about a microsecond per value.
             Work::DpNoise(_) => 1 << 12,
             Work::DpPrivatize(_) => 1 << 18,
+            // No CUDA kernel yet (`has_cuda_kernel`).
+            Work::RfFeatures(_) => usize::MAX,
         }
+    }
+
+    /// Whether `run_cuda` can run this op; `auto` keeps the others on the CPU and
+    /// `backend: cuda` refuses them.
+    pub fn has_cuda_kernel(&self) -> bool {
+        !matches!(self, Work::RfFeatures(_))
     }
 
     pub fn run_cpu(&self) -> Output {
@@ -101,6 +115,7 @@ impl Work {
             Work::Msm(j) => Output::Points(j.run_cpu()),
             Work::DpPrivatize(j) => Output::Privatized(j.run_cpu()),
             Work::DpNoise(j) => Output::Values(j.run_cpu()),
+            Work::RfFeatures(j) => Output::RfFeatures(j.run_cpu()),
         }
     }
 
@@ -113,6 +128,10 @@ impl Work {
             Work::Msm(j) => zk::run_msm_cuda(j, dev).map(Output::Points),
             Work::DpPrivatize(j) => dp::run_privatize_cuda(j, dev).map(Output::Privatized),
             Work::DpNoise(j) => dp::run_noise_cuda(j, dev).map(Output::Values),
+            Work::RfFeatures(_) => Err(DeviceError {
+                kind: crate::backend::cuda::DeviceErrorKind::Unsupported,
+                message: "rf_features has no CUDA kernel".into(),
+            }),
         }
     }
 }

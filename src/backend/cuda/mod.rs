@@ -38,6 +38,8 @@ pub enum DeviceErrorKind {
     OutOfMemory,
     /// Anything else: the context may be unusable, so the device is taken out of service.
     Fatal,
+    /// The op has no kernel; the pool never sends it (`Work::has_cuda_kernel`).
+    Unsupported,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -60,6 +62,7 @@ impl DeviceError {
         match self.kind {
             DeviceErrorKind::OutOfMemory => "out_of_memory",
             DeviceErrorKind::Fatal => "device_error",
+            DeviceErrorKind::Unsupported => "unsupported",
         }
     }
 }

@@ -1,0 +1,270 @@
+//! `POST /rf/features`: RF features of an uploaded IQ recording, synchronously.
+
+use super::problem::{ErrorCode, Problem, ProblemDocument};
+use super::tensor::BinaryEncoding;
+use super::{blocking, job_response, job_timeout, AppState};
+use crate::backend::BackendChoice;
+use crate::ops::rf::{self, ExtractConfig, ExtractError, Extraction, Stats};
+use crate::pool::{Output, Work};
+use axum::extract::State;
+use axum::response::Response;
+use base64::Engine;
+use rustfft::num_complex::Complex32;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+const SAMPLE_RATE_RANGE: std::ops::RangeInclusive<f64> = 1e3..=1e9;
+const CHUNK_MS_MAX: f64 = 60_000.0;
+
+fn default_chunk_ms() -> f64 {
+    200.0
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"sample_rate_hz": 200000.0, "encoding": "base64", "iq": "AACAPwAAAAA=", "chunk_ms": 200.0}))]
+pub struct RfFeaturesRequest {
+    /// Sample rate of the recording, Hz (1 kHz to 1 GHz).
+    pub sample_rate_hz: f64,
+    /// Interleaved little-endian f32 pairs I, Q (8 bytes per complex sample), base64.
+    /// |I + jQ|² is read as milliwatts: dBm figures are relative to that scale.
+    pub iq: String,
+    /// How `iq` is written; only `base64`.
+    pub encoding: BinaryEncoding,
+    /// Chunk length; features are computed per chunk and aggregated. A trailing part
+    /// shorter than a chunk is left out (a recording shorter than one chunk is one chunk).
+    #[serde(default = "default_chunk_ms")]
+    #[schema(default = 200.0, minimum = 0.001, maximum = 60000.0)]
+    pub chunk_ms: f64,
+    /// Also return every chunk's features.
+    #[serde(default)]
+    pub per_chunk: bool,
+    /// `auto` or `cpu`; feature extraction has no CUDA kernel yet, so `cuda` is refused.
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1)]
+    pub timeout_ms: Option<u64>,
+}
+
+macro_rules! feature_structs {
+    ($($name:ident),* $(,)?) => {
+        /// Each feature over the chunks: mean, population std, min, max. Formulas in
+        /// docs/RF_FEATURES.md.
+        #[derive(Serialize, ToSchema)]
+        pub struct FeatureStats {
+            $(pub $name: Stats,)*
+        }
+
+        /// One chunk's features.
+        #[derive(Serialize, ToSchema)]
+        pub struct ChunkFeatureValues {
+            $(pub $name: f64,)*
+        }
+
+        impl FeatureStats {
+            fn new(s: &[Stats]) -> Self {
+                let mut it = s.iter().copied();
+                Self { $($name: it.next().expect("one per feature"),)* }
+            }
+        }
+
+        impl ChunkFeatureValues {
+            fn new(v: &rf::features::ChunkFeatures) -> Self {
+                let mut it = v.iter().copied();
+                Self { $($name: it.next().expect("one per feature"),)* }
+            }
+        }
+
+        #[cfg(test)]
+        const STRUCT_FIELDS: &[&str] = &[$(stringify!($name)),*];
+    };
+}
+
+feature_structs!(
+    rssi_dbm,
+    noise_floor_dbm,
+    snr_db,
+    frequency_offset_hz,
+    bandwidth_hz,
+    psd_dbm_per_hz,
+    spectral_centroid_hz,
+    spectral_rolloff_hz,
+    envelope_mean,
+    envelope_std,
+    envelope_max,
+    peak_to_avg_ratio_db,
+    zero_crossing_rate,
+    multipath_delay_spread_us,
+    coherence_bandwidth_khz,
+    delay_spread_confidence,
+    confidence_score,
+    signal_present,
+);
+
+#[derive(Serialize, ToSchema)]
+pub struct RfFeaturesResponse {
+    pub sample_rate_hz: f64,
+    /// Complex samples received.
+    pub samples: usize,
+    /// Chunks the features were computed over, and their length in samples.
+    pub chunks: usize,
+    pub samples_per_chunk: usize,
+    /// Welch PSD: FFT size and non-overlapping Hann segments per chunk.
+    pub fft_size: usize,
+    pub segments_per_chunk: usize,
+    pub features: FeatureStats,
+    /// With `per_chunk: true`, every chunk's features in order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_chunk: Option<Vec<ChunkFeatureValues>>,
+}
+
+#[utoipa::path(
+    post, path = "/rf/features", tag = "rf", operation_id = "rf_features",
+    summary = "RF features of an IQ recording",
+    description = "Splits the recording into `chunk_ms` chunks and computes per chunk: power (rssi_dbm), a noise \
+        floor from the lower quartile of a Welch PSD, SNR, carrier offset and 99 % occupied bandwidth of the \
+        detected signal, spectral centroid and roll-off, envelope statistics, zero-crossing rate, a \
+        frequency-correlation estimate of coherence bandwidth and delay spread with its confidence, and \
+        whether a signal is present (false-alarm rate 1e-3 per chunk on noise). Each is aggregated over \
+        chunks as mean / std / min / max. Pure noise reads snr_db ≈ 0 and signal_present = 0.",
+    request_body = RfFeaturesRequest,
+    responses(
+        (status = 200, description = "Features", body = RfFeaturesResponse),
+        (status = 413, description = "More samples than --max-elements", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_request, invalid_tensor (iq not base64, not whole f32 pairs, non-finite), invalid_parameter (sample rate, chunk, too short, backend)", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "queue_full, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn rf_features(
+    State(state): State<Arc<AppState>>,
+    super::ApiJson(req): super::ApiJson<RfFeaturesRequest>,
+) -> Result<Response, Problem> {
+    let timeout = job_timeout(req.timeout_ms)?;
+    if !req.sample_rate_hz.is_finite() || !SAMPLE_RATE_RANGE.contains(&req.sample_rate_hz) {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/sample_rate_hz",
+            "must be between 1e3 and 1e9 Hz",
+        ));
+    }
+    if !req.chunk_ms.is_finite() || req.chunk_ms <= 0.0 || req.chunk_ms > CHUNK_MS_MAX {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/chunk_ms",
+            format!("must be in (0, {CHUNK_MS_MAX}]"),
+        ));
+    }
+    if req.backend == BackendChoice::Cuda {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/backend",
+            "RF feature extraction has no CUDA kernel yet; use auto or cpu",
+        ));
+    }
+    let max = state.settings.config.max_elements;
+    let approx = req.iq.len() / 4 * 3 / 8;
+    if approx > max {
+        return Err(Problem::at(
+            ErrorCode::PayloadTooLarge,
+            "/iq",
+            format!("{approx} samples is more than the server's limit of {max} (--max-elements)"),
+        ));
+    }
+    let config = ExtractConfig {
+        sample_rate_hz: req.sample_rate_hz,
+        chunk_ms: req.chunk_ms,
+    };
+    let text = req.iq;
+    let iq = blocking(move || decode_iq(&text)).await?;
+    rf::features::plan(&config, iq.len()).map_err(extract_problem)?;
+    let samples = iq.len();
+    let job = rf::FeaturesJob { iq, config };
+    let done = state
+        .pool
+        .submit(Work::RfFeatures(job), req.backend, timeout)
+        .await?;
+    let Output::RfFeatures(result) = done.output else {
+        return Err(Problem::new(
+            ErrorCode::Internal,
+            "the job returned another op's output",
+        ));
+    };
+    let ex = result.map_err(extract_problem)?;
+    let body = response(&ex, req.sample_rate_hz, samples, req.per_chunk);
+    let bytes =
+        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(job_response(bytes, &done.run))
+}
+
+fn response(ex: &Extraction, fs: f64, samples: usize, per_chunk: bool) -> RfFeaturesResponse {
+    RfFeaturesResponse {
+        sample_rate_hz: fs,
+        samples,
+        chunks: ex.chunks.len(),
+        samples_per_chunk: ex.samples_per_chunk,
+        fft_size: ex.segment_len,
+        segments_per_chunk: ex.segments,
+        features: FeatureStats::new(&ex.aggregate()),
+        per_chunk: per_chunk.then(|| ex.chunks.iter().map(ChunkFeatureValues::new).collect()),
+    }
+}
+
+fn extract_problem(e: ExtractError) -> Problem {
+    let path = match e {
+        ExtractError::TooShort { .. } => "/iq",
+        ExtractError::ChunkTooSmall(_) => "/chunk_ms",
+    };
+    Problem::at(ErrorCode::InvalidParameter, path, e.to_string())
+}
+
+/// Interleaved little-endian f32 I/Q; every value finite.
+fn decode_iq(text: &str) -> Result<Vec<Complex32>, Problem> {
+    let bytes = B64.decode(text).map_err(|e| {
+        Problem::at(
+            ErrorCode::InvalidTensor,
+            "/iq",
+            format!("invalid base64: {e}"),
+        )
+    })?;
+    if bytes.len() % 8 != 0 {
+        return Err(Problem::at(
+            ErrorCode::InvalidTensor,
+            "/iq",
+            format!(
+                "{} bytes is not a whole number of 8-byte I/Q pairs (two little-endian f32)",
+                bytes.len()
+            ),
+        ));
+    }
+    let f = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let iq: Vec<Complex32> = bytes
+        .chunks_exact(8)
+        .map(|c| Complex32::new(f(&c[..4]), f(&c[4..])))
+        .collect();
+    if let Some(i) = iq
+        .iter()
+        .position(|v| !v.re.is_finite() || !v.im.is_finite())
+    {
+        return Err(Problem::at(
+            ErrorCode::InvalidTensor,
+            "/iq",
+            format!("sample {i} is not finite"),
+        ));
+    }
+    Ok(iq)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn response_fields_follow_the_feature_names() {
+        assert_eq!(
+            super::STRUCT_FIELDS,
+            crate::ops::rf::FEATURE_NAMES.as_slice()
+        );
+    }
+}
