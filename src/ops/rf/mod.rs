@@ -1,6 +1,11 @@
-//! RF signal processing: feature extraction from complex baseband IQ (the CPU twin;
-//! the synthetic dataset generator builds on it).
+//! RF signal processing: feature extraction from complex baseband IQ, and the synthetic
+//! multi-receiver dataset generator built on it (CPU twins; formulas in
+//! docs/RF_FEATURES.md and docs/RF_DATASETS.md).
+pub mod dataset;
 pub mod features;
+pub mod generate;
+pub mod rng;
+pub mod scenario;
 
 pub use features::{extract, ExtractConfig, ExtractError, Extraction, Stats, FEATURE_NAMES};
 

@@ -1,0 +1,323 @@
+//! One dataset sample end to end: generate, extract every receiver's features, judge
+//! its quality (receivers detected, mean SNR, GDOP) and accept or reject it by reason.
+
+use super::features::{extract, ExtractConfig, Stats, FEATURE_NAMES};
+use super::generate::{generate, RxTruth, TxTruth};
+use super::scenario::Scenario;
+use serde::Serialize;
+
+/// Why a sample was rejected; checked in this order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Rejection {
+    TooFewReceivers,
+    LowSnr,
+    HighGdop,
+}
+
+impl Rejection {
+    pub const ALL: [Rejection; 3] = [
+        Rejection::TooFewReceivers,
+        Rejection::LowSnr,
+        Rejection::HighGdop,
+    ];
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Quality {
+    /// Receivers whose signal_present mean is at least 0.5.
+    pub receivers_detected: usize,
+    /// Mean of the detected receivers' snr_db means (−∞ with none).
+    pub mean_snr_db: f64,
+    /// Of the detected receivers about the transmitter (∞ when undefined).
+    pub gdop: f64,
+}
+
+#[derive(Clone, Debug)]
+pub struct SampleRecord {
+    pub index: u64,
+    pub tx: TxTruth,
+    pub receivers: Vec<RxTruth>,
+    /// Per receiver, each feature's statistics over the chunks (`FEATURE_NAMES` order).
+    pub features: Vec<Vec<Stats>>,
+    pub quality: Quality,
+    pub rejected: Option<Rejection>,
+}
+
+/// Generates and evaluates sample `n`; `generation` and `extraction` receive the time
+/// each part took (for the benchmark and the job's rate).
+pub fn sample(
+    s: &Scenario,
+    key: u64,
+    n: u64,
+) -> (SampleRecord, std::time::Duration, std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    let g = generate(s, key, n);
+    let t1 = std::time::Instant::now();
+    let cfg = ExtractConfig {
+        sample_rate_hz: s.signal.sample_rate_hz,
+        chunk_ms: s.chunk_ms,
+    };
+    let features: Vec<Vec<Stats>> =
+        g.iq.iter()
+            .map(|x| {
+                extract(x, &cfg)
+                    .map(|e| e.aggregate())
+                    .expect("validated: a recording holds a chunk")
+            })
+            .collect();
+    let t2 = std::time::Instant::now();
+    let quality = judge(&g.receivers, &features);
+    let q = &s.quality;
+    let rejected = if quality.receivers_detected < q.min_receivers {
+        Some(Rejection::TooFewReceivers)
+    } else if quality.mean_snr_db < q.min_snr_db {
+        Some(Rejection::LowSnr)
+    } else if quality.gdop > q.max_gdop {
+        Some(Rejection::HighGdop)
+    } else {
+        None
+    };
+    (
+        SampleRecord {
+            index: n,
+            tx: g.tx,
+            receivers: g.receivers,
+            features,
+            quality,
+            rejected,
+        },
+        t1 - t0,
+        t2 - t1,
+    )
+}
+
+fn feature(name: &str) -> usize {
+    FEATURE_NAMES
+        .iter()
+        .position(|n| *n == name)
+        .expect("a feature name")
+}
+
+fn judge(receivers: &[RxTruth], features: &[Vec<Stats>]) -> Quality {
+    let (present, snr) = (feature("signal_present"), feature("snr_db"));
+    let detected: Vec<usize> = (0..receivers.len())
+        .filter(|&r| features[r][present].mean >= 0.5)
+        .collect();
+    let mean_snr_db = if detected.is_empty() {
+        f64::NEG_INFINITY
+    } else {
+        detected.iter().map(|&r| features[r][snr].mean).sum::<f64>() / detected.len() as f64
+    };
+    let positions: Vec<(f64, f64)> = detected
+        .iter()
+        .map(|&r| (receivers[r].east_m, receivers[r].north_m))
+        .collect();
+    Quality {
+        receivers_detected: detected.len(),
+        mean_snr_db,
+        gdop: gdop(&positions),
+    }
+}
+
+/// GDOP of range measurements with an unknown clock offset, receivers at `positions`
+/// relative to the transmitter: rows (uₓ, u_y, 1) of unit vectors from the transmitter;
+/// √trace((HᵀH)⁻¹). ∞ with fewer than three receivers or a singular geometry.
+pub fn gdop(positions: &[(f64, f64)]) -> f64 {
+    if positions.len() < 3 {
+        return f64::INFINITY;
+    }
+    let mut a = [[0.0f64; 3]; 3];
+    for &(x, y) in positions {
+        let d = (x * x + y * y).sqrt().max(1e-9);
+        let row = [x / d, y / d, 1.0];
+        for i in 0..3 {
+            for j in 0..3 {
+                a[i][j] += row[i] * row[j];
+            }
+        }
+    }
+    let det = a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
+        - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+        + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]);
+    if det.abs() < 1e-9 {
+        return f64::INFINITY;
+    }
+    // Diagonal of the inverse: the cofactors C_ii over det.
+    let c00 = a[1][1] * a[2][2] - a[1][2] * a[2][1];
+    let c11 = a[0][0] * a[2][2] - a[0][2] * a[2][0];
+    let c22 = a[0][0] * a[1][1] - a[0][1] * a[1][0];
+    ((c00 + c11 + c22) / det).sqrt()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::rf::generate::{generate, noise_floor_dbm, Modulation};
+    use crate::ops::rf::rng::dataset_key;
+    use crate::ops::rf::scenario::{ModulationMix, Site};
+    use rayon::prelude::*;
+
+    fn short() -> Scenario {
+        let mut s = Scenario::default();
+        s.signal.duration_ms = 200.0;
+        s.chunk_ms = 50.0;
+        s.geometry.receivers_min = 3;
+        s.geometry.receivers_max = 5;
+        s
+    }
+
+    #[test]
+    fn a_sample_depends_only_on_seed_and_index() {
+        let s = short();
+        let key = dataset_key(11);
+        let alone = generate(&s, key, 5);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let batch: Vec<_> = pool.install(|| {
+            (3..7u64)
+                .into_par_iter()
+                .map(|n| generate(&s, key, n))
+                .collect()
+        });
+        let again = &batch[2];
+        assert_eq!(alone.tx, again.tx);
+        assert_eq!(alone.receivers, again.receivers);
+        assert!(alone.iq == again.iq);
+        assert!(generate(&s, dataset_key(12), 5).iq != alone.iq);
+        assert!(batch[0].iq != alone.iq);
+        assert!((3..=5).contains(&alone.receivers.len()));
+    }
+
+    /// A clean channel: no shadowing, terrain, fluctuation, multipath or fading spread.
+    fn clean(mut s: Scenario) -> Scenario {
+        let p = &mut s.propagation;
+        p.shadowing_std_db = 0.0;
+        p.terrain_loss_max_db = 0.0;
+        p.tx_power_std_db = 0.0;
+        p.max_extra_taps = 0;
+        p.k_factor_db = 40.0;
+        p.k_factor_slope_db_per_km = 0.0;
+        p.rayleigh_beyond_km = 1e9;
+        s.signal.mix = ModulationMix {
+            fm_voice: 0.0,
+            fm_tone: 0.0,
+            fm_dtmf: 0.0,
+            am: 0.0,
+            carrier: 1.0,
+        };
+        s
+    }
+
+    #[test]
+    fn power_noise_floor_and_carrier_offset_arrive_as_modelled() {
+        let mut s = clean(short());
+        s.receiver.drift_ppm_per_s_std = 0.0;
+        let key = dataset_key(3);
+        for n in 0..3 {
+            let (rec, _, _) = sample(&s, key, n);
+            assert_eq!(rec.tx.modulation, Modulation::Carrier);
+            for (r, f) in rec.receivers.iter().zip(&rec.features) {
+                let get = |name: &str| f[feature(name)];
+                assert!(
+                    (get("noise_floor_dbm").mean - noise_floor_dbm(&s)).abs() < 0.3,
+                    "{r:?}"
+                );
+                // K = 40 dB: the fading gain stays within ~±0.1 dB of one.
+                let p =
+                    10f64.powf(r.received_power_dbm / 10.0) + 10f64.powf(r.noise_floor_dbm / 10.0);
+                assert!(
+                    (get("rssi_dbm").mean - 10.0 * p.log10()).abs() < 0.3,
+                    "{r:?}"
+                );
+                if get("signal_present").min == 1.0 {
+                    assert!(
+                        (get("frequency_offset_hz").mean - r.carrier_offset_hz).abs() < 20.0,
+                        "{r:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn oscillator_drift_is_applied() {
+        let mut s = clean(short());
+        s.signal.duration_ms = 1000.0;
+        s.chunk_ms = 200.0;
+        s.receiver.drift_ppm_per_s_std = 5.0; // ~2 kHz/s at 433.92 MHz
+        s.propagation.tx_power_dbm = 60.0; // strong everywhere
+        let g = generate(&s, dataset_key(8), 0);
+        let cfg = ExtractConfig {
+            sample_rate_hz: s.signal.sample_rate_hz,
+            chunk_ms: s.chunk_ms,
+        };
+        for (r, x) in g.receivers.iter().zip(&g.iq) {
+            let ex = extract(x, &cfg).unwrap();
+            let offsets: Vec<f64> = ex
+                .chunks
+                .iter()
+                .map(|c| c[feature("frequency_offset_hz")])
+                .collect();
+            // Chunk c is centred at 0.1 + 0.2c s.
+            for (c, f) in offsets.iter().enumerate() {
+                let want = r.carrier_offset_hz + r.drift_hz_per_s * (0.1 + 0.2 * c as f64);
+                assert!((f - want).abs() < 25.0, "chunk {c}: {f} vs {want} ({r:?})");
+            }
+        }
+    }
+
+    #[test]
+    fn gdop_of_known_geometries() {
+        let square = [(1.0, 0.0), (0.0, 1.0), (-1.0, 0.0), (0.0, -1.0)];
+        assert!((gdop(&square) - 1.25f64.sqrt()).abs() < 1e-12);
+        assert_eq!(gdop(&square[..2]), f64::INFINITY);
+        // Three receivers in one direction: no geometry to speak of.
+        assert_eq!(gdop(&[(1.0, 0.0), (2.0, 0.0), (3.0, 0.0)]), f64::INFINITY);
+    }
+
+    #[test]
+    fn samples_are_rejected_for_each_reason() {
+        let mut far = clean(short());
+        far.geometry.receivers = vec![
+            Site {
+                lat: 47.0,
+                lon: 8.0,
+                alt_m: 10.0,
+            },
+            Site {
+                lat: 47.0,
+                lon: 8.1,
+                alt_m: 10.0,
+            },
+            Site {
+                lat: 47.1,
+                lon: 8.0,
+                alt_m: 10.0,
+            },
+        ];
+        far.propagation.tx_power_dbm = -40.0;
+        assert_eq!(
+            sample(&far, dataset_key(1), 0).0.rejected,
+            Some(Rejection::TooFewReceivers)
+        );
+        let mut strict = clean(short());
+        strict.propagation.tx_power_dbm = 60.0;
+        strict.quality.min_snr_db = 99.0;
+        assert_eq!(
+            sample(&strict, dataset_key(1), 0).0.rejected,
+            Some(Rejection::LowSnr)
+        );
+        strict.quality.min_snr_db = 3.0;
+        strict.quality.max_gdop = 1.0; // below the best possible geometry (√(5/4)·…)
+        assert_eq!(
+            sample(&strict, dataset_key(1), 0).0.rejected,
+            Some(Rejection::HighGdop)
+        );
+        strict.quality.max_gdop = 1e6;
+        let ok = sample(&strict, dataset_key(1), 0).0;
+        assert_eq!(ok.rejected, None, "{:?}", ok.quality);
+    }
+}

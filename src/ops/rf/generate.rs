@@ -1,0 +1,523 @@
+//! One synthetic sample: a transmitter heard by R receivers, one IQ recording each. The
+//! model is in docs/RF_DATASETS.md; every random draw reads the counter-based stream of
+//! (dataset, sample, receiver, purpose) (`rng.rs`).
+
+use super::rng::{Purpose, Stream};
+use super::scenario::{Scenario, Site};
+use rustfft::num_complex::{Complex, Complex32};
+use rustfft::FftPlanner;
+use serde::Serialize;
+use std::f64::consts::PI;
+
+const EARTH_RADIUS_M: f64 = 6_371_008.8;
+/// Thermal noise density at 290 K, dBm/Hz.
+const KTB_DBM_PER_HZ: f64 = -174.0;
+/// The FM modes' highest audio frequency, Hz (Carson: B = 2·(Δf + f_audio)).
+const AUDIO_MAX_HZ: f64 = 3_000.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Modulation {
+    FmVoice,
+    FmTone,
+    FmDtmf,
+    Am,
+    Carrier,
+}
+
+impl Modulation {
+    pub const ALL: [Modulation; 5] = [
+        Modulation::FmVoice,
+        Modulation::FmTone,
+        Modulation::FmDtmf,
+        Modulation::Am,
+        Modulation::Carrier,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Modulation::FmVoice => "fm_voice",
+            Modulation::FmTone => "fm_tone",
+            Modulation::FmDtmf => "fm_dtmf",
+            Modulation::Am => "am",
+            Modulation::Carrier => "carrier",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TxTruth {
+    pub lat: f64,
+    pub lon: f64,
+    pub alt_m: f64,
+    /// Transmit power after this sample's fluctuation, dBm.
+    pub power_dbm: f64,
+    pub modulation: Modulation,
+    /// Whether it was placed inside the receivers' bounding box.
+    pub inside: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RxTruth {
+    pub lat: f64,
+    pub lon: f64,
+    pub alt_m: f64,
+    /// East and north of the transmitter, m.
+    pub east_m: f64,
+    pub north_m: f64,
+    pub distance_m: f64,
+    /// Free-space, environment and terrain loss, dB.
+    pub path_loss_db: f64,
+    pub shadowing_db: f64,
+    /// Mean received power before fast fading, dBm.
+    pub received_power_dbm: f64,
+    /// Rician K-factor, dB; −∞ (serialised as null) for Rayleigh.
+    pub k_factor_db: f64,
+    pub carrier_offset_hz: f64,
+    pub drift_hz_per_s: f64,
+    pub taps: usize,
+    pub rms_delay_spread_us: f64,
+    pub noise_floor_dbm: f64,
+}
+
+pub struct GeneratedSample {
+    pub tx: TxTruth,
+    pub receivers: Vec<RxTruth>,
+    /// One recording per receiver, `signal.sample_rate_hz × duration` samples.
+    pub iq: Vec<Vec<Complex32>>,
+}
+
+pub fn samples_per_recording(s: &Scenario) -> usize {
+    (s.signal.sample_rate_hz * s.signal.duration_ms / 1e3).round() as usize
+}
+
+/// Noise power over the sample rate, dBm.
+pub fn noise_floor_dbm(s: &Scenario) -> f64 {
+    KTB_DBM_PER_HZ + s.receiver.noise_figure_db + 10.0 * s.signal.sample_rate_hz.log10()
+}
+
+/// Sample `n` of the dataset keyed `key` (`rng::dataset_key`).
+pub fn generate(s: &Scenario, key: u64, n: u64) -> GeneratedSample {
+    let (sites, tx_site, inside) = place(s, &mut Stream::new(key, n, 0, Purpose::Geometry));
+    let mut prop = Stream::new(key, n, 0, Purpose::Propagation);
+    let tx_power = s.propagation.tx_power_dbm + s.propagation.tx_power_std_db * prop.normal();
+    let mut wave_rng = Stream::new(key, n, 0, Purpose::Waveform);
+    let modulation = Modulation::ALL[wave_rng.pick(&mix_weights(s))];
+    let len = samples_per_recording(s);
+    let wave = waveform(s, modulation, len, &mut wave_rng);
+    let mut planner = FftPlanner::<f64>::new();
+    let spectrum = {
+        let mut x = wave.clone();
+        planner.plan_fft_forward(len).process(&mut x);
+        x
+    };
+    let floor = noise_floor_dbm(s);
+    let mut receivers = Vec::with_capacity(sites.len());
+    let mut iq = Vec::with_capacity(sites.len());
+    for (r, site) in sites.iter().enumerate() {
+        let rx = r as u16 + 1;
+        let truth = propagate(s, key, n, rx, site, &tx_site, tx_power, floor);
+        let taps = taps(s, &mut Stream::new(key, n, rx, Purpose::Multipath));
+        let delayed = apply_taps(
+            &wave,
+            &spectrum,
+            &taps,
+            s.signal.sample_rate_hz,
+            &mut planner,
+        );
+        let k_linear = if truth.k_factor_db.is_finite() {
+            10f64.powf(truth.k_factor_db / 10.0)
+        } else {
+            0.0
+        };
+        let rec = receive(s, key, n, rx, &delayed, &truth, k_linear);
+        receivers.push(RxTruth {
+            taps: taps.len(),
+            rms_delay_spread_us: rms_delay_spread_us(&taps),
+            ..truth
+        });
+        iq.push(rec);
+    }
+    GeneratedSample {
+        tx: TxTruth {
+            lat: tx_site.lat,
+            lon: tx_site.lon,
+            alt_m: tx_site.alt_m,
+            power_dbm: tx_power,
+            modulation,
+            inside,
+        },
+        receivers,
+        iq,
+    }
+}
+
+fn mix_weights(s: &Scenario) -> [f64; 5] {
+    let m = &s.signal.mix;
+    [m.fm_voice, m.fm_tone, m.fm_dtmf, m.am, m.carrier]
+}
+
+/// Receiver sites and the transmitter's.
+fn place(s: &Scenario, g: &mut Stream) -> (Vec<Site>, Site, bool) {
+    let geo = &s.geometry;
+    let sites: Vec<Site> = if geo.receivers.is_empty() {
+        let span = (geo.receivers_max - geo.receivers_min + 1) as f64;
+        let count = geo.receivers_min
+            + ((g.uniform() * span) as usize).min(geo.receivers_max - geo.receivers_min);
+        (0..count)
+            .map(|_| Site {
+                lat: g.range(geo.lat_min, geo.lat_max),
+                lon: g.range(geo.lon_min, geo.lon_max),
+                alt_m: geo.receiver_alt_m,
+            })
+            .collect()
+    } else {
+        geo.receivers.clone()
+    };
+    let lat_lo = sites.iter().map(|p| p.lat).fold(f64::INFINITY, f64::min);
+    let lat_hi = sites
+        .iter()
+        .map(|p| p.lat)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let lon_lo = sites.iter().map(|p| p.lon).fold(f64::INFINITY, f64::min);
+    let lon_hi = sites
+        .iter()
+        .map(|p| p.lon)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let inside = g.uniform() < geo.inside_ratio;
+    let m = if inside { 0.0 } else { geo.outside_margin_deg };
+    let tx = Site {
+        lat: g.range(lat_lo - m, lat_hi + m).clamp(-89.0, 89.0),
+        lon: g.range(lon_lo - m, lon_hi + m),
+        alt_m: geo.transmitter_alt_m,
+    };
+    (sites, tx, inside)
+}
+
+/// East and north of `origin`, m (equirectangular about the origin's latitude).
+pub fn local_xy(p: &Site, origin: &Site) -> (f64, f64) {
+    let k = EARTH_RADIUS_M * PI / 180.0;
+    (
+        k * origin.lat.to_radians().cos() * (p.lon - origin.lon),
+        k * (p.lat - origin.lat),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn propagate(
+    s: &Scenario,
+    key: u64,
+    n: u64,
+    rx: u16,
+    site: &Site,
+    tx: &Site,
+    tx_power: f64,
+    floor: f64,
+) -> RxTruth {
+    let p = &s.propagation;
+    let mut r = Stream::new(key, n, rx, Purpose::Propagation);
+    let (east, north) = local_xy(site, tx);
+    let d = (east * east + north * north + (site.alt_m - tx.alt_m).powi(2))
+        .sqrt()
+        .max(1.0);
+    let fspl = 20.0 * (d / 1e3).log10() + 20.0 * p.frequency_mhz.log10() + 32.44;
+    let environment = 10.0 * (p.environment.exponent() - 2.0) * (d.max(100.0) / 100.0).log10();
+    let terrain = r.uniform() * p.terrain_loss_max_db * (d / 10e3).min(1.0);
+    let shadowing = p.shadowing_std_db * r.normal();
+    let loss = fspl + environment + terrain;
+    let d_km = d / 1e3;
+    let k_factor_db = if d_km >= p.rayleigh_beyond_km {
+        f64::NEG_INFINITY
+    } else {
+        p.k_factor_db - p.k_factor_slope_db_per_km * d_km
+    };
+    let mut osc = Stream::new(key, n, rx, Purpose::Oscillator);
+    let carrier_hz = p.frequency_mhz * 1e6;
+    RxTruth {
+        lat: site.lat,
+        lon: site.lon,
+        alt_m: site.alt_m,
+        east_m: east,
+        north_m: north,
+        distance_m: d,
+        path_loss_db: loss,
+        shadowing_db: shadowing,
+        received_power_dbm: tx_power + p.tx_antenna_gain_dbi + p.rx_antenna_gain_dbi
+            - loss
+            - shadowing,
+        k_factor_db,
+        carrier_offset_hz: s.receiver.oscillator_ppm_std * 1e-6 * carrier_hz * osc.normal(),
+        drift_hz_per_s: s.receiver.drift_ppm_per_s_std * 1e-6 * carrier_hz * osc.normal(),
+        taps: 0,
+        rms_delay_spread_us: 0.0,
+        noise_floor_dbm: floor,
+    }
+}
+
+/// (delay s, complex gain): the first arrival at 0 and the extra taps, total power 1.
+fn taps(s: &Scenario, m: &mut Stream) -> Vec<(f64, Complex<f64>)> {
+    let p = &s.propagation;
+    let extra = ((m.uniform() * (p.max_extra_taps + 1) as f64) as usize).min(p.max_extra_taps);
+    let mean_us = p.environment.mean_delay_us();
+    let mut taps = vec![(0.0, Complex::new(1.0, 0.0))];
+    for _ in 0..extra {
+        let delay_us = -mean_us * (1.0 - m.uniform()).ln();
+        let power = 10f64.powf(-p.tap_decay_db_per_us * delay_us / 10.0) * m.range(0.1, 1.0);
+        let phase = 2.0 * PI * m.uniform();
+        taps.push((delay_us * 1e-6, Complex::from_polar(power.sqrt(), phase)));
+    }
+    let total: f64 = taps.iter().map(|t| t.1.norm_sqr()).sum();
+    for t in &mut taps {
+        t.1 /= total.sqrt();
+    }
+    taps
+}
+
+fn rms_delay_spread_us(taps: &[(f64, Complex<f64>)]) -> f64 {
+    let p: f64 = taps.iter().map(|t| t.1.norm_sqr()).sum();
+    let mean = taps.iter().map(|t| t.0 * t.1.norm_sqr()).sum::<f64>() / p;
+    let m2 = taps.iter().map(|t| t.0 * t.0 * t.1.norm_sqr()).sum::<f64>() / p;
+    (m2 - mean * mean).max(0.0).sqrt() * 1e6
+}
+
+/// Σ gᵢ·x(t − τᵢ) with fractional delays, as H(f) = Σ gᵢ·e^(−j2πfτᵢ) on the recording's
+/// spectrum (a circular delay: the last τ of the recording wraps to its start).
+pub fn apply_taps(
+    wave: &[Complex<f64>],
+    spectrum: &[Complex<f64>],
+    taps: &[(f64, Complex<f64>)],
+    fs: f64,
+    planner: &mut FftPlanner<f64>,
+) -> Vec<Complex<f64>> {
+    if taps.len() == 1 && taps[0].0 == 0.0 {
+        return wave.iter().map(|x| x * taps[0].1).collect();
+    }
+    let n = spectrum.len();
+    let mut y: Vec<Complex<f64>> = spectrum
+        .iter()
+        .enumerate()
+        .map(|(k, x)| {
+            let f = if k <= n / 2 {
+                k as f64
+            } else {
+                k as f64 - n as f64
+            } * fs
+                / n as f64;
+            let h: Complex<f64> = taps
+                .iter()
+                .map(|(tau, g)| g * Complex::from_polar(1.0, -2.0 * PI * f * tau))
+                .sum();
+            x * h
+        })
+        .collect();
+    planner.plan_fft_inverse(n).process(&mut y);
+    let scale = 1.0 / n as f64;
+    for v in &mut y {
+        *v *= scale;
+    }
+    y
+}
+
+/// Fading, oscillator offset and drift, power, and noise at one receiver.
+fn receive(
+    s: &Scenario,
+    key: u64,
+    n: u64,
+    rx: u16,
+    x: &[Complex<f64>],
+    truth: &RxTruth,
+    k: f64,
+) -> Vec<Complex32> {
+    let fs = s.signal.sample_rate_hz;
+    let amplitude = 10f64.powf(truth.received_power_dbm / 20.0);
+    let noise_sigma = (10f64.powf(truth.noise_floor_dbm / 10.0) / 2.0).sqrt();
+    let block = ((fs * s.propagation.coherence_time_ms / 1e3).round() as usize).max(1);
+    let mut fading = Stream::new(key, n, rx, Purpose::Fading);
+    let los = Complex::from_polar((k / (k + 1.0)).sqrt(), 2.0 * PI * fading.uniform());
+    let scatter = (1.0 / (k + 1.0) / 2.0).sqrt();
+    let mut noise = Stream::new(key, n, rx, Purpose::Noise);
+    // e^{j2π(f₀t + ½ḟt²)} by recurrence: z ← z·w, w ← w·c, renormalised every block.
+    let f0 = truth.carrier_offset_hz;
+    let drift = truth.drift_hz_per_s;
+    let mut out = Vec::with_capacity(x.len());
+    for (start, chunk) in x.chunks(block).enumerate().map(|(b, c)| (b * block, c)) {
+        let (g1, g2) = fading.normal_pair();
+        let h = los + Complex::new(g1, g2) * scatter;
+        let t = start as f64 / fs;
+        let mut z = Complex::from_polar(1.0, 2.0 * PI * (f0 * t + 0.5 * drift * t * t));
+        let mut w = Complex::from_polar(1.0, 2.0 * PI * (f0 + drift * t + 0.5 * drift / fs) / fs);
+        let c = Complex::from_polar(1.0, 2.0 * PI * drift / (fs * fs));
+        for v in chunk {
+            let (a, b) = noise.normal_pair();
+            let y = v * h * z * amplitude + Complex::new(a, b) * noise_sigma;
+            out.push(Complex32::new(y.re as f32, y.im as f32));
+            z *= w;
+            w *= c;
+        }
+    }
+    out
+}
+
+/// The transmitted complex baseband waveform, unit mean power.
+fn waveform(s: &Scenario, m: Modulation, len: usize, r: &mut Stream) -> Vec<Complex<f64>> {
+    let fs = s.signal.sample_rate_hz;
+    let deviation = (s.signal.bandwidth_hz / 2.0 - AUDIO_MAX_HZ).max(250.0);
+    let fm = |audio: Vec<f64>| -> Vec<Complex<f64>> {
+        let mut phase = 0.0f64;
+        audio
+            .iter()
+            .map(|a| {
+                phase = (phase + 2.0 * PI * deviation * a / fs) % (2.0 * PI);
+                Complex::from_polar(1.0, phase)
+            })
+            .collect()
+    };
+    match m {
+        Modulation::FmVoice => fm(voice(len, fs, r)),
+        Modulation::FmTone => {
+            let f = r.range(300.0, AUDIO_MAX_HZ);
+            fm((0..len)
+                .map(|i| (2.0 * PI * f * i as f64 / fs).sin())
+                .collect())
+        }
+        Modulation::FmDtmf => fm(dtmf(len, fs, r)),
+        Modulation::Am => {
+            let audio = voice(len, fs, r);
+            let mu = s.signal.am_depth;
+            let x: Vec<f64> = audio.iter().map(|a| 1.0 + mu * a).collect();
+            let p = x.iter().map(|v| v * v).sum::<f64>() / len as f64;
+            x.iter().map(|v| Complex::new(v / p.sqrt(), 0.0)).collect()
+        }
+        Modulation::Carrier => vec![Complex::new(1.0, 0.0); len],
+    }
+}
+
+/// Voice-like audio in [−1, 1]: the harmonics of a pitch f₀ shaped by three formant
+/// resonances (one period tabulated, then read with linear interpolation), under a
+/// syllable-rate envelope.
+fn voice(len: usize, fs: f64, r: &mut Stream) -> Vec<f64> {
+    const TABLE: usize = 2048;
+    let f0 = r.range(90.0, 250.0);
+    let formants = [
+        r.range(300.0, 900.0),
+        r.range(900.0, 2300.0),
+        r.range(2300.0, 3000.0),
+    ];
+    let syllable_hz = r.range(3.0, 6.0);
+    let syllable_phase = 2.0 * PI * r.uniform();
+    let mut table = vec![0.0f64; TABLE];
+    let mut h = 1;
+    while (h as f64) * f0 < AUDIO_MAX_HZ {
+        let f = h as f64 * f0;
+        let a: f64 = formants
+            .iter()
+            .map(|fk| 1.0 / (1.0 + ((f - fk) / 120.0).powi(2)))
+            .sum();
+        let phi = 2.0 * PI * r.uniform();
+        for (i, t) in table.iter_mut().enumerate() {
+            *t += a * (2.0 * PI * h as f64 * i as f64 / TABLE as f64 + phi).sin();
+        }
+        h += 1;
+    }
+    let peak = table.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
+    (0..len)
+        .map(|i| {
+            let t = i as f64 / fs;
+            let pos = (f0 * t).fract() * TABLE as f64;
+            let (k, frac) = (pos as usize % TABLE, pos.fract());
+            let v = table[k] * (1.0 - frac) + table[(k + 1) % TABLE] * frac;
+            let envelope = 0.6 + 0.4 * (2.0 * PI * syllable_hz * t + syllable_phase).sin();
+            envelope * v / peak
+        })
+        .collect()
+}
+
+/// DTMF-like audio: a random key's row and column tones, a new key every 100 ms.
+fn dtmf(len: usize, fs: f64, r: &mut Stream) -> Vec<f64> {
+    const ROWS: [f64; 4] = [697.0, 770.0, 852.0, 941.0];
+    const COLS: [f64; 3] = [1209.0, 1336.0, 1477.0];
+    let per_key = (0.1 * fs) as usize;
+    let mut out = Vec::with_capacity(len);
+    let mut i = 0;
+    while i < len {
+        let (fr, fc) = (
+            ROWS[(r.uniform() * 4.0) as usize % 4],
+            COLS[(r.uniform() * 3.0) as usize % 3],
+        );
+        for k in i..(i + per_key).min(len) {
+            let t = k as f64 / fs;
+            out.push(0.5 * ((2.0 * PI * fr * t).sin() + (2.0 * PI * fc * t).sin()));
+        }
+        i += per_key;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fractional_delays_shift_phase_exactly() {
+        // A tone with a whole number of cycles is periodic, so the circular delay is exact.
+        let (n, fs, f) = (4000usize, 200_000.0, 1_250.0);
+        let wave: Vec<Complex<f64>> = (0..n)
+            .map(|i| Complex::from_polar(1.0, 2.0 * PI * f * i as f64 / fs))
+            .collect();
+        let mut planner = FftPlanner::new();
+        let mut spec = wave.clone();
+        planner.plan_fft_forward(n).process(&mut spec);
+        let tau = 1.3e-6; // 0.26 samples
+        let g = Complex::from_polar(0.5, 0.7);
+        let y = apply_taps(
+            &wave,
+            &spec,
+            &[(0.0, Complex::new(0.0, 0.0)), (tau, g)],
+            fs,
+            &mut planner,
+        );
+        for (i, v) in y.iter().enumerate() {
+            let want = g * Complex::from_polar(1.0, 2.0 * PI * f * (i as f64 / fs - tau));
+            assert!((v - want).norm() < 1e-9, "sample {i}");
+        }
+    }
+
+    #[test]
+    fn taps_carry_unit_power_and_their_spread() {
+        let s = Scenario::default();
+        let mut m = Stream::new(1, 2, 3, Purpose::Multipath);
+        for _ in 0..50 {
+            let t = taps(&s, &mut m);
+            assert!(t.len() <= 1 + s.propagation.max_extra_taps);
+            let p: f64 = t.iter().map(|x| x.1.norm_sqr()).sum();
+            assert!((p - 1.0).abs() < 1e-12);
+        }
+        let two = [
+            (0.0, Complex::new(1.0, 0.0)),
+            (2e-6, Complex::new(1.0, 0.0)),
+        ];
+        assert!((rms_delay_spread_us(&two) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn waveforms_have_unit_power_and_fm_stays_in_its_band() {
+        let s = Scenario::default();
+        for m in Modulation::ALL {
+            let mut r = Stream::new(5, 0, 0, Purpose::Waveform);
+            let w = waveform(&s, m, 40_000, &mut r);
+            let p = w.iter().map(|v| v.norm_sqr()).sum::<f64>() / w.len() as f64;
+            assert!((p - 1.0).abs() < 1e-9, "{m:?} power {p}");
+            if m == Modulation::FmTone || m == Modulation::FmVoice {
+                // Instantaneous frequency within ±deviation.
+                let dev = s.signal.bandwidth_hz / 2.0 - AUDIO_MAX_HZ;
+                let fmax = w
+                    .windows(2)
+                    .map(|p| {
+                        (p[1] * p[0].conj()).arg().abs() * s.signal.sample_rate_hz / (2.0 * PI)
+                    })
+                    .fold(0.0, f64::max);
+                assert!(fmax <= dev * 1.0001, "{m:?} peak deviation {fmax}");
+            }
+        }
+    }
+}
