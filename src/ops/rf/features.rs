@@ -134,7 +134,7 @@ fn prev_power_of_two(n: usize) -> usize {
 /// out, unless the recording is shorter than one chunk).
 pub fn extract(iq: &[Complex32], cfg: &ExtractConfig) -> Result<Extraction, ExtractError> {
     let (chunk, seg) = plan(cfg, iq.len())?;
-    let fft = FftPlanner::<f64>::new().plan_fft_forward(seg);
+    let fft = super::fft_plan(seg, false);
     let window = hann(seg);
     let chunks: Vec<ChunkFeatures> = iq
         .par_chunks_exact(chunk)

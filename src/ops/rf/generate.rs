@@ -5,7 +5,6 @@
 use super::rng::{Purpose, Stream};
 use super::scenario::{Scenario, Site};
 use rustfft::num_complex::{Complex, Complex32};
-use rustfft::FftPlanner;
 use serde::Serialize;
 use std::f64::consts::PI;
 
@@ -105,10 +104,9 @@ pub fn generate(s: &Scenario, key: u64, n: u64) -> GeneratedSample {
     let modulation = Modulation::ALL[wave_rng.pick(&mix_weights(s))];
     let len = samples_per_recording(s);
     let wave = waveform(s, modulation, len, &mut wave_rng);
-    let mut planner = FftPlanner::<f64>::new();
     let spectrum = {
         let mut x = wave.clone();
-        planner.plan_fft_forward(len).process(&mut x);
+        super::fft_plan(len, false).process(&mut x);
         x
     };
     let floor = noise_floor_dbm(s);
@@ -118,13 +116,7 @@ pub fn generate(s: &Scenario, key: u64, n: u64) -> GeneratedSample {
         let rx = r as u16 + 1;
         let truth = propagate(s, key, n, rx, site, &tx_site, tx_power, floor);
         let taps = taps(s, &mut Stream::new(key, n, rx, Purpose::Multipath));
-        let delayed = apply_taps(
-            &wave,
-            &spectrum,
-            &taps,
-            s.signal.sample_rate_hz,
-            &mut planner,
-        );
+        let delayed = apply_taps(&wave, &spectrum, &taps, s.signal.sample_rate_hz);
         let k_linear = if truth.k_factor_db.is_finite() {
             10f64.powf(truth.k_factor_db / 10.0)
         } else {
@@ -287,30 +279,38 @@ pub fn apply_taps(
     spectrum: &[Complex<f64>],
     taps: &[(f64, Complex<f64>)],
     fs: f64,
-    planner: &mut FftPlanner<f64>,
 ) -> Vec<Complex<f64>> {
     if taps.len() == 1 && taps[0].0 == 0.0 {
         return wave.iter().map(|x| x * taps[0].1).collect();
     }
     let n = spectrum.len();
-    let mut y: Vec<Complex<f64>> = spectrum
+    // H at bin k by one phasor per tap, stepped by e^(−j2π·Δf·τ) from the bin's
+    // frequency: bins 0..=n/2 from f = 0 up, the rest from −(n − n/2 − 1)·Δf up;
+    // re-anchored every 4096 bins so rounding cannot accumulate.
+    let df = fs / n as f64;
+    let steps: Vec<Complex<f64>> = taps
         .iter()
-        .enumerate()
-        .map(|(k, x)| {
-            let f = if k <= n / 2 {
-                k as f64
-            } else {
-                k as f64 - n as f64
-            } * fs
-                / n as f64;
-            let h: Complex<f64> = taps
-                .iter()
-                .map(|(tau, g)| g * Complex::from_polar(1.0, -2.0 * PI * f * tau))
-                .sum();
-            x * h
-        })
+        .map(|(tau, _)| Complex::from_polar(1.0, -2.0 * PI * df * tau))
         .collect();
-    planner.plan_fft_inverse(n).process(&mut y);
+    let mut y = spectrum.to_vec();
+    let half = n / 2 + 1;
+    for (range, f_start) in [(0..half, 0.0), (half..n, -((n - half) as f64) * df)] {
+        let mut phasors: Vec<Complex<f64>> = Vec::with_capacity(taps.len());
+        for (j, k) in range.enumerate() {
+            if j % 4096 == 0 {
+                let f = f_start + j as f64 * df;
+                phasors = taps
+                    .iter()
+                    .map(|(tau, g)| g * Complex::from_polar(1.0, -2.0 * PI * f * tau))
+                    .collect();
+            }
+            y[k] *= phasors.iter().sum::<Complex<f64>>();
+            for (p, s) in phasors.iter_mut().zip(&steps) {
+                *p *= s;
+            }
+        }
+    }
+    super::fft_plan(n, true).process(&mut y);
     let scale = 1.0 / n as f64;
     for v in &mut y {
         *v *= scale;
@@ -456,6 +456,7 @@ fn dtmf(len: usize, fs: f64, r: &mut Stream) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustfft::FftPlanner;
 
     #[test]
     fn fractional_delays_shift_phase_exactly() {
@@ -464,18 +465,11 @@ mod tests {
         let wave: Vec<Complex<f64>> = (0..n)
             .map(|i| Complex::from_polar(1.0, 2.0 * PI * f * i as f64 / fs))
             .collect();
-        let mut planner = FftPlanner::new();
         let mut spec = wave.clone();
-        planner.plan_fft_forward(n).process(&mut spec);
+        FftPlanner::new().plan_fft_forward(n).process(&mut spec);
         let tau = 1.3e-6; // 0.26 samples
         let g = Complex::from_polar(0.5, 0.7);
-        let y = apply_taps(
-            &wave,
-            &spec,
-            &[(0.0, Complex::new(0.0, 0.0)), (tau, g)],
-            fs,
-            &mut planner,
-        );
+        let y = apply_taps(&wave, &spec, &[(0.0, Complex::new(0.0, 0.0)), (tau, g)], fs);
         for (i, v) in y.iter().enumerate() {
             let want = g * Complex::from_polar(1.0, 2.0 * PI * f * (i as f64 / fs - tau));
             assert!((v - want).norm() < 1e-9, "sample {i}");

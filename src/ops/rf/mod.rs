@@ -9,6 +9,27 @@ pub mod scenario;
 
 pub use features::{extract, ExtractConfig, ExtractError, Extraction, Stats, FEATURE_NAMES};
 
+use rustfft::{Fft, FftPlanner};
+use std::sync::Arc;
+
+thread_local! {
+    /// Plans keep their twiddles: building a 200k-point plan costs more sine evaluations
+    /// than the transform itself, so every thread keeps its plans for reuse.
+    static PLANNER: std::cell::RefCell<FftPlanner<f64>> = std::cell::RefCell::new(FftPlanner::new());
+}
+
+/// A forward or inverse FFT plan of `n` points from this thread's cache.
+pub(crate) fn fft_plan(n: usize, inverse: bool) -> Arc<dyn Fft<f64>> {
+    PLANNER.with(|p| {
+        let mut p = p.borrow_mut();
+        if inverse {
+            p.plan_fft_inverse(n)
+        } else {
+            p.plan_fft_forward(n)
+        }
+    })
+}
+
 use rustfft::num_complex::Complex32;
 
 /// `/rf/features` as a pool job: IQ already decoded and checked finite.

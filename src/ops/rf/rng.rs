@@ -3,7 +3,7 @@
 //! thread count, batch size, backend, or where a job resumed. Draw k of a stream is
 //! SplitMix64's finaliser over (stream key + k·γ): a pure function of its coordinates that
 //! a GPU thread computes as cheaply as a CPU (the same construction as SplitMix64's
-//! sequence, which passes BigCrush).
+//! sequence, which passes BigCrush). Normals by the polar method.
 
 use sha2::{Digest, Sha256};
 
@@ -73,13 +73,18 @@ impl Stream {
         lo + (hi - lo) * self.uniform()
     }
 
-    /// Two independent standard normals (Box–Muller).
+    /// Two independent standard normals (Marsaglia's polar method: no trigonometry;
+    /// accepts π/4 of the draws).
     pub fn normal_pair(&mut self) -> (f64, f64) {
-        let u1 = 1.0 - self.uniform(); // (0, 1]: ln is finite
-        let u2 = self.uniform();
-        let r = (-2.0 * u1.ln()).sqrt();
-        let (s, c) = (2.0 * std::f64::consts::PI * u2).sin_cos();
-        (r * c, r * s)
+        loop {
+            let u = 2.0 * self.uniform() - 1.0;
+            let v = 2.0 * self.uniform() - 1.0;
+            let s = u * u + v * v;
+            if s > 0.0 && s < 1.0 {
+                let m = (-2.0 * s.ln() / s).sqrt();
+                return (u * m, v * m);
+            }
+        }
     }
 
     pub fn normal(&mut self) -> f64 {
