@@ -5,8 +5,8 @@
 //! for real recordings the dBm figures are relative to the recorder's full scale).
 
 use rayon::prelude::*;
+use rustfft::num_complex::Complex;
 use rustfft::num_complex::Complex32;
-use rustfft::{num_complex::Complex, FftPlanner};
 use serde::Serialize;
 use std::f64::consts::PI;
 
@@ -368,6 +368,7 @@ fn coherence(band: &[f64], df: f64, k: usize) -> (f64, f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustfft::FftPlanner;
 
     /// Deterministic complex Gaussian noise of power `p` (Box–Muller on splitmix64).
     pub(crate) fn noise(n: usize, p: f64, seed: u64) -> Vec<Complex32> {
