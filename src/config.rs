@@ -97,6 +97,12 @@ pub struct Config {
     /// starts.
     #[arg(long, env = "GPU_OPS_GPU_MEMORY_LIMIT_MIB", default_value_t = 0)]
     pub gpu_memory_limit_mib: u64,
+    /// Synthetic dataset jobs that may wait behind the running one; more gets 503.
+    #[arg(long, env = "GPU_OPS_MAX_DATASET_JOBS", default_value_t = 16)]
+    pub max_dataset_jobs: usize,
+    /// Most samples one synthetic dataset may ask for.
+    #[arg(long, env = "GPU_OPS_MAX_DATASET_SAMPLES", default_value_t = 5_000_000)]
+    pub max_dataset_samples: u64,
     /// Most values in one `[B, D]` tensor (/dp/privatize); more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_TENSOR_ELEMENTS", default_value_t = 1 << 26)]
     pub max_tensor_elements: usize,
@@ -158,6 +164,12 @@ impl Config {
         }
         if !(1..=32).contains(&self.max_ntt_log2) {
             return Err("--max-ntt-log2 must be 1 to 32".into());
+        }
+        if self.max_dataset_jobs == 0 {
+            return Err("--max-dataset-jobs must be at least 1".into());
+        }
+        if !(1..=5_000_000).contains(&self.max_dataset_samples) {
+            return Err("--max-dataset-samples must be 1 to 5000000".into());
         }
         if self.max_tensor_elements == 0 {
             return Err("--max-tensor-elements must be at least 1".into());

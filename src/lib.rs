@@ -5,6 +5,7 @@
 pub mod api;
 pub mod backend;
 pub mod config;
+pub mod datasets;
 pub mod metrics;
 pub mod ops;
 pub mod pool;
@@ -34,6 +35,12 @@ impl App {
         let cfg = &settings.config;
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(Store::open(&cfg.data_dir)?);
+        let datasets = datasets::Datasets::start(
+            store.clone(),
+            &cfg.data_dir,
+            settings.cpu_threads,
+            cfg.max_dataset_jobs,
+        )?;
         if cfg.dp_allow_client_seed {
             tracing::warn!("--dp-allow-client-seed is on: clients can make privacy noise predictable; never in production");
         }
@@ -83,7 +90,9 @@ impl App {
                 done_tx.send_replace(true);
             });
         }
-        let state = Arc::new(AppState::new(settings, metrics, pool, backends, store));
+        let state = Arc::new(AppState::new(
+            settings, metrics, pool, backends, store, datasets,
+        ));
         Ok(Self { state, discovered })
     }
 

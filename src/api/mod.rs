@@ -2,6 +2,7 @@
 //! Knows nothing about devices.
 
 mod auth;
+pub mod datasets;
 pub mod dp;
 mod elements;
 mod extract;
@@ -45,6 +46,7 @@ pub struct AppState {
     pub pool: Arc<Pool>,
     pub backends: Arc<Backends>,
     pub store: Arc<Store>,
+    pub datasets: Arc<crate::datasets::Datasets>,
     shutting_down: AtomicBool,
 }
 
@@ -55,6 +57,7 @@ impl AppState {
         pool: Arc<Pool>,
         backends: Arc<Backends>,
         store: Arc<Store>,
+        datasets: Arc<crate::datasets::Datasets>,
     ) -> Self {
         Self {
             settings,
@@ -62,12 +65,14 @@ impl AppState {
             pool,
             backends,
             store,
+            datasets,
             shutting_down: AtomicBool::new(false),
         }
     }
 
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.datasets.shutdown();
     }
 
     pub fn is_shutting_down(&self) -> bool {
@@ -86,6 +91,8 @@ impl AppState {
         dp::accountant_epsilon, dp::accountant_noise_multiplier,
         dp::create_budget, dp::get_budget, dp::list_budgets,
         rf::rf_features,
+        datasets::create_dataset, datasets::list_datasets, datasets::get_dataset,
+        datasets::cancel_dataset, datasets::delete_dataset, datasets::dataset_features,
     ),
     components(schemas(problem::ProblemDocument, problem::FieldIssue)),
     modifiers(&BearerAuth),
@@ -94,6 +101,7 @@ impl AppState {
         (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
         (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
         (name = "rf", description = "RF signal features from IQ recordings"),
+        (name = "datasets", description = "Synthetic RF datasets as asynchronous jobs"),
     )
 )]
 pub struct ApiDoc;
@@ -141,6 +149,14 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/zk/intt", post(zk::intt))
         .route("/zk/msm", post(msm::msm))
         .route("/rf/features", post(rf::rf_features))
+        .route("/datasets/synthetic", post(datasets::create_dataset))
+        .route("/datasets", get(datasets::list_datasets))
+        .route(
+            "/datasets/{id}",
+            get(datasets::get_dataset).delete(datasets::delete_dataset),
+        )
+        .route("/datasets/{id}/cancel", post(datasets::cancel_dataset))
+        .route("/datasets/{id}/features", get(datasets::dataset_features))
         .route("/dp/privatize", post(dp::privatize))
         .route("/dp/laplace", post(dp::laplace))
         .route("/dp/gaussian", post(dp::gaussian))

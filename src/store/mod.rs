@@ -2,8 +2,10 @@
 //! synchronous commits, so what a response reports as written survives a crash.
 
 mod budgets;
+mod datasets;
 
 pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
+pub use datasets::{Counts, DatasetRow, DatasetStatus, NewDataset};
 
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
@@ -55,6 +57,7 @@ impl Store {
             .and_then(|_| conn.pragma_update(None, "foreign_keys", "ON"))
             .and_then(|_| conn.busy_timeout(std::time::Duration::from_secs(10)))
             .and_then(|_| conn.execute_batch(SCHEMA))
+            .and_then(|_| conn.execute_batch(datasets::SCHEMA))
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Self {
             conn: Mutex::new(conn),

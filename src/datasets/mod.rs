@@ -1,0 +1,279 @@
+//! Synthetic dataset jobs: a catalog row per job (`store::datasets`), one worker thread
+//! that runs queued jobs in order on its own rayon pool, live progress, cancellation, and
+//! the result file written atomically under `--data-dir/datasets/<id>/`.
+//!
+//! The dataset is the first `num_samples` accepted sample indices, in index order: the
+//! worker evaluates indices in parallel batches but accepts them in order and stops at the
+//! target, so the file does not depend on thread count or batch size.
+
+pub mod parquet_out;
+
+use crate::ops::rf::dataset::{sample, Rejection};
+use crate::ops::rf::rng::dataset_key;
+use crate::ops::rf::scenario::Scenario;
+use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset, Store};
+use parquet_out::FeatureWriter;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Attempts allowed per requested sample before a job fails as unsatisfiable.
+pub const MAX_ATTEMPTS_PER_SAMPLE: u64 = 100;
+/// How often running progress is written to the catalog.
+const PERSIST_EVERY: Duration = Duration::from_secs(1);
+
+/// Live state of a queued or running job.
+pub struct Active {
+    cancel: AtomicBool,
+    progress: Mutex<Progress>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    pub counts: Counts,
+    pub started: Option<Instant>,
+}
+
+pub struct Datasets {
+    store: Arc<Store>,
+    dir: PathBuf,
+    active: Arc<Mutex<HashMap<String, Arc<Active>>>>,
+    queue: SyncSender<String>,
+    max_queued: usize,
+    /// Set at shutdown: running and queued jobs end as `interrupted`, not `cancelled`.
+    stopping: AtomicBool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("{0} dataset jobs are already waiting")]
+    QueueFull(usize),
+    #[error("{0}")]
+    Storage(String),
+}
+
+impl Datasets {
+    /// Marks jobs a previous process left unfinished as interrupted, removes their
+    /// partial files, and starts the worker.
+    pub fn start(
+        store: Arc<Store>,
+        data_dir: &Path,
+        threads: usize,
+        max_queued: usize,
+    ) -> Result<Arc<Self>, String> {
+        let dir = data_dir.join("datasets");
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for id in store.interrupt_unfinished_datasets()? {
+            let _ = std::fs::remove_dir_all(dir.join(&id));
+            tracing::warn!(dataset = %id, "dataset job interrupted by the previous shutdown");
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("gpu-ops-dataset-{i}"))
+            .build()
+            .map_err(|e| format!("dataset thread pool: {e}"))?;
+        let (tx, rx) = sync_channel::<String>(max_queued);
+        let this = Arc::new(Self {
+            store,
+            dir,
+            active: Arc::new(Mutex::new(HashMap::new())),
+            queue: tx,
+            max_queued,
+            stopping: AtomicBool::new(false),
+        });
+        let worker = this.clone();
+        std::thread::Builder::new()
+            .name("gpu-ops-datasets".into())
+            .spawn(move || {
+                while let Ok(id) = rx.recv() {
+                    worker.run(&id, &pool);
+                }
+            })
+            .map_err(|e| format!("dataset worker: {e}"))?;
+        Ok(this)
+    }
+
+    pub fn result_path(&self, id: &str) -> PathBuf {
+        self.dir.join(id).join("features.parquet")
+    }
+
+    pub fn submit(&self, id: &str, new: NewDataset) -> Result<DatasetRow, SubmitError> {
+        let row = self
+            .store
+            .create_dataset(id, new)
+            .map_err(SubmitError::Storage)?;
+        let active = Arc::new(Active {
+            cancel: AtomicBool::new(false),
+            progress: Mutex::new(Progress::default()),
+        });
+        self.lock().insert(id.to_string(), active);
+        match self.queue.try_send(id.to_string()) {
+            Ok(()) => Ok(row),
+            Err(e) => {
+                self.lock().remove(id);
+                let _ = self.store.delete_dataset(&row.tenant, id);
+                Err(match e {
+                    TrySendError::Full(_) => SubmitError::QueueFull(self.max_queued),
+                    TrySendError::Disconnected(_) => {
+                        SubmitError::Storage("the dataset worker stopped".into())
+                    }
+                })
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Active>>> {
+        self.active.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Live progress of a queued or running job.
+    pub fn progress(&self, id: &str) -> Option<Progress> {
+        self.lock()
+            .get(id)
+            .map(|a| a.progress.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    /// Asks a queued or running job to stop; false when it is not active.
+    pub fn cancel(&self, id: &str) -> bool {
+        match self.lock().get(id) {
+            Some(a) => {
+                a.cancel.store(true, Ordering::SeqCst);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Stops every queued and running job; they are recorded as interrupted.
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for a in self.lock().values() {
+            a.cancel.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Removes the job's files (cancelling it first if it runs).
+    pub fn remove_files(&self, id: &str) {
+        self.cancel(id);
+        let _ = std::fs::remove_dir_all(self.dir.join(id));
+    }
+
+    fn run(&self, id: &str, pool: &rayon::ThreadPool) {
+        let Some(active) = self.lock().get(id).cloned() else {
+            return;
+        };
+        let outcome = self.run_job(id, &active, pool);
+        let counts = active
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .counts
+            .clone();
+        let (status, error) = match outcome {
+            Ok(DatasetStatus::Cancelled) if self.stopping.load(Ordering::SeqCst) => (
+                DatasetStatus::Interrupted,
+                Some("the server shut down before the job finished; resubmit it (the same seed gives the same dataset)".to_string()),
+            ),
+            Ok(status) => (status, None),
+            Err(e) => {
+                tracing::error!(dataset = %id, error = %e, "dataset job failed");
+                (DatasetStatus::Failed, Some(e))
+            }
+        };
+        if status != DatasetStatus::Completed {
+            let _ = std::fs::remove_dir_all(self.dir.join(id));
+        }
+        if let Err(e) = self
+            .store
+            .update_dataset(id, status, &counts, error.as_deref())
+        {
+            tracing::error!(dataset = %id, error = %e, "cannot record the dataset job's end");
+        }
+        self.lock().remove(id);
+    }
+
+    fn run_job(
+        &self,
+        id: &str,
+        active: &Active,
+        pool: &rayon::ThreadPool,
+    ) -> Result<DatasetStatus, String> {
+        let row = self
+            .store
+            .dataset_any(id)?
+            .ok_or("the job was deleted before it started")?;
+        if active.cancel.load(Ordering::SeqCst) {
+            return Ok(DatasetStatus::Cancelled);
+        }
+        let scenario: Scenario =
+            serde_json::from_str(&row.config).map_err(|e| format!("stored config: {e}"))?;
+        let slots = if scenario.geometry.receivers.is_empty() {
+            scenario.geometry.receivers_max
+        } else {
+            scenario.geometry.receivers.len()
+        };
+        std::fs::create_dir_all(self.dir.join(id)).map_err(|e| format!("{id}: {e}"))?;
+        let mut writer = FeatureWriter::create(&self.result_path(id), slots)?;
+        let set_progress = |f: &dyn Fn(&mut Progress)| {
+            f(&mut active.progress.lock().unwrap_or_else(|e| e.into_inner()));
+        };
+        set_progress(&|p| p.started = Some(Instant::now()));
+        self.store
+            .update_dataset(id, DatasetStatus::Running, &Counts::default(), None)?;
+        let key = dataset_key(row.seed);
+        let target = row.num_samples;
+        let max_attempts = target.saturating_mul(MAX_ATTEMPTS_PER_SAMPLE).max(1000);
+        let batch = (pool.current_num_threads() * 4) as u64;
+        let mut counts = Counts::default();
+        let mut next = 0u64;
+        let mut persisted = Instant::now();
+        while counts.valid < target {
+            if active.cancel.load(Ordering::SeqCst) {
+                writer.abandon();
+                return Ok(DatasetStatus::Cancelled);
+            }
+            if next >= max_attempts {
+                writer.abandon();
+                return Err(format!(
+                    "only {} of {} attempted samples passed the quality filters; at most {MAX_ATTEMPTS_PER_SAMPLE} attempts per requested sample are made (relax config.quality)",
+                    counts.valid, counts.attempted
+                ));
+            }
+            let records: Vec<_> = pool.install(|| {
+                (next..next + batch)
+                    .into_par_iter()
+                    .map(|n| sample(&scenario, key, n).0)
+                    .collect()
+            });
+            next += batch;
+            for rec in &records {
+                counts.attempted += 1;
+                match rec.rejected {
+                    None => {
+                        writer.push(rec)?;
+                        counts.valid += 1;
+                        if counts.valid == target {
+                            break;
+                        }
+                    }
+                    Some(Rejection::TooFewReceivers) => counts.rejected_too_few_receivers += 1,
+                    Some(Rejection::LowSnr) => counts.rejected_low_snr += 1,
+                    Some(Rejection::HighGdop) => counts.rejected_high_gdop += 1,
+                }
+            }
+            let c = counts.clone();
+            set_progress(&|p| p.counts = c.clone());
+            if persisted.elapsed() >= PERSIST_EVERY {
+                self.store
+                    .update_dataset(id, DatasetStatus::Running, &counts, None)?;
+                persisted = Instant::now();
+            }
+        }
+        writer.finish()?;
+        Ok(DatasetStatus::Completed)
+    }
+}

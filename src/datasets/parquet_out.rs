@@ -1,0 +1,266 @@
+//! The feature-based dataset as Parquet: one row per accepted sample, with the
+//! transmitter truth, the sample's quality, and per receiver slot r < max receivers its
+//! truth and each feature's mean/std/min/max (`rx{r}_{feature}_{stat}`; null where a
+//! sample has fewer receivers). Written in row groups to `<path>.partial` and renamed
+//! into place only when complete, so a reader never sees half a file.
+
+use crate::ops::rf::dataset::SampleRecord;
+use crate::ops::rf::FEATURE_NAMES;
+use parquet::basic::Compression;
+use parquet::column::writer::ColumnWriter;
+use parquet::data_type::ByteArray;
+use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::parser::parse_message_type;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+const ROW_GROUP: usize = 4096;
+const STATS: [&str; 4] = ["mean", "std", "min", "max"];
+const RX_TRUTH: [&str; 8] = [
+    "lat",
+    "lon",
+    "alt_m",
+    "distance_m",
+    "received_power_dbm",
+    "carrier_offset_hz",
+    "drift_hz_per_s",
+    "rms_delay_spread_us",
+];
+
+enum Values {
+    F64(Vec<f64>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
+    Bool(Vec<bool>),
+    Utf8(Vec<ByteArray>),
+}
+
+struct Column {
+    values: Values,
+    /// Definition levels of an OPTIONAL column (1 present, 0 null).
+    defs: Option<Vec<i16>>,
+}
+
+pub struct FeatureWriter {
+    writer: SerializedFileWriter<File>,
+    columns: Vec<Column>,
+    rows: usize,
+    receivers: usize,
+    partial: PathBuf,
+    path: PathBuf,
+}
+
+/// Column names in file order, for `receivers` receiver slots.
+pub fn column_names(receivers: usize) -> Vec<String> {
+    let mut names: Vec<String> = [
+        "sample_index",
+        "tx_lat",
+        "tx_lon",
+        "tx_alt_m",
+        "tx_power_dbm",
+        "tx_modulation",
+        "tx_inside",
+        "receivers",
+        "receivers_detected",
+        "mean_snr_db",
+        "gdop",
+    ]
+    .map(String::from)
+    .to_vec();
+    for r in 0..receivers {
+        names.extend(RX_TRUTH.iter().map(|t| format!("rx{r}_{t}")));
+        for f in FEATURE_NAMES {
+            names.extend(STATS.iter().map(|s| format!("rx{r}_{f}_{s}")));
+        }
+    }
+    names
+}
+
+fn schema(receivers: usize) -> String {
+    let names = column_names(receivers);
+    let mut msg = String::from("message rf_dataset {\n");
+    for (i, n) in names.iter().enumerate() {
+        let ty = match i {
+            0 => "REQUIRED INT64",
+            5 => "REQUIRED BYTE_ARRAY",
+            6 => "REQUIRED BOOLEAN",
+            7 | 8 => "REQUIRED INT32",
+            1..=10 => "REQUIRED DOUBLE",
+            _ => "OPTIONAL DOUBLE",
+        };
+        let annotation = if i == 5 { " (UTF8)" } else { "" };
+        msg.push_str(&format!("  {ty} {n}{annotation};\n"));
+    }
+    msg.push('}');
+    msg
+}
+
+impl FeatureWriter {
+    pub fn create(path: &Path, receivers: usize) -> Result<Self, String> {
+        let partial = path.with_extension("parquet.partial");
+        let schema = parse_message_type(&schema(receivers)).map_err(|e| format!("schema: {e}"))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .set_created_by("gpu-ops".into())
+            .build();
+        let file = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
+        let writer = SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props))
+            .map_err(|e| format!("parquet: {e}"))?;
+        let columns = column_names(receivers)
+            .iter()
+            .enumerate()
+            .map(|(i, _)| Column {
+                values: match i {
+                    0 => Values::I64(Vec::new()),
+                    5 => Values::Utf8(Vec::new()),
+                    6 => Values::Bool(Vec::new()),
+                    7 | 8 => Values::I32(Vec::new()),
+                    _ => Values::F64(Vec::new()),
+                },
+                defs: (i > 10).then(Vec::new),
+            })
+            .collect();
+        Ok(Self {
+            writer,
+            columns,
+            rows: 0,
+            receivers,
+            partial,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn push(&mut self, rec: &SampleRecord) -> Result<(), String> {
+        let mut c = self.columns.iter_mut();
+        let f64s = |c: &mut std::slice::IterMut<'_, Column>, v: Option<f64>| {
+            let col = c.next().expect("one column per value");
+            if let (Values::F64(vals), defs) = (&mut col.values, &mut col.defs) {
+                if let Some(x) = v {
+                    vals.push(x);
+                }
+                if let Some(d) = defs {
+                    d.push(i16::from(v.is_some()));
+                }
+            }
+        };
+        if let Values::I64(v) = &mut c.next().expect("sample_index").values {
+            v.push(rec.index as i64);
+        }
+        for x in [rec.tx.lat, rec.tx.lon, rec.tx.alt_m, rec.tx.power_dbm] {
+            f64s(&mut c, Some(x));
+        }
+        if let Values::Utf8(v) = &mut c.next().expect("tx_modulation").values {
+            v.push(ByteArray::from(rec.tx.modulation.name()));
+        }
+        if let Values::Bool(v) = &mut c.next().expect("tx_inside").values {
+            v.push(rec.tx.inside);
+        }
+        for n in [rec.receivers.len(), rec.quality.receivers_detected] {
+            if let Values::I32(v) = &mut c.next().expect("receiver counts").values {
+                v.push(n as i32);
+            }
+        }
+        f64s(&mut c, Some(rec.quality.mean_snr_db));
+        f64s(&mut c, Some(rec.quality.gdop));
+        for r in 0..self.receivers {
+            let truth = rec.receivers.get(r);
+            let values = truth.map(|t| {
+                [
+                    t.lat,
+                    t.lon,
+                    t.alt_m,
+                    t.distance_m,
+                    t.received_power_dbm,
+                    t.carrier_offset_hz,
+                    t.drift_hz_per_s,
+                    t.rms_delay_spread_us,
+                ]
+            });
+            for k in 0..RX_TRUTH.len() {
+                f64s(&mut c, values.map(|v| v[k]));
+            }
+            let features = rec.features.get(r);
+            for f in 0..FEATURE_NAMES.len() {
+                let s = features.map(|v| v[f]);
+                for x in [
+                    s.map(|s| s.mean),
+                    s.map(|s| s.std),
+                    s.map(|s| s.min),
+                    s.map(|s| s.max),
+                ] {
+                    f64s(&mut c, x);
+                }
+            }
+        }
+        self.rows += 1;
+        if self.rows == ROW_GROUP {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), String> {
+        if self.rows == 0 {
+            return Ok(());
+        }
+        let err = |e: parquet::errors::ParquetError| format!("parquet: {e}");
+        let mut rg = self.writer.next_row_group().map_err(err)?;
+        let mut columns = self.columns.iter_mut();
+        while let Some(mut w) = rg.next_column().map_err(err)? {
+            let col = columns.next().ok_or("more parquet columns than buffers")?;
+            let defs = col.defs.as_deref();
+            match (w.untyped(), &mut col.values) {
+                (ColumnWriter::DoubleColumnWriter(w), Values::F64(v)) => {
+                    w.write_batch(v, defs, None).map_err(err)?;
+                    v.clear();
+                }
+                (ColumnWriter::Int64ColumnWriter(w), Values::I64(v)) => {
+                    w.write_batch(v, defs, None).map_err(err)?;
+                    v.clear();
+                }
+                (ColumnWriter::Int32ColumnWriter(w), Values::I32(v)) => {
+                    w.write_batch(v, defs, None).map_err(err)?;
+                    v.clear();
+                }
+                (ColumnWriter::BoolColumnWriter(w), Values::Bool(v)) => {
+                    w.write_batch(v, defs, None).map_err(err)?;
+                    v.clear();
+                }
+                (ColumnWriter::ByteArrayColumnWriter(w), Values::Utf8(v)) => {
+                    w.write_batch(v, defs, None).map_err(err)?;
+                    v.clear();
+                }
+                _ => return Err("a parquet column of an unexpected type".into()),
+            }
+            if let Some(d) = &mut col.defs {
+                d.clear();
+            }
+            w.close().map_err(err)?;
+        }
+        rg.close().map_err(err)?;
+        self.rows = 0;
+        Ok(())
+    }
+
+    /// Writes the last row group and the footer, syncs, and renames into place.
+    pub fn finish(mut self) -> Result<(), String> {
+        self.flush()?;
+        let file = self
+            .writer
+            .into_inner()
+            .map_err(|e| format!("parquet: {e}"))?;
+        file.sync_all()
+            .map_err(|e| format!("{}: {e}", self.partial.display()))?;
+        std::fs::rename(&self.partial, &self.path)
+            .map_err(|e| format!("{}: {e}", self.path.display()))
+    }
+
+    /// Drops the partial file.
+    pub fn abandon(self) {
+        let partial = self.partial.clone();
+        drop(self);
+        let _ = std::fs::remove_file(partial);
+    }
+}
