@@ -88,6 +88,23 @@ async fn a_job_completes_and_its_file_does_not_depend_on_threads() {
         let id = job["id"].as_str().unwrap().to_string();
         assert_eq!(job["seed"], 5);
         assert_eq!(job["progress"]["target"], 6);
+        if threads == "1" {
+            // Server-sent events follow the job to its end, then the stream closes.
+            let text = s
+                .get(&format!("/datasets/{id}/events"))
+                .await
+                .text()
+                .await
+                .unwrap();
+            assert!(text.contains("event: end"), "{text}");
+            let last = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .last()
+                .unwrap();
+            let v: Value = serde_json::from_str(last).unwrap();
+            assert_eq!(v["status"], "completed", "{v}");
+        }
         let done = wait_for(&s, &id, &["completed", "failed"]).await;
         assert_eq!(done["status"], "completed", "{done}");
         let p = &done["progress"];

@@ -403,3 +403,60 @@ pub async fn dataset_features(
     }
     Ok(res)
 }
+
+/// How often `/datasets/{id}/events` reports.
+const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
+
+#[utoipa::path(
+    get, path = "/datasets/{id}/events", tag = "datasets", operation_id = "dataset_events",
+    summary = "Progress as server-sent events",
+    description = "A `progress` event with the job (as `GET /datasets/{id}`) at once and every 500 ms while it is \
+        queued or running, then one `end` event with its final state, and the stream closes. A job deleted \
+        meanwhile ends the stream without an `end` event.",
+    params(("id" = String, Path, description = "Dataset id")),
+    responses(
+        (status = 200, description = "text/event-stream of DatasetView JSON", content_type = "text/event-stream"),
+        (status = 404, description = "dataset_not_found", body = ProblemDocument, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn dataset_events(
+    State(state): State<Arc<AppState>>,
+    who: Option<Extension<Tenant>>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let t = tenant(&who);
+    let (st, t2, i) = (state.clone(), t.clone(), id.clone());
+    blocking(move || st.store.dataset(&t2, &i).map_err(storage))
+        .await?
+        .ok_or_else(not_found)?;
+    let stream = futures_util::stream::unfold(
+        (state, t, id, true, false),
+        |(state, t, id, first, ended)| async move {
+            if ended {
+                return None;
+            }
+            if !first {
+                tokio::time::sleep(EVENT_INTERVAL).await;
+            }
+            let (st, t2, i) = (state.clone(), t.clone(), id.clone());
+            let row = blocking(move || st.store.dataset(&t2, &i).map_err(storage))
+                .await
+                .ok()
+                .flatten()?;
+            let end = row.status.is_final();
+            let event = Event::default()
+                .event(if end { "end" } else { "progress" })
+                .json_data(view(&state, row))
+                .ok()?;
+            Some((
+                Ok::<_, std::convert::Infallible>(event),
+                (state, t, id, false, end),
+            ))
+        },
+    );
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
