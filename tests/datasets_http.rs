@@ -99,8 +99,8 @@ async fn a_job_completes_and_its_file_does_not_depend_on_threads() {
             assert!(text.contains("event: end"), "{text}");
             let last = text
                 .lines()
-                .filter_map(|l| l.strip_prefix("data: "))
-                .last()
+                .rev()
+                .find_map(|l| l.strip_prefix("data: "))
                 .unwrap();
             let v: Value = serde_json::from_str(last).unwrap();
             assert_eq!(v["status"], "completed", "{v}");
