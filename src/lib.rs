@@ -37,6 +37,7 @@ impl App {
         let store = Arc::new(Store::open(&cfg.data_dir)?);
         let datasets = datasets::Datasets::start(
             store.clone(),
+            metrics.clone(),
             &cfg.data_dir,
             settings.cpu_threads,
             cfg.max_dataset_jobs,

@@ -30,6 +30,8 @@ pub struct Metrics {
     pub dp_budget_charges: IntCounterVec,
     pub dp_noise_values: IntCounterVec,
     pub batch_size: HistogramVec,
+    pub dataset_samples: IntCounterVec,
+    pub dataset_jobs: IntCounterVec,
 }
 
 /// (name, help) of every metric, for the README and the test that checks them.
@@ -81,6 +83,14 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_dp_noise_values_total",
         "Values released with privacy noise, by mechanism",
+    ),
+    (
+        "gpu_ops_dataset_samples_total",
+        "Synthetic dataset samples evaluated, by outcome: accepted or the rejection reason",
+    ),
+    (
+        "gpu_ops_dataset_jobs_total",
+        "Synthetic dataset jobs ended, by final status",
     ),
     (
         "gpu_ops_device_healthy",
@@ -206,6 +216,14 @@ impl Metrics {
             dp_noise_values: reg(
                 r,
                 IntCounterVec::new(opts("gpu_ops_dp_noise_values_total"), &["mechanism"]),
+            ),
+            dataset_samples: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_dataset_samples_total"), &["outcome"]),
+            ),
+            dataset_jobs: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_dataset_jobs_total"), &["status"]),
             ),
             batch_size: reg(
                 r,

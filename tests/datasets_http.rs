@@ -141,6 +141,16 @@ async fn a_job_completes_and_its_file_does_not_depend_on_threads() {
             .map(|r| r.unwrap().get_long(0).unwrap())
             .collect();
         assert!(indices.windows(2).all(|w| w[0] < w[1]), "{indices:?}");
+        assert_eq!(
+            s.metric("gpu_ops_dataset_samples_total{outcome=\"accepted\"}")
+                .await,
+            6.0
+        );
+        assert_eq!(
+            s.wait_for_metric("gpu_ops_dataset_jobs_total{status=\"completed\"}", 1.0)
+                .await,
+            1.0
+        );
         let listed: Value = s.get("/datasets").await.json().await.unwrap();
         assert_eq!(listed["datasets"].as_array().unwrap().len(), 1);
         files.push(bytes);

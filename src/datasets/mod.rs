@@ -8,6 +8,7 @@
 
 pub mod parquet_out;
 
+use crate::metrics::Metrics;
 use crate::ops::rf::dataset::{sample, Rejection};
 use crate::ops::rf::rng::dataset_key;
 use crate::ops::rf::scenario::Scenario;
@@ -40,6 +41,7 @@ pub struct Progress {
 
 pub struct Datasets {
     store: Arc<Store>,
+    metrics: Arc<Metrics>,
     dir: PathBuf,
     active: Arc<Mutex<HashMap<String, Arc<Active>>>>,
     queue: SyncSender<String>,
@@ -61,6 +63,7 @@ impl Datasets {
     /// partial files, and starts the worker.
     pub fn start(
         store: Arc<Store>,
+        metrics: Arc<Metrics>,
         data_dir: &Path,
         threads: usize,
         max_queued: usize,
@@ -79,6 +82,7 @@ impl Datasets {
         let (tx, rx) = sync_channel::<String>(max_queued);
         let this = Arc::new(Self {
             store,
+            metrics,
             dir,
             active: Arc::new(Mutex::new(HashMap::new())),
             queue: tx,
@@ -187,6 +191,10 @@ impl Datasets {
         if status != DatasetStatus::Completed {
             let _ = std::fs::remove_dir_all(self.dir.join(id));
         }
+        self.metrics
+            .dataset_jobs
+            .with_label_values(&[status.name()])
+            .inc();
         if let Err(e) = self
             .store
             .update_dataset(id, status, &counts, error.as_deref())
@@ -252,17 +260,31 @@ impl Datasets {
             next += batch;
             for rec in &records {
                 counts.attempted += 1;
-                match rec.rejected {
+                let outcome = match rec.rejected {
                     None => {
                         writer.push(rec)?;
                         counts.valid += 1;
-                        if counts.valid == target {
-                            break;
-                        }
+                        "accepted"
                     }
-                    Some(Rejection::TooFewReceivers) => counts.rejected_too_few_receivers += 1,
-                    Some(Rejection::LowSnr) => counts.rejected_low_snr += 1,
-                    Some(Rejection::HighGdop) => counts.rejected_high_gdop += 1,
+                    Some(Rejection::TooFewReceivers) => {
+                        counts.rejected_too_few_receivers += 1;
+                        "too_few_receivers"
+                    }
+                    Some(Rejection::LowSnr) => {
+                        counts.rejected_low_snr += 1;
+                        "low_snr"
+                    }
+                    Some(Rejection::HighGdop) => {
+                        counts.rejected_high_gdop += 1;
+                        "high_gdop"
+                    }
+                };
+                self.metrics
+                    .dataset_samples
+                    .with_label_values(&[outcome])
+                    .inc();
+                if counts.valid == target {
+                    break;
                 }
             }
             let c = counts.clone();
