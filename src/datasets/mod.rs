@@ -210,13 +210,14 @@ impl Datasets {
         active: &Active,
         pool: &rayon::ThreadPool,
     ) -> Result<DatasetStatus, String> {
+        // Cancelled or deleted while queued.
+        if active.cancel.load(Ordering::SeqCst) {
+            return Ok(DatasetStatus::Cancelled);
+        }
         let row = self
             .store
             .dataset_any(id)?
             .ok_or("the job was deleted before it started")?;
-        if active.cancel.load(Ordering::SeqCst) {
-            return Ok(DatasetStatus::Cancelled);
-        }
         let scenario: Scenario =
             serde_json::from_str(&row.config).map_err(|e| format!("stored config: {e}"))?;
         let slots = if scenario.geometry.receivers.is_empty() {
