@@ -242,6 +242,14 @@ impl Metrics {
             IntGaugeVec::new(opts("gpu_ops_build_info"), &["version"]),
         );
         build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        // Every outcome exported from the start at 0, so rate() and dashboards see the
+        // series before the first dataset job.
+        for outcome in ["accepted", "too_few_receivers", "low_snr", "high_gdop"] {
+            m.dataset_samples.with_label_values(&[outcome]);
+        }
+        for status in ["completed", "failed", "cancelled", "interrupted"] {
+            m.dataset_jobs.with_label_values(&[status]);
+        }
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::new(
