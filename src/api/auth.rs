@@ -43,3 +43,9 @@ pub async fn require_key(
         }
     }
 }
+
+/// The request's tenant: its API key's, or "" on a server without keys.
+pub(crate) fn tenant(t: &Option<axum::Extension<Tenant>>) -> String {
+    t.as_ref()
+        .map_or_else(String::new, |axum::Extension(Tenant(t))| t.clone())
+}

@@ -1,6 +1,6 @@
 //! Synthetic RF dataset jobs: submit, follow, list, cancel, delete, download.
 
-use super::auth::Tenant;
+use super::auth::{tenant, Tenant};
 use super::problem::{ErrorCode, Problem, ProblemDocument};
 use super::{blocking, ApiJson, AppState};
 use crate::datasets::SubmitError;
@@ -92,11 +92,6 @@ pub struct DatasetList {
     pub datasets: Vec<DatasetView>,
 }
 
-fn tenant(t: &Option<Extension<Tenant>>) -> String {
-    t.as_ref()
-        .map_or_else(String::new, |Extension(Tenant(t))| t.clone())
-}
-
 fn view(state: &AppState, row: DatasetRow) -> DatasetView {
     let live = state.datasets.progress(&row.id);
     let counts: Counts = match &live {
@@ -152,6 +147,14 @@ fn storage(e: String) -> Problem {
 
 fn not_found() -> Problem {
     Problem::new(ErrorCode::DatasetNotFound, "no such dataset")
+}
+
+/// The tenant's job `id`, or 404 `dataset_not_found`.
+async fn find(state: &Arc<AppState>, tenant: &str, id: &str) -> Result<DatasetRow, Problem> {
+    let (st, t, i) = (state.clone(), tenant.to_string(), id.to_string());
+    blocking(move || st.store.dataset(&t, &i).map_err(storage))
+        .await?
+        .ok_or_else(not_found)
 }
 
 fn new_id() -> Result<String, Problem> {
@@ -270,9 +273,8 @@ pub async fn get_dataset(
     who: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Result<Json<DatasetView>, Problem> {
-    let (st, t) = (state.clone(), tenant(&who));
-    let row = blocking(move || st.store.dataset(&t, &id).map_err(storage)).await?;
-    row.map(|r| Json(view(&state, r))).ok_or_else(not_found)
+    let row = find(&state, &tenant(&who), &id).await?;
+    Ok(Json(view(&state, row)))
 }
 
 #[utoipa::path(
@@ -309,10 +311,7 @@ pub async fn cancel_dataset(
     who: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    let (st, t, i) = (state.clone(), tenant(&who), id.clone());
-    let row = blocking(move || st.store.dataset(&t, &i).map_err(storage))
-        .await?
-        .ok_or_else(not_found)?;
+    let row = find(&state, &tenant(&who), &id).await?;
     if row.status.is_final() || !state.datasets.cancel(&id) {
         return Err(Problem::new(
             ErrorCode::DatasetFinished,
@@ -369,10 +368,7 @@ pub async fn dataset_features(
     who: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    let (st, t, i) = (state.clone(), tenant(&who), id.clone());
-    let row = blocking(move || st.store.dataset(&t, &i).map_err(storage))
-        .await?
-        .ok_or_else(not_found)?;
+    let row = find(&state, &tenant(&who), &id).await?;
     if row.status != DatasetStatus::Completed {
         return Err(Problem::new(
             ErrorCode::DatasetNotReady,
@@ -427,10 +423,7 @@ pub async fn dataset_events(
 ) -> Result<Response, Problem> {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let t = tenant(&who);
-    let (st, t2, i) = (state.clone(), t.clone(), id.clone());
-    blocking(move || st.store.dataset(&t2, &i).map_err(storage))
-        .await?
-        .ok_or_else(not_found)?;
+    find(&state, &t, &id).await?;
     let stream = futures_util::stream::unfold(
         (state, t, id, true, false),
         |(state, t, id, first, ended)| async move {
@@ -440,11 +433,8 @@ pub async fn dataset_events(
             if !first {
                 tokio::time::sleep(EVENT_INTERVAL).await;
             }
-            let (st, t2, i) = (state.clone(), t.clone(), id.clone());
-            let row = blocking(move || st.store.dataset(&t2, &i).map_err(storage))
-                .await
-                .ok()
-                .flatten()?;
+            // A job deleted meanwhile ends the stream.
+            let row = find(&state, &t, &id).await.ok()?;
             let end = row.status.is_final();
             let event = Event::default()
                 .event(if end { "end" } else { "progress" })

@@ -1,6 +1,6 @@
 //! `/dp/*`: DP-SGD privatization, noise mechanisms, RDP accounting and privacy budgets.
 
-use super::auth::Tenant;
+use super::auth::{tenant, Tenant};
 use super::problem::{ErrorCode, Problem, ProblemDocument};
 use super::tensor::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
 use super::{blocking, job_response, job_timeout, ApiJson, AppState};
@@ -56,11 +56,6 @@ fn sample_rate(v: f64, path: &str) -> Result<f64, Problem> {
             "must be in (0, 1]",
         ))
     }
-}
-
-fn tenant(t: &Option<Extension<Tenant>>) -> String {
-    t.as_ref()
-        .map_or_else(String::new, |Extension(Tenant(t))| t.clone())
 }
 
 /// A fresh key from OS entropy; a client seed only on servers started for testing.

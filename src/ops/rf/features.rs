@@ -470,32 +470,10 @@ mod tests {
 
     #[test]
     fn a_weak_wideband_signal_sets_bandwidth_and_a_band_limited_floor() {
-        // Noise filtered to ±20 kHz (a flat 40 kHz "signal") over white noise.
+        // Noise filtered to ±20 kHz (a flat 40 kHz "signal", 2e-9 mW) over white noise.
         let fs = CFG.sample_rate_hz;
         let n = 200_000;
-        let wide = noise(n, 1e-8, 9);
-        let mut spec: Vec<Complex<f64>> = wide
-            .iter()
-            .map(|v| Complex::new(v.re as f64, v.im as f64))
-            .collect();
-        let mut planner = FftPlanner::<f64>::new();
-        planner.plan_fft_forward(n).process(&mut spec);
-        for (i, s) in spec.iter_mut().enumerate() {
-            let f = if i < n / 2 {
-                i as f64
-            } else {
-                i as f64 - n as f64
-            } * fs
-                / n as f64;
-            if f.abs() > 20_000.0 {
-                *s = Complex::new(0.0, 0.0);
-            }
-        }
-        planner.plan_fft_inverse(n).process(&mut spec);
-        let band: Vec<Complex32> = spec
-            .iter()
-            .map(|v| Complex32::new((v.re / n as f64) as f32, (v.im / n as f64) as f32))
-            .collect();
+        let band = band_noise(n, fs, 20_000.0, 2e-9, 9);
         let x = add(&band, &noise(n, 1e-9, 10));
         let agg = extract(&x, &CFG).unwrap().aggregate();
         assert_eq!(get(&agg, "signal_present").min, 1.0);
