@@ -3,31 +3,14 @@
 //! device-to-device copy of it).
 //! Env: BENCH_DP_ROWS (256), BENCH_DP_LOG2_COLS (20), BENCH_DP_HTTP_ROWS (32).
 
+mod common;
+
 use base64::Engine;
+use common::{env, time};
 use gpu_ops::ops::dp::plan::{calibrate_gaussian, GaussianPlan};
 use gpu_ops::ops::dp::{Gradients, Mechanism, NoiseJob, NoiseKey, PrivatizeJob};
 use rayon::prelude::*;
 use std::time::{Duration, Instant};
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn time<R>(runs: usize, mut f: impl FnMut() -> R) -> Duration {
-    std::hint::black_box(f());
-    let mut xs: Vec<Duration> = (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(f());
-            t.elapsed()
-        })
-        .collect();
-    xs.sort();
-    xs[xs.len() / 2]
-}
 
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
@@ -184,10 +167,8 @@ fn gpu(j: &PrivatizeJob, bytes: usize, gauss: &NoiseJob) {
 }
 
 async fn http(rows: usize, cols: usize, cpu: &gpu_ops::backend::CpuExecutor) {
-    use clap::Parser;
     let data = std::env::temp_dir().join(format!("gpu-ops-bench-dp-{}", std::process::id()));
-    let settings = gpu_ops::config::Cli::parse_from([
-        "gpu-ops",
+    let base = common::serve(&[
         "--max-body-bytes",
         "2147483648",
         "--max-tensor-elements",
@@ -195,14 +176,8 @@ async fn http(rows: usize, cols: usize, cpu: &gpu_ops::backend::CpuExecutor) {
         "--data-dir",
         data.to_str().unwrap(),
     ])
-    .config
-    .validate()
-    .unwrap();
-    let app = gpu_ops::App::start(settings).unwrap();
-    app.discovery_finished().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/dp/privatize", listener.local_addr().unwrap());
-    tokio::spawn(app.serve(listener, std::future::pending()));
+    .await;
+    let url = format!("{base}/dp/privatize");
     let g = gradients(rows * cols);
     let alone = job(g.clone(), rows, cols);
     let op = cpu.install(|| time(3, || alone.run_cpu()));

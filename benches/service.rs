@@ -2,40 +2,18 @@
 //! median of repeated runs, reported beside a reference measured in the same process.
 //! Env: BENCH_LOG2 (default 20), BENCH_TINY_REQUESTS (20000), BENCH_CONCURRENCY (32).
 
+mod common;
+
 use ark_bn254::Fr;
 use ark_ff::{BigInt, Fp256, MontBackend, MontConfig};
 use base64::Engine;
+use common::{env, median, ms, time};
 use gpu_ops::ops::zk::samples::random_elements;
 use gpu_ops::ops::zk::{Field, FieldBinaryJob, FieldOp, FieldVec};
 use rayon::prelude::*;
 use std::time::{Duration, Instant};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut xs: Vec<Duration>) -> Duration {
-    xs.sort();
-    xs[xs.len() / 2]
-}
-
-fn time<R>(runs: usize, mut f: impl FnMut() -> R) -> Duration {
-    std::hint::black_box(f()); // warm-up
-    median(
-        (0..runs)
-            .map(|_| {
-                let t = Instant::now();
-                std::hint::black_box(f());
-                t.elapsed()
-            })
-            .collect(),
-    )
-}
 
 /// `op` over arkworks elements already in Montgomery form (what an arkworks user holds),
 /// on the pool.
@@ -60,10 +38,6 @@ fn arkworks_loop<C: MontConfig<4>>(
                 .collect::<Vec<F<C>>>()
         })
     })
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
 fn main() {
@@ -201,21 +175,7 @@ fn ntt(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {
 }
 
 async fn http(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {
-    use clap::Parser;
-    let settings = gpu_ops::config::Cli::parse_from([
-        "gpu-ops",
-        "--backend",
-        "cpu",
-        "--queue-capacity",
-        "4096",
-    ])
-    .config
-    .validate()
-    .unwrap();
-    let app = gpu_ops::App::start(settings).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(app.serve(listener, std::future::pending()));
+    let url = common::serve(&["--backend", "cpu", "--queue-capacity", "4096"]).await;
     let client = reqwest::Client::new();
 
     println!("\n## End to end over HTTP (loopback, one client)\n");

@@ -5,10 +5,13 @@
 //! measured in the same run. Env: BENCH_MSM_LOG2 (comma-separated, default "16,18"),
 //! BENCH_MSM_GPU_LOG2 (default "16,18,20,22"), BENCH_NTT_GPU_LOG2 (default "16,20,24").
 
+mod common;
+
 use ark_ec::short_weierstrass::Projective;
 use ark_ec::VariableBaseMSM;
 use ark_ff::BigInt;
 use base64::Engine;
+use common::{median, ms, time};
 use gpu_ops::ops::zk::msm::{Curve, MsmJob, Points};
 use gpu_ops::ops::zk::samples::{random_elements, random_points};
 use gpu_ops::ops::zk::{FieldVec, U256};
@@ -22,28 +25,6 @@ fn sizes(name: &str, default: &str) -> Vec<u32> {
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect()
-}
-
-fn median(mut xs: Vec<Duration>) -> Duration {
-    xs.sort();
-    xs[xs.len() / 2]
-}
-
-fn time<R>(runs: usize, mut f: impl FnMut() -> R) -> Duration {
-    std::hint::black_box(f());
-    median(
-        (0..runs)
-            .map(|_| {
-                let t = Instant::now();
-                std::hint::black_box(f());
-                t.elapsed()
-            })
-            .collect(),
-    )
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
 fn inputs(log_n: u32) -> (MsmJob, Vec<U256>) {
@@ -102,21 +83,10 @@ fn main() {
 }
 
 async fn http(cpu_sizes: &[u32], cpu: &gpu_ops::backend::CpuExecutor) {
-    use clap::Parser;
-    let settings = gpu_ops::config::Cli::parse_from([
-        "gpu-ops",
-        "--backend",
-        "cpu",
-        "--max-elements",
-        "4194304",
-    ])
-    .config
-    .validate()
-    .unwrap();
-    let app = gpu_ops::App::start(settings).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/zk/msm", listener.local_addr().unwrap());
-    tokio::spawn(app.serve(listener, std::future::pending()));
+    let url = format!(
+        "{}/zk/msm",
+        common::serve(&["--backend", "cpu", "--max-elements", "4194304"]).await
+    );
     let client = reqwest::Client::new();
 
     println!("\n## BN254 G1 over HTTP (loopback, base64 body; points validated on the curve)\n");
