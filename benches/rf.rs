@@ -27,13 +27,13 @@ fn main() {
             .build()
             .unwrap();
         // One warm-up sample (FFT plans, page faults).
-        pool.install(|| sample(&s, key, 0));
+        pool.install(|| sample(&s, key, 0, false));
         let started = Instant::now();
         let parts: Vec<(Duration, Duration)> = pool.install(|| {
             (1..=n)
                 .into_par_iter()
                 .map(|i| {
-                    let (_, g, e) = sample(&s, key, i);
+                    let (_, g, e) = sample(&s, key, i, false);
                     (g, e)
                 })
                 .collect()

@@ -103,6 +103,10 @@ pub struct Config {
     /// Most samples one synthetic dataset may ask for.
     #[arg(long, env = "GPU_OPS_MAX_DATASET_SAMPLES", default_value_t = 5_000_000)]
     pub max_dataset_samples: u64,
+    /// Most bytes one synthetic dataset's files may take (estimated as an upper bound at
+    /// submission; `iq_raw` recordings are 8 bytes per complex sample per receiver).
+    #[arg(long, env = "GPU_OPS_MAX_DATASET_BYTES", default_value_t = 64 << 30)]
+    pub max_dataset_bytes: u64,
     /// Most values in one `[B, D]` tensor (/dp/privatize); more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_TENSOR_ELEMENTS", default_value_t = 1 << 26)]
     pub max_tensor_elements: usize,

@@ -1,6 +1,8 @@
 //! Synthetic dataset jobs over HTTP: a small job runs to completion and its Parquet file
 //! holds what the status says, byte-identical whatever the thread count; cancel, delete,
-//! bad input, and a restart that keeps completed datasets and marks the rest interrupted.
+//! bad input, and a restart that keeps completed datasets and marks the rest interrupted;
+//! iq_raw recordings as SigMF that agree with the Parquet row; size and disk limits; and
+//! datasets that belong to their tenant.
 
 mod common;
 
@@ -164,7 +166,7 @@ async fn a_job_completes_and_its_file_does_not_depend_on_threads() {
 #[tokio::test]
 async fn cancel_delete_and_bad_input() {
     let s = TestServer::start(&["--max-dataset-samples", "1000000"]).await;
-    let mut long = small(1, 1_000_000);
+    let mut long = small(1, 1000);
     long["config"]["signal"]["duration_ms"] = json!(1000);
     long["config"]["chunk_ms"] = json!(200);
     let job = create(&s, long).await;
@@ -208,8 +210,6 @@ async fn cancel_delete_and_bad_input() {
     bad_freq["config"]["propagation"] = json!({"frequency_mhz": 0});
     let mut unknown = small(1, 1);
     unknown["config"]["bogus"] = json!(1);
-    let mut iq = small(1, 1);
-    iq["dataset_type"] = json!("iq_raw");
     let cases = [
         (small(1, 0), "invalid_parameter", "/num_samples"),
         (small(1, 2_000_000), "invalid_parameter", "/num_samples"),
@@ -219,7 +219,6 @@ async fn cancel_delete_and_bad_input() {
             "/config/propagation/frequency_mhz",
         ),
         (unknown, "invalid_request", "/config/bogus"),
-        (iq, "invalid_parameter", "/dataset_type"),
     ];
     for (body, code, path) in cases {
         let res = s
@@ -240,7 +239,7 @@ async fn a_restart_keeps_completed_datasets_and_marks_the_rest_interrupted() {
     let done_id = done["id"].as_str().unwrap().to_string();
     wait_for(&a, &done_id, &["completed"]).await;
     let before = parquet_bytes(&a, &done_id).await;
-    let mut long = small(2, 1_000_000);
+    let mut long = small(2, 1000);
     long["config"]["signal"]["duration_ms"] = json!(1000);
     long["config"]["chunk_ms"] = json!(200);
     let running = create(&a, long).await;
@@ -267,4 +266,297 @@ async fn a_restart_keeps_completed_datasets_and_marks_the_rest_interrupted() {
     assert_eq!(v["status"], "interrupted", "{v}");
     assert!(v["error"].as_str().unwrap().contains("resubmit"));
     assert_eq!(parquet_bytes(&b, &done_id).await, before);
+}
+
+fn iq_raw(seed: u64, n: u64) -> Value {
+    let mut body = small(seed, n);
+    body["dataset_type"] = json!("iq_raw");
+    body
+}
+
+/// The meta and data files of a `.sigmf` archive, checking its layout.
+fn unpack(archive: &[u8], stem: &str) -> (Value, Vec<u8>) {
+    let mut tar = tar::Archive::new(archive);
+    let (mut meta, mut data, mut names) = (None, None, Vec::new());
+    for entry in tar.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let name = entry.path().unwrap().to_string_lossy().to_string();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut bytes).unwrap();
+        if name.ends_with(".sigmf-meta") {
+            meta = Some(serde_json::from_slice(&bytes).unwrap());
+        } else if name.ends_with(".sigmf-data") {
+            data = Some(bytes);
+        }
+        names.push(name);
+    }
+    assert_eq!(
+        names,
+        [
+            format!("{stem}/"),
+            format!("{stem}/{stem}.sigmf-meta"),
+            format!("{stem}/{stem}.sigmf-data")
+        ]
+    );
+    (meta.unwrap(), data.unwrap())
+}
+
+#[tokio::test]
+async fn iq_raw_recordings_are_sigmf_and_agree_with_the_parquet_row() {
+    use base64::Engine;
+    use sha2::Digest;
+    let s = TestServer::start(&[]).await;
+    let job = create(&s, iq_raw(11, 3)).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let done = wait_for(&s, &id, &["completed", "failed"]).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["dataset_type"], "iq_raw");
+    let url = format!("/datasets/{id}/samples/{{n}}/iq/{{rx}}");
+    assert_eq!(done["iq_url"], url);
+    let bytes = parquet_bytes(&s, &id).await;
+    let reader = SerializedFileReader::new(bytes).unwrap();
+    let names: Vec<String> = reader
+        .metadata()
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .map(|c| c.name().to_string())
+        .collect();
+    let col = |name: &str| names.iter().position(|n| n == name).unwrap();
+    let row = reader.get_row_iter(None).unwrap().nth(1).unwrap().unwrap();
+
+    let path = format!("/datasets/{id}/samples/1/iq/2");
+    let res = s.get(&path).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "application/x-tar");
+    let stem = format!("{id}_sample1_rx2");
+    assert_eq!(
+        res.headers()["content-disposition"],
+        format!("attachment; filename=\"{stem}.sigmf\"")
+    );
+    let (meta, data) = unpack(&res.bytes().await.unwrap(), &stem);
+    // 100 ms at 200 kHz, 8 bytes per complex sample.
+    assert_eq!(data.len(), 20_000 * 8);
+    let g = &meta["global"];
+    assert_eq!(g["core:datatype"], "cf32_le");
+    assert_eq!(g["core:sample_rate"], 200_000.0);
+    assert_eq!(g["core:version"], "1.2.0");
+    let sha: String = sha2::Sha512::digest(&data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(g["core:sha512"], sha);
+    assert_eq!(
+        g["gpu_ops:sample_index"],
+        row.get_long(col("sample_index")).unwrap()
+    );
+    assert_eq!(
+        g["gpu_ops:transmitter"]["lat"],
+        row.get_double(col("tx_lat")).unwrap()
+    );
+    let point = &g["core:geolocation"]["coordinates"];
+    assert_eq!(point[0], row.get_double(col("rx2_lon")).unwrap());
+    assert_eq!(point[1], row.get_double(col("rx2_lat")).unwrap());
+    assert_eq!(
+        g["gpu_ops:receiver_truth"]["carrier_offset_hz"],
+        row.get_double(col("rx2_carrier_offset_hz")).unwrap()
+    );
+    assert_eq!(meta["annotations"][0]["core:sample_count"], 20_000);
+    assert_eq!(
+        meta["annotations"][0]["core:label"],
+        g["gpu_ops:transmitter"]["modulation"]
+    );
+
+    // The data and meta alone are the archive's files.
+    let alone = s.get(&format!("{path}?format=data")).await;
+    assert_eq!(alone.headers()["content-type"], "application/octet-stream");
+    assert_eq!(alone.bytes().await.unwrap(), data);
+    let alone: Value = s
+        .get(&format!("{path}?format=meta"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(alone, meta);
+
+    // The recording is the one the features in the Parquet row came from.
+    let res = s
+        .post(
+            "/rf/features",
+            json!({"sample_rate_hz": 200_000.0, "encoding": "base64", "chunk_ms": 50,
+                   "iq": base64::engine::general_purpose::STANDARD.encode(&data)}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let f: Value = res.json().await.unwrap();
+    for (feature, stat) in [
+        ("snr_db", "mean"),
+        ("rssi_dbm", "max"),
+        ("frequency_offset_hz", "min"),
+    ] {
+        assert_eq!(
+            f["features"][feature][stat].as_f64().unwrap(),
+            row.get_double(col(&format!("rx2_{feature}_{stat}")))
+                .unwrap(),
+            "{feature} {stat}"
+        );
+    }
+
+    for (path, status, code) in [
+        (
+            format!("/datasets/{id}/samples/3/iq/0"),
+            404,
+            "sample_not_found",
+        ),
+        (
+            format!("/datasets/{id}/samples/0/iq/4"),
+            404,
+            "sample_not_found",
+        ),
+        (
+            format!("/datasets/{id}/samples/x/iq/0"),
+            404,
+            "sample_not_found",
+        ),
+        (
+            format!("/datasets/{id}/samples/0/iq/0?format=wav"),
+            422,
+            "invalid_parameter",
+        ),
+        (
+            "/datasets/ds_nope/samples/0/iq/0".to_string(),
+            404,
+            "dataset_not_found",
+        ),
+    ] {
+        problem(s.get(&path).await, status, code).await;
+    }
+    let features_only = create(&s, small(11, 1)).await;
+    let fid = features_only["id"].as_str().unwrap();
+    let done = wait_for(&s, fid, &["completed"]).await;
+    assert!(done.get("iq_url").is_none());
+    problem(
+        s.get(&format!("/datasets/{fid}/samples/0/iq/0")).await,
+        404,
+        "sample_not_found",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn size_and_disk_limits_refuse_a_job_up_front() {
+    let s = TestServer::start(&["--max-dataset-bytes", "10000000"]).await;
+    // 100 ms × 200 kHz × 4 receivers × 8 bytes = 640 kB per sample: 15 fit in 10 MB.
+    let res = s
+        .post("/datasets/synthetic", iq_raw(1, 16))
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 422, "dataset_too_large").await;
+    assert_eq!(p["errors"][0]["path"], "/num_samples", "{p}");
+    assert!(
+        p["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 15 samples"),
+        "{p}"
+    );
+    create(&s, iq_raw(1, 15)).await;
+
+    // 5 million one-second 7-receiver recordings (56 TB) fit no test machine's disk.
+    let s = TestServer::start(&["--max-dataset-bytes", "1000000000000000000"]).await;
+    let mut huge = iq_raw(1, 5_000_000);
+    huge["config"] = json!({});
+    let res = s.post("/datasets/synthetic", huge).send().await.unwrap();
+    let p = problem(res, 507, "insufficient_storage").await;
+    assert_eq!(p["errors"][0]["path"], "/num_samples", "{p}");
+    assert!(
+        p["errors"][0]["message"].as_str().unwrap().contains("free"),
+        "{p}"
+    );
+}
+
+#[tokio::test]
+async fn datasets_belong_to_their_tenant() {
+    let keys = std::env::temp_dir().join(format!("gpu-ops-ds-keys-{}", std::process::id()));
+    std::fs::write(
+        &keys,
+        "key-alice-0123456789 alice\nkey-bobby-0123456789 bob\n",
+    )
+    .unwrap();
+    let s = TestServer::start(&["--api-keys-file", keys.to_str().unwrap()]).await;
+    let (alice, bob) = ("key-alice-0123456789", "key-bobby-0123456789");
+    let res = s
+        .post("/datasets/synthetic", iq_raw(3, 1))
+        .bearer_auth(alice)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    problem(
+        s.post("/datasets/synthetic", small(3, 1))
+            .send()
+            .await
+            .unwrap(),
+        401,
+        "unauthorized",
+    )
+    .await;
+    let get = |path: String, key: &'static str| {
+        let c = s.client.get(format!("{}{path}", s.url)).bearer_auth(key);
+        async move { c.send().await.unwrap() }
+    };
+    for _ in 0..600 {
+        let v: Value = get(format!("/datasets/{id}"), alice)
+            .await
+            .json()
+            .await
+            .unwrap();
+        if v["status"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        get(format!("/datasets/{id}/samples/0/iq/0"), alice)
+            .await
+            .status(),
+        200
+    );
+    for path in ["", "/features", "/events", "/samples/0/iq/0"] {
+        problem(
+            get(format!("/datasets/{id}{path}"), bob).await,
+            404,
+            "dataset_not_found",
+        )
+        .await;
+    }
+    let res = s
+        .post(&format!("/datasets/{id}/cancel"), json!({}))
+        .bearer_auth(bob)
+        .send()
+        .await
+        .unwrap();
+    problem(res, 404, "dataset_not_found").await;
+    let res = s
+        .client
+        .delete(format!("{}/datasets/{id}", s.url))
+        .bearer_auth(bob)
+        .send()
+        .await
+        .unwrap();
+    problem(res, 404, "dataset_not_found").await;
+    let bobs: Value = get("/datasets".into(), bob).await.json().await.unwrap();
+    assert_eq!(bobs["datasets"], json!([]));
+    let alices: Value = get("/datasets".into(), alice).await.json().await.unwrap();
+    assert_eq!(alices["datasets"][0]["id"], id.as_str());
+    assert_eq!(alices["datasets"][0]["status"], "completed");
+    let _ = std::fs::remove_file(keys);
 }

@@ -3,24 +3,25 @@
 use super::auth::{tenant, Tenant};
 use super::problem::{ErrorCode, Problem, ProblemDocument};
 use super::{blocking, ApiJson, AppState};
-use crate::datasets::SubmitError;
+use crate::datasets::{estimate_bytes, iq_out, sigmf, SubmitError};
 use crate::ops::rf::scenario::Scenario;
 use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset};
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DatasetType {
     /// One Parquet row per sample: truth, quality and every receiver's features.
     FeatureBased,
-    /// Raw IQ per receiver as SigMF (not served yet: refused with 422).
+    /// The same Parquet file, and every accepted sample's recordings, one SigMF
+    /// recording per receiver (`/datasets/{id}/samples/{n}/iq/{rx}`).
     IqRaw,
 }
 
@@ -85,6 +86,10 @@ pub struct DatasetView {
     /// Where the Parquet file is served once completed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub features_url: Option<String>,
+    /// For completed `iq_raw` datasets: where each recording is served, with `{n}` the
+    /// sample's row (0-based) and `{rx}` its receiver.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iq_url: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -112,6 +117,8 @@ fn view(state: &AppState, row: DatasetRow) -> DatasetView {
     DatasetView {
         status_url: format!("/datasets/{}", row.id),
         features_url: done.then(|| format!("/datasets/{}/features", row.id)),
+        iq_url: (done && row.dataset_type == "iq_raw")
+            .then(|| format!("/datasets/{}/samples/{{n}}/iq/{{rx}}", row.id)),
         id: row.id,
         name: row.name,
         status: row.status,
@@ -172,12 +179,15 @@ fn new_id() -> Result<String, Problem> {
     description = "Queues a job that generates samples (one transmitter, several receivers, one IQ recording each; \
         docs/RF_DATASETS.md), extracts every receiver's features, and keeps the first `num_samples` that pass \
         `config.quality`, in sample-index order: the same seed and config give the same dataset whatever the \
-        thread count. Answers 202 at once; follow `status_url`. Only `feature_based` is served so far.",
+        thread count. Answers 202 at once; follow `status_url`. `iq_raw` also keeps every accepted sample's \
+        recordings (8 bytes per complex sample per receiver). A job whose files could exceed \
+        --max-dataset-bytes (422) or the free disk space (507) is refused up front; the estimate is an upper bound.",
     request_body = CreateDatasetRequest,
     responses(
         (status = 202, description = "Queued", body = DatasetView),
-        (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field)", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field), dataset_too_large", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 503, description = "queue_full: --max-dataset-jobs jobs already wait", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 507, description = "insufficient_storage: the files could outgrow the free space under --data-dir", body = ProblemDocument, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]
@@ -202,16 +212,23 @@ pub async fn create_dataset(
             format!("must be 1 to {max} (--max-dataset-samples)"),
         ));
     }
-    if req.dataset_type == DatasetType::IqRaw {
-        return Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/dataset_type",
-            "iq_raw datasets (SigMF per receiver) are not served yet; use feature_based",
-        ));
-    }
     req.config
         .validate()
         .map_err(|(path, why)| Problem::at(ErrorCode::InvalidParameter, path, why))?;
+    let iq_raw = req.dataset_type == DatasetType::IqRaw;
+    let estimate = estimate_bytes(&req.config, iq_raw, req.num_samples);
+    let max_bytes = state.settings.config.max_dataset_bytes;
+    if estimate > max_bytes {
+        let fits = max_bytes / estimate_bytes(&req.config, iq_raw, 1).max(1);
+        return Err(Problem::at(
+            ErrorCode::DatasetTooLarge,
+            "/num_samples",
+            format!(
+                "the dataset may take up to {estimate} bytes and --max-dataset-bytes allows {max_bytes}; \
+                 with this config at most {fits} samples fit"
+            ),
+        ));
+    }
     let seed = match req.seed {
         Some(s) => s,
         None => {
@@ -231,7 +248,7 @@ pub async fn create_dataset(
     let new = NewDataset {
         tenant: tenant(&who),
         name,
-        dataset_type: "feature_based".into(),
+        dataset_type: if iq_raw { "iq_raw" } else { "feature_based" }.into(),
         num_samples: req.num_samples,
         seed,
         config,
@@ -239,7 +256,12 @@ pub async fn create_dataset(
     let id = new_id()?;
     let st = state.clone();
     let row = blocking(move || {
-        st.datasets.submit(&id, new).map_err(|e| match e {
+        st.datasets.submit(&id, new, estimate).map_err(|e| match e {
+            SubmitError::NoSpace { .. } => Problem::at(
+                ErrorCode::InsufficientStorage,
+                "/num_samples",
+                e.to_string(),
+            ),
             SubmitError::QueueFull(_) => Problem {
                 retry_after_secs: Some(60),
                 ..Problem::new(ErrorCode::QueueFull, e.to_string())
@@ -398,6 +420,152 @@ pub async fn dataset_features(
         h.insert(header::CONTENT_DISPOSITION, v);
     }
     Ok(res)
+}
+
+/// How a recording is served.
+#[derive(Clone, Copy)]
+enum IqFormat {
+    Archive,
+    Meta,
+    Data,
+}
+
+#[derive(Deserialize, IntoParams)]
+pub struct IqQuery {
+    /// `archive` (default): a `.sigmf` tar of the meta and data files; `meta`: the
+    /// `.sigmf-meta` JSON alone; `data`: the `.sigmf-data` bytes alone (`cf32_le`).
+    pub format: Option<String>,
+}
+
+fn sample_not_found(why: String) -> Problem {
+    Problem::new(ErrorCode::SampleNotFound, why)
+}
+
+fn attachment(res: &mut Response, content_type: &'static str, filename: &str) {
+    let h = res.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{filename}\"")) {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+}
+
+#[utoipa::path(
+    get, path = "/datasets/{id}/samples/{n}/iq/{rx}", tag = "datasets", operation_id = "dataset_sample_iq",
+    summary = "One receiver's recording of an iq_raw dataset, as SigMF",
+    description = "Sample `n` is the dataset's row n (0-based, the order of the Parquet file); `rx` is the receiver \
+        (0-based, the Parquet file's `rx{r}_*` slot). The SigMF 1.2 metadata holds the sample rate, the carrier \
+        frequency, the receiver's position as `core:geolocation`, a SHA-512 of the data, and the sample's truth \
+        (transmitter, this receiver, quality) under the `gpu_ops` extension namespace. The data is `cf32_le`.",
+    params(
+        ("id" = String, Path, description = "Dataset id"),
+        ("n" = u64, Path, description = "Sample row, 0-based"),
+        ("rx" = u32, Path, description = "Receiver, 0-based"),
+        IqQuery,
+    ),
+    responses(
+        (status = 200, description = "`archive`: application/x-tar (`.sigmf`); `meta`: application/json; `data`: application/octet-stream", content_type = "application/x-tar"),
+        (status = 404, description = "dataset_not_found; sample_not_found (no such row or receiver, or a feature_based dataset)", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "dataset_not_ready: the job has not completed", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_parameter: an unknown format", body = ProblemDocument, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn dataset_sample_iq(
+    State(state): State<Arc<AppState>>,
+    who: Option<Extension<Tenant>>,
+    Path((id, n, rx)): Path<(String, String, String)>,
+    Query(q): Query<IqQuery>,
+) -> Result<Response, Problem> {
+    let format = match q.format.as_deref() {
+        None | Some("archive") => IqFormat::Archive,
+        Some("meta") => IqFormat::Meta,
+        Some("data") => IqFormat::Data,
+        Some(other) => {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/format",
+                format!("the query parameter format must be archive, meta or data, not {other:?}"),
+            ))
+        }
+    };
+    let row = find(&state, &tenant(&who), &id).await?;
+    if row.status != DatasetStatus::Completed {
+        return Err(Problem::new(
+            ErrorCode::DatasetNotReady,
+            format!(
+                "the job is {}; recordings are served once it completes",
+                row.status.name()
+            ),
+        ));
+    }
+    if row.dataset_type != "iq_raw" {
+        return Err(sample_not_found(
+            "a feature_based dataset keeps no recordings; submit it with dataset_type iq_raw"
+                .into(),
+        ));
+    }
+    let sample: u64 = n
+        .parse()
+        .map_err(|_| sample_not_found(format!("sample {n:?} is not a row number")))?;
+    let receiver: u32 = rx
+        .parse()
+        .map_err(|_| sample_not_found(format!("receiver {rx:?} is not a receiver number")))?;
+    let dir = state.datasets.dataset_dir(&id);
+    blocking(move || {
+        let scenario: Scenario = serde_json::from_str(&row.config)
+            .map_err(|e| storage(format!("stored config: {e}")))?;
+        let entry = iq_out::entry(&dir, sample)
+            .map_err(storage)?
+            .ok_or_else(|| {
+                sample_not_found(format!(
+                    "the dataset has {} samples (rows 0 to {})",
+                    row.num_samples,
+                    row.num_samples.saturating_sub(1)
+                ))
+            })?;
+        if receiver >= entry.receivers {
+            return Err(sample_not_found(format!(
+                "sample {sample} has {} receivers (0 to {})",
+                entry.receivers,
+                entry.receivers - 1
+            )));
+        }
+        let len = crate::ops::rf::generate::samples_per_recording(&scenario);
+        let data = iq_out::recording(&dir, &entry, receiver, len).map_err(storage)?;
+        let id = sigmf::RecordingId {
+            dataset_id: &row.id,
+            seed: row.seed,
+            sample,
+            receiver,
+        };
+        let stem = id.stem();
+        let (body, content_type, filename) = if let IqFormat::Data = format {
+            (
+                data,
+                "application/octet-stream",
+                format!("{stem}.sigmf-data"),
+            )
+        } else {
+            let truth = iq_out::truth(&dir, &entry).map_err(storage)?;
+            let meta = serde_json::to_vec_pretty(&sigmf::meta(&id, &scenario, &truth, &data))
+                .map_err(|e| storage(e.to_string()))?;
+            if let IqFormat::Meta = format {
+                (meta, "application/json", format!("{stem}.sigmf-meta"))
+            } else {
+                let tar =
+                    sigmf::archive(&stem, &meta, &data).map_err(|e| storage(e.to_string()))?;
+                (tar, "application/x-tar", format!("{stem}.sigmf"))
+            }
+        };
+        let mut res = Response::new(Body::from(body));
+        attachment(&mut res, content_type, &filename);
+        res.headers_mut().insert(
+            header::CACHE_CONTROL,
+            HeaderValue::from_static("private, max-age=86400"),
+        );
+        Ok(res)
+    })
+    .await
 }
 
 /// How often `/datasets/{id}/events` reports.

@@ -93,7 +93,7 @@ impl AppState {
         rf::rf_features,
         datasets::create_dataset, datasets::list_datasets, datasets::get_dataset,
         datasets::cancel_dataset, datasets::delete_dataset, datasets::dataset_features,
-        datasets::dataset_events,
+        datasets::dataset_events, datasets::dataset_sample_iq,
     ),
     components(schemas(problem::ProblemDocument, problem::FieldIssue)),
     modifiers(&BearerAuth),
@@ -159,6 +159,10 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/datasets/{id}/cancel", post(datasets::cancel_dataset))
         .route("/datasets/{id}/features", get(datasets::dataset_features))
         .route("/datasets/{id}/events", get(datasets::dataset_events))
+        .route(
+            "/datasets/{id}/samples/{n}/iq/{rx}",
+            get(datasets::dataset_sample_iq),
+        )
         .route("/dp/privatize", post(dp::privatize))
         .route("/dp/laplace", post(dp::laplace))
         .route("/dp/gaussian", post(dp::gaussian))

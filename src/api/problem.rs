@@ -34,6 +34,7 @@ error_codes! {
     NotFound = ("not_found", 404, "No such resource"),
     BudgetNotFound = ("budget_not_found", 404, "No such privacy budget for this tenant"),
     DatasetNotFound = ("dataset_not_found", 404, "No such dataset for this tenant"),
+    SampleNotFound = ("sample_not_found", 404, "No such sample or receiver recording in this dataset"),
     MethodNotAllowed = ("method_not_allowed", 405, "Method not allowed on this resource"),
     BudgetExhausted = ("budget_exhausted", 409, "The release would exceed the privacy budget; nothing was released"),
     DatasetNotReady = ("dataset_not_ready", 409, "The dataset job has not completed"),
@@ -47,6 +48,7 @@ error_codes! {
     NotInvertible = ("not_invertible", 422, "Zero has no inverse"),
     InvalidParameter = ("invalid_parameter", 422, "A parameter is out of range"),
     InvalidTensor = ("invalid_tensor", 422, "A numeric array is empty, ragged, non-finite or mis-shaped"),
+    DatasetTooLarge = ("dataset_too_large", 422, "The dataset would exceed --max-dataset-bytes"),
     Internal = ("internal", 500, "Internal error"),
     QueueFull = ("queue_full", 503, "The job queue is full"),
     DeviceUnavailable = ("device_unavailable", 503, "No usable CUDA device"),
@@ -54,6 +56,7 @@ error_codes! {
     NotReady = ("not_ready", 503, "The service is not ready"),
     ShuttingDown = ("shutting_down", 503, "The service is shutting down"),
     DeadlineExceeded = ("deadline_exceeded", 504, "The job's deadline passed"),
+    InsufficientStorage = ("insufficient_storage", 507, "Not enough free disk space under --data-dir for the dataset"),
     HttpError = ("http_error", 400, "The request was refused"),
 }
 

@@ -1,18 +1,24 @@
 //! Synthetic dataset jobs: a catalog row per job (`store::datasets`), one worker thread
 //! that runs queued jobs in order on its own rayon pool, live progress, cancellation, and
-//! the result file written atomically under `--data-dir/datasets/<id>/`.
+//! the result files written atomically under `--data-dir/datasets/<id>/` (`features.parquet`,
+//! and for `iq_raw` the recordings, `iq_out`). Submission refuses a job whose files could
+//! outgrow the free disk space, and a running job stops before the disk fills.
 //!
 //! The dataset is the first `num_samples` accepted sample indices, in index order: the
 //! worker evaluates indices in parallel batches but accepts them in order and stops at the
 //! target, so the file does not depend on thread count or batch size.
 
+pub mod iq_out;
 pub mod parquet_out;
+pub mod sigmf;
 
 use crate::metrics::Metrics;
 use crate::ops::rf::dataset::{sample, Rejection};
+use crate::ops::rf::generate::samples_per_recording;
 use crate::ops::rf::rng::dataset_key;
 use crate::ops::rf::scenario::Scenario;
 use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset, Store};
+use iq_out::IqWriter;
 use parquet_out::FeatureWriter;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -26,11 +32,57 @@ use std::time::{Duration, Instant};
 pub const MAX_ATTEMPTS_PER_SAMPLE: u64 = 100;
 /// How often running progress is written to the catalog.
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
+/// Free space left under `--data-dir` for the catalog and the rest of the system: a job
+/// that would take it is refused, and a running job that reaches it fails.
+pub const DISK_RESERVE_BYTES: u64 = 256 << 20;
+
+/// Receiver slots of a scenario: the fixed list's length or the most a sample may draw.
+pub fn receiver_slots(s: &Scenario) -> usize {
+    if s.geometry.receivers.is_empty() {
+        s.geometry.receivers_max
+    } else {
+        s.geometry.receivers.len()
+    }
+}
+
+/// An upper bound of the bytes a dataset's files take: every Parquet value uncompressed
+/// with its definition level, plus every recording for `iq_raw`.
+pub fn estimate_bytes(s: &Scenario, iq_raw: bool, num_samples: u64) -> u64 {
+    let slots = receiver_slots(s);
+    let row = parquet_out::column_names(slots).len() as u64 * 9 + 64;
+    let iq = if iq_raw {
+        iq_out::bytes_per_sample(slots, samples_per_recording(s))
+    } else {
+        0
+    };
+    (row + iq).saturating_mul(num_samples)
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+}
 
 /// Live state of a queued or running job.
 pub struct Active {
     cancel: AtomicBool,
     progress: Mutex<Progress>,
+    /// `estimate_bytes` of the whole job, and its target, to reserve what is left.
+    estimate: u64,
+    target: u64,
+}
+
+impl Active {
+    /// Bytes the job may still write.
+    fn outstanding(&self) -> u64 {
+        let valid = self
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .counts
+            .valid;
+        let left = self.target.saturating_sub(valid) as f64 / self.target.max(1) as f64;
+        (self.estimate as f64 * left) as u64
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -54,6 +106,8 @@ pub struct Datasets {
 pub enum SubmitError {
     #[error("{0} dataset jobs are already waiting")]
     QueueFull(usize),
+    #[error("the dataset may take up to {} and the disk under --data-dir has {} free, of which {} is promised to queued and running jobs and {} kept in reserve", gib(*.need), gib(*.free), gib(*.promised), gib(DISK_RESERVE_BYTES))]
+    NoSpace { need: u64, free: u64, promised: u64 },
     #[error("{0}")]
     Storage(String),
 }
@@ -101,24 +155,57 @@ impl Datasets {
         Ok(this)
     }
 
+    /// Where a job's files live.
+    pub fn dataset_dir(&self, id: &str) -> PathBuf {
+        self.dir.join(id)
+    }
+
     pub fn result_path(&self, id: &str) -> PathBuf {
         self.dir.join(id).join("features.parquet")
     }
 
-    pub fn submit(&self, id: &str, new: NewDataset) -> Result<DatasetRow, SubmitError> {
+    /// Queues a job whose files take at most `estimate` bytes (`estimate_bytes`).
+    pub fn submit(
+        &self,
+        id: &str,
+        new: NewDataset,
+        estimate: u64,
+    ) -> Result<DatasetRow, SubmitError> {
+        let free = fs4::available_space(&self.dir)
+            .map_err(|e| SubmitError::Storage(format!("{}: {e}", self.dir.display())))?;
+        let target = new.num_samples;
+        // Held while checking and registering, so two submissions cannot both take the
+        // same free space.
+        let mut active = self.lock();
+        let promised: u64 = active.values().map(|a| a.outstanding()).sum();
+        if estimate
+            .saturating_add(promised)
+            .saturating_add(DISK_RESERVE_BYTES)
+            > free
+        {
+            return Err(SubmitError::NoSpace {
+                need: estimate,
+                free,
+                promised,
+            });
+        }
         let row = self
             .store
             .create_dataset(id, new)
             .map_err(SubmitError::Storage)?;
-        let active = Arc::new(Active {
-            cancel: AtomicBool::new(false),
-            progress: Mutex::new(Progress::default()),
-        });
-        self.lock().insert(id.to_string(), active);
+        active.insert(
+            id.to_string(),
+            Arc::new(Active {
+                cancel: AtomicBool::new(false),
+                progress: Mutex::new(Progress::default()),
+                estimate,
+                target,
+            }),
+        );
         match self.queue.try_send(id.to_string()) {
             Ok(()) => Ok(row),
             Err(e) => {
-                self.lock().remove(id);
+                active.remove(id);
                 let _ = self.store.delete_dataset(&row.tenant, id);
                 Err(match e {
                     TrySendError::Full(_) => SubmitError::QueueFull(self.max_queued),
@@ -220,13 +307,16 @@ impl Datasets {
             .ok_or("the job was deleted before it started")?;
         let scenario: Scenario =
             serde_json::from_str(&row.config).map_err(|e| format!("stored config: {e}"))?;
-        let slots = if scenario.geometry.receivers.is_empty() {
-            scenario.geometry.receivers_max
-        } else {
-            scenario.geometry.receivers.len()
-        };
-        std::fs::create_dir_all(self.dir.join(id)).map_err(|e| format!("{id}: {e}"))?;
+        let slots = receiver_slots(&scenario);
+        let dir = self.dir.join(id);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{id}: {e}"))?;
         let mut writer = FeatureWriter::create(&self.result_path(id), slots)?;
+        let keep_iq = row.dataset_type == "iq_raw";
+        let mut iq_writer = if keep_iq {
+            Some(IqWriter::create(&dir, samples_per_recording(&scenario))?)
+        } else {
+            None
+        };
         let set_progress = |f: &dyn Fn(&mut Progress)| {
             f(&mut active.progress.lock().unwrap_or_else(|e| e.into_inner()));
         };
@@ -245,6 +335,15 @@ impl Datasets {
                 writer.abandon();
                 return Ok(DatasetStatus::Cancelled);
             }
+            let free = fs4::available_space(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            if free < DISK_RESERVE_BYTES {
+                writer.abandon();
+                return Err(format!(
+                    "the disk under --data-dir has only {} free (the reserve is {}); the job stopped before filling it",
+                    gib(free),
+                    gib(DISK_RESERVE_BYTES)
+                ));
+            }
             if next >= max_attempts {
                 writer.abandon();
                 return Err(format!(
@@ -255,7 +354,7 @@ impl Datasets {
             let records: Vec<_> = pool.install(|| {
                 (next..next + batch)
                     .into_par_iter()
-                    .map(|n| sample(&scenario, key, n).0)
+                    .map(|n| sample(&scenario, key, n, keep_iq).0)
                     .collect()
             });
             next += batch;
@@ -264,6 +363,9 @@ impl Datasets {
                 let outcome = match rec.rejected {
                     None => {
                         writer.push(rec)?;
+                        if let (Some(w), Some(iq)) = (iq_writer.as_mut(), rec.iq.as_ref()) {
+                            w.push(rec, iq)?;
+                        }
                         counts.valid += 1;
                         "accepted"
                     }
@@ -295,6 +397,9 @@ impl Datasets {
                     .update_dataset(id, DatasetStatus::Running, &counts, None)?;
                 persisted = Instant::now();
             }
+        }
+        if let Some(w) = iq_writer {
+            w.finish()?;
         }
         writer.finish()?;
         Ok(DatasetStatus::Completed)

@@ -4,6 +4,7 @@
 use super::features::{extract, ExtractConfig, Stats, FEATURE_NAMES};
 use super::generate::{generate, RxTruth, TxTruth};
 use super::scenario::Scenario;
+use rustfft::num_complex::Complex32;
 use serde::Serialize;
 
 /// Why a sample was rejected; checked in this order.
@@ -42,14 +43,17 @@ pub struct SampleRecord {
     pub features: Vec<Vec<Stats>>,
     pub quality: Quality,
     pub rejected: Option<Rejection>,
+    /// The recordings, kept when asked for and the sample is accepted.
+    pub iq: Option<Vec<Vec<Complex32>>>,
 }
 
-/// Generates and evaluates sample `n`; `generation` and `extraction` receive the time
-/// each part took (for the benchmark and the job's rate).
+/// Generates and evaluates sample `n`, keeping its recordings when `keep_iq` and it is
+/// accepted; also returns the time generation and extraction took (for the benchmark).
 pub fn sample(
     s: &Scenario,
     key: u64,
     n: u64,
+    keep_iq: bool,
 ) -> (SampleRecord, std::time::Duration, std::time::Duration) {
     let t0 = std::time::Instant::now();
     let g = generate(s, key, n);
@@ -86,6 +90,7 @@ pub fn sample(
             features,
             quality,
             rejected,
+            iq: (keep_iq && rejected.is_none()).then_some(g.iq),
         },
         t1 - t0,
         t2 - t1,
@@ -217,7 +222,7 @@ mod tests {
         s.receiver.drift_ppm_per_s_std = 0.0;
         let key = dataset_key(3);
         for n in 0..3 {
-            let (rec, _, _) = sample(&s, key, n);
+            let (rec, _, _) = sample(&s, key, n, false);
             assert_eq!(rec.tx.modulation, Modulation::Carrier);
             for (r, f) in rec.receivers.iter().zip(&rec.features) {
                 let get = |name: &str| f[feature(name)];
@@ -300,24 +305,24 @@ mod tests {
         ];
         far.propagation.tx_power_dbm = -40.0;
         assert_eq!(
-            sample(&far, dataset_key(1), 0).0.rejected,
+            sample(&far, dataset_key(1), 0, false).0.rejected,
             Some(Rejection::TooFewReceivers)
         );
         let mut strict = clean(short());
         strict.propagation.tx_power_dbm = 60.0;
         strict.quality.min_snr_db = 99.0;
         assert_eq!(
-            sample(&strict, dataset_key(1), 0).0.rejected,
+            sample(&strict, dataset_key(1), 0, false).0.rejected,
             Some(Rejection::LowSnr)
         );
         strict.quality.min_snr_db = 3.0;
         strict.quality.max_gdop = 1.0; // below the best possible geometry (√(5/4)·…)
         assert_eq!(
-            sample(&strict, dataset_key(1), 0).0.rejected,
+            sample(&strict, dataset_key(1), 0, false).0.rejected,
             Some(Rejection::HighGdop)
         );
         strict.quality.max_gdop = 1e6;
-        let ok = sample(&strict, dataset_key(1), 0).0;
+        let ok = sample(&strict, dataset_key(1), 0, false).0;
         assert_eq!(ok.rejected, None, "{:?}", ok.quality);
     }
 }

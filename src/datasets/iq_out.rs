@@ -1,0 +1,227 @@
+//! The `iq_raw` dataset's recordings. Every accepted sample's receivers go back to back
+//! into `iq.cf32` as interleaved little-endian f32 I/Q (SigMF `cf32_le`), its truth as
+//! one JSON document into `iq.meta`, and a fixed-size record into `iq.index`, so serving
+//! one recording takes two positioned reads. The three files are written as `.partial`
+//! and renamed into place when the job completes; the catalog marks a job completed only
+//! after that, so a reader never sees half a dataset.
+
+use crate::ops::rf::dataset::SampleRecord;
+use rustfft::num_complex::Complex32;
+use serde::Serialize;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+const FILES: [&str; 3] = ["iq.cf32", "iq.meta", "iq.index"];
+/// data offset u64 ‖ meta offset u64 ‖ meta length u32 ‖ receivers u32, little-endian.
+const INDEX_RECORD: u64 = 24;
+
+/// Where sample k's recordings and truth lie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IqEntry {
+    pub data_offset: u64,
+    pub meta_offset: u64,
+    pub meta_len: u32,
+    pub receivers: u32,
+}
+
+/// The truth stored per sample (and served in its SigMF metadata).
+#[derive(Serialize)]
+struct SampleTruth<'a> {
+    sample_index: u64,
+    tx: &'a crate::ops::rf::generate::TxTruth,
+    receivers: &'a [crate::ops::rf::generate::RxTruth],
+    quality: &'a crate::ops::rf::dataset::Quality,
+}
+
+pub struct IqWriter {
+    dir: PathBuf,
+    data: BufWriter<File>,
+    meta: BufWriter<File>,
+    index: BufWriter<File>,
+    data_offset: u64,
+    meta_offset: u64,
+    /// Complex samples per recording; every recording has exactly this many.
+    len: usize,
+}
+
+fn partial(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.partial"))
+}
+
+fn io(path: &Path, e: std::io::Error) -> String {
+    format!("{}: {e}", path.display())
+}
+
+impl IqWriter {
+    pub fn create(dir: &Path, len: usize) -> Result<Self, String> {
+        let open = |name: &str| {
+            let p = partial(dir, name);
+            File::create(&p)
+                .map(|f| BufWriter::with_capacity(1 << 20, f))
+                .map_err(|e| io(&p, e))
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            data: open(FILES[0])?,
+            meta: open(FILES[1])?,
+            index: open(FILES[2])?,
+            data_offset: 0,
+            meta_offset: 0,
+            len,
+        })
+    }
+
+    pub fn push(&mut self, rec: &SampleRecord, iq: &[Vec<Complex32>]) -> Result<(), String> {
+        let write_err = |name: &str, e: std::io::Error| io(&partial(&self.dir, name), e);
+        let mut bytes = Vec::with_capacity(self.len * 8);
+        for x in iq {
+            if x.len() != self.len {
+                return Err(format!(
+                    "a recording of {} samples where {} were expected",
+                    x.len(),
+                    self.len
+                ));
+            }
+            bytes.clear();
+            for c in x {
+                bytes.extend_from_slice(&c.re.to_le_bytes());
+                bytes.extend_from_slice(&c.im.to_le_bytes());
+            }
+            self.data
+                .write_all(&bytes)
+                .map_err(|e| write_err(FILES[0], e))?;
+        }
+        let truth = serde_json::to_vec(&SampleTruth {
+            sample_index: rec.index,
+            tx: &rec.tx,
+            receivers: &rec.receivers,
+            quality: &rec.quality,
+        })
+        .map_err(|e| e.to_string())?;
+        self.meta
+            .write_all(&truth)
+            .map_err(|e| write_err(FILES[1], e))?;
+        let mut record = Vec::with_capacity(INDEX_RECORD as usize);
+        record.extend_from_slice(&self.data_offset.to_le_bytes());
+        record.extend_from_slice(&self.meta_offset.to_le_bytes());
+        record.extend_from_slice(&(truth.len() as u32).to_le_bytes());
+        record.extend_from_slice(&(iq.len() as u32).to_le_bytes());
+        self.index
+            .write_all(&record)
+            .map_err(|e| write_err(FILES[2], e))?;
+        self.data_offset += (iq.len() * self.len * 8) as u64;
+        self.meta_offset += truth.len() as u64;
+        Ok(())
+    }
+
+    /// Flushes and syncs the three files and renames them into place.
+    pub fn finish(self) -> Result<(), String> {
+        let dir = self.dir.clone();
+        for (name, w) in FILES.iter().zip([self.data, self.meta, self.index]) {
+            let p = partial(&dir, name);
+            let file = w.into_inner().map_err(|e| io(&p, e.into_error()))?;
+            file.sync_all().map_err(|e| io(&p, e))?;
+        }
+        for name in FILES {
+            let p = partial(&dir, name);
+            std::fs::rename(&p, dir.join(name)).map_err(|e| io(&p, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Sample k's entry, or None past the end.
+pub fn entry(dir: &Path, k: u64) -> Result<Option<IqEntry>, String> {
+    let p = dir.join(FILES[2]);
+    let f = File::open(&p).map_err(|e| io(&p, e))?;
+    let len = f.metadata().map_err(|e| io(&p, e))?.len();
+    if k >= len / INDEX_RECORD {
+        return Ok(None);
+    }
+    let mut b = [0u8; INDEX_RECORD as usize];
+    f.read_exact_at(&mut b, k * INDEX_RECORD)
+        .map_err(|e| io(&p, e))?;
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    Ok(Some(IqEntry {
+        data_offset: u64_at(0),
+        meta_offset: u64_at(8),
+        meta_len: u32_at(16),
+        receivers: u32_at(20),
+    }))
+}
+
+/// The sample's stored truth JSON.
+pub fn truth(dir: &Path, e: &IqEntry) -> Result<serde_json::Value, String> {
+    let p = dir.join(FILES[1]);
+    let f = File::open(&p).map_err(|e| io(&p, e))?;
+    let mut b = vec![0u8; e.meta_len as usize];
+    f.read_exact_at(&mut b, e.meta_offset)
+        .map_err(|e| io(&p, e))?;
+    serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+/// Receiver `rx`'s recording as `cf32_le` bytes (`len` complex samples).
+pub fn recording(dir: &Path, e: &IqEntry, rx: u32, len: usize) -> Result<Vec<u8>, String> {
+    let p = dir.join(FILES[0]);
+    let f = File::open(&p).map_err(|e| io(&p, e))?;
+    let bytes = len as u64 * 8;
+    let mut b = vec![0u8; bytes as usize];
+    f.read_exact_at(&mut b, e.data_offset + rx as u64 * bytes)
+        .map_err(|e| io(&p, e))?;
+    Ok(b)
+}
+
+/// Bytes one sample takes on disk at most: its recordings, truth and index record.
+pub fn bytes_per_sample(receivers: usize, len: usize) -> u64 {
+    (receivers * len * 8) as u64 + 512 * (receivers as u64 + 1) + INDEX_RECORD
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::rf::dataset::sample;
+    use crate::ops::rf::rng::dataset_key;
+    use crate::ops::rf::scenario::Scenario;
+
+    #[test]
+    fn recordings_and_truth_read_back_as_written() {
+        let mut s = Scenario::default();
+        s.signal.duration_ms = 20.0;
+        s.chunk_ms = 10.0;
+        s.quality.min_receivers = 0;
+        s.quality.min_snr_db = -1e9;
+        s.quality.max_gdop = f64::INFINITY;
+        let dir = std::env::temp_dir().join(format!("gpu-ops-iq-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let len = crate::ops::rf::generate::samples_per_recording(&s);
+        let mut w = IqWriter::create(&dir, len).unwrap();
+        let recs: Vec<_> = (0..3)
+            .map(|n| sample(&s, dataset_key(4), n, true).0)
+            .collect();
+        for r in &recs {
+            w.push(r, r.iq.as_ref().unwrap()).unwrap();
+        }
+        assert!(!dir.join("iq.index").exists(), "renamed before finish");
+        w.finish().unwrap();
+        for (k, r) in recs.iter().enumerate() {
+            let e = entry(&dir, k as u64).unwrap().unwrap();
+            assert_eq!(e.receivers as usize, r.receivers.len());
+            let t = truth(&dir, &e).unwrap();
+            assert_eq!(t["sample_index"], r.index);
+            assert_eq!(t["tx"]["lat"], r.tx.lat);
+            let last = e.receivers - 1;
+            let b = recording(&dir, &e, last, len).unwrap();
+            let x = &r.iq.as_ref().unwrap()[last as usize];
+            assert_eq!(f32::from_le_bytes(b[8..12].try_into().unwrap()), x[1].re);
+            assert_eq!(
+                f32::from_le_bytes(b[b.len() - 4..].try_into().unwrap()),
+                x[len - 1].im
+            );
+        }
+        assert_eq!(entry(&dir, 3).unwrap(), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
