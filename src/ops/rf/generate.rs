@@ -2,6 +2,7 @@
 //! model is in docs/RF_DATASETS.md; every random draw reads the counter-based stream of
 //! (dataset, sample, receiver, purpose) (`rng.rs`).
 
+use super::multipath::{lead_for, Channel, Padded};
 use super::rng::{Purpose, Stream};
 use super::scenario::{Scenario, Site};
 use rustfft::num_complex::{Complex, Complex32};
@@ -104,28 +105,38 @@ pub fn generate(s: &Scenario, key: u64, n: u64) -> GeneratedSample {
     let modulation = Modulation::ALL[wave_rng.pick(&mix_weights(s))];
     let len = samples_per_recording(s);
     let wave = waveform(s, modulation, len, &mut wave_rng);
-    let spectrum = {
-        let mut x = wave.clone();
-        super::fft_plan(len, false).process(&mut x);
-        x
-    };
+    let fs = s.signal.sample_rate_hz;
+    let all_taps: Vec<_> = (0..sites.len())
+        .map(|r| {
+            taps(
+                s,
+                &mut Stream::new(key, n, r as u16 + 1, Purpose::Multipath),
+            )
+        })
+        .collect();
+    let channels: Vec<Channel> = all_taps
+        .iter()
+        .map(|t| Channel::new(&t.iter().map(|(tau, g)| (tau * fs, *g)).collect::<Vec<_>>()))
+        .collect();
+    let reach = channels.iter().map(Channel::reach).max().unwrap_or(0);
+    let padded = Padded::new(&wave, lead_for(reach.max(0) as f64));
     let floor = noise_floor_dbm(s);
     let mut receivers = Vec::with_capacity(sites.len());
     let mut iq = Vec::with_capacity(sites.len());
     for (r, site) in sites.iter().enumerate() {
         let rx = r as u16 + 1;
         let truth = propagate(s, key, n, rx, site, &tx_site, tx_power, floor);
-        let taps = taps(s, &mut Stream::new(key, n, rx, Purpose::Multipath));
-        let delayed = apply_taps(&wave, &spectrum, &taps, s.signal.sample_rate_hz);
+        let taps = &all_taps[r];
+        let delayed = channels[r].apply(&padded);
         let k_linear = if truth.k_factor_db.is_finite() {
             10f64.powf(truth.k_factor_db / 10.0)
         } else {
             0.0
         };
-        let rec = receive(s, key, n, rx, &delayed, &truth, k_linear);
+        let rec = receive(s, key, n, rx, (&delayed.0, &delayed.1), &truth, k_linear);
         receivers.push(RxTruth {
             taps: taps.len(),
-            rms_delay_spread_us: rms_delay_spread_us(&taps),
+            rms_delay_spread_us: rms_delay_spread_us(taps),
             ..truth
         });
         iq.push(rec);
@@ -272,59 +283,13 @@ fn rms_delay_spread_us(taps: &[(f64, Complex<f64>)]) -> f64 {
     (m2 - mean * mean).max(0.0).sqrt() * 1e6
 }
 
-/// Σ gᵢ·x(t − τᵢ) with fractional delays, as H(f) = Σ gᵢ·e^(−j2πfτᵢ) on the recording's
-/// spectrum (a circular delay: the last τ of the recording wraps to its start).
-pub fn apply_taps(
-    wave: &[Complex<f64>],
-    spectrum: &[Complex<f64>],
-    taps: &[(f64, Complex<f64>)],
-    fs: f64,
-) -> Vec<Complex<f64>> {
-    if taps.len() == 1 && taps[0].0 == 0.0 {
-        return wave.iter().map(|x| x * taps[0].1).collect();
-    }
-    let n = spectrum.len();
-    // H at bin k by one phasor per tap, stepped by e^(−j2π·Δf·τ) from the bin's
-    // frequency: bins 0..=n/2 from f = 0 up, the rest from −(n − n/2 − 1)·Δf up;
-    // re-anchored every 4096 bins so rounding cannot accumulate.
-    let df = fs / n as f64;
-    let steps: Vec<Complex<f64>> = taps
-        .iter()
-        .map(|(tau, _)| Complex::from_polar(1.0, -2.0 * PI * df * tau))
-        .collect();
-    let mut y = spectrum.to_vec();
-    let half = n / 2 + 1;
-    for (range, f_start) in [(0..half, 0.0), (half..n, -((n - half) as f64) * df)] {
-        let mut phasors: Vec<Complex<f64>> = Vec::with_capacity(taps.len());
-        for (j, k) in range.enumerate() {
-            if j % 4096 == 0 {
-                let f = f_start + j as f64 * df;
-                phasors = taps
-                    .iter()
-                    .map(|(tau, g)| g * Complex::from_polar(1.0, -2.0 * PI * f * tau))
-                    .collect();
-            }
-            y[k] *= phasors.iter().sum::<Complex<f64>>();
-            for (p, s) in phasors.iter_mut().zip(&steps) {
-                *p *= s;
-            }
-        }
-    }
-    super::fft_plan(n, true).process(&mut y);
-    let scale = 1.0 / n as f64;
-    for v in &mut y {
-        *v *= scale;
-    }
-    y
-}
-
 /// Fading, oscillator offset and drift, power, and noise at one receiver.
 fn receive(
     s: &Scenario,
     key: u64,
     n: u64,
     rx: u16,
-    x: &[Complex<f64>],
+    (xr, xi): (&[f32], &[f32]),
     truth: &RxTruth,
     k: f64,
 ) -> Vec<Complex32> {
@@ -335,21 +300,26 @@ fn receive(
     let mut fading = Stream::new(key, n, rx, Purpose::Fading);
     let los = Complex::from_polar((k / (k + 1.0)).sqrt(), 2.0 * PI * fading.uniform());
     let scatter = (1.0 / (k + 1.0) / 2.0).sqrt();
-    let mut noise = Stream::new(key, n, rx, Purpose::Noise);
+    // Noise sample i reads normals 2i and 2i + 1 of its stream (`normal_at`), so any
+    // stretch of a recording can be computed on its own.
+    let noise = Stream::new(key, n, rx, Purpose::Noise);
     // e^{j2π(f₀t + ½ḟt²)} by recurrence: z ← z·w, w ← w·c, renormalised every block.
     let f0 = truth.carrier_offset_hz;
     let drift = truth.drift_hz_per_s;
-    let mut out = Vec::with_capacity(x.len());
-    for (start, chunk) in x.chunks(block).enumerate().map(|(b, c)| (b * block, c)) {
+    let mut out = Vec::with_capacity(xr.len());
+    for start in (0..xr.len()).step_by(block) {
+        let end = (start + block).min(xr.len());
         let (g1, g2) = fading.normal_pair();
-        let h = los + Complex::new(g1, g2) * scatter;
+        let h = (los + Complex::new(g1, g2) * scatter) * amplitude;
         let t = start as f64 / fs;
         let mut z = Complex::from_polar(1.0, 2.0 * PI * (f0 * t + 0.5 * drift * t * t));
         let mut w = Complex::from_polar(1.0, 2.0 * PI * (f0 + drift * t + 0.5 * drift / fs) / fs);
         let c = Complex::from_polar(1.0, 2.0 * PI * drift / (fs * fs));
-        for v in chunk {
-            let (a, b) = noise.normal_pair();
-            let y = v * h * z * amplitude + Complex::new(a, b) * noise_sigma;
+        for i in start..end {
+            let v = Complex::new(f64::from(xr[i]), f64::from(xi[i]));
+            let k = i as u64;
+            let awgn = Complex::new(noise.normal_at(2 * k), noise.normal_at(2 * k + 1));
+            let y = v * h * z + awgn * noise_sigma;
             out.push(Complex32::new(y.re as f32, y.im as f32));
             z *= w;
             w *= c;
@@ -456,25 +426,6 @@ fn dtmf(len: usize, fs: f64, r: &mut Stream) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rustfft::FftPlanner;
-
-    #[test]
-    fn fractional_delays_shift_phase_exactly() {
-        // A tone with a whole number of cycles is periodic, so the circular delay is exact.
-        let (n, fs, f) = (4000usize, 200_000.0, 1_250.0);
-        let wave: Vec<Complex<f64>> = (0..n)
-            .map(|i| Complex::from_polar(1.0, 2.0 * PI * f * i as f64 / fs))
-            .collect();
-        let mut spec = wave.clone();
-        FftPlanner::new().plan_fft_forward(n).process(&mut spec);
-        let tau = 1.3e-6; // 0.26 samples
-        let g = Complex::from_polar(0.5, 0.7);
-        let y = apply_taps(&wave, &spec, &[(0.0, Complex::new(0.0, 0.0)), (tau, g)], fs);
-        for (i, v) in y.iter().enumerate() {
-            let want = g * Complex::from_polar(1.0, 2.0 * PI * f * (i as f64 / fs - tau));
-            assert!((v - want).norm() < 1e-9, "sample {i}");
-        }
-    }
 
     #[test]
     fn taps_carry_unit_power_and_their_spread() {

@@ -4,6 +4,7 @@
 pub mod dataset;
 pub mod features;
 pub mod generate;
+pub mod multipath;
 pub mod rng;
 pub mod scenario;
 
