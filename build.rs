@@ -8,6 +8,7 @@ fn main() {
         .file("kernels/host/dp_host.cpp")
         .file("kernels/host/msm_host.cpp")
         .file("kernels/host/ntt_host.cpp")
+        .file("kernels/host/rf_host.cpp")
         .flag_if_supported("-ffp-contract=off")
         .opt_level(2)
         .warnings(true)

@@ -1,6 +1,8 @@
 //! `cargo bench --bench rf`: synthetic RF samples per second with features, the issue's
 //! shape (7 receivers × 1 s × 200 kHz), on one core and on every core, split into
-//! generation and feature extraction. Env: BENCH_RF_SAMPLES (default 12).
+//! generation and feature extraction; and, when a CUDA device is usable, the recordings
+//! of a batch by `rf_receive` beside the CPU loop it replaces (plans drawn on the CPU
+//! either way). Env: BENCH_RF_SAMPLES (default 12), BENCH_RF_GPU_BATCH (default 64).
 
 use gpu_ops::ops::rf::dataset::sample;
 use gpu_ops::ops::rf::rng::dataset_key;
@@ -49,4 +51,68 @@ fn main() {
             rate / threads as f64
         );
     }
+    gpu(&s, key);
+}
+
+fn gpu(s: &Scenario, key: u64) {
+    use gpu_ops::backend::cuda::{discover, DeviceSelection};
+    use gpu_ops::ops::rf::generate::{plan, receive};
+    use gpu_ops::ops::rf::gpu::{pack, receive_cuda};
+    let batch: u64 = std::env::var("BENCH_RF_GPU_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let cache = std::env::temp_dir().join("gpu-ops-bench-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    let Some(dev) = devices.first() else {
+        println!("\nGPU: skipped ({reason})");
+        return;
+    };
+    let started = Instant::now();
+    let plans: Vec<_> = (0..batch)
+        .into_par_iter()
+        .map(|n| plan(s, key, n))
+        .collect();
+    let plan_s = started.elapsed().as_secs_f64();
+    let packed = pack(&plans.iter().collect::<Vec<_>>());
+    let lease = dev.lease().expect("device lease");
+    receive_cuda(&packed, &lease).expect("warm-up");
+    let started = Instant::now();
+    let out = receive_cuda(&packed, &lease).expect("rf_receive");
+    let gpu_s = started.elapsed().as_secs_f64();
+    assert_eq!(out.len() as u64, 2 * packed.out_len);
+    let started = Instant::now();
+    let cpu: usize = plans
+        .par_iter()
+        .map(|p| {
+            p.plans
+                .iter()
+                .map(|r| receive(r, &p.wave).len())
+                .sum::<usize>()
+        })
+        .sum();
+    let cpu_s = started.elapsed().as_secs_f64();
+    assert_eq!(cpu as u64, packed.out_len);
+    let cores = rayon::current_num_threads();
+    println!(
+        "\n## Recordings of {batch} samples on {} (plans on the CPU)\n",
+        dev.info.name
+    );
+    println!("| step | time | samples/s |\n|---|---|---|");
+    println!(
+        "| plans, {cores} CPU threads | {:.1} ms | {:.0} |",
+        plan_s * 1e3,
+        batch as f64 / plan_s
+    );
+    println!(
+        "| rf_receive, with upload and download | {:.1} ms | {:.0} |",
+        gpu_s * 1e3,
+        batch as f64 / gpu_s
+    );
+    println!(
+        "| CPU receive, {cores} threads | {:.1} ms | {:.0} |",
+        cpu_s * 1e3,
+        batch as f64 / cpu_s
+    );
+    println!("\nGPU vs CPU receive: {:.1}×", cpu_s / gpu_s);
 }

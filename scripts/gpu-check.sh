@@ -53,6 +53,8 @@ run)
   "$here/bench-dp" 2>&1 | tee "$logs/bench-dp.md" || status=1
   echo "== bench zk"
   BENCH_MSM_LOG2=16 "$here/bench-zk" 2>&1 | tee "$logs/bench-zk.md" || status=1
+  echo "== bench rf"
+  BENCH_RF_SAMPLES=16 "$here/bench-rf" 2>&1 | tee "$logs/bench-rf.md" || status=1
   echo "== server"
   "$here/gpu-ops" --bind 127.0.0.1:18080 --data-dir "$logs/data" --device-sample-interval 1s > "$logs/server.log" 2>&1 &
   pid=$!

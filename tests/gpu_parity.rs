@@ -359,3 +359,63 @@ fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
         dev.set_memory_limit(0);
     }
 }
+
+/// `rf_receive` against `generate::receive`, and the features of the GPU recordings
+/// against the CPU's within the tolerances (1e-3 dB, 0.1 Hz).
+#[test]
+fn cuda_rf_recordings_match_the_cpu() {
+    use gpu_ops::ops::rf::features::{extract, ExtractConfig, FEATURE_NAMES};
+    use gpu_ops::ops::rf::generate::{plan, receive};
+    use gpu_ops::ops::rf::gpu::{pack, receive_cuda, unpack};
+    use gpu_ops::ops::rf::rng::dataset_key;
+    use gpu_ops::ops::rf::scenario::Scenario;
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP cuda_rf_recordings_match_the_cpu: {reason}");
+        return;
+    }
+    let s = Scenario::default();
+    let key = dataset_key(5);
+    let plans: Vec<_> = (0..6).map(|n| plan(&s, key, n)).collect();
+    let batch = pack(&plans.iter().collect::<Vec<_>>());
+    let cfg = ExtractConfig {
+        sample_rate_hz: s.signal.sample_rate_hz,
+        chunk_ms: s.chunk_ms,
+    };
+    for dev in &devices {
+        let lease = dev.lease().expect("device lease");
+        let out = receive_cuda(&batch, &lease).expect("rf_receive runs");
+        let got = unpack(&batch, &out);
+        for (n, (sample, recordings)) in plans.iter().zip(&got).enumerate() {
+            for (r, (p, rec)) in sample.plans.iter().zip(recordings).enumerate() {
+                let want = receive(p, &sample.wave);
+                let worst = rec
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| {
+                        f64::from((a - b).norm()) / f64::from(b.norm()).max(p.noise_sigma)
+                    })
+                    .fold(0.0, f64::max);
+                assert!(
+                    worst < 1e-6,
+                    "sample {n} rx {r}: relative difference {worst}"
+                );
+                let (fa, fb) = (
+                    extract(rec, &cfg).unwrap().aggregate(),
+                    extract(&want, &cfg).unwrap().aggregate(),
+                );
+                for (i, name) in FEATURE_NAMES.iter().enumerate() {
+                    let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+                    let d = (fa[i].mean - fb[i].mean).abs();
+                    assert!(
+                        d <= tol || d <= 1e-6 * fb[i].mean.abs(),
+                        "sample {n} rx {r} {name}: {} vs {}",
+                        fa[i].mean,
+                        fb[i].mean
+                    );
+                }
+            }
+        }
+    }
+}

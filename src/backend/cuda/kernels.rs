@@ -41,6 +41,7 @@ const HEADERS: &[(&str, &str)] = &[
         "dp_noise.cuh",
         include_str!("../../../kernels/dp_noise.cuh"),
     ),
+    ("rf.cuh", include_str!("../../../kernels/rf.cuh")),
 ];
 
 /// Every compilation unit: (module name, source).
@@ -49,6 +50,7 @@ pub const MODULES: &[(&str, &str)] = &[
     ("dp", include_str!("../../../kernels/dp.cu")),
     ("ntt", include_str!("../../../kernels/ntt.cu")),
     ("msm", include_str!("../../../kernels/msm.cu")),
+    ("rf", include_str!("../../../kernels/rf.cu")),
 ];
 
 /// The `extern "C"` kernels each module must provide.
@@ -61,6 +63,10 @@ pub fn kernel_names(module: &str) -> Vec<String> {
             .collect(),
         "ntt" => crate::ops::zk::ntt_kernel_names(),
         "msm" => crate::ops::zk::msm_kernel_names(),
+        "rf" => crate::ops::rf::gpu::KERNEL_NAMES
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
         _ => Vec::new(),
     }
 }

@@ -96,8 +96,44 @@ pub fn noise_floor_dbm(s: &Scenario) -> f64 {
     KTB_DBM_PER_HZ + s.receiver.noise_figure_db + 10.0 * s.signal.sample_rate_hz.log10()
 }
 
+/// Everything one receiver's recording needs besides the transmitted waveform. The CPU
+/// loop (`receive`) and the `rf_receive` kernel compute the recording from this.
+pub struct ReceiverPlan {
+    pub channel: Channel,
+    /// Fading gain × amplitude for each coherence block.
+    pub gains: Vec<Complex<f64>>,
+    /// Samples per coherence block.
+    pub block: usize,
+    pub carrier_offset_hz: f64,
+    pub drift_hz_per_s: f64,
+    pub sample_rate_hz: f64,
+    /// Per I and Q.
+    pub noise_sigma: f64,
+    pub noise: Stream,
+}
+
+/// Sample `n` up to its recordings: the truth, the transmitted waveform (padded for the
+/// channels' delays) and each receiver's plan.
+pub struct SamplePlan {
+    pub tx: TxTruth,
+    pub receivers: Vec<RxTruth>,
+    pub wave: Padded,
+    pub plans: Vec<ReceiverPlan>,
+}
+
 /// Sample `n` of the dataset keyed `key` (`rng::dataset_key`).
 pub fn generate(s: &Scenario, key: u64, n: u64) -> GeneratedSample {
+    let plan = plan(s, key, n);
+    let iq = plan.plans.iter().map(|p| receive(p, &plan.wave)).collect();
+    GeneratedSample {
+        tx: plan.tx,
+        receivers: plan.receivers,
+        iq,
+    }
+}
+
+/// Every random draw of sample `n` but the noise, which `receive` reads by index.
+pub fn plan(s: &Scenario, key: u64, n: u64) -> SamplePlan {
     let (sites, tx_site, inside) = place(s, &mut Stream::new(key, n, 0, Purpose::Geometry));
     let mut prop = Stream::new(key, n, 0, Purpose::Propagation);
     let tx_power = s.propagation.tx_power_dbm + s.propagation.tx_power_std_db * prop.normal();
@@ -106,42 +142,28 @@ pub fn generate(s: &Scenario, key: u64, n: u64) -> GeneratedSample {
     let len = samples_per_recording(s);
     let wave = waveform(s, modulation, len, &mut wave_rng);
     let fs = s.signal.sample_rate_hz;
-    let all_taps: Vec<_> = (0..sites.len())
-        .map(|r| {
-            taps(
-                s,
-                &mut Stream::new(key, n, r as u16 + 1, Purpose::Multipath),
-            )
-        })
-        .collect();
-    let channels: Vec<Channel> = all_taps
-        .iter()
-        .map(|t| Channel::new(&t.iter().map(|(tau, g)| (tau * fs, *g)).collect::<Vec<_>>()))
-        .collect();
-    let reach = channels.iter().map(Channel::reach).max().unwrap_or(0);
-    let padded = Padded::new(&wave, lead_for(reach.max(0) as f64));
     let floor = noise_floor_dbm(s);
     let mut receivers = Vec::with_capacity(sites.len());
-    let mut iq = Vec::with_capacity(sites.len());
+    let mut plans = Vec::with_capacity(sites.len());
     for (r, site) in sites.iter().enumerate() {
         let rx = r as u16 + 1;
         let truth = propagate(s, key, n, rx, site, &tx_site, tx_power, floor);
-        let taps = &all_taps[r];
-        let delayed = channels[r].apply(&padded);
-        let k_linear = if truth.k_factor_db.is_finite() {
-            10f64.powf(truth.k_factor_db / 10.0)
-        } else {
-            0.0
-        };
-        let rec = receive(s, key, n, rx, (&delayed.0, &delayed.1), &truth, k_linear);
+        let taps = taps(s, &mut Stream::new(key, n, rx, Purpose::Multipath));
+        let channel = Channel::new(
+            &taps
+                .iter()
+                .map(|(tau, g)| (tau * fs, *g))
+                .collect::<Vec<_>>(),
+        );
+        plans.push(receiver_plan(s, key, n, rx, channel, &truth, len));
         receivers.push(RxTruth {
             taps: taps.len(),
-            rms_delay_spread_us: rms_delay_spread_us(taps),
+            rms_delay_spread_us: rms_delay_spread_us(&taps),
             ..truth
         });
-        iq.push(rec);
     }
-    GeneratedSample {
+    let reach = plans.iter().map(|p| p.channel.reach()).max().unwrap_or(0);
+    SamplePlan {
         tx: TxTruth {
             lat: tx_site.lat,
             lon: tx_site.lon,
@@ -151,7 +173,8 @@ pub fn generate(s: &Scenario, key: u64, n: u64) -> GeneratedSample {
             inside,
         },
         receivers,
-        iq,
+        wave: Padded::new(&wave, lead_for(reach.max(0) as f64)),
+        plans,
     }
 }
 
@@ -283,34 +306,59 @@ fn rms_delay_spread_us(taps: &[(f64, Complex<f64>)]) -> f64 {
     (m2 - mean * mean).max(0.0).sqrt() * 1e6
 }
 
-/// Fading, oscillator offset and drift, power, and noise at one receiver.
-fn receive(
+/// Fading per coherence block, power, oscillator and noise parameters of one receiver.
+fn receiver_plan(
     s: &Scenario,
     key: u64,
     n: u64,
     rx: u16,
-    (xr, xi): (&[f32], &[f32]),
+    channel: Channel,
     truth: &RxTruth,
-    k: f64,
-) -> Vec<Complex32> {
+    len: usize,
+) -> ReceiverPlan {
     let fs = s.signal.sample_rate_hz;
+    let k = if truth.k_factor_db.is_finite() {
+        10f64.powf(truth.k_factor_db / 10.0)
+    } else {
+        0.0
+    };
     let amplitude = 10f64.powf(truth.received_power_dbm / 20.0);
-    let noise_sigma = (10f64.powf(truth.noise_floor_dbm / 10.0) / 2.0).sqrt();
     let block = ((fs * s.propagation.coherence_time_ms / 1e3).round() as usize).max(1);
     let mut fading = Stream::new(key, n, rx, Purpose::Fading);
     let los = Complex::from_polar((k / (k + 1.0)).sqrt(), 2.0 * PI * fading.uniform());
     let scatter = (1.0 / (k + 1.0) / 2.0).sqrt();
-    // Noise sample i reads normals 2i and 2i + 1 of its stream (`normal_at`), so any
-    // stretch of a recording can be computed on its own.
-    let noise = Stream::new(key, n, rx, Purpose::Noise);
-    // e^{j2π(f₀t + ½ḟt²)} by recurrence: z ← z·w, w ← w·c, renormalised every block.
-    let f0 = truth.carrier_offset_hz;
-    let drift = truth.drift_hz_per_s;
+    let gains = (0..len.div_ceil(block))
+        .map(|_| {
+            let (g1, g2) = fading.normal_pair();
+            (los + Complex::new(g1, g2) * scatter) * amplitude
+        })
+        .collect();
+    ReceiverPlan {
+        channel,
+        gains,
+        block,
+        carrier_offset_hz: truth.carrier_offset_hz,
+        drift_hz_per_s: truth.drift_hz_per_s,
+        sample_rate_hz: fs,
+        noise_sigma: (10f64.powf(truth.noise_floor_dbm / 10.0) / 2.0).sqrt(),
+        // Noise sample i reads normals 2i and 2i + 1 of this stream (`normal_at`), so
+        // any stretch of a recording can be computed on its own.
+        noise: Stream::new(key, n, rx, Purpose::Noise),
+    }
+}
+
+/// One receiver's recording: the channel, then per sample i in block b
+/// y = x·h_b·e^{j2π(f₀t + ½ḟt²)} + σ·(normal 2i + j·normal 2i+1).
+pub fn receive(p: &ReceiverPlan, wave: &Padded) -> Vec<Complex32> {
+    let (xr, xi) = p.channel.apply(wave);
+    let fs = p.sample_rate_hz;
+    let (f0, drift) = (p.carrier_offset_hz, p.drift_hz_per_s);
     let mut out = Vec::with_capacity(xr.len());
-    for start in (0..xr.len()).step_by(block) {
-        let end = (start + block).min(xr.len());
-        let (g1, g2) = fading.normal_pair();
-        let h = (los + Complex::new(g1, g2) * scatter) * amplitude;
+    for (b, start) in (0..xr.len()).step_by(p.block).enumerate() {
+        let end = (start + p.block).min(xr.len());
+        let h = p.gains[b];
+        // The rotation by recurrence, z ← z·w, w ← w·c, re-anchored every block (the
+        // kernel computes it directly per sample; they agree to ~1e-12).
         let t = start as f64 / fs;
         let mut z = Complex::from_polar(1.0, 2.0 * PI * (f0 * t + 0.5 * drift * t * t));
         let mut w = Complex::from_polar(1.0, 2.0 * PI * (f0 + drift * t + 0.5 * drift / fs) / fs);
@@ -318,8 +366,8 @@ fn receive(
         for i in start..end {
             let v = Complex::new(f64::from(xr[i]), f64::from(xi[i]));
             let k = i as u64;
-            let awgn = Complex::new(noise.normal_at(2 * k), noise.normal_at(2 * k + 1));
-            let y = v * h * z + awgn * noise_sigma;
+            let awgn = Complex::new(p.noise.normal_at(2 * k), p.noise.normal_at(2 * k + 1));
+            let y = v * h * z + awgn * p.noise_sigma;
             out.push(Complex32::new(y.re as f32, y.im as f32));
             z *= w;
             w *= c;

@@ -4,6 +4,9 @@
 pub mod dataset;
 pub mod features;
 pub mod generate;
+pub mod gpu;
+#[cfg(test)]
+mod gpu_host_parity;
 pub mod multipath;
 pub mod rng;
 pub mod scenario;

@@ -37,6 +37,23 @@ impl Padded {
             len,
         }
     }
+
+    /// Real and imaginary parts, padding included; sample 0 is at index `lead`.
+    pub fn parts(&self) -> (&[f32], &[f32]) {
+        (&self.re, &self.im)
+    }
+
+    pub fn lead(&self) -> usize {
+        self.lead
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// The lead a `Padded` needs for delays up to `max_delay_samples`.
@@ -125,6 +142,16 @@ impl Channel {
             .map(|s| s.first + s.coeffs.len() as i64 - 1)
             .max()
             .unwrap_or(0)
+    }
+
+    /// Every coefficient as (offset m, value), in the order `apply` sums them.
+    pub fn coefficients(&self) -> impl Iterator<Item = (i64, Complex<f64>)> + '_ {
+        self.segments.iter().flat_map(|s| {
+            s.coeffs
+                .iter()
+                .enumerate()
+                .map(move |(l, c)| (s.first + l as i64, *c))
+        })
     }
 
     /// The channel's output: real and imaginary parts.

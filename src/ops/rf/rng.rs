@@ -94,6 +94,11 @@ impl Stream {
         }
     }
 
+    /// The stream's key (what a kernel needs to draw from it).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
     /// Draw k of the stream, whatever was drawn before.
     pub fn at(&self, k: u64) -> u64 {
         mix(self.key.wrapping_add(k.wrapping_add(1).wrapping_mul(GAMMA)))
