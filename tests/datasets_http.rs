@@ -264,7 +264,7 @@ async fn a_restart_keeps_completed_datasets_and_marks_the_rest_interrupted() {
         .await
         .unwrap();
     assert_eq!(v["status"], "interrupted", "{v}");
-    assert!(v["error"].as_str().unwrap().contains("resubmit"));
+    assert!(v["error"].as_str().unwrap().contains("resume"));
     assert_eq!(parquet_bytes(&b, &done_id).await, before);
 }
 
@@ -559,4 +559,101 @@ async fn datasets_belong_to_their_tenant() {
     assert_eq!(alices["datasets"][0]["id"], id.as_str());
     assert_eq!(alices["datasets"][0]["status"], "completed");
     let _ = std::fs::remove_file(keys);
+}
+
+#[tokio::test]
+async fn an_interrupted_job_resumes_from_its_checkpoint_to_the_same_file() {
+    // 2000 samples seal a part every 125 rows.
+    let body = || {
+        let mut b = small(31, 2000);
+        b["config"]["signal"]["duration_ms"] = json!(40);
+        b["config"]["chunk_ms"] = json!(20);
+        b
+    };
+    let dir = temp_data_dir();
+    let mut a = TestServer::start_with(settings(&dir, "2"), |r| r).await;
+    let id = create(&a, body()).await["id"].as_str().unwrap().to_string();
+    for _ in 0..3000 {
+        let v: Value = a
+            .get(&format!("/datasets/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_ne!(
+            v["status"], "completed",
+            "finished before it could be interrupted"
+        );
+        if v["progress"]["valid"].as_u64().unwrap() >= 400 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    a.trigger_shutdown();
+    a.handle.take().unwrap().await.unwrap().unwrap();
+    for _ in 0..100 {
+        let row = a.state.store.dataset("", &id).unwrap().unwrap();
+        if row.status.name() == "interrupted" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let b = TestServer::start_with(settings(&dir, "2"), |r| r).await;
+    let v: Value = b
+        .get(&format!("/datasets/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "interrupted", "{v}");
+    let checkpoint: Value = serde_json::from_slice(
+        &std::fs::read(format!("{dir}/datasets/{id}/checkpoint.json")).unwrap(),
+    )
+    .unwrap();
+    let recovered = checkpoint["counts"]["valid"].as_u64().unwrap();
+    assert!(recovered >= 375 && recovered % 125 == 0, "{checkpoint}");
+    let res = b
+        .post(&format!("/datasets/{id}/resume"), json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let again = b
+        .post(&format!("/datasets/{id}/resume"), json!({}))
+        .send()
+        .await
+        .unwrap();
+    problem(again, 409, "dataset_not_resumable").await;
+    let done = wait_for(&b, &id, &["completed", "failed"]).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["progress"]["valid"], 2000);
+    // Only what was left was generated again.
+    assert_eq!(
+        b.metric("gpu_ops_dataset_samples_total{outcome=\"accepted\"}")
+            .await,
+        (2000 - recovered) as f64
+    );
+    let resumed = parquet_bytes(&b, &id).await;
+    problem(
+        b.post(&format!("/datasets/{id}/resume"), json!({}))
+            .send()
+            .await
+            .unwrap(),
+        409,
+        "dataset_not_resumable",
+    )
+    .await;
+
+    let c = TestServer::start_with(settings(&temp_data_dir(), "2"), |r| r).await;
+    let whole = create(&c, body()).await["id"].as_str().unwrap().to_string();
+    let done = wait_for(&c, &whole, &["completed", "failed"]).await;
+    assert_eq!(
+        done["progress"],
+        json!({"valid": 2000, "attempted": done["progress"]["attempted"], "target": 2000, "rejected": done["progress"]["rejected"]})
+    );
+    assert!(
+        parquet_bytes(&c, &whole).await == resumed,
+        "the resumed file differs from an uninterrupted run"
+    );
 }

@@ -57,6 +57,9 @@ pub struct DatasetProgress {
     /// Seconds left at that rate (running jobs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eta_s: Option<f64>,
+    /// Accepted samples recovered from the checkpoint (a resumed job, while it runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -103,9 +106,13 @@ fn view(state: &AppState, row: DatasetRow) -> DatasetView {
         Some(p) if row.status == DatasetStatus::Running => p.counts.clone(),
         _ => row.counts.clone(),
     };
-    let (rate, eta) = match live.and_then(|p| p.started) {
-        Some(t) if row.status == DatasetStatus::Running && counts.valid > 0 => {
-            let rate = counts.valid as f64 / t.elapsed().as_secs_f64().max(1e-9);
+    let resumed_from = live
+        .as_ref()
+        .map(|p| p.resumed_from)
+        .filter(|&v| v > 0 && row.status == DatasetStatus::Running);
+    let (rate, eta) = match live.and_then(|p| p.started.map(|t| (t, p.resumed_from))) {
+        Some((t, from)) if row.status == DatasetStatus::Running && counts.valid > from => {
+            let rate = (counts.valid - from) as f64 / t.elapsed().as_secs_f64().max(1e-9);
             (
                 Some(rate),
                 Some(row.num_samples.saturating_sub(counts.valid) as f64 / rate),
@@ -140,6 +147,7 @@ fn view(state: &AppState, row: DatasetRow) -> DatasetView {
             },
             rate_per_s: rate,
             eta_s: eta,
+            resumed_from,
         },
         error: row.error,
         created_at: row.created_at,
@@ -339,6 +347,64 @@ pub async fn cancel_dataset(
             ErrorCode::DatasetFinished,
             format!("the job has already ended ({})", row.status.name()),
         ));
+    }
+    Ok((StatusCode::ACCEPTED, Json(view(&state, row))).into_response())
+}
+
+#[utoipa::path(
+    post, path = "/datasets/{id}/resume", tag = "datasets", operation_id = "dataset_resume",
+    summary = "Continue an interrupted job from its last checkpoint",
+    description = "A job the server stopped (shutdown or crash) is `interrupted` and keeps its sealed Parquet parts, \
+        recordings and checkpoint. Resuming queues it again; it continues after the last checkpoint and produces \
+        the same files as an uninterrupted run. Only `interrupted` jobs can be resumed (409 otherwise).",
+    params(("id" = String, Path, description = "Dataset id")),
+    responses(
+        (status = 202, description = "Queued again", body = DatasetView),
+        (status = 404, description = "dataset_not_found", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "dataset_not_resumable: the job is not interrupted", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 503, description = "queue_full", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 507, description = "insufficient_storage: what is left of the job could outgrow the free disk", body = ProblemDocument, content_type = "application/problem+json"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn resume_dataset(
+    State(state): State<Arc<AppState>>,
+    who: Option<Extension<Tenant>>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    let row = find(&state, &tenant(&who), &id).await?;
+    let not_resumable = |status: DatasetStatus| {
+        Problem::new(
+            ErrorCode::DatasetNotResumable,
+            format!(
+                "the job is {}; only an interrupted job can be resumed",
+                status.name()
+            ),
+        )
+    };
+    if row.status != DatasetStatus::Interrupted {
+        return Err(not_resumable(row.status));
+    }
+    let scenario: Scenario =
+        serde_json::from_str(&row.config).map_err(|e| storage(format!("stored config: {e}")))?;
+    let estimate = estimate_bytes(&scenario, row.dataset_type == "iq_raw", row.num_samples);
+    let st = state.clone();
+    let resumed = blocking(move || {
+        st.datasets.resume(&row, estimate).map_err(|e| match e {
+            SubmitError::NoSpace { .. } => {
+                Problem::new(ErrorCode::InsufficientStorage, e.to_string())
+            }
+            SubmitError::QueueFull(_) => Problem {
+                retry_after_secs: Some(60),
+                ..Problem::new(ErrorCode::QueueFull, e.to_string())
+            },
+            SubmitError::Storage(m) => storage(m),
+        })
+    })
+    .await?;
+    let row = find(&state, &tenant(&who), &id).await?;
+    if !resumed {
+        return Err(not_resumable(row.status));
     }
     Ok((StatusCode::ACCEPTED, Json(view(&state, row))).into_response())
 }

@@ -93,7 +93,7 @@ impl AppState {
         rf::rf_features,
         datasets::create_dataset, datasets::list_datasets, datasets::get_dataset,
         datasets::cancel_dataset, datasets::delete_dataset, datasets::dataset_features,
-        datasets::dataset_events, datasets::dataset_sample_iq,
+        datasets::dataset_events, datasets::dataset_sample_iq, datasets::resume_dataset,
     ),
     components(schemas(problem::ProblemDocument, problem::FieldIssue)),
     modifiers(&BearerAuth),
@@ -157,6 +157,7 @@ pub fn routes(state: Arc<AppState>) -> Router {
             get(datasets::get_dataset).delete(datasets::delete_dataset),
         )
         .route("/datasets/{id}/cancel", post(datasets::cancel_dataset))
+        .route("/datasets/{id}/resume", post(datasets::resume_dataset))
         .route("/datasets/{id}/features", get(datasets::dataset_features))
         .route("/datasets/{id}/events", get(datasets::dataset_events))
         .route(

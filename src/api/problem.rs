@@ -39,6 +39,7 @@ error_codes! {
     BudgetExhausted = ("budget_exhausted", 409, "The release would exceed the privacy budget; nothing was released"),
     DatasetNotReady = ("dataset_not_ready", 409, "The dataset job has not completed"),
     DatasetFinished = ("dataset_finished", 409, "The dataset job has already ended"),
+    DatasetNotResumable = ("dataset_not_resumable", 409, "Only an interrupted dataset job can be resumed"),
     PayloadTooLarge = ("payload_too_large", 413, "The request is larger than the server accepts"),
     UnsupportedMediaType = ("unsupported_media_type", 415, "The body must be application/json"),
     InvalidRequest = ("invalid_request", 422, "The request does not match the schema"),

@@ -17,6 +17,14 @@ const FILES: [&str; 3] = ["iq.cf32", "iq.meta", "iq.index"];
 /// data offset u64 ‖ meta offset u64 ‖ meta length u32 ‖ receivers u32, little-endian.
 const INDEX_RECORD: u64 = 24;
 
+/// How far the three files were written at a checkpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct IqLengths {
+    pub data: u64,
+    pub meta: u64,
+    pub samples: u64,
+}
+
 /// Where sample k's recordings and truth lie.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IqEntry {
@@ -42,6 +50,7 @@ pub struct IqWriter {
     index: BufWriter<File>,
     data_offset: u64,
     meta_offset: u64,
+    samples: u64,
     /// Complex samples per recording; every recording has exactly this many.
     len: usize,
 }
@@ -55,21 +64,55 @@ fn io(path: &Path, e: std::io::Error) -> String {
 }
 
 impl IqWriter {
-    pub fn create(dir: &Path, len: usize) -> Result<Self, String> {
-        let open = |name: &str| {
+    /// Opens the partial files cut back to `at` (all zero for a new job; a resumed job
+    /// passes its checkpoint's), appending from there.
+    pub fn open(dir: &Path, len: usize, at: IqLengths) -> Result<Self, String> {
+        let open = |name: &str, keep: u64| {
             let p = partial(dir, name);
-            File::create(&p)
-                .map(|f| BufWriter::with_capacity(1 << 20, f))
-                .map_err(|e| io(&p, e))
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(keep == 0)
+                .open(&p)
+                .map_err(|e| io(&p, e))?;
+            let have = f.metadata().map_err(|e| io(&p, e))?.len();
+            if have < keep {
+                return Err(format!(
+                    "{}: {have} bytes, the checkpoint needs {keep}",
+                    p.display()
+                ));
+            }
+            f.set_len(keep).map_err(|e| io(&p, e))?;
+            let mut f = f;
+            std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).map_err(|e| io(&p, e))?;
+            Ok::<_, String>(BufWriter::with_capacity(1 << 20, f))
         };
         Ok(Self {
             dir: dir.to_path_buf(),
-            data: open(FILES[0])?,
-            meta: open(FILES[1])?,
-            index: open(FILES[2])?,
-            data_offset: 0,
-            meta_offset: 0,
+            data: open(FILES[0], at.data)?,
+            meta: open(FILES[1], at.meta)?,
+            index: open(FILES[2], at.samples * INDEX_RECORD)?,
+            data_offset: at.data,
+            meta_offset: at.meta,
+            samples: at.samples,
             len,
+        })
+    }
+
+    /// Flushes and syncs the three files; returns how far they reach.
+    pub fn checkpoint(&mut self) -> Result<IqLengths, String> {
+        for (name, w) in FILES
+            .iter()
+            .zip([&mut self.data, &mut self.meta, &mut self.index])
+        {
+            let p = partial(&self.dir, name);
+            w.flush().map_err(|e| io(&p, e))?;
+            w.get_ref().sync_data().map_err(|e| io(&p, e))?;
+        }
+        Ok(IqLengths {
+            data: self.data_offset,
+            meta: self.meta_offset,
+            samples: self.samples,
         })
     }
 
@@ -113,6 +156,7 @@ impl IqWriter {
             .map_err(|e| write_err(FILES[2], e))?;
         self.data_offset += (iq.len() * self.len * 8) as u64;
         self.meta_offset += truth.len() as u64;
+        self.samples += 1;
         Ok(())
     }
 
@@ -197,11 +241,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("gpu-ops-iq-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let len = crate::ops::rf::generate::samples_per_recording(&s);
-        let mut w = IqWriter::create(&dir, len).unwrap();
+        let mut w = IqWriter::open(&dir, len, IqLengths::default()).unwrap();
         let recs: Vec<_> = (0..3)
             .map(|n| sample(&s, dataset_key(4), n, true).0)
             .collect();
-        for r in &recs {
+        w.push(&recs[0], recs[0].iq.as_ref().unwrap()).unwrap();
+        let at = w.checkpoint().unwrap();
+        w.push(&recs[1], recs[1].iq.as_ref().unwrap()).unwrap();
+        w.checkpoint().unwrap();
+        drop(w);
+        // A resumed writer cuts sample 1 back off and writes it again.
+        let mut w = IqWriter::open(&dir, len, at).unwrap();
+        for r in &recs[1..] {
             w.push(r, r.iq.as_ref().unwrap()).unwrap();
         }
         assert!(!dir.join("iq.index").exists(), "renamed before finish");

@@ -89,6 +89,47 @@ impl Active {
 pub struct Progress {
     pub counts: Counts,
     pub started: Option<Instant>,
+    /// Samples recovered from a checkpoint when the job was resumed.
+    pub resumed_from: u64,
+}
+
+const CHECKPOINT: &str = "checkpoint.json";
+
+/// Where a job stands after its last sealed Parquet part: the accepted rows so far are
+/// exactly the sample indices below `next_index` that passed, so resuming from here
+/// gives the same dataset as running on.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Checkpoint {
+    next_index: u64,
+    counts: Counts,
+    parts: usize,
+    iq: Option<iq_out::IqLengths>,
+}
+
+impl Checkpoint {
+    fn load(dir: &Path) -> Result<Option<Self>, String> {
+        let p = dir.join(CHECKPOINT);
+        match std::fs::read(&p) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| format!("{}: {e}", p.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("{}: {e}", p.display())),
+        }
+    }
+
+    /// Written to a temporary file, synced and renamed, so it is whole or absent.
+    fn save(&self, dir: &Path) -> Result<(), String> {
+        let (tmp, p) = (dir.join("checkpoint.json.partial"), dir.join(CHECKPOINT));
+        let bytes = serde_json::to_vec(self).map_err(|e| e.to_string())?;
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            std::io::Write::write_all(&mut f, &bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &p)
+        };
+        write().map_err(|e| format!("{}: {e}", p.display()))
+    }
 }
 
 pub struct Datasets {
@@ -125,8 +166,7 @@ impl Datasets {
         let dir = data_dir.join("datasets");
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for id in store.interrupt_unfinished_datasets()? {
-            let _ = std::fs::remove_dir_all(dir.join(&id));
-            tracing::warn!(dataset = %id, "dataset job interrupted by the previous shutdown");
+            tracing::warn!(dataset = %id, "dataset job interrupted by the previous shutdown; its files are kept for resume");
         }
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -217,6 +257,63 @@ impl Datasets {
         }
     }
 
+    /// Queues an interrupted job again; it continues from its checkpoint. False when the
+    /// job is not interrupted. `estimate` is the whole job's (`estimate_bytes`).
+    pub fn resume(&self, row: &DatasetRow, estimate: u64) -> Result<bool, SubmitError> {
+        let free = fs4::available_space(&self.dir)
+            .map_err(|e| SubmitError::Storage(format!("{}: {e}", self.dir.display())))?;
+        let mut active = self.lock();
+        let promised: u64 = active.values().map(|a| a.outstanding()).sum();
+        let left =
+            row.num_samples.saturating_sub(row.counts.valid) as f64 / row.num_samples.max(1) as f64;
+        let need = (estimate as f64 * left) as u64;
+        if need
+            .saturating_add(promised)
+            .saturating_add(DISK_RESERVE_BYTES)
+            > free
+        {
+            return Err(SubmitError::NoSpace {
+                need,
+                free,
+                promised,
+            });
+        }
+        if !self
+            .store
+            .requeue_dataset(&row.id)
+            .map_err(SubmitError::Storage)?
+        {
+            return Ok(false);
+        }
+        active.insert(
+            row.id.clone(),
+            Arc::new(Active {
+                cancel: AtomicBool::new(false),
+                progress: Mutex::new(Progress::default()),
+                estimate,
+                target: row.num_samples,
+            }),
+        );
+        match self.queue.try_send(row.id.clone()) {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                active.remove(&row.id);
+                let _ = self.store.update_dataset(
+                    &row.id,
+                    DatasetStatus::Interrupted,
+                    &row.counts,
+                    row.error.as_deref(),
+                );
+                Err(match e {
+                    TrySendError::Full(_) => SubmitError::QueueFull(self.max_queued),
+                    TrySendError::Disconnected(_) => {
+                        SubmitError::Storage("the dataset worker stopped".into())
+                    }
+                })
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Active>>> {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -267,7 +364,7 @@ impl Datasets {
         let (status, error) = match outcome {
             Ok(DatasetStatus::Cancelled) if self.stopping.load(Ordering::SeqCst) => (
                 DatasetStatus::Interrupted,
-                Some("the server shut down before the job finished; resubmit it (the same seed gives the same dataset)".to_string()),
+                Some("the server shut down before the job finished; POST /datasets/{id}/resume continues it from its last checkpoint".to_string()),
             ),
             Ok(status) => (status, None),
             Err(e) => {
@@ -275,7 +372,8 @@ impl Datasets {
                 (DatasetStatus::Failed, Some(e))
             }
         };
-        if status != DatasetStatus::Completed {
+        // An interrupted job keeps its parts and checkpoint for `resume`.
+        if status != DatasetStatus::Completed && status != DatasetStatus::Interrupted {
             let _ = std::fs::remove_dir_all(self.dir.join(id));
         }
         self.metrics
@@ -310,34 +408,53 @@ impl Datasets {
         let slots = receiver_slots(&scenario);
         let dir = self.dir.join(id);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{id}: {e}"))?;
-        let mut writer = FeatureWriter::create(&self.result_path(id), slots)?;
+        // A resumed job continues from its last checkpoint; anything written after it is
+        // cut off. A new job (or one interrupted before its first checkpoint) starts at 0.
+        let resumed = Checkpoint::load(&dir)?;
+        let at = resumed.clone().unwrap_or_default();
+        if let Some(c) = &resumed {
+            tracing::info!(dataset = %id, valid = c.counts.valid, next = c.next_index, "resuming dataset job from its checkpoint");
+        }
+        let mut writer = FeatureWriter::open(
+            &self.result_path(id),
+            slots,
+            parquet_out::rows_per_part(row.num_samples),
+            at.parts,
+        )?;
         let keep_iq = row.dataset_type == "iq_raw";
         let mut iq_writer = if keep_iq {
-            Some(IqWriter::create(&dir, samples_per_recording(&scenario))?)
+            Some(IqWriter::open(
+                &dir,
+                samples_per_recording(&scenario),
+                at.iq.unwrap_or_default(),
+            )?)
         } else {
             None
         };
         let set_progress = |f: &dyn Fn(&mut Progress)| {
             f(&mut active.progress.lock().unwrap_or_else(|e| e.into_inner()));
         };
-        set_progress(&|p| p.started = Some(Instant::now()));
+        let mut counts = at.counts.clone();
+        let c = counts.clone();
+        set_progress(&|p| {
+            p.started = Some(Instant::now());
+            p.resumed_from = c.valid;
+            p.counts = c.clone();
+        });
         self.store
-            .update_dataset(id, DatasetStatus::Running, &Counts::default(), None)?;
+            .update_dataset(id, DatasetStatus::Running, &counts, None)?;
         let key = dataset_key(row.seed);
         let target = row.num_samples;
         let max_attempts = target.saturating_mul(MAX_ATTEMPTS_PER_SAMPLE).max(1000);
         let batch = (pool.current_num_threads() * 4) as u64;
-        let mut counts = Counts::default();
-        let mut next = 0u64;
+        let mut next = at.next_index;
         let mut persisted = Instant::now();
         while counts.valid < target {
             if active.cancel.load(Ordering::SeqCst) {
-                writer.abandon();
                 return Ok(DatasetStatus::Cancelled);
             }
             let free = fs4::available_space(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
             if free < DISK_RESERVE_BYTES {
-                writer.abandon();
                 return Err(format!(
                     "the disk under --data-dir has only {} free (the reserve is {}); the job stopped before filling it",
                     gib(free),
@@ -345,7 +462,6 @@ impl Datasets {
                 ));
             }
             if next >= max_attempts {
-                writer.abandon();
                 return Err(format!(
                     "only {} of {} attempted samples passed the quality filters; at most {MAX_ATTEMPTS_PER_SAMPLE} attempts per requested sample are made (relax config.quality)",
                     counts.valid, counts.attempted
@@ -362,11 +478,21 @@ impl Datasets {
                 counts.attempted += 1;
                 let outcome = match rec.rejected {
                     None => {
-                        writer.push(rec)?;
+                        let sealed = writer.push(rec)?;
                         if let (Some(w), Some(iq)) = (iq_writer.as_mut(), rec.iq.as_ref()) {
                             w.push(rec, iq)?;
                         }
                         counts.valid += 1;
+                        if sealed {
+                            let iq = iq_writer.as_mut().map(IqWriter::checkpoint).transpose()?;
+                            Checkpoint {
+                                next_index: rec.index + 1,
+                                counts: counts.clone(),
+                                parts: writer.parts(),
+                                iq,
+                            }
+                            .save(&dir)?;
+                        }
                         "accepted"
                     }
                     Some(Rejection::TooFewReceivers) => {
@@ -402,6 +528,7 @@ impl Datasets {
             w.finish()?;
         }
         writer.finish()?;
+        let _ = std::fs::remove_file(dir.join(CHECKPOINT));
         Ok(DatasetStatus::Completed)
     }
 }

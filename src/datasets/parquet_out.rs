@@ -1,22 +1,31 @@
 //! The feature-based dataset as Parquet: one row per accepted sample, with the
 //! transmitter truth, the sample's quality, and per receiver slot r < max receivers its
 //! truth and each feature's mean/std/min/max (`rx{r}_{feature}_{stat}`; null where a
-//! sample has fewer receivers). Written in row groups to `<path>.partial` and renamed
-//! into place only when complete, so a reader never sees half a file.
+//! sample has fewer receivers). Each row group is first sealed as a complete Parquet file
+//! of its own under `features.parts/` (synced, renamed from `.partial`): a job resumes
+//! from its last sealed part. On completion the parts' column chunks are spliced, without
+//! re-encoding, into `features.parquet.partial`, which is synced and renamed into place,
+//! so a reader never sees half a file.
 
 use crate::ops::rf::dataset::SampleRecord;
 use crate::ops::rf::FEATURE_NAMES;
 use parquet::basic::Compression;
+use parquet::column::writer::ColumnCloseResult;
 use parquet::column::writer::ColumnWriter;
 use parquet::data_type::ByteArray;
 use parquet::file::properties::WriterProperties;
+use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-const ROW_GROUP: usize = 4096;
+/// Rows per part (and row group) of a dataset of `num_samples`: small datasets seal parts
+/// often, large ones every 4096 rows. Depends on the request only, so the file does too.
+pub fn rows_per_part(num_samples: u64) -> usize {
+    (num_samples / 16).clamp(64, 4096) as usize
+}
 const STATS: [&str; 4] = ["mean", "std", "min", "max"];
 const RX_TRUTH: [&str; 8] = [
     "lat",
@@ -44,12 +53,24 @@ struct Column {
 }
 
 pub struct FeatureWriter {
-    writer: SerializedFileWriter<File>,
+    schema: Arc<parquet::schema::types::Type>,
+    props: Arc<WriterProperties>,
     columns: Vec<Column>,
     rows: usize,
+    rows_per_part: usize,
     receivers: usize,
-    partial: PathBuf,
+    parts_dir: PathBuf,
+    /// Parts sealed so far.
+    parts: usize,
     path: PathBuf,
+}
+
+fn part_path(dir: &Path, k: usize) -> PathBuf {
+    dir.join(format!("part-{k:06}.parquet"))
+}
+
+fn perr(e: parquet::errors::ParquetError) -> String {
+    format!("parquet: {e}")
 }
 
 /// Column names in file order, for `receivers` receiver slots.
@@ -98,16 +119,35 @@ fn schema(receivers: usize) -> String {
 }
 
 impl FeatureWriter {
-    pub fn create(path: &Path, receivers: usize) -> Result<Self, String> {
-        let partial = path.with_extension("parquet.partial");
+    /// A writer for `path` whose first `parts` parts are already sealed (0 for a new job;
+    /// a resumed job passes its checkpoint's). Parts beyond them are removed.
+    pub fn open(
+        path: &Path,
+        receivers: usize,
+        rows_per_part: usize,
+        parts: usize,
+    ) -> Result<Self, String> {
+        let parts_dir = path.with_extension("parts");
+        std::fs::create_dir_all(&parts_dir).map_err(|e| format!("{}: {e}", parts_dir.display()))?;
+        for entry in std::fs::read_dir(&parts_dir)
+            .map_err(|e| format!("{}: {e}", parts_dir.display()))?
+            .flatten()
+        {
+            let keep = (0..parts).any(|k| entry.path() == part_path(&parts_dir, k));
+            if !keep {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        for k in 0..parts {
+            if !part_path(&parts_dir, k).exists() {
+                return Err(format!("checkpoint names part {k}, which is missing"));
+            }
+        }
         let schema = parse_message_type(&schema(receivers)).map_err(|e| format!("schema: {e}"))?;
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_created_by("gpu-ops".into())
             .build();
-        let file = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
-        let writer = SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props))
-            .map_err(|e| format!("parquet: {e}"))?;
         let columns = column_names(receivers)
             .iter()
             .enumerate()
@@ -123,16 +163,25 @@ impl FeatureWriter {
             })
             .collect();
         Ok(Self {
-            writer,
+            schema: Arc::new(schema),
+            props: Arc::new(props),
             columns,
             rows: 0,
+            rows_per_part,
             receivers,
-            partial,
+            parts_dir,
+            parts,
             path: path.to_path_buf(),
         })
     }
 
-    pub fn push(&mut self, rec: &SampleRecord) -> Result<(), String> {
+    /// Parts sealed so far.
+    pub fn parts(&self) -> usize {
+        self.parts
+    }
+
+    /// Buffers a row; true when it completed a part, which is then sealed on disk.
+    pub fn push(&mut self, rec: &SampleRecord) -> Result<bool, String> {
         let mut c = self.columns.iter_mut();
         let f64s = |c: &mut std::slice::IterMut<'_, Column>, v: Option<f64>| {
             let col = c.next().expect("one column per value");
@@ -195,18 +244,26 @@ impl FeatureWriter {
             }
         }
         self.rows += 1;
-        if self.rows == ROW_GROUP {
-            self.flush()?;
+        if self.rows == self.rows_per_part {
+            self.seal()?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
-    fn flush(&mut self) -> Result<(), String> {
+    /// Writes the buffered rows as the next part: a one-row-group Parquet file, synced
+    /// and renamed from `.partial`.
+    fn seal(&mut self) -> Result<(), String> {
         if self.rows == 0 {
             return Ok(());
         }
-        let err = |e: parquet::errors::ParquetError| format!("parquet: {e}");
-        let mut rg = self.writer.next_row_group().map_err(err)?;
+        let err = perr;
+        let path = part_path(&self.parts_dir, self.parts);
+        let partial = path.with_extension("parquet.partial");
+        let file = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
+        let mut writer = SerializedFileWriter::new(file, self.schema.clone(), self.props.clone())
+            .map_err(err)?;
+        let mut rg = writer.next_row_group().map_err(err)?;
         let mut columns = self.columns.iter_mut();
         while let Some(mut w) = rg.next_column().map_err(err)? {
             let col = columns.next().ok_or("more parquet columns than buffers")?;
@@ -240,27 +297,53 @@ impl FeatureWriter {
             w.close().map_err(err)?;
         }
         rg.close().map_err(err)?;
+        let file = writer.into_inner().map_err(err)?;
+        file.sync_all()
+            .map_err(|e| format!("{}: {e}", partial.display()))?;
+        std::fs::rename(&partial, &path).map_err(|e| format!("{}: {e}", path.display()))?;
         self.rows = 0;
+        self.parts += 1;
         Ok(())
     }
 
-    /// Writes the last row group and the footer, syncs, and renames into place.
+    /// Seals the last rows, splices every part's row group into one file (column chunks
+    /// copied as encoded), syncs it, renames it into place and removes the parts.
     pub fn finish(mut self) -> Result<(), String> {
-        self.flush()?;
-        let file = self
-            .writer
-            .into_inner()
-            .map_err(|e| format!("parquet: {e}"))?;
+        self.seal()?;
+        let partial = self.path.with_extension("parquet.partial");
+        let out = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
+        let mut writer = SerializedFileWriter::new(out, self.schema.clone(), self.props.clone())
+            .map_err(perr)?;
+        for k in 0..self.parts {
+            let path = part_path(&self.parts_dir, k);
+            let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let reader = SerializedFileReader::new(
+                file.try_clone()
+                    .map_err(|e| format!("{}: {e}", path.display()))?,
+            )
+            .map_err(perr)?;
+            for group in reader.metadata().row_groups() {
+                let mut rg = writer.next_row_group().map_err(perr)?;
+                for column in group.columns() {
+                    let close = ColumnCloseResult {
+                        bytes_written: column.compressed_size() as u64,
+                        rows_written: group.num_rows() as u64,
+                        metadata: column.clone(),
+                        bloom_filter: None,
+                        column_index: None,
+                        offset_index: None,
+                    };
+                    rg.append_column(&file, close).map_err(perr)?;
+                }
+                rg.close().map_err(perr)?;
+            }
+        }
+        let file = writer.into_inner().map_err(perr)?;
         file.sync_all()
-            .map_err(|e| format!("{}: {e}", self.partial.display()))?;
-        std::fs::rename(&self.partial, &self.path)
-            .map_err(|e| format!("{}: {e}", self.path.display()))
-    }
-
-    /// Drops the partial file.
-    pub fn abandon(self) {
-        let partial = self.partial.clone();
-        drop(self);
-        let _ = std::fs::remove_file(partial);
+            .map_err(|e| format!("{}: {e}", partial.display()))?;
+        std::fs::rename(&partial, &self.path)
+            .map_err(|e| format!("{}: {e}", self.path.display()))?;
+        let _ = std::fs::remove_dir_all(&self.parts_dir);
+        Ok(())
     }
 }

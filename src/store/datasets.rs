@@ -46,7 +46,7 @@ impl DatasetStatus {
 }
 
 /// Samples accepted, attempted and rejected by reason.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize, ToSchema)]
 pub struct Counts {
     pub valid: u64,
     pub attempted: u64,
@@ -216,6 +216,19 @@ impl Store {
             )
         })
         .map(|_| ())
+        .map_err(|e| format!("dataset catalog: {e}"))
+    }
+
+    /// Puts an interrupted job back in the queue; false when it is not interrupted.
+    pub fn requeue_dataset(&self, id: &str) -> Result<bool, String> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE datasets SET status = 'queued', error = NULL, finished_at = NULL \
+                 WHERE id = ?1 AND status = 'interrupted'",
+                params![id],
+            )
+        })
+        .map(|n| n > 0)
         .map_err(|e| format!("dataset catalog: {e}"))
     }
 
