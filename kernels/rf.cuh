@@ -117,14 +117,14 @@ FIELD_FN void rf_receive_sample(const rf_receiver *r, u64 i, const float *wave_r
     double vr = (double)ar, vi = (double)ai;
     u64 b = i / r->block;
     double hr = gains[2 * (r->gains + b)], hi = gains[2 * (r->gains + b) + 1];
-    // v·h, then ·z (complex products as num_complex forms them).
-    double pr = DSUB(DMUL(vr, hr), DMUL(vi, hi)), pi = DADD(DMUL(vr, hi), DMUL(vi, hr));
+    // v·(h·z) (complex products as num_complex forms them).
     double t = (double)i / r->sample_rate_hz;
     double cycles = DADD(DMUL(r->carrier_offset_hz, t), DMUL(DMUL(0.5, r->drift_hz_per_s), DMUL(t, t)));
     double frac = DSUB(cycles, RF_FLOOR(cycles));
     double zs, zc;
     RF_SINCOSPI(DMUL(2.0, frac), &zs, &zc);
-    double yr = DSUB(DMUL(pr, zc), DMUL(pi, zs)), yi = DADD(DMUL(pr, zs), DMUL(pi, zc));
+    double pr = DSUB(DMUL(hr, zc), DMUL(hi, zs)), pi = DADD(DMUL(hr, zs), DMUL(hi, zc));
+    double yr = DSUB(DMUL(vr, pr), DMUL(vi, pi)), yi = DADD(DMUL(vr, pi), DMUL(vi, pr));
     double n0 = rf_normal(r->noise_key, 2 * i, zx, zr), n1 = rf_normal(r->noise_key, 2 * i + 1, zx, zr);
     yr = DADD(yr, DMUL(n0, r->noise_sigma));
     yi = DADD(yi, DMUL(n1, r->noise_sigma));

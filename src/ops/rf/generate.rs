@@ -348,7 +348,7 @@ fn receiver_plan(
 }
 
 /// One receiver's recording: the channel, then per sample i in block b
-/// y = x·h_b·e^{j2π(f₀t + ½ḟt²)} + σ·(normal 2i + j·normal 2i+1).
+/// y = x·(h_b·e^{j2π(f₀t + ½ḟt²)}) + σ·(normal 2i + j·normal 2i+1).
 pub fn receive(p: &ReceiverPlan, wave: &Padded) -> Vec<Complex32> {
     let (xr, xi) = p.channel.apply(wave);
     let fs = p.sample_rate_hz;
@@ -360,14 +360,15 @@ pub fn receive(p: &ReceiverPlan, wave: &Padded) -> Vec<Complex32> {
         // The rotation by recurrence, z ← z·w, w ← w·c, re-anchored every block (the
         // kernel computes it directly per sample; they agree to ~1e-12).
         let t = start as f64 / fs;
-        let mut z = Complex::from_polar(1.0, 2.0 * PI * (f0 * t + 0.5 * drift * t * t));
+        // h·z together: one complex product per sample for the channel.
+        let mut z = h * Complex::from_polar(1.0, 2.0 * PI * (f0 * t + 0.5 * drift * t * t));
         let mut w = Complex::from_polar(1.0, 2.0 * PI * (f0 + drift * t + 0.5 * drift / fs) / fs);
         let c = Complex::from_polar(1.0, 2.0 * PI * drift / (fs * fs));
         for i in start..end {
             let v = Complex::new(f64::from(xr[i]), f64::from(xi[i]));
             let k = i as u64;
             let awgn = Complex::new(p.noise.normal_at(2 * k), p.noise.normal_at(2 * k + 1));
-            let y = v * h * z + awgn * p.noise_sigma;
+            let y = v * z + awgn * p.noise_sigma;
             out.push(Complex32::new(y.re as f32, y.im as f32));
             z *= w;
             w *= c;

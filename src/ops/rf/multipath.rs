@@ -29,13 +29,15 @@ impl Padded {
     pub fn new(x: &[Complex<f64>], lead: usize) -> Self {
         let len = x.len();
         let total = lead + len + HALF_WIDTH as usize;
-        let at = |p: usize| x[(p + len * (lead / len + 1) - lead) % len];
-        Self {
-            re: (0..total).map(|p| at(p).re as f32).collect(),
-            im: (0..total).map(|p| at(p).im as f32).collect(),
-            lead,
-            len,
+        // Index p holds x[(p − lead) mod len]: the recording repeated from the right phase.
+        let start = (len - lead % len) % len;
+        let wrapped = x.iter().cycle().skip(start).take(total);
+        let (mut re, mut im) = (Vec::with_capacity(total), Vec::with_capacity(total));
+        for v in wrapped {
+            re.push(v.re as f32);
+            im.push(v.im as f32);
         }
+        Self { re, im, lead, len }
     }
 
     /// Real and imaginary parts, padding included; sample 0 is at index `lead`.
