@@ -635,6 +635,17 @@ async fn an_interrupted_job_resumes_from_its_checkpoint_to_the_same_file() {
         (2000 - recovered) as f64
     );
     let resumed = parquet_bytes(&b, &id).await;
+    // Once completed (and recorded so), only the file is kept.
+    for left in ["features.parts", "checkpoint.json"] {
+        let path = format!("{dir}/datasets/{id}/{left}");
+        for _ in 0..100 {
+            if !std::path::Path::new(&path).exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!std::path::Path::new(&path).exists(), "{left} left behind");
+    }
     problem(
         b.post(&format!("/datasets/{id}/resume"), json!({}))
             .send()

@@ -69,6 +69,11 @@ impl IqWriter {
     pub fn open(dir: &Path, len: usize, at: IqLengths) -> Result<Self, String> {
         let open = |name: &str, keep: u64| {
             let p = partial(dir, name);
+            // Renamed by a finish whose completion the catalog never recorded (a crash
+            // in between): take the file back.
+            if keep > 0 && !p.exists() && dir.join(name).exists() {
+                std::fs::rename(dir.join(name), &p).map_err(|e| io(&p, e))?;
+            }
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .write(true)
@@ -273,6 +278,16 @@ mod tests {
             );
         }
         assert_eq!(entry(&dir, 3).unwrap(), None);
+        // A crash after finish but before the catalog said completed: resuming takes the
+        // renamed files back and cuts them to the checkpoint.
+        let w = IqWriter::open(&dir, len, at).unwrap();
+        assert_eq!(w.samples, 1);
+        drop(w);
+        assert!(!dir.join("iq.index").exists());
+        assert_eq!(
+            std::fs::metadata(partial(&dir, "iq.index")).unwrap().len(),
+            INDEX_RECORD
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

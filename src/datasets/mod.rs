@@ -380,11 +380,19 @@ impl Datasets {
             .dataset_jobs
             .with_label_values(&[status.name()])
             .inc();
-        if let Err(e) = self
+        match self
             .store
             .update_dataset(id, status, &counts, error.as_deref())
         {
-            tracing::error!(dataset = %id, error = %e, "cannot record the dataset job's end");
+            // Only now are the parts and the checkpoint no longer needed for a resume.
+            Ok(()) if status == DatasetStatus::Completed => {
+                parquet_out::remove_parts(&self.result_path(id));
+                let _ = std::fs::remove_file(self.dir.join(id).join(CHECKPOINT));
+            }
+            Ok(()) => {}
+            Err(e) => {
+                tracing::error!(dataset = %id, error = %e, "cannot record the dataset job's end")
+            }
         }
         self.lock().remove(id);
     }
@@ -528,7 +536,6 @@ impl Datasets {
             w.finish()?;
         }
         writer.finish()?;
-        let _ = std::fs::remove_file(dir.join(CHECKPOINT));
         Ok(DatasetStatus::Completed)
     }
 }

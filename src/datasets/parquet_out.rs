@@ -307,7 +307,8 @@ impl FeatureWriter {
     }
 
     /// Seals the last rows, splices every part's row group into one file (column chunks
-    /// copied as encoded), syncs it, renames it into place and removes the parts.
+    /// copied as encoded), syncs it and renames it into place. The parts stay until the
+    /// catalog records the job completed (`remove_parts`), so a crash in between resumes.
     pub fn finish(mut self) -> Result<(), String> {
         self.seal()?;
         let partial = self.path.with_extension("parquet.partial");
@@ -341,9 +342,11 @@ impl FeatureWriter {
         let file = writer.into_inner().map_err(perr)?;
         file.sync_all()
             .map_err(|e| format!("{}: {e}", partial.display()))?;
-        std::fs::rename(&partial, &self.path)
-            .map_err(|e| format!("{}: {e}", self.path.display()))?;
-        let _ = std::fs::remove_dir_all(&self.parts_dir);
-        Ok(())
+        std::fs::rename(&partial, &self.path).map_err(|e| format!("{}: {e}", self.path.display()))
     }
+}
+
+/// Removes the parts of the dataset whose file is `path`.
+pub fn remove_parts(path: &Path) {
+    let _ = std::fs::remove_dir_all(path.with_extension("parts"));
 }
