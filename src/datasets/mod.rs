@@ -211,62 +211,54 @@ impl Datasets {
         new: NewDataset,
         estimate: u64,
     ) -> Result<DatasetRow, SubmitError> {
-        let free = fs4::available_space(&self.dir)
-            .map_err(|e| SubmitError::Storage(format!("{}: {e}", self.dir.display())))?;
-        let target = new.num_samples;
-        // Held while checking and registering, so two submissions cannot both take the
-        // same free space.
-        let mut active = self.lock();
-        let promised: u64 = active.values().map(|a| a.outstanding()).sum();
-        if estimate
-            .saturating_add(promised)
-            .saturating_add(DISK_RESERVE_BYTES)
-            > free
-        {
-            return Err(SubmitError::NoSpace {
-                need: estimate,
-                free,
-                promised,
-            });
-        }
+        let mut active = self.reserve(estimate)?;
         let row = self
             .store
             .create_dataset(id, new)
             .map_err(SubmitError::Storage)?;
-        active.insert(
-            id.to_string(),
-            Arc::new(Active {
-                cancel: AtomicBool::new(false),
-                progress: Mutex::new(Progress::default()),
-                estimate,
-                target,
-            }),
-        );
-        match self.queue.try_send(id.to_string()) {
-            Ok(()) => Ok(row),
-            Err(e) => {
-                active.remove(id);
+        self.enqueue(&mut active, id, estimate, row.num_samples)
+            .inspect_err(|_| {
                 let _ = self.store.delete_dataset(&row.tenant, id);
-                Err(match e {
-                    TrySendError::Full(_) => SubmitError::QueueFull(self.max_queued),
-                    TrySendError::Disconnected(_) => {
-                        SubmitError::Storage("the dataset worker stopped".into())
-                    }
-                })
-            }
-        }
+            })?;
+        Ok(row)
     }
 
     /// Queues an interrupted job again; it continues from its checkpoint. False when the
     /// job is not interrupted. `estimate` is the whole job's (`estimate_bytes`).
     pub fn resume(&self, row: &DatasetRow, estimate: u64) -> Result<bool, SubmitError> {
-        let free = fs4::available_space(&self.dir)
-            .map_err(|e| SubmitError::Storage(format!("{}: {e}", self.dir.display())))?;
-        let mut active = self.lock();
-        let promised: u64 = active.values().map(|a| a.outstanding()).sum();
         let left =
             row.num_samples.saturating_sub(row.counts.valid) as f64 / row.num_samples.max(1) as f64;
-        let need = (estimate as f64 * left) as u64;
+        let mut active = self.reserve((estimate as f64 * left) as u64)?;
+        if !self
+            .store
+            .requeue_dataset(&row.id)
+            .map_err(SubmitError::Storage)?
+        {
+            return Ok(false);
+        }
+        self.enqueue(&mut active, &row.id, estimate, row.num_samples)
+            .inspect_err(|_| {
+                let _ = self.store.update_dataset(
+                    &row.id,
+                    DatasetStatus::Interrupted,
+                    &row.counts,
+                    row.error.as_deref(),
+                );
+            })?;
+        Ok(true)
+    }
+
+    /// Refuses a job that may write `need` more bytes than the disk has free after what
+    /// active jobs may still write and the reserve. The returned guard is held until the
+    /// job is queued, so two submissions cannot both take the same free space.
+    fn reserve(
+        &self,
+        need: u64,
+    ) -> Result<std::sync::MutexGuard<'_, HashMap<String, Arc<Active>>>, SubmitError> {
+        let free = fs4::available_space(&self.dir)
+            .map_err(|e| SubmitError::Storage(format!("{}: {e}", self.dir.display())))?;
+        let active = self.lock();
+        let promised: u64 = active.values().map(|a| a.outstanding()).sum();
         if need
             .saturating_add(promised)
             .saturating_add(DISK_RESERVE_BYTES)
@@ -278,40 +270,36 @@ impl Datasets {
                 promised,
             });
         }
-        if !self
-            .store
-            .requeue_dataset(&row.id)
-            .map_err(SubmitError::Storage)?
-        {
-            return Ok(false);
-        }
+        Ok(active)
+    }
+
+    /// Registers the job as active and hands it to the worker; on a full queue it is
+    /// unregistered again (the caller restores the catalog).
+    fn enqueue(
+        &self,
+        active: &mut HashMap<String, Arc<Active>>,
+        id: &str,
+        estimate: u64,
+        target: u64,
+    ) -> Result<(), SubmitError> {
         active.insert(
-            row.id.clone(),
+            id.to_string(),
             Arc::new(Active {
                 cancel: AtomicBool::new(false),
                 progress: Mutex::new(Progress::default()),
                 estimate,
-                target: row.num_samples,
+                target,
             }),
         );
-        match self.queue.try_send(row.id.clone()) {
-            Ok(()) => Ok(true),
-            Err(e) => {
-                active.remove(&row.id);
-                let _ = self.store.update_dataset(
-                    &row.id,
-                    DatasetStatus::Interrupted,
-                    &row.counts,
-                    row.error.as_deref(),
-                );
-                Err(match e {
-                    TrySendError::Full(_) => SubmitError::QueueFull(self.max_queued),
-                    TrySendError::Disconnected(_) => {
-                        SubmitError::Storage("the dataset worker stopped".into())
-                    }
-                })
+        self.queue.try_send(id.to_string()).map_err(|e| {
+            active.remove(id);
+            match e {
+                TrySendError::Full(_) => SubmitError::QueueFull(self.max_queued),
+                TrySendError::Disconnected(_) => {
+                    SubmitError::Storage("the dataset worker stopped".into())
+                }
             }
-        }
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Active>>> {
