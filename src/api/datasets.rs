@@ -160,6 +160,41 @@ fn storage(e: String) -> Problem {
     Problem::new(ErrorCode::Internal, e)
 }
 
+/// A refused submission or resume as a problem; `pointer` names the field a disk
+/// refusal is about, when the request has a body.
+fn submit_problem(e: SubmitError, pointer: Option<&str>) -> Problem {
+    match e {
+        SubmitError::NoSpace { .. } => match pointer {
+            Some(p) => Problem::at(ErrorCode::InsufficientStorage, p, e.to_string()),
+            None => Problem::new(ErrorCode::InsufficientStorage, e.to_string()),
+        },
+        SubmitError::QueueFull(_) => Problem {
+            retry_after_secs: Some(60),
+            ..Problem::new(ErrorCode::QueueFull, e.to_string())
+        },
+        SubmitError::Storage(m) => storage(m),
+    }
+}
+
+/// The job's scenario as the catalog stored it.
+fn stored_scenario(row: &DatasetRow) -> Result<Scenario, Problem> {
+    serde_json::from_str(&row.config).map_err(|e| storage(format!("stored config: {e}")))
+}
+
+/// 409 `dataset_not_ready` unless the job has completed; `what` is what it would serve.
+fn completed(row: &DatasetRow, what: &str) -> Result<(), Problem> {
+    if row.status == DatasetStatus::Completed {
+        return Ok(());
+    }
+    Err(Problem::new(
+        ErrorCode::DatasetNotReady,
+        format!(
+            "the job is {}; {what} served once it completes",
+            row.status.name()
+        ),
+    ))
+}
+
 fn not_found() -> Problem {
     Problem::new(ErrorCode::DatasetNotFound, "no such dataset")
 }
@@ -264,18 +299,9 @@ pub async fn create_dataset(
     let id = new_id()?;
     let st = state.clone();
     let row = blocking(move || {
-        st.datasets.submit(&id, new, estimate).map_err(|e| match e {
-            SubmitError::NoSpace { .. } => Problem::at(
-                ErrorCode::InsufficientStorage,
-                "/num_samples",
-                e.to_string(),
-            ),
-            SubmitError::QueueFull(_) => Problem {
-                retry_after_secs: Some(60),
-                ..Problem::new(ErrorCode::QueueFull, e.to_string())
-            },
-            SubmitError::Storage(m) => storage(m),
-        })
+        st.datasets
+            .submit(&id, new, estimate)
+            .map_err(|e| submit_problem(e, Some("/num_samples")))
     })
     .await?;
     let v = view(&state, row);
@@ -385,21 +411,13 @@ pub async fn resume_dataset(
     if row.status != DatasetStatus::Interrupted {
         return Err(not_resumable(row.status));
     }
-    let scenario: Scenario =
-        serde_json::from_str(&row.config).map_err(|e| storage(format!("stored config: {e}")))?;
+    let scenario = stored_scenario(&row)?;
     let estimate = estimate_bytes(&scenario, row.dataset_type == "iq_raw", row.num_samples);
     let st = state.clone();
     let resumed = blocking(move || {
-        st.datasets.resume(&row, estimate).map_err(|e| match e {
-            SubmitError::NoSpace { .. } => {
-                Problem::new(ErrorCode::InsufficientStorage, e.to_string())
-            }
-            SubmitError::QueueFull(_) => Problem {
-                retry_after_secs: Some(60),
-                ..Problem::new(ErrorCode::QueueFull, e.to_string())
-            },
-            SubmitError::Storage(m) => storage(m),
-        })
+        st.datasets
+            .resume(&row, estimate)
+            .map_err(|e| submit_problem(e, None))
     })
     .await?;
     let row = find(&state, &tenant(&who), &id).await?;
@@ -457,15 +475,7 @@ pub async fn dataset_features(
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
     let row = find(&state, &tenant(&who), &id).await?;
-    if row.status != DatasetStatus::Completed {
-        return Err(Problem::new(
-            ErrorCode::DatasetNotReady,
-            format!(
-                "the job is {}; features are served once it completes",
-                row.status.name()
-            ),
-        ));
-    }
+    completed(&row, "features are")?;
     let path = state.datasets.result_path(&id);
     let file = tokio::fs::File::open(&path)
         .await
@@ -473,17 +483,14 @@ pub async fn dataset_features(
     let len = file.metadata().await.map(|m| m.len()).ok();
     let stream = tokio_util::io::ReaderStream::new(file);
     let mut res = Response::new(Body::from_stream(stream));
-    let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/vnd.apache.parquet"),
+    attachment(
+        &mut res,
+        "application/vnd.apache.parquet",
+        &format!("{id}.parquet"),
     );
     if let Some(len) = len {
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    }
-    let disposition = format!("attachment; filename=\"{id}.parquet\"");
-    if let Ok(v) = HeaderValue::from_str(&disposition) {
-        h.insert(header::CONTENT_DISPOSITION, v);
+        res.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     }
     Ok(res)
 }
@@ -555,15 +562,7 @@ pub async fn dataset_sample_iq(
         }
     };
     let row = find(&state, &tenant(&who), &id).await?;
-    if row.status != DatasetStatus::Completed {
-        return Err(Problem::new(
-            ErrorCode::DatasetNotReady,
-            format!(
-                "the job is {}; recordings are served once it completes",
-                row.status.name()
-            ),
-        ));
-    }
+    completed(&row, "recordings are")?;
     if row.dataset_type != "iq_raw" {
         return Err(sample_not_found(
             "a feature_based dataset keeps no recordings; submit it with dataset_type iq_raw"
@@ -578,8 +577,7 @@ pub async fn dataset_sample_iq(
         .map_err(|_| sample_not_found(format!("receiver {rx:?} is not a receiver number")))?;
     let dir = state.datasets.dataset_dir(&id);
     blocking(move || {
-        let scenario: Scenario = serde_json::from_str(&row.config)
-            .map_err(|e| storage(format!("stored config: {e}")))?;
+        let scenario = stored_scenario(&row)?;
         let entry = iq_out::entry(&dir, sample)
             .map_err(storage)?
             .ok_or_else(|| {

@@ -80,9 +80,14 @@ impl Active {
             .unwrap_or_else(|e| e.into_inner())
             .counts
             .valid;
-        let left = self.target.saturating_sub(valid) as f64 / self.target.max(1) as f64;
-        (self.estimate as f64 * left) as u64
+        remaining_bytes(self.estimate, self.target, valid)
     }
+}
+
+/// The share of a job's `estimate` still to write with `valid` of `target` rows done.
+fn remaining_bytes(estimate: u64, target: u64, valid: u64) -> u64 {
+    let left = target.saturating_sub(valid) as f64 / target.max(1) as f64;
+    (estimate as f64 * left) as u64
 }
 
 #[derive(Clone, Debug, Default)]
@@ -226,9 +231,8 @@ impl Datasets {
     /// Queues an interrupted job again; it continues from its checkpoint. False when the
     /// job is not interrupted. `estimate` is the whole job's (`estimate_bytes`).
     pub fn resume(&self, row: &DatasetRow, estimate: u64) -> Result<bool, SubmitError> {
-        let left =
-            row.num_samples.saturating_sub(row.counts.valid) as f64 / row.num_samples.max(1) as f64;
-        let mut active = self.reserve((estimate as f64 * left) as u64)?;
+        let mut active =
+            self.reserve(remaining_bytes(estimate, row.num_samples, row.counts.valid))?;
         if !self
             .store
             .requeue_dataset(&row.id)
