@@ -214,21 +214,20 @@ fn db(x: f64) -> f64 {
 fn envelope_sums(x: &[Complex32]) -> (f64, f64, f64) {
     const LANES: usize = 8;
     let (mut p, mut e, mut m) = ([0.0f64; LANES], [0.0f64; LANES], [0.0f64; LANES]);
-    let mut chunks = x.chunks_exact(LANES);
-    for c in &mut chunks {
-        for j in 0..LANES {
-            let v =
-                f64::from(c[j].re) * f64::from(c[j].re) + f64::from(c[j].im) * f64::from(c[j].im);
-            p[j] += v;
-            e[j] += v.sqrt();
-            m[j] = m[j].max(v);
-        }
-    }
-    for (j, c) in chunks.remainder().iter().enumerate() {
+    let mut add = |j: usize, c: &Complex32| {
         let v = f64::from(c.re) * f64::from(c.re) + f64::from(c.im) * f64::from(c.im);
         p[j] += v;
         e[j] += v.sqrt();
         m[j] = m[j].max(v);
+    };
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (j, v) in c.iter().enumerate() {
+            add(j, v);
+        }
+    }
+    for (j, v) in chunks.remainder().iter().enumerate() {
+        add(j, v);
     }
     let pairwise =
         |a: [f64; LANES]| ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
