@@ -70,6 +70,19 @@ async fn wait_for(s: &TestServer, id: &str, want: &[&str]) -> Value {
     panic!("dataset {id} never reached {want:?}");
 }
 
+/// Shuts the server down and waits until the worker has recorded job `id` interrupted.
+async fn stop_while_running(s: &mut TestServer, id: &str) {
+    s.trigger_shutdown();
+    s.handle.take().unwrap().await.unwrap().unwrap();
+    for _ in 0..100 {
+        let row = s.state.store.dataset("", id).unwrap().unwrap();
+        if row.status.name() == "interrupted" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn parquet_bytes(s: &TestServer, id: &str) -> bytes::Bytes {
     let res = s.get(&format!("/datasets/{id}/features")).await;
     assert_eq!(res.status(), 200);
@@ -245,16 +258,7 @@ async fn a_restart_keeps_completed_datasets_and_marks_the_rest_interrupted() {
     let running = create(&a, long).await;
     let running_id = running["id"].as_str().unwrap().to_string();
     wait_for(&a, &running_id, &["running"]).await;
-    a.trigger_shutdown();
-    a.handle.take().unwrap().await.unwrap().unwrap();
-    // The worker records the interruption as it stops.
-    for _ in 0..100 {
-        let row = a.state.store.dataset("", &running_id).unwrap().unwrap();
-        if row.status.name() == "interrupted" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    stop_while_running(&mut a, &running_id).await;
 
     let b = TestServer::start_with(settings(&dir, "2"), |r| r).await;
     let v: Value = b
@@ -589,15 +593,7 @@ async fn an_interrupted_job_resumes_from_its_checkpoint_to_the_same_file() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    a.trigger_shutdown();
-    a.handle.take().unwrap().await.unwrap().unwrap();
-    for _ in 0..100 {
-        let row = a.state.store.dataset("", &id).unwrap().unwrap();
-        if row.status.name() == "interrupted" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    stop_while_running(&mut a, &id).await;
 
     let b = TestServer::start_with(settings(&dir, "2"), |r| r).await;
     let v: Value = b
