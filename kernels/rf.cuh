@@ -4,8 +4,8 @@
 // host so CI checks it against the twin without a GPU.
 //
 // Bit for bit with the twin: the FIR (f32, the twin's order of products and sums, never
-// fused) and the noise (the same counter-based stream and 256-layer ziggurat, tables
-// passed in from the twin). Within ~1e-12: the rotation, which the twin steps by a
+// fused) and the noise (the same counter-based stream and 256-layer ziggurat, f32 fast
+// path and f64 slow path, tables passed in from the twin). Within ~1e-12: the rotation, which the twin steps by a
 // recurrence and this file computes directly per sample.
 #ifndef GPU_OPS_RF_CUH
 #define GPU_OPS_RF_CUH
@@ -91,21 +91,28 @@ FIELD_FN_OUTLINED double rf_normal_slow(u64 key, u64 k, u32 layer, double u, con
     }
 }
 
-// Standard normal k of the stream `key` (src/ops/rf/rng.rs::normal_at).
-FIELD_FN double rf_normal(u64 key, u64 k, const double *zx, const double *zr) {
-    u64 d = rf_draw(key, k);
-    u32 layer = (u32)(d & 0xff);
-    double u = rf_signed_unit(d);
-    if (fabs(u) < zr[layer]) return DMUL(u, zx[layer]);
-    return rf_normal_slow(key, k, layer, u, zx, zr);
+// The ziggurat tables: f64 for the slow path, f32 for the noise's fast path.
+struct rf_zig {
+    const double *x;
+    const double *ratio;
+    const float *x_f32;
+    const float *ratio_f32;
+};
+
+// One half h of noise draw i, normal 2i + half (src/ops/rf/rng.rs::noise_lanes): a layer
+// and a signed 24-bit uniform in f32, exact, then one rounded product.
+FIELD_FN float rf_noise_half(u64 key, u64 k, u32 h, rf_zig z) {
+    u32 layer = h & 0xff;
+    float u = FSUB(FMUL((float)(int)(h >> 8), 1.0f / 8388608.0f), 1.0f);
+    if (fabsf(u) < z.ratio_f32[layer]) return FMUL(u, z.x_f32[layer]);
+    return (float)rf_normal_slow(key, k, layer, (double)u, z.x, z.ratio);
 }
 
 // Complex sample i of receiver r, written to out[2 * (r.out + i)] (re, im).
 FIELD_FN void rf_receive_sample(const rf_receiver *r, u64 i, const float *wave_re,
                                 const float *wave_im, const long long *coeff_offset,
                                 const float *coeff_re, const float *coeff_im,
-                                const double *gains, const double *zx, const double *zr,
-                                float *out) {
+                                const double *gains, rf_zig z, float *out) {
     // y = Σ c·x[i − m], in the twin's order: each term (cr·xr − ci·xi, cr·xi + ci·xr).
     float ar = 0.0f, ai = 0.0f;
     for (u64 k = r->coeff_start; k < r->coeff_end; k++) {
@@ -125,9 +132,11 @@ FIELD_FN void rf_receive_sample(const rf_receiver *r, u64 i, const float *wave_r
     RF_SINCOSPI(DMUL(2.0, frac), &zs, &zc);
     double pr = DSUB(DMUL(hr, zc), DMUL(hi, zs)), pi = DADD(DMUL(hr, zs), DMUL(hi, zc));
     double yr = DSUB(DMUL(vr, pr), DMUL(vi, pi)), yi = DADD(DMUL(vr, pi), DMUL(vi, pr));
-    double n0 = rf_normal(r->noise_key, 2 * i, zx, zr), n1 = rf_normal(r->noise_key, 2 * i + 1, zx, zr);
-    yr = DADD(yr, DMUL(n0, r->noise_sigma));
-    yi = DADD(yi, DMUL(n1, r->noise_sigma));
+    u64 d = rf_draw(r->noise_key, i);
+    float n0 = rf_noise_half(r->noise_key, 2 * i, (u32)d, z);
+    float n1 = rf_noise_half(r->noise_key, 2 * i + 1, (u32)(d >> 32), z);
+    yr = DADD(yr, DMUL((double)n0, r->noise_sigma));
+    yi = DADD(yi, DMUL((double)n1, r->noise_sigma));
     out[2 * (r->out + i)] = (float)yr;
     out[2 * (r->out + i) + 1] = (float)yi;
 }

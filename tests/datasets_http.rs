@@ -2,12 +2,14 @@
 //! holds what the status says, byte-identical whatever the thread count; cancel, delete,
 //! bad input, and a restart that keeps completed datasets and marks the rest interrupted;
 //! iq_raw recordings as SigMF that agree with the Parquet row; size and disk limits; and
-//! datasets that belong to their tenant.
+//! datasets that belong to their tenant; resume from a checkpoint, refused across
+//! generator versions.
 
 mod common;
 
 use clap::Parser;
 use common::{problem, temp_data_dir, TestServer};
+use gpu_ops::ops::rf::generate::GENERATOR_VERSION;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::RowAccessor;
 use serde_json::{json, Value};
@@ -134,6 +136,11 @@ async fn a_job_completes_and_its_file_does_not_depend_on_threads() {
         let reader = SerializedFileReader::new(bytes.clone()).unwrap();
         let meta = reader.metadata().file_metadata();
         assert_eq!(meta.num_rows(), 6);
+        let generator = meta
+            .key_value_metadata()
+            .and_then(|kv| kv.iter().find(|e| e.key == "gpu_ops.generator_version"))
+            .and_then(|e| e.value.clone());
+        assert_eq!(generator, Some(GENERATOR_VERSION.to_string()));
         let names: Vec<String> = meta
             .schema_descr()
             .columns()
@@ -609,6 +616,30 @@ async fn an_interrupted_job_resumes_from_its_checkpoint_to_the_same_file() {
     .unwrap();
     let recovered = checkpoint["counts"]["valid"].as_u64().unwrap();
     assert!(recovered >= 375 && recovered % 125 == 0, "{checkpoint}");
+    assert_eq!(checkpoint["generator"], GENERATOR_VERSION);
+    // A checkpoint from before generator versions were recorded (version 1) is refused:
+    // resuming would mix two generators' samples.
+    let path = format!("{dir}/datasets/{id}/checkpoint.json");
+    let mut old = checkpoint.clone();
+    old.as_object_mut().unwrap().remove("generator");
+    std::fs::write(&path, serde_json::to_vec(&old).unwrap()).unwrap();
+    let refused = problem(
+        b.post(&format!("/datasets/{id}/resume"), json!({}))
+            .send()
+            .await
+            .unwrap(),
+        409,
+        "dataset_not_resumable",
+    )
+    .await;
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("generator version 1"),
+        "{refused}"
+    );
+    std::fs::write(&path, serde_json::to_vec(&checkpoint).unwrap()).unwrap();
     let res = b
         .post(&format!("/datasets/{id}/resume"), json!({}))
         .send()

@@ -9,9 +9,11 @@ extern "C" void gpu_ops_host_rf_receive(const rf_receiver *receivers, size_t cou
                                         const long long *coeff_offset, const float *coeff_re,
                                         const float *coeff_im, const double *gains,
                                         const double *zig_x, const double *zig_ratio,
+                                        const float *zig_x_f32, const float *zig_ratio_f32,
                                         float *out) {
+    rf_zig z = {zig_x, zig_ratio, zig_x_f32, zig_ratio_f32};
     for (size_t r = 0; r < count; r++)
         for (u64 i = 0; i < receivers[r].len; i++)
             rf_receive_sample(&receivers[r], i, wave_re, wave_im, coeff_offset, coeff_re,
-                              coeff_im, gains, zig_x, zig_ratio, out);
+                              coeff_im, gains, z, out);
 }

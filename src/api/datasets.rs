@@ -173,6 +173,7 @@ fn submit_problem(e: SubmitError, pointer: Option<&str>) -> Problem {
             ..Problem::new(ErrorCode::QueueFull, e.to_string())
         },
         SubmitError::Storage(m) => storage(m),
+        SubmitError::NotResumable(_) => Problem::new(ErrorCode::DatasetNotResumable, e.to_string()),
     }
 }
 
@@ -387,7 +388,7 @@ pub async fn cancel_dataset(
     responses(
         (status = 202, description = "Queued again", body = DatasetView),
         (status = 404, description = "dataset_not_found", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "dataset_not_resumable: the job is not interrupted", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 409, description = "dataset_not_resumable: the job is not interrupted, or its checkpoint was written by another generator version", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 503, description = "queue_full", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 507, description = "insufficient_storage: what is left of the job could outgrow the free disk", body = ProblemDocument, content_type = "application/problem+json"),
     ),

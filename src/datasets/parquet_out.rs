@@ -8,11 +8,13 @@
 //! so a reader never sees half a file.
 
 use crate::ops::rf::dataset::SampleRecord;
+use crate::ops::rf::generate::GENERATOR_VERSION;
 use crate::ops::rf::FEATURE_NAMES;
 use parquet::basic::Compression;
 use parquet::column::writer::ColumnCloseResult;
 use parquet::column::writer::ColumnWriter;
 use parquet::data_type::ByteArray;
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::file::writer::SerializedFileWriter;
@@ -20,6 +22,9 @@ use parquet::schema::parser::parse_message_type;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+/// The file's key-value metadata entry naming the generator version that made it.
+pub const GENERATOR_VERSION_KEY: &str = "gpu_ops.generator_version";
 
 /// Rows per part (and row group) of a dataset of `num_samples`: small datasets seal parts
 /// often, large ones every 4096 rows. Depends on the request only, so the file does too.
@@ -147,6 +152,10 @@ impl FeatureWriter {
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_created_by("gpu-ops".into())
+            .set_key_value_metadata(Some(vec![KeyValue::new(
+                GENERATOR_VERSION_KEY.to_string(),
+                GENERATOR_VERSION.to_string(),
+            )]))
             .build();
         let columns = column_names(receivers)
             .iter()

@@ -138,6 +138,8 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
     let gains = stream.clone_htod(&b.gains)?;
     let zig_x = stream.clone_htod(&z.x[..])?;
     let zig_ratio = stream.clone_htod(&z.ratio[..])?;
+    let zig_x_f32 = stream.clone_htod(&z.x_f32[..])?;
+    let zig_ratio_f32 = stream.clone_htod(&z.ratio_f32[..])?;
     let mut out = stream.alloc_zeros::<f32>(2 * b.out_len as usize)?;
     let longest = b.receivers.iter().map(|r| r.len).max().unwrap_or(0) as usize;
     let mut config = dev.launch_config(longest);
@@ -157,6 +159,8 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
         .arg(&gains)
         .arg(&zig_x)
         .arg(&zig_ratio)
+        .arg(&zig_x_f32)
+        .arg(&zig_ratio_f32)
         .arg(&mut out);
     // SAFETY: every offset in `receivers` was produced by `pack` over these arrays: the
     // waveform indices stay inside wave_re/im (padded by the channels' reach), coefficient

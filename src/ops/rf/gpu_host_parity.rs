@@ -19,6 +19,8 @@ extern "C" {
         gains: *const f64,
         zig_x: *const f64,
         zig_ratio: *const f64,
+        zig_x_f32: *const f32,
+        zig_ratio_f32: *const f32,
         out: *mut f32,
     );
 }
@@ -27,7 +29,7 @@ fn host_receive(b: &Batch) -> Vec<f32> {
     let z = ziggurat();
     let mut out = vec![f32::NAN; 2 * b.out_len as usize];
     // SAFETY: the arrays are the packed batch's (offsets made by `pack` over them), the
-    // tables have 257 and 256 entries, and out holds 2·out_len floats.
+    // tables have 257 and 256 entries (f64 and f32), and out holds 2·out_len floats.
     unsafe {
         gpu_ops_host_rf_receive(
             b.receivers.as_ptr(),
@@ -40,6 +42,8 @@ fn host_receive(b: &Batch) -> Vec<f32> {
             b.gains.as_ptr(),
             z.x.as_ptr(),
             z.ratio.as_ptr(),
+            z.x_f32.as_ptr(),
+            z.ratio_f32.as_ptr(),
             out.as_mut_ptr(),
         )
     };

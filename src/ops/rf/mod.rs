@@ -10,6 +10,7 @@ mod gpu_host_parity;
 pub mod multipath;
 pub mod rng;
 pub mod scenario;
+mod simd;
 
 pub use features::{extract, ExtractConfig, ExtractError, Extraction, Stats, FEATURE_NAMES};
 
