@@ -18,21 +18,15 @@ use rustfft::{Fft, FftPlanner};
 use std::sync::Arc;
 
 thread_local! {
-    /// Plans keep their twiddles: building a 200k-point plan costs more sine evaluations
-    /// than the transform itself, so every thread keeps its plans for reuse.
-    static PLANNER: std::cell::RefCell<FftPlanner<f64>> = std::cell::RefCell::new(FftPlanner::new());
+    /// Plans keep their twiddles: building one costs more sine evaluations than a
+    /// transform, and every chunk of every recording uses the same size, so every thread
+    /// keeps its plans for reuse.
+    static PLANNER: std::cell::RefCell<FftPlanner<f32>> = std::cell::RefCell::new(FftPlanner::new());
 }
 
-/// A forward or inverse FFT plan of `n` points from this thread's cache.
-pub(crate) fn fft_plan(n: usize, inverse: bool) -> Arc<dyn Fft<f64>> {
-    PLANNER.with(|p| {
-        let mut p = p.borrow_mut();
-        if inverse {
-            p.plan_fft_inverse(n)
-        } else {
-            p.plan_fft_forward(n)
-        }
-    })
+/// A forward FFT plan of `n` points from this thread's cache.
+pub(crate) fn fft_plan(n: usize) -> Arc<dyn Fft<f32>> {
+    PLANNER.with(|p| p.borrow_mut().plan_fft_forward(n))
 }
 
 use rustfft::num_complex::Complex32;
