@@ -2,7 +2,7 @@
 //! its quality (receivers detected, mean SNR, GDOP) and accept or reject it by reason.
 
 use super::features::{extract, ExtractConfig, Stats, FEATURE_NAMES};
-use super::generate::{generate, RxTruth, TxTruth};
+use super::generate::{plan, receive_to, RxTruth, TxTruth};
 use super::scenario::Scenario;
 use rustfft::num_complex::Complex32;
 use serde::Serialize;
@@ -47,6 +47,11 @@ pub struct SampleRecord {
     pub iq: Option<Vec<Vec<Complex32>>>,
 }
 
+thread_local! {
+    /// The recording being evaluated, reused across receivers and samples.
+    static RECORDING: std::cell::RefCell<Vec<Complex32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Generates and evaluates sample `n`, keeping its recordings when `keep_iq` and it is
 /// accepted; also returns the time generation and extraction took (for the benchmark).
 pub fn sample(
@@ -55,23 +60,36 @@ pub fn sample(
     n: u64,
     keep_iq: bool,
 ) -> (SampleRecord, std::time::Duration, std::time::Duration) {
-    let t0 = std::time::Instant::now();
-    let g = generate(s, key, n);
-    let t1 = std::time::Instant::now();
     let cfg = ExtractConfig {
         sample_rate_hz: s.signal.sample_rate_hz,
         chunk_ms: s.chunk_ms,
     };
-    let features: Vec<Vec<Stats>> =
-        g.iq.iter()
-            .map(|x| {
-                extract(x, &cfg)
-                    .map(|e| e.aggregate())
-                    .expect("validated: a recording holds a chunk")
-            })
-            .collect();
-    let t2 = std::time::Instant::now();
-    let quality = judge(&g.receivers, &features);
+    let features_of = |x: &[Complex32]| {
+        extract(x, &cfg)
+            .map(|e| e.aggregate())
+            .expect("validated: a recording holds a chunk")
+    };
+    let started = std::time::Instant::now();
+    let plan = plan(s, key, n);
+    let (mut generating, mut extracting) = (started.elapsed(), std::time::Duration::ZERO);
+    let mut features = Vec::with_capacity(plan.plans.len());
+    let mut kept = Vec::new();
+    RECORDING.with_borrow_mut(|buffer| {
+        for p in &plan.plans {
+            let t0 = std::time::Instant::now();
+            // Recordings that may be kept are each their own; the others share one buffer.
+            let mut own = Vec::new();
+            let x = if keep_iq { &mut own } else { &mut *buffer };
+            receive_to(p, &plan.wave, x);
+            let t1 = std::time::Instant::now();
+            features.push(features_of(x));
+            (generating, extracting) = (generating + (t1 - t0), extracting + t1.elapsed());
+            if keep_iq {
+                kept.push(own);
+            }
+        }
+    });
+    let quality = judge(&plan.receivers, &features);
     let q = &s.quality;
     let rejected = if quality.receivers_detected < q.min_receivers {
         Some(Rejection::TooFewReceivers)
@@ -85,15 +103,15 @@ pub fn sample(
     (
         SampleRecord {
             index: n,
-            tx: g.tx,
-            receivers: g.receivers,
+            tx: plan.tx,
+            receivers: plan.receivers,
             features,
             quality,
             rejected,
-            iq: (keep_iq && rejected.is_none()).then_some(g.iq),
+            iq: (keep_iq && rejected.is_none()).then_some(kept),
         },
-        t1 - t0,
-        t2 - t1,
+        generating,
+        extracting,
     )
 }
 

@@ -359,9 +359,17 @@ fn receiver_plan(
 /// y = x·(h_b·e^{j2πφ(i)}) + σ·n_i, φ(i) = f₀t + ½ḟt², t = i/fs, n_i the noise stream's
 /// complex sample i (`Stream::noise_at`).
 pub fn receive(p: &ReceiverPlan, wave: &Padded) -> Vec<Complex32> {
-    let mut out = vec![Complex32::new(0.0, 0.0); wave.len()];
-    receive_into(p, &p.channel.fir(wave), &mut out);
+    let mut out = Vec::new();
+    receive_to(p, wave, &mut out);
     out
+}
+
+/// `receive` into `out`, which is resized to the recording (a buffer reused from one
+/// recording to the next spares the allocation and its page faults).
+pub fn receive_to(p: &ReceiverPlan, wave: &Padded, out: &mut Vec<Complex32>) {
+    // Every sample is written below, so a buffer of the right length is not cleared.
+    out.resize(wave.len(), Complex32::new(0.0, 0.0));
+    receive_into(p, &p.channel.fir(wave), out);
 }
 
 /// Samples side by side in the receive loop, each lane with its own rotation.
@@ -410,6 +418,19 @@ fn receive_lanes(p: &ReceiverPlan, fir: &Fir, out: &mut [Complex32]) {
             (rot.zr[j], rot.zi[j], rot.wr[j], rot.wi[j]) = (z.re, z.im, w.re, w.im);
         }
         let mut i = start;
+        // The FIR two steps at a time: its sums over the taps are chains of additions,
+        // and 2·LANES outputs give the core four independent ones to interleave.
+        while i + 2 * LANES <= end {
+            let (vr, vi) = fir.lanes::<{ 2 * LANES }>(i);
+            for half in 0..2 {
+                let at = half * LANES;
+                let vr: &[f32; LANES] = vr[at..at + LANES].try_into().expect("LANES");
+                let vi: &[f32; LANES] = vi[at..at + LANES].try_into().expect("LANES");
+                let y = receive_step(p, zig, &mut rot, c, i + at, vr, vi);
+                out[i + at..i + at + LANES].copy_from_slice(&y);
+            }
+            i += 2 * LANES;
+        }
         while i + LANES <= end {
             let (vr, vi) = fir.lanes::<LANES>(i);
             let y = receive_step(p, zig, &mut rot, c, i, &vr, &vi);
