@@ -6,6 +6,7 @@ use super::multipath::{lead_for, Channel, Fir, Padded};
 use super::rng::{ziggurat, Purpose, Stream, Ziggurat};
 use super::scenario::{Scenario, Site};
 use super::simd::avx2_dispatch;
+use super::sincos::polar;
 use rustfft::num_complex::{Complex, Complex32};
 use serde::Serialize;
 use std::f64::consts::PI;
@@ -482,22 +483,22 @@ fn receive_step(
 fn waveform(s: &Scenario, m: Modulation, len: usize, r: &mut Stream) -> Vec<Complex<f64>> {
     let fs = s.signal.sample_rate_hz;
     let deviation = (s.signal.bandwidth_hz / 2.0 - AUDIO_MAX_HZ).max(250.0);
-    let fm = |audio: Vec<f64>| -> Vec<Complex<f64>> {
+    let fm = |mut audio: Vec<f64>| -> Vec<Complex<f64>> {
         let mut phase = 0.0f64;
-        audio
-            .iter()
-            .map(|a| {
-                // Kept in (−π, π] by one subtraction (a step is far below 2π) rather
-                // than a remainder per sample.
-                phase += 2.0 * PI * deviation * a / fs;
-                if phase > PI {
-                    phase -= 2.0 * PI;
-                } else if phase <= -PI {
-                    phase += 2.0 * PI;
-                }
-                Complex::from_polar(1.0, phase)
-            })
-            .collect()
+        for a in audio.iter_mut() {
+            // Kept in (−π, π] by one subtraction (a step is far below 2π) rather than a
+            // remainder per sample.
+            phase += 2.0 * PI * deviation * *a / fs;
+            if phase > PI {
+                phase -= 2.0 * PI;
+            } else if phase <= -PI {
+                phase += 2.0 * PI;
+            }
+            *a = phase;
+        }
+        let mut out = vec![Complex::new(0.0, 0.0); audio.len()];
+        polar(&audio, &mut out);
+        out
     };
     match m {
         Modulation::FmVoice => fm(voice(len, fs, r)),

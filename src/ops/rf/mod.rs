@@ -11,6 +11,7 @@ pub mod multipath;
 pub mod rng;
 pub mod scenario;
 mod simd;
+mod sincos;
 
 pub use features::{extract, ExtractConfig, ExtractError, Extraction, Stats, FEATURE_NAMES};
 
