@@ -232,22 +232,27 @@ avx2_dispatch! {
 fn envelope_lanes(x: &[Complex32]) -> Envelope {
     const LANES: usize = 8;
     let (mut p, mut e, mut m) = ([0.0f64; LANES], [0.0f64; LANES], [0.0f32; LANES]);
-    let mut add = |j: usize, c: &Complex32| {
-        let v = c.re * c.re + c.im * c.im;
-        p[j] += f64::from(v);
-        e[j] += f64::from(v.sqrt());
-        // Not f32::max: the recording is finite, and a plain comparison vectorises.
-        m[j] = if v > m[j] { v } else { m[j] };
-    };
-    let mut chunks = x.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (j, v) in c.iter().enumerate() {
-            add(j, v);
+    // |x|² first, then every lane's square root together, so both vectorise. A function
+    // rather than a closure: `#[inline(always)]` keeps it inside the AVX2 build.
+    #[inline(always)]
+    fn add(c: &[Complex32], p: &mut [f64; LANES], e: &mut [f64; LANES], m: &mut [f32; LANES]) {
+        let mut v = [0f32; LANES];
+        for (v, c) in v.iter_mut().zip(c) {
+            *v = c.re * c.re + c.im * c.im;
+        }
+        let r = v.map(f32::sqrt);
+        for j in 0..c.len() {
+            p[j] += f64::from(v[j]);
+            e[j] += f64::from(r[j]);
+            // Not f32::max: the recording is finite, and a plain comparison vectorises.
+            m[j] = if v[j] > m[j] { v[j] } else { m[j] };
         }
     }
-    for (j, v) in chunks.remainder().iter().enumerate() {
-        add(j, v);
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        add(c, &mut p, &mut e, &mut m);
     }
+    add(chunks.remainder(), &mut p, &mut e, &mut m);
     let pairwise =
         |a: [f64; LANES]| ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     let crossings = x
