@@ -13,7 +13,8 @@ use std::f64::consts::PI;
 
 /// Which generator made a dataset: bumped whenever the same seed would give different
 /// bits. 2 (2026-11-23): receiver noise from one draw per complex sample in f32, the
-/// rotation in lanes. Recorded in the Parquet file's key-value metadata
+/// rotation in lanes, FM phasors by `sincos::polar`, and features from f32 Welch
+/// transforms. Recorded in the Parquet file's key-value metadata
 /// (`gpu_ops.generator_version`) and in a job's checkpoint, which refuses a resume
 /// across versions.
 pub const GENERATOR_VERSION: u32 = 2;
