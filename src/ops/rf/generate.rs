@@ -390,11 +390,12 @@ struct Rotation {
     wi: [f64; LANES],
 }
 
-/// `receive`, the channel's outputs computed LANES at a time as they are used. The rotation steps by recurrence, z ← z·w, w ← w·c, in
-/// LANES interleaved lanes re-anchored exactly at each block start, so no lane waits on
-/// another and the error stays near 1e-13 (the kernel computes the rotation directly per
-/// sample; they agree to ~1e-12). Lane steps: Δ(i) = φ(i+L) − φ(i) = L·f₀/fs +
-/// ḟ·(L·i + L²/2)/fs², which grows by ḟ·L²/fs² each step.
+/// `receive`, the channel's outputs computed LANES at a time as they are used. The
+/// rotation steps by recurrence, z ← z·w, w ← w·c, in LANES interleaved lanes re-anchored
+/// exactly at each block start, so no lane waits on another and the error stays near
+/// 1e-13 (the kernel computes the rotation directly per sample; they agree to ~1e-12).
+/// Lane steps: Δ(i) = φ(i+L) − φ(i) = L·f₀/fs + ḟ·(L·i + L²/2)/fs², which grows by
+/// ḟ·L²/fs² each step.
 #[inline(always)]
 fn receive_lanes(p: &ReceiverPlan, fir: &Fir, out: &mut [Complex32]) {
     let fs = p.sample_rate_hz;

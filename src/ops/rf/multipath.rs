@@ -4,10 +4,9 @@
 //! ±0.2·fs and −75 dB within ±0.3·fs (the widest signal the scenario allows reaches
 //! ±0.25·fs); a whole-sample delay is exact. The
 //! delay is circular over the recording, as an FFT-domain delay would be. Computed in
-//! f32, split into real and imaginary parts, 16 outputs side by side with their sums kept
-//! in registers over all taps.
+//! f32, split into real and imaginary parts; the receive loop asks for outputs several
+//! at a time (`Fir::lanes`), their sums kept in registers over all taps.
 
-use super::simd::avx2_dispatch;
 use rustfft::num_complex::Complex;
 
 /// Half-width of the fractional-delay kernel: offsets floor(d) − 7 ..= floor(d) + 8.
@@ -159,9 +158,7 @@ impl Channel {
     /// The channel's output: real and imaginary parts.
     pub fn apply(&self, x: &Padded) -> (Vec<f32>, Vec<f32>) {
         let fir = self.fir(x);
-        let (mut yr, mut yi) = (vec![0f32; x.len], vec![0f32; x.len]);
-        apply_into(&fir, &mut yr, &mut yi);
-        (yr, yi)
+        (0..fir.len()).map(|i| fir.at(i)).unzip()
     }
 
     /// The channel over `x`, output by output (`Fir`).
@@ -226,25 +223,6 @@ impl Fir<'_> {
     }
 }
 
-avx2_dispatch! {
-    fn apply_into(fir: &Fir, yr: &mut [f32], yi: &mut [f32]) => apply_lanes;
-}
-
-#[inline(always)]
-fn apply_lanes(fir: &Fir, yr: &mut [f32], yi: &mut [f32]) {
-    const LANES: usize = 16;
-    let mut i = 0;
-    while i + LANES <= fir.len() {
-        let (ar, ai) = fir.lanes::<LANES>(i);
-        yr[i..i + LANES].copy_from_slice(&ar);
-        yi[i..i + LANES].copy_from_slice(&ai);
-        i += LANES;
-    }
-    for i in i..fir.len() {
-        (yr[i], yi[i]) = fir.at(i);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,6 +282,17 @@ mod tests {
         assert_eq!(ch.segments.len(), 2);
         let p = Padded::new(&x, lead_for(120.6));
         let (yr, yi) = ch.apply(&p);
+        // Side by side as one by one, to the bit.
+        let fir = ch.fir(&p);
+        for i in (0..n - 16).step_by(7) {
+            let (lr, li) = fir.lanes::<16>(i);
+            for j in 0..16 {
+                assert_eq!(
+                    (lr[j].to_bits(), li[j].to_bits()),
+                    (yr[i + j].to_bits(), yi[i + j].to_bits())
+                );
+            }
+        }
         let alone: Vec<(Vec<f32>, Vec<f32>)> =
             taps.iter().map(|t| Channel::new(&[*t]).apply(&p)).collect();
         for i in 0..n {
