@@ -212,7 +212,7 @@ fn db(x: f64) -> f64 {
     10.0 * x.max(1e-30).log10()
 }
 
-/// One pass over a chunk: Σ|x|², Σ|x|, max |x|² and the real part's sign changes.
+/// A chunk's time-domain sums: Σ|x|², Σ|x|, max |x|² and the real part's sign changes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Envelope {
     power_sum: f64,

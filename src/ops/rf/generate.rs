@@ -434,20 +434,16 @@ fn receive_lanes(p: &ReceiverPlan, fir: &Fir, out: &mut [Complex32]) {
             }
             i += 2 * LANES;
         }
-        while i + LANES <= end {
-            let (vr, vi) = fir.lanes::<LANES>(i);
-            let y = receive_step(p, zig, &mut rot, c, i, &vr, &vi);
-            out[i..i + LANES].copy_from_slice(&y);
-            i += LANES;
-        }
-        if i < end {
-            let n = end - i;
+        // The block's last (under 2·LANES) outputs one FIR output at a time.
+        while i < end {
+            let n = LANES.min(end - i);
             let (mut vr, mut vi) = ([0f32; LANES], [0f32; LANES]);
             for j in 0..n {
                 (vr[j], vi[j]) = fir.at(i + j);
             }
             let y = receive_step(p, zig, &mut rot, c, i, &vr, &vi);
-            out[i..end].copy_from_slice(&y[..n]);
+            out[i..i + n].copy_from_slice(&y[..n]);
+            i += n;
         }
     }
 }
