@@ -55,15 +55,19 @@ async fn create(s: &TestServer, body: Value) -> Value {
     v
 }
 
+/// `GET /datasets/{id}`.
+async fn view(s: &TestServer, id: &str) -> Value {
+    s.get(&format!("/datasets/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Polls until the job leaves queued/running (or `want` is reached), up to 60 s.
 async fn wait_for(s: &TestServer, id: &str, want: &[&str]) -> Value {
     for _ in 0..600 {
-        let v: Value = s
-            .get(&format!("/datasets/{id}"))
-            .await
-            .json()
-            .await
-            .unwrap();
+        let v = view(s, id).await;
         if want.contains(&v["status"].as_str().unwrap()) {
             return v;
         }
@@ -268,12 +272,7 @@ async fn a_restart_keeps_completed_datasets_and_marks_the_rest_interrupted() {
     stop_while_running(&mut a, &running_id).await;
 
     let b = TestServer::start_with(settings(&dir, "2"), |r| r).await;
-    let v: Value = b
-        .get(&format!("/datasets/{running_id}"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v = view(&b, &running_id).await;
     assert_eq!(v["status"], "interrupted", "{v}");
     assert!(v["error"].as_str().unwrap().contains("resume"));
     assert_eq!(parquet_bytes(&b, &done_id).await, before);
@@ -585,12 +584,7 @@ async fn an_interrupted_job_resumes_from_its_checkpoint_to_the_same_file() {
     let mut a = TestServer::start_with(settings(&dir, "2"), |r| r).await;
     let id = create(&a, body()).await["id"].as_str().unwrap().to_string();
     for _ in 0..3000 {
-        let v: Value = a
-            .get(&format!("/datasets/{id}"))
-            .await
-            .json()
-            .await
-            .unwrap();
+        let v = view(&a, &id).await;
         assert_ne!(
             v["status"], "completed",
             "finished before it could be interrupted"
@@ -603,12 +597,7 @@ async fn an_interrupted_job_resumes_from_its_checkpoint_to_the_same_file() {
     stop_while_running(&mut a, &id).await;
 
     let b = TestServer::start_with(settings(&dir, "2"), |r| r).await;
-    let v: Value = b
-        .get(&format!("/datasets/{id}"))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v = view(&b, &id).await;
     assert_eq!(v["status"], "interrupted", "{v}");
     let checkpoint: Value = serde_json::from_slice(
         &std::fs::read(format!("{dir}/datasets/{id}/checkpoint.json")).unwrap(),
