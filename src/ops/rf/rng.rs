@@ -203,17 +203,14 @@ impl Stream {
             let d = self.at(first + j as u64);
             *h = [d as u32, (d >> 32) as u32];
         }
+        // Half 0 is the real part, half 1 the imaginary part.
+        let parts = [re, im];
         let mut rejected = [[false; 2]; N];
         for j in 0..N {
             for half in 0..2 {
                 let (layer, u) = noise_half(halves[j][half]);
-                let x = u * z.x_f32[layer];
+                parts[half][j] = u * z.x_f32[layer];
                 rejected[j][half] = u.abs() >= z.ratio_f32[layer];
-                if half == 0 {
-                    re[j] = x;
-                } else {
-                    im[j] = x;
-                }
             }
         }
         if rejected.iter().flatten().any(|r| *r) {
@@ -222,12 +219,7 @@ impl Stream {
                     if rejected[j][half] {
                         let (layer, u) = noise_half(halves[j][half]);
                         let k = 2 * (first + j as u64) + half as u64;
-                        let x = self.normal_slow(k, layer, f64::from(u)) as f32;
-                        if half == 0 {
-                            re[j] = x;
-                        } else {
-                            im[j] = x;
-                        }
+                        parts[half][j] = self.normal_slow(k, layer, f64::from(u)) as f32;
                     }
                 }
             }
