@@ -4,7 +4,6 @@
 //! the same arrays.
 
 use super::generate::SamplePlan;
-use super::rng::ziggurat;
 use crate::backend::cuda::DeviceErrorKind;
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
@@ -79,7 +78,7 @@ pub fn pack(samples: &[&SamplePlan]) -> Batch {
                 block: p.block as u64,
                 len,
                 out: b.out_len,
-                noise_key: p.noise.key(),
+                noise_key: p.noise.0.key(),
                 carrier_offset_hz: p.carrier_offset_hz,
                 drift_hz_per_s: p.drift_hz_per_s,
                 sample_rate_hz: p.sample_rate_hz,
@@ -127,7 +126,6 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
         });
     }
     let stream = dev.stream();
-    let z = ziggurat();
     let receivers = stream.clone_htod(&b.receivers)?;
     let wave_re = stream.clone_htod(&b.wave_re)?;
     let wave_im = stream.clone_htod(&b.wave_im)?;
@@ -136,10 +134,6 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
     let coeff_re = stream.clone_htod(&b.coeff_re)?;
     let coeff_im = stream.clone_htod(&b.coeff_im)?;
     let gains = stream.clone_htod(&b.gains)?;
-    let zig_x = stream.clone_htod(&z.x[..])?;
-    let zig_ratio = stream.clone_htod(&z.ratio[..])?;
-    let zig_x_f32 = stream.clone_htod(&z.x_f32[..])?;
-    let zig_ratio_f32 = stream.clone_htod(&z.ratio_f32[..])?;
     let mut out = stream.alloc_zeros::<f32>(2 * b.out_len as usize)?;
     let longest = b.receivers.iter().map(|r| r.len).max().unwrap_or(0) as usize;
     let mut config = dev.launch_config(longest);
@@ -157,10 +151,6 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
         .arg(&coeff_re)
         .arg(&coeff_im)
         .arg(&gains)
-        .arg(&zig_x)
-        .arg(&zig_ratio)
-        .arg(&zig_x_f32)
-        .arg(&zig_ratio_f32)
         .arg(&mut out);
     // SAFETY: every offset in `receivers` was produced by `pack` over these arrays: the
     // waveform indices stay inside wave_re/im (padded by the channels' reach), coefficient

@@ -3,7 +3,7 @@
 
 use super::generate::{plan, receive};
 use super::gpu::{pack, unpack, Batch, RfReceiver};
-use super::rng::{dataset_key, ziggurat};
+use super::rng::dataset_key;
 use super::scenario::{Environment, Scenario};
 
 extern "C" {
@@ -17,19 +17,14 @@ extern "C" {
         coeff_re: *const f32,
         coeff_im: *const f32,
         gains: *const f64,
-        zig_x: *const f64,
-        zig_ratio: *const f64,
-        zig_x_f32: *const f32,
-        zig_ratio_f32: *const f32,
         out: *mut f32,
     );
 }
 
 fn host_receive(b: &Batch) -> Vec<f32> {
-    let z = ziggurat();
     let mut out = vec![f32::NAN; 2 * b.out_len as usize];
-    // SAFETY: the arrays are the packed batch's (offsets made by `pack` over them), the
-    // tables have 257 and 256 entries (f64 and f32), and out holds 2·out_len floats.
+    // SAFETY: the arrays are the packed batch's (offsets made by `pack` over them) and out
+    // holds 2·out_len floats.
     unsafe {
         gpu_ops_host_rf_receive(
             b.receivers.as_ptr(),
@@ -40,10 +35,6 @@ fn host_receive(b: &Batch) -> Vec<f32> {
             b.coeff_re.as_ptr(),
             b.coeff_im.as_ptr(),
             b.gains.as_ptr(),
-            z.x.as_ptr(),
-            z.ratio.as_ptr(),
-            z.x_f32.as_ptr(),
-            z.ratio_f32.as_ptr(),
             out.as_mut_ptr(),
         )
     };
@@ -80,10 +71,11 @@ fn the_kernel_arithmetic_matches_the_cpu_twin_on_a_packed_batch() {
             }
         }
     }
-    // Only the rotation differs (direct vs recurrence, ~1e-12): at most an f32 rounding.
+    // Only the rotation differs (direct vs recurrence, ~1e-12): at most an f32 rounding,
+    // and rarely (about 1 output in 10⁴ here).
     assert!(worst < 2e-7, "worst relative difference {worst}");
     assert!(
-        identical * 10 > total * 9,
+        identical * 1000 > total * 999,
         "{identical} of {total} bit-identical"
     );
 }

@@ -8,6 +8,7 @@ pub mod gpu;
 #[cfg(test)]
 mod gpu_host_parity;
 pub mod multipath;
+pub mod noise;
 pub mod rng;
 pub mod scenario;
 mod simd;

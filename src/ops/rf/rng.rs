@@ -35,10 +35,6 @@ const ZIG_V: f64 = 0.004_928_673_233_99;
 pub struct Ziggurat {
     pub x: [f64; 257],
     pub ratio: [f64; 256],
-    /// For the receiver noise's f32 fast path: `x` rounded to f32, and `ratio` rounded
-    /// toward zero, so what it accepts lies inside the density for sure.
-    pub x_f32: [f32; 257],
-    pub ratio_f32: [f32; 256],
 }
 
 /// The ziggurat tables (computed once; a GPU kernel receives the same numbers).
@@ -57,22 +53,7 @@ pub fn ziggurat() -> &'static Ziggurat {
         for i in 0..256 {
             ratio[i] = x[i + 1] / x[i];
         }
-        let x_f32 = x.map(|v| v as f32);
-        let ratio_f32 = ratio.map(|r| {
-            let f = r as f32;
-            if f64::from(f) > r {
-                // The next f32 toward zero (f > r ≥ 0).
-                f32::from_bits(f.to_bits() - 1)
-            } else {
-                f
-            }
-        });
-        Ziggurat {
-            x,
-            ratio,
-            x_f32,
-            ratio_f32,
-        }
+        Ziggurat { x, ratio }
     })
 }
 
@@ -82,15 +63,6 @@ fn signed_unit(d: u64) -> f64 {
     // Through i64: the same value (below 2^53), one conversion instruction instead of
     // the unsigned sequence.
     ((d >> 11) as i64) as f64 * (2.0 / (1u64 << 53) as f64) - 1.0
-}
-
-/// A noise half's ziggurat layer and signed uniform on [−1, 1) (exact in f32: 24 bits).
-#[inline(always)]
-fn noise_half(h: u32) -> (usize, f32) {
-    (
-        (h & 0xff) as usize,
-        ((h >> 8) as i32) as f32 * (1.0 / (1 << 23) as f32) - 1.0,
-    )
 }
 
 fn mix(mut z: u64) -> u64 {
@@ -127,6 +99,15 @@ impl Stream {
     /// The stream's key (what a kernel needs to draw from it).
     pub fn key(&self) -> u64 {
         self.key
+    }
+
+    /// The sub-stream keyed by (this stream, `k`): draws for a rare path of draw k that
+    /// must not shift any other draw.
+    pub fn sub(&self, k: u64) -> Stream {
+        Stream {
+            key: mix(self.key ^ mix(k)),
+            next: 0,
+        }
     }
 
     /// Draw k of the stream, whatever was drawn before.
@@ -176,63 +157,10 @@ impl Stream {
         self.normal_slow(k, layer, u)
     }
 
-    /// Complex noise sample k: two standard normals in f32 from the one draw k, its low
-    /// half the real part and its high half the imaginary part. Each half is a
-    /// ziggurat draw of its own: a layer (low 8 bits) and a signed 24-bit uniform, in
-    /// f32 (all the precision an f32 recording keeps); 98.8 % return there, the rest take
-    /// `normal_at`'s slow path on the sub-stream of 2k + half.
-    #[inline]
-    pub fn noise_at(&self, k: u64) -> (f32, f32) {
-        let (mut re, mut im) = ([0f32; 1], [0f32; 1]);
-        self.noise_lanes(ziggurat(), k, &mut re, &mut im);
-        (re[0], im[0])
-    }
-
-    /// Noise samples `first .. first + N` (each `noise_at` of its index), with the fast
-    /// paths computed side by side and only the rare rejections taken one at a time.
-    #[inline(always)]
-    pub fn noise_lanes<const N: usize>(
-        &self,
-        z: &Ziggurat,
-        first: u64,
-        re: &mut [f32; N],
-        im: &mut [f32; N],
-    ) {
-        let mut halves = [[0u32; 2]; N];
-        for (j, h) in halves.iter_mut().enumerate() {
-            let d = self.at(first + j as u64);
-            *h = [d as u32, (d >> 32) as u32];
-        }
-        // Half 0 is the real part, half 1 the imaginary part.
-        let parts = [re, im];
-        let mut rejected = [[false; 2]; N];
-        for j in 0..N {
-            for half in 0..2 {
-                let (layer, u) = noise_half(halves[j][half]);
-                parts[half][j] = u * z.x_f32[layer];
-                rejected[j][half] = u.abs() >= z.ratio_f32[layer];
-            }
-        }
-        if rejected.iter().flatten().any(|r| *r) {
-            for j in 0..N {
-                for half in 0..2 {
-                    if rejected[j][half] {
-                        let (layer, u) = noise_half(halves[j][half]);
-                        let k = 2 * (first + j as u64) + half as u64;
-                        parts[half][j] = self.normal_slow(k, layer, f64::from(u)) as f32;
-                    }
-                }
-            }
-        }
-    }
-
     #[cold]
     fn normal_slow(&self, k: u64, mut layer: usize, mut u: f64) -> f64 {
         let z = ziggurat();
-        let mut sub = Stream {
-            key: mix(self.key ^ mix(k ^ TAIL_SALT)),
-            next: 0,
-        };
+        let mut sub = self.sub(k ^ TAIL_SALT);
         loop {
             if layer == 0 {
                 // The tail beyond R (Marsaglia 1964).
@@ -311,18 +239,6 @@ mod tests {
         let kurt = z.iter().map(|x| (x - mean).powi(4)).sum::<f64>() / n as f64 / (var * var);
         assert!(mean.abs() < 0.01 && (var - 1.0).abs() < 0.01 && (kurt - 3.0).abs() < 0.05);
         let fixed = Stream::new(dataset_key(1), 0, 0, Purpose::Noise);
-        // Side by side as one by one, rejections included (about 150 in these 12,800).
-        for first in (0..6400).step_by(16) {
-            let (mut re, mut im) = ([0.0; 16], [0.0; 16]);
-            fixed.noise_lanes(ziggurat(), first, &mut re, &mut im);
-            for j in 0..16 {
-                let (r, i) = fixed.noise_at(first + j as u64);
-                assert_eq!(
-                    (re[j].to_bits(), im[j].to_bits()),
-                    (r.to_bits(), i.to_bits())
-                );
-            }
-        }
         assert_eq!(fixed.normal_at(17), {
             let mut t = fixed;
             (0..17).for_each(|_| {
@@ -340,10 +256,10 @@ mod tests {
 }
 
 #[cfg(test)]
-mod ziggurat_tests {
+pub(super) mod ziggurat_tests {
     use super::*;
 
-    fn phi(x: f64) -> f64 {
+    pub(in crate::ops::rf) fn phi(x: f64) -> f64 {
         0.5 * libm::erfc(-x / std::f64::consts::SQRT_2)
     }
 
@@ -356,11 +272,6 @@ mod ziggurat_tests {
         let f = |x: f64| (-0.5 * x * x).exp();
         let area = z.x[255] * (1.0 - f(z.x[255]));
         assert!((area - ZIG_V).abs() < 1e-6 * ZIG_V, "{area}");
-        // The f32 fast path accepts nothing the f64 one would not.
-        for i in 0..256 {
-            assert!(f64::from(z.ratio_f32[i]) <= z.ratio[i], "layer {i}");
-            assert!(z.ratio[i] - f64::from(z.ratio_f32[i]) < 1e-7, "layer {i}");
-        }
     }
 
     #[test]
@@ -369,28 +280,8 @@ mod ziggurat_tests {
         assert_standard_normal((0..2_000_000).map(|k| s.normal_at(k)).collect());
     }
 
-    #[test]
-    fn noise_halves_follow_the_normal_cdf_and_are_uncorrelated() {
-        let s = Stream::new(dataset_key(9), 3, 1, Purpose::Noise);
-        let pairs: Vec<(f32, f32)> = (0..1_000_000).map(|k| s.noise_at(k)).collect();
-        let n = pairs.len() as f64;
-        let corr = pairs
-            .iter()
-            .map(|(a, b)| f64::from(*a) * f64::from(*b))
-            .sum::<f64>()
-            / n;
-        // Correlation of independent unit normals: sd 1/√n = 0.001.
-        assert!(corr.abs() < 0.005, "re·im correlation {corr}");
-        assert_standard_normal(
-            pairs
-                .iter()
-                .flat_map(|(a, b)| [f64::from(*a), f64::from(*b)])
-                .collect(),
-        );
-    }
-
     /// Kolmogorov–Smirnov, both tails' frequencies and the tail's shape.
-    fn assert_standard_normal(mut z: Vec<f64>) {
+    pub(in crate::ops::rf) fn assert_standard_normal(mut z: Vec<f64>) {
         let n = z.len() as u64;
         z.sort_by(f64::total_cmp);
         // Kolmogorov–Smirnov: D·√n below 1.95 (p = 0.001).
