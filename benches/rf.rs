@@ -1,8 +1,10 @@
 //! `cargo bench --bench rf`: synthetic RF samples per second with features, the issue's
 //! shape (7 receivers × 1 s × 200 kHz), on one core and on every core, split into
 //! generation and feature extraction; and, when a CUDA device is usable, the recordings
-//! of a batch by `rf_receive` beside the CPU loop it replaces (plans drawn on the CPU
-//! either way). Env: BENCH_RF_SAMPLES (default 12), BENCH_RF_GPU_BATCH (default 64).
+//! of a batch by `rf_receive` beside the CPU loop it replaces, and the recordings reduced
+//! to chunk sums on the device (`rf_chunk_reduce`) with the features derived on the CPU,
+//! beside the CPU's receive and extract (plans drawn on the CPU either way).
+//! Env: BENCH_RF_SAMPLES (default 12), BENCH_RF_GPU_BATCH (default 64).
 
 use gpu_ops::ops::rf::dataset::sample;
 use gpu_ops::ops::rf::rng::dataset_key;
@@ -56,8 +58,9 @@ fn main() {
 
 fn gpu(s: &Scenario, key: u64) {
     use gpu_ops::backend::cuda::{discover, DeviceSelection};
+    use gpu_ops::ops::rf::features::{self, ExtractConfig};
     use gpu_ops::ops::rf::generate::{plan, receive};
-    use gpu_ops::ops::rf::gpu::{pack, receive_cuda};
+    use gpu_ops::ops::rf::gpu::{pack, receive_and_reduce_cuda, receive_cuda};
     let batch: u64 = std::env::var("BENCH_RF_GPU_BATCH")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -93,6 +96,47 @@ fn gpu(s: &Scenario, key: u64) {
         .sum();
     let cpu_s = started.elapsed().as_secs_f64();
     assert_eq!(cpu as u64, packed.out_len);
+    // Recordings and their chunk sums on the device, only the sums copied back; then the
+    // features derived on the CPU. Against the CPU's whole sample (receive and extract).
+    let cfg = ExtractConfig {
+        sample_rate_hz: s.signal.sample_rate_hz,
+        chunk_ms: s.chunk_ms,
+    };
+    let (chunk, seg) = features::plan(&cfg, packed.receivers[0].len as usize).expect("plan");
+    receive_and_reduce_cuda(&packed, chunk, seg, false, &lease).expect("warm-up");
+    let started = Instant::now();
+    let (_, sums) = receive_and_reduce_cuda(&packed, chunk, seg, false, &lease)
+        .expect("rf_receive + rf_chunk_reduce");
+    let reduce_s = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let per_rx = sums.len() / packed.receivers.len();
+    let derived: usize = sums
+        .par_chunks(per_rx)
+        .map(|c| {
+            features::extract_from_sums(c, cfg.sample_rate_hz, chunk, seg)
+                .chunks
+                .len()
+        })
+        .sum();
+    let derive_s = started.elapsed().as_secs_f64();
+    assert_eq!(derived, sums.len());
+    let started = Instant::now();
+    let cpu_full: usize = plans
+        .par_iter()
+        .map(|p| {
+            p.plans
+                .iter()
+                .map(|r| {
+                    features::extract(&receive(r, &p.wave), &cfg)
+                        .expect("chunks")
+                        .chunks
+                        .len()
+                })
+                .sum::<usize>()
+        })
+        .sum();
+    let cpu_full_s = started.elapsed().as_secs_f64();
+    assert_eq!(cpu_full, sums.len());
     let cores = rayon::current_num_threads();
     println!(
         "\n## Recordings of {batch} samples on {} (plans on the CPU)\n",
@@ -114,5 +158,24 @@ fn gpu(s: &Scenario, key: u64) {
         cpu_s * 1e3,
         batch as f64 / cpu_s
     );
+    println!(
+        "| rf_receive + rf_chunk_reduce, sums copied back | {:.1} ms | {:.0} |",
+        reduce_s * 1e3,
+        batch as f64 / reduce_s
+    );
+    println!(
+        "| features from the sums, {cores} CPU threads | {:.1} ms | {:.0} |",
+        derive_s * 1e3,
+        batch as f64 / derive_s
+    );
+    println!(
+        "| CPU receive + extract, {cores} threads | {:.1} ms | {:.0} |",
+        cpu_full_s * 1e3,
+        batch as f64 / cpu_full_s
+    );
     println!("\nGPU vs CPU receive: {:.1}×", cpu_s / gpu_s);
+    println!(
+        "GPU (receive, reduce, derive) vs CPU (receive, extract), plans excluded: {:.1}×",
+        cpu_full_s / (reduce_s + derive_s)
+    );
 }

@@ -1,8 +1,10 @@
-// Synthetic RF recordings for a batch of receivers (any mix of samples): one thread per
-// output sample, receivers along grid y. The arithmetic is kernels/rf.cuh, checked on the
-// host against the CPU twin.
+// Synthetic RF recordings for a batch of receivers (any mix of samples), and the sums
+// their features are derived from. The arithmetic is kernels/rf.cuh and
+// kernels/rf_features.cuh, checked on the host against the CPU twins.
 #include "rf.cuh"
+#include "rf_features.cuh"
 
+// One thread per output sample, receivers along grid y.
 extern "C" __global__ void rf_receive(const rf_receiver *receivers, const float *wave_re,
                                       const float *wave_im, const long long *coeff_offset,
                                       const float *coeff_re, const float *coeff_im,
@@ -11,4 +13,43 @@ extern "C" __global__ void rf_receive(const rf_receiver *receivers, const float 
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < r.len;
          i += (u64)gridDim.x * blockDim.x)
         rf_receive_sample(&r, i, wave_re, wave_im, coeff_offset, coeff_re, coeff_im, gains, out);
+}
+
+// The Welch and envelope sums of a batch of chunks (of the recordings rf_receive wrote,
+// still on the device): one block of RF_REDUCE_THREADS threads per chunk, 8·seg bytes of
+// dynamic shared memory. Out: seg bin sums per chunk, and 4 numbers per chunk (Σ|x|²,
+// Σ|x|, max |x|², sign changes).
+extern "C" __global__ void rf_chunk_reduce(const float *rec, const rf_chunk *chunks,
+                                           const float *window, const float *tw, u32 seg,
+                                           u32 bits, double *bins, double *env) {
+    extern __shared__ float rf_segment[];
+    __shared__ double power[RF_REDUCE_THREADS], magnitude[RF_REDUCE_THREADS];
+    __shared__ float peak[RF_REDUCE_THREADS];
+    __shared__ u64 crossings[RF_REDUCE_THREADS];
+    const rf_chunk c = chunks[blockIdx.x];
+    u32 tid = threadIdx.x;
+    rf_chunk_bins(rec, c, window, tw, seg, bits, rf_segment, rf_segment + seg,
+                  bins + (u64)blockIdx.x * seg, tid, blockDim.x);
+    rf_envelope e = rf_envelope_part(rec, c, tid, blockDim.x);
+    power[tid] = e.power_sum;
+    magnitude[tid] = e.magnitude_sum;
+    peak[tid] = e.power_max;
+    crossings[tid] = e.crossings;
+    __syncthreads();
+    for (u32 w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (tid < w) {
+            power[tid] = DADD(power[tid], power[tid + w]);
+            magnitude[tid] = DADD(magnitude[tid], magnitude[tid + w]);
+            if (peak[tid + w] > peak[tid]) peak[tid] = peak[tid + w];
+            crossings[tid] += crossings[tid + w];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        double *out = env + 4 * (u64)blockIdx.x;
+        out[0] = power[0];
+        out[1] = magnitude[0];
+        out[2] = (double)peak[0];
+        out[3] = (double)crossings[0];
+    }
 }

@@ -419,3 +419,87 @@ fn cuda_rf_recordings_match_the_cpu() {
         }
     }
 }
+
+#[test]
+fn cuda_rf_chunk_sums_match_the_cpu() {
+    use gpu_ops::ops::rf::features::{
+        self, chunk_sums, extract, extract_from_sums, ExtractConfig, FEATURE_NAMES,
+    };
+    use gpu_ops::ops::rf::generate::{plan, receive};
+    use gpu_ops::ops::rf::gpu::{chunks_of, pack, receive_and_reduce_cuda, unpack};
+    use gpu_ops::ops::rf::rng::dataset_key;
+    use gpu_ops::ops::rf::scenario::Scenario;
+    use rustfft::num_complex::Complex32;
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP cuda_rf_chunk_sums_match_the_cpu: {reason}");
+        return;
+    }
+    let s = Scenario::default();
+    let key = dataset_key(6);
+    let plans: Vec<_> = (0..6).map(|n| plan(&s, key, n)).collect();
+    let batch = pack(&plans.iter().collect::<Vec<_>>());
+    let cfg = ExtractConfig {
+        sample_rate_hz: s.signal.sample_rate_hz,
+        chunk_ms: s.chunk_ms,
+    };
+    let (chunk, seg) = features::plan(&cfg, batch.receivers[0].len as usize).unwrap();
+    let chunks = chunks_of(&batch, chunk);
+    let window = features::hann(seg);
+    let fft = rustfft::FftPlanner::<f32>::new().plan_fft_forward(seg);
+    for dev in &devices {
+        let lease = dev.lease().expect("device lease");
+        let (iq, sums) =
+            receive_and_reduce_cuda(&batch, chunk, seg, true, &lease).expect("rf kernels run");
+        let iq = iq.expect("recordings kept");
+        assert_eq!(sums.len(), chunks.len());
+        // The device's sums against the CPU's over the device's own recordings.
+        for (c, got) in chunks.iter().zip(&sums) {
+            let x: Vec<Complex32> = iq[2 * c.start as usize..2 * (c.start + c.len) as usize]
+                .chunks_exact(2)
+                .map(|p| Complex32::new(p[0], p[1]))
+                .collect();
+            let want = chunk_sums(&x, &window, fft.as_ref());
+            assert_eq!(
+                (got.crossings, got.power_max, got.segments),
+                (want.crossings, want.power_max, want.segments)
+            );
+            assert!((got.power_sum - want.power_sum).abs() <= 1e-12 * want.power_sum);
+            assert!((got.magnitude_sum - want.magnitude_sum).abs() <= 1e-12 * want.magnitude_sum);
+            let peak = want.bins.iter().copied().fold(0.0, f64::max);
+            for (j, (a, b)) in got.bins.iter().zip(&want.bins).enumerate() {
+                assert!(
+                    (a - b).abs() <= 2e-5 * (b + 1e-6 * peak),
+                    "bin {j}: {a} vs {b}"
+                );
+            }
+        }
+        // End to end: features from the device's sums against the CPU's extraction of the
+        // CPU's recordings.
+        let per_rx = chunks.len() / batch.receivers.len();
+        let recordings = unpack(&batch, &iq);
+        let mut at = 0;
+        for (n, (sample, recs)) in plans.iter().zip(&recordings).enumerate() {
+            for (r, p) in sample.plans.iter().enumerate() {
+                assert_eq!(recs[r].len(), sample.wave.len());
+                let got = extract_from_sums(&sums[at..at + per_rx], cfg.sample_rate_hz, chunk, seg)
+                    .aggregate();
+                at += per_rx;
+                let want = extract(&receive(p, &sample.wave), &cfg)
+                    .unwrap()
+                    .aggregate();
+                for (i, name) in FEATURE_NAMES.iter().enumerate() {
+                    let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+                    let d = (got[i].mean - want[i].mean).abs();
+                    assert!(
+                        d <= tol || d <= 1e-6 * want[i].mean.abs(),
+                        "sample {n} rx {r} {name}: {} vs {}",
+                        got[i].mean,
+                        want[i].mean
+                    );
+                }
+            }
+        }
+    }
+}

@@ -42,6 +42,10 @@ const HEADERS: &[(&str, &str)] = &[
         include_str!("../../../kernels/dp_noise.cuh"),
     ),
     ("rf.cuh", include_str!("../../../kernels/rf.cuh")),
+    (
+        "rf_features.cuh",
+        include_str!("../../../kernels/rf_features.cuh"),
+    ),
 ];
 
 /// Every compilation unit: (module name, source).

@@ -136,38 +136,102 @@ pub fn extract(iq: &[Complex32], cfg: &ExtractConfig) -> Result<Extraction, Extr
     let (chunk, seg) = plan(cfg, iq.len())?;
     let fft = super::fft_plan(seg);
     let window = hann(seg);
-    let chunks: Vec<ChunkFeatures> = iq
+    let sums: Vec<ChunkSums> = iq
         .par_chunks_exact(chunk)
-        .map(|c| chunk_features(c, cfg.sample_rate_hz, &window, fft.as_ref()))
+        .map(|c| chunk_sums(c, &window, fft.as_ref()))
         .collect();
-    Ok(Extraction {
-        chunks,
+    Ok(extract_from_sums(&sums, cfg.sample_rate_hz, chunk, seg))
+}
+
+/// The features of chunks already reduced to their sums (`chunk_sums` here, or the
+/// `rf_chunk_reduce` kernel), each of `chunk` samples with Welch segments of `seg`.
+pub fn extract_from_sums(sums: &[ChunkSums], fs: f64, chunk: usize, seg: usize) -> Extraction {
+    let window_power: f64 = hann(seg).iter().map(|&w| f64::from(w) * f64::from(w)).sum();
+    let detector = Detector::new(seg, chunk / seg);
+    Extraction {
+        chunks: sums
+            .iter()
+            .map(|s| chunk_features(s, chunk, fs, window_power, &detector))
+            .collect(),
         samples_per_chunk: chunk,
         segment_len: seg,
         segments: chunk / seg,
-    })
+    }
+}
+
+/// What a chunk reduces to before its features are derived: its time-domain sums, and
+/// per FFT bin (natural order, bin 0 = DC) the sum over its Welch segments of |X|². The
+/// heavy part of extraction; the rest reads only these seg + 4 numbers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChunkSums {
+    pub power_sum: f64,
+    pub magnitude_sum: f64,
+    pub power_max: f64,
+    /// Sign changes of the real part between consecutive samples.
+    pub crossings: u64,
+    pub bins: Vec<f64>,
+    pub segments: usize,
+}
+
+/// A chunk's sums: `envelope` and the Welch sums of its whole Hann segments.
+pub fn chunk_sums(x: &[Complex32], window: &[f32], fft: &dyn rustfft::Fft<f32>) -> ChunkSums {
+    let env = envelope(x);
+    let (bins, segments) = welch_sums(x, window, fft);
+    ChunkSums {
+        power_sum: env.power_sum,
+        magnitude_sum: env.magnitude_sum,
+        power_max: env.power_max,
+        crossings: env.crossings as u64,
+        bins,
+        segments,
+    }
+}
+
+/// The noise-only quantile factors a chunk's detector uses (they depend on the segment
+/// length and count only, so they are computed once per extraction).
+struct Detector {
+    /// The lower quartile of a noise-only bin, in units of its mean.
+    q25: f64,
+    /// The level a noise-only bin passes with probability FALSE_ALARM / seg.
+    alarm: f64,
+}
+
+impl Detector {
+    fn new(seg: usize, k: usize) -> Self {
+        Self {
+            q25: gamma_mean_quantile(k, normal_upper_quantile(0.75)),
+            alarm: gamma_mean_quantile(k, normal_upper_quantile(FALSE_ALARM / seg as f64)),
+        }
+    }
 }
 
 /// Periodic Hann window (the DFT-even form Welch's method uses), computed in f64.
-fn hann(n: usize) -> Vec<f32> {
+pub fn hann(n: usize) -> Vec<f32> {
     (0..n)
         .map(|i| (0.5 * (1.0 - (2.0 * PI * i as f64 / n as f64).cos())) as f32)
         .collect()
 }
 
-/// Welch PSD (mW/Hz) of non-overlapping Hann segments, ordered from −fs/2 to fs/2. The
-/// segments are transformed in f32, as the recording is (and as cuFFT does): the
-/// transform's error, ~1e-7 of the segment's largest bin, sits some 120 dB below it, far
-/// under any noise floor a recording can show; the bins are summed in f64.
+/// Welch PSD (mW/Hz) of non-overlapping Hann segments, ordered from −fs/2 to fs/2, and
+/// the segment count.
 pub fn welch_psd(
     x: &[Complex32],
     fs: f64,
     window: &[f32],
     fft: &dyn rustfft::Fft<f32>,
 ) -> (Vec<f64>, usize) {
+    let (bins, k) = welch_sums(x, window, fft);
+    let u: f64 = window.iter().map(|&w| f64::from(w) * f64::from(w)).sum();
+    (shifted_psd(&bins, k, fs, u), k)
+}
+
+/// Σ over the non-overlapping Hann segments of |FFT|², per bin in natural order. The
+/// segments are transformed in f32, as the recording is (and as a GPU does): the
+/// transform's error, ~1e-7 of the segment's largest bin, sits some 120 dB below it, far
+/// under any noise floor a recording can show; the bins are summed in f64.
+fn welch_sums(x: &[Complex32], window: &[f32], fft: &dyn rustfft::Fft<f32>) -> (Vec<f64>, usize) {
     let seg = window.len();
     let k = x.len() / seg;
-    let u: f64 = window.iter().map(|&w| f64::from(w) * f64::from(w)).sum();
     let mut acc = vec![0.0f64; seg];
     let mut buf = vec![Complex32::new(0.0, 0.0); seg];
     let mut scratch = vec![Complex32::new(0.0, 0.0); fft.get_inplace_scratch_len()];
@@ -180,10 +244,17 @@ pub fn welch_psd(
             *a += f64::from(b.norm_sqr());
         }
     }
+    (acc, k)
+}
+
+/// The PSD (mW/Hz) from Welch sums of k segments with window power u, fftshifted: bin
+/// seg/2 (−fs/2) first.
+fn shifted_psd(bins: &[f64], k: usize, fs: f64, u: f64) -> Vec<f64> {
+    let seg = bins.len();
     let scale = 1.0 / (k as f64 * fs * u);
-    // fftshift: bin seg/2 (−fs/2) first.
-    let psd = (0..seg).map(|i| acc[(i + seg / 2) % seg] * scale).collect();
-    (psd, k)
+    (0..seg)
+        .map(|i| bins[(i + seg / 2) % seg] * scale)
+        .collect()
 }
 
 /// The p-quantile of the mean of k unit exponentials, Gamma(k, 1/k), by Wilson–Hilferty
@@ -268,19 +339,20 @@ fn envelope_lanes(x: &[Complex32]) -> Envelope {
 }
 
 fn chunk_features(
-    x: &[Complex32],
+    sums: &ChunkSums,
+    samples: usize,
     fs: f64,
-    window: &[f32],
-    fft: &dyn rustfft::Fft<f32>,
+    window_power: f64,
+    detector: &Detector,
 ) -> ChunkFeatures {
-    let n = x.len() as f64;
-    let env = envelope(x);
-    let (p_total, p_max) = (env.power_sum / n, env.power_max);
-    let env_mean = env.magnitude_sum / n;
+    let n = samples as f64;
+    let (p_total, p_max) = (sums.power_sum / n, sums.power_max);
+    let env_mean = sums.magnitude_sum / n;
     let env_var = (p_total - env_mean * env_mean).max(0.0);
-    let crossings = env.crossings as f64 / (n - 1.0);
+    let crossings = sums.crossings as f64 / (n - 1.0);
 
-    let (psd, k) = welch_psd(x, fs, window, fft);
+    let k = sums.segments;
+    let psd = shifted_psd(&sums.bins, k, fs, window_power);
     let seg = psd.len();
     let df = fs / seg as f64;
     let freq = |i: usize| (i as f64 - (seg / 2) as f64) * df;
@@ -289,12 +361,10 @@ fn chunk_features(
     // bin's distribution, unbiased while a signal covers under three quarters of the band.
     let mut sorted = psd.clone();
     sorted.sort_by(f64::total_cmp);
-    let q25 = sorted[seg / 4];
-    let z25 = normal_upper_quantile(0.75);
-    let n0 = q25 / gamma_mean_quantile(k, z25);
+    let n0 = sorted[seg / 4] / detector.q25;
 
     // A bin holds signal when it passes the noise-only quantile at FALSE_ALARM / seg.
-    let threshold = n0 * gamma_mean_quantile(k, normal_upper_quantile(FALSE_ALARM / seg as f64));
+    let threshold = n0 * detector.alarm;
     let excess: Vec<f64> = psd
         .iter()
         .map(|&p| if p > threshold { p - n0 } else { 0.0 })

@@ -1,19 +1,29 @@
-//! The `rf_receive` kernel (`kernels/rf.cu`): every receiver's recording of a batch of
-//! samples, from the plans the CPU draws (`generate::plan`). The batch is packed into
-//! flat arrays once; the host build of the kernel (`gpu_host_parity`) and the device read
+//! The RF kernels (`kernels/rf.cu`): `rf_receive` writes every receiver's recording of a
+//! batch of samples from the plans the CPU draws (`generate::plan`), and
+//! `rf_chunk_reduce` reduces those recordings, still on the device, to the per-chunk sums
+//! the features are derived from (`features::extract_from_sums`). The batch is packed into
+//! flat arrays once; the host build of the kernels (`gpu_host_parity`) and the device read
 //! the same arrays.
 
+use super::features::ChunkSums;
 use super::generate::SamplePlan;
 use crate::backend::cuda::DeviceErrorKind;
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use rustfft::num_complex::Complex32;
 
 /// Every kernel `kernels/rf.cu` must provide.
-pub const KERNEL_NAMES: &[&str] = &["rf_receive"];
+pub const KERNEL_NAMES: &[&str] = &["rf_receive", "rf_chunk_reduce"];
 /// Receivers run along the grid's y dimension.
 pub const MAX_RECEIVERS_PER_LAUNCH: usize = 65_535;
+
+/// Threads per `rf_chunk_reduce` block (`RF_REDUCE_THREADS`).
+pub const REDUCE_THREADS: u32 = 256;
+/// The longest Welch segment `rf_chunk_reduce` takes: its two f32 arrays in shared memory
+/// (32 KiB at 4096) stay within the 48 KiB every device gives a block without opting in.
+/// Longer segments (sample rates above 1.6 MHz) are reduced on the CPU.
+pub const MAX_REDUCE_SEGMENT: usize = 4096;
 
 /// `struct rf_receiver` of `kernels/rf.cuh`: 8-byte fields only, so the layouts agree.
 #[repr(C)]
@@ -91,6 +101,60 @@ pub fn pack(samples: &[&SamplePlan]) -> Batch {
     b
 }
 
+/// `struct rf_chunk` of `kernels/rf_features.cuh`: complex samples [start, start + len)
+/// of the batch's interleaved recordings.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RfChunk {
+    pub start: u64,
+    pub len: u64,
+}
+
+// SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields).
+unsafe impl cudarc::driver::DeviceRepr for RfChunk {}
+
+/// The chunks `features::extract` cuts from each receiver's recording, receiver by
+/// receiver: whole chunks of `chunk` samples (`features::plan` makes a recording shorter
+/// than one chunk a single chunk of its own length).
+pub fn chunks_of(b: &Batch, chunk: usize) -> Vec<RfChunk> {
+    b.receivers
+        .iter()
+        .flat_map(|r| {
+            let len = chunk.min(r.len as usize) as u64;
+            (0..r.len / len).map(move |c| RfChunk {
+                start: r.out + c * len,
+                len,
+            })
+        })
+        .collect()
+}
+
+/// e^{−2πim/seg} for m < seg/2, as (re, im) pairs: computed in f64, rounded to f32.
+pub fn twiddles(seg: usize) -> Vec<f32> {
+    (0..seg / 2)
+        .flat_map(|m| {
+            let t = -2.0 * std::f64::consts::PI * m as f64 / seg as f64;
+            [t.cos() as f32, t.sin() as f32]
+        })
+        .collect()
+}
+
+/// `rf_chunk_reduce`'s outputs (seg bin sums and 4 envelope numbers per chunk) as sums.
+pub fn chunk_sums(chunks: &[RfChunk], seg: usize, bins: &[f64], env: &[f64]) -> Vec<ChunkSums> {
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, c)| ChunkSums {
+            power_sum: env[4 * i],
+            magnitude_sum: env[4 * i + 1],
+            power_max: env[4 * i + 2],
+            crossings: env[4 * i + 3] as u64,
+            bins: bins[i * seg..(i + 1) * seg].to_vec(),
+            segments: c.len as usize / seg,
+        })
+        .collect()
+}
+
 /// The kernel's interleaved output as recordings, per sample per receiver.
 pub fn unpack(b: &Batch, out: &[f32]) -> Vec<Vec<Vec<Complex32>>> {
     let mut receivers = b.receivers.iter();
@@ -116,6 +180,87 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
     if b.receivers.is_empty() {
         return Ok(Vec::new());
     }
+    let out = receive_on_device(b, dev)?;
+    let stream = dev.stream();
+    let host = stream.clone_dtoh(&out)?;
+    stream.synchronize()?;
+    Ok(host)
+}
+
+/// The batch's recordings reduced to chunk sums on the device (`features::plan` gives
+/// `chunk` and `seg`), with the recordings themselves when `keep_iq`: all the device sends
+/// back otherwise is seg + 4 numbers a chunk.
+pub fn receive_and_reduce_cuda(
+    b: &Batch,
+    chunk: usize,
+    seg: usize,
+    keep_iq: bool,
+    dev: &DeviceLease<'_>,
+) -> Result<(Option<Vec<f32>>, Vec<ChunkSums>), DeviceError> {
+    if !seg.is_power_of_two() || !(2..=MAX_REDUCE_SEGMENT).contains(&seg) || chunk < seg {
+        return Err(DeviceError {
+            kind: DeviceErrorKind::Unsupported,
+            message: format!(
+                "rf_chunk_reduce takes power-of-two segments up to {MAX_REDUCE_SEGMENT} within a chunk; got {seg} in {chunk}"
+            ),
+        });
+    }
+    if b.receivers.is_empty() {
+        return Ok((keep_iq.then(Vec::new), Vec::new()));
+    }
+    let recordings = receive_on_device(b, dev)?;
+    let chunks = chunks_of(b, chunk);
+    if chunks.len() > i32::MAX as usize {
+        return Err(DeviceError {
+            kind: DeviceErrorKind::Unsupported,
+            message: format!(
+                "{} chunks in one batch; the grid takes 2^31 − 1",
+                chunks.len()
+            ),
+        });
+    }
+    let stream = dev.stream();
+    let window: Vec<f32> = super::features::hann(seg);
+    let d_chunks = stream.clone_htod(&chunks)?;
+    let d_window = stream.clone_htod(&window)?;
+    let d_tw = stream.clone_htod(&twiddles(seg))?;
+    let mut bins = stream.alloc_zeros::<f64>(chunks.len() * seg)?;
+    let mut env = stream.alloc_zeros::<f64>(4 * chunks.len())?;
+    let (seg32, bits) = (seg as u32, seg.trailing_zeros());
+    let config = LaunchConfig {
+        grid_dim: (chunks.len() as u32, 1, 1),
+        block_dim: (REDUCE_THREADS, 1, 1),
+        shared_mem_bytes: 8 * seg32,
+    };
+    let f = dev.function("rf_chunk_reduce")?;
+    let mut launch = stream.launch_builder(f);
+    launch
+        .arg(&recordings)
+        .arg(&d_chunks)
+        .arg(&d_window)
+        .arg(&d_tw)
+        .arg(&seg32)
+        .arg(&bits)
+        .arg(&mut bins)
+        .arg(&mut env);
+    // SAFETY: every chunk lies inside one recording of `recordings` (chunks_of over the
+    // batch rf_receive wrote), window holds seg floats and tw seg/2 pairs, bins seg doubles
+    // and env 4 per chunk; the shared memory holds the 2·seg floats a segment needs, and
+    // seg ≤ MAX_REDUCE_SEGMENT keeps it within the default limit.
+    unsafe { launch.launch(config) }?;
+    let bins = stream.clone_dtoh(&bins)?;
+    let env = stream.clone_dtoh(&env)?;
+    let iq = if keep_iq {
+        Some(stream.clone_dtoh(&recordings)?)
+    } else {
+        None
+    };
+    stream.synchronize()?;
+    Ok((iq, chunk_sums(&chunks, seg, &bins, &env)))
+}
+
+/// Launches `rf_receive`; the recordings stay on the device.
+fn receive_on_device(b: &Batch, dev: &DeviceLease<'_>) -> Result<CudaSlice<f32>, DeviceError> {
     if b.receivers.len() > MAX_RECEIVERS_PER_LAUNCH {
         return Err(DeviceError {
             kind: DeviceErrorKind::Unsupported,
@@ -156,7 +301,5 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
     // waveform indices stay inside wave_re/im (padded by the channels' reach), coefficient
     // and gain ranges inside theirs, outputs inside out (2·out_len floats).
     unsafe { launch.launch(config) }?;
-    let host = stream.clone_dtoh(&out)?;
-    stream.synchronize()?;
-    Ok(host)
+    Ok(out)
 }

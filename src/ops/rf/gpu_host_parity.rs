@@ -1,10 +1,16 @@
-//! `kernels/rf.cuh` compiled for the host (kernels/host/rf_host.cpp) against the CPU twin
-//! `generate::receive`, on packed batches exactly as `gpu::receive_cuda` uploads them.
+//! `kernels/rf.cuh` and `kernels/rf_features.cuh` compiled for the host
+//! (kernels/host/rf_host.cpp) against the CPU twins `generate::receive` and
+//! `features::chunk_sums`, on packed batches exactly as `gpu::receive_cuda` and
+//! `gpu::receive_and_reduce_cuda` upload them.
 
+use super::features::{self, chunk_sums, extract_from_sums, ChunkSums, ExtractConfig};
 use super::generate::{plan, receive};
-use super::gpu::{pack, unpack, Batch, RfReceiver};
+use super::gpu::{
+    chunk_sums as sums_of, chunks_of, pack, twiddles, unpack, Batch, RfChunk, RfReceiver,
+};
 use super::rng::dataset_key;
 use super::scenario::{Environment, Scenario};
+use rustfft::num_complex::Complex32;
 
 extern "C" {
     #[allow(clippy::too_many_arguments)]
@@ -19,6 +25,45 @@ extern "C" {
         gains: *const f64,
         out: *mut f32,
     );
+    #[allow(clippy::too_many_arguments)]
+    fn gpu_ops_host_rf_chunk_reduce(
+        rec: *const f32,
+        chunks: *const RfChunk,
+        count: usize,
+        window: *const f32,
+        tw: *const f32,
+        seg: u32,
+        bits: u32,
+        bins: *mut f64,
+        env: *mut f64,
+    );
+}
+
+/// `rf_chunk_reduce`'s arithmetic on the host over interleaved recordings.
+fn host_reduce(rec: &[f32], chunks: &[RfChunk], seg: usize) -> Vec<ChunkSums> {
+    assert!(chunks
+        .iter()
+        .all(|c| 2 * (c.start + c.len) as usize <= rec.len()));
+    let window = features::hann(seg);
+    let tw = twiddles(seg);
+    let mut bins = vec![f64::NAN; chunks.len() * seg];
+    let mut env = vec![f64::NAN; 4 * chunks.len()];
+    // SAFETY: every chunk lies inside rec (asserted), window holds seg floats and tw seg/2
+    // pairs, bins seg doubles per chunk and env 4 per chunk.
+    unsafe {
+        gpu_ops_host_rf_chunk_reduce(
+            rec.as_ptr(),
+            chunks.as_ptr(),
+            chunks.len(),
+            window.as_ptr(),
+            tw.as_ptr(),
+            seg as u32,
+            seg.trailing_zeros(),
+            bins.as_mut_ptr(),
+            env.as_mut_ptr(),
+        )
+    };
+    sums_of(chunks, seg, &bins, &env)
 }
 
 fn host_receive(b: &Batch) -> Vec<f32> {
@@ -78,4 +123,68 @@ fn the_kernel_arithmetic_matches_the_cpu_twin_on_a_packed_batch() {
         identical * 1000 > total * 999,
         "{identical} of {total} bit-identical"
     );
+}
+
+#[test]
+fn the_chunk_reduction_matches_the_cpu_sums_and_features() {
+    let mut s = Scenario::default();
+    s.signal.duration_ms = 400.0;
+    let key = dataset_key(22);
+    let plans: Vec<_> = (0..3).map(|n| plan(&s, key, n)).collect();
+    let batch = pack(&plans.iter().collect::<Vec<_>>());
+    let rec = host_receive(&batch);
+    let cfg = ExtractConfig {
+        sample_rate_hz: s.signal.sample_rate_hz,
+        chunk_ms: s.chunk_ms,
+    };
+    let (chunk, seg) = features::plan(&cfg, batch.receivers[0].len as usize).unwrap();
+    let chunks = chunks_of(&batch, chunk);
+    assert_eq!(chunks.len(), batch.receivers.len() * 2);
+    let got = host_reduce(&rec, &chunks, seg);
+    let fft = super::fft_plan(seg);
+    let window = features::hann(seg);
+    let (mut worst_bin, mut worst_sum) = (0.0f64, 0.0f64);
+    for (c, g) in chunks.iter().zip(&got) {
+        let x: Vec<Complex32> = rec[2 * c.start as usize..2 * (c.start + c.len) as usize]
+            .chunks_exact(2)
+            .map(|p| Complex32::new(p[0], p[1]))
+            .collect();
+        let want = chunk_sums(&x, &window, fft.as_ref());
+        assert_eq!(
+            (g.crossings, g.power_max.to_bits(), g.segments),
+            (want.crossings, want.power_max.to_bits(), want.segments)
+        );
+        for (a, b) in [
+            (g.power_sum, want.power_sum),
+            (g.magnitude_sum, want.magnitude_sum),
+        ] {
+            worst_sum = worst_sum.max((a - b).abs() / b);
+        }
+        // Two f32 FFTs (radix 2 here, rustfft's mixed radix there): each bin within a few
+        // f32 roundings of the segment's largest.
+        let peak = want.bins.iter().copied().fold(0.0, f64::max);
+        for (a, b) in g.bins.iter().zip(&want.bins) {
+            worst_bin = worst_bin.max((a - b).abs() / (b + 1e-6 * peak));
+        }
+        // The features from either side's sums.
+        let (fa, fb) = (
+            extract_from_sums(std::slice::from_ref(g), cfg.sample_rate_hz, chunk, seg),
+            extract_from_sums(std::slice::from_ref(&want), cfg.sample_rate_hz, chunk, seg),
+        );
+        for (f, (a, b)) in features::FEATURE_NAMES
+            .iter()
+            .zip(fa.chunks[0].iter().zip(&fb.chunks[0]))
+        {
+            let tolerance = if f.ends_with("_db") || f.ends_with("_dbm") || f.ends_with("_per_hz") {
+                1e-3
+            } else if f.ends_with("_hz") {
+                0.1
+            } else {
+                1e-6 * b.abs().max(1e-9)
+            };
+            assert!((a - b).abs() <= tolerance, "{f}: {a} vs {b}");
+        }
+    }
+    assert!(worst_sum < 1e-12, "envelope sums {worst_sum}");
+    assert!(worst_bin < 2e-5, "bins {worst_bin}");
 }
