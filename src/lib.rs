@@ -35,13 +35,6 @@ impl App {
         let cfg = &settings.config;
         let metrics = Arc::new(Metrics::new());
         let store = Arc::new(Store::open(&cfg.data_dir)?);
-        let datasets = datasets::Datasets::start(
-            store.clone(),
-            metrics.clone(),
-            &cfg.data_dir,
-            settings.cpu_threads,
-            cfg.max_dataset_jobs,
-        )?;
         if cfg.dp_allow_client_seed {
             tracing::warn!("--dp-allow-client-seed is on: clients can make privacy noise predictable; never in production");
         }
@@ -49,6 +42,14 @@ impl App {
             cfg.backend,
             CpuExecutor::new(settings.cpu_threads)?,
         ));
+        let datasets = datasets::Datasets::start(
+            store.clone(),
+            metrics.clone(),
+            &cfg.data_dir,
+            settings.cpu_threads,
+            cfg.max_dataset_jobs,
+            backends.clone(),
+        )?;
         let pool = Arc::new(Pool::start(
             PoolConfig {
                 capacity: cfg.queue_capacity,

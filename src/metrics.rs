@@ -32,6 +32,7 @@ pub struct Metrics {
     pub batch_size: HistogramVec,
     pub dataset_samples: IntCounterVec,
     pub dataset_jobs: IntCounterVec,
+    pub dataset_batches: IntCounterVec,
 }
 
 /// (name, help) of every metric, for the README and the test that checks them.
@@ -91,6 +92,10 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_dataset_jobs_total",
         "Synthetic dataset jobs ended, by final status",
+    ),
+    (
+        "gpu_ops_dataset_batches_total",
+        "Synthetic dataset batches evaluated, by the backend that wrote and reduced the recordings",
     ),
     (
         "gpu_ops_device_healthy",
@@ -225,6 +230,10 @@ impl Metrics {
                 r,
                 IntCounterVec::new(opts("gpu_ops_dataset_jobs_total"), &["status"]),
             ),
+            dataset_batches: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_dataset_batches_total"), &["backend"]),
+            ),
             batch_size: reg(
                 r,
                 HistogramVec::new(
@@ -249,6 +258,9 @@ impl Metrics {
         }
         for status in ["completed", "failed", "cancelled", "interrupted"] {
             m.dataset_jobs.with_label_values(&[status]);
+        }
+        for backend in ["cpu", "cuda"] {
+            m.dataset_batches.with_label_values(&[backend]);
         }
         #[cfg(target_os = "linux")]
         {

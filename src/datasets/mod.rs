@@ -7,13 +7,22 @@
 //! The dataset is the first `num_samples` accepted sample indices, in index order: the
 //! worker evaluates indices in parallel batches but accepts them in order and stops at the
 //! target, so the file does not depend on thread count or batch size.
+//!
+//! With a healthy GPU (and `--backend` not `cpu`) a batch's recordings are written and
+//! reduced to chunk sums on the device (`dataset::samples_cuda`); the first device batch
+//! of every job is checked against the CPU on its first sample, and a device that
+//! disagrees or fails is not used for datasets again (the batch reruns on the CPU).
 
 pub mod iq_out;
 pub mod parquet_out;
 pub mod sigmf;
 
+use crate::backend::cuda::DeviceErrorKind;
+use crate::backend::{BackendChoice, Backends, CudaDevice};
 use crate::metrics::Metrics;
-use crate::ops::rf::dataset::{sample, Rejection};
+use crate::ops::rf::dataset::{
+    device_batch, fits_device, records_agree, sample, samples_cuda, Rejection, SampleRecord,
+};
 use crate::ops::rf::generate::{samples_per_recording, GENERATOR_VERSION};
 use crate::ops::rf::rng::dataset_key;
 use crate::ops::rf::scenario::Scenario;
@@ -36,19 +45,10 @@ const PERSIST_EVERY: Duration = Duration::from_secs(1);
 /// that would take it is refused, and a running job that reaches it fails.
 pub const DISK_RESERVE_BYTES: u64 = 256 << 20;
 
-/// Receiver slots of a scenario: the fixed list's length or the most a sample may draw.
-pub fn receiver_slots(s: &Scenario) -> usize {
-    if s.geometry.receivers.is_empty() {
-        s.geometry.receivers_max
-    } else {
-        s.geometry.receivers.len()
-    }
-}
-
 /// An upper bound of the bytes a dataset's files take: every Parquet value uncompressed
 /// with its definition level, plus every recording for `iq_raw`.
 pub fn estimate_bytes(s: &Scenario, iq_raw: bool, num_samples: u64) -> u64 {
-    let slots = receiver_slots(s);
+    let slots = s.receiver_slots();
     let row = parquet_out::column_names(slots).len() as u64 * 9 + 64;
     let iq = if iq_raw {
         iq_out::bytes_per_sample(slots, samples_per_recording(s))
@@ -165,6 +165,9 @@ pub struct Datasets {
     max_queued: usize,
     /// Set at shutdown: running and queued jobs end as `interrupted`, not `cancelled`.
     stopping: AtomicBool,
+    backends: Arc<Backends>,
+    /// Set when a device's dataset batch disagreed with the CPU: datasets stay on the CPU.
+    device_distrusted: AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +191,7 @@ impl Datasets {
         data_dir: &Path,
         threads: usize,
         max_queued: usize,
+        backends: Arc<Backends>,
     ) -> Result<Arc<Self>, String> {
         let dir = data_dir.join("datasets");
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -208,6 +212,8 @@ impl Datasets {
             queue: tx,
             max_queued,
             stopping: AtomicBool::new(false),
+            backends,
+            device_distrusted: AtomicBool::new(false),
         });
         let worker = this.clone();
         std::thread::Builder::new()
@@ -366,6 +372,76 @@ impl Datasets {
         let _ = std::fs::remove_dir_all(self.dir.join(id));
     }
 
+    /// The device a dataset batch runs on, if any: a healthy GPU, `--backend` not `cpu`,
+    /// no earlier disagreement, and a scenario whose segments `rf_chunk_reduce` takes.
+    fn dataset_device(&self, s: &Scenario) -> Option<Arc<CudaDevice>> {
+        if self.backends.mode == BackendChoice::Cpu
+            || self.device_distrusted.load(Ordering::Relaxed)
+            || !fits_device(s)
+        {
+            return None;
+        }
+        self.backends.healthy_gpus().next().cloned()
+    }
+
+    /// A batch's records from the device, or None when it failed or (on a job's first
+    /// device batch, `checked` false) its first sample disagreed with the CPU's: the
+    /// caller then runs the batch on the CPU. A fatal error takes the device out of
+    /// service, a disagreement takes every device off datasets.
+    #[allow(clippy::too_many_arguments)]
+    fn device_records(
+        &self,
+        dev: &CudaDevice,
+        pool: &rayon::ThreadPool,
+        s: &Scenario,
+        key: u64,
+        indices: std::ops::Range<u64>,
+        keep_iq: bool,
+        checked: bool,
+    ) -> Option<Vec<SampleRecord>> {
+        let first = indices.start;
+        // The lease binds the device's context to the thread that runs the batch.
+        let result = pool.install(|| {
+            let lease = dev.lease()?;
+            samples_cuda(s, key, indices, keep_iq, &lease)
+        });
+        let fallback = |reason: &str| {
+            self.metrics
+                .fallbacks
+                .with_label_values(&["rf_dataset", reason])
+                .inc();
+        };
+        let records = match result {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::warn!(device = dev.info.ordinal, error = %e, "dataset batch failed on the device; rerun on the CPU");
+                if e.kind == DeviceErrorKind::Fatal {
+                    dev.mark_unhealthy(&e.message);
+                    self.metrics
+                        .device_healthy
+                        .with_label_values(&[&dev.info.ordinal.to_string(), &dev.info.uuid])
+                        .set(0);
+                }
+                fallback(e.reason());
+                return None;
+            }
+        };
+        if !checked {
+            let cpu = pool.install(|| sample(s, key, first, keep_iq).0);
+            if let Err(why) = records_agree(&records[0], &cpu) {
+                tracing::error!(device = dev.info.ordinal, sample = first, disagreement = %why, "the device's dataset sample disagrees with the CPU's; datasets stay on the CPU");
+                self.device_distrusted.store(true, Ordering::Relaxed);
+                fallback("parity");
+                return None;
+            }
+        }
+        self.metrics
+            .dataset_batches
+            .with_label_values(&["cuda"])
+            .inc();
+        Some(records)
+    }
+
     fn run(&self, id: &str, pool: &rayon::ThreadPool) {
         let Some(active) = self.lock().get(id).cloned() else {
             return;
@@ -429,7 +505,7 @@ impl Datasets {
             .ok_or("the job was deleted before it started")?;
         let scenario: Scenario =
             serde_json::from_str(&row.config).map_err(|e| format!("stored config: {e}"))?;
-        let slots = receiver_slots(&scenario);
+        let slots = scenario.receiver_slots();
         let dir = self.dir.join(id);
         std::fs::create_dir_all(&dir).map_err(|e| format!("{id}: {e}"))?;
         // A resumed job continues from its last checkpoint; anything written after it is
@@ -471,7 +547,8 @@ impl Datasets {
         let key = dataset_key(row.seed);
         let target = row.num_samples;
         let max_attempts = target.saturating_mul(MAX_ATTEMPTS_PER_SAMPLE).max(1000);
-        let batch = (pool.current_num_threads() * 4) as u64;
+        let cpu_batch = (pool.current_num_threads() * 4) as u64;
+        let mut device_checked = false;
         let mut next = at.next_index;
         let mut persisted = Instant::now();
         while counts.valid < target {
@@ -492,13 +569,27 @@ impl Datasets {
                     counts.valid, counts.attempted
                 ));
             }
-            let records: Vec<_> = pool.install(|| {
-                (next..next + batch)
-                    .into_par_iter()
-                    .map(|n| sample(&scenario, key, n, keep_iq).0)
-                    .collect()
+            let on_device = self.dataset_device(&scenario).and_then(|dev| {
+                let indices = next..next + device_batch(&scenario);
+                let checked = device_checked;
+                let records =
+                    self.device_records(&dev, pool, &scenario, key, indices, keep_iq, checked)?;
+                device_checked = true;
+                Some(records)
             });
-            next += batch;
+            let records = on_device.unwrap_or_else(|| {
+                self.metrics
+                    .dataset_batches
+                    .with_label_values(&["cpu"])
+                    .inc();
+                pool.install(|| {
+                    (next..next + cpu_batch)
+                        .into_par_iter()
+                        .map(|n| sample(&scenario, key, n, keep_iq).0)
+                        .collect()
+                })
+            });
+            next += records.len() as u64;
             for rec in &records {
                 counts.attempted += 1;
                 let outcome = match rec.rejected {

@@ -1,9 +1,15 @@
 //! One dataset sample end to end: generate, extract every receiver's features, judge
 //! its quality (receivers detected, mean SNR, GDOP) and accept or reject it by reason.
 
-use super::features::{extract, ExtractConfig, Stats, FEATURE_NAMES};
-use super::generate::{plan, receive_to, RxTruth, TxTruth};
+use super::features::{
+    self, extract, extract_from_sums, ChunkSums, ExtractConfig, Stats, FEATURE_NAMES,
+};
+use super::generate::{plan, receive_to, samples_per_recording, RxTruth, SamplePlan, TxTruth};
+use super::gpu::{pack, receive_and_reduce_cuda, unpack, MAX_REDUCE_SEGMENT};
 use super::scenario::Scenario;
+use crate::backend::cuda::{DeviceErrorKind, DeviceLease};
+use crate::backend::DeviceError;
+use rayon::prelude::*;
 use rustfft::num_complex::Complex32;
 use serde::Serialize;
 
@@ -60,10 +66,7 @@ pub fn sample(
     n: u64,
     keep_iq: bool,
 ) -> (SampleRecord, std::time::Duration, std::time::Duration) {
-    let cfg = ExtractConfig {
-        sample_rate_hz: s.signal.sample_rate_hz,
-        chunk_ms: s.chunk_ms,
-    };
+    let cfg = extract_config(s);
     let features_of = |x: &[Complex32]| {
         extract(x, &cfg)
             .map(|e| e.aggregate())
@@ -89,6 +92,30 @@ pub fn sample(
             }
         }
     });
+    (
+        evaluate(s, n, plan, features, keep_iq.then_some(kept)),
+        generating,
+        extracting,
+    )
+}
+
+/// How the dataset's recordings are cut into chunks for their features.
+pub fn extract_config(s: &Scenario) -> ExtractConfig {
+    ExtractConfig {
+        sample_rate_hz: s.signal.sample_rate_hz,
+        chunk_ms: s.chunk_ms,
+    }
+}
+
+/// Sample n's record from its plan and each receiver's feature statistics: its quality,
+/// and accepted or rejected by reason (the recordings kept only when accepted).
+fn evaluate(
+    s: &Scenario,
+    n: u64,
+    plan: SamplePlan,
+    features: Vec<Vec<Stats>>,
+    iq: Option<Vec<Vec<Complex32>>>,
+) -> SampleRecord {
     let quality = judge(&plan.receivers, &features);
     let q = &s.quality;
     let rejected = if quality.receivers_detected < q.min_receivers {
@@ -100,19 +127,130 @@ pub fn sample(
     } else {
         None
     };
-    (
-        SampleRecord {
-            index: n,
-            tx: plan.tx,
-            receivers: plan.receivers,
-            features,
-            quality,
-            rejected,
-            iq: (keep_iq && rejected.is_none()).then_some(kept),
-        },
-        generating,
-        extracting,
-    )
+    SampleRecord {
+        index: n,
+        tx: plan.tx,
+        receivers: plan.receivers,
+        features,
+        quality,
+        rejected,
+        iq: iq.filter(|_| rejected.is_none()),
+    }
+}
+
+/// Whether a scenario's recordings fit the device path (`samples_cuda`): its Welch
+/// segment within what `rf_chunk_reduce` takes.
+pub fn fits_device(s: &Scenario) -> bool {
+    features::plan(&extract_config(s), samples_per_recording(s))
+        .is_ok_and(|(_, seg)| seg <= MAX_REDUCE_SEGMENT)
+}
+
+/// Samples in one device batch: recordings of at most `DEVICE_BATCH_BYTES`, and no more
+/// than `DEVICE_BATCH_MAX`.
+pub fn device_batch(s: &Scenario) -> u64 {
+    let per_sample = 8 * (samples_per_recording(s) * s.receiver_slots().max(1)) as u64;
+    (DEVICE_BATCH_BYTES / per_sample.max(1)).clamp(1, DEVICE_BATCH_MAX)
+}
+const DEVICE_BATCH_BYTES: u64 = 1 << 30;
+const DEVICE_BATCH_MAX: u64 = 64;
+
+/// Samples `indices` with their recordings written and reduced to chunk sums on the
+/// device (`rf_receive`, `rf_chunk_reduce`); plans and the features' last step on the
+/// CPU (the caller's rayon pool). The same records as `sample` within the kernels'
+/// tolerances (features within 1e-3 dB and 0.1 Hz; tests/gpu_parity.rs).
+pub fn samples_cuda(
+    s: &Scenario,
+    key: u64,
+    indices: std::ops::Range<u64>,
+    keep_iq: bool,
+    dev: &DeviceLease<'_>,
+) -> Result<Vec<SampleRecord>, DeviceError> {
+    let cfg = extract_config(s);
+    let (chunk, seg) = features::plan(&cfg, samples_per_recording(s)).map_err(|e| DeviceError {
+        kind: DeviceErrorKind::Unsupported,
+        message: e.to_string(),
+    })?;
+    let plans: Vec<SamplePlan> = indices
+        .clone()
+        .into_par_iter()
+        .map(|n| plan(s, key, n))
+        .collect();
+    let batch = pack(&plans.iter().collect::<Vec<_>>());
+    let (iq, sums) = receive_and_reduce_cuda(&batch, chunk, seg, keep_iq, dev)?;
+    let recordings = iq.map(|iq| unpack(&batch, &iq));
+    Ok(records_from_sums(
+        s, indices, plans, &sums, recordings, chunk, seg,
+    ))
+}
+
+/// The records of samples `indices` from their plans, every receiver's chunk sums in
+/// order (receiver by receiver, sample by sample) and, when kept, the recordings.
+fn records_from_sums(
+    s: &Scenario,
+    indices: std::ops::Range<u64>,
+    plans: Vec<SamplePlan>,
+    sums: &[ChunkSums],
+    recordings: Option<Vec<Vec<Vec<Complex32>>>>,
+    chunk: usize,
+    seg: usize,
+) -> Vec<SampleRecord> {
+    let per_receiver = samples_per_recording(s) / chunk;
+    let mut recordings = recordings.map(Vec::into_iter);
+    let mut at = 0;
+    let mut work = Vec::with_capacity(plans.len());
+    for (n, p) in indices.zip(plans) {
+        let count = p.plans.len() * per_receiver;
+        let kept = recordings.as_mut().and_then(Iterator::next);
+        work.push((n, p, &sums[at..at + count], kept));
+        at += count;
+    }
+    assert_eq!(
+        at,
+        sums.len(),
+        "one chunk's sums per chunk of every recording"
+    );
+    let fs = s.signal.sample_rate_hz;
+    work.into_par_iter()
+        .map(|(n, p, sums, kept)| {
+            let features = sums
+                .chunks(per_receiver)
+                .map(|c| extract_from_sums(c, fs, chunk, seg).aggregate())
+                .collect();
+            evaluate(s, n, p, features, kept)
+        })
+        .collect()
+}
+
+/// Whether two records of one sample agree within the device path's tolerances: the same
+/// receivers and decision, each feature's statistics within 1e-3 (dB and the rest) or
+/// 0.1 (Hz), or 1e-6 relative. What a dataset job checks before trusting a device.
+pub fn records_agree(a: &SampleRecord, b: &SampleRecord) -> Result<(), String> {
+    if a.rejected != b.rejected || a.features.len() != b.features.len() {
+        return Err(format!(
+            "decision {:?} vs {:?}, {} vs {} receivers",
+            a.rejected,
+            b.rejected,
+            a.features.len(),
+            b.features.len()
+        ));
+    }
+    for (r, (fa, fb)) in a.features.iter().zip(&b.features).enumerate() {
+        for (name, (x, y)) in FEATURE_NAMES.iter().zip(fa.iter().zip(fb)) {
+            let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+            for (u, v) in [
+                (x.mean, y.mean),
+                (x.std, y.std),
+                (x.min, y.min),
+                (x.max, y.max),
+            ] {
+                let d = (u - v).abs();
+                if !(d <= tol || d <= 1e-6 * v.abs() || u == v) {
+                    return Err(format!("receiver {r} {name}: {u} vs {v}"));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn feature(name: &str) -> usize {
@@ -179,7 +317,6 @@ mod tests {
     use crate::ops::rf::generate::{generate, noise_floor_dbm, Modulation};
     use crate::ops::rf::rng::dataset_key;
     use crate::ops::rf::scenario::{ModulationMix, Site};
-    use rayon::prelude::*;
 
     fn short() -> Scenario {
         let mut s = Scenario::default();
@@ -342,5 +479,58 @@ mod tests {
         strict.quality.max_gdop = 1e6;
         let ok = sample(&strict, dataset_key(1), 0, false).0;
         assert_eq!(ok.rejected, None, "{:?}", ok.quality);
+    }
+
+    #[test]
+    fn records_from_sums_assemble_what_sample_computes() {
+        // The device path's bookkeeping, with the sums computed on the CPU: the same
+        // records as `sample`, bit for bit, recordings kept for accepted samples only.
+        use crate::ops::rf::features::{chunk_sums, hann};
+        use crate::ops::rf::generate::receive;
+        let mut s = short();
+        s.quality.min_snr_db = 12.0;
+        let key = dataset_key(13);
+        let indices = 20..28u64;
+        let plans: Vec<SamplePlan> = indices.clone().map(|n| plan(&s, key, n)).collect();
+        let (chunk, seg) = features::plan(&extract_config(&s), samples_per_recording(&s)).unwrap();
+        let fft = crate::ops::rf::fft_plan(seg);
+        let window = hann(seg);
+        let recordings: Vec<Vec<Vec<Complex32>>> = plans
+            .iter()
+            .map(|p| p.plans.iter().map(|r| receive(r, &p.wave)).collect())
+            .collect();
+        let sums: Vec<_> = recordings
+            .iter()
+            .flatten()
+            .flat_map(|x| {
+                x.chunks_exact(chunk)
+                    .map(|c| chunk_sums(c, &window, fft.as_ref()))
+            })
+            .collect();
+        let got = records_from_sums(
+            &s,
+            indices.clone(),
+            plans,
+            &sums,
+            Some(recordings),
+            chunk,
+            seg,
+        );
+        let mut decisions = std::collections::HashSet::new();
+        for (g, n) in got.iter().zip(indices) {
+            let (want, _, _) = sample(&s, key, n, true);
+            decisions.insert(want.rejected);
+            assert_eq!(g.index, n);
+            assert_eq!(g.rejected, want.rejected);
+            assert_eq!(g.features, want.features);
+            assert_eq!(g.quality, want.quality);
+            assert_eq!(g.iq, want.iq);
+            assert!(records_agree(g, &want).is_ok());
+        }
+        // Both decisions occur, so the kept-recordings rule was exercised.
+        assert!(decisions.len() > 1, "{decisions:?}");
+        let mut off = got[0].clone();
+        off.features[0][feature("snr_db")].mean += 0.01;
+        assert!(records_agree(&off, &got[0]).is_err());
     }
 }

@@ -272,6 +272,15 @@ pub const MAX_RECEIVERS: usize = 64;
 pub const MAX_SAMPLES_PER_RECORDING: f64 = 20e6;
 
 impl Scenario {
+    /// Receiver slots of a sample: the fixed list's length or the most a sample may draw.
+    pub fn receiver_slots(&self) -> usize {
+        if self.geometry.receivers.is_empty() {
+            self.geometry.receivers_max
+        } else {
+            self.geometry.receivers.len()
+        }
+    }
+
     pub fn validate(&self) -> Result<(), Invalid> {
         let g = &self.geometry;
         let p = "/config/geometry";
