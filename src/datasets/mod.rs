@@ -62,6 +62,44 @@ fn gib(bytes: u64) -> String {
     format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }
 
+/// The nice value dataset threads run at. They share the cores with request handling
+/// (the CPU executor has `--cpu-threads` threads too): at nice 10 the kernel gives a
+/// runnable request thread about ten times a dataset thread's share, so requests keep
+/// their latency while a dataset job takes whatever CPU they leave.
+pub const DATASET_NICE: i32 = 10;
+
+/// The dataset job's own rayon pool, its threads at `DATASET_NICE`.
+fn dataset_pool(threads: usize) -> Result<rayon::ThreadPool, String> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("gpu-ops-dataset-{i}"))
+        .start_handler(|_| lower_priority())
+        .build()
+        .map_err(|e| format!("dataset thread pool: {e}"))
+}
+
+/// Lowers the calling thread to `DATASET_NICE` (never raises it: an unprivileged process
+/// cannot, and one started at a higher nice keeps it). Elsewhere than Linux, a no-op.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and getpriority/setpriority on this thread's own id read and set
+        // only its scheduling priority.
+        unsafe {
+            let tid = libc::gettid() as libc::id_t;
+            let current = libc::getpriority(libc::PRIO_PROCESS, tid);
+            if current < DATASET_NICE
+                && libc::setpriority(libc::PRIO_PROCESS, tid, DATASET_NICE) != 0
+            {
+                tracing::warn!(
+                    error = %std::io::Error::last_os_error(),
+                    "cannot lower a dataset thread's priority; it competes with requests as an equal"
+                );
+            }
+        }
+    }
+}
+
 /// Live state of a queued or running job.
 pub struct Active {
     cancel: AtomicBool,
@@ -198,11 +236,7 @@ impl Datasets {
         for id in store.interrupt_unfinished_datasets()? {
             tracing::warn!(dataset = %id, "dataset job interrupted by the previous shutdown; its files are kept for resume");
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("gpu-ops-dataset-{i}"))
-            .build()
-            .map_err(|e| format!("dataset thread pool: {e}"))?;
+        let pool = dataset_pool(threads)?;
         let (tx, rx) = sync_channel::<String>(max_queued);
         let this = Arc::new(Self {
             store,
@@ -219,6 +253,7 @@ impl Datasets {
         std::thread::Builder::new()
             .name("gpu-ops-datasets".into())
             .spawn(move || {
+                lower_priority();
                 while let Ok(id) = rx.recv() {
                     worker.run(&id, &pool);
                 }
@@ -646,5 +681,28 @@ impl Datasets {
         }
         writer.finish()?;
         Ok(DatasetStatus::Completed)
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    fn nice() -> i32 {
+        // SAFETY: reads the calling thread's own priority.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
+    #[test]
+    fn dataset_threads_run_below_request_threads() {
+        let own = nice();
+        let pool = dataset_pool(2).unwrap();
+        let theirs = pool.broadcast(|_| nice());
+        assert_eq!(theirs.len(), 2);
+        for n in theirs {
+            assert!(n >= DATASET_NICE, "a dataset thread at nice {n}");
+        }
+        // Only the pool's threads: the caller keeps its own priority.
+        assert_eq!(nice(), own);
     }
 }
