@@ -359,9 +359,9 @@ fn chunk_features(
 
     // Noise floor: the lower quartile of the bins over the lower quartile of a noise-only
     // bin's distribution, unbiased while a signal covers under three quarters of the band.
-    let mut sorted = psd.clone();
-    sorted.sort_by(f64::total_cmp);
-    let n0 = sorted[seg / 4] / detector.q25;
+    let mut order = psd.clone();
+    let (_, q25, _) = order.select_nth_unstable_by(seg / 4, f64::total_cmp);
+    let n0 = *q25 / detector.q25;
 
     // A bin holds signal when it passes the noise-only quantile at FALSE_ALARM / seg.
     let threshold = n0 * detector.alarm;
