@@ -88,15 +88,14 @@ FIELD_FN float rf_ln(float u) {
 }
 
 // (cos θ, sin θ), θ = 2π·h/2^32: the rounded top two bits pick the quadrant, the rest a
-// turn in [−π/4, π/4) by Taylor series.
+// turn in [−π/4, π/4) by Cephes' sinf/cosf minimax polynomials.
 FIELD_FN void rf_turn(u32 h, float *a_out, float *b_out) {
     u32 q = (h + (1u << 29)) >> 30;
     float t = FMUL((float)(int)(h - (q << 30)), RF_U2F(0x30c90fdbu));
     float t2 = FMUL(t, t);
-    float s = FADD(t, FMUL(t, FMUL(t2, FADD(-1.0f / 6.0f,
-              FMUL(t2, FADD(1.0f / 120.0f, FMUL(t2, FADD(-1.0f / 5040.0f, FMUL(t2, 1.0f / 362880.0f)))))))));
-    float c = FADD(1.0f, FMUL(t2, FADD(-0.5f, FMUL(t2, FADD(1.0f / 24.0f,
-              FMUL(t2, FADD(-1.0f / 720.0f, FMUL(t2, FADD(1.0f / 40320.0f, FMUL(t2, -1.0f / 3628800.0f))))))))));
+    float s = FADD(t, FMUL(t, FMUL(t2, FADD(-1.6666655e-1f, FMUL(t2, FADD(8.332161e-3f, FMUL(t2, -1.9515296e-4f)))))));
+    float c = FADD(FSUB(1.0f, FMUL(0.5f, t2)),
+                   FMUL(FMUL(t2, t2), FADD(4.1666646e-2f, FMUL(t2, FADD(-1.3887316e-3f, FMUL(t2, 2.4433157e-5f))))));
     float a = (q & 1u) ? s : c, b = (q & 1u) ? c : s;
     *a_out = RF_U2F(RF_F2U(a) ^ ((((q + 1u) >> 1) & 1u) << 31));
     *b_out = RF_U2F(RF_F2U(b) ^ ((q >> 1) << 31));

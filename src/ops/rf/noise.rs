@@ -12,8 +12,8 @@
 //!   would cut the tail short (at 5.8), so U is refined within its cell by 53 bits of a
 //!   sub-stream of i and r computed in f64: the tail is exact to 10σ.
 //! - Angle θ = 2π·h/2³² for the high half h: its top two bits (rounded) pick the
-//!   quadrant exactly, the rest a turn t in [−π/4, π/4) whose sine and cosine are Taylor
-//!   series (errors below 2e-9, under f32 rounding).
+//!   quadrant exactly, the rest a turn t in [−π/4, π/4) whose sine and cosine are
+//!   Cephes' f32 minimax polynomials (within 2e-7 of the exact values, rounding included).
 //!
 //! Every operation is an IEEE f32 operation in a fixed order, never fused, so the
 //! baseline and AVX2 builds and kernels/rf.cuh give the same bits.
@@ -51,18 +51,23 @@ fn radius(lo: u32) -> f32 {
     (-2.0 * ln(u)).max(0.0).sqrt()
 }
 
+/// Minimax polynomials for sin and cos on [−π/4, π/4] in f32 (Cephes' sinf and cosf):
+/// sin t = t + t³·(S1 + t²·(S2 + t²·S3)), cos t = 1 − t²/2 + t⁴·(C1 + t²·(C2 + t²·C3)).
+const S1: f32 = -1.666_665_5e-1;
+const S2: f32 = 8.332_161e-3;
+const S3: f32 = -1.951_529_6e-4;
+const C1: f32 = 4.166_664_6e-2;
+const C2: f32 = -1.388_731_6e-3;
+const C3: f32 = 2.443_315_7e-5;
+
 /// (cos θ, sin θ) for θ = 2π·h/2³².
 #[inline(always)]
 fn turn(h: u32) -> (f32, f32) {
     let q = h.wrapping_add(1 << 29) >> 30;
     let t = (h.wrapping_sub(q << 30) as i32) as f32 * TURN_STEP;
     let t2 = t * t;
-    let s = t + t
-        * (t2 * (-1.0 / 6.0 + t2 * (1.0 / 120.0 + t2 * (-1.0 / 5040.0 + t2 * (1.0 / 362_880.0)))));
-    let c = 1.0
-        + t2 * (-0.5
-            + t2 * (1.0 / 24.0
-                + t2 * (-1.0 / 720.0 + t2 * (1.0 / 40_320.0 + t2 * (-1.0 / 3_628_800.0)))));
+    let s = t + t * (t2 * (S1 + t2 * (S2 + t2 * S3)));
+    let c = (1.0 - 0.5 * t2) + (t2 * t2) * (C1 + t2 * (C2 + t2 * C3));
     // Quadrant q: (c, s) turned by q·π/2.
     let (a, b) = if q & 1 == 1 { (s, c) } else { (c, s) };
     let a = f32::from_bits(a.to_bits() ^ ((((q + 1) >> 1) & 1) << 31));
