@@ -10,8 +10,9 @@
 //!
 //! With a healthy GPU (and `--backend` not `cpu`) a batch's recordings are written and
 //! reduced to chunk sums on the device (`dataset::samples_cuda`); the first device batch
-//! of every job is checked against the CPU on its first sample, and a device that
-//! disagrees or fails is not used for datasets again (the batch reruns on the CPU).
+//! of every job is checked against the CPU on its first sample. A disagreement keeps
+//! datasets off every device until restart; a device error leaves the device for the rest
+//! of that job. Either way the batch reruns on the CPU and nothing is lost.
 
 pub mod iq_out;
 pub mod parquet_out;
@@ -583,7 +584,9 @@ impl Datasets {
         let target = row.num_samples;
         let max_attempts = target.saturating_mul(MAX_ATTEMPTS_PER_SAMPLE).max(1000);
         let cpu_batch = (pool.current_num_threads() * 4) as u64;
-        let mut device_checked = false;
+        // The device is checked on a job's first batch there, and left for the rest of
+        // the job after any failure (an out-of-memory batch would fail again).
+        let (mut device_checked, mut device_ok) = (false, true);
         let mut next = at.next_index;
         let mut persisted = Instant::now();
         while counts.valid < target {
@@ -604,13 +607,20 @@ impl Datasets {
                     counts.valid, counts.attempted
                 ));
             }
-            let on_device = self.dataset_device(&scenario).and_then(|dev| {
+            let device = device_ok.then(|| self.dataset_device(&scenario)).flatten();
+            let on_device = device.and_then(|dev| {
                 let indices = next..next + device_batch(&scenario);
-                let checked = device_checked;
-                let records =
-                    self.device_records(&dev, pool, &scenario, key, indices, keep_iq, checked)?;
-                device_checked = true;
-                Some(records)
+                let records = self.device_records(
+                    &dev,
+                    pool,
+                    &scenario,
+                    key,
+                    indices,
+                    keep_iq,
+                    device_checked,
+                );
+                (device_checked, device_ok) = (true, records.is_some());
+                records
             });
             let records = on_device.unwrap_or_else(|| {
                 self.metrics
