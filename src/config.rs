@@ -107,6 +107,10 @@ pub struct Config {
     /// submission; `iq_raw` recordings are 8 bytes per complex sample per receiver).
     #[arg(long, env = "GPU_OPS_MAX_DATASET_BYTES", default_value_t = 64 << 30)]
     pub max_dataset_bytes: u64,
+    /// Most bytes one tenant's synthetic datasets may take together: every dataset of the
+    /// tenant not failed or cancelled, by the same upper-bound estimate; 0 for no limit.
+    #[arg(long, env = "GPU_OPS_MAX_TENANT_DATASET_BYTES", default_value_t = 0)]
+    pub max_tenant_dataset_bytes: u64,
     /// Most values in one `[B, D]` tensor (/dp/privatize); more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_TENSOR_ELEMENTS", default_value_t = 1 << 26)]
     pub max_tensor_elements: usize,

@@ -490,6 +490,49 @@ async fn size_and_disk_limits_refuse_a_job_up_front() {
 }
 
 #[tokio::test]
+async fn a_tenant_quota_counts_the_datasets_that_keep_files() {
+    use gpu_ops::datasets::estimate_bytes;
+    use gpu_ops::ops::rf::scenario::Scenario;
+    let one: Scenario = serde_json::from_value(small(1, 2)["config"].clone()).unwrap();
+    let each = estimate_bytes(&one, false, 2);
+    // Room for one two-sample dataset and a half, not two.
+    let quota = (each * 3 / 2).to_string();
+    let s = TestServer::start(&["--max-tenant-dataset-bytes", &quota]).await;
+    let first = create(&s, small(1, 2)).await;
+    let id = first["id"].as_str().unwrap().to_string();
+    let p = problem(
+        s.post("/datasets/synthetic", small(2, 2))
+            .send()
+            .await
+            .unwrap(),
+        422,
+        "dataset_quota_exceeded",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/num_samples", "{p}");
+    assert!(
+        p["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-tenant-dataset-bytes"),
+        "{p}"
+    );
+    // A smaller one fits beside it.
+    let fits = create(&s, small(3, 1)).await;
+    wait_for(&s, &id, &["completed"]).await;
+    wait_for(&s, fits["id"].as_str().unwrap(), &["completed"]).await;
+    // Deleting the first frees its share.
+    let res = s
+        .client
+        .delete(format!("{}/datasets/{id}", s.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    create(&s, small(2, 2)).await;
+}
+
+#[tokio::test]
 async fn datasets_belong_to_their_tenant() {
     let keys = std::env::temp_dir().join(format!("gpu-ops-ds-keys-{}", std::process::id()));
     std::fs::write(

@@ -168,6 +168,10 @@ fn submit_problem(e: SubmitError, pointer: Option<&str>) -> Problem {
             Some(p) => Problem::at(ErrorCode::InsufficientStorage, p, e.to_string()),
             None => Problem::new(ErrorCode::InsufficientStorage, e.to_string()),
         },
+        SubmitError::QuotaExceeded { .. } => match pointer {
+            Some(p) => Problem::at(ErrorCode::DatasetQuotaExceeded, p, e.to_string()),
+            None => Problem::new(ErrorCode::DatasetQuotaExceeded, e.to_string()),
+        },
         SubmitError::QueueFull(_) => Problem {
             retry_after_secs: Some(60),
             ..Problem::new(ErrorCode::QueueFull, e.to_string())
@@ -225,11 +229,12 @@ fn new_id() -> Result<String, Problem> {
         `config.quality`, in sample-index order: the same seed and config give the same dataset whatever the \
         thread count. Answers 202 at once; follow `status_url`. `iq_raw` also keeps every accepted sample's \
         recordings (8 bytes per complex sample per receiver). A job whose files could exceed \
-        --max-dataset-bytes (422) or the free disk space (507) is refused up front; the estimate is an upper bound.",
+        --max-dataset-bytes (422), the tenant's --max-tenant-dataset-bytes with its other datasets (422) or the \
+        free disk space (507) is refused up front; the estimate is an upper bound.",
     request_body = CreateDatasetRequest,
     responses(
         (status = 202, description = "Queued", body = DatasetView),
-        (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field), dataset_too_large", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field), dataset_too_large, dataset_quota_exceeded (the tenant's datasets together would exceed --max-tenant-dataset-bytes)", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 503, description = "queue_full: --max-dataset-jobs jobs already wait", body = ProblemDocument, content_type = "application/problem+json"),
         (status = 507, description = "insufficient_storage: the files could outgrow the free space under --data-dir", body = ProblemDocument, content_type = "application/problem+json"),
     ),
@@ -301,7 +306,12 @@ pub async fn create_dataset(
     let st = state.clone();
     let row = blocking(move || {
         st.datasets
-            .submit(&id, new, estimate)
+            .submit(
+                &id,
+                new,
+                estimate,
+                st.settings.config.max_tenant_dataset_bytes,
+            )
             .map_err(|e| submit_problem(e, Some("/num_samples")))
     })
     .await?;

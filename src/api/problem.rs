@@ -50,6 +50,7 @@ error_codes! {
     InvalidParameter = ("invalid_parameter", 422, "A parameter is out of range"),
     InvalidTensor = ("invalid_tensor", 422, "A numeric array is empty, ragged, non-finite or mis-shaped"),
     DatasetTooLarge = ("dataset_too_large", 422, "The dataset would exceed --max-dataset-bytes"),
+    DatasetQuotaExceeded = ("dataset_quota_exceeded", 422, "The tenant's datasets would exceed --max-tenant-dataset-bytes"),
     Internal = ("internal", 500, "Internal error"),
     QueueFull = ("queue_full", 503, "The job queue is full"),
     DeviceUnavailable = ("device_unavailable", 503, "No usable CUDA device"),

@@ -219,6 +219,8 @@ pub enum SubmitError {
     Storage(String),
     #[error("the job cannot be resumed: {0}")]
     NotResumable(String),
+    #[error("the dataset may take up to {} and the tenant's other datasets up to {}, beyond --max-tenant-dataset-bytes ({}); delete datasets (DELETE /datasets/{{id}}) or ask for fewer samples", gib(*.need), gib(*.used), gib(*.quota))]
+    QuotaExceeded { need: u64, used: u64, quota: u64 },
 }
 
 impl Datasets {
@@ -278,8 +280,22 @@ impl Datasets {
         id: &str,
         new: NewDataset,
         estimate: u64,
+        tenant_quota: u64,
     ) -> Result<DatasetRow, SubmitError> {
         let mut active = self.reserve(estimate)?;
+        // Under the reservation's lock, so two submissions cannot both take the quota.
+        if tenant_quota > 0 {
+            let used = self
+                .tenant_bytes(&new.tenant)
+                .map_err(SubmitError::Storage)?;
+            if used.saturating_add(estimate) > tenant_quota {
+                return Err(SubmitError::QuotaExceeded {
+                    need: estimate,
+                    used,
+                    quota: tenant_quota,
+                });
+            }
+        }
         let row = self
             .store
             .create_dataset(id, new)
@@ -289,6 +305,25 @@ impl Datasets {
                 let _ = self.store.delete_dataset(&row.tenant, id);
             })?;
         Ok(row)
+    }
+
+    /// What a tenant's datasets may take: `estimate_bytes` of each not failed or cancelled
+    /// (those keep no files).
+    fn tenant_bytes(&self, tenant: &str) -> Result<u64, String> {
+        let mut used = 0u64;
+        for row in self.store.datasets(tenant)? {
+            if matches!(row.status, DatasetStatus::Failed | DatasetStatus::Cancelled) {
+                continue;
+            }
+            let s: Scenario = serde_json::from_str(&row.config)
+                .map_err(|e| format!("{}: stored config: {e}", row.id))?;
+            used = used.saturating_add(estimate_bytes(
+                &s,
+                row.dataset_type == "iq_raw",
+                row.num_samples,
+            ));
+        }
+        Ok(used)
     }
 
     /// Queues an interrupted job again; it continues from its checkpoint. False when the
