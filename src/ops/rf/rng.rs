@@ -37,7 +37,7 @@ pub struct Ziggurat {
     pub ratio: [f64; 256],
 }
 
-/// The ziggurat tables (computed once; a GPU kernel receives the same numbers).
+/// The ziggurat tables (computed once).
 pub fn ziggurat() -> &'static Ziggurat {
     static TABLES: OnceLock<Ziggurat> = OnceLock::new();
     TABLES.get_or_init(|| {
