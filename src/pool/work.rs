@@ -128,10 +128,7 @@ impl Work {
             Work::Msm(j) => zk::run_msm_cuda(j, dev).map(Output::Points),
             Work::DpPrivatize(j) => dp::run_privatize_cuda(j, dev).map(Output::Privatized),
             Work::DpNoise(j) => dp::run_noise_cuda(j, dev).map(Output::Values),
-            Work::RfFeatures(_) => Err(DeviceError {
-                kind: crate::backend::cuda::DeviceErrorKind::Unsupported,
-                message: "rf_features has no CUDA kernel".into(),
-            }),
+            Work::RfFeatures(_) => Err(DeviceError::unsupported("rf_features has no CUDA kernel")),
         }
     }
 }

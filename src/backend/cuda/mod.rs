@@ -57,6 +57,13 @@ impl DeviceError {
         }
     }
 
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self {
+            kind: DeviceErrorKind::Unsupported,
+            message: message.into(),
+        }
+    }
+
     /// A short label for metrics.
     pub fn reason(&self) -> &'static str {
         match self.kind {

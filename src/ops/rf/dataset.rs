@@ -7,7 +7,7 @@ use super::features::{
 use super::generate::{plan, receive_to, samples_per_recording, RxTruth, SamplePlan, TxTruth};
 use super::gpu::{pack, receive_and_reduce_cuda, unpack, MAX_REDUCE_SEGMENT};
 use super::scenario::Scenario;
-use crate::backend::cuda::{DeviceErrorKind, DeviceLease};
+use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use rayon::prelude::*;
 use rustfft::num_complex::Complex32;
@@ -166,10 +166,8 @@ pub fn samples_cuda(
     dev: &DeviceLease<'_>,
 ) -> Result<Vec<SampleRecord>, DeviceError> {
     let cfg = extract_config(s);
-    let (chunk, seg) = features::plan(&cfg, samples_per_recording(s)).map_err(|e| DeviceError {
-        kind: DeviceErrorKind::Unsupported,
-        message: e.to_string(),
-    })?;
+    let (chunk, seg) = features::plan(&cfg, samples_per_recording(s))
+        .map_err(|e| DeviceError::unsupported(e.to_string()))?;
     let plans: Vec<SamplePlan> = indices
         .clone()
         .into_par_iter()

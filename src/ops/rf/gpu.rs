@@ -7,7 +7,6 @@
 
 use super::features::ChunkSums;
 use super::generate::SamplePlan;
-use crate::backend::cuda::DeviceErrorKind;
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
@@ -198,12 +197,9 @@ pub fn receive_and_reduce_cuda(
     dev: &DeviceLease<'_>,
 ) -> Result<(Option<Vec<f32>>, Vec<ChunkSums>), DeviceError> {
     if !seg.is_power_of_two() || !(2..=MAX_REDUCE_SEGMENT).contains(&seg) || chunk < seg {
-        return Err(DeviceError {
-            kind: DeviceErrorKind::Unsupported,
-            message: format!(
+        return Err(DeviceError::unsupported(format!(
                 "rf_chunk_reduce takes power-of-two segments up to {MAX_REDUCE_SEGMENT} within a chunk; got {seg} in {chunk}"
-            ),
-        });
+            )));
     }
     if b.receivers.is_empty() {
         return Ok((keep_iq.then(Vec::new), Vec::new()));
@@ -211,13 +207,10 @@ pub fn receive_and_reduce_cuda(
     let recordings = receive_on_device(b, dev)?;
     let chunks = chunks_of(b, chunk);
     if chunks.len() > i32::MAX as usize {
-        return Err(DeviceError {
-            kind: DeviceErrorKind::Unsupported,
-            message: format!(
-                "{} chunks in one batch; the grid takes 2^31 − 1",
-                chunks.len()
-            ),
-        });
+        return Err(DeviceError::unsupported(format!(
+            "{} chunks in one batch; the grid takes 2^31 − 1",
+            chunks.len()
+        )));
     }
     let stream = dev.stream();
     let window: Vec<f32> = super::features::hann(seg);
@@ -262,13 +255,10 @@ pub fn receive_and_reduce_cuda(
 /// Launches `rf_receive`; the recordings stay on the device.
 fn receive_on_device(b: &Batch, dev: &DeviceLease<'_>) -> Result<CudaSlice<f32>, DeviceError> {
     if b.receivers.len() > MAX_RECEIVERS_PER_LAUNCH {
-        return Err(DeviceError {
-            kind: DeviceErrorKind::Unsupported,
-            message: format!(
+        return Err(DeviceError::unsupported(format!(
                 "{} receivers in one batch; rf_receive takes at most {MAX_RECEIVERS_PER_LAUNCH} (grid y)",
                 b.receivers.len()
-            ),
-        });
+            )));
     }
     let stream = dev.stream();
     let receivers = stream.clone_htod(&b.receivers)?;
