@@ -487,11 +487,7 @@ impl Datasets {
             Err(e) => {
                 tracing::warn!(device = dev.info.ordinal, error = %e, "dataset batch failed on the device; rerun on the CPU");
                 if e.kind == DeviceErrorKind::Fatal {
-                    dev.mark_unhealthy(&e.message);
-                    self.metrics
-                        .device_healthy
-                        .with_label_values(&[&dev.info.ordinal.to_string(), &dev.info.uuid])
-                        .set(0);
+                    self.metrics.retire_device(dev, &e.message);
                 }
                 fallback(e.reason());
                 return None;

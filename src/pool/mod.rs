@@ -322,11 +322,7 @@ impl Shared {
         };
         tracing::warn!(op, device = dev.info.ordinal, error = %err, fallback = self.config.fallback, "device job failed");
         if err.kind == DeviceErrorKind::Fatal {
-            dev.mark_unhealthy(&err.message);
-            self.metrics
-                .device_healthy
-                .with_label_values(&[&dev.info.ordinal.to_string(), &dev.info.uuid])
-                .set(0);
+            self.metrics.retire_device(&dev, &err.message);
         }
         if !self.config.fallback {
             return Err(JobError::DeviceFailed(err.message));
