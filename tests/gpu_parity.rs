@@ -429,7 +429,6 @@ fn cuda_rf_chunk_sums_match_the_cpu() {
     use gpu_ops::ops::rf::gpu::{chunks_of, pack, receive_and_reduce_cuda, unpack};
     use gpu_ops::ops::rf::rng::dataset_key;
     use gpu_ops::ops::rf::scenario::Scenario;
-    use rustfft::num_complex::Complex32;
     let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
     let (devices, reason) = discover(&DeviceSelection::All, &cache);
     if devices.is_empty() {
@@ -456,11 +455,7 @@ fn cuda_rf_chunk_sums_match_the_cpu() {
         assert_eq!(sums.len(), chunks.len());
         // The device's sums against the CPU's over the device's own recordings.
         for (c, got) in chunks.iter().zip(&sums) {
-            let x: Vec<Complex32> = iq[2 * c.start as usize..2 * (c.start + c.len) as usize]
-                .chunks_exact(2)
-                .map(|p| Complex32::new(p[0], p[1]))
-                .collect();
-            let want = chunk_sums(&x, &window, fft.as_ref());
+            let want = chunk_sums(&c.samples(&iq), &window, fft.as_ref());
             assert_eq!(
                 (got.crossings, got.power_max, got.segments),
                 (want.crossings, want.power_max, want.segments)

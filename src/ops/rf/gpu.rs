@@ -112,6 +112,21 @@ pub struct RfChunk {
 // SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields).
 unsafe impl cudarc::driver::DeviceRepr for RfChunk {}
 
+impl RfChunk {
+    /// The chunk's samples out of the batch's interleaved recordings.
+    pub fn samples(&self, interleaved: &[f32]) -> Vec<Complex32> {
+        complex(&interleaved[2 * self.start as usize..2 * (self.start + self.len) as usize])
+    }
+}
+
+/// Interleaved (re, im) floats as complex samples.
+fn complex(interleaved: &[f32]) -> Vec<Complex32> {
+    interleaved
+        .chunks_exact(2)
+        .map(|p| Complex32::new(p[0], p[1]))
+        .collect()
+}
+
 /// The chunks `features::extract` cuts from each receiver's recording, receiver by
 /// receiver: whole chunks of `chunk` samples (`features::plan` makes a recording shorter
 /// than one chunk a single chunk of its own length).
@@ -164,10 +179,7 @@ pub fn unpack(b: &Batch, out: &[f32]) -> Vec<Vec<Vec<Complex32>>> {
                 .map(|_| {
                     let r = receivers.next().expect("one per packed receiver");
                     let at = 2 * r.out as usize;
-                    out[at..at + 2 * r.len as usize]
-                        .chunks_exact(2)
-                        .map(|p| Complex32::new(p[0], p[1]))
-                        .collect()
+                    complex(&out[at..at + 2 * r.len as usize])
                 })
                 .collect()
         })

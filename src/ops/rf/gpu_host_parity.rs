@@ -10,7 +10,6 @@ use super::gpu::{
 };
 use super::rng::dataset_key;
 use super::scenario::{Environment, Scenario};
-use rustfft::num_complex::Complex32;
 
 extern "C" {
     #[allow(clippy::too_many_arguments)]
@@ -145,11 +144,7 @@ fn the_chunk_reduction_matches_the_cpu_sums_and_features() {
     let window = features::hann(seg);
     let (mut worst_bin, mut worst_sum) = (0.0f64, 0.0f64);
     for (c, g) in chunks.iter().zip(&got) {
-        let x: Vec<Complex32> = rec[2 * c.start as usize..2 * (c.start + c.len) as usize]
-            .chunks_exact(2)
-            .map(|p| Complex32::new(p[0], p[1]))
-            .collect();
-        let want = chunk_sums(&x, &window, fft.as_ref());
+        let want = chunk_sums(&c.samples(&rec), &window, fft.as_ref());
         assert_eq!(
             (g.crossings, g.power_max.to_bits(), g.segments),
             (want.crossings, want.power_max.to_bits(), want.segments)
