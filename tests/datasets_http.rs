@@ -43,6 +43,15 @@ fn settings(data_dir: &str, threads: &str) -> gpu_ops::config::Settings {
     .unwrap()
 }
 
+/// A size refusal names `/num_samples` and says `why`.
+fn assert_num_samples_refused(p: &Value, why: &str) {
+    assert_eq!(p["errors"][0]["path"], "/num_samples", "{p}");
+    assert!(
+        p["errors"][0]["message"].as_str().unwrap().contains(why),
+        "{p}"
+    );
+}
+
 async fn create(s: &TestServer, body: Value) -> Value {
     let res = s.post("/datasets/synthetic", body).send().await.unwrap();
     assert_eq!(res.status(), 202);
@@ -466,14 +475,7 @@ async fn size_and_disk_limits_refuse_a_job_up_front() {
         .await
         .unwrap();
     let p = problem(res, 422, "dataset_too_large").await;
-    assert_eq!(p["errors"][0]["path"], "/num_samples", "{p}");
-    assert!(
-        p["errors"][0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("at most 15 samples"),
-        "{p}"
-    );
+    assert_num_samples_refused(&p, "at most 15 samples");
     create(&s, iq_raw(1, 15)).await;
 
     // 5 million one-second 7-receiver recordings (56 TB) fit no test machine's disk.
@@ -482,11 +484,7 @@ async fn size_and_disk_limits_refuse_a_job_up_front() {
     huge["config"] = json!({});
     let res = s.post("/datasets/synthetic", huge).send().await.unwrap();
     let p = problem(res, 507, "insufficient_storage").await;
-    assert_eq!(p["errors"][0]["path"], "/num_samples", "{p}");
-    assert!(
-        p["errors"][0]["message"].as_str().unwrap().contains("free"),
-        "{p}"
-    );
+    assert_num_samples_refused(&p, "free");
 }
 
 #[tokio::test]
@@ -509,14 +507,7 @@ async fn a_tenant_quota_counts_the_datasets_that_keep_files() {
         "dataset_quota_exceeded",
     )
     .await;
-    assert_eq!(p["errors"][0]["path"], "/num_samples", "{p}");
-    assert!(
-        p["errors"][0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("--max-tenant-dataset-bytes"),
-        "{p}"
-    );
+    assert_num_samples_refused(&p, "--max-tenant-dataset-bytes");
     // A smaller one fits beside it.
     let fits = create(&s, small(3, 1)).await;
     wait_for(&s, &id, &["completed"]).await;
