@@ -140,13 +140,19 @@ pub fn extract(iq: &[Complex32], cfg: &ExtractConfig) -> Result<Extraction, Extr
         .par_chunks_exact(chunk)
         .map(|c| chunk_sums(c, &window, fft.as_ref()))
         .collect();
-    Ok(extract_from_sums(&sums, cfg.sample_rate_hz, chunk, seg))
+    Ok(features_of_sums(&sums, cfg.sample_rate_hz, chunk, &window))
 }
 
 /// The features of chunks already reduced to their sums (`chunk_sums` here, or the
 /// `rf_chunk_reduce` kernel), each of `chunk` samples with Welch segments of `seg`.
 pub fn extract_from_sums(sums: &[ChunkSums], fs: f64, chunk: usize, seg: usize) -> Extraction {
-    let window_power: f64 = hann(seg).iter().map(|&w| f64::from(w) * f64::from(w)).sum();
+    features_of_sums(sums, fs, chunk, &hann(seg))
+}
+
+/// `extract_from_sums` with the Hann window of the sums' segments at hand.
+fn features_of_sums(sums: &[ChunkSums], fs: f64, chunk: usize, window: &[f32]) -> Extraction {
+    let seg = window.len();
+    let window_power = window_power(window);
     let detector = Detector::new(seg, chunk / seg);
     Extraction {
         chunks: sums
@@ -221,8 +227,12 @@ pub fn welch_psd(
     fft: &dyn rustfft::Fft<f32>,
 ) -> (Vec<f64>, usize) {
     let (bins, k) = welch_sums(x, window, fft);
-    let u: f64 = window.iter().map(|&w| f64::from(w) * f64::from(w)).sum();
-    (shifted_psd(&bins, k, fs, u), k)
+    (shifted_psd(&bins, k, fs, window_power(window)), k)
+}
+
+/// Σw² of a window (the Welch PSD's normalisation), in f64.
+fn window_power(window: &[f32]) -> f64 {
+    window.iter().map(|&w| f64::from(w) * f64::from(w)).sum()
 }
 
 /// Σ over the non-overlapping Hann segments of |FFT|², per bin in natural order. The
