@@ -7,7 +7,7 @@ use super::noise::Noise;
 use super::rng::{Purpose, Stream};
 use super::scenario::{Scenario, Site};
 use super::simd::avx2_dispatch;
-use super::sincos::polar;
+use super::waveform::WaveSpec;
 use rustfft::num_complex::{Complex, Complex32};
 use serde::Serialize;
 use std::f64::consts::PI;
@@ -24,8 +24,6 @@ pub const GENERATOR_VERSION: u32 = 3;
 const EARTH_RADIUS_M: f64 = 6_371_008.8;
 /// Thermal noise density at 290 K, dBm/Hz.
 const KTB_DBM_PER_HZ: f64 = -174.0;
-/// The FM modes' highest audio frequency, Hz (Carson: B = 2·(Δf + f_audio)).
-const AUDIO_MAX_HZ: f64 = 3_000.0;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -124,13 +122,32 @@ pub struct ReceiverPlan {
     pub noise: Noise,
 }
 
-/// Sample `n` up to its recordings: the truth, the transmitted waveform (padded for the
-/// channels' delays) and each receiver's plan.
-pub struct SamplePlan {
+/// Sample `n` up to its recordings: the truth, the transmitted waveform (by default
+/// synthesised and padded for the channels' delays; a `WaveDraft` before synthesis) and
+/// each receiver's plan.
+pub struct SamplePlan<W = Padded> {
     pub tx: TxTruth,
     pub receivers: Vec<RxTruth>,
-    pub wave: Padded,
+    pub wave: W,
     pub plans: Vec<ReceiverPlan>,
+}
+
+/// A transmitted waveform not yet synthesised, and the lead its padding needs.
+pub struct WaveDraft {
+    pub spec: WaveSpec,
+    pub lead: usize,
+}
+
+impl SamplePlan<WaveDraft> {
+    /// The plan with its waveform synthesised on the CPU and padded.
+    pub fn synthesized(self) -> SamplePlan {
+        SamplePlan {
+            wave: Padded::new(&self.wave.spec.synthesize(), self.wave.lead),
+            tx: self.tx,
+            receivers: self.receivers,
+            plans: self.plans,
+        }
+    }
 }
 
 /// Sample `n` of the dataset keyed `key` (`rng::dataset_key`).
@@ -144,15 +161,22 @@ pub fn generate(s: &Scenario, key: u64, n: u64) -> GeneratedSample {
     }
 }
 
-/// Every random draw of sample `n` but the noise, which `receive` reads by index.
+/// Every random draw of sample `n` but the noise, which `receive` reads by index, with
+/// the waveform synthesised.
 pub fn plan(s: &Scenario, key: u64, n: u64) -> SamplePlan {
+    draft(s, key, n).synthesized()
+}
+
+/// Every random draw of sample `n` but the noise; the waveform left to synthesise (on
+/// the CPU by `SamplePlan::synthesized`, on a device by `rf_waveform`).
+pub fn draft(s: &Scenario, key: u64, n: u64) -> SamplePlan<WaveDraft> {
     let (sites, tx_site, inside) = place(s, &mut Stream::new(key, n, 0, Purpose::Geometry));
     let mut prop = Stream::new(key, n, 0, Purpose::Propagation);
     let tx_power = s.propagation.tx_power_dbm + s.propagation.tx_power_std_db * prop.normal();
     let mut wave_rng = Stream::new(key, n, 0, Purpose::Waveform);
     let modulation = Modulation::ALL[wave_rng.pick(&mix_weights(s))];
     let len = samples_per_recording(s);
-    let wave = waveform(s, modulation, len, &mut wave_rng);
+    let spec = WaveSpec::draw(s, modulation, len, &mut wave_rng);
     let fs = s.signal.sample_rate_hz;
     let floor = noise_floor_dbm(s);
     let mut receivers = Vec::with_capacity(sites.len());
@@ -185,7 +209,10 @@ pub fn plan(s: &Scenario, key: u64, n: u64) -> SamplePlan {
             inside,
         },
         receivers,
-        wave: Padded::new(&wave, lead_for(reach.max(0) as f64)),
+        wave: WaveDraft {
+            spec,
+            lead: lead_for(reach.max(0) as f64),
+        },
         plans,
     }
 }
@@ -477,123 +504,6 @@ fn receive_step(
     y
 }
 
-/// The transmitted complex baseband waveform, unit mean power.
-fn waveform(s: &Scenario, m: Modulation, len: usize, r: &mut Stream) -> Vec<Complex<f64>> {
-    let fs = s.signal.sample_rate_hz;
-    let deviation = (s.signal.bandwidth_hz / 2.0 - AUDIO_MAX_HZ).max(250.0);
-    let fm = |mut audio: Vec<f64>| -> Vec<Complex<f64>> {
-        let mut phase = 0.0f64;
-        for a in audio.iter_mut() {
-            // Kept in (−π, π] by one subtraction (a step is far below 2π) rather than a
-            // remainder per sample.
-            phase += 2.0 * PI * deviation * *a / fs;
-            if phase > PI {
-                phase -= 2.0 * PI;
-            } else if phase <= -PI {
-                phase += 2.0 * PI;
-            }
-            *a = phase;
-        }
-        let mut out = vec![Complex::new(0.0, 0.0); audio.len()];
-        polar(&audio, &mut out);
-        out
-    };
-    match m {
-        Modulation::FmVoice => fm(voice(len, fs, r)),
-        Modulation::FmTone => {
-            let f = r.range(300.0, AUDIO_MAX_HZ);
-            fm(sines(len, f / fs, 0.0).map(|(s, _)| s).collect())
-        }
-        Modulation::FmDtmf => fm(dtmf(len, fs, r)),
-        Modulation::Am => {
-            let audio = voice(len, fs, r);
-            let mu = s.signal.am_depth;
-            let x: Vec<f64> = audio.iter().map(|a| 1.0 + mu * a).collect();
-            let p = x.iter().map(|v| v * v).sum::<f64>() / len as f64;
-            x.iter().map(|v| Complex::new(v / p.sqrt(), 0.0)).collect()
-        }
-        Modulation::Carrier => vec![Complex::new(1.0, 0.0); len],
-    }
-}
-
-/// Voice-like audio in [−1, 1]: the harmonics of a pitch f₀ shaped by three formant
-/// resonances (one period tabulated, then read with linear interpolation), under a
-/// syllable-rate envelope.
-fn voice(len: usize, fs: f64, r: &mut Stream) -> Vec<f64> {
-    const TABLE: usize = 2048;
-    let f0 = r.range(90.0, 250.0);
-    let formants = [
-        r.range(300.0, 900.0),
-        r.range(900.0, 2300.0),
-        r.range(2300.0, 3000.0),
-    ];
-    let syllable_hz = r.range(3.0, 6.0);
-    let syllable_phase = 2.0 * PI * r.uniform();
-    let mut table = vec![0.0f64; TABLE];
-    let mut h = 1;
-    while (h as f64) * f0 < AUDIO_MAX_HZ {
-        let f = h as f64 * f0;
-        let a: f64 = formants
-            .iter()
-            .map(|fk| 1.0 / (1.0 + ((f - fk) / 120.0).powi(2)))
-            .sum();
-        let phi = 2.0 * PI * r.uniform();
-        for (i, t) in table.iter_mut().enumerate() {
-            *t += a * (2.0 * PI * h as f64 * i as f64 / TABLE as f64 + phi).sin();
-        }
-        h += 1;
-    }
-    let peak = table.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-12);
-    sines(len, syllable_hz / fs, syllable_phase)
-        .enumerate()
-        .map(|(i, (syllable, _))| {
-            let t = i as f64 / fs;
-            let pos = (f0 * t).fract() * TABLE as f64;
-            let (k, frac) = (pos as usize % TABLE, pos.fract());
-            let v = table[k] * (1.0 - frac) + table[(k + 1) % TABLE] * frac;
-            let envelope = 0.6 + 0.4 * syllable;
-            envelope * v / peak
-        })
-        .collect()
-}
-
-/// (sin, cos) of 2π·cycles_per_sample·i + phase for i = 0..len, by rotation: one complex
-/// product per sample instead of a sine, re-anchored exactly every 4096 samples so the
-/// error stays near 1e-13.
-fn sines(len: usize, cycles_per_sample: f64, phase: f64) -> impl Iterator<Item = (f64, f64)> {
-    let step = Complex::from_polar(1.0, 2.0 * PI * cycles_per_sample);
-    let mut z = Complex::new(0.0, 0.0);
-    (0..len).map(move |i| {
-        if i % 4096 == 0 {
-            z = Complex::from_polar(1.0, 2.0 * PI * cycles_per_sample * i as f64 + phase);
-        }
-        let v = (z.im, z.re);
-        z *= step;
-        v
-    })
-}
-
-/// DTMF-like audio: a random key's row and column tones, a new key every 100 ms.
-fn dtmf(len: usize, fs: f64, r: &mut Stream) -> Vec<f64> {
-    const ROWS: [f64; 4] = [697.0, 770.0, 852.0, 941.0];
-    const COLS: [f64; 3] = [1209.0, 1336.0, 1477.0];
-    let per_key = (0.1 * fs) as usize;
-    let mut out = Vec::with_capacity(len);
-    let mut i = 0;
-    while i < len {
-        let (fr, fc) = (
-            ROWS[(r.uniform() * 4.0) as usize % 4],
-            COLS[(r.uniform() * 3.0) as usize % 3],
-        );
-        for k in i..(i + per_key).min(len) {
-            let t = k as f64 / fs;
-            out.push(0.5 * ((2.0 * PI * fr * t).sin() + (2.0 * PI * fc * t).sin()));
-        }
-        i += per_key;
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,27 +553,5 @@ mod tests {
             (2e-6, Complex::new(1.0, 0.0)),
         ];
         assert!((rms_delay_spread_us(&two) - 1.0).abs() < 1e-12);
-    }
-
-    #[test]
-    fn waveforms_have_unit_power_and_fm_stays_in_its_band() {
-        let s = Scenario::default();
-        for m in Modulation::ALL {
-            let mut r = Stream::new(5, 0, 0, Purpose::Waveform);
-            let w = waveform(&s, m, 40_000, &mut r);
-            let p = w.iter().map(|v| v.norm_sqr()).sum::<f64>() / w.len() as f64;
-            assert!((p - 1.0).abs() < 1e-9, "{m:?} power {p}");
-            if m == Modulation::FmTone || m == Modulation::FmVoice {
-                // Instantaneous frequency within ±deviation.
-                let dev = s.signal.bandwidth_hz / 2.0 - AUDIO_MAX_HZ;
-                let fmax = w
-                    .windows(2)
-                    .map(|p| {
-                        (p[1] * p[0].conj()).arg().abs() * s.signal.sample_rate_hz / (2.0 * PI)
-                    })
-                    .fold(0.0, f64::max);
-                assert!(fmax <= dev * 1.0001, "{m:?} peak deviation {fmax}");
-            }
-        }
     }
 }

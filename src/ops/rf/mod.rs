@@ -13,6 +13,7 @@ pub mod rng;
 pub mod scenario;
 mod simd;
 mod sincos;
+pub mod waveform;
 
 pub use features::{extract, ExtractConfig, ExtractError, Extraction, Stats, FEATURE_NAMES};
 
