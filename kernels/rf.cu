@@ -1,8 +1,34 @@
-// Synthetic RF recordings for a batch of receivers (any mix of samples), and the sums
-// their features are derived from. The arithmetic is kernels/rf.cuh and
-// kernels/rf_features.cuh, checked on the host against the CPU twins.
+// Synthetic RF recordings for a batch of receivers (any mix of samples), the waveforms
+// they receive, and the sums their features are derived from. The arithmetic is
+// kernels/rf.cuh, rf_waveform.cuh and rf_features.cuh, checked on the host against the
+// CPU twins.
 #include "rf.cuh"
 #include "rf_features.cuh"
+#include "rf_waveform.cuh"
+
+// Each sample's transmitted waveform from its spec, padded: one block of at most
+// RF_WAVE_THREADS threads per waveform (phases in rf_waveform.cuh).
+extern "C" __global__ void rf_waveform(const rf_wave *waves, const double *params,
+                                       float *wave_re, float *wave_im) {
+    __shared__ double table[RF_VOICE_TABLE];
+    __shared__ double parts[RF_WAVE_THREADS];
+    const rf_wave w = waves[blockIdx.x];
+    u32 tid = threadIdx.x, threads = blockDim.x;
+    double peak = 1.0;
+    // The kind is the block's, so every thread takes the same branch to the barriers.
+    if (rf_wave_is_voice(&w)) {
+        parts[tid] = rf_wave_table(&w, params, table, tid, threads);
+        __syncthreads();
+        peak = rf_wave_peak(parts, threads);
+        __syncthreads();
+    }
+    parts[tid] = rf_wave_stretch_sum(&w, params, table, peak, tid, threads);
+    __syncthreads();
+    rf_wave_write(&w, params, table, peak, parts, tid, threads, wave_re, wave_im);
+    // The padding copies samples other threads wrote.
+    __syncthreads();
+    rf_wave_pad(&w, tid, threads, wave_re, wave_im);
+}
 
 // One thread per output sample, receivers along grid y.
 extern "C" __global__ void rf_receive(const rf_receiver *receivers, const float *wave_re,

@@ -1,5 +1,5 @@
-/* Host build of kernels/rf.cuh and rf_features.cuh: every sample of every receiver, and
- * every chunk's sums, in the kernels' arithmetic, for the parity tests against the CPU
+/* Host build of kernels/rf.cuh, rf_waveform.cuh and rf_features.cuh: every waveform,
+ * every sample of every receiver, and every chunk's sums, in the kernels' arithmetic, for the parity tests against the CPU
  * twins (src/ops/rf/gpu_host_parity.rs). */
 #include <stddef.h>
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <vector>
 #include "../rf.cuh"
 #include "../rf_features.cuh"
+#include "../rf_waveform.cuh"
 
 extern "C" void gpu_ops_host_rf_receive(const rf_receiver *receivers, size_t count,
                                         const float *wave_re, const float *wave_im,
@@ -35,5 +36,29 @@ extern "C" void gpu_ops_host_rf_chunk_reduce(const float *rec, const rf_chunk *c
         env[4 * i + 1] = e.magnitude_sum;
         env[4 * i + 2] = (double)e.power_max;
         env[4 * i + 3] = (double)e.crossings;
+    }
+}
+
+// rf_waveform with its RF_WAVE_THREADS "threads" run one after another per phase: the same
+// stretches and the same ordered scan as the device, so only sin/cos differ.
+extern "C" void gpu_ops_host_rf_waveform(const rf_wave *waves, size_t count,
+                                         const double *params, float *wave_re,
+                                         float *wave_im) {
+    const u32 threads = RF_WAVE_THREADS;
+    std::vector<double> table(RF_VOICE_TABLE), parts(threads);
+    for (size_t b = 0; b < count; b++) {
+        const rf_wave *w = &waves[b];
+        double peak = 1.0;
+        if (rf_wave_is_voice(w)) {
+            for (u32 t = 0; t < threads; t++)
+                parts[t] = rf_wave_table(w, params, table.data(), t, threads);
+            peak = rf_wave_peak(parts.data(), threads);
+        }
+        for (u32 t = 0; t < threads; t++)
+            parts[t] = rf_wave_stretch_sum(w, params, table.data(), peak, t, threads);
+        for (u32 t = 0; t < threads; t++)
+            rf_wave_write(w, params, table.data(), peak, parts.data(), t, threads, wave_re,
+                          wave_im);
+        for (u32 t = 0; t < threads; t++) rf_wave_pad(w, t, threads, wave_re, wave_im);
     }
 }

@@ -46,6 +46,10 @@ const HEADERS: &[(&str, &str)] = &[
         "rf_features.cuh",
         include_str!("../../../kernels/rf_features.cuh"),
     ),
+    (
+        "rf_waveform.cuh",
+        include_str!("../../../kernels/rf_waveform.cuh"),
+    ),
 ];
 
 /// Every compilation unit: (module name, source).

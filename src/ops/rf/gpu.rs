@@ -1,22 +1,27 @@
-//! The RF kernels (`kernels/rf.cu`): `rf_receive` writes every receiver's recording of a
-//! batch of samples from the plans the CPU draws (`generate::plan`), and
+//! The RF kernels (`kernels/rf.cu`): `rf_waveform` synthesises each sample's transmitted
+//! waveform from the spec the CPU draws (`generate::draft`), `rf_receive` writes every
+//! receiver's recording of a batch of samples from the plans the CPU draws, and
 //! `rf_chunk_reduce` reduces those recordings, still on the device, to the per-chunk sums
 //! the features are derived from (`features::extract_from_sums`). The batch is packed into
 //! flat arrays once; the host build of the kernels (`gpu_host_parity`) and the device read
 //! the same arrays.
 
 use super::features::ChunkSums;
-use super::generate::SamplePlan;
+use super::generate::{SamplePlan, WaveDraft};
+use super::multipath::padded_len;
+use super::waveform::{Audio, WaveSpec};
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use rustfft::num_complex::Complex32;
 
 /// Every kernel `kernels/rf.cu` must provide.
-pub const KERNEL_NAMES: &[&str] = &["rf_receive", "rf_chunk_reduce"];
+pub const KERNEL_NAMES: &[&str] = &["rf_waveform", "rf_receive", "rf_chunk_reduce"];
 /// Receivers run along the grid's y dimension.
 pub const MAX_RECEIVERS_PER_LAUNCH: usize = 65_535;
 
+/// Threads per `rf_waveform` block (`RF_WAVE_THREADS`).
+pub const WAVE_THREADS: u32 = 256;
 /// Threads per `rf_chunk_reduce` block (`RF_REDUCE_THREADS`).
 pub const REDUCE_THREADS: u32 = 256;
 /// The longest Welch segment `rf_chunk_reduce` takes: its two f32 arrays in shared memory
@@ -45,12 +50,83 @@ pub struct RfReceiver {
 // SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields).
 unsafe impl cudarc::driver::DeviceRepr for RfReceiver {}
 
-/// A batch of samples' receivers as the kernel reads them.
+/// `struct rf_wave` of `kernels/rf_waveform.cuh`: one waveform for `rf_waveform` to
+/// synthesise, its pairs in the batch's `wave_params`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RfWave {
+    pub kind: u64,
+    pub out: u64,
+    pub lead: u64,
+    pub len: u64,
+    pub total: u64,
+    pub params: u64,
+    pub count: u64,
+    pub per_key: u64,
+    pub sample_rate_hz: f64,
+    pub fm_scale: f64,
+    pub am_depth: f64,
+    pub f0: f64,
+    pub syllable_hz: f64,
+    pub syllable_phase: f64,
+}
+
+// SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields).
+unsafe impl cudarc::driver::DeviceRepr for RfWave {}
+
+impl RfWave {
+    /// `spec` padded by `lead`, written from index `out` of the waveform arrays; its
+    /// harmonics or keys appended to `params`.
+    fn new(spec: &WaveSpec, out: u64, lead: usize, params: &mut Vec<f64>) -> Self {
+        let kind = super::generate::Modulation::ALL
+            .iter()
+            .position(|m| *m == spec.modulation)
+            .expect("one of ALL") as u64;
+        let mut w = RfWave {
+            kind,
+            out,
+            lead: lead as u64,
+            len: spec.len as u64,
+            total: padded_len(spec.len, lead) as u64,
+            params: (params.len() / 2) as u64,
+            sample_rate_hz: spec.sample_rate_hz,
+            fm_scale: 2.0 * std::f64::consts::PI * spec.deviation_hz,
+            am_depth: spec.am_depth,
+            ..Default::default()
+        };
+        let pairs: &[(f64, f64)] = match &spec.audio {
+            Audio::Voice(v) => {
+                (w.f0, w.syllable_hz, w.syllable_phase) = (v.f0, v.syllable_hz, v.syllable_phase);
+                &v.harmonics
+            }
+            Audio::Tone { hz } => {
+                w.f0 = *hz;
+                &[]
+            }
+            Audio::Dtmf { keys, per_key } => {
+                w.per_key = *per_key as u64;
+                keys
+            }
+            Audio::None => &[],
+        };
+        params.extend(pairs.iter().flat_map(|&(a, b)| [a, b]));
+        w.count = pairs.len() as u64;
+        w
+    }
+}
+
+/// A batch of samples' receivers as the kernels read them: their waveforms either
+/// synthesised on the host (`wave_re`, `wave_im`; `pack`) or specs for `rf_waveform`
+/// (`waves`; `pack_drafts`).
 #[derive(Default)]
 pub struct Batch {
     pub receivers: Vec<RfReceiver>,
     pub wave_re: Vec<f32>,
     pub wave_im: Vec<f32>,
+    pub waves: Vec<RfWave>,
+    pub wave_params: Vec<f64>,
+    /// Floats in each of the waveform arrays, padding included.
+    pub wave_len: u64,
     pub coeff_offset: Vec<i64>,
     pub coeff_re: Vec<f32>,
     pub coeff_im: Vec<f32>,
@@ -62,13 +138,38 @@ pub struct Batch {
     pub out_len: u64,
 }
 
+/// Samples with their waveforms synthesised on the host.
 pub fn pack(samples: &[&SamplePlan]) -> Batch {
-    let mut b = Batch::default();
-    for s in samples {
+    pack_with(samples, |s, b| {
         let (re, im) = s.wave.parts();
-        let wave = (b.wave_re.len() + s.wave.lead()) as u64;
+        let wave = b.wave_len + s.wave.lead() as u64;
         b.wave_re.extend_from_slice(re);
         b.wave_im.extend_from_slice(im);
+        b.wave_len = b.wave_re.len() as u64;
+        (wave, s.wave.len() as u64)
+    })
+}
+
+/// Samples whose waveforms `rf_waveform` synthesises on the device.
+pub fn pack_drafts(samples: &[&SamplePlan<WaveDraft>]) -> Batch {
+    pack_with(samples, |s, b| {
+        let (spec, lead) = (&s.wave.spec, s.wave.lead);
+        let w = RfWave::new(spec, b.wave_len, lead, &mut b.wave_params);
+        b.wave_len += w.total;
+        b.waves.push(w);
+        (w.out + w.lead, w.len)
+    })
+}
+
+/// Packs every sample's receivers; `wave` adds a sample's waveform to the batch and
+/// returns where its sample 0 is in the waveform arrays, and its length.
+fn pack_with<W>(
+    samples: &[&SamplePlan<W>],
+    mut wave: impl FnMut(&SamplePlan<W>, &mut Batch) -> (u64, u64),
+) -> Batch {
+    let mut b = Batch::default();
+    for s in samples {
+        let (wave, len) = wave(s, &mut b);
         for p in &s.plans {
             let coeff_start = b.coeff_offset.len() as u64;
             for (m, c) in p.channel.coefficients() {
@@ -78,7 +179,6 @@ pub fn pack(samples: &[&SamplePlan]) -> Batch {
             }
             let gains = (b.gains.len() / 2) as u64;
             b.gains.extend(p.gains.iter().flat_map(|g| [g.re, g.im]));
-            let len = s.wave.len() as u64;
             b.receivers.push(RfReceiver {
                 wave,
                 coeff_start,
@@ -264,6 +364,59 @@ pub fn receive_and_reduce_cuda(
     Ok((iq, chunk_sums(&chunks, seg, &bins, &env)))
 }
 
+/// The batch's waveforms synthesised by `rf_waveform` (a batch from `pack_drafts`),
+/// copied back as (re, im): what `pack` would have uploaded, within the kernel's
+/// tolerance.
+pub fn waveforms_cuda(
+    b: &Batch,
+    dev: &DeviceLease<'_>,
+) -> Result<(Vec<f32>, Vec<f32>), DeviceError> {
+    if b.waves.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let (re, im) = waveforms_on_device(b, dev)?;
+    let stream = dev.stream();
+    let host = (stream.clone_dtoh(&re)?, stream.clone_dtoh(&im)?);
+    stream.synchronize()?;
+    Ok(host)
+}
+
+/// Launches `rf_waveform` over `b.waves`; the waveforms stay on the device.
+fn waveforms_on_device(
+    b: &Batch,
+    dev: &DeviceLease<'_>,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>), DeviceError> {
+    if b.waves.len() > i32::MAX as usize {
+        return Err(DeviceError::unsupported(format!(
+            "{} waveforms in one batch; the grid takes 2^31 − 1",
+            b.waves.len()
+        )));
+    }
+    let stream = dev.stream();
+    let waves = stream.clone_htod(&b.waves)?;
+    // Carriers and tones have no pairs; an upload is never empty.
+    let params = stream.clone_htod(if b.wave_params.is_empty() {
+        &[0.0][..]
+    } else {
+        &b.wave_params
+    })?;
+    let mut re = stream.alloc_zeros::<f32>(b.wave_len as usize)?;
+    let mut im = stream.alloc_zeros::<f32>(b.wave_len as usize)?;
+    let config = LaunchConfig {
+        grid_dim: (b.waves.len() as u32, 1, 1),
+        block_dim: (WAVE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let f = dev.function("rf_waveform")?;
+    let mut launch = stream.launch_builder(f);
+    launch.arg(&waves).arg(&params).arg(&mut re).arg(&mut im);
+    // SAFETY: `pack_drafts` laid the waves out back to back in arrays of wave_len floats
+    // (each [out, out + total)), their pairs inside params; the block is WAVE_THREADS =
+    // RF_WAVE_THREADS threads, the size of the kernel's shared arrays.
+    unsafe { launch.launch(config) }?;
+    Ok((re, im))
+}
+
 /// Launches `rf_receive`; the recordings stay on the device.
 fn receive_on_device(b: &Batch, dev: &DeviceLease<'_>) -> Result<CudaSlice<f32>, DeviceError> {
     if b.receivers.len() > MAX_RECEIVERS_PER_LAUNCH {
@@ -274,8 +427,14 @@ fn receive_on_device(b: &Batch, dev: &DeviceLease<'_>) -> Result<CudaSlice<f32>,
     }
     let stream = dev.stream();
     let receivers = stream.clone_htod(&b.receivers)?;
-    let wave_re = stream.clone_htod(&b.wave_re)?;
-    let wave_im = stream.clone_htod(&b.wave_im)?;
+    let (wave_re, wave_im) = if b.waves.is_empty() {
+        (
+            stream.clone_htod(&b.wave_re)?,
+            stream.clone_htod(&b.wave_im)?,
+        )
+    } else {
+        waveforms_on_device(b, dev)?
+    };
     // Never empty: every channel has its first arrival's coefficient.
     let coeff_offset = stream.clone_htod(&b.coeff_offset)?;
     let coeff_re = stream.clone_htod(&b.coeff_re)?;

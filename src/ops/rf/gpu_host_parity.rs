@@ -1,12 +1,13 @@
-//! `kernels/rf.cuh` and `kernels/rf_features.cuh` compiled for the host
-//! (kernels/host/rf_host.cpp) against the CPU twins `generate::receive` and
-//! `features::chunk_sums`, on packed batches exactly as `gpu::receive_cuda` and
-//! `gpu::receive_and_reduce_cuda` upload them.
+//! `kernels/rf.cuh`, `kernels/rf_waveform.cuh` and `kernels/rf_features.cuh` compiled
+//! for the host (kernels/host/rf_host.cpp) against the CPU twins `generate::receive`,
+//! `WaveSpec::synthesize` and `features::chunk_sums`, on packed batches exactly as
+//! `gpu::receive_cuda` and `gpu::receive_and_reduce_cuda` upload them.
 
 use super::features::{self, chunk_sums, extract_from_sums, ChunkSums, ExtractConfig};
-use super::generate::{plan, receive};
+use super::generate::{draft, plan, receive, Modulation};
 use super::gpu::{
-    chunk_sums as sums_of, chunks_of, pack, twiddles, unpack, Batch, RfChunk, RfReceiver,
+    chunk_sums as sums_of, chunks_of, pack, pack_drafts, twiddles, unpack, Batch, RfChunk,
+    RfReceiver, RfWave,
 };
 use super::rng::dataset_key;
 use super::scenario::{Environment, Scenario};
@@ -23,6 +24,13 @@ extern "C" {
         coeff_im: *const f32,
         gains: *const f64,
         out: *mut f32,
+    );
+    fn gpu_ops_host_rf_waveform(
+        waves: *const RfWave,
+        count: usize,
+        params: *const f64,
+        wave_re: *mut f32,
+        wave_im: *mut f32,
     );
     #[allow(clippy::too_many_arguments)]
     fn gpu_ops_host_rf_chunk_reduce(
@@ -63,6 +71,24 @@ fn host_reduce(rec: &[f32], chunks: &[RfChunk], seg: usize) -> Vec<ChunkSums> {
         )
     };
     sums_of(chunks, seg, &bins, &env)
+}
+
+/// `rf_waveform`'s arithmetic on the host: fills a `pack_drafts` batch's waveform arrays.
+fn host_waveforms(b: &mut Batch) {
+    assert!(b.waves.iter().all(|w| w.out + w.total <= b.wave_len));
+    b.wave_re = vec![f32::NAN; b.wave_len as usize];
+    b.wave_im = vec![f32::NAN; b.wave_len as usize];
+    // SAFETY: every wave lies inside the arrays of wave_len floats (asserted); its pairs
+    // were appended to wave_params by pack_drafts.
+    unsafe {
+        gpu_ops_host_rf_waveform(
+            b.waves.as_ptr(),
+            b.waves.len(),
+            b.wave_params.as_ptr(),
+            b.wave_re.as_mut_ptr(),
+            b.wave_im.as_mut_ptr(),
+        )
+    };
 }
 
 fn host_receive(b: &Batch) -> Vec<f32> {
@@ -162,14 +188,21 @@ fn the_chunk_reduction_matches_the_cpu_sums_and_features() {
             worst_bin = worst_bin.max((a - b).abs() / (b + 1e-6 * peak));
         }
         // The features from either side's sums.
-        let (fa, fb) = (
-            extract_from_sums(std::slice::from_ref(g), cfg.sample_rate_hz, chunk, seg),
-            extract_from_sums(std::slice::from_ref(&want), cfg.sample_rate_hz, chunk, seg),
+        assert_features_agree(
+            &extract_from_sums(std::slice::from_ref(g), cfg.sample_rate_hz, chunk, seg),
+            &extract_from_sums(std::slice::from_ref(&want), cfg.sample_rate_hz, chunk, seg),
         );
-        for (f, (a, b)) in features::FEATURE_NAMES
-            .iter()
-            .zip(fa.chunks[0].iter().zip(&fb.chunks[0]))
-        {
+    }
+    assert!(worst_sum < 1e-12, "envelope sums {worst_sum}");
+    assert!(worst_bin < 2e-5, "bins {worst_bin}");
+}
+
+/// Every chunk's features within the tolerances: 1e-3 dB, 0.1 Hz, and 1e-6
+/// relative for the rest.
+fn assert_features_agree(got: &features::Extraction, want: &features::Extraction) {
+    assert_eq!(got.chunks.len(), want.chunks.len());
+    for (g, w) in got.chunks.iter().zip(&want.chunks) {
+        for (f, (a, b)) in features::FEATURE_NAMES.iter().zip(g.iter().zip(w)) {
             let tolerance = if f.ends_with("_db") || f.ends_with("_dbm") || f.ends_with("_per_hz") {
                 1e-3
             } else if f.ends_with("_hz") {
@@ -180,6 +213,85 @@ fn the_chunk_reduction_matches_the_cpu_sums_and_features() {
             assert!((a - b).abs() <= tolerance, "{f}: {a} vs {b}");
         }
     }
-    assert!(worst_sum < 1e-12, "envelope sums {worst_sum}");
-    assert!(worst_bin < 2e-5, "bins {worst_bin}");
+}
+
+/// Every modulation in equal shares.
+fn every_modulation(s: &mut Scenario) {
+    let m = &mut s.signal.mix;
+    (m.fm_voice, m.fm_tone, m.fm_dtmf, m.am, m.carrier) = (1.0, 1.0, 1.0, 1.0, 1.0);
+}
+
+#[test]
+fn the_waveform_kernel_matches_the_cpu_synthesis() {
+    // The default rate, and urban delays at 2 MHz for leads of many samples.
+    let mut urban = Scenario::default();
+    urban.signal.sample_rate_hz = 2e6;
+    urban.signal.bandwidth_hz = 200e3;
+    urban.propagation.environment = Environment::Urban;
+    for (mut s, ms) in [(Scenario::default(), 250.0), (urban, 30.0)] {
+        every_modulation(&mut s);
+        s.signal.duration_ms = ms;
+        let key = dataset_key(23);
+        let drafts: Vec<_> = (0..20).map(|n| draft(&s, key, n)).collect();
+        let kinds: std::collections::HashSet<Modulation> =
+            drafts.iter().map(|d| d.tx.modulation).collect();
+        assert_eq!(kinds.len(), Modulation::ALL.len(), "{kinds:?}");
+        let mut got = pack_drafts(&drafts.iter().collect::<Vec<_>>());
+        host_waveforms(&mut got);
+        let plans: Vec<_> = drafts.into_iter().map(|d| d.synthesized()).collect();
+        let want = pack(&plans.iter().collect::<Vec<_>>());
+        assert_eq!(got.receivers, want.receivers);
+        assert_eq!(got.wave_len, want.wave_len);
+        let (mut worst, mut identical) = (0.0f32, 0usize);
+        for (a, b) in got
+            .wave_re
+            .iter()
+            .chain(&got.wave_im)
+            .zip(want.wave_re.iter().chain(&want.wave_im))
+        {
+            worst = worst.max((a - b).abs());
+            identical += usize::from(a.to_bits() == b.to_bits());
+        }
+        // The phase summed per stretch instead of wrapped per sample, the sines direct
+        // instead of by rotation: within an f32 rounding or two of the unit-power values.
+        assert!(worst < 1e-6, "worst difference {worst}");
+        assert!(
+            identical * 100 > 2 * want.wave_re.len() * 99,
+            "{identical} of {} bit-identical",
+            2 * want.wave_re.len()
+        );
+    }
+}
+
+#[test]
+fn device_waveforms_give_the_cpu_features() {
+    // The dataset device path's whole chain in the kernels' arithmetic: waveforms,
+    // recordings and chunk sums, against the CPU's synthesis, receive and extract.
+    let mut s = Scenario::default();
+    every_modulation(&mut s);
+    s.signal.duration_ms = 400.0;
+    let key = dataset_key(24);
+    let drafts: Vec<_> = (0..5).map(|n| draft(&s, key, n)).collect();
+    let mut batch = pack_drafts(&drafts.iter().collect::<Vec<_>>());
+    host_waveforms(&mut batch);
+    let rec = host_receive(&batch);
+    let cfg = ExtractConfig {
+        sample_rate_hz: s.signal.sample_rate_hz,
+        chunk_ms: s.chunk_ms,
+    };
+    let (chunk, seg) = features::plan(&cfg, batch.receivers[0].len as usize).unwrap();
+    let sums = host_reduce(&rec, &chunks_of(&batch, chunk), seg);
+    let mut per_receiver = sums.chunks(sums.len() / batch.receivers.len());
+    for d in drafts {
+        let sample = d.synthesized();
+        for p in &sample.plans {
+            let got =
+                extract_from_sums(per_receiver.next().unwrap(), cfg.sample_rate_hz, chunk, seg);
+            assert_features_agree(
+                &got,
+                &features::extract(&receive(p, &sample.wave), &cfg).unwrap(),
+            );
+        }
+    }
+    assert!(per_receiver.next().is_none());
 }

@@ -27,7 +27,7 @@ pub struct Padded {
 impl Padded {
     pub fn new(x: &[Complex<f64>], lead: usize) -> Self {
         let len = x.len();
-        let total = lead + len + HALF_WIDTH as usize;
+        let total = padded_len(len, lead);
         // Index p holds x[(p − lead) mod len]: the recording repeated from the right phase.
         let start = (len - lead % len) % len;
         let wrapped = x.iter().cycle().skip(start).take(total);
@@ -55,6 +55,11 @@ impl Padded {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// Floats in each part of a `Padded` of `len` samples after `lead`.
+pub fn padded_len(len: usize, lead: usize) -> usize {
+    lead + len + HALF_WIDTH as usize
 }
 
 /// The lead a `Padded` needs for delays up to `max_delay_samples`.
