@@ -498,3 +498,47 @@ fn cuda_rf_chunk_sums_match_the_cpu() {
         }
     }
 }
+
+/// `rf_waveform` against `WaveSpec::synthesize` for every modulation, and the dataset
+/// device path (waveforms, recordings and chunk sums on the device) against the CPU's
+/// records of the same samples.
+#[test]
+fn cuda_rf_waveforms_and_dataset_records_match_the_cpu() {
+    use gpu_ops::ops::rf::dataset::{records_agree, sample, samples_cuda};
+    use gpu_ops::ops::rf::generate::draft;
+    use gpu_ops::ops::rf::gpu::{pack, pack_drafts, waveforms_cuda};
+    use gpu_ops::ops::rf::rng::dataset_key;
+    use gpu_ops::ops::rf::scenario::Scenario;
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP cuda_rf_waveforms_and_dataset_records_match_the_cpu: {reason}");
+        return;
+    }
+    let mut s = Scenario::default();
+    let m = &mut s.signal.mix;
+    (m.fm_voice, m.fm_tone, m.fm_dtmf, m.am, m.carrier) = (1.0, 1.0, 1.0, 1.0, 1.0);
+    let key = dataset_key(7);
+    let drafts: Vec<_> = (0..20).map(|n| draft(&s, key, n)).collect();
+    let batch = pack_drafts(&drafts.iter().collect::<Vec<_>>());
+    let plans: Vec<_> = drafts.into_iter().map(|d| d.synthesized()).collect();
+    let want = pack(&plans.iter().collect::<Vec<_>>());
+    for dev in &devices {
+        let lease = dev.lease().expect("device lease");
+        let (re, im) = waveforms_cuda(&batch, &lease).expect("rf_waveform runs");
+        let worst = re
+            .iter()
+            .chain(&im)
+            .zip(want.wave_re.iter().chain(&want.wave_im))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-6, "waveforms: worst difference {worst}");
+        let got = samples_cuda(&s, key, 0..20, false, &lease).expect("device path runs");
+        for (n, g) in got.iter().enumerate() {
+            let (cpu, _, _) = sample(&s, key, n as u64, false);
+            if let Err(e) = records_agree(g, &cpu) {
+                panic!("sample {n}: {e}");
+            }
+        }
+    }
+}

@@ -4,8 +4,10 @@
 use super::features::{
     self, extract, extract_from_sums, ChunkSums, ExtractConfig, Stats, FEATURE_NAMES,
 };
-use super::generate::{plan, receive_to, samples_per_recording, RxTruth, SamplePlan, TxTruth};
-use super::gpu::{pack, receive_and_reduce_cuda, unpack, MAX_REDUCE_SEGMENT};
+use super::generate::{
+    draft, plan, receive_to, samples_per_recording, RxTruth, SamplePlan, TxTruth,
+};
+use super::gpu::{pack_drafts, receive_and_reduce_cuda, unpack, MAX_REDUCE_SEGMENT};
 use super::scenario::Scenario;
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
@@ -109,10 +111,10 @@ pub fn extract_config(s: &Scenario) -> ExtractConfig {
 
 /// Sample n's record from its plan and each receiver's feature statistics: its quality,
 /// and accepted or rejected by reason (the recordings kept only when accepted).
-fn evaluate(
+fn evaluate<W>(
     s: &Scenario,
     n: u64,
-    plan: SamplePlan,
+    plan: SamplePlan<W>,
     features: Vec<Vec<Stats>>,
     iq: Option<Vec<Vec<Complex32>>>,
 ) -> SampleRecord {
@@ -154,9 +156,9 @@ pub fn device_batch(s: &Scenario) -> u64 {
 const DEVICE_BATCH_BYTES: u64 = 1 << 30;
 const DEVICE_BATCH_MAX: u64 = 64;
 
-/// Samples `indices` with their recordings written and reduced to chunk sums on the
-/// device (`rf_receive`, `rf_chunk_reduce`); plans and the features' last step on the
-/// CPU (the caller's rayon pool). The same records as `sample` within the kernels'
+/// Samples `indices` with their waveforms synthesised, their recordings written and
+/// reduced to chunk sums on the device (`rf_waveform`, `rf_receive`, `rf_chunk_reduce`);
+/// the draws and the features' last step on the CPU (the caller's rayon pool). The same records as `sample` within the kernels'
 /// tolerances (features within 1e-3 dB and 0.1 Hz; tests/gpu_parity.rs).
 pub fn samples_cuda(
     s: &Scenario,
@@ -168,12 +170,12 @@ pub fn samples_cuda(
     let cfg = extract_config(s);
     let (chunk, seg) = features::plan(&cfg, samples_per_recording(s))
         .map_err(|e| DeviceError::unsupported(e.to_string()))?;
-    let plans: Vec<SamplePlan> = indices
+    let plans: Vec<_> = indices
         .clone()
         .into_par_iter()
-        .map(|n| plan(s, key, n))
+        .map(|n| draft(s, key, n))
         .collect();
-    let batch = pack(&plans.iter().collect::<Vec<_>>());
+    let batch = pack_drafts(&plans.iter().collect::<Vec<_>>());
     let (iq, sums) = receive_and_reduce_cuda(&batch, chunk, seg, keep_iq, dev)?;
     let recordings = iq.map(|iq| unpack(&batch, &iq));
     Ok(records_from_sums(
@@ -183,10 +185,10 @@ pub fn samples_cuda(
 
 /// The records of samples `indices` from their plans, every receiver's chunk sums in
 /// order (receiver by receiver, sample by sample) and, when kept, the recordings.
-fn records_from_sums(
+fn records_from_sums<W: Send>(
     s: &Scenario,
     indices: std::ops::Range<u64>,
-    plans: Vec<SamplePlan>,
+    plans: Vec<SamplePlan<W>>,
     sums: &[ChunkSums],
     recordings: Option<Vec<Vec<Vec<Complex32>>>>,
     chunk: usize,
