@@ -3,10 +3,14 @@
 //! generation and feature extraction; and, when a CUDA device is usable, the recordings
 //! of a batch by `rf_receive` beside the CPU loop it replaces, and the recordings reduced
 //! to chunk sums on the device (`rf_chunk_reduce`) with the features derived on the CPU,
-//! beside the CPU's receive and extract (plans drawn on the CPU either way).
+//! beside the CPU's receive and extract (plans drawn on the CPU either way); and the
+//! dataset device path whole (`samples_cuda`: waveforms synthesised on the device too)
+//! beside the CPU path. Without a device it still reports the host's share per sample:
+//! the draws alone (`draft`) against the draws with the waveform (`plan`).
 //! Env: BENCH_RF_SAMPLES (default 12), BENCH_RF_GPU_BATCH (default 64).
 
 use gpu_ops::ops::rf::dataset::sample;
+use gpu_ops::ops::rf::features;
 use gpu_ops::ops::rf::rng::dataset_key;
 use gpu_ops::ops::rf::scenario::Scenario;
 use rayon::prelude::*;
@@ -53,12 +57,82 @@ fn main() {
             rate / threads as f64
         );
     }
+    host_share(&s, key, n);
     gpu(&s, key);
+}
+
+/// What a GPU host's CPU does per sample around the device's work, on one thread: the
+/// draws alone (`draft`, the dataset device path) against the draws with the waveform
+/// synthesised and padded (`plan`, what the CPU path and `pack` need), and the features
+/// derived from a sample's chunk sums.
+fn host_share(s: &Scenario, key: u64, n: u64) {
+    use gpu_ops::ops::rf::generate::{draft, plan};
+    let time = |f: &dyn Fn(u64) -> usize| {
+        let started = Instant::now();
+        let work: usize = (1..=n).map(f).sum();
+        assert!(work > 0);
+        started.elapsed().as_secs_f64() / n as f64
+    };
+    let drafting = time(&|i| draft(s, key, i).plans.len());
+    let planning = time(&|i| plan(s, key, i).wave.len());
+    let (chunk, seg, sums) = cpu_chunk_sums(s, key);
+    let deriving = time(&|_| {
+        sums.iter()
+            .map(|receiver| {
+                features::extract_from_sums(receiver, s.signal.sample_rate_hz, chunk, seg)
+                    .aggregate()
+                    .len()
+            })
+            .sum()
+    });
+    println!("\n## Host work per sample around a device, 1 thread\n");
+    println!("| step | time / sample | samples/s per core |\n|---|---|---|");
+    for (step, t) in [
+        (
+            "draws only (`draft`; the waveform left to rf_waveform)",
+            drafting,
+        ),
+        ("draws + waveform on the CPU (`plan`)", planning),
+        ("features from the chunk sums, every receiver", deriving),
+    ] {
+        println!("| {step} | {:.3} ms | {:.0} |", t * 1e3, 1.0 / t);
+    }
+    println!(
+        "\ndraft vs plan: {:.0}× less host work",
+        planning / drafting
+    );
+    println!(
+        "host share of the device path (draft + features from sums): {:.2} ms a sample, {:.0} samples/s per core",
+        (drafting + deriving) * 1e3,
+        1.0 / (drafting + deriving)
+    );
+}
+
+/// Sample 0's recordings reduced to chunk sums on the CPU, per receiver; with the chunk
+/// and segment lengths.
+fn cpu_chunk_sums(s: &Scenario, key: u64) -> (usize, usize, Vec<Vec<features::ChunkSums>>) {
+    use gpu_ops::ops::rf::generate::{plan, receive};
+    let p = plan(s, key, 0);
+    let cfg = gpu_ops::ops::rf::dataset::extract_config(s);
+    let (chunk, seg) = features::plan(&cfg, p.wave.len()).expect("a chunk fits");
+    let window = features::hann(seg);
+    let fft = rustfft::FftPlanner::<f32>::new().plan_fft_forward(seg);
+    let sums = p
+        .plans
+        .iter()
+        .map(|r| {
+            receive(r, &p.wave)
+                .chunks_exact(chunk)
+                .map(|c| features::chunk_sums(c, &window, fft.as_ref()))
+                .collect()
+        })
+        .collect();
+    (chunk, seg, sums)
 }
 
 fn gpu(s: &Scenario, key: u64) {
     use gpu_ops::backend::cuda::{discover, DeviceSelection};
-    use gpu_ops::ops::rf::features::{self, ExtractConfig};
+    use gpu_ops::ops::rf::features::ExtractConfig;
     use gpu_ops::ops::rf::generate::{plan, receive};
     use gpu_ops::ops::rf::gpu::{pack, receive_and_reduce_cuda, receive_cuda};
     let batch: u64 = std::env::var("BENCH_RF_GPU_BATCH")
@@ -137,7 +211,41 @@ fn gpu(s: &Scenario, key: u64) {
         .sum();
     let cpu_full_s = started.elapsed().as_secs_f64();
     assert_eq!(cpu_full, sums.len());
+    // The dataset device path whole: draws on the CPU, waveforms, recordings and sums on
+    // the device, features and decisions on the CPU; against the CPU path's `sample`.
+    use gpu_ops::ops::rf::dataset::samples_cuda;
+    samples_cuda(s, key, 0..batch, false, &lease).expect("warm-up");
+    let started = Instant::now();
+    let records = samples_cuda(s, key, batch..2 * batch, false, &lease).expect("device path");
+    let dataset_s = started.elapsed().as_secs_f64();
+    assert_eq!(records.len() as u64, batch);
+    let started = Instant::now();
+    let cpu_records = (batch..2 * batch)
+        .into_par_iter()
+        .map(|i| sample(s, key, i, false).0.features.len())
+        .sum::<usize>();
+    let cpu_dataset_s = started.elapsed().as_secs_f64();
+    assert!(cpu_records > 0);
     let cores = rayon::current_num_threads();
+    println!(
+        "\n## Dataset samples, {batch} per device batch, on {}\n",
+        dev.info.name
+    );
+    println!("| path | time | samples/s |\n|---|---|---|");
+    println!(
+        "| device (samples_cuda: draws and features on {cores} CPU threads) | {:.1} ms | {:.0} |",
+        dataset_s * 1e3,
+        batch as f64 / dataset_s
+    );
+    println!(
+        "| CPU (sample, {cores} threads) | {:.1} ms | {:.0} |",
+        cpu_dataset_s * 1e3,
+        batch as f64 / cpu_dataset_s
+    );
+    println!(
+        "\nDevice path vs CPU path: {:.1}×",
+        cpu_dataset_s / dataset_s
+    );
     println!(
         "\n## Recordings of {batch} samples on {} (plans on the CPU)\n",
         dev.info.name
