@@ -29,12 +29,15 @@ impl Padded {
         let len = x.len();
         let total = padded_len(len, lead);
         // Index p holds x[(p − lead) mod len]: the recording repeated from the right phase.
-        let start = (len - lead % len) % len;
-        let wrapped = x.iter().cycle().skip(start).take(total);
+        let mut at = (len - lead % len) % len;
         let (mut re, mut im) = (Vec::with_capacity(total), Vec::with_capacity(total));
-        for v in wrapped {
-            re.push(v.re as f32);
-            im.push(v.im as f32);
+        // Whole stretches of x at a time (a cycled iterator would step through the
+        // skipped part one element at a time).
+        while re.len() < total {
+            let stretch = &x[at..len.min(at + total - re.len())];
+            re.extend(stretch.iter().map(|v| v.re as f32));
+            im.extend(stretch.iter().map(|v| v.im as f32));
+            at = 0;
         }
         Self { re, im, lead, len }
     }
