@@ -76,10 +76,13 @@ fn host_share(s: &Scenario, key: u64, n: u64) {
     let drafting = time(&|i| draft(s, key, i).plans.len());
     let planning = time(&|i| plan(s, key, i).wave.len());
     let (chunk, seg, sums) = cpu_chunk_sums(s, key);
+    // As the dataset path derives: one `Derivation` for the whole batch.
+    let derivation = features::Derivation::new(chunk, seg);
     let deriving = time(&|_| {
         sums.iter()
             .map(|receiver| {
-                features::extract_from_sums(receiver, s.signal.sample_rate_hz, chunk, seg)
+                derivation
+                    .extract(receiver, s.signal.sample_rate_hz)
                     .aggregate()
                     .len()
             })

@@ -1,9 +1,7 @@
 //! One dataset sample end to end: generate, extract every receiver's features, judge
 //! its quality (receivers detected, mean SNR, GDOP) and accept or reject it by reason.
 
-use super::features::{
-    self, extract, extract_from_sums, ChunkSums, ExtractConfig, Stats, FEATURE_NAMES,
-};
+use super::features::{self, extract, ChunkSums, Derivation, ExtractConfig, Stats, FEATURE_NAMES};
 use super::generate::{
     draft, plan, receive_to, samples_per_recording, RxTruth, SamplePlan, TxTruth,
 };
@@ -210,11 +208,12 @@ fn records_from_sums<W: Send>(
         "one chunk's sums per chunk of every recording"
     );
     let fs = s.signal.sample_rate_hz;
+    let derivation = Derivation::new(chunk, seg);
     work.into_par_iter()
         .map(|(n, p, sums, kept)| {
             let features = sums
                 .chunks(per_receiver)
-                .map(|c| extract_from_sums(c, fs, chunk, seg).aggregate())
+                .map(|c| derivation.extract(c, fs).aggregate())
                 .collect();
             evaluate(s, n, p, features, kept)
         })

@@ -140,28 +140,54 @@ pub fn extract(iq: &[Complex32], cfg: &ExtractConfig) -> Result<Extraction, Extr
         .par_chunks_exact(chunk)
         .map(|c| chunk_sums(c, &window, fft.as_ref()))
         .collect();
-    Ok(features_of_sums(&sums, cfg.sample_rate_hz, chunk, &window))
+    Ok(Derivation::with_window(chunk, &window).extract(&sums, cfg.sample_rate_hz))
 }
 
 /// The features of chunks already reduced to their sums (`chunk_sums` here, or the
 /// `rf_chunk_reduce` kernel), each of `chunk` samples with Welch segments of `seg`.
 pub fn extract_from_sums(sums: &[ChunkSums], fs: f64, chunk: usize, seg: usize) -> Extraction {
-    features_of_sums(sums, fs, chunk, &hann(seg))
+    Derivation::new(chunk, seg).extract(sums, fs)
 }
 
-/// `extract_from_sums` with the Hann window of the sums' segments at hand.
-fn features_of_sums(sums: &[ChunkSums], fs: f64, chunk: usize, window: &[f32]) -> Extraction {
-    let seg = window.len();
-    let window_power = window_power(window);
-    let detector = Detector::new(seg, chunk / seg);
-    Extraction {
-        chunks: sums
-            .iter()
-            .map(|s| chunk_features(s, chunk, fs, window_power, &detector))
-            .collect(),
-        samples_per_chunk: chunk,
-        segment_len: seg,
-        segments: chunk / seg,
+/// What deriving features from chunk sums needs besides the sums, for one shape of
+/// chunk: the window's power and the detector's quantiles. Made once and used for every
+/// recording of that shape (a dataset batch), it spares each one a window and two
+/// quantile searches.
+pub struct Derivation {
+    chunk: usize,
+    seg: usize,
+    window_power: f64,
+    detector: Detector,
+}
+
+impl Derivation {
+    /// For chunks of `chunk` samples in Welch segments of `seg`.
+    pub fn new(chunk: usize, seg: usize) -> Self {
+        Self::with_window(chunk, &hann(seg))
+    }
+
+    fn with_window(chunk: usize, window: &[f32]) -> Self {
+        let seg = window.len();
+        Self {
+            chunk,
+            seg,
+            window_power: window_power(window),
+            detector: Detector::new(seg, chunk / seg),
+        }
+    }
+
+    /// `extract_from_sums` for this shape.
+    pub fn extract(&self, sums: &[ChunkSums], fs: f64) -> Extraction {
+        let (chunk, seg) = (self.chunk, self.seg);
+        Extraction {
+            chunks: sums
+                .iter()
+                .map(|s| chunk_features(s, chunk, fs, self.window_power, &self.detector))
+                .collect(),
+            samples_per_chunk: chunk,
+            segment_len: seg,
+            segments: chunk / seg,
+        }
     }
 }
 
