@@ -145,10 +145,10 @@ pub fn fits_device(s: &Scenario) -> bool {
         .is_ok_and(|(_, seg)| seg <= MAX_REDUCE_SEGMENT)
 }
 
-/// Samples in one device batch: recordings of at most `DEVICE_BATCH_BYTES`, and no more
-/// than `DEVICE_BATCH_MAX`.
+/// Samples in one device batch: recordings and waveforms (one per sample, about a
+/// recording's size) of at most `DEVICE_BATCH_BYTES`, and no more than `DEVICE_BATCH_MAX`.
 pub fn device_batch(s: &Scenario) -> u64 {
-    let per_sample = 8 * (samples_per_recording(s) * s.receiver_slots().max(1)) as u64;
+    let per_sample = 8 * (samples_per_recording(s) * (s.receiver_slots().max(1) + 1)) as u64;
     (DEVICE_BATCH_BYTES / per_sample.max(1)).clamp(1, DEVICE_BATCH_MAX)
 }
 const DEVICE_BATCH_BYTES: u64 = 1 << 30;
