@@ -542,3 +542,44 @@ fn cuda_rf_waveforms_and_dataset_records_match_the_cpu() {
         }
     }
 }
+
+/// `/rf/features` on the device (`FeaturesJob::run_cuda`) against the CPU's extraction.
+#[test]
+fn cuda_rf_features_of_an_upload_match_the_cpu() {
+    use gpu_ops::ops::rf::features::FEATURE_NAMES;
+    use gpu_ops::ops::rf::generate::generate;
+    use gpu_ops::ops::rf::rng::dataset_key;
+    use gpu_ops::ops::rf::scenario::Scenario;
+    use gpu_ops::ops::rf::{ExtractConfig, FeaturesJob};
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP cuda_rf_features_of_an_upload_match_the_cpu: {reason}");
+        return;
+    }
+    let s = Scenario::default();
+    let sample = generate(&s, dataset_key(8), 0);
+    let job = FeaturesJob {
+        iq: sample.iq[0].clone(),
+        config: ExtractConfig {
+            sample_rate_hz: s.signal.sample_rate_hz,
+            chunk_ms: 150.0,
+        },
+    };
+    assert!(job.fits_device());
+    let want = job.run_cpu().unwrap();
+    for dev in &devices {
+        let lease = dev.lease().expect("device lease");
+        let got = job.run_cuda(&lease).expect("rf_chunk_reduce runs").unwrap();
+        assert_eq!(got.chunks.len(), want.chunks.len());
+        for (g, w) in got.chunks.iter().zip(&want.chunks) {
+            for (name, (a, b)) in FEATURE_NAMES.iter().zip(g.iter().zip(w)) {
+                let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+                assert!(
+                    (a - b).abs() <= tol || (a - b).abs() <= 1e-6 * b.abs(),
+                    "{name}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}

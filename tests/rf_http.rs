@@ -86,6 +86,7 @@ async fn a_tone_in_noise_and_pure_noise_read_as_they_should() {
 async fn bad_inputs_get_their_problem_code_and_path() {
     let s = TestServer::start(&["--max-elements", "100000"]).await;
     let ok = B64.encode(recording(1000, 0.0, 0.0, 1.0, 3));
+    let wide = B64.encode(recording(70_000, 0.0, 0.0, 1.0, 5));
     let mut nan = recording(1000, 0.0, 0.0, 1.0, 3);
     nan[8 * 7..8 * 7 + 4].copy_from_slice(&f32::NAN.to_le_bytes());
     let cases = [
@@ -132,7 +133,8 @@ async fn bad_inputs_get_their_problem_code_and_path() {
             "/iq",
         ),
         (
-            json!({"sample_rate_hz": FS, "encoding": "base64", "iq": ok, "backend": "cuda"}),
+            // 8192-point Welch segments at 4 MHz: longer than the CUDA path takes.
+            json!({"sample_rate_hz": 4e6, "encoding": "base64", "iq": wide, "backend": "cuda"}),
             422,
             "invalid_parameter",
             "/backend",
@@ -160,6 +162,21 @@ async fn bad_inputs_get_their_problem_code_and_path() {
         let res = s.post("/rf/features", body.clone()).send().await.unwrap();
         let p = problem(res, status, code).await;
         assert_eq!(p["errors"][0]["path"], path, "{p}");
+    }
+    // A shape the CUDA path takes: computed there on a GPU host, refused as 503 where the
+    // server has no device.
+    let res = s
+        .post(
+            "/rf/features",
+            json!({"sample_rate_hz": FS, "encoding": "base64", "iq": ok, "backend": "cuda"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    if res.status() == 200 {
+        assert_eq!(res.headers()["x-backend"], "cuda");
+    } else {
+        problem(res, 503, "device_unavailable").await;
     }
     let res = s
         .post(

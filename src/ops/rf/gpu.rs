@@ -233,14 +233,18 @@ fn complex(interleaved: &[f32]) -> Vec<Complex32> {
 pub fn chunks_of(b: &Batch, chunk: usize) -> Vec<RfChunk> {
     b.receivers
         .iter()
-        .flat_map(|r| {
-            let len = chunk.min(r.len as usize) as u64;
-            (0..r.len / len).map(move |c| RfChunk {
-                start: r.out + c * len,
-                len,
-            })
-        })
+        .flat_map(|r| recording_chunks(r.out, r.len, chunk))
         .collect()
+}
+
+/// The whole chunks of the recording of `len` samples at `start`, as `features::extract`
+/// cuts them.
+pub fn recording_chunks(start: u64, len: u64, chunk: usize) -> impl Iterator<Item = RfChunk> {
+    let size = (chunk as u64).min(len).max(1);
+    (0..len / size).map(move |c| RfChunk {
+        start: start + c * size,
+        len: size,
+    })
 }
 
 /// e^{−2πim/seg} for m < seg/2, as (re, im) pairs: computed in f64, rounded to f32.
@@ -308,16 +312,61 @@ pub fn receive_and_reduce_cuda(
     keep_iq: bool,
     dev: &DeviceLease<'_>,
 ) -> Result<(Option<Vec<f32>>, Vec<ChunkSums>), DeviceError> {
-    if !seg.is_power_of_two() || !(2..=MAX_REDUCE_SEGMENT).contains(&seg) || chunk < seg {
-        return Err(DeviceError::unsupported(format!(
-                "rf_chunk_reduce takes power-of-two segments up to {MAX_REDUCE_SEGMENT} within a chunk; got {seg} in {chunk}"
-            )));
-    }
+    check_segment(chunk, seg)?;
     if b.receivers.is_empty() {
         return Ok((keep_iq.then(Vec::new), Vec::new()));
     }
     let recordings = receive_on_device(b, dev)?;
     let chunks = chunks_of(b, chunk);
+    let sums = reduce_on_device(&recordings, &chunks, seg, dev)?;
+    let iq = if keep_iq {
+        let stream = dev.stream();
+        let iq = stream.clone_dtoh(&recordings)?;
+        stream.synchronize()?;
+        Some(iq)
+    } else {
+        None
+    };
+    Ok((iq, sums))
+}
+
+/// One uploaded recording's chunk sums (`/rf/features` on the device): whole chunks of
+/// `chunk` samples, as `features::extract` cuts them (`features::plan` gives `chunk` and
+/// `seg`).
+pub fn recording_sums_cuda(
+    iq: &[Complex32],
+    chunk: usize,
+    seg: usize,
+    dev: &DeviceLease<'_>,
+) -> Result<Vec<ChunkSums>, DeviceError> {
+    check_segment(chunk, seg)?;
+    let chunks: Vec<RfChunk> = recording_chunks(0, iq.len() as u64, chunk).collect();
+    if chunks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let interleaved: Vec<f32> = iq.iter().flat_map(|c| [c.re, c.im]).collect();
+    let recording = dev.stream().clone_htod(&interleaved)?;
+    reduce_on_device(&recording, &chunks, seg, dev)
+}
+
+/// Whether `rf_chunk_reduce` takes this shape.
+fn check_segment(chunk: usize, seg: usize) -> Result<(), DeviceError> {
+    if !seg.is_power_of_two() || !(2..=MAX_REDUCE_SEGMENT).contains(&seg) || chunk < seg {
+        return Err(DeviceError::unsupported(format!(
+            "rf_chunk_reduce takes power-of-two segments up to {MAX_REDUCE_SEGMENT} within a chunk; got {seg} in {chunk}"
+        )));
+    }
+    Ok(())
+}
+
+/// Launches `rf_chunk_reduce` over `chunks` of the interleaved recordings on the device;
+/// returns their sums.
+fn reduce_on_device(
+    recordings: &CudaSlice<f32>,
+    chunks: &[RfChunk],
+    seg: usize,
+    dev: &DeviceLease<'_>,
+) -> Result<Vec<ChunkSums>, DeviceError> {
     if chunks.len() > i32::MAX as usize {
         return Err(DeviceError::unsupported(format!(
             "{} chunks in one batch; the grid takes 2^31 − 1",
@@ -326,7 +375,7 @@ pub fn receive_and_reduce_cuda(
     }
     let stream = dev.stream();
     let window: Vec<f32> = super::features::hann(seg);
-    let d_chunks = stream.clone_htod(&chunks)?;
+    let d_chunks = stream.clone_htod(chunks)?;
     let d_window = stream.clone_htod(&window)?;
     let d_tw = stream.clone_htod(&twiddles(seg))?;
     let mut bins = stream.alloc_zeros::<f64>(chunks.len() * seg)?;
@@ -340,7 +389,7 @@ pub fn receive_and_reduce_cuda(
     let f = dev.function("rf_chunk_reduce")?;
     let mut launch = stream.launch_builder(f);
     launch
-        .arg(&recordings)
+        .arg(recordings)
         .arg(&d_chunks)
         .arg(&d_window)
         .arg(&d_tw)
@@ -348,20 +397,15 @@ pub fn receive_and_reduce_cuda(
         .arg(&bits)
         .arg(&mut bins)
         .arg(&mut env);
-    // SAFETY: every chunk lies inside one recording of `recordings` (chunks_of over the
-    // batch rf_receive wrote), window holds seg floats and tw seg/2 pairs, bins seg doubles
-    // and env 4 per chunk; the shared memory holds the 2·seg floats a segment needs, and
-    // seg ≤ MAX_REDUCE_SEGMENT keeps it within the default limit.
+    // SAFETY: every chunk lies inside `recordings` (made by chunks_of or recording_chunks
+    // over what they were cut from), window holds seg floats and tw seg/2 pairs, bins seg
+    // doubles and env 4 per chunk; the shared memory holds the 2·seg floats a segment
+    // needs, and check_segment keeps seg within MAX_REDUCE_SEGMENT, the default limit.
     unsafe { launch.launch(config) }?;
     let bins = stream.clone_dtoh(&bins)?;
     let env = stream.clone_dtoh(&env)?;
-    let iq = if keep_iq {
-        Some(stream.clone_dtoh(&recordings)?)
-    } else {
-        None
-    };
     stream.synchronize()?;
-    Ok((iq, chunk_sums(&chunks, seg, &bins, &env)))
+    Ok(chunk_sums(chunks, seg, &bins, &env))
 }
 
 /// The batch's waveforms synthesised by `rf_waveform` (a batch from `pack_drafts`),

@@ -6,8 +6,8 @@
 use super::features::{self, chunk_sums, extract_from_sums, ChunkSums, ExtractConfig};
 use super::generate::{draft, plan, receive, Modulation};
 use super::gpu::{
-    chunk_sums as sums_of, chunks_of, pack, pack_drafts, twiddles, unpack, Batch, RfChunk,
-    RfReceiver, RfWave,
+    chunk_sums as sums_of, chunks_of, pack, pack_drafts, recording_chunks, twiddles, unpack, Batch,
+    RfChunk, RfReceiver, RfWave,
 };
 use super::rng::dataset_key;
 use super::scenario::{Environment, Scenario};
@@ -295,4 +295,30 @@ fn device_waveforms_give_the_cpu_features() {
         }
     }
     assert!(per_receiver.next().is_none());
+}
+
+#[test]
+fn an_uploaded_recording_reduces_to_the_cpu_features() {
+    // `/rf/features` on the device: one recording cut as `extract` cuts it (a trailing
+    // part left out; a recording shorter than a chunk one chunk), reduced by the kernel's
+    // arithmetic, the features derived once per shape.
+    let s = Scenario::default();
+    let sample = plan(&s, dataset_key(25), 0);
+    let cfg = ExtractConfig {
+        sample_rate_hz: s.signal.sample_rate_hz,
+        chunk_ms: 80.0,
+    };
+    let full = receive(&sample.plans[0], &sample.wave);
+    for len in [full.len(), 2 * 16_000 + 5_000, 9_000] {
+        let iq = &full[..len];
+        let (chunk, seg) = features::plan(&cfg, len).unwrap();
+        let chunks: Vec<RfChunk> = recording_chunks(0, len as u64, chunk).collect();
+        assert_eq!(chunks.len(), (len / chunk).max(1), "{len}");
+        let interleaved: Vec<f32> = iq.iter().flat_map(|c| [c.re, c.im]).collect();
+        let sums = host_reduce(&interleaved, &chunks, seg);
+        assert_features_agree(
+            &features::Derivation::new(chunk, seg).extract(&sums, cfg.sample_rate_hz),
+            &features::extract(iq, &cfg).unwrap(),
+        );
+    }
 }

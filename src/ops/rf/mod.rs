@@ -44,4 +44,28 @@ impl FeaturesJob {
     pub fn run_cpu(&self) -> Result<Extraction, ExtractError> {
         extract(&self.iq, &self.config)
     }
+
+    /// Whether `run_cuda` takes this recording: its Welch segments within
+    /// `gpu::MAX_REDUCE_SEGMENT` (sample rates up to about 1.6 MHz at the default
+    /// resolution).
+    pub fn fits_device(&self) -> bool {
+        features::plan(&self.config, self.iq.len())
+            .is_ok_and(|(_, seg)| seg <= gpu::MAX_REDUCE_SEGMENT)
+    }
+
+    /// The recording's chunk sums on the device (`rf_chunk_reduce`), the features derived
+    /// from them on the CPU: `run_cpu`'s features within 1e-3 dB and 0.1 Hz.
+    pub fn run_cuda(
+        &self,
+        dev: &crate::backend::cuda::DeviceLease<'_>,
+    ) -> Result<Result<Extraction, ExtractError>, crate::backend::DeviceError> {
+        let (chunk, seg) = match features::plan(&self.config, self.iq.len()) {
+            Ok(shape) => shape,
+            Err(e) => return Ok(Err(e)),
+        };
+        let sums = gpu::recording_sums_cuda(&self.iq, chunk, seg, dev)?;
+        Ok(Ok(
+            features::Derivation::new(chunk, seg).extract(&sums, self.config.sample_rate_hz)
+        ))
+    }
 }
