@@ -15,7 +15,7 @@ use std::f64::consts::PI;
 pub const AUDIO_MAX_HZ: f64 = 3_000.0;
 /// Points in one tabulated period of the voice's harmonics.
 pub const VOICE_TABLE: usize = 2048;
-/// Samples per DTMF key: a new key every 100 ms.
+/// Seconds per DTMF key.
 const KEY_SECONDS: f64 = 0.1;
 const ROWS: [f64; 4] = [697.0, 770.0, 852.0, 941.0];
 const COLS: [f64; 3] = [1209.0, 1336.0, 1477.0];
