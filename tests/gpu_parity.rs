@@ -2,9 +2,21 @@
 //! inputs, through the real service path. Runs where a CUDA device is usable and says
 //! why it skips elsewhere. On a GPU host: `scripts/gpu-check.sh run`.
 
-use gpu_ops::backend::cuda::{discover, DeviceSelection};
+use gpu_ops::backend::cuda::{discover, CudaDevice, DeviceSelection};
 use gpu_ops::ops::zk::samples::{edge_values, random_elements};
 use gpu_ops::ops::zk::{Field, FieldBinaryJob, FieldOp, FieldVec, U256};
+use std::sync::Arc;
+
+/// Every usable CUDA device; none (with the reason printed as `test`'s skip) elsewhere.
+fn devices_or_skip(test: &str) -> Option<Vec<Arc<CudaDevice>>> {
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    if devices.is_empty() {
+        eprintln!("SKIP {test}: {reason}");
+        return None;
+    }
+    Some(devices)
+}
 
 fn inputs(field: Field, n: usize) -> (Vec<U256>, Vec<U256>) {
     let e = edge_values(field);
@@ -17,12 +29,9 @@ fn inputs(field: Field, n: usize) -> (Vec<U256>, Vec<U256>) {
 
 #[test]
 fn cuda_field_ops_are_bit_identical_to_the_cpu() {
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_field_ops_are_bit_identical_to_the_cpu: {reason}");
+    let Some(devices) = devices_or_skip("cuda_field_ops_are_bit_identical_to_the_cpu") else {
         return;
-    }
+    };
     for dev in &devices {
         eprintln!(
             "GPU {}: {} (sm {}, {})",
@@ -56,7 +65,7 @@ fn cuda_field_ops_are_bit_identical_to_the_cpu() {
 }
 
 mod dp {
-    use gpu_ops::backend::cuda::{discover, DeviceSelection};
+    use super::devices_or_skip;
     use gpu_ops::ops::dp::plan::{calibrate_gaussian, calibrate_laplace, GaussianPlan};
     use gpu_ops::ops::dp::{
         run_noise_cuda, run_privatize_cuda, Gradients, Mechanism, NoiseJob, NoiseKey, PrivatizeJob,
@@ -78,12 +87,11 @@ mod dp {
 
     #[test]
     fn cuda_privatize_and_mechanisms_are_bit_identical_to_the_cpu() {
-        let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-        let (devices, reason) = discover(&DeviceSelection::All, &cache);
-        if devices.is_empty() {
-            eprintln!("SKIP cuda_privatize_and_mechanisms_are_bit_identical_to_the_cpu: {reason}");
+        let Some(devices) =
+            devices_or_skip("cuda_privatize_and_mechanisms_are_bit_identical_to_the_cpu")
+        else {
             return;
-        }
+        };
         let key = NoiseKey::from_seed(2024);
         for dev in &devices {
             for &(rows, cols) in &[(1usize, 1usize), (3, 257), (64, 10_000), (256, 70_001)] {
@@ -160,12 +168,9 @@ mod dp {
 #[test]
 fn cuda_pow_and_inv_are_bit_identical_to_the_cpu() {
     use gpu_ops::ops::zk::{run_field_inv_cuda, run_field_pow_cuda, FieldInvJob, FieldPowJob};
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_pow_and_inv_are_bit_identical_to_the_cpu: {reason}");
+    let Some(devices) = devices_or_skip("cuda_pow_and_inv_are_bit_identical_to_the_cpu") else {
         return;
-    }
+    };
     for dev in &devices {
         for n in [1usize, 7, 1000, 300_000] {
             for field in Field::ALL {
@@ -198,12 +203,9 @@ fn cuda_pow_and_inv_are_bit_identical_to_the_cpu() {
 fn cuda_ntt_is_bit_identical_to_the_cpu() {
     use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
     use gpu_ops::ops::zk::run_ntt_cuda;
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_ntt_is_bit_identical_to_the_cpu: {reason}");
+    let Some(devices) = devices_or_skip("cuda_ntt_is_bit_identical_to_the_cpu") else {
         return;
-    }
+    };
     for dev in &devices {
         for field in Field::ALL {
             for (log_n, batch) in [(0u32, 3usize), (1, 1), (5, 4), (12, 2), (20, 1)] {
@@ -247,12 +249,9 @@ fn cuda_msm_equals_the_cpu() {
     use gpu_ops::ops::zk::msm::{Curve, MsmJob, Points};
     use gpu_ops::ops::zk::samples::random_points;
     use gpu_ops::ops::zk::{run_msm_cuda, run_msm_cuda_in_chunks};
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_msm_equals_the_cpu: {reason}");
+    let Some(devices) = devices_or_skip("cuda_msm_equals_the_cpu") else {
         return;
-    }
+    };
     fn with_hard_points(points: Points) -> Points {
         use ark_ec::short_weierstrass::{Affine, SWCurveConfig};
         fn mix<P: SWCurveConfig>(mut p: Vec<Affine<P>>) -> Vec<Affine<P>> {
@@ -309,12 +308,9 @@ fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
     use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
     use gpu_ops::ops::zk::samples::random_points;
     use gpu_ops::ops::zk::{run_field_inv_cuda, run_msm_cuda, run_ntt_cuda, FieldInvJob};
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_work_beyond_the_memory_limit_runs_in_passes: {reason}");
+    let Some(devices) = devices_or_skip("cuda_work_beyond_the_memory_limit_runs_in_passes") else {
         return;
-    }
+    };
     for dev in &devices {
         dev.set_memory_limit(1 << 20);
         let field = Field::Bn254Fr;
@@ -369,12 +365,9 @@ fn cuda_rf_recordings_match_the_cpu() {
     use gpu_ops::ops::rf::gpu::{pack, receive_cuda, unpack};
     use gpu_ops::ops::rf::rng::dataset_key;
     use gpu_ops::ops::rf::scenario::Scenario;
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_rf_recordings_match_the_cpu: {reason}");
+    let Some(devices) = devices_or_skip("cuda_rf_recordings_match_the_cpu") else {
         return;
-    }
+    };
     let s = Scenario::default();
     let key = dataset_key(5);
     let plans: Vec<_> = (0..6).map(|n| plan(&s, key, n)).collect();
@@ -429,12 +422,9 @@ fn cuda_rf_chunk_sums_match_the_cpu() {
     use gpu_ops::ops::rf::gpu::{chunks_of, pack, receive_and_reduce_cuda, unpack};
     use gpu_ops::ops::rf::rng::dataset_key;
     use gpu_ops::ops::rf::scenario::Scenario;
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_rf_chunk_sums_match_the_cpu: {reason}");
+    let Some(devices) = devices_or_skip("cuda_rf_chunk_sums_match_the_cpu") else {
         return;
-    }
+    };
     let s = Scenario::default();
     let key = dataset_key(6);
     let plans: Vec<_> = (0..6).map(|n| plan(&s, key, n)).collect();
@@ -509,12 +499,10 @@ fn cuda_rf_waveforms_and_dataset_records_match_the_cpu() {
     use gpu_ops::ops::rf::gpu::{pack, pack_drafts, waveforms_cuda};
     use gpu_ops::ops::rf::rng::dataset_key;
     use gpu_ops::ops::rf::scenario::Scenario;
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_rf_waveforms_and_dataset_records_match_the_cpu: {reason}");
+    let Some(devices) = devices_or_skip("cuda_rf_waveforms_and_dataset_records_match_the_cpu")
+    else {
         return;
-    }
+    };
     let mut s = Scenario::default();
     let m = &mut s.signal.mix;
     (m.fm_voice, m.fm_tone, m.fm_dtmf, m.am, m.carrier) = (1.0, 1.0, 1.0, 1.0, 1.0);
@@ -551,12 +539,9 @@ fn cuda_rf_features_of_an_upload_match_the_cpu() {
     use gpu_ops::ops::rf::rng::dataset_key;
     use gpu_ops::ops::rf::scenario::Scenario;
     use gpu_ops::ops::rf::{ExtractConfig, FeaturesJob};
-    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
-    if devices.is_empty() {
-        eprintln!("SKIP cuda_rf_features_of_an_upload_match_the_cpu: {reason}");
+    let Some(devices) = devices_or_skip("cuda_rf_features_of_an_upload_match_the_cpu") else {
         return;
-    }
+    };
     let s = Scenario::default();
     let sample = generate(&s, dataset_key(8), 0);
     let job = FeaturesJob {
