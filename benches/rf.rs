@@ -135,7 +135,6 @@ fn cpu_chunk_sums(s: &Scenario, key: u64) -> (usize, usize, Vec<Vec<features::Ch
 
 fn gpu(s: &Scenario, key: u64) {
     use gpu_ops::backend::cuda::{discover, DeviceSelection};
-    use gpu_ops::ops::rf::features::ExtractConfig;
     use gpu_ops::ops::rf::generate::{plan, receive};
     use gpu_ops::ops::rf::gpu::{pack, receive_and_reduce_cuda, receive_cuda};
     let batch: u64 = std::env::var("BENCH_RF_GPU_BATCH")
@@ -175,10 +174,7 @@ fn gpu(s: &Scenario, key: u64) {
     assert_eq!(cpu as u64, packed.out_len);
     // Recordings and their chunk sums on the device, only the sums copied back; then the
     // features derived on the CPU. Against the CPU's whole sample (receive and extract).
-    let cfg = ExtractConfig {
-        sample_rate_hz: s.signal.sample_rate_hz,
-        chunk_ms: s.chunk_ms,
-    };
+    let cfg = gpu_ops::ops::rf::dataset::extract_config(s);
     let (chunk, seg) = features::plan(&cfg, packed.receivers[0].len as usize).expect("plan");
     receive_and_reduce_cuda(&packed, chunk, seg, false, &lease).expect("warm-up");
     let started = Instant::now();
@@ -187,13 +183,11 @@ fn gpu(s: &Scenario, key: u64) {
     let reduce_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
     let per_rx = sums.len() / packed.receivers.len();
+    // As the dataset path derives: one `Derivation` for the whole batch.
+    let derivation = features::Derivation::new(chunk, seg);
     let derived: usize = sums
         .par_chunks(per_rx)
-        .map(|c| {
-            features::extract_from_sums(c, cfg.sample_rate_hz, chunk, seg)
-                .chunks
-                .len()
-        })
+        .map(|c| derivation.extract(c, cfg.sample_rate_hz).chunks.len())
         .sum();
     let derive_s = started.elapsed().as_secs_f64();
     assert_eq!(derived, sums.len());

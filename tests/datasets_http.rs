@@ -225,12 +225,7 @@ async fn cancel_delete_and_bad_input() {
         .await
         .unwrap();
     problem(res, 409, "dataset_finished").await;
-    let res = s
-        .client
-        .delete(format!("{}/datasets/{id}", s.url))
-        .send()
-        .await
-        .unwrap();
+    let res = s.delete(&format!("/datasets/{id}")).send().await.unwrap();
     assert_eq!(res.status(), 204);
     problem(
         s.get(&format!("/datasets/{id}")).await,
@@ -513,12 +508,7 @@ async fn a_tenant_quota_counts_the_datasets_that_keep_files() {
     wait_for(&s, &id, &["completed"]).await;
     wait_for(&s, fits["id"].as_str().unwrap(), &["completed"]).await;
     // Deleting the first frees its share.
-    let res = s
-        .client
-        .delete(format!("{}/datasets/{id}", s.url))
-        .send()
-        .await
-        .unwrap();
+    let res = s.delete(&format!("/datasets/{id}")).send().await.unwrap();
     assert_eq!(res.status(), 204);
     create(&s, small(2, 2)).await;
 }
@@ -590,8 +580,7 @@ async fn datasets_belong_to_their_tenant() {
         .unwrap();
     problem(res, 404, "dataset_not_found").await;
     let res = s
-        .client
-        .delete(format!("{}/datasets/{id}", s.url))
+        .delete(&format!("/datasets/{id}"))
         .bearer_auth(bob)
         .send()
         .await

@@ -18,6 +18,17 @@ fn devices_or_skip(test: &str) -> Option<Vec<Arc<CudaDevice>>> {
     Some(devices)
 }
 
+/// An RF feature from the device within the tolerance of the CPU's: 0.1 Hz for
+/// frequencies, 1e-3 (dB and the rest) otherwise, or 1e-6 relative.
+fn assert_feature_close(name: &str, got: f64, want: f64, at: &str) {
+    let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+    let d = (got - want).abs();
+    assert!(
+        d <= tol || d <= 1e-6 * want.abs(),
+        "{at} {name}: {got} vs {want}"
+    );
+}
+
 fn inputs(field: Field, n: usize) -> (Vec<U256>, Vec<U256>) {
     let e = edge_values(field);
     let mut xs: Vec<U256> = e.iter().flat_map(|x| e.iter().map(move |_| *x)).collect();
@@ -360,7 +371,7 @@ fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
 /// against the CPU's within the tolerances (1e-3 dB, 0.1 Hz).
 #[test]
 fn cuda_rf_recordings_match_the_cpu() {
-    use gpu_ops::ops::rf::features::{extract, ExtractConfig, FEATURE_NAMES};
+    use gpu_ops::ops::rf::features::{extract, FEATURE_NAMES};
     use gpu_ops::ops::rf::generate::{plan, receive};
     use gpu_ops::ops::rf::gpu::{pack, receive_cuda, unpack};
     use gpu_ops::ops::rf::rng::dataset_key;
@@ -372,10 +383,7 @@ fn cuda_rf_recordings_match_the_cpu() {
     let key = dataset_key(5);
     let plans: Vec<_> = (0..6).map(|n| plan(&s, key, n)).collect();
     let batch = pack(&plans.iter().collect::<Vec<_>>());
-    let cfg = ExtractConfig {
-        sample_rate_hz: s.signal.sample_rate_hz,
-        chunk_ms: s.chunk_ms,
-    };
+    let cfg = gpu_ops::ops::rf::dataset::extract_config(&s);
     for dev in &devices {
         let lease = dev.lease().expect("device lease");
         let out = receive_cuda(&batch, &lease).expect("rf_receive runs");
@@ -399,13 +407,11 @@ fn cuda_rf_recordings_match_the_cpu() {
                     extract(&want, &cfg).unwrap().aggregate(),
                 );
                 for (i, name) in FEATURE_NAMES.iter().enumerate() {
-                    let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
-                    let d = (fa[i].mean - fb[i].mean).abs();
-                    assert!(
-                        d <= tol || d <= 1e-6 * fb[i].mean.abs(),
-                        "sample {n} rx {r} {name}: {} vs {}",
+                    assert_feature_close(
+                        name,
                         fa[i].mean,
-                        fb[i].mean
+                        fb[i].mean,
+                        &format!("sample {n} rx {r}"),
                     );
                 }
             }
@@ -415,9 +421,7 @@ fn cuda_rf_recordings_match_the_cpu() {
 
 #[test]
 fn cuda_rf_chunk_sums_match_the_cpu() {
-    use gpu_ops::ops::rf::features::{
-        self, chunk_sums, extract, extract_from_sums, ExtractConfig, FEATURE_NAMES,
-    };
+    use gpu_ops::ops::rf::features::{self, chunk_sums, extract, extract_from_sums, FEATURE_NAMES};
     use gpu_ops::ops::rf::generate::{plan, receive};
     use gpu_ops::ops::rf::gpu::{chunks_of, pack, receive_and_reduce_cuda, unpack};
     use gpu_ops::ops::rf::rng::dataset_key;
@@ -429,10 +433,7 @@ fn cuda_rf_chunk_sums_match_the_cpu() {
     let key = dataset_key(6);
     let plans: Vec<_> = (0..6).map(|n| plan(&s, key, n)).collect();
     let batch = pack(&plans.iter().collect::<Vec<_>>());
-    let cfg = ExtractConfig {
-        sample_rate_hz: s.signal.sample_rate_hz,
-        chunk_ms: s.chunk_ms,
-    };
+    let cfg = gpu_ops::ops::rf::dataset::extract_config(&s);
     let (chunk, seg) = features::plan(&cfg, batch.receivers[0].len as usize).unwrap();
     let chunks = chunks_of(&batch, chunk);
     let window = features::hann(seg);
@@ -475,13 +476,11 @@ fn cuda_rf_chunk_sums_match_the_cpu() {
                     .unwrap()
                     .aggregate();
                 for (i, name) in FEATURE_NAMES.iter().enumerate() {
-                    let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
-                    let d = (got[i].mean - want[i].mean).abs();
-                    assert!(
-                        d <= tol || d <= 1e-6 * want[i].mean.abs(),
-                        "sample {n} rx {r} {name}: {} vs {}",
+                    assert_feature_close(
+                        name,
                         got[i].mean,
-                        want[i].mean
+                        want[i].mean,
+                        &format!("sample {n} rx {r}"),
                     );
                 }
             }
@@ -559,11 +558,7 @@ fn cuda_rf_features_of_an_upload_match_the_cpu() {
         assert_eq!(got.chunks.len(), want.chunks.len());
         for (g, w) in got.chunks.iter().zip(&want.chunks) {
             for (name, (a, b)) in FEATURE_NAMES.iter().zip(g.iter().zip(w)) {
-                let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
-                assert!(
-                    (a - b).abs() <= tol || (a - b).abs() <= 1e-6 * b.abs(),
-                    "{name}: {a} vs {b}"
-                );
+                assert_feature_close(name, *a, *b, "upload");
             }
         }
     }

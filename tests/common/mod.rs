@@ -84,6 +84,10 @@ impl TestServer {
         self.client.post(format!("{}{path}", self.url)).json(&body)
     }
 
+    pub fn delete(&self, path: &str) -> reqwest::RequestBuilder {
+        self.client.delete(format!("{}{path}", self.url))
+    }
+
     pub async fn get(&self, path: &str) -> reqwest::Response {
         self.client
             .get(format!("{}{path}", self.url))

@@ -3,6 +3,7 @@
 //! `WaveSpec::synthesize` and `features::chunk_sums`, on packed batches exactly as
 //! `gpu::receive_cuda` and `gpu::receive_and_reduce_cuda` upload them.
 
+use super::dataset::extract_config;
 use super::features::{self, chunk_sums, extract_from_sums, ChunkSums, ExtractConfig};
 use super::generate::{draft, plan, receive, Modulation};
 use super::gpu::{
@@ -158,10 +159,7 @@ fn the_chunk_reduction_matches_the_cpu_sums_and_features() {
     let plans: Vec<_> = (0..3).map(|n| plan(&s, key, n)).collect();
     let batch = pack(&plans.iter().collect::<Vec<_>>());
     let rec = host_receive(&batch);
-    let cfg = ExtractConfig {
-        sample_rate_hz: s.signal.sample_rate_hz,
-        chunk_ms: s.chunk_ms,
-    };
+    let cfg = extract_config(&s);
     let (chunk, seg) = features::plan(&cfg, batch.receivers[0].len as usize).unwrap();
     let chunks = chunks_of(&batch, chunk);
     assert_eq!(chunks.len(), batch.receivers.len() * 2);
@@ -276,10 +274,7 @@ fn device_waveforms_give_the_cpu_features() {
     let mut batch = pack_drafts(&drafts.iter().collect::<Vec<_>>());
     host_waveforms(&mut batch);
     let rec = host_receive(&batch);
-    let cfg = ExtractConfig {
-        sample_rate_hz: s.signal.sample_rate_hz,
-        chunk_ms: s.chunk_ms,
-    };
+    let cfg = extract_config(&s);
     let (chunk, seg) = features::plan(&cfg, batch.receivers[0].len as usize).unwrap();
     let sums = host_reduce(&rec, &chunks_of(&batch, chunk), seg);
     let mut per_receiver = sums.chunks(sums.len() / batch.receivers.len());
