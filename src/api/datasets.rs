@@ -1,17 +1,19 @@
 //! Synthetic RF dataset jobs: submit, follow, list, cancel, delete, download.
 
 use super::auth::{tenant, Tenant};
-use super::problem::{ErrorCode, Problem, ProblemDocument};
-use super::{blocking, ApiJson, AppState};
+use super::openapi::Binary;
+use super::problem::{ErrorCode, Problem};
+use super::{blocking, ApiJson, ApiPath, ApiQuery, AppState, IdParam};
 use crate::datasets::{estimate_bytes, iq_out, sigmf, SubmitError};
 use crate::ops::rf::scenario::Scenario;
 use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset};
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
@@ -30,7 +32,8 @@ pub enum DatasetType {
 #[schema(example = json!({"name": "suburban-7rx", "num_samples": 1000, "dataset_type": "feature_based", "seed": 7,
     "config": {"propagation": {"environment": "suburban"}}}))]
 pub struct CreateDatasetRequest {
-    /// 1 to 200 characters.
+    /// 1 to 200 characters once leading and trailing whitespace is trimmed.
+    #[schema(pattern = r"^\s*\S([\s\S]{0,198}\S)?\s*$")]
     pub name: String,
     /// Accepted samples wanted (1 to --max-dataset-samples, at most 5,000,000).
     #[schema(minimum = 1, maximum = 5000000)]
@@ -38,6 +41,7 @@ pub struct CreateDatasetRequest {
     pub dataset_type: DatasetType,
     /// The same seed and config give the same dataset. Drawn by the server when absent
     /// (and reported).
+    #[schema(minimum = 0, maximum = 9223372036854775807_u64)]
     pub seed: Option<u64>,
     /// Every model parameter, each with its default (docs/RF_DATASETS.md).
     #[serde(default)]
@@ -233,10 +237,17 @@ fn new_id() -> Result<String, Problem> {
         free disk space (507) is refused up front; the estimate is an upper bound.",
     request_body = CreateDatasetRequest,
     responses(
-        (status = 202, description = "Queued", body = DatasetView),
-        (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field), dataset_too_large, dataset_quota_exceeded (the tenant's datasets together would exceed --max-tenant-dataset-bytes)", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "queue_full: --max-dataset-jobs jobs already wait", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 507, description = "insufficient_storage: the files could outgrow the free space under --data-dir", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 202, description = "Queued", body = DatasetView, links(
+            ("get" = (operation_id = "dataset_get", parameters(("id" = "$response.body#/id")))),
+            ("cancel" = (operation_id = "dataset_cancel", parameters(("id" = "$response.body#/id")))),
+            ("resume" = (operation_id = "dataset_resume", parameters(("id" = "$response.body#/id")))),
+            ("features" = (operation_id = "dataset_features", parameters(("id" = "$response.body#/id")))),
+            ("delete" = (operation_id = "dataset_delete", parameters(("id" = "$response.body#/id")))),
+            ("sample_iq" = (operation_id = "dataset_sample_iq", parameters(("id" = "$response.body#/id"), ("n" = json!(0)), ("rx" = json!(0))))),
+        )),
+        (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field), dataset_too_large, dataset_quota_exceeded (the tenant's datasets together would exceed --max-tenant-dataset-bytes)"),
+        (status = 503, description = "queue_full: --max-dataset-jobs jobs already wait"),
+        (status = 507, description = "insufficient_storage: the files could outgrow the free space under --data-dir"),
     ),
     security((), ("bearer" = []))
 )]
@@ -331,14 +342,14 @@ pub async fn create_dataset(
     params(("id" = String, Path, description = "Dataset id")),
     responses(
         (status = 200, description = "The job", body = DatasetView),
-        (status = 404, description = "dataset_not_found (also for another tenant's dataset)", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "dataset_not_found (also for another tenant's dataset)"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn get_dataset(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Json<DatasetView>, Problem> {
     let row = find(&state, &tenant(&who), &id).await?;
     Ok(Json(view(&state, row)))
@@ -368,15 +379,15 @@ pub async fn list_datasets(
     params(("id" = String, Path, description = "Dataset id")),
     responses(
         (status = 202, description = "Cancellation requested; the status turns `cancelled` shortly", body = DatasetView),
-        (status = 404, description = "dataset_not_found", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "dataset_finished: the job has already ended", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "dataset_not_found"),
+        (status = 409, description = "dataset_finished: the job has already ended"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn cancel_dataset(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Response, Problem> {
     let row = find(&state, &tenant(&who), &id).await?;
     if row.status.is_final() || !state.datasets.cancel(&id) {
@@ -397,17 +408,17 @@ pub async fn cancel_dataset(
     params(("id" = String, Path, description = "Dataset id")),
     responses(
         (status = 202, description = "Queued again", body = DatasetView),
-        (status = 404, description = "dataset_not_found", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "dataset_not_resumable: the job is not interrupted, or its checkpoint was written by another generator version", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "queue_full", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 507, description = "insufficient_storage: what is left of the job could outgrow the free disk", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "dataset_not_found"),
+        (status = 409, description = "dataset_not_resumable: the job is not interrupted, or its checkpoint was written by another generator version"),
+        (status = 503, description = "queue_full"),
+        (status = 507, description = "insufficient_storage: what is left of the job could outgrow the free disk"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn resume_dataset(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Response, Problem> {
     let row = find(&state, &tenant(&who), &id).await?;
     let not_resumable = |status: DatasetStatus| {
@@ -444,14 +455,14 @@ pub async fn resume_dataset(
     params(("id" = String, Path, description = "Dataset id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 404, description = "dataset_not_found", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "dataset_not_found"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn delete_dataset(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<StatusCode, Problem> {
     let (st, t) = (state.clone(), tenant(&who));
     blocking(move || {
@@ -474,16 +485,16 @@ pub async fn delete_dataset(
         null where a sample has fewer receivers. Snappy-compressed.",
     params(("id" = String, Path, description = "Dataset id")),
     responses(
-        (status = 200, description = "Parquet file", content_type = "application/vnd.apache.parquet"),
-        (status = 404, description = "dataset_not_found", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "dataset_not_ready: the job has not completed", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 200, description = "Parquet file", content_type = "application/vnd.apache.parquet", body = inline(Binary)),
+        (status = 404, description = "dataset_not_found"),
+        (status = 409, description = "dataset_not_ready: the job has not completed"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn dataset_features(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Response, Problem> {
     let row = find(&state, &tenant(&who), &id).await?;
     completed(&row, "features are")?;
@@ -507,18 +518,32 @@ pub async fn dataset_features(
 }
 
 /// How a recording is served.
-#[derive(Clone, Copy)]
-enum IqFormat {
+#[derive(Clone, Copy, Debug, Default, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IqFormat {
+    /// A `.sigmf` tar of the meta and data files.
+    #[default]
     Archive,
+    /// The `.sigmf-meta` JSON alone.
     Meta,
+    /// The `.sigmf-data` bytes alone (`cf32_le`).
     Data,
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct IqQuery {
-    /// `archive` (default): a `.sigmf` tar of the meta and data files; `meta`: the
-    /// `.sigmf-meta` JSON alone; `data`: the `.sigmf-data` bytes alone (`cf32_le`).
-    pub format: Option<String>,
+    /// `archive` (default; also when empty), `meta` or `data`.
+    #[param(inline)]
+    pub format: Option<IqFormat>,
+}
+
+/// `/datasets/{id}/samples/{n}/iq/{rx}`.
+#[derive(Deserialize)]
+pub struct SamplePath {
+    id: String,
+    n: u64,
+    rx: u32,
 }
 
 fn sample_not_found(why: String) -> Problem {
@@ -542,36 +567,26 @@ fn attachment(res: &mut Response, content_type: &'static str, filename: &str) {
         (transmitter, this receiver, quality) under the `gpu_ops` extension namespace. The data is `cf32_le`.",
     params(
         ("id" = String, Path, description = "Dataset id"),
-        ("n" = u64, Path, description = "Sample row, 0-based"),
-        ("rx" = u32, Path, description = "Receiver, 0-based"),
+        ("n" = u64, Path, minimum = 0, maximum = 18446744073709551615_u64, description = "Sample row, 0-based"),
+        ("rx" = u32, Path, minimum = 0, maximum = 4294967295_u64, description = "Receiver, 0-based"),
         IqQuery,
     ),
     responses(
-        (status = 200, description = "`archive`: application/x-tar (`.sigmf`); `meta`: application/json; `data`: application/octet-stream", content_type = "application/x-tar"),
-        (status = 404, description = "dataset_not_found; sample_not_found (no such row or receiver, or a feature_based dataset)", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "dataset_not_ready: the job has not completed", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_parameter: an unknown format", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 200, description = "By `format`: `archive`, a `.sigmf` tar; `meta`, the SigMF metadata JSON; `data`, the `cf32_le` samples",
+            content((inline(Binary) = "application/x-tar"), (Object = "application/json"), (inline(Binary) = "application/octet-stream"))),
+        (status = 404, description = "dataset_not_found; sample_not_found (no such row or receiver, or a feature_based dataset)"),
+        (status = 409, description = "dataset_not_ready: the job has not completed"),
+        (status = 422, description = "invalid_parameter: an unknown format"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn dataset_sample_iq(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    Path((id, n, rx)): Path<(String, String, String)>,
-    Query(q): Query<IqQuery>,
+    ApiPath(SamplePath { id, n, rx }): ApiPath<SamplePath>,
+    ApiQuery(q): ApiQuery<IqQuery>,
 ) -> Result<Response, Problem> {
-    let format = match q.format.as_deref() {
-        None | Some("archive") => IqFormat::Archive,
-        Some("meta") => IqFormat::Meta,
-        Some("data") => IqFormat::Data,
-        Some(other) => {
-            return Err(Problem::at(
-                ErrorCode::InvalidParameter,
-                "/format",
-                format!("the query parameter format must be archive, meta or data, not {other:?}"),
-            ))
-        }
-    };
+    let format = q.format.unwrap_or_default();
     let row = find(&state, &tenant(&who), &id).await?;
     completed(&row, "recordings are")?;
     if row.dataset_type != "iq_raw" {
@@ -580,12 +595,7 @@ pub async fn dataset_sample_iq(
                 .into(),
         ));
     }
-    let sample: u64 = n
-        .parse()
-        .map_err(|_| sample_not_found(format!("sample {n:?} is not a row number")))?;
-    let receiver: u32 = rx
-        .parse()
-        .map_err(|_| sample_not_found(format!("receiver {rx:?} is not a receiver number")))?;
+    let (sample, receiver) = (n, rx);
     let dir = state.datasets.dataset_dir(&id);
     blocking(move || {
         let scenario = stored_scenario(&row)?;
@@ -654,15 +664,17 @@ const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500
         meanwhile ends the stream without an `end` event.",
     params(("id" = String, Path, description = "Dataset id")),
     responses(
-        (status = 200, description = "text/event-stream of DatasetView JSON", content_type = "text/event-stream"),
-        (status = 404, description = "dataset_not_found", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 200, description = "Server-sent events, each `event: progress` or `event: end` with `data:` one \
+            `DatasetView` as JSON (the schema `#/components/schemas/DatasetView`); `:` comment lines keep the connection alive",
+            content_type = "text/event-stream"),
+        (status = 404, description = "dataset_not_found"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn dataset_events(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Response, Problem> {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let t = tenant(&who);

@@ -1,16 +1,16 @@
 //! `/dp/*`: DP-SGD privatization, noise mechanisms, RDP accounting and privacy budgets.
 
 use super::auth::{tenant, Tenant};
-use super::problem::{ErrorCode, Problem, ProblemDocument};
+use super::problem::{ErrorCode, Problem};
 use super::tensor::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
-use super::{blocking, job_response, job_timeout, ApiJson, AppState};
+use super::{blocking, job_response, job_timeout, ApiJson, ApiPath, ApiQuery, AppState, IdParam};
 use crate::backend::BackendChoice;
 use crate::ops::dp::accountant::{self, MAX_ORDER};
 use crate::ops::dp::plan::{self, GaussianPlan, MAX_SNAPPED};
 use crate::ops::dp::{Gradients, Mechanism, NoiseJob, NoiseKey, PrivatizeJob};
 use crate::pool::{Output, Work};
 use crate::store::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -189,6 +189,7 @@ pub enum Reduction {
 pub struct LayerClip {
     #[schema(minimum = 1)]
     pub columns: usize,
+    #[schema(exclusive_minimum = 0.0)]
     pub clip_norm: f64,
 }
 
@@ -198,29 +199,34 @@ pub struct LayerClip {
 #[schema(example = json!({"per_example_gradients": [[0.5, -1.0, 2.0], [3.0, 0.0, -4.0]],
     "clip_norm": 1.0, "noise_multiplier": 1.1, "expected_batch_size": 2}))]
 pub struct PrivatizeRequest {
-    /// `[B, D]`: one row per example.
+    /// `[B, D]`: one row per example. At most --max-tensor-elements values.
     #[schema(value_type = MatrixDoc)]
     pub per_example_gradients: Matrix,
     /// Flat clipping: every example's whole gradient to this L2 norm. Give this or `layers`.
+    #[schema(exclusive_minimum = 0.0)]
     pub clip_norm: Option<f64>,
     /// Per-layer clipping: consecutive column ranges covering all D columns, each with its
     /// own clip norm; the noise scales with the L2 norm of the clip norms.
+    #[schema(min_items = 1)]
     pub layers: Option<Vec<LayerClip>>,
     /// σ: the noise standard deviation is σ × clip norm.
+    #[schema(exclusive_minimum = 0.0)]
     pub noise_multiplier: f64,
     /// Divisor for `mean` (Opacus' expected batch size under Poisson sampling); default B.
+    #[schema(exclusive_minimum = 0.0)]
     pub expected_batch_size: Option<f64>,
     #[serde(default)]
     pub reduction: Reduction,
     /// Charge this step to a privacy budget (needs `sample_rate`).
     pub budget_id: Option<String>,
-    /// Poisson sampling rate q of the batch, for accounting.
+    /// Poisson sampling rate q of the batch, for accounting; required with `budget_id`.
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub sample_rate: Option<f64>,
     /// Test servers only (--dp-allow-client-seed): a reproducible noise key.
     pub seed: Option<u64>,
     #[serde(default)]
     pub backend: BackendChoice,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -265,13 +271,11 @@ pub struct PrivatizeResponse {
     request_body = PrivatizeRequest,
     responses(
         (status = 200, description = "The privatized gradient", body = PrivatizeResponse),
-        (status = 403, description = "seed_not_allowed", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "budget_not_found", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "budget_exhausted: nothing was released", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 413, description = "Too many values", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 403, description = "seed_not_allowed"),
+        (status = 404, description = "budget_not_found"),
+        (status = 409, description = "budget_exhausted: nothing was released"),
+        (status = 413, description = "Too many values"),
+        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor"),
     ),
     security((), ("bearer" = []))
 )]
@@ -445,17 +449,20 @@ pub async fn privatize(
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"values": [10.0, 20.5, 3.0], "sensitivity": 1.0, "epsilon": 0.5}))]
 pub struct LaplaceRequest {
+    /// At most --max-elements values.
     #[schema(value_type = VectorDoc)]
     pub values: Vector,
     /// L1 sensitivity of the whole vector.
+    #[schema(exclusive_minimum = 0.0)]
     pub sensitivity: f64,
+    #[schema(exclusive_minimum = 0.0)]
     pub epsilon: f64,
     pub budget_id: Option<String>,
     /// Test servers only (--dp-allow-client-seed).
     pub seed: Option<u64>,
     #[serde(default)]
     pub backend: BackendChoice,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -464,18 +471,22 @@ pub struct LaplaceRequest {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"values": [10.0, 20.5, 3.0], "sensitivity": 1.0, "epsilon": 1.0, "delta": 1e-5}))]
 pub struct GaussianRequest {
+    /// At most --max-elements values.
     #[schema(value_type = VectorDoc)]
     pub values: Vector,
     /// L2 sensitivity of the whole vector.
+    #[schema(exclusive_minimum = 0.0)]
     pub sensitivity: f64,
+    #[schema(exclusive_minimum = 0.0)]
     pub epsilon: f64,
+    #[schema(exclusive_minimum = 0.0, exclusive_maximum = 1.0)]
     pub delta: f64,
     pub budget_id: Option<String>,
     /// Test servers only (--dp-allow-client-seed).
     pub seed: Option<u64>,
     #[serde(default)]
     pub backend: BackendChoice,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -508,12 +519,11 @@ struct Release {
     request_body = LaplaceRequest,
     responses(
         (status = 200, description = "Released values", body = MechanismResponse),
-        (status = 403, description = "seed_not_allowed", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "budget_not_found", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "budget_exhausted: nothing was released", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 413, description = "Too many values", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 403, description = "seed_not_allowed"),
+        (status = 404, description = "budget_not_found"),
+        (status = 409, description = "budget_exhausted: nothing was released"),
+        (status = 413, description = "Too many values"),
+        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor"),
     ),
     security((), ("bearer" = []))
 )]
@@ -568,12 +578,11 @@ pub async fn laplace(
     request_body = GaussianRequest,
     responses(
         (status = 200, description = "Released values", body = MechanismResponse),
-        (status = 403, description = "seed_not_allowed", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 404, description = "budget_not_found", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 409, description = "budget_exhausted: nothing was released", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 413, description = "Too many values", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 403, description = "seed_not_allowed"),
+        (status = 404, description = "budget_not_found"),
+        (status = 409, description = "budget_exhausted: nothing was released"),
+        (status = 413, description = "Too many values"),
+        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor"),
     ),
     security((), ("bearer" = []))
 )]
@@ -731,10 +740,13 @@ fn orders(o: Option<Orders>) -> Result<Vec<f64>, Problem> {
 #[schema(example = json!({"sample_rate": 0.04, "noise_multiplier": 1.5, "steps": 2250, "delta": 1e-5}))]
 pub struct EpsilonRequest {
     /// q, in (0, 1].
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub sample_rate: f64,
+    #[schema(exclusive_minimum = 0.0)]
     pub noise_multiplier: f64,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 34359738368_u64)]
     pub steps: u64,
+    #[schema(exclusive_minimum = 0.0, exclusive_maximum = 1.0)]
     pub delta: f64,
     pub orders: Option<Orders>,
 }
@@ -751,10 +763,13 @@ pub struct EpsilonResponse {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"target_epsilon": 8.0, "delta": 1e-5, "sample_rate": 0.04, "steps": 2250}))]
 pub struct NoiseMultiplierRequest {
+    #[schema(exclusive_minimum = 0.0)]
     pub target_epsilon: f64,
+    #[schema(exclusive_minimum = 0.0, exclusive_maximum = 1.0)]
     pub delta: f64,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub sample_rate: f64,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 34359738368_u64)]
     pub steps: u64,
     pub orders: Option<Orders>,
 }
@@ -792,7 +807,7 @@ fn steps(s: u64) -> Result<u64, Problem> {
     request_body = EpsilonRequest,
     responses(
         (status = 200, description = "ε and the order that attains it", body = EpsilonResponse),
-        (status = 422, description = "invalid_request, invalid_parameter", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_request, invalid_parameter"),
     ),
     security((), ("bearer" = []))
 )]
@@ -806,6 +821,13 @@ pub async fn accountant_epsilon(
     let orders = orders(req.orders)?;
     blocking(move || {
         let (epsilon, optimal_order) = accountant::epsilon(q, sigma, steps, delta, &orders);
+        if !epsilon.is_finite() {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/noise_multiplier",
+                "too small: the RDP bound overflows and ε is unbounded",
+            ));
+        }
         Ok(Json(EpsilonResponse {
             epsilon,
             optimal_order,
@@ -820,7 +842,7 @@ pub async fn accountant_epsilon(
     request_body = NoiseMultiplierRequest,
     responses(
         (status = 200, description = "σ", body = NoiseMultiplierResponse),
-        (status = 422, description = "invalid_request, invalid_parameter (including a target no σ up to 2e6 meets)", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 422, description = "invalid_request, invalid_parameter (including a target no σ up to 2e6 meets)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -868,11 +890,14 @@ pub enum AccountantKind {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"epsilon_limit": 8.0, "delta": 1e-5, "name": "mnist-run-3"}))]
 pub struct CreateBudgetRequest {
+    #[schema(exclusive_minimum = 0.0)]
     pub epsilon_limit: f64,
+    #[schema(exclusive_minimum = 0.0, exclusive_maximum = 1.0)]
     pub delta: f64,
     #[serde(default)]
     pub accountant: AccountantKind,
-    /// A label for people; not unique.
+    /// A label for people; not unique. At most 200 bytes of UTF-8.
+    #[schema(max_length = 200)]
     pub name: Option<String>,
 }
 
@@ -954,9 +979,11 @@ pub struct BudgetList {
 }
 
 #[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct HistoryQuery {
-    /// How many of the latest charges to return (default 100, at most 10000).
-    pub history_limit: Option<usize>,
+    /// How many of the latest charges to return (default 100; more than 10000 counts as 10000).
+    #[param(minimum = 0, maximum = 9223372036854775807_u64)]
+    pub history_limit: Option<i64>,
 }
 
 #[utoipa::path(
@@ -964,8 +991,9 @@ pub struct HistoryQuery {
     summary = "Create a privacy budget",
     request_body = CreateBudgetRequest,
     responses(
-        (status = 201, description = "Created", body = BudgetView, headers(("location" = String, description = "/dp/budgets/{id}"))),
-        (status = 422, description = "invalid_request, invalid_parameter", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 201, description = "Created", body = BudgetView, headers(("location" = String, description = "/dp/budgets/{id}")),
+            links(("get" = (operation_id = "dp_budget_get", parameters(("id" = "$response.body#/id")))))),
+        (status = 422, description = "invalid_request, invalid_parameter"),
     ),
     security((), ("bearer" = []))
 )]
@@ -1006,17 +1034,27 @@ pub async fn create_budget(
     params(("id" = String, Path, description = "Budget id"), HistoryQuery),
     responses(
         (status = 200, description = "The budget", body = BudgetDetail),
-        (status = 404, description = "budget_not_found (also for another tenant's budget)", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 404, description = "budget_not_found (also for another tenant's budget)"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn get_budget(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
-    Query(q): Query<HistoryQuery>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
+    ApiQuery(q): ApiQuery<HistoryQuery>,
 ) -> Result<Json<BudgetDetail>, Problem> {
-    let limit = q.history_limit.unwrap_or(100).min(10_000);
+    let limit = match q.history_limit {
+        None => 100,
+        Some(n @ 0..) => n.min(10_000) as usize,
+        Some(_) => {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/history_limit",
+                "must not be negative",
+            ))
+        }
+    };
     let (store, t) = (state.store.clone(), tenant(&who));
     let not_found = |e| match e {
         BudgetError::NotFound => Problem::new(ErrorCode::BudgetNotFound, "no such budget"),

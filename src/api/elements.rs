@@ -28,9 +28,11 @@ pub enum Encoding {
     Base64,
 }
 
-/// Documentation form of an element vector.
+/// Documentation form of an element vector: on the wire either a bare array of strings
+/// or one bare base64 string (untagged: no wrapper object).
 #[derive(ToSchema)]
 #[allow(dead_code)]
+#[serde(untagged)]
 #[schema(example = json!(["1", "0x2a", "21888242871839275222246405745257275088548364400416034343698204186575808495616"]))]
 pub enum ElementsDoc {
     /// Canonical integers as decimal or `0x`-hex strings (never JSON numbers).

@@ -1,11 +1,16 @@
-//! `ApiJson<T>`: the JSON body extractor. Every rejection becomes a problem with the
-//! JSON-pointer path of the bad field; large bodies are parsed off the async runtime.
+//! The request extractors. `ApiJson<T>` reads the JSON body; `ApiQuery<T>` and
+//! `ApiPath<T>` read the query string and path parameters. Every rejection becomes a
+//! problem with the path of the bad field (a JSON pointer into the body, or `/` and the
+//! parameter's name), so parameters are refused like body fields: 422, never axum's 400.
+//! Large bodies are parsed off the async runtime.
 
 use super::problem::{ErrorCode, Problem};
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::header;
+use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
+use std::borrow::Cow;
 
 pub struct ApiJson<T>(pub T);
 
@@ -86,6 +91,73 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     Ok(value)
 }
 
+/// The query string, deserialised into `T`. An empty value (`?format=`) counts as absent,
+/// so `T`'s optional fields take their defaults; a malformed one is 422
+/// `invalid_parameter` at `/name`.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Problem> {
+        let query = parts.uri.query().unwrap_or("");
+        let pairs = form_urlencoded::parse(query.as_bytes()).filter(|(_, v)| !v.is_empty());
+        parameters("query", pairs).map(ApiQuery)
+    }
+}
+
+/// The path parameters, deserialised into `T` (a struct naming them). A value that does
+/// not parse, or is not UTF-8 once percent-decoded, is 422 `invalid_parameter` at `/name`.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        let raw = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|e| Problem::new(ErrorCode::InvalidParameter, e.body_text()))?;
+        let pairs = raw
+            .iter()
+            .map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)));
+        parameters("path", pairs).map(ApiPath)
+    }
+}
+
+/// The one path parameter of `/…/{id}` routes.
+#[derive(serde::Deserialize)]
+pub struct IdParam {
+    pub id: String,
+}
+
+/// Deserialises name/value pairs the way a query string is, with the bad parameter's name.
+fn parameters<'a, T: DeserializeOwned>(
+    kind: &str,
+    pairs: impl Iterator<Item = (Cow<'a, str>, Cow<'a, str>)>,
+) -> Result<T, Problem> {
+    let pairs: Vec<_> = pairs.collect();
+    let encoded = serde_urlencoded::to_string(&pairs).unwrap_or_default();
+    let de = serde_urlencoded::Deserializer::new(form_urlencoded::parse(encoded.as_bytes()));
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = pointer(e.path());
+        let message = e.into_inner().to_string();
+        let path = if path.is_empty() {
+            // Serde names a missing or duplicated parameter only in its message.
+            message
+                .split('`')
+                .nth(1)
+                .map_or_else(String::new, |name| format!("/{}", escape(name)))
+        } else {
+            path
+        };
+        Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            format!("{kind} parameter: {message}"),
+        )
+    })
+}
+
 fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
@@ -138,6 +210,36 @@ mod tests {
         assert_eq!(
             err(r#"{"field":"x","items":[],"extra/1":0}"#).errors[0].path,
             "/extra~11"
+        );
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Params {
+        n: Option<u64>,
+        format: Option<String>,
+    }
+
+    async fn query(uri: &str) -> Result<Params, Problem> {
+        let (mut parts, ()) = axum::http::Request::get(uri).body(()).unwrap().into_parts();
+        ApiQuery::<Params>::from_request_parts(&mut parts, &())
+            .await
+            .map(|ApiQuery(p)| p)
+    }
+
+    #[tokio::test]
+    async fn query_errors_are_422_at_the_parameter_and_empty_values_are_absent() {
+        let p = query("/x?n=7&format=").await.unwrap();
+        assert_eq!((p.n, p.format), (Some(7), None));
+        for bad in ["/x?n=99999999999999999999", "/x?n=-1", "/x?n=seven"] {
+            let e = query(bad).await.unwrap_err();
+            assert_eq!(e.code, ErrorCode::InvalidParameter, "{bad}");
+            assert_eq!(e.errors[0].path, "/n", "{bad}");
+        }
+        let e = query("/x?format=a&format=b").await.unwrap_err();
+        assert_eq!(
+            (e.code, e.errors[0].path.as_str()),
+            (ErrorCode::InvalidParameter, "/format")
         );
     }
 }

@@ -7,13 +7,14 @@ pub mod dp;
 mod elements;
 mod extract;
 pub mod msm;
+pub mod openapi;
 pub mod problem;
 pub mod rf;
 pub mod system;
 mod tensor;
 pub mod zk;
 
-pub use extract::ApiJson;
+pub use extract::{ApiJson, ApiPath, ApiQuery, IdParam};
 
 use crate::backend::Backends;
 use crate::config::Settings;
@@ -37,7 +38,6 @@ use tower_http::request_id::{
     MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::trace::TraceLayer;
-use utoipa::OpenApi;
 use utoipa_swagger_ui::SwaggerUi;
 
 pub struct AppState {
@@ -80,56 +80,9 @@ impl AppState {
     }
 }
 
-#[derive(OpenApi)]
-#[openapi(
-    info(title = "gpu-ops", description = "GPU operations behind REST, with a CPU fallback that gives the same answers."),
-    paths(
-        system::live, system::ready, system::device, system::metrics,
-        zk::field_add, zk::field_sub, zk::field_mul, zk::field_pow, zk::field_inv,
-        zk::ntt, zk::intt, msm::msm,
-        dp::privatize, dp::laplace, dp::gaussian,
-        dp::accountant_epsilon, dp::accountant_noise_multiplier,
-        dp::create_budget, dp::get_budget, dp::list_budgets,
-        rf::rf_features,
-        datasets::create_dataset, datasets::list_datasets, datasets::get_dataset,
-        datasets::cancel_dataset, datasets::delete_dataset, datasets::dataset_features,
-        datasets::dataset_events, datasets::dataset_sample_iq, datasets::resume_dataset,
-    ),
-    components(schemas(problem::ProblemDocument, problem::FieldIssue)),
-    modifiers(&BearerAuth),
-    tags(
-        (name = "system", description = "Health, devices and metrics"),
-        (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
-        (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
-        (name = "rf", description = "RF signal features from IQ recordings"),
-        (name = "datasets", description = "Synthetic RF datasets as asynchronous jobs"),
-    )
-)]
-pub struct ApiDoc;
-
-struct BearerAuth;
-
-impl utoipa::Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .description(Some("Needed when the server runs with --api-keys-file"))
-                    .build(),
-            ),
-        );
-    }
-}
-
 /// The OpenAPI document as committed in `openapi/openapi.json`.
 pub fn openapi_json() -> String {
-    ApiDoc::openapi()
-        .to_pretty_json()
-        .expect("the OpenAPI document serialises")
+    serde_json::to_string_pretty(&openapi::document()).expect("the OpenAPI document serialises")
         + "\n"
 }
 
@@ -183,7 +136,10 @@ pub fn routes(state: Arc<AppState>) -> Router {
         .route("/health/ready", get(system::ready))
         .route("/device", get(system::device))
         .route("/metrics", get(system::metrics))
-        .merge(SwaggerUi::new("/docs").url("/api-doc/openapi.json", ApiDoc::openapi()))
+        .merge(
+            SwaggerUi::new("/docs")
+                .external_url_unchecked("/api-doc/openapi.json", openapi::document()),
+        )
         .merge(api)
         .fallback(|| async { Problem::new(ErrorCode::NotFound, "no route matches this path") })
         .method_not_allowed_fallback(|| async {
@@ -283,13 +239,19 @@ async fn render_problems(req: Request, next: Next) -> Response {
     fresh
 }
 
-/// A request's `timeout_ms`: at least 1 when given (the pool caps it at --job-timeout).
+/// A request's `timeout_ms`: 1 to 2^63 − 1 when given, the range of the schema's int64
+/// (the pool caps it at --job-timeout).
 pub(crate) fn job_timeout(ms: Option<u64>) -> Result<Option<std::time::Duration>, Problem> {
     match ms {
         Some(0) => Err(Problem::at(
             ErrorCode::InvalidParameter,
             "/timeout_ms",
             "must be at least 1",
+        )),
+        Some(ms) if ms > i64::MAX as u64 => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/timeout_ms",
+            format!("must be at most {}", i64::MAX),
         )),
         t => Ok(t.map(std::time::Duration::from_millis)),
     }

@@ -1,7 +1,7 @@
 //! `POST /zk/msm`: multi-scalar multiplication over G1 of BN254 and BLS12-381.
 
 use super::elements::{Elements, ElementsDoc, Encoding};
-use super::problem::{ErrorCode, FieldIssue, Problem, ProblemDocument};
+use super::problem::{ErrorCode, FieldIssue, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::msm::{Curve, MsmJob, MsmShape, PointErrors, Points, RawPoint};
@@ -48,7 +48,7 @@ pub struct MsmRequest {
     pub encoding: Encoding,
     #[serde(default)]
     pub backend: BackendChoice,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -63,9 +63,10 @@ pub struct AffinePointDoc {
     y: String,
 }
 
-/// Documentation form of a point vector.
+/// Documentation form of a point vector: a bare array or one bare base64 string.
 #[derive(ToSchema)]
 #[allow(dead_code)]
+#[serde(untagged)]
 pub enum PointsDoc {
     /// `{x, y}` objects, `null` for the identity.
     List(Vec<Option<AffinePointDoc>>),
@@ -75,9 +76,11 @@ pub enum PointsDoc {
     Base64(String),
 }
 
-/// Documentation form of one result point.
+/// Documentation form of one result point: an `{x, y}` object (or `null`) or one base64
+/// string.
 #[derive(ToSchema)]
 #[allow(dead_code)]
+#[serde(untagged)]
 pub enum PointOutDoc {
     /// The affine point (`null` for the identity).
     Affine(Option<AffinePointDoc>),
@@ -311,13 +314,11 @@ impl Serialize for PointOut {
     request_body = MsmRequest,
     responses(
         (status = 200, description = "The sum(s)", body = MsmResponse),
-        (status = 413, description = "More points or scalars than --max-elements", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_request, invalid_point, invalid_field_element, length_mismatch, invalid_parameter", body = ProblemDocument, content_type = "application/problem+json",
+        (status = 413, description = "More points or scalars than --max-elements"),
+        (status = 422, description = "invalid_request, invalid_point, invalid_field_element, length_mismatch, invalid_parameter",
             example = json!({"type": "urn:gpu-ops:problem:invalid_point", "title": "A point is malformed, not on the curve, or outside the prime-order subgroup",
                 "status": 422, "detail": "/points/1: not on the curve y² = x³ + 3", "code": "invalid_point",
                 "request_id": "0d9f4b52-8c1e-4c39-9d5a-3b1f0e2a7c44", "errors": [{"path": "/points/1", "message": "not on the curve y² = x³ + 3"}]})),
-        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
     ),
     security((), ("bearer" = []))
 )]

@@ -18,6 +18,8 @@ macro_rules! error_codes {
         pub const ERROR_CODES: &[(&str, u16, &str)] = &[$(($code, $status, $title),)*];
 
         impl ErrorCode {
+            pub const ALL: &[ErrorCode] = &[$(ErrorCode::$variant,)*];
+
             pub fn as_str(self) -> &'static str { match self { $(ErrorCode::$variant => $code,)* } }
             pub fn status(self) -> StatusCode {
                 match self { $(ErrorCode::$variant => StatusCode::from_u16($status).expect("valid status"),)* }

@@ -1,6 +1,6 @@
 //! `POST /rf/features`: RF features of an uploaded IQ recording, synchronously.
 
-use super::problem::{ErrorCode, Problem, ProblemDocument};
+use super::problem::{ErrorCode, Problem};
 use super::tensor::BinaryEncoding;
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
@@ -24,19 +24,26 @@ fn default_chunk_ms() -> f64 {
 
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"sample_rate_hz": 200000.0, "encoding": "base64", "iq": "AACAPwAAAAA=", "chunk_ms": 200.0}))]
+#[schema(example = json!({"sample_rate_hz": 200000.0, "encoding": "base64", "iq": "AAAAPwAAAABxePM+ejcePr0bzz4YeZY+GHmWPr0bzz56Nx4+cXjzPmdnuaQAAAA/ejcevnF48z4YeZa+vRvPPr0bz74YeZY+cXjzvno3Hj4AAAC/Z2c5pXF48756Nx6+vRvPvhh5lr4YeZa+vRvPvno3Hr5xePO+ysnTpAAAAL96Nx4+cXjzvhh5lj69G8++vRvPPhh5lr5xePM+ejcevgAAAD9nZ7klcXjzPno3Hj69G88+GHmWPhh5lj69G88+ejcePnF48z5+fTAlAAAAP3o3Hr5xePM+GHmWvr0bzz69G8++GHmWPnF48756Nx4+AAAAv8rJUyVxePO+ejcevr0bz74YeZa+GHmWvr0bz756Nx6+cXjzvno6QiYAAAC/ejcePnF4874YeZY+vRvPvr0bzz4YeZa+cXjzPno3Hr4AAAA/Z2c5JnF48z56Nx4+vRvPPhh5lj4YeZY+vRvPPno3Hj5xePM+WNeeJQAAAD96Nx6+cXjzPhh5lr69G88+vRvPvhh5lj5xePO+ejcePgAAAL9+fbAlcXjzvno3Hr69G8++GHmWvhh5lr69G8++ejcevnF4877piLCmAAAAv3o3Hj5xePO+GHmWPr0bz769G88+GHmWvnF48z56Nx6+AAAAP8rJ06VxePM+ejcePr0bzz4YeZY+GHmWPr0bzz56Nx4+cXjzPghIDaYAAAA/ejcevnF48z4YeZa+vRvPPr0bz74YeZY+cXjzvno3Hj4AAAC/ejrCpnF48756Nx6+vRvPvhh5lr4YeZa+vRvPvno3Hr5xePO+w0P3JQAAAL96Nx4+cXjzvhh5lj69G8++vRvPPhh5lr5xePM+ejcevgAAAD9nZ7kmcXjzPno3Hj69G88+GHmWPhh5lj69G88+ejcePnF48z5399OlAAAAP3o3Hr5xePM+GHmWvr0bzz69G8++GHmWPnF48756Nx4+AAAAv1jXHiZxePO+ejcevr0bz74YeZa+GHmWvr0bz756Nx6+cXjzviqrsCUAAAC/ejcePnF4874YeZY+vRvPvr0bzz4YeZa+cXjzPno3Hr4AAAA/fn0wpnF48z56Nx4+vRvPPhh5lj4YeZY+vRvPPno3Hj5xePM+3l6NpQAAAD96Nx6+cXjzPhh5lr69G88+vRvPvhh5lj5xePO+ejcePgAAAL/piDAncXjzvno3Hr69G8++GHmWvhh5lr69G8++ejcevnF4875SQg0nAAAAv3o3Hj5xePO+GHmWPr0bz769G88+GHmWvnF48z56Nx6+AAAAP8rJU6ZxePM+ejcePr0bzz4YeZY+GHmWPr0bzz56Nx4+cXjzPoqMDaUAAAA/ejcevnF48z4YeZa+vRvPPg==", "chunk_ms": 0.64}))]
 pub struct RfFeaturesRequest {
     /// Sample rate of the recording, Hz (1 kHz to 1 GHz).
+    #[schema(minimum = 1000.0, maximum = 1000000000.0)]
     pub sample_rate_hz: f64,
     /// Interleaved little-endian f32 pairs I, Q (8 bytes per complex sample), base64.
     /// |I + jQ|² is read as milliwatts: dBm figures are relative to that scale.
+    /// At least 128 samples (1368 characters); at most --max-elements samples.
+    #[schema(
+        min_length = 1368,
+        pattern = "^(?:[A-Za-z0-9+/]{32})*(?:[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=|[A-Za-z0-9+/]{21}[AQgw]==)?$"
+    )]
     pub iq: String,
     /// How `iq` is written; only `base64`.
     pub encoding: BinaryEncoding,
     /// Chunk length; features are computed per chunk and aggregated. A trailing part
     /// shorter than a chunk is left out (a recording shorter than one chunk is one chunk).
+    /// At least 128 samples at `sample_rate_hz`.
     #[serde(default = "default_chunk_ms")]
-    #[schema(default = 200.0, minimum = 0.001, maximum = 60000.0)]
+    #[schema(default = 200.0, exclusive_minimum = 0.0, maximum = 60000.0)]
     pub chunk_ms: f64,
     /// Also return every chunk's features.
     #[serde(default)]
@@ -47,7 +54,7 @@ pub struct RfFeaturesRequest {
     /// segments up to 4096 points (sample rates up to about 1.6 MHz); longer → 422.
     #[serde(default)]
     pub backend: BackendChoice,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -60,10 +67,10 @@ macro_rules! feature_structs {
             $(pub $name: Stats,)*
         }
 
-        /// One chunk's features.
+        /// One chunk's features; `null` where a value is not finite (as in `Stats`).
         #[derive(Serialize, ToSchema)]
         pub struct ChunkFeatureValues {
-            $(pub $name: f64,)*
+            $(#[schema(value_type = Option<f64>)] pub $name: f64,)*
         }
 
         impl FeatureStats {
@@ -135,10 +142,9 @@ pub struct RfFeaturesResponse {
     request_body = RfFeaturesRequest,
     responses(
         (status = 200, description = "Features", body = RfFeaturesResponse),
-        (status = 413, description = "More samples than --max-elements", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_request, invalid_tensor (iq not base64, not whole f32 pairs, non-finite), invalid_parameter (sample rate, chunk, too short, backend)", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 413, description = "More samples than --max-elements"),
+        (status = 422, description = "invalid_request, invalid_tensor (iq not base64, not whole f32 pairs, non-finite), invalid_parameter (sample rate, chunk, too short, backend)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
     ),
     security((), ("bearer" = []))
 )]

@@ -1,6 +1,6 @@
 //! Health, device report, metrics.
 
-use super::problem::{ErrorCode, Problem, ProblemDocument};
+use super::problem::{ErrorCode, Problem};
 use super::AppState;
 use crate::backend::cpu::CpuInfo;
 use crate::backend::cuda::GpuInfo;
@@ -30,7 +30,7 @@ pub async fn live() -> Json<HealthStatus> {
     summary = "Readiness: backends discovered, kernels compiled, not shutting down",
     responses(
         (status = 200, body = HealthStatus),
-        (status = 503, description = "not_ready or shutting_down", body = ProblemDocument, content_type = "application/problem+json")))]
+        (status = 503, description = "not_ready or shutting_down")))]
 pub async fn ready(State(state): State<Arc<AppState>>) -> Result<Json<HealthStatus>, Problem> {
     if state.is_shutting_down() {
         return Err(Problem::new(

@@ -30,7 +30,16 @@ pub enum BinaryEncoding {
 pub struct Packed {
     pub encoding: BinaryEncoding,
     pub dtype: Dtype,
+    /// `[n]` for a vector, `[rows, cols]` for a matrix; every dimension at least 1, the
+    /// product at most the server's element limit.
+    #[schema(min_items = 1, max_items = 2, minimum = 1)]
     pub shape: Vec<usize>,
+    /// Standard base64 with padding: exactly `shape`'s product × 4 (`f32`) or 8 (`f64`)
+    /// bytes.
+    #[schema(
+        min_length = 8,
+        pattern = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/][AQgw]==|[A-Za-z0-9+/]{2}[AEIMQUYcgkosw048]=)?$"
+    )]
     pub data: String,
 }
 

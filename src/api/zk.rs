@@ -1,7 +1,7 @@
 //! `/zk/*`: prime-field vector operations.
 
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
-use super::problem::{ErrorCode, FieldIssue, Problem, ProblemDocument};
+use super::problem::{ErrorCode, FieldIssue, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::ntt::{Direction, NttJob, NttShape, Order};
@@ -33,7 +33,7 @@ pub struct FieldBinaryRequest {
     #[serde(default)]
     pub backend: BackendChoice,
     /// A deadline shorter than the server's `--job-timeout`, in milliseconds.
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -56,24 +56,9 @@ macro_rules! field_route {
                 Elements are canonical integers (< p). Bit-identical on the CPU and CUDA backends.",
             request_body = FieldBinaryRequest,
             responses(
-                (status = 200, description = "The result vector", body = FieldVectorResponse, headers(
-                    ("x-backend" = String, description = "cpu or cuda"),
-                    ("x-device" = Option<String>, description = "GPU ordinal, when cuda"),
-                    ("x-queue-time-ms" = f64, description = "Time queued"),
-                    ("x-compute-time-ms" = f64, description = "Time computing"),
-                    ("x-request-id" = String, description = "Request id (echoed or generated)"))),
-                (status = 400, description = "Malformed JSON", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 401, description = "Missing or wrong API key", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 413, description = "Body or vector too large", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 415, description = "Not JSON", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 422, description = "Invalid input: invalid_request, invalid_field_element, length_mismatch, invalid_parameter", body = ProblemDocument, content_type = "application/problem+json",
-                    example = json!({"type": "urn:gpu-ops:problem:invalid_field_element", "title": "A field element is malformed or not canonical",
-                        "status": 422, "detail": "/a/1: not a canonical goldilocks element: it must be less than the modulus 18446744069414584321",
-                        "code": "invalid_field_element", "request_id": "0d9f4b52-8c1e-4c39-9d5a-3b1f0e2a7c44",
-                        "errors": [{"path": "/a/1", "message": "not a canonical goldilocks element: it must be less than the modulus 18446744069414584321"}]})),
-                (status = 500, description = "Internal error", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 503, description = "queue_full (with Retry-After), device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+                (status = 200, description = "The result vector", body = FieldVectorResponse),
+                (status = 413, description = "Body or vector too large"),
+                (status = 422, description = "Invalid input: invalid_request, invalid_field_element, length_mismatch, invalid_parameter"),
             ),
             security((), ("bearer" = []))
         )]
@@ -142,7 +127,7 @@ pub struct FieldPowRequest {
     pub encoding: Encoding,
     #[serde(default)]
     pub backend: BackendChoice,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -159,7 +144,7 @@ pub struct FieldInvRequest {
     pub encoding: Encoding,
     #[serde(default)]
     pub backend: BackendChoice,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -170,10 +155,8 @@ pub struct FieldInvRequest {
     request_body = FieldPowRequest,
     responses(
         (status = 200, description = "The result vector", body = FieldVectorResponse),
-        (status = 413, description = "Body or vector too large", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_request, invalid_field_element, length_mismatch, invalid_parameter", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 413, description = "Body or vector too large"),
+        (status = 422, description = "invalid_request, invalid_field_element, length_mismatch, invalid_parameter"),
     ),
     security((), ("bearer" = []))
 )]
@@ -216,13 +199,8 @@ pub async fn field_pow(
     request_body = FieldInvRequest,
     responses(
         (status = 200, description = "The inverses", body = FieldVectorResponse),
-        (status = 413, description = "Body or vector too large", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_request, invalid_field_element, not_invertible, length_mismatch", body = ProblemDocument, content_type = "application/problem+json",
-            example = json!({"type": "urn:gpu-ops:problem:not_invertible", "title": "Zero has no inverse", "status": 422,
-                "detail": "1 zero element(s) in /values; the first 1 are listed", "code": "not_invertible",
-                "request_id": "0d9f4b52-8c1e-4c39-9d5a-3b1f0e2a7c44", "errors": [{"path": "/values/2", "message": "zero has no inverse"}]})),
-        (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
-        (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+        (status = 413, description = "Body or vector too large"),
+        (status = 422, description = "invalid_request, invalid_field_element, not_invertible, length_mismatch"),
     ),
     security((), ("bearer" = []))
 )]
@@ -335,7 +313,7 @@ pub struct NttRequest {
     pub encoding: Encoding,
     #[serde(default)]
     pub backend: BackendChoice,
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
@@ -347,10 +325,8 @@ macro_rules! ntt_route {
             request_body = NttRequest,
             responses(
                 (status = 200, description = "The transformed values, batch after batch", body = FieldVectorResponse),
-                (status = 413, description = "Body or vector too large", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 422, description = "invalid_request, invalid_field_element, invalid_parameter (size, batch, coset)", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 503, description = "queue_full, device_unavailable, device_error, shutting_down", body = ProblemDocument, content_type = "application/problem+json"),
-                (status = 504, description = "deadline_exceeded", body = ProblemDocument, content_type = "application/problem+json"),
+                (status = 413, description = "Body or vector too large"),
+                (status = 422, description = "invalid_request, invalid_field_element, invalid_parameter (size, batch, coset)"),
             ),
             security((), ("bearer" = []))
         )]

@@ -122,7 +122,8 @@ fn log_a_frac(q: f64, sigma: f64, alpha: f64) -> f64 {
             log_a1 = log_sub(log_a1, log_s1);
         }
         i += 1;
-        if log_s0.max(log_s1) < -30.0 || i > 1_000_000 {
+        // Stops on NaN terms too (σ² underflowing to 0): they never fall below the bound.
+        if !(log_s0.max(log_s1) >= -30.0) || i > 1_000_000 {
             break;
         }
     }

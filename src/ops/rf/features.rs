@@ -76,11 +76,18 @@ pub struct Extraction {
 }
 
 /// Mean, population standard deviation, min and max of one feature over the chunks.
+/// JSON has no NaN or infinity: a value that is not finite is written `null` (a feature
+/// undefined for the input, such as the spectral centroid of silence, or a power past
+/// the f32 range).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Stats {
+    #[schema(value_type = Option<f64>)]
     pub mean: f64,
+    #[schema(value_type = Option<f64>)]
     pub std: f64,
+    #[schema(value_type = Option<f64>)]
     pub min: f64,
+    #[schema(value_type = Option<f64>)]
     pub max: f64,
 }
 

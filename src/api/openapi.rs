@@ -1,0 +1,415 @@
+//! The OpenAPI document: what utoipa generates from the handlers, finished by one pass
+//! that makes it the wire contract generated clients rely on.
+//!
+//! Handlers declare their success answers and the problems only they can return
+//! (`budget_not_found`, `dataset_not_ready`, …). The pass adds what every operation of a
+//! kind can return, from one table (`shared_problems`), each with the problem+json schema
+//! and an example rendered by `Problem` itself:
+//! - every operation: 500 `internal`;
+//! - behind `--api-keys-file` (declares the bearer scheme): 401 `unauthorized`;
+//! - with a JSON body: 400 `malformed_json`, 413 `payload_too_large`, 415
+//!   `unsupported_media_type`, 422 `invalid_request`;
+//! - with query or path parameters: 422 `invalid_parameter` (`ApiQuery`, `ApiPath`);
+//! - a job (its request has `timeout_ms`): 503 `queue_full` / `device_unavailable` /
+//!   `device_error` / `shutting_down`, 504 `deadline_exceeded`.
+//!
+//! It also puts the document in the shapes generators model: a non-JSON answer declared
+//! without a schema is a binary string, and a `default` beside a lone `oneOf` `$ref`
+//! (what utoipa emits for a `#[serde(default)]` struct field) becomes the bare `$ref`:
+//! the referenced schema states every field's default.
+
+use super::problem::{ErrorCode, Problem, ProblemDocument, ERROR_CODES};
+use super::{datasets, dp, msm, problem, rf, system, zk};
+use serde_json::{json, Map, Value};
+use std::collections::HashSet;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "gpu-ops", description = "GPU operations behind REST, with a CPU fallback that gives the same answers."),
+    paths(
+        system::live, system::ready, system::device, system::metrics,
+        zk::field_add, zk::field_sub, zk::field_mul, zk::field_pow, zk::field_inv,
+        zk::ntt, zk::intt, msm::msm,
+        dp::privatize, dp::laplace, dp::gaussian,
+        dp::accountant_epsilon, dp::accountant_noise_multiplier,
+        dp::create_budget, dp::get_budget, dp::list_budgets,
+        rf::rf_features,
+        datasets::create_dataset, datasets::list_datasets, datasets::get_dataset,
+        datasets::cancel_dataset, datasets::delete_dataset, datasets::dataset_features,
+        datasets::dataset_events, datasets::dataset_sample_iq, datasets::resume_dataset,
+    ),
+    components(schemas(problem::ProblemDocument, problem::FieldIssue)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "system", description = "Health, devices and metrics"),
+        (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
+        (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
+        (name = "rf", description = "RF signal features from IQ recordings"),
+        (name = "datasets", description = "Synthetic RF datasets as asynchronous jobs"),
+    )
+)]
+struct ApiDoc;
+
+/// A file answer: the bytes of the response's media type (`type: string, format: binary`).
+pub struct Binary;
+
+impl utoipa::PartialSchema for Binary {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Binary)))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Binary {}
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some("Needed when the server runs with --api-keys-file"))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The finished document, as served at `/api-doc/openapi.json`.
+pub fn document() -> Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
+    let jobs = job_requests(&doc);
+    for (_, item) in object(&mut doc, "paths") {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for op in item.values_mut() {
+            if let Some(op) = op.as_object_mut().filter(|op| op.contains_key("responses")) {
+                add_shared_problems(op, &jobs);
+                binary_answers(op);
+            }
+        }
+    }
+    bare_defaulted_refs(&mut doc);
+    camel_case_links(&mut doc);
+    for (operation, events, data) in EVENT_STREAMS {
+        describe_events(&mut doc, operation, events, data);
+    }
+    doc
+}
+
+/// Server-sent event streams: (operation id, event names, the schema of each event's data).
+const EVENT_STREAMS: &[(&str, &[&str], &str)] =
+    &[("dataset_events", &["progress", "end"], "DatasetView")];
+
+/// The events of a `text/event-stream` answer, as OpenAPI 3.2's `itemSchema` (ignored by
+/// 3.1 tools, read by schemathesis): each an `event` name and JSON `data` of one schema.
+fn describe_events(doc: &mut Value, operation: &str, events: &[&str], data: &str) {
+    for (_, item) in object(doc, "paths") {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for op in item.values_mut() {
+            if op.get("operationId").and_then(Value::as_str) != Some(operation) {
+                continue;
+            }
+            if let Some(stream) = op.pointer_mut("/responses/200/content/text~1event-stream") {
+                // Without a `schema` beside it: tools that know `itemSchema` check each
+                // event with it, the others hand the caller the raw text.
+                stream.as_object_mut().map(|m| m.remove("schema"));
+                stream["itemSchema"] = json!({
+                    "type": "object",
+                    "required": ["event", "data"],
+                    "properties": {
+                        "event": {"type": "string", "enum": events},
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": format!("#/components/schemas/{data}")}
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// `doc[key]` as an object's entries (none when absent).
+fn object<'a>(doc: &'a mut Value, key: &str) -> impl Iterator<Item = (&'a String, &'a mut Value)> {
+    doc.get_mut(key)
+        .and_then(Value::as_object_mut)
+        .into_iter()
+        .flat_map(|m| m.iter_mut())
+}
+
+/// The request schemas of jobs: the ones with a deadline (`timeout_ms`).
+fn job_requests(doc: &Value) -> HashSet<String> {
+    doc.pointer("/components/schemas")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .filter(|(_, s)| s.pointer("/properties/timeout_ms").is_some())
+        .map(|(name, _)| format!("#/components/schemas/{name}"))
+        .collect()
+}
+
+/// A job operation: its request schema has a deadline.
+fn is_job(op: &Map<String, Value>, jobs: &HashSet<String>) -> bool {
+    op.get("requestBody")
+        .and_then(|b| b.pointer("/content/application~1json/schema/$ref"))
+        .and_then(Value::as_str)
+        .is_some_and(|r| jobs.contains(r))
+}
+
+/// What an operation's shape says it can return, beyond its own declarations.
+fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCode>)> {
+    let secured = op
+        .get("security")
+        .and_then(Value::as_array)
+        .is_some_and(|s| s.iter().any(|r| r.get("bearer").is_some()));
+    let body = op.contains_key("requestBody");
+    let params = op
+        .get("parameters")
+        .and_then(Value::as_array)
+        .is_some_and(|p| !p.is_empty());
+    let mut out = vec![(500, vec![ErrorCode::Internal])];
+    if secured {
+        out.push((401, vec![ErrorCode::Unauthorized]));
+    }
+    if body {
+        out.push((400, vec![ErrorCode::MalformedJson]));
+        out.push((413, vec![ErrorCode::PayloadTooLarge]));
+        out.push((415, vec![ErrorCode::UnsupportedMediaType]));
+    }
+    let mut unprocessable = Vec::new();
+    if body {
+        unprocessable.push(ErrorCode::InvalidRequest);
+    }
+    if params {
+        unprocessable.push(ErrorCode::InvalidParameter);
+    }
+    if !unprocessable.is_empty() {
+        out.push((422, unprocessable));
+    }
+    if job {
+        out.push((
+            503,
+            vec![
+                ErrorCode::QueueFull,
+                ErrorCode::DeviceUnavailable,
+                ErrorCode::DeviceError,
+                ErrorCode::ShuttingDown,
+            ],
+        ));
+        out.push((504, vec![ErrorCode::DeadlineExceeded]));
+    }
+    out
+}
+
+/// Where and how long a job ran, on its success answer (`job_response`).
+fn job_headers() -> Value {
+    json!({
+        "x-backend": {"description": "Where the job ran: cpu or cuda", "schema": {"type": "string", "enum": ["cpu", "cuda"]}},
+        "x-device": {"description": "GPU ordinal, when cuda", "schema": {"type": "integer", "minimum": 0}},
+        "x-queue-time-ms": {"description": "Time queued, ms", "schema": {"type": "number"}},
+        "x-compute-time-ms": {"description": "Time computing, ms", "schema": {"type": "number"}},
+    })
+}
+
+/// Adds the shared problem responses to `op`, merging into what the handler declared:
+/// its description is kept and the codes it did not name are appended.
+fn add_shared_problems(op: &mut Map<String, Value>, jobs: &HashSet<String>) {
+    let job = is_job(op, jobs);
+    if job {
+        if let Some(ok) = op.get_mut("responses").and_then(|r| r.get_mut("200")) {
+            ok["headers"] = job_headers();
+        }
+    }
+    for (status, codes) in shared_problems(op, job) {
+        let responses = op
+            .entry("responses")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .expect("responses is an object");
+        let entry = responses
+            .entry(status.to_string())
+            .or_insert_with(|| json!({"description": ""}));
+        let description = entry["description"].as_str().unwrap_or("").to_string();
+        let missing: Vec<&str> = codes
+            .iter()
+            .map(|c| c.as_str())
+            .filter(|c| !description.contains(c))
+            .collect();
+        if !missing.is_empty() {
+            let text = missing
+                .iter()
+                .map(|c| describe(c))
+                .collect::<Vec<_>>()
+                .join("; ");
+            entry["description"] = Value::String(if description.is_empty() {
+                text
+            } else {
+                format!("{description}; {text}")
+            });
+        }
+    }
+    let responses = op
+        .get_mut("responses")
+        .and_then(Value::as_object_mut)
+        .expect("responses is an object");
+    for (status, response) in responses.iter_mut() {
+        let Ok(status) = status.parse::<u16>() else {
+            continue;
+        };
+        if status >= 400 {
+            complete_problem(status, response);
+        }
+    }
+}
+
+/// `code (title)`, for descriptions.
+fn describe(code: &str) -> String {
+    let title = ERROR_CODES
+        .iter()
+        .find(|(c, _, _)| *c == code)
+        .map_or("", |(_, _, t)| t);
+    format!("`{code}`: {title}")
+}
+
+/// Every problem response: the problem+json schema and an example of the first code its
+/// description names (or the status' first code).
+fn complete_problem(status: u16, response: &mut Value) {
+    let description = response["description"].as_str().unwrap_or("").to_string();
+    let code = ERROR_CODES
+        .iter()
+        .filter(|(_, s, _)| *s == status)
+        .filter_map(|(c, _, _)| description.find(c).map(|at| (at, *c)))
+        .min()
+        .map(|(_, c)| c)
+        .or_else(|| {
+            ERROR_CODES
+                .iter()
+                .find(|(_, s, _)| *s == status)
+                .map(|(c, _, _)| *c)
+        });
+    let Some(code) = code.and_then(error_code) else {
+        return;
+    };
+    let content = response
+        .as_object_mut()
+        .expect("a response is an object")
+        .entry("content")
+        .or_insert_with(|| json!({}));
+    let media = content
+        .as_object_mut()
+        .expect("content is an object")
+        .entry("application/problem+json")
+        .or_insert_with(|| json!({}));
+    media["schema"] = json!({"$ref": "#/components/schemas/ProblemDocument"});
+    if media.get("example").is_none() {
+        media["example"] = example(code, status);
+    }
+    if status == 503 {
+        response["headers"]["retry-after"] = json!({
+            "description": "With queue_full and shutting_down: seconds to wait before retrying",
+            "schema": {"type": "integer", "minimum": 0}
+        });
+    }
+}
+
+fn error_code(name: &str) -> Option<ErrorCode> {
+    ErrorCode::ALL.iter().copied().find(|c| c.as_str() == name)
+}
+
+/// A problem document exactly as the server renders it.
+fn example(code: ErrorCode, status: u16) -> Value {
+    let mut problem = match code {
+        ErrorCode::InvalidParameter => Problem::at(code, "/timeout_ms", "must be at least 1"),
+        ErrorCode::InvalidRequest => Problem::at(code, "/field", "missing field `field`"),
+        _ => Problem::new(code, code.title()),
+    };
+    if problem.status().as_u16() != status {
+        problem.status = axum::http::StatusCode::from_u16(status).ok();
+    }
+    let doc: ProblemDocument =
+        problem.document(Some("0d9f4b52-8c1e-4c39-9d5a-3b1f0e2a7c44".to_string()));
+    serde_json::to_value(doc).expect("a problem serialises")
+}
+
+/// A non-JSON answer declared without a schema is a file: `type: string, format: binary`.
+fn binary_answers(op: &mut Map<String, Value>) {
+    let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (_, response) in responses.iter_mut() {
+        let Some(content) = response.get_mut("content").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        for (media, body) in content.iter_mut() {
+            let text = media.ends_with("json") || media.starts_with("text/");
+            if !text && body.get("schema").is_none() {
+                body["schema"] = json!({"type": "string", "format": "binary"});
+            }
+        }
+    }
+}
+
+/// `{"oneOf": [{"$ref": …}], "default": …}` → `{"$ref": …}` (description kept), anywhere.
+fn bare_defaulted_refs(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            let lone_ref = m
+                .get("oneOf")
+                .and_then(Value::as_array)
+                .filter(|o| o.len() == 1 && o[0].get("$ref").is_some())
+                .map(|o| o[0]["$ref"].clone());
+            if let (Some(r), true) = (lone_ref, m.contains_key("default")) {
+                let inner = m.remove("oneOf").expect("checked above");
+                m.remove("default");
+                m.insert("$ref".into(), r);
+                if let Some(d) = inner[0]
+                    .get("description")
+                    .filter(|_| !m.contains_key("description"))
+                {
+                    m.insert("description".into(), d.clone());
+                }
+            }
+            m.values_mut().for_each(bare_defaulted_refs);
+        }
+        Value::Array(a) => a.iter_mut().for_each(bare_defaulted_refs),
+        _ => {}
+    }
+}
+
+/// utoipa 5 writes a link's fields in snake case; OpenAPI spells them in camel case.
+fn camel_case_links(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            if let Some(links) = m.get_mut("links").and_then(Value::as_object_mut) {
+                for link in links.values_mut().filter_map(Value::as_object_mut) {
+                    for (snake, camel) in [
+                        ("operation_id", "operationId"),
+                        ("operation_ref", "operationRef"),
+                        ("request_body", "requestBody"),
+                    ] {
+                        if let Some(x) = link.remove(snake) {
+                            link.insert(camel.into(), x);
+                        }
+                    }
+                }
+            }
+            m.values_mut().for_each(camel_case_links);
+        }
+        Value::Array(a) => a.iter_mut().for_each(camel_case_links),
+        _ => {}
+    }
+}
