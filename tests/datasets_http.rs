@@ -430,10 +430,16 @@ async fn iq_raw_recordings_are_sigmf_and_agree_with_the_parquet_row() {
             404,
             "sample_not_found",
         ),
+        // A path parameter that does not parse is refused like a body field.
         (
             format!("/datasets/{id}/samples/x/iq/0"),
-            404,
-            "sample_not_found",
+            422,
+            "invalid_parameter",
+        ),
+        (
+            format!("/datasets/{id}/samples/0/iq/99999999999"),
+            422,
+            "invalid_parameter",
         ),
         (
             format!("/datasets/{id}/samples/0/iq/0?format=wav"),

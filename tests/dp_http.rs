@@ -557,6 +557,47 @@ async fn futures_statuses(
     out
 }
 
+/// Query parameters are refused like body fields (422 `invalid_parameter` at `/name`),
+/// and an empty value counts as absent.
+#[tokio::test]
+async fn bad_history_limits_get_422_with_the_parameter_path() {
+    let server = TestServer::start(&[]).await;
+    let id = budget(&server, 1.0).await;
+    for query in [
+        "",
+        "?history_limit=",
+        "?history_limit=0",
+        "?history_limit=20000",
+    ] {
+        let res = server.get(&format!("/dp/budgets/{id}{query}")).await;
+        assert_eq!(res.status(), 200, "{query}");
+    }
+    for bad in ["99999999999999999999", "-1", "ten", "1.5"] {
+        let res = server
+            .get(&format!("/dp/budgets/{id}?history_limit={bad}"))
+            .await;
+        let p = problem(res, 422, "invalid_parameter").await;
+        assert_eq!(p["errors"][0]["path"], "/history_limit", "{bad}: {p}");
+    }
+}
+
+/// A noise multiplier so small that σ² underflows has no finite ε: refused at once (the
+/// series once looped a million times per order and answered `null`).
+#[tokio::test]
+async fn an_unbounded_epsilon_is_refused() {
+    let server = TestServer::start(&[]).await;
+    let res = server
+        .post(
+            "/dp/accountant/epsilon",
+            json!({"sample_rate": 5e-324, "noise_multiplier": 5e-324, "steps": 1, "delta": 1e-5}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 422, "invalid_parameter").await;
+    assert_eq!(p["errors"][0]["path"], "/noise_multiplier");
+}
+
 #[tokio::test]
 async fn budgets_belong_to_their_tenant() {
     let keys = std::env::temp_dir().join(format!("gpu-ops-dp-keys-{}", std::process::id()));

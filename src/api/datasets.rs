@@ -13,7 +13,6 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
@@ -243,7 +242,7 @@ fn new_id() -> Result<String, Problem> {
             ("resume" = (operation_id = "dataset_resume", parameters(("id" = "$response.body#/id")))),
             ("features" = (operation_id = "dataset_features", parameters(("id" = "$response.body#/id")))),
             ("delete" = (operation_id = "dataset_delete", parameters(("id" = "$response.body#/id")))),
-            ("sample_iq" = (operation_id = "dataset_sample_iq", parameters(("id" = "$response.body#/id"), ("n" = json!(0)), ("rx" = json!(0))))),
+            ("sample_iq" = (operation_id = "dataset_sample_iq", parameters(("id" = "$response.body#/id"), ("n" = "0"), ("rx" = "0")))),
         )),
         (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field), dataset_too_large, dataset_quota_exceeded (the tenant's datasets together would exceed --max-tenant-dataset-bytes)"),
         (status = 503, description = "queue_full: --max-dataset-jobs jobs already wait"),

@@ -692,11 +692,53 @@ async fn release(
 // ------------------------------------------------------------------------ accountant
 
 /// Orders: a list of numbers > 1, or a preset (`opacus`, the default, or `tf`).
-#[derive(Deserialize, ToSchema)]
+#[derive(Deserialize)]
 #[serde(untagged)]
 pub enum Orders {
     Preset(OrdersPreset),
     List(Vec<f64>),
+}
+
+/// Most orders in one list.
+const MAX_LISTED_ORDERS: usize = 512;
+
+/// Written by hand for the bounds of the list, which derived schemas cannot put on an
+/// enum variant: 1 to 512 orders, each in (1, MAX_ORDER].
+impl utoipa::PartialSchema for Orders {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Ref, SchemaFormat, Type,
+        };
+        let order = ObjectBuilder::new()
+            .schema_type(Type::Number)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double)))
+            .exclusive_minimum(Some(1.0))
+            .maximum(Some(MAX_ORDER));
+        OneOfBuilder::new()
+            .description(Some(
+                "A preset (`opacus`, the default, or `tf`), or 1 to 512 orders, each in (1, 65536].",
+            ))
+            .item(Ref::from_schema_name("OrdersPreset"))
+            .item(
+                ArrayBuilder::new()
+                    .items(order)
+                    .min_items(Some(1))
+                    .max_items(Some(MAX_LISTED_ORDERS)),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for Orders {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema;
+        schemas.push((OrdersPreset::name().into(), OrdersPreset::schema()));
+    }
 }
 
 #[derive(Clone, Copy, Deserialize, Serialize, ToSchema)]
@@ -713,7 +755,7 @@ fn orders(o: Option<Orders>) -> Result<Vec<f64>, Problem> {
         None | Some(Orders::Preset(OrdersPreset::Opacus)) => Ok(accountant::opacus_orders()),
         Some(Orders::Preset(OrdersPreset::Tf)) => Ok(accountant::tf_orders()),
         Some(Orders::List(list)) => {
-            if list.is_empty() || list.len() > 512 {
+            if list.is_empty() || list.len() > MAX_LISTED_ORDERS {
                 return Err(Problem::at(
                     ErrorCode::InvalidParameter,
                     "/orders",

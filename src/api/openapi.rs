@@ -111,8 +111,11 @@ pub fn document() -> Value {
 const EVENT_STREAMS: &[(&str, &[&str], &str)] =
     &[("dataset_events", &["progress", "end"], "DatasetView")];
 
-/// The events of a `text/event-stream` answer, as OpenAPI 3.2's `itemSchema` (ignored by
-/// 3.1 tools, read by schemathesis): each an `event` name and JSON `data` of one schema.
+/// The events of a `text/event-stream` answer: each an `event` name and JSON `data` of
+/// one schema. OpenAPI 3.1 has no field for that (3.2's `itemSchema` is not valid 3.1), so
+/// the description goes in `x-itemSchema`, 3.2's shape under an extension name. The
+/// `schema` beside it has no type: generated clients then hand over the stream's text,
+/// and schemathesis, which checks each parsed event against `schema`, accepts them.
 fn describe_events(doc: &mut Value, operation: &str, events: &[&str], data: &str) {
     for (_, item) in object(doc, "paths") {
         let Some(item) = item.as_object_mut() else {
@@ -123,10 +126,10 @@ fn describe_events(doc: &mut Value, operation: &str, events: &[&str], data: &str
                 continue;
             }
             if let Some(stream) = op.pointer_mut("/responses/200/content/text~1event-stream") {
-                // Without a `schema` beside it: tools that know `itemSchema` check each
-                // event with it, the others hand the caller the raw text.
-                stream.as_object_mut().map(|m| m.remove("schema"));
-                stream["itemSchema"] = json!({
+                stream["schema"] = json!({
+                    "description": format!("The stream's text: events `{}`, each with `data:` one {data} as JSON", events.join("`, `"))
+                });
+                stream["x-itemSchema"] = json!({
                     "type": "object",
                     "required": ["event", "data"],
                     "properties": {
@@ -411,5 +414,174 @@ fn camel_case_links(v: &mut Value) {
         }
         Value::Array(a) => a.iter_mut().for_each(camel_case_links),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (path, method, operation) for every operation of the finished document.
+    fn operations(doc: &Value) -> Vec<(String, String, Value)> {
+        let mut out = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                out.push((path.clone(), method.clone(), op.clone()));
+            }
+        }
+        out
+    }
+
+    fn statuses(op: &Value) -> Vec<String> {
+        op["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    #[test]
+    fn every_operation_documents_its_kinds_shared_problems() {
+        let doc = document();
+        let jobs = job_requests(&doc);
+        assert!(jobs.len() >= 8, "{jobs:?}");
+        for (path, method, op) in operations(&doc) {
+            let has = statuses(&op);
+            let want = |s: &str| assert!(has.contains(&s.to_string()), "{method} {path} lacks {s}");
+            want("500");
+            if op["security"].to_string().contains("bearer") {
+                want("401");
+            }
+            if op.get("requestBody").is_some() {
+                ["400", "413", "415", "422"].iter().for_each(|s| want(s));
+            }
+            if op
+                .get("parameters")
+                .is_some_and(|p| !p.as_array().unwrap().is_empty())
+            {
+                want("422");
+            }
+            if is_job(op.as_object().unwrap(), &jobs) {
+                want("503");
+                want("504");
+                assert!(
+                    op["responses"]["200"]["headers"]["x-backend"].is_object(),
+                    "{path}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_problem_response_has_the_schema_and_an_example_of_its_status() {
+        for (path, method, op) in operations(&document()) {
+            for (status, response) in op["responses"].as_object().unwrap() {
+                let status: u16 = status.parse().unwrap();
+                if status < 400 {
+                    continue;
+                }
+                let media = &response["content"]["application/problem+json"];
+                assert_eq!(
+                    media["schema"]["$ref"], "#/components/schemas/ProblemDocument",
+                    "{method} {path} {status}"
+                );
+                let example = &media["example"];
+                assert_eq!(example["status"], status, "{method} {path}: {example}");
+                let code = example["code"].as_str().unwrap();
+                assert!(
+                    ERROR_CODES.iter().any(|(c, _, _)| *c == code),
+                    "{method} {path}: unknown code {code}"
+                );
+                assert_eq!(example["type"], format!("urn:gpu-ops:problem:{code}"));
+            }
+        }
+    }
+
+    #[test]
+    fn generator_unfriendly_shapes_are_gone() {
+        let doc = document();
+        let text = doc.to_string();
+        assert!(!text.contains("\"operation_id\""), "links in snake case");
+        fn walk(v: &Value, at: &str) {
+            match v {
+                Value::Object(m) => {
+                    assert!(
+                        !(m.contains_key("default") && m.contains_key("oneOf")),
+                        "default beside oneOf at {at}"
+                    );
+                    for (k, x) in m {
+                        walk(x, &format!("{at}/{k}"));
+                    }
+                }
+                Value::Array(a) => a.iter().for_each(|x| walk(x, at)),
+                _ => {}
+            }
+        }
+        walk(&doc, "");
+        for (path, _, op) in operations(&doc) {
+            for (status, response) in op["responses"].as_object().unwrap() {
+                for (media, body) in response["content"].as_object().into_iter().flatten() {
+                    assert!(
+                        body.get("schema").is_some(),
+                        "{path} {status} {media} has no schema"
+                    );
+                }
+            }
+        }
+        let events = &doc["paths"]["/datasets/{id}/events"]["get"]["responses"]["200"]["content"]
+            ["text/event-stream"];
+        assert_eq!(
+            events["x-itemSchema"]["properties"]["data"]["contentSchema"]["$ref"],
+            "#/components/schemas/DatasetView"
+        );
+    }
+
+    #[test]
+    fn element_vectors_are_bare_arrays_or_strings() {
+        let doc = document();
+        let shapes: Vec<&str> = doc["components"]["schemas"]["ElementsDoc"]["oneOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(shapes, ["array", "string"]);
+    }
+
+    #[test]
+    fn examples_are_what_the_server_renders() {
+        let e = example(ErrorCode::InvalidParameter, 422);
+        assert_eq!(e["errors"][0]["path"], "/timeout_ms");
+        assert_eq!(e["detail"], "/timeout_ms: must be at least 1");
+        // http_error is the one code whose status varies.
+        assert_eq!(example(ErrorCode::HttpError, 400)["status"], 400);
+    }
+
+    /// SDK users rely on the README's list of operation ids and schema names: a rename
+    /// must update it, deliberately.
+    #[test]
+    fn the_readme_lists_every_operation_id_and_schema_name() {
+        let readme = include_str!("../../README.md");
+        let section = readme
+            .split("## Generated clients")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("README has a Generated clients section");
+        let doc = document();
+        let ids = operations(&doc)
+            .into_iter()
+            .map(|(_, _, op)| op["operationId"].as_str().unwrap().to_string());
+        let schemas = doc["components"]["schemas"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned();
+        for name in ids.chain(schemas) {
+            assert!(
+                section.contains(&format!("`{name}`")),
+                "README lacks `{name}`"
+            );
+        }
     }
 }

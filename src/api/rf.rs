@@ -70,7 +70,7 @@ macro_rules! feature_structs {
         /// One chunk's features; `null` where a value is not finite (as in `Stats`).
         #[derive(Serialize, ToSchema)]
         pub struct ChunkFeatureValues {
-            $(#[schema(value_type = Option<f64>)] pub $name: f64,)*
+            $(#[schema(value_type = Option<f64>, required)] pub $name: f64,)*
         }
 
         impl FeatureStats {

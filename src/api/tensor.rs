@@ -294,20 +294,64 @@ impl VectorOut {
     }
 }
 
-/// Schema of `Matrix` for the OpenAPI document.
-#[derive(Serialize, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub enum MatrixDoc {
-    Nested(Vec<Vec<f64>>),
-    Packed(Packed),
+/// Schema of `Matrix` for the OpenAPI document: rows of numbers (at least one row and
+/// one column; all rows as long as the first, which JSON Schema cannot state), or packed.
+pub struct MatrixDoc;
+
+/// Schema of `Vector` / `VectorOut` for the OpenAPI document: at least one number, or
+/// packed.
+pub struct VectorDoc;
+
+/// A JSON array of at least one number (f64).
+fn numbers() -> utoipa::openapi::schema::ArrayBuilder {
+    use utoipa::openapi::schema::{ArrayBuilder, KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::Number)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double))),
+        )
+        .min_items(Some(1))
 }
 
-/// Schema of `Vector` / `VectorOut` for the OpenAPI document.
-#[derive(Serialize, ToSchema)]
-#[serde(untagged)]
-#[allow(dead_code)]
-pub enum VectorDoc {
-    Numbers(Vec<f64>),
-    Packed(Packed),
+/// `oneOf` the bare array and a `Packed` reference (the wire forms are untagged).
+fn array_or_packed(
+    array: utoipa::openapi::schema::ArrayBuilder,
+) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{OneOfBuilder, Ref};
+    OneOfBuilder::new()
+        .item(array)
+        .item(Ref::from_schema_name("Packed"))
+        .into()
 }
+
+impl utoipa::PartialSchema for MatrixDoc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        array_or_packed(
+            utoipa::openapi::schema::ArrayBuilder::new()
+                .items(numbers())
+                .min_items(Some(1)),
+        )
+    }
+}
+
+impl utoipa::PartialSchema for VectorDoc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        array_or_packed(numbers())
+    }
+}
+
+macro_rules! packed_doc_schema {
+    ($($doc:ident),*) => {$(
+        impl ToSchema for $doc {
+            fn schemas(
+                schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>)>,
+            ) {
+                use utoipa::PartialSchema;
+                schemas.push((Packed::name().into(), Packed::schema()));
+                <Packed as ToSchema>::schemas(schemas);
+            }
+        }
+    )*};
+}
+packed_doc_schema!(MatrixDoc, VectorDoc);

@@ -255,7 +255,7 @@ impl Store {
             };
             c.execute(
                 "UPDATE datasets SET status = 'interrupted', finished_at = ?1, \
-                 error = 'the server stopped before the job finished; resubmit it (the same seed gives the same dataset)' \
+                 error = 'the server stopped before the job finished; POST /datasets/{id}/resume continues it from its last checkpoint' \
                  WHERE status IN ('queued', 'running')",
                 params![now()],
             )?;

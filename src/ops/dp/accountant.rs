@@ -235,10 +235,16 @@ pub fn gaussian_sigma(sensitivity: f64, epsilon: f64, delta: f64, orders: &[f64]
         epsilon_from_rdp(orders, &rdp, delta).0
     };
     let (mut low, mut high) = (0.0f64, sensitivity);
+    // Doubling stops at 1e12 × the sensitivity, and at the end of the f64 range: past it
+    // `high` is infinite, ε(∞) is not below anything, and the loop never ended.
+    let ceiling = sensitivity * 1e12;
+    if !ceiling.is_finite() {
+        return None;
+    }
     while eps_at(high) > epsilon {
         low = high;
         high *= 2.0;
-        if high > sensitivity * 1e12 {
+        if high > ceiling {
             return None;
         }
     }
@@ -257,6 +263,15 @@ pub fn gaussian_sigma(sensitivity: f64, epsilon: f64, delta: f64, orders: &[f64]
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn gaussian_sigma_gives_up_past_the_f64_range() {
+        let orders = budget_orders();
+        for sensitivity in [1e300, f64::MAX, f64::INFINITY] {
+            assert_eq!(gaussian_sigma(sensitivity, 2.0, 1e-5, &orders), None);
+        }
+        assert!(gaussian_sigma(1e200, 2.0, 1e-5, &orders).is_some());
+    }
 
     fn vectors() -> Value {
         let path = concat!(

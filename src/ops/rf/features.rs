@@ -81,13 +81,13 @@ pub struct Extraction {
 /// the f32 range).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Stats {
-    #[schema(value_type = Option<f64>)]
+    #[schema(value_type = Option<f64>, required)]
     pub mean: f64,
-    #[schema(value_type = Option<f64>)]
+    #[schema(value_type = Option<f64>, required)]
     pub std: f64,
-    #[schema(value_type = Option<f64>)]
+    #[schema(value_type = Option<f64>, required)]
     pub min: f64,
-    #[schema(value_type = Option<f64>)]
+    #[schema(value_type = Option<f64>, required)]
     pub max: f64,
 }
 

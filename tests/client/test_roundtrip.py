@@ -1,0 +1,929 @@
+"""Every operation of openapi/openapi.json round-tripped through the client that
+openapi-python-client generates from it, against a real server (conftest.py):
+
+- one success per operation, its typed answer (`.parsed` of the right model class)
+  checked against a value worked out independently;
+- one refusal per operation, decoded as a `ProblemDocument` with its stable `code` and,
+  where a field is to blame, the JSON pointer of the first error;
+- a coverage check: the spec's operation ids are exactly those with a success test and
+  a refusal (or a stated reason for having none), so a new operation without its round
+  trip fails here.
+"""
+
+import base64
+import hashlib
+import io
+import json
+import math
+import signal
+import struct
+import tarfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import pyarrow.parquet as pq
+import pytest
+
+try:
+    from gpu_ops_client.api.datasets import (
+        dataset_cancel,
+        dataset_create,
+        dataset_delete,
+        dataset_events,
+        dataset_features,
+        dataset_get,
+        dataset_list,
+        dataset_resume,
+        dataset_sample_iq,
+    )
+    from gpu_ops_client.api.dp import (
+        dp_accountant_epsilon,
+        dp_accountant_noise_multiplier,
+        dp_budget_create,
+        dp_budget_get,
+        dp_budget_list,
+        dp_gaussian,
+        dp_laplace,
+        dp_privatize,
+    )
+    from gpu_ops_client.api.rf import rf_features
+    from gpu_ops_client.api.system import device_info, health_live, health_ready, metrics
+    from gpu_ops_client.api.zk import (
+        field_add,
+        field_inv,
+        field_mul,
+        field_pow,
+        field_sub,
+        intt,
+        msm,
+        ntt,
+    )
+    from gpu_ops_client.models import (
+        AffinePointDoc,
+        BackendChoice,
+        BackendKind,
+        BinaryEncoding,
+        BudgetDetail,
+        BudgetList,
+        BudgetView,
+        CreateBudgetRequest,
+        CreateDatasetRequest,
+        Curve,
+        DatasetList,
+        DatasetSampleIqFormat,
+        DatasetStatus,
+        DatasetType,
+        DatasetView,
+        DeviceReport,
+        Dtype,
+        Encoding,
+        EpsilonRequest,
+        EpsilonResponse,
+        Field,
+        FieldBinaryRequest,
+        FieldInvRequest,
+        FieldPowRequest,
+        FieldVectorResponse,
+        GaussianRequest,
+        Geometry,
+        HealthStatus,
+        LaplaceRequest,
+        MechanismResponse,
+        MsmRequest,
+        MsmResponse,
+        NoiseMultiplierRequest,
+        NoiseMultiplierResponse,
+        NttRequest,
+        Packed,
+        PrivacyReport,
+        PrivatizeRequest,
+        PrivatizeResponse,
+        ProblemDocument,
+        Quality,
+        RfFeaturesRequest,
+        RfFeaturesResponse,
+        Scenario,
+        Signal,
+    )
+    from gpu_ops_client.types import File
+except ImportError as err:
+    pytest.fail(
+        f"importing the generated client failed ({err}): set GPU_OPS_CLIENT_DIR to the directory "
+        "holding a gpu_ops_client generated from openapi/openapi.json (scripts/client-check.sh "
+        "makes one)",
+        pytrace=False,
+    )
+
+GOLDILOCKS_P = 2**64 - 2**32 + 1
+BABYBEAR_P = 2013265921
+BN254_G = (1, 2)
+BN254_2G = (
+    1368015179489954701390400359078579693043519447331113978918064868415326638035,
+    9918110051302171585080402603319702774565515993150576347155970296011118125764,
+)
+ACCOUNTANT_CASE = dict(sample_rate=0.04, steps=2250, delta=1e-5)  # README's example
+ACCOUNTANT_EPSILON = 7.3291111714386545  # at noise_multiplier 1.5
+GRADIENTS = [[0.5, -1.0, 2.0], [3.0, 0.0, -4.0]]  # row norms √5.25 and 5
+TERMINAL = {
+    DatasetStatus.COMPLETED,
+    DatasetStatus.FAILED,
+    DatasetStatus.CANCELLED,
+    DatasetStatus.INTERRUPTED,
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Registry: which operations have a success test and which a refusal.
+
+SUCCESS: set[str] = set()
+
+
+def roundtrip(*operation_ids: str):
+    """Marks a test as the success round trip of `operation_ids`."""
+
+    def mark(test):
+        SUCCESS.update(operation_ids)
+        return test
+
+    return mark
+
+
+@dataclass(frozen=True)
+class Refusal:
+    op: str
+    call: Callable
+    status: int
+    code: str
+    path: str | None
+
+
+REFUSALS: list[Refusal] = []
+
+
+def refusal(op: str, status: int, code: str, path: str | None = None):
+    """Registers `call(ctx)` as the refusal of operation `op`: it must answer `status` with a
+    problem document of `code` whose first error points at `path` (when given)."""
+
+    def register(call):
+        REFUSALS.append(Refusal(op, call, status, code, path))
+        return call
+
+    return register
+
+
+# Open operations without input: their only documented refusals are 500 (a bug) and, for
+# health_ready, 503 while the server is still starting or already draining, which no
+# test can reach deterministically (and they take no key, so there is no 401 either).
+NO_REFUSAL = {"health_live", "health_ready", "device_info", "metrics"}
+
+
+# ---------------------------------------------------------------------------------------
+# Helpers.
+
+
+def explain(resp) -> str:
+    return f"HTTP {int(resp.status_code)}: {resp.content[:800]!r}"
+
+
+def ok(resp, status: int, model):
+    """The typed answer of a success: `status`, parsed as `model`."""
+    assert resp.status_code == status, explain(resp)
+    assert isinstance(resp.parsed, model), (
+        f"parsed as {type(resp.parsed).__name__}, not {model.__name__}: {explain(resp)}"
+    )
+    return resp.parsed
+
+
+def problem(resp, status: int, code: str, path: str | None = None) -> ProblemDocument:
+    """The refusal's problem document: `status`, `code`, and the first error at `path`."""
+    assert resp.status_code == status, explain(resp)
+    assert resp.headers["content-type"] == "application/problem+json", explain(resp)
+    p = resp.parsed
+    assert isinstance(p, ProblemDocument), explain(resp)
+    assert (p.status, p.code, p.type_) == (status, code, f"urn:gpu-ops:problem:{code}"), p
+    if path is not None:
+        assert p.errors and p.errors[0].path == path, p.errors
+    return p
+
+
+def le64(*values: int, width: int) -> str:
+    """Base64 of `values` as little-endian integers of `width` bytes each."""
+    return base64.b64encode(b"".join(v.to_bytes(width, "little") for v in values)).decode()
+
+
+def f32_base64(values) -> str:
+    return base64.b64encode(struct.pack(f"<{len(values)}f", *values)).decode()
+
+
+def tone_iq(offset_hz: float, sample_rate_hz: float, n: int) -> str:
+    """Base64 of a unit complex exponential at `offset_hz`: interleaved f32 I/Q."""
+    phases = (2 * math.pi * offset_hz * k / sample_rate_hz for k in range(n))
+    return f32_base64([v for ph in phases for v in (math.cos(ph), math.sin(ph))])
+
+
+def reference_ntt(values: list[int], p: int, generator: int) -> list[int]:
+    """X_k = Σ_j x_j·ω^(jk) with ω = g^((p−1)/n): the README's transform, natural order."""
+    n = len(values)
+    w = pow(generator, (p - 1) // n, p)
+    return [sum(x * pow(w, j * k, p) for j, x in enumerate(values)) % p for k in range(n)]
+
+
+def dataset_request(name: str, num_samples: int, dataset_type: DatasetType,
+                    duration_ms: float = 100, chunk_ms: float = 50) -> CreateDatasetRequest:
+    """A dataset every sample passes (4 receivers, quality gates wide open); with 100 ms
+    recordings in 50 ms chunks a couple of samples take about a second (as `small()` in
+    tests/datasets_http.rs)."""
+    return CreateDatasetRequest(
+        name=name,
+        num_samples=num_samples,
+        dataset_type=dataset_type,
+        seed=1,
+        config=Scenario(
+            chunk_ms=chunk_ms,
+            signal=Signal(duration_ms=duration_ms),
+            geometry=Geometry(receivers_min=4, receivers_max=4),
+            quality=Quality(min_receivers=1, min_snr_db=-50, max_gdop=1e9),
+        ),
+    )
+
+
+def long_dataset_request(name: str) -> CreateDatasetRequest:
+    """Far more work than a test waits for: still running when the test cancels or kills."""
+    return dataset_request(name, 1000, DatasetType.FEATURE_BASED, duration_ms=1000, chunk_ms=200)
+
+
+def create_dataset(client, body: CreateDatasetRequest) -> DatasetView:
+    return ok(dataset_create.sync_detailed(client=client, body=body), 202, DatasetView)
+
+
+def wait_for(client, dataset_id: str, statuses, timeout_s: float = 120) -> DatasetView:
+    """Polls dataset_get until the job's status is one of `statuses`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = ok(dataset_get.sync_detailed(dataset_id, client=client), 200, DatasetView)
+        if view.status in statuses:
+            return view
+        assert time.monotonic() < deadline, f"{dataset_id} still {view.status} after {timeout_s} s"
+        time.sleep(0.1)
+
+
+def wait_completed(client, dataset_id: str) -> DatasetView:
+    view = wait_for(client, dataset_id, TERMINAL)
+    assert view.status == DatasetStatus.COMPLETED, view
+    return view
+
+
+def sample_iq(client, dataset_id: str, fmt: DatasetSampleIqFormat | None):
+    """Row 0, receiver 0 of the dataset through the generated client. Its parser is made
+    from the spec's first 200 media type; an answer it cannot decode fails with why."""
+    kwargs = {} if fmt is None else {"format_": fmt}
+    try:
+        return dataset_sample_iq.sync_detailed(dataset_id, 0, 0, client=client, **kwargs)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        reason = type(err).__name__
+    pytest.fail(
+        f"the generated dataset_sample_iq cannot decode the format={fmt} answer ({reason}): "
+        "it parses every 200 as JSON, the first of the media types the spec lists for it"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Shared fixtures.
+
+
+@dataclass
+class Dataset:
+    created: DatasetView  # the 202 answer of dataset_create
+    location: str  # its Location header
+    done: DatasetView  # dataset_get once completed
+
+
+@pytest.fixture(scope="module")
+def iq_dataset(client) -> Dataset:
+    """A completed two-sample `iq_raw` dataset."""
+    body = dataset_request("roundtrip", 2, DatasetType.IQ_RAW)
+    resp = dataset_create.sync_detailed(client=client, body=body)
+    created = ok(resp, 202, DatasetView)
+    return Dataset(created, resp.headers.get("location"), wait_completed(client, created.id))
+
+
+@pytest.fixture(scope="module")
+def budget(client) -> BudgetView:
+    body = CreateBudgetRequest(epsilon_limit=8.0, delta=1e-5, name="roundtrip")
+    return ok(dp_budget_create.sync_detailed(client=client, body=body), 201, BudgetView)
+
+
+@dataclass
+class Interrupted:
+    client: object  # a client of the restarted server
+    view: DatasetView  # the job as the restarted server first reports it
+
+
+@pytest.fixture(scope="module")
+def interrupted(start_server, connect, tmp_path_factory) -> Interrupted:
+    """A dataset job left running by a server that was killed (SIGKILL), seen from a new
+    server on the same data directory."""
+    data = tmp_path_factory.mktemp("crashed")
+    first = start_server(data)
+    first_client = connect(first.url)
+    job = create_dataset(first_client, long_dataset_request("crashed"))
+    wait_for(first_client, job.id, {DatasetStatus.RUNNING})
+    first.stop(signal.SIGKILL)
+    client = connect(start_server(data).url)
+    view = ok(dataset_get.sync_detailed(job.id, client=client), 200, DatasetView)
+    return Interrupted(client, view)
+
+
+class Ctx:
+    """What refusal cases call with: the clients and, made on first use, a dataset id."""
+
+    def __init__(self, request):
+        self.client = request.getfixturevalue("client")
+        self.anon = request.getfixturevalue("anon")
+        self._request = request
+
+    @property
+    def dataset(self) -> str:
+        return self._request.getfixturevalue("iq_dataset").done.id
+
+
+@pytest.fixture
+def ctx(request) -> Ctx:
+    return Ctx(request)
+
+
+# ---------------------------------------------------------------------------------------
+# zk: field arithmetic, NTT, MSM.
+
+
+@roundtrip("field_add")
+def test_field_add(client):
+    body = FieldBinaryRequest(field=Field.GOLDILOCKS, a=["1", "2"], b=["5"])
+    resp = field_add.sync_detailed(client=client, body=body)
+    r = ok(resp, 200, FieldVectorResponse)
+    assert (r.field, r.encoding, r.length, r.result) == (
+        Field.GOLDILOCKS, Encoding.DECIMAL, 2, ["6", "7"])
+    assert resp.headers["x-backend"] == "cpu"  # a job's answer says where it ran
+    # The README's base64 case: 8 little-endian bytes per goldilocks element.
+    body = FieldBinaryRequest(field=Field.GOLDILOCKS, a=le64(1, width=8), b=le64(2, width=8),
+                              encoding=Encoding.BASE64)
+    r = ok(field_add.sync_detailed(client=client, body=body), 200, FieldVectorResponse)
+    assert (r.encoding, r.length, r.result) == (Encoding.BASE64, 1, le64(3, width=8))
+
+
+@refusal("field_add", 422, "invalid_field_element", "/a/1")
+def refuse_field_add(c: Ctx):
+    body = FieldBinaryRequest(field=Field.GOLDILOCKS, a=["1", str(GOLDILOCKS_P)], b=["5"])
+    return field_add.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("field_sub")
+def test_field_sub(client):
+    body = FieldBinaryRequest(field=Field.GOLDILOCKS, a=["0", "7"], b=["1", "5"])
+    r = ok(field_sub.sync_detailed(client=client, body=body), 200, FieldVectorResponse)
+    assert r.result == [str(GOLDILOCKS_P - 1), "2"]
+
+
+@refusal("field_sub", 422, "length_mismatch", "/b")
+def refuse_field_sub(c: Ctx):
+    body = FieldBinaryRequest(field=Field.GOLDILOCKS, a=["1", "2"], b=["5", "1", "1"])
+    return field_sub.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("field_mul")
+def test_field_mul(client):
+    body = FieldBinaryRequest(field=Field.BN254_FR, a=["2", "0x10"], b=["3"])
+    r = ok(field_mul.sync_detailed(client=client, body=body), 200, FieldVectorResponse)
+    assert (r.field, r.length, r.result) == (Field.BN254_FR, 2, ["6", "48"])
+
+
+@refusal("field_mul", 422, "invalid_field_element", "/a/0")
+def refuse_field_mul(c: Ctx):  # the README's example: the modulus itself is not canonical
+    body = FieldBinaryRequest(field=Field.BABYBEAR, a=[str(BABYBEAR_P)], b=["1"])
+    return field_mul.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("field_pow")
+def test_field_pow(client):
+    # 2^10; Fermat's 3^(p−1) = 1; and an exponent far above p (any 256-bit integer).
+    bases, exponents = [2, 3, 5], [10, BABYBEAR_P - 1, 2**255 + 7]
+    body = FieldPowRequest(field=Field.BABYBEAR, base=[str(b) for b in bases],
+                           exponent=[str(e) for e in exponents])
+    r = ok(field_pow.sync_detailed(client=client, body=body), 200, FieldVectorResponse)
+    assert r.result[:2] == ["1024", "1"]
+    assert r.result[2] == str(pow(5, 2**255 + 7, BABYBEAR_P))
+
+
+@refusal("field_pow", 422, "length_mismatch", "/exponent")
+def refuse_field_pow(c: Ctx):
+    body = FieldPowRequest(field=Field.BABYBEAR, base=["2", "3", "4"], exponent=["1", "2"])
+    return field_pow.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("field_inv")
+def test_field_inv(client):
+    body = FieldInvRequest(field=Field.BABYBEAR, values=["2", "1"])
+    r = ok(field_inv.sync_detailed(client=client, body=body), 200, FieldVectorResponse)
+    assert r.result == ["1006632961", "1"]
+    assert 2 * int(r.result[0]) % BABYBEAR_P == 1
+
+
+@refusal("field_inv", 422, "not_invertible", "/values/1")
+def refuse_field_inv(c: Ctx):
+    body = FieldInvRequest(field=Field.BABYBEAR, values=["2", "0"])
+    return field_inv.sync_detailed(client=c.client, body=body)
+
+
+def transform(client, api, field: Field, values) -> list[str]:
+    """The result of ntt or intt (`api`) of `values` in natural order."""
+    body = NttRequest(field=field, values=[str(v) for v in values])
+    return ok(api.sync_detailed(client=client, body=body), 200, FieldVectorResponse).result
+
+
+@roundtrip("ntt")
+def test_ntt(client):
+    assert transform(client, ntt, Field.BABYBEAR, [1, 0, 0, 0]) == ["1", "1", "1", "1"]
+    values = list(range(1, 9))
+    assert transform(client, ntt, Field.GOLDILOCKS, values) == [
+        str(v) for v in reference_ntt(values, GOLDILOCKS_P, 7)]
+
+
+@refusal("ntt", 422, "invalid_parameter", "/values")
+def refuse_ntt(c: Ctx):  # a size that is not a power of two
+    body = NttRequest(field=Field.BABYBEAR, values=["1", "0", "0"])
+    return ntt.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("intt")
+def test_intt(client):
+    values = [3, 1, 4, 1, 5, 9, 2, 6]
+    forward = transform(client, ntt, Field.GOLDILOCKS, values)
+    assert transform(client, intt, Field.GOLDILOCKS, forward) == [str(v) for v in values]
+
+
+@refusal("intt", 422, "invalid_field_element", "/values/0")
+def refuse_intt(c: Ctx):
+    body = NttRequest(field=Field.BABYBEAR, values=["0xZZ", "1"])
+    return intt.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("msm")
+def test_msm(client):
+    generator = AffinePointDoc(x=str(BN254_G[0]), y=str(BN254_G[1]))
+    body = MsmRequest(curve=Curve.BN254_G1, scalars=["2"], points=[generator])
+    r = ok(msm.sync_detailed(client=client, body=body), 200, MsmResponse)
+    assert (r.curve, r.encoding, r.points) == (Curve.BN254_G1, Encoding.DECIMAL, 1)
+    assert isinstance(r.result, AffinePointDoc), r
+    assert (int(r.result.x), int(r.result.y)) == BN254_2G
+    # base64: x ‖ y little-endian, 32 bytes each; scalars 32 bytes each.
+    body = MsmRequest(curve=Curve.BN254_G1, encoding=Encoding.BASE64,
+                      scalars=le64(2, width=32), points=le64(*BN254_G, width=32))
+    r = ok(msm.sync_detailed(client=client, body=body), 200, MsmResponse)
+    assert r.result == le64(*BN254_2G, width=32)
+    # scalar_batch: one result per scalar vector, over the same points.
+    body = MsmRequest(curve=Curve.BN254_G1, scalar_batch=[["1"], ["2"], ["0"]], points=[generator])
+    r = ok(msm.sync_detailed(client=client, body=body), 200, MsmResponse)
+    assert [None if p is None else (int(p.x), int(p.y)) for p in r.results] == [
+        BN254_G, BN254_2G, None]
+
+
+@refusal("msm", 422, "invalid_point", "/points/0")
+def refuse_msm(c: Ctx):  # (1, 3) is not on y² = x³ + 3
+    body = MsmRequest(curve=Curve.BN254_G1, scalars=["2"], points=[AffinePointDoc(x="1", y="3")])
+    return msm.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# dp: noise mechanisms, DP-SGD, accountant, budgets.
+
+
+def assert_seeded_release(client, api, body, mechanism: str) -> MechanismResponse:
+    """Two releases with the same seed: equal, of the input's length, with `mechanism`."""
+    first = ok(api.sync_detailed(client=client, body=body), 200, MechanismResponse)
+    again = ok(api.sync_detailed(client=client, body=body), 200, MechanismResponse)
+    assert first.values == again.values
+    assert len(first.values) == len(body.values)
+    assert first.noise.mechanism == mechanism
+    assert first.noise.scale > 0 and first.noise.grid > 0
+    assert first.noise.sensitivity >= body.sensitivity
+    assert 0 < first.epsilon <= body.epsilon  # never above the one asked
+    return first
+
+
+@roundtrip("dp_laplace")
+def test_dp_laplace(client):
+    body = LaplaceRequest(values=[1.0, 2.0, 3.0], sensitivity=1.0, epsilon=1.0, seed=42)
+    assert_seeded_release(client, dp_laplace, body, "discrete_laplace")
+
+
+@refusal("dp_laplace", 404, "budget_not_found", "/budget_id")
+def refuse_dp_laplace(c: Ctx):
+    body = LaplaceRequest(values=[1.0], sensitivity=1.0, epsilon=1.0, budget_id="bud_missing")
+    return dp_laplace.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("dp_gaussian")
+def test_dp_gaussian(client):
+    body = GaussianRequest(values=[1.0, 2.0, 3.0], sensitivity=1.0, epsilon=1.0, delta=1e-5,
+                           seed=42)
+    r = assert_seeded_release(client, dp_gaussian, body, "discrete_gaussian")
+    assert r.delta == 1e-5
+
+
+@refusal("dp_gaussian", 422, "invalid_parameter", "/delta")
+def refuse_dp_gaussian(c: Ctx):
+    body = GaussianRequest(values=[1.0], sensitivity=1.0, epsilon=1.0, delta=1.5)
+    return dp_gaussian.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("dp_privatize")
+def test_dp_privatize(client):
+    norms = [math.sqrt(5.25), 5.0]
+    body = PrivatizeRequest(per_example_gradients=GRADIENTS, clip_norm=3.0,
+                            noise_multiplier=1.1, seed=7)
+    r = ok(dp_privatize.sync_detailed(client=client, body=body), 200, PrivatizeResponse)
+    assert r.fraction_clipped == 0.5  # only the second row's norm exceeds 3
+    assert r.max_norm == pytest.approx(max(norms))
+    assert r.mean_norm == pytest.approx(sum(norms) / 2)
+    assert len(r.gradient) == 3
+    assert r.noise.mechanism == "discrete_gaussian"
+    assert r.noise.scale == pytest.approx(1.1 * 3.0, rel=1e-3)  # σ·C
+    assert r.effective_noise_multiplier == pytest.approx(1.1, rel=1e-3)
+    again = ok(dp_privatize.sync_detailed(client=client, body=body), 200, PrivatizeResponse)
+    assert again.gradient == r.gradient
+    # Packed f32 in, packed f32 out.
+    packed = Packed(encoding=BinaryEncoding.BASE64, dtype=Dtype.F32, shape=[2, 3],
+                    data=f32_base64([v for row in GRADIENTS for v in row]))
+    body = PrivatizeRequest(per_example_gradients=packed, clip_norm=1.0,
+                            noise_multiplier=1.1, seed=7)
+    r = ok(dp_privatize.sync_detailed(client=client, body=body), 200, PrivatizeResponse)
+    assert isinstance(r.gradient, Packed), r.gradient
+    assert (r.gradient.dtype, r.gradient.shape) == (Dtype.F32, [3])
+    assert r.fraction_clipped == 1.0
+
+
+@refusal("dp_privatize", 422, "invalid_tensor", "/per_example_gradients/1")
+def refuse_dp_privatize(c: Ctx):  # ragged rows
+    body = PrivatizeRequest(per_example_gradients=[[0.5, -1.0, 2.0], [3.0, 0.0]],
+                            clip_norm=1.0, noise_multiplier=1.1)
+    return dp_privatize.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("dp_accountant_epsilon")
+def test_dp_accountant_epsilon(client):
+    body = EpsilonRequest(noise_multiplier=1.5, **ACCOUNTANT_CASE)
+    r = ok(dp_accountant_epsilon.sync_detailed(client=client, body=body), 200, EpsilonResponse)
+    assert r.epsilon == pytest.approx(ACCOUNTANT_EPSILON, rel=1e-9)
+    assert r.optimal_order == 3.9
+
+
+@refusal("dp_accountant_epsilon", 422, "invalid_parameter", "/delta")
+def refuse_dp_accountant_epsilon(c: Ctx):
+    body = EpsilonRequest(noise_multiplier=1.5, **dict(ACCOUNTANT_CASE, delta=2.0))
+    return dp_accountant_epsilon.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("dp_accountant_noise_multiplier")
+def test_dp_accountant_noise_multiplier(client):
+    body = NoiseMultiplierRequest(target_epsilon=ACCOUNTANT_EPSILON, **ACCOUNTANT_CASE)
+    r = ok(dp_accountant_noise_multiplier.sync_detailed(client=client, body=body), 200,
+           NoiseMultiplierResponse)
+    assert r.noise_multiplier == pytest.approx(1.5, rel=1e-6)
+    assert r.epsilon <= ACCOUNTANT_EPSILON * (1 + 1e-12)
+    assert r.optimal_order == 3.9
+
+
+@refusal("dp_accountant_noise_multiplier", 422, "invalid_parameter", "/target_epsilon")
+def refuse_dp_accountant_noise_multiplier(c: Ctx):  # no σ up to 2e6 gets ε that low
+    body = NoiseMultiplierRequest(target_epsilon=1e-9, **ACCOUNTANT_CASE)
+    return dp_accountant_noise_multiplier.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("dp_budget_create")
+def test_dp_budget_create(budget):
+    assert budget.id.startswith("bud_")
+    assert (budget.name, budget.accountant, budget.epsilon_limit, budget.delta) == (
+        "roundtrip", "rdp", 8.0, 1e-5)
+    assert (budget.epsilon_spent, budget.epsilon_remaining, budget.charges) == (0.0, 8.0, 0)
+
+
+@refusal("dp_budget_create", 422, "invalid_parameter", "/epsilon_limit")
+def refuse_dp_budget_create(c: Ctx):
+    body = CreateBudgetRequest(epsilon_limit=-1.0, delta=1e-5)
+    return dp_budget_create.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("dp_budget_get")
+def test_dp_budget_get(client, budget):
+    fresh = ok(dp_budget_get.sync_detailed(budget.id, client=client), 200, BudgetDetail)
+    assert (fresh.id, fresh.epsilon_spent, fresh.epsilon_remaining, fresh.history) == (
+        budget.id, 0.0, 8.0, [])
+    # A release charged to it shows in the release's privacy report and in the history.
+    body = LaplaceRequest(values=[1.0], sensitivity=1.0, epsilon=0.5, budget_id=budget.id)
+    release = ok(dp_laplace.sync_detailed(client=client, body=body), 200, MechanismResponse)
+    assert isinstance(release.privacy, PrivacyReport), release
+    assert (release.privacy.budget_id, release.privacy.charge_seq) == (budget.id, 1)
+    spent = release.privacy.epsilon_spent
+    assert 0 < spent <= 0.5
+    charged = ok(dp_budget_get.sync_detailed(budget.id, client=client, history_limit=10), 200,
+                 BudgetDetail)
+    assert (charged.charges, charged.epsilon_spent) == (1, spent)
+    assert charged.epsilon_remaining == pytest.approx(8.0 - spent)
+    assert [(h.seq, h.kind, h.status) for h in charged.history] == [(1, "laplace", "charged")]
+
+
+@refusal("dp_budget_get", 404, "budget_not_found")
+def refuse_dp_budget_get(c: Ctx):
+    return dp_budget_get.sync_detailed("bud_missing", client=c.client)
+
+
+@roundtrip("dp_budget_list")
+def test_dp_budget_list(client, budget):
+    r = ok(dp_budget_list.sync_detailed(client=client), 200, BudgetList)
+    listed = {b.id: b for b in r.budgets}
+    assert budget.id in listed
+    assert listed[budget.id].epsilon_limit == 8.0
+
+
+@refusal("dp_budget_list", 401, "unauthorized")
+def refuse_dp_budget_list(c: Ctx):  # no API key
+    return dp_budget_list.sync_detailed(client=c.anon)
+
+
+# ---------------------------------------------------------------------------------------
+# rf: features of an uploaded recording.
+
+
+@roundtrip("rf_features")
+def test_rf_features(client):
+    # A unit tone at +10 kHz, 200 kHz, 4096 samples: one chunk (shorter than 200 ms) of
+    # eight 512-point Welch segments (docs/RF_FEATURES.md); |x|² = 1 mW is 0 dBm.
+    body = RfFeaturesRequest(sample_rate_hz=200_000.0, iq=tone_iq(10_000.0, 200_000.0, 4096),
+                             encoding=BinaryEncoding.BASE64, per_chunk=True)
+    r = ok(rf_features.sync_detailed(client=client, body=body), 200, RfFeaturesResponse)
+    assert (r.samples, r.chunks, r.samples_per_chunk, r.fft_size, r.segments_per_chunk) == (
+        4096, 1, 4096, 512, 8)
+    f = r.features
+    assert f.frequency_offset_hz.mean == pytest.approx(10_000.0, abs=5.0)
+    assert f.spectral_centroid_hz.mean == pytest.approx(10_000.0, abs=5.0)
+    assert f.rssi_dbm.mean == pytest.approx(0.0, abs=1e-3)
+    assert f.envelope_mean.mean == pytest.approx(1.0, abs=1e-4)
+    assert f.peak_to_avg_ratio_db.mean == pytest.approx(0.0, abs=1e-3)
+    assert f.signal_present.mean == 1.0
+    assert f.snr_db.mean > 60
+    assert f.bandwidth_hz.mean <= 4 * 200_000 / 512  # a tone: at most four bins
+    assert len(r.per_chunk) == 1
+    assert r.per_chunk[0].frequency_offset_hz == pytest.approx(10_000.0, abs=5.0)
+
+
+@refusal("rf_features", 422, "invalid_parameter", "/iq")
+def refuse_rf_features(c: Ctx):  # 100 samples make no chunk of 128
+    body = RfFeaturesRequest(sample_rate_hz=200_000.0, iq=tone_iq(1_000.0, 200_000.0, 100),
+                             encoding=BinaryEncoding.BASE64)
+    return rf_features.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# datasets: synthetic dataset jobs and their files.
+
+
+@roundtrip("dataset_create")
+def test_dataset_create(iq_dataset):
+    v = iq_dataset.created
+    assert v.id.startswith("ds_")
+    assert (v.name, v.dataset_type, v.num_samples, v.seed) == (
+        "roundtrip", DatasetType.IQ_RAW, 2, 1)
+    assert v.status in {DatasetStatus.QUEUED, DatasetStatus.RUNNING}
+    assert v.status_url == iq_dataset.location == f"/datasets/{v.id}"
+    assert (v.progress.valid, v.progress.target) == (0, 2)
+
+
+@refusal("dataset_create", 422, "invalid_parameter", "/num_samples")
+def refuse_dataset_create(c: Ctx):
+    body = dataset_request("empty", 0, DatasetType.FEATURE_BASED)
+    return dataset_create.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("dataset_get")
+def test_dataset_get(iq_dataset):
+    v = iq_dataset.done  # fetched by dataset_get in the fixture
+    assert (v.id, v.status) == (iq_dataset.created.id, DatasetStatus.COMPLETED)
+    assert (v.progress.valid, v.progress.attempted, v.progress.target) == (2, 2, 2)
+    assert v.features_url == f"/datasets/{v.id}/features"
+    assert v.iq_url == f"/datasets/{v.id}/samples/{{n}}/iq/{{rx}}"
+    assert v.finished_at
+
+
+@refusal("dataset_get", 404, "dataset_not_found")
+def refuse_dataset_get(c: Ctx):
+    return dataset_get.sync_detailed("ds_missing", client=c.client)
+
+
+@roundtrip("dataset_list")
+def test_dataset_list(client, iq_dataset):
+    r = ok(dataset_list.sync_detailed(client=client), 200, DatasetList)
+    listed = {d.id: d for d in r.datasets}
+    assert listed[iq_dataset.done.id].status == DatasetStatus.COMPLETED
+
+
+@refusal("dataset_list", 401, "unauthorized")
+def refuse_dataset_list(c: Ctx):  # no API key
+    return dataset_list.sync_detailed(client=c.anon)
+
+
+@roundtrip("dataset_events")
+def test_dataset_events(client, iq_dataset):
+    # A completed job's stream is one `end` event carrying its final DatasetView.
+    resp = dataset_events.sync_detailed(iq_dataset.done.id, client=client)
+    assert resp.status_code == 200, explain(resp)
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    text = resp.content.decode()
+    events = [block for block in text.split("\n\n") if block.strip()]
+    assert len(events) == 1 and events[0].startswith("event: end\n"), text
+    data = "".join(line[len("data:"):].strip() for line in events[0].splitlines()
+                   if line.startswith("data:"))
+    view = DatasetView.from_dict(json.loads(data))
+    assert (view.id, view.status) == (iq_dataset.done.id, DatasetStatus.COMPLETED)
+    # README: "dataset_events comes back as the raw text/event-stream text".
+    assert isinstance(resp.parsed, str), (
+        f"the generated dataset_events parses the stream as {resp.parsed!r}, not its text"
+    )
+
+
+@refusal("dataset_events", 404, "dataset_not_found")
+def refuse_dataset_events(c: Ctx):
+    return dataset_events.sync_detailed("ds_missing", client=c.client)
+
+
+@roundtrip("dataset_features")
+def test_dataset_features(client, iq_dataset):
+    resp = dataset_features.sync_detailed(iq_dataset.done.id, client=client)
+    f = ok(resp, 200, File)
+    assert resp.headers["content-type"] == "application/vnd.apache.parquet"
+    table = pq.read_table(io.BytesIO(f.payload.read()))
+    assert table.num_rows == 2
+    assert "sample_index" in table.column_names
+    assert b"gpu_ops.generator_version" in table.schema.metadata
+
+
+@refusal("dataset_features", 404, "dataset_not_found")
+def refuse_dataset_features(c: Ctx):
+    return dataset_features.sync_detailed("ds_missing", client=c.client)
+
+
+def sigmf_meta(parsed) -> dict:
+    """The SigMF metadata of a format=meta answer: the spec types it as a JSON object; a
+    spec that serves every format as a file would make it one (the JSON bytes)."""
+    if isinstance(parsed, File):
+        return json.loads(parsed.payload.read())
+    assert type(parsed).__name__ == "DatasetSampleIqResponse200", parsed
+    return parsed.to_dict()
+
+
+@roundtrip("dataset_sample_iq")
+def test_dataset_sample_iq_meta(client, iq_dataset):
+    resp = sample_iq(client, iq_dataset.done.id, DatasetSampleIqFormat.META)
+    assert resp.status_code == 200, explain(resp)
+    assert resp.headers["content-type"] == "application/json"
+    meta = sigmf_meta(resp.parsed)
+    glob = meta["global"]
+    assert (glob["core:version"], glob["core:datatype"], glob["core:sample_rate"]) == (
+        "1.2.0", "cf32_le", 200_000.0)
+    assert glob["gpu_ops:dataset_id"] == iq_dataset.done.id
+    assert meta["captures"] and meta["captures"][0]["core:sample_start"] == 0
+
+
+def test_dataset_sample_iq_data(client, iq_dataset):
+    file = ok(sample_iq(client, iq_dataset.done.id, DatasetSampleIqFormat.DATA), 200, File)
+    data = file.payload.read()
+    assert len(data) == 100 * 200 * 8  # 100 ms at 200 kHz, cf32_le: 8 bytes a sample
+    meta = sigmf_meta(sample_iq(client, iq_dataset.done.id, DatasetSampleIqFormat.META).parsed)
+    assert hashlib.sha512(data).hexdigest() == meta["global"]["core:sha512"]
+
+
+def test_dataset_sample_iq_archive(client, iq_dataset):
+    archive = ok(sample_iq(client, iq_dataset.done.id, None), 200, File)  # the default
+    with tarfile.open(fileobj=io.BytesIO(archive.payload.read())) as tar:
+        files = {m.name.rsplit(".", 1)[-1]: tar.extractfile(m).read()
+                 for m in tar.getmembers() if m.isfile()}
+    assert set(files) == {"sigmf-meta", "sigmf-data"}
+    assert json.loads(files["sigmf-meta"])["global"]["core:datatype"] == "cf32_le"
+    assert len(files["sigmf-data"]) % 8 == 0
+
+
+@refusal("dataset_sample_iq", 404, "sample_not_found")
+def refuse_dataset_sample_iq(c: Ctx):  # row 5 of a two-row dataset
+    return dataset_sample_iq.sync_detailed(c.dataset, 5, 0, client=c.client)
+
+
+@roundtrip("dataset_cancel")
+def test_dataset_cancel(client):
+    job = create_dataset(client, long_dataset_request("cancelled"))
+    r = ok(dataset_cancel.sync_detailed(job.id, client=client), 202, DatasetView)
+    assert r.id == job.id
+    view = wait_for(client, job.id, TERMINAL, timeout_s=60)
+    assert view.status == DatasetStatus.CANCELLED, view
+    problem(dataset_features.sync_detailed(job.id, client=client), 409, "dataset_not_ready")
+    assert dataset_delete.sync_detailed(job.id, client=client).status_code == 204
+
+
+@refusal("dataset_cancel", 409, "dataset_finished")
+def refuse_dataset_cancel(c: Ctx):  # the job has completed
+    return dataset_cancel.sync_detailed(c.dataset, client=c.client)
+
+
+@roundtrip("dataset_resume")
+def test_dataset_resume(interrupted):
+    assert interrupted.view.status == DatasetStatus.INTERRUPTED, interrupted.view
+    job_id = interrupted.view.id
+    r = ok(dataset_resume.sync_detailed(job_id, client=interrupted.client), 202, DatasetView)
+    assert r.id == job_id
+    assert r.status in {DatasetStatus.QUEUED, DatasetStatus.RUNNING}
+    # Resumed once, it is no longer interrupted.
+    problem(dataset_resume.sync_detailed(job_id, client=interrupted.client), 409,
+            "dataset_not_resumable")
+
+
+def test_an_interrupted_dataset_says_how_to_resume(interrupted):
+    # README: resume continues "an interrupted job (the server stopped or crashed)".
+    assert "resume" in (interrupted.view.error or ""), interrupted.view.error
+
+
+@refusal("dataset_resume", 409, "dataset_not_resumable")
+def refuse_dataset_resume(c: Ctx):  # the job has completed, not been interrupted
+    return dataset_resume.sync_detailed(c.dataset, client=c.client)
+
+
+@roundtrip("dataset_delete")
+def test_dataset_delete(client):
+    job = create_dataset(client, dataset_request("deleted", 1, DatasetType.FEATURE_BASED))
+    wait_completed(client, job.id)
+    resp = dataset_delete.sync_detailed(job.id, client=client)
+    assert resp.status_code == 204, explain(resp)
+    assert resp.content == b""
+    problem(dataset_get.sync_detailed(job.id, client=client), 404, "dataset_not_found")
+
+
+@refusal("dataset_delete", 404, "dataset_not_found")
+def refuse_dataset_delete(c: Ctx):
+    return dataset_delete.sync_detailed("ds_missing", client=c.client)
+
+
+# ---------------------------------------------------------------------------------------
+# system: open routes, called without a key.
+
+
+@roundtrip("health_live")
+def test_health_live(anon):
+    assert ok(health_live.sync_detailed(client=anon), 200, HealthStatus).status == "live"
+
+
+@roundtrip("health_ready")
+def test_health_ready(anon):
+    assert ok(health_ready.sync_detailed(client=anon), 200, HealthStatus).status == "ready"
+
+
+@roundtrip("device_info")
+def test_device_info(anon):
+    r = ok(device_info.sync_detailed(client=anon), 200, DeviceReport)
+    assert (r.backend, r.mode, r.gpus) == (BackendKind.CPU, BackendChoice.CPU, [])
+    assert r.cpu.threads == 1  # --cpu-threads 1
+    assert "--backend cpu" in r.reason
+
+
+@roundtrip("metrics")
+def test_metrics(anon):
+    health_live.sync_detailed(client=anon)
+    text = ok(metrics.sync_detailed(client=anon), 200, str)
+    assert "# TYPE gpu_ops_http_requests_total counter" in text
+    assert 'route="/health/live"' in text
+
+
+# ---------------------------------------------------------------------------------------
+# Refusals, and the coverage of both.
+
+
+@pytest.mark.parametrize("case", REFUSALS, ids=lambda case: case.op)
+def test_refusal(case: Refusal, ctx: Ctx):
+    problem(case.call(ctx), case.status, case.code, case.path)
+
+
+def test_every_operation_has_a_roundtrip(spec):
+    operations = {
+        op["operationId"]
+        for item in spec["paths"].values()
+        for op in item.values()
+        if isinstance(op, dict) and "operationId" in op
+    }
+    refused = {case.op for case in REFUSALS}
+    assert len(refused) == len(REFUSALS), "one refusal per operation"
+    assert not refused & NO_REFUSAL, "an operation with a refusal is not in NO_REFUSAL"
+    assert SUCCESS == operations, (
+        f"without a success test: {sorted(operations - SUCCESS)}; "
+        f"not in the spec: {sorted(SUCCESS - operations)}"
+    )
+    assert refused | NO_REFUSAL == operations, (
+        f"without a refusal: {sorted(operations - refused - NO_REFUSAL)}; "
+        f"not in the spec: {sorted((refused | NO_REFUSAL) - operations)}"
+    )
