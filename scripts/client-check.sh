@@ -24,7 +24,8 @@ bin="$(realpath "$bin")"
 
 venv=.venv-client
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check -r tests/client/requirements.txt
+"$venv/bin/pip" install -q --disable-pip-version-check -r tests/client/requirements.txt \
+  -c tests/client/constraints.txt
 
 echo "== Python client (openapi-python-client) round trip"
 rm -rf target/python-client
@@ -35,6 +36,10 @@ GPU_OPS_CLIENT_DIR="$root/target/python-client" GPU_OPS_BIN="$bin" \
   "$venv/bin/python" -m pytest tests/client -q -p no:cacheprovider
 
 echo "== TypeScript client (@hey-api/openapi-ts)"
+# The pinned generator needs node >= 20.19.
+# shellcheck disable=SC2016 # JavaScript, not shell.
+node -e 'const [a, b] = process.versions.node.split(".").map(Number);
+  if (a < 20 || (a === 20 && b < 19)) { console.error(`node ${process.versions.node}: 20.19 or newer is needed`); process.exit(1); }' 
 rm -rf target/ts-client
 (
   cd tests/client/ts
@@ -47,14 +52,17 @@ rm -rf target/ts-client
 echo "== schemathesis over the whole spec"
 data="$(mktemp -d)"
 log="$data/server.log"
-# Dataset jobs are kept tiny (schema-valid configs can ask for minutes of work) and may all
-# queue, so the fuzzer never meets a full dataset queue.
+# Dataset jobs are kept small (schema-valid configs can ask for hours of work and
+# gigabytes of files) and may all queue, so the fuzzer never meets a full dataset queue;
+# jobs give up well before the client's 30 s request timeout.
 "$bin" --bind 127.0.0.1:0 --backend cpu --cpu-threads 1 --log-format json \
-  --data-dir "$data/data" --max-dataset-samples 2 --max-dataset-jobs 100000 2>"$log" &
+  --data-dir "$data/data" --max-dataset-samples 2 --max-dataset-jobs 100000 \
+  --max-dataset-bytes 67108864 --job-timeout 10s 2>"$log" &
 server=$!
-trap 'kill "$server" 2>/dev/null || true; rm -rf "$data"' EXIT
+trap 'kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; rm -rf "$data"' EXIT
 port=""
-for _ in $(seq 1 100); do
+for _ in $(seq 1 300); do
+  kill -0 "$server" 2>/dev/null || break
   port="$(sed -n 's/.*"message":"listening".*"address":"[^"]*:\([0-9]*\)".*/\1/p' "$log" | head -n1)"
   [ -n "$port" ] && break
   sleep 0.1

@@ -81,7 +81,7 @@ fn serve(config: Config) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(&format!("cannot start the async runtime: {e}")),
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         let bind = settings.config.bind;
         let require_cuda = settings.config.backend == BackendChoice::Cuda;
         let app = match gpu_ops::App::start(settings) {
@@ -106,7 +106,12 @@ fn serve(config: Config) -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&format!("server error: {e}")),
         }
-    })
+    });
+    // `serve` has drained within --shutdown-grace. Dropping the runtime would wait for
+    // every blocking task still running, without end if one never returns; give them a
+    // moment, then exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
 /// Resolves on SIGTERM or ctrl-c. The SIGTERM handler is installed when this is called,

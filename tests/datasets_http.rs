@@ -442,6 +442,11 @@ async fn iq_raw_recordings_are_sigmf_and_agree_with_the_parquet_row() {
             "invalid_parameter",
         ),
         (
+            "/datasets/%FF/features".to_string(),
+            422,
+            "invalid_parameter",
+        ),
+        (
             format!("/datasets/{id}/samples/0/iq/0?format=wav"),
             422,
             "invalid_parameter",

@@ -575,7 +575,7 @@ fn attachment(res: &mut Response, content_type: &'static str, filename: &str) {
             content((inline(Binary) = "application/x-tar"), (Object = "application/json"), (inline(Binary) = "application/octet-stream"))),
         (status = 404, description = "dataset_not_found; sample_not_found (no such row or receiver, or a feature_based dataset)"),
         (status = 409, description = "dataset_not_ready: the job has not completed"),
-        (status = 422, description = "invalid_parameter: an unknown format"),
+        (status = 422, description = "invalid_parameter: an unknown format, or `n` / `rx` not a non-negative integer in range"),
     ),
     security((), ("bearer" = []))
 )]

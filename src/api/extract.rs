@@ -114,9 +114,22 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        use axum::extract::rejection::RawPathParamsRejection;
         let raw = RawPathParams::from_request_parts(parts, state)
             .await
-            .map_err(|e| Problem::new(ErrorCode::InvalidParameter, e.body_text()))?;
+            .map_err(|e| match e {
+                // axum names the parameter only in its message: "… in `key`".
+                RawPathParamsRejection::InvalidUtf8InPathParam(bad) => {
+                    let text = bad.body_text();
+                    let key = text.split('`').nth(1).unwrap_or_default();
+                    Problem::at(
+                        ErrorCode::InvalidParameter,
+                        format!("/{}", escape(key)),
+                        "path parameter: not UTF-8 once percent-decoded",
+                    )
+                }
+                other => Problem::new(ErrorCode::Internal, other.body_text()),
+            })?;
         let pairs = raw
             .iter()
             .map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)));

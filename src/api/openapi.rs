@@ -225,6 +225,7 @@ fn job_headers() -> Value {
         "x-device": {"description": "GPU ordinal, when cuda", "schema": {"type": "integer", "minimum": 0}},
         "x-queue-time-ms": {"description": "Time queued, ms", "schema": {"type": "number"}},
         "x-compute-time-ms": {"description": "Time computing, ms", "schema": {"type": "number"}},
+        "x-request-id": {"description": "The request's id (echoed, or generated), also in problems", "schema": {"type": "string"}},
     })
 }
 
@@ -265,6 +266,9 @@ fn add_shared_problems(op: &mut Map<String, Value>, jobs: &HashSet<String>) {
             });
         }
     }
+    // The field an `invalid_parameter` example blames: the operation's first parameter,
+    // else `timeout_ms`.
+    let field = example_field(op);
     let responses = op
         .get_mut("responses")
         .and_then(Value::as_object_mut)
@@ -274,8 +278,21 @@ fn add_shared_problems(op: &mut Map<String, Value>, jobs: &HashSet<String>) {
             continue;
         };
         if status >= 400 {
-            complete_problem(status, response);
+            complete_problem(status, response, &field);
         }
+    }
+}
+
+/// The JSON pointer an example problem of `op` names: its first parameter, or a body field.
+fn example_field(op: &Map<String, Value>) -> String {
+    match op
+        .get("parameters")
+        .and_then(|p| p.get(0))
+        .and_then(|p| p.get("name"))
+        .and_then(Value::as_str)
+    {
+        Some(name) => format!("/{name}"),
+        None => "/timeout_ms".to_string(),
     }
 }
 
@@ -290,7 +307,7 @@ fn describe(code: &str) -> String {
 
 /// Every problem response: the problem+json schema and an example of the first code its
 /// description names (or the status' first code).
-fn complete_problem(status: u16, response: &mut Value) {
+fn complete_problem(status: u16, response: &mut Value, field: &str) {
     let description = response["description"].as_str().unwrap_or("").to_string();
     let code = ERROR_CODES
         .iter()
@@ -319,11 +336,11 @@ fn complete_problem(status: u16, response: &mut Value) {
         .or_insert_with(|| json!({}));
     media["schema"] = json!({"$ref": "#/components/schemas/ProblemDocument"});
     if media.get("example").is_none() {
-        media["example"] = example(code, status);
+        media["example"] = example(code, status, field);
     }
-    if status == 503 {
+    if description.contains(ErrorCode::QueueFull.as_str()) {
         response["headers"]["retry-after"] = json!({
-            "description": "With queue_full and shutting_down: seconds to wait before retrying",
+            "description": "With queue_full (and a job's shutting_down): seconds to wait before retrying",
             "schema": {"type": "integer", "minimum": 0}
         });
     }
@@ -333,10 +350,11 @@ fn error_code(name: &str) -> Option<ErrorCode> {
     ErrorCode::ALL.iter().copied().find(|c| c.as_str() == name)
 }
 
-/// A problem document exactly as the server renders it.
-fn example(code: ErrorCode, status: u16) -> Value {
+/// A problem document exactly as the server renders it (`field`: the pointer an
+/// `invalid_parameter` example names).
+fn example(code: ErrorCode, status: u16, field: &str) -> Value {
     let mut problem = match code {
-        ErrorCode::InvalidParameter => Problem::at(code, "/timeout_ms", "must be at least 1"),
+        ErrorCode::InvalidParameter => Problem::at(code, field, "out of range"),
         ErrorCode::InvalidRequest => Problem::at(code, "/field", "missing field `field`"),
         _ => Problem::new(code, code.title()),
     };
@@ -551,11 +569,53 @@ mod tests {
 
     #[test]
     fn examples_are_what_the_server_renders() {
-        let e = example(ErrorCode::InvalidParameter, 422);
-        assert_eq!(e["errors"][0]["path"], "/timeout_ms");
-        assert_eq!(e["detail"], "/timeout_ms: must be at least 1");
+        let e = example(ErrorCode::InvalidParameter, 422, "/history_limit");
+        assert_eq!(e["errors"][0]["path"], "/history_limit");
+        assert_eq!(e["detail"], "/history_limit: out of range");
         // http_error is the one code whose status varies.
-        assert_eq!(example(ErrorCode::HttpError, 400)["status"], 400);
+        assert_eq!(example(ErrorCode::HttpError, 405, "")["status"], 405);
+    }
+
+    /// A hand-written expectation for one operation of each kind, independent of the
+    /// rules `shared_problems` applies.
+    #[test]
+    fn operations_of_each_kind_document_the_statuses_they_return() {
+        let doc = document();
+        let cases: &[(&str, &str, &[&str])] = &[
+            (
+                "/zk/field_add",
+                "post",
+                &[
+                    "200", "400", "401", "413", "415", "422", "500", "503", "504",
+                ],
+            ),
+            (
+                "/dp/accountant/epsilon",
+                "post",
+                &["200", "400", "401", "413", "415", "422", "500"],
+            ),
+            (
+                "/dp/budgets/{id}",
+                "get",
+                &["200", "401", "404", "422", "500"],
+            ),
+            (
+                "/datasets/synthetic",
+                "post",
+                &[
+                    "202", "400", "401", "413", "415", "422", "500", "503", "507",
+                ],
+            ),
+            ("/health/live", "get", &["200", "500"]),
+        ];
+        for (path, method, want) in cases {
+            let mut has = statuses(&doc["paths"][path][method]);
+            has.sort();
+            assert_eq!(has, *want, "{method} {path}");
+        }
+        let example = &doc["paths"]["/dp/budgets/{id}"]["get"]["responses"]["422"]["content"]
+            ["application/problem+json"]["example"];
+        assert_eq!(example["errors"][0]["path"], "/id", "{example}");
     }
 
     /// SDK users rely on the README's list of operation ids and schema names: a rename
@@ -569,18 +629,24 @@ mod tests {
             .and_then(|s| s.split("\n## ").next())
             .expect("README has a Generated clients section");
         let doc = document();
-        let ids = operations(&doc)
-            .into_iter()
-            .map(|(_, _, op)| op["operationId"].as_str().unwrap().to_string());
-        let schemas = doc["components"]["schemas"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .cloned();
-        for name in ids.chain(schemas) {
+        let schemas = doc["components"]["schemas"].as_object().unwrap().keys();
+        for name in schemas {
             assert!(
                 section.contains(&format!("`{name}`")),
                 "README lacks `{name}`"
+            );
+        }
+        // The table: one row per tag, listing exactly that tag's operation ids.
+        for (path, method, op) in operations(&doc) {
+            let id = op["operationId"].as_str().unwrap();
+            let tag = op["tags"][0].as_str().unwrap();
+            let row = section
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{tag}` |")))
+                .unwrap_or_else(|| panic!("README has no row for tag {tag}"));
+            assert!(
+                row.contains(&format!("`{id}`")),
+                "{method} {path}: `{id}` not in the {tag} row"
             );
         }
     }

@@ -249,8 +249,9 @@ def dataset_request(name: str, num_samples: int, dataset_type: DatasetType,
 
 
 def long_dataset_request(name: str) -> CreateDatasetRequest:
-    """Far more work than a test waits for: still running when the test cancels or kills."""
-    return dataset_request(name, 1000, DatasetType.FEATURE_BASED, duration_ms=1000, chunk_ms=200)
+    """Far more work than a test waits for (minutes), still running when the test cancels or
+    kills it, in short batches, so that a cancellation takes effect within seconds."""
+    return dataset_request(name, 1000, DatasetType.FEATURE_BASED)
 
 
 def create_dataset(client, body: CreateDatasetRequest) -> DatasetView:
@@ -773,12 +774,10 @@ def refuse_dataset_features(c: Ctx):
 
 
 def sigmf_meta(parsed) -> dict:
-    """The SigMF metadata of a format=meta answer: the spec types it as a JSON object; a
-    spec that serves every format as a file would make it one (the JSON bytes)."""
-    if isinstance(parsed, File):
-        return json.loads(parsed.payload.read())
-    assert type(parsed).__name__ == "DatasetSampleIqResponse200", parsed
-    return parsed.to_dict()
+    """The SigMF metadata of a format=meta answer. The spec lists the archive's media type
+    first, so the generated client hands every format back as a file (here, JSON bytes)."""
+    assert isinstance(parsed, File), parsed
+    return json.loads(parsed.payload.read())
 
 
 @roundtrip("dataset_sample_iq")
@@ -843,6 +842,9 @@ def test_dataset_resume(interrupted):
     # Resumed once, it is no longer interrupted.
     problem(dataset_resume.sync_detailed(job_id, client=interrupted.client), 409,
             "dataset_not_resumable")
+    # Minutes of work left: stop it, so it does not hold the CPU the other tests share.
+    ok(dataset_cancel.sync_detailed(job_id, client=interrupted.client), 202, DatasetView)
+    assert wait_for(interrupted.client, job_id, TERMINAL).status == DatasetStatus.CANCELLED
 
 
 def test_an_interrupted_dataset_says_how_to_resume(interrupted):
