@@ -123,7 +123,8 @@ fn log_a_frac(q: f64, sigma: f64, alpha: f64) -> f64 {
         }
         i += 1;
         // Stops on NaN terms too (σ² underflowing to 0): they never fall below the bound.
-        if !(log_s0.max(log_s1) >= -30.0) || i > 1_000_000 {
+        let largest = log_s0.max(log_s1);
+        if largest.is_nan() || largest < -30.0 || i > 1_000_000 {
             break;
         }
     }
