@@ -194,12 +194,16 @@ fn completed(row: &DatasetRow, what: &str) -> Result<(), Problem> {
     if row.status == DatasetStatus::Completed {
         return Ok(());
     }
+    let next = match row.status {
+        DatasetStatus::Interrupted => {
+            format!("POST /datasets/{}/resume continues it", row.id)
+        }
+        s if s.is_final() => format!("{what} never served for it: submit the job again"),
+        _ => format!("{what} served once it completes"),
+    };
     Err(Problem::new(
         ErrorCode::DatasetNotReady,
-        format!(
-            "the job is {}; {what} served once it completes",
-            row.status.name()
-        ),
+        format!("the job is {}; {next}", row.status.name()),
     ))
 }
 
