@@ -18,7 +18,7 @@
 //! (what utoipa emits for a `#[serde(default)]` struct field) becomes the bare `$ref`:
 //! the referenced schema states every field's default.
 
-use super::problem::{ErrorCode, Problem, ProblemDocument, ERROR_CODES};
+use super::problem::{ErrorCode, Problem, ProblemDocument};
 use super::{datasets, dp, msm, problem, rf, system, zk};
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
@@ -88,19 +88,12 @@ impl utoipa::Modify for BearerAuth {
 pub fn document() -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
     let jobs = job_requests(&doc);
-    for (_, item) in object(&mut doc, "paths") {
-        let Some(item) = item.as_object_mut() else {
-            continue;
-        };
-        for op in item.values_mut() {
-            if let Some(op) = op.as_object_mut().filter(|op| op.contains_key("responses")) {
-                add_shared_problems(op, &jobs);
-                binary_answers(op);
-            }
-        }
+    for op in operations_mut(&mut doc) {
+        add_shared_problems(op, &jobs);
+        binary_answers(op);
     }
-    bare_defaulted_refs(&mut doc);
-    camel_case_links(&mut doc);
+    for_each_object(&mut doc, &mut bare_defaulted_ref);
+    for_each_object(&mut doc, &mut camel_case_links);
     for (operation, events, data) in EVENT_STREAMS {
         describe_events(&mut doc, operation, events, data);
     }
@@ -117,41 +110,55 @@ const EVENT_STREAMS: &[(&str, &[&str], &str)] =
 /// `schema` beside it has no type: generated clients then hand over the stream's text,
 /// and schemathesis, which checks each parsed event against `schema`, accepts them.
 fn describe_events(doc: &mut Value, operation: &str, events: &[&str], data: &str) {
-    for (_, item) in object(doc, "paths") {
-        let Some(item) = item.as_object_mut() else {
+    for op in operations_mut(doc) {
+        if op.get("operationId").and_then(Value::as_str) != Some(operation) {
             continue;
-        };
-        for op in item.values_mut() {
-            if op.get("operationId").and_then(Value::as_str) != Some(operation) {
-                continue;
-            }
-            if let Some(stream) = op.pointer_mut("/responses/200/content/text~1event-stream") {
-                stream["schema"] = json!({
-                    "description": format!("The stream's text: events `{}`, each with `data:` one {data} as JSON", events.join("`, `"))
-                });
-                stream["x-itemSchema"] = json!({
-                    "type": "object",
-                    "required": ["event", "data"],
-                    "properties": {
-                        "event": {"type": "string", "enum": events},
-                        "data": {
-                            "type": "string",
-                            "contentMediaType": "application/json",
-                            "contentSchema": {"$ref": format!("#/components/schemas/{data}")}
-                        }
+        }
+        let stream = op
+            .get_mut("responses")
+            .and_then(|r| r.pointer_mut("/200/content/text~1event-stream"));
+        if let Some(stream) = stream {
+            stream["schema"] = json!({
+                "description": format!("The stream's text: events `{}`, each with `data:` one {data} as JSON", events.join("`, `"))
+            });
+            stream["x-itemSchema"] = json!({
+                "type": "object",
+                "required": ["event", "data"],
+                "properties": {
+                    "event": {"type": "string", "enum": events},
+                    "data": {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": {"$ref": format!("#/components/schemas/{data}")}
                     }
-                });
-            }
+                }
+            });
         }
     }
 }
 
-/// `doc[key]` as an object's entries (none when absent).
-fn object<'a>(doc: &'a mut Value, key: &str) -> impl Iterator<Item = (&'a String, &'a mut Value)> {
-    doc.get_mut(key)
+/// Every operation of the document (the objects under a path that have `responses`).
+fn operations_mut(doc: &mut Value) -> impl Iterator<Item = &mut Map<String, Value>> {
+    doc.get_mut("paths")
         .and_then(Value::as_object_mut)
         .into_iter()
-        .flat_map(|m| m.iter_mut())
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(Value::as_object_mut)
+        .flat_map(|item| item.values_mut())
+        .filter_map(Value::as_object_mut)
+        .filter(|op| op.contains_key("responses"))
+}
+
+/// Calls `f` on every object in `v`, outermost first.
+fn for_each_object(v: &mut Value, f: &mut impl FnMut(&mut Map<String, Value>)) {
+    match v {
+        Value::Object(m) => {
+            f(m);
+            m.values_mut().for_each(|x| for_each_object(x, f));
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| for_each_object(x, f)),
+        _ => {}
+    }
 }
 
 /// The request schemas of jobs: the ones with a deadline (`timeout_ms`).
@@ -248,17 +255,13 @@ fn add_shared_problems(op: &mut Map<String, Value>, jobs: &HashSet<String>) {
             .entry(status.to_string())
             .or_insert_with(|| json!({"description": ""}));
         let description = entry["description"].as_str().unwrap_or("").to_string();
-        let missing: Vec<&str> = codes
+        let missing: Vec<String> = codes
             .iter()
-            .map(|c| c.as_str())
-            .filter(|c| !description.contains(c))
+            .filter(|c| !description.contains(c.as_str()))
+            .map(|c| format!("`{}`: {}", c.as_str(), c.title()))
             .collect();
         if !missing.is_empty() {
-            let text = missing
-                .iter()
-                .map(|c| describe(c))
-                .collect::<Vec<_>>()
-                .join("; ");
+            let text = missing.join("; ");
             entry["description"] = Value::String(if description.is_empty() {
                 text
             } else {
@@ -296,32 +299,20 @@ fn example_field(op: &Map<String, Value>) -> String {
     }
 }
 
-/// `code (title)`, for descriptions.
-fn describe(code: &str) -> String {
-    let title = ERROR_CODES
-        .iter()
-        .find(|(c, _, _)| *c == code)
-        .map_or("", |(_, _, t)| t);
-    format!("`{code}`: {title}")
-}
-
 /// Every problem response: the problem+json schema and an example of the first code its
 /// description names (or the status' first code).
 fn complete_problem(status: u16, response: &mut Value, field: &str) {
     let description = response["description"].as_str().unwrap_or("").to_string();
-    let code = ERROR_CODES
+    let mut of_status = ErrorCode::ALL
         .iter()
-        .filter(|(_, s, _)| *s == status)
-        .filter_map(|(c, _, _)| description.find(c).map(|at| (at, *c)))
-        .min()
-        .map(|(_, c)| c)
-        .or_else(|| {
-            ERROR_CODES
-                .iter()
-                .find(|(_, s, _)| *s == status)
-                .map(|(c, _, _)| *c)
-        });
-    let Some(code) = code.and_then(error_code) else {
+        .copied()
+        .filter(|c| c.status().as_u16() == status);
+    let named = of_status
+        .clone()
+        .filter_map(|c| description.find(c.as_str()).map(|at| (at, c)))
+        .min_by_key(|(at, _)| *at)
+        .map(|(_, c)| c);
+    let Some(code) = named.or_else(|| of_status.next()) else {
         return;
     };
     let content = response
@@ -344,10 +335,6 @@ fn complete_problem(status: u16, response: &mut Value, field: &str) {
             "schema": {"type": "integer", "minimum": 0}
         });
     }
-}
-
-fn error_code(name: &str) -> Option<ErrorCode> {
-    ErrorCode::ALL.iter().copied().find(|c| c.as_str() == name)
 }
 
 /// A problem document exactly as the server renders it (`field`: the pointer an
@@ -384,60 +371,48 @@ fn binary_answers(op: &mut Map<String, Value>) {
     }
 }
 
-/// `{"oneOf": [{"$ref": …}], "default": …}` → `{"$ref": …}` (description kept), anywhere.
-fn bare_defaulted_refs(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            let lone_ref = m
-                .get("oneOf")
-                .and_then(Value::as_array)
-                .filter(|o| o.len() == 1 && o[0].get("$ref").is_some())
-                .map(|o| o[0]["$ref"].clone());
-            if let (Some(r), true) = (lone_ref, m.contains_key("default")) {
-                let inner = m.remove("oneOf").expect("checked above");
-                m.remove("default");
-                m.insert("$ref".into(), r);
-                if let Some(d) = inner[0]
-                    .get("description")
-                    .filter(|_| !m.contains_key("description"))
-                {
-                    m.insert("description".into(), d.clone());
-                }
-            }
-            m.values_mut().for_each(bare_defaulted_refs);
+/// `{"oneOf": [{"$ref": …}], "default": …}` → `{"$ref": …}` (description kept).
+fn bare_defaulted_ref(m: &mut Map<String, Value>) {
+    let lone_ref = m
+        .get("oneOf")
+        .and_then(Value::as_array)
+        .filter(|o| o.len() == 1 && o[0].get("$ref").is_some())
+        .map(|o| o[0]["$ref"].clone());
+    if let (Some(r), true) = (lone_ref, m.contains_key("default")) {
+        let inner = m.remove("oneOf").expect("checked above");
+        m.remove("default");
+        m.insert("$ref".into(), r);
+        if let Some(d) = inner[0]
+            .get("description")
+            .filter(|_| !m.contains_key("description"))
+        {
+            m.insert("description".into(), d.clone());
         }
-        Value::Array(a) => a.iter_mut().for_each(bare_defaulted_refs),
-        _ => {}
     }
 }
 
 /// utoipa 5 writes a link's fields in snake case; OpenAPI spells them in camel case.
-fn camel_case_links(v: &mut Value) {
-    match v {
-        Value::Object(m) => {
-            if let Some(links) = m.get_mut("links").and_then(Value::as_object_mut) {
-                for link in links.values_mut().filter_map(Value::as_object_mut) {
-                    for (snake, camel) in [
-                        ("operation_id", "operationId"),
-                        ("operation_ref", "operationRef"),
-                        ("request_body", "requestBody"),
-                    ] {
-                        if let Some(x) = link.remove(snake) {
-                            link.insert(camel.into(), x);
-                        }
-                    }
-                }
+fn camel_case_links(m: &mut Map<String, Value>) {
+    let Some(links) = m.get_mut("links").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for link in links.values_mut().filter_map(Value::as_object_mut) {
+        for (snake, camel) in [
+            ("operation_id", "operationId"),
+            ("operation_ref", "operationRef"),
+            ("request_body", "requestBody"),
+        ] {
+            if let Some(x) = link.remove(snake) {
+                link.insert(camel.into(), x);
             }
-            m.values_mut().for_each(camel_case_links);
         }
-        Value::Array(a) => a.iter_mut().for_each(camel_case_links),
-        _ => {}
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::problem::ERROR_CODES;
 
     /// (path, method, operation) for every operation of the finished document.
     fn operations(doc: &Value) -> Vec<(String, String, Value)> {
