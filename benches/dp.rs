@@ -116,6 +116,7 @@ fn gpu(j: &PrivatizeJob, bytes: usize, gauss: &NoiseJob) {
     let (devices, reason) = discover(
         &DeviceSelection::All,
         &std::env::temp_dir().join("gpu-ops-bench-kernels"),
+        &gpu_ops::ops::kernel_library(),
     );
     let Some(dev) = devices.first() else {
         println!("\n## GPU\n\nnot measured: {reason}\n");

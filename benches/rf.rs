@@ -142,7 +142,11 @@ fn gpu(s: &Scenario, key: u64) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(64);
     let cache = std::env::temp_dir().join("gpu-ops-bench-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    let (devices, reason) = discover(
+        &DeviceSelection::All,
+        &cache,
+        &gpu_ops::ops::kernel_library(),
+    );
     let Some(dev) = devices.first() else {
         println!("\nGPU: skipped ({reason})");
         return;

@@ -147,7 +147,11 @@ fn gpu(msm_sizes: &[u32], ntt_sizes: &[u32]) {
     use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
     use gpu_ops::ops::zk::Field;
     let cache = std::env::temp_dir().join("gpu-ops-bench-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    let (devices, reason) = discover(
+        &DeviceSelection::All,
+        &cache,
+        &gpu_ops::ops::kernel_library(),
+    );
     let Some(dev) = devices.first() else {
         println!("\n## GPU: skipped ({reason})");
         return;

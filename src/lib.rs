@@ -41,6 +41,7 @@ impl App {
         let backends = Arc::new(Backends::new(
             cfg.backend,
             CpuExecutor::new(settings.cpu_threads)?,
+            metrics.clone(),
         ));
         let datasets = datasets::Datasets::start(
             store.clone(),
@@ -75,12 +76,10 @@ impl App {
             let interval = cfg.device_sample_interval;
             let memory_limit = cfg.gpu_memory_limit_mib << 20;
             tokio::task::spawn_blocking(move || {
-                let (gpus, reason) = backend::cuda::discover(&selection, &cache);
+                let library = ops::kernel_library();
+                let (gpus, reason) = backend::cuda::discover(&selection, &cache, &library);
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
-                    m.device_healthy
-                        .with_label_values(&[&g.info.ordinal.to_string(), &g.info.uuid])
-                        .set(1);
                 }
                 tracing::info!(devices = gpus.len(), reason = %reason, "device discovery finished");
                 if !gpus.is_empty() {

@@ -134,15 +134,6 @@ fn help(n: &str) -> &'static str {
 }
 
 impl Metrics {
-    /// Takes a device out of service after a fatal error, and says so on
-    /// `gpu_ops_device_healthy`.
-    pub fn retire_device(&self, dev: &crate::backend::CudaDevice, why: &str) {
-        dev.mark_unhealthy(why);
-        self.device_healthy
-            .with_label_values(&[&dev.info.ordinal.to_string(), &dev.info.uuid])
-            .set(0);
-    }
-
     pub fn new() -> Self {
         let registry = Registry::new();
         let r = &registry;

@@ -3,6 +3,7 @@
 //! why it skips elsewhere. On a GPU host: `scripts/gpu-check.sh run`.
 
 use gpu_ops::backend::cuda::{discover, CudaDevice, DeviceSelection};
+use gpu_ops::backend::Job;
 use gpu_ops::ops::zk::samples::{edge_values, random_elements};
 use gpu_ops::ops::zk::{Field, FieldBinaryJob, FieldOp, FieldVec, U256};
 use std::sync::Arc;
@@ -10,7 +11,11 @@ use std::sync::Arc;
 /// Every usable CUDA device; none (with the reason printed as `test`'s skip) elsewhere.
 fn devices_or_skip(test: &str) -> Option<Vec<Arc<CudaDevice>>> {
     let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
-    let (devices, reason) = discover(&DeviceSelection::All, &cache);
+    let (devices, reason) = discover(
+        &DeviceSelection::All,
+        &cache,
+        &gpu_ops::ops::kernel_library(),
+    );
     if devices.is_empty() {
         eprintln!("SKIP {test}: {reason}");
         return None;
@@ -550,11 +555,14 @@ fn cuda_rf_features_of_an_upload_match_the_cpu() {
             chunk_ms: 150.0,
         },
     };
-    assert!(job.fits_device());
+    assert!(job.device_refusal().is_none());
     let want = job.run_cpu().unwrap();
     for dev in &devices {
         let lease = dev.lease().expect("device lease");
-        let got = job.run_cuda(&lease).expect("rf_chunk_reduce runs").unwrap();
+        let got = job
+            .run_device(&lease)
+            .expect("rf_chunk_reduce runs")
+            .unwrap();
         assert_eq!(got.chunks.len(), want.chunks.len());
         for (g, w) in got.chunks.iter().zip(&want.chunks) {
             for (name, (a, b)) in FEATURE_NAMES.iter().zip(g.iter().zip(w)) {

@@ -2,9 +2,8 @@
 //! comes from a pinned PyPI wheel and REQUIRE_NVRTC=1 makes its absence a failure;
 //! elsewhere the test says why it skips.
 
-use gpu_ops::backend::cuda::kernels::{
-    compile, kernel_names, nvrtc_available, nvrtc_version, MODULES,
-};
+use gpu_ops::backend::cuda::kernels::{compile, nvrtc_available, nvrtc_version};
+use gpu_ops::ops::kernel_library;
 
 const SHIPPED_ARCHES: &[&str] = &["compute_80", "compute_89", "compute_90"];
 
@@ -20,16 +19,18 @@ fn every_kernel_compiles_for_every_shipped_architecture() {
         return;
     }
     eprintln!("NVRTC {:?}", nvrtc_version());
-    for (module, source) in MODULES {
+    let library = kernel_library();
+    for m in &library.modules {
+        let (module, source) = (m.name, library.expand(m.source));
         for arch in SHIPPED_ARCHES {
             let started = std::time::Instant::now();
-            let ptx = compile(source, arch).unwrap_or_else(|e| panic!("{module} for {arch}: {e}"));
+            let ptx = compile(&source, arch).unwrap_or_else(|e| panic!("{module} for {arch}: {e}"));
             eprintln!(
                 "{module} for {arch}: {:.1} s",
                 started.elapsed().as_secs_f64()
             );
             let text = ptx.to_src();
-            for name in kernel_names(module) {
+            for name in &m.entry_points {
                 assert!(
                     text.contains(&format!(".entry {name}(")),
                     "{module}/{arch}: no entry point {name}"

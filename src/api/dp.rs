@@ -5,10 +5,11 @@ use super::problem::{ErrorCode, Problem};
 use super::tensor::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
 use super::{blocking, job_response, job_timeout, ApiJson, ApiPath, ApiQuery, AppState, IdParam};
 use crate::backend::BackendChoice;
+use crate::backend::Job;
 use crate::ops::dp::accountant::{self, MAX_ORDER};
 use crate::ops::dp::plan::{self, GaussianPlan, MAX_SNAPPED};
 use crate::ops::dp::{Gradients, Mechanism, NoiseJob, NoiseKey, PrivatizeJob};
-use crate::pool::{Output, Work};
+use crate::pool::Completed;
 use crate::store::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -125,14 +126,14 @@ async fn charge(
 }
 
 /// Runs the job; when it fails nothing was released, so a charge made for it is refunded.
-async fn run_charged(
+async fn run_charged<J: Job>(
     state: &Arc<AppState>,
-    work: Work,
+    job: J,
     backend: BackendChoice,
     timeout: Option<Duration>,
     charged: Option<(&str, &str, u64)>,
-) -> Result<crate::pool::Completed, Problem> {
-    match state.pool.submit(work, backend, timeout).await {
+) -> Result<Completed<J::Output>, Problem> {
+    match state.pool.submit(job, backend, timeout).await {
         Ok(done) => Ok(done),
         Err(e) => {
             if let Some((tenant, id, seq)) = charged {
@@ -413,13 +414,8 @@ pub async fn privatize(
     let charge_ref = charged
         .as_ref()
         .map(|(b, seq)| (tenant.as_str(), b.id.as_str(), *seq));
-    let done = run_charged(&state, Work::DpPrivatize(job), backend, timeout, charge_ref).await?;
-    let Output::Privatized(out) = done.output else {
-        return Err(Problem::new(
-            ErrorCode::Internal,
-            "the job returned another op's output",
-        ));
-    };
+    let done = run_charged(&state, job, backend, timeout, charge_ref).await?;
+    let out = done.output;
     state
         .metrics
         .dp_noise_values
@@ -667,13 +663,8 @@ async fn release(
     let charge_ref = charged
         .as_ref()
         .map(|(b, seq)| (tenant.as_str(), b.id.as_str(), *seq));
-    let done = run_charged(&state, Work::DpNoise(job), r.backend, timeout, charge_ref).await?;
-    let Output::Values(out) = done.output else {
-        return Err(Problem::new(
-            ErrorCode::Internal,
-            "the job returned another op's output",
-        ));
-    };
+    let done = run_charged(&state, job, r.backend, timeout, charge_ref).await?;
+    let out = done.output;
     state
         .metrics
         .dp_noise_values

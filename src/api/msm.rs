@@ -6,7 +6,6 @@ use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::msm::{Curve, MsmJob, MsmShape, PointErrors, Points, RawPoint};
 use crate::ops::zk::FieldVec;
-use crate::pool::{Output, Work};
 use axum::extract::State;
 use axum::response::Response;
 use base64::Engine;
@@ -357,13 +356,8 @@ pub async fn msm(
         build()?
     };
     let n_points = job.points().len();
-    let done = state.pool.submit(Work::Msm(job), backend, timeout).await?;
-    let Output::Points(sums) = done.output else {
-        return Err(Problem::new(
-            ErrorCode::Internal,
-            "the job returned another op's output",
-        ));
-    };
+    let done = state.pool.submit(job, backend, timeout).await?;
+    let sums = done.output;
     let mut out: Vec<PointOut> = (0..sums.len())
         .map(|i| PointOut::of(&sums, i, encoding))
         .collect();

@@ -182,6 +182,9 @@ impl From<JobError> for Problem {
             },
             JobError::DeadlineExceeded => Problem::new(ErrorCode::DeadlineExceeded, detail),
             JobError::DeviceUnavailable(_) => Problem::new(ErrorCode::DeviceUnavailable, detail),
+            JobError::NotOnDevice(_) => {
+                Problem::at(ErrorCode::InvalidParameter, "/backend", detail)
+            }
             JobError::DeviceFailed(_) => Problem::new(ErrorCode::DeviceError, detail),
             JobError::ShuttingDown => Problem {
                 retry_after_secs: Some(1),

@@ -5,7 +5,6 @@ use super::tensor::BinaryEncoding;
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::rf::{self, ExtractConfig, ExtractError, Extraction, Stats};
-use crate::pool::{Output, Work};
 use axum::extract::State;
 use axum::response::Response;
 use base64::Engine;
@@ -182,30 +181,11 @@ pub async fn rf_features(
     };
     let text = req.iq;
     let iq = blocking(move || decode_iq(&text)).await?;
-    let (_, seg) = rf::features::plan(&config, iq.len()).map_err(extract_problem)?;
+    rf::features::plan(&config, iq.len()).map_err(extract_problem)?;
     let samples = iq.len();
     let job = rf::FeaturesJob { iq, config };
-    if req.backend == BackendChoice::Cuda && !job.fits_device() {
-        return Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/backend",
-            format!(
-                "the CUDA path takes Welch segments up to {} points (sample rates up to about 1.6 MHz); this recording's are {seg}: use auto or cpu",
-                rf::gpu::MAX_REDUCE_SEGMENT
-            ),
-        ));
-    }
-    let done = state
-        .pool
-        .submit(Work::RfFeatures(job), req.backend, timeout)
-        .await?;
-    let Output::RfFeatures(result) = done.output else {
-        return Err(Problem::new(
-            ErrorCode::Internal,
-            "the job returned another op's output",
-        ));
-    };
-    let ex = result.map_err(extract_problem)?;
+    let done = state.pool.submit(job, req.backend, timeout).await?;
+    let ex = done.output.map_err(extract_problem)?;
     let body = response(&ex, req.sample_rate_hz, samples, req.per_chunk);
     let bytes =
         serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;

@@ -5,13 +5,13 @@ use super::problem::{ErrorCode, FieldIssue, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::ntt::{Direction, NttJob, NttShape, Order};
+use crate::ops::zk::FieldVec;
 use crate::ops::zk::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, InvError};
-use crate::pool::{Output, Work};
+use crate::pool::Completed;
 use axum::extract::State;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use std::time::Duration;
 use utoipa::ToSchema;
 
 /// `a (op) b` element-wise over one prime field.
@@ -98,16 +98,8 @@ async fn field_binary(
     } else {
         build()?
     };
-    answer(
-        state,
-        Work::FieldBinary(job),
-        field,
-        encoding,
-        backend,
-        timeout,
-        large,
-    )
-    .await
+    let done = state.pool.submit_batched(job, backend, timeout).await?;
+    answer(done, field, encoding, large).await
 }
 
 /// `base[i] ^ exponent[i]` over one prime field.
@@ -179,16 +171,8 @@ pub async fn field_pow(
     } else {
         build()?
     };
-    answer(
-        state,
-        Work::FieldPow(job),
-        field,
-        encoding,
-        backend,
-        timeout,
-        large,
-    )
-    .await
+    let done = state.pool.submit(job, backend, timeout).await?;
+    answer(done, field, encoding, large).await
 }
 
 #[utoipa::path(
@@ -241,36 +225,18 @@ pub async fn field_inv(
     } else {
         build()?
     };
-    answer(
-        state,
-        Work::FieldInv(job),
-        field,
-        encoding,
-        backend,
-        timeout,
-        large,
-    )
-    .await
+    let done = state.pool.submit(job, backend, timeout).await?;
+    answer(done, field, encoding, large).await
 }
 
-/// Runs a job whose output is a field vector and answers it in `encoding`.
+/// Answers a job's field vector in `encoding`.
 async fn answer(
-    state: Arc<AppState>,
-    work: Work,
+    done: Completed<FieldVec>,
     field: Field,
     encoding: Encoding,
-    backend: BackendChoice,
-    timeout: Option<Duration>,
     large: bool,
 ) -> Result<Response, Problem> {
-    let done = state.pool.submit(work, backend, timeout).await?;
-    let run = done.run;
-    let Output::Field(values) = done.output else {
-        return Err(Problem::new(
-            ErrorCode::Internal,
-            "the job returned another op's output",
-        ));
-    };
+    let (values, run) = (done.output, done.run);
     let body = FieldVectorResponse {
         field,
         encoding,
@@ -407,14 +373,6 @@ async fn transform(
     } else {
         build()?
     };
-    answer(
-        state,
-        Work::Ntt(job),
-        field,
-        encoding,
-        backend,
-        timeout,
-        large,
-    )
-    .await
+    let done = state.pool.submit(job, backend, timeout).await?;
+    answer(done, field, encoding, large).await
 }

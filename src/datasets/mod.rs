@@ -18,7 +18,6 @@ pub mod iq_out;
 pub mod parquet_out;
 pub mod sigmf;
 
-use crate::backend::cuda::DeviceErrorKind;
 use crate::backend::{BackendChoice, Backends, CudaDevice};
 use crate::metrics::Metrics;
 use crate::ops::rf::dataset::{
@@ -38,6 +37,8 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// Dataset batches' name in the fallback metric.
+const DATASET_OP: &str = "rf_dataset";
 /// Attempts allowed per requested sample before a job fails as unsatisfiable.
 pub const MAX_ATTEMPTS_PER_SAMPLE: u64 = 100;
 /// How often running progress is written to the catalog.
@@ -443,8 +444,9 @@ impl Datasets {
         let _ = std::fs::remove_dir_all(self.dir.join(id));
     }
 
-    /// The device a dataset batch runs on, if any: a healthy GPU, `--backend` not `cpu`,
-    /// no earlier disagreement, and a scenario whose segments `rf_chunk_reduce` takes.
+    /// The device a dataset batch runs on, if any: the backends' next healthy GPU (the
+    /// choice request jobs get), `--backend` not `cpu`, no earlier disagreement, and a
+    /// scenario whose segments `rf_chunk_reduce` takes.
     fn dataset_device(&self, s: &Scenario) -> Option<Arc<CudaDevice>> {
         if self.backends.mode == BackendChoice::Cpu
             || self.device_distrusted.load(Ordering::Relaxed)
@@ -452,7 +454,7 @@ impl Datasets {
         {
             return None;
         }
-        self.backends.healthy_gpus().next().cloned()
+        self.backends.pick_gpu()
     }
 
     /// A batch's records from the device, or None when it failed or (on a job's first
@@ -476,20 +478,10 @@ impl Datasets {
             let lease = dev.lease()?;
             samples_cuda(s, key, indices, keep_iq, &lease)
         });
-        let fallback = |reason: &str| {
-            self.metrics
-                .fallbacks
-                .with_label_values(&["rf_dataset", reason])
-                .inc();
-        };
         let records = match result {
             Ok(records) => records,
             Err(e) => {
-                tracing::warn!(device = dev.info.ordinal, error = %e, "dataset batch failed on the device; rerun on the CPU");
-                if e.kind == DeviceErrorKind::Fatal {
-                    self.metrics.retire_device(dev, &e.message);
-                }
-                fallback(e.reason());
+                self.backends.device_failed(dev, DATASET_OP, &e, true);
                 return None;
             }
         };
@@ -498,7 +490,7 @@ impl Datasets {
             if let Err(why) = records_agree(&records[0], &cpu) {
                 tracing::error!(device = dev.info.ordinal, sample = first, disagreement = %why, "the device's dataset sample disagrees with the CPU's; datasets stay on the CPU");
                 self.device_distrusted.store(true, Ordering::Relaxed);
-                fallback("parity");
+                self.backends.count_fallback(DATASET_OP, "parity");
                 return None;
             }
         }

@@ -1,5 +1,8 @@
-//! The domains: maths only, no HTTP. Each op has a CPU implementation (the oracle)
-//! and a GPU launcher.
+//! The domains: maths only, no HTTP. Each op is a job type (`backend::Job`) beside its CPU
+//! twin (the oracle) and its device launcher; each domain registers its kernel modules.
 pub mod dp;
+mod kernels;
 pub mod rf;
 pub mod zk;
+
+pub use kernels::kernel_library;

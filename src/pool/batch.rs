@@ -1,14 +1,16 @@
-//! Dynamic batching: small field-vector jobs of one (field, op, backend) that arrive
-//! within `max_delay` of the first are coalesced into one job — one device launch —
-//! up to `max_elements`, like Triton's `max_queue_delay_microseconds`. Each caller gets
-//! its own slice of the result, in its own order, or its own 504 at its own deadline.
+//! Dynamic batching: small jobs of one lane (`Batchable::lane`, e.g. field and op) and
+//! one requested backend that arrive within `max_delay` of the first are concatenated
+//! into one job — one device launch — up to `max_elements`, like Triton's
+//! `max_queue_delay_microseconds`. Each caller gets its own part of the output, in its
+//! own order, or its own 504 at its own deadline.
 
-use super::{Completed, Enqueuer, JobError, Output, Work};
-use crate::backend::BackendChoice;
-use crate::ops::zk::{Field, FieldBinaryJob, FieldOp};
+use super::slot::Slot;
+use super::{Completed, Enqueuer, JobError};
+use crate::backend::{BackendChoice, Batchable};
 use clap::ValueEnum;
+use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
@@ -29,19 +31,24 @@ pub struct BatchConfig {
     pub max_elements: usize,
 }
 
+type Reply<J> = oneshot::Sender<Result<Completed<<J as crate::backend::Job>::Output>, JobError>>;
+
 /// One caller's job waiting to be batched.
-struct Pending {
-    job: FieldBinaryJob,
+struct Pending<J: Batchable> {
+    job: J,
     deadline: Instant,
-    reply: oneshot::Sender<Result<Completed, JobError>>,
+    reply: Reply<J>,
 }
 
-type Lane = (Field, FieldOp, BackendChoice);
+/// The lanes of one job type: a collecting task per (lane, backend).
+type Lanes<J> = HashMap<(<J as Batchable>::Lane, BackendChoice), mpsc::UnboundedSender<Pending<J>>>;
 
 pub(super) struct Batcher {
     config: BatchConfig,
     enqueuer: Enqueuer,
-    lanes: Mutex<HashMap<Lane, mpsc::UnboundedSender<Pending>>>,
+    /// `Lanes<J>` per job type, keyed by the type: the entry under `TypeId::of::<J>()`
+    /// is always a `Lanes<J>`.
+    lanes: Mutex<HashMap<TypeId, Box<dyn Any + Send>>>,
 }
 
 impl Batcher {
@@ -54,13 +61,13 @@ impl Batcher {
     }
 
     /// Takes the job when it should be batched; gives it back otherwise.
-    pub(super) fn offer(
+    pub(super) fn offer<J: Batchable>(
         &self,
-        work: Work,
+        job: J,
         backend: BackendChoice,
         deadline: Instant,
-    ) -> Result<oneshot::Receiver<Result<Completed, JobError>>, Box<Work>> {
-        let small = work.elements() < work.gpu_min_elements().min(self.config.max_elements);
+    ) -> Result<oneshot::Receiver<Result<Completed<J::Output>, JobError>>, J> {
+        let small = job.size() < job.gpu_threshold().min(self.config.max_elements);
         let enabled = match self.config.mode {
             BatchMode::Off => false,
             BatchMode::Always => true,
@@ -72,18 +79,27 @@ impl Batcher {
                 .next()
                 .is_some(),
         };
-        let Work::FieldBinary(job) = work else {
-            return Err(Box::new(work));
-        };
         if !enabled || !small || backend == BackendChoice::Cpu {
-            return Err(Box::new(Work::FieldBinary(job)));
+            return Err(job);
         }
-        let lane = (job.field(), job.op(), backend);
+        let key = (job.lane(), backend);
         let (reply, rx) = oneshot::channel();
-        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-        let tx = lanes.entry(lane).or_insert_with(|| {
+        let mut by_type = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(lanes) = by_type
+            .entry(TypeId::of::<J>())
+            .or_insert_with(|| Box::new(Lanes::<J>::new()))
+            .downcast_mut::<Lanes<J>>()
+        else {
+            return Err(job);
+        };
+        let tx = lanes.entry(key).or_insert_with(|| {
             let (tx, lane_rx) = mpsc::unbounded_channel();
-            tokio::spawn(run_lane(lane_rx, lane, self.config, self.enqueuer.clone()));
+            tokio::spawn(run_lane(
+                lane_rx,
+                backend,
+                self.config,
+                self.enqueuer.clone(),
+            ));
             tx
         });
         match tx.send(Pending {
@@ -92,44 +108,48 @@ impl Batcher {
             reply,
         }) {
             Ok(()) => Ok(rx),
-            Err(mpsc::error::SendError(p)) => Err(Box::new(Work::FieldBinary(p.job))),
+            Err(mpsc::error::SendError(p)) => Err(p.job),
         }
     }
 }
 
-async fn run_lane(
-    mut rx: mpsc::UnboundedReceiver<Pending>,
-    lane: Lane,
+async fn run_lane<J: Batchable>(
+    mut rx: mpsc::UnboundedReceiver<Pending<J>>,
+    backend: BackendChoice,
     config: BatchConfig,
     enqueuer: Enqueuer,
 ) {
     while let Some(first) = rx.recv().await {
         let until = tokio::time::Instant::now() + config.max_delay;
-        let mut elements = first.job.len();
+        let mut elements = first.job.size();
         let mut batch = vec![first];
         while elements < config.max_elements {
             match tokio::time::timeout_at(until, rx.recv()).await {
                 Ok(Some(p)) => {
-                    elements += p.job.len();
+                    elements += p.job.size();
                     batch.push(p);
                 }
                 _ => break,
             }
         }
-        tokio::spawn(run_batch(batch, lane, enqueuer.clone()));
+        tokio::spawn(run_batch(batch, backend, enqueuer.clone()));
     }
 }
 
-async fn run_batch(batch: Vec<Pending>, lane: Lane, enqueuer: Enqueuer) {
-    let (_, op, backend) = lane;
+async fn run_batch<J: Batchable>(
+    batch: Vec<Pending<J>>,
+    backend: BackendChoice,
+    enqueuer: Enqueuer,
+) {
+    let op = batch[0].job.name();
     enqueuer
         .shared
         .metrics
         .batch_size
-        .with_label_values(&[op.name()])
+        .with_label_values(&[op])
         .observe(batch.len() as f64);
     // Callers that already left are dropped here, before any work is done.
-    let (mut jobs, waiting): (Vec<FieldBinaryJob>, Vec<_>) = batch
+    let (mut jobs, waiting): (Vec<J>, Vec<_>) = batch
         .into_iter()
         .filter(|p| !p.reply.is_closed())
         .map(|p| (p.job, (p.deadline, p.reply)))
@@ -137,38 +157,32 @@ async fn run_batch(batch: Vec<Pending>, lane: Lane, enqueuer: Enqueuer) {
     if jobs.is_empty() {
         return;
     }
-    let lens: Vec<usize> = jobs.iter().map(|j| j.len()).collect();
+    let sizes: Vec<usize> = jobs.iter().map(|j| j.size()).collect();
     let combined = if jobs.len() == 1 {
         jobs.pop().expect("one job")
     } else {
-        FieldBinaryJob::concat(&jobs.iter().collect::<Vec<_>>())
+        J::concat(jobs)
     };
     // The latest deadline: each caller still times out at its own (its receiver is
     // dropped), and one impatient caller cannot expire the others' work.
     let deadline = waiting.iter().map(|(d, _)| *d).max().expect("non-empty");
+    let slot = Arc::new(Slot::new(combined));
     let result = enqueuer
-        .submit(Work::FieldBinary(combined), backend, deadline)
-        .await;
-    let batch: Vec<_> = waiting.into_iter().map(|(_, reply)| reply).collect();
+        .submit(slot.clone(), backend, deadline)
+        .await
+        .and_then(|run| slot.completed(run));
+    let replies = waiting.into_iter().map(|(_, reply)| reply);
     match result {
         Ok(done) => {
-            let Output::Field(values) = done.output else {
-                for reply in batch {
-                    let _ = reply.send(Err(JobError::Internal(
-                        "a batch returned another op's output".into(),
-                    )));
-                }
-                return;
-            };
-            for (reply, part) in batch.into_iter().zip(values.split(&lens)) {
+            for (reply, part) in replies.zip(J::split(done.output, &sizes)) {
                 let _ = reply.send(Ok(Completed {
-                    output: Output::Field(part),
+                    output: part,
                     run: done.run,
                 }));
             }
         }
         Err(e) => {
-            for reply in batch {
+            for reply in replies {
                 let _ = reply.send(Err(e.clone()));
             }
         }

@@ -1,17 +1,16 @@
 //! The job queue: a bounded channel in front of worker tasks that pick a backend, run
-//! the job, fall back to the CPU when a device fails, and enforce deadlines. Knows
-//! neither HTTP nor maths.
+//! the job, fall back to the CPU when a device fails, and enforce deadlines. Generic over
+//! `backend::Job`: knows no op by name, and neither HTTP nor maths.
 
 mod batch;
-mod work;
+mod slot;
 
 pub use batch::{BatchConfig, BatchMode};
-pub use work::{Output, Work};
 
-use crate::backend::cuda::DeviceErrorKind;
-use crate::backend::{BackendChoice, BackendKind, Backends, CudaDevice};
+use crate::backend::{BackendChoice, BackendKind, Backends, Batchable, CudaDevice, Job};
 use crate::metrics::Metrics;
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use slot::{Runnable, Slot};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -27,9 +26,9 @@ pub struct PoolConfig {
     pub batch: BatchConfig,
 }
 
-/// A finished job and where and how long it ran.
-pub struct Completed {
-    pub output: Output,
+/// A finished job's output and where and how long it ran.
+pub struct Completed<T> {
+    pub output: T,
     pub run: RunInfo,
 }
 
@@ -52,6 +51,9 @@ pub enum JobError {
     DeadlineExceeded,
     #[error("{0}")]
     DeviceUnavailable(String),
+    /// `backend: cuda` for a job whose shape the device path does not take.
+    #[error("{0}")]
+    NotOnDevice(String),
     #[error("the device failed and CPU fallback is off: {0}")]
     DeviceFailed(String),
     #[error("the server is shutting down")]
@@ -60,12 +62,14 @@ pub enum JobError {
     Internal(String),
 }
 
-struct Job {
-    work: Arc<Work>,
+/// A job on the queue. Its output goes into the submitter's `Slot`; the reply says
+/// where and how long it ran.
+struct Queued {
+    job: Arc<dyn Runnable>,
     backend: BackendChoice,
     deadline: Instant,
     enqueued: Instant,
-    reply: oneshot::Sender<Result<Completed, JobError>>,
+    reply: oneshot::Sender<Result<RunInfo, JobError>>,
 }
 
 enum Target {
@@ -81,7 +85,6 @@ struct Shared {
     paused: watch::Sender<bool>,
     /// Moving average of job compute time, for Retry-After.
     avg_compute_us: AtomicU64,
-    next_gpu: AtomicUsize,
 }
 
 pub struct Pool {
@@ -93,7 +96,7 @@ pub struct Pool {
 /// What puts a job on the queue; the batcher holds a clone to submit its batches.
 #[derive(Clone)]
 struct Enqueuer {
-    sender: Arc<RwLock<Option<mpsc::Sender<Job>>>>,
+    sender: Arc<RwLock<Option<mpsc::Sender<Queued>>>>,
     shared: Arc<Shared>,
 }
 
@@ -108,7 +111,6 @@ impl Pool {
             depth: AtomicI64::new(0),
             paused: watch::Sender::new(false),
             avg_compute_us: AtomicU64::new(1000),
-            next_gpu: AtomicUsize::new(0),
             config,
         });
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
@@ -127,27 +129,66 @@ impl Pool {
         }
     }
 
-    /// Queues `work` and waits for its result. `timeout` can only shorten the server's
+    /// Queues `job` and waits for its output. `timeout` can only shorten the server's
     /// default deadline. Dropping the returned future before the job starts cancels it.
-    pub async fn submit(
+    pub async fn submit<J: Job>(
         &self,
-        work: Work,
+        job: J,
         backend: BackendChoice,
         timeout: Option<Duration>,
-    ) -> Result<Completed, JobError> {
+    ) -> Result<Completed<J::Output>, JobError> {
+        let deadline = self.admit(&job, backend, timeout)?;
+        let slot = Arc::new(Slot::new(job));
+        let run = self
+            .enqueuer
+            .submit(slot.clone(), backend, deadline)
+            .await?;
+        slot.completed(run)
+    }
+
+    /// As `submit`, but a small job may share one run with others of its lane that
+    /// arrive within `--batch-max-delay` (`batch.rs`).
+    pub async fn submit_batched<J: Batchable>(
+        &self,
+        job: J,
+        backend: BackendChoice,
+        timeout: Option<Duration>,
+    ) -> Result<Completed<J::Output>, JobError> {
+        let deadline = self.admit(&job, backend, timeout)?;
+        match self.batcher.offer(job, backend, deadline) {
+            Ok(rx) => reply_by(rx, deadline).await,
+            Err(job) => {
+                let slot = Arc::new(Slot::new(job));
+                let run = self
+                    .enqueuer
+                    .submit(slot.clone(), backend, deadline)
+                    .await?;
+                slot.completed(run)
+            }
+        }
+    }
+
+    /// The job's deadline, or why it cannot be queued at all.
+    fn admit<J: Job>(
+        &self,
+        job: &J,
+        backend: BackendChoice,
+        timeout: Option<Duration>,
+    ) -> Result<Instant, JobError> {
         let s = &self.enqueuer.shared;
-        // Checked again when the job runs: a device can be lost while it waits.
-        if backend == BackendChoice::Cuda && s.backends.healthy_gpus().next().is_none() {
-            return Err(s.no_device());
+        if backend == BackendChoice::Cuda {
+            if let Some(why) = job.device_refusal() {
+                return Err(JobError::NotOnDevice(why));
+            }
+            // Checked again when the job runs: a device can be lost while it waits.
+            if s.backends.healthy_gpus().next().is_none() {
+                return Err(s.no_device());
+            }
         }
         let timeout = timeout.map_or(s.config.default_timeout, |t| {
             t.min(s.config.default_timeout)
         });
-        let deadline = Instant::now() + timeout;
-        match self.batcher.offer(work, backend, deadline) {
-            Ok(rx) => reply_by(rx, deadline).await,
-            Err(work) => self.enqueuer.submit(*work, backend, deadline).await,
-        }
+        Ok(Instant::now() + timeout)
     }
 
     /// Workers stop taking jobs until `resume`; jobs keep queueing. Used to hold work
@@ -179,10 +220,10 @@ impl Pool {
 }
 
 /// Waits for a job's reply until its deadline.
-async fn reply_by(
-    rx: oneshot::Receiver<Result<Completed, JobError>>,
+async fn reply_by<T>(
+    rx: oneshot::Receiver<Result<T, JobError>>,
     deadline: Instant,
-) -> Result<Completed, JobError> {
+) -> Result<T, JobError> {
     match tokio::time::timeout_at(deadline.into(), rx).await {
         Ok(Ok(result)) => result,
         Ok(Err(_)) => Err(JobError::Internal("the worker dropped the job".into())),
@@ -191,19 +232,19 @@ async fn reply_by(
 }
 
 impl Enqueuer {
-    /// Queues `work` and waits for its result until `deadline`. Dropping the returned
-    /// future before the job starts cancels it.
+    /// Queues `job` and waits until `deadline` for it to run; its output is then in its
+    /// slot. Dropping the returned future before the job starts cancels it.
     async fn submit(
         &self,
-        work: Work,
+        job: Arc<dyn Runnable>,
         backend: BackendChoice,
         deadline: Instant,
-    ) -> Result<Completed, JobError> {
+    ) -> Result<RunInfo, JobError> {
         let s = &self.shared;
         let now = Instant::now();
         let (reply, rx) = oneshot::channel();
-        let job = Job {
-            work: Arc::new(work),
+        let job = Queued {
+            job,
             backend,
             deadline,
             enqueued: now,
@@ -252,37 +293,29 @@ impl Shared {
         JobError::DeviceUnavailable(format!("no usable CUDA device: {}", self.backends.reason()))
     }
 
-    fn pick_gpu(&self) -> Option<Arc<CudaDevice>> {
-        let healthy: Vec<_> = self.backends.healthy_gpus().collect();
-        if healthy.is_empty() {
-            return None;
-        }
-        Some(healthy[self.next_gpu.fetch_add(1, Ordering::Relaxed) % healthy.len()].clone())
-    }
-
-    fn choose(&self, work: &Work, requested: BackendChoice) -> Result<Target, JobError> {
+    fn choose(&self, job: &dyn Runnable, requested: BackendChoice) -> Result<Target, JobError> {
+        let on_device = job.device_refusal().is_none();
         match requested {
             BackendChoice::Cpu => Ok(Target::Cpu),
-            BackendChoice::Cuda if !work.has_cuda_kernel() => {
-                Err(JobError::DeviceUnavailable(format!(
-                    "{} has no CUDA kernel yet; use backend auto or cpu",
-                    work.op_name()
-                )))
-            }
-            BackendChoice::Auto if !work.has_cuda_kernel() => Ok(Target::Cpu),
+            BackendChoice::Cuda if !on_device => Err(JobError::NotOnDevice(
+                job.device_refusal().unwrap_or_default(),
+            )),
             BackendChoice::Cuda => self
+                .backends
                 .pick_gpu()
                 .map(Target::Cuda)
                 .ok_or_else(|| self.no_device()),
-            BackendChoice::Auto if work.elements() < work.gpu_min_elements() => Ok(Target::Cpu),
-            BackendChoice::Auto => Ok(self.pick_gpu().map_or(Target::Cpu, Target::Cuda)),
+            BackendChoice::Auto if !on_device || job.size() < job.gpu_threshold() => {
+                Ok(Target::Cpu)
+            }
+            BackendChoice::Auto => Ok(self.backends.pick_gpu().map_or(Target::Cpu, Target::Cuda)),
         }
     }
 
-    async fn run_cpu(&self, work: Arc<Work>) -> Result<Output, JobError> {
+    async fn run_cpu(&self, job: Arc<dyn Runnable>) -> Result<(), JobError> {
         self.backends
             .cpu
-            .run(move || work.run_cpu())
+            .run(move || job.run_cpu())
             .await
             .map_err(|p| {
                 tracing::error!(error = %p, "CPU job panicked");
@@ -291,24 +324,19 @@ impl Shared {
     }
 
     /// Runs the job where `choose` says; on a device failure reruns it on the CPU when
-    /// fallback is on. Returns the output, the backend that produced it, and the device.
-    async fn execute(&self, job: &Job) -> Result<(Output, BackendKind, Option<usize>), JobError> {
-        let op = job.work.op_name();
-        let dev = match self.choose(&job.work, job.backend)? {
+    /// fallback is on. Returns the backend that produced the output, and the device.
+    async fn execute(&self, q: &Queued) -> Result<(BackendKind, Option<usize>), JobError> {
+        let dev = match self.choose(q.job.as_ref(), q.backend)? {
             Target::Cpu => {
-                return Ok((
-                    self.run_cpu(job.work.clone()).await?,
-                    BackendKind::Cpu,
-                    None,
-                ))
+                self.run_cpu(q.job.clone()).await?;
+                return Ok((BackendKind::Cpu, None));
             }
             Target::Cuda(dev) => dev,
         };
-        let work = job.work.clone();
-        let d = dev.clone();
+        let (job, d) = (q.job.clone(), dev.clone());
         let result = tokio::task::spawn_blocking(move || {
             let lease = d.lease()?;
-            work.run_cuda(&lease)
+            job.run_device(&lease)
         })
         .await
         .unwrap_or_else(|e| {
@@ -317,29 +345,20 @@ impl Shared {
             )))
         });
         let err = match result {
-            Ok(out) => return Ok((out, BackendKind::Cuda, Some(dev.info.ordinal))),
+            Ok(()) => return Ok((BackendKind::Cuda, Some(dev.info.ordinal))),
             Err(e) => e,
         };
-        tracing::warn!(op, device = dev.info.ordinal, error = %err, fallback = self.config.fallback, "device job failed");
-        if err.kind == DeviceErrorKind::Fatal {
-            self.metrics.retire_device(&dev, &err.message);
-        }
+        self.backends
+            .device_failed(&dev, q.job.name(), &err, self.config.fallback);
         if !self.config.fallback {
             return Err(JobError::DeviceFailed(err.message));
         }
-        self.metrics
-            .fallbacks
-            .with_label_values(&[op, err.reason()])
-            .inc();
-        Ok((
-            self.run_cpu(job.work.clone()).await?,
-            BackendKind::Cpu,
-            None,
-        ))
+        self.run_cpu(q.job.clone()).await?;
+        Ok((BackendKind::Cpu, None))
     }
 }
 
-async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>) {
+async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Queued>>>) {
     let mut paused = s.paused.subscribe();
     loop {
         let Some(job) = rx.lock().await.recv().await else {
@@ -348,7 +367,7 @@ async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>
         s.set_depth(s.depth.fetch_sub(1, Ordering::SeqCst) - 1);
         // A paused worker holds the job it took, as a busy one would.
         let _ = paused.wait_for(|p| !*p).await;
-        let op = job.work.op_name();
+        let op = job.job.name();
         if Instant::now() >= job.deadline {
             s.metrics
                 .jobs
@@ -371,7 +390,7 @@ async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>
         s.metrics.jobs_running.dec();
         let compute_time = started.elapsed();
         s.record_compute(compute_time);
-        let result = result.map(|(output, backend, device)| {
+        let result = result.map(|(backend, device)| {
             let b = backend.name();
             s.metrics
                 .job_queue_wait
@@ -385,19 +404,16 @@ async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>
             s.metrics
                 .elements
                 .with_label_values(&[op, b])
-                .inc_by(job.work.elements() as u64);
+                .inc_by(job.job.size() as u64);
             s.metrics
                 .bytes
                 .with_label_values(&[op, b])
-                .inc_by(job.work.input_bytes() as u64);
-            Completed {
-                output,
-                run: RunInfo {
-                    backend,
-                    device,
-                    queue_time,
-                    compute_time,
-                },
+                .inc_by(job.job.input_bytes() as u64);
+            RunInfo {
+                backend,
+                device,
+                queue_time,
+                compute_time,
             }
         });
         if result.is_err() {

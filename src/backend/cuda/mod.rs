@@ -38,7 +38,7 @@ pub enum DeviceErrorKind {
     OutOfMemory,
     /// Anything else: the context may be unusable, so the device is taken out of service.
     Fatal,
-    /// The op has no kernel; the pool never sends it (`Work::has_cuda_kernel`).
+    /// The op has no kernel; the pool never sends it (`Job::device_refusal`).
     Unsupported,
 }
 
@@ -159,23 +159,30 @@ pub struct DeviceLease<'a> {
 }
 
 impl CudaDevice {
-    /// Opens device `ordinal`, compiles (or loads cached) kernels for its architecture.
-    pub fn open(ordinal: usize, cache_dir: &Path) -> Result<Self, String> {
+    /// Opens device `ordinal`, compiles (or loads cached) the library's kernels for its
+    /// architecture.
+    pub fn open(
+        ordinal: usize,
+        cache_dir: &Path,
+        library: &kernels::KernelLibrary,
+    ) -> Result<Self, String> {
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| format!("device {ordinal}: cannot create a context: {e}"))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| e.to_string())?;
         let arch = format!("compute_{major}{minor}");
         let mut functions = HashMap::new();
-        for (module_name, source) in kernels::MODULES {
-            let ptx = kernels::compile_cached(module_name, source, &arch, cache_dir)?;
+        for module_def in &library.modules {
+            let module_name = module_def.name;
+            let source = library.expand(module_def.source);
+            let ptx = kernels::compile_cached(module_name, &source, &arch, cache_dir)?;
             let module = ctx
                 .load_module(ptx)
                 .map_err(|e| format!("device {ordinal}: loading {module_name}: {e}"))?;
-            for name in kernels::kernel_names(module_name) {
+            for name in &module_def.entry_points {
                 let f = module
-                    .load_function(&name)
+                    .load_function(name)
                     .map_err(|e| format!("device {ordinal}: kernel {name}: {e}"))?;
-                functions.insert(name, f);
+                functions.insert(name.clone(), f);
             }
         }
         let stream = ctx
@@ -375,7 +382,11 @@ impl std::str::FromStr for DeviceSelection {
 
 /// Finds usable GPUs and compiles kernels for them. Returns the devices and, when there
 /// are none, why — the reason `auto` fell back to the CPU.
-pub fn discover(selection: &DeviceSelection, cache_dir: &Path) -> (Vec<Arc<CudaDevice>>, String) {
+pub fn discover(
+    selection: &DeviceSelection,
+    cache_dir: &Path,
+    library: &kernels::KernelLibrary,
+) -> (Vec<Arc<CudaDevice>>, String) {
     if !driver_available() {
         return (
             Vec::new(),
@@ -420,7 +431,7 @@ pub fn discover(selection: &DeviceSelection, cache_dir: &Path) -> (Vec<Arc<CudaD
             problems.push(format!("device {ordinal} does not exist ({count} present)"));
             continue;
         }
-        match CudaDevice::open(ordinal, cache_dir) {
+        match CudaDevice::open(ordinal, cache_dir, library) {
             Ok(d) => devices.push(Arc::new(d)),
             Err(e) => problems.push(e),
         }

@@ -3,12 +3,13 @@
 
 use super::privatize::{clip_factors, clip_stats, Gradients, PrivatizeJob, Privatized, LANES};
 use super::release::{Mechanism, NoiseJob};
+use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 /// Every kernel `kernels/dp.cu` must provide.
-pub const KERNEL_NAMES: &[&str] = &[
+const KERNEL_NAMES: &[&str] = &[
     "dp_sq_norms_f32",
     "dp_sq_norms_f64",
     "dp_clip_sum_noise_f32",
@@ -16,6 +17,15 @@ pub const KERNEL_NAMES: &[&str] = &[
     "dp_gaussian_release",
     "dp_laplace_release",
 ];
+
+/// `kernels/dp.cu`: gradient norms, clip-sum-noise and the noise releases.
+pub fn kernel_module() -> KernelModule {
+    KernelModule {
+        name: "dp",
+        source: include_str!("../../../kernels/dp.cu"),
+        entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
+    }
+}
 
 pub fn run_privatize_cuda(
     job: &PrivatizeJob,

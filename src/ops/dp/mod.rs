@@ -11,7 +11,7 @@ pub mod privatize;
 pub mod release;
 
 pub use gpu::{
-    privatize_resident, run_noise_cuda, run_privatize_cuda, GradientElement, KERNEL_NAMES,
+    kernel_module, privatize_resident, run_noise_cuda, run_privatize_cuda, GradientElement,
 };
 pub use noise::NoiseKey;
 pub use plan::{GaussianPlan, LaplacePlan};

@@ -6,6 +6,7 @@
 
 use super::noise::{BitStream, NoiseKey, DOMAIN_GAUSSIAN};
 use super::plan::{snap, GaussianPlan};
+use crate::backend::{DeviceError, DeviceLease, Job};
 use rayon::prelude::*;
 
 /// Lanes of the squared-norm reduction (the kernel's block size).
@@ -174,6 +175,37 @@ pub fn clip_stats(sq_norms: &[f64], clip_norms: &[f64]) -> ClipStats {
         fraction_clipped: clipped as f64 / sq_norms.len().max(1) as f64,
         mean_norm: norms.iter().sum::<f64>() / rows,
         max_norm: norms.iter().copied().fold(0.0, f64::max),
+    }
+}
+
+impl Job for PrivatizeJob {
+    type Output = Privatized;
+
+    fn name(&self) -> &'static str {
+        "dp_privatize"
+    }
+
+    fn size(&self) -> usize {
+        self.gradients.len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        match &self.gradients {
+            Gradients::F32(g) => 4 * g.len(),
+            Gradients::F64(g) => 8 * g.len(),
+        }
+    }
+
+    fn gpu_threshold(&self) -> usize {
+        1 << 18
+    }
+
+    fn run_cpu(&self) -> Privatized {
+        PrivatizeJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Privatized, DeviceError> {
+        super::gpu::run_privatize_cuda(self, dev)
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::noise::{BitStream, NoiseKey, DOMAIN_GAUSSIAN, DOMAIN_LAPLACE};
 use super::plan::{snap, GaussianPlan, LaplacePlan};
+use crate::backend::{DeviceError, DeviceLease, Job};
 use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug)]
@@ -66,5 +67,35 @@ impl NoiseJob {
                 (snap(x, grid) + noise) as f64 * grid
             })
             .collect()
+    }
+}
+
+impl Job for NoiseJob {
+    /// The released values, in order.
+    type Output = Vec<f64>;
+
+    fn name(&self) -> &'static str {
+        self.mechanism.name()
+    }
+
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        8 * self.len()
+    }
+
+    /// Sampling exact noise costs the CPU about a microsecond per value.
+    fn gpu_threshold(&self) -> usize {
+        1 << 12
+    }
+
+    fn run_cpu(&self) -> Vec<f64> {
+        NoiseJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
+        super::gpu::run_noise_cuda(self, dev)
     }
 }

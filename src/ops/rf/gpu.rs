@@ -10,13 +10,23 @@ use super::features::ChunkSums;
 use super::generate::{SamplePlan, WaveDraft};
 use super::multipath::padded_len;
 use super::waveform::{Audio, WaveSpec};
+use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use rustfft::num_complex::Complex32;
 
 /// Every kernel `kernels/rf.cu` must provide.
-pub const KERNEL_NAMES: &[&str] = &["rf_waveform", "rf_receive", "rf_chunk_reduce"];
+const KERNEL_NAMES: &[&str] = &["rf_waveform", "rf_receive", "rf_chunk_reduce"];
+
+/// `kernels/rf.cu`: the waveform, the receivers and the chunk reduction.
+pub fn kernel_module() -> KernelModule {
+    KernelModule {
+        name: "rf",
+        source: include_str!("../../../kernels/rf.cu"),
+        entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
+    }
+}
 /// Receivers run along the grid's y dimension.
 pub const MAX_RECEIVERS_PER_LAUNCH: usize = 65_535;
 

@@ -16,6 +16,9 @@ mod sincos;
 pub mod waveform;
 
 pub use features::{extract, ExtractConfig, ExtractError, Extraction, Stats, FEATURE_NAMES};
+pub use gpu::kernel_module;
+
+use crate::backend::{DeviceError, DeviceLease, Job};
 
 use rustfft::{Fft, FftPlanner};
 use std::sync::Arc;
@@ -40,25 +43,47 @@ pub struct FeaturesJob {
     pub config: ExtractConfig,
 }
 
-impl FeaturesJob {
-    pub fn run_cpu(&self) -> Result<Extraction, ExtractError> {
-        extract(&self.iq, &self.config)
+impl Job for FeaturesJob {
+    type Output = Result<Extraction, ExtractError>;
+
+    fn name(&self) -> &'static str {
+        "rf_features"
     }
 
-    /// Whether `run_cuda` takes this recording: its Welch segments within
-    /// `gpu::MAX_REDUCE_SEGMENT` (sample rates up to about 1.6 MHz at the default
+    fn size(&self) -> usize {
+        self.iq.len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        8 * self.iq.len()
+    }
+
+    /// The CPU extracts a million samples in about 5 ms on one core of the development
+    /// machine, and its chunks run in parallel.
+    fn gpu_threshold(&self) -> usize {
+        1 << 20
+    }
+
+    /// `rf_chunk_reduce` keeps a Welch segment in shared memory: up to
+    /// `gpu::MAX_REDUCE_SEGMENT` points (sample rates up to about 1.6 MHz at the default
     /// resolution).
-    pub fn fits_device(&self) -> bool {
-        features::plan(&self.config, self.iq.len())
-            .is_ok_and(|(_, seg)| seg <= gpu::MAX_REDUCE_SEGMENT)
+    fn device_refusal(&self) -> Option<String> {
+        let (_, seg) = features::plan(&self.config, self.iq.len()).ok()?;
+        (seg > gpu::MAX_REDUCE_SEGMENT).then(|| {
+            format!(
+                "the CUDA path takes Welch segments up to {} points (sample rates up to about 1.6 MHz); this recording's are {seg}: use auto or cpu",
+                gpu::MAX_REDUCE_SEGMENT
+            )
+        })
+    }
+
+    fn run_cpu(&self) -> Self::Output {
+        extract(&self.iq, &self.config)
     }
 
     /// The recording's chunk sums on the device (`rf_chunk_reduce`), the features derived
     /// from them on the CPU: `run_cpu`'s features within 1e-3 dB and 0.1 Hz.
-    pub fn run_cuda(
-        &self,
-        dev: &crate::backend::cuda::DeviceLease<'_>,
-    ) -> Result<Result<Extraction, ExtractError>, crate::backend::DeviceError> {
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Self::Output, DeviceError> {
         let (chunk, seg) = match features::plan(&self.config, self.iq.len()) {
             Ok(shape) => shape,
             Err(e) => return Ok(Err(e)),

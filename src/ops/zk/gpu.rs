@@ -2,6 +2,7 @@
 
 use super::ntt::{self, Direction, NttJob, Order};
 use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec};
+use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
@@ -13,8 +14,9 @@ fn kernel_name(field: Field, op: FieldOp) -> String {
 }
 
 /// Every kernel `kernels/field_ops.cu` must provide.
-pub fn field_kernel_names() -> Vec<String> {
-    Field::ALL
+/// `kernels/field_ops.cu`: add, sub, mul, pow and inv for every field.
+pub fn field_ops_module() -> KernelModule {
+    let entry_points = Field::ALL
         .iter()
         .flat_map(|&f| {
             FieldOp::ALL
@@ -22,7 +24,12 @@ pub fn field_kernel_names() -> Vec<String> {
                 .into_iter()
                 .chain([format!("{}_pow", f.name()), format!("{}_inv", f.name())])
         })
-        .collect()
+        .collect();
+    KernelModule {
+        name: "field_ops",
+        source: include_str!("../../../kernels/field_ops.cu"),
+        entry_points,
+    }
 }
 
 /// A field vector as the kernels take it: u64 words (four per 256-bit element, read by
@@ -209,11 +216,17 @@ fn launch_inv<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
 }
 
 /// Every kernel `kernels/ntt.cu` must provide.
-pub fn ntt_kernel_names() -> Vec<String> {
-    Field::ALL
+/// `kernels/ntt.cu`: the NTT's four kernels for every field.
+pub fn ntt_module() -> KernelModule {
+    let entry_points = Field::ALL
         .iter()
         .flat_map(|f| ["scale", "bitrev", "stage", "tile"].map(|k| format!("{}_ntt_{k}", f.name())))
-        .collect()
+        .collect();
+    KernelModule {
+        name: "ntt",
+        source: include_str!("../../../kernels/ntt.cu"),
+        entry_points,
+    }
 }
 
 /// The NTT on the device; the same steps as the CPU twin (`ntt.rs`): [bit-reverse a

@@ -10,14 +10,20 @@ mod u256;
 mod vector_ops;
 
 pub use field::{ElementError, Field, FieldVec};
-pub use gpu::{
-    field_kernel_names, ntt_kernel_names, run_field_binary_cuda, run_field_inv_cuda,
-    run_field_pow_cuda, run_ntt_cuda,
-};
-pub use msm_gpu::{msm_kernel_names, run_msm_cuda, run_msm_cuda_in_chunks};
+pub use gpu::{run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda, run_ntt_cuda};
+pub use msm_gpu::{run_msm_cuda, run_msm_cuda_in_chunks};
 pub use pow_inv::{FieldInvJob, FieldPowJob, InvError, PowShape};
 pub use u256::{ParseError, U256};
 pub use vector_ops::{FieldBinaryJob, FieldOp, LengthMismatch};
+
+/// The domain's CUDA modules: `field_ops.cu`, `ntt.cu`, `msm.cu`.
+pub fn kernel_modules() -> Vec<crate::backend::cuda::kernels::KernelModule> {
+    vec![
+        gpu::field_ops_module(),
+        gpu::ntt_module(),
+        msm_gpu::msm_module(),
+    ]
+}
 
 #[cfg(test)]
 mod host_kernel_parity;

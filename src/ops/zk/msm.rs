@@ -4,6 +4,7 @@
 //! the one canonical form a point has.
 
 use super::{Field, FieldVec};
+use crate::backend::{DeviceError, DeviceLease, Job};
 use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
 use ark_ec::{AffineRepr, CurveGroup, VariableBaseMSM};
 use ark_ff::{BigInt, PrimeField, Zero};
@@ -314,6 +315,37 @@ where
 {
     let bigints: Vec<BigInt<4>> = scalars.iter().map(|s| BigInt(*s)).collect();
     Projective::<P>::msm_bigint(points, &bigints).into_affine()
+}
+
+impl Job for MsmJob {
+    /// One sum per scalar vector.
+    type Output = Points;
+
+    fn name(&self) -> &'static str {
+        "msm"
+    }
+
+    fn size(&self) -> usize {
+        self.terms()
+    }
+
+    fn input_bytes(&self) -> usize {
+        MsmJob::input_bytes(self)
+    }
+
+    /// A 2^10 MSM takes the CPU about a millisecond: less than a device round trip with
+    /// its seven launches.
+    fn gpu_threshold(&self) -> usize {
+        1 << 12
+    }
+
+    fn run_cpu(&self) -> Points {
+        MsmJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Points, DeviceError> {
+        super::msm_gpu::run_msm_cuda(self, dev)
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 use super::msm::{MsmJob, Points};
 use super::FieldVec;
+use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
 use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
@@ -96,7 +97,8 @@ device_curve!(
 );
 
 /// Every kernel `kernels/msm.cu` must provide.
-pub fn msm_kernel_names() -> Vec<String> {
+/// `kernels/msm.cu`: the shared digit and sort kernels, and buckets and reduce per curve.
+pub fn msm_module() -> KernelModule {
     let shared = ["msm_digits", "msm_count", "msm_scan", "msm_scatter"].map(String::from);
     let per_curve = [
         <ark_bn254::g1::Config as DeviceCurve>::PREFIX,
@@ -104,7 +106,11 @@ pub fn msm_kernel_names() -> Vec<String> {
     ]
     .into_iter()
     .flat_map(|p| [format!("{p}_msm_buckets"), format!("{p}_msm_reduce")]);
-    shared.into_iter().chain(per_curve).collect()
+    KernelModule {
+        name: "msm",
+        source: include_str!("../../../kernels/msm.cu"),
+        entry_points: shared.into_iter().chain(per_curve).collect(),
+    }
 }
 
 /// Affine points as the kernels read them: x then y, Montgomery words.

@@ -5,6 +5,7 @@
 use super::field::{Field, FieldVec};
 use super::u256::U256;
 use super::vector_ops::{babybear, goldilocks, Fp};
+use crate::backend::{DeviceError, DeviceLease, Job};
 use ark_ff::{BigInt, MontConfig, PrimeField};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -484,6 +485,34 @@ fn tables_in(
             tables::<Bb, _>(field, n, direction, shift, |x| x.0),
             FieldVec::BabyBear,
         ),
+    }
+}
+
+impl Job for NttJob {
+    type Output = FieldVec;
+
+    fn name(&self) -> &'static str {
+        self.direction.name()
+    }
+
+    fn size(&self) -> usize {
+        self.values.len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        self.values.byte_len()
+    }
+
+    fn gpu_threshold(&self) -> usize {
+        1 << 14
+    }
+
+    fn run_cpu(&self) -> FieldVec {
+        NttJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+        super::gpu::run_ntt_cuda(self, dev)
     }
 }
 

@@ -4,6 +4,7 @@
 use super::field::{FieldVec, BABYBEAR_P, GOLDILOCKS_P};
 use super::u256::U256;
 use super::vector_ops::{babybear, goldilocks, Fp};
+use crate::backend::{DeviceError, DeviceLease, Job};
 use ark_ff::{BigInt, Field as _, MontConfig, PrimeField};
 use rayon::prelude::*;
 
@@ -244,6 +245,63 @@ fn word_batch_inv<T: Copy + Default>(
     }
     out[0] = inv;
     out
+}
+
+impl Job for FieldPowJob {
+    type Output = FieldVec;
+
+    fn name(&self) -> &'static str {
+        "field_pow"
+    }
+
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        FieldPowJob::input_bytes(self)
+    }
+
+    /// 256 squarings per element: compute-bound from small sizes on.
+    fn gpu_threshold(&self) -> usize {
+        1 << 10
+    }
+
+    fn run_cpu(&self) -> FieldVec {
+        FieldPowJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+        super::gpu::run_field_pow_cuda(self, dev)
+    }
+}
+
+impl Job for FieldInvJob {
+    type Output = FieldVec;
+
+    fn name(&self) -> &'static str {
+        "field_inv"
+    }
+
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        FieldInvJob::input_bytes(self)
+    }
+
+    fn gpu_threshold(&self) -> usize {
+        1 << 14
+    }
+
+    fn run_cpu(&self) -> FieldVec {
+        FieldInvJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+        super::gpu::run_field_inv_cuda(self, dev)
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! GPU kernels in `kernels/field_ops.cu`.
 
 use super::field::{Field, FieldVec, BABYBEAR_P, GOLDILOCKS_P};
+use crate::backend::{Batchable, DeviceError, DeviceLease, Job};
 use ark_ff::{BigInt, Fp256, MontBackend, MontConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -226,6 +227,56 @@ pub(crate) mod goldilocks {
 
     pub fn mul(a: u64, b: u64) -> u64 {
         ((u128::from(a) * u128::from(b)) % u128::from(P)) as u64
+    }
+}
+
+impl Job for FieldBinaryJob {
+    type Output = FieldVec;
+
+    fn name(&self) -> &'static str {
+        self.op.name()
+    }
+
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        FieldBinaryJob::input_bytes(self)
+    }
+
+    /// Provisional until measured on a GPU host (docs/PERFORMANCE.md): a 256-bit
+    /// multiplication pays for a launch sooner than an addition or a small field does.
+    fn gpu_threshold(&self) -> usize {
+        match (self.field(), self.op) {
+            (Field::Bn254Fr | Field::Bls12_381Fr, FieldOp::Mul) => 1 << 12,
+            (Field::Bn254Fr | Field::Bls12_381Fr, _) => 1 << 15,
+            (Field::Goldilocks | Field::BabyBear, _) => 1 << 17,
+        }
+    }
+
+    fn run_cpu(&self) -> FieldVec {
+        FieldBinaryJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+        super::gpu::run_field_binary_cuda(self, dev)
+    }
+}
+
+impl Batchable for FieldBinaryJob {
+    type Lane = (Field, FieldOp);
+
+    fn lane(&self) -> Self::Lane {
+        (self.field(), self.op)
+    }
+
+    fn concat(jobs: Vec<Self>) -> Self {
+        FieldBinaryJob::concat(&jobs.iter().collect::<Vec<_>>())
+    }
+
+    fn split(output: FieldVec, sizes: &[usize]) -> Vec<FieldVec> {
+        output.split(sizes)
     }
 }
 

@@ -1,0 +1,54 @@
+//! What an executor runs. Each operation's job type lives in `ops/<domain>/`, beside its
+//! CPU twin and its device launcher, and implements [`Job`]; the pool runs any job through
+//! this trait and hands the caller the job's own output type, so nothing above the ops
+//! enumerates them.
+
+use super::cuda::{DeviceError, DeviceLease};
+use std::fmt::Debug;
+use std::hash::Hash;
+
+pub trait Job: Send + Sync + 'static {
+    type Output: Send + 'static;
+
+    /// The op's name in metrics and logs (`field_add`, `ntt_forward`, …).
+    fn name(&self) -> &'static str;
+
+    /// Work items (elements, terms, values, samples): counted in metrics and compared
+    /// with [`Job::gpu_threshold`].
+    fn size(&self) -> usize;
+
+    /// Bytes of input, for the bytes-processed metric.
+    fn input_bytes(&self) -> usize;
+
+    /// Under this `size` the `auto` backend keeps the job on the CPU: a device round trip
+    /// (uploads, launches, a download) costs tens of microseconds before any arithmetic.
+    fn gpu_threshold(&self) -> usize;
+
+    /// Why `run_device` cannot take this job (a shape its kernels do not cover), if so:
+    /// `auto` then keeps it on the CPU, and `backend: cuda` is refused with this reason.
+    fn device_refusal(&self) -> Option<String> {
+        None
+    }
+
+    /// The CPU twin: the oracle every device result is held to.
+    fn run_cpu(&self) -> Self::Output;
+
+    /// The device launcher, on a leased device.
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Self::Output, DeviceError>;
+}
+
+/// A job whose small instances may share one run: concatenated, run once, and the output
+/// split back, each caller getting exactly what its own job would have returned.
+pub trait Batchable: Job + Sized {
+    /// Jobs are concatenated only within one lane (e.g. one field and one op).
+    type Lane: Hash + Eq + Clone + Debug + Send + Sync + 'static;
+
+    fn lane(&self) -> Self::Lane;
+
+    /// One job over every input, in order. `jobs` is non-empty and of one lane.
+    fn concat(jobs: Vec<Self>) -> Self;
+
+    /// The concatenated job's output cut into consecutive parts of the given sizes
+    /// (each part's job `size`).
+    fn split(output: Self::Output, sizes: &[usize]) -> Vec<Self::Output>;
+}

@@ -1,0 +1,77 @@
+//! The kernel library: every domain's CUDA modules and the headers they share, handed to
+//! the backend at start-up. A new kernel file is registered by its domain
+//! (`<domain>::kernel_modules`); a new header, here.
+
+use crate::backend::cuda::kernels::KernelLibrary;
+
+/// The headers the `.cu` files include: device functions shared across modules.
+const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../../kernels/common.cuh")),
+    ("fp.cuh", include_str!("../../kernels/fp.cuh")),
+    ("bn254_fr.cuh", include_str!("../../kernels/bn254_fr.cuh")),
+    (
+        "bls12_381_fr.cuh",
+        include_str!("../../kernels/bls12_381_fr.cuh"),
+    ),
+    ("babybear.cuh", include_str!("../../kernels/babybear.cuh")),
+    (
+        "goldilocks.cuh",
+        include_str!("../../kernels/goldilocks.cuh"),
+    ),
+    ("bn254_fq.cuh", include_str!("../../kernels/bn254_fq.cuh")),
+    (
+        "bls12_381_fq.cuh",
+        include_str!("../../kernels/bls12_381_fq.cuh"),
+    ),
+    ("curve.cuh", include_str!("../../kernels/curve.cuh")),
+    ("msm.cuh", include_str!("../../kernels/msm.cuh")),
+    ("ntt.cuh", include_str!("../../kernels/ntt.cuh")),
+    ("dp_noise.cuh", include_str!("../../kernels/dp_noise.cuh")),
+    ("rf.cuh", include_str!("../../kernels/rf.cuh")),
+    (
+        "rf_features.cuh",
+        include_str!("../../kernels/rf_features.cuh"),
+    ),
+    (
+        "rf_waveform.cuh",
+        include_str!("../../kernels/rf_waveform.cuh"),
+    ),
+];
+
+/// Every module of every domain, with the shared headers.
+pub fn kernel_library() -> KernelLibrary {
+    let mut modules = super::zk::kernel_modules();
+    modules.push(super::dp::kernel_module());
+    modules.push(super::rf::kernel_module());
+    KernelLibrary {
+        headers: HEADERS,
+        modules,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expansion_inlines_each_header_once_and_leaves_no_includes() {
+        let library = kernel_library();
+        for module in &library.modules {
+            let src = library.expand(module.source);
+            assert!(!src.contains("#include"));
+            assert_eq!(src.matches("#define GPU_OPS_COMMON_CUH").count(), 1);
+            let (name, names) = (module.name, &module.entry_points);
+            assert!(!names.is_empty(), "{name} lists no kernels");
+            for entry in names {
+                // Written out, or stamped by a macro: KERNEL(name, ...).
+                assert!(
+                    src.contains(&format!("({entry},"))
+                        || src.contains(&format!("({entry})"))
+                        || src.contains(&format!(" {entry}("))
+                        || src.contains(&format!(" {entry},")),
+                    "{entry} missing from {name}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! A job and the place its output lands. The queue carries jobs of every type as
+//! `Arc<dyn Runnable>`; the submitter keeps the typed `Slot` and takes the output from
+//! it once the worker replies, so no output is ever cast back from an untyped value.
+
+use super::{Completed, JobError, RunInfo};
+use crate::backend::{DeviceError, DeviceLease, Job};
+use std::sync::Mutex;
+
+/// What the workers need of a job, whatever its type.
+pub(super) trait Runnable: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn size(&self) -> usize;
+    fn input_bytes(&self) -> usize;
+    fn gpu_threshold(&self) -> usize;
+    fn device_refusal(&self) -> Option<String>;
+    fn run_cpu(&self);
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<(), DeviceError>;
+}
+
+pub(super) struct Slot<J: Job> {
+    job: J,
+    output: Mutex<Option<J::Output>>,
+}
+
+impl<J: Job> Slot<J> {
+    pub(super) fn new(job: J) -> Self {
+        Self {
+            job,
+            output: Mutex::new(None),
+        }
+    }
+
+    fn put(&self, output: J::Output) {
+        *self.output.lock().unwrap_or_else(|e| e.into_inner()) = Some(output);
+    }
+
+    /// The output of a job whose run was reported by `run`.
+    pub(super) fn completed(&self, run: RunInfo) -> Result<Completed<J::Output>, JobError> {
+        let output = self
+            .output
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| JobError::Internal("the job reported success without output".into()))?;
+        Ok(Completed { output, run })
+    }
+}
+
+impl<J: Job> Runnable for Slot<J> {
+    fn name(&self) -> &'static str {
+        self.job.name()
+    }
+
+    fn size(&self) -> usize {
+        self.job.size()
+    }
+
+    fn input_bytes(&self) -> usize {
+        self.job.input_bytes()
+    }
+
+    fn gpu_threshold(&self) -> usize {
+        self.job.gpu_threshold()
+    }
+
+    fn device_refusal(&self) -> Option<String> {
+        self.job.device_refusal()
+    }
+
+    fn run_cpu(&self) {
+        self.put(self.job.run_cpu());
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<(), DeviceError> {
+        self.put(self.job.run_device(dev)?);
+        Ok(())
+    }
+}
