@@ -26,7 +26,6 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::Router;
 use problem::{ErrorCode, Problem};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +37,8 @@ use tower_http::request_id::{
     MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
 use tower_http::trace::TraceLayer;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 pub struct AppState {
@@ -93,54 +94,19 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// The routes without middleware; `with_middleware` wraps them (tests add routes between).
 pub fn routes(state: Arc<AppState>) -> Router {
-    let api = Router::new()
-        .route("/zk/field_add", post(zk::field_add))
-        .route("/zk/field_sub", post(zk::field_sub))
-        .route("/zk/field_mul", post(zk::field_mul))
-        .route("/zk/field_pow", post(zk::field_pow))
-        .route("/zk/field_inv", post(zk::field_inv))
-        .route("/zk/ntt", post(zk::ntt))
-        .route("/zk/intt", post(zk::intt))
-        .route("/zk/msm", post(msm::msm))
-        .route("/rf/features", post(rf::rf_features))
-        .route("/datasets/synthetic", post(datasets::create_dataset))
-        .route("/datasets", get(datasets::list_datasets))
-        .route(
-            "/datasets/{id}",
-            get(datasets::get_dataset).delete(datasets::delete_dataset),
-        )
-        .route("/datasets/{id}/cancel", post(datasets::cancel_dataset))
-        .route("/datasets/{id}/resume", post(datasets::resume_dataset))
-        .route("/datasets/{id}/features", get(datasets::dataset_features))
-        .route("/datasets/{id}/events", get(datasets::dataset_events))
-        .route(
-            "/datasets/{id}/samples/{n}/iq/{rx}",
-            get(datasets::dataset_sample_iq),
-        )
-        .route("/dp/privatize", post(dp::privatize))
-        .route("/dp/laplace", post(dp::laplace))
-        .route("/dp/gaussian", post(dp::gaussian))
-        .route("/dp/accountant/epsilon", post(dp::accountant_epsilon))
-        .route(
-            "/dp/accountant/noise_multiplier",
-            post(dp::accountant_noise_multiplier),
-        )
-        .route("/dp/budgets", post(dp::create_budget).get(dp::list_budgets))
-        .route("/dp/budgets/{id}", get(dp::get_budget))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_key,
-        ));
+    let (system, _) = system_operations().split_for_parts();
+    let (keyed, _) = keyed_operations().split_for_parts();
+    let keyed = keyed.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        auth::require_key,
+    ));
     Router::new()
-        .route("/health/live", get(system::live))
-        .route("/health/ready", get(system::ready))
-        .route("/device", get(system::device))
-        .route("/metrics", get(system::metrics))
+        .merge(system)
         .merge(
             SwaggerUi::new("/docs")
                 .external_url_unchecked("/api-doc/openapi.json", openapi::document()),
         )
-        .merge(api)
+        .merge(keyed)
         .fallback(|| async { Problem::new(ErrorCode::NotFound, "no route matches this path") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -149,6 +115,55 @@ pub fn routes(state: Arc<AppState>) -> Router {
             )
         })
         .with_state(state)
+}
+
+type Operations = OpenApiRouter<Arc<AppState>>;
+
+/// Health, devices and metrics: open to all. Each operation is registered once, with its
+/// documentation: the router and the OpenAPI paths both come from these two lists.
+fn system_operations() -> Operations {
+    OpenApiRouter::default()
+        .routes(routes!(system::live))
+        .routes(routes!(system::ready))
+        .routes(routes!(system::device))
+        .routes(routes!(system::metrics))
+}
+
+/// Everything behind `--api-keys-file`.
+fn keyed_operations() -> Operations {
+    OpenApiRouter::default()
+        .routes(routes!(zk::field_add))
+        .routes(routes!(zk::field_sub))
+        .routes(routes!(zk::field_mul))
+        .routes(routes!(zk::field_pow))
+        .routes(routes!(zk::field_inv))
+        .routes(routes!(zk::ntt))
+        .routes(routes!(zk::intt))
+        .routes(routes!(msm::msm))
+        .routes(routes!(rf::rf_features))
+        .routes(routes!(datasets::create_dataset))
+        .routes(routes!(datasets::list_datasets))
+        .routes(routes!(datasets::get_dataset, datasets::delete_dataset))
+        .routes(routes!(datasets::cancel_dataset))
+        .routes(routes!(datasets::resume_dataset))
+        .routes(routes!(datasets::dataset_features))
+        .routes(routes!(datasets::dataset_events))
+        .routes(routes!(datasets::dataset_sample_iq))
+        .routes(routes!(dp::privatize))
+        .routes(routes!(dp::laplace))
+        .routes(routes!(dp::gaussian))
+        .routes(routes!(dp::accountant_epsilon))
+        .routes(routes!(dp::accountant_noise_multiplier))
+        .routes(routes!(dp::create_budget, dp::list_budgets))
+        .routes(routes!(dp::get_budget))
+}
+
+/// The operations' OpenAPI paths and schemas, before `openapi::document` finishes them.
+pub(crate) fn operations_openapi(base: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    OpenApiRouter::with_openapi(base)
+        .merge(system_operations())
+        .merge(keyed_operations())
+        .into_openapi()
 }
 
 pub fn with_middleware(routes: Router, state: Arc<AppState>) -> Router {

@@ -18,8 +18,8 @@
 //! (what utoipa emits for a `#[serde(default)]` struct field) becomes the bare `$ref`:
 //! the referenced schema states every field's default.
 
+use super::problem;
 use super::problem::{ErrorCode, Problem, ProblemDocument};
-use super::{datasets, dp, msm, problem, rf, system, zk};
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
 use utoipa::OpenApi;
@@ -27,18 +27,6 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpu-ops", description = "GPU operations behind REST, with a CPU fallback that gives the same answers."),
-    paths(
-        system::live, system::ready, system::device, system::metrics,
-        zk::field_add, zk::field_sub, zk::field_mul, zk::field_pow, zk::field_inv,
-        zk::ntt, zk::intt, msm::msm,
-        dp::privatize, dp::laplace, dp::gaussian,
-        dp::accountant_epsilon, dp::accountant_noise_multiplier,
-        dp::create_budget, dp::get_budget, dp::list_budgets,
-        rf::rf_features,
-        datasets::create_dataset, datasets::list_datasets, datasets::get_dataset,
-        datasets::cancel_dataset, datasets::delete_dataset, datasets::dataset_features,
-        datasets::dataset_events, datasets::dataset_sample_iq, datasets::resume_dataset,
-    ),
     components(schemas(problem::ProblemDocument, problem::FieldIssue)),
     modifiers(&BearerAuth),
     tags(
@@ -86,7 +74,8 @@ impl utoipa::Modify for BearerAuth {
 
 /// The finished document, as served at `/api-doc/openapi.json`.
 pub fn document() -> Value {
-    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serialises");
+    let mut doc = serde_json::to_value(super::operations_openapi(ApiDoc::openapi()))
+        .expect("the OpenAPI document serialises");
     let jobs = job_requests(&doc);
     for op in operations_mut(&mut doc) {
         add_shared_problems(op, &jobs);
