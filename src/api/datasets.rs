@@ -1,10 +1,11 @@
 //! Synthetic RF dataset jobs: submit, follow, list, cancel, delete, download.
 
 use super::auth::{tenant, Tenant};
+use super::domain_errors::submit_refused;
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, ApiJson, ApiPath, ApiQuery, AppState, IdParam};
-use crate::datasets::{estimate_bytes, iq_out, sigmf, SubmitError};
+use crate::datasets::{estimate_bytes, iq_out, sigmf};
 use crate::ops::rf::scenario::Scenario;
 use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset};
 use axum::body::Body;
@@ -159,34 +160,9 @@ fn view(state: &AppState, row: DatasetRow) -> DatasetView {
     }
 }
 
-fn storage(e: String) -> Problem {
-    Problem::new(ErrorCode::Internal, e)
-}
-
-/// A refused submission or resume as a problem; `pointer` names the field a disk
-/// refusal is about, when the request has a body.
-fn submit_problem(e: SubmitError, pointer: Option<&str>) -> Problem {
-    match e {
-        SubmitError::NoSpace { .. } => match pointer {
-            Some(p) => Problem::at(ErrorCode::InsufficientStorage, p, e.to_string()),
-            None => Problem::new(ErrorCode::InsufficientStorage, e.to_string()),
-        },
-        SubmitError::QuotaExceeded { .. } => match pointer {
-            Some(p) => Problem::at(ErrorCode::DatasetQuotaExceeded, p, e.to_string()),
-            None => Problem::new(ErrorCode::DatasetQuotaExceeded, e.to_string()),
-        },
-        SubmitError::QueueFull(_) => Problem {
-            retry_after_secs: Some(60),
-            ..Problem::new(ErrorCode::QueueFull, e.to_string())
-        },
-        SubmitError::Storage(m) => storage(m),
-        SubmitError::NotResumable(_) => Problem::new(ErrorCode::DatasetNotResumable, e.to_string()),
-    }
-}
-
 /// The job's scenario as the catalog stored it.
 fn stored_scenario(row: &DatasetRow) -> Result<Scenario, Problem> {
-    serde_json::from_str(&row.config).map_err(|e| storage(format!("stored config: {e}")))
+    serde_json::from_str(&row.config).map_err(|e| Problem::internal(format!("stored config: {e}")))
 }
 
 /// 409 `dataset_not_ready` unless the job has completed; `what` is what it would serve.
@@ -214,14 +190,14 @@ fn not_found() -> Problem {
 /// The tenant's job `id`, or 404 `dataset_not_found`.
 async fn find(state: &Arc<AppState>, tenant: &str, id: &str) -> Result<DatasetRow, Problem> {
     let (st, t, i) = (state.clone(), tenant.to_string(), id.to_string());
-    blocking(move || st.store.dataset(&t, &i).map_err(storage))
+    blocking(move || st.store.dataset(&t, &i).map_err(Problem::from))
         .await?
         .ok_or_else(not_found)
 }
 
 fn new_id() -> Result<String, Problem> {
     let mut b = [0u8; 12];
-    getrandom::fill(&mut b).map_err(|e| storage(format!("no OS entropy: {e}")))?;
+    getrandom::fill(&mut b).map_err(|e| Problem::internal(format!("no OS entropy: {e}")))?;
     Ok(format!(
         "ds_{}",
         b.iter().map(|x| format!("{x:02x}")).collect::<String>()
@@ -275,9 +251,7 @@ pub async fn create_dataset(
             format!("must be 1 to {max} (--max-dataset-samples)"),
         ));
     }
-    req.config
-        .validate()
-        .map_err(|(path, why)| Problem::at(ErrorCode::InvalidParameter, path, why))?;
+    req.config.validate().map_err(|e| e.under("config"))?;
     let iq_raw = req.dataset_type == DatasetType::IqRaw;
     let estimate = estimate_bytes(&req.config, iq_raw, req.num_samples);
     let max_bytes = state.settings.config.max_dataset_bytes;
@@ -296,7 +270,8 @@ pub async fn create_dataset(
         Some(s) => s,
         None => {
             let mut b = [0u8; 8];
-            getrandom::fill(&mut b).map_err(|e| storage(format!("no OS entropy: {e}")))?;
+            getrandom::fill(&mut b)
+                .map_err(|e| Problem::internal(format!("no OS entropy: {e}")))?;
             u64::from_le_bytes(b) >> 1 // SQLite integers are signed
         }
     };
@@ -307,7 +282,7 @@ pub async fn create_dataset(
             "must be below 2^63",
         ));
     }
-    let config = serde_json::to_string(&req.config).map_err(|e| storage(e.to_string()))?;
+    let config = serde_json::to_string(&req.config).map_err(|e| Problem::internal(e))?;
     let new = NewDataset {
         tenant: tenant(&who),
         name,
@@ -326,7 +301,7 @@ pub async fn create_dataset(
                 estimate,
                 st.settings.config.max_tenant_dataset_bytes,
             )
-            .map_err(|e| submit_problem(e, Some("/num_samples")))
+            .map_err(|e| submit_refused(e, Some("/num_samples")))
     })
     .await?;
     let v = view(&state, row);
@@ -369,7 +344,7 @@ pub async fn list_datasets(
     who: Option<Extension<Tenant>>,
 ) -> Result<Json<DatasetList>, Problem> {
     let (st, t) = (state.clone(), tenant(&who));
-    let rows = blocking(move || st.store.datasets(&t).map_err(storage)).await?;
+    let rows = blocking(move || st.store.datasets(&t).map_err(Problem::from)).await?;
     Ok(Json(DatasetList {
         datasets: rows.into_iter().map(|r| view(&state, r)).collect(),
     }))
@@ -442,7 +417,7 @@ pub async fn resume_dataset(
     let resumed = blocking(move || {
         st.datasets
             .resume(&row, estimate)
-            .map_err(|e| submit_problem(e, None))
+            .map_err(|e| submit_refused(e, None))
     })
     .await?;
     let row = find(&state, &tenant(&who), &id).await?;
@@ -469,7 +444,7 @@ pub async fn delete_dataset(
 ) -> Result<StatusCode, Problem> {
     let (st, t) = (state.clone(), tenant(&who));
     blocking(move || {
-        if !st.store.delete_dataset(&t, &id).map_err(storage)? {
+        if !st.store.delete_dataset(&t, &id).map_err(Problem::from)? {
             return Err(not_found());
         }
         st.datasets.remove_files(&id);
@@ -504,7 +479,7 @@ pub async fn dataset_features(
     let path = state.datasets.result_path(&id);
     let file = tokio::fs::File::open(&path)
         .await
-        .map_err(|e| storage(format!("{}: {e}", path.display())))?;
+        .map_err(|e| Problem::internal(format!("{}: {e}", path.display())))?;
     let len = file.metadata().await.map(|m| m.len()).ok();
     let stream = tokio_util::io::ReaderStream::new(file);
     let mut res = Response::new(Body::from_stream(stream));
@@ -603,7 +578,7 @@ pub async fn dataset_sample_iq(
     blocking(move || {
         let scenario = stored_scenario(&row)?;
         let entry = iq_out::entry(&dir, sample)
-            .map_err(storage)?
+            .map_err(Problem::internal)?
             .ok_or_else(|| {
                 sample_not_found(format!(
                     "the dataset has {} samples (rows 0 to {})",
@@ -619,7 +594,7 @@ pub async fn dataset_sample_iq(
             )));
         }
         let len = crate::ops::rf::generate::samples_per_recording(&scenario);
-        let data = iq_out::recording(&dir, &entry, receiver, len).map_err(storage)?;
+        let data = iq_out::recording(&dir, &entry, receiver, len).map_err(Problem::internal)?;
         let id = sigmf::RecordingId {
             dataset_id: &row.id,
             seed: row.seed,
@@ -634,14 +609,13 @@ pub async fn dataset_sample_iq(
                 format!("{stem}.sigmf-data"),
             )
         } else {
-            let truth = iq_out::truth(&dir, &entry).map_err(storage)?;
+            let truth = iq_out::truth(&dir, &entry).map_err(Problem::internal)?;
             let meta = serde_json::to_vec_pretty(&sigmf::meta(&id, &scenario, &truth, &data))
-                .map_err(|e| storage(e.to_string()))?;
+                .map_err(|e| Problem::internal(e))?;
             if let IqFormat::Meta = format {
                 (meta, "application/json", format!("{stem}.sigmf-meta"))
             } else {
-                let tar =
-                    sigmf::archive(&stem, &meta, &data).map_err(|e| storage(e.to_string()))?;
+                let tar = sigmf::archive(&stem, &meta, &data).map_err(|e| Problem::internal(e))?;
                 (tar, "application/x-tar", format!("{stem}.sigmf"))
             }
         };

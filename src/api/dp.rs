@@ -87,18 +87,6 @@ pub struct PrivacyReport {
     pub charge_seq: u64,
 }
 
-fn budget_problem(e: BudgetError) -> Problem {
-    match e {
-        BudgetError::NotFound => {
-            Problem::at(ErrorCode::BudgetNotFound, "/budget_id", "no such budget")
-        }
-        e @ BudgetError::Exhausted { .. } => {
-            Problem::new(ErrorCode::BudgetExhausted, e.to_string())
-        }
-        BudgetError::Storage(m) => Problem::new(ErrorCode::Internal, m),
-    }
-}
-
 /// Charges `charge` to the budget before anything is released.
 async fn charge(
     state: &Arc<AppState>,
@@ -111,7 +99,7 @@ async fn charge(
         tenant.to_string(),
         budget_id.to_string(),
     );
-    let out = blocking(move || store.charge(&t, &id, &charge).map_err(budget_problem)).await;
+    let out = blocking(move || store.charge(&t, &id, &charge).map_err(Problem::from)).await;
     let outcome = match &out {
         Ok(_) => "charged",
         Err(p) if p.code == ErrorCode::BudgetExhausted => "exhausted",
@@ -138,7 +126,7 @@ async fn run_charged<J: Job>(
         Err(e) => {
             if let Some((tenant, id, seq)) = charged {
                 let (store, t, bid) = (state.store.clone(), tenant.to_string(), id.to_string());
-                match blocking(move || store.refund(&t, &bid, seq).map_err(budget_problem)).await {
+                match blocking(move || store.refund(&t, &bid, seq).map_err(Problem::from)).await {
                     Ok(_) => state
                         .metrics
                         .dp_budget_charges
@@ -1051,7 +1039,7 @@ pub async fn create_budget(
         epsilon_limit,
         delta,
     };
-    let b = blocking(move || store.create_budget(new).map_err(budget_problem)).await?;
+    let b = blocking(move || store.create_budget(new).map_err(Problem::from)).await?;
     let location = HeaderValue::from_str(&format!("/dp/budgets/{}", b.id)).expect("ascii id");
     Ok((
         StatusCode::CREATED,
@@ -1091,7 +1079,7 @@ pub async fn get_budget(
     let (store, t) = (state.store.clone(), tenant(&who));
     let not_found = |e| match e {
         BudgetError::NotFound => Problem::new(ErrorCode::BudgetNotFound, "no such budget"),
-        e => budget_problem(e),
+        e => Problem::from(e),
     };
     blocking(move || {
         let b = store.budget(&t, &id).map_err(not_found)?;
@@ -1116,7 +1104,7 @@ pub async fn list_budgets(
 ) -> Result<Json<BudgetList>, Problem> {
     let (store, t) = (state.store.clone(), tenant(&who));
     blocking(move || {
-        let budgets = store.budgets(&t).map_err(budget_problem)?;
+        let budgets = store.budgets(&t).map_err(Problem::from)?;
         Ok(Json(BudgetList {
             budgets: budgets.into_iter().map(Into::into).collect(),
         }))

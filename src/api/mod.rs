@@ -3,6 +3,7 @@
 
 mod auth;
 pub mod datasets;
+mod domain_errors;
 pub mod dp;
 mod elements;
 mod extract;

@@ -1,10 +1,11 @@
 //! `POST /zk/msm`: multi-scalar multiplication over G1 of BN254 and BLS12-381.
 
+use super::domain_errors::msm_shape;
 use super::elements::{Elements, ElementsDoc, Encoding};
 use super::problem::{ErrorCode, FieldIssue, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
-use crate::ops::zk::msm::{Curve, MsmJob, MsmShape, PointErrors, Points, RawPoint};
+use crate::ops::zk::msm::{Curve, MsmJob, PointErrors, Points, RawPoint};
 use crate::ops::zk::FieldVec;
 use axum::extract::State;
 use axum::response::Response;
@@ -333,22 +334,7 @@ pub async fn msm(
     let build = move || -> Result<MsmJob, Problem> {
         let scalars = decode_scalars(&req, max)?;
         let points = req.points.decode(curve, encoding, max)?;
-        MsmJob::new(points, scalars).map_err(|e| {
-            let path = match &e {
-                MsmShape::NoPoints => "/points".to_string(),
-                MsmShape::NoScalars => "/scalar_batch".to_string(),
-                MsmShape::Lengths { batch, .. } if batched => format!("/scalar_batch/{batch}"),
-                MsmShape::Lengths { .. } => "/scalars".to_string(),
-                MsmShape::WrongField { .. } => {
-                    return Problem::new(ErrorCode::Internal, e.to_string())
-                }
-            };
-            let code = match e {
-                MsmShape::Lengths { .. } => ErrorCode::LengthMismatch,
-                _ => ErrorCode::InvalidParameter,
-            };
-            Problem::at(code, path, e.to_string())
-        })
+        MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))
     };
     let job = if large {
         blocking(build).await?

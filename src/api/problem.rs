@@ -1,7 +1,6 @@
 //! RFC 9457 problem details. Every error the service returns goes through `Problem`,
 //! and every `code` is in the one table below, so docs, SDKs and code agree.
 
-use crate::pool::JobError;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -114,6 +113,11 @@ impl Problem {
     }
 
     /// A problem about one field of the request.
+    /// 500 `internal`: a failure of the server's own, not of the request.
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        Self::new(ErrorCode::Internal, detail.to_string())
+    }
+
     pub fn at(code: ErrorCode, path: impl Into<String>, message: impl Into<String>) -> Self {
         let message = message.into();
         let path = path.into();
@@ -167,31 +171,6 @@ impl IntoResponse for Problem {
     /// request; this body is complete but for that.
     fn into_response(self) -> Response {
         self.to_response(None)
-    }
-}
-
-impl From<JobError> for Problem {
-    fn from(e: JobError) -> Self {
-        let detail = e.to_string();
-        match e {
-            JobError::QueueFull {
-                retry_after_secs, ..
-            } => Problem {
-                retry_after_secs: Some(retry_after_secs),
-                ..Problem::new(ErrorCode::QueueFull, detail)
-            },
-            JobError::DeadlineExceeded => Problem::new(ErrorCode::DeadlineExceeded, detail),
-            JobError::DeviceUnavailable(_) => Problem::new(ErrorCode::DeviceUnavailable, detail),
-            JobError::NotOnDevice(_) => {
-                Problem::at(ErrorCode::InvalidParameter, "/backend", detail)
-            }
-            JobError::DeviceFailed(_) => Problem::new(ErrorCode::DeviceError, detail),
-            JobError::ShuttingDown => Problem {
-                retry_after_secs: Some(1),
-                ..Problem::new(ErrorCode::ShuttingDown, detail)
-            },
-            JobError::Internal(_) => Problem::new(ErrorCode::Internal, detail),
-        }
     }
 }
 

@@ -4,7 +4,7 @@ use super::problem::{ErrorCode, Problem};
 use super::tensor::BinaryEncoding;
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
-use crate::ops::rf::{self, ExtractConfig, ExtractError, Extraction, Stats};
+use crate::ops::rf::{self, ExtractConfig, Extraction, Stats};
 use axum::extract::State;
 use axum::response::Response;
 use base64::Engine;
@@ -181,11 +181,11 @@ pub async fn rf_features(
     };
     let text = req.iq;
     let iq = blocking(move || decode_iq(&text)).await?;
-    rf::features::plan(&config, iq.len()).map_err(extract_problem)?;
+    rf::features::plan(&config, iq.len()).map_err(Problem::from)?;
     let samples = iq.len();
     let job = rf::FeaturesJob { iq, config };
     let done = state.pool.submit(job, req.backend, timeout).await?;
-    let ex = done.output.map_err(extract_problem)?;
+    let ex = done.output.map_err(Problem::from)?;
     let body = response(&ex, req.sample_rate_hz, samples, req.per_chunk);
     let bytes =
         serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
@@ -203,14 +203,6 @@ fn response(ex: &Extraction, fs: f64, samples: usize, per_chunk: bool) -> RfFeat
         features: FeatureStats::new(&ex.aggregate()),
         per_chunk: per_chunk.then(|| ex.chunks.iter().map(ChunkFeatureValues::new).collect()),
     }
-}
-
-fn extract_problem(e: ExtractError) -> Problem {
-    let path = match e {
-        ExtractError::TooShort { .. } => "/iq",
-        ExtractError::ChunkTooSmall(_) => "/chunk_ms",
-    };
-    Problem::at(ErrorCode::InvalidParameter, path, e.to_string())
 }
 
 /// Interleaved little-endian f32 I/Q; every value finite.

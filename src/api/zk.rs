@@ -1,12 +1,12 @@
 //! `/zk/*`: prime-field vector operations.
 
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
-use super::problem::{ErrorCode, FieldIssue, Problem};
+use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
-use crate::ops::zk::ntt::{Direction, NttJob, NttShape, Order};
+use crate::ops::zk::ntt::{Direction, NttJob, Order};
 use crate::ops::zk::FieldVec;
-use crate::ops::zk::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, InvError};
+use crate::ops::zk::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob};
 use crate::pool::Completed;
 use axum::extract::State;
 use axum::response::Response;
@@ -90,8 +90,7 @@ async fn field_binary(
     let build = move || -> Result<FieldBinaryJob, Problem> {
         let a = req.a.decode(field, encoding, "/a", max)?;
         let b = req.b.decode(field, encoding, "/b", max)?;
-        FieldBinaryJob::new(op, a, b)
-            .map_err(|e| Problem::at(ErrorCode::LengthMismatch, "/b", e.to_string()))
+        Ok(FieldBinaryJob::new(op, a, b)?)
     };
     let job = if large {
         blocking(build).await?
@@ -163,8 +162,7 @@ pub async fn field_pow(
     let build = move || -> Result<FieldPowJob, Problem> {
         let base = req.base.decode(field, encoding, "/base", max)?;
         let exponents = req.exponent.decode_integers(encoding, "/exponent", max)?;
-        FieldPowJob::new(base, exponents)
-            .map_err(|e| Problem::at(ErrorCode::LengthMismatch, "/exponent", e.to_string()))
+        FieldPowJob::new(base, exponents).map_err(Problem::from)
     };
     let job = if large {
         blocking(build).await?
@@ -198,27 +196,7 @@ pub async fn field_inv(
     let large = req.values.approx_len() > INLINE_ELEMENTS;
     let build = move || -> Result<FieldInvJob, Problem> {
         let values = req.values.decode(field, encoding, "/values", max)?;
-        FieldInvJob::new(values).map_err(|e| match e {
-            InvError::Empty => Problem::at(
-                ErrorCode::LengthMismatch,
-                "/values",
-                "give at least one element",
-            ),
-            InvError::Zeros { indices, count } => {
-                let issues: Vec<FieldIssue> = indices
-                    .iter()
-                    .map(|i| FieldIssue {
-                        path: format!("/values/{i}"),
-                        message: "zero has no inverse".into(),
-                    })
-                    .collect();
-                let detail = format!(
-                    "{count} zero element(s) in /values; the first {} are listed",
-                    issues.len()
-                );
-                Problem::new(ErrorCode::NotInvertible, detail).with_errors(issues)
-            }
-        })
+        Ok(FieldInvJob::new(values)?)
     };
     let job = if large {
         blocking(build).await?
@@ -359,14 +337,7 @@ async fn transform(
             shift,
             max_log2,
         )
-        .map_err(|e| {
-            let path = match e {
-                NttShape::ZeroBatch | NttShape::Uneven { .. } => "/batch",
-                NttShape::ZeroShift => "/coset_shift",
-                NttShape::NotPowerOfTwo { .. } | NttShape::TooLarge { .. } => "/values",
-            };
-            Problem::at(ErrorCode::InvalidParameter, path, e.to_string())
-        })
+        .map_err(Problem::from)
     };
     let job = if large {
         blocking(build).await?

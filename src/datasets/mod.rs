@@ -300,7 +300,7 @@ impl Datasets {
         let row = self
             .store
             .create_dataset(id, new)
-            .map_err(SubmitError::Storage)?;
+            .map_err(|e| SubmitError::Storage(e.into()))?;
         self.enqueue(&mut active, id, estimate, row.num_samples)
             .inspect_err(|_| {
                 let _ = self.store.delete_dataset(&row.tenant, id);
@@ -338,7 +338,7 @@ impl Datasets {
         if !self
             .store
             .requeue_dataset(&row.id)
-            .map_err(SubmitError::Storage)?
+            .map_err(|e| SubmitError::Storage(e.into()))?
         {
             return Ok(false);
         }

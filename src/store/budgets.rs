@@ -3,7 +3,7 @@
 //! transaction, so concurrent charges serialise and none can overspend; it is durable
 //! before the caller releases anything.
 
-use super::{now, Store};
+use super::{now, Store, StoreError};
 use crate::ops::dp::accountant;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde_json::Value;
@@ -60,13 +60,13 @@ pub enum BudgetError {
         would_be: f64,
         limit: f64,
     },
-    #[error("budget storage failed: {0}")]
-    Storage(String),
+    #[error(transparent)]
+    Storage(#[from] StoreError),
 }
 
 impl From<rusqlite::Error> for BudgetError {
     fn from(e: rusqlite::Error) -> Self {
-        BudgetError::Storage(e.to_string())
+        BudgetError::Storage(StoreError::new("budget storage", e))
     }
 }
 
@@ -96,13 +96,14 @@ fn to_json(v: &[f64]) -> String {
 
 fn from_json(s: &str) -> Result<Vec<f64>, BudgetError> {
     let v: Vec<Option<f64>> = serde_json::from_str(s)
-        .map_err(|e| BudgetError::Storage(format!("corrupt RDP vector: {e}")))?;
+        .map_err(|e| StoreError::new("budget storage", format!("corrupt RDP vector: {e}")))?;
     Ok(v.into_iter().map(|x| x.unwrap_or(f64::INFINITY)).collect())
 }
 
 fn new_id() -> Result<String, BudgetError> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(|e| BudgetError::Storage(format!("no OS entropy: {e}")))?;
+    getrandom::fill(&mut b)
+        .map_err(|e| StoreError::new("budget ids", format!("no OS entropy: {e}")))?;
     Ok(format!(
         "bud_{}",
         b.iter().map(|x| format!("{x:02x}")).collect::<String>()

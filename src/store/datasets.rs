@@ -1,6 +1,6 @@
 //! The synthetic dataset catalog: one row per job, its status and progress.
 
-use super::{now, Store};
+use super::{now, Store, StoreError};
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -144,7 +144,7 @@ fn find(conn: &Connection, tenant: &str, id: &str) -> rusqlite::Result<Option<Da
 }
 
 impl Store {
-    pub fn create_dataset(&self, id: &str, d: NewDataset) -> Result<DatasetRow, String> {
+    pub fn create_dataset(&self, id: &str, d: NewDataset) -> Result<DatasetRow, StoreError> {
         self.with(|c| {
             c.execute(
                 "INSERT INTO datasets (id, tenant, name, dataset_type, num_samples, seed, config, status, created_at) \
@@ -153,16 +153,16 @@ impl Store {
             )?;
             find(c, &d.tenant, id).map(|r| r.expect("just inserted"))
         })
-        .map_err(|e| format!("dataset catalog: {e}"))
+        .map_err(StoreError::catalog)
     }
 
-    pub fn dataset(&self, tenant: &str, id: &str) -> Result<Option<DatasetRow>, String> {
+    pub fn dataset(&self, tenant: &str, id: &str) -> Result<Option<DatasetRow>, StoreError> {
         self.with(|c| find(c, tenant, id))
-            .map_err(|e| format!("dataset catalog: {e}"))
+            .map_err(StoreError::catalog)
     }
 
     /// A job by id whatever its tenant (the worker's view).
-    pub fn dataset_any(&self, id: &str) -> Result<Option<DatasetRow>, String> {
+    pub fn dataset_any(&self, id: &str) -> Result<Option<DatasetRow>, StoreError> {
         self.with(|c| {
             c.query_row(
                 &format!("SELECT {COLUMNS} FROM datasets WHERE id = ?1"),
@@ -171,10 +171,10 @@ impl Store {
             )
             .optional()
         })
-        .map_err(|e| format!("dataset catalog: {e}"))
+        .map_err(StoreError::catalog)
     }
 
-    pub fn datasets(&self, tenant: &str) -> Result<Vec<DatasetRow>, String> {
+    pub fn datasets(&self, tenant: &str) -> Result<Vec<DatasetRow>, StoreError> {
         self.with(|c| {
             let mut st = c.prepare(&format!(
                 "SELECT {COLUMNS} FROM datasets WHERE tenant = ?1 ORDER BY created_at, id"
@@ -182,7 +182,7 @@ impl Store {
             let rows = st.query_map(params![tenant], row)?;
             rows.collect::<rusqlite::Result<Vec<_>>>()
         })
-        .map_err(|e| format!("dataset catalog: {e}"))
+        .map_err(StoreError::catalog)
     }
 
     /// Moves a job to `status` (stamping start or finish) with its counts and error.
@@ -192,7 +192,7 @@ impl Store {
         status: DatasetStatus,
         counts: &Counts,
         error: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let t = now();
         self.with(|c| {
             c.execute(
@@ -216,11 +216,11 @@ impl Store {
             )
         })
         .map(|_| ())
-        .map_err(|e| format!("dataset catalog: {e}"))
+        .map_err(StoreError::catalog)
     }
 
     /// Puts an interrupted job back in the queue; false when it is not interrupted.
-    pub fn requeue_dataset(&self, id: &str) -> Result<bool, String> {
+    pub fn requeue_dataset(&self, id: &str) -> Result<bool, StoreError> {
         self.with(|c| {
             c.execute(
                 "UPDATE datasets SET status = 'queued', error = NULL, finished_at = NULL \
@@ -229,10 +229,10 @@ impl Store {
             )
         })
         .map(|n| n > 0)
-        .map_err(|e| format!("dataset catalog: {e}"))
+        .map_err(StoreError::catalog)
     }
 
-    pub fn delete_dataset(&self, tenant: &str, id: &str) -> Result<bool, String> {
+    pub fn delete_dataset(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
         self.with(|c| {
             c.execute(
                 "DELETE FROM datasets WHERE id = ?1 AND tenant = ?2",
@@ -240,12 +240,12 @@ impl Store {
             )
         })
         .map(|n| n > 0)
-        .map_err(|e| format!("dataset catalog: {e}"))
+        .map_err(StoreError::catalog)
     }
 
     /// At start-up: jobs a previous process left queued or running are marked
     /// interrupted (their partial files are removed by the caller). Returns their ids.
-    pub fn interrupt_unfinished_datasets(&self) -> Result<Vec<String>, String> {
+    pub fn interrupt_unfinished_datasets(&self) -> Result<Vec<String>, StoreError> {
         self.with(|c| {
             let ids: Vec<String> = {
                 let mut st =
@@ -261,6 +261,6 @@ impl Store {
             )?;
             Ok(ids)
         })
-        .map_err(|e: rusqlite::Error| format!("dataset catalog: {e}"))
+        .map_err(StoreError::catalog)
     }
 }

@@ -75,6 +75,34 @@ impl Store {
     }
 }
 
+/// Storage that could not be read or written: which part, and the engine's message.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{part} failed: {message}")]
+pub struct StoreError {
+    part: &'static str,
+    message: String,
+}
+
+impl StoreError {
+    pub fn new(part: &'static str, message: impl std::fmt::Display) -> Self {
+        Self {
+            part,
+            message: message.to_string(),
+        }
+    }
+
+    fn catalog(e: rusqlite::Error) -> Self {
+        Self::new("the dataset catalog", e)
+    }
+}
+
+/// The dataset worker reports a failed job with text (its `error` column).
+impl From<StoreError> for String {
+    fn from(e: StoreError) -> String {
+        e.to_string()
+    }
+}
+
 /// Now, as RFC 3339 UTC with milliseconds.
 fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()

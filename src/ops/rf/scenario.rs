@@ -1,7 +1,8 @@
 //! The synthetic dataset's configuration: every parameter of the model with its default.
 //! The model itself is documented in docs/RF_DATASETS.md; `validate` names the first bad
-//! field by its JSON pointer.
+//! field by its place in the scenario (`ops::Invalid`).
 
+use crate::ops::invalid::{check, FieldPath, Invalid};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -295,18 +296,7 @@ impl Default for Quality {
     }
 }
 
-/// The first out-of-range field: (JSON pointer, why).
-pub type Invalid = (String, String);
-
-fn check(ok: bool, path: &str, why: &str) -> Result<(), Invalid> {
-    if ok {
-        Ok(())
-    } else {
-        Err((path.to_string(), why.to_string()))
-    }
-}
-
-fn finite_in(v: f64, lo: f64, hi: f64, path: &str) -> Result<(), Invalid> {
+fn finite_in(v: f64, lo: f64, hi: f64, path: FieldPath) -> Result<(), Invalid> {
     check(
         v.is_finite() && (lo..=hi).contains(&v),
         path,
@@ -331,202 +321,182 @@ impl Scenario {
 
     pub fn validate(&self) -> Result<(), Invalid> {
         let g = &self.geometry;
-        let p = "/config/geometry";
+        let p = FieldPath::root().field("geometry");
         if g.receivers.is_empty() {
             check(
                 g.receivers_min >= 1,
-                &format!("{p}/receivers_min"),
+                p.field("receivers_min"),
                 "must be at least 1",
             )?;
             check(
                 g.receivers_max >= g.receivers_min && g.receivers_max <= MAX_RECEIVERS,
-                &format!("{p}/receivers_max"),
+                p.field("receivers_max"),
                 &format!("must be between receivers_min and {MAX_RECEIVERS}"),
             )?;
         } else {
             check(
                 g.receivers.len() <= MAX_RECEIVERS,
-                &format!("{p}/receivers"),
+                p.field("receivers"),
                 &format!("at most {MAX_RECEIVERS} receivers"),
             )?;
             for (i, s) in g.receivers.iter().enumerate() {
-                finite_in(s.lat, -85.0, 85.0, &format!("{p}/receivers/{i}/lat"))?;
-                finite_in(s.lon, -180.0, 180.0, &format!("{p}/receivers/{i}/lon"))?;
+                finite_in(
+                    s.lat,
+                    -85.0,
+                    85.0,
+                    p.field("receivers").index(i).field("lat"),
+                )?;
+                finite_in(
+                    s.lon,
+                    -180.0,
+                    180.0,
+                    p.field("receivers").index(i).field("lon"),
+                )?;
                 finite_in(
                     s.alt_m,
                     -500.0,
                     10_000.0,
-                    &format!("{p}/receivers/{i}/alt_m"),
+                    p.field("receivers").index(i).field("alt_m"),
                 )?;
             }
         }
-        finite_in(g.lat_min, -85.0, 85.0, &format!("{p}/lat_min"))?;
-        finite_in(g.lat_max, g.lat_min, 85.0, &format!("{p}/lat_max"))?;
-        finite_in(g.lon_min, -180.0, 180.0, &format!("{p}/lon_min"))?;
-        finite_in(g.lon_max, g.lon_min, 180.0, &format!("{p}/lon_max"))?;
+        finite_in(g.lat_min, -85.0, 85.0, p.field("lat_min"))?;
+        finite_in(g.lat_max, g.lat_min, 85.0, p.field("lat_max"))?;
+        finite_in(g.lon_min, -180.0, 180.0, p.field("lon_min"))?;
+        finite_in(g.lon_max, g.lon_min, 180.0, p.field("lon_max"))?;
         finite_in(
             g.receiver_alt_m,
             -500.0,
             10_000.0,
-            &format!("{p}/receiver_alt_m"),
+            p.field("receiver_alt_m"),
         )?;
-        finite_in(g.inside_ratio, 0.0, 1.0, &format!("{p}/inside_ratio"))?;
+        finite_in(g.inside_ratio, 0.0, 1.0, p.field("inside_ratio"))?;
         finite_in(
             g.outside_margin_deg,
             0.0,
             5.0,
-            &format!("{p}/outside_margin_deg"),
+            p.field("outside_margin_deg"),
         )?;
         finite_in(
             g.transmitter_alt_m,
             -500.0,
             10_000.0,
-            &format!("{p}/transmitter_alt_m"),
+            p.field("transmitter_alt_m"),
         )?;
 
         let r = &self.propagation;
-        let p = "/config/propagation";
-        finite_in(
-            r.frequency_mhz,
-            1.0,
-            100_000.0,
-            &format!("{p}/frequency_mhz"),
-        )?;
+        let p = FieldPath::root().field("propagation");
+        finite_in(r.frequency_mhz, 1.0, 100_000.0, p.field("frequency_mhz"))?;
         finite_in(
             r.terrain_loss_max_db,
             0.0,
             100.0,
-            &format!("{p}/terrain_loss_max_db"),
+            p.field("terrain_loss_max_db"),
         )?;
-        finite_in(
-            r.shadowing_std_db,
-            0.0,
-            30.0,
-            &format!("{p}/shadowing_std_db"),
-        )?;
-        finite_in(r.tx_power_dbm, -50.0, 90.0, &format!("{p}/tx_power_dbm"))?;
-        finite_in(
-            r.tx_power_std_db,
-            0.0,
-            20.0,
-            &format!("{p}/tx_power_std_db"),
-        )?;
+        finite_in(r.shadowing_std_db, 0.0, 30.0, p.field("shadowing_std_db"))?;
+        finite_in(r.tx_power_dbm, -50.0, 90.0, p.field("tx_power_dbm"))?;
+        finite_in(r.tx_power_std_db, 0.0, 20.0, p.field("tx_power_std_db"))?;
         finite_in(
             r.tx_antenna_gain_dbi,
             -30.0,
             50.0,
-            &format!("{p}/tx_antenna_gain_dbi"),
+            p.field("tx_antenna_gain_dbi"),
         )?;
         finite_in(
             r.rx_antenna_gain_dbi,
             -30.0,
             50.0,
-            &format!("{p}/rx_antenna_gain_dbi"),
+            p.field("rx_antenna_gain_dbi"),
         )?;
-        finite_in(r.k_factor_db, -30.0, 40.0, &format!("{p}/k_factor_db"))?;
+        finite_in(r.k_factor_db, -30.0, 40.0, p.field("k_factor_db"))?;
         finite_in(
             r.k_factor_slope_db_per_km,
             0.0,
             100.0,
-            &format!("{p}/k_factor_slope_db_per_km"),
+            p.field("k_factor_slope_db_per_km"),
         )?;
         finite_in(
             r.rayleigh_beyond_km,
             0.0,
             10_000.0,
-            &format!("{p}/rayleigh_beyond_km"),
+            p.field("rayleigh_beyond_km"),
         )?;
-        finite_in(
-            r.coherence_time_ms,
-            0.01,
-            1e6,
-            &format!("{p}/coherence_time_ms"),
-        )?;
+        finite_in(r.coherence_time_ms, 0.01, 1e6, p.field("coherence_time_ms"))?;
         check(
             r.max_extra_taps <= 16,
-            &format!("{p}/max_extra_taps"),
+            p.field("max_extra_taps"),
             "at most 16",
         )?;
         finite_in(
             r.tap_decay_db_per_us,
             0.0,
             100.0,
-            &format!("{p}/tap_decay_db_per_us"),
+            p.field("tap_decay_db_per_us"),
         )?;
 
         let s = &self.signal;
-        let p = "/config/signal";
-        finite_in(
-            s.sample_rate_hz,
-            8_000.0,
-            50e6,
-            &format!("{p}/sample_rate_hz"),
-        )?;
-        finite_in(s.duration_ms, 1.0, 60_000.0, &format!("{p}/duration_ms"))?;
+        let p = FieldPath::root().field("signal");
+        finite_in(s.sample_rate_hz, 8_000.0, 50e6, p.field("sample_rate_hz"))?;
+        finite_in(s.duration_ms, 1.0, 60_000.0, p.field("duration_ms"))?;
         check(
             s.sample_rate_hz * s.duration_ms / 1e3 <= MAX_SAMPLES_PER_RECORDING,
-            &format!("{p}/duration_ms"),
+            p.field("duration_ms"),
             "sample_rate_hz × duration gives more than 20 million samples per recording",
         )?;
         finite_in(
             s.bandwidth_hz,
             6_500.0,
             s.sample_rate_hz / 2.0,
-            &format!("{p}/bandwidth_hz"),
+            p.field("bandwidth_hz"),
         )?;
-        finite_in(s.am_depth, 0.0, 1.0, &format!("{p}/am_depth"))?;
+        finite_in(s.am_depth, 0.0, 1.0, p.field("am_depth"))?;
         let m = &s.mix;
         let weights = [m.fm_voice, m.fm_tone, m.fm_dtmf, m.am, m.carrier];
         check(
             weights.iter().all(|w| w.is_finite() && *w >= 0.0) && weights.iter().sum::<f64>() > 0.0,
-            &format!("{p}/mix"),
+            p.field("mix"),
             "weights must be non-negative and not all zero",
         )?;
 
         let x = &self.receiver;
-        let p = "/config/receiver";
-        finite_in(
-            x.noise_figure_db,
-            0.0,
-            30.0,
-            &format!("{p}/noise_figure_db"),
-        )?;
+        let p = FieldPath::root().field("receiver");
+        finite_in(x.noise_figure_db, 0.0, 30.0, p.field("noise_figure_db"))?;
         finite_in(
             x.oscillator_ppm_std,
             0.0,
             100.0,
-            &format!("{p}/oscillator_ppm_std"),
+            p.field("oscillator_ppm_std"),
         )?;
         finite_in(
             x.drift_ppm_per_s_std,
             0.0,
             10.0,
-            &format!("{p}/drift_ppm_per_s_std"),
+            p.field("drift_ppm_per_s_std"),
         )?;
 
         let q = &self.quality;
-        let p = "/config/quality";
+        let p = FieldPath::root().field("quality");
         check(
             q.min_receivers >= 1,
-            &format!("{p}/min_receivers"),
+            p.field("min_receivers"),
             "must be at least 1",
         )?;
-        finite_in(q.min_snr_db, -50.0, 100.0, &format!("{p}/min_snr_db"))?;
+        finite_in(q.min_snr_db, -50.0, 100.0, p.field("min_snr_db"))?;
         check(
             q.max_gdop > 0.0 && !q.max_gdop.is_nan(),
-            &format!("{p}/max_gdop"),
+            p.field("max_gdop"),
             "must be positive",
         )?;
         finite_in(
             self.chunk_ms,
             1.0,
             self.signal.duration_ms,
-            "/config/chunk_ms",
+            FieldPath::root().field("chunk_ms"),
         )?;
         check(
             self.signal.sample_rate_hz * self.chunk_ms / 1e3
                 >= super::features::MIN_CHUNK_SAMPLES as f64,
-            "/config/chunk_ms",
+            FieldPath::root().field("chunk_ms"),
             "a chunk needs at least 128 samples at this sample rate",
         )?;
         Ok(())
@@ -543,8 +513,10 @@ mod tests {
         let mut s = Scenario::default();
         s.propagation.frequency_mhz = f64::NAN;
         assert_eq!(
-            s.validate().unwrap_err().0,
-            "/config/propagation/frequency_mhz"
+            s.validate().unwrap_err().path,
+            FieldPath::root()
+                .field("propagation")
+                .field("frequency_mhz")
         );
         let mut s = Scenario::default();
         s.geometry.receivers = vec![Site {
@@ -553,8 +525,12 @@ mod tests {
             alt_m: 0.0,
         }];
         assert_eq!(
-            s.validate().unwrap_err().0,
-            "/config/geometry/receivers/0/lon"
+            s.validate().unwrap_err().path,
+            FieldPath::root()
+                .field("geometry")
+                .field("receivers")
+                .index(0)
+                .field("lon")
         );
         let mut s = Scenario::default();
         s.signal.mix = ModulationMix {
@@ -564,7 +540,10 @@ mod tests {
             am: 0.0,
             carrier: 0.0,
         };
-        assert_eq!(s.validate().unwrap_err().0, "/config/signal/mix");
+        assert_eq!(
+            s.validate().unwrap_err().path,
+            FieldPath::root().field("signal").field("mix")
+        );
         let json: Scenario =
             serde_json::from_str(r#"{"propagation": {"environment": "urban"}}"#).unwrap();
         assert_eq!(json.propagation.environment, Environment::Urban);

@@ -1,0 +1,173 @@
+//! Every domain error becomes a problem here, once: its code, its status (through the
+//! code) and the field it names. Handlers use `?`; where the field depends on the
+//! request's shape, the mapping takes that shape (`msm_shape`, `submit_refused`).
+
+use super::problem::{ErrorCode, FieldIssue, Problem};
+use crate::datasets::SubmitError;
+use crate::ops::invalid::{Invalid, Segment};
+use crate::ops::rf::ExtractError;
+use crate::ops::zk::msm::MsmShape;
+use crate::ops::zk::ntt::NttShape;
+use crate::ops::zk::{InvError, LengthMismatch, PowShape};
+use crate::pool::JobError;
+use crate::store::{BudgetError, StoreError};
+
+impl From<JobError> for Problem {
+    fn from(e: JobError) -> Self {
+        let detail = e.to_string();
+        match e {
+            JobError::QueueFull {
+                retry_after_secs, ..
+            } => Problem {
+                retry_after_secs: Some(retry_after_secs),
+                ..Problem::new(ErrorCode::QueueFull, detail)
+            },
+            JobError::DeadlineExceeded => Problem::new(ErrorCode::DeadlineExceeded, detail),
+            JobError::DeviceUnavailable(_) => Problem::new(ErrorCode::DeviceUnavailable, detail),
+            JobError::NotOnDevice(_) => {
+                Problem::at(ErrorCode::InvalidParameter, "/backend", detail)
+            }
+            JobError::DeviceFailed(_) => Problem::new(ErrorCode::DeviceError, detail),
+            JobError::ShuttingDown => Problem {
+                retry_after_secs: Some(1),
+                ..Problem::new(ErrorCode::ShuttingDown, detail)
+            },
+            JobError::Internal(_) => Problem::new(ErrorCode::Internal, detail),
+        }
+    }
+}
+
+/// A field the maths refused: its place rendered as a JSON pointer.
+impl From<Invalid> for Problem {
+    fn from(e: Invalid) -> Self {
+        let pointer: String = e
+            .path
+            .segments()
+            .iter()
+            .map(|s| match s {
+                Segment::Field(name) => format!("/{name}"),
+                Segment::Index(i) => format!("/{i}"),
+            })
+            .collect();
+        Problem::at(ErrorCode::InvalidParameter, pointer, e.message)
+    }
+}
+
+impl From<StoreError> for Problem {
+    fn from(e: StoreError) -> Self {
+        Problem::new(ErrorCode::Internal, e.to_string())
+    }
+}
+
+impl From<BudgetError> for Problem {
+    fn from(e: BudgetError) -> Self {
+        match e {
+            BudgetError::NotFound => {
+                Problem::at(ErrorCode::BudgetNotFound, "/budget_id", "no such budget")
+            }
+            e @ BudgetError::Exhausted { .. } => {
+                Problem::new(ErrorCode::BudgetExhausted, e.to_string())
+            }
+            BudgetError::Storage(e) => e.into(),
+        }
+    }
+}
+
+/// `b` of `/zk/field_{add,sub,mul}`.
+impl From<LengthMismatch> for Problem {
+    fn from(e: LengthMismatch) -> Self {
+        Problem::at(ErrorCode::LengthMismatch, "/b", e.to_string())
+    }
+}
+
+/// `exponent` of `/zk/field_pow`.
+impl From<PowShape> for Problem {
+    fn from(e: PowShape) -> Self {
+        Problem::at(ErrorCode::LengthMismatch, "/exponent", e.to_string())
+    }
+}
+
+/// `values` of `/zk/field_inv`: every zero listed (up to the job's cap).
+impl From<InvError> for Problem {
+    fn from(e: InvError) -> Self {
+        match e {
+            InvError::Empty => Problem::at(
+                ErrorCode::LengthMismatch,
+                "/values",
+                "give at least one element",
+            ),
+            InvError::Zeros { indices, count } => {
+                let issues: Vec<FieldIssue> = indices
+                    .iter()
+                    .map(|i| FieldIssue {
+                        path: format!("/values/{i}"),
+                        message: "zero has no inverse".into(),
+                    })
+                    .collect();
+                let detail = format!(
+                    "{count} zero element(s) in /values; the first {} are listed",
+                    issues.len()
+                );
+                Problem::new(ErrorCode::NotInvertible, detail).with_errors(issues)
+            }
+        }
+    }
+}
+
+/// The fields of `/zk/ntt` and `/zk/intt`.
+impl From<NttShape> for Problem {
+    fn from(e: NttShape) -> Self {
+        let path = match e {
+            NttShape::ZeroBatch | NttShape::Uneven { .. } => "/batch",
+            NttShape::ZeroShift => "/coset_shift",
+            NttShape::NotPowerOfTwo { .. } | NttShape::TooLarge { .. } => "/values",
+        };
+        Problem::at(ErrorCode::InvalidParameter, path, e.to_string())
+    }
+}
+
+/// `/zk/msm`'s shapes; `batched` when the request has `scalar_batch`.
+pub(crate) fn msm_shape(e: MsmShape, batched: bool) -> Problem {
+    let path = match &e {
+        MsmShape::NoPoints => "/points".to_string(),
+        MsmShape::NoScalars => "/scalar_batch".to_string(),
+        MsmShape::Lengths { batch, .. } if batched => format!("/scalar_batch/{batch}"),
+        MsmShape::Lengths { .. } => "/scalars".to_string(),
+        MsmShape::WrongField { .. } => return Problem::new(ErrorCode::Internal, e.to_string()),
+    };
+    let code = match e {
+        MsmShape::Lengths { .. } => ErrorCode::LengthMismatch,
+        _ => ErrorCode::InvalidParameter,
+    };
+    Problem::at(code, path, e.to_string())
+}
+
+/// `/rf/features`: the recording or its chunking.
+impl From<ExtractError> for Problem {
+    fn from(e: ExtractError) -> Self {
+        let path = match e {
+            ExtractError::TooShort { .. } => "/iq",
+            ExtractError::ChunkTooSmall(_) => "/chunk_ms",
+        };
+        Problem::at(ErrorCode::InvalidParameter, path, e.to_string())
+    }
+}
+
+/// A refused dataset submission or resume; `pointer` names the field a disk or quota
+/// refusal is about, when the request has a body.
+pub(crate) fn submit_refused(e: SubmitError, pointer: Option<&str>) -> Problem {
+    let at = |code, e: SubmitError| match pointer {
+        Some(p) => Problem::at(code, p, e.to_string()),
+        None => Problem::new(code, e.to_string()),
+    };
+    match e {
+        SubmitError::NoSpace { .. } => at(ErrorCode::InsufficientStorage, e),
+        SubmitError::QuotaExceeded { .. } => at(ErrorCode::DatasetQuotaExceeded, e),
+        SubmitError::QueueFull(_) => Problem {
+            retry_after_secs: Some(60),
+            ..Problem::new(ErrorCode::QueueFull, e.to_string())
+        },
+        SubmitError::Storage(m) => Problem::new(ErrorCode::Internal, m),
+        SubmitError::NotResumable(_) => Problem::new(ErrorCode::DatasetNotResumable, e.to_string()),
+    }
+}
