@@ -147,16 +147,19 @@ fn keyed_operations() -> Operations {
         .routes(routes!(datasets::get_dataset, datasets::delete_dataset))
         .routes(routes!(datasets::cancel_dataset))
         .routes(routes!(datasets::resume_dataset))
-        .routes(routes!(datasets::dataset_features))
-        .routes(routes!(datasets::dataset_events))
-        .routes(routes!(datasets::dataset_sample_iq))
-        .routes(routes!(dp::privatize))
-        .routes(routes!(dp::laplace))
-        .routes(routes!(dp::gaussian))
-        .routes(routes!(dp::accountant_epsilon))
-        .routes(routes!(dp::accountant_noise_multiplier))
-        .routes(routes!(dp::create_budget, dp::list_budgets))
-        .routes(routes!(dp::get_budget))
+        .routes(routes!(datasets::files::dataset_features))
+        .routes(routes!(datasets::events::dataset_events))
+        .routes(routes!(datasets::files::dataset_sample_iq))
+        .routes(routes!(dp::releases::privatize))
+        .routes(routes!(dp::releases::laplace))
+        .routes(routes!(dp::releases::gaussian))
+        .routes(routes!(dp::accountant::accountant_epsilon))
+        .routes(routes!(dp::accountant::accountant_noise_multiplier))
+        .routes(routes!(
+            dp::budgets::create_budget,
+            dp::budgets::list_budgets
+        ))
+        .routes(routes!(dp::budgets::get_budget))
 }
 
 /// The operations' OpenAPI paths and schemas, before `openapi::document` finishes them.

@@ -222,6 +222,15 @@ seq_or_map!(
 );
 
 impl Matrix {
+    /// The dtype of a packed matrix, which the answer is written in; None for nested
+    /// JSON numbers.
+    pub fn packed_dtype(&self) -> Option<Dtype> {
+        match self {
+            Matrix::Packed(p) => Some(p.dtype),
+            Matrix::Nested(_) => None,
+        }
+    }
+
     /// (rows, cols, row-major values).
     pub fn decode(self, path: &str, max: usize) -> Result<(usize, usize, Decoded), Problem> {
         match self {
@@ -259,6 +268,14 @@ impl Matrix {
 }
 
 impl Vector {
+    /// As `Matrix::packed_dtype`.
+    pub fn packed_dtype(&self) -> Option<Dtype> {
+        match self {
+            Vector::Packed(p) => Some(p.dtype),
+            Vector::Numbers(_) => None,
+        }
+    }
+
     pub fn decode(self, path: &str, max: usize) -> Result<Decoded, Problem> {
         match self {
             Vector::Packed(p) => Ok(p.decode(path, 1, max)?.1),

@@ -9,6 +9,7 @@ pub mod noise;
 pub mod plan;
 pub mod privatize;
 pub mod release;
+pub mod sgd;
 
 pub use gpu::{
     kernel_module, privatize_resident, run_noise_cuda, run_privatize_cuda, GradientElement,
@@ -17,3 +18,4 @@ pub use noise::NoiseKey;
 pub use plan::{GaussianPlan, LaplacePlan};
 pub use privatize::{Gradients, PrivatizeJob, Privatized};
 pub use release::{Mechanism, NoiseJob};
+pub use sgd::{Clipping, SgdPlan};

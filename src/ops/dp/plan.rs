@@ -146,6 +146,19 @@ pub fn calibrate_gaussian(
     })
 }
 
+impl GaussianCalibration {
+    /// The release's RDP at each order.
+    pub fn rdp(&self) -> impl Fn(&[f64]) -> Vec<f64> + Send + 'static {
+        let (sensitivity, sigma) = (self.sensitivity, self.plan.sigma());
+        move |orders| {
+            orders
+                .iter()
+                .map(|&a| accountant::gaussian_rdp(a, sensitivity, sigma))
+                .collect()
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct LaplaceCalibration {
     pub plan: LaplacePlan,
@@ -171,6 +184,19 @@ pub fn calibrate_laplace(
         sensitivity: snapped,
         epsilon: snapped / plan.scale(),
     })
+}
+
+impl LaplaceCalibration {
+    /// The release's RDP at each order: that of an ε-DP mechanism.
+    pub fn rdp(&self) -> impl Fn(&[f64]) -> Vec<f64> + Send + 'static {
+        let epsilon = self.epsilon;
+        move |orders| {
+            orders
+                .iter()
+                .map(|&a| accountant::pure_dp_rdp(a, epsilon))
+                .collect()
+        }
+    }
 }
 
 #[cfg(test)]

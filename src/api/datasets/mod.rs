@@ -1,21 +1,23 @@
-//! Synthetic RF dataset jobs: submit, follow, list, cancel, delete, download.
+//! Synthetic RF dataset jobs: submit, follow, list, cancel, resume, delete (here), their
+//! files (`files`) and their progress as server-sent events (`events`).
+
+pub mod events;
+pub mod files;
 
 use super::auth::{tenant, Tenant};
 use super::domain_errors::submit_refused;
-use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, ApiJson, ApiPath, ApiQuery, AppState, IdParam};
-use crate::datasets::{estimate_bytes, iq_out, sigmf};
+use super::{blocking, ApiJson, ApiPath, AppState, IdParam};
+use crate::datasets::estimate_bytes;
 use crate::ops::rf::scenario::Scenario;
 use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset};
-use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use utoipa::{IntoParams, ToSchema};
+use utoipa::ToSchema;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -451,234 +453,4 @@ pub async fn delete_dataset(
         Ok(StatusCode::NO_CONTENT)
     })
     .await
-}
-
-#[utoipa::path(
-    get, path = "/datasets/{id}/features", tag = "datasets", operation_id = "dataset_features",
-    summary = "The completed dataset as Parquet",
-    description = "One row per accepted sample, in sample-index order: `sample_index`, transmitter truth \
-        (`tx_lat`, `tx_lon`, `tx_alt_m`, `tx_power_dbm`, `tx_modulation`, `tx_inside`), quality (`receivers`, \
-        `receivers_detected`, `mean_snr_db`, `gdop`), and per receiver slot r its truth (`rx{r}_lat`, …, \
-        `rx{r}_rms_delay_spread_us`) and every feature's statistics (`rx{r}_{feature}_{mean|std|min|max}`), \
-        null where a sample has fewer receivers. Snappy-compressed.",
-    params(("id" = String, Path, description = "Dataset id")),
-    responses(
-        (status = 200, description = "Parquet file", content_type = "application/vnd.apache.parquet", body = inline(Binary)),
-        (status = 404, description = "dataset_not_found"),
-        (status = 409, description = "dataset_not_ready: the job has not completed"),
-    ),
-    security((), ("bearer" = []))
-)]
-pub async fn dataset_features(
-    State(state): State<Arc<AppState>>,
-    who: Option<Extension<Tenant>>,
-    ApiPath(IdParam { id }): ApiPath<IdParam>,
-) -> Result<Response, Problem> {
-    let row = find(&state, &tenant(&who), &id).await?;
-    completed(&row, "features are")?;
-    let path = state.datasets.result_path(&id);
-    let file = tokio::fs::File::open(&path)
-        .await
-        .map_err(|e| Problem::internal(format!("{}: {e}", path.display())))?;
-    let len = file.metadata().await.map(|m| m.len()).ok();
-    let stream = tokio_util::io::ReaderStream::new(file);
-    let mut res = Response::new(Body::from_stream(stream));
-    attachment(
-        &mut res,
-        "application/vnd.apache.parquet",
-        &format!("{id}.parquet"),
-    );
-    if let Some(len) = len {
-        res.headers_mut()
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-    }
-    Ok(res)
-}
-
-/// How a recording is served.
-#[derive(Clone, Copy, Debug, Default, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum IqFormat {
-    /// A `.sigmf` tar of the meta and data files.
-    #[default]
-    Archive,
-    /// The `.sigmf-meta` JSON alone.
-    Meta,
-    /// The `.sigmf-data` bytes alone (`cf32_le`).
-    Data,
-}
-
-#[derive(Deserialize, IntoParams)]
-#[into_params(parameter_in = Query)]
-pub struct IqQuery {
-    /// `archive` (default; also when empty), `meta` or `data`.
-    #[param(inline)]
-    pub format: Option<IqFormat>,
-}
-
-/// `/datasets/{id}/samples/{n}/iq/{rx}`.
-#[derive(Deserialize)]
-pub struct SamplePath {
-    id: String,
-    n: u64,
-    rx: u32,
-}
-
-fn sample_not_found(why: String) -> Problem {
-    Problem::new(ErrorCode::SampleNotFound, why)
-}
-
-fn attachment(res: &mut Response, content_type: &'static str, filename: &str) {
-    let h = res.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{filename}\"")) {
-        h.insert(header::CONTENT_DISPOSITION, v);
-    }
-}
-
-#[utoipa::path(
-    get, path = "/datasets/{id}/samples/{n}/iq/{rx}", tag = "datasets", operation_id = "dataset_sample_iq",
-    summary = "One receiver's recording of an iq_raw dataset, as SigMF",
-    description = "Sample `n` is the dataset's row n (0-based, the order of the Parquet file); `rx` is the receiver \
-        (0-based, the Parquet file's `rx{r}_*` slot). The SigMF 1.2 metadata holds the sample rate, the carrier \
-        frequency, the receiver's position as `core:geolocation`, a SHA-512 of the data, and the sample's truth \
-        (transmitter, this receiver, quality) under the `gpu_ops` extension namespace. The data is `cf32_le`.",
-    params(
-        ("id" = String, Path, description = "Dataset id"),
-        ("n" = u64, Path, minimum = 0, maximum = 18446744073709551615_u64, description = "Sample row, 0-based"),
-        ("rx" = u32, Path, minimum = 0, maximum = 4294967295_u64, description = "Receiver, 0-based"),
-        IqQuery,
-    ),
-    responses(
-        (status = 200, description = "By `format`: `archive`, a `.sigmf` tar; `meta`, the SigMF metadata JSON; `data`, the `cf32_le` samples",
-            content((inline(Binary) = "application/x-tar"), (Object = "application/json"), (inline(Binary) = "application/octet-stream"))),
-        (status = 404, description = "dataset_not_found; sample_not_found (no such row or receiver, or a feature_based dataset)"),
-        (status = 409, description = "dataset_not_ready: the job has not completed"),
-        (status = 422, description = "invalid_parameter: an unknown format, or `n` / `rx` not a non-negative integer in range"),
-    ),
-    security((), ("bearer" = []))
-)]
-pub async fn dataset_sample_iq(
-    State(state): State<Arc<AppState>>,
-    who: Option<Extension<Tenant>>,
-    ApiPath(SamplePath { id, n, rx }): ApiPath<SamplePath>,
-    ApiQuery(q): ApiQuery<IqQuery>,
-) -> Result<Response, Problem> {
-    let format = q.format.unwrap_or_default();
-    let row = find(&state, &tenant(&who), &id).await?;
-    completed(&row, "recordings are")?;
-    if row.dataset_type != "iq_raw" {
-        return Err(sample_not_found(
-            "a feature_based dataset keeps no recordings; submit it with dataset_type iq_raw"
-                .into(),
-        ));
-    }
-    let (sample, receiver) = (n, rx);
-    let dir = state.datasets.dataset_dir(&id);
-    blocking(move || {
-        let scenario = stored_scenario(&row)?;
-        let entry = iq_out::entry(&dir, sample)
-            .map_err(Problem::internal)?
-            .ok_or_else(|| {
-                sample_not_found(format!(
-                    "the dataset has {} samples (rows 0 to {})",
-                    row.num_samples,
-                    row.num_samples.saturating_sub(1)
-                ))
-            })?;
-        if receiver >= entry.receivers {
-            return Err(sample_not_found(format!(
-                "sample {sample} has {} receivers (0 to {})",
-                entry.receivers,
-                entry.receivers - 1
-            )));
-        }
-        let len = crate::ops::rf::generate::samples_per_recording(&scenario);
-        let data = iq_out::recording(&dir, &entry, receiver, len).map_err(Problem::internal)?;
-        let id = sigmf::RecordingId {
-            dataset_id: &row.id,
-            seed: row.seed,
-            sample,
-            receiver,
-        };
-        let stem = id.stem();
-        let (body, content_type, filename) = if let IqFormat::Data = format {
-            (
-                data,
-                "application/octet-stream",
-                format!("{stem}.sigmf-data"),
-            )
-        } else {
-            let truth = iq_out::truth(&dir, &entry).map_err(Problem::internal)?;
-            let meta = serde_json::to_vec_pretty(&sigmf::meta(&id, &scenario, &truth, &data))
-                .map_err(|e| Problem::internal(e))?;
-            if let IqFormat::Meta = format {
-                (meta, "application/json", format!("{stem}.sigmf-meta"))
-            } else {
-                let tar = sigmf::archive(&stem, &meta, &data).map_err(|e| Problem::internal(e))?;
-                (tar, "application/x-tar", format!("{stem}.sigmf"))
-            }
-        };
-        let mut res = Response::new(Body::from(body));
-        attachment(&mut res, content_type, &filename);
-        res.headers_mut().insert(
-            header::CACHE_CONTROL,
-            HeaderValue::from_static("private, max-age=86400"),
-        );
-        Ok(res)
-    })
-    .await
-}
-
-/// How often `/datasets/{id}/events` reports.
-const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
-
-#[utoipa::path(
-    get, path = "/datasets/{id}/events", tag = "datasets", operation_id = "dataset_events",
-    summary = "Progress as server-sent events",
-    description = "A `progress` event with the job (as `GET /datasets/{id}`) at once and every 500 ms while it is \
-        queued or running, then one `end` event with its final state, and the stream closes. A job deleted \
-        meanwhile ends the stream without an `end` event.",
-    params(("id" = String, Path, description = "Dataset id")),
-    responses(
-        (status = 200, description = "Server-sent events, each `event: progress` or `event: end` with `data:` one \
-            `DatasetView` as JSON (the schema `#/components/schemas/DatasetView`); `:` comment lines keep the connection alive",
-            content_type = "text/event-stream"),
-        (status = 404, description = "dataset_not_found"),
-    ),
-    security((), ("bearer" = []))
-)]
-pub async fn dataset_events(
-    State(state): State<Arc<AppState>>,
-    who: Option<Extension<Tenant>>,
-    ApiPath(IdParam { id }): ApiPath<IdParam>,
-) -> Result<Response, Problem> {
-    use axum::response::sse::{Event, KeepAlive, Sse};
-    let t = tenant(&who);
-    find(&state, &t, &id).await?;
-    let stream = futures_util::stream::unfold(
-        (state, t, id, true, false),
-        |(state, t, id, first, ended)| async move {
-            if ended {
-                return None;
-            }
-            if !first {
-                tokio::time::sleep(EVENT_INTERVAL).await;
-            }
-            // A job deleted meanwhile ends the stream.
-            let row = find(&state, &t, &id).await.ok()?;
-            let end = row.status.is_final();
-            let event = Event::default()
-                .event(if end { "end" } else { "progress" })
-                .json_data(view(&state, row))
-                .ok()?;
-            Some((
-                Ok::<_, std::convert::Infallible>(event),
-                (state, t, id, false, end),
-            ))
-        },
-    );
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response())
 }

@@ -1,0 +1,424 @@
+//! The dataset worker: runs one job at a time on its own low-priority rayon pool, batch
+//! by batch on the device the backends hand out (or the CPU), accepting samples in
+//! index order, checkpointing at every sealed Parquet part.
+
+use super::checkpoint::{Checkpoint, CHECKPOINT};
+use super::iq_out::IqWriter;
+use super::parquet_out::{self, FeatureWriter};
+use super::{
+    gib, Active, Datasets, DATASET_OP, DISK_RESERVE_BYTES, MAX_ATTEMPTS_PER_SAMPLE, PERSIST_EVERY,
+};
+use crate::backend::{BackendChoice, CudaDevice};
+use crate::ops::rf::dataset::{
+    device_batch, fits_device, records_agree, sample, samples_cuda, Rejection, SampleRecord,
+};
+use crate::ops::rf::generate::{samples_per_recording, GENERATOR_VERSION};
+use crate::ops::rf::rng::dataset_key;
+use crate::ops::rf::scenario::Scenario;
+use crate::store::{Counts, DatasetRow, DatasetStatus};
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The nice value dataset threads run at. They share the cores with request handling
+/// (the CPU executor has `--cpu-threads` threads too): at nice 10 the kernel gives a
+/// runnable request thread about ten times a dataset thread's share, so requests keep
+/// their latency while a dataset job takes whatever CPU they leave.
+pub const DATASET_NICE: i32 = 10;
+
+/// The dataset job's own rayon pool, its threads at `DATASET_NICE`.
+pub(super) fn dataset_pool(threads: usize) -> Result<rayon::ThreadPool, String> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("gpu-ops-dataset-{i}"))
+        .start_handler(|_| lower_priority())
+        .build()
+        .map_err(|e| format!("dataset thread pool: {e}"))
+}
+
+/// Lowers the calling thread to `DATASET_NICE` (never raises it: an unprivileged process
+/// cannot, and one started at a higher nice keeps it). Elsewhere than Linux, a no-op.
+pub(super) fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid and getpriority/setpriority on this thread's own id read and set
+        // only its scheduling priority.
+        unsafe {
+            let tid = libc::gettid() as libc::id_t;
+            let current = libc::getpriority(libc::PRIO_PROCESS, tid);
+            if current < DATASET_NICE
+                && libc::setpriority(libc::PRIO_PROCESS, tid, DATASET_NICE) != 0
+            {
+                tracing::warn!(
+                    error = %std::io::Error::last_os_error(),
+                    "cannot lower a dataset thread's priority; it competes with requests as an equal"
+                );
+            }
+        }
+    }
+}
+
+impl Datasets {
+    /// The device a dataset batch runs on, if any: the backends' next healthy GPU (the
+    /// choice request jobs get), `--backend` not `cpu`, no earlier disagreement, and a
+    /// scenario whose segments `rf_chunk_reduce` takes.
+    fn dataset_device(&self, s: &Scenario) -> Option<Arc<CudaDevice>> {
+        if self.backends.mode == BackendChoice::Cpu
+            || self.device_distrusted.load(Ordering::Relaxed)
+            || !fits_device(s)
+        {
+            return None;
+        }
+        self.backends.pick_gpu()
+    }
+
+    /// A batch's records from the device, or None when it failed or (on a job's first
+    /// device batch, `checked` false) its first sample disagreed with the CPU's: the
+    /// caller then runs the batch on the CPU. A fatal error takes the device out of
+    /// service, a disagreement takes every device off datasets.
+    #[allow(clippy::too_many_arguments)]
+    fn device_records(
+        &self,
+        dev: &CudaDevice,
+        pool: &rayon::ThreadPool,
+        s: &Scenario,
+        key: u64,
+        indices: std::ops::Range<u64>,
+        keep_iq: bool,
+        checked: bool,
+    ) -> Option<Vec<SampleRecord>> {
+        let first = indices.start;
+        // The lease binds the device's context to the thread that runs the batch.
+        let result = pool.install(|| {
+            let lease = dev.lease()?;
+            samples_cuda(s, key, indices, keep_iq, &lease)
+        });
+        let records = match result {
+            Ok(records) => records,
+            Err(e) => {
+                self.backends.device_failed(dev, DATASET_OP, &e, true);
+                return None;
+            }
+        };
+        if !checked {
+            let cpu = pool.install(|| sample(s, key, first, keep_iq).0);
+            if let Err(why) = records_agree(&records[0], &cpu) {
+                tracing::error!(device = dev.info.ordinal, sample = first, disagreement = %why, "the device's dataset sample disagrees with the CPU's; datasets stay on the CPU");
+                self.device_distrusted.store(true, Ordering::Relaxed);
+                self.backends.count_fallback(DATASET_OP, "parity");
+                return None;
+            }
+        }
+        self.metrics
+            .dataset_batches
+            .with_label_values(&["cuda"])
+            .inc();
+        Some(records)
+    }
+
+    pub(super) fn run(&self, id: &str, pool: &rayon::ThreadPool) {
+        let Some(active) = self.lock().get(id).cloned() else {
+            return;
+        };
+        let outcome = self.run_job(id, &active, pool);
+        let counts = active
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .counts
+            .clone();
+        let (status, error) = match outcome {
+            Ok(DatasetStatus::Cancelled) if self.stopping.load(Ordering::SeqCst) => (
+                DatasetStatus::Interrupted,
+                Some("the server shut down before the job finished; POST /datasets/{id}/resume continues it from its last checkpoint".to_string()),
+            ),
+            Ok(status) => (status, None),
+            Err(e) => {
+                tracing::error!(dataset = %id, error = %e, "dataset job failed");
+                (DatasetStatus::Failed, Some(e))
+            }
+        };
+        // An interrupted job keeps its parts and checkpoint for `resume`.
+        if status != DatasetStatus::Completed && status != DatasetStatus::Interrupted {
+            let _ = std::fs::remove_dir_all(self.dir.join(id));
+        }
+        self.metrics
+            .dataset_jobs
+            .with_label_values(&[status.name()])
+            .inc();
+        match self
+            .store
+            .update_dataset(id, status, &counts, error.as_deref())
+        {
+            // Only now are the parts and the checkpoint no longer needed for a resume.
+            Ok(()) if status == DatasetStatus::Completed => {
+                parquet_out::remove_parts(&self.result_path(id));
+                let _ = std::fs::remove_file(self.dir.join(id).join(CHECKPOINT));
+            }
+            Ok(()) => {}
+            Err(e) => {
+                tracing::error!(dataset = %id, error = %e, "cannot record the dataset job's end")
+            }
+        }
+        self.lock().remove(id);
+    }
+
+    fn run_job(
+        &self,
+        id: &str,
+        active: &Active,
+        pool: &rayon::ThreadPool,
+    ) -> Result<DatasetStatus, String> {
+        // Cancelled or deleted while queued.
+        if active.cancel.load(Ordering::SeqCst) {
+            return Ok(DatasetStatus::Cancelled);
+        }
+        let row = self
+            .store
+            .dataset_any(id)?
+            .ok_or("the job was deleted before it started")?;
+        let scenario: Scenario =
+            serde_json::from_str(&row.config).map_err(|e| format!("stored config: {e}"))?;
+        let dir = self.dir.join(id);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{id}: {e}"))?;
+        // A resumed job continues from its last checkpoint; anything written after it is
+        // cut off. A new job (or one interrupted before its first checkpoint) starts at 0.
+        let at = match Checkpoint::load(&dir)? {
+            Some(c) => {
+                c.check_generator()?;
+                tracing::info!(dataset = %id, valid = c.counts.valid, next = c.next_index, "resuming dataset job from its checkpoint");
+                c
+            }
+            None => Checkpoint::default(),
+        };
+        let keep_iq = row.dataset_type == "iq_raw";
+        let mut files = JobFiles::open(dir, &self.result_path(id), &scenario, &row, keep_iq, &at)?;
+        let mut counts = at.counts.clone();
+        active.set_progress(|p| {
+            p.started = Some(Instant::now());
+            p.resumed_from = counts.valid;
+            p.counts = counts.clone();
+        });
+        self.store
+            .update_dataset(id, DatasetStatus::Running, &counts, None)?;
+        let key = dataset_key(row.seed);
+        let target = row.num_samples;
+        let mut device = DeviceUse::default();
+        let mut next = at.next_index;
+        let mut persisted = Instant::now();
+        while counts.valid < target {
+            if active.cancel.load(Ordering::SeqCst) {
+                return Ok(DatasetStatus::Cancelled);
+            }
+            may_continue(&files.dir, &counts, next, target)?;
+            let records = self.next_records(&mut device, pool, &scenario, key, next, keep_iq);
+            next += records.len() as u64;
+            for rec in &records {
+                let outcome = files.accept(rec, &mut counts)?;
+                self.metrics
+                    .dataset_samples
+                    .with_label_values(&[outcome])
+                    .inc();
+                if counts.valid == target {
+                    break;
+                }
+            }
+            active.set_progress(|p| p.counts = counts.clone());
+            if persisted.elapsed() >= PERSIST_EVERY {
+                self.store
+                    .update_dataset(id, DatasetStatus::Running, &counts, None)?;
+                persisted = Instant::now();
+            }
+        }
+        files.finish()?;
+        Ok(DatasetStatus::Completed)
+    }
+
+    /// The next batch from `next` on: on the device while the job may use one, else on
+    /// the dataset pool's CPU threads.
+    fn next_records(
+        &self,
+        device: &mut DeviceUse,
+        pool: &rayon::ThreadPool,
+        scenario: &Scenario,
+        key: u64,
+        next: u64,
+        keep_iq: bool,
+    ) -> Vec<SampleRecord> {
+        let dev = device
+            .usable
+            .then(|| self.dataset_device(scenario))
+            .flatten();
+        let on_device = dev.and_then(|dev| {
+            let indices = next..next + device_batch(scenario);
+            let records =
+                self.device_records(&dev, pool, scenario, key, indices, keep_iq, device.checked);
+            (device.checked, device.usable) = (true, records.is_some());
+            records
+        });
+        on_device.unwrap_or_else(|| {
+            self.metrics
+                .dataset_batches
+                .with_label_values(&["cpu"])
+                .inc();
+            let batch = (pool.current_num_threads() * 4) as u64;
+            pool.install(|| {
+                (next..next + batch)
+                    .into_par_iter()
+                    .map(|n| sample(scenario, key, n, keep_iq).0)
+                    .collect()
+            })
+        })
+    }
+}
+
+/// Whether a job's batches may use a device: checked against the CPU on its first device
+/// batch, and left for the rest of the job after any failure (an out-of-memory batch
+/// would fail again).
+struct DeviceUse {
+    checked: bool,
+    usable: bool,
+}
+
+impl Default for DeviceUse {
+    fn default() -> Self {
+        Self {
+            checked: false,
+            usable: true,
+        }
+    }
+}
+
+/// Stops a job that would fill the disk or whose filters reject nearly everything.
+fn may_continue(dir: &Path, counts: &Counts, next: u64, target: u64) -> Result<(), String> {
+    let free = fs4::available_space(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if free < DISK_RESERVE_BYTES {
+        return Err(format!(
+            "the disk under --data-dir has only {} free (the reserve is {}); the job stopped before filling it",
+            gib(free),
+            gib(DISK_RESERVE_BYTES)
+        ));
+    }
+    if next >= target.saturating_mul(MAX_ATTEMPTS_PER_SAMPLE).max(1000) {
+        return Err(format!(
+            "only {} of {} attempted samples passed the quality filters; at most {MAX_ATTEMPTS_PER_SAMPLE} attempts per requested sample are made (relax config.quality)",
+            counts.valid, counts.attempted
+        ));
+    }
+    Ok(())
+}
+
+/// A running job's files: the features' Parquet parts, the recordings for `iq_raw`, and
+/// the checkpoint written whenever a part is sealed.
+struct JobFiles {
+    dir: PathBuf,
+    features: FeatureWriter,
+    recordings: Option<IqWriter>,
+}
+
+impl JobFiles {
+    /// Opens the job's files, cut back to the checkpoint `at` (the default for a new job).
+    fn open(
+        dir: PathBuf,
+        result: &Path,
+        scenario: &Scenario,
+        row: &DatasetRow,
+        keep_iq: bool,
+        at: &Checkpoint,
+    ) -> Result<Self, String> {
+        let features = FeatureWriter::open(
+            result,
+            scenario.receiver_slots(),
+            parquet_out::rows_per_part(row.num_samples),
+            at.parts,
+        )?;
+        let recordings = keep_iq
+            .then(|| {
+                IqWriter::open(
+                    &dir,
+                    samples_per_recording(scenario),
+                    at.iq.clone().unwrap_or_default(),
+                )
+            })
+            .transpose()?;
+        Ok(Self {
+            dir,
+            features,
+            recordings,
+        })
+    }
+
+    /// Counts `rec` and, when it passed the filters, writes it; returns its outcome
+    /// for the samples metric.
+    fn accept(&mut self, rec: &SampleRecord, counts: &mut Counts) -> Result<&'static str, String> {
+        counts.attempted += 1;
+        let outcome = match rec.rejected {
+            None => "accepted",
+            Some(Rejection::TooFewReceivers) => {
+                counts.rejected_too_few_receivers += 1;
+                return Ok("too_few_receivers");
+            }
+            Some(Rejection::LowSnr) => {
+                counts.rejected_low_snr += 1;
+                return Ok("low_snr");
+            }
+            Some(Rejection::HighGdop) => {
+                counts.rejected_high_gdop += 1;
+                return Ok("high_gdop");
+            }
+        };
+        let sealed = self.features.push(rec)?;
+        if let (Some(w), Some(iq)) = (self.recordings.as_mut(), rec.iq.as_ref()) {
+            w.push(rec, iq)?;
+        }
+        counts.valid += 1;
+        if sealed {
+            let iq = self
+                .recordings
+                .as_mut()
+                .map(IqWriter::checkpoint)
+                .transpose()?;
+            Checkpoint {
+                next_index: rec.index + 1,
+                counts: counts.clone(),
+                parts: self.features.parts(),
+                iq,
+                generator: GENERATOR_VERSION,
+            }
+            .save(&self.dir)?;
+        }
+        Ok(outcome)
+    }
+
+    fn finish(self) -> Result<(), String> {
+        if let Some(w) = self.recordings {
+            w.finish()?;
+        }
+        self.features.finish()
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+
+    fn nice() -> i32 {
+        // SAFETY: reads the calling thread's own priority.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
+    #[test]
+    fn dataset_threads_run_below_request_threads() {
+        let own = nice();
+        let pool = dataset_pool(2).unwrap();
+        let theirs = pool.broadcast(|_| nice());
+        assert_eq!(theirs.len(), 2);
+        for n in theirs {
+            assert!(n >= DATASET_NICE, "a dataset thread at nice {n}");
+        }
+        // Only the pool's threads: the caller keeps its own priority.
+        assert_eq!(nice(), own);
+    }
+}
