@@ -339,7 +339,7 @@ impl JobFiles {
                 IqWriter::open(
                     &dir,
                     samples_per_recording(scenario),
-                    at.iq.clone().unwrap_or_default(),
+                    at.iq.unwrap_or_default(),
                 )
             })
             .transpose()?;

@@ -31,7 +31,9 @@ pub struct BatchConfig {
     pub max_elements: usize,
 }
 
-type Reply<J> = oneshot::Sender<Result<Completed<<J as crate::backend::Job>::Output>, JobError>>;
+/// What a batched caller gets back: its own part of the output, or the batch's error.
+type Answer<J> = Result<Completed<<J as crate::backend::Job>::Output>, JobError>;
+type Reply<J> = oneshot::Sender<Answer<J>>;
 
 /// One caller's job waiting to be batched.
 struct Pending<J: Batchable> {
@@ -66,7 +68,7 @@ impl Batcher {
         job: J,
         backend: BackendChoice,
         deadline: Instant,
-    ) -> Result<oneshot::Receiver<Result<Completed<J::Output>, JobError>>, J> {
+    ) -> Result<oneshot::Receiver<Answer<J>>, J> {
         let small = job.size() < job.gpu_threshold().min(self.config.max_elements);
         let enabled = match self.config.mode {
             BatchMode::Off => false,

@@ -7,12 +7,14 @@ use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{blocking, ApiPath, ApiQuery, AppState, IdParam};
 use crate::datasets::{iq_out, sigmf};
+use crate::store::DatasetRow;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use axum::Extension;
 use serde::Deserialize;
+use std::path::Path;
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
@@ -136,59 +138,67 @@ pub async fn dataset_sample_iq(
                 .into(),
         ));
     }
-    let (sample, receiver) = (n, rx);
     let dir = state.datasets.dataset_dir(&id);
-    blocking(move || {
-        let scenario = stored_scenario(&row)?;
-        let entry = iq_out::entry(&dir, sample)
-            .map_err(Problem::internal)?
-            .ok_or_else(|| {
-                sample_not_found(format!(
-                    "the dataset has {} samples (rows 0 to {})",
-                    row.num_samples,
-                    row.num_samples.saturating_sub(1)
-                ))
-            })?;
-        if receiver >= entry.receivers {
-            return Err(sample_not_found(format!(
-                "sample {sample} has {} receivers (0 to {})",
-                entry.receivers,
-                entry.receivers - 1
-            )));
-        }
-        let len = crate::ops::rf::generate::samples_per_recording(&scenario);
-        let data = iq_out::recording(&dir, &entry, receiver, len).map_err(Problem::internal)?;
-        let id = sigmf::RecordingId {
-            dataset_id: &row.id,
-            seed: row.seed,
-            sample,
-            receiver,
-        };
-        let stem = id.stem();
-        let (body, content_type, filename) = if let IqFormat::Data = format {
-            (
-                data,
-                "application/octet-stream",
-                format!("{stem}.sigmf-data"),
-            )
-        } else {
-            let truth = iq_out::truth(&dir, &entry).map_err(Problem::internal)?;
+    blocking(move || recording_file(&dir, &row, n, rx, format)).await
+}
+
+/// Receiver `receiver`'s recording of row `sample` in `format`, as an attachment.
+fn recording_file(
+    dir: &Path,
+    row: &DatasetRow,
+    sample: u64,
+    receiver: u32,
+    format: IqFormat,
+) -> Result<Response, Problem> {
+    let scenario = stored_scenario(row)?;
+    let entry = iq_out::entry(dir, sample)
+        .map_err(Problem::internal)?
+        .ok_or_else(|| {
+            sample_not_found(format!(
+                "the dataset has {} samples (rows 0 to {})",
+                row.num_samples,
+                row.num_samples.saturating_sub(1)
+            ))
+        })?;
+    if receiver >= entry.receivers {
+        return Err(sample_not_found(format!(
+            "sample {sample} has {} receivers (0 to {})",
+            entry.receivers,
+            entry.receivers - 1
+        )));
+    }
+    let len = crate::ops::rf::generate::samples_per_recording(&scenario);
+    let data = iq_out::recording(dir, &entry, receiver, len).map_err(Problem::internal)?;
+    let id = sigmf::RecordingId {
+        dataset_id: &row.id,
+        seed: row.seed,
+        sample,
+        receiver,
+    };
+    let stem = id.stem();
+    let (body, content_type, filename) = match format {
+        IqFormat::Data => (
+            data,
+            "application/octet-stream",
+            format!("{stem}.sigmf-data"),
+        ),
+        IqFormat::Meta | IqFormat::Archive => {
+            let truth = iq_out::truth(dir, &entry).map_err(Problem::internal)?;
             let meta = serde_json::to_vec_pretty(&sigmf::meta(&id, &scenario, &truth, &data))
-                .map_err(|e| Problem::internal(e))?;
+                .map_err(Problem::internal)?;
             if let IqFormat::Meta = format {
                 (meta, "application/json", format!("{stem}.sigmf-meta"))
             } else {
-                let tar = sigmf::archive(&stem, &meta, &data).map_err(|e| Problem::internal(e))?;
+                let tar = sigmf::archive(&stem, &meta, &data).map_err(Problem::internal)?;
                 (tar, "application/x-tar", format!("{stem}.sigmf"))
             }
-        };
-        let mut res = Response::new(Body::from(body));
-        attachment(&mut res, content_type, &filename);
-        res.headers_mut().insert(
-            header::CACHE_CONTROL,
-            HeaderValue::from_static("private, max-age=86400"),
-        );
-        Ok(res)
-    })
-    .await
+        }
+    };
+    let mut res = Response::new(Body::from(body));
+    attachment(&mut res, content_type, &filename);
+    res.headers_mut().insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, max-age=86400"),
+    );
+    Ok(res)
 }

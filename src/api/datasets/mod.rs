@@ -8,6 +8,7 @@ use super::auth::{tenant, Tenant};
 use super::domain_errors::submit_refused;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, ApiJson, ApiPath, AppState, IdParam};
+use crate::config::Config;
 use crate::datasets::estimate_bytes;
 use crate::ops::rf::scenario::Scenario;
 use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset};
@@ -104,6 +105,80 @@ pub struct DatasetView {
 #[derive(Serialize, ToSchema)]
 pub struct DatasetList {
     pub datasets: Vec<DatasetView>,
+}
+
+impl CreateDatasetRequest {
+    /// The catalog row to submit and the most bytes its files may take, or the first
+    /// field the server refuses.
+    fn admit(self, cfg: &Config, tenant: String) -> Result<(NewDataset, u64), Problem> {
+        let name = self.name.trim().to_string();
+        if name.is_empty() || name.chars().count() > 200 {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/name",
+                "1 to 200 characters",
+            ));
+        }
+        let max = cfg.max_dataset_samples;
+        if self.num_samples == 0 || self.num_samples > max {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/num_samples",
+                format!("must be 1 to {max} (--max-dataset-samples)"),
+            ));
+        }
+        self.config.validate().map_err(|e| e.under("config"))?;
+        let iq_raw = self.dataset_type == DatasetType::IqRaw;
+        let estimate = self.estimate(cfg.max_dataset_bytes)?;
+        let new = NewDataset {
+            tenant,
+            name,
+            dataset_type: if iq_raw { "iq_raw" } else { "feature_based" }.into(),
+            num_samples: self.num_samples,
+            seed: self.seed()?,
+            config: serde_json::to_string(&self.config).map_err(Problem::internal)?,
+        };
+        Ok((new, estimate))
+    }
+
+    /// `estimate_bytes`, within `--max-dataset-bytes`.
+    fn estimate(&self, max_bytes: u64) -> Result<u64, Problem> {
+        let iq_raw = self.dataset_type == DatasetType::IqRaw;
+        let estimate = estimate_bytes(&self.config, iq_raw, self.num_samples);
+        if estimate > max_bytes {
+            let fits = max_bytes / estimate_bytes(&self.config, iq_raw, 1).max(1);
+            return Err(Problem::at(
+                ErrorCode::DatasetTooLarge,
+                "/num_samples",
+                format!(
+                    "the dataset may take up to {estimate} bytes and --max-dataset-bytes allows {max_bytes}; \
+                     with this config at most {fits} samples fit"
+                ),
+            ));
+        }
+        Ok(estimate)
+    }
+
+    /// The given seed, or one from OS entropy; below 2^63, as SQLite integers are signed.
+    fn seed(&self) -> Result<u64, Problem> {
+        let seed = match self.seed {
+            Some(s) => s,
+            None => {
+                let mut b = [0u8; 8];
+                getrandom::fill(&mut b)
+                    .map_err(|e| Problem::internal(format!("no OS entropy: {e}")))?;
+                u64::from_le_bytes(b) >> 1
+            }
+        };
+        if seed > i64::MAX as u64 {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/seed",
+                "must be below 2^63",
+            ));
+        }
+        Ok(seed)
+    }
 }
 
 fn view(state: &AppState, row: DatasetRow) -> DatasetView {
@@ -237,62 +312,8 @@ pub async fn create_dataset(
     who: Option<Extension<Tenant>>,
     ApiJson(req): ApiJson<CreateDatasetRequest>,
 ) -> Result<Response, Problem> {
-    let name = req.name.trim().to_string();
-    if name.is_empty() || name.chars().count() > 200 {
-        return Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/name",
-            "1 to 200 characters",
-        ));
-    }
-    let max = state.settings.config.max_dataset_samples;
-    if req.num_samples == 0 || req.num_samples > max {
-        return Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/num_samples",
-            format!("must be 1 to {max} (--max-dataset-samples)"),
-        ));
-    }
-    req.config.validate().map_err(|e| e.under("config"))?;
-    let iq_raw = req.dataset_type == DatasetType::IqRaw;
-    let estimate = estimate_bytes(&req.config, iq_raw, req.num_samples);
-    let max_bytes = state.settings.config.max_dataset_bytes;
-    if estimate > max_bytes {
-        let fits = max_bytes / estimate_bytes(&req.config, iq_raw, 1).max(1);
-        return Err(Problem::at(
-            ErrorCode::DatasetTooLarge,
-            "/num_samples",
-            format!(
-                "the dataset may take up to {estimate} bytes and --max-dataset-bytes allows {max_bytes}; \
-                 with this config at most {fits} samples fit"
-            ),
-        ));
-    }
-    let seed = match req.seed {
-        Some(s) => s,
-        None => {
-            let mut b = [0u8; 8];
-            getrandom::fill(&mut b)
-                .map_err(|e| Problem::internal(format!("no OS entropy: {e}")))?;
-            u64::from_le_bytes(b) >> 1 // SQLite integers are signed
-        }
-    };
-    if seed > i64::MAX as u64 {
-        return Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/seed",
-            "must be below 2^63",
-        ));
-    }
-    let config = serde_json::to_string(&req.config).map_err(|e| Problem::internal(e))?;
-    let new = NewDataset {
-        tenant: tenant(&who),
-        name,
-        dataset_type: if iq_raw { "iq_raw" } else { "feature_based" }.into(),
-        num_samples: req.num_samples,
-        seed,
-        config,
-    };
+    let cfg = &state.settings.config;
+    let (new, estimate) = req.admit(cfg, tenant(&who))?;
     let id = new_id()?;
     let st = state.clone();
     let row = blocking(move || {

@@ -1,0 +1,186 @@
+use super::*;
+use crate::ops::zk::samples::random_elements;
+use ark_poly::{EvaluationDomain, Radix2EvaluationDomain};
+
+fn job(d: Direction, v: FieldVec, batch: usize, i: Order, o: Order, s: Option<U256>) -> NttJob {
+    NttJob::new(d, v, batch, i, o, s, 30).unwrap()
+}
+
+#[test]
+fn roots_have_exact_order_n() {
+    use crate::ops::zk::{FieldBinaryJob, FieldOp};
+    for field in Field::ALL {
+        for log_n in [2u32, 5, 16] {
+            let n = 1usize << log_n;
+            // ω^(n/2) = −1 exactly when ω (with ω^n = 1) has order n.
+            let tw = device_tables(field, n, Direction::Forward, None).0;
+            let at = |k: usize| FieldVec::from_integers(field, &[tw.get(k)]).unwrap();
+            let half = FieldBinaryJob::new(FieldOp::Mul, at(n / 2 - 1), at(1))
+                .unwrap()
+                .run_cpu();
+            assert_eq!(
+                half.get(0),
+                sub_small(field.modulus(), 1),
+                "{field:?} n=2^{log_n}"
+            );
+        }
+    }
+}
+
+#[test]
+fn round_trips_in_every_order_with_and_without_a_coset() {
+    for field in Field::ALL {
+        for log_n in [0u32, 1, 3, 10] {
+            let n = 1usize << log_n;
+            let xs = random_elements(field, 3 * n, 77);
+            let v = FieldVec::from_integers(field, &xs).unwrap();
+            for shift in [None, Some(U256::from_u64(field.generator()))] {
+                for (i, o) in [
+                    (Order::Natural, Order::BitReversed),
+                    (Order::BitReversed, Order::Natural),
+                    (Order::Natural, Order::Natural),
+                ] {
+                    let fwd = job(Direction::Forward, v.clone(), 3, i, o, shift).run_cpu();
+                    let back = job(Direction::Inverse, fwd, 3, o, i, shift).run_cpu();
+                    assert_eq!(back, v, "{field:?} n={n} {i:?}->{o:?} shift={shift:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn agrees_with_ark_poly_domains_including_cosets() {
+    fn check<C: MontConfig<4>>(field: Field) {
+        for log_n in [1u32, 4, 12] {
+            let n = 1usize << log_n;
+            let xs = random_elements(field, n, 5);
+            let v = FieldVec::from_integers(field, &xs).unwrap();
+            let coeffs: Vec<Fp<C>> = xs.iter().map(|x| from_limbs::<C>(&x.0)).collect();
+            let domain = Radix2EvaluationDomain::<Fp<C>>::new(n).unwrap();
+            let want: Vec<[u64; 4]> = domain.fft(&coeffs).into_iter().map(to_limbs).collect();
+            let got = job(
+                Direction::Forward,
+                v.clone(),
+                1,
+                Order::Natural,
+                Order::Natural,
+                None,
+            )
+            .run_cpu();
+            assert_eq!(
+                got.to_le_bytes(),
+                FieldVec::from_integers(field, &want.iter().map(|l| U256(*l)).collect::<Vec<_>>())
+                    .unwrap()
+                    .to_le_bytes()
+            );
+            let shift = Fp::<C>::from(9u64);
+            let coset = domain.get_coset(shift).unwrap();
+            let want: Vec<U256> = coset
+                .fft(&coeffs)
+                .into_iter()
+                .map(|x| U256(to_limbs(x)))
+                .collect();
+            let got = job(
+                Direction::Forward,
+                v,
+                1,
+                Order::Natural,
+                Order::Natural,
+                Some(U256::from_u64(9)),
+            )
+            .run_cpu();
+            assert_eq!(
+                got,
+                FieldVec::from_integers(field, &want).unwrap(),
+                "{field:?} coset n={n}"
+            );
+        }
+    }
+    check::<ark_bn254::FrConfig>(Field::Bn254Fr);
+    check::<ark_bls12_381::FrConfig>(Field::Bls12_381Fr);
+}
+
+#[test]
+fn small_fields_match_the_definition() {
+    // X_k = Σ_j x_j ω^(jk), evaluated naively.
+    for field in [Field::Goldilocks, Field::BabyBear] {
+        let n = 16;
+        let xs = random_elements(field, n, 3);
+        let v = FieldVec::from_integers(field, &xs).unwrap();
+        let got = job(
+            Direction::Forward,
+            v,
+            1,
+            Order::Natural,
+            Order::Natural,
+            None,
+        )
+        .run_cpu();
+        let tw = device_tables(field, 2 * n, Direction::Forward, None).0; // ω_{2n}^k; ω_n = ω_{2n}^2
+        let p = num_bigint::BigUint::from_bytes_le(
+            &field
+                .modulus()
+                .0
+                .iter()
+                .flat_map(|l| l.to_le_bytes())
+                .collect::<Vec<_>>(),
+        );
+        let big = |u: U256| {
+            num_bigint::BigUint::from_bytes_le(
+                &u.0.iter().flat_map(|l| l.to_le_bytes()).collect::<Vec<_>>(),
+            )
+        };
+        let omega = (big(tw.get(1)) * big(tw.get(1))) % &p;
+        for k in 0..n {
+            let mut acc = num_bigint::BigUint::from(0u32);
+            for (j, x) in xs.iter().enumerate() {
+                acc = (acc + big(*x) * omega.modpow(&((j * k) as u64).into(), &p)) % &p;
+            }
+            assert_eq!(big(got.get(k)), acc, "{field:?} k={k}");
+        }
+    }
+}
+
+#[test]
+fn shapes_are_checked() {
+    let v = |n| FieldVec::from_integers(Field::BabyBear, &vec![U256::from_u64(1); n]).unwrap();
+    let new = |v, b, s| {
+        NttJob::new(
+            Direction::Forward,
+            v,
+            b,
+            Order::Natural,
+            Order::Natural,
+            s,
+            30,
+        )
+    };
+    assert_eq!(
+        new(v(12), 1, None).unwrap_err(),
+        NttShape::NotPowerOfTwo { n: 12 }
+    );
+    assert_eq!(
+        new(v(12), 5, None).unwrap_err(),
+        NttShape::Uneven { len: 12, batch: 5 }
+    );
+    assert_eq!(new(v(12), 3, None).unwrap().size(), 4);
+    assert_eq!(new(v(8), 0, None).unwrap_err(), NttShape::ZeroBatch);
+    assert_eq!(
+        new(v(8), 1, Some(U256::ZERO)).unwrap_err(),
+        NttShape::ZeroShift
+    );
+    let too_big = NttJob::new(
+        Direction::Forward,
+        v(8),
+        1,
+        Order::Natural,
+        Order::Natural,
+        None,
+        2,
+    );
+    assert_eq!(
+        too_big.unwrap_err(),
+        NttShape::TooLarge { n: 8, max_log2: 2 }
+    );
+}
