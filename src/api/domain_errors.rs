@@ -1,12 +1,13 @@
 //! Every domain error becomes a problem here, once: its code, its status (through the
 //! code) and the field it names. Handlers use `?`; where the field depends on the
-//! request's shape, the mapping takes that shape (`msm_shape`, `submit_refused`).
+//! request's shape, the mapping takes that shape (`msm_shape`, `submit_refused`,
+//! `charge_refused`, `invalid_points`).
 
 use super::problem::{ErrorCode, FieldIssue, Problem};
 use crate::datasets::SubmitError;
 use crate::ops::invalid::{Invalid, Segment};
 use crate::ops::rf::ExtractError;
-use crate::ops::zk::msm::MsmShape;
+use crate::ops::zk::msm::{MsmShape, PointErrors};
 use crate::ops::zk::ntt::NttShape;
 use crate::ops::zk::{InvError, LengthMismatch, PowShape};
 use crate::pool::JobError;
@@ -59,17 +60,27 @@ impl From<StoreError> for Problem {
     }
 }
 
+/// A budget named in the path (`/dp/budgets/{id}`); `charge_refused` for one named in a
+/// release's body.
 impl From<BudgetError> for Problem {
     fn from(e: BudgetError) -> Self {
         match e {
-            BudgetError::NotFound => {
-                Problem::at(ErrorCode::BudgetNotFound, "/budget_id", "no such budget")
-            }
+            BudgetError::NotFound => Problem::new(ErrorCode::BudgetNotFound, "no such budget"),
             e @ BudgetError::Exhausted { .. } => {
                 Problem::new(ErrorCode::BudgetExhausted, e.to_string())
             }
             BudgetError::Storage(e) => e.into(),
         }
+    }
+}
+
+/// A charge (or refund) to the budget a release names in its `budget_id`.
+pub(crate) fn charge_refused(e: BudgetError) -> Problem {
+    match e {
+        BudgetError::NotFound => {
+            Problem::at(ErrorCode::BudgetNotFound, "/budget_id", "no such budget")
+        }
+        e => e.into(),
     }
 }
 
@@ -142,6 +153,27 @@ pub(crate) fn msm_shape(e: MsmShape, batched: bool) -> Problem {
     Problem::at(code, path, e.to_string())
 }
 
+/// Points of `/zk/msm` off the curve or out of the subgroup: each listed at `/points/i`.
+pub(crate) fn invalid_points(e: PointErrors) -> Problem {
+    let issues: Vec<FieldIssue> = e
+        .listed
+        .iter()
+        .map(|(i, m)| FieldIssue {
+            path: format!("/points/{i}"),
+            message: m.clone(),
+        })
+        .collect();
+    let detail = match issues.as_slice() {
+        [one] if e.count == 1 => format!("{}: {}", one.path, one.message),
+        _ => format!(
+            "{} invalid point(s); the first {} are listed",
+            e.count,
+            issues.len()
+        ),
+    };
+    Problem::new(ErrorCode::InvalidPoint, detail).with_errors(issues)
+}
+
 /// `/rf/features`: the recording or its chunking.
 impl From<ExtractError> for Problem {
     fn from(e: ExtractError) -> Self {
@@ -167,7 +199,8 @@ pub(crate) fn submit_refused(e: SubmitError, pointer: Option<&str>) -> Problem {
             retry_after_secs: Some(60),
             ..Problem::new(ErrorCode::QueueFull, e.to_string())
         },
-        SubmitError::Storage(m) => Problem::new(ErrorCode::Internal, m),
+        SubmitError::Storage(m) => Problem::internal(m),
+        SubmitError::Catalog(e) => e.into(),
         SubmitError::NotResumable(_) => Problem::new(ErrorCode::DatasetNotResumable, e.to_string()),
     }
 }

@@ -1,8 +1,8 @@
 //! `POST /zk/msm`: multi-scalar multiplication over G1 of BN254 and BLS12-381.
 
-use super::domain_errors::msm_shape;
+use super::domain_errors::{invalid_points, msm_shape};
 use super::elements::{Elements, ElementsDoc, Encoding};
-use super::problem::{ErrorCode, FieldIssue, Problem};
+use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::msm::{Curve, MsmJob, PointErrors, Points, RawPoint};
@@ -164,7 +164,7 @@ impl PointsIn {
                 ))
             }
         };
-        checked.map_err(|e| point_problem(e, |i| format!("/points/{i}")))
+        checked.map_err(|e| invalid_points(e))
     }
 }
 
@@ -195,7 +195,7 @@ fn parse_list(list: &[Option<PointStrings>]) -> Result<Vec<RawPoint>, Problem> {
         raw.push(None);
     }
     if errors.count > 0 {
-        return Err(point_problem(errors, |i| format!("/points/{i}")));
+        return Err(invalid_points(errors));
     }
     Ok(raw)
 }
@@ -212,26 +212,6 @@ fn parse_uint(s: &str) -> Result<BigUint, String> {
     }
     BigUint::parse_bytes(digits.as_bytes(), radix)
         .ok_or_else(|| format!("{s:.40}: not a decimal or 0x-hex coordinate"))
-}
-
-fn point_problem(e: PointErrors, path: impl Fn(usize) -> String) -> Problem {
-    let issues: Vec<FieldIssue> = e
-        .listed
-        .iter()
-        .map(|(i, m)| FieldIssue {
-            path: path(*i),
-            message: m.clone(),
-        })
-        .collect();
-    let detail = match issues.as_slice() {
-        [one] if e.count == 1 => format!("{}: {}", one.path, one.message),
-        _ => format!(
-            "{} invalid point(s); the first {} are listed",
-            e.count,
-            issues.len()
-        ),
-    };
-    Problem::new(ErrorCode::InvalidPoint, detail).with_errors(issues)
 }
 
 impl<'de> Deserialize<'de> for PointsIn {

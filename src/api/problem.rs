@@ -112,12 +112,12 @@ impl Problem {
         }
     }
 
-    /// A problem about one field of the request.
     /// 500 `internal`: a failure of the server's own, not of the request.
     pub fn internal(detail: impl std::fmt::Display) -> Self {
         Self::new(ErrorCode::Internal, detail.to_string())
     }
 
+    /// A problem about one field of the request, at its JSON pointer.
     pub fn at(code: ErrorCode, path: impl Into<String>, message: impl Into<String>) -> Self {
         let message = message.into();
         let path = path.into();

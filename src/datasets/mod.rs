@@ -9,10 +9,12 @@
 //! target, so the file does not depend on thread count or batch size.
 //!
 //! With a healthy GPU (and `--backend` not `cpu`) a batch's recordings are written and
-//! reduced to chunk sums on the device (`dataset::samples_cuda`); the first device batch
-//! of every job is checked against the CPU on its first sample. A disagreement keeps
-//! datasets off every device until restart; a device error leaves the device for the rest
-//! of that job. Either way the batch reruns on the CPU and nothing is lost.
+//! reduced to chunk sums on the device (`dataset::samples_cuda`). The device comes from
+//! `Backends::pick_gpu`, the choice request jobs get, so batches spread over the GPUs;
+//! a job's first batch on each device is checked against the CPU on its first sample. A
+//! disagreement keeps datasets off every device until restart; a device error leaves the
+//! devices for the rest of that job. Either way the batch reruns on the CPU and nothing
+//! is lost.
 
 mod checkpoint;
 pub mod iq_out;
@@ -28,7 +30,7 @@ use crate::backend::Backends;
 use crate::metrics::Metrics;
 use crate::ops::rf::generate::samples_per_recording;
 use crate::ops::rf::scenario::Scenario;
-use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset, Store};
+use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset, Store, StoreError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,6 +127,8 @@ pub enum SubmitError {
     NoSpace { need: u64, free: u64, promised: u64 },
     #[error("{0}")]
     Storage(String),
+    #[error(transparent)]
+    Catalog(#[from] StoreError),
     #[error("the job cannot be resumed: {0}")]
     NotResumable(String),
     #[error("the dataset may take up to {} and the tenant's other datasets up to {}, beyond --max-tenant-dataset-bytes ({}); delete datasets (DELETE /datasets/{{id}}) or ask for fewer samples", gib(*.need), gib(*.used), gib(*.quota))]
@@ -204,10 +208,7 @@ impl Datasets {
                 });
             }
         }
-        let row = self
-            .store
-            .create_dataset(id, new)
-            .map_err(|e| SubmitError::Storage(e.into()))?;
+        let row = self.store.create_dataset(id, new)?;
         self.enqueue(&mut active, id, estimate, row.num_samples)
             .inspect_err(|_| {
                 let _ = self.store.delete_dataset(&row.tenant, id);
@@ -242,11 +243,7 @@ impl Datasets {
         }
         let mut active =
             self.reserve(remaining_bytes(estimate, row.num_samples, row.counts.valid))?;
-        if !self
-            .store
-            .requeue_dataset(&row.id)
-            .map_err(|e| SubmitError::Storage(e.into()))?
-        {
+        if !self.store.requeue_dataset(&row.id)? {
             return Ok(false);
         }
         self.enqueue(&mut active, &row.id, estimate, row.num_samples)

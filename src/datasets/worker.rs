@@ -253,9 +253,13 @@ impl Datasets {
             .flatten();
         let on_device = dev.and_then(|dev| {
             let indices = next..next + device_batch(scenario);
-            let records =
-                self.device_records(&dev, pool, scenario, key, indices, keep_iq, device.checked);
-            (device.checked, device.usable) = (true, records.is_some());
+            let ordinal = dev.info.ordinal;
+            let checked = device.checked.contains(&ordinal);
+            let records = self.device_records(&dev, pool, scenario, key, indices, keep_iq, checked);
+            device.usable = records.is_some();
+            if !checked && device.usable {
+                device.checked.push(ordinal);
+            }
             records
         });
         on_device.unwrap_or_else(|| {
@@ -274,18 +278,19 @@ impl Datasets {
     }
 }
 
-/// Whether a job's batches may use a device: checked against the CPU on its first device
-/// batch, and left for the rest of the job after any failure (an out-of-memory batch
-/// would fail again).
+/// Whether a job's batches may use a device: each device is checked against the CPU on
+/// the job's first batch there, and the job leaves devices after any failure (an
+/// out-of-memory batch would fail again).
 struct DeviceUse {
-    checked: bool,
+    /// Ordinals of the devices whose first batch of this job agreed with the CPU.
+    checked: Vec<usize>,
     usable: bool,
 }
 
 impl Default for DeviceUse {
     fn default() -> Self {
         Self {
-            checked: false,
+            checked: Vec::new(),
             usable: true,
         }
     }

@@ -77,7 +77,7 @@ impl Store {
 
 /// Storage that could not be read or written: which part, and the engine's message.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("{part} failed: {message}")]
+#[error("{part}: {message}")]
 pub struct StoreError {
     part: &'static str,
     message: String,
@@ -92,7 +92,7 @@ impl StoreError {
     }
 
     fn catalog(e: rusqlite::Error) -> Self {
-        Self::new("the dataset catalog", e)
+        Self::new("dataset catalog", e)
     }
 }
 

@@ -4,7 +4,7 @@ use super::{open_unit, positive};
 use crate::api::auth::{tenant, Tenant};
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{blocking, ApiJson, ApiPath, ApiQuery, AppState, IdParam};
-use crate::store::{Budget, BudgetError, ChargeRecord, NewBudget};
+use crate::store::{Budget, ChargeRecord, NewBudget};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -193,13 +193,9 @@ pub async fn get_budget(
         }
     };
     let (store, t) = (state.store.clone(), tenant(&who));
-    let not_found = |e| match e {
-        BudgetError::NotFound => Problem::new(ErrorCode::BudgetNotFound, "no such budget"),
-        e => Problem::from(e),
-    };
     blocking(move || {
-        let b = store.budget(&t, &id).map_err(not_found)?;
-        let history = store.charges(&t, &id, limit).map_err(not_found)?;
+        let b = store.budget(&t, &id)?;
+        let history = store.charges(&t, &id, limit)?;
         Ok(Json(BudgetDetail {
             budget: b.into(),
             history: history.into_iter().map(Into::into).collect(),

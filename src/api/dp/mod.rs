@@ -6,6 +6,7 @@ pub mod accountant;
 pub mod budgets;
 pub mod releases;
 
+use super::domain_errors::charge_refused;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, AppState};
 use crate::backend::BackendChoice;
@@ -59,7 +60,7 @@ fn sample_rate(v: f64, path: &str) -> Result<f64, Problem> {
 /// A fresh key from OS entropy; a client seed only on servers started for testing.
 fn noise_key(state: &AppState, seed: Option<u64>) -> Result<NoiseKey, Problem> {
     match seed {
-        None => NoiseKey::from_os().map_err(|e| Problem::new(ErrorCode::Internal, e)),
+        None => NoiseKey::from_os().map_err(Problem::internal),
         Some(s) if state.settings.config.dp_allow_client_seed => Ok(NoiseKey::from_seed(s)),
         Some(_) => Err(Problem::at(
             ErrorCode::SeedNotAllowed,
@@ -96,7 +97,7 @@ async fn charge(
         tenant.to_string(),
         budget_id.to_string(),
     );
-    let out = blocking(move || store.charge(&t, &id, &charge).map_err(Problem::from)).await;
+    let out = blocking(move || store.charge(&t, &id, &charge).map_err(charge_refused)).await;
     let outcome = match &out {
         Ok(_) => "charged",
         Err(p) if p.code == ErrorCode::BudgetExhausted => "exhausted",
@@ -123,7 +124,7 @@ async fn run_charged<J: Job>(
         Err(e) => {
             if let Some((tenant, id, seq)) = charged {
                 let (store, t, bid) = (state.store.clone(), tenant.to_string(), id.to_string());
-                match blocking(move || store.refund(&t, &bid, seq).map_err(Problem::from)).await {
+                match blocking(move || store.refund(&t, &bid, seq).map_err(charge_refused)).await {
                     Ok(_) => state
                         .metrics
                         .dp_budget_charges

@@ -9,8 +9,8 @@ use crate::api::problem::{ErrorCode, Problem};
 use crate::api::tensor::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
 use crate::api::{blocking, job_response, job_timeout, ApiJson, AppState};
 use crate::backend::BackendChoice;
-use crate::ops::dp::plan::{self, GaussianPlan, MAX_SNAPPED};
-use crate::ops::dp::{Clipping, Gradients, Mechanism, NoiseJob, SgdPlan};
+use crate::ops::dp::plan::{self, GaussianPlan};
+use crate::ops::dp::{check_noise_multiplier, Clipping, Gradients, Mechanism, NoiseJob, SgdPlan};
 use crate::store::Charge;
 use axum::extract::State;
 use axum::response::Response;
@@ -177,6 +177,7 @@ pub async fn privatize(
     ApiJson(req): ApiJson<PrivatizeRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    check_noise_multiplier(req.noise_multiplier)?;
     let q = req.accounted_sample_rate()?;
     let ebs = req
         .expected_batch_size
@@ -184,6 +185,7 @@ pub async fn privatize(
         .transpose()?;
     let key = noise_key(&state, req.seed)?;
     let clipping = req.clipping()?;
+    clipping.check()?;
     let (max, packed) = (
         state.settings.config.max_tensor_elements,
         req.per_example_gradients.packed_dtype(),
@@ -339,8 +341,7 @@ pub async fn laplace(
         timeout_ms: req.timeout_ms,
     };
     release(state, who, r, move |n| {
-        let cal = plan::calibrate_laplace(n, sensitivity, epsilon)
-            .map_err(|m| Problem::at(ErrorCode::InvalidParameter, "/epsilon", m))?;
+        let cal = plan::calibrate_laplace(n, sensitivity, epsilon)?;
         let eps = cal.epsilon;
         Ok((
             Mechanism::Laplace(cal.plan),
@@ -394,8 +395,7 @@ pub async fn gaussian(
         timeout_ms: req.timeout_ms,
     };
     release(state, who, r, move |n| {
-        let cal = plan::calibrate_gaussian(n, sensitivity, epsilon, delta)
-            .map_err(|m| Problem::at(ErrorCode::InvalidParameter, "/epsilon", m))?;
+        let cal = plan::calibrate_gaussian(n, sensitivity, epsilon, delta)?;
         let (snapped, sigma) = (cal.sensitivity, cal.plan.sigma());
         Ok((
             Mechanism::Gaussian(cal.plan),
@@ -429,16 +429,7 @@ async fn release(
     let (values, (mechanism, info, epsilon, delta, cost)) = blocking(move || {
         let values = vals.decode("/values", max)?.into_f64();
         let cal = calibrate(values.len())?;
-        let grid = cal.0.grid();
-        if let Some(i) = values.iter().position(|x| (x / grid).abs() >= MAX_SNAPPED) {
-            return Err(Problem::at(
-                ErrorCode::InvalidParameter,
-                format!("/values/{i}"),
-                format!(
-                    "too large for the noise grid {grid:e} (|value| must be below 2^62 grid steps)"
-                ),
-            ));
-        }
+        cal.0.check_values(&values)?;
         Ok((values, cal))
     })
     .await?;

@@ -18,4 +18,4 @@ pub use noise::NoiseKey;
 pub use plan::{GaussianPlan, LaplacePlan};
 pub use privatize::{Gradients, PrivatizeJob, Privatized};
 pub use release::{Mechanism, NoiseJob};
-pub use sgd::{Clipping, SgdPlan};
+pub use sgd::{check_noise_multiplier, Clipping, SgdPlan};

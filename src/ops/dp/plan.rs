@@ -3,6 +3,7 @@
 //! privacy of the exact discrete mechanism that runs.
 
 use super::accountant;
+use crate::ops::invalid::Invalid;
 
 /// Snapping may add at most this fraction to the sensitivity; calibration accounts for it.
 pub const GRID_SLACK: f64 = 1.0 / 1024.0;
@@ -121,7 +122,7 @@ pub fn calibrate_gaussian(
     sensitivity: f64,
     epsilon: f64,
     delta: f64,
-) -> Result<GaussianCalibration, String> {
+) -> Result<GaussianCalibration, Invalid> {
     let orders = accountant::budget_orders();
     let sigma = accountant::gaussian_sigma(
         sensitivity * (1.0 + GRID_SLACK),
@@ -130,10 +131,16 @@ pub fn calibrate_gaussian(
         &orders,
     )
     .ok_or_else(|| {
-        format!("no amount of noise reaches epsilon {epsilon} at delta {delta}; raise one of them")
+        Invalid::field(
+            "epsilon",
+            format!(
+                "no amount of noise reaches epsilon {epsilon} at delta {delta}; raise one of them"
+            ),
+        )
     })?;
     let root_n = (n.max(1) as f64).sqrt();
-    let plan = GaussianPlan::new(sigma, sensitivity * GRID_SLACK / root_n)?;
+    let plan = GaussianPlan::new(sigma, sensitivity * GRID_SLACK / root_n)
+        .map_err(|m| Invalid::field("epsilon", m))?;
     let snapped = sensitivity + root_n * plan.grid;
     let rdp: Vec<f64> = orders
         .iter()
@@ -172,12 +179,13 @@ pub fn calibrate_laplace(
     n: usize,
     sensitivity: f64,
     epsilon: f64,
-) -> Result<LaplaceCalibration, String> {
+) -> Result<LaplaceCalibration, Invalid> {
     let n = n.max(1) as f64;
     let plan = LaplacePlan::new(
         sensitivity * (1.0 + GRID_SLACK) / epsilon,
         sensitivity * GRID_SLACK / n,
-    )?;
+    )
+    .map_err(|m| Invalid::field("epsilon", m))?;
     let snapped = sensitivity + n * plan.grid;
     Ok(LaplaceCalibration {
         plan,

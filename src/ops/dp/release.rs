@@ -2,8 +2,9 @@
 //! from its own stream. The CPU twin of `dp_gaussian_release` / `dp_laplace_release`.
 
 use super::noise::{BitStream, NoiseKey, DOMAIN_GAUSSIAN, DOMAIN_LAPLACE};
-use super::plan::{snap, GaussianPlan, LaplacePlan};
+use super::plan::{snap, GaussianPlan, LaplacePlan, MAX_SNAPPED};
 use crate::backend::{DeviceError, DeviceLease, Job};
+use crate::ops::invalid::{FieldPath, Invalid};
 use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +25,21 @@ impl Mechanism {
         match self {
             Mechanism::Gaussian(p) => p.grid,
             Mechanism::Laplace(p) => p.grid,
+        }
+    }
+
+    /// Values the grid can carry: each must snap within ±2^62 steps. An error names the
+    /// first that does not, under `values`.
+    pub fn check_values(&self, values: &[f64]) -> Result<(), Invalid> {
+        let grid = self.grid();
+        match values.iter().position(|x| (x / grid).abs() >= MAX_SNAPPED) {
+            None => Ok(()),
+            Some(i) => Err(Invalid::new(
+                FieldPath::root().field("values").index(i),
+                format!(
+                    "too large for the noise grid {grid:e} (|value| must be below 2^62 grid steps)"
+                ),
+            )),
         }
     }
 

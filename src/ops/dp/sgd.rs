@@ -31,6 +31,53 @@ pub struct SgdPlan {
     pub effective_noise_multiplier: f64,
 }
 
+fn positive(v: f64, path: FieldPath) -> Result<f64, Invalid> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(Invalid::new(path, "must be a finite number greater than 0"))
+    }
+}
+
+/// The noise multiplier on its own: callers check it before anything else.
+pub fn check_noise_multiplier(noise_multiplier: f64) -> Result<f64, Invalid> {
+    positive(
+        noise_multiplier,
+        FieldPath::root().field("noise_multiplier"),
+    )
+}
+
+impl Clipping {
+    /// Every clip norm positive and every layer at least one column wide: checkable
+    /// before the gradients are decoded. Returns (columns, clip norm) per layer, `None`
+    /// columns for flat clipping (all of them).
+    pub fn check(&self) -> Result<Vec<(Option<usize>, f64)>, Invalid> {
+        let layer = |i: usize| FieldPath::root().field("layers").index(i);
+        match self {
+            Clipping::Flat(c) => Ok(vec![(
+                None,
+                positive(*c, FieldPath::root().field("clip_norm"))?,
+            )]),
+            Clipping::Layers(l) if l.is_empty() => {
+                Err(Invalid::field("layers", "must not be empty"))
+            }
+            Clipping::Layers(l) => l
+                .iter()
+                .enumerate()
+                .map(|(i, &(columns, clip))| {
+                    if columns == 0 {
+                        return Err(Invalid::new(
+                            layer(i).field("columns"),
+                            "must be at least 1",
+                        ));
+                    }
+                    Ok((Some(columns), positive(clip, layer(i).field("clip_norm"))?))
+                })
+                .collect(),
+        }
+    }
+}
+
 impl SgdPlan {
     /// The plan for a `rows` × `cols` batch. Errors name the field of the spec at fault
     /// (`noise_multiplier`, `clip_norm`, `layers/i/...`).
@@ -40,35 +87,12 @@ impl SgdPlan {
         rows: usize,
         cols: usize,
     ) -> Result<Self, Invalid> {
-        let positive = |v: f64, path: FieldPath| {
-            if v.is_finite() && v > 0.0 {
-                Ok(v)
-            } else {
-                Err(Invalid::new(path, "must be a finite number greater than 0"))
-            }
-        };
-        let nm = positive(
-            noise_multiplier,
-            FieldPath::root().field("noise_multiplier"),
-        )?;
-        let layers: Vec<(usize, f64)> = match clipping {
-            Clipping::Flat(c) => vec![(cols, positive(*c, FieldPath::root().field("clip_norm"))?)],
-            Clipping::Layers(l) if l.is_empty() => {
-                return Err(Invalid::field("layers", "must not be empty"))
-            }
-            Clipping::Layers(l) => {
-                let at = |i: usize| FieldPath::root().field("layers").index(i);
-                l.iter()
-                    .enumerate()
-                    .map(|(i, &(columns, clip))| {
-                        if columns == 0 {
-                            return Err(Invalid::new(at(i).field("columns"), "must be at least 1"));
-                        }
-                        Ok((columns, positive(clip, at(i).field("clip_norm"))?))
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-        };
+        let nm = check_noise_multiplier(noise_multiplier)?;
+        let layers: Vec<(usize, f64)> = clipping
+            .check()?
+            .into_iter()
+            .map(|(columns, clip)| (columns.unwrap_or(cols), clip))
+            .collect();
         let mut bounds = vec![0u64];
         for (columns, _) in &layers {
             bounds.push(bounds[bounds.len() - 1] + *columns as u64);

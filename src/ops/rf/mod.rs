@@ -68,7 +68,10 @@ impl Job for FeaturesJob {
     /// `gpu::MAX_REDUCE_SEGMENT` points (sample rates up to about 1.6 MHz at the default
     /// resolution).
     fn device_refusal(&self) -> Option<String> {
-        let (_, seg) = features::plan(&self.config, self.iq.len()).ok()?;
+        let seg = match features::plan(&self.config, self.iq.len()) {
+            Ok((_, seg)) => seg,
+            Err(e) => return Some(e.to_string()),
+        };
         (seg > gpu::MAX_REDUCE_SEGMENT).then(|| {
             format!(
                 "the CUDA path takes Welch segments up to {} points (sample rates up to about 1.6 MHz); this recording's are {seg}: use auto or cpu",
