@@ -164,7 +164,7 @@ impl PointsIn {
                 ))
             }
         };
-        checked.map_err(|e| invalid_points(e))
+        checked.map_err(invalid_points)
     }
 }
 

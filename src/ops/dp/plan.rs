@@ -124,20 +124,16 @@ pub fn calibrate_gaussian(
     delta: f64,
 ) -> Result<GaussianCalibration, Invalid> {
     let orders = accountant::budget_orders();
-    let sigma = accountant::gaussian_sigma(
-        sensitivity * (1.0 + GRID_SLACK),
-        epsilon,
-        delta,
-        &orders,
-    )
-    .ok_or_else(|| {
-        Invalid::field(
-            "epsilon",
-            format!(
+    let sigma =
+        accountant::gaussian_sigma(sensitivity * (1.0 + GRID_SLACK), epsilon, delta, &orders)
+            .ok_or_else(|| {
+                Invalid::field(
+                    "epsilon",
+                    format!(
                 "no amount of noise reaches epsilon {epsilon} at delta {delta}; raise one of them"
             ),
-        )
-    })?;
+                )
+            })?;
     let root_n = (n.max(1) as f64).sqrt();
     let plan = GaussianPlan::new(sigma, sensitivity * GRID_SLACK / root_n)
         .map_err(|m| Invalid::field("epsilon", m))?;
