@@ -1,5 +1,11 @@
-// Compiles the kernels' field arithmetic and noise samplers for the host, so unit tests
-// check the exact code the GPU runs against the CPU twin even on machines without a GPU.
+// Builds two host libraries from the CUDA sources, so tests run the exact GPU code on
+// machines without a GPU:
+// - the kernels' field arithmetic and noise samplers (`kernels/host/*.cpp`), checked
+//   against the CPU twins;
+// - the emulated device (`kernels/emu/`): every `kernels/*.cu` compiled whole for the host
+//   with CUDA's execution model, and a table of its kernels for launches by name.
+use std::path::{Path, PathBuf};
+
 fn main() {
     println!("cargo:rerun-if-changed=kernels");
     cc::Build::new()
@@ -14,4 +20,147 @@ fn main() {
         .warnings(true)
         .extra_warnings(true)
         .compile("gpu_ops_kernel_host");
+    emulated_device();
+}
+
+/// The kernel modules, by file stem: `kernels/*.cu`, and the emulator's own check
+/// kernels (`kernels/emu/*.cu`, never shipped).
+fn modules() -> Vec<(String, PathBuf)> {
+    let mut found: Vec<(String, PathBuf)> = ["kernels", "kernels/emu"]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).expect("kernels/ exists"))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .map(|p| (p.file_stem().unwrap().to_string_lossy().into_owned(), p))
+        .collect();
+    found.sort();
+    found
+}
+
+fn emu_build(out: &Path) -> cc::Build {
+    let mut b = cc::Build::new();
+    b.cpp(true)
+        .std("c++17")
+        .include("kernels")
+        .include(out)
+        .flag_if_supported("-ffp-contract=off")
+        .flag_if_supported("-pthread")
+        .flag_if_supported("-Wno-unused-function")
+        .flag_if_supported("-Wno-unused-parameter")
+        .opt_level(2);
+    if std::env::var("GPU_OPS_EMU_SANITIZE").is_ok_and(|v| v == "address") {
+        b.flag("-fsanitize=address").flag("-fno-omit-frame-pointer");
+    }
+    b
+}
+
+fn emulated_device() {
+    println!("cargo:rerun-if-env-changed=GPU_OPS_EMU_SANITIZE");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("emu");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::copy("kernels/emu/cuda_emu.h", out.join("cuda_emu.h")).unwrap();
+    let mut lib = emu_build(&out);
+    lib.file("kernels/emu/runtime.cpp");
+    let mut tables = Vec::new();
+    for (module, path) in modules() {
+        let source = std::fs::read_to_string(&path).unwrap();
+        let unit = out.join(format!("{module}.cpp"));
+        let body = format!("#include \"cuda_emu.h\"\n{}", host_shared_memory(&source));
+        std::fs::write(&unit, &body).unwrap();
+        // The preprocessed unit names its kernels: `extern "C" void name(`.
+        let expanded = emu_build(&out).file(&unit).expand();
+        let kernels = kernel_names(&String::from_utf8_lossy(&expanded));
+        assert!(!kernels.is_empty(), "{module}.cu defines no kernels");
+        let entries: Vec<String> = kernels.iter().map(|k| format!("EMU_KERNEL({k})")).collect();
+        let table = format!(
+            "{body}\nextern const emu_kernel emu_kernels_{module}[] = {{\n    {}\n}};\nextern const size_t emu_kernels_{module}_count = {};\n",
+            entries.join(",\n    "),
+            kernels.len()
+        );
+        std::fs::write(&unit, table).unwrap();
+        lib.file(&unit);
+        tables.push(module);
+    }
+    let registry = out.join("registry.cpp");
+    let declarations: String = tables
+        .iter()
+        .map(|m| {
+            format!(
+                "extern const emu_kernel emu_kernels_{m}[];\nextern const size_t emu_kernels_{m}_count;\n"
+            )
+        })
+        .collect();
+    std::fs::write(
+        &registry,
+        format!(
+            "#include \"cuda_emu.h\"\n{declarations}\
+             extern const emu_kernel *const emu_modules[] = {{{}}};\n\
+             extern const size_t emu_module_sizes[] = {{{}}};\n\
+             extern const size_t emu_module_count = {};\n",
+            tables
+                .iter()
+                .map(|m| format!("emu_kernels_{m}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            tables
+                .iter()
+                .map(|m| format!("emu_kernels_{m}_count"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            tables.len()
+        ),
+    )
+    .unwrap();
+    lib.file(&registry).compile("gpu_ops_emulated_device");
+}
+
+/// The source with its shared memory made host memory: a `__shared__` array becomes a
+/// function static (blocks run one at a time, so the statics are the block's shared
+/// memory), and `extern __shared__ T name[];` a pointer to the launch's dynamic shared
+/// memory. Nothing else changes.
+fn host_shared_memory(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("extern __shared__") {
+        out.push_str(&rest[..at]);
+        let end = at + rest[at..].find("[];").expect("extern __shared__ T name[];");
+        let decl = rest[at + "extern __shared__".len()..end].trim();
+        let decl = match decl.strip_prefix("__align__(") {
+            Some(r) => r[r.find(')').unwrap() + 1..].trim(),
+            None => decl,
+        };
+        let (ty, name) = decl
+            .rsplit_once(char::is_whitespace)
+            .expect("a type and a name");
+        out.push_str(&format!(
+            "{ty} *{name} = ({ty} *)emu_dynamic_shared();",
+            ty = ty.trim()
+        ));
+        rest = &rest[end + "[];".len()..];
+    }
+    out.push_str(rest);
+    out.replace("__shared__", "static")
+}
+
+/// The `extern "C"` functions of a preprocessed unit.
+fn kernel_names(expanded: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expanded;
+    while let Some(at) = rest.find("extern \"C\"") {
+        rest = &rest[at + "extern \"C\"".len()..];
+        let decl = rest.trim_start();
+        if let Some(after) = decl.strip_prefix("void") {
+            let after = after.trim_start();
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && after[name.len()..].trim_start().starts_with('(') {
+                names.push(name);
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
 }

@@ -3,6 +3,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod emulated;
 mod job;
 mod nvml;
 

@@ -13,7 +13,6 @@ fn kernel_name(field: Field, op: FieldOp) -> String {
     format!("{}_{}", field.name(), op.kernel_suffix())
 }
 
-/// Every kernel `kernels/field_ops.cu` must provide.
 /// `kernels/field_ops.cu`: add, sub, mul, pow and inv for every field.
 pub fn field_ops_module() -> KernelModule {
     let entry_points = Field::ALL
@@ -215,7 +214,6 @@ fn launch_inv<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
     Ok(host)
 }
 
-/// Every kernel `kernels/ntt.cu` must provide.
 /// `kernels/ntt.cu`: the NTT's four kernels for every field.
 pub fn ntt_module() -> KernelModule {
     let entry_points = Field::ALL

@@ -10,7 +10,9 @@ mod u256;
 mod vector_ops;
 
 pub use field::{ElementError, Field, FieldVec};
-pub use gpu::{run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda, run_ntt_cuda};
+pub use gpu::{
+    run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda, run_ntt_cuda, tile_plan,
+};
 pub use msm_gpu::{run_msm_cuda, run_msm_cuda_in_chunks};
 pub use pow_inv::{FieldInvJob, FieldPowJob, InvError, PowShape};
 pub use u256::{ParseError, U256};

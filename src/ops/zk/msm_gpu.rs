@@ -96,7 +96,6 @@ device_curve!(
     255
 );
 
-/// Every kernel `kernels/msm.cu` must provide.
 /// `kernels/msm.cu`: the shared digit and sort kernels, and buckets and reduce per curve.
 pub fn msm_module() -> KernelModule {
     let shared = ["msm_digits", "msm_count", "msm_scan", "msm_scatter"].map(String::from);

@@ -1,0 +1,92 @@
+// The CUDA execution model for kernels compiled for the host (the emulated device). A
+// kernel source is included after this header with three textual changes made by build.rs:
+// `__shared__` arrays become `static` (one block runs at a time, so a function's statics
+// are the block's shared memory), `extern __shared__ T name[];` becomes a pointer to the
+// launch's dynamic shared memory, and nothing else. Every GPU thread of a block runs on its
+// own host thread, so `__syncthreads` is a real barrier. __CUDACC__ stays undefined: the
+// headers take their host paths for intrinsics (the same ones the host parity tests check).
+#ifndef GPU_OPS_CUDA_EMU_H
+#define GPU_OPS_CUDA_EMU_H
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+struct dim3 {
+    unsigned x, y, z;
+};
+
+extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline
+#define __noinline__
+#define __align__(n) alignas(n)
+
+void emu_syncthreads();
+void *emu_dynamic_shared();
+#define __syncthreads() emu_syncthreads()
+
+// Round-to-nearest arithmetic: the host's default rounding, never contracted into an FMA
+// (-ffp-contract=off), as the device's _rn intrinsics guarantee.
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline double __dsub_rn(double a, double b) { return a - b; }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
+    return uint4{x, y, z, w};
+}
+
+static inline unsigned atomicAdd(unsigned *address, unsigned value) {
+    return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+}
+static inline unsigned long long atomicAdd(unsigned long long *address, unsigned long long value) {
+    return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
+}
+
+// The kernel table build.rs generates for each module: name, a trampoline that unpacks
+// arguments as the driver passes them (an array of pointers, one per parameter), and the
+// parameters' sizes.
+struct emu_kernel {
+    const char *name;
+    void (*call)(void **args);
+    size_t params;
+    const size_t *param_sizes;
+};
+
+template <typename F> struct emu_signature;
+template <typename... A> struct emu_signature<void (*)(A...)> {
+    static constexpr size_t count = sizeof...(A);
+    static constexpr size_t sizes[sizeof...(A) + 1] = {sizeof(A)..., 0};
+    // Each argument is read from where its pointer points, with the kernel's own type:
+    // a launcher that passes a 4-byte value for an 8-byte parameter reads garbage here,
+    // as on hardware.
+    template <void (*K)(A...), size_t... I> static void call(void **args, std::index_sequence<I...>) {
+        K(*static_cast<A *>(args[I])...);
+    }
+    template <void (*K)(A...)> static void trampoline(void **args) {
+        call<K>(args, std::index_sequence_for<A...>{});
+    }
+};
+
+// One table entry; `name` is an `extern "C"` kernel of the module.
+#define EMU_KERNEL(name)                                                                  \
+    emu_kernel {                                                                          \
+        #name, &emu_signature<decltype(&name)>::trampoline<&name>,                        \
+            emu_signature<decltype(&name)>::count, emu_signature<decltype(&name)>::sizes  \
+    }
+
+#endif
