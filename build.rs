@@ -48,10 +48,17 @@ fn emu_build(out: &Path) -> cc::Build {
         .flag_if_supported("-Wno-unused-function")
         .flag_if_supported("-Wno-unused-parameter")
         .opt_level(2);
-    if std::env::var("GPU_OPS_EMU_SANITIZE").is_ok_and(|v| v == "address") {
+    if sanitize() {
         b.flag("-fsanitize=address").flag("-fno-omit-frame-pointer");
     }
     b
+}
+
+/// `GPU_OPS_EMU_SANITIZE=address`: the emulated device under AddressSanitizer, so a kernel
+/// that reads or writes past a device buffer or a shared array fails its test. Its test
+/// binaries need the runtime preloaded (`.ci/run` shows how).
+fn sanitize() -> bool {
+    std::env::var("GPU_OPS_EMU_SANITIZE").is_ok_and(|v| v == "address")
 }
 
 fn emulated_device() {
@@ -112,6 +119,9 @@ fn emulated_device() {
     )
     .unwrap();
     lib.file(&registry).compile("gpu_ops_emulated_device");
+    if sanitize() {
+        println!("cargo:rustc-link-lib=dylib=asan");
+    }
 }
 
 /// The source with its shared memory made host memory: a `__shared__` array becomes a

@@ -122,10 +122,12 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block[3]
         return EMU_BAD_LAUNCH;
     }
     std::lock_guard<std::mutex> serial(launches);
-    std::vector<unsigned char> shared(shared_bytes + 1);
+    // Exactly the launch's bytes, so AddressSanitizer (GPU_OPS_EMU_SANITIZE=address) sees a
+    // kernel that reads or writes past them.
+    std::vector<unsigned char> shared(shared_bytes);
     Block b;
     b.threads = (unsigned)threads;
-    b.shared = shared.data();
+    b.shared = shared_bytes ? shared.data() : nullptr;
     const dim3 g{grid[0], grid[1], grid[2]}, bd{block[0], block[1], block[2]};
     unsigned long long blocks = (unsigned long long)g.x * g.y * g.z;
     bool diverged = false;
