@@ -9,7 +9,9 @@ use gpu_ops::backend::emulated::{self, LaunchErrorKind};
 use gpu_ops::ops::kernel_library;
 use gpu_ops::ops::zk::ntt::{kernel_tables, Direction, NttJob, Order};
 use gpu_ops::ops::zk::samples::random_elements;
-use gpu_ops::ops::zk::{tile_plan, Field, FieldBinaryJob, FieldOp, FieldVec};
+use gpu_ops::ops::zk::{
+    tile_plan, Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec,
+};
 use std::ffi::c_void;
 
 /// A launch's arguments as the driver takes them: one pointer per argument.
@@ -122,39 +124,96 @@ fn a_launch_with_the_wrong_number_of_arguments_is_refused() {
 }
 
 fn goldilocks(n: usize, seed: u64) -> Vec<u64> {
-    match FieldVec::from_integers(
-        Field::Goldilocks,
-        &random_elements(Field::Goldilocks, n, seed),
-    )
-    .unwrap()
-    {
+    match elements(Field::Goldilocks, n, seed) {
         FieldVec::Goldilocks(w) => w,
         _ => unreachable!(),
     }
 }
 
+fn elements(field: Field, n: usize, seed: u64) -> FieldVec {
+    FieldVec::from_integers(field, &random_elements(field, n, seed)).unwrap()
+}
+
+/// A field vector's words as the kernels read them (the launchers pass the same).
+fn words(v: &FieldVec) -> *mut c_void {
+    match v {
+        FieldVec::Bn254Fr(l) | FieldVec::Bls12_381Fr(l) => l.as_ptr() as *mut c_void,
+        FieldVec::Goldilocks(w) => w.as_ptr() as *mut c_void,
+        FieldVec::BabyBear(w) => w.as_ptr() as *mut c_void,
+    }
+}
+
+/// As `words`, for a vector the kernel writes.
+fn words_mut(v: &mut FieldVec) -> *mut c_void {
+    match v {
+        FieldVec::Bn254Fr(l) | FieldVec::Bls12_381Fr(l) => l.as_mut_ptr().cast(),
+        FieldVec::Goldilocks(w) => w.as_mut_ptr().cast(),
+        FieldVec::BabyBear(w) => w.as_mut_ptr().cast(),
+    }
+}
+
+/// More elements than the grid has threads, so every thread loops.
+const GRID_STRIDED: usize = 5_000;
+
 #[test]
-fn field_kernels_match_the_cpu_twin_over_a_grid_stride() {
-    // More elements than the grid has threads, so every thread loops.
-    let n = 5_000usize;
-    let (a, b) = (goldilocks(n, 1), goldilocks(n, 2));
-    for op in FieldOp::ALL {
-        let want = FieldBinaryJob::new(
-            op,
-            FieldVec::Goldilocks(a.clone()),
-            FieldVec::Goldilocks(b.clone()),
-        )
-        .unwrap()
-        .run_cpu();
-        let mut out = vec![0u64; n];
-        let (mut pa, mut pb, mut po) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
-        let (mut len, mut stride) = (n as u64, 1u32);
-        let name = format!("goldilocks_{}", op.name().trim_start_matches("field_"));
-        // SAFETY: a, b and out hold n words; the kernel reads and writes no more.
+fn field_kernels_match_the_cpu_twin_for_every_field_op_and_broadcast() {
+    for field in Field::ALL {
+        let a = elements(field, GRID_STRIDED, 1);
+        for (b, stride) in [
+            (elements(field, GRID_STRIDED, 2), 1u32),
+            (elements(field, 1, 3), 0),
+        ] {
+            for op in FieldOp::ALL {
+                let want = FieldBinaryJob::new(op, a.clone(), b.clone())
+                    .unwrap()
+                    .run_cpu();
+                // Overwritten by the kernel: `a` and the result differ.
+                let mut out = a.clone();
+                let (mut pa, mut pb, mut po) = (words(&a), words(&b), words_mut(&mut out));
+                let (mut n, mut stride) = (GRID_STRIDED as u64, stride);
+                let name = format!("{}_{}", field.name(), &op.name()["field_".len()..]);
+                // SAFETY: a and out hold n elements, b n or one; the kernel reads and
+                // writes no more.
+                unsafe {
+                    emulated::launch(&name, config(4, 256, 0), args![pa, pb, po, n, stride])
+                        .unwrap()
+                };
+                assert_eq!(out, want, "{name}, b stride {stride}");
+            }
+        }
+    }
+}
+
+#[test]
+fn pow_and_batch_inversion_kernels_match_the_cpu_twin() {
+    for field in Field::ALL {
+        let base = elements(field, GRID_STRIDED, 4);
+        let exponents = random_elements(Field::Bn254Fr, GRID_STRIDED, 5);
+        let want = FieldPowJob::new(base.clone(), exponents.clone())
+            .unwrap()
+            .run_cpu();
+        // Every exponent as 256 little-endian bits, whatever the field's word size.
+        let exps: Vec<u64> = exponents.iter().flat_map(|e| e.0).collect();
+        let mut out = base.clone();
+        let (mut pb, mut pe) = (words(&base), exps.as_ptr() as *mut c_void);
+        let mut po = words_mut(&mut out);
+        let (mut n, mut stride) = (GRID_STRIDED as u64, 1u32);
+        let name = format!("{}_pow", field.name());
+        // SAFETY: base and out hold n elements and exps n 256-bit exponents.
         unsafe {
-            emulated::launch(&name, config(4, 256, 0), args![pa, pb, po, len, stride]).unwrap()
+            emulated::launch(&name, config(4, 256, 0), args![pb, pe, po, n, stride]).unwrap()
         };
-        assert_eq!(FieldVec::Goldilocks(out), want, "{name}");
+        assert_eq!(out, want, "{name}");
+
+        let want = FieldInvJob::new(base.clone()).unwrap().run_cpu();
+        let mut out = base.clone();
+        let (mut pi, mut po) = (words(&base), words_mut(&mut out));
+        // Chunks of 7 with a short last one: 5000 = 714 × 7 + 2.
+        let (mut n, mut chunk) = (GRID_STRIDED as u64, 7u64);
+        let name = format!("{}_inv", field.name());
+        // SAFETY: in and out hold n nonzero elements.
+        unsafe { emulated::launch(&name, config(2, 128, 0), args![pi, po, n, chunk]).unwrap() };
+        assert_eq!(out, want, "{name}");
     }
 }
 
