@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -135,28 +136,47 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block[3]
         const dim3 bi{(unsigned)(n % g.x), (unsigned)(n / g.x % g.y), (unsigned)(n / g.x / g.y)};
         b.live = b.threads;
         b.arrived = 0;
+        // One GPU thread: its indices, the kernel, then leaving the block.
+        auto gpu_thread = [&](unsigned t) {
+            current = &b;
+            gridDim = g;
+            blockDim = bd;
+            blockIdx = bi;
+            threadIdx = dim3{t % bd.x, t / bd.x % bd.y, t / bd.x / bd.y};
+            k->call(args);
+            std::lock_guard<std::mutex> lock(b.m);
+            b.live--;
+            // Threads still waiting at a barrier that this thread will never reach.
+            if (b.arrived > 0) {
+                b.diverged = true;
+                b.arrived = 0;
+                b.generation++;
+                b.cv.notify_all();
+            }
+        };
         std::vector<std::thread> pool;
         pool.reserve(b.threads);
-        for (unsigned t = 0; t < b.threads; t++) {
-            pool.emplace_back([&, t] {
-                current = &b;
-                gridDim = g;
-                blockDim = bd;
-                blockIdx = bi;
-                threadIdx = dim3{t % bd.x, t / bd.x % bd.y, t / bd.x / bd.y};
-                k->call(args);
+        bool started = true;
+        for (unsigned t = 0; t < b.threads && started; t++) {
+            try {
+                pool.emplace_back(gpu_thread, t);
+            } catch (const std::system_error &) {
+                // The host could not start another thread: release the started ones from
+                // any barrier (it can never be complete) and fail the launch.
                 std::lock_guard<std::mutex> lock(b.m);
-                b.live--;
-                // Threads still waiting at a barrier that this thread will never reach.
-                if (b.arrived > 0) {
-                    b.diverged = true;
-                    b.arrived = 0;
-                    b.generation++;
-                    b.cv.notify_all();
-                }
-            });
+                b.live -= b.threads - t;
+                b.arrived = 0;
+                b.generation++;
+                b.cv.notify_all();
+                started = false;
+            }
         }
         for (auto &th : pool) th.join();
+        if (!started) {
+            set_error(err, err_len, std::string(name) + ": the host could not start " +
+                                        std::to_string(b.threads) + " threads for a block");
+            return EMU_BAD_LAUNCH;
+        }
         diverged = b.diverged;
     }
     if (diverged) {

@@ -78,6 +78,28 @@ pub struct PrivatizeRequest {
     pub timeout_ms: Option<u64>,
 }
 
+/// What a DP-SGD step costs a budget: the subsampled Gaussian's RDP at the effective
+/// noise multiplier, and the step's parameters for the budget's history.
+fn privatize_charge(nm: f64, sgd: &SgdPlan, q: f64, rows: usize, cols: usize) -> Charge {
+    let params = json!({"sample_rate": q, "noise_multiplier": nm,
+        "effective_noise_multiplier": sgd.effective_noise_multiplier,
+        "batch_size": rows, "dimensions": cols});
+    Charge {
+        kind: "privatize",
+        params,
+        rdp: Box::new(sgd.rdp(q)),
+    }
+}
+
+impl From<Decoded> for Gradients {
+    fn from(values: Decoded) -> Self {
+        match values {
+            Decoded::F32(v) => Gradients::F32(v),
+            Decoded::F64(v) => Gradients::F64(v),
+        }
+    }
+}
+
 impl PrivatizeRequest {
     /// The sampling rate to account at: required with a budget, checked when given.
     fn accounted_sample_rate(&self) -> Result<Option<f64>, Problem> {
@@ -203,22 +225,12 @@ pub async fn privatize(
     let tenant = tenant(&who);
     let charged = match (&req.budget_id, q) {
         (Some(id), Some(q)) => {
-            let params = json!({"sample_rate": q, "noise_multiplier": req.noise_multiplier,
-                "effective_noise_multiplier": effective_nm, "batch_size": rows, "dimensions": cols});
-            let cost = Charge {
-                kind: "privatize",
-                params,
-                rdp: Box::new(sgd.rdp(q)),
-            };
+            let cost = privatize_charge(req.noise_multiplier, &sgd, q, rows, cols);
             Some(charge(&state, &tenant, id, cost).await?)
         }
         _ => None,
     };
-    let gradients = match values {
-        Decoded::F32(v) => Gradients::F32(v),
-        Decoded::F64(v) => Gradients::F64(v),
-    };
-    let job = sgd.job(gradients, rows, cols, divisor, key);
+    let job = sgd.job(values.into(), rows, cols, divisor, key);
     let charge_ref = charged
         .as_ref()
         .map(|(b, seq)| (tenant.as_str(), b.id.as_str(), *seq));
