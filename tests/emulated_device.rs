@@ -6,6 +6,9 @@
 
 use cudarc::driver::LaunchConfig;
 use gpu_ops::backend::emulated::{self, LaunchErrorKind};
+use gpu_ops::ops::dp::plan::{calibrate_gaussian, calibrate_laplace};
+use gpu_ops::ops::dp::privatize::clip_factors;
+use gpu_ops::ops::dp::{Clipping, Gradients, Mechanism, NoiseJob, NoiseKey, SgdPlan};
 use gpu_ops::ops::kernel_library;
 use gpu_ops::ops::zk::ntt::{kernel_tables, Direction, NttJob, Order};
 use gpu_ops::ops::zk::samples::random_elements;
@@ -275,4 +278,111 @@ fn ntt_kernels_match_the_cpu_twin_through_tiles_and_wide_stages() {
     .run_cpu();
     ntt_on_the_emulated_device(&mut x, n);
     assert_eq!(FieldVec::Goldilocks(x), want);
+}
+
+/// Deterministic gradients in [-2, 2): a splitmix64 stream.
+fn gradients(n: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0
+        })
+        .collect()
+}
+
+#[test]
+fn dp_privatize_kernels_match_the_cpu_twin_bit_for_bit() {
+    // Three layers of uneven widths, more (row, layer) items than the grid has blocks.
+    let (rows, cols) = (40usize, 700usize);
+    let clipping = Clipping::Layers(vec![(100, 0.5), (350, 1.0), (250, 2.0)]);
+    let g = gradients(rows * cols, 7);
+    let job = SgdPlan::new(1.1, &clipping, rows, cols).unwrap().job(
+        Gradients::F64(g.clone()),
+        rows,
+        cols,
+        rows as f64,
+        NoiseKey::from_seed(11),
+    );
+    let want = job.run_cpu();
+
+    let layers = job.layers();
+    let mut sq = vec![0f64; rows * layers];
+    let (mut pg, mut pb, mut ps) = (g.as_ptr(), job.bounds.as_ptr(), sq.as_mut_ptr());
+    let (mut rows_v, mut cols_v, mut layers_v) = (rows as u64, cols as u64, layers as u32);
+    // SAFETY: g holds rows × cols values, bounds layers + 1, sq rows × layers; one block of
+    // exactly 256 threads per (row, layer), as the launcher runs it.
+    unsafe {
+        emulated::launch(
+            "dp_sq_norms_f64",
+            config(16, 256, 0),
+            args![pg, rows_v, cols_v, pb, layers_v, ps],
+        )
+        .unwrap()
+    };
+    let factors = clip_factors(&sq, &job.clip_norms);
+    let key = job.key.words();
+    let mut out = vec![0f64; cols];
+    let (mut pf, mut pk, mut po) = (factors.as_ptr(), key.as_ptr(), out.as_mut_ptr());
+    let (mut inv_grid, mut grid) = (1.0 / job.plan.grid, job.plan.grid);
+    let (mut t, mut c, mut divisor) = (job.plan.t, job.plan.c, job.divisor);
+    // SAFETY: as above; factors rows × layers, key 8 words, out cols.
+    unsafe {
+        emulated::launch(
+            "dp_clip_sum_noise_f64",
+            config(2, 128, 0),
+            args![pg, rows_v, cols_v, pb, layers_v, pf, pk, inv_grid, grid, t, c, divisor, po],
+        )
+        .unwrap()
+    };
+    assert_eq!(out, want.gradient);
+}
+
+#[test]
+fn dp_release_kernels_match_the_cpu_twin_bit_for_bit() {
+    let values: Vec<f64> = gradients(3_000, 9).iter().map(|v| v * 100.0).collect();
+    let gaussian = calibrate_gaussian(values.len(), 1.0, 1.0, 1e-5).unwrap();
+    let laplace = calibrate_laplace(values.len(), 1.0, 1.0).unwrap();
+    for mechanism in [
+        Mechanism::Gaussian(gaussian.plan),
+        Mechanism::Laplace(laplace.plan),
+    ] {
+        let job = NoiseJob {
+            values: values.clone(),
+            mechanism,
+            key: NoiseKey::from_seed(13),
+        };
+        let want = job.run_cpu();
+        let key = job.key.words();
+        let mut out = vec![0f64; values.len()];
+        let (mut px, mut pk, mut po) = (values.as_ptr(), key.as_ptr(), out.as_mut_ptr());
+        let (mut n, mut grid) = (values.len() as u64, mechanism.grid());
+        let mut inv_grid = 1.0 / grid;
+        // SAFETY: x and out hold n values, key 8 words.
+        let launched = unsafe {
+            match mechanism {
+                Mechanism::Gaussian(p) => {
+                    let (mut t, mut c) = (p.t, p.c);
+                    emulated::launch(
+                        "dp_gaussian_release",
+                        config(4, 256, 0),
+                        args![px, n, pk, inv_grid, grid, t, c, po],
+                    )
+                }
+                Mechanism::Laplace(p) => {
+                    let mut t = p.t;
+                    emulated::launch(
+                        "dp_laplace_release",
+                        config(4, 256, 0),
+                        args![px, n, pk, inv_grid, grid, t, po],
+                    )
+                }
+            }
+        };
+        launched.unwrap();
+        assert_eq!(out, want, "{}", mechanism.name());
+    }
 }
