@@ -4,13 +4,12 @@
 //! `max_queue_delay_microseconds`. Each caller gets its own part of the output, in its
 //! own order, or its own 504 at its own deadline.
 
-use super::slot::Slot;
 use super::{Completed, Enqueuer, JobError};
 use crate::backend::{BackendChoice, Batchable};
 use clap::ValueEnum;
 use std::any::{Any, TypeId};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
@@ -168,11 +167,7 @@ async fn run_batch<J: Batchable>(
     // The latest deadline: each caller still times out at its own (its receiver is
     // dropped), and one impatient caller cannot expire the others' work.
     let deadline = waiting.iter().map(|(d, _)| *d).max().expect("non-empty");
-    let slot = Arc::new(Slot::new(combined));
-    let result = enqueuer
-        .submit(slot.clone(), backend, deadline)
-        .await
-        .and_then(|run| slot.completed(run));
+    let result = enqueuer.run(combined, backend, deadline).await;
     let replies = waiting.into_iter().map(|(_, reply)| reply);
     match result {
         Ok(done) => {

@@ -138,12 +138,7 @@ impl Pool {
         timeout: Option<Duration>,
     ) -> Result<Completed<J::Output>, JobError> {
         let deadline = self.admit(&job, backend, timeout)?;
-        let slot = Arc::new(Slot::new(job));
-        let run = self
-            .enqueuer
-            .submit(slot.clone(), backend, deadline)
-            .await?;
-        slot.completed(run)
+        self.enqueuer.run(job, backend, deadline).await
     }
 
     /// As `submit`, but a small job may share one run with others of its lane that
@@ -157,14 +152,7 @@ impl Pool {
         let deadline = self.admit(&job, backend, timeout)?;
         match self.batcher.offer(job, backend, deadline) {
             Ok(rx) => reply_by(rx, deadline).await,
-            Err(job) => {
-                let slot = Arc::new(Slot::new(job));
-                let run = self
-                    .enqueuer
-                    .submit(slot.clone(), backend, deadline)
-                    .await?;
-                slot.completed(run)
-            }
+            Err(job) => self.enqueuer.run(job, backend, deadline).await,
         }
     }
 
@@ -232,6 +220,18 @@ async fn reply_by<T>(
 }
 
 impl Enqueuer {
+    /// Queues `job`, waits until `deadline` for it to run, and hands back its output.
+    async fn run<J: Job>(
+        &self,
+        job: J,
+        backend: BackendChoice,
+        deadline: Instant,
+    ) -> Result<Completed<J::Output>, JobError> {
+        let slot = Arc::new(Slot::new(job));
+        let run = self.submit(slot.clone(), backend, deadline).await?;
+        slot.completed(run)
+    }
+
     /// Queues `job` and waits until `deadline` for it to run; its output is then in its
     /// slot. Dropping the returned future before the job starts cancels it.
     async fn submit(
@@ -294,21 +294,19 @@ impl Shared {
     }
 
     fn choose(&self, job: &dyn Runnable, requested: BackendChoice) -> Result<Target, JobError> {
-        let on_device = job.device_refusal().is_none();
-        match requested {
-            BackendChoice::Cpu => Ok(Target::Cpu),
-            BackendChoice::Cuda if !on_device => Err(JobError::NotOnDevice(
-                job.device_refusal().unwrap_or_default(),
-            )),
-            BackendChoice::Cuda => self
+        match (requested, job.device_refusal()) {
+            (BackendChoice::Cpu, _) => Ok(Target::Cpu),
+            (BackendChoice::Cuda, Some(why)) => Err(JobError::NotOnDevice(why)),
+            (BackendChoice::Cuda, None) => self
                 .backends
                 .pick_gpu()
                 .map(Target::Cuda)
                 .ok_or_else(|| self.no_device()),
-            BackendChoice::Auto if !on_device || job.size() < job.gpu_threshold() => {
-                Ok(Target::Cpu)
+            (BackendChoice::Auto, Some(_)) => Ok(Target::Cpu),
+            (BackendChoice::Auto, None) if job.size() < job.gpu_threshold() => Ok(Target::Cpu),
+            (BackendChoice::Auto, None) => {
+                Ok(self.backends.pick_gpu().map_or(Target::Cpu, Target::Cuda))
             }
-            BackendChoice::Auto => Ok(self.backends.pick_gpu().map_or(Target::Cpu, Target::Cuda)),
         }
     }
 
