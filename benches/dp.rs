@@ -127,15 +127,14 @@ fn gpu(j: &PrivatizeJob, bytes: usize, gauss: &NoiseJob) {
         dev.info.name, dev.info.compute_capability
     );
     let lease = dev.lease().unwrap();
-    let stream = lease.stream();
     let Gradients::F32(g) = &j.gradients else {
         unreachable!()
     };
-    let dg = stream.clone_htod(g).unwrap();
-    let mut dcopy = stream.alloc_zeros::<f32>(g.len()).unwrap();
+    let dg = lease.upload(g).unwrap();
+    let mut dcopy = lease.alloc_zeros::<f32>(g.len()).unwrap();
     let copy = time(10, || {
-        stream.memcpy_dtod(&dg, &mut dcopy).unwrap();
-        stream.synchronize().unwrap();
+        lease.copy(&dg, &mut dcopy).unwrap();
+        lease.synchronize().unwrap();
     });
     let resident = time(10, || {
         gpu_ops::ops::dp::privatize_resident(j, &dg, &lease).unwrap()

@@ -131,14 +131,11 @@ async fn http(cpu_sizes: &[u32], cpu: &gpu_ops::backend::CpuExecutor) {
 }
 
 /// Host→device and back for `bytes` bytes: the transfer share of an end-to-end call.
-fn copy_round_trip(lease: &gpu_ops::backend::cuda::DeviceLease<'_>, bytes: usize) -> Duration {
+fn copy_round_trip(lease: &gpu_ops::backend::DeviceLease<'_>, bytes: usize) -> Duration {
     let host = vec![0u8; bytes];
-    let stream = lease.stream();
     time(5, || {
-        let d = stream.clone_htod(&host).unwrap();
-        let back = stream.clone_dtoh(&d).unwrap();
-        stream.synchronize().unwrap();
-        back
+        let d = lease.upload(&host).unwrap();
+        lease.download(&d).unwrap()
     })
 }
 

@@ -19,11 +19,17 @@
 // Threads per block (a power of two, for the envelope's tree sum).
 #define RF_REDUCE_THREADS 256
 
-#ifdef __CUDACC__
+// A block's barrier on the device and on the emulated device (kernels/emu/cuda_emu.h);
+// nothing in the host build, where one "thread" does a block's work.
+#if defined(__CUDACC__) || defined(GPU_OPS_CUDA_EMU_H)
 #define RF_SYNC() __syncthreads()
-#define RF_BITREV(j, bits) (__brev(j) >> (32 - (bits)))
 #else
 #define RF_SYNC()
+#endif
+
+#ifdef __CUDACC__
+#define RF_BITREV(j, bits) (__brev(j) >> (32 - (bits)))
+#else
 #define RF_BITREV(j, bits) rf_host_bitrev((j), (bits))
 static inline u32 rf_host_bitrev(u32 j, u32 bits) {
     u32 r = 0;

@@ -64,6 +64,11 @@ pub struct Config {
     /// GPUs to use: "all" or ordinals such as "0,1".
     #[arg(long, env = "GPU_OPS_DEVICES", default_value = "all")]
     pub devices: DeviceSelection,
+    /// For testing: serve GPU work on the emulated device (our kernels compiled for the
+    /// host, run with CUDA's execution model) instead of CUDA devices. `/device` says so.
+    /// Correct answers, slowly; never for production.
+    #[arg(long, env = "GPU_OPS_EMULATE_DEVICE", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub emulate_device: bool,
     /// Jobs that may wait in the queue; beyond it requests get 503 queue_full.
     #[arg(long, env = "GPU_OPS_QUEUE_CAPACITY", default_value_t = 1024)]
     pub queue_capacity: usize,

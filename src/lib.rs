@@ -22,6 +22,18 @@ use store::Store;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// Pretend memory of the `--emulate-device` device: allocations are real host memory.
+const EMULATED_DEVICE_BYTES: u64 = 1 << 30;
+
+/// `--emulate-device`: one emulated device in place of CUDA discovery.
+fn emulated_devices() -> (Vec<Arc<backend::GpuDevice>>, String) {
+    let dev = backend::GpuDevice::emulated(0, EMULATED_DEVICE_BYTES);
+    (
+        vec![Arc::new(dev)],
+        "1 emulated device (--emulate-device): our kernels compiled for the host, for testing; not a GPU".into(),
+    )
+}
+
 pub struct App {
     pub state: Arc<AppState>,
     discovered: watch::Receiver<bool>,
@@ -75,14 +87,21 @@ impl App {
             let (selection, cache) = (cfg.devices.clone(), cfg.data_dir.join("kernel-cache"));
             let interval = cfg.device_sample_interval;
             let memory_limit = cfg.gpu_memory_limit_mib << 20;
+            let emulate = cfg.emulate_device;
             tokio::task::spawn_blocking(move || {
-                let library = ops::kernel_library();
-                let (gpus, reason) = backend::cuda::discover(&selection, &cache, &library);
+                let (gpus, reason) = if emulate {
+                    tracing::warn!(
+                        "--emulate-device: GPU work runs on the emulated device, for testing only"
+                    );
+                    emulated_devices()
+                } else {
+                    backend::cuda::discover(&selection, &cache, &ops::kernel_library())
+                };
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
                 }
                 tracing::info!(devices = gpus.len(), reason = %reason, "device discovery finished");
-                if !gpus.is_empty() {
+                if !gpus.is_empty() && !emulate {
                     if let Err(why) = backend::spawn_nvml_sampler(m, interval) {
                         tracing::warn!(reason = %why, "GPU gauges will not be exported");
                     }

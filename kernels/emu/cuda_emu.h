@@ -3,7 +3,7 @@
 // `__shared__` arrays become `static` (one block runs at a time, so a function's statics
 // are the block's shared memory), `extern __shared__ T name[];` becomes a pointer to the
 // launch's dynamic shared memory, and nothing else. Every GPU thread of a block runs on its
-// own host thread, so `__syncthreads` is a real barrier. __CUDACC__ stays undefined: the
+// own fiber, run in turn between barriers, so `__syncthreads` is a real barrier. __CUDACC__ stays undefined: the
 // headers take their host paths for intrinsics (the same ones the host parity tests check).
 #ifndef GPU_OPS_CUDA_EMU_H
 #define GPU_OPS_CUDA_EMU_H
@@ -28,9 +28,13 @@ extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __noinline__
 #define __align__(n) alignas(n)
 
-void emu_syncthreads();
+// A barrier names its source line, so threads waiting at different barriers at once are
+// caught as divergence.
+void emu_syncthreads_at(const char *site);
 void *emu_dynamic_shared();
-#define __syncthreads() emu_syncthreads()
+#define EMU_STR2(x) #x
+#define EMU_STR(x) EMU_STR2(x)
+#define __syncthreads() emu_syncthreads_at(__FILE__ ":" EMU_STR(__LINE__))
 
 // Round-to-nearest arithmetic: the host's default rounding, never contracted into an FMA
 // (-ffp-contract=off), as the device's _rn intrinsics guarantee.

@@ -1,17 +1,38 @@
-// The emulated device's launch: a grid of blocks run one after another, each block's
-// threads on their own host threads, with a real barrier, the launch's dynamic shared
-// memory, and a check that every live thread of a block reaches each barrier. Launches
-// are serialised process-wide: the blocks' `__shared__` arrays are function statics.
+// The emulated device's launch: a grid of blocks run one after another; each block's
+// threads are fibers (ucontext) on the launching host thread, run in turn until each
+// reaches a barrier or returns, so `__syncthreads` is a real barrier and a missing one
+// shows as a wrong answer every time, not now and then. Launches are serialised
+// process-wide: the blocks' `__shared__` arrays are function statics. A barrier that not
+// every live thread of the block reaches (one returns, or waits at another barrier, while
+// others wait) fails the launch.
 #include "cuda_emu.h"
 
-#include <condition_variable>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_ASAN 1
+#endif
+#endif
+#ifdef EMU_ASAN
+// AddressSanitizer must be told when the stack changes under it.
+#include <sanitizer/common_interface_defs.h>
+#define EMU_START_SWITCH(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
+#define EMU_FINISH_SWITCH(save, bottom, size) __sanitizer_finish_switch_fiber(save, bottom, size)
+#else
+#define EMU_START_SWITCH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#define EMU_FINISH_SWITCH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#endif
 
 thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
@@ -25,20 +46,33 @@ namespace {
 // What every device gives a block without the kernel opting in to more.
 constexpr size_t DEFAULT_SHARED_LIMIT = 48 * 1024;
 constexpr unsigned MAX_THREADS_PER_BLOCK = 1024;
+// Each GPU thread's stack (kernels keep field elements and points there; AddressSanitizer's
+// redzones double it), with a guard page below so an overflow faults.
+constexpr size_t STACK_BYTES = 256 * 1024;
 
-// One block being run: its threads' barrier, and who has left the kernel.
-struct Block {
-    std::mutex m;
-    std::condition_variable cv;
-    unsigned threads = 0;
-    unsigned live = 0;         // threads that have not returned from the kernel
-    unsigned arrived = 0;      // threads waiting at the current barrier
-    unsigned long generation = 0;
-    bool diverged = false;     // a barrier some live threads never reached
-    unsigned char *shared = nullptr;
+// One GPU thread of the block being run.
+struct Fiber {
+    ucontext_t context;
+    unsigned char *stack = nullptr;  // usable part, above the guard page
+    dim3 index{0, 0, 0};
+    bool done = false;
+    const char *barrier = nullptr;   // where it waits, while it waits
+    void *fake_stack = nullptr;      // AddressSanitizer's, across a switch
 };
 
-thread_local Block *current = nullptr;
+// The block being run: its fibers, the scheduler's context, the kernel and its arguments.
+struct Block {
+    ucontext_t scheduler;
+    std::vector<Fiber> fibers;
+    Fiber *running = nullptr;
+    const emu_kernel *kernel = nullptr;
+    void **args = nullptr;
+    unsigned char *shared = nullptr;
+    const void *scheduler_stack = nullptr;  // AddressSanitizer's view of the host stack
+    size_t scheduler_stack_size = 0;
+};
+
+Block block;
 
 const emu_kernel *find(const char *name) {
     for (size_t m = 0; m < emu_module_count; m++)
@@ -47,33 +81,104 @@ const emu_kernel *find(const char *name) {
     return nullptr;
 }
 
-// Releases a barrier whose waiting threads are every live thread (lock held).
-void release_if_complete(Block &b) {
-    if (b.arrived > 0 && b.arrived == b.live) {
-        b.arrived = 0;
-        b.generation++;
-        b.cv.notify_all();
-    }
-}
-
 std::mutex launches;
 
 void set_error(char *err, size_t len, const std::string &message) {
     if (err && len) std::snprintf(err, len, "%s", message.c_str());
 }
 
-}  // namespace
+// Stacks are mapped once and reused by every later block and launch.
+std::vector<unsigned char *> stacks;
 
-void emu_syncthreads() {
-    Block &b = *current;
-    std::unique_lock<std::mutex> lock(b.m);
-    unsigned long gen = b.generation;
-    b.arrived++;
-    release_if_complete(b);
-    b.cv.wait(lock, [&] { return b.generation != gen; });
+bool ensure_stacks(unsigned threads) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    while (stacks.size() < threads) {
+        void *m = mmap(nullptr, STACK_BYTES + page, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+        if (m == MAP_FAILED) return false;
+        mprotect(m, page, PROT_NONE);
+        stacks.push_back(static_cast<unsigned char *>(m) + page);
+    }
+    return true;
 }
 
-void *emu_dynamic_shared() { return current->shared; }
+// Back to the scheduler from the running fiber; returns when the scheduler resumes it.
+void yield_to_scheduler(Fiber &f) {
+    EMU_START_SWITCH(&f.fake_stack, block.scheduler_stack, block.scheduler_stack_size);
+    swapcontext(&f.context, &block.scheduler);
+    EMU_FINISH_SWITCH(f.fake_stack, &block.scheduler_stack, &block.scheduler_stack_size);
+}
+
+// A fiber's whole life: the kernel for its thread, then back to the scheduler for good.
+void fiber_main() {
+    Fiber &f = *block.running;
+    EMU_FINISH_SWITCH(nullptr, &block.scheduler_stack, &block.scheduler_stack_size);
+    block.kernel->call(block.args);
+    f.done = true;
+    EMU_START_SWITCH(nullptr, block.scheduler_stack, block.scheduler_stack_size);
+    setcontext(&block.scheduler);
+}
+
+// Runs fiber `f` until it waits at a barrier or returns.
+void resume(Fiber &f) {
+    block.running = &f;
+    threadIdx = f.index;
+    void *fake = nullptr;
+    EMU_START_SWITCH(&fake, f.stack, STACK_BYTES);
+    swapcontext(&block.scheduler, &f.context);
+    EMU_FINISH_SWITCH(fake, nullptr, nullptr);
+    block.running = nullptr;
+}
+
+// Runs one block to the end; false if a barrier was not reached by every live thread.
+bool run_block(unsigned threads, dim3 bd) {
+    block.fibers.assign(threads, Fiber{});
+    for (unsigned t = 0; t < threads; t++) {
+        Fiber &f = block.fibers[t];
+        f.stack = stacks[t];
+        f.index = dim3{t % bd.x, t / bd.x % bd.y, t / bd.x / bd.y};
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = f.stack;
+        f.context.uc_stack.ss_size = STACK_BYTES;
+        f.context.uc_link = nullptr;
+        makecontext(&f.context, fiber_main, 0);
+    }
+    unsigned live = threads;
+    while (live > 0) {
+        // One round: every live thread runs to its next barrier or to its end.
+        const char *site = nullptr;
+        bool waiting = false, returned = false, mixed_sites = false;
+        for (Fiber &f : block.fibers) {
+            if (f.done) continue;
+            f.barrier = nullptr;
+            resume(f);
+            if (f.done) {
+                live--;
+                returned = true;
+            } else {
+                waiting = true;
+                if (site && site != f.barrier) mixed_sites = true;
+                site = f.barrier;
+            }
+        }
+        if (waiting && (returned || mixed_sites)) {
+            // Leave the stranded fibers where they are: their stacks are reused, never
+            // resumed.
+            return false;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+void emu_syncthreads_at(const char *site) {
+    Fiber &f = *block.running;
+    f.barrier = site;
+    yield_to_scheduler(f);
+}
+
+void *emu_dynamic_shared() { return block.shared; }
 
 // Error codes of emu_launch.
 enum {
@@ -98,7 +203,7 @@ long emu_kernel_params(const char *name, size_t *sizes, size_t cap) {
 // Runs kernel `name` on a grid × block launch with `shared_bytes` of dynamic shared
 // memory. `args` holds one pointer per parameter, to the argument's value, as
 // cuLaunchKernel takes them. Returns EMU_OK or an error code with a message in `err`.
-int emu_launch(const char *name, const unsigned grid[3], const unsigned block[3],
+int emu_launch(const char *name, const unsigned grid[3], const unsigned block_dim[3],
                size_t shared_bytes, void **args, size_t nargs, char *err, size_t err_len) {
     const emu_kernel *k = find(name);
     if (!k) {
@@ -110,7 +215,7 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block[3]
                                     " arguments, the launch passed " + std::to_string(nargs));
         return EMU_BAD_ARGUMENTS;
     }
-    unsigned long long threads = (unsigned long long)block[0] * block[1] * block[2];
+    unsigned long long threads = (unsigned long long)block_dim[0] * block_dim[1] * block_dim[2];
     if (threads == 0 || threads > MAX_THREADS_PER_BLOCK || grid[0] == 0 || grid[1] == 0 ||
         grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535) {
         set_error(err, err_len, std::string(name) + ": invalid grid or block dimensions");
@@ -123,67 +228,29 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block[3]
         return EMU_BAD_LAUNCH;
     }
     std::lock_guard<std::mutex> serial(launches);
+    if (!ensure_stacks((unsigned)threads)) {
+        set_error(err, err_len, std::string(name) + ": the host could not map stacks for " +
+                                    std::to_string(threads) + " threads");
+        return EMU_BAD_LAUNCH;
+    }
     // Exactly the launch's bytes, so AddressSanitizer (GPU_OPS_EMU_SANITIZE=address) sees a
     // kernel that reads or writes past them.
     std::vector<unsigned char> shared(shared_bytes);
-    Block b;
-    b.threads = (unsigned)threads;
-    b.shared = shared_bytes ? shared.data() : nullptr;
-    const dim3 g{grid[0], grid[1], grid[2]}, bd{block[0], block[1], block[2]};
+    block.kernel = k;
+    block.args = args;
+    block.shared = shared_bytes ? shared.data() : nullptr;
+    const dim3 g{grid[0], grid[1], grid[2]}, bd{block_dim[0], block_dim[1], block_dim[2]};
+    gridDim = g;
+    blockDim = bd;
     unsigned long long blocks = (unsigned long long)g.x * g.y * g.z;
-    bool diverged = false;
-    for (unsigned long long n = 0; n < blocks && !diverged; n++) {
-        const dim3 bi{(unsigned)(n % g.x), (unsigned)(n / g.x % g.y), (unsigned)(n / g.x / g.y)};
-        b.live = b.threads;
-        b.arrived = 0;
-        // One GPU thread: its indices, the kernel, then leaving the block.
-        auto gpu_thread = [&](unsigned t) {
-            current = &b;
-            gridDim = g;
-            blockDim = bd;
-            blockIdx = bi;
-            threadIdx = dim3{t % bd.x, t / bd.x % bd.y, t / bd.x / bd.y};
-            k->call(args);
-            std::lock_guard<std::mutex> lock(b.m);
-            b.live--;
-            // Threads still waiting at a barrier that this thread will never reach.
-            if (b.arrived > 0) {
-                b.diverged = true;
-                b.arrived = 0;
-                b.generation++;
-                b.cv.notify_all();
-            }
-        };
-        std::vector<std::thread> pool;
-        pool.reserve(b.threads);
-        bool started = true;
-        for (unsigned t = 0; t < b.threads && started; t++) {
-            try {
-                pool.emplace_back(gpu_thread, t);
-            } catch (const std::system_error &) {
-                // The host could not start another thread: release the started ones from
-                // any barrier (it can never be complete) and fail the launch.
-                std::lock_guard<std::mutex> lock(b.m);
-                b.live -= b.threads - t;
-                b.arrived = 0;
-                b.generation++;
-                b.cv.notify_all();
-                started = false;
-            }
+    for (unsigned long long n = 0; n < blocks; n++) {
+        blockIdx = dim3{(unsigned)(n % g.x), (unsigned)(n / g.x % g.y), (unsigned)(n / g.x / g.y)};
+        if (!run_block((unsigned)threads, bd)) {
+            set_error(err, err_len, std::string(name) +
+                                        ": a __syncthreads() that not every live thread of the "
+                                        "block reached");
+            return EMU_BARRIER_DIVERGENCE;
         }
-        for (auto &th : pool) th.join();
-        if (!started) {
-            set_error(err, err_len, std::string(name) + ": the host could not start " +
-                                        std::to_string(b.threads) + " threads for a block");
-            return EMU_BAD_LAUNCH;
-        }
-        diverged = b.diverged;
-    }
-    if (diverged) {
-        set_error(err, err_len, std::string(name) +
-                                    ": a __syncthreads() that not every live thread of the "
-                                    "block reached");
-        return EMU_BARRIER_DIVERGENCE;
     }
     return EMU_OK;
 }

@@ -3,7 +3,7 @@
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
 use crate::backend::cpu::CpuInfo;
-use crate::backend::cuda::GpuInfo;
+use crate::backend::GpuInfo;
 use crate::backend::{BackendChoice, BackendKind};
 use axum::extract::State;
 use axum::http::header;

@@ -11,8 +11,12 @@
 //! model beyond barriers, and the device's own intrinsics (headers take their host paths,
 //! the ones the host parity tests check).
 
+use super::device::DeviceError;
 use cudarc::driver::LaunchConfig;
+use std::alloc::Layout;
 use std::ffi::{c_char, c_int, c_long, c_void, CString};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 extern "C" {
     fn emu_launch(
@@ -97,4 +101,125 @@ pub unsafe fn launch(
         .to_string_lossy()
         .into_owned();
     Err(LaunchError { kind, message })
+}
+
+/// The emulated device's memory accounting: allocations past its pretend size fail as
+/// out of memory, so launchers' passes and chunks run as they would on a small GPU.
+pub struct EmulatedEngine {
+    total: usize,
+    in_use: Arc<AtomicUsize>,
+}
+
+impl EmulatedEngine {
+    /// Multiprocessors the emulated device reports: launches that fill the device
+    /// (`DeviceLease::launch_config`) get 32 blocks, so grid-stride loops wrap at small
+    /// sizes.
+    pub const SM_COUNT: u32 = 1;
+
+    pub fn new(total_bytes: u64) -> Self {
+        Self {
+            total: total_bytes as usize,
+            in_use: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// (free, total) bytes.
+    pub fn memory(&self) -> (u64, u64) {
+        let used = self.in_use.load(Ordering::Relaxed);
+        (self.total.saturating_sub(used) as u64, self.total as u64)
+    }
+
+    /// `bytes` of zeroed device memory, or out of memory past the device's size.
+    pub fn alloc(&self, bytes: usize) -> Result<HostMemory, DeviceError> {
+        let before = self.in_use.fetch_add(bytes, Ordering::Relaxed);
+        if before + bytes > self.total {
+            self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(DeviceError::out_of_memory(format!(
+                "emulated device: {bytes} bytes requested, {} of {} free",
+                self.total.saturating_sub(before),
+                self.total
+            )));
+        }
+        // 256-byte aligned as cudaMalloc's; never zero-sized, as the allocator needs.
+        let layout = Layout::from_size_align(bytes.max(1), 256)
+            .map_err(|e| DeviceError::out_of_memory(format!("emulated device: {e}")))?;
+        // SAFETY: the layout's size is nonzero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(DeviceError::out_of_memory(format!(
+                "emulated device: the host refused {bytes} bytes"
+            )));
+        }
+        Ok(HostMemory {
+            address: ptr.cast(),
+            bytes,
+            layout,
+            in_use: self.in_use.clone(),
+        })
+    }
+}
+
+/// One emulated device allocation: host memory of exactly the requested bytes (plus the
+/// allocator's rounding for zero), freed on drop.
+pub struct HostMemory {
+    /// Kernels receive a pointer to this field: the buffer's device address.
+    address: *mut c_void,
+    bytes: usize,
+    layout: Layout,
+    in_use: Arc<AtomicUsize>,
+}
+
+// SAFETY: the memory is owned by this value alone; access is ordered by the device lease.
+unsafe impl Send for HostMemory {}
+// SAFETY: shared references only read the address; kernels write through it only inside
+// a launch, which holds the device's lease.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// Where a launch's argument pointer for this buffer points: at its address.
+    pub fn address_slot(&self) -> *mut c_void {
+        &self.address as *const *mut c_void as *mut c_void
+    }
+
+    /// Copies `bytes` (at most the allocation's) from `src` in.
+    ///
+    /// # Safety
+    /// `src` must be valid for `bytes` reads.
+    pub unsafe fn write(&self, src: *const u8, bytes: usize) {
+        let n = bytes.min(self.bytes);
+        // SAFETY: both ranges hold n bytes and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.address.cast::<u8>(), n) };
+    }
+
+    /// Copies `bytes` (at most the allocation's) out to `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `bytes` writes.
+    pub unsafe fn read(&self, dst: *mut u8, bytes: usize) {
+        let n = bytes.min(self.bytes);
+        // SAFETY: both ranges hold n bytes and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.address.cast::<u8>(), dst, n) };
+    }
+
+    pub fn zero(&mut self) {
+        // SAFETY: the allocation holds `bytes` bytes.
+        unsafe { std::ptr::write_bytes(self.address.cast::<u8>(), 0, self.bytes) };
+    }
+
+    pub fn copy_from(&mut self, src: &HostMemory) {
+        let n = self.bytes.min(src.bytes);
+        // SAFETY: both allocations hold at least n bytes; two buffers never overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.address.cast::<u8>(), self.address.cast::<u8>(), n)
+        };
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in EmulatedEngine::alloc.
+        unsafe { std::alloc::dealloc(self.address.cast(), self.layout) };
+        self.in_use.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }

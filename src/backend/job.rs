@@ -3,7 +3,7 @@
 //! this trait and hands the caller the job's own output type, so nothing above the ops
 //! enumerates them.
 
-use super::cuda::{DeviceError, DeviceLease};
+use super::device::{DeviceError, DeviceLease};
 use std::fmt::Debug;
 use std::hash::Hash;
 

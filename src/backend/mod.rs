@@ -3,6 +3,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod device;
 pub mod emulated;
 mod job;
 mod nvml;
@@ -14,7 +15,9 @@ use std::sync::{Arc, OnceLock, RwLock};
 use utoipa::ToSchema;
 
 pub use cpu::CpuExecutor;
-pub use cuda::{CudaDevice, DeviceError, DeviceErrorKind, DeviceLease};
+pub use device::{
+    DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element, GpuDevice, GpuInfo,
+};
 pub use job::{Batchable, Job};
 pub use nvml::{driver_version as nvml_driver_version, spawn_sampler as spawn_nvml_sampler};
 
@@ -65,7 +68,7 @@ pub struct Backends {
     pub mode: BackendChoice,
     pub cpu: Arc<CpuExecutor>,
     metrics: Arc<Metrics>,
-    gpus: OnceLock<Vec<Arc<CudaDevice>>>,
+    gpus: OnceLock<Vec<Arc<GpuDevice>>>,
     reason: RwLock<String>,
     next_gpu: AtomicUsize,
 }
@@ -83,7 +86,7 @@ impl Backends {
     }
 
     /// Called once, when discovery and kernel compilation are done.
-    pub fn set_gpus(&self, gpus: Vec<Arc<CudaDevice>>, reason: String) {
+    pub fn set_gpus(&self, gpus: Vec<Arc<GpuDevice>>, reason: String) {
         for g in &gpus {
             self.health_gauge(g).set(1);
         }
@@ -92,7 +95,7 @@ impl Backends {
     }
 
     /// The healthy GPUs in turn, so concurrent work spreads over them.
-    pub fn pick_gpu(&self) -> Option<Arc<CudaDevice>> {
+    pub fn pick_gpu(&self) -> Option<Arc<GpuDevice>> {
         let healthy: Vec<_> = self.healthy_gpus().collect();
         if healthy.is_empty() {
             return None;
@@ -103,7 +106,7 @@ impl Backends {
     /// What happens when work fails on a device, for every caller: logged, a fatal
     /// error takes the device out of service (`gpu_ops_device_healthy` 0), and a rerun on
     /// the CPU is counted in `gpu_ops_fallbacks_total{op, reason}`.
-    pub fn device_failed(&self, dev: &CudaDevice, op: &str, err: &DeviceError, rerun_on_cpu: bool) {
+    pub fn device_failed(&self, dev: &GpuDevice, op: &str, err: &DeviceError, rerun_on_cpu: bool) {
         tracing::warn!(op, device = dev.info.ordinal, error = %err, fallback = rerun_on_cpu, "device work failed");
         if err.kind == DeviceErrorKind::Fatal {
             dev.mark_unhealthy(&err.message);
@@ -122,7 +125,7 @@ impl Backends {
             .inc();
     }
 
-    fn health_gauge(&self, dev: &CudaDevice) -> prometheus::IntGauge {
+    fn health_gauge(&self, dev: &GpuDevice) -> prometheus::IntGauge {
         self.metrics
             .device_healthy
             .with_label_values(&[&dev.info.ordinal.to_string(), &dev.info.uuid])
@@ -132,11 +135,11 @@ impl Backends {
         self.gpus.get().is_some()
     }
 
-    pub fn gpus(&self) -> &[Arc<CudaDevice>] {
+    pub fn gpus(&self) -> &[Arc<GpuDevice>] {
         self.gpus.get().map(Vec::as_slice).unwrap_or(&[])
     }
 
-    pub fn healthy_gpus(&self) -> impl Iterator<Item = &Arc<CudaDevice>> {
+    pub fn healthy_gpus(&self) -> impl Iterator<Item = &Arc<GpuDevice>> {
         self.gpus().iter().filter(|d| d.is_healthy())
     }
 

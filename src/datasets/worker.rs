@@ -8,7 +8,7 @@ use super::parquet_out::{self, FeatureWriter};
 use super::{
     gib, Active, Datasets, DATASET_OP, DISK_RESERVE_BYTES, MAX_ATTEMPTS_PER_SAMPLE, PERSIST_EVERY,
 };
-use crate::backend::{BackendChoice, CudaDevice};
+use crate::backend::{BackendChoice, GpuDevice};
 use crate::ops::rf::dataset::{
     device_batch, fits_device, records_agree, sample, samples_cuda, Rejection, SampleRecord,
 };
@@ -64,7 +64,7 @@ impl Datasets {
     /// The device a dataset batch runs on, if any: the backends' next healthy GPU (the
     /// choice request jobs get), `--backend` not `cpu`, no earlier disagreement, and a
     /// scenario whose segments `rf_chunk_reduce` takes.
-    fn dataset_device(&self, s: &Scenario) -> Option<Arc<CudaDevice>> {
+    fn dataset_device(&self, s: &Scenario) -> Option<Arc<GpuDevice>> {
         if self.backends.mode == BackendChoice::Cpu
             || self.device_distrusted.load(Ordering::Relaxed)
             || !fits_device(s)
@@ -81,7 +81,7 @@ impl Datasets {
     #[allow(clippy::too_many_arguments)]
     fn device_records(
         &self,
-        dev: &CudaDevice,
+        dev: &GpuDevice,
         pool: &rayon::ThreadPool,
         s: &Scenario,
         key: u64,

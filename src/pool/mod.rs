@@ -7,7 +7,7 @@ mod slot;
 
 pub use batch::{BatchConfig, BatchMode};
 
-use crate::backend::{BackendChoice, BackendKind, Backends, Batchable, CudaDevice, Job};
+use crate::backend::{BackendChoice, BackendKind, Backends, Batchable, GpuDevice, Job};
 use crate::metrics::Metrics;
 use slot::{Runnable, Slot};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -74,7 +74,7 @@ struct Queued {
 
 enum Target {
     Cpu,
-    Cuda(Arc<CudaDevice>),
+    Cuda(Arc<GpuDevice>),
 }
 
 struct Shared {

@@ -4,9 +4,8 @@
 use super::privatize::{clip_factors, clip_stats, Gradients, PrivatizeJob, Privatized, LANES};
 use super::release::{Mechanism, NoiseJob};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::cuda::DeviceLease;
-use crate::backend::DeviceError;
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use crate::backend::DeviceLease;
+use crate::backend::{DeviceBuffer, DeviceError, Element};
 
 /// Every kernel `kernels/dp.cu` must provide.
 const KERNEL_NAMES: &[&str] = &[
@@ -32,19 +31,13 @@ pub fn run_privatize_cuda(
     dev: &DeviceLease<'_>,
 ) -> Result<Privatized, DeviceError> {
     match &job.gradients {
-        Gradients::F32(g) => {
-            let dg = dev.stream().clone_htod(g)?;
-            privatize_resident(job, &dg, dev)
-        }
-        Gradients::F64(g) => {
-            let dg = dev.stream().clone_htod(g)?;
-            privatize_resident(job, &dg, dev)
-        }
+        Gradients::F32(g) => privatize_resident(job, &dev.upload(g)?, dev),
+        Gradients::F64(g) => privatize_resident(job, &dev.upload(g)?, dev),
     }
 }
 
 /// The gradients' element type, as the kernels are named.
-pub trait GradientElement: cudarc::driver::DeviceRepr + Copy {
+pub trait GradientElement: Element {
     const DTYPE: &'static str;
 }
 
@@ -61,16 +54,15 @@ impl GradientElement for f64 {
 /// measure device bandwidth without the upload.
 pub fn privatize_resident<T: GradientElement>(
     job: &PrivatizeJob,
-    dg: &CudaSlice<T>,
+    dg: &DeviceBuffer<T>,
     dev: &DeviceLease<'_>,
 ) -> Result<Privatized, DeviceError> {
     let dtype = T::DTYPE;
-    let stream = dev.stream();
     let (rows, cols, layers) = (job.rows as u64, job.cols as u64, job.layers() as u32);
-    let dbounds = stream.clone_htod(&job.bounds)?;
-    let mut dsq: CudaSlice<f64> = stream.alloc_zeros(job.rows * job.layers())?;
-    let norms = dev.function(&format!("dp_sq_norms_{dtype}"))?;
-    let mut launch = stream.launch_builder(norms);
+    let dbounds = dev.upload(&job.bounds)?;
+    let mut dsq: DeviceBuffer<f64> = dev.alloc_zeros(job.rows * job.layers())?;
+    let norms = format!("dp_sq_norms_{dtype}");
+    let mut launch = dev.launch(&norms)?;
     launch
         .arg(dg)
         .arg(&rows)
@@ -83,16 +75,16 @@ pub fn privatize_resident<T: GradientElement>(
     assert_eq!(config.block_dim.0 as usize, LANES);
     // SAFETY: g has rows*cols elements, bounds layers+1 (the last = cols), sq rows*layers.
     unsafe { launch.launch(config) }?;
-    let sq = stream.clone_dtoh(&dsq)?;
-    stream.synchronize()?;
+    let sq = dev.download(&dsq)?;
 
     let factors = clip_factors(&sq, &job.clip_norms);
-    let dfactors = stream.clone_htod(&factors)?;
-    let dkey = stream.clone_htod(&job.key.words())?;
-    let mut dout: CudaSlice<f64> = stream.alloc_zeros(job.cols)?;
+    let dfactors = dev.upload(&factors)?;
+    let key = job.key.words();
+    let dkey = dev.upload(&key)?;
+    let mut dout: DeviceBuffer<f64> = dev.alloc_zeros(job.cols)?;
     let (grid, inv_grid) = (job.plan.grid, 1.0 / job.plan.grid);
-    let sum = dev.function(&format!("dp_clip_sum_noise_{dtype}"))?;
-    let mut launch = stream.launch_builder(sum);
+    let sum = format!("dp_clip_sum_noise_{dtype}");
+    let mut launch = dev.launch(&sum)?;
     launch
         .arg(dg)
         .arg(&rows)
@@ -109,8 +101,7 @@ pub fn privatize_resident<T: GradientElement>(
         .arg(&mut dout);
     // SAFETY: as above; factors has rows*layers entries, key 8 words, out cols.
     unsafe { launch.launch(dev.launch_config(job.cols)) }?;
-    let gradient = stream.clone_dtoh(&dout)?;
-    stream.synchronize()?;
+    let gradient = dev.download(&dout)?;
     Ok(Privatized {
         gradient,
         stats: clip_stats(&sq, &job.clip_norms),
@@ -118,11 +109,11 @@ pub fn privatize_resident<T: GradientElement>(
 }
 
 pub fn run_noise_cuda(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
-    let stream = dev.stream();
     let n = job.len() as u64;
-    let dx = stream.clone_htod(&job.values)?;
-    let dkey = stream.clone_htod(&job.key.words())?;
-    let mut dout: CudaSlice<f64> = stream.alloc_zeros(job.len())?;
+    let dx = dev.upload(&job.values)?;
+    let key = job.key.words();
+    let dkey = dev.upload(&key)?;
+    let mut dout: DeviceBuffer<f64> = dev.alloc_zeros(job.len())?;
     let grid = job.mechanism.grid();
     let inv_grid = 1.0 / grid;
     // The Gaussian kernel takes one more scale parameter (c) before the output.
@@ -130,7 +121,7 @@ pub fn run_noise_cuda(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>,
         Mechanism::Gaussian(p) => ("dp_gaussian_release", p.t, Some(p.c)),
         Mechanism::Laplace(p) => ("dp_laplace_release", p.t, None),
     };
-    let mut launch = stream.launch_builder(dev.function(kernel)?);
+    let mut launch = dev.launch(kernel)?;
     launch
         .arg(&dx)
         .arg(&n)
@@ -144,7 +135,5 @@ pub fn run_noise_cuda(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>,
     launch.arg(&mut dout);
     // SAFETY: x and out have n elements, key 8 words; the arguments match the kernel's.
     unsafe { launch.launch(dev.launch_config(job.len())) }?;
-    let out = stream.clone_dtoh(&dout)?;
-    stream.synchronize()?;
-    Ok(out)
+    dev.download(&dout)
 }

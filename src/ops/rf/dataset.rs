@@ -7,8 +7,8 @@ use super::generate::{
 };
 use super::gpu::{pack_drafts, receive_and_reduce_cuda, unpack, MAX_REDUCE_SEGMENT};
 use super::scenario::Scenario;
-use crate::backend::cuda::DeviceLease;
 use crate::backend::DeviceError;
+use crate::backend::DeviceLease;
 use rayon::prelude::*;
 use rustfft::num_complex::Complex32;
 use serde::Serialize;

@@ -11,9 +11,9 @@ use super::generate::{SamplePlan, WaveDraft};
 use super::multipath::padded_len;
 use super::waveform::{Audio, WaveSpec};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::cuda::DeviceLease;
-use crate::backend::DeviceError;
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use crate::backend::DeviceLease;
+use crate::backend::{DeviceBuffer, DeviceError};
+use cudarc::driver::LaunchConfig;
 use rustfft::num_complex::Complex32;
 
 /// Every kernel `kernels/rf.cu` must provide.
@@ -306,10 +306,7 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
         return Ok(Vec::new());
     }
     let out = receive_on_device(b, dev)?;
-    let stream = dev.stream();
-    let host = stream.clone_dtoh(&out)?;
-    stream.synchronize()?;
-    Ok(host)
+    dev.download(&out)
 }
 
 /// The batch's recordings reduced to chunk sums on the device (`features::plan` gives
@@ -329,14 +326,7 @@ pub fn receive_and_reduce_cuda(
     let recordings = receive_on_device(b, dev)?;
     let chunks = chunks_of(b, chunk);
     let sums = reduce_on_device(&recordings, &chunks, seg, dev)?;
-    let iq = if keep_iq {
-        let stream = dev.stream();
-        let iq = stream.clone_dtoh(&recordings)?;
-        stream.synchronize()?;
-        Some(iq)
-    } else {
-        None
-    };
+    let iq = keep_iq.then(|| dev.download(&recordings)).transpose()?;
     Ok((iq, sums))
 }
 
@@ -355,7 +345,7 @@ pub fn recording_sums_cuda(
         return Ok(Vec::new());
     }
     let interleaved: Vec<f32> = iq.iter().flat_map(|c| [c.re, c.im]).collect();
-    let recording = dev.stream().clone_htod(&interleaved)?;
+    let recording = dev.upload(&interleaved)?;
     reduce_on_device(&recording, &chunks, seg, dev)
 }
 
@@ -372,7 +362,7 @@ fn check_segment(chunk: usize, seg: usize) -> Result<(), DeviceError> {
 /// Launches `rf_chunk_reduce` over `chunks` of the interleaved recordings on the device;
 /// returns their sums.
 fn reduce_on_device(
-    recordings: &CudaSlice<f32>,
+    recordings: &DeviceBuffer<f32>,
     chunks: &[RfChunk],
     seg: usize,
     dev: &DeviceLease<'_>,
@@ -383,21 +373,19 @@ fn reduce_on_device(
             chunks.len()
         )));
     }
-    let stream = dev.stream();
     let window: Vec<f32> = super::features::hann(seg);
-    let d_chunks = stream.clone_htod(chunks)?;
-    let d_window = stream.clone_htod(&window)?;
-    let d_tw = stream.clone_htod(&twiddles(seg))?;
-    let mut bins = stream.alloc_zeros::<f64>(chunks.len() * seg)?;
-    let mut env = stream.alloc_zeros::<f64>(4 * chunks.len())?;
+    let d_chunks = dev.upload(chunks)?;
+    let d_window = dev.upload(&window)?;
+    let d_tw = dev.upload(&twiddles(seg))?;
+    let mut bins = dev.alloc_zeros::<f64>(chunks.len() * seg)?;
+    let mut env = dev.alloc_zeros::<f64>(4 * chunks.len())?;
     let (seg32, bits) = (seg as u32, seg.trailing_zeros());
     let config = LaunchConfig {
         grid_dim: (chunks.len() as u32, 1, 1),
         block_dim: (REDUCE_THREADS, 1, 1),
         shared_mem_bytes: 8 * seg32,
     };
-    let f = dev.function("rf_chunk_reduce")?;
-    let mut launch = stream.launch_builder(f);
+    let mut launch = dev.launch("rf_chunk_reduce")?;
     launch
         .arg(recordings)
         .arg(&d_chunks)
@@ -412,9 +400,8 @@ fn reduce_on_device(
     // doubles and env 4 per chunk; the shared memory holds the 2·seg floats a segment
     // needs, and check_segment keeps seg within MAX_REDUCE_SEGMENT, the default limit.
     unsafe { launch.launch(config) }?;
-    let bins = stream.clone_dtoh(&bins)?;
-    let env = stream.clone_dtoh(&env)?;
-    stream.synchronize()?;
+    let bins = dev.download(&bins)?;
+    let env = dev.download(&env)?;
     Ok(chunk_sums(chunks, seg, &bins, &env))
 }
 
@@ -429,40 +416,35 @@ pub fn waveforms_cuda(
         return Ok((Vec::new(), Vec::new()));
     }
     let (re, im) = waveforms_on_device(b, dev)?;
-    let stream = dev.stream();
-    let host = (stream.clone_dtoh(&re)?, stream.clone_dtoh(&im)?);
-    stream.synchronize()?;
-    Ok(host)
+    Ok((dev.download(&re)?, dev.download(&im)?))
 }
 
 /// Launches `rf_waveform` over `b.waves`; the waveforms stay on the device.
 fn waveforms_on_device(
     b: &Batch,
     dev: &DeviceLease<'_>,
-) -> Result<(CudaSlice<f32>, CudaSlice<f32>), DeviceError> {
+) -> Result<(DeviceBuffer<f32>, DeviceBuffer<f32>), DeviceError> {
     if b.waves.len() > i32::MAX as usize {
         return Err(DeviceError::unsupported(format!(
             "{} waveforms in one batch; the grid takes 2^31 − 1",
             b.waves.len()
         )));
     }
-    let stream = dev.stream();
-    let waves = stream.clone_htod(&b.waves)?;
+    let waves = dev.upload(&b.waves)?;
     // Carriers and tones have no pairs; an upload is never empty.
-    let params = stream.clone_htod(if b.wave_params.is_empty() {
+    let params = dev.upload(if b.wave_params.is_empty() {
         &[0.0][..]
     } else {
         &b.wave_params
     })?;
-    let mut re = stream.alloc_zeros::<f32>(b.wave_len as usize)?;
-    let mut im = stream.alloc_zeros::<f32>(b.wave_len as usize)?;
+    let mut re = dev.alloc_zeros::<f32>(b.wave_len as usize)?;
+    let mut im = dev.alloc_zeros::<f32>(b.wave_len as usize)?;
     let config = LaunchConfig {
         grid_dim: (b.waves.len() as u32, 1, 1),
         block_dim: (WAVE_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let f = dev.function("rf_waveform")?;
-    let mut launch = stream.launch_builder(f);
+    let mut launch = dev.launch("rf_waveform")?;
     launch.arg(&waves).arg(&params).arg(&mut re).arg(&mut im);
     // SAFETY: `pack_drafts` laid the waves out back to back in arrays of wave_len floats
     // (each [out, out + total)), their pairs inside params; the block is WAVE_THREADS =
@@ -472,37 +454,32 @@ fn waveforms_on_device(
 }
 
 /// Launches `rf_receive`; the recordings stay on the device.
-fn receive_on_device(b: &Batch, dev: &DeviceLease<'_>) -> Result<CudaSlice<f32>, DeviceError> {
+fn receive_on_device(b: &Batch, dev: &DeviceLease<'_>) -> Result<DeviceBuffer<f32>, DeviceError> {
     if b.receivers.len() > MAX_RECEIVERS_PER_LAUNCH {
         return Err(DeviceError::unsupported(format!(
                 "{} receivers in one batch; rf_receive takes at most {MAX_RECEIVERS_PER_LAUNCH} (grid y)",
                 b.receivers.len()
             )));
     }
-    let stream = dev.stream();
-    let receivers = stream.clone_htod(&b.receivers)?;
+    let receivers = dev.upload(&b.receivers)?;
     let (wave_re, wave_im) = if b.waves.is_empty() {
-        (
-            stream.clone_htod(&b.wave_re)?,
-            stream.clone_htod(&b.wave_im)?,
-        )
+        (dev.upload(&b.wave_re)?, dev.upload(&b.wave_im)?)
     } else {
         waveforms_on_device(b, dev)?
     };
     // Never empty: every channel has its first arrival's coefficient.
-    let coeff_offset = stream.clone_htod(&b.coeff_offset)?;
-    let coeff_re = stream.clone_htod(&b.coeff_re)?;
-    let coeff_im = stream.clone_htod(&b.coeff_im)?;
-    let gains = stream.clone_htod(&b.gains)?;
-    let mut out = stream.alloc_zeros::<f32>(2 * b.out_len as usize)?;
+    let coeff_offset = dev.upload(&b.coeff_offset)?;
+    let coeff_re = dev.upload(&b.coeff_re)?;
+    let coeff_im = dev.upload(&b.coeff_im)?;
+    let gains = dev.upload(&b.gains)?;
+    let mut out = dev.alloc_zeros::<f32>(2 * b.out_len as usize)?;
     let longest = b.receivers.iter().map(|r| r.len).max().unwrap_or(0) as usize;
     let mut config = dev.launch_config(longest);
     config = LaunchConfig {
         grid_dim: (config.grid_dim.0, b.receivers.len() as u32, 1),
         ..config
     };
-    let f = dev.function("rf_receive")?;
-    let mut launch = stream.launch_builder(f);
+    let mut launch = dev.launch("rf_receive")?;
     launch
         .arg(&receivers)
         .arg(&wave_re)

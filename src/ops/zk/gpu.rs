@@ -3,9 +3,9 @@
 use super::ntt::{self, Direction, NttJob, Order};
 use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::cuda::DeviceLease;
-use crate::backend::DeviceError;
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits};
+use crate::backend::DeviceLease;
+use crate::backend::{DeviceBuffer, DeviceError, Element};
+use cudarc::driver::{LaunchConfig, ValidAsZeroBits};
 
 /// The `extern "C"` name of the kernel for `op` over `field`; the device loads and the
 /// launcher calls kernels by this one rule.
@@ -115,7 +115,7 @@ pub fn run_field_pow_cuda(
 
 /// The binary and pow kernels' shape: (x, y, out, n, y_stride), out as long as x. Runs
 /// in passes of as many elements as the device's memory budget allows.
-fn launch_pair<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
+fn launch_pair<T: Element + ValidAsZeroBits>(
     dev: &DeviceLease<'_>,
     kernel: &str,
     x: &[T],
@@ -123,8 +123,6 @@ fn launch_pair<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
     n: usize,
     y_stride: u32,
 ) -> Result<Vec<T>, DeviceError> {
-    let f = dev.function(kernel)?;
-    let stream = dev.stream();
     let size = std::mem::size_of::<T>();
     let wx = x.len() / n.max(1);
     let broadcast = y_stride == 0;
@@ -135,22 +133,22 @@ fn launch_pair<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
         0
     };
     let per_pass = dev.items_per_pass(n, (2 * wx + wy) * size, fixed);
-    let dy_all = broadcast.then(|| stream.clone_htod(y)).transpose()?;
+    let dy_all = broadcast.then(|| dev.upload(y)).transpose()?;
     let mut host = Vec::with_capacity(x.len());
     for start in (0..n).step_by(per_pass) {
         let m = per_pass.min(n - start);
-        let dx = stream.clone_htod(&x[start * wx..(start + m) * wx])?;
+        let dx = dev.upload(&x[start * wx..(start + m) * wx])?;
         let dy_pass;
         let dy = match &dy_all {
             Some(all) => all,
             None => {
-                dy_pass = stream.clone_htod(&y[start * wy..(start + m) * wy])?;
+                dy_pass = dev.upload(&y[start * wy..(start + m) * wy])?;
                 &dy_pass
             }
         };
-        let mut out: CudaSlice<T> = stream.alloc_zeros(m * wx)?;
+        let mut out: DeviceBuffer<T> = dev.alloc_zeros(m * wx)?;
         let m64 = m as u64;
-        let mut launch = stream.launch_builder(f);
+        let mut launch = dev.launch(kernel)?;
         launch
             .arg(&dx)
             .arg(dy)
@@ -160,9 +158,7 @@ fn launch_pair<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
         // SAFETY: the kernel reads m elements of x, m (or 1, stride 0) of y, and writes m
         // of out; the buffers hold exactly those words.
         unsafe { launch.launch(dev.launch_config(m)) }?;
-        let part = stream.clone_dtoh(&out)?;
-        stream.synchronize()?;
-        host.extend(part);
+        host.extend(dev.download(&out)?);
     }
     Ok(host)
 }
@@ -185,31 +181,27 @@ pub fn run_field_inv_cuda(
     }
 }
 
-fn launch_inv<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
+fn launch_inv<T: Element + ValidAsZeroBits>(
     dev: &DeviceLease<'_>,
     kernel: &str,
     x: &[T],
     n: usize,
 ) -> Result<Vec<T>, DeviceError> {
-    let f = dev.function(kernel)?;
-    let stream = dev.stream();
     let w = x.len() / n.max(1);
     let per_pass = dev.items_per_pass(n, 2 * w * std::mem::size_of::<T>(), 0);
     let mut host = Vec::with_capacity(x.len());
     for start in (0..n).step_by(per_pass) {
         let m = per_pass.min(n - start);
-        let din = stream.clone_htod(&x[start * w..(start + m) * w])?;
-        let mut out: CudaSlice<T> = stream.alloc_zeros(m * w)?;
+        let din = dev.upload(&x[start * w..(start + m) * w])?;
+        let mut out: DeviceBuffer<T> = dev.alloc_zeros(m * w)?;
         let config = dev.launch_config(m);
         let threads = (config.grid_dim.0 * config.block_dim.0) as usize;
         let (m64, chunk) = (m as u64, inv_chunk(m, threads));
-        let mut launch = stream.launch_builder(f);
+        let mut launch = dev.launch(kernel)?;
         launch.arg(&din).arg(&mut out).arg(&m64).arg(&chunk);
         // SAFETY: in and out hold m elements; each chunk writes only its own range.
         unsafe { launch.launch(config) }?;
-        let part = stream.clone_dtoh(&out)?;
-        stream.synchronize()?;
-        host.extend(part);
+        host.extend(dev.download(&out)?);
     }
     Ok(host)
 }
@@ -244,12 +236,12 @@ pub fn run_ntt_cuda(job: &NttJob, dev: &DeviceLease<'_>) -> Result<FieldVec, Dev
     match words(&job.values) {
         Words::U64(x) => {
             let tw = dev.cached_table(&format!("{key}/twiddles"), || {
-                upload(dev, u64_words(&tables().0))
+                upload_table(dev, u64_words(&tables().0))
             })?;
             let scale = scaled
                 .then(|| {
                     dev.cached_table(&scale_key, || {
-                        upload(dev, u64_words(tables().1.as_ref().expect("scaled")))
+                        upload_table(dev, u64_words(tables().1.as_ref().expect("scaled")))
                     })
                 })
                 .transpose()?;
@@ -260,12 +252,12 @@ pub fn run_ntt_cuda(job: &NttJob, dev: &DeviceLease<'_>) -> Result<FieldVec, Dev
         }
         Words::U32(x) => {
             let tw = dev.cached_table(&format!("{key}/twiddles"), || {
-                upload(dev, u32_words(&tables().0))
+                upload_table(dev, u32_words(&tables().0))
             })?;
             let scale = scaled
                 .then(|| {
                     dev.cached_table(&scale_key, || {
-                        upload(dev, u32_words(tables().1.as_ref().expect("scaled")))
+                        upload_table(dev, u32_words(tables().1.as_ref().expect("scaled")))
                     })
                 })
                 .transpose()?;
@@ -296,16 +288,15 @@ fn u32_words(v: &FieldVec) -> &[u32] {
 
 /// A table on the device; one zero word for an empty one (n = 1 has no twiddles) keeps
 /// every buffer non-empty.
-fn upload<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
+fn upload_table<T: Element + ValidAsZeroBits>(
     dev: &DeviceLease<'_>,
     words: &[T],
-) -> Result<CudaSlice<T>, DeviceError> {
-    let stream = dev.stream();
-    Ok(if words.is_empty() {
-        stream.alloc_zeros::<T>(1)?
+) -> Result<DeviceBuffer<T>, DeviceError> {
+    if words.is_empty() {
+        dev.alloc_zeros::<T>(1)
     } else {
-        stream.clone_htod(words)?
-    })
+        dev.upload(words)
+    }
 }
 
 /// Shared memory per tile block: 32 KiB fits every architecture's default 48 KiB and
@@ -320,46 +311,46 @@ pub fn tile_plan(n: usize, element_bytes: usize) -> (u32, u32) {
     (tile.trailing_zeros(), (tile / 2).clamp(1, 512) as u32)
 }
 
-fn ntt_steps<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
+fn ntt_steps<T: Element + ValidAsZeroBits>(
     dev: &DeviceLease<'_>,
     job: &NttJob,
     x: &[T],
-    tw: &CudaSlice<T>,
-    scale: Option<&CudaSlice<T>>,
+    tw: &DeviceBuffer<T>,
+    scale: Option<&DeviceBuffer<T>>,
 ) -> Result<Vec<T>, DeviceError> {
     let name = job.values.field().name();
-    let stream = dev.stream();
     let n = job.size();
     let batch = job.values.len() / n;
     let w = x.len() / job.values.len();
     let element_bytes = w * std::mem::size_of::<T>();
     let (log_tile, tile_threads) = tile_plan(n, element_bytes);
     let (n64, log_n) = (n as u64, n.trailing_zeros());
-    let bitrev = dev.function(&format!("{name}_ntt_bitrev"))?;
-    let scale_fn = dev.function(&format!("{name}_ntt_scale"))?;
-    let stage = dev.function(&format!("{name}_ntt_stage"))?;
-    let tile_fn = dev.function(&format!("{name}_ntt_tile"))?;
+    let bitrev = format!("{name}_ntt_bitrev");
+    let scale_fn = format!("{name}_ntt_scale");
+    let stage = format!("{name}_ntt_stage");
+    let tile_fn = format!("{name}_ntt_tile");
     let polys = dev.items_per_pass(batch, n * element_bytes, 0);
     let mut host = Vec::with_capacity(x.len());
     for first in (0..batch).step_by(polys) {
         let m = polys.min(batch - first);
         let total = (m * n) as u64;
-        let mut dx = stream.clone_htod(&x[first * n * w..(first + m) * n * w])?;
+        let mut dx = dev.upload(&x[first * n * w..(first + m) * n * w])?;
         let all = dev.launch_config(m * n);
-        let permute = |dx: &mut CudaSlice<T>| -> Result<(), DeviceError> {
-            let mut l = stream.launch_builder(bitrev);
+        let permute = |dx: &mut DeviceBuffer<T>| -> Result<(), DeviceError> {
+            let mut l = dev.launch(&bitrev)?;
             l.arg(dx).arg(&n64).arg(&log_n).arg(&total);
             // SAFETY: x holds `total` elements in polynomials of n; swaps stay inside each.
             unsafe { l.launch(all) }?;
             Ok(())
         };
-        let scale_by = |dx: &mut CudaSlice<T>, ds: &CudaSlice<T>| -> Result<(), DeviceError> {
-            let mut l = stream.launch_builder(scale_fn);
-            l.arg(dx).arg(ds).arg(&n64).arg(&total);
-            // SAFETY: x holds `total` elements, the table n.
-            unsafe { l.launch(all) }?;
-            Ok(())
-        };
+        let scale_by =
+            |dx: &mut DeviceBuffer<T>, ds: &DeviceBuffer<T>| -> Result<(), DeviceError> {
+                let mut l = dev.launch(&scale_fn)?;
+                l.arg(dx).arg(ds).arg(&n64).arg(&total);
+                // SAFETY: x holds `total` elements, the table n.
+                unsafe { l.launch(all) }?;
+                Ok(())
+            };
         if job.input_order == Order::BitReversed {
             permute(&mut dx)?;
         }
@@ -369,7 +360,7 @@ fn ntt_steps<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
         permute(&mut dx)?;
         if n > 1 {
             let tiles = total >> log_tile;
-            let mut l = stream.launch_builder(tile_fn);
+            let mut l = dev.launch(&tile_fn)?;
             l.arg(&mut dx).arg(tw).arg(&n64).arg(&log_tile).arg(&tiles);
             let config = LaunchConfig {
                 grid_dim: (tiles.min(1 << 16) as u32, 1, 1),
@@ -383,7 +374,7 @@ fn ntt_steps<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
         let butterflies = dev.launch_config(m * n / 2);
         let mut half = 1u64 << log_tile;
         while half < n64 {
-            let mut l = stream.launch_builder(stage);
+            let mut l = dev.launch(&stage)?;
             l.arg(&mut dx).arg(tw).arg(&n64).arg(&half).arg(&total);
             // SAFETY: total/2 butterflies, each on two elements of its own polynomial;
             // twiddle indices stay below n/2.
@@ -396,9 +387,7 @@ fn ntt_steps<T: DeviceRepr + ValidAsZeroBits + Default + Clone + Unpin>(
         if job.output_order == Order::BitReversed {
             permute(&mut dx)?;
         }
-        let part = stream.clone_dtoh(&dx)?;
-        stream.synchronize()?;
-        host.extend(part);
+        host.extend(dev.download(&dx)?);
     }
     Ok(host)
 }

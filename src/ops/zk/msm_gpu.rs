@@ -5,12 +5,12 @@
 use super::msm::{MsmJob, Points};
 use super::FieldVec;
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::cuda::DeviceLease;
-use crate::backend::DeviceError;
+use crate::backend::DeviceLease;
+use crate::backend::{DeviceBuffer, DeviceError};
 use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
 use ark_ec::{AffineRepr, CurveGroup};
 use ark_ff::{AdditiveGroup, BigInt, Zero};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Window size and reduction layout for `n` points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,34 +220,33 @@ struct Launcher<'a, P: DeviceCurve> {
     dev: &'a DeviceLease<'a>,
     plan: MsmPlan,
     n: usize,
-    points: CudaSlice<u32>,
-    digits: CudaSlice<u32>,
-    counts: CudaSlice<u32>,
-    offsets: CudaSlice<u32>,
-    cursor: CudaSlice<u32>,
-    entries: CudaSlice<u32>,
-    buckets: CudaSlice<u32>,
-    partials: CudaSlice<u32>,
+    points: DeviceBuffer<u32>,
+    digits: DeviceBuffer<u32>,
+    counts: DeviceBuffer<u32>,
+    offsets: DeviceBuffer<u32>,
+    cursor: DeviceBuffer<u32>,
+    entries: DeviceBuffer<u32>,
+    buckets: DeviceBuffer<u32>,
+    partials: DeviceBuffer<u32>,
     _curve: std::marker::PhantomData<P>,
 }
 
 impl<'a, P: DeviceCurve> Launcher<'a, P> {
     fn new(dev: &'a DeviceLease<'a>, plan: MsmPlan, words: &[u32]) -> Result<Self, DeviceError> {
-        let stream = dev.stream();
         let n = words.len() / (2 * P::LIMBS);
         let terms = n * plan.windows as usize;
         Ok(Self {
             dev,
             plan,
             n,
-            points: stream.clone_htod(words)?,
-            digits: stream.alloc_zeros(terms)?,
-            counts: stream.alloc_zeros(plan.buckets())?,
-            offsets: stream.alloc_zeros(plan.buckets())?,
-            cursor: stream.alloc_zeros(plan.buckets())?,
-            entries: stream.alloc_zeros(terms)?,
-            buckets: stream.alloc_zeros(plan.buckets() * 4 * P::LIMBS)?,
-            partials: stream.alloc_zeros(plan.partials() * 3 * P::LIMBS)?,
+            points: dev.upload(words)?,
+            digits: dev.alloc_zeros(terms)?,
+            counts: dev.alloc_zeros(plan.buckets())?,
+            offsets: dev.alloc_zeros(plan.buckets())?,
+            cursor: dev.alloc_zeros(plan.buckets())?,
+            entries: dev.alloc_zeros(terms)?,
+            buckets: dev.alloc_zeros(plan.buckets() * 4 * P::LIMBS)?,
+            partials: dev.alloc_zeros(plan.partials() * 3 * P::LIMBS)?,
             _curve: std::marker::PhantomData,
         })
     }
@@ -269,12 +268,11 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
             ..
         } = self;
         let (dev, plan, n_points) = (*dev, *plan, *n);
-        let stream = dev.stream();
         let (n, terms) = (n_points as u64, (n_points * plan.windows as usize) as u64);
         let buckets = plan.buckets() as u64;
-        let d_scalars = stream.clone_htod(scalars)?;
+        let d_scalars = dev.upload(scalars)?;
 
-        let mut l = stream.launch_builder(dev.function("msm_digits")?);
+        let mut l = dev.launch("msm_digits")?;
         l.arg(&d_scalars)
             .arg(&n)
             .arg(&plan.c)
@@ -283,8 +281,8 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         // SAFETY: n scalars of 8 limbs in, n·windows digits out.
         unsafe { l.launch(dev.launch_config(n_points)) }?;
 
-        stream.memset_zeros(counts)?;
-        let mut l = stream.launch_builder(dev.function("msm_count")?);
+        dev.zero(counts)?;
+        let mut l = dev.launch("msm_count")?;
         l.arg(&*digits)
             .arg(&terms)
             .arg(&n)
@@ -293,7 +291,7 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         // SAFETY: digits hold `terms` words; every bucket index is < windows·nb.
         unsafe { l.launch(dev.launch_config(terms as usize)) }?;
 
-        let mut l = stream.launch_builder(dev.function("msm_scan")?);
+        let mut l = dev.launch("msm_scan")?;
         l.arg(&*counts).arg(&mut *offsets).arg(&buckets);
         let one_block = LaunchConfig {
             grid_dim: (1, 1, 1),
@@ -304,8 +302,8 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         // sized for its 1024 threads.
         unsafe { l.launch(one_block) }?;
 
-        stream.memcpy_dtod(&*offsets, &mut *cursor)?;
-        let mut l = stream.launch_builder(dev.function("msm_scatter")?);
+        dev.copy(offsets, cursor)?;
+        let mut l = dev.launch("msm_scatter")?;
         l.arg(&*digits)
             .arg(&terms)
             .arg(&n)
@@ -317,7 +315,7 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         unsafe { l.launch(dev.launch_config(terms as usize)) }?;
 
         let name = format!("{}_msm_buckets", P::PREFIX);
-        let mut l = stream.launch_builder(dev.function(&name)?);
+        let mut l = dev.launch(&name)?;
         l.arg(&*points)
             .arg(&*entries)
             .arg(&*offsets)
@@ -328,7 +326,7 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         unsafe { l.launch(dev.launch_config(buckets as usize)) }?;
 
         let name = format!("{}_msm_reduce", P::PREFIX);
-        let mut l = stream.launch_builder(dev.function(&name)?);
+        let mut l = dev.launch(&name)?;
         l.arg(&*bucket_sums)
             .arg(&plan.nb)
             .arg(&plan.windows)
@@ -337,8 +335,7 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         // SAFETY: windows·segments threads each write 3·LIMBS words of `partials`.
         unsafe { l.launch(dev.launch_config(plan.partials())) }?;
 
-        let words = stream.clone_dtoh(&*partials)?;
-        stream.synchronize()?;
+        let words = dev.download(partials)?;
         Ok(combine::<P>(&plan, &words))
     }
 }

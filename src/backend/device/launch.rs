@@ -1,0 +1,140 @@
+//! Kernel launches by name. Arguments travel as the driver takes them, one pointer per
+//! parameter to the argument's value (a buffer's argument is its device address), so a
+//! launcher whose arguments disagree with the kernel's signature misbehaves on the
+//! emulated device as on hardware; the emulated device also refuses a launch whose
+//! argument sizes differ from the kernel's parameters.
+
+use super::buffer::{foreign, Memory};
+use super::{DeviceBuffer, DeviceError, DeviceLease, Engine};
+use crate::backend::emulated;
+use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+
+/// One launch being put together: `lease.launch(name)?.arg(..)…`, then `launch(config)`.
+pub struct Launch<'a> {
+    name: &'a str,
+    args: Args<'a>,
+    /// A buffer of another engine was passed; refused at launch.
+    foreign: bool,
+}
+
+enum Args<'a> {
+    Cuda(LaunchArgs<'a>),
+    Emulated {
+        pointers: Vec<*mut c_void>,
+        sizes: Vec<usize>,
+    },
+}
+
+/// What `Launch::arg` takes: a scalar by reference, or a device buffer.
+pub trait KernelArg<'a> {
+    fn push(self, launch: &mut Launch<'a>);
+}
+
+impl<'a, T: DeviceRepr> KernelArg<'a> for &'a T {
+    fn push(self, launch: &mut Launch<'a>) {
+        match &mut launch.args {
+            Args::Cuda(l) => {
+                l.arg(self);
+            }
+            Args::Emulated { pointers, sizes } => {
+                pointers.push(self as *const T as *mut c_void);
+                sizes.push(std::mem::size_of::<T>());
+            }
+        }
+    }
+}
+
+impl<'a, T> KernelArg<'a> for &'a DeviceBuffer<T> {
+    fn push(self, launch: &mut Launch<'a>) {
+        match (&mut launch.args, &self.memory) {
+            (Args::Cuda(l), Memory::Cuda(s)) => {
+                l.arg(s);
+            }
+            (
+                Args::Emulated {
+                    pointers, sizes, ..
+                },
+                Memory::Host(m),
+            ) => {
+                pointers.push(m.address_slot());
+                sizes.push(std::mem::size_of::<*mut c_void>());
+            }
+            _ => launch.foreign = true,
+        }
+    }
+}
+
+impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
+    fn push(self, launch: &mut Launch<'a>) {
+        match (&mut launch.args, &mut self.memory) {
+            // cudarc orders later reads of a buffer passed mutably after this write.
+            (Args::Cuda(l), Memory::Cuda(s)) => {
+                l.arg(s);
+            }
+            (Args::Emulated { pointers, sizes }, Memory::Host(m)) => {
+                pointers.push(m.address_slot());
+                sizes.push(std::mem::size_of::<*mut c_void>());
+            }
+            _ => launch.foreign = true,
+        }
+    }
+}
+
+impl DeviceLease<'_> {
+    /// Starts a launch of kernel `name`.
+    pub fn launch<'s>(&'s self, name: &'s str) -> Result<Launch<'s>, DeviceError> {
+        let args = match &self.device.engine {
+            Engine::Cuda(c) => Args::Cuda(c.stream.launch_builder(c.function(name)?)),
+            Engine::Emulated(_) => {
+                if emulated::kernel_params(name).is_none() {
+                    return Err(DeviceError::fatal(format!("kernel {name} is not loaded")));
+                }
+                Args::Emulated {
+                    pointers: Vec::new(),
+                    sizes: Vec::new(),
+                }
+            }
+        };
+        Ok(Launch {
+            name,
+            args,
+            foreign: false,
+        })
+    }
+}
+
+impl<'a> Launch<'a> {
+    pub fn arg(&mut self, arg: impl KernelArg<'a>) -> &mut Self {
+        arg.push(self);
+        self
+    }
+
+    /// Queues the kernel (CUDA) or runs it to completion (emulated).
+    ///
+    /// # Safety
+    /// The arguments must be the kernel's parameters in order and type, and every index
+    /// the kernel computes from them for this `config` must stay inside its buffers — as
+    /// for `cuLaunchKernel`. The emulated device checks the count and sizes, not meaning.
+    pub unsafe fn launch(&mut self, config: LaunchConfig) -> Result<(), DeviceError> {
+        if self.foreign {
+            return Err(foreign());
+        }
+        match &mut self.args {
+            // SAFETY: the caller's contract.
+            Args::Cuda(l) => unsafe { l.launch(config) }.map(|_| ()).map_err(Into::into),
+            Args::Emulated { pointers, sizes } => {
+                let expected = emulated::kernel_params(self.name).unwrap_or_default();
+                if expected.len() == sizes.len() && expected != *sizes {
+                    return Err(DeviceError::fatal(format!(
+                        "emulated device: {} takes arguments of {expected:?} bytes, the launch passed {sizes:?}",
+                        self.name
+                    )));
+                }
+                // SAFETY: the caller's contract; every pointer lives as long as 'a.
+                unsafe { emulated::launch(self.name, config, pointers) }
+                    .map_err(|e| DeviceError::fatal(format!("emulated device: {e}")))
+            }
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Device-resident constant tables (NTT twiddles, scale factors) kept between jobs.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Tables by key, least recently used first out once their bytes pass the cap. Values
+/// are `Arc<DeviceBuffer<T>>` behind `Any`.
+pub(super) struct TableCache {
+    cap_bytes: usize,
+    bytes: usize,
+    tick: u64,
+    entries: HashMap<String, (Arc<dyn Any + Send + Sync>, usize, u64)>,
+}
+
+impl TableCache {
+    pub fn new(cap_bytes: usize) -> Self {
+        Self {
+            cap_bytes,
+            bytes: 0,
+            tick: 0,
+            entries: HashMap::new(),
+        }
+    }
+
+    pub fn get(&mut self, key: &str) -> Option<Arc<dyn Any + Send + Sync>> {
+        self.tick += 1;
+        let tick = self.tick;
+        self.entries.get_mut(key).map(|e| {
+            e.2 = tick;
+            e.0.clone()
+        })
+    }
+
+    pub fn insert(&mut self, key: String, value: Arc<dyn Any + Send + Sync>, bytes: usize) {
+        if let Some((_, old, _)) = self.entries.remove(&key) {
+            self.bytes -= old;
+        }
+        if bytes > self.cap_bytes {
+            return;
+        }
+        while self.bytes + bytes > self.cap_bytes {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.2)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            if let Some((_, b, _)) = self.entries.remove(&oldest) {
+                self.bytes -= b;
+            }
+        }
+        self.tick += 1;
+        self.bytes += bytes;
+        self.entries.insert(key, (value, bytes, self.tick));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(v: u32) -> Arc<dyn Any + Send + Sync> {
+        Arc::new(v)
+    }
+
+    #[test]
+    fn table_cache_evicts_the_least_recently_used_and_keeps_its_byte_count() {
+        let mut c = TableCache::new(100);
+        c.insert("a".into(), value(1), 40);
+        c.insert("b".into(), value(2), 40);
+        assert!(c.get("a").is_some()); // b is now the oldest
+        c.insert("c".into(), value(3), 40);
+        assert!(c.get("b").is_none());
+        assert_eq!(
+            c.get("a").and_then(|v| v.downcast::<u32>().ok()).as_deref(),
+            Some(&1)
+        );
+        assert!(c.get("c").is_some());
+        assert_eq!(c.bytes, 80);
+        // Replacing a key does not count it twice; an oversized table is not kept.
+        c.insert("c".into(), value(4), 50);
+        assert_eq!(c.bytes, 90);
+        c.insert("huge".into(), value(5), 101);
+        assert!(c.get("huge").is_none());
+        assert_eq!(c.bytes, 90);
+    }
+}

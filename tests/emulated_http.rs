@@ -1,0 +1,247 @@
+//! `--emulate-device`: the server serves GPU work on the emulated device, so every GPU
+//! operation runs end to end over HTTP with `backend: cuda` (our launchers and kernels,
+//! as on a GPU) and must give the CPU's answers: integers and seeded DP noise bit for bit,
+//! RF features within their stated tolerances. Dataset jobs take the device too.
+
+mod common;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use common::TestServer;
+use gpu_ops::ops::zk::msm::Curve;
+use gpu_ops::ops::zk::samples::{random_elements, random_points};
+use gpu_ops::ops::zk::Field;
+use serde_json::{json, Value};
+
+async fn emulated_server() -> TestServer {
+    TestServer::start(&[
+        "--backend",
+        "auto",
+        "--emulate-device",
+        "--dp-allow-client-seed",
+    ])
+    .await
+}
+
+/// The same request on the emulated device (`backend: cuda`) and on the CPU: both 200,
+/// `x-backend` saying where each ran; returns (device, cpu) bodies.
+async fn both(s: &TestServer, path: &str, body: Value) -> (Value, Value) {
+    let mut out = Vec::new();
+    for backend in ["cuda", "cpu"] {
+        let mut b = body.clone();
+        b["backend"] = json!(backend);
+        let res = s.post(path, b).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{path} on {backend}");
+        assert_eq!(res.headers()["x-backend"], backend, "{path}");
+        out.push(res.json::<Value>().await.unwrap());
+    }
+    let cpu = out.pop().unwrap();
+    (out.pop().unwrap(), cpu)
+}
+
+fn strings(field: Field, n: usize, seed: u64) -> Vec<String> {
+    random_elements(field, n, seed)
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn device_reports_the_emulated_device() {
+    let s = emulated_server().await;
+    let device: Value = s.get("/device").await.json().await.unwrap();
+    assert_eq!(device["backend"], "cuda", "{device}");
+    assert_eq!(device["gpus"][0]["emulated"], true, "{device}");
+    assert!(
+        device["reason"].as_str().unwrap().contains("emulated"),
+        "{device}"
+    );
+}
+
+#[tokio::test]
+async fn field_ops_ntt_and_msm_on_the_emulated_device_equal_the_cpu() {
+    let s = emulated_server().await;
+    // 9 000 elements: more than the emulated device's 32 × 256 threads, so every
+    // grid-stride loop wraps.
+    for field in Field::ALL {
+        let (a, b) = (strings(field, 9000, 1), strings(field, 9000, 2));
+        for op in ["field_add", "field_sub", "field_mul"] {
+            let (dev, cpu) = both(
+                &s,
+                &format!("/zk/{op}"),
+                json!({"field": field.name(), "a": a, "b": b}),
+            )
+            .await;
+            assert_eq!(dev, cpu, "{op} {field:?}");
+        }
+        let (dev, cpu) = both(
+            &s,
+            "/zk/field_pow",
+            json!({"field": field.name(), "base": a[..500], "exponent": strings(Field::Bn254Fr, 500, 3)}),
+        )
+        .await;
+        assert_eq!(dev, cpu, "field_pow {field:?}");
+        let nonzero: Vec<&String> = a.iter().filter(|x| *x != "0").collect();
+        let (dev, cpu) = both(
+            &s,
+            "/zk/field_inv",
+            json!({"field": field.name(), "values": nonzero}),
+        )
+        .await;
+        assert_eq!(dev, cpu, "field_inv {field:?}");
+        // 2^11 × 2: past the BN254 tile into the stages; a coset, bit-reversed output.
+        let values = strings(field, 4096, 4);
+        for path in ["/zk/ntt", "/zk/intt"] {
+            let (dev, cpu) = both(
+                &s,
+                path,
+                json!({"field": field.name(), "values": values, "batch": 2,
+                       "coset_shift": ["3"], "output_order": "bit_reversed"}),
+            )
+            .await;
+            assert_eq!(dev, cpu, "{path} {field:?}");
+        }
+    }
+    for curve in [Curve::Bn254G1, Curve::Bls12_381G1] {
+        let points = random_points(curve, 700, 5);
+        let json_points: Vec<Value> = (0..points.len())
+            .map(|i| {
+                let (x, y) = points.coordinates(i).expect("random points are finite");
+                json!({"x": x.to_string(), "y": y.to_string()})
+            })
+            .collect();
+        let (dev, cpu) = both(
+            &s,
+            "/zk/msm",
+            json!({"curve": curve.name(), "points": json_points,
+                   "scalars": strings(curve.scalar_field(), 700, 6)}),
+        )
+        .await;
+        assert_eq!(dev, cpu, "msm {curve:?}");
+    }
+}
+
+#[tokio::test]
+async fn dp_releases_on_the_emulated_device_equal_the_cpu_bit_for_bit() {
+    let s = emulated_server().await;
+    let rows: Vec<Vec<f64>> = (0..6)
+        .map(|r| {
+            (0..3000)
+                .map(|c| ((r * 3000 + c) as f64 * 0.37).sin() * (1.0 + r as f64))
+                .collect()
+        })
+        .collect();
+    let (dev, cpu) = both(
+        &s,
+        "/dp/privatize",
+        json!({"per_example_gradients": rows, "clip_norm": 20.0, "noise_multiplier": 1.1, "seed": 9}),
+    )
+    .await;
+    assert_eq!(dev, cpu, "privatize");
+    let values: Vec<f64> = (0..9000).map(|i| (i as f64).sqrt()).collect();
+    let (dev, cpu) = both(
+        &s,
+        "/dp/gaussian",
+        json!({"values": values, "sensitivity": 1.0, "epsilon": 1.0, "delta": 1e-6, "seed": 4}),
+    )
+    .await;
+    assert_eq!(dev, cpu, "gaussian");
+    let (dev, cpu) = both(
+        &s,
+        "/dp/laplace",
+        json!({"values": values, "sensitivity": 1.0, "epsilon": 0.5, "seed": 4}),
+    )
+    .await;
+    assert_eq!(dev, cpu, "laplace");
+}
+
+/// Numbers within the RF features' stated tolerances (0.1 Hz for frequencies, 1e-3
+/// otherwise, or 1e-6 relative); everything else equal.
+fn assert_close(dev: &Value, cpu: &Value, at: &str) {
+    match (dev, cpu) {
+        (Value::Object(a), Value::Object(b)) => {
+            assert_eq!(a.len(), b.len(), "{at}");
+            for (k, v) in a {
+                assert_close(v, &b[k], &format!("{at}/{k}"));
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            assert_eq!(a.len(), b.len(), "{at}");
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert_close(x, y, &format!("{at}/{i}"));
+            }
+        }
+        (Value::Number(a), Value::Number(b)) => {
+            let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+            let tol = if at.contains("_hz") { 0.1 } else { 1e-3 };
+            let d = (a - b).abs();
+            assert!(d <= tol || d <= 1e-6 * b.abs(), "{at}: {a} vs {b}");
+        }
+        _ => assert_eq!(dev, cpu, "{at}"),
+    }
+}
+
+#[tokio::test]
+async fn rf_features_and_dataset_jobs_run_on_the_emulated_device() {
+    use gpu_ops::ops::rf::generate::generate;
+    use gpu_ops::ops::rf::rng::dataset_key;
+    use gpu_ops::ops::rf::scenario::Scenario;
+    let s = emulated_server().await;
+    let scenario = Scenario::default();
+    let sample = generate(&scenario, dataset_key(8), 0);
+    let bytes: Vec<u8> = sample.iq[0]
+        .iter()
+        .flat_map(|c| c.re.to_le_bytes().into_iter().chain(c.im.to_le_bytes()))
+        .collect();
+    let (dev, cpu) = both(
+        &s,
+        "/rf/features",
+        json!({"sample_rate_hz": scenario.signal.sample_rate_hz, "encoding": "base64",
+               "iq": B64.encode(&bytes), "chunk_ms": 150.0, "per_chunk": true}),
+    )
+    .await;
+    assert_close(&dev, &cpu, "");
+
+    // A dataset job: its batches on the device, the first checked against the CPU.
+    let res = s
+        .post(
+            "/datasets/synthetic",
+            json!({"name": "emulated", "num_samples": 6, "dataset_type": "feature_based", "seed": 3,
+                   "config": {"signal": {"duration_ms": 100}, "chunk_ms": 50,
+                              "geometry": {"receivers_min": 4, "receivers_max": 4},
+                              "quality": {"min_receivers": 1, "min_snr_db": -50, "max_gdop": 1e9}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let id = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut state = Value::Null;
+    for _ in 0..600 {
+        state = s
+            .get(&format!("/datasets/{id}"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        if state["status"] != "queued" && state["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(state["status"], "completed", "{state}");
+    assert!(
+        s.metric("gpu_ops_dataset_batches_total{backend=\"cuda\"}")
+            .await
+            >= 1.0,
+        "the dataset ran on the device"
+    );
+    assert_eq!(
+        s.metric("gpu_ops_fallbacks_total").await,
+        0.0,
+        "no fallback"
+    );
+}
