@@ -64,6 +64,15 @@ pub struct Config {
     /// GPUs to use: "all" or ordinals such as "0,1".
     #[arg(long, env = "GPU_OPS_DEVICES", default_value = "all")]
     pub devices: DeviceSelection,
+    /// Fraction of device jobs recomputed on the CPU, off the request path, and compared
+    /// (integers bit for bit, floats within the op's tolerance); a mismatch quarantines
+    /// the op on that device. Evenly spaced: 0.01 checks every 100th device job.
+    #[arg(long, env = "GPU_OPS_VERIFY_FRACTION", default_value_t = 0.01)]
+    pub verify_fraction: f64,
+    /// How long a device taken out of service waits before its first re-probe (its
+    /// context rebuilt and self-test rerun); later waits double, up to 10 minutes.
+    #[arg(long, env = "GPU_OPS_DEVICE_REPROBE_BACKOFF", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub device_reprobe_backoff: Duration,
     /// For testing: serve GPU work on the emulated device (our kernels compiled for the
     /// host, run with CUDA's execution model) instead of CUDA devices. `/device` says so.
     /// Correct answers, slowly; never for production.
@@ -177,6 +186,9 @@ impl Config {
         }
         if !(1..=32).contains(&self.max_ntt_log2) {
             return Err("--max-ntt-log2 must be 1 to 32".into());
+        }
+        if !(0.0..=1.0).contains(&self.verify_fraction) {
+            return Err("--verify-fraction must be between 0 and 1".into());
         }
         if self.max_dataset_jobs == 0 {
             return Err("--max-dataset-jobs must be at least 1".into());

@@ -69,6 +69,7 @@ impl App {
                 workers: settings.cpu_threads,
                 fallback: cfg.fallback,
                 default_timeout: cfg.job_timeout,
+                verify_fraction: cfg.verify_fraction,
                 batch: pool::BatchConfig {
                     mode: cfg.batching,
                     max_delay: cfg.batch_max_delay,
@@ -87,19 +88,32 @@ impl App {
             let (selection, cache) = (cfg.devices.clone(), cfg.data_dir.join("kernel-cache"));
             let interval = cfg.device_sample_interval;
             let memory_limit = cfg.gpu_memory_limit_mib << 20;
-            let emulate = cfg.emulate_device;
+            let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
             tokio::task::spawn_blocking(move || {
+                let library = ops::kernel_library();
                 let (gpus, reason) = if emulate {
                     tracing::warn!(
                         "--emulate-device: GPU work runs on the emulated device, for testing only"
                     );
                     emulated_devices()
                 } else {
-                    backend::cuda::discover(&selection, &cache, &ops::kernel_library())
+                    backend::cuda::discover(&selection, &cache, &library)
                 };
+                let tests = Arc::new(ops::self_tests());
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
+                    // Before the device serves anything: readiness waits for set_gpus.
+                    b.self_test(g, &tests);
                 }
+                b.set_probe(backend::Probe {
+                    reopen: if emulate {
+                        backend::reopen_emulated()
+                    } else {
+                        backend::reopen_cuda(cache, library)
+                    },
+                    tests,
+                    backoff,
+                });
                 tracing::info!(devices = gpus.len(), reason = %reason, "device discovery finished");
                 if !gpus.is_empty() && !emulate {
                     if let Err(why) = backend::spawn_nvml_sampler(m, interval) {

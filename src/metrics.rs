@@ -21,6 +21,8 @@ pub struct Metrics {
     pub elements: IntCounterVec,
     pub bytes: IntCounterVec,
     pub device_healthy: IntGaugeVec,
+    pub kernel_verified: IntGaugeVec,
+    pub shadow_checks: IntCounterVec,
     pub gpu_utilization: GaugeVec,
     pub gpu_memory_used: GaugeVec,
     pub gpu_memory_total: GaugeVec,
@@ -100,6 +102,14 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_device_healthy",
         "1 while a GPU is in service, 0 after it was taken out",
+    ),
+    (
+        "gpu_ops_kernel_verified",
+        "1 while an op passes its self-test and shadow checks on a device, 0 while it is quarantined there",
+    ),
+    (
+        "gpu_ops_shadow_checks_total",
+        "Device jobs recomputed on the CPU and compared, by op and outcome (agree, mismatch)",
     ),
     (
         "gpu_ops_gpu_utilization_ratio",
@@ -189,6 +199,14 @@ impl Metrics {
             device_healthy: reg(
                 r,
                 IntGaugeVec::new(opts("gpu_ops_device_healthy"), &["gpu", "uuid"]),
+            ),
+            kernel_verified: reg(
+                r,
+                IntGaugeVec::new(opts("gpu_ops_kernel_verified"), &["gpu", "op"]),
+            ),
+            shadow_checks: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_shadow_checks_total"), &["op", "outcome"]),
             ),
             gpu_utilization: reg(
                 r,

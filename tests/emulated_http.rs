@@ -14,11 +14,15 @@ use gpu_ops::ops::zk::Field;
 use serde_json::{json, Value};
 
 async fn emulated_server() -> TestServer {
+    // The emulated device is slow (much slower under AddressSanitizer in CI): a long
+    // deadline, so these tests check answers, not speed.
     TestServer::start(&[
         "--backend",
         "auto",
         "--emulate-device",
         "--dp-allow-client-seed",
+        "--job-timeout",
+        "600s",
     ])
     .await
 }
@@ -220,7 +224,7 @@ async fn rf_features_and_dataset_jobs_run_on_the_emulated_device() {
         .unwrap()
         .to_string();
     let mut state = Value::Null;
-    for _ in 0..600 {
+    for _ in 0..6000 {
         state = s
             .get(&format!("/datasets/{id}"))
             .await

@@ -3,6 +3,7 @@
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
 use crate::backend::cpu::CpuInfo;
+use crate::backend::verify::OpStatus;
 use crate::backend::GpuInfo;
 use crate::backend::{BackendChoice, BackendKind};
 use axum::extract::State;
@@ -56,6 +57,9 @@ pub struct GpuReport {
     pub driver_version: Option<String>,
     /// False after a device error took it out of service.
     pub healthy: bool,
+    /// Each op's state on this device after its self-test and shadow checks; a
+    /// quarantined op's work goes to the CPU or another device.
+    pub operations: Vec<OpStatus>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -86,6 +90,7 @@ pub async fn device(State(state): State<Arc<AppState>>) -> Json<DeviceReport> {
             memory_free_bytes: d.memory().map(|(free, _)| free),
             driver_version: crate::backend::nvml_driver_version().map(str::to_string),
             healthy: d.is_healthy(),
+            operations: d.op_states(),
         })
         .collect();
     Json(DeviceReport {

@@ -11,12 +11,12 @@
 //! model beyond barriers, and the device's own intrinsics (headers take their host paths,
 //! the ones the host parity tests check).
 
-use super::device::DeviceError;
+use super::device::{DeviceError, DeviceErrorKind};
 use cudarc::driver::LaunchConfig;
 use std::alloc::Layout;
 use std::ffi::{c_char, c_int, c_long, c_void, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 extern "C" {
     fn emu_launch(
@@ -108,6 +108,24 @@ pub unsafe fn launch(
 pub struct EmulatedEngine {
     total: usize,
     in_use: Arc<AtomicUsize>,
+    faults: Mutex<Vec<Injected>>,
+}
+
+/// A fault the emulated device injects into launches: how tests show that the
+/// self-test, the shadow checks and the fault policy catch a device gone wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The launch fails with this kind of error (`Fatal`: as a lost device would).
+    Fail(DeviceErrorKind),
+    /// The launch runs, then the lowest bit of its last buffer argument's first byte
+    /// flips: a silently wrong answer.
+    Corrupt,
+}
+
+struct Injected {
+    kernel_prefix: String,
+    fault: Fault,
+    remaining: u32,
 }
 
 impl EmulatedEngine {
@@ -120,7 +138,42 @@ impl EmulatedEngine {
         Self {
             total: total_bytes as usize,
             in_use: Arc::new(AtomicUsize::new(0)),
+            faults: Mutex::new(Vec::new()),
         }
+    }
+
+    /// A fresh engine of the same size (a re-probe's rebuilt context) that keeps the
+    /// faults still to inject, so tests can make a re-probe fail.
+    pub fn rebuilt(&self) -> Self {
+        let engine = Self::new(self.total as u64);
+        *engine.fault_list() = std::mem::take(&mut *self.fault_list());
+        engine
+    }
+
+    /// Injects `fault` into the next `times` launches of kernels whose names start with
+    /// `kernel_prefix` ("" for every kernel).
+    pub fn inject(&self, kernel_prefix: &str, fault: Fault, times: u32) {
+        self.fault_list().push(Injected {
+            kernel_prefix: kernel_prefix.to_string(),
+            fault,
+            remaining: times,
+        });
+    }
+
+    /// The fault this launch of `kernel` gets, if any (counted off).
+    pub(crate) fn take_fault(&self, kernel: &str) -> Option<Fault> {
+        let mut faults = self.fault_list();
+        let i = faults
+            .iter()
+            .position(|f| f.remaining > 0 && kernel.starts_with(&f.kernel_prefix))?;
+        faults[i].remaining -= 1;
+        let fault = faults[i].fault;
+        faults.retain(|f| f.remaining > 0);
+        Some(fault)
+    }
+
+    fn fault_list(&self) -> std::sync::MutexGuard<'_, Vec<Injected>> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// (free, total) bytes.
@@ -177,6 +230,11 @@ unsafe impl Send for HostMemory {}
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
+    /// The buffer's device address (a host pointer).
+    pub fn address(&self) -> *mut c_void {
+        self.address
+    }
+
     /// Where a launch's argument pointer for this buffer points: at its address.
     pub fn address_slot(&self) -> *mut c_void {
         &self.address as *const *mut c_void as *mut c_void

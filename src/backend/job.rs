@@ -8,7 +8,8 @@ use std::fmt::Debug;
 use std::hash::Hash;
 
 pub trait Job: Send + Sync + 'static {
-    type Output: Send + 'static;
+    /// Clone: a shadow check keeps a copy of a sampled device output.
+    type Output: Clone + Send + 'static;
 
     /// The op's name in metrics and logs (`field_add`, `ntt_forward`, …).
     fn name(&self) -> &'static str;
@@ -35,6 +36,11 @@ pub trait Job: Send + Sync + 'static {
 
     /// The device launcher, on a leased device.
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Self::Output, DeviceError>;
+
+    /// Whether a device output agrees with the CPU twin's: integers bit for bit, floats
+    /// within the op's documented tolerance. The self-test and the shadow checks hold
+    /// every device to it; `Err` says where they part.
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String>;
 }
 
 /// A job whose small instances may share one run: concatenated, run once, and the output

@@ -7,11 +7,13 @@ pub mod device;
 pub mod emulated;
 mod job;
 mod nvml;
+pub mod verify;
 
 use crate::metrics::Metrics;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 use utoipa::ToSchema;
 
 pub use cpu::CpuExecutor;
@@ -61,6 +63,39 @@ impl BackendKind {
     }
 }
 
+/// Device failures in a row (of any kind but a dropped job) that take a device out of
+/// service even when none was fatal.
+pub const FAILURES_TO_RETIRE: u32 = 3;
+/// The longest wait between re-probes of a retired device.
+const MAX_REPROBE_BACKOFF: Duration = Duration::from_secs(600);
+
+/// How a retired device is re-probed: its engine rebuilt (`reopen`), the self-test rerun,
+/// first after `backoff`, then at doubling intervals up to `MAX_REPROBE_BACKOFF`.
+#[derive(Clone)]
+pub struct Probe {
+    pub reopen: Reopen,
+    pub tests: Arc<Vec<Box<dyn verify::SelfTest>>>,
+    pub backoff: Duration,
+}
+
+/// Builds a fresh engine for a device being re-probed.
+pub type Reopen = Arc<dyn Fn(&GpuDevice) -> Result<device::Engine, String> + Send + Sync>;
+
+/// CUDA: a new context on the same ordinal, kernels from the cache.
+pub fn reopen_cuda(cache: std::path::PathBuf, library: cuda::kernels::KernelLibrary) -> Reopen {
+    Arc::new(move |dev: &GpuDevice| {
+        cuda::open_device(dev.info.ordinal, &cache, &library).map(GpuDevice::into_engine)
+    })
+}
+
+/// The emulated device: a fresh engine (faults still to inject carried over).
+pub fn reopen_emulated() -> Reopen {
+    Arc::new(|dev: &GpuDevice| {
+        dev.rebuilt_emulated()
+            .ok_or_else(|| "not an emulated device".to_string())
+    })
+}
+
 /// The executors, and why CUDA is or is not in use. The one owner of devices: request
 /// jobs (the pool) and dataset batches take their device from `pick_gpu` and report a
 /// failure through `device_failed`.
@@ -71,6 +106,7 @@ pub struct Backends {
     gpus: OnceLock<Vec<Arc<GpuDevice>>>,
     reason: RwLock<String>,
     next_gpu: AtomicUsize,
+    probe: OnceLock<Probe>,
 }
 
 impl Backends {
@@ -82,7 +118,13 @@ impl Backends {
             gpus: OnceLock::new(),
             reason: RwLock::new("device discovery has not finished".into()),
             next_gpu: AtomicUsize::new(0),
+            probe: OnceLock::new(),
         }
+    }
+
+    /// How retired devices are re-probed; set once, before `set_gpus`.
+    pub fn set_probe(&self, probe: Probe) {
+        let _ = self.probe.set(probe);
     }
 
     /// Called once, when discovery and kernel compilation are done.
@@ -94,27 +136,167 @@ impl Backends {
         *self.reason.write().unwrap_or_else(|e| e.into_inner()) = reason;
     }
 
-    /// The healthy GPUs in turn, so concurrent work spreads over them.
-    pub fn pick_gpu(&self) -> Option<Arc<GpuDevice>> {
-        let healthy: Vec<_> = self.healthy_gpus().collect();
-        if healthy.is_empty() {
+    /// The healthy GPUs where `op` is not quarantined, in turn, so concurrent work
+    /// spreads over them.
+    pub fn pick_gpu(&self, op: &str) -> Option<Arc<GpuDevice>> {
+        let usable: Vec<_> = self.gpus_for(op).collect();
+        if usable.is_empty() {
             return None;
         }
-        Some(healthy[self.next_gpu.fetch_add(1, Ordering::Relaxed) % healthy.len()].clone())
+        Some(usable[self.next_gpu.fetch_add(1, Ordering::Relaxed) % usable.len()].clone())
     }
 
-    /// What happens when work fails on a device, for every caller: logged, a fatal
-    /// error takes the device out of service (`gpu_ops_device_healthy` 0), and a rerun on
-    /// the CPU is counted in `gpu_ops_fallbacks_total{op, reason}`.
-    pub fn device_failed(&self, dev: &GpuDevice, op: &str, err: &DeviceError, rerun_on_cpu: bool) {
+    /// The healthy GPUs where `op` may run.
+    pub fn gpus_for<'a>(&'a self, op: &'a str) -> impl Iterator<Item = &'a Arc<GpuDevice>> {
+        self.healthy_gpus().filter(move |d| d.op_usable(op))
+    }
+
+    /// Runs every self-test on `dev` and records each op's state (`/device`,
+    /// `gpu_ops_kernel_verified`). A test that fails, or panics, quarantines its op on this
+    /// device. Call from a blocking thread before the device serves anything.
+    pub fn self_test(&self, dev: &GpuDevice, tests: &[Box<dyn verify::SelfTest>]) {
+        let started = std::time::Instant::now();
+        let mut failed = 0;
+        for t in tests {
+            let outcome = match dev.lease() {
+                Ok(lease) => {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.run(&lease)))
+                        .unwrap_or_else(|_| Err("the self-test panicked".into()))
+                }
+                Err(e) => Err(format!("no lease: {e}")),
+            };
+            match outcome {
+                Ok(()) => self.set_op_state(dev, t.op(), None),
+                Err(why) => {
+                    failed += 1;
+                    self.quarantine(dev, t.op(), &format!("self-test: {why}"));
+                }
+            }
+        }
+        tracing::info!(
+            device = dev.info.ordinal,
+            tests = tests.len(),
+            failed,
+            seconds = started.elapsed().as_secs_f64(),
+            "device self-test finished"
+        );
+    }
+
+    /// Takes `op` off `dev` until a re-probe passes: its work goes to the CPU or another
+    /// device.
+    pub fn quarantine(&self, dev: &GpuDevice, op: &str, why: &str) {
+        tracing::error!(
+            device = dev.info.ordinal,
+            op,
+            reason = why,
+            "op quarantined on this device; its work moves elsewhere"
+        );
+        self.set_op_state(dev, op, Some(why.to_string()));
+    }
+
+    /// A shadow check's outcome (`gpu_ops_shadow_checks_total`); a mismatch quarantines
+    /// the op on the device.
+    pub fn shadow_checked(&self, dev: &GpuDevice, op: &str, outcome: Result<(), String>) {
+        let label = if outcome.is_ok() { "agree" } else { "mismatch" };
+        self.metrics
+            .shadow_checks
+            .with_label_values(&[op, label])
+            .inc();
+        if let Err(why) = outcome {
+            self.quarantine(dev, op, &format!("shadow check: {why}"));
+        }
+    }
+
+    fn set_op_state(&self, dev: &GpuDevice, op: &str, reason: Option<String>) {
+        self.metrics
+            .kernel_verified
+            .with_label_values(&[&dev.info.ordinal.to_string(), op])
+            .set(i64::from(reason.is_none()));
+        dev.set_op_state(op, reason);
+    }
+
+    /// The fault policy, for every caller. A job-specific error (out of memory, a shape
+    /// without a kernel) moves that job alone to the CPU. A fatal error (a lost device), or
+    /// `FAILURES_TO_RETIRE` failures in a row, takes the device out of service
+    /// (`gpu_ops_device_healthy` 0) until a re-probe passes. An abandoned job is not a
+    /// failure. Reruns on the CPU are counted in `gpu_ops_fallbacks_total{op, reason}`.
+    pub fn device_failed(
+        self: &Arc<Self>,
+        dev: &GpuDevice,
+        op: &str,
+        err: &DeviceError,
+        rerun_on_cpu: bool,
+    ) {
+        if err.kind == DeviceErrorKind::Abandoned {
+            tracing::info!(op, device = dev.info.ordinal, error = %err, "device work dropped");
+            return;
+        }
         tracing::warn!(op, device = dev.info.ordinal, error = %err, fallback = rerun_on_cpu, "device work failed");
-        if err.kind == DeviceErrorKind::Fatal {
-            dev.mark_unhealthy(&err.message);
-            self.health_gauge(dev).set(0);
+        let in_row = dev.count_failure();
+        if err.kind == DeviceErrorKind::Fatal || in_row >= FAILURES_TO_RETIRE {
+            self.retire(dev, &format!("{err} ({in_row} failure(s) in a row)"));
         }
         if rerun_on_cpu {
             self.count_fallback(op, err.reason());
         }
+    }
+
+    /// Device work that succeeded: the failure streak ends.
+    pub fn device_succeeded(&self, dev: &GpuDevice) {
+        dev.count_success();
+    }
+
+    /// Takes `dev` out of service and schedules its re-probe.
+    fn retire(self: &Arc<Self>, dev: &GpuDevice, why: &str) {
+        dev.mark_unhealthy(why);
+        self.health_gauge(dev).set(0);
+        let Some(dev) = self.gpus().iter().find(|d| std::ptr::eq(d.as_ref(), dev)) else {
+            return;
+        };
+        let Some(probe) = self.probe.get().cloned() else {
+            return;
+        };
+        if !dev.start_reprobe() {
+            return;
+        }
+        let (backends, dev) = (self.clone(), dev.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("reprobe-gpu{}", dev.info.ordinal))
+            .spawn(move || {
+                let mut wait = probe.backoff;
+                loop {
+                    std::thread::sleep(wait);
+                    match backends.reprobe(&dev, &probe) {
+                        Ok(()) => break,
+                        Err(why) => {
+                            tracing::warn!(device = dev.info.ordinal, reason = %why, retry_in = ?wait * 2, "re-probe failed");
+                            wait = (wait * 2).min(MAX_REPROBE_BACKOFF);
+                        }
+                    }
+                }
+                dev.end_reprobe();
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start the re-probe thread; the device stays out");
+        }
+    }
+
+    /// Rebuilds the device's engine (a fresh context) and reruns the self-test: back in
+    /// service if any op passes (those that fail stay quarantined, as at start-up).
+    fn reprobe(&self, dev: &GpuDevice, probe: &Probe) -> Result<(), String> {
+        let engine = (probe.reopen)(dev)?;
+        dev.replace_engine(engine);
+        self.self_test(dev, &probe.tests);
+        if dev
+            .op_states()
+            .iter()
+            .all(|s| s.state == verify::OpState::Quarantined)
+        {
+            return Err("every op failed its self-test".into());
+        }
+        dev.mark_healthy();
+        self.health_gauge(dev).set(1);
+        Ok(())
     }
 
     /// Counts work moved to the CPU for `reason` (a device error's, or `parity`).

@@ -38,8 +38,7 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Dataset batches' name in the fallback metric.
-const DATASET_OP: &str = "rf_dataset";
+use crate::ops::rf::dataset::DATASET_OP;
 /// Attempts allowed per requested sample before a job fails as unsatisfiable.
 pub const MAX_ATTEMPTS_PER_SAMPLE: u64 = 100;
 /// How often running progress is written to the catalog.
@@ -115,8 +114,6 @@ pub struct Datasets {
     /// Set at shutdown: running and queued jobs end as `interrupted`, not `cancelled`.
     stopping: AtomicBool,
     backends: Arc<Backends>,
-    /// Set when a device's dataset batch disagreed with the CPU: datasets stay on the CPU.
-    device_distrusted: AtomicBool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +159,6 @@ impl Datasets {
             max_queued,
             stopping: AtomicBool::new(false),
             backends,
-            device_distrusted: AtomicBool::new(false),
         });
         let worker = this.clone();
         std::thread::Builder::new()

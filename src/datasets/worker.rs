@@ -65,19 +65,16 @@ impl Datasets {
     /// choice request jobs get), `--backend` not `cpu`, no earlier disagreement, and a
     /// scenario whose segments `rf_chunk_reduce` takes.
     fn dataset_device(&self, s: &Scenario) -> Option<Arc<GpuDevice>> {
-        if self.backends.mode == BackendChoice::Cpu
-            || self.device_distrusted.load(Ordering::Relaxed)
-            || !fits_device(s)
-        {
+        if self.backends.mode == BackendChoice::Cpu || !fits_device(s) {
             return None;
         }
-        self.backends.pick_gpu()
+        self.backends.pick_gpu(DATASET_OP)
     }
 
     /// A batch's records from the device, or None when it failed or (on a job's first
     /// device batch, `checked` false) its first sample disagreed with the CPU's: the
     /// caller then runs the batch on the CPU. A fatal error takes the device out of
-    /// service, a disagreement takes every device off datasets.
+    /// service, a disagreement quarantines datasets on that device.
     #[allow(clippy::too_many_arguments)]
     fn device_records(
         &self,
@@ -96,7 +93,10 @@ impl Datasets {
             samples_cuda(s, key, indices, keep_iq, &lease)
         });
         let records = match result {
-            Ok(records) => records,
+            Ok(records) => {
+                self.backends.device_succeeded(dev);
+                records
+            }
             Err(e) => {
                 self.backends.device_failed(dev, DATASET_OP, &e, true);
                 return None;
@@ -105,8 +105,12 @@ impl Datasets {
         if !checked {
             let cpu = pool.install(|| sample(s, key, first, keep_iq).0);
             if let Err(why) = records_agree(&records[0], &cpu) {
-                tracing::error!(device = dev.info.ordinal, sample = first, disagreement = %why, "the device's dataset sample disagrees with the CPU's; datasets stay on the CPU");
-                self.device_distrusted.store(true, Ordering::Relaxed);
+                tracing::error!(device = dev.info.ordinal, sample = first, disagreement = %why, "the device's dataset sample disagrees with the CPU's");
+                self.backends.quarantine(
+                    dev,
+                    DATASET_OP,
+                    &format!("dataset sample {first}: {why}"),
+                );
                 self.backends.count_fallback(DATASET_OP, "parity");
                 return None;
             }

@@ -1,5 +1,6 @@
 //! The domains: maths only, no HTTP. Each op is a job type (`backend::Job`) beside its CPU
-//! twin (the oracle) and its device launcher; each domain registers its kernel modules.
+//! twin (the oracle) and its device launcher; each domain registers its kernel modules
+//! and the self-tests every device passes before it serves the domain's ops.
 pub mod dp;
 pub mod invalid;
 mod kernels;
@@ -8,3 +9,11 @@ pub mod zk;
 
 pub use invalid::{FieldPath, Invalid};
 pub use kernels::kernel_library;
+
+/// Every domain's self-tests (`backend::verify`), one or more per op with a device path.
+pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
+    let mut tests = zk::self_test::self_tests();
+    tests.extend(dp::self_test::self_tests());
+    tests.extend(rf::self_test::self_tests());
+    tests
+}

@@ -76,7 +76,7 @@ impl Batcher {
                 .enqueuer
                 .shared
                 .backends
-                .healthy_gpus()
+                .gpus_for(job.name())
                 .next()
                 .is_some(),
         };

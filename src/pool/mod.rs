@@ -7,10 +7,13 @@ mod slot;
 
 pub use batch::{BatchConfig, BatchMode};
 
-use crate::backend::{BackendChoice, BackendKind, Backends, Batchable, GpuDevice, Job};
+use crate::backend::device::Stop;
+use crate::backend::{
+    BackendChoice, BackendKind, Backends, Batchable, DeviceError, DeviceErrorKind, GpuDevice, Job,
+};
 use crate::metrics::Metrics;
 use slot::{Runnable, Slot};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -23,6 +26,8 @@ pub struct PoolConfig {
     pub workers: usize,
     pub fallback: bool,
     pub default_timeout: Duration,
+    /// Fraction of device jobs shadow-checked on the CPU (`--verify-fraction`).
+    pub verify_fraction: f64,
     pub batch: BatchConfig,
 }
 
@@ -85,6 +90,8 @@ struct Shared {
     paused: watch::Sender<bool>,
     /// Moving average of job compute time, for Retry-After.
     avg_compute_us: AtomicU64,
+    /// Device jobs completed, for spacing the shadow checks.
+    device_jobs: AtomicU64,
 }
 
 pub struct Pool {
@@ -111,6 +118,7 @@ impl Pool {
             depth: AtomicI64::new(0),
             paused: watch::Sender::new(false),
             avg_compute_us: AtomicU64::new(1000),
+            device_jobs: AtomicU64::new(0),
             config,
         });
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
@@ -169,7 +177,7 @@ impl Pool {
                 return Err(JobError::NotOnDevice(why));
             }
             // Checked again when the job runs: a device can be lost while it waits.
-            if s.backends.healthy_gpus().next().is_none() {
+            if s.backends.gpus_for(job.name()).next().is_none() {
                 return Err(s.no_device());
             }
         }
@@ -299,15 +307,66 @@ impl Shared {
             (BackendChoice::Cuda, Some(why)) => Err(JobError::NotOnDevice(why)),
             (BackendChoice::Cuda, None) => self
                 .backends
-                .pick_gpu()
+                .pick_gpu(job.name())
                 .map(Target::Cuda)
                 .ok_or_else(|| self.no_device()),
             (BackendChoice::Auto, Some(_)) => Ok(Target::Cpu),
             (BackendChoice::Auto, None) if job.size() < job.gpu_threshold() => Ok(Target::Cpu),
-            (BackendChoice::Auto, None) => {
-                Ok(self.backends.pick_gpu().map_or(Target::Cpu, Target::Cuda))
-            }
+            (BackendChoice::Auto, None) => Ok(self
+                .backends
+                .pick_gpu(job.name())
+                .map_or(Target::Cpu, Target::Cuda)),
         }
+    }
+
+    /// Runs the job on `dev` on a blocking thread. It is dropped (`Abandoned`) if its
+    /// deadline passes or its caller leaves while it waits for the device or between its
+    /// passes.
+    async fn run_device(&self, q: &mut Queued, dev: &Arc<GpuDevice>) -> Result<(), DeviceError> {
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let stop = Stop {
+            deadline: q.deadline,
+            abandoned: abandoned.clone(),
+        };
+        let (job, d) = (q.job.clone(), dev.clone());
+        let run = tokio::task::spawn_blocking(move || {
+            let lease = d.lease_until(Some(stop))?;
+            job.run_device(&lease)
+        });
+        tokio::pin!(run);
+        let joined = tokio::select! {
+            r = &mut run => r,
+            _ = q.reply.closed() => {
+                abandoned.store(true, Ordering::Relaxed);
+                run.await
+            }
+        };
+        joined.unwrap_or_else(|e| Err(DeviceError::fatal(format!("device job panicked: {e}"))))
+    }
+
+    /// Whether this device job is one of the `--verify-fraction` shadow-checked: the
+    /// k-th job is when ⌊k·f⌋ steps up, so checks are evenly spaced (every job at 1).
+    fn shadow_due(&self) -> bool {
+        let f = self.config.verify_fraction;
+        let k = self.device_jobs.fetch_add(1, Ordering::Relaxed) as f64;
+        ((k + 1.0) * f).floor() > (k * f).floor()
+    }
+
+    /// Recomputes `job` on the CPU after its caller has the device's output, and reports
+    /// the comparison (`Backends::shadow_checked`: counted, a mismatch quarantines).
+    fn shadow_check(&self, job: Arc<dyn Runnable>, dev: Arc<GpuDevice>) {
+        let op = job.name();
+        let Some(check) = job.shadow() else {
+            return;
+        };
+        let (cpu, backends) = (self.backends.cpu.clone(), self.backends.clone());
+        tokio::spawn(async move {
+            let outcome = cpu
+                .run(check)
+                .await
+                .unwrap_or_else(|p| Err(format!("the CPU twin panicked: {p}")));
+            backends.shadow_checked(&dev, op, outcome);
+        });
     }
 
     async fn run_cpu(&self, job: Arc<dyn Runnable>) -> Result<(), JobError> {
@@ -323,7 +382,7 @@ impl Shared {
 
     /// Runs the job where `choose` says; on a device failure reruns it on the CPU when
     /// fallback is on. Returns the backend that produced the output, and the device.
-    async fn execute(&self, q: &Queued) -> Result<(BackendKind, Option<usize>), JobError> {
+    async fn execute(&self, q: &mut Queued) -> Result<(BackendKind, Option<usize>), JobError> {
         let dev = match self.choose(q.job.as_ref(), q.backend)? {
             Target::Cpu => {
                 self.run_cpu(q.job.clone()).await?;
@@ -331,19 +390,19 @@ impl Shared {
             }
             Target::Cuda(dev) => dev,
         };
-        let (job, d) = (q.job.clone(), dev.clone());
-        let result = tokio::task::spawn_blocking(move || {
-            let lease = d.lease()?;
-            job.run_device(&lease)
-        })
-        .await
-        .unwrap_or_else(|e| {
-            Err(crate::backend::DeviceError::fatal(format!(
-                "device job panicked: {e}"
-            )))
-        });
+        let result = self.run_device(q, &dev).await;
         let err = match result {
-            Ok(()) => return Ok((BackendKind::Cuda, Some(dev.info.ordinal))),
+            Ok(()) => {
+                self.backends.device_succeeded(&dev);
+                if self.shadow_due() {
+                    self.shadow_check(q.job.clone(), dev.clone());
+                }
+                return Ok((BackendKind::Cuda, Some(dev.info.ordinal)));
+            }
+            // Nobody waits for it: neither a device failure nor a reason to rerun it.
+            Err(e) if e.kind == DeviceErrorKind::Abandoned => {
+                return Err(JobError::DeadlineExceeded)
+            }
             Err(e) => e,
         };
         self.backends
@@ -359,7 +418,7 @@ impl Shared {
 async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Queued>>>) {
     let mut paused = s.paused.subscribe();
     loop {
-        let Some(job) = rx.lock().await.recv().await else {
+        let Some(mut job) = rx.lock().await.recv().await else {
             break;
         };
         s.set_depth(s.depth.fetch_sub(1, Ordering::SeqCst) - 1);
@@ -384,7 +443,7 @@ async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Queued
         let started = Instant::now();
         let queue_time = started - job.enqueued;
         s.metrics.jobs_running.inc();
-        let result = s.execute(&job).await;
+        let result = s.execute(&mut job).await;
         s.metrics.jobs_running.dec();
         let compute_time = started.elapsed();
         s.record_compute(compute_time);

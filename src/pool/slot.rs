@@ -4,7 +4,10 @@
 
 use super::{Completed, JobError, RunInfo};
 use crate::backend::{DeviceError, DeviceLease, Job};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+/// A shadow check: the CPU twin's output compared with a kept copy of the device's.
+pub(super) type ShadowCheck = Box<dyn FnOnce() -> Result<(), String> + Send>;
 
 /// What the workers need of a job, whatever its type.
 pub(super) trait Runnable: Send + Sync {
@@ -15,6 +18,9 @@ pub(super) trait Runnable: Send + Sync {
     fn device_refusal(&self) -> Option<String>;
     fn run_cpu(&self);
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<(), DeviceError>;
+    /// After `run_device`: a copy of its output and the check against the CPU twin, to
+    /// run off the request path. None if the output was already taken.
+    fn shadow(self: Arc<Self>) -> Option<ShadowCheck>;
 }
 
 pub(super) struct Slot<J: Job> {
@@ -74,5 +80,16 @@ impl<J: Job> Runnable for Slot<J> {
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<(), DeviceError> {
         self.put(self.job.run_device(dev)?);
         Ok(())
+    }
+
+    fn shadow(self: Arc<Self>) -> Option<ShadowCheck> {
+        let device = self
+            .output
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        Some(Box::new(move || {
+            self.job.agrees(&device, &self.job.run_cpu())
+        }))
     }
 }

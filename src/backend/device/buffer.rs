@@ -35,7 +35,7 @@ impl<T> DeviceBuffer<T> {
 impl DeviceLease<'_> {
     /// A copy of `host` on the device.
     pub fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>, DeviceError> {
-        let memory = match &self.device.engine {
+        let memory = match self.engine() {
             Engine::Cuda(c) => Memory::Cuda(c.stream.clone_htod(host)?),
             Engine::Emulated(e) => {
                 let m = e.alloc(std::mem::size_of_val(host))?;
@@ -55,7 +55,7 @@ impl DeviceLease<'_> {
         &self,
         len: usize,
     ) -> Result<DeviceBuffer<T>, DeviceError> {
-        let memory = match &self.device.engine {
+        let memory = match self.engine() {
             Engine::Cuda(c) => Memory::Cuda(c.stream.alloc_zeros(len)?),
             Engine::Emulated(e) => Memory::Host(e.alloc(len * std::mem::size_of::<T>())?),
         };
@@ -64,7 +64,7 @@ impl DeviceLease<'_> {
 
     /// The buffer's contents, once the work queued before has finished.
     pub fn download<T: Element>(&self, buf: &DeviceBuffer<T>) -> Result<Vec<T>, DeviceError> {
-        match (&self.device.engine, &buf.memory) {
+        match (self.engine(), &buf.memory) {
             (Engine::Cuda(c), Memory::Cuda(s)) => {
                 let host = c.stream.clone_dtoh(s)?;
                 c.stream.synchronize()?;
@@ -89,7 +89,7 @@ impl DeviceLease<'_> {
         &self,
         buf: &mut DeviceBuffer<T>,
     ) -> Result<(), DeviceError> {
-        match (&self.device.engine, &mut buf.memory) {
+        match (self.engine(), &mut buf.memory) {
             (Engine::Cuda(c), Memory::Cuda(s)) => Ok(c.stream.memset_zeros(s)?),
             (Engine::Emulated(_), Memory::Host(m)) => {
                 m.zero();
@@ -111,7 +111,7 @@ impl DeviceLease<'_> {
                 src.len, dst.len
             )));
         }
-        match (&self.device.engine, &src.memory, &mut dst.memory) {
+        match (self.engine(), &src.memory, &mut dst.memory) {
             (Engine::Cuda(c), Memory::Cuda(s), Memory::Cuda(d)) => {
                 Ok(c.stream.memcpy_dtod(s, d)?)
             }

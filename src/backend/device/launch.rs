@@ -6,7 +6,7 @@
 
 use super::buffer::{foreign, Memory};
 use super::{DeviceBuffer, DeviceError, DeviceLease, Engine};
-use crate::backend::emulated;
+use crate::backend::emulated::{self, EmulatedEngine, Fault};
 use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use std::ffi::c_void;
 
@@ -21,8 +21,11 @@ pub struct Launch<'a> {
 enum Args<'a> {
     Cuda(LaunchArgs<'a>),
     Emulated {
+        engine: &'a EmulatedEngine,
         pointers: Vec<*mut c_void>,
         sizes: Vec<usize>,
+        /// The last buffer argument's address: where an injected `Fault::Corrupt` lands.
+        last_buffer: Option<*mut c_void>,
     },
 }
 
@@ -37,7 +40,9 @@ impl<'a, T: DeviceRepr> KernelArg<'a> for &'a T {
             Args::Cuda(l) => {
                 l.arg(self);
             }
-            Args::Emulated { pointers, sizes } => {
+            Args::Emulated {
+                pointers, sizes, ..
+            } => {
                 pointers.push(self as *const T as *mut c_void);
                 sizes.push(std::mem::size_of::<T>());
             }
@@ -72,9 +77,18 @@ impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
             (Args::Cuda(l), Memory::Cuda(s)) => {
                 l.arg(s);
             }
-            (Args::Emulated { pointers, sizes }, Memory::Host(m)) => {
+            (
+                Args::Emulated {
+                    pointers,
+                    sizes,
+                    last_buffer,
+                    ..
+                },
+                Memory::Host(m),
+            ) => {
                 pointers.push(m.address_slot());
                 sizes.push(std::mem::size_of::<*mut c_void>());
+                *last_buffer = Some(m.address());
             }
             _ => launch.foreign = true,
         }
@@ -84,15 +98,17 @@ impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
 impl DeviceLease<'_> {
     /// Starts a launch of kernel `name`.
     pub fn launch<'s>(&'s self, name: &'s str) -> Result<Launch<'s>, DeviceError> {
-        let args = match &self.device.engine {
+        let args = match self.engine() {
             Engine::Cuda(c) => Args::Cuda(c.stream.launch_builder(c.function(name)?)),
-            Engine::Emulated(_) => {
+            Engine::Emulated(engine) => {
                 if emulated::kernel_params(name).is_none() {
                     return Err(DeviceError::fatal(format!("kernel {name} is not loaded")));
                 }
                 Args::Emulated {
+                    engine,
                     pointers: Vec::new(),
                     sizes: Vec::new(),
+                    last_buffer: None,
                 }
             }
         };
@@ -123,7 +139,19 @@ impl<'a> Launch<'a> {
         match &mut self.args {
             // SAFETY: the caller's contract.
             Args::Cuda(l) => unsafe { l.launch(config) }.map(|_| ()).map_err(Into::into),
-            Args::Emulated { pointers, sizes } => {
+            Args::Emulated {
+                engine,
+                pointers,
+                sizes,
+                last_buffer,
+            } => {
+                let fault = engine.take_fault(self.name);
+                if let Some(Fault::Fail(kind)) = fault {
+                    return Err(DeviceError {
+                        kind,
+                        message: format!("emulated device: a fault injected into {}", self.name),
+                    });
+                }
                 let expected = emulated::kernel_params(self.name).unwrap_or_default();
                 if expected.len() == sizes.len() && expected != *sizes {
                     return Err(DeviceError::fatal(format!(
@@ -133,7 +161,12 @@ impl<'a> Launch<'a> {
                 }
                 // SAFETY: the caller's contract; every pointer lives as long as 'a.
                 unsafe { emulated::launch(self.name, config, pointers) }
-                    .map_err(|e| DeviceError::fatal(format!("emulated device: {e}")))
+                    .map_err(|e| DeviceError::fatal(format!("emulated device: {e}")))?;
+                if let (Some(Fault::Corrupt), Some(out)) = (fault, last_buffer) {
+                    // SAFETY: a buffer holds at least one byte (the allocator rounds zero up).
+                    unsafe { *out.cast::<u8>() ^= 1 };
+                }
+                Ok(())
             }
         }
     }

@@ -14,10 +14,13 @@ pub use launch::Launch;
 
 use super::cuda::CudaEngine;
 use super::emulated::EmulatedEngine;
+use super::verify::{OpState, OpStatus};
 use cudarc::driver::{result::DriverError, sys, LaunchConfig};
 use serde::Serialize;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::time::Instant;
 use tables::TableCache;
 use utoipa::ToSchema;
 
@@ -49,6 +52,9 @@ pub enum DeviceErrorKind {
     Fatal,
     /// The op has no kernel; the pool never sends it (`Job::device_refusal`).
     Unsupported,
+    /// The job's deadline passed, or its caller left, while it waited for the device or
+    /// between passes: dropped, not a device failure.
+    Abandoned,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -86,6 +92,7 @@ impl DeviceError {
             DeviceErrorKind::OutOfMemory => "out_of_memory",
             DeviceErrorKind::Fatal => "device_error",
             DeviceErrorKind::Unsupported => "unsupported",
+            DeviceErrorKind::Abandoned => "abandoned",
         }
     }
 }
@@ -109,7 +116,7 @@ impl From<DriverError> for DeviceError {
 const TABLE_CACHE_BYTES: usize = 512 << 20;
 
 /// What runs a device's work.
-pub(crate) enum Engine {
+pub enum Engine {
     Cuda(CudaEngine),
     Emulated(EmulatedEngine),
 }
@@ -118,30 +125,50 @@ pub(crate) enum Engine {
 /// the constant tables kept on it between jobs.
 pub struct GpuDevice {
     pub info: GpuInfo,
-    pub(crate) engine: Engine,
+    /// Replaced when a re-probe rebuilds the context (`replace_engine`).
+    engine: RwLock<Engine>,
     healthy: AtomicBool,
+    /// Device failures in a row (any kind but `Abandoned`); reset by a success.
+    failures_in_row: AtomicU32,
+    reprobing: AtomicBool,
     /// One job at a time per device; the stream orders its work.
     busy: Mutex<()>,
     /// `--gpu-memory-limit-mib` in bytes; 0: half the memory free when a job starts.
     memory_limit: AtomicU64,
     tables: Mutex<TableCache>,
+    /// Each self-tested op's state, by op name.
+    ops: Mutex<BTreeMap<String, OpStatus>>,
 }
 
 /// Held while a job uses the device.
 pub struct DeviceLease<'a> {
     pub device: &'a GpuDevice,
+    engine: RwLockReadGuard<'a, Engine>,
+    /// When the job stops being wanted: its deadline, and its caller leaving.
+    stop: Option<Stop>,
     _guard: MutexGuard<'a, ()>,
+}
+
+/// What ends a job's claim on the device before it finishes.
+#[derive(Clone)]
+pub struct Stop {
+    pub deadline: Instant,
+    /// Set when the caller has gone (its request dropped).
+    pub abandoned: Arc<AtomicBool>,
 }
 
 impl GpuDevice {
     pub(crate) fn new(info: GpuInfo, engine: Engine) -> Self {
         Self {
             info,
-            engine,
+            engine: RwLock::new(engine),
             healthy: AtomicBool::new(true),
+            failures_in_row: AtomicU32::new(0),
+            reprobing: AtomicBool::new(false),
             busy: Mutex::new(()),
             memory_limit: AtomicU64::new(0),
             tables: Mutex::new(TableCache::new(TABLE_CACHE_BYTES)),
+            ops: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -163,8 +190,81 @@ impl GpuDevice {
         Self::new(info, Engine::Emulated(EmulatedEngine::new(memory_bytes)))
     }
 
+    /// Injects `fault` into the next `times` launches of kernels named `kernel_prefix…`;
+    /// the emulated device only (tests of the self-test, shadow checks and fault policy).
+    pub fn inject_fault(
+        &self,
+        kernel_prefix: &str,
+        fault: super::emulated::Fault,
+        times: u32,
+    ) -> Result<(), String> {
+        match &*self.engine() {
+            Engine::Emulated(e) => {
+                e.inject(kernel_prefix, fault, times);
+                Ok(())
+            }
+            Engine::Cuda(_) => Err("faults are injected into the emulated device only".into()),
+        }
+    }
+
     pub fn is_emulated(&self) -> bool {
-        matches!(self.engine, Engine::Emulated(_))
+        self.info.emulated
+    }
+
+    fn engine(&self) -> RwLockReadGuard<'_, Engine> {
+        self.engine.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A re-probe's fresh engine (a rebuilt context): waits for the running job, drops
+    /// every cached table of the old one, and forgets the ops' states for the self-test
+    /// to record again.
+    pub(crate) fn replace_engine(&self, engine: Engine) {
+        let _busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        self.tables
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        *self.engine.write().unwrap_or_else(|e| e.into_inner()) = engine;
+        self.op_table().clear();
+    }
+
+    /// The engine, out of a device opened only to rebuild another's (a re-probe).
+    pub(crate) fn into_engine(self) -> Engine {
+        self.engine.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A fresh emulated engine of the same size, keeping the faults still to inject.
+    pub(crate) fn rebuilt_emulated(&self) -> Option<Engine> {
+        match &*self.engine() {
+            Engine::Emulated(e) => Some(Engine::Emulated(e.rebuilt())),
+            Engine::Cuda(_) => None,
+        }
+    }
+
+    /// Whether a re-probe is scheduled or running; sets it.
+    pub(crate) fn start_reprobe(&self) -> bool {
+        !self.reprobing.swap(true, Ordering::Relaxed)
+    }
+
+    pub(crate) fn end_reprobe(&self) {
+        self.reprobing.store(false, Ordering::Relaxed);
+    }
+
+    /// Back in service after a re-probe passed.
+    pub fn mark_healthy(&self) {
+        self.failures_in_row.store(0, Ordering::Relaxed);
+        if !self.healthy.swap(true, Ordering::Relaxed) {
+            tracing::info!(device = self.info.ordinal, "GPU back in service");
+        }
+    }
+
+    /// Counts a device failure; returns how many in a row.
+    pub(crate) fn count_failure(&self) -> u32 {
+        self.failures_in_row.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn count_success(&self) {
+        self.failures_in_row.store(0, Ordering::Relaxed);
     }
 
     pub fn is_healthy(&self) -> bool {
@@ -181,16 +281,58 @@ impl GpuDevice {
         }
     }
 
+    /// Records where `op` stands: verified, or quarantined for `reason`.
+    pub fn set_op_state(&self, op: &str, reason: Option<String>) {
+        let state = if reason.is_some() {
+            OpState::Quarantined
+        } else {
+            OpState::Verified
+        };
+        let status = OpStatus {
+            op: op.to_string(),
+            state,
+            reason,
+        };
+        self.op_table().insert(op.to_string(), status);
+    }
+
+    /// Whether `op` may run here: not quarantined (an op without a self-test may).
+    pub fn op_usable(&self, op: &str) -> bool {
+        self.op_table()
+            .get(op)
+            .is_none_or(|s| s.state != OpState::Quarantined)
+    }
+
+    /// Every self-tested op's state, by name.
+    pub fn op_states(&self) -> Vec<OpStatus> {
+        self.op_table().values().cloned().collect()
+    }
+
+    fn op_table(&self) -> MutexGuard<'_, BTreeMap<String, OpStatus>> {
+        self.ops.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Blocks until the device is free. Call from a blocking thread, not the runtime.
     pub fn lease(&self) -> Result<DeviceLease<'_>, DeviceError> {
+        self.lease_until(None)
+    }
+
+    /// As `lease`, for a job that `stop` may end: refused as `Abandoned` if it ended
+    /// while the job waited for the device.
+    pub fn lease_until(&self, stop: Option<Stop>) -> Result<DeviceLease<'_>, DeviceError> {
         let guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        if let Engine::Cuda(c) = &self.engine {
+        let engine = self.engine();
+        if let Engine::Cuda(c) = &*engine {
             c.bind_to_thread()?;
         }
-        Ok(DeviceLease {
+        let lease = DeviceLease {
             device: self,
+            engine,
+            stop,
             _guard: guard,
-        })
+        };
+        lease.still_wanted()?;
+        Ok(lease)
     }
 
     /// The most device memory one job may use (`--gpu-memory-limit-mib`, 0 for half of
@@ -201,7 +343,7 @@ impl GpuDevice {
 
     /// (free, total) bytes now.
     pub fn memory(&self) -> Option<(u64, u64)> {
-        match &self.engine {
+        match &*self.engine() {
             Engine::Cuda(c) => c.memory(),
             Engine::Emulated(e) => Some(e.memory()),
         }
@@ -209,6 +351,29 @@ impl GpuDevice {
 }
 
 impl DeviceLease<'_> {
+    /// `Abandoned` once the job's deadline has passed or its caller has gone: launchers
+    /// call it between passes, so work nobody waits for stops holding the device.
+    pub fn still_wanted(&self) -> Result<(), DeviceError> {
+        let Some(stop) = &self.stop else {
+            return Ok(());
+        };
+        let why = if stop.abandoned.load(Ordering::Relaxed) {
+            "its caller has gone"
+        } else if Instant::now() >= stop.deadline {
+            "its deadline has passed"
+        } else {
+            return Ok(());
+        };
+        Err(DeviceError {
+            kind: DeviceErrorKind::Abandoned,
+            message: format!("the job was dropped on the device: {why}"),
+        })
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// Bytes this job may allocate: the configured limit, never more than is free.
     pub fn memory_budget(&self) -> usize {
         let free = self.device.memory().map_or(usize::MAX, |(f, _)| f as usize);
@@ -259,7 +424,7 @@ impl DeviceLease<'_> {
 
     /// Waits for the device's queued work (copies back are already synchronous).
     pub fn synchronize(&self) -> Result<(), DeviceError> {
-        match &self.device.engine {
+        match self.engine() {
             Engine::Cuda(c) => Ok(c.stream.synchronize()?),
             // Emulated launches and copies finish before they return.
             Engine::Emulated(_) => Ok(()),

@@ -23,6 +23,11 @@ impl TableCache {
         }
     }
 
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
     pub fn get(&mut self, key: &str) -> Option<Arc<dyn Any + Send + Sync>> {
         self.tick += 1;
         let tick = self.tick;

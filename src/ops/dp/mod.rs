@@ -9,6 +9,7 @@ pub mod noise;
 pub mod plan;
 pub mod privatize;
 pub mod release;
+pub(crate) mod self_test;
 pub mod sgd;
 
 pub use gpu::{

@@ -53,6 +53,7 @@ pub struct ClipStats {
     pub max_norm: f64,
 }
 
+#[derive(Clone, Debug, PartialEq)]
 pub struct Privatized {
     pub gradient: Vec<f64>,
     pub stats: ClipStats,
@@ -206,6 +207,13 @@ impl Job for PrivatizeJob {
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Privatized, DeviceError> {
         super::gpu::run_privatize_cuda(self, dev)
+    }
+
+    /// Exact noise and the same clipping: bit for bit.
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        crate::backend::verify::exactly(&device.stats, &cpu.stats)
+            .map_err(|_| format!("clip statistics {:?} vs {:?}", device.stats, cpu.stats))?;
+        crate::backend::verify::same_bits(&device.gradient, &cpu.gradient)
     }
 }
 

@@ -114,4 +114,9 @@ impl Job for NoiseJob {
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
         super::gpu::run_noise_cuda(self, dev)
     }
+
+    /// Exact noise: the device draws the same samples, bit for bit.
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        crate::backend::verify::same_bits(device, cpu)
+    }
 }

@@ -1,7 +1,9 @@
 //! One dataset sample end to end: generate, extract every receiver's features, judge
 //! its quality (receivers detected, mean SNR, GDOP) and accept or reject it by reason.
 
-use super::features::{self, extract, ChunkSums, Derivation, ExtractConfig, Stats, FEATURE_NAMES};
+use super::features::{
+    self, extract, feature_agrees, ChunkSums, Derivation, ExtractConfig, Stats, FEATURE_NAMES,
+};
 use super::generate::{
     draft, plan, receive_to, samples_per_recording, RxTruth, SamplePlan, TxTruth,
 };
@@ -221,6 +223,9 @@ fn records_from_sums<W: Send>(
         .collect()
 }
 
+/// Dataset batches' op: their name in metrics, self-tests and quarantine.
+pub const DATASET_OP: &str = "rf_dataset";
+
 /// Whether two records of one sample agree within the device path's tolerances: the same
 /// receivers and decision, each feature's statistics within 1e-3 (dB and the rest) or
 /// 0.1 (Hz), or 1e-6 relative. What a dataset job checks before trusting a device.
@@ -236,15 +241,13 @@ pub fn records_agree(a: &SampleRecord, b: &SampleRecord) -> Result<(), String> {
     }
     for (r, (fa, fb)) in a.features.iter().zip(&b.features).enumerate() {
         for (name, (x, y)) in FEATURE_NAMES.iter().zip(fa.iter().zip(fb)) {
-            let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
             for (u, v) in [
                 (x.mean, y.mean),
                 (x.std, y.std),
                 (x.min, y.min),
                 (x.max, y.max),
             ] {
-                let d = (u - v).abs();
-                if !(d <= tol || d <= 1e-6 * v.abs() || u == v) {
+                if !feature_agrees(name, u, v) {
                     return Err(format!("receiver {r} {name}: {u} vs {v}"));
                 }
             }

@@ -35,6 +35,15 @@ pub const FEATURE_NAMES: [&str; 18] = [
 /// One chunk's features, indexed like `FEATURE_NAMES`.
 pub type ChunkFeatures = [f64; 18];
 
+/// Whether a device's value of feature `name` agrees with the CPU's within the device
+/// path's tolerance: 0.1 for frequencies (Hz), 1e-3 for the rest (dB and ratios), or
+/// 1e-6 relative; equal values (infinities included) always agree.
+pub fn feature_agrees(name: &str, device: f64, cpu: f64) -> bool {
+    let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+    let d = (device - cpu).abs();
+    d <= tol || d <= 1e-6 * cpu.abs() || device == cpu
+}
+
 /// Welch segments whose noise-only bins pass the detection threshold, per chunk, when
 /// no signal is present: the false-alarm probability of `signal_present`.
 pub const FALSE_ALARM: f64 = 1e-3;

@@ -11,6 +11,7 @@ pub mod multipath;
 pub mod noise;
 pub mod rng;
 pub mod scenario;
+pub(crate) mod self_test;
 mod simd;
 mod sincos;
 pub mod waveform;
@@ -95,5 +96,33 @@ impl Job for FeaturesJob {
         Ok(Ok(
             features::Derivation::new(chunk, seg).extract(&sums, self.config.sample_rate_hz)
         ))
+    }
+
+    /// Every chunk's features within `features::feature_agrees`.
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        let (d, c) = match (device, cpu) {
+            (Ok(d), Ok(c)) => (d, c),
+            (Err(d), Err(c)) if d == c => return Ok(()),
+            _ => {
+                return Err(format!(
+                    "{:?} vs {:?}",
+                    device.as_ref().err(),
+                    cpu.as_ref().err()
+                ))
+            }
+        };
+        if d.chunks.len() != c.chunks.len() {
+            return Err(format!("{} chunks vs {}", d.chunks.len(), c.chunks.len()));
+        }
+        for (i, (a, b)) in d.chunks.iter().zip(&c.chunks).enumerate() {
+            for (name, (x, y)) in features::FEATURE_NAMES.iter().zip(a.iter().zip(b)) {
+                if !features::feature_agrees(name, *x, *y) {
+                    return Err(format!(
+                        "chunk {i} {name}: {x} on the device, {y} on the CPU"
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -136,6 +136,7 @@ fn launch_pair<T: Element + ValidAsZeroBits>(
     let dy_all = broadcast.then(|| dev.upload(y)).transpose()?;
     let mut host = Vec::with_capacity(x.len());
     for start in (0..n).step_by(per_pass) {
+        dev.still_wanted()?;
         let m = per_pass.min(n - start);
         let dx = dev.upload(&x[start * wx..(start + m) * wx])?;
         let dy_pass;
@@ -191,6 +192,7 @@ fn launch_inv<T: Element + ValidAsZeroBits>(
     let per_pass = dev.items_per_pass(n, 2 * w * std::mem::size_of::<T>(), 0);
     let mut host = Vec::with_capacity(x.len());
     for start in (0..n).step_by(per_pass) {
+        dev.still_wanted()?;
         let m = per_pass.min(n - start);
         let din = dev.upload(&x[start * w..(start + m) * w])?;
         let mut out: DeviceBuffer<T> = dev.alloc_zeros(m * w)?;
@@ -332,6 +334,7 @@ fn ntt_steps<T: Element + ValidAsZeroBits>(
     let polys = dev.items_per_pass(batch, n * element_bytes, 0);
     let mut host = Vec::with_capacity(x.len());
     for first in (0..batch).step_by(polys) {
+        dev.still_wanted()?;
         let m = polys.min(batch - first);
         let total = (m * n) as u64;
         let mut dx = dev.upload(&x[first * n * w..(first + m) * n * w])?;

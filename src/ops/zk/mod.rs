@@ -6,6 +6,7 @@ mod msm_gpu;
 pub mod ntt;
 mod pow_inv;
 pub mod samples;
+pub(crate) mod self_test;
 mod u256;
 mod vector_ops;
 

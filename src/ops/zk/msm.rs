@@ -346,6 +346,10 @@ impl Job for MsmJob {
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Points, DeviceError> {
         super::msm_gpu::run_msm_cuda(self, dev)
     }
+
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        crate::backend::verify::exactly(device, cpu)
+    }
 }
 
 #[cfg(test)]

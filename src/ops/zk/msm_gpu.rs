@@ -209,6 +209,7 @@ fn run_curve<P: DeviceCurve>(
         let chosen: Vec<Affine<P>> = part.iter().map(|&i| points[i]).collect();
         let mut launcher = Launcher::<P>::new(dev, plan, &point_words(&chosen))?;
         for (sum, s) in sums.iter_mut().zip(scalars) {
+            dev.still_wanted()?;
             *sum += launcher.run(&scalar_words(s, part))?;
         }
     }

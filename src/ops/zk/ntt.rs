@@ -514,6 +514,10 @@ impl Job for NttJob {
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
         super::gpu::run_ntt_cuda(self, dev)
     }
+
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        crate::backend::verify::exactly(device, cpu)
+    }
 }
 
 #[cfg(test)]

@@ -274,6 +274,10 @@ impl Job for FieldPowJob {
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
         super::gpu::run_field_pow_cuda(self, dev)
     }
+
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        crate::backend::verify::exactly(device, cpu)
+    }
 }
 
 impl Job for FieldInvJob {
@@ -301,6 +305,10 @@ impl Job for FieldInvJob {
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
         super::gpu::run_field_inv_cuda(self, dev)
+    }
+
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        crate::backend::verify::exactly(device, cpu)
     }
 }
 

@@ -262,6 +262,10 @@ impl Job for FieldBinaryJob {
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
         super::gpu::run_field_binary_cuda(self, dev)
     }
+
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        crate::backend::verify::exactly(device, cpu)
+    }
 }
 
 impl Batchable for FieldBinaryJob {

@@ -1,0 +1,101 @@
+//! Holding every device to the CPU twins: the self-test a device passes op by op before it
+//! is ready, the shadow checks of a fraction of device jobs, and the state of each op on
+//! each device. An op that fails either is quarantined on that device (its work goes to
+//! the CPU, or to another device) with the reason, until the device is re-probed.
+
+use super::device::DeviceLease;
+use super::Job;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// One self-test case: a small job with edge values, run on the device and on the CPU.
+/// Domains provide them (`ops::self_tests`); backend/ knows none of them.
+pub trait SelfTest: Send + Sync {
+    /// The op it vouches for, as `Job::name` says it.
+    fn op(&self) -> &'static str;
+    fn run(&self, dev: &DeviceLease<'_>) -> Result<(), String>;
+}
+
+/// Jobs of one op as a self-test: each device output held to `Job::agrees` against its
+/// CPU twin.
+pub struct JobCheck<J: Job> {
+    op: &'static str,
+    jobs: Vec<J>,
+}
+
+impl<J: Job> JobCheck<J> {
+    /// `jobs` is non-empty and of one op.
+    pub fn boxed(jobs: Vec<J>) -> Box<dyn SelfTest> {
+        let op = jobs.first().map_or("none", Job::name);
+        Box::new(Self { op, jobs })
+    }
+}
+
+impl<J: Job> SelfTest for JobCheck<J> {
+    fn op(&self) -> &'static str {
+        self.op
+    }
+
+    fn run(&self, dev: &DeviceLease<'_>) -> Result<(), String> {
+        for (i, job) in self.jobs.iter().enumerate() {
+            let device = job
+                .run_device(dev)
+                .map_err(|e| format!("case {i}: the device failed: {e}"))?;
+            job.agrees(&device, &job.run_cpu())
+                .map_err(|why| format!("case {i}: {why}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// `Job::agrees` for integer outputs: equal, or where the device differs.
+pub fn exactly<T: PartialEq>(device: &T, cpu: &T) -> Result<(), String> {
+    if device == cpu {
+        Ok(())
+    } else {
+        Err("the device's output differs from the CPU twin's".into())
+    }
+}
+
+/// `Job::agrees` for float outputs the device must match bit for bit (exact DP noise):
+/// the first index whose bits differ.
+pub fn same_bits(device: &[f64], cpu: &[f64]) -> Result<(), String> {
+    if device.len() != cpu.len() {
+        return Err(format!(
+            "{} values from the device, {} from the CPU",
+            device.len(),
+            cpu.len()
+        ));
+    }
+    match device
+        .iter()
+        .zip(cpu)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "value {i}: {} on the device, {} on the CPU",
+            device[i], cpu[i]
+        )),
+    }
+}
+
+/// Where an op stands on one device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OpState {
+    /// Passed the self-test; no shadow check has disagreed since.
+    Verified,
+    /// Failed the self-test or a shadow check: served elsewhere until a re-probe passes.
+    Quarantined,
+}
+
+/// `/device`'s entry for one op on one device.
+#[derive(Clone, Debug, Serialize, ToSchema)]
+pub struct OpStatus {
+    pub op: String,
+    pub state: OpState,
+    /// Why it is quarantined.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}

@@ -1,0 +1,296 @@
+//! A device gone wrong, shown on the emulated device with injected faults: the self-test
+//! every device passes before it is ready, shadow checks of device jobs, quarantine of an
+//! op on one device, the fault policy (a job-specific error moves that job alone, a lost
+//! device or repeated failures retire the device, a re-probe brings it back), and device
+//! work nobody waits for any more dropped before it starts.
+
+mod common;
+
+use common::{problem, TestServer};
+use gpu_ops::backend::emulated::Fault;
+use gpu_ops::backend::{DeviceErrorKind, GpuDevice};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Every op with a device path: what the self-test vouches for.
+const OPS: [&str; 13] = [
+    "dp_gaussian",
+    "dp_laplace",
+    "dp_privatize",
+    "field_add",
+    "field_inv",
+    "field_mul",
+    "field_pow",
+    "field_sub",
+    "intt",
+    "msm",
+    "ntt",
+    "rf_dataset",
+    "rf_features",
+];
+
+async fn server(extra: &[&str]) -> TestServer {
+    let mut args = vec![
+        "--backend",
+        "auto",
+        "--emulate-device",
+        "--job-timeout",
+        "600s",
+        "--batching",
+        "off",
+    ];
+    args.extend_from_slice(extra);
+    TestServer::start(&args).await
+}
+
+fn device(s: &TestServer) -> Arc<GpuDevice> {
+    s.state.backends.gpus()[0].clone()
+}
+
+async fn report(s: &TestServer) -> Value {
+    s.get("/device").await.json::<Value>().await.unwrap()["gpus"][0].clone()
+}
+
+/// The op's `/device` entry.
+async fn op_state(s: &TestServer, op: &str) -> Value {
+    report(s).await["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["op"] == op)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// A Goldilocks field op on `backend`: the status and where it ran.
+async fn goldilocks(s: &TestServer, op: &str, backend: &str) -> (u16, String) {
+    let res = s
+        .post(
+            &format!("/zk/{op}"),
+            json!({"field": "goldilocks", "a": ["1", "2", "3"], "b": ["5", "6", "7"], "backend": backend}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let at = res
+        .headers()
+        .get("x-backend")
+        .map_or(String::new(), |v| v.to_str().unwrap().to_string());
+    (res.status().as_u16(), at)
+}
+
+async fn wait_until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..600 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test]
+async fn every_op_passes_its_self_test_before_the_device_is_ready() {
+    let s = server(&[]).await;
+    let ops = report(&s).await["operations"].clone();
+    let names: Vec<&str> = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["op"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, OPS, "{ops}");
+    for o in ops.as_array().unwrap() {
+        assert_eq!(o["state"], "verified", "{o}");
+    }
+    for op in OPS {
+        assert_eq!(
+            s.metric(&format!("gpu_ops_kernel_verified{{gpu=\"0\",op=\"{op}\"}}"))
+                .await,
+            1.0,
+            "{op}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_self_test_failure_quarantines_that_op_on_that_device_only() {
+    let s = server(&[]).await;
+    let dev = device(&s);
+    // Every Goldilocks add returns one wrong bit: the self-test's own run catches it.
+    dev.inject_fault("goldilocks_add", Fault::Corrupt, 1000)
+        .unwrap();
+    s.state
+        .backends
+        .self_test(&dev, &gpu_ops::ops::self_tests());
+    let add = op_state(&s, "field_add").await;
+    assert_eq!(add["state"], "quarantined", "{add}");
+    assert!(
+        add["reason"].as_str().unwrap().starts_with("self-test:"),
+        "{add}"
+    );
+    assert_eq!(op_state(&s, "field_mul").await["state"], "verified");
+    assert_eq!(
+        s.metric("gpu_ops_kernel_verified{gpu=\"0\",op=\"field_add\"}")
+            .await,
+        0.0
+    );
+    // The quarantined op: refused on `cuda`, served by the CPU on `auto`; the rest of the
+    // device still serves.
+    let res = s
+        .post(
+            "/zk/field_add",
+            json!({"field": "goldilocks", "a": ["1"], "b": ["2"], "backend": "cuda"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 503, "device_unavailable").await;
+    assert_eq!(
+        goldilocks(&s, "field_mul", "cuda").await,
+        (200, "cuda".into())
+    );
+}
+
+#[tokio::test]
+async fn a_shadow_check_catches_a_wrong_answer_and_quarantines_the_op() {
+    let s = server(&["--verify-fraction", "1"]).await;
+    let dev = device(&s);
+    assert_eq!(
+        goldilocks(&s, "field_mul", "cuda").await,
+        (200, "cuda".into())
+    );
+    let agree = "gpu_ops_shadow_checks_total{op=\"field_mul\",outcome=\"agree\"}";
+    assert_eq!(s.wait_for_metric(agree, 1.0).await, 1.0);
+    // One silently wrong answer: its caller already has it; the shadow check sees it.
+    dev.inject_fault("goldilocks_mul", Fault::Corrupt, 1)
+        .unwrap();
+    assert_eq!(
+        goldilocks(&s, "field_mul", "cuda").await,
+        (200, "cuda".into())
+    );
+    let mismatch = "gpu_ops_shadow_checks_total{op=\"field_mul\",outcome=\"mismatch\"}";
+    assert_eq!(s.wait_for_metric(mismatch, 1.0).await, 1.0);
+    let mul = op_state(&s, "field_mul").await;
+    assert_eq!(mul["state"], "quarantined", "{mul}");
+    assert!(
+        mul["reason"].as_str().unwrap().starts_with("shadow check:"),
+        "{mul}"
+    );
+    assert_eq!(
+        goldilocks(&s, "field_mul", "auto").await,
+        (200, "cpu".into())
+    );
+    assert_eq!(
+        goldilocks(&s, "field_sub", "cuda").await,
+        (200, "cuda".into())
+    );
+}
+
+#[tokio::test]
+async fn a_lost_device_is_retired_its_job_rerun_on_the_cpu_and_a_reprobe_brings_it_back() {
+    let s = server(&["--device-reprobe-backoff", "200ms"]).await;
+    let dev = device(&s);
+    dev.inject_fault("goldilocks_add", Fault::Fail(DeviceErrorKind::Fatal), 1)
+        .unwrap();
+    assert_eq!(
+        goldilocks(&s, "field_add", "cuda").await,
+        (200, "cpu".into())
+    );
+    assert!(!dev.is_healthy());
+    assert_eq!(
+        s.metric("gpu_ops_fallbacks_total{op=\"field_add\",reason=\"device_error\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(report(&s).await["healthy"], false);
+    // The re-probe rebuilds the engine, reruns the self-test, and returns the device.
+    wait_until("the re-probe returns the device", async || dev.is_healthy()).await;
+    assert_eq!(report(&s).await["healthy"], true);
+    assert_eq!(s.metric("gpu_ops_device_healthy{gpu=\"0\"").await, 1.0);
+    assert_eq!(
+        goldilocks(&s, "field_add", "cuda").await,
+        (200, "cuda".into())
+    );
+}
+
+#[tokio::test]
+async fn job_specific_errors_move_the_job_and_three_in_a_row_retire_the_device() {
+    let s = server(&["--device-reprobe-backoff", "1h"]).await;
+    let dev = device(&s);
+    let oom = Fault::Fail(DeviceErrorKind::OutOfMemory);
+    dev.inject_fault("goldilocks_sub", oom, 2).unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            goldilocks(&s, "field_sub", "cuda").await,
+            (200, "cpu".into())
+        );
+        assert!(
+            dev.is_healthy(),
+            "one job's error leaves the device in service"
+        );
+    }
+    // A success ends the streak; three failures in a row end the device's service.
+    assert_eq!(
+        goldilocks(&s, "field_sub", "cuda").await,
+        (200, "cuda".into())
+    );
+    dev.inject_fault("goldilocks_sub", oom, 3).unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            goldilocks(&s, "field_sub", "cuda").await,
+            (200, "cpu".into())
+        );
+    }
+    assert!(!dev.is_healthy());
+    assert_eq!(
+        s.metric("gpu_ops_fallbacks_total{op=\"field_sub\",reason=\"out_of_memory\"}")
+            .await,
+        5.0
+    );
+    let res = s
+        .post(
+            "/zk/field_sub",
+            json!({"field": "goldilocks", "a": ["1"], "b": ["2"], "backend": "cuda"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 503, "device_unavailable").await;
+}
+
+#[tokio::test]
+async fn a_job_whose_deadline_passes_while_it_waits_for_the_device_never_runs_there() {
+    let s = server(&[]).await;
+    let dev = device(&s);
+    // Had the job run on the device, this fault would have retired it.
+    dev.inject_fault("goldilocks_add", Fault::Fail(DeviceErrorKind::Fatal), 1)
+        .unwrap();
+    // Someone else holds the device for a second.
+    let holder = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            let _lease = dev.lease().unwrap();
+            std::thread::sleep(Duration::from_secs(1));
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let res = s
+        .post(
+            "/zk/field_add",
+            json!({"field": "goldilocks", "a": ["1"], "b": ["2"], "backend": "cuda", "timeout_ms": 200}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 504, "deadline_exceeded").await;
+    holder.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(dev.is_healthy(), "the dropped job never launched");
+    // The fault is still there for the next job that does run.
+    assert_eq!(
+        goldilocks(&s, "field_add", "cuda").await,
+        (200, "cpu".into())
+    );
+}
