@@ -48,17 +48,25 @@ fn emu_build(out: &Path) -> cc::Build {
         .flag_if_supported("-Wno-unused-function")
         .flag_if_supported("-Wno-unused-parameter")
         .opt_level(2);
-    if sanitize() {
-        b.flag("-fsanitize=address").flag("-fno-omit-frame-pointer");
+    if let Some(s) = sanitizer() {
+        b.flag(&format!("-fsanitize={s}"))
+            .flag("-fno-omit-frame-pointer");
     }
     b
 }
 
 /// `GPU_OPS_EMU_SANITIZE=address`: the emulated device under AddressSanitizer, so a kernel
-/// that reads or writes past a device buffer or a shared array fails its test. Its test
-/// binaries need the runtime preloaded (`.ci/run` shows how).
-fn sanitize() -> bool {
-    std::env::var("GPU_OPS_EMU_SANITIZE").is_ok_and(|v| v == "address")
+/// that reads or writes past a device buffer or a shared array fails its test.
+/// `GPU_OPS_EMU_SANITIZE=thread`: under ThreadSanitizer, each GPU thread a fiber it
+/// knows, so two threads of a block touching one word between barriers (one writing) is
+/// a reported race. Test binaries need the runtime preloaded (`.ci/run` shows how).
+fn sanitizer() -> Option<&'static str> {
+    match std::env::var("GPU_OPS_EMU_SANITIZE").as_deref() {
+        Ok("address") => Some("address"),
+        Ok("thread") => Some("thread"),
+        Ok("") | Err(_) => None,
+        Ok(other) => panic!("GPU_OPS_EMU_SANITIZE={other}: use address or thread"),
+    }
 }
 
 fn emulated_device() {
@@ -67,7 +75,24 @@ fn emulated_device() {
     std::fs::create_dir_all(&out).unwrap();
     std::fs::copy("kernels/emu/cuda_emu.h", out.join("cuda_emu.h")).unwrap();
     let mut lib = emu_build(&out);
-    lib.file("kernels/emu/runtime.cpp");
+    if sanitizer() == Some("thread") {
+        // The runtime's own bookkeeping (which fiber runs, the barrier's counts) is not
+        // the kernels' memory: only the kernels are instrumented; the runtime calls
+        // ThreadSanitizer's fiber and synchronisation hooks.
+        let runtime = cc::Build::new()
+            .cpp(true)
+            .std("c++17")
+            .include("kernels")
+            .include(&out)
+            .define("GPU_OPS_EMU_TSAN", "1")
+            .flag_if_supported("-pthread")
+            .opt_level(2)
+            .file("kernels/emu/runtime.cpp")
+            .compile_intermediates();
+        lib.objects(runtime);
+    } else {
+        lib.file("kernels/emu/runtime.cpp");
+    }
     let mut tables = Vec::new();
     for (module, path) in modules() {
         let source = std::fs::read_to_string(&path).unwrap();
@@ -119,8 +144,10 @@ fn emulated_device() {
     )
     .unwrap();
     lib.file(&registry).compile("gpu_ops_emulated_device");
-    if sanitize() {
-        println!("cargo:rustc-link-lib=dylib=asan");
+    match sanitizer() {
+        Some("address") => println!("cargo:rustc-link-lib=dylib=asan"),
+        Some("thread") => println!("cargo:rustc-link-lib=dylib=tsan"),
+        _ => {}
     }
 }
 

@@ -113,6 +113,44 @@ fn a_barrier_that_some_threads_never_reach_is_reported() {
     assert_eq!(err.kind, LaunchErrorKind::BarrierDivergence, "{err}");
 }
 
+/// Runs the racy check kernel: the child process of the race checker's test.
+#[test]
+#[ignore = "run by a_shared_memory_race_is_reported_under_thread_sanitizer in a child process"]
+fn race_probe() {
+    let mut out = vec![0u32; 64];
+    let mut p = out.as_mut_ptr();
+    // SAFETY: `out` has a word per thread.
+    unsafe { emulated::launch("emu_check_shared_race", config(1, 64, 0), args![p]) }.unwrap();
+}
+
+/// Under ThreadSanitizer (`GPU_OPS_EMU_SANITIZE=thread`, a CI step), two threads of a
+/// block touching one shared word between barriers, one writing, is a reported race. The
+/// racy kernel runs in a child process, since the report ends it.
+#[test]
+fn a_shared_memory_race_is_reported_under_thread_sanitizer() {
+    if emulated::sanitizer() != "thread" {
+        eprintln!(
+            "the race checker needs the emulator built with GPU_OPS_EMU_SANITIZE=thread (.ci/run's last step); this build has {}",
+            emulated::sanitizer()
+        );
+        return;
+    }
+    let child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "race_probe", "--nocapture"])
+        .env("TSAN_OPTIONS", "halt_on_error=1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&child.stderr);
+    assert!(
+        !child.status.success(),
+        "the race went unreported: {stderr}"
+    );
+    assert!(
+        stderr.contains("ThreadSanitizer: data race") && stderr.contains("emu_check_shared_race"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn a_launch_with_the_wrong_number_of_arguments_is_refused() {
     let (mut a, mut n) = (std::ptr::null_mut::<u64>(), 0u64);

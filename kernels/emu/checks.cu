@@ -26,3 +26,11 @@ extern "C" __global__ void emu_check_dynamic_shared(unsigned *out) {
     __syncthreads();
     out[threadIdx.x] = words[blockDim.x - 1 - threadIdx.x];
 }
+
+// A race on purpose: each thread writes its slot, then reads its neighbour's with no
+// barrier between. Under ThreadSanitizer (GPU_OPS_EMU_SANITIZE=thread) it is reported.
+extern "C" __global__ void emu_check_shared_race(unsigned *out) {
+    __shared__ unsigned slot[1024];
+    slot[threadIdx.x] = threadIdx.x + 1;
+    out[threadIdx.x] = slot[(threadIdx.x + 1) % blockDim.x];
+}

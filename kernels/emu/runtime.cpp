@@ -34,6 +34,28 @@
 #define EMU_FINISH_SWITCH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
 #endif
 
+#if defined(GPU_OPS_EMU_TSAN) || defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TSAN 1
+#endif
+#endif
+#ifdef EMU_TSAN
+// ThreadSanitizer sees each GPU thread as a fiber of its own, switched to without
+// synchronising, so ordering comes only from what CUDA orders: a block's start, its
+// barriers and its end. Two threads of a block that touch a word between two barriers,
+// one of them writing, are a reported race.
+#include <sanitizer/tsan_interface.h>
+#define EMU_TSAN_SWITCH(fiber) __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync)
+#define EMU_TSAN_RELEASE(addr) __tsan_release(addr)
+#define EMU_TSAN_ACQUIRE(addr) __tsan_acquire(addr)
+#else
+#define EMU_TSAN_SWITCH(fiber) ((void)(fiber))
+#define EMU_TSAN_RELEASE(addr) ((void)(addr))
+#define EMU_TSAN_ACQUIRE(addr) ((void)(addr))
+#endif
+
 thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 // build.rs generates this table from the kernels each module defines.
@@ -58,6 +80,7 @@ struct Fiber {
     bool done = false;
     const char *barrier = nullptr;   // where it waits, while it waits
     void *fake_stack = nullptr;      // AddressSanitizer's, across a switch
+    void *tsan = nullptr;            // ThreadSanitizer's fiber
 };
 
 // The block being run: its fibers, the scheduler's context, the kernel and its arguments.
@@ -70,6 +93,12 @@ struct Block {
     unsigned char *shared = nullptr;
     const void *scheduler_stack = nullptr;  // AddressSanitizer's view of the host stack
     size_t scheduler_stack_size = 0;
+    void *scheduler_tsan = nullptr;          // ThreadSanitizer's fiber of the host thread
+    unsigned long round = 0;                 // barrier intervals completed in this block
+    // ThreadSanitizer's synchronisation points: the block's start and end, and the
+    // barriers, alternating by round so an interval's releases never reach a thread of
+    // the same interval.
+    char start_sync = 0, end_sync = 0, barrier_sync[2] = {0, 0};
 };
 
 Block block;
@@ -87,8 +116,10 @@ void set_error(char *err, size_t len, const std::string &message) {
     if (err && len) std::snprintf(err, len, "%s", message.c_str());
 }
 
-// Stacks are mapped once and reused by every later block and launch.
+// Stacks (and ThreadSanitizer fibers) are made once and reused by every later block and
+// launch.
 std::vector<unsigned char *> stacks;
+std::vector<void *> tsan_fibers;
 
 bool ensure_stacks(unsigned threads) {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -98,12 +129,18 @@ bool ensure_stacks(unsigned threads) {
         if (m == MAP_FAILED) return false;
         mprotect(m, page, PROT_NONE);
         stacks.push_back(static_cast<unsigned char *>(m) + page);
+#ifdef EMU_TSAN
+        tsan_fibers.push_back(__tsan_create_fiber(0));
+#else
+        tsan_fibers.push_back(nullptr);
+#endif
     }
     return true;
 }
 
 // Back to the scheduler from the running fiber; returns when the scheduler resumes it.
 void yield_to_scheduler(Fiber &f) {
+    EMU_TSAN_SWITCH(block.scheduler_tsan);
     EMU_START_SWITCH(&f.fake_stack, block.scheduler_stack, block.scheduler_stack_size);
     swapcontext(&f.context, &block.scheduler);
     EMU_FINISH_SWITCH(f.fake_stack, &block.scheduler_stack, &block.scheduler_stack_size);
@@ -113,8 +150,11 @@ void yield_to_scheduler(Fiber &f) {
 void fiber_main() {
     Fiber &f = *block.running;
     EMU_FINISH_SWITCH(nullptr, &block.scheduler_stack, &block.scheduler_stack_size);
+    EMU_TSAN_ACQUIRE(&block.start_sync);
     block.kernel->call(block.args);
     f.done = true;
+    EMU_TSAN_RELEASE(&block.end_sync);
+    EMU_TSAN_SWITCH(block.scheduler_tsan);
     EMU_START_SWITCH(nullptr, block.scheduler_stack, block.scheduler_stack_size);
     setcontext(&block.scheduler);
 }
@@ -124,6 +164,7 @@ void resume(Fiber &f) {
     block.running = &f;
     threadIdx = f.index;
     void *fake = nullptr;
+    EMU_TSAN_SWITCH(f.tsan);
     EMU_START_SWITCH(&fake, f.stack, STACK_BYTES);
     swapcontext(&block.scheduler, &f.context);
     EMU_FINISH_SWITCH(fake, nullptr, nullptr);
@@ -136,6 +177,7 @@ bool run_block(unsigned threads, dim3 bd) {
     for (unsigned t = 0; t < threads; t++) {
         Fiber &f = block.fibers[t];
         f.stack = stacks[t];
+        f.tsan = tsan_fibers[t];
         f.index = dim3{t % bd.x, t / bd.x % bd.y, t / bd.x / bd.y};
         getcontext(&f.context);
         f.context.uc_stack.ss_sp = f.stack;
@@ -143,6 +185,8 @@ bool run_block(unsigned threads, dim3 bd) {
         f.context.uc_link = nullptr;
         makecontext(&f.context, fiber_main, 0);
     }
+    block.round = 0;
+    EMU_TSAN_RELEASE(&block.start_sync);
     unsigned live = threads;
     while (live > 0) {
         // One round: every live thread runs to its next barrier or to its end.
@@ -166,7 +210,9 @@ bool run_block(unsigned threads, dim3 bd) {
             // resumed.
             return false;
         }
+        block.round++;
     }
+    EMU_TSAN_ACQUIRE(&block.end_sync);
     return true;
 }
 
@@ -175,7 +221,10 @@ bool run_block(unsigned threads, dim3 bd) {
 void emu_syncthreads_at(const char *site) {
     Fiber &f = *block.running;
     f.barrier = site;
+    EMU_TSAN_RELEASE(&block.barrier_sync[block.round & 1]);
     yield_to_scheduler(f);
+    // The scheduler resumes this thread in the next round: every thread has arrived.
+    EMU_TSAN_ACQUIRE(&block.barrier_sync[(block.round - 1) & 1]);
 }
 
 void *emu_dynamic_shared() { return block.shared; }
@@ -190,6 +239,17 @@ enum {
 };
 
 extern "C" {
+
+// Which sanitizer the emulated device was built with: "address", "thread" or "none".
+const char *emu_sanitizer() {
+#if defined(EMU_ASAN)
+    return "address";
+#elif defined(EMU_TSAN)
+    return "thread";
+#else
+    return "none";
+#endif
+}
 
 // The parameter sizes of kernel `name` (up to `cap`), and their count; -1 if no module
 // defines it.
@@ -228,6 +288,9 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block_di
         return EMU_BAD_LAUNCH;
     }
     std::lock_guard<std::mutex> serial(launches);
+#ifdef EMU_TSAN
+    block.scheduler_tsan = __tsan_get_current_fiber();
+#endif
     if (!ensure_stacks((unsigned)threads)) {
         set_error(err, err_len, std::string(name) + ": the host could not map stacks for " +
                                     std::to_string(threads) + " threads");

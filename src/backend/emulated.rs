@@ -30,6 +30,16 @@ extern "C" {
         err_len: usize,
     ) -> c_int;
     fn emu_kernel_params(name: *const c_char, sizes: *mut usize, cap: usize) -> c_long;
+    fn emu_sanitizer() -> *const c_char;
+}
+
+/// The checker the emulated device was built with (`GPU_OPS_EMU_SANITIZE`): "address",
+/// "thread" or "none".
+pub fn sanitizer() -> &'static str {
+    // SAFETY: emu_sanitizer returns a static NUL-terminated string.
+    unsafe { std::ffi::CStr::from_ptr(emu_sanitizer()) }
+        .to_str()
+        .unwrap_or("none")
 }
 
 /// Why an emulated launch failed.
