@@ -111,9 +111,14 @@ impl From<DriverError> for DeviceError {
     }
 }
 
-/// Device memory kept for cached constant tables: the twiddles of a few large NTT
-/// sizes per field (2^24 BN254 elements' twiddles are 256 MiB).
-const TABLE_CACHE_BYTES: usize = 512 << 20;
+/// Device memory kept for cached constant tables (NTT twiddles and scale factors): an
+/// eighth of the device, at least 512 MiB and at most 4 GiB, never over a quarter. A
+/// 2^24 BN254 inverse or coset NTT needs 768 MiB of them (256 MiB of twiddles, 512 MiB
+/// of scale factors); under a fixed 512 MiB the two evicted each other on every call.
+fn table_cache_bytes(device_bytes: u64) -> usize {
+    const MIB: u64 = 1 << 20;
+    ((device_bytes / 8).clamp(512 * MIB, 4096 * MIB)).min(device_bytes / 4) as usize
+}
 
 /// What runs a device's work.
 pub enum Engine {
@@ -160,6 +165,7 @@ pub struct Stop {
 impl GpuDevice {
     pub(crate) fn new(info: GpuInfo, engine: Engine) -> Self {
         Self {
+            tables: Mutex::new(TableCache::new(table_cache_bytes(info.memory_total_bytes))),
             info,
             engine: RwLock::new(engine),
             healthy: AtomicBool::new(true),
@@ -167,7 +173,6 @@ impl GpuDevice {
             reprobing: AtomicBool::new(false),
             busy: Mutex::new(()),
             memory_limit: AtomicU64::new(0),
-            tables: Mutex::new(TableCache::new(TABLE_CACHE_BYTES)),
             ops: Mutex::new(BTreeMap::new()),
         }
     }
@@ -429,5 +434,34 @@ impl DeviceLease<'_> {
             // Emulated launches and copies finish before they return.
             Engine::Emulated(_) => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 2^24 BN254 inverse coset NTT's tables, alternately used as calls would use them,
+    /// stay cached on every device size we expect (8 GiB and up).
+    #[test]
+    fn the_largest_ntts_tables_fit_the_cache_together() {
+        const MIB: usize = 1 << 20;
+        let (twiddles, scale) = (256 * MIB, 512 * MIB);
+        for gib in [8u64, 16, 24, 40, 80, 141] {
+            let cap = table_cache_bytes(gib << 30);
+            assert!(cap >= twiddles + scale, "{gib} GiB: {cap}");
+            assert!(cap <= (gib << 30) as usize / 4);
+            let mut cache = TableCache::new(cap);
+            for _ in 0..3 {
+                for (key, bytes) in [("tw", twiddles), ("scale", scale)] {
+                    if cache.get(key).is_none() {
+                        cache.insert(key.into(), Arc::new(0u8), bytes);
+                    }
+                }
+            }
+            assert!(cache.get("tw").is_some() && cache.get("scale").is_some());
+        }
+        // Never more than a quarter of a small device.
+        assert_eq!(table_cache_bytes(1 << 30), 256 * MIB);
     }
 }
