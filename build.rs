@@ -49,7 +49,7 @@ fn emu_build(out: &Path) -> cc::Build {
         .flag_if_supported("-Wno-unused-parameter")
         .opt_level(2);
     if let Some(s) = sanitizer() {
-        b.flag(&format!("-fsanitize={s}"))
+        b.flag(format!("-fsanitize={s}"))
             .flag("-fno-omit-frame-pointer");
     }
     b
