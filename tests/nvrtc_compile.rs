@@ -95,3 +95,123 @@ fn ptx_params(ptx: &str, name: &str) -> Option<Vec<usize>> {
         .collect();
     Some(sizes)
 }
+
+/// The most threads per block each kernel is launched with (the launchers' configs).
+fn block_threads(kernel: &str) -> u32 {
+    if kernel == "msm_scan" {
+        1024
+    } else if kernel.ends_with("_ntt_tile") {
+        512
+    } else {
+        256
+    }
+}
+
+/// The most dynamic shared memory each kernel is launched with.
+fn dynamic_shared_bytes(kernel: &str) -> u64 {
+    if kernel.ends_with("_ntt_tile") {
+        gpu_ops::ops::zk::TILE_BYTES as u64
+    } else if kernel == "rf_chunk_reduce" {
+        8 * gpu_ops::ops::rf::gpu::MAX_REDUCE_SEGMENT as u64
+    } else {
+        0
+    }
+}
+
+/// One entry point's resources, from `ptxas -v`.
+#[derive(Debug, Default)]
+struct Resources {
+    registers: u32,
+    shared: u64,
+    spill_stores: u64,
+    spill_loads: u64,
+}
+
+/// `ptxas -v`'s report, by entry point.
+fn ptxas_report(log: &str) -> std::collections::BTreeMap<String, Resources> {
+    let mut out = std::collections::BTreeMap::<String, Resources>::new();
+    let mut current = String::new();
+    let number_before = |line: &str, unit: &str| -> Option<u64> {
+        let at = line.find(unit)?;
+        line[..at].split_whitespace().last()?.parse().ok()
+    };
+    for line in log.lines() {
+        if let Some(rest) = line.split("Function properties for ").nth(1) {
+            current = rest.trim().to_string();
+        } else if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            current = rest.split('\'').next().unwrap_or_default().to_string();
+        }
+        let r = out.entry(current.clone()).or_default();
+        if line.contains("spill stores") {
+            r.spill_stores = number_before(line, "bytes spill stores").unwrap_or(0);
+            r.spill_loads = number_before(line, "bytes spill loads").unwrap_or(0);
+        }
+        if line.contains("Used ") && line.contains("registers") {
+            r.registers = number_before(line, "registers").unwrap_or(0) as u32;
+            r.shared = number_before(line, "bytes smem").unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// `ptxas -v` (from a pinned wheel in CI: PTXAS, REQUIRE_PTXAS=1) for sm_80 and sm_90:
+/// every entry point compiles without spilling, its registers times its launch's threads
+/// fit a multiprocessor's 64 K registers, and its static plus dynamic shared memory fits
+/// the 48 KiB a kernel gets without opting in.
+#[test]
+fn every_kernel_fits_sm80_and_sm90_without_spills() {
+    let ptxas = std::env::var("PTXAS").ok().filter(|p| !p.is_empty());
+    let required = std::env::var("REQUIRE_PTXAS").is_ok_and(|v| v == "1");
+    let (Some(ptxas), true) = (ptxas, nvrtc_available()) else {
+        assert!(
+            !required,
+            "REQUIRE_PTXAS=1 but PTXAS is unset or libnvrtc is missing"
+        );
+        eprintln!("SKIP every_kernel_fits_sm80_and_sm90_without_spills: needs PTXAS and libnvrtc (set REQUIRE_PTXAS=1 to fail instead)");
+        return;
+    };
+    let library = kernel_library();
+    let dir = std::env::temp_dir().join(format!("gpu-ops-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for m in &library.modules {
+        let source = library.expand(m.source);
+        for sm in ["80", "90"] {
+            let ptx = compile(&source, &format!("compute_{sm}")).unwrap();
+            let file = dir.join(format!("{}-{sm}.ptx", m.name));
+            std::fs::write(&file, ptx.to_src()).unwrap();
+            let run = std::process::Command::new(&ptxas)
+                .args([&format!("-arch=sm_{sm}"), "-v", "-o", "/dev/null"])
+                .arg(&file)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {ptxas}: {e}"));
+            let log = String::from_utf8_lossy(&run.stderr).into_owned()
+                + &String::from_utf8_lossy(&run.stdout);
+            assert!(run.status.success(), "ptxas {}/sm_{sm}: {log}", m.name);
+            let report = ptxas_report(&log);
+            for name in &m.entry_points {
+                let r = report.get(name).unwrap_or_else(|| {
+                    panic!("{}/sm_{sm}: ptxas says nothing of {name}: {log}", m.name)
+                });
+                eprintln!("sm_{sm} {name}: {r:?}");
+                assert_eq!(
+                    (r.spill_stores, r.spill_loads),
+                    (0, 0),
+                    "sm_{sm} {name} spills"
+                );
+                assert!(
+                    r.registers * block_threads(name) <= 65_536,
+                    "sm_{sm} {name}: {} registers × {} threads",
+                    r.registers,
+                    block_threads(name)
+                );
+                assert!(
+                    r.shared + dynamic_shared_bytes(name) <= 48 * 1024,
+                    "sm_{sm} {name}: {} bytes of static shared memory + {} dynamic",
+                    r.shared,
+                    dynamic_shared_bytes(name)
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -26,12 +26,20 @@
 #endif
 #ifdef EMU_ASAN
 // AddressSanitizer must be told when the stack changes under it.
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define EMU_START_SWITCH(save, bottom, size) __sanitizer_start_switch_fiber(save, bottom, size)
 #define EMU_FINISH_SWITCH(save, bottom, size) __sanitizer_finish_switch_fiber(save, bottom, size)
 #else
 #define EMU_START_SWITCH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
 #define EMU_FINISH_SWITCH(save, bottom, size) ((void)(save), (void)(bottom), (void)(size))
+#endif
+// A reused fiber stack still carries the redzones of the frames its last thread left
+// behind; a new thread starts on clean shadow memory.
+#ifdef EMU_ASAN
+#define EMU_UNPOISON_STACK(stack, size) ASAN_UNPOISON_MEMORY_REGION(stack, size)
+#else
+#define EMU_UNPOISON_STACK(stack, size) ((void)(stack), (void)(size))
 #endif
 
 #if defined(GPU_OPS_EMU_TSAN) || defined(__SANITIZE_THREAD__)
@@ -106,6 +114,7 @@ struct Context {
 
 // A context that starts `entry` (which never returns) on the stack [stack, stack + size).
 void make_context(Context &c, unsigned char *stack, size_t size, void (*entry)()) {
+    EMU_UNPOISON_STACK(stack, size);
     auto *top = reinterpret_cast<unsigned long *>(
         (reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t(15)));
     // What emu_switch pops, lowest first: control words, r15..r12, rbx, rbp, then the

@@ -303,7 +303,7 @@ fn upload_table<T: Element + ValidAsZeroBits>(
 
 /// Shared memory per tile block: 32 KiB fits every architecture's default 48 KiB and
 /// leaves room for two resident blocks per SM on sm_80+.
-const TILE_BYTES: usize = 32 << 10;
+pub const TILE_BYTES: usize = 32 << 10;
 
 /// log2 of the tile (elements whose first stages run in shared memory) and the threads
 /// per tile block.

@@ -13,6 +13,7 @@ mod vector_ops;
 pub use field::{ElementError, Field, FieldVec};
 pub use gpu::{
     run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda, run_ntt_cuda, tile_plan,
+    TILE_BYTES,
 };
 pub use msm_gpu::{run_msm_cuda, run_msm_cuda_in_chunks};
 pub use pow_inv::{FieldInvJob, FieldPowJob, InvError, PowShape};
