@@ -2,7 +2,7 @@
 //! comes from a pinned PyPI wheel and REQUIRE_NVRTC=1 makes its absence a failure;
 //! elsewhere the test says why it skips.
 
-use gpu_ops::backend::cuda::kernels::{compile, nvrtc_available, nvrtc_version};
+use gpu_ops::backend::cuda::kernels::{compile, cubin_cached, nvrtc_available, nvrtc_version};
 use gpu_ops::backend::emulated;
 use gpu_ops::ops::kernel_library;
 
@@ -46,6 +46,61 @@ fn every_kernel_compiles_for_every_shipped_architecture() {
             assert!(text.contains(&target), "{module}: PTX is not for {arch}");
         }
     }
+}
+
+/// A device loads a cubin for its exact architecture (no JIT at start, and loadable by a
+/// driver older than NVRTC), cached under (source, architecture, NVRTC and driver
+/// versions): a warm start reads the file, and another driver gets its own.
+#[test]
+fn cubins_are_compiled_for_the_exact_architecture_and_cached() {
+    if !nvrtc_available() {
+        let required = std::env::var("REQUIRE_NVRTC").is_ok_and(|v| v == "1");
+        assert!(!required, "REQUIRE_NVRTC=1 but libnvrtc cannot be loaded");
+        eprintln!(
+            "SKIP cubins_are_compiled_for_the_exact_architecture_and_cached: libnvrtc not found"
+        );
+        return;
+    }
+    let library = kernel_library();
+    let m = library
+        .modules
+        .iter()
+        .find(|m| m.name == "field_ops")
+        .unwrap();
+    let source = library.expand(m.source);
+    let dir = std::env::temp_dir().join(format!("gpu-ops-cubin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cubin = cubin_cached("field_ops", &source, "sm_90", "13.0", &dir).unwrap();
+    assert_eq!(&cubin[..4], b"\x7fELF", "a cubin is an ELF image");
+    let cached: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    let name = cached[0]
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let (major, minor) = nvrtc_version().unwrap();
+    for part in [
+        "field_ops-",
+        "-sm_90-",
+        &format!("-nvrtc{major}.{minor}-"),
+        "-driver13.0.cubin",
+    ] {
+        assert!(name.contains(part), "{name} lacks {part}");
+    }
+    // A warm start reads the cache: what is planted there comes back.
+    std::fs::write(&cached[0], b"\x7fELF planted").unwrap();
+    let warm = cubin_cached("field_ops", &source, "sm_90", "13.0", &dir).unwrap();
+    assert_eq!(warm, b"\x7fELF planted");
+    // Another driver has its own entry.
+    let other = cubin_cached("field_ops", &source, "sm_90", "12.8", &dir).unwrap();
+    assert_eq!(&other[..4], b"\x7fELF");
+    assert_ne!(other, warm);
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

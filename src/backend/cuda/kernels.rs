@@ -1,6 +1,7 @@
-//! The kernel library the domains register, NVRTC compilation, and the on-disk PTX cache
-//! keyed by (source hash, architecture, NVRTC version). Knows no op: the modules and
-//! their entry points come from `ops::kernel_library` at start-up.
+//! The kernel library the domains register, NVRTC compilation, and the on-disk caches:
+//! cubins for the device's exact architecture keyed by (source hash, architecture, NVRTC
+//! and driver versions), PTX as the fallback. Knows no op: the modules and their entry
+//! points come from `ops::kernel_library` at start-up.
 
 use cudarc::nvrtc::{self, CompileOptions, Ptx};
 use sha2::{Digest, Sha256};
@@ -97,6 +98,93 @@ pub fn compile(source: &str, arch: &str) -> Result<Ptx, String> {
     })
 }
 
+/// Compiles one module, its headers inlined, to a cubin for a real architecture such as
+/// `sm_90`: machine code the driver loads without JIT compilation, and which a driver
+/// older than this NVRTC still loads (PTX from a newer NVRTC is refused by it).
+pub fn compile_cubin(source: &str, sm: &str) -> Result<Vec<u8>, String> {
+    use nvrtc::{result, sys};
+    if !nvrtc_available() {
+        return Err("libnvrtc not found".into());
+    }
+    let src = std::ffi::CString::new(source).map_err(|e| e.to_string())?;
+    let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
+    let mut options = vec![format!("--gpu-architecture={sm}")];
+    options.extend(OPTIONS.iter().map(|o| o.to_string()));
+    // SAFETY: `prog` is a live program; every call below checks its result; the buffer
+    // has the size NVRTC reported.
+    let out = unsafe {
+        match result::compile_program(prog, &options) {
+            Ok(()) => {
+                let mut size = 0usize;
+                let mut cubin = Vec::new();
+                let rc = sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .and_then(|_| {
+                        cubin = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()).result()
+                    });
+                rc.map(|_| cubin)
+                    .map_err(|e| format!("NVRTC gave no cubin for {sm}: {e:?}"))
+            }
+            Err(e) => {
+                let log = result::get_program_log(prog)
+                    .map(|l| {
+                        std::ffi::CStr::from_ptr(l.as_ptr())
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .unwrap_or_default();
+                Err(format!("NVRTC failed for {sm} ({e:?}): {log}"))
+            }
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { result::destroy_program(prog) };
+    out
+}
+
+/// Compiles, or loads the cubin cached by an earlier start with the same (expanded)
+/// source, architecture, NVRTC version and driver version, so a warm start compiles and
+/// JITs nothing. A cache that cannot be written only costs a recompilation next time.
+pub fn cubin_cached(
+    module: &str,
+    source: &str,
+    sm: &str,
+    driver: &str,
+    cache_dir: &Path,
+) -> Result<Vec<u8>, String> {
+    let (major, minor) = nvrtc_version().ok_or("libnvrtc not found")?;
+    let path = cache_dir.join(format!(
+        "{module}-{}-{sm}-nvrtc{major}.{minor}-driver{driver}.cubin",
+        source_key(source)
+    ));
+    if let Ok(bytes) = std::fs::read(&path) {
+        tracing::debug!(path = %path.display(), "cubin cache hit");
+        return Ok(bytes);
+    }
+    let cubin = compile_cubin(source, sm)?;
+    write_atomically(cache_dir, &path, &cubin);
+    Ok(cubin)
+}
+
+/// The first 8 bytes of SHA-256 over the source and the options, in hex.
+fn source_key(source: &str) -> String {
+    let hash = Sha256::digest((source.to_string() + &OPTIONS.join(" ")).as_bytes());
+    hash[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes `bytes` to `path` through a temporary file (a reader never sees half a file);
+/// a failure is logged, not fatal.
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("tmp");
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(&tmp, bytes))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), error = %e, "could not cache compiled kernels");
+    }
+}
+
 /// Compiles, or loads the PTX cached by an earlier start with the same (expanded) source,
 /// arch and NVRTC version. A cache that cannot be written only costs a recompilation
 /// next time.
@@ -107,20 +195,15 @@ pub fn compile_cached(
     cache_dir: &Path,
 ) -> Result<Ptx, String> {
     let (major, minor) = nvrtc_version().ok_or("libnvrtc not found")?;
-    let hash = Sha256::digest((source.to_string() + &OPTIONS.join(" ")).as_bytes());
-    let key: String = hash[..8].iter().map(|b| format!("{b:02x}")).collect();
-    let path = cache_dir.join(format!("{module}-{key}-{arch}-nvrtc{major}.{minor}.ptx"));
+    let path = cache_dir.join(format!(
+        "{module}-{}-{arch}-nvrtc{major}.{minor}.ptx",
+        source_key(source)
+    ));
     if let Ok(text) = std::fs::read_to_string(&path) {
         tracing::debug!(path = %path.display(), "kernel cache hit");
         return Ok(Ptx::from_src(text));
     }
     let ptx = compile(source, arch)?;
-    let tmp = path.with_extension("ptx.tmp");
-    let written = std::fs::create_dir_all(cache_dir)
-        .and_then(|_| std::fs::write(&tmp, ptx.to_src()))
-        .and_then(|_| std::fs::rename(&tmp, &path));
-    if let Err(e) = written {
-        tracing::warn!(path = %path.display(), error = %e, "could not cache compiled kernels");
-    }
+    write_atomically(cache_dir, &path, ptx.to_src().as_bytes());
     Ok(ptx)
 }

@@ -6,6 +6,7 @@ pub mod kernels;
 
 use super::device::{DeviceError, Engine, GpuDevice, GpuInfo};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
+use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -47,15 +48,30 @@ pub fn open_device(
     let ctx = CudaContext::new(ordinal)
         .map_err(|e| format!("device {ordinal}: cannot create a context: {e}"))?;
     let (major, minor) = ctx.compute_capability().map_err(|e| e.to_string())?;
-    let arch = format!("compute_{major}{minor}");
+    let sm = format!("sm_{major}{minor}");
+    let driver = driver_version().unwrap_or_default();
+    let mut arch = sm.clone();
     let mut functions = HashMap::new();
     for module_def in &library.modules {
         let module_name = module_def.name;
         let source = library.expand(module_def.source);
-        let ptx = kernels::compile_cached(module_name, &source, &arch, cache_dir)?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| format!("device {ordinal}: loading {module_name}: {e}"))?;
+        // A cubin for this exact architecture (cached: a warm start JITs nothing); PTX,
+        // JIT-compiled by the driver, only if that fails.
+        let cubin =
+            kernels::cubin_cached(module_name, &source, &sm, &driver, cache_dir).and_then(|bin| {
+                ctx.load_module(Ptx::from_binary(bin))
+                    .map_err(|e| e.to_string())
+            });
+        let module = match cubin {
+            Ok(m) => m,
+            Err(why) => {
+                tracing::warn!(device = ordinal, module = module_name, reason = %why, "no cubin; loading PTX");
+                arch = format!("compute_{major}{minor}");
+                let ptx = kernels::compile_cached(module_name, &source, &arch, cache_dir)?;
+                ctx.load_module(ptx)
+                    .map_err(|e| format!("device {ordinal}: loading {module_name}: {e}"))?
+            }
+        };
         for name in &module_def.entry_points {
             let f = module
                 .load_function(name)

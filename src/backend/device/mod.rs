@@ -37,7 +37,9 @@ pub struct GpuInfo {
     /// Driver API version, e.g. "13.0"; empty for the emulated device.
     pub cuda_version: String,
     pub nvrtc_version: String,
-    /// PTX target the kernels were compiled for; "host" for the emulated device.
+    /// What the kernels were loaded as: a cubin for the exact architecture ("sm_90"), or
+    /// PTX the driver compiled ("compute_90") where no cubin could be made; "host" for the
+    /// emulated device.
     pub kernel_arch: String,
     /// True for the emulated device (`--emulate-device`): the kernels run on the CPU
     /// under CUDA's execution model, for testing; nothing about its speed means anything.
