@@ -251,6 +251,9 @@ async fn metric_names_are_present_after_traffic() {
         !n.starts_with("gpu_ops_gpu_")
             && *n != "gpu_ops_device_healthy"
             && *n != "gpu_ops_fallbacks_total"
+            // A device's self-test and shadow checks make these (tests/device_faults.rs).
+            && *n != "gpu_ops_kernel_verified"
+            && *n != "gpu_ops_shadow_checks_total"
             // Batches run by default only while a GPU is in service.
             && *n != "gpu_ops_batch_size"
     }) {
