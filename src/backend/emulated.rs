@@ -127,8 +127,8 @@ pub struct EmulatedEngine {
 pub enum Fault {
     /// The launch fails with this kind of error (`Fatal`: as a lost device would).
     Fail(DeviceErrorKind),
-    /// The launch runs, then the lowest bit of its last buffer argument's first byte
-    /// flips: a silently wrong answer.
+    /// The launch runs, then the lowest bit of the first byte of the last buffer it was
+    /// passed mutably (an output) flips: a silently wrong answer.
     Corrupt,
 }
 

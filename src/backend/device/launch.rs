@@ -6,7 +6,7 @@
 
 use super::buffer::{foreign, Memory};
 use super::{DeviceBuffer, DeviceError, DeviceLease, Engine};
-use crate::backend::emulated::{self, EmulatedEngine, Fault};
+use crate::backend::emulated::{self, EmulatedEngine, Fault, HostMemory};
 use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use std::ffi::c_void;
 
@@ -24,7 +24,8 @@ enum Args<'a> {
         engine: &'a EmulatedEngine,
         pointers: Vec<*mut c_void>,
         sizes: Vec<usize>,
-        /// The last buffer argument's address: where an injected `Fault::Corrupt` lands.
+        /// The last buffer passed mutably (an output): where an injected `Fault::Corrupt`
+        /// lands.
         last_buffer: Option<*mut c_void>,
     },
 }
@@ -50,6 +51,12 @@ impl<'a, T: DeviceRepr> KernelArg<'a> for &'a T {
     }
 }
 
+/// An emulated buffer's argument: a pointer to where its device address is kept.
+fn push_host(pointers: &mut Vec<*mut c_void>, sizes: &mut Vec<usize>, m: &HostMemory) {
+    pointers.push(m.address_slot());
+    sizes.push(std::mem::size_of::<*mut c_void>());
+}
+
 impl<'a, T> KernelArg<'a> for &'a DeviceBuffer<T> {
     fn push(self, launch: &mut Launch<'a>) {
         match (&mut launch.args, &self.memory) {
@@ -61,10 +68,7 @@ impl<'a, T> KernelArg<'a> for &'a DeviceBuffer<T> {
                     pointers, sizes, ..
                 },
                 Memory::Host(m),
-            ) => {
-                pointers.push(m.address_slot());
-                sizes.push(std::mem::size_of::<*mut c_void>());
-            }
+            ) => push_host(pointers, sizes, m),
             _ => launch.foreign = true,
         }
     }
@@ -86,8 +90,7 @@ impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
                 },
                 Memory::Host(m),
             ) => {
-                pointers.push(m.address_slot());
-                sizes.push(std::mem::size_of::<*mut c_void>());
+                push_host(pointers, sizes, m);
                 *last_buffer = Some(m.address());
             }
             _ => launch.foreign = true,
