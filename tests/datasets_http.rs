@@ -8,24 +8,12 @@
 mod common;
 
 use clap::Parser;
-use common::{problem, temp_data_dir, TestServer};
+use common::{problem, small_dataset as small, temp_data_dir, TestServer};
 use gpu_ops::ops::rf::generate::GENERATOR_VERSION;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::RowAccessor;
 use serde_json::{json, Value};
 use std::time::Duration;
-
-fn small(seed: u64, n: u64) -> Value {
-    json!({
-        "name": "small", "num_samples": n, "dataset_type": "feature_based", "seed": seed,
-        "config": {
-            "signal": {"duration_ms": 100},
-            "chunk_ms": 50,
-            "geometry": {"receivers_min": 4, "receivers_max": 4},
-            "quality": {"min_receivers": 1, "min_snr_db": -50, "max_gdop": 1e9}
-        }
-    })
-}
 
 fn settings(data_dir: &str, threads: &str) -> gpu_ops::config::Settings {
     gpu_ops::config::Cli::try_parse_from([

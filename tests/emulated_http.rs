@@ -208,13 +208,7 @@ async fn rf_features_and_dataset_jobs_run_on_the_emulated_device() {
 
     // A dataset job: its batches on the device, the first checked against the CPU.
     let res = s
-        .post(
-            "/datasets/synthetic",
-            json!({"name": "emulated", "num_samples": 6, "dataset_type": "feature_based", "seed": 3,
-                   "config": {"signal": {"duration_ms": 100}, "chunk_ms": 50,
-                              "geometry": {"receivers_min": 4, "receivers_max": 4},
-                              "quality": {"min_receivers": 1, "min_snr_db": -50, "max_gdop": 1e9}}}),
-        )
+        .post("/datasets/synthetic", common::small_dataset(3, 6))
         .send()
         .await
         .unwrap();

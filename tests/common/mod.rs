@@ -149,3 +149,17 @@ pub async fn problem(res: reqwest::Response, status: u16, code: &str) -> serde_j
     );
     body
 }
+
+/// A small feature-based dataset request (100 ms recordings, four receivers, every
+/// sample accepted): `n` samples from `seed`.
+pub fn small_dataset(seed: u64, n: u64) -> serde_json::Value {
+    serde_json::json!({
+        "name": "small", "num_samples": n, "dataset_type": "feature_based", "seed": seed,
+        "config": {
+            "signal": {"duration_ms": 100},
+            "chunk_ms": 50,
+            "geometry": {"receivers_min": 4, "receivers_max": 4},
+            "quality": {"min_receivers": 1, "min_snr_db": -50, "max_gdop": 1e9}
+        }
+    })
+}
