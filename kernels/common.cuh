@@ -14,10 +14,14 @@ typedef unsigned long long u64;
 // footprint down; the hot mixed addition stays inlined.
 #define FIELD_FN_OUTLINED static __device__ __noinline__
 #define FIELD_CONST static __device__ __constant__ const
+// Member functions of the kernels' small structs (FIELD_FN's `static` means something else
+// there).
+#define METHOD_FN __device__ __forceinline__
 #else
 #define FIELD_FN static inline
 #define FIELD_FN_OUTLINED static
 #define FIELD_CONST static const
+#define METHOD_FN inline
 #endif
 
 // Double arithmetic that is never fused into an FMA, so the GPU rounds exactly as the

@@ -1,6 +1,7 @@
 // MSM kernels (bodies in msm.cuh). The launcher (src/ops/zk/msm_gpu.rs) runs, per chunk
 // of points and per scalar vector: msm_digits -> msm_count -> msm_scan -> msm_scatter ->
-// <curve>_msm_buckets -> <curve>_msm_reduce, then combines the segments on the host.
+// <curve>_msm_buckets -> <curve>_msm_partials (once per further level) ->
+// <curve>_msm_reduce, then combines the segments on the host.
 #include "bn254_fq.cuh"
 #include "bls12_381_fq.cuh"
 #include "msm.cuh"
@@ -61,13 +62,33 @@ extern "C" __global__ void msm_scatter(const u32 *digits, u64 total, u64 n, u32 
     }
 }
 
+// Level 0 of the bucket sums over the sorted entries (msm_chunk_sum in msm.cuh): the
+// launcher sizes `threads` for every digit being nonzero; the scan's total says how many
+// are. most_adds[0] gets the largest number of additions one thread made.
 #define MSM_BUCKETS(NAME, N, F)                                                           \
     extern "C" __global__ void NAME(const u32 *points, const u32 *entries,                \
                                     const u32 *offsets, const u32 *counts, u64 buckets,   \
-                                    u32 *out) {                                           \
-        GRID_STRIDE(b, buckets) {                                                         \
-            msm_bucket_sum<N>(&F, points, entries, offsets[b], counts[b],                 \
-                              (xyzz<N> *)out + b);                                        \
+                                    u64 threads, u32 chunk, u32 *sums, u32 *next_keys,    \
+                                    u32 *next_vals, u32 *most_adds) {                     \
+        msm_entry_seq<N> seq = {points,  entries, offsets, counts, buckets,               \
+                                (u64)offsets[buckets - 1] + counts[buckets - 1]};         \
+        GRID_STRIDE(t, threads) {                                                         \
+            u32 adds = msm_chunk_sum<N>(&F, seq, t, chunk, (xyzz<N> *)sums, next_keys,    \
+                                        (xyzz<N> *)next_vals);                            \
+            atomicMax(most_adds, adds);                                                   \
+        }                                                                                 \
+    }
+
+// A later level over the previous level's `len` slots; most_adds[level] as above.
+#define MSM_PARTIALS(NAME, N, F)                                                          \
+    extern "C" __global__ void NAME(const u32 *keys, const u32 *vals, u64 len, u32 chunk, \
+                                    u32 *sums, u32 *next_keys, u32 *next_vals,            \
+                                    u32 *most_adds, u32 level) {                          \
+        msm_partial_seq<N> seq = {keys, (const xyzz<N> *)vals, len};                      \
+        GRID_STRIDE(t, (len + chunk - 1) / chunk) {                                       \
+            u32 adds = msm_chunk_sum<N>(&F, seq, t, chunk, (xyzz<N> *)sums, next_keys,    \
+                                        (xyzz<N> *)next_vals);                            \
+            atomicMax(most_adds + level, adds);                                           \
         }                                                                                 \
     }
 
@@ -84,6 +105,8 @@ extern "C" __global__ void msm_scatter(const u32 *digits, u64 total, u64 n, u32 
     }
 
 MSM_BUCKETS(bn254_g1_msm_buckets, 8, BN254_FQ)
+MSM_PARTIALS(bn254_g1_msm_partials, 8, BN254_FQ)
 MSM_REDUCE(bn254_g1_msm_reduce, 8, BN254_FQ)
 MSM_BUCKETS(bls12_381_g1_msm_buckets, 12, BLS12_381_FQ)
+MSM_PARTIALS(bls12_381_g1_msm_partials, 12, BLS12_381_FQ)
 MSM_REDUCE(bls12_381_g1_msm_reduce, 12, BLS12_381_FQ)

@@ -4,7 +4,8 @@
 //      (a digit ≥ 2^(c-1) becomes d - 2^c with a carry into the next window), so each
 //      window needs 2^(c-1) buckets, not 2^c - 1; -P costs one field negation.
 //   2. sort: entries (point index | sign << 31) grouped by (window, |d|).
-//   3. buckets: one thread per bucket adds its points (mixed XYZZ additions).
+//   3. buckets: fixed chunks of the sorted entries, one thread each, whatever the
+//      buckets' sizes; sums cut by a chunk's edge are finished by further levels.
 //   4. reduce: per window segment, Σ_j (start + j + 1)·B[start + j] by a running sum from
 //      the top plus start·(Σ B) by double-and-add; out in Jacobian form.
 // The host adds the segments of each window and combines the windows (Horner in 2^c).
@@ -42,22 +43,106 @@ FIELD_FN void msm_digits_of(const u32 *scalar, u64 i, u64 n, u32 c, u32 windows,
     }
 }
 
-// Bucket b's sum over its `count` entries from `start` of the sorted entries.
-template <int N>
-FIELD_FN void msm_bucket_sum(const fp_params<N> *f, const u32 *points, const u32 *entries,
-                             u32 start, u32 count, xyzz<N> *out) {
-    xyzz<N> acc;
-    xyzz_identity(&acc);
-    for (u32 k = 0; k < count; k++) {
-        u32 e = entries[start + k];
+// Balanced bucket sums. The sorted entries are cut into chunks of `chunk` items, one
+// thread each, so no thread adds more than `chunk` points whatever the scalars: all-zero,
+// all-one or repeated scalars put ~n entries in one bucket, which a thread per bucket
+// would add one by one. A run of one bucket inside a chunk is that bucket's sum. A run cut
+// by a chunk's edge is a partial sum, left in one of the chunk's two slots (head: the run
+// that began before the chunk; tail: the run that goes on after it); the slots of all
+// chunks are the next level's sequence, reduced the same way until one chunk holds all.
+#define MSM_NO_KEY 0xFFFFFFFFu
+
+// Level 0: the sorted entries, keyed by bucket (found from the scan's offsets).
+template <int N> struct msm_entry_seq {
+    const u32 *points, *entries, *offsets, *counts;
+    u64 buckets, len;
+
+    // The last bucket whose offset is ≤ k: empty buckets share their successor's offset.
+    METHOD_FN u32 key(u64 k) const {
+        u64 lo = 0, hi = buckets;
+        while (hi - lo > 1) {
+            u64 mid = lo + (hi - lo) / 2;
+            if (offsets[mid] <= k) lo = mid;
+            else hi = mid;
+        }
+        return (u32)lo;
+    }
+    METHOD_FN u64 run_end(u64, u32 key, u64 hi) const {
+        u64 end = (u64)offsets[key] + counts[key];
+        return end < hi ? end : hi;
+    }
+    METHOD_FN void add(const fp_params<N> *f, xyzz<N> *acc, u64 k) const {
+        u32 e = entries[k];
         const u32 *x = points + (u64)2 * N * (e & ~MSM_NEG);
-        // One call site: the addition is inlined once.
         u32 y[N];
         if (e & MSM_NEG) fp_neg(f, y, x + N);
         else fp_copy<N>(y, x + N);
-        xyzz_add_affine(f, &acc, x, y);
+        xyzz_add_affine(f, acc, x, y);
     }
-    *out = acc;
+};
+
+// Later levels: the previous level's slots, keyed explicitly (MSM_NO_KEY: nothing).
+template <int N> struct msm_partial_seq {
+    const u32 *keys;
+    const xyzz<N> *vals;
+    u64 len;
+
+    METHOD_FN u32 key(u64 k) const { return keys[k]; }
+    METHOD_FN u64 run_end(u64 k, u32 key, u64 hi) const {
+        while (k < hi && keys[k] == key) k++;
+        return k;
+    }
+    METHOD_FN void add(const fp_params<N> *f, xyzz<N> *acc, u64 k) const {
+        xyzz_add(f, acc, &vals[k]);
+    }
+};
+
+// Chunk t of `seq`: finished runs into sums[key], cut runs into slots 2t (head) and
+// 2t + 1 (tail) of the next level. Returns the additions made (the serial work). Only the
+// running sum lives in registers: the slots are written as runs end (BLS12-381's sum with
+// two more in registers spills on sm_80).
+template <int N, class Seq>
+FIELD_FN u32 msm_chunk_sum(const fp_params<N> *f, const Seq &seq, u64 t, u32 chunk,
+                           xyzz<N> *sums, u32 *next_keys, xyzz<N> *next_vals) {
+    u64 lo = t * chunk, hi = lo + chunk < seq.len ? lo + chunk : seq.len;
+    u32 head_key = MSM_NO_KEY, tail_key = MSM_NO_KEY, adds = 0;
+    for (u64 k = lo; k < hi;) {
+        u32 key = seq.key(k);
+        u64 end = seq.run_end(k, key, hi);
+        if (key == MSM_NO_KEY) {
+            k = end;
+            continue;
+        }
+        bool began_before = k == lo && lo > 0 && seq.key(lo - 1) == key;
+        bool goes_on = end == hi && hi < seq.len && seq.key(hi) == key;
+        xyzz<N> acc;
+        xyzz_identity(&acc);
+        adds += (u32)(end - k);
+        // One call site: the addition is inlined once.
+        for (; k < end; k++) seq.add(f, &acc, k);
+        if (began_before) {
+            head_key = key;
+            next_vals[2 * t] = acc;
+        } else if (goes_on) {
+            tail_key = key;
+            next_vals[2 * t + 1] = acc;
+        } else {
+            sums[key] = acc;
+        }
+    }
+    // An unused slot takes the other slot's key with the identity, so that every key's
+    // items stay contiguous in the next level (a run cut on both sides fills the head).
+    if (head_key == MSM_NO_KEY) {
+        head_key = tail_key;
+        xyzz_identity(&next_vals[2 * t]);
+    }
+    if (tail_key == MSM_NO_KEY) {
+        tail_key = head_key;
+        xyzz_identity(&next_vals[2 * t + 1]);
+    }
+    next_keys[2 * t] = head_key;
+    next_keys[2 * t + 1] = tail_key;
+    return adds;
 }
 
 // Segment [start, start + len) of one window's buckets (bucket k holds digit k + 1):

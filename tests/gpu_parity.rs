@@ -347,6 +347,64 @@ fn cuda_msm_equals_the_cpu() {
     }
 }
 
+/// Skewed scalars cost the bucket sums no more than random ones: all zero, all one, one
+/// repeated value, a few values in turn and r − 1 everywhere put up to n entries in one
+/// bucket, yet no thread adds more than the plan's chunk in any level (read back from
+/// the kernels' per-thread addition counts), and the answers equal the CPU's.
+#[test]
+fn msm_bucket_work_is_balanced_whatever_the_scalars() {
+    use gpu_ops::ops::zk::msm::{Curve, MsmJob};
+    use gpu_ops::ops::zk::run_msm_cuda_measured;
+    use gpu_ops::ops::zk::samples::random_points;
+    let devices = devices("msm_bucket_work_is_balanced_whatever_the_scalars");
+    for dev in &devices {
+        for curve in [Curve::Bn254G1, Curve::Bls12_381G1] {
+            let field = curve.scalar_field();
+            for n in sizes(dev, &[1usize << 16], &[1000, 3000]) {
+                let points = random_points(curve, n, 77);
+                let random = random_elements(field, n, 78);
+                let mut r_minus_1 = field.modulus();
+                r_minus_1.0[0] -= 1;
+                let few: Vec<U256> = (0..n).map(|i| random[i % 4]).collect();
+                let cases = [
+                    ("random", random.clone()),
+                    ("all zero", vec![U256::ZERO; n]),
+                    ("all one", vec![U256::from_u64(1); n]),
+                    ("one repeated value", vec![random[0]; n]),
+                    ("four values in turn", few),
+                    ("r - 1", vec![r_minus_1; n]),
+                ];
+                let lease = dev.lease().expect("device lease");
+                let mut random_path = 0;
+                for (name, scalars) in cases {
+                    let scalars = FieldVec::from_integers(field, &scalars).unwrap();
+                    let job = MsmJob::new(points.clone(), vec![scalars]).unwrap();
+                    let (gpu, work) =
+                        run_msm_cuda_measured(&job, &lease, usize::MAX).expect("kernels run");
+                    let at = format!("{curve:?} n={n} {name}");
+                    assert!(job.run_cpu() == gpu, "{at}: GPU differs from CPU");
+                    eprintln!("{at}: {work:?}, critical path {}", work.critical_path());
+                    for (level, &adds) in work.most_adds_per_level.iter().enumerate() {
+                        assert!(adds <= work.chunk, "{at}: level {level} {work:?}");
+                    }
+                    if name == "random" {
+                        random_path = work.critical_path();
+                    } else {
+                        assert!(
+                            work.critical_path() <= random_path + work.chunk,
+                            "{at}: {work:?} against random's {random_path}"
+                        );
+                    }
+                    if name == "all one" {
+                        // One thread per bucket would have added every point in turn.
+                        assert_eq!(work.largest_bucket as usize, n, "{at}");
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// With a 1 MiB `--gpu-memory-limit-mib`, work many times larger runs in passes and still
 /// equals the CPU: field vectors by element ranges, NTT batches by whole polynomials, MSM
 /// by point chunks.

@@ -60,6 +60,14 @@ static inline unsigned atomicAdd(unsigned *address, unsigned value) {
 static inline unsigned long long atomicAdd(unsigned long long *address, unsigned long long value) {
     return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
 }
+static inline unsigned atomicMax(unsigned *address, unsigned value) {
+    unsigned seen = __atomic_load_n(address, __ATOMIC_RELAXED);
+    while (seen < value &&
+           !__atomic_compare_exchange_n(address, &seen, value, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+    }
+    return seen;
+}
 
 // The kernel table build.rs generates for each module: name, a trampoline that unpacks
 // arguments as the driver passes them (an array of pointers, one per parameter), and the

@@ -1,8 +1,8 @@
 /* Host build of the MSM kernels' bodies (kernels/msm.cuh): digits, a serial counting sort
- * in place of the atomics, bucket sums and segment reductions, exactly as the GPU
- * computes them, so CI checks the curve arithmetic and the bucket method against
- * arkworks. curve: 0 bn254_g1, 1 bls12_381_g1. out: windows * segs Jacobian points of
- * 3N limbs. */
+ * in place of the atomics, the chunked bucket sums level by level, and segment reductions,
+ * exactly as the GPU computes them, so CI checks the curve arithmetic and the bucket
+ * method against arkworks. curve: 0 bn254_g1, 1 bls12_381_g1. out: windows * segs
+ * Jacobian points of 3N limbs. */
 #include <stddef.h>
 #include <vector>
 #include "../bn254_fq.cuh"
@@ -11,7 +11,7 @@
 
 template <int N>
 static void msm_partials(const fp_params<N> *f, const u32 *scalars, const u32 *points, size_t n,
-                         u32 c, u32 windows, u32 seg_len, u32 *out) {
+                         u32 c, u32 windows, u32 seg_len, u32 chunk, u32 *out) {
     u32 nb = 1u << (c - 1);
     size_t total = (size_t)windows * n, buckets = (size_t)windows * nb;
     std::vector<u32> digits(total), counts(buckets, 0), offsets(buckets), entries(total);
@@ -31,8 +31,26 @@ static void msm_partials(const fp_params<N> *f, const u32 *scalars, const u32 *p
         if (m) entries[cursor[(k / n) * nb + m - 1]++] = (u32)(k % n) | (d & MSM_NEG);
     }
     std::vector<xyzz<N>> sums(buckets);
-    for (size_t b = 0; b < buckets; b++)
-        msm_bucket_sum<N>(f, points, entries.data(), offsets[b], counts[b], &sums[b]);
+    for (auto &s : sums) xyzz_identity(&s);
+    // Level 0 over the entries, then the slots each level leaves, until one chunk holds all.
+    msm_entry_seq<N> entry_seq = {points, entries.data(), offsets.data(), counts.data(),
+                                  buckets, acc};
+    size_t len = acc, threads = (len + chunk - 1) / chunk;
+    std::vector<u32> keys(2 * threads), next_keys;
+    std::vector<xyzz<N>> vals(2 * threads), next_vals;
+    for (size_t t = 0; t < threads; t++)
+        msm_chunk_sum<N>(f, entry_seq, t, chunk, sums.data(), keys.data(), vals.data());
+    while (len > chunk) {
+        len = 2 * threads;
+        msm_partial_seq<N> seq = {keys.data(), vals.data(), len};
+        threads = (len + chunk - 1) / chunk;
+        next_keys.assign(2 * threads, 0);
+        next_vals.resize(2 * threads);
+        for (size_t t = 0; t < threads; t++)
+            msm_chunk_sum<N>(f, seq, t, chunk, sums.data(), next_keys.data(), next_vals.data());
+        keys.swap(next_keys);
+        vals.swap(next_vals);
+    }
     u32 segs = (nb + seg_len - 1) / seg_len;
     for (size_t t = 0; t < (size_t)windows * segs; t++) {
         u32 w = (u32)(t / segs), s = (u32)(t % segs), start = s * seg_len;
@@ -42,7 +60,9 @@ static void msm_partials(const fp_params<N> *f, const u32 *scalars, const u32 *p
 }
 
 extern "C" void gpu_ops_host_msm_partials(int curve, const u32 *scalars, const u32 *points,
-                                          size_t n, u32 c, u32 windows, u32 seg_len, u32 *out) {
-    if (curve == 0) msm_partials<8>(&BN254_FQ, scalars, points, n, c, windows, seg_len, out);
-    else msm_partials<12>(&BLS12_381_FQ, scalars, points, n, c, windows, seg_len, out);
+                                          size_t n, u32 c, u32 windows, u32 seg_len, u32 chunk,
+                                          u32 *out) {
+    if (curve == 0)
+        msm_partials<8>(&BN254_FQ, scalars, points, n, c, windows, seg_len, chunk, out);
+    else msm_partials<12>(&BLS12_381_FQ, scalars, points, n, c, windows, seg_len, chunk, out);
 }

@@ -15,7 +15,7 @@ pub use gpu::{
     run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda, run_ntt_cuda, tile_plan,
     TILE_BYTES,
 };
-pub use msm_gpu::{run_msm_cuda, run_msm_cuda_in_chunks};
+pub use msm_gpu::{run_msm_cuda, run_msm_cuda_in_chunks, run_msm_cuda_measured, BucketWork};
 pub use pow_inv::{FieldInvJob, FieldPowJob, InvError, PowShape};
 pub use u256::{ParseError, U256};
 pub use vector_ops::{FieldBinaryJob, FieldOp, LengthMismatch};

@@ -22,6 +22,10 @@ pub(crate) struct MsmPlan {
     pub nb: u32,
     /// Buckets one reduction thread walks.
     pub seg_len: u32,
+    /// Sorted entries (or partial sums) one bucket-sum thread adds, whatever the
+    /// buckets' sizes (`msm_chunk_sum` in kernels/msm.cuh); at least 4, so that every
+    /// level shrinks.
+    pub chunk: u32,
 }
 
 impl MsmPlan {
@@ -38,7 +42,36 @@ impl MsmPlan {
             windows: scalar_bits / c + 1,
             nb,
             seg_len: nb.min(256),
+            // A bucket's average share of random scalars' entries, so there are about as
+            // many threads as buckets; capped so that 2^24 points still have 2^20 threads.
+            chunk: (n / nb as usize).clamp(16, 256) as u32,
         }
+    }
+
+    /// Entries a chunk of `n` points can sort: one per point and window at most.
+    pub fn terms(&self, n: usize) -> usize {
+        n * self.windows as usize
+    }
+
+    /// The lengths of the slot sequences that the levels after the first reduce, for
+    /// `terms` entries: each level leaves two slots per chunk, until one chunk holds all.
+    pub fn levels(&self, terms: usize) -> Vec<usize> {
+        assert!(self.chunk >= 4, "a chunk of 4 or more shrinks every level");
+        let chunk = self.chunk as usize;
+        let mut lens = Vec::new();
+        let mut len = terms;
+        while len > chunk {
+            len = 2 * len.div_ceil(chunk);
+            lens.push(len);
+        }
+        lens
+    }
+
+    /// Slots of the two sequences the levels alternate between: the first level's
+    /// output, and the second's (every later level is shorter than one of them).
+    fn slot_buffers(&self, terms: usize) -> (usize, usize) {
+        let first = 2 * terms.div_ceil(self.chunk as usize).max(1);
+        (first, 2 * first.div_ceil(self.chunk as usize))
     }
 
     pub fn segments(&self) -> u32 {
@@ -104,7 +137,7 @@ pub fn msm_module() -> KernelModule {
         <ark_bls12_381::g1::Config as DeviceCurve>::PREFIX,
     ]
     .into_iter()
-    .flat_map(|p| [format!("{p}_msm_buckets"), format!("{p}_msm_reduce")]);
+    .flat_map(|p| ["buckets", "partials", "reduce"].map(|k| format!("{p}_msm_{k}")));
     KernelModule {
         name: "msm",
         source: include_str!("../../../kernels/msm.cu"),
@@ -168,9 +201,62 @@ pub fn run_msm_cuda_in_chunks(
     dev: &DeviceLease<'_>,
     max_chunk: usize,
 ) -> Result<Points, DeviceError> {
+    run_job(job, dev, max_chunk, None)
+}
+
+/// The serial work of a job's bucket sums, over all its point chunks and scalar vectors.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BucketWork {
+    /// The most additions one thread made, per level (the first adds points).
+    pub most_adds_per_level: Vec<u32>,
+    /// The most entries in one bucket: what one thread per bucket would have added.
+    pub largest_bucket: u32,
+    /// The plans' largest chunk, which bounds every level.
+    pub chunk: u32,
+}
+
+impl BucketWork {
+    /// The longest chain of additions one bucket's sum waits for.
+    pub fn critical_path(&self) -> u32 {
+        self.most_adds_per_level.iter().sum()
+    }
+
+    fn merge(&mut self, plan: &MsmPlan, most_adds: &[u32], counts: &[u32]) {
+        if self.most_adds_per_level.len() < most_adds.len() {
+            self.most_adds_per_level.resize(most_adds.len(), 0);
+        }
+        for (mine, &theirs) in self.most_adds_per_level.iter_mut().zip(most_adds) {
+            *mine = (*mine).max(theirs);
+        }
+        let largest = counts.iter().copied().max().unwrap_or(0);
+        self.largest_bucket = self.largest_bucket.max(largest);
+        self.chunk = self.chunk.max(plan.chunk);
+    }
+}
+
+/// As `run_msm_cuda_in_chunks`, also measuring the bucket sums' work per thread (two
+/// more downloads per scalar vector): how tests show that skewed scalars cost no more.
+pub fn run_msm_cuda_measured(
+    job: &MsmJob,
+    dev: &DeviceLease<'_>,
+    max_chunk: usize,
+) -> Result<(Points, BucketWork), DeviceError> {
+    let mut work = BucketWork::default();
+    let points = run_job(job, dev, max_chunk, Some(&mut work))?;
+    Ok((points, work))
+}
+
+fn run_job(
+    job: &MsmJob,
+    dev: &DeviceLease<'_>,
+    max_chunk: usize,
+    work: Option<&mut BucketWork>,
+) -> Result<Points, DeviceError> {
     Ok(match job.points() {
-        Points::Bn254G1(p) => Points::Bn254G1(run_curve(dev, p, job.scalars(), max_chunk)?),
-        Points::Bls12_381G1(p) => Points::Bls12_381G1(run_curve(dev, p, job.scalars(), max_chunk)?),
+        Points::Bn254G1(p) => Points::Bn254G1(run_curve(dev, p, job.scalars(), max_chunk, work)?),
+        Points::Bls12_381G1(p) => {
+            Points::Bls12_381G1(run_curve(dev, p, job.scalars(), max_chunk, work)?)
+        }
     })
 }
 
@@ -179,7 +265,12 @@ fn chunk_bytes<P: DeviceCurve>(n: usize) -> usize {
     let plan = MsmPlan::new(n, P::SCALAR_BITS);
     let per_point = 4 * 2 * P::LIMBS + 32 + 2 * 4 * plan.windows as usize;
     let per_bucket = 4 * 4 * P::LIMBS + 3 * 4;
-    n * per_point + plan.buckets() * per_bucket + plan.partials() * 4 * 3 * P::LIMBS
+    let (first, second) = plan.slot_buffers(plan.terms(n));
+    let per_slot = 4 * (4 * P::LIMBS + 1);
+    n * per_point
+        + plan.buckets() * per_bucket
+        + (first + second) * per_slot
+        + plan.partials() * 4 * 3 * P::LIMBS
 }
 
 fn chunk_len<P: DeviceCurve>(dev: &DeviceLease<'_>, n: usize) -> usize {
@@ -198,6 +289,7 @@ fn run_curve<P: DeviceCurve>(
     points: &[Affine<P>],
     scalars: &[FieldVec],
     max_chunk: usize,
+    mut work: Option<&mut BucketWork>,
 ) -> Result<Vec<Affine<P>>, DeviceError> {
     let keep: Vec<usize> = (0..points.len())
         .filter(|&i| !points[i].is_zero())
@@ -211,6 +303,10 @@ fn run_curve<P: DeviceCurve>(
         for (sum, s) in sums.iter_mut().zip(scalars) {
             dev.still_wanted()?;
             *sum += launcher.run(&scalar_words(s, part))?;
+            if let Some(work) = work.as_deref_mut() {
+                let most_adds = dev.download(&launcher.most_adds)?;
+                work.merge(&plan, &most_adds, &dev.download(&launcher.counts)?);
+            }
         }
     }
     Ok(Projective::normalize_batch(&sums))
@@ -228,6 +324,10 @@ struct Launcher<'a, P: DeviceCurve> {
     cursor: DeviceBuffer<u32>,
     entries: DeviceBuffer<u32>,
     buckets: DeviceBuffer<u32>,
+    /// The two slot sequences (keys, XYZZ partial sums) the levels alternate between.
+    slots: [(DeviceBuffer<u32>, DeviceBuffer<u32>); 2],
+    /// The most additions one thread made, per level.
+    most_adds: DeviceBuffer<u32>,
     partials: DeviceBuffer<u32>,
     _curve: std::marker::PhantomData<P>,
 }
@@ -235,7 +335,12 @@ struct Launcher<'a, P: DeviceCurve> {
 impl<'a, P: DeviceCurve> Launcher<'a, P> {
     fn new(dev: &'a DeviceLease<'a>, plan: MsmPlan, words: &[u32]) -> Result<Self, DeviceError> {
         let n = words.len() / (2 * P::LIMBS);
-        let terms = n * plan.windows as usize;
+        let terms = plan.terms(n);
+        let (first, second) = plan.slot_buffers(terms);
+        let point_words = 4 * P::LIMBS;
+        let slots = |len: usize| -> Result<_, DeviceError> {
+            Ok((dev.alloc_zeros(len)?, dev.alloc_zeros(len * point_words)?))
+        };
         Ok(Self {
             dev,
             plan,
@@ -246,7 +351,9 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
             offsets: dev.alloc_zeros(plan.buckets())?,
             cursor: dev.alloc_zeros(plan.buckets())?,
             entries: dev.alloc_zeros(terms)?,
-            buckets: dev.alloc_zeros(plan.buckets() * 4 * P::LIMBS)?,
+            buckets: dev.alloc_zeros(plan.buckets() * point_words)?,
+            slots: [slots(first)?, slots(second)?],
+            most_adds: dev.alloc_zeros(1 + plan.levels(terms).len())?,
             partials: dev.alloc_zeros(plan.partials() * 3 * P::LIMBS)?,
             _curve: std::marker::PhantomData,
         })
@@ -265,11 +372,13 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
             cursor,
             entries,
             buckets: bucket_sums,
+            slots,
+            most_adds,
             partials,
             ..
         } = self;
         let (dev, plan, n_points) = (*dev, *plan, *n);
-        let (n, terms) = (n_points as u64, (n_points * plan.windows as usize) as u64);
+        let (n, terms) = (n_points as u64, plan.terms(n_points) as u64);
         let buckets = plan.buckets() as u64;
         let d_scalars = dev.upload(scalars)?;
 
@@ -315,6 +424,11 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         // below the number of nonzero digits ≤ terms.
         unsafe { l.launch(dev.launch_config(terms as usize)) }?;
 
+        // Buckets no run finishes are empty: the identity is all zero words.
+        dev.zero(bucket_sums)?;
+        dev.zero(most_adds)?;
+        let threads = terms.div_ceil(u64::from(plan.chunk));
+        let [(first_keys, first_vals), (second_keys, second_vals)] = slots;
         let name = format!("{}_msm_buckets", P::PREFIX);
         let mut l = dev.launch(&name)?;
         l.arg(&*points)
@@ -322,9 +436,49 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
             .arg(&*offsets)
             .arg(&*counts)
             .arg(&buckets)
-            .arg(&mut *bucket_sums);
-        // SAFETY: entries name points < n; one XYZZ point (4·LIMBS words) per bucket.
-        unsafe { l.launch(dev.launch_config(buckets as usize)) }?;
+            .arg(&threads)
+            .arg(&plan.chunk)
+            .arg(&mut *bucket_sums)
+            .arg(&mut *first_keys)
+            .arg(&mut *first_vals)
+            .arg(&mut *most_adds);
+        // SAFETY: entries name points < n; one XYZZ point (4·LIMBS words) per bucket;
+        // `threads` chunks leave two slots each, which the first slot buffers hold.
+        unsafe { l.launch(dev.launch_config(threads as usize)) }?;
+
+        let name = format!("{}_msm_partials", P::PREFIX);
+        for (level, len) in plan.levels(terms as usize).into_iter().enumerate() {
+            // Levels 1, 3, … read the first buffers and write the second; 2, 4, … the reverse.
+            let (keys, vals, next_keys, next_vals) = if level % 2 == 0 {
+                (
+                    &*first_keys,
+                    &*first_vals,
+                    &mut *second_keys,
+                    &mut *second_vals,
+                )
+            } else {
+                (
+                    &*second_keys,
+                    &*second_vals,
+                    &mut *first_keys,
+                    &mut *first_vals,
+                )
+            };
+            let (len, level) = (len as u64, level as u32 + 1);
+            let mut l = dev.launch(&name)?;
+            l.arg(keys)
+                .arg(vals)
+                .arg(&len)
+                .arg(&plan.chunk)
+                .arg(&mut *bucket_sums)
+                .arg(next_keys)
+                .arg(next_vals)
+                .arg(&mut *most_adds)
+                .arg(&level);
+            // SAFETY: `len` slots in (what the previous level wrote); two slots per chunk
+            // out, fewer than the other buffer holds (MsmPlan::slot_buffers).
+            unsafe { l.launch(dev.launch_config(len.div_ceil(u64::from(plan.chunk)) as usize)) }?;
+        }
 
         let name = format!("{}_msm_reduce", P::PREFIX);
         let mut l = dev.launch(&name)?;

@@ -20,6 +20,7 @@ extern "C" {
         c: u32,
         windows: u32,
         seg_len: u32,
+        chunk: u32,
         out: *mut u32,
     );
 }
@@ -50,6 +51,7 @@ fn host_msm<P: DeviceCurve>(
             plan.c,
             plan.windows,
             plan.seg_len,
+            plan.chunk,
             out.as_mut_ptr(),
         )
     };
@@ -63,19 +65,21 @@ fn limbs(v: &FieldVec) -> &[[u64; 4]] {
     }
 }
 
-/// Small windows with short segments, so the start·Σ B term and carries are exercised.
+/// Small windows with short segments, so the start·Σ B term and carries are exercised,
+/// and short chunks, so bucket sums are cut across chunks and finished over many levels.
 fn plans(bits: u32) -> Vec<Option<MsmPlan>> {
-    let small = |c: u32, seg_len: u32| MsmPlan {
+    let small = |c: u32, seg_len: u32, chunk: u32| MsmPlan {
         c,
         windows: bits / c + 1,
         nb: 1 << (c - 1),
         seg_len,
+        chunk,
     };
     vec![
         None,
-        Some(small(4, 2)),
-        Some(small(6, 8)),
-        Some(small(13, 256)),
+        Some(small(4, 2, 4)),
+        Some(small(6, 8, 5)),
+        Some(small(13, 256, 16)),
     ]
 }
 
@@ -117,10 +121,13 @@ where
     // Every scalar equal: all points in the same buckets; and all points equal.
     let g = Affine::<P>::generator();
     let same = FieldVec::from_integers(field, &vec![r_minus_1; 64]).unwrap();
-    assert_eq!(
-        host_msm(code, &[g; 64], &same, None),
-        msm_cpu(&[g; 64], limbs(&same))
-    );
+    for plan in plans(P::SCALAR_BITS) {
+        assert_eq!(
+            host_msm(code, &[g; 64], &same, plan),
+            msm_cpu(&[g; 64], limbs(&same)),
+            "{plan:?}"
+        );
+    }
 }
 
 /// The curve's point vector out of the enum.
