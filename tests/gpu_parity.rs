@@ -405,6 +405,134 @@ fn msm_bucket_work_is_balanced_whatever_the_scalars() {
     }
 }
 
+/// Matmul on the device against the CPU twin, within the tolerance `MatmulJob::agrees`
+/// states: tiles cut at every edge, more tiles than the grid (block-stride wraps), K
+/// across several 16-deep slices and not a multiple of them, transposes, broadcast
+/// operands, C with beta, each compute precision and output dtype; then a batch in
+/// passes under a memory limit.
+#[test]
+fn cuda_matmul_agrees_with_the_cpu() {
+    use gpu_ops::ops::linalg::{run_matmul_cuda, Compute, Dtype, MatmulJob, MatmulShape, Operands};
+    let devices = devices("cuda_matmul_agrees_with_the_cpu");
+    let base = MatmulShape {
+        batch: 1,
+        m: 1,
+        n: 1,
+        k: 1,
+        a_batched: false,
+        b_batched: false,
+        c_batched: false,
+        trans_a: false,
+        trans_b: false,
+    };
+    let values = |len: usize, salt: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 31 + salt * 7) as f32 * 0.377).sin() * (1 + (i + salt) % 5) as f32)
+            .collect()
+    };
+    let job = |shape: MatmulShape, compute, output, with_c: bool| {
+        let operands = Operands::F32 {
+            a: values(shape.a_len(), 1),
+            b: values(shape.b_len(), 2),
+            c: with_c.then(|| values(shape.c_len(), 3)),
+        };
+        MatmulJob::new(shape, operands, 1.25, -0.5, compute, Dtype::F32, output).unwrap()
+    };
+    for dev in &devices {
+        let shapes = sizes(
+            dev,
+            &[
+                MatmulShape {
+                    m: 1000,
+                    n: 1000,
+                    k: 1000,
+                    ..base
+                },
+                MatmulShape {
+                    batch: 8,
+                    m: 300,
+                    n: 129,
+                    k: 65,
+                    a_batched: true,
+                    trans_a: true,
+                    ..base
+                },
+                MatmulShape {
+                    batch: 3,
+                    m: 63,
+                    n: 257,
+                    k: 1,
+                    b_batched: true,
+                    c_batched: true,
+                    trans_b: true,
+                    ..base
+                },
+            ],
+            &[
+                base,
+                MatmulShape {
+                    m: 65,
+                    n: 63,
+                    k: 40,
+                    trans_a: true,
+                    trans_b: true,
+                    ..base
+                },
+                MatmulShape {
+                    batch: 3,
+                    m: 70,
+                    n: 20,
+                    k: 17,
+                    b_batched: true,
+                    c_batched: true,
+                    ..base
+                },
+                MatmulShape {
+                    batch: 5,
+                    m: 130,
+                    n: 129,
+                    k: 33,
+                    a_batched: true,
+                    trans_b: true,
+                    ..base
+                },
+            ],
+        );
+        let lease = dev.lease().expect("device lease");
+        for shape in shapes {
+            for (compute, output, with_c) in [
+                (Compute::F32, Dtype::F32, false),
+                (Compute::Tf32, Dtype::F32, true),
+                (Compute::F16, Dtype::F16, true),
+                (Compute::Bf16, Dtype::Bf16, false),
+            ] {
+                let job = job(shape, compute, output, with_c);
+                let gpu = run_matmul_cuda(&job, &lease).expect("kernels run");
+                job.agrees(&gpu, &job.run_cpu())
+                    .unwrap_or_else(|e| panic!("{shape:?} {compute:?} {output:?} c={with_c}: {e}"));
+            }
+        }
+        drop(lease);
+        // A batch many times the memory limit: passes of a few entries, the broadcast
+        // operand uploaded once.
+        dev.set_memory_limit(64 << 10);
+        let shape = MatmulShape {
+            batch: 9,
+            m: 40,
+            n: 48,
+            k: 56,
+            a_batched: true,
+            c_batched: true,
+            ..base
+        };
+        let job = job(shape, Compute::F32, Dtype::F32, true);
+        let lease = dev.lease().expect("device lease");
+        let gpu = run_matmul_cuda(&job, &lease).expect("kernels run");
+        job.agrees(&gpu, &job.run_cpu())
+            .unwrap_or_else(|e| panic!("in passes: {e}"));
+    }
+}
+
 /// With a 1 MiB `--gpu-memory-limit-mib`, work many times larger runs in passes and still
 /// equals the CPU: field vectors by element ranges, NTT batches by whole polynomials, MSM
 /// by point chunks.

@@ -3,10 +3,12 @@
 
 mod auth;
 pub mod datasets;
+mod dense;
 mod domain_errors;
 pub mod dp;
 mod elements;
 mod extract;
+pub mod linalg;
 pub mod msm;
 pub mod openapi;
 pub mod problem;
@@ -142,6 +144,7 @@ fn keyed_operations() -> Operations {
         .routes(routes!(zk::intt))
         .routes(routes!(msm::msm))
         .routes(routes!(rf::rf_features))
+        .routes(routes!(linalg::matmul))
         .routes(routes!(datasets::create_dataset))
         .routes(routes!(datasets::list_datasets))
         .routes(routes!(datasets::get_dataset, datasets::delete_dataset))

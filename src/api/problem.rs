@@ -50,6 +50,7 @@ error_codes! {
     NotInvertible = ("not_invertible", 422, "Zero has no inverse"),
     InvalidParameter = ("invalid_parameter", 422, "A parameter is out of range"),
     InvalidTensor = ("invalid_tensor", 422, "A numeric array is empty, ragged, non-finite or mis-shaped"),
+    ResultNotFinite = ("result_not_finite", 422, "The result overflows the requested output dtype"),
     DatasetTooLarge = ("dataset_too_large", 422, "The dataset would exceed --max-dataset-bytes"),
     DatasetQuotaExceeded = ("dataset_quota_exceeded", 422, "The tenant's datasets would exceed --max-tenant-dataset-bytes"),
     Internal = ("internal", 500, "Internal error"),

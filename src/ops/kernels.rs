@@ -43,6 +43,7 @@ pub fn kernel_library() -> KernelLibrary {
     let mut modules = super::zk::kernel_modules();
     modules.push(super::dp::kernel_module());
     modules.push(super::rf::kernel_module());
+    modules.push(super::linalg::kernel_module());
     KernelLibrary {
         headers: HEADERS,
         modules,

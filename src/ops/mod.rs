@@ -4,6 +4,7 @@
 pub mod dp;
 pub mod invalid;
 mod kernels;
+pub mod linalg;
 pub mod rf;
 pub mod zk;
 
@@ -15,5 +16,6 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
     let mut tests = zk::self_test::self_tests();
     tests.extend(dp::self_test::self_tests());
     tests.extend(rf::self_test::self_tests());
+    tests.extend(linalg::self_test::self_tests());
     tests
 }

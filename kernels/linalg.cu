@@ -1,0 +1,59 @@
+// Dense linear algebra. matmul_f32: D = alpha·op(A)·op(B) + beta·C, batched, in f32 with
+// f32 accumulation, on operands the launcher (src/ops/linalg/gpu.rs) already rounded to
+// the compute precision. Each block computes 64 × 64 outputs of one batch entry (256
+// threads, 4 × 4 each, rows and columns 16 apart), staging 16-deep slices of A and B
+// through shared memory; blocks stride over (batch, row tile, column tile).
+#include "common.cuh"
+
+#define MM_TILE 64
+#define MM_DEPTH 16
+#define MM_THREADS 256
+
+extern "C" __global__ void matmul_f32(const float *a, const float *b, const float *c, float *d,
+                                      u64 m, u64 n, u64 k, u64 a_batch, u64 a_row, u64 a_col,
+                                      u64 b_batch, u64 b_row, u64 b_col, u64 c_batch,
+                                      u32 has_c, float alpha, float beta, u64 batches) {
+    __shared__ float a_tile[MM_DEPTH][MM_TILE];
+    __shared__ float b_tile[MM_DEPTH][MM_TILE];
+    u64 tiles_m = (m + MM_TILE - 1) / MM_TILE, tiles_n = (n + MM_TILE - 1) / MM_TILE;
+    u32 tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    for (u64 tile = blockIdx.x; tile < batches * tiles_m * tiles_n; tile += gridDim.x) {
+        u64 entry = tile / (tiles_m * tiles_n), rest = tile % (tiles_m * tiles_n);
+        u64 i0 = (rest / tiles_n) * MM_TILE, j0 = (rest % tiles_n) * MM_TILE;
+        const float *ab = a + entry * a_batch, *bb = b + entry * b_batch;
+        float acc[4][4];
+        for (int r = 0; r < 4; r++)
+            for (int s = 0; s < 4; s++) acc[r][s] = 0.0f;
+        for (u64 p0 = 0; p0 < k; p0 += MM_DEPTH) {
+            for (u32 e = threadIdx.x; e < MM_DEPTH * MM_TILE; e += MM_THREADS) {
+                u32 row = e / MM_DEPTH, depth = e % MM_DEPTH;
+                u64 i = i0 + row, p = p0 + depth;
+                a_tile[depth][row] = i < m && p < k ? ab[i * a_row + p * a_col] : 0.0f;
+                u32 col = e % MM_TILE, bdepth = e / MM_TILE;
+                u64 j = j0 + col, q = p0 + bdepth;
+                b_tile[bdepth][col] = j < n && q < k ? bb[q * b_row + j * b_col] : 0.0f;
+            }
+            __syncthreads();
+            for (int depth = 0; depth < MM_DEPTH; depth++) {
+                float av[4], bv[4];
+                for (int r = 0; r < 4; r++) av[r] = a_tile[depth][ty + 16 * r];
+                for (int s = 0; s < 4; s++) bv[s] = b_tile[depth][tx + 16 * s];
+                for (int r = 0; r < 4; r++)
+                    for (int s = 0; s < 4; s++) acc[r][s] = fmaf(av[r], bv[s], acc[r][s]);
+            }
+            // The next slice overwrites the tiles: every thread must be done reading.
+            __syncthreads();
+        }
+        for (int r = 0; r < 4; r++) {
+            u64 i = i0 + ty + 16 * r;
+            if (i >= m) continue;
+            for (int s = 0; s < 4; s++) {
+                u64 j = j0 + tx + 16 * s;
+                if (j >= n) continue;
+                float v = alpha * acc[r][s];
+                if (has_c) v = fmaf(beta, c[entry * c_batch + i * n + j], v);
+                d[(entry * m + i) * n + j] = v;
+            }
+        }
+    }
+}

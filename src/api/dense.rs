@@ -1,0 +1,490 @@
+//! Dense tensors of rank 1–3 for the tensor operations: nested JSON arrays of numbers,
+//! parsed straight into a flat buffer and a shape, or base64 of little-endian f16, bf16,
+//! f32 or f64 with a shape. Answers come back in the form of the request's first operand.
+
+use super::problem::{ErrorCode, Problem};
+use super::tensor::BinaryEncoding;
+use crate::ops::linalg::Dtype;
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
+use serde::ser::SerializeSeq;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use utoipa::ToSchema;
+
+/// Deepest nesting the tensor operations take.
+pub const MAX_RANK: usize = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TensorDtype {
+    F16,
+    Bf16,
+    F32,
+    F64,
+}
+
+impl From<TensorDtype> for Dtype {
+    fn from(d: TensorDtype) -> Self {
+        match d {
+            TensorDtype::F16 => Dtype::F16,
+            TensorDtype::Bf16 => Dtype::Bf16,
+            TensorDtype::F32 => Dtype::F32,
+            TensorDtype::F64 => Dtype::F64,
+        }
+    }
+}
+
+/// Packed little-endian values: `data` is base64 of `shape`'s product of `dtype` values,
+/// row-major.
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"encoding": "base64", "dtype": "f32", "shape": [2, 2], "data": "AACAPwAAAEAAAEBAAACAQA=="}))]
+pub struct PackedTensor {
+    pub encoding: BinaryEncoding,
+    pub dtype: TensorDtype,
+    /// Every dimension at least 1; rank 1 to 3 as the operation says.
+    #[schema(min_items = 1, max_items = 3, minimum = 1)]
+    pub shape: Vec<usize>,
+    /// Standard base64 with padding: exactly `shape`'s product × the dtype's width bytes.
+    pub data: String,
+}
+
+/// A tensor as it arrived.
+#[derive(Debug)]
+pub enum DenseIn {
+    Nested { shape: Vec<usize>, values: Vec<f64> },
+    Packed(PackedTensor),
+}
+
+/// A decoded tensor: its shape and values, and the dtype they came in (None: JSON).
+pub struct DenseValues {
+    pub shape: Vec<usize>,
+    pub values: Vec<f64>,
+    pub packed: Option<TensorDtype>,
+}
+
+impl DenseIn {
+    pub fn packed_dtype(&self) -> Option<TensorDtype> {
+        match self {
+            DenseIn::Packed(p) => Some(p.dtype),
+            DenseIn::Nested { .. } => None,
+        }
+    }
+
+    /// Decodes and checks the rank is in `ranks`, at most `max` values, all finite.
+    pub fn decode(
+        self,
+        path: &str,
+        ranks: std::ops::RangeInclusive<usize>,
+        max: usize,
+    ) -> Result<DenseValues, Problem> {
+        let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
+        let (shape, values, packed) = match self {
+            DenseIn::Nested { shape, values } => (shape, values, None),
+            DenseIn::Packed(p) => {
+                let n = check_shape(&p.shape, &format!("{path}/shape"), max)?;
+                let width = Dtype::from(p.dtype).bytes();
+                let bytes = B64
+                    .decode(p.data.as_bytes())
+                    .map_err(|e| bad(format!("{path}/data"), format!("not base64: {e}")))?;
+                if bytes.len() != n * width {
+                    return Err(bad(
+                        format!("{path}/data"),
+                        format!(
+                            "{} bytes, but shape {:?} of {} needs {}",
+                            bytes.len(),
+                            p.shape,
+                            Dtype::from(p.dtype).name(),
+                            n * width
+                        ),
+                    ));
+                }
+                (p.shape, decode_le(&bytes, p.dtype), Some(p.dtype))
+            }
+        };
+        if !ranks.contains(&shape.len()) {
+            return Err(bad(
+                path.into(),
+                format!(
+                    "rank {}, but this operand takes rank {} to {}",
+                    shape.len(),
+                    ranks.start(),
+                    ranks.end()
+                ),
+            ));
+        }
+        if values.len() > max {
+            return Err(too_many(path, values.len(), max));
+        }
+        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+            return Err(bad(
+                path.into(),
+                format!("value {i} (row-major) is not finite"),
+            ));
+        }
+        Ok(DenseValues {
+            shape,
+            values,
+            packed,
+        })
+    }
+}
+
+fn check_shape(shape: &[usize], path: &str, max: usize) -> Result<usize, Problem> {
+    let bad = |m: &str| Problem::at(ErrorCode::InvalidTensor, path, m);
+    if shape.is_empty() || shape.len() > MAX_RANK {
+        return Err(bad("must have 1 to 3 dimensions"));
+    }
+    match shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
+        Some(0) => Err(bad("every dimension must be at least 1")),
+        None => Err(too_many(path, usize::MAX, max)),
+        Some(n) if n > max => Err(too_many(path, n, max)),
+        Some(n) => Ok(n),
+    }
+}
+
+fn too_many(path: &str, n: usize, max: usize) -> Problem {
+    let mut p = Problem::at(
+        ErrorCode::PayloadTooLarge,
+        path,
+        format!("{n} values; the server accepts at most {max} (--max-tensor-elements)"),
+    );
+    p.detail = format!("{path}: {n} values is more than the server's limit of {max}");
+    p
+}
+
+fn decode_le(bytes: &[u8], dtype: TensorDtype) -> Vec<f64> {
+    match dtype {
+        TensorDtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        TensorDtype::Bf16 => bytes
+            .chunks_exact(2)
+            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
+            .collect(),
+        TensorDtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+        TensorDtype::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect(),
+    }
+}
+
+/// Values (already representable in `dtype`) as packed little-endian base64.
+pub fn encode_le(values: &[f64], dtype: TensorDtype) -> String {
+    let mut out = Vec::with_capacity(values.len() * Dtype::from(dtype).bytes());
+    for &x in values {
+        match dtype {
+            TensorDtype::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+            TensorDtype::Bf16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
+            TensorDtype::F32 => out.extend((x as f32).to_le_bytes()),
+            TensorDtype::F64 => out.extend(x.to_le_bytes()),
+        }
+    }
+    B64.encode(out)
+}
+
+// ------------------------------------------------------------------- nested arrays
+
+/// What parsing nested arrays has seen: each depth's length (from its first array), the
+/// depth of the numbers (from the first), and the values in order.
+#[derive(Default)]
+struct Nesting {
+    dims: [Option<usize>; MAX_RANK],
+    rank: Option<usize>,
+    values: Vec<f64>,
+}
+
+/// One array (or number) at `depth` inside the outermost array.
+struct Level<'a> {
+    nesting: &'a mut Nesting,
+    depth: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for Level<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl Level<'_> {
+    fn number<E: serde::de::Error>(self, x: f64) -> Result<(), E> {
+        match self.nesting.rank {
+            None if self.depth == 0 => Err(E::custom("expected an array of numbers")),
+            None => {
+                self.nesting.rank = Some(self.depth);
+                self.nesting.values.push(x);
+                Ok(())
+            }
+            Some(r) if r == self.depth => {
+                self.nesting.values.push(x);
+                Ok(())
+            }
+            Some(r) => Err(E::custom(format!(
+                "a number at depth {} where earlier numbers are at depth {r} (ragged)",
+                self.depth
+            ))),
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for Level<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("nested arrays of numbers (rank 1 to 3), or {encoding, dtype, shape, data}")
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<(), E> {
+        self.number(x)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, x: i64) -> Result<(), E> {
+        self.number(x as f64)
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, x: u64) -> Result<(), E> {
+        self.number(x as f64)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let depth = self.depth;
+        if depth >= MAX_RANK || self.nesting.rank.is_some_and(|r| depth >= r) {
+            return Err(A::Error::custom(
+                "nested deeper than the numbers before it, or deeper than rank 3",
+            ));
+        }
+        let mut len = 0;
+        while seq
+            .next_element_seed(Level {
+                nesting: &mut *self.nesting,
+                depth: depth + 1,
+            })?
+            .is_some()
+        {
+            len += 1;
+        }
+        if len == 0 {
+            return Err(A::Error::custom(
+                "an empty array: every dimension must be at least 1",
+            ));
+        }
+        match self.nesting.dims[depth] {
+            None => self.nesting.dims[depth] = Some(len),
+            Some(want) if want == len => {}
+            Some(want) => {
+                return Err(A::Error::custom(format!(
+                    "{len} items where the first array at this depth has {want} (ragged)"
+                )))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The outermost value: an array (nested numbers) or an object (packed).
+struct Outer;
+
+impl<'de> Visitor<'de> for Outer {
+    type Value = DenseIn;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("nested arrays of numbers (rank 1 to 3), or {encoding, dtype, shape, data}")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<DenseIn, A::Error> {
+        let mut nesting = Nesting::default();
+        Level {
+            nesting: &mut nesting,
+            depth: 0,
+        }
+        .visit_seq(seq)?;
+        let rank = nesting.rank.unwrap_or(0);
+        Ok(DenseIn::Nested {
+            shape: nesting.dims[..rank].iter().flatten().copied().collect(),
+            values: nesting.values,
+        })
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<DenseIn, A::Error> {
+        PackedTensor::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            .map(DenseIn::Packed)
+    }
+}
+
+impl<'de> Deserialize<'de> for DenseIn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Outer)
+    }
+}
+
+/// An answer tensor in the request's form: nested arrays, or packed.
+pub enum DenseOut {
+    Nested { shape: Vec<usize>, values: Vec<f64> },
+    Packed(PackedTensor),
+}
+
+impl DenseOut {
+    /// `values` (representable in `dtype`) shaped `shape`, packed when `packed`.
+    pub fn new(shape: Vec<usize>, values: Vec<f64>, dtype: TensorDtype, packed: bool) -> Self {
+        if packed {
+            DenseOut::Packed(PackedTensor {
+                encoding: BinaryEncoding::Base64,
+                dtype,
+                data: encode_le(&values, dtype),
+                shape,
+            })
+        } else {
+            DenseOut::Nested { shape, values }
+        }
+    }
+}
+
+/// Rows of `values` under `shape`, serialized as nested arrays without building them.
+struct NestedSlice<'a> {
+    shape: &'a [usize],
+    values: &'a [f64],
+}
+
+impl Serialize for NestedSlice<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.shape[0]))?;
+        if self.shape.len() == 1 {
+            for x in self.values {
+                seq.serialize_element(x)?;
+            }
+        } else {
+            let inner: usize = self.shape[1..].iter().product();
+            for part in self.values.chunks(inner) {
+                seq.serialize_element(&NestedSlice {
+                    shape: &self.shape[1..],
+                    values: part,
+                })?;
+            }
+        }
+        seq.end()
+    }
+}
+
+impl Serialize for DenseOut {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            DenseOut::Nested { shape, values } => NestedSlice { shape, values }.serialize(s),
+            DenseOut::Packed(p) => p.serialize(s),
+        }
+    }
+}
+
+/// Schema of `DenseIn` / `DenseOut` for the OpenAPI document: nested arrays of numbers
+/// of rank 1 to 3 (rectangular, which JSON Schema cannot state), or packed.
+pub struct DenseDoc;
+
+impl utoipa::PartialSchema for DenseDoc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Ref, SchemaFormat, Type,
+        };
+        let numbers = || {
+            ArrayBuilder::new()
+                .items(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Number)
+                        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double))),
+                )
+                .min_items(Some(1))
+        };
+        let rank2 = || ArrayBuilder::new().items(numbers()).min_items(Some(1));
+        let rank3 = ArrayBuilder::new().items(rank2()).min_items(Some(1));
+        OneOfBuilder::new()
+            .item(numbers())
+            .item(rank2())
+            .item(rank3)
+            .item(Ref::from_schema_name("PackedTensor"))
+            .into()
+    }
+}
+
+impl ToSchema for DenseDoc {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use utoipa::PartialSchema;
+        schemas.push((PackedTensor::name().into(), PackedTensor::schema()));
+        <PackedTensor as ToSchema>::schemas(schemas);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<DenseIn, String> {
+        let d = &mut serde_json::Deserializer::from_str(json);
+        serde_path_to_error::deserialize(d).map_err(|e| format!("{} {}", e.path(), e.inner()))
+    }
+
+    #[test]
+    fn nested_arrays_give_their_shape_and_values() {
+        match parse("[[1, 2, 3], [4, 5.5, -6]]").unwrap() {
+            DenseIn::Nested { shape, values } => {
+                assert_eq!(shape, [2, 3]);
+                assert_eq!(values, [1.0, 2.0, 3.0, 4.0, 5.5, -6.0]);
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse("[[[1], [2]], [[3], [4]]]").unwrap() {
+            DenseIn::Nested { shape, .. } => assert_eq!(shape, [2, 2, 1]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn ragged_empty_and_deep_arrays_are_refused_with_their_path() {
+        let e = parse("[[1, 2], [3]]").unwrap_err();
+        assert!(e.starts_with("[1]") && e.contains("ragged"), "{e}");
+        let e = parse("[[1, 2], [3, [4]]]").unwrap_err();
+        assert!(e.contains("[1][1]"), "{e}");
+        assert!(parse("[[1], []]").unwrap_err().contains("empty"));
+        assert!(parse("[[[[1]]]]").unwrap_err().contains("rank 3"));
+        assert!(parse("[[1, \"2\"]]").unwrap_err().starts_with("[0][1]"));
+    }
+
+    #[test]
+    fn packed_half_precisions_round_trip() {
+        let values = [1.0, -2.5, 0.0009765625, 65504.0];
+        for dtype in [TensorDtype::F16, TensorDtype::Bf16, TensorDtype::F32] {
+            let data = encode_le(&values[..3], dtype);
+            let t = DenseIn::Packed(PackedTensor {
+                encoding: BinaryEncoding::Base64,
+                dtype,
+                shape: vec![3],
+                data,
+            });
+            let got = t.decode("/a", 1..=3, 10).unwrap();
+            assert_eq!(got.values, values[..3]);
+        }
+    }
+
+    #[test]
+    fn nested_output_serializes_by_shape() {
+        let out = DenseOut::new(
+            vec![2, 1, 2],
+            vec![1.0, 2.0, 3.0, 4.0],
+            TensorDtype::F32,
+            false,
+        );
+        assert_eq!(
+            serde_json::to_string(&out).unwrap(),
+            "[[[1.0,2.0]],[[3.0,4.0]]]"
+        );
+    }
+}

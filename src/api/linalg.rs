@@ -1,0 +1,344 @@
+//! `/linalg/matmul`: batched matrix multiply on the CPU (`gemm` crate) or the device.
+
+use super::dense::{DenseDoc, DenseIn, DenseOut, DenseValues, TensorDtype};
+use super::problem::{ErrorCode, Problem};
+use super::{blocking, job_response, job_timeout, ApiJson, AppState};
+use crate::backend::BackendChoice;
+use crate::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
+use axum::extract::State;
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// The most work one request may ask for: 2^40 flops (2·B·M·N·K), about 10 s on two
+/// CPU cores.
+pub const MAX_MATMUL_FLOPS: f64 = (1u64 << 40) as f64;
+
+/// The precision products are formed in; sums are f32 (f64 for f64).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeType {
+    F32,
+    Tf32,
+    F16,
+    Bf16,
+    F64,
+}
+
+impl From<ComputeType> for Compute {
+    fn from(c: ComputeType) -> Self {
+        match c {
+            ComputeType::F32 => Compute::F32,
+            ComputeType::Tf32 => Compute::Tf32,
+            ComputeType::F16 => Compute::F16,
+            ComputeType::Bf16 => Compute::Bf16,
+            ComputeType::F64 => Compute::F64,
+        }
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// `D = alpha·op(A)·op(B) + beta·C`, optionally batched.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"a": [[1, 2], [3, 4]], "b": [[5, 6], [7, 8]]}))]
+pub struct MatmulRequest {
+    /// `[M, K]` or `[B, M, K]` (`[K, M]` / `[B, K, M]` with `transpose_a`); a rank-2
+    /// operand is broadcast over the batch. At most --max-tensor-elements values.
+    #[schema(value_type = DenseDoc)]
+    pub a: DenseIn,
+    /// `[K, N]` or `[B, K, N]` (`[N, K]` / `[B, N, K]` with `transpose_b`).
+    #[schema(value_type = DenseDoc)]
+    pub b: DenseIn,
+    /// `[M, N]` or `[B, M, N]`, added as `beta·C`.
+    #[schema(value_type = Option<DenseDoc>)]
+    pub c: Option<DenseIn>,
+    #[serde(default)]
+    pub transpose_a: bool,
+    #[serde(default)]
+    pub transpose_b: bool,
+    #[serde(default = "one")]
+    pub alpha: f64,
+    /// Default 1 with `c`; refused without it.
+    pub beta: Option<f64>,
+    /// The operands' dtype. Packed operands state theirs, and all must agree; nested
+    /// JSON numbers are rounded to it. Default: packed `a`'s dtype, else f32.
+    pub dtype: Option<TensorDtype>,
+    /// Default f32, or f64 for f64 operands (which compute only in f64, on the CPU).
+    pub compute: Option<ComputeType>,
+    /// Default: the operands' dtype.
+    pub out_dtype: Option<TensorDtype>,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct MatmulResponse {
+    /// D, `[M, N]` or `[B, M, N]` (rank 3 when any operand has a batch), in the form of
+    /// `a` (nested numbers, or packed in `dtype`).
+    #[schema(value_type = DenseDoc)]
+    pub result: DenseOut,
+    pub shape: Vec<usize>,
+    pub dtype: TensorDtype,
+    pub compute: ComputeType,
+    /// 2·B·M·N·K.
+    pub flops: f64,
+    /// `flops` over the compute time (`x-compute-time-ms`).
+    pub gflops_per_second: f64,
+}
+
+/// Batch (if rank 3) and the two matrix dimensions of an operand's shape.
+fn dims(shape: &[usize]) -> (Option<usize>, usize, usize) {
+    match shape {
+        [b, r, c] => (Some(*b), *r, *c),
+        [r, c] => (None, *r, *c),
+        _ => unreachable!("decode checked the rank"),
+    }
+}
+
+fn mismatch(path: &str, message: String) -> Problem {
+    Problem::at(ErrorCode::InvalidTensor, path, message)
+}
+
+/// The shape of the product, from the operands' shapes and the transposes.
+fn shape_of(
+    (trans_a, trans_b): (bool, bool),
+    a: &DenseValues,
+    b: &DenseValues,
+    c: Option<&DenseValues>,
+) -> Result<MatmulShape, Problem> {
+    let (ab, ar, ac) = dims(&a.shape);
+    let (bb, br, bc) = dims(&b.shape);
+    let (m, k) = if trans_a { (ac, ar) } else { (ar, ac) };
+    let (kb, n) = if trans_b { (bc, br) } else { (br, bc) };
+    if kb != k {
+        return Err(mismatch(
+            "/b/shape",
+            format!("op(B) has {kb} rows where op(A) has {k} columns"),
+        ));
+    }
+    let cb = match c {
+        Some(c) => {
+            let (cb, cr, cc) = dims(&c.shape);
+            if (cr, cc) != (m, n) {
+                return Err(mismatch(
+                    "/c/shape",
+                    format!("C is {cr} × {cc} where the product is {m} × {n}"),
+                ));
+            }
+            cb
+        }
+        None => None,
+    };
+    let batch = ab.or(bb).or(cb).unwrap_or(1);
+    for (path, own) in [("/a/shape", ab), ("/b/shape", bb), ("/c/shape", cb)] {
+        if own.is_some_and(|own| own != batch) {
+            return Err(mismatch(
+                path,
+                format!(
+                    "batch of {} where another operand has {batch}",
+                    own.unwrap_or(0)
+                ),
+            ));
+        }
+    }
+    Ok(MatmulShape {
+        batch,
+        m,
+        n,
+        k,
+        a_batched: ab.is_some(),
+        b_batched: bb.is_some(),
+        c_batched: cb.is_some(),
+        trans_a,
+        trans_b,
+    })
+}
+
+#[utoipa::path(
+    post, path = "/linalg/matmul", tag = "linalg", operation_id = "matmul",
+    summary = "Batched matrix multiply",
+    description = "D = alpha·op(A)·op(B) + beta·C over a batch (an operand without a batch dimension is \
+        broadcast). Operands f16, bf16, f32 (f64 on the CPU); products in the `compute` precision \
+        (operands rounded to tf32/f16/bf16 first, as tensor cores take them) with f32 sums; D rounded to \
+        `out_dtype`. Error bounds per dtype and K: docs/TENSORS.md.",
+    request_body = MatmulRequest,
+    responses(
+        (status = 200, description = "The product", body = MatmulResponse),
+        (status = 413, description = "An operand or D over --max-tensor-elements, or more than 2^40 flops"),
+        (status = 422, description = "invalid_tensor (rank, ragged, non-finite, base64, shapes that do not \
+            chain), invalid_parameter (dtype, compute, beta without c, backend cuda with f64), \
+            result_not_finite (D overflows out_dtype)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn matmul(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<MatmulRequest>,
+) -> Result<Response, Problem> {
+    let timeout = job_timeout(req.timeout_ms)?;
+    let max = state.settings.config.max_tensor_elements;
+    let backend = req.backend;
+    let packed = req.a.packed_dtype().is_some();
+    let job = blocking(move || build_job(req, max)).await?;
+    let (shape, flops) = (job.shape, job.shape.flops());
+    let (out_dtype, compute) = (job.output, job.compute);
+    let done = state.pool.submit(job, backend, timeout).await?;
+    if let Some(i) = done.output.first_non_finite() {
+        return Err(Problem::at(
+            ErrorCode::ResultNotFinite,
+            "/out_dtype",
+            format!("value {i} of D (row-major) overflows {}", out_dtype.name()),
+        ));
+    }
+    let values = match done.output {
+        Values::F32(v) => v.into_iter().map(f64::from).collect(),
+        Values::F64(v) => v,
+    };
+    let out_shape = if shape.a_batched || shape.b_batched || shape.c_batched {
+        vec![shape.batch, shape.m, shape.n]
+    } else {
+        vec![shape.m, shape.n]
+    };
+    let dtype = tensor_dtype(out_dtype);
+    let seconds = done.run.compute_time.as_secs_f64();
+    let body = MatmulResponse {
+        result: DenseOut::new(out_shape.clone(), values, dtype, packed),
+        shape: out_shape,
+        dtype,
+        compute: compute_type(compute),
+        flops,
+        gflops_per_second: if seconds > 0.0 {
+            flops / seconds / 1e9
+        } else {
+            0.0
+        },
+    };
+    let bytes =
+        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(job_response(bytes, &done.run))
+}
+
+/// Decodes the operands and checks everything the job needs (on a blocking thread: the
+/// operands may be large).
+fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
+    let dtype = req
+        .dtype
+        .or(req.a.packed_dtype())
+        .unwrap_or(TensorDtype::F32);
+    let a = operand(req.a, "/a", dtype, max)?;
+    let b = operand(req.b, "/b", dtype, max)?;
+    let c = req.c.map(|c| operand(c, "/c", dtype, max)).transpose()?;
+    let transposes = (req.transpose_a, req.transpose_b);
+    let shape = shape_of(transposes, &a, &b, c.as_ref())?;
+    if c.is_none() && req.beta.is_some() {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/beta",
+            "beta scales c: give c, or leave beta out",
+        ));
+    }
+    if shape.out_len() > max {
+        return Err(Problem::at(
+            ErrorCode::PayloadTooLarge,
+            "/b/shape",
+            format!(
+                "D would hold {} values; the server answers at most {max} (--max-tensor-elements)",
+                shape.out_len()
+            ),
+        ));
+    }
+    if shape.flops() > MAX_MATMUL_FLOPS {
+        return Err(Problem::at(
+            ErrorCode::PayloadTooLarge,
+            "/b/shape",
+            format!(
+                "{:e} flops; the server takes at most 2^40 per request",
+                shape.flops()
+            ),
+        ));
+    }
+    let input = Dtype::from(dtype);
+    let wide = input == Dtype::F64;
+    let compute = req.compute.map_or(
+        if wide { Compute::F64 } else { Compute::F32 },
+        Compute::from,
+    );
+    let output = req.out_dtype.map_or(input, Dtype::from);
+    let operands = if wide {
+        Operands::F64 {
+            a: a.values,
+            b: b.values,
+            c: c.map(|c| c.values),
+        }
+    } else {
+        let narrow = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+        Operands::F32 {
+            a: narrow(a.values),
+            b: narrow(b.values),
+            c: c.map(|c| narrow(c.values)),
+        }
+    };
+    let beta = req.beta.unwrap_or(1.0);
+    Ok(MatmulJob::new(
+        shape, operands, req.alpha, beta, compute, input, output,
+    )?)
+}
+
+/// One operand: decoded, in the request's dtype (packed ones must state it), nested
+/// numbers rounded to it.
+fn operand(t: DenseIn, path: &str, dtype: TensorDtype, max: usize) -> Result<DenseValues, Problem> {
+    if let Some(own) = t.packed_dtype().filter(|&own| own != dtype) {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            format!("{path}/dtype"),
+            format!(
+                "{} where the operands are {} (dtype, or packed a's): all operands share one dtype",
+                Dtype::from(own).name(),
+                Dtype::from(dtype).name()
+            ),
+        ));
+    }
+    let mut t = t.decode(path, 2..=3, max)?;
+    let dtype = Dtype::from(dtype);
+    if t.packed.is_none() && dtype != Dtype::F64 {
+        for (i, x) in t.values.iter_mut().enumerate() {
+            let r = dtype.round(*x as f32);
+            if !r.is_finite() {
+                return Err(Problem::at(
+                    ErrorCode::InvalidTensor,
+                    path,
+                    format!("value {i} (row-major) overflows {}", dtype.name()),
+                ));
+            }
+            *x = f64::from(r);
+        }
+    }
+    Ok(t)
+}
+
+fn tensor_dtype(d: Dtype) -> TensorDtype {
+    match d {
+        Dtype::F16 => TensorDtype::F16,
+        Dtype::Bf16 => TensorDtype::Bf16,
+        Dtype::F32 => TensorDtype::F32,
+        Dtype::F64 => TensorDtype::F64,
+    }
+}
+
+fn compute_type(c: Compute) -> ComputeType {
+    match c {
+        Compute::F32 => ComputeType::F32,
+        Compute::Tf32 => ComputeType::Tf32,
+        Compute::F16 => ComputeType::F16,
+        Compute::Bf16 => ComputeType::Bf16,
+        Compute::F64 => ComputeType::F64,
+    }
+}

@@ -1,0 +1,118 @@
+//! Launcher for `kernels/linalg.cu`: uploads the (already rounded) operands, runs the
+//! batch in passes that fit the device's memory budget, and rounds D to the output dtype.
+
+use super::matmul::{MatmulJob, Operands, Values};
+use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
+use cudarc::driver::LaunchConfig;
+
+const KERNEL_NAMES: &[&str] = &["matmul_f32"];
+
+/// Output tile of one block (kernels/linalg.cu `MM_TILE`) and its threads.
+const TILE: usize = 64;
+const THREADS: u32 = 256;
+
+pub fn kernel_module() -> KernelModule {
+    KernelModule {
+        name: "linalg",
+        source: include_str!("../../../kernels/linalg.cu"),
+        entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
+    let Operands::F32 { a, b, c } = &job.operands else {
+        return Err(DeviceError {
+            kind: DeviceErrorKind::Unsupported,
+            message: "f64 matmul runs on the CPU only".into(),
+        });
+    };
+    let s = job.shape;
+    let (sa, sb) = (s.a_strides(), s.b_strides());
+    let per_entry = |batched: bool, len: usize| if batched { len } else { 0 };
+    let entry_bytes = 4
+        * (per_entry(s.a_batched, s.m * s.k)
+            + per_entry(s.b_batched, s.k * s.n)
+            + per_entry(s.c_batched && c.is_some(), s.m * s.n)
+            + s.m * s.n);
+    let shared_bytes = 4
+        * (per_entry(!s.a_batched, s.m * s.k)
+            + per_entry(!s.b_batched, s.k * s.n)
+            + per_entry(!s.c_batched && c.is_some(), s.m * s.n));
+    let budget = dev.memory_budget().saturating_sub(shared_bytes);
+    let per_pass = (budget / entry_bytes.max(1)).clamp(1, s.batch);
+    // Broadcast operands are uploaded once; batched ones per pass.
+    let a_all = (!s.a_batched).then(|| dev.upload(a)).transpose()?;
+    let b_all = (!s.b_batched).then(|| dev.upload(b)).transpose()?;
+    let c_all = match c {
+        Some(c) if !s.c_batched => Some(dev.upload(c)?),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(s.out_len());
+    let mut first = 0;
+    while first < s.batch {
+        dev.still_wanted()?;
+        let count = per_pass.min(s.batch - first);
+        let slice = |v: &[f32], batched: bool, len: usize| -> Result<_, DeviceError> {
+            Ok(if batched {
+                Some(dev.upload(&v[first * len..(first + count) * len])?)
+            } else {
+                None
+            })
+        };
+        let a_pass = slice(a, s.a_batched, s.m * s.k)?;
+        let b_pass = slice(b, s.b_batched, s.k * s.n)?;
+        let c_pass = match c {
+            Some(c) => slice(c, s.c_batched, s.m * s.n)?,
+            None => None,
+        };
+        let d_a = a_pass.as_ref().or(a_all.as_ref()).expect("A uploaded");
+        let d_b = b_pass.as_ref().or(b_all.as_ref()).expect("B uploaded");
+        let mut d = dev.alloc_zeros::<f32>(count * s.m * s.n)?;
+        // Without C the kernel never reads it; A stands in as a valid pointer.
+        let has_c = u32::from(c.is_some());
+        let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
+        let (a_batch, a_row, a_col) = (sa.batch as u64, sa.row as u64, sa.col as u64);
+        let (b_batch, b_row, b_col) = (sb.batch as u64, sb.row as u64, sb.col as u64);
+        let c_batch = s.c_batch_stride() as u64;
+        let (alpha, beta) = (job.alpha as f32, job.beta as f32);
+        let batches = count as u64;
+        let tiles = count * s.m.div_ceil(TILE) * s.n.div_ceil(TILE);
+        let blocks = tiles.min(dev.launch_config(tiles * THREADS as usize).grid_dim.0 as usize);
+        let config = LaunchConfig {
+            grid_dim: (blocks.max(1) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut l = dev.launch("matmul_f32")?;
+        l.arg(d_a).arg(d_b);
+        match c_pass.as_ref().or(c_all.as_ref()) {
+            Some(d_c) => l.arg(d_c),
+            None => l.arg(d_a),
+        };
+        l.arg(&mut d)
+            .arg(&m)
+            .arg(&n)
+            .arg(&k)
+            .arg(&a_batch)
+            .arg(&a_row)
+            .arg(&a_col)
+            .arg(&b_batch)
+            .arg(&b_row)
+            .arg(&b_col)
+            .arg(&c_batch)
+            .arg(&has_c)
+            .arg(&alpha)
+            .arg(&beta)
+            .arg(&batches);
+        // SAFETY: the pass's A, B and C hold `count` entries (or one, broadcast, with a
+        // zero batch stride); D holds count·m·n; the strides stay inside each entry.
+        unsafe { l.launch(config) }?;
+        out.extend(dev.download(&d)?);
+        first += count;
+    }
+    for x in &mut out {
+        *x = job.output.round(*x);
+    }
+    Ok(Values::F32(out))
+}

@@ -1,0 +1,403 @@
+//! `D = α·op(A)·op(B) + β·C`, batched: the job, its CPU twin on the `gemm` crate, and the
+//! tolerance the device's answer is held to.
+
+use super::precision::{Compute, Dtype};
+use crate::backend::{DeviceError, DeviceLease, Job};
+use crate::ops::invalid::{FieldPath, Invalid};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Shapes of one batched multiply. `op(A)` is `m × k`, `op(B)` is `k × n`; an operand
+/// that is not batched is broadcast over the batch. A is stored `[m, k]`, or `[k, m]`
+/// when `trans_a`; B `[k, n]`, or `[n, k]` when `trans_b`; C and D `[m, n]`; each
+/// row-major, with a leading batch dimension when batched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulShape {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a_batched: bool,
+    pub b_batched: bool,
+    pub c_batched: bool,
+    pub trans_a: bool,
+    pub trans_b: bool,
+}
+
+/// Element strides of one operand: (batch, row, column) of op(X).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    pub batch: usize,
+    pub row: usize,
+    pub col: usize,
+}
+
+impl MatmulShape {
+    pub fn a_strides(&self) -> Strides {
+        let (row, col) = if self.trans_a {
+            (1, self.m)
+        } else {
+            (self.k, 1)
+        };
+        Strides {
+            batch: if self.a_batched { self.m * self.k } else { 0 },
+            row,
+            col,
+        }
+    }
+
+    pub fn b_strides(&self) -> Strides {
+        let (row, col) = if self.trans_b {
+            (1, self.k)
+        } else {
+            (self.n, 1)
+        };
+        Strides {
+            batch: if self.b_batched { self.k * self.n } else { 0 },
+            row,
+            col,
+        }
+    }
+
+    pub fn c_batch_stride(&self) -> usize {
+        if self.c_batched {
+            self.m * self.n
+        } else {
+            0
+        }
+    }
+
+    pub fn a_len(&self) -> usize {
+        self.m * self.k * if self.a_batched { self.batch } else { 1 }
+    }
+
+    pub fn b_len(&self) -> usize {
+        self.k * self.n * if self.b_batched { self.batch } else { 1 }
+    }
+
+    pub fn c_len(&self) -> usize {
+        self.m * self.n * if self.c_batched { self.batch } else { 1 }
+    }
+
+    pub fn out_len(&self) -> usize {
+        self.batch * self.m * self.n
+    }
+
+    /// 2·batch·m·n·k: multiplies and adds.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
+    }
+}
+
+/// Operands: f32 (already rounded to the compute precision; C as given) or f64.
+#[derive(Clone, Debug)]
+pub enum Operands {
+    F32 {
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c: Option<Vec<f32>>,
+    },
+    F64 {
+        a: Vec<f64>,
+        b: Vec<f64>,
+        c: Option<Vec<f64>>,
+    },
+}
+
+/// D's values: f32 already rounded to the output dtype, or f64.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Values {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Values {
+    /// The first value that is not finite (an overflow of the output dtype).
+    pub fn first_non_finite(&self) -> Option<usize> {
+        match self {
+            Values::F32(v) => v.iter().position(|x| !x.is_finite()),
+            Values::F64(v) => v.iter().position(|x| !x.is_finite()),
+        }
+    }
+}
+
+pub type MatmulOutput = Values;
+
+#[derive(Clone, Debug)]
+pub struct MatmulJob {
+    pub shape: MatmulShape,
+    pub operands: Operands,
+    pub alpha: f64,
+    pub beta: f64,
+    pub compute: Compute,
+    pub input: Dtype,
+    pub output: Dtype,
+}
+
+impl MatmulJob {
+    /// Checks the operands' lengths and the precisions, and rounds f32 operands to the
+    /// compute precision. Paths are the request's: `a`, `b`, `c`, `compute`, `out_dtype`.
+    pub fn new(
+        shape: MatmulShape,
+        operands: Operands,
+        alpha: f64,
+        beta: f64,
+        compute: Compute,
+        input: Dtype,
+        output: Dtype,
+    ) -> Result<Self, Invalid> {
+        let root = FieldPath::root();
+        let (a, b, c) = match &operands {
+            Operands::F32 { a, b, c } => (a.len(), b.len(), c.as_ref().map(Vec::len)),
+            Operands::F64 { a, b, c } => (a.len(), b.len(), c.as_ref().map(Vec::len)),
+        };
+        for (name, got, want) in [("a", a, shape.a_len()), ("b", b, shape.b_len())]
+            .into_iter()
+            .chain(c.map(|c| ("c", c, shape.c_len())))
+        {
+            if got != want {
+                return Err(Invalid::new(
+                    root.field(name),
+                    format!("{got} values where the shape needs {want}"),
+                ));
+            }
+        }
+        let wide = input == Dtype::F64;
+        if wide != (compute == Compute::F64) || wide != (output == Dtype::F64) {
+            return Err(Invalid::new(
+                root.field("compute"),
+                "f64 inputs compute in f64 and answer in f64; other inputs compute in \
+                 f32, tf32, f16 or bf16 and answer in f32, f16 or bf16",
+            ));
+        }
+        if !alpha.is_finite() || !beta.is_finite() {
+            return Err(Invalid::new(
+                root.field("alpha"),
+                "alpha and beta must be finite",
+            ));
+        }
+        let operands = match operands {
+            Operands::F32 { mut a, mut b, c } => {
+                for x in a.iter_mut().chain(b.iter_mut()) {
+                    *x = compute.round(*x);
+                }
+                if let Some(i) = a.iter().chain(&b).position(|x| !x.is_finite()) {
+                    let (name, i) = if i < a.len() {
+                        ("a", i)
+                    } else {
+                        ("b", i - a.len())
+                    };
+                    return Err(Invalid::new(
+                        root.field(name),
+                        format!("value {i} overflows {} compute", compute.name()),
+                    ));
+                }
+                Operands::F32 { a, b, c }
+            }
+            wide => wide,
+        };
+        Ok(Self {
+            shape,
+            operands,
+            alpha,
+            beta,
+            compute,
+            input,
+            output,
+        })
+    }
+
+    pub fn has_c(&self) -> bool {
+        match &self.operands {
+            Operands::F32 { c, .. } => c.is_some(),
+            Operands::F64 { c, .. } => c.is_some(),
+        }
+    }
+
+    /// The CPU twin: the `gemm` crate per batch entry (several entries at once when they
+    /// are small), then the output dtype's rounding.
+    pub fn run_cpu(&self) -> Values {
+        match &self.operands {
+            Operands::F32 { a, b, c } => {
+                let mut d = self.seed(c.as_deref());
+                self.gemm(
+                    &mut d,
+                    a,
+                    b,
+                    c.is_some(),
+                    self.alpha as f32,
+                    self.beta as f32,
+                );
+                for x in &mut d {
+                    *x = self.output.round(*x);
+                }
+                Values::F32(d)
+            }
+            Operands::F64 { a, b, c } => {
+                let mut d = self.seed(c.as_deref());
+                self.gemm(&mut d, a, b, c.is_some(), self.alpha, self.beta);
+                Values::F64(d)
+            }
+        }
+    }
+
+    /// D before the product: C broadcast over the batch, or zeros.
+    fn seed<T: Copy + Default>(&self, c: Option<&[T]>) -> Vec<T> {
+        let s = self.shape;
+        let mut d = vec![T::default(); s.out_len()];
+        if let Some(c) = c {
+            let stride = s.c_batch_stride();
+            for (bi, out) in d.chunks_mut(s.m * s.n).enumerate() {
+                out.copy_from_slice(&c[bi * stride..][..s.m * s.n]);
+            }
+        }
+        d
+    }
+
+    /// d[b] = alpha·op(A[b])·op(B[b]) + beta·d[b] (d read only when `read_d`).
+    fn gemm<T: Copy + Send + Sync + 'static>(
+        &self,
+        d: &mut [T],
+        a: &[T],
+        b: &[T],
+        read_d: bool,
+        alpha: T,
+        beta: T,
+    ) {
+        let s = self.shape;
+        let (sa, sb) = (s.a_strides(), s.b_strides());
+        let one = |bi: usize, out: &mut [T], parallelism: Parallelism| {
+            let a = &a[bi * sa.batch..];
+            let b = &b[bi * sb.batch..];
+            // SAFETY: every index the strides reach is inside the slices: the job's
+            // constructor checked their lengths against the shape. gemm computes
+            // dst := beta_g·dst + alpha_g·lhs·rhs with (alpha_g, beta_g) named the other
+            // way round from BLAS.
+            unsafe {
+                gemm::gemm(
+                    s.m,
+                    s.n,
+                    s.k,
+                    out.as_mut_ptr(),
+                    1,
+                    s.n as isize,
+                    read_d,
+                    a.as_ptr(),
+                    sa.col as isize,
+                    sa.row as isize,
+                    b.as_ptr(),
+                    sb.col as isize,
+                    sb.row as isize,
+                    beta,
+                    alpha,
+                    false,
+                    false,
+                    false,
+                    parallelism,
+                )
+            }
+        };
+        let per_entry = s.m * s.n;
+        // Small entries: one thread each; large ones: every thread on one entry.
+        if s.batch > 1 && s.flops() / (s.batch as f64) < (1u64 << 22) as f64 {
+            d.par_chunks_mut(per_entry)
+                .enumerate()
+                .for_each(|(bi, out)| one(bi, out, Parallelism::None));
+        } else {
+            let threads = rayon::current_num_threads();
+            for (bi, out) in d.chunks_mut(per_entry).enumerate() {
+                one(bi, out, Parallelism::Rayon(threads));
+            }
+        }
+    }
+
+    /// Per value of D, a bound on |device − CPU|: both sum the same exact products in
+    /// f32 in different orders, so each is within γ_{k+2}·(|α|·(|A||B|) + |β||C|) of the
+    /// exact sum; then each rounds to the output dtype (one ulp apart at most).
+    pub fn tolerance(&self) -> Vec<f64> {
+        let Operands::F32 { a, b, c } = &self.operands else {
+            return vec![0.0; self.shape.out_len()];
+        };
+        let abs = |v: &[f32]| v.iter().map(|x| f64::from(x.abs())).collect::<Vec<_>>();
+        let c_abs = c.as_deref().map(abs);
+        let wide = MatmulJob {
+            operands: Operands::F64 {
+                a: abs(a),
+                b: abs(b),
+                c: c_abs,
+            },
+            alpha: self.alpha.abs(),
+            beta: self.beta.abs(),
+            compute: Compute::F64,
+            input: Dtype::F64,
+            output: Dtype::F64,
+            ..self.clone()
+        };
+        let Values::F64(magnitude) = wide.run_cpu() else {
+            unreachable!("an f64 job answers in f64")
+        };
+        let u = Dtype::F32.unit_roundoff();
+        let gamma = (self.shape.k + 2) as f64 * u / (1.0 - (self.shape.k + 2) as f64 * u);
+        let out_u = self.output.unit_roundoff();
+        magnitude
+            .into_iter()
+            .map(|mag| 2.0 * gamma * mag * 1.01 + 2.0 * out_u * mag + f64::from(f32::MIN_POSITIVE))
+            .collect()
+    }
+}
+
+impl Job for MatmulJob {
+    type Output = Values;
+
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+
+    fn size(&self) -> usize {
+        self.shape.out_len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        let s = self.shape;
+        let c = if self.has_c() { s.c_len() } else { 0 };
+        (s.a_len() + s.b_len() + c) * self.input.bytes()
+    }
+
+    /// Outputs of at least 2^16 values (a 256 × 256 product) go to the device on `auto`.
+    fn gpu_threshold(&self) -> usize {
+        1 << 16
+    }
+
+    fn device_refusal(&self) -> Option<String> {
+        (self.compute == Compute::F64)
+            .then(|| "f64 matmul runs on the CPU only; use backend auto or cpu".into())
+    }
+
+    fn run_cpu(&self) -> Values {
+        MatmulJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
+        super::gpu::run_matmul_cuda(self, dev)
+    }
+
+    fn agrees(&self, device: &Values, cpu: &Values) -> Result<(), String> {
+        let (Values::F32(d), Values::F32(c)) = (device, cpu) else {
+            return Err("the device answered a different dtype".into());
+        };
+        if d.len() != c.len() {
+            return Err(format!("{} values where the CPU has {}", d.len(), c.len()));
+        }
+        let tol = self.tolerance();
+        match (0..d.len()).find(|&i| {
+            let (x, y) = (f64::from(d[i]), f64::from(c[i]));
+            !((x - y).abs() <= tol[i] || x == y)
+        }) {
+            None => Ok(()),
+            Some(i) => Err(format!(
+                "value {i}: device {} against CPU {} (tolerance {:e})",
+                d[i], c[i], tol[i]
+            )),
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! Dense linear algebra. `matmul`: batched `op(A)·op(B)` with f32 accumulation on both
+//! backends, operands first rounded to the compute precision (tf32, f16, bf16) as tensor
+//! cores round them, so the CPU twin and the device see the same operands and differ only
+//! in the order of the f32 sums (`docs/TENSORS.md` states the error bounds).
+mod gpu;
+pub mod matmul;
+mod precision;
+pub(crate) mod self_test;
+
+pub use gpu::{kernel_module, run_matmul_cuda};
+pub use matmul::{MatmulJob, MatmulOutput, MatmulShape, Operands, Values};
+pub use precision::{Compute, Dtype};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,63 @@
+//! The linalg ops' self-tests: products across the kernel's tile edges, transposed and
+//! broadcast operands, C with β, and each compute precision and output dtype.
+
+use super::{Compute, Dtype, MatmulJob, MatmulShape, Operands};
+use crate::backend::verify::{JobCheck, SelfTest};
+
+/// Values of mixed sign and magnitude (within f16's normal range), zeros among them.
+fn values(len: usize, salt: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let x = ((i * 7 + salt) as f32 * 0.618).sin();
+            if (i + salt) % 13 == 0 {
+                0.0
+            } else {
+                x * [1.0, 3.5, 0.02, 40.0][(i + salt) % 4]
+            }
+        })
+        .collect()
+}
+
+pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
+    let plain = MatmulShape {
+        batch: 2,
+        m: 70,
+        n: 65,
+        k: 33,
+        a_batched: true,
+        b_batched: false,
+        c_batched: false,
+        trans_a: false,
+        trans_b: true,
+    };
+    let transposed = MatmulShape {
+        batch: 3,
+        m: 5,
+        n: 130,
+        k: 17,
+        a_batched: false,
+        b_batched: true,
+        c_batched: true,
+        trans_a: true,
+        trans_b: false,
+    };
+    let cases = [
+        (plain, Compute::F32, Dtype::F32, false),
+        (plain, Compute::Tf32, Dtype::F16, true),
+        (transposed, Compute::Bf16, Dtype::Bf16, true),
+        (transposed, Compute::F16, Dtype::F32, false),
+    ];
+    let jobs = cases
+        .into_iter()
+        .map(|(shape, compute, output, with_c)| {
+            let operands = Operands::F32 {
+                a: values(shape.a_len(), 1),
+                b: values(shape.b_len(), 2),
+                c: with_c.then(|| values(shape.c_len(), 3)),
+            };
+            MatmulJob::new(shape, operands, 0.75, -1.5, compute, Dtype::F32, output)
+                .expect("a valid self-test product")
+        })
+        .collect();
+    vec![JobCheck::boxed(jobs)]
+}

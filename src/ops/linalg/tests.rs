@@ -1,0 +1,244 @@
+//! The matmul twin against an f64 reference computed from the inputs as given, within the
+//! error bound docs/TENSORS.md states, for every dtype, compute precision, transpose and
+//! broadcast.
+
+use super::*;
+use crate::ops::FieldPath;
+
+/// Deterministic values in ±[2^-6, 4): clear of f16's subnormals, where the relative
+/// bound does not hold.
+fn values(len: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            let unit = (s >> 11) as f64 / (1u64 << 53) as f64;
+            let magnitude = 2f64.powf(-6.0 + 8.0 * unit);
+            if s & 1 == 0 {
+                magnitude
+            } else {
+                -magnitude
+            }
+        })
+        .collect()
+}
+
+fn in_dtype(v: &[f64], dtype: Dtype) -> Vec<f64> {
+    v.iter()
+        .map(|&x| match dtype {
+            Dtype::F64 => x,
+            d => f64::from(d.round(x as f32)),
+        })
+        .collect()
+}
+
+/// D in f64 from the inputs as given, and Σ|α·a·b| + |β·c| per value.
+fn reference(
+    s: &MatmulShape,
+    a: &[f64],
+    b: &[f64],
+    c: Option<&[f64]>,
+    alpha: f64,
+    beta: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let (sa, sb) = (s.a_strides(), s.b_strides());
+    let mut d = vec![0.0; s.out_len()];
+    let mut mag = vec![0.0; s.out_len()];
+    for e in 0..s.batch {
+        for i in 0..s.m {
+            for j in 0..s.n {
+                let (mut sum, mut abs) = (0.0, 0.0);
+                for p in 0..s.k {
+                    let x = a[e * sa.batch + i * sa.row + p * sa.col];
+                    let y = b[e * sb.batch + p * sb.row + j * sb.col];
+                    sum += x * y;
+                    abs += (x * y).abs();
+                }
+                let o = (e * s.m + i) * s.n + j;
+                let cv = c.map_or(0.0, |c| c[e * s.c_batch_stride() + i * s.n + j]);
+                d[o] = alpha * sum + beta * cv;
+                mag[o] = (alpha * abs).abs();
+                mag[o] += (beta * cv).abs();
+            }
+        }
+    }
+    (d, mag)
+}
+
+fn shapes() -> Vec<MatmulShape> {
+    let base = MatmulShape {
+        batch: 1,
+        m: 3,
+        n: 4,
+        k: 1,
+        a_batched: false,
+        b_batched: false,
+        c_batched: false,
+        trans_a: false,
+        trans_b: false,
+    };
+    vec![
+        base,
+        MatmulShape {
+            m: 9,
+            n: 5,
+            k: 300,
+            trans_a: true,
+            ..base
+        },
+        MatmulShape {
+            batch: 3,
+            m: 7,
+            n: 6,
+            k: 33,
+            a_batched: true,
+            trans_b: true,
+            ..base
+        },
+        MatmulShape {
+            batch: 2,
+            m: 5,
+            n: 70,
+            k: 17,
+            b_batched: true,
+            c_batched: true,
+            trans_a: true,
+            trans_b: true,
+            ..base
+        },
+    ]
+}
+
+#[test]
+fn matmul_is_within_the_stated_bound_of_an_f64_reference() {
+    let cases = [
+        (Dtype::F32, Compute::F32, Dtype::F32),
+        (Dtype::F32, Compute::Tf32, Dtype::F32),
+        (Dtype::F32, Compute::F16, Dtype::F16),
+        (Dtype::F32, Compute::Bf16, Dtype::Bf16),
+        (Dtype::F16, Compute::F32, Dtype::F16),
+        (Dtype::F16, Compute::F16, Dtype::F32),
+        (Dtype::Bf16, Compute::Bf16, Dtype::Bf16),
+        (Dtype::Bf16, Compute::F16, Dtype::F32),
+        (Dtype::F64, Compute::F64, Dtype::F64),
+    ];
+    for (si, s) in shapes().into_iter().enumerate() {
+        for (input, compute, output) in cases {
+            for with_c in [false, true] {
+                let a = in_dtype(&values(s.a_len(), 1 + si as u64), input);
+                let b = in_dtype(&values(s.b_len(), 2 + si as u64), input);
+                let c = with_c.then(|| in_dtype(&values(s.c_len(), 3), input));
+                let (alpha, beta) = (0.5, if with_c { -1.25 } else { 1.0 });
+                let operands = if input == Dtype::F64 {
+                    Operands::F64 {
+                        a: a.clone(),
+                        b: b.clone(),
+                        c: c.clone(),
+                    }
+                } else {
+                    let f = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
+                    Operands::F32 {
+                        a: f(&a),
+                        b: f(&b),
+                        c: c.as_deref().map(f),
+                    }
+                };
+                let job = MatmulJob::new(s, operands, alpha, beta, compute, input, output)
+                    .expect("a valid job");
+                let got: Vec<f64> = match job.run_cpu() {
+                    Values::F32(v) => v.into_iter().map(f64::from).collect(),
+                    Values::F64(v) => v,
+                };
+                let (want, mag) = reference(&s, &a, &b, c.as_deref(), alpha, beta);
+                let uc = compute.operand_roundoff(input);
+                let u = if input == Dtype::F64 {
+                    Dtype::F64
+                } else {
+                    Dtype::F32
+                }
+                .unit_roundoff();
+                let kk = (s.k + 2) as f64;
+                let gamma = kk * u / (1.0 - kk * u);
+                let uo = output.unit_roundoff();
+                for o in 0..want.len() {
+                    let sums = (2.0 * uc + uc * uc + gamma * (1.0 + uc).powi(2)) * mag[o];
+                    let bound = sums * (1.0 + uo) + uo * want[o].abs();
+                    assert!(
+                        (got[o] - want[o]).abs() <= bound,
+                        "{s:?} {input:?}/{compute:?}/{output:?} c={with_c} value {o}: {} vs {} (bound {bound:e})",
+                        got[o],
+                        want[o]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_bound_is_not_vacuous() {
+    // Operands rounded to bf16 lose bits: a product of values that bf16 cannot hold is
+    // off by more than f32's bound, and within bf16's.
+    let s = MatmulShape {
+        batch: 1,
+        m: 1,
+        n: 1,
+        k: 1,
+        a_batched: false,
+        b_batched: false,
+        c_batched: false,
+        trans_a: false,
+        trans_b: false,
+    };
+    let x = 1.0 + 2f32.powi(-12);
+    let job = |compute| {
+        MatmulJob::new(
+            s,
+            Operands::F32 {
+                a: vec![x],
+                b: vec![x],
+                c: None,
+            },
+            1.0,
+            1.0,
+            compute,
+            Dtype::F32,
+            Dtype::F32,
+        )
+        .unwrap()
+        .run_cpu()
+    };
+    assert_eq!(job(Compute::Bf16), Values::F32(vec![1.0]));
+    assert_eq!(job(Compute::F32), Values::F32(vec![x * x]));
+}
+
+#[test]
+fn shapes_dtypes_and_overflow_are_refused_with_their_field() {
+    let s = shapes()[0];
+    let ok = |a: usize| Operands::F32 {
+        a: vec![1.0; a],
+        b: vec![1.0; s.b_len()],
+        c: None,
+    };
+    let e = MatmulJob::new(s, ok(2), 1.0, 1.0, Compute::F32, Dtype::F32, Dtype::F32).unwrap_err();
+    assert_eq!(e.path, FieldPath::root().field("a"));
+    let e = MatmulJob::new(s, ok(3), 1.0, 1.0, Compute::F64, Dtype::F32, Dtype::F32).unwrap_err();
+    assert_eq!(e.path, FieldPath::root().field("compute"));
+    let big = Operands::F32 {
+        a: vec![1e6; 3],
+        b: vec![1.0; s.b_len()],
+        c: None,
+    };
+    let e = MatmulJob::new(s, big, 1.0, 1.0, Compute::F16, Dtype::F32, Dtype::F32).unwrap_err();
+    assert!(e.message.contains("overflows f16"), "{}", e.message);
+    // f16 out of a product beyond 65504: the twin gives inf, which the API refuses.
+    let wide = Operands::F32 {
+        a: vec![300.0; 3],
+        b: vec![300.0; s.b_len()],
+        c: None,
+    };
+    let job = MatmulJob::new(s, wide, 1.0, 1.0, Compute::F32, Dtype::F32, Dtype::F16).unwrap();
+    assert_eq!(job.run_cpu().first_non_finite(), Some(0));
+}
