@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 13] = [
+const OPS: [&str; 14] = [
     "dp_gaussian",
     "dp_laplace",
     "dp_privatize",
@@ -24,6 +24,7 @@ const OPS: [&str; 13] = [
     "field_pow",
     "field_sub",
     "intt",
+    "matmul",
     "msm",
     "ntt",
     "rf_dataset",

@@ -243,3 +243,24 @@ async fn rf_features_and_dataset_jobs_run_on_the_emulated_device() {
         "no fallback"
     );
 }
+
+/// Matmul through the emulated device's kernel, across its 64 × 64 tiles: small integers,
+/// so every sum is exact in f32 and the answers are equal to the bit.
+#[tokio::test]
+async fn matmul_runs_on_the_emulated_device() {
+    let s = emulated_server().await;
+    let matrix = |rows: usize, cols: usize, salt: usize| -> Vec<Vec<f64>> {
+        (0..rows)
+            .map(|i| {
+                (0..cols)
+                    .map(|j| ((i * 7 + j * 3 + salt) % 11) as f64 - 5.0)
+                    .collect()
+            })
+            .collect()
+    };
+    let body = json!({"a": [matrix(70, 33, 1), matrix(70, 33, 2)], "b": matrix(65, 33, 3),
+                      "transpose_b": true, "c": matrix(70, 65, 4), "beta": 2, "out_dtype": "bf16"});
+    let (dev, cpu) = both(&s, "/linalg/matmul", body).await;
+    assert_eq!(dev["shape"], json!([2, 70, 65]));
+    assert_eq!(dev["result"], cpu["result"]);
+}

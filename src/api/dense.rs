@@ -43,8 +43,8 @@ impl From<TensorDtype> for Dtype {
 pub struct PackedTensor {
     pub encoding: BinaryEncoding,
     pub dtype: TensorDtype,
-    /// Every dimension at least 1; rank 1 to 3 as the operation says.
-    #[schema(min_items = 1, max_items = 3, minimum = 1)]
+    /// Every dimension at least 1; rank 2 (a matrix) or 3 (a batch of matrices).
+    #[schema(min_items = 2, max_items = 3, minimum = 1)]
     pub shape: Vec<usize>,
     /// Standard base64 with padding: exactly `shape`'s product × the dtype's width bytes.
     pub data: String,
@@ -382,7 +382,8 @@ impl Serialize for DenseOut {
 }
 
 /// Schema of `DenseIn` / `DenseOut` for the OpenAPI document: nested arrays of numbers
-/// of rank 1 to 3 (rectangular, which JSON Schema cannot state), or packed.
+/// of rank 2 or 3 (rectangular, which JSON Schema cannot state), or packed. The
+/// operations that take them take exactly these ranks.
 pub struct DenseDoc;
 
 impl utoipa::PartialSchema for DenseDoc {
@@ -402,7 +403,6 @@ impl utoipa::PartialSchema for DenseDoc {
         let rank2 = || ArrayBuilder::new().items(numbers()).min_items(Some(1));
         let rank3 = ArrayBuilder::new().items(rank2()).min_items(Some(1));
         OneOfBuilder::new()
-            .item(numbers())
             .item(rank2())
             .item(rank3)
             .item(Ref::from_schema_name("PackedTensor"))

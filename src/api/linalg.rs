@@ -58,10 +58,13 @@ pub struct MatmulRequest {
     #[schema(value_type = Option<DenseDoc>)]
     pub c: Option<DenseIn>,
     #[serde(default)]
+    #[schema(default = false)]
     pub transpose_a: bool,
     #[serde(default)]
+    #[schema(default = false)]
     pub transpose_b: bool,
     #[serde(default = "one")]
+    #[schema(default = 1.0)]
     pub alpha: f64,
     /// Default 1 with `c`; refused without it.
     pub beta: Option<f64>,

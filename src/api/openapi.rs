@@ -34,6 +34,7 @@ use utoipa::OpenApi;
         (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
         (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
         (name = "rf", description = "RF signal features from IQ recordings"),
+        (name = "linalg", description = "Dense linear algebra: batched matrix multiply in f16, bf16, f32 and f64"),
         (name = "datasets", description = "Synthetic RF datasets as asynchronous jobs"),
     )
 )]

@@ -47,6 +47,7 @@ try:
         dp_laplace,
         dp_privatize,
     )
+    from gpu_ops_client.api.linalg import matmul
     from gpu_ops_client.api.rf import rf_features
     from gpu_ops_client.api.system import device_info, health_live, health_ready, metrics
     from gpu_ops_client.api.zk import (
@@ -90,6 +91,8 @@ try:
         HealthStatus,
         LaplaceRequest,
         MechanismResponse,
+        MatmulRequest,
+        MatmulResponse,
         MsmRequest,
         MsmResponse,
         NoiseMultiplierRequest,
@@ -683,6 +686,27 @@ def refuse_rf_features(c: Ctx):  # 100 samples make no chunk of 128
     body = RfFeaturesRequest(sample_rate_hz=200_000.0, iq=tone_iq(1_000.0, 200_000.0, 100),
                              encoding=BinaryEncoding.BASE64)
     return rf_features.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# linalg: batched matrix multiply.
+
+
+@roundtrip("matmul")
+def test_matmul(client):
+    # A batch of two against a broadcast B, nested numbers in and out.
+    body = MatmulRequest(a=[[[1.0, 2.0], [3.0, 4.0]], [[0.0, 1.0], [1.0, 0.0]]],
+                         b=[[5.0, 6.0], [7.0, 8.0]], alpha=0.5)
+    r = ok(matmul.sync_detailed(client=client, body=body), 200, MatmulResponse)
+    assert r.shape == [2, 2, 2]
+    assert r.result == [[[9.5, 11.0], [21.5, 25.0]], [[3.5, 4.0], [2.5, 3.0]]]
+    assert r.flops == 32.0 and r.gflops_per_second >= 0.0
+
+
+@refusal("matmul", 422, "invalid_tensor", "/b/shape")
+def refuse_matmul(c: Ctx):  # op(A) is 1 × 2, op(B) 3 × 1: the inner dimensions differ
+    body = MatmulRequest(a=[[1.0, 2.0]], b=[[1.0], [2.0], [3.0]])
+    return matmul.sync_detailed(client=c.client, body=body)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+//! `cargo bench --bench linalg`: CPU matmul GFLOP/s at 1024³ and 2048³ (f32 compute, and
+//! tf32/f16/bf16 compute against it), beside NumPy's `a @ b` (its BLAS, usually OpenBLAS)
+//! on the same cores in the same run when a Python with NumPy is found (BENCH_PYTHON,
+//! default python3). Best of BENCH_LINALG_REPEATS (default 3) runs each.
+
+use gpu_ops::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands};
+use std::process::Command;
+use std::time::Instant;
+
+/// The job as the service builds it: operands rounded to `compute` (timed with the product).
+fn job(n: usize, compute: Compute, a: &[f32], b: &[f32]) -> MatmulJob {
+    let shape = MatmulShape {
+        batch: 1,
+        m: n,
+        n,
+        k: n,
+        a_batched: false,
+        b_batched: false,
+        c_batched: false,
+        trans_a: false,
+        trans_b: false,
+    };
+    let operands = Operands::F32 {
+        a: a.to_vec(),
+        b: b.to_vec(),
+        c: None,
+    };
+    MatmulJob::new(shape, operands, 1.0, 1.0, compute, Dtype::F32, Dtype::F32).unwrap()
+}
+
+fn best_seconds(repeats: usize, mut f: impl FnMut()) -> f64 {
+    f(); // warm-up: page faults, packing buffers
+    (0..repeats)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// NumPy's best time for an n³ f32 product, or why there is none.
+fn numpy_seconds(n: usize, repeats: usize) -> Result<f64, String> {
+    let python = std::env::var("BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = format!(
+        "import time, numpy as np\n\
+         a = np.random.default_rng(1).random(({n}, {n}), dtype=np.float32)\n\
+         b = np.random.default_rng(2).random(({n}, {n}), dtype=np.float32)\n\
+         a @ b\n\
+         best = min((lambda t: (a @ b, time.perf_counter() - t)[1])(time.perf_counter()) for _ in range({repeats}))\n\
+         print(best)"
+    );
+    let out = Command::new(&python)
+        .args(["-c", &script])
+        .output()
+        .map_err(|e| format!("{python}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{python} has no NumPy ({})",
+            String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .map_err(|e| format!("NumPy's output: {e}"))
+}
+
+fn main() {
+    let repeats: usize = std::env::var("BENCH_LINALG_REPEATS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let threads = rayon::current_num_threads();
+    println!("# gpu-ops matmul benchmark (CPU, {threads} threads, best of {repeats})\n");
+    println!("| n³ | compute | ours | GFLOP/s | NumPy f32 | ours / NumPy |");
+    println!("|---|---|---|---|---|---|");
+    for n in [1024usize, 2048] {
+        let flops = 2.0 * (n as f64).powi(3);
+        let numpy = numpy_seconds(n, repeats);
+        let values = |salt: usize| -> Vec<f32> {
+            (0..n * n)
+                .map(|i| ((i * 2654435761 + salt) % 1000) as f32 / 500.0 - 1.0)
+                .collect()
+        };
+        let (a, b) = (values(1), values(2));
+        for compute in [Compute::F32, Compute::Tf32, Compute::F16, Compute::Bf16] {
+            let ours = best_seconds(repeats, || {
+                std::hint::black_box(job(n, compute, &a, &b).run_cpu());
+            });
+            let (np, ratio) = match (&numpy, compute) {
+                (Ok(t), Compute::F32) => (format!("{:.1} ms", t * 1e3), format!("{:.2}", ours / t)),
+                (Err(why), Compute::F32) => (why.clone(), "-".into()),
+                _ => ("".into(), "".into()),
+            };
+            println!(
+                "| {n} | {} | {:.1} ms | {:.1} | {np} | {ratio} |",
+                compute.name(),
+                ours * 1e3,
+                flops / ours / 1e9
+            );
+        }
+    }
+    println!("\nEach row times the job as served: operands copied and rounded to the compute precision");
+    println!("(O(n²)), then the f32 product (O(n³)). The GPU path has no figure until a session has a GPU.");
+}
