@@ -111,8 +111,10 @@ pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values,
         out.extend(dev.download(&d)?);
         first += count;
     }
-    for x in &mut out {
-        *x = job.output.round(*x);
+    if job.output != super::Dtype::F32 {
+        for x in &mut out {
+            *x = job.output.round(*x);
+        }
     }
     Ok(Values::F32(out))
 }

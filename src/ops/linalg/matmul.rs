@@ -178,19 +178,13 @@ impl MatmulJob {
         }
         let operands = match operands {
             Operands::F32 { mut a, mut b, c } => {
-                for x in a.iter_mut().chain(b.iter_mut()) {
-                    *x = compute.round(*x);
-                }
-                if let Some(i) = a.iter().chain(&b).position(|x| !x.is_finite()) {
-                    let (name, i) = if i < a.len() {
-                        ("a", i)
-                    } else {
-                        ("b", i - a.len())
-                    };
-                    return Err(Invalid::new(
-                        root.field(name),
-                        format!("value {i} overflows {} compute", compute.name()),
-                    ));
+                for (name, v) in [("a", &mut a), ("b", &mut b)] {
+                    if let Some(i) = round_all(v, compute) {
+                        return Err(Invalid::new(
+                            root.field(name),
+                            format!("value {i} overflows {} compute", compute.name()),
+                        ));
+                    }
                 }
                 Operands::F32 { a, b, c }
             }
@@ -228,8 +222,11 @@ impl MatmulJob {
                     self.alpha as f32,
                     self.beta as f32,
                 );
-                for x in &mut d {
-                    *x = self.output.round(*x);
+                if self.output != Dtype::F32 {
+                    let output = self.output;
+                    d.par_iter_mut()
+                        .with_min_len(1 << 14)
+                        .for_each(|x| *x = output.round(*x));
                 }
                 Values::F32(d)
             }
@@ -344,6 +341,22 @@ impl MatmulJob {
             .map(|mag| 2.0 * gamma * mag * 1.01 + 2.0 * out_u * mag + f64::from(f32::MIN_POSITIVE))
             .collect()
     }
+}
+
+/// Rounds `v` to `compute` in place (nothing to do for f32); the first value that
+/// overflows it, if any.
+fn round_all(v: &mut [f32], compute: Compute) -> Option<usize> {
+    if matches!(compute, Compute::F32 | Compute::F64) {
+        return None;
+    }
+    v.par_iter_mut()
+        .with_min_len(1 << 14)
+        .enumerate()
+        .filter_map(|(i, x)| {
+            *x = compute.round(*x);
+            (!x.is_finite()).then_some(i)
+        })
+        .min()
 }
 
 impl Job for MatmulJob {
