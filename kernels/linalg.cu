@@ -57,3 +57,18 @@ extern "C" __global__ void matmul_f32(const float *a, const float *b, const floa
         }
     }
 }
+
+// Sinusoidal embeddings (src/ops/linalg/sinusoidal.rs): row j, pair i gets sin and cos of
+// times[j]·freq[i] in f64, at (2i, 2i + 1) or, split, at (i, half + i). The launcher
+// rounds to the output dtype.
+extern "C" __global__ void sinusoidal_f64(const double *times, u64 rows, const double *freq,
+                                          u32 half, u32 split, double *out) {
+    for (u64 k = blockIdx.x * (u64)blockDim.x + threadIdx.x; k < rows * half;
+         k += (u64)gridDim.x * blockDim.x) {
+        u64 j = k / half, i = k % half;
+        double angle = times[j] * freq[i];
+        double *row = out + j * 2 * half;
+        row[split ? i : 2 * i] = sin(angle);
+        row[split ? half + i : 2 * i + 1] = cos(angle);
+    }
+}

@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 14] = [
+const OPS: [&str; 15] = [
     "dp_gaussian",
     "dp_laplace",
     "dp_privatize",
+    "embeddings_sinusoidal",
     "field_add",
     "field_inv",
     "field_mul",

@@ -264,3 +264,15 @@ async fn matmul_runs_on_the_emulated_device() {
     assert_eq!(dev["shape"], json!([2, 70, 65]));
     assert_eq!(dev["result"], cpu["result"]);
 }
+
+/// Sinusoidal embeddings through the emulated device: the host's sin and cos, so equal to
+/// the CPU's to the bit.
+#[tokio::test]
+async fn sinusoidal_embeddings_run_on_the_emulated_device() {
+    let s = emulated_server().await;
+    let body = json!({"positions": [[0, 5, 9], [100, 2000, 30000]], "dim": 16, "layout": "split",
+                      "out_dtype": "f16", "encoding": "base64"});
+    let (dev, cpu) = both(&s, "/embeddings/sinusoidal", body).await;
+    assert_eq!(dev["shape"], json!([2, 3, 16]));
+    assert_eq!(dev, cpu);
+}

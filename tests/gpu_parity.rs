@@ -533,6 +533,50 @@ fn cuda_matmul_agrees_with_the_cpu() {
     }
 }
 
+/// Sinusoidal embeddings on the device against the CPU, both layouts and every output
+/// dtype, past grid-stride wraps and in row passes under a memory limit.
+#[test]
+fn cuda_sinusoidal_embeddings_agree_with_the_cpu() {
+    use gpu_ops::ops::linalg::{run_sinusoidal_cuda, Dtype, Layout, SinusoidalJob};
+    let devices = devices("cuda_sinusoidal_embeddings_agree_with_the_cpu");
+    for dev in &devices {
+        for (rows, dim) in sizes(
+            dev,
+            &[(100_000usize, 512usize), (7, 65_536)],
+            &[(300, 64), (5, 2)],
+        ) {
+            let positions: Vec<f64> = (0..rows).map(|i| ((i * 7919) % 100_003) as f64).collect();
+            for layout in [Layout::Interleaved, Layout::Split] {
+                for output in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+                    let job =
+                        SinusoidalJob::new(&positions, dim, 10_000.0, 1.0, 0.5, layout, output)
+                            .unwrap();
+                    let lease = dev.lease().expect("device lease");
+                    let gpu = run_sinusoidal_cuda(&job, &lease).expect("kernels run");
+                    job.agrees(&gpu, &job.run_cpu())
+                        .unwrap_or_else(|e| panic!("{rows}×{dim} {layout:?} {output:?}: {e}"));
+                }
+            }
+        }
+        dev.set_memory_limit(16 << 10);
+        let positions: Vec<f64> = (0..500).map(f64::from).collect();
+        let job = SinusoidalJob::new(
+            &positions,
+            32,
+            10_000.0,
+            1.0,
+            0.0,
+            Layout::Split,
+            Dtype::F32,
+        )
+        .unwrap();
+        let lease = dev.lease().expect("device lease");
+        let gpu = run_sinusoidal_cuda(&job, &lease).expect("kernels run");
+        job.agrees(&gpu, &job.run_cpu())
+            .unwrap_or_else(|e| panic!("in passes: {e}"));
+    }
+}
+
 /// With a 1 MiB `--gpu-memory-limit-mib`, work many times larger runs in passes and still
 /// equals the CPU: field vectors by element ranges, NTT batches by whole polynomials, MSM
 /// by point chunks.

@@ -7,6 +7,7 @@ mod dense;
 mod domain_errors;
 pub mod dp;
 mod elements;
+pub mod embeddings;
 mod extract;
 pub mod linalg;
 pub mod msm;
@@ -145,6 +146,7 @@ fn keyed_operations() -> Operations {
         .routes(routes!(msm::msm))
         .routes(routes!(rf::rf_features))
         .routes(routes!(linalg::matmul))
+        .routes(routes!(embeddings::embeddings_sinusoidal))
         .routes(routes!(datasets::create_dataset))
         .routes(routes!(datasets::list_datasets))
         .routes(routes!(datasets::get_dataset, datasets::delete_dataset))

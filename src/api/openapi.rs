@@ -35,6 +35,7 @@ use utoipa::OpenApi;
         (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
         (name = "rf", description = "RF signal features from IQ recordings"),
         (name = "linalg", description = "Dense linear algebra: batched matrix multiply in f16, bf16, f32 and f64"),
+        (name = "embeddings", description = "Sinusoidal position embeddings"),
         (name = "datasets", description = "Synthetic RF datasets as asynchronous jobs"),
     )
 )]

@@ -47,6 +47,7 @@ try:
         dp_laplace,
         dp_privatize,
     )
+    from gpu_ops_client.api.embeddings import embeddings_sinusoidal
     from gpu_ops_client.api.linalg import matmul
     from gpu_ops_client.api.rf import rf_features
     from gpu_ops_client.api.system import device_info, health_live, health_ready, metrics
@@ -94,6 +95,8 @@ try:
         MatmulRequest,
         MatmulResponse,
         MsmRequest,
+        SinusoidalRequest,
+        SinusoidalResponse,
         MsmResponse,
         NoiseMultiplierRequest,
         NoiseMultiplierResponse,
@@ -707,6 +710,26 @@ def test_matmul(client):
 def refuse_matmul(c: Ctx):  # op(A) is 1 × 2, op(B) 3 × 1: the inner dimensions differ
     body = MatmulRequest(a=[[1.0, 2.0]], b=[[1.0], [2.0], [3.0]])
     return matmul.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# embeddings: sinusoidal position embeddings.
+
+
+@roundtrip("embeddings_sinusoidal")
+def test_embeddings_sinusoidal(client):
+    body = SinusoidalRequest(dim=4, positions=[[0, 2]])
+    r = ok(embeddings_sinusoidal.sync_detailed(client=client, body=body), 200, SinusoidalResponse)
+    assert r.shape == [1, 2, 4]
+    want = [math.sin(2.0), math.cos(2.0), math.sin(0.02), math.cos(0.02)]
+    assert r.result[0][0] == [0.0, 1.0, 0.0, 1.0]
+    assert r.result[0][1] == pytest.approx(want, rel=2**-24)
+
+
+@refusal("embeddings_sinusoidal", 422, "invalid_parameter", "/dim")
+def refuse_embeddings_sinusoidal(c: Ctx):  # dim must be even
+    body = SinusoidalRequest(dim=3, num_positions=2)
+    return embeddings_sinusoidal.sync_detailed(client=c.client, body=body)
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,12 +1,14 @@
-//! Launcher for `kernels/linalg.cu`: uploads the (already rounded) operands, runs the
-//! batch in passes that fit the device's memory budget, and rounds D to the output dtype.
+//! Launchers for `kernels/linalg.cu`. Matmul uploads the (already rounded) operands, runs
+//! the batch in passes that fit the device's memory budget, and rounds D to the output
+//! dtype; sinusoidal embeddings run rows in passes the same way.
 
 use super::matmul::{MatmulJob, Operands, Values};
+use super::sinusoidal::{Layout, SinusoidalJob};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use cudarc::driver::LaunchConfig;
 
-const KERNEL_NAMES: &[&str] = &["matmul_f32"];
+const KERNEL_NAMES: &[&str] = &["matmul_f32", "sinusoidal_f64"];
 
 /// Output tile of one block (kernels/linalg.cu `MM_TILE`) and its threads.
 const TILE: usize = 64;
@@ -117,4 +119,35 @@ pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values,
         }
     }
     Ok(Values::F32(out))
+}
+
+pub fn run_sinusoidal_cuda(
+    job: &SinusoidalJob,
+    dev: &DeviceLease<'_>,
+) -> Result<Vec<f64>, DeviceError> {
+    let dim = job.dim();
+    let half = job.frequencies.len() as u32;
+    let split = u32::from(job.layout == Layout::Split);
+    let freq = dev.upload(&job.frequencies)?;
+    let per_row = 8 * (dim + 1);
+    let rows_per_pass = (dev.memory_budget() / per_row).clamp(1, job.times.len().max(1));
+    let mut out = Vec::with_capacity(job.times.len() * dim);
+    for times in job.times.chunks(rows_per_pass) {
+        dev.still_wanted()?;
+        let d_times = dev.upload(times)?;
+        let mut d_out = dev.alloc_zeros::<f64>(times.len() * dim)?;
+        let rows = times.len() as u64;
+        let mut l = dev.launch("sinusoidal_f64")?;
+        l.arg(&d_times)
+            .arg(&rows)
+            .arg(&freq)
+            .arg(&half)
+            .arg(&split)
+            .arg(&mut d_out);
+        // SAFETY: `rows` times and `half` frequencies in; rows·2·half values out.
+        unsafe { l.launch(dev.launch_config(times.len() * half as usize)) }?;
+        out.extend(dev.download(&d_out)?);
+    }
+    job.round_output(&mut out);
+    Ok(out)
 }

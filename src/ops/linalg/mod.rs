@@ -1,4 +1,5 @@
-//! Dense linear algebra. `matmul`: batched `op(A)·op(B)` with f32 accumulation on both
+//! Dense tensor operations. `sinusoidal`: position embeddings in f64, rounded once to the
+//! output dtype. `matmul`: batched `op(A)·op(B)` with f32 accumulation on both
 //! backends, operands first rounded to the compute precision (tf32, f16, bf16) as tensor
 //! cores round them, so the CPU twin and the device see the same operands and differ only
 //! in the order of the f32 sums (`docs/TENSORS.md` states the error bounds).
@@ -6,10 +7,12 @@ mod gpu;
 pub mod matmul;
 mod precision;
 pub(crate) mod self_test;
+pub mod sinusoidal;
 
-pub use gpu::{kernel_module, run_matmul_cuda};
+pub use gpu::{kernel_module, run_matmul_cuda, run_sinusoidal_cuda};
 pub use matmul::{MatmulJob, MatmulOutput, MatmulShape, Operands, Values};
 pub use precision::{Compute, Dtype};
+pub use sinusoidal::{Layout, SinusoidalJob};
 
 #[cfg(test)]
 mod tests;

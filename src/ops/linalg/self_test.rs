@@ -1,7 +1,8 @@
 //! The linalg ops' self-tests: products across the kernel's tile edges, transposed and
-//! broadcast operands, C with β, and each compute precision and output dtype.
+//! broadcast operands, C with β, and each compute precision and output dtype; sinusoidal
+//! embeddings in both layouts past one grid stride, with large and fractional positions.
 
-use super::{Compute, Dtype, MatmulJob, MatmulShape, Operands};
+use super::{Compute, Dtype, Layout, MatmulJob, MatmulShape, Operands, SinusoidalJob};
 use crate::backend::verify::{JobCheck, SelfTest};
 
 /// Values of mixed sign and magnitude (within f16's normal range), zeros among them.
@@ -59,5 +60,16 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
                 .expect("a valid self-test product")
         })
         .collect();
-    vec![JobCheck::boxed(jobs)]
+    let positions: Vec<f64> = (0..300).map(|i| (i * i) as f64 * 37.5).collect();
+    let embeddings = [
+        (Layout::Interleaved, Dtype::F32),
+        (Layout::Split, Dtype::F16),
+    ]
+    .into_iter()
+    .map(|(layout, output)| {
+        SinusoidalJob::new(&positions, 64, 10_000.0, 0.5, 3.0, layout, output)
+            .expect("a valid self-test embedding")
+    })
+    .collect();
+    vec![JobCheck::boxed(jobs), JobCheck::boxed(embeddings)]
 }

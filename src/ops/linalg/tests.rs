@@ -242,3 +242,70 @@ fn shapes_dtypes_and_overflow_are_refused_with_their_field() {
     let job = MatmulJob::new(s, wide, 1.0, 1.0, Compute::F32, Dtype::F32, Dtype::F16).unwrap();
     assert_eq!(job.run_cpu().first_non_finite(), Some(0));
 }
+
+#[test]
+fn sinusoidal_embeddings_are_the_closed_form_rounded_once() {
+    let positions = [0.0, 1.0, 7.0, 1000.0, 65_535.0, 4_000_000_000.0];
+    let (dim, base, scale, offset) = (12usize, 10_000.0f64, 0.5, 2.0);
+    for layout in [Layout::Interleaved, Layout::Split] {
+        for output in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            let job =
+                SinusoidalJob::new(&positions, dim, base, scale, offset, layout, output).unwrap();
+            let got = job.run_cpu();
+            assert_eq!(got.len(), positions.len() * dim);
+            for (j, &p) in positions.iter().enumerate() {
+                for i in 0..dim / 2 {
+                    let angle = (p + offset) * scale / base.powf(2.0 * i as f64 / dim as f64);
+                    let (si, ci) = match layout {
+                        Layout::Interleaved => (2 * i, 2 * i + 1),
+                        Layout::Split => (i, dim / 2 + i),
+                    };
+                    for (slot, want) in [(si, angle.sin()), (ci, angle.cos())] {
+                        let v = got[j * dim + slot];
+                        // Half an ulp of the dtype, plus f64's error in a large angle.
+                        let tol = output.unit_roundoff() * want.abs() + 1e-15 * angle.abs();
+                        assert!(
+                            (v - want).abs() <= tol,
+                            "{layout:?} {output:?} p={p} i={i}: {v} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Position 0: sin 0 = 0, cos 0 = 1 in every pair.
+    let job = SinusoidalJob::new(
+        &[0.0],
+        4,
+        10_000.0,
+        1.0,
+        0.0,
+        Layout::Interleaved,
+        Dtype::F16,
+    )
+    .unwrap();
+    assert_eq!(job.run_cpu(), [0.0, 1.0, 0.0, 1.0]);
+}
+
+#[test]
+fn sinusoidal_parameters_are_refused_with_their_field() {
+    let new = |dim, base, scale, offset, p: &[f64]| {
+        SinusoidalJob::new(p, dim, base, scale, offset, Layout::Split, Dtype::F32).unwrap_err()
+    };
+    assert_eq!(
+        new(3, 1e4, 1.0, 0.0, &[1.0]).path,
+        FieldPath::root().field("dim")
+    );
+    assert_eq!(
+        new(4, 1.0, 1.0, 0.0, &[1.0]).path,
+        FieldPath::root().field("base")
+    );
+    assert_eq!(
+        new(4, 1e4, 0.0, 0.0, &[1.0]).path,
+        FieldPath::root().field("scale")
+    );
+    assert_eq!(
+        new(4, 1e4, 1e10, 0.0, &[1.0, 1e6]).path,
+        FieldPath::root().field("positions").index(1)
+    );
+}

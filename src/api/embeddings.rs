@@ -1,0 +1,246 @@
+//! `/embeddings/sinusoidal`: the sinusoidal position table, or its rows for a batch of
+//! positions.
+
+use super::dense::{DenseDoc, DenseIn, DenseOut, TensorDtype};
+use super::problem::{ErrorCode, Problem};
+use super::{blocking, job_response, job_timeout, ApiJson, AppState};
+use crate::backend::BackendChoice;
+use crate::ops::linalg::{Dtype, Layout, SinusoidalJob};
+use axum::extract::State;
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// Where a pair's sine and cosine go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbeddingLayout {
+    /// sin, cos, sin, cos, … (Vaswani et al.).
+    #[default]
+    Interleaved,
+    /// All `dim / 2` sines, then all cosines (as tensor2tensor and many ports).
+    Split,
+}
+
+/// Output precisions of an embedding.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbeddingDtype {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+/// How the answer is written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputEncoding {
+    /// Nested JSON arrays of numbers.
+    #[default]
+    Json,
+    /// Packed base64 of little-endian `out_dtype` values with a shape.
+    Base64,
+}
+
+fn default_base() -> f64 {
+    10_000.0
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Row for position p, pair i: angle = (p + offset)·scale·base^(−2i/dim); sin and cos of
+/// it, interleaved or split.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"num_positions": 4, "dim": 8}))]
+pub struct SinusoidalRequest {
+    /// The table for positions 0 … num_positions − 1 (give this or `positions`); at most
+    /// 2^32.
+    #[schema(minimum = 1, maximum = 4294967296_u64)]
+    pub num_positions: Option<u64>,
+    /// `[S]` or `[B, S]` positions: JSON integers from 0 to 2^32 (give this or
+    /// `num_positions`).
+    #[schema(value_type = Option<PositionsDoc>)]
+    pub positions: Option<DenseIn>,
+    /// Even, 2 to 65536.
+    #[schema(minimum = 2, maximum = 65536)]
+    pub dim: usize,
+    /// Above 1.
+    #[serde(default = "default_base")]
+    #[schema(default = 10000.0, exclusive_minimum = 1.0)]
+    pub base: f64,
+    /// Nonzero; multiplies position + offset.
+    #[serde(default = "one")]
+    #[schema(default = 1.0)]
+    pub scale: f64,
+    /// Added to every position; (position + offset)·scale stays within ±1e15.
+    #[serde(default)]
+    #[schema(default = 0.0)]
+    pub offset: f64,
+    #[serde(default)]
+    pub layout: EmbeddingLayout,
+    #[serde(default)]
+    pub out_dtype: EmbeddingDtype,
+    #[serde(default)]
+    pub encoding: OutputEncoding,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SinusoidalResponse {
+    /// `[num_positions, dim]`, `[S, dim]` or `[B, S, dim]`.
+    #[schema(value_type = DenseDoc)]
+    pub result: DenseOut,
+    pub shape: Vec<usize>,
+    pub dtype: TensorDtype,
+}
+
+/// Largest position taken.
+const MAX_POSITION: f64 = 4_294_967_296.0;
+
+/// The positions and the shape of the answer's leading dimensions.
+fn positions(req: &mut SinusoidalRequest, max: usize) -> Result<(Vec<f64>, Vec<usize>), Problem> {
+    match (req.num_positions, req.positions.take()) {
+        (Some(n), None) if n == 0 || n as f64 > MAX_POSITION => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/num_positions",
+            "must be from 1 to 2^32",
+        )),
+        (Some(n), None) => {
+            let rows = n.saturating_mul(req.dim as u64);
+            if rows > max as u64 {
+                return Err(too_large("/num_positions", rows, max));
+            }
+            Ok(((0..n).map(|p| p as f64).collect(), vec![n as usize]))
+        }
+        (None, Some(DenseIn::Packed(_))) => Err(Problem::at(
+            ErrorCode::InvalidTensor,
+            "/positions",
+            "positions are JSON arrays of integers, not packed",
+        )),
+        (None, Some(p)) => {
+            let p = p.decode("/positions", 1..=2, max)?;
+            if let Some(i) = p
+                .values
+                .iter()
+                .position(|&x| x < 0.0 || x.fract() != 0.0 || x > MAX_POSITION)
+            {
+                return Err(Problem::at(
+                    ErrorCode::InvalidTensor,
+                    "/positions",
+                    format!("value {i} (row-major) is not an integer from 0 to 2^32"),
+                ));
+            }
+            let rows = (p.values.len() as u64).saturating_mul(req.dim as u64);
+            if rows > max as u64 {
+                return Err(too_large("/positions", rows, max));
+            }
+            Ok((p.values, p.shape))
+        }
+        _ => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/num_positions",
+            "give exactly one of num_positions (the table) or positions (a lookup)",
+        )),
+    }
+}
+
+fn too_large(path: &str, values: u64, max: usize) -> Problem {
+    Problem::at(
+        ErrorCode::PayloadTooLarge,
+        path,
+        format!("the answer would hold {values} values; the server answers at most {max} (--max-tensor-elements)"),
+    )
+}
+
+/// Schema of `positions`: an array of integers, or an array of equally long arrays of
+/// them (which JSON Schema cannot state), each from 0 to 2^32.
+pub struct PositionsDoc;
+
+impl utoipa::PartialSchema for PositionsDoc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        let rank1 = || {
+            ArrayBuilder::new()
+                .items(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(0))
+                        .maximum(Some(MAX_POSITION as u64)),
+                )
+                .min_items(Some(1))
+        };
+        OneOfBuilder::new()
+            .item(rank1())
+            .item(ArrayBuilder::new().items(rank1()).min_items(Some(1)))
+            .into()
+    }
+}
+
+impl ToSchema for PositionsDoc {}
+
+#[utoipa::path(
+    post, path = "/embeddings/sinusoidal", tag = "embeddings", operation_id = "embeddings_sinusoidal",
+    summary = "Sinusoidal position embeddings",
+    description = "The sinusoidal embedding table for positions 0 … num_positions − 1, or its rows for `[S]` / \
+        `[B, S]` positions: angle = (p + offset)·scale·base^(−2i/dim) for pair i, its sine and cosine \
+        interleaved or split, computed in f64 and rounded once to `out_dtype` (so within half an ulp of \
+        the dtype of the closed form, up to f64's error in the angle).",
+    request_body = SinusoidalRequest,
+    responses(
+        (status = 200, description = "The embeddings", body = SinusoidalResponse),
+        (status = 413, description = "The answer over --max-tensor-elements"),
+        (status = 422, description = "invalid_tensor (positions not integers from 0 to 2^32, rank), \
+            invalid_parameter (dim, base, scale, offset, both or neither of num_positions and positions)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn embeddings_sinusoidal(
+    State(state): State<Arc<AppState>>,
+    ApiJson(mut req): ApiJson<SinusoidalRequest>,
+) -> Result<Response, Problem> {
+    let timeout = job_timeout(req.timeout_ms)?;
+    let max = state.settings.config.max_tensor_elements;
+    let (backend, encoding, out_dtype) = (req.backend, req.encoding, req.out_dtype);
+    let (job, mut shape) = blocking(move || {
+        let (positions, shape) = positions(&mut req, max)?;
+        let layout = match req.layout {
+            EmbeddingLayout::Interleaved => Layout::Interleaved,
+            EmbeddingLayout::Split => Layout::Split,
+        };
+        let output = match req.out_dtype {
+            EmbeddingDtype::F32 => Dtype::F32,
+            EmbeddingDtype::F16 => Dtype::F16,
+            EmbeddingDtype::Bf16 => Dtype::Bf16,
+        };
+        let job = SinusoidalJob::new(
+            &positions, req.dim, req.base, req.scale, req.offset, layout, output,
+        )?;
+        Ok((job, shape))
+    })
+    .await?;
+    shape.push(job.dim());
+    let done = state.pool.submit(job, backend, timeout).await?;
+    let dtype = match out_dtype {
+        EmbeddingDtype::F32 => TensorDtype::F32,
+        EmbeddingDtype::F16 => TensorDtype::F16,
+        EmbeddingDtype::Bf16 => TensorDtype::Bf16,
+    };
+    let packed = encoding == OutputEncoding::Base64;
+    let body = SinusoidalResponse {
+        result: DenseOut::new(shape.clone(), done.output, dtype, packed),
+        shape,
+        dtype,
+    };
+    let bytes =
+        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(job_response(bytes, &done.run))
+}
