@@ -5,6 +5,7 @@ use super::dense::{DenseDoc, DenseIn, DenseOut, TensorDtype};
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, ApiJson, AppState};
 use crate::backend::BackendChoice;
+use crate::ops::linalg::sinusoidal::MAX_DIM;
 use crate::ops::linalg::{Dtype, Layout, SinusoidalJob};
 use axum::extract::State;
 use axum::response::Response;
@@ -107,6 +108,14 @@ const MAX_POSITION: f64 = 4_294_967_296.0;
 
 /// The positions and the shape of the answer's leading dimensions.
 fn positions(req: &mut SinusoidalRequest, max: usize) -> Result<(Vec<f64>, Vec<usize>), Problem> {
+    // The size checks below multiply by dim: check it before anything is allocated.
+    if req.dim < 2 || req.dim % 2 != 0 || req.dim > MAX_DIM {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/dim",
+            format!("must be even, from 2 to {MAX_DIM}"),
+        ));
+    }
     match (req.num_positions, req.positions.take()) {
         (Some(n), None) if n == 0 || n as f64 > MAX_POSITION => Err(Problem::at(
             ErrorCode::InvalidParameter,

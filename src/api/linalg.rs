@@ -63,10 +63,12 @@ pub struct MatmulRequest {
     #[serde(default)]
     #[schema(default = false)]
     pub transpose_b: bool,
+    /// 0, or from 1.2e-38 to 3.4e38 in magnitude (a normal f32) unless the operands are
+    /// f64.
     #[serde(default = "one")]
     #[schema(default = 1.0)]
     pub alpha: f64,
-    /// Default 1 with `c`; refused without it.
+    /// Default 1 with `c`; refused without it. The same range as `alpha`.
     pub beta: Option<f64>,
     /// The operands' dtype. Packed operands state theirs, and all must agree; nested
     /// JSON numbers are rounded to it. Default: packed `a`'s dtype, else f32.
@@ -248,13 +250,16 @@ fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
             "beta scales c: give c, or leave beta out",
         ));
     }
-    if shape.out_len() > max {
+    let out_len = [shape.batch, shape.m, shape.n]
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .unwrap_or(usize::MAX);
+    if out_len > max {
         return Err(Problem::at(
             ErrorCode::PayloadTooLarge,
             "/b/shape",
             format!(
-                "D would hold {} values; the server answers at most {max} (--max-tensor-elements)",
-                shape.out_len()
+                "D would hold {out_len} values; the server answers at most {max} (--max-tensor-elements)"
             ),
         ));
     }
@@ -313,7 +318,7 @@ fn operand(t: DenseIn, path: &str, dtype: TensorDtype, max: usize) -> Result<Den
     let dtype = Dtype::from(dtype);
     if t.packed.is_none() && dtype != Dtype::F64 {
         for (i, x) in t.values.iter_mut().enumerate() {
-            let r = dtype.round(*x as f32);
+            let r = dtype.round_f64(*x);
             if !r.is_finite() {
                 return Err(Problem::at(
                     ErrorCode::InvalidTensor,
@@ -321,7 +326,7 @@ fn operand(t: DenseIn, path: &str, dtype: TensorDtype, max: usize) -> Result<Den
                     format!("value {i} (row-major) overflows {}", dtype.name()),
                 ));
             }
-            *x = f64::from(r);
+            *x = r;
         }
     }
     Ok(t)

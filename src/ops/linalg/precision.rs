@@ -38,6 +38,26 @@ impl Dtype {
         }
     }
 
+    /// `x` rounded once, straight from f64, to this type (f32, f16, bf16: ties to even).
+    pub fn round_f64(self, x: f64) -> f64 {
+        match self {
+            Dtype::F16 => half::f16::from_f64(x).to_f64(),
+            Dtype::Bf16 => half::bf16::from_f64(x).to_f64(),
+            Dtype::F32 => f64::from(x as f32),
+            Dtype::F64 => x,
+        }
+    }
+
+    /// The distance between neighbouring subnormals, and the largest finite value.
+    pub fn subnormal_step_and_max(self) -> (f64, f64) {
+        match self {
+            Dtype::F16 => (2f64.powi(-24), 65504.0),
+            Dtype::Bf16 => (2f64.powi(-133), f64::from(half::bf16::MAX.to_f32())),
+            Dtype::F32 => (2f64.powi(-149), f64::from(f32::MAX)),
+            Dtype::F64 => (0.0, f64::MAX),
+        }
+    }
+
     /// Unit roundoff u: a rounded value is x(1 + δ), |δ| ≤ u, in the normal range.
     pub fn unit_roundoff(self) -> f64 {
         match self {

@@ -93,14 +93,10 @@ impl SinusoidalJob {
     /// Rounds f64 values to the output dtype (once: f16 and bf16 straight from f64).
     pub fn round_output(&self, values: &mut [f64]) {
         let output = self.output;
-        values.par_iter_mut().with_min_len(1 << 14).for_each(|x| {
-            *x = match output {
-                Dtype::F16 => half::f16::from_f64(*x).to_f64(),
-                Dtype::Bf16 => half::bf16::from_f64(*x).to_f64(),
-                Dtype::F32 => f64::from(*x as f32),
-                Dtype::F64 => *x,
-            }
-        });
+        values
+            .par_iter_mut()
+            .with_min_len(1 << 14)
+            .for_each(|x| *x = output.round_f64(*x));
     }
 
     pub fn run_cpu(&self) -> Vec<f64> {
