@@ -3,7 +3,7 @@
 //! f32 or f64 with a shape. Answers come back in the form of the request's first operand.
 
 use super::problem::{ErrorCode, Problem};
-use super::tensor::BinaryEncoding;
+use super::tensor::{too_many, BinaryEncoding};
 use crate::ops::linalg::Dtype;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -31,6 +31,17 @@ impl From<TensorDtype> for Dtype {
             TensorDtype::Bf16 => Dtype::Bf16,
             TensorDtype::F32 => Dtype::F32,
             TensorDtype::F64 => Dtype::F64,
+        }
+    }
+}
+
+impl From<Dtype> for TensorDtype {
+    fn from(d: Dtype) -> Self {
+        match d {
+            Dtype::F16 => TensorDtype::F16,
+            Dtype::Bf16 => TensorDtype::Bf16,
+            Dtype::F32 => TensorDtype::F32,
+            Dtype::F64 => TensorDtype::F64,
         }
     }
 }
@@ -142,16 +153,6 @@ fn check_shape(shape: &[usize], path: &str, max: usize) -> Result<usize, Problem
         Some(n) if n > max => Err(too_many(path, n, max)),
         Some(n) => Ok(n),
     }
-}
-
-fn too_many(path: &str, n: usize, max: usize) -> Problem {
-    let mut p = Problem::at(
-        ErrorCode::PayloadTooLarge,
-        path,
-        format!("{n} values; the server accepts at most {max} (--max-tensor-elements)"),
-    );
-    p.detail = format!("{path}: {n} values is more than the server's limit of {max}");
-    p
 }
 
 fn decode_le(bytes: &[u8], dtype: TensorDtype) -> Vec<f64> {

@@ -218,7 +218,7 @@ pub async fn embeddings_sinusoidal(
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
-    let (backend, encoding, out_dtype) = (req.backend, req.encoding, req.out_dtype);
+    let (backend, encoding) = (req.backend, req.encoding);
     let (job, mut shape) = blocking(move || {
         let (positions, shape) = positions(&mut req, max)?;
         let layout = match req.layout {
@@ -237,12 +237,8 @@ pub async fn embeddings_sinusoidal(
     })
     .await?;
     shape.push(job.dim());
+    let dtype = TensorDtype::from(job.output);
     let done = state.pool.submit(job, backend, timeout).await?;
-    let dtype = match out_dtype {
-        EmbeddingDtype::F32 => TensorDtype::F32,
-        EmbeddingDtype::F16 => TensorDtype::F16,
-        EmbeddingDtype::Bf16 => TensorDtype::Bf16,
-    };
     let packed = encoding == OutputEncoding::Base64;
     let body = SinusoidalResponse {
         result: DenseOut::new(shape.clone(), done.output, dtype, packed),

@@ -212,7 +212,7 @@ pub async fn matmul(
     } else {
         vec![shape.m, shape.n]
     };
-    let dtype = tensor_dtype(out_dtype);
+    let dtype = TensorDtype::from(out_dtype);
     let seconds = done.run.compute_time.as_secs_f64();
     let body = MatmulResponse {
         result: DenseOut::new(out_shape.clone(), values, dtype, packed),
@@ -330,15 +330,6 @@ fn operand(t: DenseIn, path: &str, dtype: TensorDtype, max: usize) -> Result<Den
         }
     }
     Ok(t)
-}
-
-fn tensor_dtype(d: Dtype) -> TensorDtype {
-    match d {
-        Dtype::F16 => TensorDtype::F16,
-        Dtype::Bf16 => TensorDtype::Bf16,
-        Dtype::F32 => TensorDtype::F32,
-        Dtype::F64 => TensorDtype::F64,
-    }
 }
 
 fn compute_type(c: Compute) -> ComputeType {

@@ -165,7 +165,7 @@ impl Packed {
     }
 }
 
-fn too_many(path: &str, n: usize, max: usize) -> Problem {
+pub(super) fn too_many(path: &str, n: usize, max: usize) -> Problem {
     let mut p = Problem::at(
         ErrorCode::PayloadTooLarge,
         path,

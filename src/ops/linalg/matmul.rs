@@ -121,8 +121,6 @@ impl Values {
     }
 }
 
-pub type MatmulOutput = Values;
-
 #[derive(Clone, Debug)]
 pub struct MatmulJob {
     pub shape: MatmulShape,
@@ -334,7 +332,7 @@ impl MatmulJob {
             compute: Compute::F64,
             input: Dtype::F64,
             output: Dtype::F64,
-            ..self.clone()
+            shape: self.shape,
         };
         let Values::F64(magnitude) = wide.run_cpu() else {
             unreachable!("an f64 job answers in f64")

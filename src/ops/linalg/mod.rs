@@ -10,7 +10,7 @@ pub(crate) mod self_test;
 pub mod sinusoidal;
 
 pub use gpu::{kernel_module, run_matmul_cuda, run_sinusoidal_cuda};
-pub use matmul::{MatmulJob, MatmulOutput, MatmulShape, Operands, Values};
+pub use matmul::{MatmulJob, MatmulShape, Operands, Values};
 pub use precision::{Compute, Dtype};
 pub use sinusoidal::{Layout, SinusoidalJob};
 
