@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 15] = [
+const OPS: [&str; 16] = [
+    "attention",
     "dp_gaussian",
     "dp_laplace",
     "dp_privatize",

@@ -276,3 +276,50 @@ async fn sinusoidal_embeddings_run_on_the_emulated_device() {
     assert_eq!(dev["shape"], json!([2, 3, 16]));
     assert_eq!(dev, cpu);
 }
+
+/// Attention through the emulated device's fused kernel (grouped heads, a causal mask,
+/// a padded sequence, weights), against the CPU within the bound docs/TENSORS.md states:
+/// the two sum in different orders, so the answers agree closely, not to the bit.
+#[tokio::test]
+async fn attention_runs_on_the_emulated_device() {
+    let s = emulated_server().await;
+    let tensor = |heads: usize, len: usize, dim: usize, salt: usize| -> Value {
+        let rows = |h: usize, b: usize| -> Vec<Vec<f64>> {
+            (0..len)
+                .map(|i| {
+                    (0..dim)
+                        .map(|j| (((i * 7 + j * 3 + h * 5 + b + salt) % 13) as f64 - 6.0) / 4.0)
+                        .collect()
+                })
+                .collect()
+        };
+        json!((0..2)
+            .map(|b| (0..heads).map(|h| rows(h, b)).collect::<Vec<_>>())
+            .collect::<Vec<_>>())
+    };
+    let body = json!({"q": tensor(4, 21, 16, 1), "k": tensor(2, 40, 16, 2), "v": tensor(2, 40, 8, 3),
+                      "causal": true, "key_lengths": [40, 17], "return_weights": true});
+    let (dev, cpu) = both(&s, "/nn/attention", body).await;
+    assert_eq!(dev["shape"], json!([2, 4, 21, 8]));
+    for field in ["output", "weights"] {
+        let flat = |v: &Value| -> Vec<f64> {
+            let mut out = Vec::new();
+            let mut stack = vec![v.clone()];
+            while let Some(x) = stack.pop() {
+                match x {
+                    Value::Array(items) => stack.extend(items.into_iter().rev()),
+                    x => out.push(x.as_f64().unwrap()),
+                }
+            }
+            out
+        };
+        let (d, c) = (flat(&dev[field]), flat(&cpu[field]));
+        assert_eq!(d.len(), c.len(), "{field}");
+        for (i, (x, y)) in d.iter().zip(&c).enumerate() {
+            assert!(
+                (x - y).abs() <= 1e-5 * (1.0 + y.abs()),
+                "{field} {i}: {x} against {y}"
+            );
+        }
+    }
+}

@@ -533,6 +533,81 @@ fn cuda_matmul_agrees_with_the_cpu() {
     }
 }
 
+/// Attention on the device against the CPU twin, within `AttentionJob::agrees`: query
+/// blocks cut at their edge, more tasks than the grid, every key tile size (D from 8 to
+/// 256), grouped heads, causal masks with fewer and more queries than keys, padded and
+/// empty sequences, weights, each output dtype, large logits; then passes under a memory
+/// limit.
+#[test]
+fn cuda_attention_agrees_with_the_cpu() {
+    use gpu_ops::ops::linalg::Dtype;
+    use gpu_ops::ops::nn::{run_attention_cuda, AttentionJob, AttentionShape, Tensors};
+    let devices = devices("cuda_attention_agrees_with_the_cpu");
+    let shape = |batch, heads, kv_heads, queries, keys, head_dim, value_dim| AttentionShape {
+        batch,
+        heads,
+        kv_heads,
+        queries,
+        keys,
+        head_dim,
+        value_dim,
+    };
+    let values = |len: usize, salt: usize, gain: f32| -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                ((i * 31 + salt * 7) as f32 * 0.377).sin() * gain * (1 + (i + salt) % 3) as f32
+            })
+            .collect()
+    };
+    let job = |s: AttentionShape, causal, lengths: Option<Vec<usize>>, output, gain| {
+        let tensors = Tensors::F32 {
+            q: values(s.q_len(), 1, gain),
+            k: values(s.k_len(), 2, 1.0),
+            v: values(s.v_len(), 3, 1.0),
+        };
+        let scale = 1.0 / (s.head_dim as f64).sqrt();
+        AttentionJob::new(s, tensors, scale, causal, lengths, Dtype::F32, output, true).unwrap()
+    };
+    for dev in &devices {
+        let cases = sizes(
+            dev,
+            &[
+                (shape(2, 8, 2, 512, 512, 64, 64), true, None),
+                (shape(1, 4, 4, 300, 1000, 128, 128), false, Some(vec![777])),
+            ],
+            &[
+                (shape(2, 4, 2, 19, 75, 32, 24), true, Some(vec![75, 0])),
+                (shape(1, 2, 1, 40, 9, 8, 16), true, None),
+                (shape(1, 1, 1, 17, 70, 256, 256), false, Some(vec![45])),
+                (shape(3, 2, 1, 1, 33, 100, 3), false, None),
+            ],
+        );
+        let lease = dev.lease().expect("device lease");
+        for (s, causal, lengths) in cases {
+            for (output, gain) in [(Dtype::F32, 1.0), (Dtype::F16, 1.0), (Dtype::F32, 3000.0)] {
+                let job = job(s, causal, lengths.clone(), output, gain);
+                let gpu = run_attention_cuda(&job, &lease).expect("kernels run");
+                job.agrees(&gpu, &job.run_cpu())
+                    .unwrap_or_else(|e| panic!("{s:?} causal={causal} {output:?} ×{gain}: {e}"));
+            }
+        }
+        drop(lease);
+        // Passes of one sequence at a time.
+        dev.set_memory_limit(64 << 10);
+        let job = job(
+            shape(5, 2, 1, 30, 40, 16, 16),
+            true,
+            Some(vec![40, 3, 0, 39, 1]),
+            Dtype::F32,
+            1.0,
+        );
+        let lease = dev.lease().expect("device lease");
+        let gpu = run_attention_cuda(&job, &lease).expect("kernels run");
+        job.agrees(&gpu, &job.run_cpu())
+            .unwrap_or_else(|e| panic!("in passes: {e}"));
+    }
+}
+
 /// Sinusoidal embeddings on the device against the CPU, both layouts and every output
 /// dtype, past grid-stride wraps and in row passes under a memory limit.
 #[test]

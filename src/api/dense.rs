@@ -1,4 +1,4 @@
-//! Dense tensors of rank 1–3 for the tensor operations: nested JSON arrays of numbers,
+//! Dense tensors of rank 1–4 for the tensor operations: nested JSON arrays of numbers,
 //! parsed straight into a flat buffer and a shape, or base64 of little-endian f16, bf16,
 //! f32 or f64 with a shape. Answers come back in the form of the request's first operand.
 
@@ -13,7 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use utoipa::ToSchema;
 
 /// Deepest nesting the tensor operations take.
-pub const MAX_RANK: usize = 3;
+pub const MAX_RANK: usize = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -54,8 +54,9 @@ impl From<Dtype> for TensorDtype {
 pub struct PackedTensor {
     pub encoding: BinaryEncoding,
     pub dtype: TensorDtype,
-    /// Every dimension at least 1; rank 2 (a matrix) or 3 (a batch of matrices).
-    #[schema(min_items = 2, max_items = 3, minimum = 1)]
+    /// Every dimension at least 1; the rank the operand takes: 2 or 3 for matrices (a
+    /// batch of them), 4 for attention's `[B, H, S, D]`.
+    #[schema(min_items = 2, max_items = 4, minimum = 1)]
     pub shape: Vec<usize>,
     /// Standard base64 with padding: exactly `shape`'s product × the dtype's width bytes.
     pub data: String,
@@ -145,7 +146,7 @@ impl DenseIn {
 fn check_shape(shape: &[usize], path: &str, max: usize) -> Result<usize, Problem> {
     let bad = |m: &str| Problem::at(ErrorCode::InvalidTensor, path, m);
     if shape.is_empty() || shape.len() > MAX_RANK {
-        return Err(bad("must have 1 to 3 dimensions"));
+        return Err(bad("must have 1 to 4 dimensions"));
     }
     match shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
         Some(0) => Err(bad("every dimension must be at least 1")),
@@ -239,7 +240,7 @@ impl<'de> Visitor<'de> for Level<'_> {
     type Value = ();
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("nested arrays of numbers (rank 1 to 3), or {encoding, dtype, shape, data}")
+        f.write_str("nested arrays of numbers (rank 1 to 4), or {encoding, dtype, shape, data}")
     }
 
     fn visit_f64<E: serde::de::Error>(self, x: f64) -> Result<(), E> {
@@ -258,7 +259,7 @@ impl<'de> Visitor<'de> for Level<'_> {
         let depth = self.depth;
         if depth >= MAX_RANK || self.nesting.rank.is_some_and(|r| depth >= r) {
             return Err(A::Error::custom(
-                "nested deeper than the numbers before it, or deeper than rank 3",
+                "nested deeper than the numbers before it, or deeper than rank 4",
             ));
         }
         let mut len = 0;
@@ -296,7 +297,7 @@ impl<'de> Visitor<'de> for Outer {
     type Value = DenseIn;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("nested arrays of numbers (rank 1 to 3), or {encoding, dtype, shape, data}")
+        f.write_str("nested arrays of numbers (rank 1 to 4), or {encoding, dtype, shape, data}")
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<DenseIn, A::Error> {
@@ -382,32 +383,49 @@ impl Serialize for DenseOut {
     }
 }
 
-/// Schema of `DenseIn` / `DenseOut` for the OpenAPI document: nested arrays of numbers
-/// of rank 2 or 3 (rectangular, which JSON Schema cannot state), or packed. The
-/// operations that take them take exactly these ranks.
+/// Nested arrays of numbers of each rank in `ranks` (rectangular, which JSON Schema
+/// cannot state), or packed.
+fn nested_or_packed(ranks: &[usize]) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    use utoipa::openapi::schema::{
+        ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Ref, Schema, SchemaFormat, Type,
+    };
+    use utoipa::openapi::RefOr;
+    let number: RefOr<Schema> = ObjectBuilder::new()
+        .schema_type(Type::Number)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double)))
+        .into();
+    let nested = |rank: usize| {
+        (0..rank).fold(number.clone(), |inner, _| {
+            ArrayBuilder::new().items(inner).min_items(Some(1)).into()
+        })
+    };
+    ranks
+        .iter()
+        .fold(OneOfBuilder::new(), |one_of, &rank| {
+            one_of.item(nested(rank))
+        })
+        .item(Ref::from_schema_name("PackedTensor"))
+        .into()
+}
+
+fn packed_tensor_schema(
+    schemas: &mut Vec<(
+        String,
+        utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+    )>,
+) {
+    use utoipa::PartialSchema;
+    schemas.push((PackedTensor::name().into(), PackedTensor::schema()));
+    <PackedTensor as ToSchema>::schemas(schemas);
+}
+
+/// Schema of `DenseIn` / `DenseOut` for matrices: nested arrays of rank 2 or 3, or
+/// packed. The operations that take them take exactly these ranks.
 pub struct DenseDoc;
 
 impl utoipa::PartialSchema for DenseDoc {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{
-            ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Ref, SchemaFormat, Type,
-        };
-        let numbers = || {
-            ArrayBuilder::new()
-                .items(
-                    ObjectBuilder::new()
-                        .schema_type(Type::Number)
-                        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double))),
-                )
-                .min_items(Some(1))
-        };
-        let rank2 = || ArrayBuilder::new().items(numbers()).min_items(Some(1));
-        let rank3 = ArrayBuilder::new().items(rank2()).min_items(Some(1));
-        OneOfBuilder::new()
-            .item(rank2())
-            .item(rank3)
-            .item(Ref::from_schema_name("PackedTensor"))
-            .into()
+        nested_or_packed(&[2, 3])
     }
 }
 
@@ -418,9 +436,28 @@ impl ToSchema for DenseDoc {
             utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
         )>,
     ) {
-        use utoipa::PartialSchema;
-        schemas.push((PackedTensor::name().into(), PackedTensor::schema()));
-        <PackedTensor as ToSchema>::schemas(schemas);
+        packed_tensor_schema(schemas);
+    }
+}
+
+/// Schema of `DenseIn` / `DenseOut` for attention's `[B, H, S, D]`: nested arrays of
+/// rank 4, or packed.
+pub struct Dense4Doc;
+
+impl utoipa::PartialSchema for Dense4Doc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        nested_or_packed(&[4])
+    }
+}
+
+impl ToSchema for Dense4Doc {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        packed_tensor_schema(schemas);
     }
 }
 
@@ -455,7 +492,7 @@ mod tests {
         let e = parse("[[1, 2], [3, [4]]]").unwrap_err();
         assert!(e.contains("[1][1]"), "{e}");
         assert!(parse("[[1], []]").unwrap_err().contains("empty"));
-        assert!(parse("[[[[1]]]]").unwrap_err().contains("rank 3"));
+        assert!(parse("[[[[[1]]]]]").unwrap_err().contains("rank 4"));
         assert!(parse("[[1, \"2\"]]").unwrap_err().starts_with("[0][1]"));
     }
 

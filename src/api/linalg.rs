@@ -203,28 +203,20 @@ pub async fn matmul(
             format!("value {i} of D (row-major) overflows {}", out_dtype.name()),
         ));
     }
-    let values = match done.output {
-        Values::F32(v) => v.into_iter().map(f64::from).collect(),
-        Values::F64(v) => v,
-    };
+    let values = widened(done.output);
     let out_shape = if shape.a_batched || shape.b_batched || shape.c_batched {
         vec![shape.batch, shape.m, shape.n]
     } else {
         vec![shape.m, shape.n]
     };
     let dtype = TensorDtype::from(out_dtype);
-    let seconds = done.run.compute_time.as_secs_f64();
     let body = MatmulResponse {
         result: DenseOut::new(out_shape.clone(), values, dtype, packed),
         shape: out_shape,
         dtype,
         compute: compute_type(compute),
         flops,
-        gflops_per_second: if seconds > 0.0 {
-            flops / seconds / 1e9
-        } else {
-            0.0
-        },
+        gflops_per_second: gflops_per_second(flops, done.run.compute_time),
     };
     let bytes =
         serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
@@ -238,9 +230,12 @@ fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
         .dtype
         .or(req.a.packed_dtype())
         .unwrap_or(TensorDtype::F32);
-    let a = operand(req.a, "/a", dtype, max)?;
-    let b = operand(req.b, "/b", dtype, max)?;
-    let c = req.c.map(|c| operand(c, "/c", dtype, max)).transpose()?;
+    let a = operand(req.a, "/a", dtype, 2..=3, max)?;
+    let b = operand(req.b, "/b", dtype, 2..=3, max)?;
+    let c = req
+        .c
+        .map(|c| operand(c, "/c", dtype, 2..=3, max))
+        .transpose()?;
     let transposes = (req.transpose_a, req.transpose_b);
     let shape = shape_of(transposes, &a, &b, c.as_ref())?;
     if c.is_none() && req.beta.is_some() {
@@ -300,9 +295,15 @@ fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
     )?)
 }
 
-/// One operand: decoded, in the request's dtype (packed ones must state it), nested
-/// numbers rounded to it.
-fn operand(t: DenseIn, path: &str, dtype: TensorDtype, max: usize) -> Result<DenseValues, Problem> {
+/// One operand of one of `ranks`: decoded, in the request's dtype (packed ones must
+/// state it), nested numbers rounded to it.
+pub(super) fn operand(
+    t: DenseIn,
+    path: &str,
+    dtype: TensorDtype,
+    ranks: std::ops::RangeInclusive<usize>,
+    max: usize,
+) -> Result<DenseValues, Problem> {
     if let Some(own) = t.packed_dtype().filter(|&own| own != dtype) {
         return Err(Problem::at(
             ErrorCode::InvalidParameter,
@@ -314,7 +315,7 @@ fn operand(t: DenseIn, path: &str, dtype: TensorDtype, max: usize) -> Result<Den
             ),
         ));
     }
-    let mut t = t.decode(path, 2..=3, max)?;
+    let mut t = t.decode(path, ranks, max)?;
     let dtype = Dtype::from(dtype);
     if t.packed.is_none() && dtype != Dtype::F64 {
         for (i, x) in t.values.iter_mut().enumerate() {
@@ -330,6 +331,24 @@ fn operand(t: DenseIn, path: &str, dtype: TensorDtype, max: usize) -> Result<Den
         }
     }
     Ok(t)
+}
+
+/// Values as f64 for the answer's encoders.
+pub(super) fn widened(values: Values) -> Vec<f64> {
+    match values {
+        Values::F32(v) => v.into_iter().map(f64::from).collect(),
+        Values::F64(v) => v,
+    }
+}
+
+/// `flops` over the compute time (0 where the clock saw none).
+pub(super) fn gflops_per_second(flops: f64, compute: std::time::Duration) -> f64 {
+    let seconds = compute.as_secs_f64();
+    if seconds > 0.0 {
+        flops / seconds / 1e9
+    } else {
+        0.0
+    }
 }
 
 fn compute_type(c: Compute) -> ComputeType {

@@ -11,6 +11,7 @@ pub mod embeddings;
 mod extract;
 pub mod linalg;
 pub mod msm;
+pub mod nn;
 pub mod openapi;
 pub mod problem;
 pub mod rf;
@@ -147,6 +148,7 @@ fn keyed_operations() -> Operations {
         .routes(routes!(rf::rf_features))
         .routes(routes!(linalg::matmul))
         .routes(routes!(embeddings::embeddings_sinusoidal))
+        .routes(routes!(nn::attention))
         .routes(routes!(datasets::create_dataset))
         .routes(routes!(datasets::list_datasets))
         .routes(routes!(datasets::get_dataset, datasets::delete_dataset))

@@ -44,6 +44,7 @@ pub fn kernel_library() -> KernelLibrary {
     modules.push(super::dp::kernel_module());
     modules.push(super::rf::kernel_module());
     modules.push(super::linalg::kernel_module());
+    modules.push(super::nn::kernel_module());
     KernelLibrary {
         headers: HEADERS,
         modules,

@@ -5,6 +5,7 @@ pub mod dp;
 pub mod invalid;
 mod kernels;
 pub mod linalg;
+pub mod nn;
 pub mod rf;
 pub mod zk;
 
@@ -17,5 +18,6 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
     tests.extend(dp::self_test::self_tests());
     tests.extend(rf::self_test::self_tests());
     tests.extend(linalg::self_test::self_tests());
+    tests.extend(nn::self_test::self_tests());
     tests
 }

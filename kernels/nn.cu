@@ -1,0 +1,151 @@
+// Neural-network layers. attention_f32: fused scaled dot-product attention with an online
+// softmax (src/ops/nn/attention.rs states the maths and the mask). One block owns
+// ATT_QUERIES query rows of one (batch, head) and walks the visible keys in tiles of
+// `tile` keys: the tile's logits, each row's running max and sum, the partial output
+// rescaled and the tile's weighted values added. Nothing of size S × S_kv is ever held.
+// All of it in dynamic shared memory (the launcher sizes `tile` to fit 48 KiB):
+//   queries [ATT_QUERIES][d], keys then values [tile][max(d, dv)],
+//   logits then weights [ATT_QUERIES][tile], output [ATT_QUERIES][dv],
+//   max, sum and rescale [ATT_QUERIES] each.
+// Blocks stride over (batch, head, query block). Inputs f32 (already rounded to the
+// request's dtype), arithmetic f32; the launcher rounds the output.
+#include "common.cuh"
+
+#define ATT_QUERIES 16
+
+// −∞ without <math.h> (NVRTC has none): the bit pattern, or the host's.
+#ifdef __CUDACC__
+#define ATT_NEG_INF __int_as_float(0xff800000)
+#else
+#define ATT_NEG_INF (-INFINITY)
+#endif
+
+// Keys query `i` sees in a sequence of `len` keys and `queries` queries: a prefix.
+__device__ __forceinline__ u64 attention_visible(u64 len, u64 i, u64 queries, u32 causal) {
+    if (!causal) return len;
+    if (i + len + 1 <= queries) return 0;
+    u64 end = i + len + 1 - queries;
+    return end < len ? end : len;
+}
+
+extern "C" __global__ void attention_f32(const float *q, const float *k, const float *v,
+                                         const u32 *key_len, float *out, float *lse,
+                                         u64 batch, u64 heads, u64 kv_heads, u64 queries,
+                                         u64 keys, u64 d, u64 dv, u32 causal, float scale,
+                                         u32 tile) {
+    extern __shared__ float att_shared[];
+    u64 width = d > dv ? d : dv;
+    float *qs = att_shared;
+    float *kv = qs + ATT_QUERIES * d;
+    float *p = kv + tile * width;
+    float *o = p + ATT_QUERIES * tile;
+    float *row_max = o + ATT_QUERIES * dv;
+    float *row_sum = row_max + ATT_QUERIES;
+    float *rescale = row_sum + ATT_QUERIES;
+    u32 tid = threadIdx.x, threads = blockDim.x;
+    u64 blocks_per_head = (queries + ATT_QUERIES - 1) / ATT_QUERIES;
+    for (u64 task = blockIdx.x; task < batch * heads * blocks_per_head; task += gridDim.x) {
+        u64 bh = task / blocks_per_head, first = (task % blocks_per_head) * ATT_QUERIES;
+        u64 b = bh / heads, h = bh % heads;
+        u64 g = b * kv_heads + h / (heads / kv_heads);
+        u64 rows = queries - first < ATT_QUERIES ? queries - first : ATT_QUERIES;
+        u64 len = key_len[b];
+        const float *qb = q + (bh * queries + first) * d;
+        const float *kb = k + g * keys * d, *vb = v + g * keys * dv;
+        for (u64 e = tid; e < ATT_QUERIES * d; e += threads)
+            qs[e] = e / d < rows ? qb[e] : 0.0f;
+        for (u64 e = tid; e < ATT_QUERIES * dv; e += threads) o[e] = 0.0f;
+        if (tid < ATT_QUERIES) {
+            row_max[tid] = ATT_NEG_INF;
+            row_sum[tid] = 0.0f;
+        }
+        // The block's last row sees the most keys.
+        u64 key_end = attention_visible(len, first + rows - 1, queries, causal);
+        __syncthreads();
+        for (u64 k0 = 0; k0 < key_end; k0 += tile) {
+            u64 n = key_end - k0 < tile ? key_end - k0 : tile;
+            for (u64 e = tid; e < tile * d; e += threads)
+                kv[e] = e / d < n ? kb[k0 * d + e] : 0.0f;
+            __syncthreads();
+            for (u64 e = tid; e < ATT_QUERIES * tile; e += threads) {
+                u64 r = e / tile, j = e % tile;
+                float dot = 0.0f;
+                for (u64 c = 0; c < d; c++) dot = fmaf(qs[r * d + c], kv[j * d + c], dot);
+                bool seen = r < rows && j < n &&
+                            k0 + j < attention_visible(len, first + r, queries, causal);
+                p[e] = seen ? dot * scale : ATT_NEG_INF;
+            }
+            __syncthreads();
+            if (tid < ATT_QUERIES) {
+                float *row = p + tid * tile;
+                float top = row_max[tid];
+                for (u32 j = 0; j < tile; j++) top = fmaxf(top, row[j]);
+                if (top == ATT_NEG_INF) {
+                    // Nothing visible yet: the row's partial output stays zero.
+                    for (u32 j = 0; j < tile; j++) row[j] = 0.0f;
+                    rescale[tid] = 1.0f;
+                } else {
+                    float added = 0.0f;
+                    for (u32 j = 0; j < tile; j++) {
+                        row[j] = row[j] == ATT_NEG_INF ? 0.0f : expf(row[j] - top);
+                        added += row[j];
+                    }
+                    // expf(-inf) = 0: a row's first visible tile needs no rescale.
+                    float factor = expf(row_max[tid] - top);
+                    rescale[tid] = factor;
+                    row_sum[tid] = row_sum[tid] * factor + added;
+                    row_max[tid] = top;
+                }
+            }
+            // The keys are read: the values take their place.
+            for (u64 e = tid; e < tile * dv; e += threads)
+                kv[e] = e / dv < n ? vb[k0 * dv + e] : 0.0f;
+            __syncthreads();
+            for (u64 e = tid; e < ATT_QUERIES * dv; e += threads) {
+                u64 r = e / dv, c = e % dv;
+                float acc = o[e] * rescale[r];
+                for (u64 j = 0; j < n; j++) acc = fmaf(p[r * tile + j], kv[j * dv + c], acc);
+                o[e] = acc;
+            }
+            // The next tile overwrites keys, logits and rescales.
+            __syncthreads();
+        }
+        float *ob = out + (bh * queries + first) * dv;
+        for (u64 e = tid; e < rows * dv; e += threads) {
+            float sum = row_sum[e / dv];
+            ob[e] = sum > 0.0f ? o[e] / sum : 0.0f;
+        }
+        if (tid < rows) {
+            float sum = row_sum[tid];
+            lse[bh * queries + first + tid] = sum > 0.0f ? row_max[tid] + logf(sum) : ATT_NEG_INF;
+        }
+        // The next task overwrites every shared array.
+        __syncthreads();
+    }
+}
+
+// The weights exp(scale·q·k − lse) of attention_f32's rows (zero where masked), one
+// thread per weight. The logit is summed in the fused kernel's order, so the weights of
+// a row are those its output was formed from, normalised by its own log-sum-exp.
+extern "C" __global__ void attention_weights_f32(const float *q, const float *k,
+                                                 const u32 *key_len, const float *lse,
+                                                 float *weights, u64 batch, u64 heads,
+                                                 u64 kv_heads, u64 queries, u64 keys, u64 d,
+                                                 u32 causal, float scale) {
+    u64 total = batch * heads * queries * keys;
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < total;
+         e += (u64)gridDim.x * blockDim.x) {
+        u64 row = e / keys, j = e % keys;
+        u64 bh = row / queries, i = row % queries;
+        u64 b = bh / heads, h = bh % heads;
+        u64 g = b * kv_heads + h / (heads / kv_heads);
+        float w = 0.0f;
+        if (j < attention_visible(key_len[b], i, queries, causal)) {
+            const float *qi = q + row * d, *kj = k + (g * keys + j) * d;
+            float dot = 0.0f;
+            for (u64 c = 0; c < d; c++) dot = fmaf(qi[c], kj[c], dot);
+            w = expf(dot * scale - lse[row]);
+        }
+        weights[e] = w;
+    }
+}

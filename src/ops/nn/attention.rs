@@ -1,0 +1,673 @@
+//! Scaled dot-product attention: the job, its fused CPU twin, and the tolerance a device's
+//! answer is held to.
+//!
+//! `O[b, h, i] = Σ_j softmax_j(scale · Q[b, h, i] · K[b, g, j]) · V[b, g, j]` with
+//! `g = h / (H / H_kv)` (grouped heads). Query `i` of sequence `b` sees the keys
+//! `j < end(b, i)`: `L_b` (its key length) without a causal mask, and with one
+//! `min(L_b, i + L_b − S + 1)`, the mask aligned to the bottom right as in decoding with
+//! a key cache (the last query sees every key; `S = L_b` is the usual lower triangle).
+//! A query that sees no key gets zeros, and weights of zero.
+//!
+//! The CPU twin never holds more than a 64 × 128 block of scores per task: it walks key
+//! blocks with an online softmax (running max and sum, rescaling the partial output),
+//! the block products on the `gemm` crate, tasks (batch, head, query block) over rayon.
+
+use super::gpu;
+use crate::backend::{DeviceError, DeviceLease, Job};
+use crate::ops::invalid::{FieldPath, Invalid};
+use crate::ops::linalg::{Dtype, Values};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// The largest head dimension (of queries and keys, or of values): what the device
+/// kernel's tiles hold, as in FlashAttention.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Query rows and key columns of one CPU block.
+const CPU_QUERY_BLOCK: usize = 64;
+const CPU_KEY_BLOCK: usize = 128;
+
+/// The fewest keys one step of either backend takes (the device's smallest key tile):
+/// it bounds how often a partial output is rescaled, which the tolerance counts.
+const SMALLEST_KEY_BLOCK: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    /// S: queries per sequence.
+    pub queries: usize,
+    /// S_kv: keys per sequence.
+    pub keys: usize,
+    /// D: of queries and keys.
+    pub head_dim: usize,
+    /// D_v: of values and outputs.
+    pub value_dim: usize,
+}
+
+impl AttentionShape {
+    pub fn q_len(&self) -> usize {
+        self.batch * self.heads * self.queries * self.head_dim
+    }
+
+    pub fn k_len(&self) -> usize {
+        self.batch * self.kv_heads * self.keys * self.head_dim
+    }
+
+    pub fn v_len(&self) -> usize {
+        self.batch * self.kv_heads * self.keys * self.value_dim
+    }
+
+    pub fn out_len(&self) -> usize {
+        self.batch * self.heads * self.queries * self.value_dim
+    }
+
+    /// Query rows over the batch and heads.
+    pub fn rows(&self) -> usize {
+        self.batch * self.heads * self.queries
+    }
+
+    pub fn weights_len(&self) -> usize {
+        self.rows() * self.keys
+    }
+
+    /// 2·B·H·S·S_kv·(D + D_v): the two products, as if nothing were masked.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.weights_len() as f64 * (self.head_dim + self.value_dim) as f64
+    }
+
+    /// The key/value head that query head `h` reads.
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads)
+    }
+}
+
+/// Q, K and V: f32 (already rounded to the input dtype) or f64.
+#[derive(Clone, Debug)]
+pub enum Tensors {
+    F32 {
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    F64 {
+        q: Vec<f64>,
+        k: Vec<f64>,
+        v: Vec<f64>,
+    },
+}
+
+/// The output `[B, H, S, D_v]` and, when asked, the weights `[B, H, S, S_kv]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attended {
+    pub output: Values,
+    pub weights: Option<Values>,
+}
+
+#[derive(Clone, Debug)]
+pub struct AttentionJob {
+    pub shape: AttentionShape,
+    pub tensors: Tensors,
+    pub scale: f64,
+    pub causal: bool,
+    /// L_b per sequence, each at most S_kv.
+    pub key_lengths: Vec<usize>,
+    pub input: Dtype,
+    pub output: Dtype,
+    pub weights: bool,
+}
+
+impl AttentionJob {
+    /// Checks the shape, the lengths, the scale and that no logit can overflow. Paths are
+    /// the request's: `q`, `k`, `v`, `key_lengths`, `scale`, `out_dtype`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        shape: AttentionShape,
+        tensors: Tensors,
+        scale: f64,
+        causal: bool,
+        key_lengths: Option<Vec<usize>>,
+        input: Dtype,
+        output: Dtype,
+        weights: bool,
+    ) -> Result<Self, Invalid> {
+        let root = FieldPath::root();
+        let s = shape;
+        if s.kv_heads == 0 || s.heads % s.kv_heads != 0 {
+            return Err(Invalid::new(
+                root.field("k"),
+                format!(
+                    "{} key/value heads do not divide {} query heads",
+                    s.kv_heads, s.heads
+                ),
+            ));
+        }
+        for (name, dim) in [("q", s.head_dim), ("v", s.value_dim)] {
+            if dim > MAX_HEAD_DIM {
+                return Err(Invalid::new(
+                    root.field(name),
+                    format!("head dimension {dim}; at most {MAX_HEAD_DIM}"),
+                ));
+            }
+        }
+        let (q, k, v) = match &tensors {
+            Tensors::F32 { q, k, v } => (q.len(), k.len(), v.len()),
+            Tensors::F64 { q, k, v } => (q.len(), k.len(), v.len()),
+        };
+        for (name, got, want) in [
+            ("q", q, s.q_len()),
+            ("k", k, s.k_len()),
+            ("v", v, s.v_len()),
+        ] {
+            if got != want {
+                return Err(Invalid::new(
+                    root.field(name),
+                    format!("{got} values where the shape needs {want}"),
+                ));
+            }
+        }
+        let key_lengths = match key_lengths {
+            None => vec![s.keys; s.batch],
+            Some(lengths) => {
+                if lengths.len() != s.batch {
+                    return Err(Invalid::new(
+                        root.field("key_lengths"),
+                        format!("{} lengths for a batch of {}", lengths.len(), s.batch),
+                    ));
+                }
+                if let Some(i) = lengths.iter().position(|&l| l > s.keys) {
+                    return Err(Invalid::new(
+                        root.field("key_lengths").index(i),
+                        format!("{} keys, but the sequences have {}", lengths[i], s.keys),
+                    ));
+                }
+                lengths
+            }
+        };
+        let wide = input == Dtype::F64;
+        if wide != (output == Dtype::F64) {
+            return Err(Invalid::new(
+                root.field("out_dtype"),
+                "f64 inputs answer in f64; other inputs in f32, f16 or bf16",
+            ));
+        }
+        // f32 work scales in f32: the scale must be 0 or a normal f32.
+        let normal = wide
+            || scale == 0.0
+            || (f64::from(f32::MIN_POSITIVE)..=f64::from(f32::MAX)).contains(&scale.abs());
+        if !scale.is_finite() || !normal {
+            return Err(Invalid::new(
+                root.field("scale"),
+                "must be finite, and 0 or a normal f32 (1.2e-38 to 3.4e38 in magnitude) unless the inputs are f64",
+            ));
+        }
+        let (q_max, k_max) = match &tensors {
+            Tensors::F32 { q, k, .. } => (max_abs(q), max_abs(k)),
+            Tensors::F64 { q, k, .. } => (max_abs(q), max_abs(k)),
+        };
+        // |scale · q·k| ≤ |scale|·D·max|q|·max|k|: far enough below the largest finite
+        // value that no logit, partial sum or difference of two overflows.
+        let largest = if wide { f64::MAX } else { f64::from(f32::MAX) };
+        if scale.abs() * s.head_dim as f64 * q_max * k_max > largest / 8.0 {
+            return Err(Invalid::new(
+                root.field("q"),
+                format!(
+                    "|scale|·D·max|q|·max|k| = {:e}: logits could overflow {}",
+                    scale.abs() * s.head_dim as f64 * q_max * k_max,
+                    if wide { "f64" } else { "f32" }
+                ),
+            ));
+        }
+        Ok(Self {
+            shape,
+            tensors,
+            scale,
+            causal,
+            key_lengths,
+            input,
+            output,
+            weights,
+        })
+    }
+
+    /// How many keys query `i` of sequence `b` sees (a prefix of the keys).
+    pub fn visible_keys(&self, b: usize, i: usize) -> usize {
+        visible_keys(self.key_lengths[b], i, self.shape.queries, self.causal)
+    }
+
+    /// The fused CPU twin, then the output dtype's rounding.
+    pub fn run_cpu(&self) -> Attended {
+        match &self.tensors {
+            Tensors::F32 { q, k, v } => {
+                let (mut out, lse) = self.fused(q, k, v);
+                let mut weights = self.weights.then(|| self.weights_from(q, k, &lse));
+                if self.output != Dtype::F32 {
+                    let output = self.output;
+                    let round = |x: &mut f32| *x = output.round(*x);
+                    out.par_iter_mut().with_min_len(1 << 14).for_each(round);
+                    if let Some(w) = &mut weights {
+                        w.par_iter_mut().with_min_len(1 << 14).for_each(round);
+                    }
+                }
+                Attended {
+                    output: Values::F32(out),
+                    weights: weights.map(Values::F32),
+                }
+            }
+            Tensors::F64 { q, k, v } => {
+                let (out, lse) = self.fused(q, k, v);
+                let weights = self.weights.then(|| self.weights_from(q, k, &lse));
+                Attended {
+                    output: Values::F64(out),
+                    weights: weights.map(Values::F64),
+                }
+            }
+        }
+    }
+
+    /// The output and each row's log-sum-exp of its visible logits (−∞ where it sees
+    /// none), one task per (batch, head, query block).
+    fn fused<T: Real>(&self, q: &[T], k: &[T], v: &[T]) -> (Vec<T>, Vec<T>) {
+        let s = self.shape;
+        let (d, dv) = (s.head_dim, s.value_dim);
+        let mut out = vec![T::ZERO; s.out_len()];
+        let mut lse = vec![T::NEG_INFINITY; s.rows()];
+        let scale = T::from_f64(self.scale);
+        // Tasks are cut per (batch, head) first so that a query block never straddles
+        // two heads; each owns its slice of the output and of the log-sum-exps.
+        let tasks: Vec<_> = out
+            .chunks_mut(s.queries * dv)
+            .zip(lse.chunks_mut(s.queries))
+            .enumerate()
+            .flat_map(|(bh, (out, lse))| {
+                out.chunks_mut(CPU_QUERY_BLOCK * dv)
+                    .zip(lse.chunks_mut(CPU_QUERY_BLOCK))
+                    .enumerate()
+                    .map(move |(qb, (out, lse))| (bh, qb * CPU_QUERY_BLOCK, out, lse))
+            })
+            .collect();
+        tasks.into_par_iter().for_each(|(bh, first, out, lse)| {
+            let (b, h) = (bh / s.heads, bh % s.heads);
+            let g = b * s.kv_heads + s.kv_head(h);
+            let rows = lse.len();
+            let q = &q[(bh * s.queries + first) * d..][..rows * d];
+            let k = &k[g * s.keys * d..][..s.keys * d];
+            let v = &v[g * s.keys * dv..][..s.keys * dv];
+            let ends: Vec<usize> = (0..rows).map(|r| self.visible_keys(b, first + r)).collect();
+            online_softmax_block(q, k, v, (d, dv), scale, &ends, out, lse);
+        });
+        (out, lse)
+    }
+
+    /// The weights `exp(scale·q·k − lse)` over the visible keys, zero elsewhere.
+    fn weights_from<T: Real>(&self, q: &[T], k: &[T], lse: &[T]) -> Vec<T> {
+        let s = self.shape;
+        let d = s.head_dim;
+        let scale = T::from_f64(self.scale);
+        let mut w = vec![T::ZERO; s.weights_len()];
+        w.par_chunks_mut(s.queries * s.keys)
+            .enumerate()
+            .for_each(|(bh, w)| {
+                let (b, h) = (bh / s.heads, bh % s.heads);
+                let g = b * s.kv_heads + s.kv_head(h);
+                let q = &q[bh * s.queries * d..][..s.queries * d];
+                let k = &k[g * s.keys * d..][..s.keys * d];
+                block_logits(q, k, d, scale, s.queries, s.keys, w, false);
+                for (i, row) in w.chunks_mut(s.keys).enumerate() {
+                    let end = self.visible_keys(b, i);
+                    let lse = lse[bh * s.queries + i];
+                    for (j, x) in row.iter_mut().enumerate() {
+                        *x = if j < end { (*x - lse).exp() } else { T::ZERO };
+                    }
+                }
+            });
+        w
+    }
+
+    /// Per output value (and per weight), a bound on |backend − exact| for each of two
+    /// backends, so on their difference. From the exact softmax `p` of the rounded inputs:
+    /// the logits' rounding `E_i` (dot products of D terms, the scale) perturbs `p` by a
+    /// factor within `e^{±2E_i}`; the exponentials, up to one rescale per key block, the
+    /// sums of S_kv terms and the division add `n·u` relative to `Σ_j p_ij·|v_j|`; then
+    /// each side rounds once to the output dtype.
+    pub fn tolerance(&self) -> (Vec<f64>, Option<Vec<f64>>) {
+        let s = self.shape;
+        let (q, k, v) = match &self.tensors {
+            Tensors::F32 { q, k, v } => (widen(q), widen(k), widen(v)),
+            Tensors::F64 { q, k, v } => (q.clone(), k.clone(), v.clone()),
+        };
+        let u = if self.input == Dtype::F64 {
+            Dtype::F64.unit_roundoff()
+        } else {
+            Dtype::F32.unit_roundoff()
+        };
+        let out_u = self.output.unit_roundoff();
+        let n = (s.keys + 3 * s.keys.div_ceil(SMALLEST_KEY_BLOCK) + 16) as f64;
+        let gamma = |m: f64| m * u / (1.0 - m * u);
+        let (d, dv) = (s.head_dim, s.value_dim);
+        let mut out_tol = vec![0.0; s.out_len()];
+        let mut w_tol = self.weights.then(|| vec![0.0; s.weights_len()]);
+        for row in 0..s.rows() {
+            let (bh, i) = (row / s.queries, row % s.queries);
+            let (b, h) = (bh / s.heads, bh % s.heads);
+            let g = b * s.kv_heads + s.kv_head(h);
+            let end = self.visible_keys(b, i);
+            let qi = &q[row * d..][..d];
+            let mut logits = Vec::with_capacity(end);
+            let mut err = 0.0f64;
+            for j in 0..end {
+                let kj = &k[(g * s.keys + j) * d..][..d];
+                let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                let mag: f64 = qi.iter().zip(kj).map(|(a, b)| (a * b).abs()).sum();
+                let logit = self.scale * dot;
+                err =
+                    err.max(gamma(d as f64 + 2.0) * self.scale.abs() * mag + 2.0 * u * logit.abs());
+                logits.push(logit);
+            }
+            let top = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = logits.iter().map(|&l| (l - top).exp()).collect();
+            let sum: f64 = p.iter().sum();
+            let relative = (2.0 * err).exp_m1() + gamma(n);
+            for c in 0..dv {
+                let (mut mag, mut val) = (0.0, 0.0);
+                for (j, pj) in p.iter().enumerate() {
+                    let x = v[(g * s.keys + j) * dv + c];
+                    mag += pj / sum * x.abs();
+                    val += pj / sum * x;
+                }
+                out_tol[row * dv + c] =
+                    relative * mag * 1.01 + out_u * val.abs() + f64::from(f32::MIN_POSITIVE);
+            }
+            if let Some(w) = &mut w_tol {
+                for (j, pj) in p.iter().enumerate() {
+                    let wj = pj / sum;
+                    w[row * s.keys + j] =
+                        (relative * 1.01 + out_u) * wj + f64::from(f32::MIN_POSITIVE);
+                }
+            }
+        }
+        (out_tol, w_tol)
+    }
+}
+
+/// Keys visible to query `i` of `queries` in a sequence of `len` keys.
+pub fn visible_keys(len: usize, i: usize, queries: usize, causal: bool) -> usize {
+    if causal {
+        (i + len + 1).saturating_sub(queries).min(len)
+    } else {
+        len
+    }
+}
+
+fn widen(x: &[f32]) -> Vec<f64> {
+    x.iter().map(|&x| f64::from(x)).collect()
+}
+
+fn max_abs<T: Real>(x: &[T]) -> f64 {
+    x.iter().fold(0.0, |m, &x| m.max(x.to_f64().abs()))
+}
+
+/// One query block's attention: `rows` queries `q` (`rows × d`), the head's keys and
+/// values, and each row's visible-key count `ends` (non-decreasing). Writes the rows'
+/// outputs and log-sum-exps.
+#[allow(clippy::too_many_arguments)]
+fn online_softmax_block<T: Real>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    (d, dv): (usize, usize),
+    scale: T,
+    ends: &[usize],
+    out: &mut [T],
+    lse: &mut [T],
+) {
+    let rows = ends.len();
+    let key_end = ends.iter().copied().max().unwrap_or(0);
+    let mut top = vec![T::NEG_INFINITY; rows];
+    let mut sum = vec![T::ZERO; rows];
+    let mut scores = vec![T::ZERO; rows * CPU_KEY_BLOCK];
+    for first in (0..key_end).step_by(CPU_KEY_BLOCK) {
+        let width = CPU_KEY_BLOCK.min(key_end - first);
+        let scores = &mut scores[..rows * width];
+        block_logits(q, &k[first * d..], d, scale, rows, width, scores, false);
+        for r in 0..rows {
+            let row = &mut scores[r * width..][..width];
+            let seen = ends[r].saturating_sub(first).min(width);
+            let block_top = row[..seen].iter().copied().fold(T::NEG_INFINITY, T::max);
+            let new_top = top[r].max(block_top);
+            if new_top == T::NEG_INFINITY {
+                // Nothing visible yet: the row's partial output stays zero.
+                row.fill(T::ZERO);
+                continue;
+            }
+            let mut added = T::ZERO;
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = if j < seen {
+                    (*x - new_top).exp()
+                } else {
+                    T::ZERO
+                };
+                added = added + *x;
+            }
+            // exp(−∞) = 0: a row's first visible block needs no rescale.
+            let rescale = (top[r] - new_top).exp();
+            if rescale != T::ONE {
+                out[r * dv..][..dv]
+                    .iter_mut()
+                    .for_each(|o| *o = *o * rescale);
+            }
+            sum[r] = sum[r] * rescale + added;
+            top[r] = new_top;
+        }
+        // out += P · V_block.
+        // SAFETY: `scores` is rows × width, the value block width × dv starting at row
+        // `first` (< key_end ≤ S_kv), `out` rows × dv; all row-major.
+        unsafe {
+            gemm::gemm(
+                rows,
+                dv,
+                width,
+                out.as_mut_ptr(),
+                1,
+                dv as isize,
+                true,
+                scores.as_ptr(),
+                1,
+                width as isize,
+                v[first * dv..].as_ptr(),
+                1,
+                dv as isize,
+                T::ONE,
+                T::ONE,
+                false,
+                false,
+                false,
+                Parallelism::None,
+            )
+        }
+    }
+    for r in 0..rows {
+        if sum[r] > T::ZERO {
+            let inv = sum[r];
+            out[r * dv..][..dv].iter_mut().for_each(|o| *o = *o / inv);
+            lse[r] = top[r] + sum[r].ln();
+        } else {
+            out[r * dv..][..dv].fill(T::ZERO);
+            lse[r] = T::NEG_INFINITY;
+        }
+    }
+}
+
+/// `scores = scale · Q · K_blockᵀ` for `rows` queries and `width` keys (row-major
+/// `rows × width`), with one thread, or every thread when `parallel`.
+#[allow(clippy::too_many_arguments)]
+fn block_logits<T: Real>(
+    q: &[T],
+    k: &[T],
+    d: usize,
+    scale: T,
+    rows: usize,
+    width: usize,
+    scores: &mut [T],
+    parallel: bool,
+) {
+    assert!(q.len() >= rows * d && k.len() >= width * d && scores.len() >= rows * width);
+    let parallelism = if parallel {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    };
+    // SAFETY: the assertion above: Q is rows × d, K's block width × d (read as its
+    // transpose, d × width), scores rows × width; all row-major.
+    unsafe {
+        gemm::gemm(
+            rows,
+            width,
+            d,
+            scores.as_mut_ptr(),
+            1,
+            width as isize,
+            false,
+            q.as_ptr(),
+            1,
+            d as isize,
+            k.as_ptr(),
+            d as isize,
+            1,
+            T::ZERO,
+            scale,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+/// What the fused twin needs of f32 and f64.
+pub trait Real:
+    Copy
+    + Send
+    + Sync
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + 'static
+{
+    const ZERO: Self;
+    const ONE: Self;
+    const NEG_INFINITY: Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn max(self, other: Self) -> Self;
+    fn from_f64(x: f64) -> Self;
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! real {
+    ($t:ty) => {
+        impl Real for $t {
+            const ZERO: Self = 0.0;
+            const ONE: Self = 1.0;
+            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            fn max(self, other: Self) -> Self {
+                <$t>::max(self, other)
+            }
+            fn from_f64(x: f64) -> Self {
+                x as $t
+            }
+            fn to_f64(self) -> f64 {
+                self as f64
+            }
+        }
+    };
+}
+real!(f32);
+real!(f64);
+
+impl Job for AttentionJob {
+    type Output = Attended;
+
+    fn name(&self) -> &'static str {
+        "attention"
+    }
+
+    /// Logits, as if none were masked.
+    fn size(&self) -> usize {
+        self.shape.weights_len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        let s = self.shape;
+        (s.q_len() + s.k_len() + s.v_len()) * self.input.bytes()
+    }
+
+    /// At least 2^16 logits (one head of 256 × 256) go to the device on `auto`.
+    fn gpu_threshold(&self) -> usize {
+        1 << 16
+    }
+
+    fn device_refusal(&self) -> Option<String> {
+        (self.input == Dtype::F64)
+            .then(|| "f64 attention runs on the CPU only; use backend auto or cpu".into())
+    }
+
+    fn run_cpu(&self) -> Attended {
+        AttentionJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Attended, DeviceError> {
+        gpu::run_attention_cuda(self, dev)
+    }
+
+    fn agrees(&self, device: &Attended, cpu: &Attended) -> Result<(), String> {
+        let (out_tol, w_tol) = self.tolerance();
+        within(&device.output, &cpu.output, &out_tol, self.output, "output")?;
+        match (&device.weights, &cpu.weights, &w_tol) {
+            (Some(d), Some(c), Some(t)) => within(d, c, t, self.output, "weight"),
+            (None, None, _) => Ok(()),
+            _ => Err("one side returned weights, the other not".into()),
+        }
+    }
+}
+
+/// Each device value within its tolerance of the CPU's (plus the output dtype's
+/// subnormal step).
+fn within(
+    device: &Values,
+    cpu: &Values,
+    tol: &[f64],
+    dtype: Dtype,
+    what: &str,
+) -> Result<(), String> {
+    let (Values::F32(d), Values::F32(c)) = (device, cpu) else {
+        return Err("the device answered a different dtype".into());
+    };
+    if d.len() != c.len() || d.len() != tol.len() {
+        return Err(format!(
+            "{} {what} values where the CPU has {}",
+            d.len(),
+            c.len()
+        ));
+    }
+    let (step, _) = dtype.subnormal_step_and_max();
+    match (0..d.len()).find(|&i| {
+        let (x, y) = (f64::from(d[i]), f64::from(c[i]));
+        !(x == y || (x - y).abs() <= tol[i] + step)
+    }) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "{what} {i}: device {} against CPU {} (tolerance {:e})",
+            d[i], c[i], tol[i]
+        )),
+    }
+}
