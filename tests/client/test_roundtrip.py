@@ -49,6 +49,7 @@ try:
     )
     from gpu_ops_client.api.embeddings import embeddings_sinusoidal
     from gpu_ops_client.api.linalg import matmul
+    from gpu_ops_client.api.nn import attention
     from gpu_ops_client.api.rf import rf_features
     from gpu_ops_client.api.system import device_info, health_live, health_ready, metrics
     from gpu_ops_client.api.zk import (
@@ -63,6 +64,8 @@ try:
     )
     from gpu_ops_client.models import (
         AffinePointDoc,
+        AttentionRequest,
+        AttentionResponse,
         BackendChoice,
         BackendKind,
         BinaryEncoding,
@@ -730,6 +733,29 @@ def test_embeddings_sinusoidal(client):
 def refuse_embeddings_sinusoidal(c: Ctx):  # dim must be even
     body = SinusoidalRequest(dim=3, num_positions=2)
     return embeddings_sinusoidal.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# nn: fused attention.
+
+
+@roundtrip("attention")
+def test_attention(client):
+    # One query sees two keys of equal logit (the causal mask hides the third): the mean
+    # of their values; the weights say so.
+    body = AttentionRequest(q=[[[[0.0, 0.0], [1.0, 0.0]]]], k=[[[[1.0, 0.0], [1.0, 0.0], [0.0, 5.0]]]],
+                            v=[[[[2.0], [4.0], [100.0]]]], causal=True, return_weights=True)
+    r = ok(attention.sync_detailed(client=client, body=body), 200, AttentionResponse)
+    assert r.shape == [1, 1, 2, 1]
+    assert r.output[0][0][0] == [3.0]
+    assert r.weights[0][0][0] == [0.5, 0.5, 0.0]
+    assert r.flops == 2 * 2 * 3 * 3 and r.gflops_per_second >= 0.0
+
+
+@refusal("attention", 422, "invalid_tensor", "/v/shape")
+def refuse_attention(c: Ctx):  # two values for three keys
+    body = AttentionRequest(q=[[[[1.0]]]], k=[[[[1.0], [2.0], [3.0]]]], v=[[[[1.0], [2.0]]]])
+    return attention.sync_detailed(client=c.client, body=body)
 
 
 # ---------------------------------------------------------------------------------------
