@@ -1,7 +1,9 @@
 //! `cargo bench --bench linalg`: CPU matmul GFLOP/s at 1024³ and 2048³ (f32 compute, and
 //! tf32/f16/bf16 compute against it), beside NumPy's `a @ b` (its BLAS, usually OpenBLAS)
 //! on the same cores in the same run when a Python with NumPy is found (BENCH_PYTHON,
-//! default python3). Best of BENCH_LINALG_REPEATS (default 3) runs each.
+//! default python3). Then fused CPU attention at B·H = 32, S = 2048, D = 64 beside
+//! NumPy's unfused attention of the same maths. Best of BENCH_LINALG_REPEATS (default 3)
+//! runs each.
 
 use gpu_ops::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands};
 use std::process::Command;
@@ -46,13 +48,51 @@ fn best_seconds<T, R>(
 
 /// NumPy's best time for an n³ f32 product, or why there is none.
 fn numpy_seconds(n: usize, repeats: usize) -> Result<f64, String> {
+    numpy_best(
+        &format!(
+            "rng = np.random.default_rng(1)\n\
+             a = rng.random(({n}, {n}), dtype=np.float32)\n\
+             b = rng.random(({n}, {n}), dtype=np.float32)\n\
+             run = lambda: a @ b\n"
+        ),
+        repeats,
+    )
+}
+
+/// NumPy's best time for attention over `heads` heads of S × D, the same maths as ours
+/// (scores, max-subtracted softmax, weighted values), one head at a time so that it holds
+/// one S × S matrix, not `heads` of them.
+fn numpy_attention_seconds(
+    heads: usize,
+    s: usize,
+    d: usize,
+    repeats: usize,
+) -> Result<f64, String> {
+    numpy_best(
+        &format!(
+            "rng = np.random.default_rng(1)\n\
+             q, k, v = (rng.standard_normal(({heads}, {s}, {d}), dtype=np.float32) for _ in range(3))\n\
+             scale = np.float32(1 / np.sqrt({d}))\n\
+             def one(h):\n\
+             \x20   x = (q[h] @ k[h].T) * scale\n\
+             \x20   x -= x.max(axis=1, keepdims=True)\n\
+             \x20   np.exp(x, out=x)\n\
+             \x20   x /= x.sum(axis=1, keepdims=True)\n\
+             \x20   return x @ v[h]\n\
+             run = lambda: [one(h) for h in range({heads})]\n"
+        ),
+        repeats,
+    )
+}
+
+/// Runs `setup` (which defines `run`) in BENCH_PYTHON (default python3) and reports the
+/// best of `repeats` timed calls of `run()` after one warm-up, or why there is none.
+fn numpy_best(setup: &str, repeats: usize) -> Result<f64, String> {
     let python = std::env::var("BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = format!(
-        "import time, numpy as np\n\
-         a = np.random.default_rng(1).random(({n}, {n}), dtype=np.float32)\n\
-         b = np.random.default_rng(2).random(({n}, {n}), dtype=np.float32)\n\
-         a @ b\n\
-         best = min((lambda t: (a @ b, time.perf_counter() - t)[1])(time.perf_counter()) for _ in range({repeats}))\n\
+        "import time, numpy as np\n{setup}\
+         run()\n\
+         best = min((lambda t: (run(), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range({repeats}))\n\
          print(best)"
     );
     let out = Command::new(&python)
@@ -72,6 +112,73 @@ fn numpy_seconds(n: usize, repeats: usize) -> Result<f64, String> {
         .trim()
         .parse()
         .map_err(|e| format!("NumPy's output: {e}"))
+}
+
+/// CPU attention at B·H = `heads`, S = S_kv = `s`, D = `d`, against NumPy's.
+fn attention_rows(repeats: usize) {
+    use gpu_ops::ops::nn::{AttentionJob, AttentionShape, Tensors};
+    println!("\n# gpu-ops attention benchmark (CPU, fused, f32)\n");
+    println!(
+        "| B·H | S | D | causal | ours | GFLOP/s | NumPy (unfused, not causal) | ours / NumPy |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let (heads, s, d) = (32usize, 2048usize, 64usize);
+    let numpy = numpy_attention_seconds(heads, s, d, repeats);
+    let shape = AttentionShape {
+        batch: 1,
+        heads,
+        kv_heads: heads,
+        queries: s,
+        keys: s,
+        head_dim: d,
+        value_dim: d,
+    };
+    let values = |salt: usize| -> Vec<f32> {
+        (0..shape.q_len())
+            .map(|i| ((i * 2654435761 + salt) % 1000) as f32 / 250.0 - 2.0)
+            .collect()
+    };
+    let (q, k, v) = (values(1), values(2), values(3));
+    for causal in [false, true] {
+        let ours = best_seconds(
+            repeats,
+            || Tensors::F32 {
+                q: q.clone(),
+                k: k.clone(),
+                v: v.clone(),
+            },
+            |tensors| {
+                let scale = 1.0 / (d as f64).sqrt();
+                let job = AttentionJob::new(
+                    shape,
+                    tensors,
+                    scale,
+                    causal,
+                    None,
+                    Dtype::F32,
+                    Dtype::F32,
+                    false,
+                )
+                .unwrap();
+                let out = job.run_cpu();
+                (job, out)
+            },
+        );
+        let (np, ratio) = match (&numpy, causal) {
+            (Ok(t), false) => (format!("{:.1} ms", t * 1e3), format!("{:.2}", ours / t)),
+            (Err(why), false) => (why.clone(), "-".into()),
+            _ => ("".into(), "".into()),
+        };
+        println!(
+            "| {heads} | {s} | {d} | {causal} | {:.1} ms | {:.1} | {np} | {ratio} |",
+            ours * 1e3,
+            shape.flops() / ours / 1e9
+        );
+    }
+    println!("\nGFLOP/s counts 4·B·H·S²·D as if nothing were masked (the causal run skips about");
+    println!(
+        "half). The job includes its O(n) input checks (max |q|, |k| for the overflow guard)."
+    );
 }
 
 fn main() {
@@ -122,4 +229,5 @@ fn main() {
         "compute precision (O(n²); nothing for f32), the f32 product (O(n³)), D rounded to the"
     );
     println!("output dtype. The GPU path has no figure until a session has a GPU.");
+    attention_rows(repeats);
 }
