@@ -1,4 +1,5 @@
-// Neural-network layers. attention_f32: fused scaled dot-product attention with an online
+// Neural-network layers. conv_im2col_f32 and conv_bias_relu_f32: the two ends of a 2-D
+// convolution whose middle is linalg.cu's matmul_f32 (src/ops/nn/conv2d.rs). attention_f32: fused scaled dot-product attention with an online
 // softmax (src/ops/nn/attention.rs states the maths and the mask). One block owns
 // ATT_QUERIES query rows of one (batch, head) and walks the visible keys in tiles of
 // `tile` keys: the tile's logits, each row's running max and sum, the partial output
@@ -147,5 +148,37 @@ extern "C" __global__ void attention_weights_f32(const float *q, const float *k,
             w = expf(dot * scale - lse[row]);
         }
         weights[e] = w;
+    }
+}
+
+// One image's windows: cols[(c·kh + i)·kw + j][oh·out_w + ow] is the input at row
+// oh·stride_h + i·dil_h − pad_top and column ow·stride_w + j·dil_w − pad_left of channel
+// c, or 0 in the padding. Channels of one group are consecutive rows, so group g's
+// rows start at g·(channels/groups)·kh·kw.
+extern "C" __global__ void conv_im2col_f32(const float *image, float *cols, u64 channels,
+                                           u64 height, u64 width, u64 kh, u64 kw, u64 out_h,
+                                           u64 out_w, u64 stride_h, u64 stride_w, u64 pad_top,
+                                           u64 pad_left, u64 dil_h, u64 dil_w) {
+    u64 positions = out_h * out_w, total = channels * kh * kw * positions;
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < total;
+         e += (u64)gridDim.x * blockDim.x) {
+        u64 row = e / positions, p = e % positions;
+        u64 c = row / (kh * kw), r = row % (kh * kw);
+        u64 y = (p / out_w) * stride_h + (r / kw) * dil_h;
+        u64 x = (p % out_w) * stride_w + (r % kw) * dil_w;
+        bool inside = y >= pad_top && y - pad_top < height && x >= pad_left && x - pad_left < width;
+        cols[e] = inside ? image[(c * height + y - pad_top) * width + x - pad_left] : 0.0f;
+    }
+}
+
+// out[o][p] += bias[o] (when has_bias), then max(·, 0) (when relu), in place.
+extern "C" __global__ void conv_bias_relu_f32(float *out, const float *bias, u64 channels,
+                                              u64 positions, u32 has_bias, u32 relu) {
+    for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < channels * positions;
+         e += (u64)gridDim.x * blockDim.x) {
+        float v = out[e];
+        if (has_bias) v += bias[e / positions];
+        if (relu && v < 0.0f) v = 0.0f;
+        out[e] = v;
     }
 }

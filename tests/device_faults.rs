@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 16] = [
+const OPS: [&str; 17] = [
     "attention",
+    "conv2d",
     "dp_gaussian",
     "dp_laplace",
     "dp_privatize",

@@ -323,3 +323,27 @@ async fn attention_runs_on_the_emulated_device() {
         }
     }
 }
+
+/// A convolution through the emulated device (im2col, the matmul kernel, bias and ReLU):
+/// small integers, so every sum is exact in f32 and the answers are equal to the bit.
+#[tokio::test]
+async fn conv2d_runs_on_the_emulated_device() {
+    let s = emulated_server().await;
+    let grid = |a: usize, b: usize, c: usize, d: usize, salt: usize| -> Value {
+        json!((0..a)
+            .map(|i| (0..b)
+                .map(|j| (0..c)
+                    .map(|k| (0..d)
+                        .map(|l| ((i * 7 + j * 5 + k * 3 + l + salt) % 9) as f64 - 4.0)
+                        .collect::<Vec<_>>())
+                    .collect::<Vec<_>>())
+                .collect::<Vec<_>>())
+            .collect::<Vec<_>>())
+    };
+    let body = json!({"input": grid(2, 4, 9, 10, 1), "weight": grid(6, 2, 3, 2, 2), "groups": 2,
+                      "stride": [2, 1], "padding": [1, 2, 0, 1], "dilation": [1, 2],
+                      "bias": [1, -2, 3, 0, 0.5, -0.5], "relu": true});
+    let (dev, cpu) = both(&s, "/nn/conv2d", body).await;
+    assert_eq!(dev["shape"], json!([2, 6, 5, 9]));
+    assert_eq!(dev["result"], cpu["result"]);
+}

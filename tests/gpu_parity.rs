@@ -608,6 +608,95 @@ fn cuda_attention_agrees_with_the_cpu() {
     }
 }
 
+/// Convolution on the device against the CPU twin, within `Conv2dJob::agrees`: groups
+/// (depthwise too), strides, dilation, uneven padding, bias and ReLU, each output dtype,
+/// windows past one matmul tile.
+#[test]
+fn cuda_conv2d_agrees_with_the_cpu() {
+    use gpu_ops::ops::linalg::Dtype;
+    use gpu_ops::ops::nn::{run_conv2d_cuda, Conv2dJob, Conv2dShape, ConvTensors};
+    let devices = devices("cuda_conv2d_agrees_with_the_cpu");
+    let base = Conv2dShape {
+        batch: 2,
+        channels: 4,
+        height: 9,
+        width: 11,
+        out_channels: 6,
+        kernel_h: 3,
+        kernel_w: 2,
+        stride: (1, 1),
+        padding: [0; 4],
+        dilation: (1, 1),
+        groups: 1,
+    };
+    let values = |len: usize, salt: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 31 + salt * 7) as f32 * 0.377).sin() * (1 + (i + salt) % 4) as f32)
+            .collect()
+    };
+    for dev in &devices {
+        let shapes = sizes(
+            dev,
+            &[Conv2dShape {
+                batch: 8,
+                channels: 64,
+                height: 56,
+                width: 56,
+                out_channels: 64,
+                padding: [1; 4],
+                kernel_w: 3,
+                ..base
+            }],
+            &[
+                Conv2dShape {
+                    groups: 2,
+                    stride: (1, 2),
+                    padding: [1, 2, 0, 1],
+                    ..base
+                },
+                Conv2dShape {
+                    channels: 5,
+                    out_channels: 10,
+                    groups: 5,
+                    stride: (2, 1),
+                    padding: [0, 0, 3, 3],
+                    dilation: (2, 3),
+                    ..base
+                },
+                Conv2dShape {
+                    batch: 1,
+                    channels: 3,
+                    height: 12,
+                    width: 12,
+                    out_channels: 70,
+                    padding: [1; 4],
+                    kernel_w: 3,
+                    ..base
+                },
+            ],
+        );
+        let lease = dev.lease().expect("device lease");
+        for shape in shapes {
+            for (with_bias, relu, output) in [
+                (true, true, Dtype::F32),
+                (false, false, Dtype::F16),
+                (true, false, Dtype::Bf16),
+            ] {
+                let tensors = ConvTensors::F32 {
+                    input: values(shape.input_len(), 1),
+                    weight: values(shape.weight_len(), 2),
+                    bias: with_bias.then(|| values(shape.out_channels, 3)),
+                };
+                let job = Conv2dJob::new(shape, tensors, relu, Dtype::F32, output).unwrap();
+                let gpu = run_conv2d_cuda(&job, &lease).expect("kernels run");
+                job.agrees(&gpu, &job.run_cpu()).unwrap_or_else(|e| {
+                    panic!("{shape:?} bias={with_bias} relu={relu} {output:?}: {e}")
+                });
+            }
+        }
+    }
+}
+
 /// Sinusoidal embeddings on the device against the CPU, both layouts and every output
 /// dtype, past grid-stride wraps and in row passes under a memory limit.
 #[test]

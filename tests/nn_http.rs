@@ -1,5 +1,7 @@
-//! `POST /nn/attention` over HTTP: the causal mask worked by hand, grouped heads, packed
-//! half precisions, padded sequences, weights, and each refusal with its code and path.
+//! `/nn` over HTTP. `POST /nn/attention`: the causal mask worked by hand, grouped heads,
+//! packed half precisions, padded sequences, weights, and each refusal with its code and
+//! path. `POST /nn/conv2d`: a convolution worked by hand in both layouts, groups, bias
+//! and ReLU, packed inputs, and each refusal.
 
 mod common;
 
@@ -253,4 +255,191 @@ async fn bad_inputs_are_refused_with_their_code_and_path() {
     )
     .await;
     assert_eq!(res.status(), 200);
+}
+
+async fn conv2d(s: &TestServer, body: Value) -> reqwest::Response {
+    s.post("/nn/conv2d", body).send().await.unwrap()
+}
+
+#[tokio::test]
+async fn convolution_is_as_worked_by_hand_in_both_layouts() {
+    let s = TestServer::start(&[]).await;
+    // A 3 × 3 image, a 2 × 2 filter [[1, 0], [0, −1]] and one zero of padding all round:
+    // out[y][x] = in[y−1][x−1] − in[y][x] with zeros outside.
+    let image = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]];
+    let at = |y: i64, x: i64| -> f64 {
+        if (0..3).contains(&y) && (0..3).contains(&x) {
+            image[y as usize][x as usize]
+        } else {
+            0.0
+        }
+    };
+    let want: Vec<Vec<f64>> = (0..4)
+        .map(|y| (0..4).map(|x| at(y - 1, x - 1) - at(y, x)).collect())
+        .collect();
+    let res = conv2d(
+        &s,
+        json!({"input": [[image]], "weight": [[[[1, 0], [0, -1]]]], "padding": [1, 1]}),
+    )
+    .await;
+    assert_eq!(res.status(), 200);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["shape"], json!([1, 1, 4, 4]));
+    assert_eq!(body["result"], json!([[want]]), "{body}");
+    assert_eq!(body["flops"], 2.0 * 16.0 * 4.0);
+
+    // Two channels in two groups (depthwise), stride 2, bias and ReLU, channels last.
+    let nhwc = json!([[[[1, -1], [2, -2]], [[3, -3], [4, -4]]]]); // [1, 2, 2, 2]
+    let body: Value = conv2d(
+        &s,
+        json!({"input": nhwc, "layout": "nhwc", "weight": [[[[1]]], [[[2]]]], "groups": 2,
+               "stride": [2, 2], "bias": [0.5, 10], "relu": true}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    // Positions (0, 0) only: channel 0 → 1 + 0.5; channel 1 → max(−2 + 10, 0).
+    assert_eq!(body["shape"], json!([1, 1, 1, 2]), "{body}");
+    assert_eq!(body["result"], json!([[[[1.5, 8.0]]]]), "{body}");
+    // ReLU clamps what the bias leaves negative.
+    let body: Value = conv2d(
+        &s,
+        json!({"input": [[[[1.0]]]], "weight": [[[[-3.0]]]], "bias": [1], "relu": true}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(body["result"], json!([[[[0.0]]]]), "{body}");
+}
+
+#[tokio::test]
+async fn packed_convolution_answers_packed() {
+    let s = TestServer::start(&[]).await;
+    let pack = |values: &[f32]| {
+        B64.encode(
+            values
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+    };
+    let input = json!({"encoding": "base64", "dtype": "f32", "shape": [1, 1, 2, 3],
+                       "data": pack(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0])});
+    let weight = json!({"encoding": "base64", "dtype": "f32", "shape": [2, 1, 1, 2],
+                        "data": pack(&[1.0, 1.0, 1.0, -1.0])});
+    let body: Value = conv2d(
+        &s,
+        json!({"input": input, "weight": weight, "dilation": [1, 2]}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    // Dilation 2 on columns: pairs (x, x + 2): sums 4, 10 and differences −2, −2.
+    assert_eq!(body["result"]["shape"], json!([1, 2, 2, 1]), "{body}");
+    assert_eq!(
+        body["result"]["data"],
+        pack(&[4.0, 10.0, -2.0, -2.0]),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn bad_convolutions_are_refused_with_their_code_and_path() {
+    let s = TestServer::start(&["--max-tensor-elements", "64"]).await;
+    let image = json!([[[[1, 2], [3, 4]]]]);
+    let filter = json!([[[[1]]]]);
+    let cases = [
+        (
+            json!({"input": [[[1]]], "weight": filter}),
+            422,
+            "invalid_tensor",
+            "/input",
+        ),
+        (
+            json!({"input": image, "weight": [[[[1]], [[1]]]]}),
+            422,
+            "invalid_tensor",
+            "/weight/shape",
+        ),
+        (
+            json!({"input": image, "weight": [[[[1, 1, 1], [1, 1, 1], [1, 1, 1]]]]}),
+            422,
+            "invalid_parameter",
+            "/weight",
+        ),
+        (
+            json!({"input": image, "weight": filter, "groups": 2}),
+            422,
+            "invalid_parameter",
+            "/groups",
+        ),
+        (
+            json!({"input": image, "weight": filter, "stride": [1]}),
+            422,
+            "invalid_parameter",
+            "/stride",
+        ),
+        (
+            json!({"input": image, "weight": filter, "dilation": [0, 1]}),
+            422,
+            "invalid_parameter",
+            "/dilation",
+        ),
+        (
+            json!({"input": image, "weight": filter, "padding": [1, 1, 1]}),
+            422,
+            "invalid_parameter",
+            "/padding",
+        ),
+        (
+            json!({"input": image, "weight": filter, "bias": [1, 2]}),
+            422,
+            "invalid_parameter",
+            "/bias",
+        ),
+        (
+            json!({"input": image, "weight": filter, "bias": [1e6], "dtype": "f16"}),
+            422,
+            "invalid_parameter",
+            "/bias/0",
+        ),
+        (
+            json!({"input": [[[[300]]]], "weight": [[[[300]]]], "out_dtype": "f16"}),
+            422,
+            "result_not_finite",
+            "/out_dtype",
+        ),
+        (
+            json!({"input": image, "weight": filter, "dtype": "f64", "backend": "cuda"}),
+            422,
+            "invalid_parameter",
+            "/backend",
+        ),
+        (
+            json!({"input": [[vec![vec![1; 65]]]], "weight": filter}),
+            413,
+            "payload_too_large",
+            "/input",
+        ),
+        (
+            // 2 × 2 input padded by 3 all round: 8 × 8 = 64 positions, two filters.
+            json!({"input": image, "weight": [[[[1]]], [[[1]]]], "padding": [3, 3]}),
+            413,
+            "payload_too_large",
+            "/weight/shape",
+        ),
+    ];
+    for (body, status, code, path) in cases {
+        let p = problem(conv2d(&s, body.clone()).await, status, code).await;
+        assert_eq!(p["errors"][0]["path"], path, "{body}: {p}");
+    }
+    assert_eq!(
+        conv2d(&s, json!({"input": image, "weight": filter}))
+            .await
+            .status(),
+        200
+    );
 }

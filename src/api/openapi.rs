@@ -36,7 +36,7 @@ use utoipa::OpenApi;
         (name = "rf", description = "RF signal features from IQ recordings"),
         (name = "linalg", description = "Dense linear algebra: batched matrix multiply in f16, bf16, f32 and f64"),
         (name = "embeddings", description = "Sinusoidal position embeddings"),
-        (name = "nn", description = "Neural-network layers: fused scaled dot-product attention"),
+        (name = "nn", description = "Neural-network layers: 2-D convolution and fused scaled dot-product attention"),
         (name = "datasets", description = "Synthetic RF datasets as asynchronous jobs"),
     )
 )]

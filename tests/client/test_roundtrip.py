@@ -49,7 +49,7 @@ try:
     )
     from gpu_ops_client.api.embeddings import embeddings_sinusoidal
     from gpu_ops_client.api.linalg import matmul
-    from gpu_ops_client.api.nn import attention
+    from gpu_ops_client.api.nn import attention, conv2d
     from gpu_ops_client.api.rf import rf_features
     from gpu_ops_client.api.system import device_info, health_live, health_ready, metrics
     from gpu_ops_client.api.zk import (
@@ -66,6 +66,8 @@ try:
         AffinePointDoc,
         AttentionRequest,
         AttentionResponse,
+        Conv2dRequest,
+        Conv2dResponse,
         BackendChoice,
         BackendKind,
         BinaryEncoding,
@@ -756,6 +758,23 @@ def test_attention(client):
 def refuse_attention(c: Ctx):  # two values for three keys
     body = AttentionRequest(q=[[[[1.0]]]], k=[[[[1.0], [2.0], [3.0]]]], v=[[[[1.0], [2.0]]]])
     return attention.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("conv2d")
+def test_conv2d(client):
+    # A 2 × 2 box filter over a 3 × 3 image: sums of each 2 × 2 window, plus the bias.
+    body = Conv2dRequest(input=[[[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]]],
+                         weight=[[[[1.0, 1.0], [1.0, 1.0]]]], bias=[0.5])
+    r = ok(conv2d.sync_detailed(client=client, body=body), 200, Conv2dResponse)
+    assert r.shape == [1, 1, 2, 2]
+    assert r.result == [[[[12.5, 16.5], [24.5, 28.5]]]]
+    assert r.flops == 2 * 4 * 4 and r.gflops_per_second >= 0.0
+
+
+@refusal("conv2d", 422, "invalid_parameter", "/groups")
+def refuse_conv2d(c: Ctx):  # two groups of one channel
+    body = Conv2dRequest(input=[[[[1.0]]]], weight=[[[[1.0]]]], groups=2)
+    return conv2d.sync_detailed(client=c.client, body=body)
 
 
 # ---------------------------------------------------------------------------------------

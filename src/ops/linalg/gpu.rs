@@ -2,9 +2,10 @@
 //! the batch in passes that fit the device's memory budget, and rounds D to the output
 //! dtype; sinusoidal embeddings run rows in passes the same way.
 
-use super::matmul::{MatmulJob, Operands, Values};
+use super::matmul::{MatmulJob, Operands, Strides, Values};
 use super::sinusoidal::{Layout, SinusoidalJob};
 use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::device::DeviceBuffer;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use cudarc::driver::LaunchConfig;
 
@@ -71,45 +72,19 @@ pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values,
         let d_a = a_pass.as_ref().or(a_all.as_ref()).expect("A uploaded");
         let d_b = b_pass.as_ref().or(b_all.as_ref()).expect("B uploaded");
         let mut d = dev.alloc_zeros::<f32>(count * s.m * s.n)?;
-        // Without C the kernel never reads it; A stands in as a valid pointer.
-        let has_c = u32::from(c.is_some());
-        let (m, n, k) = (s.m as u64, s.n as u64, s.k as u64);
-        let (a_batch, a_row, a_col) = (sa.batch as u64, sa.row as u64, sa.col as u64);
-        let (b_batch, b_row, b_col) = (sb.batch as u64, sb.row as u64, sb.col as u64);
-        let c_batch = s.c_batch_stride() as u64;
-        let (alpha, beta) = (job.alpha as f32, job.beta as f32);
-        let batches = count as u64;
-        let tiles = count * s.m.div_ceil(TILE) * s.n.div_ceil(TILE);
-        let blocks = tiles.min(dev.launch_config(tiles * THREADS as usize).grid_dim.0 as usize);
-        let config = LaunchConfig {
-            grid_dim: (blocks.max(1) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
+        let pass = MatmulPass {
+            m: s.m,
+            n: s.n,
+            k: s.k,
+            a: sa,
+            b: sb,
+            c_batch: s.c_batch_stride(),
+            alpha: job.alpha as f32,
+            beta: job.beta as f32,
+            batches: count,
         };
-        let mut l = dev.launch("matmul_f32")?;
-        l.arg(d_a).arg(d_b);
-        match c_pass.as_ref().or(c_all.as_ref()) {
-            Some(d_c) => l.arg(d_c),
-            None => l.arg(d_a),
-        };
-        l.arg(&mut d)
-            .arg(&m)
-            .arg(&n)
-            .arg(&k)
-            .arg(&a_batch)
-            .arg(&a_row)
-            .arg(&a_col)
-            .arg(&b_batch)
-            .arg(&b_row)
-            .arg(&b_col)
-            .arg(&c_batch)
-            .arg(&has_c)
-            .arg(&alpha)
-            .arg(&beta)
-            .arg(&batches);
-        // SAFETY: the pass's A, B and C hold `count` entries (or one, broadcast, with a
-        // zero batch stride); D holds count·m·n; the strides stay inside each entry.
-        unsafe { l.launch(config) }?;
+        let d_c = c_pass.as_ref().or(c_all.as_ref());
+        launch_matmul_f32(dev, &pass, d_a, d_b, d_c, &mut d)?;
         out.extend(dev.download(&d)?);
         first += count;
     }
@@ -119,6 +94,66 @@ pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values,
         }
     }
     Ok(Values::F32(out))
+}
+
+/// One launch of `matmul_f32`: `batches` entries of D (m × n each, contiguous) from A
+/// and B read through their strides, C (row-major m × n per entry, `c_batch` apart) added
+/// with `beta` when given.
+pub(crate) struct MatmulPass {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Strides,
+    pub b: Strides,
+    pub c_batch: usize,
+    pub alpha: f32,
+    pub beta: f32,
+    pub batches: usize,
+}
+
+pub(crate) fn launch_matmul_f32(
+    dev: &DeviceLease<'_>,
+    pass: &MatmulPass,
+    a: &DeviceBuffer<f32>,
+    b: &DeviceBuffer<f32>,
+    c: Option<&DeviceBuffer<f32>>,
+    d: &mut DeviceBuffer<f32>,
+) -> Result<(), DeviceError> {
+    // Without C the kernel never reads it; A stands in as a valid pointer.
+    let has_c = u32::from(c.is_some());
+    let (m, n, k) = (pass.m as u64, pass.n as u64, pass.k as u64);
+    let (sa, sb) = (pass.a, pass.b);
+    let (a_batch, a_row, a_col) = (sa.batch as u64, sa.row as u64, sa.col as u64);
+    let (b_batch, b_row, b_col) = (sb.batch as u64, sb.row as u64, sb.col as u64);
+    let c_batch = pass.c_batch as u64;
+    let batches = pass.batches as u64;
+    let tiles = pass.batches * pass.m.div_ceil(TILE) * pass.n.div_ceil(TILE);
+    let blocks = tiles.min(dev.launch_config(tiles * THREADS as usize).grid_dim.0 as usize);
+    let config = LaunchConfig {
+        grid_dim: (blocks.max(1) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = dev.launch("matmul_f32")?;
+    l.arg(a).arg(b).arg(c.unwrap_or(a));
+    l.arg(d)
+        .arg(&m)
+        .arg(&n)
+        .arg(&k)
+        .arg(&a_batch)
+        .arg(&a_row)
+        .arg(&a_col)
+        .arg(&b_batch)
+        .arg(&b_row)
+        .arg(&b_col)
+        .arg(&c_batch)
+        .arg(&has_c)
+        .arg(&pass.alpha)
+        .arg(&pass.beta)
+        .arg(&batches);
+    // SAFETY: the caller's buffers hold `batches` entries read through the strides (a
+    // zero batch stride for a broadcast operand), and D batches·m·n values.
+    unsafe { l.launch(config) }
 }
 
 pub fn run_sinusoidal_cuda(

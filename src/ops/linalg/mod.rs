@@ -10,7 +10,8 @@ pub(crate) mod self_test;
 pub mod sinusoidal;
 
 pub use gpu::{kernel_module, run_matmul_cuda, run_sinusoidal_cuda};
-pub use matmul::{MatmulJob, MatmulShape, Operands, Values};
+pub(crate) use gpu::{launch_matmul_f32, MatmulPass};
+pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};
 pub use precision::{Compute, Dtype};
 pub use sinusoidal::{Layout, SinusoidalJob};
 

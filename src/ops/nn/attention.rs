@@ -13,6 +13,7 @@
 //! the block products on the `gemm` crate, tasks (batch, head, query block) over rayon.
 
 use super::gpu;
+use super::real::Real;
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
 use crate::ops::linalg::{Dtype, Values};
@@ -545,55 +546,6 @@ fn block_logits<T: Real>(
     }
 }
 
-/// What the fused twin needs of f32 and f64.
-pub trait Real:
-    Copy
-    + Send
-    + Sync
-    + PartialOrd
-    + std::ops::Add<Output = Self>
-    + std::ops::Sub<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + std::ops::Div<Output = Self>
-    + 'static
-{
-    const ZERO: Self;
-    const ONE: Self;
-    const NEG_INFINITY: Self;
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    fn max(self, other: Self) -> Self;
-    fn from_f64(x: f64) -> Self;
-    fn to_f64(self) -> f64;
-}
-
-macro_rules! real {
-    ($t:ty) => {
-        impl Real for $t {
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            const NEG_INFINITY: Self = <$t>::NEG_INFINITY;
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-            fn max(self, other: Self) -> Self {
-                <$t>::max(self, other)
-            }
-            fn from_f64(x: f64) -> Self {
-                x as $t
-            }
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-        }
-    };
-}
-real!(f32);
-real!(f64);
-
 impl Job for AttentionJob {
     type Output = Attended;
 
@@ -631,43 +583,11 @@ impl Job for AttentionJob {
 
     fn agrees(&self, device: &Attended, cpu: &Attended) -> Result<(), String> {
         let (out_tol, w_tol) = self.tolerance();
-        within(&device.output, &cpu.output, &out_tol, self.output, "output")?;
+        super::within(&device.output, &cpu.output, &out_tol, self.output, "output")?;
         match (&device.weights, &cpu.weights, &w_tol) {
-            (Some(d), Some(c), Some(t)) => within(d, c, t, self.output, "weight"),
+            (Some(d), Some(c), Some(t)) => super::within(d, c, t, self.output, "weight"),
             (None, None, _) => Ok(()),
             _ => Err("one side returned weights, the other not".into()),
         }
-    }
-}
-
-/// Each device value within its tolerance of the CPU's (plus the output dtype's
-/// subnormal step).
-fn within(
-    device: &Values,
-    cpu: &Values,
-    tol: &[f64],
-    dtype: Dtype,
-    what: &str,
-) -> Result<(), String> {
-    let (Values::F32(d), Values::F32(c)) = (device, cpu) else {
-        return Err("the device answered a different dtype".into());
-    };
-    if d.len() != c.len() || d.len() != tol.len() {
-        return Err(format!(
-            "{} {what} values where the CPU has {}",
-            d.len(),
-            c.len()
-        ));
-    }
-    let (step, _) = dtype.subnormal_step_and_max();
-    match (0..d.len()).find(|&i| {
-        let (x, y) = (f64::from(d[i]), f64::from(c[i]));
-        !(x == y || (x - y).abs() <= tol[i] + step)
-    }) {
-        None => Ok(()),
-        Some(i) => Err(format!(
-            "{what} {i}: device {} against CPU {} (tolerance {:e})",
-            d[i], c[i], tol[i]
-        )),
     }
 }

@@ -1,14 +1,22 @@
-//! Launchers for `kernels/nn.cu`. Attention uploads whole sequences (all heads of a batch
+//! Launchers for `kernels/nn.cu`. Convolution runs image by image: the windows
+//! (`conv_im2col_f32`), one product per group on linalg's `matmul_f32`, then bias and
+//! ReLU. Attention uploads whole sequences (all heads of a batch
 //! entry) in passes that fit the device's memory budget, sizes the key tile so that the
 //! fused kernel's shared memory fits 48 KiB, and rounds the output to its dtype.
 
 use super::attention::{Attended, AttentionJob, Tensors};
+use super::conv2d::{Conv2dJob, ConvTensors};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
-use crate::ops::linalg::{Dtype, Values};
+use crate::ops::linalg::{launch_matmul_f32, Dtype, MatmulPass, Strides, Values};
 use cudarc::driver::LaunchConfig;
 
-const KERNEL_NAMES: &[&str] = &["attention_f32", "attention_weights_f32"];
+const KERNEL_NAMES: &[&str] = &[
+    "attention_f32",
+    "attention_weights_f32",
+    "conv_im2col_f32",
+    "conv_bias_relu_f32",
+];
 
 /// Query rows per block (kernels/nn.cu `ATT_QUERIES`) and the block's threads.
 const QUERY_ROWS: usize = 16;
@@ -140,4 +148,98 @@ pub fn run_attention_cuda(
         output: Values::F32(out),
         weights: weights.map(Values::F32),
     })
+}
+
+pub fn run_conv2d_cuda(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
+    let ConvTensors::F32 {
+        input,
+        weight,
+        bias,
+    } = &job.tensors
+    else {
+        return Err(DeviceError {
+            kind: DeviceErrorKind::Unsupported,
+            message: "f64 conv2d runs on the CPU only".into(),
+        });
+    };
+    let s = job.shape;
+    let (out_h, out_w) = s.out_size().expect("the job checked the output size");
+    let (p, k, og) = (s.positions(), s.window(), s.group_out());
+    let image_len = s.channels * s.height * s.width;
+    let d_weight = dev.upload(weight)?;
+    let d_bias = bias.as_ref().map(|b| dev.upload(b)).transpose()?;
+    let pass = MatmulPass {
+        m: og,
+        n: p,
+        k,
+        // W_g: og × k, groups og·k apart; cols_g: k × p, groups k·p apart.
+        a: Strides {
+            batch: og * k,
+            row: k,
+            col: 1,
+        },
+        b: Strides {
+            batch: k * p,
+            row: p,
+            col: 1,
+        },
+        c_batch: 0,
+        alpha: 1.0,
+        beta: 0.0,
+        batches: s.groups,
+    };
+    let dims = [
+        s.channels,
+        s.height,
+        s.width,
+        s.kernel_h,
+        s.kernel_w,
+        out_h,
+        out_w,
+        s.stride.0,
+        s.stride.1,
+        s.padding[0],
+        s.padding[2],
+        s.dilation.0,
+        s.dilation.1,
+    ]
+    .map(|x| x as u64);
+    let (channels, positions) = (s.out_channels as u64, p as u64);
+    let has_bias = u32::from(d_bias.is_some());
+    let relu = u32::from(job.relu);
+    let mut out = Vec::with_capacity(s.out_len());
+    for image in input.chunks(image_len) {
+        dev.still_wanted()?;
+        let d_image = dev.upload(image)?;
+        let mut cols = dev.alloc_zeros::<f32>(s.groups * k * p)?;
+        let mut l = dev.launch("conv_im2col_f32")?;
+        l.arg(&d_image).arg(&mut cols);
+        for x in &dims {
+            l.arg(x);
+        }
+        // SAFETY: the image holds C·H·W values and cols C·KH·KW·OH·OW (groups·k·p); the
+        // kernel reads inside the image only where the window is off the padding.
+        unsafe { l.launch(dev.launch_config(s.groups * k * p)) }?;
+        let mut d_out = dev.alloc_zeros::<f32>(s.out_channels * p)?;
+        launch_matmul_f32(dev, &pass, &d_weight, &cols, None, &mut d_out)?;
+        if has_bias == 1 || relu == 1 {
+            let mut l = dev.launch("conv_bias_relu_f32")?;
+            // Without a bias the kernel never reads it; the weights stand in.
+            l.arg(&mut d_out)
+                .arg(d_bias.as_ref().unwrap_or(&d_weight))
+                .arg(&channels)
+                .arg(&positions)
+                .arg(&has_bias)
+                .arg(&relu);
+            // SAFETY: the output holds O·p values, the bias O.
+            unsafe { l.launch(dev.launch_config(s.out_channels * p)) }?;
+        }
+        out.extend(dev.download(&d_out)?);
+    }
+    if job.output != Dtype::F32 {
+        for x in &mut out {
+            *x = job.output.round(*x);
+        }
+    }
+    Ok(Values::F32(out))
 }

@@ -1,8 +1,9 @@
-//! The attention self-tests: grouped heads, queries past one query block and keys past
+//! The conv2d self-tests: groups (depthwise too), stride, dilation, uneven padding, bias
+//! and ReLU, each output dtype. The attention self-tests: grouped heads, queries past one query block and keys past
 //! one key tile, a causal mask with fewer queries than keys, padded sequences (one with no
 //! key at all), head dimensions that pick each key tile, weights, and f16 output.
 
-use super::{AttentionJob, AttentionShape, Tensors};
+use super::{AttentionJob, AttentionShape, Conv2dJob, Conv2dShape, ConvTensors, Tensors};
 use crate::backend::verify::{JobCheck, SelfTest};
 use crate::ops::linalg::Dtype;
 
@@ -72,5 +73,53 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
             .expect("a valid self-test attention")
         })
         .collect();
-    vec![JobCheck::boxed(jobs)]
+    vec![JobCheck::boxed(jobs), JobCheck::boxed(conv_jobs())]
+}
+
+fn conv_jobs() -> Vec<Conv2dJob> {
+    let shape = |channels, out_channels, groups, stride, padding, dilation| Conv2dShape {
+        batch: 2,
+        channels,
+        height: 9,
+        width: 11,
+        out_channels,
+        kernel_h: 3,
+        kernel_w: 2,
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    [
+        (
+            shape(4, 6, 2, (1, 2), [1, 2, 0, 1], (1, 1)),
+            true,
+            true,
+            Dtype::F32,
+        ),
+        (
+            shape(5, 5, 5, (2, 1), [0, 0, 3, 3], (2, 3)),
+            false,
+            true,
+            Dtype::F16,
+        ),
+        (
+            shape(3, 70, 1, (1, 1), [1, 1, 1, 1], (1, 1)),
+            true,
+            false,
+            Dtype::Bf16,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    .map(|(n, (shape, with_bias, relu, output))| {
+        let tensors = ConvTensors::F32 {
+            input: values(shape.input_len(), 3 * n + 1),
+            weight: values(shape.weight_len(), 3 * n + 2),
+            bias: with_bias.then(|| values(shape.out_channels, 3 * n + 3)),
+        };
+        Conv2dJob::new(shape, tensors, relu, Dtype::F32, output)
+            .expect("a valid self-test convolution")
+    })
+    .collect()
 }

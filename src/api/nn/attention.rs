@@ -1,9 +1,9 @@
 //! `/nn/attention`: fused scaled dot-product attention on the CPU or the device.
 
-use super::dense::{Dense4Doc, DenseIn, DenseOut, DenseValues, TensorDtype};
-use super::linalg::{gflops_per_second, operand, widened, MAX_MATMUL_FLOPS};
-use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, ApiJson, AppState};
+use crate::api::dense::{Dense4Doc, DenseIn, DenseOut, DenseValues, TensorDtype};
+use crate::api::linalg::{gflops_per_second, operand, widened, MAX_MATMUL_FLOPS};
+use crate::api::problem::{ErrorCode, Problem};
+use crate::api::{blocking, job_response, job_timeout, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::Dtype;
 use crate::ops::nn::{AttentionJob, AttentionShape, Tensors, MAX_HEAD_DIM};

@@ -1,0 +1,324 @@
+//! `/nn/conv2d`: batched 2-D convolution on the CPU (im2col on `gemm`) or the device.
+
+use crate::api::dense::{Dense4Doc, DenseIn, DenseOut, TensorDtype};
+use crate::api::linalg::{gflops_per_second, operand, widened, MAX_MATMUL_FLOPS};
+use crate::api::problem::{ErrorCode, Problem};
+use crate::api::{blocking, job_response, job_timeout, ApiJson, AppState};
+use crate::backend::BackendChoice;
+use crate::ops::linalg::Dtype;
+use crate::ops::nn::{Conv2dJob, Conv2dShape, ConvTensors};
+use axum::extract::State;
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// Where the channels are in `input` and the answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ConvLayout {
+    /// `[N, C, H, W]`.
+    #[default]
+    Nchw,
+    /// `[N, H, W, C]`.
+    Nhwc,
+}
+
+/// `out = relu?(conv(input, weight) + bias)`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "input": [[[[1, 2, 3], [4, 5, 6], [7, 8, 9]]]],
+    "weight": [[[[1, 0], [0, -1]]]],
+    "padding": [1, 1]
+}))]
+pub struct Conv2dRequest {
+    /// `[N, C, H, W]`, or `[N, H, W, C]` with `layout` nhwc. At most
+    /// --max-tensor-elements values.
+    #[schema(value_type = Dense4Doc)]
+    pub input: DenseIn,
+    /// `[O, C/groups, KH, KW]` in either layout (PyTorch's order).
+    #[schema(value_type = Dense4Doc)]
+    pub weight: DenseIn,
+    /// O values, added per output channel (rounded to `dtype`).
+    #[schema(min_items = 1)]
+    pub bias: Option<Vec<f64>>,
+    #[serde(default)]
+    pub layout: ConvLayout,
+    /// `[rows, columns]`, each at least 1. Default `[1, 1]`.
+    #[schema(min_items = 2, max_items = 2, minimum = 1)]
+    pub stride: Option<Vec<usize>>,
+    /// Zeros around the input: `[rows, columns]` on both sides, or `[top, bottom, left,
+    /// right]`. Default none.
+    #[schema(min_items = 2, max_items = 4)]
+    pub padding: Option<Vec<usize>>,
+    /// `[rows, columns]`, each at least 1. Default `[1, 1]`.
+    #[schema(min_items = 2, max_items = 2, minimum = 1)]
+    pub dilation: Option<Vec<usize>>,
+    /// Dividing C and O: output channel o reads the input channels of group
+    /// o / (O / groups). groups = C is a depthwise convolution.
+    #[serde(default = "one")]
+    #[schema(default = 1, minimum = 1)]
+    pub groups: usize,
+    /// max(·, 0) after the bias.
+    #[serde(default)]
+    #[schema(default = false)]
+    pub relu: bool,
+    /// The inputs' dtype. Packed inputs state theirs, and all must agree; nested JSON
+    /// numbers are rounded to it. Default: packed `input`'s dtype, else f32.
+    pub dtype: Option<TensorDtype>,
+    /// Default: the inputs' dtype. f64 inputs answer in f64 (on the CPU).
+    pub out_dtype: Option<TensorDtype>,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
+    pub timeout_ms: Option<u64>,
+}
+
+fn one() -> usize {
+    1
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Conv2dResponse {
+    /// `[N, O, OH, OW]` (nhwc: `[N, OH, OW, O]`), in the form of `input` (nested
+    /// numbers, or packed in `dtype`).
+    #[schema(value_type = Dense4Doc)]
+    pub result: DenseOut,
+    pub shape: Vec<usize>,
+    pub dtype: TensorDtype,
+    /// 2·N·O·OH·OW·(C/groups)·KH·KW.
+    pub flops: f64,
+    /// `flops` over the compute time (`x-compute-time-ms`).
+    pub gflops_per_second: f64,
+}
+
+#[utoipa::path(
+    post, path = "/nn/conv2d", tag = "nn", operation_id = "conv2d",
+    summary = "Batched 2-D convolution",
+    description = "Cross-correlation of a batch of images with O filters (stride, padding per side, \
+        dilation, groups), plus an optional bias per output channel and ReLU; NCHW or NHWC. Inputs f16, \
+        bf16, f32 (f64 on the CPU), rounded to their dtype; sums in f32 (f64 for f64). CPU: im2col on \
+        the gemm crate; device: an im2col kernel and the matmul kernel. Error bound: docs/TENSORS.md.",
+    request_body = Conv2dRequest,
+    responses(
+        (status = 200, description = "The convolution", body = Conv2dResponse),
+        (status = 413, description = "An input or the output over --max-tensor-elements, or more than 2^40 flops"),
+        (status = 422, description = "invalid_tensor (rank, ragged, non-finite, base64, a weight whose \
+            channels do not match the input's), invalid_parameter (dtype, stride, padding, dilation, groups, \
+            bias, a kernel larger than the padded input, backend cuda with f64), result_not_finite (the \
+            output overflows out_dtype)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn conv2d(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<Conv2dRequest>,
+) -> Result<Response, Problem> {
+    let timeout = job_timeout(req.timeout_ms)?;
+    let max = state.settings.config.max_tensor_elements;
+    let backend = req.backend;
+    let layout = req.layout;
+    let packed = req.input.packed_dtype().is_some();
+    let job = blocking(move || build_job(req, max)).await?;
+    let (s, out_dtype) = (job.shape, job.output);
+    let done = state.pool.submit(job, backend, timeout).await?;
+    if let Some(i) = done.output.first_non_finite() {
+        return Err(Problem::at(
+            ErrorCode::ResultNotFinite,
+            "/out_dtype",
+            format!(
+                "value {i} of the output (NCHW order) overflows {}",
+                out_dtype.name()
+            ),
+        ));
+    }
+    let (oh, ow) = s.out_size().expect("the job checked the output size");
+    let values = widened(done.output);
+    let (shape, values) = match layout {
+        ConvLayout::Nchw => (vec![s.batch, s.out_channels, oh, ow], values),
+        ConvLayout::Nhwc => (
+            vec![s.batch, oh, ow, s.out_channels],
+            channels_last(&values, s.batch, s.out_channels, oh * ow),
+        ),
+    };
+    let dtype = TensorDtype::from(out_dtype);
+    let body = Conv2dResponse {
+        result: DenseOut::new(shape.clone(), values, dtype, packed),
+        shape,
+        dtype,
+        flops: s.flops(),
+        gflops_per_second: gflops_per_second(s.flops(), done.run.compute_time),
+    };
+    let bytes =
+        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(job_response(bytes, &done.run))
+}
+
+/// `[N, C, P]` → `[N, P, C]`.
+fn channels_last<T: Copy>(x: &[T], n: usize, c: usize, p: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(x.len());
+    for image in x.chunks(c * p).take(n) {
+        for q in 0..p {
+            out.extend((0..c).map(|ch| image[ch * p + q]));
+        }
+    }
+    out
+}
+
+/// `[N, P, C]` → `[N, C, P]`.
+fn channels_first<T: Copy>(x: &[T], n: usize, c: usize, p: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(x.len());
+    for image in x.chunks(c * p).take(n) {
+        for ch in 0..c {
+            out.extend((0..p).map(|q| image[q * c + ch]));
+        }
+    }
+    out
+}
+
+/// A pair of at-least-1 factors (stride, dilation); `[1, 1]` when absent.
+fn pair(v: Option<Vec<usize>>, path: &str) -> Result<(usize, usize), Problem> {
+    match v.as_deref() {
+        None => Ok((1, 1)),
+        Some(&[a, b]) if a >= 1 && b >= 1 => Ok((a, b)),
+        Some(_) => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            "two values, [rows, columns], each at least 1",
+        )),
+    }
+}
+
+/// Decodes the inputs and checks everything the job needs (on a blocking thread: the
+/// inputs may be large).
+fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
+    let dtype = req
+        .dtype
+        .or(req.input.packed_dtype())
+        .unwrap_or(TensorDtype::F32);
+    let input = operand(req.input, "/input", dtype, 4..=4, max)?;
+    let weight = operand(req.weight, "/weight", dtype, 4..=4, max)?;
+    let (n, c, h, w, x) = match (req.layout, &input.shape[..]) {
+        (ConvLayout::Nchw, &[n, c, h, w]) => (n, c, h, w, input.values),
+        (ConvLayout::Nhwc, &[n, h, w, c]) => {
+            (n, c, h, w, channels_first(&input.values, n, c, h * w))
+        }
+        _ => unreachable!("decode checked the rank"),
+    };
+    let &[o, cg, kh, kw] = &weight.shape[..] else {
+        unreachable!("decode checked the rank")
+    };
+    let groups = req.groups;
+    if groups >= 1 && c % groups == 0 && cg != c / groups {
+        return Err(Problem::at(
+            ErrorCode::InvalidTensor,
+            "/weight/shape",
+            format!(
+                "{cg} input channels per filter where the input's {c} channels in {groups} groups give {}",
+                c / groups
+            ),
+        ));
+    }
+    let padding = match req.padding.as_deref() {
+        None => [0; 4],
+        Some(&[rows, cols]) => [rows, rows, cols, cols],
+        Some(&[top, bottom, left, right]) => [top, bottom, left, right],
+        Some(_) => {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/padding",
+                "[rows, columns] or [top, bottom, left, right]",
+            ))
+        }
+    };
+    let shape = Conv2dShape {
+        batch: n,
+        channels: c,
+        height: h,
+        width: w,
+        out_channels: o,
+        kernel_h: kh,
+        kernel_w: kw,
+        stride: pair(req.stride, "/stride")?,
+        padding,
+        dilation: pair(req.dilation, "/dilation")?,
+        groups,
+    };
+    if let Some((oh, ow)) = shape.out_size() {
+        let out_len = [n, o, oh, ow]
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .unwrap_or(usize::MAX);
+        let too_large = |message: String| {
+            Err(Problem::at(
+                ErrorCode::PayloadTooLarge,
+                "/weight/shape",
+                message,
+            ))
+        };
+        if out_len > max {
+            return too_large(format!(
+                "the output would hold {out_len} values; the server answers at most {max} (--max-tensor-elements)"
+            ));
+        }
+        let flops = 2.0 * out_len as f64 * (cg * kh * kw) as f64;
+        if flops > MAX_MATMUL_FLOPS {
+            return too_large(format!(
+                "{flops:e} flops; the server takes at most 2^40 per request"
+            ));
+        }
+    }
+    let input_dtype = Dtype::from(dtype);
+    let output = req.out_dtype.map_or(input_dtype, Dtype::from);
+    let bias = req.bias.map(|b| {
+        b.into_iter()
+            .map(|x| input_dtype.round_f64(x))
+            .collect::<Vec<f64>>()
+    });
+    if let Some(i) = bias
+        .as_ref()
+        .and_then(|b| b.iter().position(|x| !x.is_finite()))
+    {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            format!("/bias/{i}"),
+            format!("overflows {}", input_dtype.name()),
+        ));
+    }
+    let tensors = if input_dtype == Dtype::F64 {
+        ConvTensors::F64 {
+            input: x,
+            weight: weight.values,
+            bias,
+        }
+    } else {
+        let narrow = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
+        ConvTensors::F32 {
+            input: narrow(x),
+            weight: narrow(weight.values),
+            bias: bias.map(narrow),
+        }
+    };
+    Ok(Conv2dJob::new(
+        shape,
+        tensors,
+        req.relu,
+        input_dtype,
+        output,
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_moves_are_inverse_transposes() {
+        let x: Vec<u32> = (0..2 * 3 * 4).collect();
+        let last = channels_last(&x, 2, 3, 4);
+        assert_eq!(&last[..6], &[0, 4, 8, 1, 5, 9]);
+        assert_eq!(channels_first(&last, 2, 3, 4), x);
+    }
+}

@@ -1,0 +1,3 @@
+//! `/nn/...`: neural-network layers, one file per operation.
+pub mod attention;
+pub mod conv2d;

@@ -1,0 +1,401 @@
+//! Batched 2-D convolution (cross-correlation, as in every deep-learning framework):
+//! the job, its CPU twin (im2col on the `gemm` crate) and the tolerance a device's answer
+//! is held to.
+//!
+//! Input `[N, C, H, W]`, weights `[O, C/G, KH, KW]`, output `[N, O, OH, OW]` with
+//! `OH = ⌊(H + pad_top + pad_bottom − dil_h·(KH − 1) − 1) / stride_h⌋ + 1` (and so for W).
+//! Output channel `o` of group `g = o / (O/G)` reads input channels
+//! `g·C/G … (g+1)·C/G − 1`. Optional bias per output channel, then optional ReLU. Both
+//! backends lower each (image, group) to one product `W_g · cols`, where `cols` holds the
+//! input windows (`C/G·KH·KW` rows, one column per output position, zeros in the padding).
+
+use super::gpu;
+use super::real::Real;
+use crate::backend::{DeviceError, DeviceLease, Job};
+use crate::ops::invalid::{FieldPath, Invalid};
+use crate::ops::linalg::{Dtype, Values};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Bytes of window columns one CPU task holds at a time: the positions are cut into
+/// chunks of about this many bytes.
+const CPU_COLUMN_BYTES: usize = 1 << 22;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dShape {
+    pub batch: usize,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub out_channels: usize,
+    pub kernel_h: usize,
+    pub kernel_w: usize,
+    /// (rows, columns).
+    pub stride: (usize, usize),
+    /// Top, bottom, left, right.
+    pub padding: [usize; 4],
+    pub dilation: (usize, usize),
+    pub groups: usize,
+}
+
+impl Conv2dShape {
+    /// Output rows and columns, or None where the dilated kernel is larger than the
+    /// padded input (or a stride or dilation is 0).
+    pub fn out_size(&self) -> Option<(usize, usize)> {
+        let one = |size: usize, pad: usize, kernel: usize, dil: usize, stride: usize| {
+            let span = dil.checked_mul(kernel.checked_sub(1)?)?.checked_add(1)?;
+            let padded = size.checked_add(pad)?;
+            (stride > 0 && dil > 0 && span <= padded).then(|| (padded - span) / stride + 1)
+        };
+        let [top, bottom, left, right] = self.padding;
+        Some((
+            one(
+                self.height,
+                top.checked_add(bottom)?,
+                self.kernel_h,
+                self.dilation.0,
+                self.stride.0,
+            )?,
+            one(
+                self.width,
+                left.checked_add(right)?,
+                self.kernel_w,
+                self.dilation.1,
+                self.stride.1,
+            )?,
+        ))
+    }
+
+    fn out(&self) -> (usize, usize) {
+        self.out_size().expect("the job checked the output size")
+    }
+
+    /// Output positions per channel.
+    pub fn positions(&self) -> usize {
+        let (h, w) = self.out();
+        h * w
+    }
+
+    pub fn group_in(&self) -> usize {
+        self.channels / self.groups
+    }
+
+    pub fn group_out(&self) -> usize {
+        self.out_channels / self.groups
+    }
+
+    /// Rows of `cols` per group: the reduction length K.
+    pub fn window(&self) -> usize {
+        self.group_in() * self.kernel_h * self.kernel_w
+    }
+
+    pub fn input_len(&self) -> usize {
+        self.batch * self.channels * self.height * self.width
+    }
+
+    pub fn weight_len(&self) -> usize {
+        self.out_channels * self.window()
+    }
+
+    pub fn out_len(&self) -> usize {
+        self.batch * self.out_channels * self.positions()
+    }
+
+    /// 2·N·O·OH·OW·K: multiplies and adds.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.out_len() as f64 * self.window() as f64
+    }
+
+    /// Fills `cols` (`window() × count`, row-major) with image `image`'s windows for
+    /// output positions `first … first + count − 1` of group `g`; zeros in the padding.
+    fn im2col<T: Real>(&self, image: &[T], g: usize, first: usize, count: usize, cols: &mut [T]) {
+        let (_, out_w) = self.out();
+        let (kh, kw) = (self.kernel_h, self.kernel_w);
+        let [top, _, left, _] = self.padding;
+        for c in 0..self.group_in() {
+            let plane = &image[(g * self.group_in() + c) * self.height * self.width..]
+                [..self.height * self.width];
+            for i in 0..kh {
+                for j in 0..kw {
+                    let row = &mut cols[((c * kh + i) * kw + j) * count..][..count];
+                    for (slot, p) in row.iter_mut().zip(first..) {
+                        let (oh, ow) = (p / out_w, p % out_w);
+                        let y = (oh * self.stride.0 + i * self.dilation.0).checked_sub(top);
+                        let x = (ow * self.stride.1 + j * self.dilation.1).checked_sub(left);
+                        *slot = match (y, x) {
+                            (Some(y), Some(x)) if y < self.height && x < self.width => {
+                                plane[y * self.width + x]
+                            }
+                            _ => T::ZERO,
+                        };
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Input, weights and bias: f32 (already rounded to the input dtype) or f64.
+#[derive(Clone, Debug)]
+pub enum ConvTensors {
+    F32 {
+        input: Vec<f32>,
+        weight: Vec<f32>,
+        bias: Option<Vec<f32>>,
+    },
+    F64 {
+        input: Vec<f64>,
+        weight: Vec<f64>,
+        bias: Option<Vec<f64>>,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Conv2dJob {
+    pub shape: Conv2dShape,
+    pub tensors: ConvTensors,
+    pub relu: bool,
+    pub input: Dtype,
+    pub output: Dtype,
+}
+
+impl Conv2dJob {
+    /// Checks the shape and the lengths. Paths are the request's: `input`, `weight`,
+    /// `bias`, `groups`, `stride`, `dilation`, `out_dtype`.
+    pub fn new(
+        shape: Conv2dShape,
+        tensors: ConvTensors,
+        relu: bool,
+        input: Dtype,
+        output: Dtype,
+    ) -> Result<Self, Invalid> {
+        let root = FieldPath::root();
+        let s = shape;
+        if s.groups == 0 || s.channels % s.groups != 0 || s.out_channels % s.groups != 0 {
+            return Err(Invalid::new(
+                root.field("groups"),
+                format!(
+                    "{} groups do not divide {} input and {} output channels",
+                    s.groups, s.channels, s.out_channels
+                ),
+            ));
+        }
+        for (name, (a, b)) in [("stride", s.stride), ("dilation", s.dilation)] {
+            if a == 0 || b == 0 {
+                return Err(Invalid::new(root.field(name), "each must be at least 1"));
+            }
+        }
+        if s.out_size().is_none() {
+            return Err(Invalid::new(
+                root.field("weight"),
+                format!(
+                    "the dilated {}×{} kernel is larger than the padded {}×{} input",
+                    s.kernel_h, s.kernel_w, s.height, s.width
+                ),
+            ));
+        }
+        let (i, w, b) = match &tensors {
+            ConvTensors::F32 {
+                input,
+                weight,
+                bias,
+            } => (input.len(), weight.len(), bias.as_ref().map(Vec::len)),
+            ConvTensors::F64 {
+                input,
+                weight,
+                bias,
+            } => (input.len(), weight.len(), bias.as_ref().map(Vec::len)),
+        };
+        for (name, got, want) in [("input", i, s.input_len()), ("weight", w, s.weight_len())]
+            .into_iter()
+            .chain(b.map(|b| ("bias", b, s.out_channels)))
+        {
+            if got != want {
+                return Err(Invalid::new(
+                    root.field(name),
+                    format!("{got} values where the shape needs {want}"),
+                ));
+            }
+        }
+        if (input == Dtype::F64) != (output == Dtype::F64) {
+            return Err(Invalid::new(
+                root.field("out_dtype"),
+                "f64 inputs answer in f64; other inputs in f32, f16 or bf16",
+            ));
+        }
+        Ok(Self {
+            shape,
+            tensors,
+            relu,
+            input,
+            output,
+        })
+    }
+
+    /// The CPU twin, then the output dtype's rounding.
+    pub fn run_cpu(&self) -> Values {
+        match &self.tensors {
+            ConvTensors::F32 {
+                input,
+                weight,
+                bias,
+            } => {
+                let mut out = self.convolve(input, weight, bias.as_deref(), self.relu);
+                if self.output != Dtype::F32 {
+                    let output = self.output;
+                    out.par_iter_mut()
+                        .with_min_len(1 << 14)
+                        .for_each(|x| *x = output.round(*x));
+                }
+                Values::F32(out)
+            }
+            ConvTensors::F64 {
+                input,
+                weight,
+                bias,
+            } => Values::F64(self.convolve(input, weight, bias.as_deref(), self.relu)),
+        }
+    }
+
+    /// One task per (image, group), each walking its output positions in chunks whose
+    /// window columns stay within `CPU_COLUMN_BYTES`; every thread on one task when
+    /// there are fewer tasks than threads.
+    fn convolve<T: Real>(
+        &self,
+        input: &[T],
+        weight: &[T],
+        bias: Option<&[T]>,
+        relu: bool,
+    ) -> Vec<T> {
+        let s = self.shape;
+        let (p, k, og) = (s.positions(), s.window(), s.group_out());
+        let mut out = vec![T::ZERO; s.out_len()];
+        let chunk = (CPU_COLUMN_BYTES / (k * std::mem::size_of::<T>()).max(1)).clamp(1, p);
+        let threads = rayon::current_num_threads();
+        let tasks = s.batch * s.groups;
+        let parallelism = if tasks < threads {
+            Parallelism::Rayon(threads)
+        } else {
+            Parallelism::None
+        };
+        let run = |task: usize, out: &mut [T]| {
+            let (n, g) = (task / s.groups, task % s.groups);
+            let image =
+                &input[n * s.channels * s.height * s.width..][..s.channels * s.height * s.width];
+            let w = &weight[g * og * k..][..og * k];
+            let mut cols = vec![T::ZERO; k * chunk];
+            for first in (0..p).step_by(chunk) {
+                let count = chunk.min(p - first);
+                let cols = &mut cols[..k * count];
+                s.im2col(image, g, first, count, cols);
+                // SAFETY: W_g is og × k, cols k × count, and the destination og rows of
+                // `count` values starting at column `first` of this group's og × p block
+                // (row stride p); all row-major.
+                unsafe {
+                    gemm::gemm(
+                        og,
+                        count,
+                        k,
+                        out[first..].as_mut_ptr(),
+                        1,
+                        p as isize,
+                        false,
+                        w.as_ptr(),
+                        1,
+                        k as isize,
+                        cols.as_ptr(),
+                        1,
+                        count as isize,
+                        T::ZERO,
+                        T::ONE,
+                        false,
+                        false,
+                        false,
+                        parallelism,
+                    )
+                }
+            }
+            for (o, row) in out.chunks_mut(p).enumerate() {
+                let b = bias.map_or(T::ZERO, |b| b[g * og + o]);
+                for x in row {
+                    let v = if bias.is_some() { *x + b } else { *x };
+                    *x = if relu && v < T::ZERO { T::ZERO } else { v };
+                }
+            }
+        };
+        if tasks < threads {
+            out.chunks_mut(og * p)
+                .enumerate()
+                .for_each(|(t, o)| run(t, o));
+        } else {
+            out.par_chunks_mut(og * p)
+                .enumerate()
+                .for_each(|(t, o)| run(t, o));
+        }
+        out
+    }
+
+    /// Per output value, a bound on |device − CPU|: both sum the same K exact products
+    /// (and the bias) in f32 in different orders, each within γ_{K+2}·Σ|w·x| + |b| of the
+    /// exact sum; ReLU cannot widen the gap; then each rounds to the output dtype.
+    pub fn tolerance(&self) -> Vec<f64> {
+        let ConvTensors::F32 {
+            input,
+            weight,
+            bias,
+        } = &self.tensors
+        else {
+            return vec![0.0; self.shape.out_len()];
+        };
+        let abs = |v: &[f32]| v.iter().map(|x| f64::from(x.abs())).collect::<Vec<_>>();
+        let bias = bias.as_deref().map(abs);
+        let magnitude = self.convolve(&abs(input), &abs(weight), bias.as_deref(), false);
+        let u = Dtype::F32.unit_roundoff();
+        let m = (self.shape.window() + 2) as f64;
+        let gamma = m * u / (1.0 - m * u);
+        let out_u = self.output.unit_roundoff();
+        magnitude
+            .into_iter()
+            .map(|mag| 2.0 * gamma * mag * 1.01 + 2.0 * out_u * mag + f64::from(f32::MIN_POSITIVE))
+            .collect()
+    }
+}
+
+impl Job for Conv2dJob {
+    type Output = Values;
+
+    fn name(&self) -> &'static str {
+        "conv2d"
+    }
+
+    fn size(&self) -> usize {
+        self.shape.out_len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        let s = self.shape;
+        (s.input_len() + s.weight_len()) * self.input.bytes()
+    }
+
+    /// Outputs of at least 2^16 values go to the device on `auto`.
+    fn gpu_threshold(&self) -> usize {
+        1 << 16
+    }
+
+    fn device_refusal(&self) -> Option<String> {
+        (self.input == Dtype::F64)
+            .then(|| "f64 conv2d runs on the CPU only; use backend auto or cpu".into())
+    }
+
+    fn run_cpu(&self) -> Values {
+        Conv2dJob::run_cpu(self)
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
+        gpu::run_conv2d_cuda(self, dev)
+    }
+
+    fn agrees(&self, device: &Values, cpu: &Values) -> Result<(), String> {
+        super::within(device, cpu, &self.tolerance(), self.output, "value")
+    }
+}
