@@ -66,8 +66,8 @@ try:
         AffinePointDoc,
         AttentionRequest,
         AttentionResponse,
-        Conv2dRequest,
-        Conv2dResponse,
+        Conv2DRequest,
+        Conv2DResponse,
         BackendChoice,
         BackendKind,
         BinaryEncoding,
@@ -763,9 +763,9 @@ def refuse_attention(c: Ctx):  # two values for three keys
 @roundtrip("conv2d")
 def test_conv2d(client):
     # A 2 × 2 box filter over a 3 × 3 image: sums of each 2 × 2 window, plus the bias.
-    body = Conv2dRequest(input=[[[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]]],
+    body = Conv2DRequest(input_=[[[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]]],
                          weight=[[[[1.0, 1.0], [1.0, 1.0]]]], bias=[0.5])
-    r = ok(conv2d.sync_detailed(client=client, body=body), 200, Conv2dResponse)
+    r = ok(conv2d.sync_detailed(client=client, body=body), 200, Conv2DResponse)
     assert r.shape == [1, 1, 2, 2]
     assert r.result == [[[[12.5, 16.5], [24.5, 28.5]]]]
     assert r.flops == 2 * 4 * 4 and r.gflops_per_second >= 0.0
@@ -773,7 +773,7 @@ def test_conv2d(client):
 
 @refusal("conv2d", 422, "invalid_parameter", "/groups")
 def refuse_conv2d(c: Ctx):  # two groups of one channel
-    body = Conv2dRequest(input=[[[[1.0]]]], weight=[[[[1.0]]]], groups=2)
+    body = Conv2DRequest(input_=[[[[1.0]]]], weight=[[[[1.0]]]], groups=2)
     return conv2d.sync_detailed(client=c.client, body=body)
 
 
