@@ -2,6 +2,7 @@
 //! Knows nothing about devices.
 
 mod auth;
+pub mod batch_hint;
 pub mod datasets;
 mod dense;
 mod domain_errors;
@@ -131,6 +132,7 @@ fn system_operations() -> Operations {
         .routes(routes!(system::live))
         .routes(routes!(system::ready))
         .routes(routes!(system::device))
+        .routes(routes!(batch_hint::batch_hint))
         .routes(routes!(system::metrics))
 }
 

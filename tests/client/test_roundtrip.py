@@ -51,7 +51,13 @@ try:
     from gpu_ops_client.api.linalg import matmul
     from gpu_ops_client.api.nn import attention, conv2d
     from gpu_ops_client.api.rf import rf_features
-    from gpu_ops_client.api.system import device_info, health_live, health_ready, metrics
+    from gpu_ops_client.api.system import (
+        device_batch_hint,
+        device_info,
+        health_live,
+        health_ready,
+        metrics,
+    )
     from gpu_ops_client.api.zk import (
         field_add,
         field_inv,
@@ -70,6 +76,7 @@ try:
         Conv2DResponse,
         BackendChoice,
         BackendKind,
+        BatchHint,
         BinaryEncoding,
         BudgetDetail,
         BudgetList,
@@ -95,6 +102,7 @@ try:
         GaussianRequest,
         Geometry,
         HealthStatus,
+        HintOp,
         LaplaceRequest,
         MechanismResponse,
         MatmulRequest,
@@ -984,6 +992,20 @@ def test_device_info(anon):
     assert (r.backend, r.mode, r.gpus) == (BackendKind.CPU, BackendChoice.CPU, [])
     assert r.cpu.threads == 1  # --cpu-threads 1
     assert "--backend cpu" in r.reason
+
+
+@roundtrip("device_batch_hint")
+def test_device_batch_hint(anon):
+    # No device: the CPU, and 64³ products of 48 KiB of f32 each, three times over there.
+    r = ok(device_batch_hint.sync_detailed(client=anon, op=HintOp.MATMUL, shape="64,64,64"), 200, BatchHint)
+    assert r.device == "cpu" and r.shape == [64, 64, 64]
+    assert r.bytes_per_item == 3 * 3 * 4096 * 4
+    assert r.batch == min(r.fits, r.max_per_request) and r.batch > 0
+
+
+@refusal("device_batch_hint", 422, "invalid_parameter", "/shape")
+def refuse_device_batch_hint(c: Ctx):  # matmul takes three dimensions
+    return device_batch_hint.sync_detailed(client=c.anon, op=HintOp.MATMUL, shape="64,64")
 
 
 @roundtrip("metrics")

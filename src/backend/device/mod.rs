@@ -348,6 +348,17 @@ impl GpuDevice {
         self.memory_limit.store(bytes, Ordering::Relaxed);
     }
 
+    /// Bytes one job may allocate now: `--gpu-memory-limit-mib` but never more than is
+    /// free, or without a limit half of what is free (the other half is headroom for the
+    /// driver, the table cache and other jobs' buffers).
+    pub fn memory_budget(&self) -> usize {
+        let free = self.memory().map_or(usize::MAX, |(f, _)| f as usize);
+        match self.memory_limit.load(Ordering::Relaxed) as usize {
+            0 => free / 2,
+            limit => limit.min(free),
+        }
+    }
+
     /// (free, total) bytes now.
     pub fn memory(&self) -> Option<(u64, u64)> {
         match &*self.engine() {
@@ -381,13 +392,9 @@ impl DeviceLease<'_> {
         &self.engine
     }
 
-    /// Bytes this job may allocate: the configured limit, never more than is free.
+    /// Bytes this job may allocate: `GpuDevice::memory_budget` now.
     pub fn memory_budget(&self) -> usize {
-        let free = self.device.memory().map_or(usize::MAX, |(f, _)| f as usize);
-        match self.device.memory_limit.load(Ordering::Relaxed) as usize {
-            0 => free / 2,
-            limit => limit.min(free),
-        }
+        self.device.memory_budget()
     }
 
     /// How many of `items` items of `per_item` bytes fit in one pass beside `fixed`

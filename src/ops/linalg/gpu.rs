@@ -32,16 +32,7 @@ pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values,
     };
     let s = job.shape;
     let (sa, sb) = (s.a_strides(), s.b_strides());
-    let per_entry = |batched: bool, len: usize| if batched { len } else { 0 };
-    let entry_bytes = 4
-        * (per_entry(s.a_batched, s.m * s.k)
-            + per_entry(s.b_batched, s.k * s.n)
-            + per_entry(s.c_batched && c.is_some(), s.m * s.n)
-            + s.m * s.n);
-    let shared_bytes = 4
-        * (per_entry(!s.a_batched, s.m * s.k)
-            + per_entry(!s.b_batched, s.k * s.n)
-            + per_entry(!s.c_batched && c.is_some(), s.m * s.n));
+    let (entry_bytes, shared_bytes) = s.device_bytes(c.is_some());
     let budget = dev.memory_budget().saturating_sub(shared_bytes);
     let per_pass = (budget / entry_bytes.max(1)).clamp(1, s.batch);
     // Broadcast operands are uploaded once; batched ones per pass.

@@ -83,6 +83,22 @@ impl MatmulShape {
         self.batch * self.m * self.n
     }
 
+    /// Device bytes of one pass of the f32 launcher: (per batch entry, shared by the
+    /// pass). Batched operands and D count per entry; a broadcast operand once.
+    pub fn device_bytes(&self, has_c: bool) -> (usize, usize) {
+        let per = |batched: bool, len: usize| if batched { len } else { 0 };
+        let entry = 4
+            * (per(self.a_batched, self.m * self.k)
+                + per(self.b_batched, self.k * self.n)
+                + per(self.c_batched && has_c, self.m * self.n)
+                + self.m * self.n);
+        let shared = 4
+            * (per(!self.a_batched, self.m * self.k)
+                + per(!self.b_batched, self.k * self.n)
+                + per(!self.c_batched && has_c, self.m * self.n));
+        (entry, shared)
+    }
+
     /// 2·batch·m·n·k: multiplies and adds.
     pub fn flops(&self) -> f64 {
         2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64

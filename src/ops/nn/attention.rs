@@ -73,6 +73,18 @@ impl AttentionShape {
         self.rows() * self.keys
     }
 
+    /// Device bytes of one sequence (all its heads) in the f32 launcher's pass: Q, K, V,
+    /// the output, the log-sum-exps, the key length, and the weights when asked.
+    pub fn device_bytes_per_sequence(&self, weights: bool) -> usize {
+        let per_q = self.heads * self.queries;
+        let per_kv = self.kv_heads * self.keys;
+        let w = if weights { per_q * self.keys } else { 0 };
+        4 * (per_q * (self.head_dim + self.value_dim + 1)
+            + per_kv * (self.head_dim + self.value_dim)
+            + w)
+            + 4
+    }
+
     /// 2·B·H·S·S_kv·(D + D_v): the two products, as if nothing were masked.
     pub fn flops(&self) -> f64 {
         2.0 * self.weights_len() as f64 * (self.head_dim + self.value_dim) as f64

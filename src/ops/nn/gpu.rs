@@ -60,8 +60,7 @@ pub fn run_attention_cuda(
     let (d, dv) = (s.head_dim, s.value_dim);
     let per_q = s.heads * s.queries;
     let per_kv = s.kv_heads * s.keys;
-    let weights_per_entry = if job.weights { per_q * s.keys } else { 0 };
-    let entry_bytes = 4 * (per_q * (d + dv + 1) + per_kv * (d + dv) + weights_per_entry) + 4;
+    let entry_bytes = s.device_bytes_per_sequence(job.weights);
     let per_pass = (dev.memory_budget() / entry_bytes.max(1)).clamp(1, s.batch.max(1));
     let tile = attention_key_tile(d, dv);
     let lengths: Vec<u32> = job.key_lengths.iter().map(|&l| l as u32).collect();

@@ -1,0 +1,112 @@
+//! `GET /device/batch_hint`: the batch that fits the device the op would run on (the
+//! emulated device under a memory limit, or the CPU), capped by the request limits, and
+//! each refusal with its path.
+
+mod common;
+
+use common::{problem, TestServer};
+use serde_json::Value;
+
+async fn hint(s: &TestServer, query: &str) -> reqwest::Response {
+    s.get(&format!("/device/batch_hint?{query}")).await
+}
+
+#[tokio::test]
+async fn the_hint_follows_the_device_budget_and_the_request_limits() {
+    // The emulated device with a 1 MiB budget: a 64³ product holds A, B and D, 3 × 4096
+    // f32 values (48 KiB) per batch entry, so 21 fit.
+    let s = TestServer::start(&[
+        "--backend",
+        "auto",
+        "--emulate-device",
+        "--gpu-memory-limit-mib",
+        "1",
+    ])
+    .await;
+    let res = hint(&s, "op=matmul&shape=64,64,64").await;
+    assert_eq!(res.status(), 200);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["device"], "emulated:0", "{body}");
+    assert_eq!(body["memory_budget_bytes"], 1 << 20);
+    assert_eq!(body["bytes_per_item"], 3 * 4096 * 4);
+    assert_eq!(body["fits"], 21);
+    assert_eq!(body["batch"], 21, "{body}");
+    // A 256³ product needs 768 KiB: one fits. 512³ needs 3 MiB: none.
+    let body: Value = hint(&s, "op=matmul&shape=256,256,256")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["batch"], 1, "{body}");
+    let body: Value = hint(&s, "op=matmul&shape=512,512,512")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (body["fits"].as_u64(), body["batch"].as_u64()),
+        (Some(0), Some(0)),
+        "{body}"
+    );
+    // Attention, H = 2, S = 32, D = 16: Q, K, V, O (2·32·16 each) and 64 log-sum-exps,
+    // plus the key length: 4·(64·33 + 64·32) + 4 bytes.
+    let body: Value = hint(&s, "op=attention&shape=2,32,16")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        body["bytes_per_item"],
+        4 * (64 * 33 + 64 * 32) + 4,
+        "{body}"
+    );
+    assert_eq!(body["fits"], (1u64 << 20) / (4 * (64 * 33 + 64 * 32) + 4));
+}
+
+#[tokio::test]
+async fn on_the_cpu_the_request_limits_cap_the_hint() {
+    let s = TestServer::start(&["--max-tensor-elements", "100000"]).await;
+    let body: Value = hint(&s, "op=matmul&shape=100,10,100")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["device"], "cpu", "{body}");
+    // A holds 10^4 values per entry: 10 entries reach --max-tensor-elements.
+    assert_eq!(body["max_per_request"], 10, "{body}");
+    assert_eq!(body["bytes_per_item"], 3 * 4 * (1000 + 1000 + 10000));
+    assert_eq!(body["batch"], 10, "{body}");
+    let body: Value = hint(&s, "op=attention&shape=4,2,16,40,8,8")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["shape"], serde_json::json!([4, 2, 16, 40, 8, 8]));
+    // The output, 4·16·8 = 512 values, and K and V, 2·40·8 = 640 each, per sequence.
+    assert_eq!(body["max_per_request"], 100000 / 640, "{body}");
+}
+
+#[tokio::test]
+async fn bad_queries_are_refused_with_their_path() {
+    let s = TestServer::start(&[]).await;
+    for (query, code, path) in [
+        ("op=fft&shape=1,2,3", "invalid_parameter", "/op"),
+        ("shape=1,2,3", "invalid_parameter", "/op"),
+        ("op=matmul&shape=1,0,3", "invalid_parameter", "/shape"),
+        ("op=matmul&shape=1,x,3", "invalid_parameter", "/shape"),
+        ("op=matmul&shape=1,2", "invalid_parameter", "/shape"),
+        (
+            "op=matmul&shape=16777216,16777216,16777216",
+            "invalid_parameter",
+            "/shape",
+        ),
+        (
+            "op=attention&shape=3,2,8,8,4,4",
+            "invalid_parameter",
+            "/shape",
+        ),
+    ] {
+        let p = problem(hint(&s, query).await, 422, code).await;
+        assert_eq!(p["errors"][0]["path"], path, "{query}: {p}");
+    }
+}
