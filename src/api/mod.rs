@@ -2,6 +2,7 @@
 //! Knows nothing about devices.
 
 mod auth;
+pub mod bandwidth;
 pub mod batch_hint;
 pub mod datasets;
 mod dense;
@@ -54,6 +55,8 @@ pub struct AppState {
     pub backends: Arc<Backends>,
     pub store: Arc<Store>,
     pub datasets: Arc<crate::datasets::Datasets>,
+    /// `/device/bandwidth`'s last measurement; the lock makes one measurement at a time.
+    bandwidth: tokio::sync::Mutex<Option<bandwidth::BandwidthReport>>,
     shutting_down: AtomicBool,
 }
 
@@ -73,6 +76,7 @@ impl AppState {
             backends,
             store,
             datasets,
+            bandwidth: tokio::sync::Mutex::new(None),
             shutting_down: AtomicBool::new(false),
         }
     }
@@ -132,6 +136,7 @@ fn system_operations() -> Operations {
         .routes(routes!(system::live))
         .routes(routes!(system::ready))
         .routes(routes!(system::device))
+        .routes(routes!(bandwidth::bandwidth))
         .routes(routes!(batch_hint::batch_hint))
         .routes(routes!(system::metrics))
 }

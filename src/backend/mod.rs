@@ -18,7 +18,8 @@ use utoipa::ToSchema;
 
 pub use cpu::CpuExecutor;
 pub use device::{
-    DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element, GpuDevice, GpuInfo,
+    best_rate, CopyBandwidth, DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element,
+    GpuDevice, GpuInfo,
 };
 pub use job::{Batchable, Job};
 pub use nvml::{driver_version as nvml_driver_version, spawn_sampler as spawn_nvml_sampler};

@@ -7,6 +7,8 @@ mod kernels;
 pub mod linalg;
 pub mod nn;
 pub mod rf;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod zk;
 
 pub use invalid::{FieldPath, Invalid};

@@ -52,6 +52,7 @@ try:
     from gpu_ops_client.api.nn import attention, conv2d
     from gpu_ops_client.api.rf import rf_features
     from gpu_ops_client.api.system import (
+        device_bandwidth,
         device_batch_hint,
         device_info,
         health_live,
@@ -76,6 +77,7 @@ try:
         Conv2DResponse,
         BackendChoice,
         BackendKind,
+        BandwidthReport,
         BatchHint,
         BinaryEncoding,
         BudgetDetail,
@@ -194,7 +196,8 @@ def refusal(op: str, status: int, code: str, path: str | None = None):
 # Open operations without input: their only documented refusals are 500 (a bug) and, for
 # health_ready, 503 while the server is still starting or already draining, which no
 # test can reach deterministically (and they take no key, so there is no 401 either).
-NO_REFUSAL = {"health_live", "health_ready", "device_info", "metrics"}
+# device_bandwidth's one input is a boolean, which a typed client cannot get wrong.
+NO_REFUSAL = {"health_live", "health_ready", "device_info", "metrics", "device_bandwidth"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -992,6 +995,15 @@ def test_device_info(anon):
     assert (r.backend, r.mode, r.gpus) == (BackendKind.CPU, BackendChoice.CPU, [])
     assert r.cpu.threads == 1  # --cpu-threads 1
     assert "--backend cpu" in r.reason
+
+
+@roundtrip("device_bandwidth")
+def test_device_bandwidth(anon):
+    # No device: host memory only, measured once and then cached.
+    r = ok(device_bandwidth.sync_detailed(client=anon), 200, BandwidthReport)
+    assert r.gpus == [] and r.host_memcpy_gb_per_s > 0 and r.host_bytes == 64 << 20
+    again = ok(device_bandwidth.sync_detailed(client=anon), 200, BandwidthReport)
+    assert (again.measured_at, again.host_memcpy_gb_per_s) == (r.measured_at, r.host_memcpy_gb_per_s)
 
 
 @roundtrip("device_batch_hint")

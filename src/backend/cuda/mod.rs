@@ -19,6 +19,15 @@ pub struct CudaEngine {
 }
 
 impl CudaEngine {
+    /// `len` elements of page-locked host memory (default flags, as bandwidthTest uses).
+    pub(crate) fn pinned_host<T: cudarc::driver::DeviceRepr>(
+        &self,
+        len: usize,
+    ) -> Result<cudarc::driver::PinnedHostSlice<T>, DeviceError> {
+        // SAFETY: the memory is written (by a copy) before anything reads it.
+        Ok(unsafe { self.ctx.alloc_pinned_with_flags::<T>(len, 0) }?)
+    }
+
     pub(crate) fn bind_to_thread(&self) -> Result<(), DeviceError> {
         Ok(self.ctx.bind_to_thread()?)
     }

@@ -5,10 +5,12 @@
 //! (`backend::emulated`), which runs the same `kernels/*.cu` compiled for the host. So
 //! every launcher, pass and cache runs in CI without a GPU, exactly as it would on one.
 
+mod bandwidth;
 mod buffer;
 mod launch;
 mod tables;
 
+pub use bandwidth::{best_rate, CopyBandwidth};
 pub use buffer::{DeviceBuffer, Element};
 pub use launch::Launch;
 

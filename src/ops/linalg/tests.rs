@@ -5,25 +5,7 @@
 use super::*;
 use crate::ops::FieldPath;
 
-/// Deterministic values in ±[2^-6, 4): clear of f16's subnormals, where the relative
-/// bound does not hold.
-fn values(len: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let unit = (s >> 11) as f64 / (1u64 << 53) as f64;
-            let magnitude = 2f64.powf(-6.0 + 8.0 * unit);
-            if s & 1 == 0 {
-                magnitude
-            } else {
-                -magnitude
-            }
-        })
-        .collect()
-}
+use crate::ops::testing::spread_values as values;
 
 fn in_dtype(v: &[f64], dtype: Dtype) -> Vec<f64> {
     v.iter()

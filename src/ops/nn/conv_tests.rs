@@ -6,24 +6,7 @@ use super::*;
 use crate::ops::linalg::{Dtype, Values};
 use crate::ops::FieldPath;
 
-/// Deterministic values in ±[2^-6, 4).
-fn values(len: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let unit = (s >> 11) as f64 / (1u64 << 53) as f64;
-            let magnitude = 2f64.powf(-6.0 + 8.0 * unit);
-            if s & 1 == 0 {
-                magnitude
-            } else {
-                -magnitude
-            }
-        })
-        .collect()
-}
+use crate::ops::testing::spread_values as values;
 
 /// The convolution as its definition reads, in f64.
 fn reference(s: &Conv2dShape, x: &[f64], w: &[f64], bias: Option<&[f64]>, relu: bool) -> Vec<f64> {

@@ -1,6 +1,7 @@
-//! `GET /device/batch_hint`: the batch that fits the device the op would run on (the
-//! emulated device under a memory limit, or the CPU), capped by the request limits, and
-//! each refusal with its path.
+//! The device's own measurements. `GET /device/batch_hint`: the batch that fits the device
+//! the op would run on (the emulated device under a memory limit, or the CPU), capped by
+//! the request limits, and each refusal with its path. `GET /device/bandwidth`: every
+//! copy measured, cached until a refresh.
 
 mod common;
 
@@ -109,4 +110,58 @@ async fn bad_queries_are_refused_with_their_path() {
         let p = problem(hint(&s, query).await, 422, code).await;
         assert_eq!(p["errors"][0]["path"], path, "{query}: {p}");
     }
+}
+
+#[tokio::test]
+async fn bandwidth_is_measured_once_and_cached_until_a_refresh() {
+    let s = TestServer::start(&["--backend", "auto", "--emulate-device"]).await;
+    let first: Value = s.get("/device/bandwidth").await.json().await.unwrap();
+    assert!(
+        first["host_memcpy_gb_per_s"].as_f64().unwrap() > 0.0,
+        "{first}"
+    );
+    assert_eq!(first["host_bytes"], 64 << 20);
+    assert!(
+        humantime::parse_rfc3339(first["measured_at"].as_str().unwrap()).is_ok(),
+        "{first}"
+    );
+    let gpus = first["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 1, "{first}");
+    assert_eq!(gpus[0]["device"], "emulated:0");
+    let bytes = gpus[0]["bytes"].as_u64().unwrap();
+    assert!(bytes > 0 && bytes <= 64 << 20 && bytes % 4 == 0, "{first}");
+    for copy in [
+        "h2d_pageable",
+        "d2h_pageable",
+        "h2d_pinned",
+        "d2h_pinned",
+        "d2d",
+    ] {
+        let rate = gpus[0][format!("{copy}_gb_per_s")].as_f64().unwrap();
+        assert!(rate > 0.0 && rate.is_finite(), "{copy}: {first}");
+    }
+    // Cached: the same figures, to the bit.
+    let again: Value = s.get("/device/bandwidth").await.json().await.unwrap();
+    assert_eq!(again, first);
+    // Measured anew: timings never repeat to the nanosecond.
+    let fresh: Value = s
+        .get("/device/bandwidth?refresh=true")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(
+        fresh["host_memcpy_gb_per_s"], first["host_memcpy_gb_per_s"],
+        "{fresh}"
+    );
+    let cached: Value = s.get("/device/bandwidth").await.json().await.unwrap();
+    assert_eq!(cached, fresh);
+
+    let p = problem(
+        s.get("/device/bandwidth?refresh=maybe").await,
+        422,
+        "invalid_parameter",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/refresh", "{p}");
 }
