@@ -106,6 +106,12 @@ async fn bad_queries_are_refused_with_their_path() {
             "invalid_parameter",
             "/shape",
         ),
+        (
+            "op=attention&shape=1,4294967296,1",
+            "invalid_parameter",
+            "/shape",
+        ),
+        ("op=attention&shape=1,8,257", "invalid_parameter", "/shape"),
     ] {
         let p = problem(hint(&s, query).await, 422, code).await;
         assert_eq!(p["errors"][0]["path"], path, "{query}: {p}");

@@ -198,6 +198,19 @@ async fn bad_inputs_are_refused_with_their_code_and_path() {
             "/q",
         ),
         (
+            // Scaled, the logit is 4e18; unscaled, the dot overflows f32.
+            json!({"q": [[[[2e19]]]], "k": [[[[2e19]]]], "v": one, "scale": 1e-20}),
+            422,
+            "invalid_parameter",
+            "/q",
+        ),
+        (
+            json!({"q": one, "k": [[[[0], [0]]]], "v": [[[[3e38], [3e38]]]]}),
+            422,
+            "invalid_parameter",
+            "/v",
+        ),
+        (
             json!({"q": one, "k": one, "v": [[[[1e5]]]], "out_dtype": "f16"}),
             422,
             "result_not_finite",

@@ -61,7 +61,8 @@ pub struct BatchHint {
     responses(
         (status = 200, body = BatchHint),
         (status = 422, description = "invalid_parameter: an unknown op, or a shape that is not 3 (or, for \
-            attention, 6) positive integers, or heads that do not divide"),
+            attention, 6) positive integers, heads that do not divide, a head dimension over 256, or \
+            products of 2^48 or more"),
     ))]
 pub async fn batch_hint(
     State(state): State<Arc<AppState>>,
@@ -164,6 +165,18 @@ fn item(op: HintOp, shape: &[usize]) -> Result<(&'static str, u64, Vec<u64>, f64
             };
             if heads % kv_heads != 0 {
                 return Err(bad("H_kv must divide H"));
+            }
+            if head_dim.max(value_dim) > crate::ops::nn::MAX_HEAD_DIM {
+                return Err(bad("head dimensions are at most 256"));
+            }
+            // The logits, H·S·S_kv, bound every count below (and, in the H,S,D form, are
+            // not bounded by the shape's product).
+            if [heads, queries, keys]
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d))
+                .is_none_or(|n| n >= 1 << 48)
+            {
+                return Err(bad("H·S·S_kv must be below 2^48"));
             }
             let s = AttentionShape {
                 batch: 1,

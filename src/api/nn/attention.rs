@@ -47,8 +47,8 @@ pub struct AttentionRequest {
     #[schema(min_items = 1)]
     pub key_lengths: Option<Vec<usize>>,
     /// Multiplies the logits. Default 1/√D. 0, or a normal f32 in magnitude unless the
-    /// inputs are f64; |scale|·D·max|q|·max|k| must stay below an eighth of the
-    /// compute type's largest value.
+    /// inputs are f64. max(1, |scale|)·D·max|q|·max|k| and S_kv·max|v| must stay below
+    /// an eighth of the compute type's largest value.
     pub scale: Option<f64>,
     /// Also answer the weights `[B, H, S, S_kv]` (at most 2^22 of them).
     #[serde(default)]
@@ -97,7 +97,7 @@ pub struct AttentionResponse {
             flops, or more than 2^22 weights"),
         (status = 422, description = "invalid_tensor (rank, ragged, non-finite, base64, shapes that do not \
             agree, heads that do not divide, a head dimension over 256), invalid_parameter (dtype, scale, \
-            key_lengths, logits that could overflow, backend cuda with f64), result_not_finite (the output \
+            key_lengths, logits or weighted sums that could overflow, backend cuda with f64), result_not_finite (the output \
             overflows out_dtype)"),
         (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
     ),

@@ -215,20 +215,30 @@ impl AttentionJob {
                 "must be finite, and 0 or a normal f32 (1.2e-38 to 3.4e38 in magnitude) unless the inputs are f64",
             ));
         }
-        let (q_max, k_max) = match &tensors {
-            Tensors::F32 { q, k, .. } => (max_abs(q), max_abs(k)),
-            Tensors::F64 { q, k, .. } => (max_abs(q), max_abs(k)),
+        let (q_max, k_max, v_max) = match &tensors {
+            Tensors::F32 { q, k, v } => (max_abs(q), max_abs(k), max_abs(v)),
+            Tensors::F64 { q, k, v } => (max_abs(q), max_abs(k), max_abs(v)),
         };
-        // |scale · q·k| ≤ |scale|·D·max|q|·max|k|: far enough below the largest finite
-        // value that no logit, partial sum or difference of two overflows.
         let largest = if wide { f64::MAX } else { f64::from(f32::MAX) };
-        if scale.abs() * s.head_dim as f64 * q_max * k_max > largest / 8.0 {
+        let kind = if wide { "f64" } else { "f32" };
+        // Both backends sum q·k before scaling, then scale: the dot itself and the
+        // logit are each at most max(1, |scale|)·D·max|q|·max|k|, kept far enough below
+        // the largest value that no logit, partial sum or difference of two overflows.
+        let logit_bound = scale.abs().max(1.0) * s.head_dim as f64 * q_max * k_max;
+        if logit_bound > largest / 8.0 {
             return Err(Invalid::new(
                 root.field("q"),
+                format!("max(1, |scale|)·D·max|q|·max|k| = {logit_bound:e}: logits could overflow {kind}"),
+            ));
+        }
+        // The partial output sums up to S_kv weights of at most 1 times |v| before the
+        // final division.
+        let value_bound = s.keys as f64 * v_max;
+        if value_bound > largest / 8.0 {
+            return Err(Invalid::new(
+                root.field("v"),
                 format!(
-                    "|scale|·D·max|q|·max|k| = {:e}: logits could overflow {}",
-                    scale.abs() * s.head_dim as f64 * q_max * k_max,
-                    if wide { "f64" } else { "f32" }
+                    "S_kv·max|v| = {value_bound:e}: the running weighted sum could overflow {kind}"
                 ),
             ));
         }

@@ -280,6 +280,23 @@ fn the_job_refuses_what_it_cannot_do_with_the_field_at_fault() {
     );
     assert_eq!(make(s, None, 1e-40, 1.0), Err(at("scale")));
     assert_eq!(make(s, None, 1.0, 1e37), Err(at("q")));
+    // A small scale does not make the unscaled dot product safe: it is summed first.
+    assert_eq!(make(s, None, 1e-20, 1e37), Err(at("q")));
+    let huge_values = AttentionJob::new(
+        s,
+        Tensors::F32 {
+            q: vec![1.0; s.q_len()],
+            k: vec![1.0; s.k_len()],
+            v: vec![1e38; s.v_len()],
+        },
+        1.0,
+        false,
+        None,
+        Dtype::F32,
+        Dtype::F32,
+        false,
+    );
+    assert_eq!(huge_values.map(|_| ()).map_err(|e| e.path), Err(at("v")));
     let wide = shape((1, 1, 1), (1, 1), (257, 8));
     assert_eq!(make(wide, None, 1.0, 1.0), Err(at("q")));
 }
