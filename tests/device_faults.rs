@@ -14,8 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 17] = [
+const OPS: [&str; 19] = [
     "attention",
+    "beams_channels",
+    "beams_sweep",
     "conv2d",
     "dp_gaussian",
     "dp_laplace",

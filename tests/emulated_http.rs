@@ -347,3 +347,45 @@ async fn conv2d_runs_on_the_emulated_device() {
     assert_eq!(dev["shape"], json!([2, 6, 5, 9]));
     assert_eq!(dev["result"], cpu["result"]);
 }
+
+/// Beam channels and a noisy sweep on the emulated device and on the CPU: the channels
+/// within f64's rounding of each other's, the same best pairs, the powers within 1e-9.
+#[tokio::test]
+async fn beams_run_on_the_emulated_device() {
+    let s = emulated_server().await;
+    let model = json!({"batch": 6, "tx_array": {"rows": 2, "columns": 4},
+                       "rx_array": {"columns": 4}, "paths": 3, "seed": 9,
+                       "elevation_deg": [-20, 20]});
+    let close = |a: &Value, b: &Value, tol: f64| {
+        let flat = |v: &Value| -> Vec<f64> {
+            let mut out = Vec::new();
+            let mut stack = vec![v.clone()];
+            while let Some(x) = stack.pop() {
+                match x {
+                    Value::Array(items) => stack.extend(items),
+                    n => out.push(n.as_f64().unwrap()),
+                }
+            }
+            out
+        };
+        let (a, b) = (flat(a), flat(b));
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= tol * y.abs().max(1.0), "{x} against {y}");
+        }
+    };
+    let (dev, cpu) = both(&s, "/beams/channels", json!({"model": model, "out_dtype": "f64"})).await;
+    assert_eq!(dev["shape"], json!([6, 4, 8, 2]));
+    close(&dev["channels"], &cpu["channels"], 1e-12);
+    let body = json!({"model": model, "tx_codebook": {"oversampling": 2}, "snr_db": 10,
+                      "noise_seed": 4, "return_grid": true, "out_dtype": "f64"});
+    let (dev, cpu) = both(&s, "/beams/sweep", body.clone()).await;
+    close(&dev["grid"], &cpu["grid"], 1e-9);
+    assert_eq!(dev["best"]["rx"], cpu["best"]["rx"]);
+    assert_eq!(dev["best"]["tx"], cpu["best"]["tx"]);
+    let mut reduced = body;
+    reduced["return_grid"] = json!(false);
+    let (dev, _) = both(&s, "/beams/sweep", reduced).await;
+    assert_eq!(dev["best"]["rx"], cpu["best"]["rx"]);
+    assert_eq!(dev["best"]["tx"], cpu["best"]["tx"]);
+}

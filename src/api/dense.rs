@@ -419,47 +419,48 @@ fn packed_tensor_schema(
     <PackedTensor as ToSchema>::schemas(schemas);
 }
 
-/// Schema of `DenseIn` / `DenseOut` for matrices: nested arrays of rank 2 or 3, or
-/// packed. The operations that take them take exactly these ranks.
-pub struct DenseDoc;
+/// A schema for `DenseIn` / `DenseOut` of the given ranks: nested arrays of numbers of
+/// each rank, or packed.
+macro_rules! dense_doc {
+    ($(#[$doc:meta])* $name:ident, $ranks:expr) => {
+        $(#[$doc])*
+        pub struct $name;
 
-impl utoipa::PartialSchema for DenseDoc {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        nested_or_packed(&[2, 3])
-    }
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                nested_or_packed(&$ranks)
+            }
+        }
+
+        impl ToSchema for $name {
+            fn schemas(
+                schemas: &mut Vec<(
+                    String,
+                    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+                )>,
+            ) {
+                packed_tensor_schema(schemas);
+            }
+        }
+    };
 }
 
-impl ToSchema for DenseDoc {
-    fn schemas(
-        schemas: &mut Vec<(
-            String,
-            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-        )>,
-    ) {
-        packed_tensor_schema(schemas);
-    }
-}
-
-/// Schema of `DenseIn` / `DenseOut` for attention's `[B, H, S, D]`: nested arrays of
-/// rank 4, or packed.
-pub struct Dense4Doc;
-
-impl utoipa::PartialSchema for Dense4Doc {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        nested_or_packed(&[4])
-    }
-}
-
-impl ToSchema for Dense4Doc {
-    fn schemas(
-        schemas: &mut Vec<(
-            String,
-            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-        )>,
-    ) {
-        packed_tensor_schema(schemas);
-    }
-}
+dense_doc!(
+    /// Matrices: nested arrays of rank 2 or 3, or packed. The operations that take them
+    /// take exactly these ranks.
+    DenseDoc,
+    [2, 3]
+);
+dense_doc!(
+    /// Rank 3: a codebook's `[K, N, 2]` complex beams, or drawn paths' `[B, L, 2]`.
+    Dense3Doc,
+    [3]
+);
+dense_doc!(
+    /// Rank 4: attention's `[B, H, S, D]`, or channels' `[B, N_r, N_t, 2]` complex values.
+    Dense4Doc,
+    [4]
+);
 
 #[cfg(test)]
 mod tests {

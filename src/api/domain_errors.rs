@@ -5,7 +5,7 @@
 
 use super::problem::{ErrorCode, FieldIssue, Problem};
 use crate::datasets::SubmitError;
-use crate::ops::invalid::{Invalid, Segment};
+use crate::ops::invalid::{FieldPath, Invalid, Segment};
 use crate::ops::rf::ExtractError;
 use crate::ops::zk::msm::{MsmShape, PointErrors};
 use crate::ops::zk::ntt::NttShape;
@@ -41,17 +41,19 @@ impl From<JobError> for Problem {
 /// A field the maths refused: its place rendered as a JSON pointer.
 impl From<Invalid> for Problem {
     fn from(e: Invalid) -> Self {
-        let pointer: String = e
-            .path
-            .segments()
-            .iter()
-            .map(|s| match s {
-                Segment::Field(name) => format!("/{name}"),
-                Segment::Index(i) => format!("/{i}"),
-            })
-            .collect();
-        Problem::at(ErrorCode::InvalidParameter, pointer, e.message)
+        Problem::at(ErrorCode::InvalidParameter, pointer(&e.path), e.message)
     }
+}
+
+/// A field's place as a JSON pointer.
+pub(crate) fn pointer(path: &FieldPath) -> String {
+    path.segments()
+        .iter()
+        .map(|s| match s {
+            Segment::Field(name) => format!("/{name}"),
+            Segment::Index(i) => format!("/{i}"),
+        })
+        .collect()
 }
 
 impl From<StoreError> for Problem {

@@ -4,6 +4,7 @@
 mod auth;
 pub mod bandwidth;
 pub mod batch_hint;
+pub mod beams;
 pub mod datasets;
 mod dense;
 mod domain_errors;
@@ -157,6 +158,8 @@ fn keyed_operations() -> Operations {
         .routes(routes!(embeddings::embeddings_sinusoidal))
         .routes(routes!(nn::attention::attention))
         .routes(routes!(nn::conv2d::conv2d))
+        .routes(routes!(beams::beam_channels))
+        .routes(routes!(beams::beam_sweep))
         .routes(routes!(datasets::create_dataset))
         .routes(routes!(datasets::list_datasets))
         .routes(routes!(datasets::get_dataset, datasets::delete_dataset))
@@ -301,6 +304,13 @@ pub(crate) async fn blocking<T: Send + 'static>(
             format!("worker thread failed: {e}"),
         ))
     })
+}
+
+/// 64 bits of OS entropy: the seed of a request that gave none.
+pub(crate) fn entropy_u64() -> Result<u64, Problem> {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).map_err(|e| Problem::internal(format!("no OS entropy: {e}")))?;
+    Ok(u64::from_le_bytes(b))
 }
 
 /// A 200 JSON response carrying where and how long the job ran.

@@ -37,6 +37,7 @@ use utoipa::OpenApi;
         (name = "linalg", description = "Dense linear algebra: batched matrix multiply in f16, bf16, f32 and f64"),
         (name = "embeddings", description = "Sinusoidal position embeddings"),
         (name = "nn", description = "Neural-network layers: 2-D convolution and fused scaled dot-product attention"),
+        (name = "beams", description = "Beam alignment: geometric multipath channels between antenna arrays, and sweeps of beam codebooks over them"),
         (name = "datasets", description = "Synthetic RF datasets as asynchronous jobs"),
     )
 )]

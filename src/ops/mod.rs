@@ -1,6 +1,7 @@
 //! The domains: maths only, no HTTP. Each op is a job type (`backend::Job`) beside its CPU
 //! twin (the oracle) and its device launcher; each domain registers its kernel modules
 //! and the self-tests every device passes before it serves the domain's ops.
+pub mod beams;
 pub mod dp;
 pub mod invalid;
 mod kernels;
@@ -21,5 +22,6 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
     tests.extend(rf::self_test::self_tests());
     tests.extend(linalg::self_test::self_tests());
     tests.extend(nn::self_test::self_tests());
+    tests.extend(beams::self_test::self_tests());
     tests
 }

@@ -47,6 +47,7 @@ try:
         dp_laplace,
         dp_privatize,
     )
+    from gpu_ops_client.api.beams import beam_channels, beam_sweep
     from gpu_ops_client.api.embeddings import embeddings_sinusoidal
     from gpu_ops_client.api.linalg import matmul
     from gpu_ops_client.api.nn import attention, conv2d
@@ -71,6 +72,14 @@ try:
     )
     from gpu_ops_client.models import (
         AffinePointDoc,
+        ArrayGeometry,
+        BeamDtype,
+        ChannelModel,
+        ChannelsRequest,
+        ChannelsResponse,
+        CodebookSpec,
+        SweepRequest,
+        SweepResponse,
         AttentionRequest,
         AttentionResponse,
         Conv2DRequest,
@@ -786,6 +795,49 @@ def test_conv2d(client):
 def refuse_conv2d(c: Ctx):  # two groups of one channel
     body = Conv2DRequest(input_=[[[[1.0]]]], weight=[[[[1.0]]]], groups=2)
     return conv2d.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# beams: multipath channels and beam sweeps.
+
+
+@roundtrip("beam_channels")
+def test_beam_channels(client):
+    # One path: every entry of H is its gain turned by a phase, so all have |α|.
+    model = ChannelModel(batch=2, tx_array=ArrayGeometry(columns=4), rx_array=ArrayGeometry(columns=2),
+                         paths=1, seed=3)
+    body = ChannelsRequest(model=model, return_paths=True, out_dtype=BeamDtype.F64)
+    r = ok(beam_channels.sync_detailed(client=client, body=body), 200, ChannelsResponse)
+    assert r.shape == [2, 2, 4, 2] and r.seed == 3
+    for b in range(2):
+        modulus = math.hypot(*r.paths.gain[b][0])
+        for row in r.channels[b]:
+            for value in row:
+                assert abs(math.hypot(*value) - modulus) < 1e-12
+
+
+@refusal("beam_channels", 422, "invalid_parameter", "/model/paths")
+def refuse_beam_channels(c: Ctx):  # 65 paths
+    model = ChannelModel(batch=1, tx_array=ArrayGeometry(columns=2), rx_array=ArrayGeometry(columns=2),
+                         paths=65)
+    return beam_channels.sync_detailed(client=c.client, body=ChannelsRequest(model=model))
+
+
+@roundtrip("beam_sweep")
+def test_beam_sweep(client):
+    # A channel of ones is broadside at both ends: the DFT beams at h = 0 (index K/2) win
+    # with the whole array gain N_r·N_t = 8.
+    body = SweepRequest(channels=[[[[1.0, 0.0]] * 4] * 2], tx_codebook=CodebookSpec(oversampling=2),
+                        return_grid=True)
+    r = ok(beam_sweep.sync_detailed(client=client, body=body), 200, SweepResponse)
+    assert (r.best.rx, r.best.tx) == ([1], [4])
+    assert abs(r.best.power[0] - 8.0) < 1e-5
+    assert (r.rx_beams, r.tx_beams) == (2, 8) and len(r.grid[0]) == 2
+
+
+@refusal("beam_sweep", 422, "invalid_parameter", "/model")
+def refuse_beam_sweep(c: Ctx):  # neither a model nor channels
+    return beam_sweep.sync_detailed(client=c.client, body=SweepRequest())
 
 
 # ---------------------------------------------------------------------------------------

@@ -163,12 +163,7 @@ impl CreateDatasetRequest {
     fn seed(&self) -> Result<u64, Problem> {
         let seed = match self.seed {
             Some(s) => s,
-            None => {
-                let mut b = [0u8; 8];
-                getrandom::fill(&mut b)
-                    .map_err(|e| Problem::internal(format!("no OS entropy: {e}")))?;
-                u64::from_le_bytes(b) >> 1
-            }
+            None => crate::api::entropy_u64()? >> 1,
         };
         if seed > i64::MAX as u64 {
             return Err(Problem::at(

@@ -96,6 +96,11 @@ impl Stream {
         }
     }
 
+    /// The stream whose key is `key` (as `key()` gave it), from its first draw.
+    pub fn from_key(key: u64) -> Self {
+        Self { key, next: 0 }
+    }
+
     /// The stream's key (what a kernel needs to draw from it).
     pub fn key(&self) -> u64 {
         self.key

@@ -1,0 +1,547 @@
+//! `/beams/channels` and `/beams/sweep`: geometric multipath channels, and the sweep of
+//! beam codebooks over them.
+
+use super::dense::{Dense3Doc, Dense4Doc, DenseIn, DenseOut, TensorDtype};
+use super::domain_errors::pointer;
+use super::embeddings::OutputEncoding;
+use super::problem::{ErrorCode, Problem};
+use super::{blocking, entropy_u64, job_response, job_timeout, ApiJson, AppState};
+use crate::backend::BackendChoice;
+use crate::ops::beams::sweep::MAX_CODEBOOK_VALUES;
+use crate::ops::beams::{
+    Array, ChannelSpec, Channels, ChannelsJob, Codebook, DrawnPath, MeasurementNoise, SweepJob,
+};
+use crate::ops::linalg::Dtype;
+use crate::ops::FieldPath;
+use axum::extract::State;
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// Antennas half a wavelength apart on a grid; one row is a uniform linear array.
+/// Element e = row·columns + column.
+#[derive(Clone, Copy, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArrayGeometry {
+    /// Default 1 (a linear array).
+    #[serde(default = "one")]
+    #[schema(default = 1, minimum = 1, maximum = 1024)]
+    pub rows: usize,
+    /// rows × columns at most 1024.
+    #[schema(minimum = 1, maximum = 1024)]
+    pub columns: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+fn three() -> usize {
+    3
+}
+
+impl ArrayGeometry {
+    fn array(self, at: FieldPath) -> Result<Array, crate::ops::Invalid> {
+        Array::new(self.rows, self.columns, at)
+    }
+}
+
+/// Channels H = √(N_r·N_t/L)·Σ_l α_l·a_r(arrival_l)·a_t(departure_l)ᴴ with unit-norm
+/// steering vectors and α_l ~ CN(0, 1): each departure and arrival uniform in the angle
+/// ranges, drawn from the seed by channel index (channel `first_channel + b` is the same
+/// whatever batch asks for it).
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"batch": 2, "tx_array": {"columns": 8}, "rx_array": {"columns": 4}, "paths": 2, "seed": 7}))]
+pub struct ChannelModel {
+    /// Channels in the batch.
+    #[schema(minimum = 1)]
+    pub batch: usize,
+    pub tx_array: ArrayGeometry,
+    pub rx_array: ArrayGeometry,
+    /// Paths per channel, 1 to 64.
+    #[serde(default = "three")]
+    #[schema(default = 3, minimum = 1, maximum = 64)]
+    pub paths: usize,
+    /// [low, high] degrees, −90 ≤ low ≤ high ≤ 90; broadside is 0. Default [−90, 90].
+    #[schema(min_items = 2, max_items = 2)]
+    pub azimuth_deg: Option<[f64; 2]>,
+    /// [low, high] degrees, −90 ≤ low ≤ high ≤ 90. Default [0, 0]: paths in the
+    /// horizontal plane.
+    #[schema(min_items = 2, max_items = 2)]
+    pub elevation_deg: Option<[f64; 2]>,
+    /// Default: one from OS entropy, reported in the answer.
+    pub seed: Option<u64>,
+    /// The batch's first channel index in the seed's sequence. first_channel + batch
+    /// stays below 2^64.
+    #[serde(default)]
+    #[schema(default = 0)]
+    pub first_channel: u64,
+}
+
+impl ChannelModel {
+    /// The spec, checked, with its seed; paths under `at`.
+    fn spec(&self, at: &FieldPath, max: usize) -> Result<(ChannelSpec, u64), Problem> {
+        let tx = self.tx_array.array(at.field("tx_array"))?;
+        let rx = self.rx_array.array(at.field("rx_array"))?;
+        let complex = (self.batch as u64).saturating_mul((tx.elements() * rx.elements()) as u64);
+        if self.batch == 0 {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                pointer(&at.field("batch")),
+                "must be at least 1",
+            ));
+        }
+        if complex.saturating_mul(2) > max as u64 {
+            return Err(too_large(
+                &pointer(&at.field("batch")),
+                "channel values",
+                2 * complex,
+                max,
+            ));
+        }
+        let seed = match self.seed {
+            Some(s) => s,
+            None => entropy_u64()?,
+        };
+        let [az_lo, az_hi] = self.azimuth_deg.unwrap_or([-90.0, 90.0]);
+        let [el_lo, el_hi] = self.elevation_deg.unwrap_or([0.0, 0.0]);
+        let spec = ChannelSpec {
+            tx,
+            rx,
+            paths: self.paths,
+            azimuth_deg: (az_lo, az_hi),
+            elevation_deg: (el_lo, el_hi),
+            seed,
+            first: self.first_channel,
+            count: self.batch,
+        };
+        spec.validate(at)?;
+        Ok((spec, seed))
+    }
+}
+
+fn too_large(path: &str, what: &str, values: u64, max: usize) -> Problem {
+    Problem::at(
+        ErrorCode::PayloadTooLarge,
+        path,
+        format!("{values} {what}; the server holds at most {max} (--max-tensor-elements)"),
+    )
+}
+
+/// f32 or f64 answers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BeamDtype {
+    #[default]
+    F32,
+    F64,
+}
+
+impl From<BeamDtype> for Dtype {
+    fn from(d: BeamDtype) -> Dtype {
+        match d {
+            BeamDtype::F32 => Dtype::F32,
+            BeamDtype::F64 => Dtype::F64,
+        }
+    }
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"model": {"batch": 2, "tx_array": {"columns": 8}, "rx_array": {"columns": 4}, "paths": 2, "seed": 7}}))]
+pub struct ChannelsRequest {
+    pub model: ChannelModel,
+    /// Also answer each path's gain and angles (at most --max-tensor-elements / 6 paths).
+    #[serde(default)]
+    #[schema(default = false)]
+    pub return_paths: bool,
+    #[serde(default)]
+    pub out_dtype: BeamDtype,
+    #[serde(default)]
+    pub encoding: OutputEncoding,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// The drawn paths, `[B, L, 2]` each.
+#[derive(Serialize, ToSchema)]
+pub struct DrawnPaths {
+    /// α_l (re, im), before the 1/√L.
+    #[schema(value_type = Dense3Doc)]
+    pub gain: DenseOut,
+    /// (azimuth, elevation) in degrees at the transmitter.
+    #[schema(value_type = Dense3Doc)]
+    pub departure_deg: DenseOut,
+    /// (azimuth, elevation) in degrees at the receiver.
+    #[schema(value_type = Dense3Doc)]
+    pub arrival_deg: DenseOut,
+}
+
+impl DrawnPaths {
+    fn new(drawn: &[DrawnPath], batch: usize, packed: bool) -> Self {
+        let shape = vec![batch, drawn.len() / batch, 2];
+        let pick = |f: fn(&DrawnPath) -> (f64, f64)| {
+            let values = drawn.iter().flat_map(|p| <[f64; 2]>::from(f(p))).collect();
+            DenseOut::new(shape.clone(), values, TensorDtype::F64, packed)
+        };
+        Self {
+            gain: pick(|p| p.gain),
+            departure_deg: pick(|p| p.departure_deg),
+            arrival_deg: pick(|p| p.arrival_deg),
+        }
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ChannelsResponse {
+    /// `[B, N_r, N_t, 2]`: (re, im) pairs, nested or packed in `dtype`.
+    #[schema(value_type = Dense4Doc)]
+    pub channels: DenseOut,
+    pub shape: Vec<usize>,
+    pub dtype: TensorDtype,
+    /// The seed the channels came from (the given one, or the drawn one).
+    pub seed: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paths: Option<DrawnPaths>,
+}
+
+#[utoipa::path(
+    post, path = "/beams/channels", tag = "beams", operation_id = "beam_channels",
+    summary = "Geometric multipath channels",
+    description = "A batch of channels between two half-wavelength arrays (linear or planar): L paths per \
+        channel with uniform departure and arrival angles and CN(0, 1) gains, drawn from the seed by \
+        channel index, so any batch split and either backend give the same channels. Formed in f64 and \
+        rounded to `out_dtype`.",
+    request_body = ChannelsRequest,
+    responses(
+        (status = 200, description = "The channels", body = ChannelsResponse),
+        (status = 413, description = "The answer over --max-tensor-elements"),
+        (status = 422, description = "invalid_parameter (arrays, paths, angle ranges, batch, first_channel)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn beam_channels(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<ChannelsRequest>,
+) -> Result<Response, Problem> {
+    let timeout = job_timeout(req.timeout_ms)?;
+    let max = state.settings.config.max_tensor_elements;
+    let (spec, seed) = req.model.spec(&FieldPath::root().field("model"), max)?;
+    if req.return_paths && (spec.count * spec.paths).saturating_mul(6) > max {
+        return Err(too_large(
+            "/return_paths",
+            "path values",
+            (spec.count * spec.paths * 6) as u64,
+            max,
+        ));
+    }
+    let output = Dtype::from(req.out_dtype);
+    let job = blocking(move || Ok(ChannelsJob::new(spec, output)?)).await?;
+    let (rx, tx, batch) = (
+        job.spec.rx.elements(),
+        job.spec.tx.elements(),
+        job.spec.count,
+    );
+    let packed = req.encoding == OutputEncoding::Base64;
+    let paths = req
+        .return_paths
+        .then(|| DrawnPaths::new(&job.drawn, batch, packed));
+    let done = state.pool.submit(job, req.backend, timeout).await?;
+    let shape = vec![batch, rx, tx, 2];
+    let dtype = TensorDtype::from(output);
+    let body = ChannelsResponse {
+        channels: DenseOut::new(shape.clone(), done.output, dtype, packed),
+        shape,
+        dtype,
+        seed,
+        paths,
+    };
+    let bytes =
+        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(job_response(bytes, &done.run))
+}
+
+/// A codebook: the array's DFT beams (the default, oversampling 1), or uploaded beams.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CodebookSpec {
+    /// DFT beams on the grid h = −1 + 2k/K per axis of more than one element, K =
+    /// oversampling × elements on that axis; beam (k_row, k_column) is index
+    /// k_row·K_columns + k_column. 1 to 8.
+    #[schema(minimum = 1, maximum = 8)]
+    pub oversampling: Option<usize>,
+    /// `[K, N, 2]`: K beams (at most 4096, K·N at most 2^20) of the array's N elements,
+    /// (re, im) pairs, applied as given (not normalised).
+    #[schema(value_type = Option<Dense3Doc>)]
+    pub beams: Option<DenseIn>,
+}
+
+impl CodebookSpec {
+    fn build(self, array: Array, at: FieldPath, max: usize) -> Result<Codebook, Problem> {
+        match (self.oversampling, self.beams) {
+            (over, None) => Ok(Codebook::dft(array, over.unwrap_or(1), at)?),
+            (None, Some(beams)) => {
+                let pointer = pointer(&at.field("beams"));
+                let n = array.elements();
+                let t = beams.decode(&pointer, 3..=3, max.min(2 * MAX_CODEBOOK_VALUES))?;
+                if t.shape[1..] != [n, 2] {
+                    return Err(Problem::at(
+                        ErrorCode::InvalidTensor,
+                        pointer,
+                        format!("shape {:?}, but the array's beams are [K, {n}, 2]", t.shape),
+                    ));
+                }
+                Ok(Codebook::new(t.values, n, at.field("beams"))?)
+            }
+            (Some(_), Some(_)) => Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                pointer(&at.field("oversampling")),
+                "give oversampling (a DFT codebook) or beams, not both",
+            )),
+        }
+    }
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "model": {"batch": 2, "tx_array": {"columns": 8}, "rx_array": {"columns": 4}, "paths": 1, "seed": 7},
+    "tx_codebook": {"oversampling": 2},
+    "snr_db": 10,
+    "noise_seed": 1
+}))]
+pub struct SweepRequest {
+    /// Generate the channels (give this or `channels`).
+    pub model: Option<ChannelModel>,
+    /// Uploaded channels `[B, N_r, N_t, 2]`, (re, im) pairs (give this or `model`; with
+    /// `tx_array` and `rx_array`).
+    #[schema(value_type = Option<Dense4Doc>)]
+    pub channels: Option<DenseIn>,
+    /// The uploaded channels' arrays. Default: linear arrays of N_t and N_r elements.
+    pub tx_array: Option<ArrayGeometry>,
+    pub rx_array: Option<ArrayGeometry>,
+    #[serde(default)]
+    pub tx_codebook: CodebookSpec,
+    #[serde(default)]
+    pub rx_codebook: CodebookSpec,
+    /// Measurement noise: w_rᴴ(H·f_t + n), n ~ CN(0, σ²I), σ² = 10^(−snr_db/10), −200 to
+    /// 200. Default: none.
+    #[schema(minimum = -200.0, maximum = 200.0)]
+    pub snr_db: Option<f64>,
+    /// The noise's seed. Default: one from OS entropy, reported in the answer. Channel b
+    /// of the batch (first_channel + b when generated) draws from its own stream of it.
+    pub noise_seed: Option<u64>,
+    /// Also answer every pair's power `[B, K_r, K_t]`.
+    #[serde(default)]
+    #[schema(default = false)]
+    pub return_grid: bool,
+    #[serde(default)]
+    pub out_dtype: BeamDtype,
+    #[serde(default)]
+    pub encoding: OutputEncoding,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Each channel's best pair.
+#[derive(Serialize, ToSchema)]
+pub struct BestPairs {
+    /// Receive beam index per channel.
+    pub rx: Vec<usize>,
+    /// Transmit beam index per channel.
+    pub tx: Vec<usize>,
+    /// |w_rᴴ H f_t|² (with the noise), in `dtype`.
+    pub power: Vec<f64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SweepResponse {
+    pub best: BestPairs,
+    /// `[B, K_r, K_t]` powers, with `return_grid`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Dense3Doc>)]
+    pub grid: Option<DenseOut>,
+    pub rx_beams: usize,
+    pub tx_beams: usize,
+    pub dtype: TensorDtype,
+    /// The generated channels' seed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// The noise's seed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise_seed: Option<u64>,
+}
+
+/// Decodes the uploaded channels and their arrays.
+fn uploaded(
+    channels: DenseIn,
+    tx: Option<ArrayGeometry>,
+    rx: Option<ArrayGeometry>,
+    max: usize,
+) -> Result<(Channels, Array, Array), Problem> {
+    let t = channels.decode("/channels", 4..=4, max)?;
+    let [_, nr, nt, two] = t.shape[..] else {
+        unreachable!("rank 4 checked")
+    };
+    if two != 2 {
+        return Err(Problem::at(
+            ErrorCode::InvalidTensor,
+            "/channels",
+            format!("shape {:?}: the last dimension holds (re, im)", t.shape),
+        ));
+    }
+    let root = FieldPath::root();
+    let geometry = |g: Option<ArrayGeometry>, n: usize, name: &'static str| {
+        let a = g
+            .unwrap_or(ArrayGeometry {
+                rows: 1,
+                columns: n,
+            })
+            .array(root.field(name))?;
+        if a.elements() != n {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                format!("/{name}"),
+                format!("{} elements, but the channels have {n}", a.elements()),
+            ));
+        }
+        Ok(a)
+    };
+    let tx = geometry(tx, nt, "tx_array")?;
+    let rx = geometry(rx, nr, "rx_array")?;
+    Ok((Channels::Uploaded(t.values), tx, rx))
+}
+
+#[utoipa::path(
+    post, path = "/beams/sweep", tag = "beams", operation_id = "beam_sweep",
+    summary = "Beam sweep over a batch of channels",
+    description = "The received power |w_rᴴ H f_t|² of every receive × transmit beam pair on each channel \
+        (generated as /beams/channels does, or uploaded), with DFT or uploaded codebooks and optional \
+        measurement noise at an SNR (counter-based, reproducible from its seed); each channel's best pair \
+        (the lowest index on a tie) and optionally the whole grid. f64 arithmetic; powers rounded to \
+        `out_dtype`.",
+    request_body = SweepRequest,
+    responses(
+        (status = 200, description = "The best pairs (and the grid)", body = SweepResponse),
+        (status = 413, description = "Channels or the power grid over --max-tensor-elements"),
+        (status = 422, description = "invalid_tensor (channels or beams: shape, not finite), invalid_parameter \
+            (model, arrays, codebooks, snr_db, both or neither of model and channels, powers that could overflow)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn beam_sweep(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<SweepRequest>,
+) -> Result<Response, Problem> {
+    let timeout = job_timeout(req.timeout_ms)?;
+    let max = state.settings.config.max_tensor_elements;
+    let (backend, encoding, out_dtype) = (req.backend, req.encoding, req.out_dtype);
+    let (job, seed, noise_seed) = blocking(move || sweep_job(req, max)).await?;
+    let (rx_beams, tx_beams) = (job.rx_book.beams, job.tx_book.beams);
+    let done = state.pool.submit(job, backend, timeout).await?;
+    let out = done.output;
+    let batch = out.best.len();
+    let dtype = TensorDtype::from(Dtype::from(out_dtype));
+    let body = SweepResponse {
+        best: BestPairs {
+            rx: out.best.iter().map(|b| b.rx).collect(),
+            tx: out.best.iter().map(|b| b.tx).collect(),
+            power: out.best.iter().map(|b| b.power).collect(),
+        },
+        grid: out.grid.map(|g| {
+            DenseOut::new(
+                vec![batch, rx_beams, tx_beams],
+                g,
+                dtype,
+                encoding == OutputEncoding::Base64,
+            )
+        }),
+        rx_beams,
+        tx_beams,
+        dtype,
+        seed,
+        noise_seed,
+    };
+    let bytes =
+        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(job_response(bytes, &done.run))
+}
+
+/// The sweep's job, the generated channels' seed and the noise's.
+fn sweep_job(
+    req: SweepRequest,
+    max: usize,
+) -> Result<(SweepJob, Option<u64>, Option<u64>), Problem> {
+    let root = FieldPath::root();
+    let (channels, tx, rx, first, seed) = match (req.model, req.channels) {
+        (Some(model), None) => {
+            if req.tx_array.is_some() || req.rx_array.is_some() {
+                return Err(Problem::at(
+                    ErrorCode::InvalidParameter,
+                    "/tx_array",
+                    "the model states the arrays; tx_array and rx_array go with uploaded channels",
+                ));
+            }
+            let (spec, seed) = model.spec(&root.field("model"), max)?;
+            let job = ChannelsJob::new(spec.clone(), Dtype::F64)?;
+            let (tx, rx, first) = (spec.tx, spec.rx, spec.first);
+            let generated = Channels::Generated {
+                spec,
+                drawn: job.drawn,
+                words: job.words,
+            };
+            (generated, tx, rx, first, Some(seed))
+        }
+        (None, Some(channels)) => {
+            let (channels, tx, rx) = uploaded(channels, req.tx_array, req.rx_array, max)?;
+            (channels, tx, rx, 0, None)
+        }
+        _ => {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/model",
+                "give exactly one of model (generated channels) or channels (uploaded)",
+            ))
+        }
+    };
+    let tx_book = req.tx_codebook.build(tx, root.field("tx_codebook"), max)?;
+    let rx_book = req.rx_codebook.build(rx, root.field("rx_codebook"), max)?;
+    let count = match &channels {
+        Channels::Generated { spec, .. } => spec.count,
+        Channels::Uploaded(h) => h.len() / (2 * tx.elements() * rx.elements()),
+    };
+    let powers = (count as u64).saturating_mul((tx_book.beams * rx_book.beams) as u64);
+    if powers > max as u64 {
+        return Err(too_large("/return_grid", "beam-pair powers", powers, max));
+    }
+    let noise_seed = match (req.snr_db, req.noise_seed) {
+        (None, _) => None,
+        (Some(_), Some(s)) => Some(s),
+        (Some(_), None) => Some(entropy_u64()?),
+    };
+    let noise = req
+        .snr_db
+        .zip(noise_seed)
+        .map(|(snr_db, seed)| MeasurementNoise { snr_db, seed });
+    let output = Dtype::from(req.out_dtype);
+    let job = SweepJob::new(
+        channels,
+        first,
+        tx,
+        rx,
+        tx_book,
+        rx_book,
+        noise,
+        req.return_grid,
+        output,
+    )?;
+    Ok((job, seed, noise_seed))
+}

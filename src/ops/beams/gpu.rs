@@ -1,0 +1,211 @@
+//! Launchers for `kernels/beams.cu`. Both ops run in passes of whole channels sized to
+//! the device's memory budget. Generated channels are formed on the device from their
+//! path words (`beam_steering_f64`, then `beam_channels_f64`) and, for a sweep, never
+//! leave it; uploaded ones are copied in. A sweep then projects each transmit beam through
+//! the channel (`beam_project_f64`), forms every pair's power (`beam_power_f64`, with the
+//! measurement noise) and, unless the grid is wanted, reduces each channel to its best
+//! pair on the device (`beam_best_f64`).
+
+use super::channels::ChannelsJob;
+use super::geometry::{ChannelSpec, PATH_WORDS};
+use super::sweep::{BestPair, Channels, SweepJob, Swept};
+use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::device::DeviceBuffer;
+use crate::backend::{DeviceError, DeviceLease};
+use crate::ops::linalg::Dtype;
+use cudarc::driver::LaunchConfig;
+
+const KERNEL_NAMES: &[&str] = &[
+    "beam_steering_f64",
+    "beam_channels_f64",
+    "beam_project_f64",
+    "beam_power_f64",
+    "beam_best_f64",
+];
+
+/// kernels/beams.cu `BEAM_BEST_THREADS`.
+const BEST_THREADS: u32 = 256;
+
+pub fn kernel_module() -> KernelModule {
+    KernelModule {
+        name: "beams",
+        source: include_str!("../../../kernels/beams.cu"),
+        entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+/// Device bytes per generated channel: its path words, phasors and values.
+fn generated_bytes(spec: &ChannelSpec) -> usize {
+    let (nr, nt) = (spec.rx.elements(), spec.tx.elements());
+    8 * (PATH_WORDS * spec.paths + 2 * spec.paths * (nr + nt) + 2 * nr * nt)
+}
+
+/// Forms `count` channels from their path words on the device: `[count, N_r, N_t]`.
+fn form_on_device(
+    dev: &DeviceLease<'_>,
+    spec: &ChannelSpec,
+    words: &[f64],
+) -> Result<DeviceBuffer<f64>, DeviceError> {
+    let (nr, nt) = (spec.rx.elements(), spec.tx.elements());
+    let total = words.len() / PATH_WORDS;
+    let count = total / spec.paths;
+    let d_words = dev.upload(words)?;
+    let mut rx = dev.alloc_zeros::<f64>(2 * total * nr)?;
+    let mut tx = dev.alloc_zeros::<f64>(2 * total * nt)?;
+    let (total64, rx_cols, nr64) = (total as u64, spec.rx.columns as u64, nr as u64);
+    let (tx_cols, nt64) = (spec.tx.columns as u64, nt as u64);
+    let mut l = dev.launch("beam_steering_f64")?;
+    l.arg(&d_words)
+        .arg(&total64)
+        .arg(&rx_cols)
+        .arg(&nr64)
+        .arg(&tx_cols)
+        .arg(&nt64)
+        .arg(&mut rx)
+        .arg(&mut tx);
+    // SAFETY: `total` paths of PATH_WORDS words in; total·nr and total·nt phasors out.
+    unsafe { l.launch(dev.launch_config(total * (nr + nt))) }?;
+    let mut h = dev.alloc_zeros::<f64>(2 * count * nr * nt)?;
+    let (count64, paths) = (count as u64, spec.paths as u64);
+    let mut l = dev.launch("beam_channels_f64")?;
+    l.arg(&rx)
+        .arg(&tx)
+        .arg(&count64)
+        .arg(&paths)
+        .arg(&nr64)
+        .arg(&nt64)
+        .arg(&mut h);
+    // SAFETY: count·paths phasors of each array in; count·nr·nt complex values out.
+    unsafe { l.launch(dev.launch_config(count * nr * nt)) }?;
+    Ok(h)
+}
+
+pub fn run_channels_cuda(
+    job: &ChannelsJob,
+    dev: &DeviceLease<'_>,
+) -> Result<Vec<f64>, DeviceError> {
+    let spec = &job.spec;
+    let per_pass = (dev.memory_budget() / generated_bytes(spec).max(1)).clamp(1, spec.count.max(1));
+    let mut out = Vec::with_capacity(2 * spec.count * spec.channel_len());
+    for words in job.words.chunks(per_pass * PATH_WORDS * spec.paths) {
+        dev.still_wanted()?;
+        let h = form_on_device(dev, spec, words)?;
+        out.extend(dev.download(&h)?);
+    }
+    job.round(&mut out);
+    Ok(out)
+}
+
+pub fn run_sweep_cuda(job: &SweepJob, dev: &DeviceLease<'_>) -> Result<Swept, DeviceError> {
+    let (nr, nt) = (job.rx.elements(), job.tx.elements());
+    let (kr, kt) = (job.rx_book.beams, job.tx_book.beams);
+    let pairs = kr * kt;
+    let mut per_channel = 8 * (2 * nr * nt + 2 * nr * kt + pairs + 3);
+    if let Channels::Generated { spec, .. } = &job.channels {
+        per_channel += generated_bytes(spec);
+    }
+    let per_pass = (dev.memory_budget() / per_channel).clamp(1, job.count.max(1));
+    let d_f = dev.upload(&job.tx_book.values)?;
+    let d_w = dev.upload(&job.rx_book.values)?;
+    let d_scale = dev.upload(&job.noise_scales())?;
+    let keys = job.noise_keys();
+    let noisy = u32::from(keys.is_some());
+    let keys = keys.unwrap_or_else(|| vec![0; job.count]);
+    let mut grid = job.grid.then(|| Vec::with_capacity(job.count * pairs));
+    let mut best = Vec::with_capacity(job.count);
+    let mut first = 0;
+    while first < job.count {
+        dev.still_wanted()?;
+        let count = per_pass.min(job.count - first);
+        let h = match &job.channels {
+            Channels::Generated { spec, words, .. } => {
+                let per = PATH_WORDS * spec.paths;
+                form_on_device(dev, spec, &words[first * per..(first + count) * per])?
+            }
+            Channels::Uploaded(h) => {
+                let per = 2 * nr * nt;
+                dev.upload(&h[first * per..(first + count) * per])?
+            }
+        };
+        let (count64, nr64, nt64, kt64, kr64) =
+            (count as u64, nr as u64, nt as u64, kt as u64, kr as u64);
+        let mut x = dev.alloc_zeros::<f64>(2 * count * nr * kt)?;
+        let mut l = dev.launch("beam_project_f64")?;
+        l.arg(&h)
+            .arg(&count64)
+            .arg(&nr64)
+            .arg(&nt64)
+            .arg(&d_f)
+            .arg(&kt64)
+            .arg(&mut x);
+        // SAFETY: count channels of nr·nt and kt beams of nt in; count·nr·kt out.
+        unsafe { l.launch(dev.launch_config(count * nr * kt)) }?;
+        let d_keys = dev.upload(&keys[first..first + count])?;
+        let mut power = dev.alloc_zeros::<f64>(count * pairs)?;
+        let mut l = dev.launch("beam_power_f64")?;
+        l.arg(&x)
+            .arg(&count64)
+            .arg(&nr64)
+            .arg(&kt64)
+            .arg(&d_w)
+            .arg(&kr64)
+            .arg(&d_keys)
+            .arg(&d_scale)
+            .arg(&noisy)
+            .arg(&mut power);
+        // SAFETY: count·nr·kt projections, kr beams of nr, count keys and kr scales in;
+        // count·kr·kt powers out.
+        unsafe { l.launch(dev.launch_config(count * pairs)) }?;
+        match &mut grid {
+            // The grid comes back whole: the best pairs are picked from it as the CPU
+            // picks them.
+            Some(g) => g.extend(dev.download(&power)?),
+            None => best.extend(best_on_device(dev, job, &power, count)?),
+        }
+        first += count;
+    }
+    Ok(match grid {
+        Some(g) => job.finish(g),
+        None => Swept { best, grid: None },
+    })
+}
+
+/// Each of `count` channels' best pair, reduced on the device.
+fn best_on_device(
+    dev: &DeviceLease<'_>,
+    job: &SweepJob,
+    power: &DeviceBuffer<f64>,
+    count: usize,
+) -> Result<Vec<BestPair>, DeviceError> {
+    let kt = job.tx_book.beams;
+    let (count64, pairs) = (count as u64, job.pairs() as u64);
+    let as_f32 = u32::from(job.output == Dtype::F32);
+    let mut index = dev.alloc_zeros::<u64>(count)?;
+    let mut top = dev.alloc_zeros::<f64>(count)?;
+    let blocks = count.min(dev.launch_config(count * BEST_THREADS as usize).grid_dim.0 as usize);
+    let config = LaunchConfig {
+        grid_dim: (blocks.max(1) as u32, 1, 1),
+        block_dim: (BEST_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut l = dev.launch("beam_best_f64")?;
+    l.arg(power)
+        .arg(&count64)
+        .arg(&pairs)
+        .arg(&as_f32)
+        .arg(&mut index)
+        .arg(&mut top);
+    // SAFETY: count·pairs powers in; count indices and powers out; BEST_THREADS threads,
+    // the size of the kernel's shared arrays.
+    unsafe { l.launch(config) }?;
+    let (index, top) = (dev.download(&index)?, dev.download(&top)?);
+    Ok(index
+        .into_iter()
+        .zip(top)
+        .map(|(k, power)| BestPair {
+            rx: k as usize / kt,
+            tx: k as usize % kt,
+            power,
+        })
+        .collect())
+}

@@ -1,0 +1,18 @@
+//! Beam alignment. `channels`: geometric multipath channels between two half-wavelength
+//! arrays, drawn from a seed by channel index (counter-based), formed in f64. `sweep`:
+//! the received power of every (receive, transmit) beam pair over a batch of channels,
+//! generated or uploaded, with DFT or uploaded codebooks and optional measurement noise;
+//! each channel's best pair. `docs/TENSORS.md` states the model and the error bounds.
+pub mod channels;
+pub mod geometry;
+mod gpu;
+pub(crate) mod self_test;
+pub mod sweep;
+
+pub use channels::ChannelsJob;
+pub use geometry::{Array, ChannelSpec, DrawnPath, MAX_ELEMENTS, MAX_PATHS};
+pub use gpu::{kernel_module, run_channels_cuda, run_sweep_cuda};
+pub use sweep::{BestPair, Channels, Codebook, MeasurementNoise, SweepJob, Swept};
+
+#[cfg(test)]
+mod tests;
