@@ -371,7 +371,37 @@ async fn refusals_carry_their_code_and_path() {
             "",
         ),
     ];
-    for (path, body, status, code, at) in cases {
+    let more = [
+        (
+            "/beams/sweep",
+            json!({"channels": one_channel, "rx_codebook": [null, null]}),
+            422,
+            "invalid_request",
+            "/rx_codebook",
+        ),
+        (
+            "/beams/channels",
+            json!({"model": {"batch": 1, "tx_array": [1, 2], "rx_array": {"columns": 2}}}),
+            422,
+            "invalid_request",
+            "/model/tx_array",
+        ),
+        (
+            "/beams/channels",
+            json!({"model": {"batch": 1, "tx_array": {"columns": 2}, "rx_array": {"columns": 2}, "seed": 1u64 << 63}}),
+            422,
+            "invalid_parameter",
+            "/model/seed",
+        ),
+        (
+            "/beams/sweep",
+            json!({"channels": one_channel, "snr_db": 3, "noise_seed": u64::MAX}),
+            422,
+            "invalid_parameter",
+            "/noise_seed",
+        ),
+    ];
+    for (path, body, status, code, at) in cases.into_iter().chain(more) {
         let p = problem(post(&s, path, body.clone()).await, status, code).await;
         if !at.is_empty() {
             assert_eq!(p["errors"][0]["path"], at, "{path} {body}: {p}");

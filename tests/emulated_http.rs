@@ -374,7 +374,12 @@ async fn beams_run_on_the_emulated_device() {
             assert!((x - y).abs() <= tol * y.abs().max(1.0), "{x} against {y}");
         }
     };
-    let (dev, cpu) = both(&s, "/beams/channels", json!({"model": model, "out_dtype": "f64"})).await;
+    let (dev, cpu) = both(
+        &s,
+        "/beams/channels",
+        json!({"model": model, "out_dtype": "f64"}),
+    )
+    .await;
     assert_eq!(dev["shape"], json!([6, 4, 8, 2]));
     close(&dev["channels"], &cpu["channels"], 1e-12);
     let body = json!({"model": model, "tx_codebook": {"oversampling": 2}, "snr_db": 10,

@@ -4,6 +4,7 @@
 use super::dense::{Dense3Doc, Dense4Doc, DenseIn, DenseOut, TensorDtype};
 use super::domain_errors::pointer;
 use super::embeddings::OutputEncoding;
+use super::extract::ObjectOnly;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, entropy_u64, job_response, job_timeout, ApiJson, AppState};
 use crate::backend::BackendChoice;
@@ -58,8 +59,10 @@ pub struct ChannelModel {
     /// Channels in the batch.
     #[schema(minimum = 1)]
     pub batch: usize,
-    pub tx_array: ArrayGeometry,
-    pub rx_array: ArrayGeometry,
+    #[schema(value_type = ArrayGeometry)]
+    pub tx_array: ObjectOnly<ArrayGeometry>,
+    #[schema(value_type = ArrayGeometry)]
+    pub rx_array: ObjectOnly<ArrayGeometry>,
     /// Paths per channel, 1 to 64.
     #[serde(default = "three")]
     #[schema(default = 3, minimum = 1, maximum = 64)]
@@ -71,20 +74,20 @@ pub struct ChannelModel {
     /// horizontal plane.
     #[schema(min_items = 2, max_items = 2)]
     pub elevation_deg: Option<[f64; 2]>,
-    /// Default: one from OS entropy, reported in the answer.
+    /// Below 2^63. Default: one from OS entropy, reported in the answer.
+    #[schema(maximum = 9223372036854775807_u64)]
     pub seed: Option<u64>,
-    /// The batch's first channel index in the seed's sequence. first_channel + batch
-    /// stays below 2^64.
+    /// The batch's first channel index in the seed's sequence, below 2^63.
     #[serde(default)]
-    #[schema(default = 0)]
+    #[schema(default = 0, maximum = 9223372036854775807_u64)]
     pub first_channel: u64,
 }
 
 impl ChannelModel {
     /// The spec, checked, with its seed; paths under `at`.
     fn spec(&self, at: &FieldPath, max: usize) -> Result<(ChannelSpec, u64), Problem> {
-        let tx = self.tx_array.array(at.field("tx_array"))?;
-        let rx = self.rx_array.array(at.field("rx_array"))?;
+        let tx = self.tx_array.0.array(at.field("tx_array"))?;
+        let rx = self.rx_array.0.array(at.field("rx_array"))?;
         let complex = (self.batch as u64).saturating_mul((tx.elements() * rx.elements()) as u64);
         if self.batch == 0 {
             return Err(Problem::at(
@@ -101,10 +104,14 @@ impl ChannelModel {
                 max,
             ));
         }
-        let seed = match self.seed {
-            Some(s) => s,
-            None => entropy_u64()?,
-        };
+        let seed = seed_or_drawn(self.seed, &at.field("seed"))?;
+        if self.first_channel > MAX_SEED {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                pointer(&at.field("first_channel")),
+                "must be below 2^63",
+            ));
+        }
         let [az_lo, az_hi] = self.azimuth_deg.unwrap_or([-90.0, 90.0]);
         let [el_lo, el_hi] = self.elevation_deg.unwrap_or([0.0, 0.0]);
         let spec = ChannelSpec {
@@ -119,6 +126,22 @@ impl ChannelModel {
         };
         spec.validate(at)?;
         Ok((spec, seed))
+    }
+}
+
+/// Seeds and channel indices are below 2^63: int64 in the spec, as clients hold them.
+const MAX_SEED: u64 = i64::MAX as u64;
+
+/// The given seed (below 2^63), or one drawn from OS entropy.
+fn seed_or_drawn(seed: Option<u64>, at: &FieldPath) -> Result<u64, Problem> {
+    match seed {
+        Some(s) if s > MAX_SEED => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            pointer(at),
+            "must be below 2^63",
+        )),
+        Some(s) => Ok(s),
+        None => Ok(entropy_u64()? >> 1),
     }
 }
 
@@ -152,7 +175,8 @@ impl From<BeamDtype> for Dtype {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"model": {"batch": 2, "tx_array": {"columns": 8}, "rx_array": {"columns": 4}, "paths": 2, "seed": 7}}))]
 pub struct ChannelsRequest {
-    pub model: ChannelModel,
+    #[schema(value_type = ChannelModel)]
+    pub model: ObjectOnly<ChannelModel>,
     /// Also answer each path's gain and angles (at most --max-tensor-elements / 6 paths).
     #[serde(default)]
     #[schema(default = false)]
@@ -231,7 +255,7 @@ pub async fn beam_channels(
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
-    let (spec, seed) = req.model.spec(&FieldPath::root().field("model"), max)?;
+    let (spec, seed) = req.model.0.spec(&FieldPath::root().field("model"), max)?;
     if req.return_paths && (spec.count * spec.paths).saturating_mul(6) > max {
         return Err(too_large(
             "/return_paths",
@@ -317,24 +341,31 @@ impl CodebookSpec {
 }))]
 pub struct SweepRequest {
     /// Generate the channels (give this or `channels`).
-    pub model: Option<ChannelModel>,
+    #[schema(value_type = Option<ChannelModel>)]
+    pub model: Option<ObjectOnly<ChannelModel>>,
     /// Uploaded channels `[B, N_r, N_t, 2]`, (re, im) pairs (give this or `model`; with
     /// `tx_array` and `rx_array`).
     #[schema(value_type = Option<Dense4Doc>)]
     pub channels: Option<DenseIn>,
     /// The uploaded channels' arrays. Default: linear arrays of N_t and N_r elements.
-    pub tx_array: Option<ArrayGeometry>,
-    pub rx_array: Option<ArrayGeometry>,
+    #[schema(value_type = Option<ArrayGeometry>)]
+    pub tx_array: Option<ObjectOnly<ArrayGeometry>>,
+    #[schema(value_type = Option<ArrayGeometry>)]
+    pub rx_array: Option<ObjectOnly<ArrayGeometry>>,
     #[serde(default)]
-    pub tx_codebook: CodebookSpec,
+    #[schema(value_type = CodebookSpec)]
+    pub tx_codebook: ObjectOnly<CodebookSpec>,
     #[serde(default)]
-    pub rx_codebook: CodebookSpec,
+    #[schema(value_type = CodebookSpec)]
+    pub rx_codebook: ObjectOnly<CodebookSpec>,
     /// Measurement noise: w_rᴴ(H·f_t + n), n ~ CN(0, σ²I), σ² = 10^(−snr_db/10), −200 to
     /// 200. Default: none.
     #[schema(minimum = -200.0, maximum = 200.0)]
     pub snr_db: Option<f64>,
-    /// The noise's seed. Default: one from OS entropy, reported in the answer. Channel b
+    /// The noise's seed, below 2^63. Default: one from OS entropy, reported in the answer.
+    /// Channel b
     /// of the batch (first_channel + b when generated) draws from its own stream of it.
+    #[schema(maximum = 9223372036854775807_u64)]
     pub noise_seed: Option<u64>,
     /// Also answer every pair's power `[B, K_r, K_t]`.
     #[serde(default)]
@@ -482,7 +513,7 @@ fn sweep_job(
 ) -> Result<(SweepJob, Option<u64>, Option<u64>), Problem> {
     let root = FieldPath::root();
     let (channels, tx, rx, first, seed) = match (req.model, req.channels) {
-        (Some(model), None) => {
+        (Some(ObjectOnly(model)), None) => {
             if req.tx_array.is_some() || req.rx_array.is_some() {
                 return Err(Problem::at(
                     ErrorCode::InvalidParameter,
@@ -501,7 +532,8 @@ fn sweep_job(
             (generated, tx, rx, first, Some(seed))
         }
         (None, Some(channels)) => {
-            let (channels, tx, rx) = uploaded(channels, req.tx_array, req.rx_array, max)?;
+            let (tx, rx) = (req.tx_array.map(|a| a.0), req.rx_array.map(|a| a.0));
+            let (channels, tx, rx) = uploaded(channels, tx, rx, max)?;
             (channels, tx, rx, 0, None)
         }
         _ => {
@@ -512,8 +544,14 @@ fn sweep_job(
             ))
         }
     };
-    let tx_book = req.tx_codebook.build(tx, root.field("tx_codebook"), max)?;
-    let rx_book = req.rx_codebook.build(rx, root.field("rx_codebook"), max)?;
+    let tx_book = req
+        .tx_codebook
+        .0
+        .build(tx, root.field("tx_codebook"), max)?;
+    let rx_book = req
+        .rx_codebook
+        .0
+        .build(rx, root.field("rx_codebook"), max)?;
     let count = match &channels {
         Channels::Generated { spec, .. } => spec.count,
         Channels::Uploaded(h) => h.len() / (2 * tx.elements() * rx.elements()),
@@ -522,10 +560,9 @@ fn sweep_job(
     if powers > max as u64 {
         return Err(too_large("/return_grid", "beam-pair powers", powers, max));
     }
-    let noise_seed = match (req.snr_db, req.noise_seed) {
-        (None, _) => None,
-        (Some(_), Some(s)) => Some(s),
-        (Some(_), None) => Some(entropy_u64()?),
+    let noise_seed = match req.snr_db {
+        None => None,
+        Some(_) => Some(seed_or_drawn(req.noise_seed, &root.field("noise_seed"))?),
     };
     let noise = req
         .snr_db

@@ -256,3 +256,26 @@ mod tests {
         );
     }
 }
+
+/// A request object nested in another: serde's derived structs also take a JSON array of
+/// the fields in order (`[null, null]` for two optional ones), which the schema does not
+/// allow. This takes objects only, and keeps the error paths inside them.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectOnly<T>(pub T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Fields<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Fields(std::marker::PhantomData))
+            .map(ObjectOnly)
+    }
+}
