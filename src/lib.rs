@@ -4,6 +4,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod bench;
 pub mod config;
 pub mod datasets;
 pub mod metrics;

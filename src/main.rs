@@ -18,6 +18,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Command::Serve(config)) => serve(*config),
+        Some(Command::Bench(args)) => bench(&args),
         Some(Command::Healthcheck { addr, path }) => match healthcheck(&addr, &path) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -61,6 +62,37 @@ fn healthcheck(addr: &str, path: &str) -> Result<(), String> {
             line.lines().next().unwrap_or("")
         ))
     }
+}
+
+/// `gpu-ops bench`: the plan, its runs, the table (or JSON).
+fn bench(args: &gpu_ops::bench::BenchArgs) -> ExitCode {
+    let plan = match args.plan() {
+        Ok(p) => p,
+        Err(e) => return fail(&e),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let report = match runtime.block_on(gpu_ops::bench::run(&plan)) {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    let json = serde_json::to_string_pretty(&report).expect("a report serializes");
+    match &args.json {
+        Some(p) if p.as_os_str() == "-" => println!("{json}"),
+        Some(p) => {
+            print!("{}", report.table());
+            if let Err(e) = std::fs::write(p, json) {
+                return fail(&format!("{}: {e}", p.display()));
+            }
+        }
+        None => print!("{}", report.table()),
+    }
+    ExitCode::SUCCESS
 }
 
 fn fail(message: &str) -> ExitCode {

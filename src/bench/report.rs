@@ -1,0 +1,225 @@
+//! What a bench run measured: per concurrency, throughput, latency percentiles, the
+//! server's queue and compute times, and GFLOP/s; as a table and as JSON.
+
+use super::{Length, Plan};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// One answered request.
+pub struct Sample {
+    pub latency_ms: f64,
+    pub status: u16,
+    pub queue_ms: Option<f64>,
+    pub compute_ms: Option<f64>,
+}
+
+/// The p-th percentile (0 < p ≤ 100) of `sorted` by nearest rank; None when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// p50, p95, p99, max and mean of some milliseconds.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Spread {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+impl Spread {
+    fn of(mut values: Vec<f64>) -> Option<Self> {
+        values.sort_by(f64::total_cmp);
+        let at = |p| percentile(&values, p);
+        Some(Self {
+            p50: at(50.0)?,
+            p95: at(95.0)?,
+            p99: at(99.0)?,
+            max: *values.last()?,
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+        })
+    }
+}
+
+/// One concurrency's measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    pub concurrency: usize,
+    pub seconds: f64,
+    /// Answered 2xx.
+    pub ok: usize,
+    /// Other answers, by status.
+    pub errors: BTreeMap<u16, usize>,
+    pub throughput_per_second: f64,
+    /// Of the 2xx answers, as the client saw them (the body read whole).
+    pub latency_ms: Option<Spread>,
+    pub queue_ms: Option<Spread>,
+    pub compute_ms: Option<Spread>,
+    /// flops × answers per second.
+    pub gflops_end_to_end: Option<f64>,
+    /// flops over the server's mean compute time.
+    pub gflops_compute: Option<f64>,
+}
+
+impl Run {
+    pub fn from_samples(
+        concurrency: usize,
+        elapsed: Duration,
+        samples: &[Sample],
+        flops: Option<f64>,
+    ) -> Self {
+        let ok: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| (200..300).contains(&s.status))
+            .collect();
+        let mut errors = BTreeMap::new();
+        for s in samples.iter().filter(|s| !(200..300).contains(&s.status)) {
+            *errors.entry(s.status).or_insert(0) += 1;
+        }
+        let seconds = elapsed.as_secs_f64().max(1e-9);
+        let throughput = ok.len() as f64 / seconds;
+        let compute_ms = Spread::of(ok.iter().filter_map(|s| s.compute_ms).collect());
+        Self {
+            concurrency,
+            seconds,
+            ok: ok.len(),
+            errors,
+            throughput_per_second: throughput,
+            latency_ms: Spread::of(ok.iter().map(|s| s.latency_ms).collect()),
+            queue_ms: Spread::of(ok.iter().filter_map(|s| s.queue_ms).collect()),
+            gflops_end_to_end: flops.map(|f| f * throughput / 1e9),
+            gflops_compute: flops
+                .zip(compute_ms.as_ref())
+                .filter(|(_, c)| c.mean > 0.0)
+                .map(|(f, c)| f / (c.mean * 1e-3) / 1e9),
+            compute_ms,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub url: String,
+    pub path: String,
+    pub label: String,
+    pub body_bytes: usize,
+    /// The answer's `flops`, where it states them.
+    pub flops: Option<f64>,
+    pub warmup: String,
+    pub length: String,
+    /// When the report was made (RFC 3339, UTC).
+    pub finished_at: String,
+    pub runs: Vec<Run>,
+}
+
+fn describe(l: Length) -> String {
+    match l {
+        Length::Duration(d) => format!("{:.3}s", d.as_secs_f64()),
+        Length::Requests(n) => format!("{n} requests"),
+    }
+}
+
+impl Report {
+    pub fn new(plan: &Plan, flops: Option<f64>, runs: Vec<Run>) -> Self {
+        Self {
+            url: plan.url.clone(),
+            path: plan.path.clone(),
+            label: plan.label.clone(),
+            body_bytes: plan.body.len(),
+            flops,
+            warmup: describe(plan.warmup),
+            length: describe(plan.length),
+            finished_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+                .to_string(),
+            runs,
+        }
+    }
+
+    /// A fixed-width table, one row per concurrency.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "{} {} ({}; body {} bytes; warm-up {}, each run {})\n",
+            self.label, self.path, self.url, self.body_bytes, self.warmup, self.length
+        );
+        out.push_str(&format!(
+            "{:>5} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
+            "conc",
+            "ok",
+            "errors",
+            "req/s",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "queue p50",
+            "comp p50",
+            "GFLOP/s",
+            "comp GF/s"
+        ));
+        let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
+        for r in &self.runs {
+            let l = r.latency_ms.as_ref();
+            out.push_str(&format!(
+                "{:>5} {:>8} {:>6} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
+                r.concurrency,
+                r.ok,
+                r.errors.values().sum::<usize>(),
+                r.throughput_per_second,
+                f(l.map(|s| s.p50)),
+                f(l.map(|s| s.p95)),
+                f(l.map(|s| s.p99)),
+                f(r.queue_ms.as_ref().map(|s| s.p50)),
+                f(r.compute_ms.as_ref().map(|s| s.p50)),
+                f(r.gflops_end_to_end),
+                f(r.gflops_compute),
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(50.0));
+        assert_eq!(percentile(&v, 95.0), Some(95.0));
+        assert_eq!(percentile(&v, 99.0), Some(99.0));
+        assert_eq!(percentile(&v, 100.0), Some(100.0));
+        assert_eq!(percentile(&[7.0], 99.0), Some(7.0));
+        assert_eq!(percentile(&[], 50.0), None);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0], 50.0), Some(2.0));
+    }
+
+    #[test]
+    fn runs_count_errors_apart_and_derive_gflops() {
+        let s = |latency_ms, status, compute| Sample {
+            latency_ms,
+            status,
+            queue_ms: Some(0.5),
+            compute_ms: Some(compute),
+        };
+        let samples = [
+            s(10.0, 200, 4.0),
+            s(20.0, 200, 6.0),
+            s(1.0, 503, 0.0),
+            s(1.0, 503, 0.0),
+        ];
+        let r = Run::from_samples(2, Duration::from_secs(2), &samples, Some(2e9));
+        assert_eq!((r.ok, r.errors[&503]), (2, 2));
+        assert_eq!(r.throughput_per_second, 1.0);
+        assert_eq!(r.latency_ms.as_ref().unwrap().p50, 10.0);
+        assert_eq!(r.latency_ms.as_ref().unwrap().max, 20.0);
+        assert_eq!(r.gflops_end_to_end, Some(2.0));
+        // 2 GFLOP over a mean of 5 ms.
+        assert!((r.gflops_compute.unwrap() - 400.0).abs() < 1e-9);
+    }
+}
