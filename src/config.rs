@@ -31,7 +31,7 @@ pub enum Command {
     /// Load-test a running server: one operation and shape over a sweep of
     /// concurrencies; throughput, latency percentiles, server queue and compute time,
     /// GFLOP/s; a table and optionally JSON.
-    Bench(crate::bench::BenchArgs),
+    Bench(Box<crate::bench::BenchArgs>),
     /// Exit 0 when a server answers 200 on /health/live (container HEALTHCHECK; the
     /// runtime image has no curl).
     Healthcheck {
