@@ -1,4 +1,4 @@
-// Dense linear algebra. matmul_f32: D = alpha·op(A)·op(B) + beta·C, batched, in f32 with
+// Dense linear algebra; embedding lookups at the end. matmul_f32: D = alpha·op(A)·op(B) + beta·C, batched, in f32 with
 // f32 accumulation, on operands the launcher (src/ops/linalg/gpu.rs) already rounded to
 // the compute precision. Each block computes 64 × 64 outputs of one batch entry (256
 // threads, 4 × 4 each, rows and columns 16 apart), staging 16-deep slices of A and B
@@ -71,4 +71,13 @@ extern "C" __global__ void sinusoidal_f64(const double *times, u64 rows, const d
         row[split ? i : 2 * i] = sin(angle);
         row[split ? half + i : 2 * i + 1] = cos(angle);
     }
+}
+
+// Embedding lookups (src/ops/linalg/lookup.rs): row i of out is row ids[i] of the resident
+// table (every id below its rows, checked on the host).
+extern "C" __global__ void embedding_gather_f32(const float *table, u64 dim, const u32 *ids,
+                                                u64 rows, float *out) {
+    for (u64 k = blockIdx.x * (u64)blockDim.x + threadIdx.x; k < rows * dim;
+         k += (u64)gridDim.x * blockDim.x)
+        out[k] = table[(u64)ids[k / dim] * dim + k % dim];
 }

@@ -115,6 +115,18 @@ pub struct Config {
     /// starts.
     #[arg(long, env = "GPU_OPS_GPU_MEMORY_LIMIT_MIB", default_value_t = 0)]
     pub gpu_memory_limit_mib: u64,
+    /// Device memory each GPU keeps for cached tables (NTT twiddles, resident embedding
+    /// tables), least recently used out, in MiB. 0: an eighth of the device, at least
+    /// 512 MiB, at most 4 GiB, never over a quarter.
+    #[arg(long, env = "GPU_OPS_GPU_TABLE_CACHE_MIB", default_value_t = 0)]
+    pub gpu_table_cache_mib: u64,
+    /// Most MiB one tenant's resident embedding tables may take together.
+    #[arg(long, env = "GPU_OPS_MAX_TENANT_EMBEDDING_MIB", default_value_t = 1024)]
+    pub max_tenant_embedding_mib: u64,
+    /// Most MiB all resident embedding tables may take (each is held in host memory and
+    /// on disk under --data-dir).
+    #[arg(long, env = "GPU_OPS_MAX_EMBEDDING_TABLES_MIB", default_value_t = 4096)]
+    pub max_embedding_tables_mib: u64,
     /// Synthetic dataset jobs that may wait behind the running one; more gets 503.
     #[arg(long, env = "GPU_OPS_MAX_DATASET_JOBS", default_value_t = 16)]
     pub max_dataset_jobs: usize,

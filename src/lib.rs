@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod ops;
 pub mod pool;
 pub mod store;
+pub mod tables;
 
 use api::AppState;
 use backend::{BackendChoice, Backends, CpuExecutor};
@@ -89,6 +90,7 @@ impl App {
             let (selection, cache) = (cfg.devices.clone(), cfg.data_dir.join("kernel-cache"));
             let interval = cfg.device_sample_interval;
             let memory_limit = cfg.gpu_memory_limit_mib << 20;
+            let table_cache = cfg.gpu_table_cache_mib << 20;
             let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
             tokio::task::spawn_blocking(move || {
                 let library = ops::kernel_library();
@@ -103,6 +105,9 @@ impl App {
                 let tests = Arc::new(ops::self_tests());
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
+                    if table_cache > 0 {
+                        g.set_table_cache_limit(table_cache as usize);
+                    }
                     // Before the device serves anything: readiness waits for set_gpus.
                     b.self_test(g, &tests);
                 }
@@ -125,8 +130,13 @@ impl App {
                 done_tx.send_replace(true);
             });
         }
+        let tables = Arc::new(tables::EmbeddingTables::open(
+            cfg.data_dir.join("embedding-tables"),
+            cfg.max_tenant_embedding_mib << 20,
+            cfg.max_embedding_tables_mib << 20,
+        )?);
         let state = Arc::new(AppState::new(
-            settings, metrics, pool, backends, store, datasets,
+            settings, metrics, pool, backends, store, datasets, tables,
         ));
         Ok(Self { state, discovered })
     }

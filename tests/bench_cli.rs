@@ -40,7 +40,10 @@ async fn a_matmul_sweep_reports_every_request_and_its_gflops() {
         assert!(run.queue_ms.is_some() && run.gflops_end_to_end.unwrap() > 0.0);
     }
     let table = report.table();
-    assert!(table.contains("p99 ms") && table.lines().count() == 4, "{table}");
+    assert!(
+        table.contains("p99 ms") && table.lines().count() == 4,
+        "{table}"
+    );
     // Every known op's body is accepted.
     for (op, shape) in [
         ("attention", vec![1, 2, 8, 4]),
@@ -56,7 +59,11 @@ async fn a_matmul_sweep_reports_every_request_and_its_gflops() {
         p.warmup = Length::Requests(0);
         p.length = Length::Duration(Duration::from_millis(100));
         let r = run(&p).await.unwrap_or_else(|e| panic!("{op}: {e}"));
-        assert!(r.runs[0].ok > 0 && r.runs[0].errors.is_empty(), "{op}: {:?}", r.runs);
+        assert!(
+            r.runs[0].ok > 0 && r.runs[0].errors.is_empty(),
+            "{op}: {:?}",
+            r.runs
+        );
     }
 }
 
@@ -68,7 +75,9 @@ async fn a_refused_body_or_shape_fails_before_any_load() {
     let e = run(&p).await.unwrap_err();
     assert!(e.contains("422"), "{e}");
     assert!(bodies::body("matmul", &[4, 4], "cpu").is_err());
-    assert!(bodies::body("nope", &[4], "cpu").unwrap_err().contains("unknown op"));
+    assert!(bodies::body("nope", &[4], "cpu")
+        .unwrap_err()
+        .contains("unknown op"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,14 +86,35 @@ async fn the_binary_writes_its_report_as_json() {
     let url = s.url.clone();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ops"))
-            .args(["bench", "--url", &url, "--op", "embeddings_sinusoidal", "--shape", "32,16"])
-            .args(["--concurrency", "1,2", "--duration", "5", "--warmup", "1", "--json", "-"])
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--op",
+                "embeddings_sinusoidal",
+                "--shape",
+                "32,16",
+            ])
+            .args([
+                "--concurrency",
+                "1,2",
+                "--duration",
+                "5",
+                "--warmup",
+                "1",
+                "--json",
+                "-",
+            ])
             .output()
             .unwrap()
     })
     .await
     .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["path"], "/embeddings/sinusoidal");
     assert_eq!(report["runs"][1]["concurrency"], 2);

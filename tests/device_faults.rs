@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 19] = [
+const OPS: [&str; 20] = [
     "attention",
     "beams_channels",
     "beams_sweep",
@@ -22,6 +22,7 @@ const OPS: [&str; 19] = [
     "dp_gaussian",
     "dp_laplace",
     "dp_privatize",
+    "embeddings_lookup",
     "embeddings_sinusoidal",
     "field_add",
     "field_inv",

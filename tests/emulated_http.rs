@@ -394,3 +394,50 @@ async fn beams_run_on_the_emulated_device() {
     assert_eq!(dev["best"]["rx"], cpu["best"]["rx"]);
     assert_eq!(dev["best"]["tx"], cpu["best"]["tx"]);
 }
+
+/// A resident table's lookups on the emulated device equal the CPU's; the device keeps
+/// the table after its first lookup there and drops it with the table.
+#[tokio::test]
+async fn embedding_lookups_keep_their_table_on_the_emulated_device() {
+    let s = emulated_server().await;
+    let rows: Vec<Vec<f64>> = (0..40)
+        .map(|r| (0..12).map(|c| (r * 12 + c) as f64 / 8.0 - 30.0).collect())
+        .collect();
+    let res = s
+        .post("/embeddings/tables", json!({"table": rows}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let t: Value = res.json().await.unwrap();
+    let id = t["id"].as_str().unwrap();
+    assert_eq!(t["resident_on"], json!([]));
+    let ids: Vec<Vec<u32>> = (0..3)
+        .map(|b| (0..50).map(|i| (b * 17 + i * 7) % 40).collect())
+        .collect();
+    let (dev, cpu) = both(
+        &s,
+        &format!("/embeddings/tables/{id}/lookup"),
+        json!({"ids": ids, "out_dtype": "f16"}),
+    )
+    .await;
+    assert_eq!(dev["shape"], json!([3, 50, 12]));
+    assert_eq!(dev["result"], cpu["result"]);
+    let got: Value = s
+        .get(&format!("/embeddings/tables/{id}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["resident_on"], json!([0]));
+    assert_eq!(
+        s.delete(&format!("/embeddings/tables/{id}"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+    let gpus = s.state.backends.gpus();
+    assert!(!gpus[0].holds_table(&format!("embeddings/{id}")));
+}

@@ -1112,3 +1112,45 @@ fn cuda_beams_agree_with_the_cpu() {
         dev.set_memory_limit(0);
     }
 }
+
+/// Table lookups on the device equal the CPU's bit for bit, past grid-stride wraps and in
+/// passes under a memory limit; the table is cached on the device after the first.
+#[test]
+fn cuda_lookups_equal_the_cpu_and_keep_their_table() {
+    use gpu_ops::ops::linalg::{run_lookup_cuda, Dtype, LookupJob};
+    let devices = devices("cuda_lookups_equal_the_cpu_and_keep_their_table");
+    for dev in &devices {
+        for (vocab, dim, n) in sizes(
+            dev,
+            &[(50_000usize, 1024usize, 100_000usize)],
+            &[(300, 48, 700), (5, 1, 9000)],
+        ) {
+            let table: Vec<f32> = (0..vocab * dim)
+                .map(|i| ((i * 37 % 1001) as f32 - 500.0) / 7.0)
+                .collect();
+            let table = std::sync::Arc::new(table);
+            let ids: Vec<u32> = (0..n).map(|i| ((i * 7919) % vocab) as u32).collect();
+            let key = format!("parity/{vocab}x{dim}");
+            for output in [Dtype::F32, Dtype::F16] {
+                let job =
+                    LookupJob::new(key.clone(), table.clone(), dim, ids.clone(), output).unwrap();
+                let lease = dev.lease().expect("device lease");
+                let gpu = run_lookup_cuda(&job, &lease).expect("kernels run");
+                job.agrees(&gpu, &job.run_cpu())
+                    .unwrap_or_else(|e| panic!("{vocab}×{dim}, {n} ids, {output:?}: {e}"));
+                assert!(dev.holds_table(&key));
+            }
+            dev.forget_table(&key);
+            assert!(!dev.holds_table(&key));
+        }
+        dev.set_memory_limit(4 << 10);
+        let table = std::sync::Arc::new((0..64 * 16).map(|i| i as f32).collect::<Vec<_>>());
+        let ids: Vec<u32> = (0..2000).map(|i| (i % 64) as u32).collect();
+        let job = LookupJob::new("parity/passes".into(), table, 16, ids, Dtype::F32).unwrap();
+        let lease = dev.lease().expect("device lease");
+        let gpu = run_lookup_cuda(&job, &lease).expect("kernels run");
+        job.agrees(&gpu, &job.run_cpu())
+            .unwrap_or_else(|e| panic!("in passes: {e}"));
+        dev.set_memory_limit(0);
+    }
+}

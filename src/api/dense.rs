@@ -452,6 +452,11 @@ dense_doc!(
     [2, 3]
 );
 dense_doc!(
+    /// Rank 2: an embedding table's `[V, D]`.
+    Dense2Doc,
+    [2]
+);
+dense_doc!(
     /// Rank 3: a codebook's `[K, N, 2]` complex beams, or drawn paths' `[B, L, 2]`.
     Dense3Doc,
     [3]

@@ -206,3 +206,16 @@ pub(crate) fn submit_refused(e: SubmitError, pointer: Option<&str>) -> Problem {
         SubmitError::NotResumable(_) => Problem::new(ErrorCode::DatasetNotResumable, e.to_string()),
     }
 }
+
+/// An embedding table the store refused.
+impl From<crate::tables::TableError> for Problem {
+    fn from(e: crate::tables::TableError) -> Self {
+        use crate::tables::TableError;
+        let code = match e {
+            TableError::QuotaExceeded { .. } => ErrorCode::EmbeddingQuotaExceeded,
+            TableError::Full { .. } => ErrorCode::EmbeddingTablesFull,
+            TableError::Io(_) => ErrorCode::Internal,
+        };
+        Problem::new(code, e.to_string())
+    }
+}

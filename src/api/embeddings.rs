@@ -1,7 +1,7 @@
 //! `/embeddings/sinusoidal`: the sinusoidal position table, or its rows for a batch of
 //! positions.
 
-use super::dense::{DenseDoc, DenseIn, DenseOut, TensorDtype};
+use super::dense::{DenseDoc, DenseIn, DenseOut, DenseValues, TensorDtype};
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, ApiJson, AppState};
 use crate::backend::BackendChoice;
@@ -129,24 +129,8 @@ fn positions(req: &mut SinusoidalRequest, max: usize) -> Result<(Vec<f64>, Vec<u
             }
             Ok(((0..n).map(|p| p as f64).collect(), vec![n as usize]))
         }
-        (None, Some(DenseIn::Packed(_))) => Err(Problem::at(
-            ErrorCode::InvalidTensor,
-            "/positions",
-            "positions are JSON arrays of integers, not packed",
-        )),
         (None, Some(p)) => {
-            let p = p.decode("/positions", 1..=2, max)?;
-            if let Some(i) = p
-                .values
-                .iter()
-                .position(|&x| x < 0.0 || x.fract() != 0.0 || x > MAX_POSITION)
-            {
-                return Err(Problem::at(
-                    ErrorCode::InvalidTensor,
-                    "/positions",
-                    format!("value {i} (row-major) is not an integer from 0 to 2^32"),
-                ));
-            }
+            let p = integer_tensor(p, "/positions", max, MAX_POSITION, "2^32")?;
             let rows = (p.values.len() as u64).saturating_mul(req.dim as u64);
             if rows > max as u64 {
                 return Err(too_large("/positions", rows, max));
@@ -159,6 +143,37 @@ fn positions(req: &mut SinusoidalRequest, max: usize) -> Result<(Vec<f64>, Vec<u
             "give exactly one of num_positions (the table) or positions (a lookup)",
         )),
     }
+}
+
+/// `[S]` or `[B, S]` JSON integers from 0 to `top` (written `top_text` in messages); not
+/// packed, since packed floats are not integers.
+pub(super) fn integer_tensor(
+    t: DenseIn,
+    path: &str,
+    max: usize,
+    top: f64,
+    top_text: &str,
+) -> Result<DenseValues, Problem> {
+    if let DenseIn::Packed(_) = t {
+        return Err(Problem::at(
+            ErrorCode::InvalidTensor,
+            path,
+            "JSON arrays of integers, not packed",
+        ));
+    }
+    let p = t.decode(path, 1..=2, max)?;
+    if let Some(i) = p
+        .values
+        .iter()
+        .position(|&x| x < 0.0 || x.fract() != 0.0 || x > top)
+    {
+        return Err(Problem::at(
+            ErrorCode::InvalidTensor,
+            path,
+            format!("value {i} (row-major) is not an integer from 0 to {top_text}"),
+        ));
+    }
+    Ok(p)
 }
 
 fn too_large(path: &str, values: u64, max: usize) -> Problem {

@@ -10,6 +10,7 @@ mod dense;
 mod domain_errors;
 pub mod dp;
 mod elements;
+pub mod embedding_tables;
 pub mod embeddings;
 mod extract;
 pub mod linalg;
@@ -56,6 +57,7 @@ pub struct AppState {
     pub backends: Arc<Backends>,
     pub store: Arc<Store>,
     pub datasets: Arc<crate::datasets::Datasets>,
+    pub tables: Arc<crate::tables::EmbeddingTables>,
     /// `/device/bandwidth`'s last measurement; the lock makes one measurement at a time.
     bandwidth: tokio::sync::Mutex<Option<bandwidth::BandwidthReport>>,
     shutting_down: AtomicBool,
@@ -69,6 +71,7 @@ impl AppState {
         backends: Arc<Backends>,
         store: Arc<Store>,
         datasets: Arc<crate::datasets::Datasets>,
+        tables: Arc<crate::tables::EmbeddingTables>,
     ) -> Self {
         Self {
             settings,
@@ -77,6 +80,7 @@ impl AppState {
             backends,
             store,
             datasets,
+            tables,
             bandwidth: tokio::sync::Mutex::new(None),
             shutting_down: AtomicBool::new(false),
         }
@@ -156,6 +160,15 @@ fn keyed_operations() -> Operations {
         .routes(routes!(rf::rf_features))
         .routes(routes!(linalg::matmul))
         .routes(routes!(embeddings::embeddings_sinusoidal))
+        .routes(routes!(
+            embedding_tables::embedding_table_create,
+            embedding_tables::embedding_table_list
+        ))
+        .routes(routes!(
+            embedding_tables::embedding_table_get,
+            embedding_tables::embedding_table_delete
+        ))
+        .routes(routes!(embedding_tables::embedding_table_lookup))
         .routes(routes!(nn::attention::attention))
         .routes(routes!(nn::conv2d::conv2d))
         .routes(routes!(beams::beam_channels))

@@ -35,6 +35,7 @@ error_codes! {
     NotFound = ("not_found", 404, "No such resource"),
     BudgetNotFound = ("budget_not_found", 404, "No such privacy budget for this tenant"),
     DatasetNotFound = ("dataset_not_found", 404, "No such dataset for this tenant"),
+    EmbeddingTableNotFound = ("embedding_table_not_found", 404, "No such embedding table for this tenant"),
     SampleNotFound = ("sample_not_found", 404, "No such sample or receiver recording in this dataset"),
     MethodNotAllowed = ("method_not_allowed", 405, "Method not allowed on this resource"),
     BudgetExhausted = ("budget_exhausted", 409, "The release would exceed the privacy budget; nothing was released"),
@@ -53,6 +54,7 @@ error_codes! {
     ResultNotFinite = ("result_not_finite", 422, "The result overflows the requested output dtype"),
     DatasetTooLarge = ("dataset_too_large", 422, "The dataset would exceed --max-dataset-bytes"),
     DatasetQuotaExceeded = ("dataset_quota_exceeded", 422, "The tenant's datasets would exceed --max-tenant-dataset-bytes"),
+    EmbeddingQuotaExceeded = ("embedding_quota_exceeded", 422, "The tenant's embedding tables would exceed --max-tenant-embedding-mib"),
     Internal = ("internal", 500, "Internal error"),
     QueueFull = ("queue_full", 503, "The job queue is full"),
     DeviceUnavailable = ("device_unavailable", 503, "No usable CUDA device"),
@@ -61,6 +63,7 @@ error_codes! {
     ShuttingDown = ("shutting_down", 503, "The service is shutting down"),
     DeadlineExceeded = ("deadline_exceeded", 504, "The job's deadline passed"),
     InsufficientStorage = ("insufficient_storage", 507, "Not enough free disk space under --data-dir for the dataset"),
+    EmbeddingTablesFull = ("embedding_tables_full", 507, "All embedding tables together would exceed --max-embedding-tables-mib"),
     HttpError = ("http_error", 400, "The request was refused"),
 }
 

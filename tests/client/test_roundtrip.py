@@ -48,7 +48,14 @@ try:
         dp_privatize,
     )
     from gpu_ops_client.api.beams import beam_channels, beam_sweep
-    from gpu_ops_client.api.embeddings import embeddings_sinusoidal
+    from gpu_ops_client.api.embeddings import (
+        embedding_table_create,
+        embedding_table_delete,
+        embedding_table_get,
+        embedding_table_list,
+        embedding_table_lookup,
+        embeddings_sinusoidal,
+    )
     from gpu_ops_client.api.linalg import matmul
     from gpu_ops_client.api.nn import attention, conv2d
     from gpu_ops_client.api.rf import rf_features
@@ -78,6 +85,12 @@ try:
         ChannelsRequest,
         ChannelsResponse,
         CodebookSpec,
+        CreateTableRequest,
+        EmbeddingDtype,
+        LookupRequest,
+        LookupResponse,
+        TableList,
+        TableView,
         SweepRequest,
         SweepResponse,
         AttentionRequest,
@@ -755,6 +768,50 @@ def test_embeddings_sinusoidal(client):
 def refuse_embeddings_sinusoidal(c: Ctx):  # dim must be even
     body = SinusoidalRequest(dim=3, num_positions=2)
     return embeddings_sinusoidal.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("embedding_table_create", "embedding_table_get", "embedding_table_list",
+           "embedding_table_lookup", "embedding_table_delete")
+def test_embedding_tables(client):
+    # Keep a 3 × 2 table, find it listed, look rows up, delete it.
+    body = CreateTableRequest(table=[[0.5, 1.5], [2.5, 3.5], [4.5, 5.5]], name="roundtrip")
+    t = ok(embedding_table_create.sync_detailed(client=client, body=body), 201, TableView)
+    assert (t.vocab, t.dim, t.size_bytes, t.name) == (3, 2, 24, "roundtrip")
+    assert t.lookup_url == f"/embeddings/tables/{t.id}/lookup"
+    listed = ok(embedding_table_list.sync_detailed(client=client), 200, TableList)
+    assert t.id in [x.id for x in listed.tables]
+    got = ok(embedding_table_get.sync_detailed(t.id, client=client), 200, TableView)
+    assert got.vocab == 3
+    rows = ok(embedding_table_lookup.sync_detailed(
+        t.id, client=client, body=LookupRequest(ids=[[2, 0]], out_dtype=EmbeddingDtype.F16)), 200, LookupResponse)
+    assert rows.shape == [1, 2, 2] and rows.result == [[[4.5, 5.5], [0.5, 1.5]]]
+    r = embedding_table_delete.sync_detailed(t.id, client=client)
+    assert r.status_code == 204
+
+
+@refusal("embedding_table_create", 422, "invalid_tensor", "/table")
+def refuse_embedding_table_create(c: Ctx):  # a value beyond f32's range
+    return embedding_table_create.sync_detailed(client=c.client, body=CreateTableRequest(table=[[1e300]]))
+
+
+@refusal("embedding_table_list", 401, "unauthorized")
+def refuse_embedding_table_list(c: Ctx):  # no API key
+    return embedding_table_list.sync_detailed(client=c.anon)
+
+
+@refusal("embedding_table_get", 404, "embedding_table_not_found")
+def refuse_embedding_table_get(c: Ctx):
+    return embedding_table_get.sync_detailed("emb_missing", client=c.client)
+
+
+@refusal("embedding_table_lookup", 404, "embedding_table_not_found")
+def refuse_embedding_table_lookup(c: Ctx):
+    return embedding_table_lookup.sync_detailed("emb_missing", client=c.client, body=LookupRequest(ids=[0]))
+
+
+@refusal("embedding_table_delete", 404, "embedding_table_not_found")
+def refuse_embedding_table_delete(c: Ctx):
+    return embedding_table_delete.sync_detailed("emb_missing", client=c.client)
 
 
 # ---------------------------------------------------------------------------------------

@@ -229,10 +229,7 @@ impl GpuDevice {
     /// to record again.
     pub(crate) fn replace_engine(&self, engine: Engine) {
         let _busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        self.tables
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.table_cache().clear();
         *self.engine.write().unwrap_or_else(|e| e.into_inner()) = engine;
         self.op_table().clear();
     }
@@ -350,6 +347,25 @@ impl GpuDevice {
         self.memory_limit.store(bytes, Ordering::Relaxed);
     }
 
+    /// `--gpu-table-cache-mib`: the cached tables' cap, evicting down to it now.
+    pub fn set_table_cache_limit(&self, bytes: usize) {
+        self.table_cache().set_cap(bytes);
+    }
+
+    /// Drops the cached table under `key` (its source was deleted).
+    pub fn forget_table(&self, key: &str) {
+        self.table_cache().remove(key);
+    }
+
+    /// Whether a table under `key` is cached here now.
+    pub fn holds_table(&self, key: &str) -> bool {
+        self.table_cache().contains(key)
+    }
+
+    fn table_cache(&self) -> MutexGuard<'_, TableCache> {
+        self.tables.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Bytes one job may allocate now: `--gpu-memory-limit-mib` but never more than is
     /// free, or without a limit half of what is free (the other half is headroom for the
     /// driver, the table cache and other jobs' buffers).
@@ -423,7 +439,7 @@ impl DeviceLease<'_> {
     }
 
     fn tables(&self) -> MutexGuard<'_, TableCache> {
-        self.device.tables.lock().unwrap_or_else(|e| e.into_inner())
+        self.device.table_cache()
     }
 
     /// A grid-stride launch over `n` items: enough blocks to fill the device, no more.

@@ -28,6 +28,37 @@ impl TableCache {
         self.bytes = 0;
     }
 
+    pub fn contains(&self, key: &str) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    pub fn remove(&mut self, key: &str) {
+        if let Some((_, b, _)) = self.entries.remove(key) {
+            self.bytes -= b;
+        }
+    }
+
+    /// A new cap; the least recently used go until the rest fit.
+    pub fn set_cap(&mut self, cap_bytes: usize) {
+        self.cap_bytes = cap_bytes;
+        self.evict_until(0);
+    }
+
+    /// Evicts the least recently used until `room` more bytes fit under the cap.
+    fn evict_until(&mut self, room: usize) {
+        while self.bytes + room > self.cap_bytes {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, e)| e.2)
+                .map(|(k, _)| k.clone())
+            else {
+                break;
+            };
+            self.remove(&oldest);
+        }
+    }
+
     pub fn get(&mut self, key: &str) -> Option<Arc<dyn Any + Send + Sync>> {
         self.tick += 1;
         let tick = self.tick;
@@ -44,19 +75,7 @@ impl TableCache {
         if bytes > self.cap_bytes {
             return;
         }
-        while self.bytes + bytes > self.cap_bytes {
-            let Some(oldest) = self
-                .entries
-                .iter()
-                .min_by_key(|(_, e)| e.2)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            if let Some((_, b, _)) = self.entries.remove(&oldest) {
-                self.bytes -= b;
-            }
-        }
+        self.evict_until(bytes);
         self.tick += 1;
         self.bytes += bytes;
         self.entries.insert(key, (value, bytes, self.tick));
@@ -91,5 +110,13 @@ mod tests {
         c.insert("huge".into(), value(5), 101);
         assert!(c.get("huge").is_none());
         assert_eq!(c.bytes, 90);
+        // Removing a key and lowering the cap keep the count; the cap evicts the oldest.
+        c.remove("a");
+        assert!(!c.contains("a") && c.contains("c"));
+        assert_eq!(c.bytes, 50);
+        c.insert("d".into(), value(6), 30);
+        c.set_cap(40);
+        assert!(!c.contains("c") && c.contains("d"));
+        assert_eq!(c.bytes, 30);
     }
 }

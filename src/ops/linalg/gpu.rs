@@ -2,6 +2,7 @@
 //! the batch in passes that fit the device's memory budget, and rounds D to the output
 //! dtype; sinusoidal embeddings run rows in passes the same way.
 
+use super::lookup::LookupJob;
 use super::matmul::{MatmulJob, Operands, Strides, Values};
 use super::sinusoidal::{Layout, SinusoidalJob};
 use crate::backend::cuda::kernels::KernelModule;
@@ -9,7 +10,7 @@ use crate::backend::device::DeviceBuffer;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use cudarc::driver::LaunchConfig;
 
-const KERNEL_NAMES: &[&str] = &["matmul_f32", "sinusoidal_f64"];
+const KERNEL_NAMES: &[&str] = &["matmul_f32", "sinusoidal_f64", "embedding_gather_f32"];
 
 /// Output tile of one block (kernels/linalg.cu `MM_TILE`) and its threads.
 const TILE: usize = 64;
@@ -175,5 +176,32 @@ pub fn run_sinusoidal_cuda(
         out.extend(dev.download(&d_out)?);
     }
     job.round_output(&mut out);
+    Ok(out)
+}
+
+/// Rows of the job's table: the table from the device's cache (uploaded on a miss), the
+/// ids in passes that fit the budget beside it.
+pub fn run_lookup_cuda(job: &LookupJob, dev: &DeviceLease<'_>) -> Result<Vec<f32>, DeviceError> {
+    let table = dev.cached_table(&job.key, || dev.upload(&job.table))?;
+    let dim = job.dim;
+    let per_row = 4 * (dim + 1);
+    let rows_per_pass = (dev.memory_budget() / per_row).clamp(1, job.ids.len().max(1));
+    let mut out = Vec::with_capacity(job.ids.len() * dim);
+    for ids in job.ids.chunks(rows_per_pass) {
+        dev.still_wanted()?;
+        let d_ids = dev.upload(ids)?;
+        let mut d_out = dev.alloc_zeros::<f32>(ids.len() * dim)?;
+        let (rows, dim64) = (ids.len() as u64, dim as u64);
+        let mut l = dev.launch("embedding_gather_f32")?;
+        l.arg(table.as_ref())
+            .arg(&dim64)
+            .arg(&d_ids)
+            .arg(&rows)
+            .arg(&mut d_out);
+        // SAFETY: every id is below the table's rows (checked by the job); rows·dim out.
+        unsafe { l.launch(dev.launch_config(ids.len() * dim)) }?;
+        out.extend(dev.download(&d_out)?);
+    }
+    job.round(&mut out);
     Ok(out)
 }

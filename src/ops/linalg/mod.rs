@@ -1,16 +1,18 @@
 //! Dense tensor operations. `sinusoidal`: position embeddings in f64, rounded once to the
-//! output dtype. `matmul`: batched `op(A)·op(B)` with f32 accumulation on both
+//! output dtype. `lookup`: rows of a resident embedding table, cached on the device. `matmul`: batched `op(A)·op(B)` with f32 accumulation on both
 //! backends, operands first rounded to the compute precision (tf32, f16, bf16) as tensor
 //! cores round them, so the CPU twin and the device see the same operands and differ only
 //! in the order of the f32 sums (`docs/TENSORS.md` states the error bounds).
 mod gpu;
+pub mod lookup;
 pub mod matmul;
 mod precision;
 pub(crate) mod self_test;
 pub mod sinusoidal;
 
-pub use gpu::{kernel_module, run_matmul_cuda, run_sinusoidal_cuda};
+pub use gpu::{kernel_module, run_lookup_cuda, run_matmul_cuda, run_sinusoidal_cuda};
 pub(crate) use gpu::{launch_matmul_f32, MatmulPass};
+pub use lookup::LookupJob;
 pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};
 pub use precision::{Compute, Dtype};
 pub use sinusoidal::{Layout, SinusoidalJob};

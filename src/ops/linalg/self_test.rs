@@ -1,9 +1,11 @@
 //! The linalg ops' self-tests: products across the kernel's tile edges, transposed and
 //! broadcast operands, C with β, and each compute precision and output dtype; sinusoidal
-//! embeddings in both layouts past one grid stride, with large and fractional positions.
+//! embeddings in both layouts past one grid stride, with large and fractional positions;
+//! table lookups.
 
-use super::{Compute, Dtype, Layout, MatmulJob, MatmulShape, Operands, SinusoidalJob};
+use super::{Compute, Dtype, Layout, LookupJob, MatmulJob, MatmulShape, Operands, SinusoidalJob};
 use crate::backend::verify::{JobCheck, SelfTest};
+use std::sync::Arc;
 
 /// Values of mixed sign and magnitude (within f16's normal range), zeros among them.
 fn values(len: usize, salt: usize) -> Vec<f32> {
@@ -71,5 +73,29 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
             .expect("a valid self-test embedding")
     })
     .collect();
-    vec![JobCheck::boxed(jobs), JobCheck::boxed(embeddings)]
+    // Lookups past one grid stride, repeated and extreme ids, both output roundings; the
+    // table under a key of its own, so a self-test never meets a caller's table.
+    let table = Arc::new(values(97 * 40, 4));
+    let ids: Vec<u32> = (0..9000u32)
+        .map(|i| (i * 31 + i / 7) % 97)
+        .chain([0, 96, 96])
+        .collect();
+    let lookups = [Dtype::F32, Dtype::Bf16]
+        .into_iter()
+        .map(|output| {
+            LookupJob::new(
+                "self-test/embeddings".into(),
+                table.clone(),
+                40,
+                ids.clone(),
+                output,
+            )
+            .expect("ids within the table")
+        })
+        .collect();
+    vec![
+        JobCheck::boxed(jobs),
+        JobCheck::boxed(embeddings),
+        JobCheck::boxed(lookups),
+    ]
 }
