@@ -44,7 +44,11 @@ async fn a_table_serves_lookups_until_it_is_deleted() {
     assert!(id.starts_with("emb_"), "{t}");
     assert_eq!(location, format!("/embeddings/tables/{id}"));
     assert_eq!(
-        (t["vocab"].as_u64(), t["dim"].as_u64(), t["size_bytes"].as_u64()),
+        (
+            t["vocab"].as_u64(),
+            t["dim"].as_u64(),
+            t["size_bytes"].as_u64()
+        ),
         (Some(5), Some(3), Some(60))
     );
     assert_eq!(t["name"], "tokens");

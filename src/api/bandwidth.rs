@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use utoipa::{IntoParams, ToSchema};
 
 /// Bytes each copy moves: large enough that a copy's fixed cost is noise (bandwidthTest's
@@ -18,8 +19,9 @@ const REPEATS: usize = 5;
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct BandwidthQuery {
-    /// Measure again instead of answering the cached figures. Each device is leased for
-    /// the measurement (well under a second on a GPU): jobs wait for it.
+    /// Measure again instead of answering the cached figures (unless the last measurement
+    /// is under 5 s old). Each device is leased for the measurement (well under a second
+    /// on a GPU): jobs wait for it.
     #[serde(default)]
     pub refresh: bool,
 }
@@ -61,15 +63,40 @@ pub async fn bandwidth(
     State(state): State<Arc<AppState>>,
     ApiQuery(q): ApiQuery<BandwidthQuery>,
 ) -> Result<Json<BandwidthReport>, Problem> {
-    // One measurement at a time; callers that arrive meanwhile get its result.
-    let mut cached = state.bandwidth.lock().await;
-    if let Some(report) = cached.as_ref().filter(|_| !q.refresh) {
-        return Ok(Json(report.clone()));
+    let cache = &state.bandwidth;
+    // A plain read never waits for a measurement in progress.
+    if let Some((report, _)) = cache.last().filter(|_| !q.refresh) {
+        return Ok(Json(report));
+    }
+    // One measurement at a time: who waited for one gets its result, and a refresh within
+    // MIN_REFRESH of the last measurement gets that one, so refreshes cannot keep the
+    // devices leased.
+    let _measuring = cache.measuring.lock().await;
+    if let Some((report, at)) = cache.last() {
+        if !q.refresh || at.elapsed() < MIN_REFRESH {
+            return Ok(Json(report));
+        }
     }
     let measuring = state.clone();
     let report = blocking(move || measure(&measuring)).await?;
-    *cached = Some(report.clone());
+    *cache.last.write().unwrap_or_else(|e| e.into_inner()) = Some((report.clone(), Instant::now()));
     Ok(Json(report))
+}
+
+/// The shortest time between two measurements.
+const MIN_REFRESH: Duration = Duration::from_secs(5);
+
+/// The last report, readable while the next is measured.
+#[derive(Default)]
+pub struct BandwidthCache {
+    last: std::sync::RwLock<Option<(BandwidthReport, Instant)>>,
+    measuring: tokio::sync::Mutex<()>,
+}
+
+impl BandwidthCache {
+    fn last(&self) -> Option<(BandwidthReport, Instant)> {
+        self.last.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 fn measure(state: &AppState) -> Result<BandwidthReport, Problem> {
@@ -84,15 +111,7 @@ fn measure(state: &AppState) -> Result<BandwidthReport, Problem> {
             let b = lease.measure_bandwidth(bytes, REPEATS).map_err(failed)?;
             let gb = |x: f64| x / 1e9;
             Ok(GpuBandwidth {
-                device: format!(
-                    "{}:{}",
-                    if gpu.is_emulated() {
-                        "emulated"
-                    } else {
-                        "cuda"
-                    },
-                    gpu.info.ordinal
-                ),
+                device: gpu.label(),
                 bytes: b.bytes as u64,
                 h2d_pageable_gb_per_s: gb(b.h2d_pageable),
                 d2h_pageable_gb_per_s: gb(b.d2h_pageable),

@@ -78,19 +78,7 @@ pub async fn batch_hint(
         .min()
         .unwrap_or(0);
     let (device, budget, bytes_per_item) = match state.backends.pick_gpu(name) {
-        Some(gpu) => (
-            format!(
-                "{}:{}",
-                if gpu.is_emulated() {
-                    "emulated"
-                } else {
-                    "cuda"
-                },
-                gpu.info.ordinal
-            ),
-            gpu.memory_budget() as u64,
-            device_bytes,
-        ),
+        Some(gpu) => (gpu.label(), gpu.memory_budget() as u64, device_bytes),
         None => ("cpu".into(), mem_available() / 2, 3 * device_bytes),
     };
     let fits = budget / bytes_per_item.max(1);

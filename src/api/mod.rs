@@ -58,8 +58,8 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub datasets: Arc<crate::datasets::Datasets>,
     pub tables: Arc<crate::tables::EmbeddingTables>,
-    /// `/device/bandwidth`'s last measurement; the lock makes one measurement at a time.
-    bandwidth: tokio::sync::Mutex<Option<bandwidth::BandwidthReport>>,
+    /// `/device/bandwidth`'s last measurement and the lock of the one in progress.
+    bandwidth: bandwidth::BandwidthCache,
     shutting_down: AtomicBool,
 }
 
@@ -81,7 +81,7 @@ impl AppState {
             store,
             datasets,
             tables,
-            bandwidth: tokio::sync::Mutex::new(None),
+            bandwidth: bandwidth::BandwidthCache::default(),
             shutting_down: AtomicBool::new(false),
         }
     }

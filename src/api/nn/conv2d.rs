@@ -50,7 +50,7 @@ pub struct Conv2dRequest {
     pub stride: Option<Vec<usize>>,
     /// Zeros around the input: `[rows, columns]` on both sides, or `[top, bottom, left,
     /// right]`. Default none.
-    #[schema(min_items = 2, max_items = 4)]
+    #[schema(value_type = Option<PaddingDoc>)]
     pub padding: Option<Vec<usize>>,
     /// `[rows, columns]`, each at least 1. Default `[1, 1]`.
     #[schema(min_items = 2, max_items = 2, minimum = 1)]
@@ -194,6 +194,21 @@ fn pair(v: Option<Vec<usize>>, path: &str) -> Result<(usize, usize), Problem> {
 /// Decodes the inputs and checks everything the job needs (on a blocking thread: the
 /// inputs may be large).
 fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
+    // The small parameters first: a bad one is a 422 whatever the tensors' size.
+    let stride = pair(req.stride, "/stride")?;
+    let dilation = pair(req.dilation, "/dilation")?;
+    let padding = match req.padding.as_deref() {
+        None => [0; 4],
+        Some(&[rows, cols]) => [rows, rows, cols, cols],
+        Some(&[top, bottom, left, right]) => [top, bottom, left, right],
+        Some(_) => {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/padding",
+                "[rows, columns] or [top, bottom, left, right]",
+            ))
+        }
+    };
     let dtype = req
         .dtype
         .or(req.input.packed_dtype())
@@ -221,18 +236,6 @@ fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
             ),
         ));
     }
-    let padding = match req.padding.as_deref() {
-        None => [0; 4],
-        Some(&[rows, cols]) => [rows, rows, cols, cols],
-        Some(&[top, bottom, left, right]) => [top, bottom, left, right],
-        Some(_) => {
-            return Err(Problem::at(
-                ErrorCode::InvalidParameter,
-                "/padding",
-                "[rows, columns] or [top, bottom, left, right]",
-            ))
-        }
-    };
     let shape = Conv2dShape {
         batch: n,
         channels: c,
@@ -241,9 +244,9 @@ fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
         out_channels: o,
         kernel_h: kh,
         kernel_w: kw,
-        stride: pair(req.stride, "/stride")?,
+        stride,
         padding,
-        dilation: pair(req.dilation, "/dilation")?,
+        dilation,
         groups,
     };
     if let Some((oh, ow)) = shape.out_size() {
@@ -309,6 +312,28 @@ fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
         output,
     )?)
 }
+
+/// Schema of `padding`: two or four non-negative integers (three is refused).
+pub struct PaddingDoc;
+
+impl utoipa::PartialSchema for PaddingDoc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        let sides = |n: usize| {
+            ArrayBuilder::new()
+                .items(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(0)),
+                )
+                .min_items(Some(n))
+                .max_items(Some(n))
+        };
+        OneOfBuilder::new().item(sides(2)).item(sides(4)).into()
+    }
+}
+
+impl ToSchema for PaddingDoc {}
 
 #[cfg(test)]
 mod tests {

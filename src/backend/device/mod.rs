@@ -347,6 +347,16 @@ impl GpuDevice {
         self.memory_limit.store(bytes, Ordering::Relaxed);
     }
 
+    /// `cuda:N`, or `emulated:N` for the emulated device: how answers name a device.
+    pub fn label(&self) -> String {
+        let kind = if self.is_emulated() {
+            "emulated"
+        } else {
+            "cuda"
+        };
+        format!("{kind}:{}", self.info.ordinal)
+    }
+
     /// `--gpu-table-cache-mib`: the cached tables' cap, evicting down to it now.
     pub fn set_table_cache_limit(&self, bytes: usize) {
         self.table_cache().set_cap(bytes);

@@ -84,7 +84,9 @@ pub fn run_attention_cuda(
         let scale = job.scale as f32;
         let tile32 = tile as u32;
         let tasks = count * s.heads * s.queries.div_ceil(QUERY_ROWS);
-        let blocks = tasks.min(dev.launch_config(tasks * THREADS as usize).grid_dim.0 as usize);
+        // One block per task, up to the device's cap (launch_config counts blocks of 256
+        // threads, so ask it for 256 per task).
+        let blocks = tasks.min(dev.launch_config(tasks * 256).grid_dim.0 as usize);
         let config = LaunchConfig {
             grid_dim: (blocks.max(1) as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
