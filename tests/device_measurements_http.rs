@@ -62,6 +62,16 @@ async fn the_hint_follows_the_device_budget_and_the_request_limits() {
         "{body}"
     );
     assert_eq!(body["fits"], (1u64 << 20) / (4 * (64 * 33 + 64 * 32) + 4));
+    // A beam sweep, 16 transmit and 4 receive elements, 32 × 8 beams: the channel
+    // (2·4·16), its projections (2·4·32), the powers (8·32) and 3 words, in f64.
+    let body: Value = hint(&s, "op=beam_sweep&shape=16,4,32,8")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let per = 8 * (2 * 4 * 16 + 2 * 4 * 32 + 8 * 32 + 3);
+    assert_eq!(body["bytes_per_item"], per, "{body}");
+    assert_eq!(body["fits"], (1u64 << 20) / per);
 }
 
 #[tokio::test]
@@ -112,6 +122,7 @@ async fn bad_queries_are_refused_with_their_path() {
             "/shape",
         ),
         ("op=attention&shape=1,8,257", "invalid_parameter", "/shape"),
+        ("op=beam_sweep&shape=16,4,32", "invalid_parameter", "/shape"),
     ] {
         let p = problem(hint(&s, query).await, 422, code).await;
         assert_eq!(p["errors"][0]["path"], path, "{query}: {p}");

@@ -5,6 +5,7 @@
 use super::linalg::MAX_MATMUL_FLOPS;
 use super::problem::{ErrorCode, Problem};
 use super::{ApiQuery, AppState};
+use crate::ops::beams::SweepJob;
 use crate::ops::linalg::MatmulShape;
 use crate::ops::nn::AttentionShape;
 use axum::extract::State;
@@ -19,6 +20,9 @@ use utoipa::{IntoParams, ToSchema};
 pub enum HintOp {
     Matmul,
     Attention,
+    /// `beam_sweep` of uploaded channels.
+    #[serde(rename = "beam_sweep")]
+    BeamSweep,
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -28,6 +32,7 @@ pub struct BatchHintQuery {
     pub op: HintOp,
     /// One batch item's shape, comma-separated. matmul: `M,N,K` (A, B and D batched, no
     /// C). attention: `H,S,D` (H_kv = H, S_kv = S, D_v = D) or `H,H_kv,S,S_kv,D,D_v`.
+    /// beam_sweep: `N_T,N_R,K_T,K_R` (array elements and codebook beams; one channel).
     #[param(example = "1024,1024,1024")]
     pub shape: String,
 }
@@ -49,7 +54,7 @@ pub struct BatchHint {
     /// Items that fit the budget (0: not even one).
     pub fits: u64,
     /// The most items one request may carry: every tensor within
-    /// --max-tensor-elements and the work within 2^40 flops.
+    /// --max-tensor-elements and, for matmul and attention, the work within 2^40 flops.
     pub max_per_request: u64,
     /// min(fits, max_per_request): the batch to send.
     pub batch: u64,
@@ -61,8 +66,8 @@ pub struct BatchHint {
     responses(
         (status = 200, body = BatchHint),
         (status = 422, description = "invalid_parameter: an unknown op, or a shape that is not 3 (or, for \
-            attention, 6) positive integers, heads that do not divide, a head dimension over 256, or \
-            products of 2^48 or more"),
+            attention, 6; for beam_sweep, 4) positive integers, heads that do not divide, a head dimension \
+            over 256, or products of 2^48 or more"),
     ))]
 pub async fn batch_hint(
     State(state): State<Arc<AppState>>,
@@ -119,7 +124,7 @@ fn parse_shape(text: &str) -> Result<Vec<usize>, Problem> {
 }
 
 /// The op's name (as the pool knows it), one item's device bytes, each tensor's values
-/// per item, and one item's flops.
+/// per item, and one item's flops (0 for an op without a flop cap).
 fn item(op: HintOp, shape: &[usize]) -> Result<(&'static str, u64, Vec<u64>, f64), Problem> {
     let bad = |m: &str| Problem::at(ErrorCode::InvalidParameter, "/shape", m);
     let big = |x: usize| x as u64;
@@ -145,6 +150,14 @@ fn item(op: HintOp, shape: &[usize]) -> Result<(&'static str, u64, Vec<u64>, f64
             ))
         }
         (HintOp::Matmul, _) => Err(bad("matmul takes M,N,K")),
+        (HintOp::BeamSweep, &[nt, nr, kt, kr]) => Ok((
+            "beams_sweep",
+            big(SweepJob::device_bytes_per_channel(nr, nt, kr, kt)),
+            vec![big(2 * nr * nt), big(kr * kt)],
+            // Sweeps have no flop cap (their deadline bounds them).
+            0.0,
+        )),
+        (HintOp::BeamSweep, _) => Err(bad("beam_sweep takes N_T,N_R,K_T,K_R")),
         (HintOp::Attention, dims) => {
             let (heads, kv_heads, queries, keys, head_dim, value_dim) = match *dims {
                 [h, s, d] => (h, h, s, s, d, d),

@@ -100,7 +100,7 @@ pub fn run_sweep_cuda(job: &SweepJob, dev: &DeviceLease<'_>) -> Result<Swept, De
     let (nr, nt) = (job.rx.elements(), job.tx.elements());
     let (kr, kt) = (job.rx_book.beams, job.tx_book.beams);
     let pairs = kr * kt;
-    let mut per_channel = 8 * (2 * nr * nt + 2 * nr * kt + pairs + 3);
+    let mut per_channel = SweepJob::device_bytes_per_channel(nr, nt, kr, kt);
     if let Channels::Generated { spec, .. } = &job.channels {
         per_channel += generated_bytes(spec);
     }

@@ -217,6 +217,13 @@ impl SweepJob {
         })
     }
 
+    /// Device bytes per uploaded channel in a sweep pass: the channel, its projections
+    /// through the transmit beams, its powers, its noise key and best pair. The launcher
+    /// and `/device/batch_hint` size passes by it.
+    pub fn device_bytes_per_channel(nr: usize, nt: usize, kr: usize, kt: usize) -> usize {
+        8 * (2 * nr * nt + 2 * nr * kt + kr * kt + 3)
+    }
+
     pub fn pairs(&self) -> usize {
         self.rx_book.beams * self.tx_book.beams
     }
