@@ -270,7 +270,7 @@ async fn refusals_carry_their_code_and_path() {
             json!({"model": {"batch": 300, "tx_array": {"columns": 1}, "rx_array": {"columns": 1}, "paths": 8}, "return_paths": true}),
             413,
             "payload_too_large",
-            "/return_paths",
+            "/model/paths",
         ),
         (
             "/beams/channels",
@@ -319,7 +319,7 @@ async fn refusals_carry_their_code_and_path() {
             json!({"model": {"batch": 1, "tx_array": {"columns": 2}, "rx_array": {"columns": 2}}, "rx_array": {"columns": 2}}),
             422,
             "invalid_parameter",
-            "/tx_array",
+            "/rx_array",
         ),
         (
             "/beams/sweep",
@@ -361,7 +361,7 @@ async fn refusals_carry_their_code_and_path() {
             json!({"model": {"batch": 20, "tx_array": {"columns": 4}, "rx_array": {"columns": 4}}, "tx_codebook": {"oversampling": 4}, "rx_codebook": {"oversampling": 4}}),
             413,
             "payload_too_large",
-            "/return_grid",
+            "/model/batch",
         ),
         (
             "/beams/sweep",
@@ -401,7 +401,44 @@ async fn refusals_carry_their_code_and_path() {
             "/noise_seed",
         ),
     ];
-    for (path, body, status, code, at) in cases.into_iter().chain(more) {
+    let later = [
+        (
+            "/beams/channels",
+            json!({"model": {"batch": 200, "tx_array": {"columns": 1}, "rx_array": {"columns": 1}, "paths": 64}}),
+            413,
+            "payload_too_large",
+            "/model/paths",
+        ),
+        (
+            "/beams/channels",
+            json!({"model": {"batch": u64::MAX, "tx_array": {"columns": 2}, "rx_array": {"columns": 2}}}),
+            413,
+            "payload_too_large",
+            "/model/batch",
+        ),
+        (
+            "/beams/sweep",
+            json!({"channels": one_channel, "noise_seed": 3}),
+            422,
+            "invalid_parameter",
+            "/noise_seed",
+        ),
+        (
+            "/beams/sweep",
+            json!({"channels": [[vec![vec![1, 0]; 1025]]]}),
+            422,
+            "invalid_parameter",
+            "/channels",
+        ),
+        (
+            "/beams/sweep",
+            json!({"model": {"batch": 1, "tx_array": {"columns": 2}, "rx_array": {"columns": 2}}, "rx_codebook": {"beams": [[[1e200, 0], [0, 1]]]}}),
+            422,
+            "invalid_parameter",
+            "/rx_codebook",
+        ),
+    ];
+    for (path, body, status, code, at) in cases.into_iter().chain(more).chain(later) {
         let p = problem(post(&s, path, body.clone()).await, status, code).await;
         if !at.is_empty() {
             assert_eq!(p["errors"][0]["path"], at, "{path} {body}: {p}");

@@ -8,6 +8,7 @@ use super::extract::ObjectOnly;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, entropy_u64, job_response, job_timeout, ApiJson, AppState};
 use crate::backend::BackendChoice;
+use crate::ops::beams::geometry::PATH_WORDS;
 use crate::ops::beams::sweep::MAX_CODEBOOK_VALUES;
 use crate::ops::beams::{
     Array, ChannelSpec, Channels, ChannelsJob, Codebook, DrawnPath, MeasurementNoise, SweepJob,
@@ -100,7 +101,19 @@ impl ChannelModel {
             return Err(too_large(
                 &pointer(&at.field("batch")),
                 "channel values",
-                2 * complex,
+                complex.saturating_mul(2),
+                max,
+            ));
+        }
+        // The drawn paths are held too (PATH_WORDS each), whatever the arrays' size.
+        let words = (self.batch as u64)
+            .saturating_mul(self.paths as u64)
+            .saturating_mul(PATH_WORDS as u64);
+        if words > max as u64 {
+            return Err(too_large(
+                &pointer(&at.field("paths")),
+                "path values",
+                words,
                 max,
             ));
         }
@@ -177,7 +190,8 @@ impl From<BeamDtype> for Dtype {
 pub struct ChannelsRequest {
     #[schema(value_type = ChannelModel)]
     pub model: ObjectOnly<ChannelModel>,
-    /// Also answer each path's gain and angles (at most --max-tensor-elements / 6 paths).
+    /// Also answer each path's gain and angles (B·L·6 values, which the model's limit
+    /// already keeps within --max-tensor-elements).
     #[serde(default)]
     #[schema(default = false)]
     pub return_paths: bool,
@@ -256,14 +270,6 @@ pub async fn beam_channels(
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
     let (spec, seed) = req.model.0.spec(&FieldPath::root().field("model"), max)?;
-    if req.return_paths && (spec.count * spec.paths).saturating_mul(6) > max {
-        return Err(too_large(
-            "/return_paths",
-            "path values",
-            (spec.count * spec.paths * 6) as u64,
-            max,
-        ));
-    }
     let output = Dtype::from(req.out_dtype);
     let job = blocking(move || Ok(ChannelsJob::new(spec, output)?)).await?;
     let (rx, tx, batch) = (
@@ -430,12 +436,14 @@ fn uploaded(
     }
     let root = FieldPath::root();
     let geometry = |g: Option<ArrayGeometry>, n: usize, name: &'static str| {
+        // Without the geometry, a linear array of the channels' size: refused at them.
+        let at = root.field(if g.is_some() { name } else { "channels" });
         let a = g
             .unwrap_or(ArrayGeometry {
                 rows: 1,
                 columns: n,
             })
-            .array(root.field(name))?;
+            .array(at)?;
         if a.elements() != n {
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
@@ -515,9 +523,14 @@ fn sweep_job(
     let (channels, tx, rx, first, seed) = match (req.model, req.channels) {
         (Some(ObjectOnly(model)), None) => {
             if req.tx_array.is_some() || req.rx_array.is_some() {
+                let at = if req.tx_array.is_some() {
+                    "/tx_array"
+                } else {
+                    "/rx_array"
+                };
                 return Err(Problem::at(
                     ErrorCode::InvalidParameter,
-                    "/tx_array",
+                    at,
                     "the model states the arrays; tx_array and rx_array go with uploaded channels",
                 ));
             }
@@ -558,7 +571,23 @@ fn sweep_job(
     };
     let powers = (count as u64).saturating_mul((tx_book.beams * rx_book.beams) as u64);
     if powers > max as u64 {
-        return Err(too_large("/return_grid", "beam-pair powers", powers, max));
+        let at = match &channels {
+            Channels::Generated { .. } => "/model/batch",
+            Channels::Uploaded(_) => "/channels",
+        };
+        return Err(too_large(
+            at,
+            "beam-pair powers (held even without the grid)",
+            powers,
+            max,
+        ));
+    }
+    if req.noise_seed.is_some() && req.snr_db.is_none() {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/noise_seed",
+            "a noise seed without snr_db: give snr_db for noise, or no seed",
+        ));
     }
     let noise_seed = match req.snr_db {
         None => None,

@@ -123,6 +123,14 @@ pub async fn embedding_table_create(
     let table = blocking(move || {
         let t = req.table.decode("/table", 2..=2, max)?;
         let (vocab, dim) = (t.shape[0], t.shape[1]);
+        if vocab as u64 > 1 << 32 {
+            // Ids are 32-bit on both backends.
+            return Err(Problem::at(
+                ErrorCode::InvalidTensor,
+                "/table/shape",
+                "at most 2^32 rows",
+            ));
+        }
         let id = format!("emb_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32);
         let meta = TableMeta {
             id,

@@ -43,12 +43,14 @@ pub async fn run(plan: &Plan) -> Result<Report, String> {
         .pool_max_idle_per_host(plan.concurrency.iter().copied().max().unwrap_or(1))
         .build()
         .map_err(|e| e.to_string())?;
-    let flops = probe(&client, plan).await?;
+    // One copy of the body, shared by every request.
+    let body = bytes::Bytes::from(plan.body.clone());
+    let flops = probe(&client, plan, &body).await?;
     let mut runs = Vec::new();
     for &c in &plan.concurrency {
-        load(&client, plan, c, plan.warmup).await?;
+        load(&client, plan, &body, c, plan.warmup).await?;
         let started = Instant::now();
-        let samples = load(&client, plan, c, plan.length).await?;
+        let samples = load(&client, plan, &body, c, plan.length).await?;
         runs.push(Run::from_samples(c, started.elapsed(), &samples, flops));
     }
     Ok(Report::new(plan, flops, runs))
@@ -56,8 +58,12 @@ pub async fn run(plan: &Plan) -> Result<Report, String> {
 
 /// One request first: it must succeed (a bench of refusals measures nothing), and its
 /// answer's `flops`, when it states them, gives the GFLOP/s.
-async fn probe(client: &reqwest::Client, plan: &Plan) -> Result<Option<f64>, String> {
-    let res = request(client, plan)
+async fn probe(
+    client: &reqwest::Client,
+    plan: &Plan,
+    body: &bytes::Bytes,
+) -> Result<Option<f64>, String> {
+    let res = request(client, plan, body)
         .send()
         .await
         .map_err(|e| format!("{}: {e}", plan.url))?;
@@ -76,11 +82,12 @@ async fn probe(client: &reqwest::Client, plan: &Plan) -> Result<Option<f64>, Str
     Ok(flops)
 }
 
-fn request(client: &reqwest::Client, plan: &Plan) -> reqwest::RequestBuilder {
+fn request(client: &reqwest::Client, plan: &Plan, body: &bytes::Bytes) -> reqwest::RequestBuilder {
+    // A Bytes clone shares the body: nothing is copied inside the timed interval.
     let r = client
         .post(format!("{}{}", plan.url.trim_end_matches('/'), plan.path))
         .header("content-type", "application/json")
-        .body(plan.body.clone());
+        .body(body.clone());
     match &plan.api_key {
         Some(k) => r.bearer_auth(k),
         None => r,
@@ -88,9 +95,12 @@ fn request(client: &reqwest::Client, plan: &Plan) -> reqwest::RequestBuilder {
 }
 
 /// `concurrency` workers, each with one request in flight, until `length` is reached.
+/// A request that got no HTTP answer (connection refused or reset, timeout) is a sample of
+/// status 0: counted among the errors, never ending the run.
 async fn load(
     client: &reqwest::Client,
     plan: &Plan,
+    body: &bytes::Bytes,
     concurrency: usize,
     length: Length,
 ) -> Result<Vec<Sample>, String> {
@@ -99,7 +109,7 @@ async fn load(
     let samples = Arc::new(Mutex::new(Vec::new()));
     let mut workers = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
-        let (client, plan) = (client.clone(), plan.clone());
+        let (client, plan, body) = (client.clone(), plan.clone(), body.clone());
         let (issued, samples) = (issued.clone(), samples.clone());
         workers.push(tokio::spawn(async move {
             loop {
@@ -108,24 +118,29 @@ async fn load(
                     Length::Requests(n) => issued.fetch_add(1, Ordering::Relaxed) < n,
                 };
                 if !more {
-                    return Ok::<(), String>(());
+                    return;
                 }
                 let sent = Instant::now();
-                let res = request(&client, &plan)
-                    .send()
-                    .await
-                    .map_err(|e| format!("{}: {e}", plan.url))?;
-                let header = |name: &str| {
-                    res.headers()
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.parse::<f64>().ok())
-                };
-                let (queue_ms, compute_ms) =
-                    (header("x-queue-time-ms"), header("x-compute-time-ms"));
-                let status = res.status().as_u16();
-                // The whole answer is part of the latency a client sees.
-                res.bytes().await.map_err(|e| e.to_string())?;
+                let (status, queue_ms, compute_ms) =
+                    match request(&client, &plan, &body).send().await {
+                        Ok(res) => {
+                            let header = |name: &str| {
+                                res.headers()
+                                    .get(name)
+                                    .and_then(|v| v.to_str().ok())
+                                    .and_then(|v| v.parse::<f64>().ok())
+                            };
+                            let (queue_ms, compute_ms) =
+                                (header("x-queue-time-ms"), header("x-compute-time-ms"));
+                            let status = res.status().as_u16();
+                            // The whole answer is part of the latency a client sees.
+                            match res.bytes().await {
+                                Ok(_) => (status, queue_ms, compute_ms),
+                                Err(_) => (0, None, None),
+                            }
+                        }
+                        Err(_) => (0, None, None),
+                    };
                 samples.lock().expect("not poisoned").push(Sample {
                     latency_ms: sent.elapsed().as_secs_f64() * 1e3,
                     status,
@@ -136,7 +151,7 @@ async fn load(
         }));
     }
     for w in workers {
-        w.await.map_err(|e| e.to_string())??;
+        w.await.map_err(|e| e.to_string())?;
     }
     let samples = std::mem::take(&mut *samples.lock().expect("not poisoned"));
     Ok(samples)

@@ -54,7 +54,8 @@ pub struct Run {
     pub seconds: f64,
     /// Answered 2xx.
     pub ok: usize,
-    /// Other answers, by status.
+    /// Other answers, by status; 0 counts requests that got no HTTP answer (refused,
+    /// reset, or past --timeout).
     pub errors: BTreeMap<u16, usize>,
     pub throughput_per_second: f64,
     /// Of the 2xx answers, as the client saw them (the body read whole).

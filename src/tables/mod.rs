@@ -77,7 +77,34 @@ pub struct EmbeddingTables {
     dir: PathBuf,
     tenant_quota: u64,
     cap: u64,
-    tables: RwLock<BTreeMap<String, Arc<EmbeddingTable>>>,
+    tables: RwLock<Catalog>,
+}
+
+/// The committed tables, and the bytes of uploads being written (by id: tenant, bytes),
+/// which count against the quota and the cap until they commit or fail.
+#[derive(Default)]
+struct Catalog {
+    tables: BTreeMap<String, Arc<EmbeddingTable>>,
+    writing: BTreeMap<String, (String, u64)>,
+}
+
+impl Catalog {
+    fn used(&self, tenant: Option<&str>) -> u64 {
+        let mine = |t: &str| tenant.is_none_or(|want| want == t);
+        let kept: u64 = self
+            .tables
+            .values()
+            .filter(|t| mine(&t.meta.tenant))
+            .map(|t| t.bytes())
+            .sum();
+        let writing: u64 = self
+            .writing
+            .values()
+            .filter(|(t, _)| mine(t))
+            .map(|(_, b)| b)
+            .sum();
+        kept + writing
+    }
 }
 
 fn io(what: &Path, e: std::io::Error) -> TableError {
@@ -89,13 +116,13 @@ impl EmbeddingTables {
     /// skipped with a warning, never served.
     pub fn open(dir: PathBuf, tenant_quota: u64, cap: u64) -> Result<Self, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let mut tables = BTreeMap::new();
+        let mut tables = Catalog::default();
         let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
             if path.extension().is_some_and(|x| x == "json") {
                 match load(&path) {
                     Ok(t) => {
-                        tables.insert(t.meta.id.clone(), Arc::new(t));
+                        tables.tables.insert(t.meta.id.clone(), Arc::new(t));
                     }
                     Err(e) => tracing::warn!("embedding table {} skipped: {e}", path.display()),
                 }
@@ -109,8 +136,12 @@ impl EmbeddingTables {
         })
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<EmbeddingTable>>> {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Catalog> {
         self.tables.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_lock(&self) -> std::sync::RwLockWriteGuard<'_, Catalog> {
+        self.tables.write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Stores a table for `tenant` under a new id, within the quota and the cap.
@@ -124,50 +155,72 @@ impl EmbeddingTables {
             values: Arc::new(values),
         };
         let need = table.bytes();
-        // Held across the write, so two uploads cannot both fit in the room of one.
-        let mut tables = self.tables.write().unwrap_or_else(|e| e.into_inner());
-        let used: u64 = tables
-            .values()
-            .filter(|t| t.meta.tenant == table.meta.tenant)
-            .map(|t| t.bytes())
-            .sum();
-        if used + need > self.tenant_quota {
-            return Err(TableError::QuotaExceeded {
-                need,
-                used,
-                quota: self.tenant_quota,
-            });
+        let (id, tenant) = (table.meta.id.clone(), table.meta.tenant.clone());
+        // Reserve the room first, so two uploads cannot both fit in the room of one; write
+        // the files without the lock, so lookups never wait for a disk.
+        {
+            let mut catalog = self.write_lock();
+            let used = catalog.used(Some(&tenant));
+            if used + need > self.tenant_quota {
+                return Err(TableError::QuotaExceeded {
+                    need,
+                    used,
+                    quota: self.tenant_quota,
+                });
+            }
+            let all = catalog.used(None);
+            if all + need > self.cap {
+                return Err(TableError::Full {
+                    need,
+                    used: all,
+                    cap: self.cap,
+                });
+            }
+            catalog.writing.insert(id.clone(), (tenant, need));
         }
-        let all: u64 = tables.values().map(|t| t.bytes()).sum();
-        if all + need > self.cap {
-            return Err(TableError::Full {
-                need,
-                used: all,
-                cap: self.cap,
-            });
-        }
-        self.write(&table)?;
+        let written = self.write(&table);
+        let mut catalog = self.write_lock();
+        catalog.writing.remove(&id);
+        written?;
         let table = Arc::new(table);
-        tables.insert(table.meta.id.clone(), table.clone());
+        catalog.tables.insert(id, table.clone());
         Ok(table)
     }
 
-    /// The values, then the metadata that commits them (each through a temporary file).
+    /// The values, then the metadata that commits them, each through a temporary file
+    /// synced before its rename, then the directory synced: a 201 survives a crash. On
+    /// failure nothing of the table is left.
     fn write(&self, table: &EmbeddingTable) -> Result<(), TableError> {
         let values: Vec<u8> = table.values.iter().flat_map(|x| x.to_le_bytes()).collect();
         let meta = serde_json::to_vec(&table.meta).expect("metadata serializes");
-        for (ext, bytes) in [("f32", values), ("json", meta)] {
-            let path = self.dir.join(format!("{}.{ext}", table.meta.id));
-            let tmp = path.with_extension(format!("{ext}.tmp"));
-            std::fs::write(&tmp, bytes).map_err(|e| io(&tmp, e))?;
-            std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        let id = &table.meta.id;
+        let result = [("f32", values), ("json", meta)]
+            .into_iter()
+            .try_for_each(|(ext, bytes)| {
+                let path = self.dir.join(format!("{id}.{ext}"));
+                let tmp = path.with_extension(format!("{ext}.tmp"));
+                let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+                std::io::Write::write_all(&mut f, &bytes).map_err(|e| io(&tmp, e))?;
+                f.sync_all().map_err(|e| io(&tmp, e))?;
+                std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+            })
+            .and_then(|()| {
+                std::fs::File::open(&self.dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| io(&self.dir, e))
+            });
+        if result.is_err() {
+            for ext in ["json", "f32", "json.tmp", "f32.tmp"] {
+                let _ = std::fs::remove_file(self.dir.join(format!("{id}.{ext}")));
+            }
         }
-        Ok(())
+        result
     }
 
     /// The tenant's table `id`.
     pub fn get(&self, tenant: &str, id: &str) -> Option<Arc<EmbeddingTable>> {
         self.read()
+            .tables
             .get(id)
             .filter(|t| t.meta.tenant == tenant)
             .cloned()
@@ -176,6 +229,7 @@ impl EmbeddingTables {
     /// The tenant's tables, by id.
     pub fn list(&self, tenant: &str) -> Vec<Arc<EmbeddingTable>> {
         self.read()
+            .tables
             .values()
             .filter(|t| t.meta.tenant == tenant)
             .cloned()
@@ -188,8 +242,12 @@ impl EmbeddingTables {
         tenant: &str,
         id: &str,
     ) -> Result<Option<Arc<EmbeddingTable>>, TableError> {
-        let mut tables = self.tables.write().unwrap_or_else(|e| e.into_inner());
-        if tables.get(id).is_none_or(|t| t.meta.tenant != tenant) {
+        let mut catalog = self.write_lock();
+        if catalog
+            .tables
+            .get(id)
+            .is_none_or(|t| t.meta.tenant != tenant)
+        {
             return Ok(None);
         }
         // The metadata first: a crash between the two leaves values no table claims.
@@ -201,7 +259,7 @@ impl EmbeddingTables {
                 Err(e) => return Err(io(&path, e)),
             }
         }
-        Ok(tables.remove(id))
+        Ok(catalog.tables.remove(id))
     }
 }
 

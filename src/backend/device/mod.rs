@@ -362,9 +362,10 @@ impl GpuDevice {
         self.table_cache().set_cap(bytes);
     }
 
-    /// Drops the cached table under `key` (its source was deleted).
+    /// Drops the cached table under `key` for good (its source was deleted): a job that
+    /// looked it up before cannot cache it again.
     pub fn forget_table(&self, key: &str) {
-        self.table_cache().remove(key);
+        self.table_cache().forget(key);
     }
 
     /// Whether a table under `key` is cached here now.

@@ -1,7 +1,8 @@
-//! Device-resident constant tables (NTT twiddles, scale factors) kept between jobs.
+//! Device-resident tables (NTT twiddles and scale factors, resident embedding tables)
+//! kept between jobs.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 /// Tables by key, least recently used first out once their bytes pass the cap. Values
@@ -11,7 +12,14 @@ pub(super) struct TableCache {
     bytes: usize,
     tick: u64,
     entries: HashMap<String, (Arc<dyn Any + Send + Sync>, usize, u64)>,
+    /// Keys whose source was deleted: a job that looked its table up before the delete
+    /// must not cache it again. Keys are never reused; the oldest are let go past
+    /// FORGOTTEN_KEPT.
+    forgotten: HashSet<String>,
+    forgotten_order: VecDeque<String>,
 }
+
+const FORGOTTEN_KEPT: usize = 100_000;
 
 impl TableCache {
     pub fn new(cap_bytes: usize) -> Self {
@@ -20,6 +28,8 @@ impl TableCache {
             bytes: 0,
             tick: 0,
             entries: HashMap::new(),
+            forgotten: HashSet::new(),
+            forgotten_order: VecDeque::new(),
         }
     }
 
@@ -30,6 +40,19 @@ impl TableCache {
 
     pub fn contains(&self, key: &str) -> bool {
         self.entries.contains_key(key)
+    }
+
+    /// Removes `key` for good: later inserts under it are ignored.
+    pub fn forget(&mut self, key: &str) {
+        self.remove(key);
+        if self.forgotten.insert(key.to_string()) {
+            self.forgotten_order.push_back(key.to_string());
+            if self.forgotten_order.len() > FORGOTTEN_KEPT {
+                if let Some(old) = self.forgotten_order.pop_front() {
+                    self.forgotten.remove(&old);
+                }
+            }
+        }
     }
 
     pub fn remove(&mut self, key: &str) {
@@ -72,7 +95,7 @@ impl TableCache {
         if let Some((_, old, _)) = self.entries.remove(&key) {
             self.bytes -= old;
         }
-        if bytes > self.cap_bytes {
+        if bytes > self.cap_bytes || self.forgotten.contains(&key) {
             return;
         }
         self.evict_until(bytes);
@@ -118,5 +141,10 @@ mod tests {
         c.set_cap(40);
         assert!(!c.contains("c") && c.contains("d"));
         assert_eq!(c.bytes, 30);
+        // A forgotten key stays out, even when a late job inserts it again.
+        c.forget("d");
+        c.insert("d".into(), value(7), 10);
+        assert!(!c.contains("d"));
+        assert_eq!(c.bytes, 0);
     }
 }

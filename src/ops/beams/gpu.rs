@@ -104,7 +104,9 @@ pub fn run_sweep_cuda(job: &SweepJob, dev: &DeviceLease<'_>) -> Result<Swept, De
     if let Channels::Generated { spec, .. } = &job.channels {
         per_channel += generated_bytes(spec);
     }
-    let per_pass = (dev.memory_budget() / per_channel).clamp(1, job.count.max(1));
+    // The codebooks and the noise scales stay on the device beside every pass.
+    let fixed = 8 * (job.tx_book.values.len() + job.rx_book.values.len() + kr);
+    let per_pass = dev.items_per_pass(job.count, per_channel, fixed);
     let d_f = dev.upload(&job.tx_book.values)?;
     let d_w = dev.upload(&job.rx_book.values)?;
     let d_scale = dev.upload(&job.noise_scales())?;

@@ -102,6 +102,32 @@ impl Codebook {
     }
 }
 
+/// σ/√2 of the measurement noise (0 without), σ² = 10^(−SNR/10).
+fn sigma_over_root2(noise: Option<MeasurementNoise>) -> f64 {
+    noise.map_or(0.0, |n| {
+        10f64.powf(-n.snr_db / 20.0) * std::f64::consts::FRAC_1_SQRT_2
+    })
+}
+
+/// A bound on ‖H_b‖_F: computed for uploaded channels; for generated ones every entry is
+/// at most Σ|g_l|, so √(N_r·N_t)·Σ|g_l|.
+fn channel_norm(channels: &Channels, per: usize, entries: usize, b: usize) -> f64 {
+    match channels {
+        Channels::Uploaded(h) => h[b * per..][..per]
+            .iter()
+            .map(|x| x * x)
+            .sum::<f64>()
+            .sqrt(),
+        Channels::Generated { spec, words, .. } => {
+            let gains: f64 = words[b * PATH_WORDS * spec.paths..][..PATH_WORDS * spec.paths]
+                .chunks(PATH_WORDS)
+                .map(|p| p[0].hypot(p[1]))
+                .sum();
+            gains * (entries as f64).sqrt()
+        }
+    }
+}
+
 /// Measurement noise at an SNR, from its own seed.
 #[derive(Clone, Copy, Debug)]
 pub struct MeasurementNoise {
@@ -138,6 +164,18 @@ pub struct SweepJob {
     pub grid: bool,
     /// f32 or f64: what the powers are rounded to.
     pub output: Dtype,
+    /// The codebooks' largest beam norms and the noise's largest term, computed once
+    /// (every channel's tolerance reads them).
+    norms: Norms,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Norms {
+    rx: f64,
+    tx: f64,
+    /// 15 standard deviations of the largest receive beam's noise (the receiver noise's
+    /// tail reaches 10σ).
+    noise: f64,
 }
 
 impl SweepJob {
@@ -181,27 +219,46 @@ impl SweepJob {
                 ));
             }
         }
-        // |g|² must stay finite in the output dtype: bound it before anything runs.
-        if let Channels::Uploaded(h) = &channels {
-            let books = tx_book.max_norm() * rx_book.max_norm();
-            let limit = (output.subnormal_step_and_max().1 / 4.0).sqrt();
-            if let Some(b) = h
-                .chunks(per)
-                .position(|hb| hb.iter().map(|x| x * x).sum::<f64>().sqrt() * books > limit)
-            {
-                return Err(Invalid::new(
-                    root.field("channels").index(b),
-                    format!(
-                        "‖H‖_F times the codebooks' largest beam norms exceeds {limit:e}: the powers could overflow {}",
-                        output.name()
-                    ),
-                ));
-            }
-        }
         if let Some(n) = noise {
             if !(n.snr_db.is_finite() && n.snr_db.abs() <= 200.0) {
                 return Err(Invalid::new(root.field("snr_db"), "from −200 to 200 dB"));
             }
+        }
+        let (rx_norm, tx_norm) = (rx_book.max_norm(), tx_book.max_norm());
+        let norms = Norms {
+            rx: rx_norm,
+            tx: tx_norm,
+            noise: match noise {
+                Some(_) => 15.0 * sigma_over_root2(noise) * rx_norm,
+                None => 0.0,
+            },
+        };
+        // |g|² must stay finite in the output dtype: bound it before anything runs.
+        let limit = (output.subnormal_step_and_max().1 / 4.0).sqrt();
+        // A NaN (∞ times 0) counts as too big.
+        let too_big = |b: usize| {
+            let bound =
+                channel_norm(&channels, per, tx.elements() * rx.elements(), b) * rx_norm * tx_norm
+                    + norms.noise;
+            bound.is_nan() || bound > limit
+        };
+        if let Some(b) = (0..count).find(|&b| too_big(b)) {
+            let at = if norms.noise > limit / 2.0 {
+                root.field("snr_db")
+            } else if let Channels::Uploaded(_) = &channels {
+                root.field("channels").index(b)
+            } else if rx_norm >= tx_norm {
+                root.field("rx_codebook")
+            } else {
+                root.field("tx_codebook")
+            };
+            return Err(Invalid::new(
+                at,
+                format!(
+                    "‖w‖·‖H‖_F·‖f‖ plus the noise exceeds {limit:e} on channel {b}: the powers could overflow {}",
+                    output.name()
+                ),
+            ));
         }
         Ok(Self {
             channels,
@@ -214,6 +271,7 @@ impl SweepJob {
             noise,
             grid,
             output,
+            norms,
         })
     }
 
@@ -241,9 +299,7 @@ impl SweepJob {
 
     /// σ‖w_r‖/√2 per receive beam (zeros without noise).
     pub fn noise_scales(&self) -> Vec<f64> {
-        let sigma = self.noise.map_or(0.0, |n| {
-            10f64.powf(-n.snr_db / 20.0) * std::f64::consts::FRAC_1_SQRT_2
-        });
+        let sigma = sigma_over_root2(self.noise);
         (0..self.rx_book.beams)
             .map(|r| sigma * self.rx_book.norm(r))
             .collect()
@@ -387,9 +443,8 @@ impl SweepJob {
         let (nr, nt) = (self.rx.elements(), self.tx.elements());
         let hb = &h[2 * b * nr * nt..][..2 * nr * nt];
         let frob = hb.iter().map(|x| x * x).sum::<f64>().sqrt();
-        let (w, f) = (self.rx_book.max_norm(), self.tx_book.max_norm());
-        let noise = 15.0 * self.noise_scales().iter().fold(0.0, |a: f64, &s| a.max(s));
-        let bound = w * frob * f + noise;
+        let (w, f) = (self.norms.rx, self.norms.tx);
+        let bound = w * frob * f + self.norms.noise;
         let gamma = |n: usize| (n + 2) as f64 * f64::EPSILON;
         let mut diff = 2.0 * (gamma(nt) + gamma(nr)) * w * frob * f + 4.0 * f64::EPSILON * bound;
         if let Channels::Generated { spec, words, .. } = &self.channels {
@@ -402,7 +457,8 @@ impl SweepJob {
                 * gains
                 * f64::EPSILON
                 * (std::f64::consts::PI * phase + spec.paths as f64 + 8.0);
-            diff += w * f * per_value * ((nr * nt) as f64).sqrt();
+            // Each of the 2·N_r·N_t components within per_value.
+            diff += w * f * per_value * ((2 * nr * nt) as f64).sqrt();
         }
         (bound, diff)
     }

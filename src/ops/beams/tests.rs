@@ -346,3 +346,28 @@ fn agreement_catches_wrong_powers_and_pairs() {
     bad[7] += 1e-3;
     assert!(channels.agrees(&bad, &h).is_err());
 }
+
+#[test]
+fn powers_that_could_overflow_are_refused_for_generated_channels_too() {
+    let s = spec(array(1, 2), array(1, 2), 3, 1);
+    let job = ChannelsJob::new(s.clone(), Dtype::F64).unwrap();
+    let root = crate::ops::FieldPath::root();
+    let huge = Codebook::new(vec![1e200, 0.0, 0.0, 1.0], 2, root.clone()).unwrap();
+    let e = SweepJob::new(
+        Channels::Generated {
+            spec: s.clone(),
+            drawn: job.drawn,
+            words: job.words,
+        },
+        s.first,
+        s.tx,
+        s.rx,
+        Codebook::dft(s.tx, 1, root.clone()).unwrap(),
+        huge,
+        None,
+        false,
+        Dtype::F32,
+    )
+    .unwrap_err();
+    assert!(format!("{e:?}").contains("rx_codebook"), "{e:?}");
+}
