@@ -85,6 +85,25 @@ fn numpy_attention_seconds(
     )
 }
 
+/// NumPy's best time for the same beam sweep as ours: X = H·Fᵀ and G = conj(W)·X per
+/// channel (batched matmuls in complex128), |G|², and each channel's argmax.
+fn numpy_sweep_seconds(b: usize, nt: usize, nr: usize, repeats: usize) -> Result<f64, String> {
+    numpy_best(
+        &format!(
+            "rng = np.random.default_rng(1)\n\
+             h = rng.standard_normal(({b}, {nr}, {nt})) + 1j * rng.standard_normal(({b}, {nr}, {nt}))\n\
+             f = np.exp(1j * np.pi * np.outer(-1 + 2 * np.arange({nt}) / {nt}, np.arange({nt}))) / np.sqrt({nt})\n\
+             w = np.exp(1j * np.pi * np.outer(-1 + 2 * np.arange({nr}) / {nr}, np.arange({nr}))) / np.sqrt({nr})\n\
+             def one():\n\
+             \x20   g = np.conj(w) @ (h @ f.T)\n\
+             \x20   p = (g.real ** 2 + g.imag ** 2).reshape({b}, -1)\n\
+             \x20   return p.argmax(axis=1)\n\
+             run = one\n"
+        ),
+        repeats,
+    )
+}
+
 /// Runs `setup` (which defines `run`) in BENCH_PYTHON (default python3) and reports the
 /// best of `repeats` timed calls of `run()` after one warm-up, or why there is none.
 fn numpy_best(setup: &str, repeats: usize) -> Result<f64, String> {
@@ -230,4 +249,57 @@ fn main() {
     );
     println!("output dtype. The GPU path has no figure until a session has a GPU.");
     attention_rows(repeats);
+    sweep_rows(repeats);
+}
+
+/// A beam sweep of uploaded channels with DFT codebooks (the job as the worker runs it,
+/// from decoded channels) against NumPy's batched complex products.
+fn sweep_rows(repeats: usize) {
+    use gpu_ops::ops::beams::{Array, Channels, Codebook, SweepJob};
+    use gpu_ops::ops::FieldPath;
+    println!("\n# gpu-ops beam sweep benchmark (CPU, f64, DFT codebooks, no noise)\n");
+    println!("| channels | N_T × N_R | beams | ours | GFLOP/s | NumPy | ours / NumPy |");
+    println!("|---|---|---|---|---|---|---|");
+    for (b, nt, nr) in [(1024usize, 64usize, 16usize), (256, 256, 32)] {
+        let numpy = numpy_sweep_seconds(b, nt, nr, repeats);
+        let (tx, rx) = (
+            Array::new(1, nt, FieldPath::root()).unwrap(),
+            Array::new(1, nr, FieldPath::root()).unwrap(),
+        );
+        let h: Vec<f64> = (0..2 * b * nr * nt)
+            .map(|i| ((i * 2654435761) % 1000) as f64 / 500.0 - 1.0)
+            .collect();
+        let ours = best_seconds(
+            repeats,
+            || h.clone(),
+            |h| {
+                let job = SweepJob::new(
+                    Channels::Uploaded(h),
+                    0,
+                    tx,
+                    rx,
+                    Codebook::dft(tx, 1, FieldPath::root()).unwrap(),
+                    Codebook::dft(rx, 1, FieldPath::root()).unwrap(),
+                    None,
+                    false,
+                    Dtype::F64,
+                )
+                .unwrap();
+                let out = job.run_cpu();
+                (job, out)
+            },
+        );
+        // 8 flops per complex multiply-add: N_r·N_t·K_t, then K_r·N_r·K_t, per channel.
+        let flops = 8.0 * (b * nr * nt) as f64 * (nt + nr) as f64;
+        let (np, ratio) = match &numpy {
+            Ok(t) => (format!("{:.1} ms", t * 1e3), format!("{:.2}", ours / t)),
+            Err(why) => (why.clone(), "-".into()),
+        };
+        println!(
+            "| {b} | {nt} × {nr} | {nt} × {nr} | {:.1} ms | {:.1} | {np} | {ratio} |",
+            ours * 1e3,
+            flops / ours / 1e9
+        );
+    }
+    println!("\nOurs includes the job's overflow guard over the channels (O(B·N_r·N_t)).");
 }
