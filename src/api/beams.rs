@@ -6,7 +6,7 @@ use super::domain_errors::pointer;
 use super::embeddings::OutputEncoding;
 use super::extract::ObjectOnly;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, entropy_u64, job_response, job_timeout, ApiJson, AppState};
+use super::{blocking, job_response, job_timeout, seed_or_drawn, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::beams::geometry::PATH_WORDS;
 use crate::ops::beams::sweep::MAX_CODEBOOK_VALUES;
@@ -117,8 +117,8 @@ impl ChannelModel {
                 max,
             ));
         }
-        let seed = seed_or_drawn(self.seed, &at.field("seed"))?;
-        if self.first_channel > MAX_SEED {
+        let seed = seed_or_drawn(self.seed, &pointer(&at.field("seed")))?;
+        if self.first_channel > MAX_FIRST_CHANNEL {
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
                 pointer(&at.field("first_channel")),
@@ -142,21 +142,8 @@ impl ChannelModel {
     }
 }
 
-/// Seeds and channel indices are below 2^63: int64 in the spec, as clients hold them.
-const MAX_SEED: u64 = i64::MAX as u64;
-
-/// The given seed (below 2^63), or one drawn from OS entropy.
-fn seed_or_drawn(seed: Option<u64>, at: &FieldPath) -> Result<u64, Problem> {
-    match seed {
-        Some(s) if s > MAX_SEED => Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            pointer(at),
-            "must be below 2^63",
-        )),
-        Some(s) => Ok(s),
-        None => Ok(entropy_u64()? >> 1),
-    }
-}
+/// Channel indices are below 2^63, as seeds are: int64 in the spec, as clients hold them.
+const MAX_FIRST_CHANNEL: u64 = i64::MAX as u64;
 
 fn too_large(path: &str, what: &str, values: u64, max: usize) -> Problem {
     Problem::at(
@@ -535,13 +522,11 @@ fn sweep_job(
                 ));
             }
             let (spec, seed) = model.spec(&root.field("model"), max)?;
-            let job = ChannelsJob::new(spec.clone(), Dtype::F64)?;
+            // `spec` validated it: draw the paths, as ChannelsJob would.
+            let drawn = spec.draw();
+            let words = spec.path_words(&drawn);
             let (tx, rx, first) = (spec.tx, spec.rx, spec.first);
-            let generated = Channels::Generated {
-                spec,
-                drawn: job.drawn,
-                words: job.words,
-            };
+            let generated = Channels::Generated { spec, drawn, words };
             (generated, tx, rx, first, Some(seed))
         }
         (None, Some(channels)) => {
@@ -591,7 +576,7 @@ fn sweep_job(
     }
     let noise_seed = match req.snr_db {
         None => None,
-        Some(_) => Some(seed_or_drawn(req.noise_seed, &root.field("noise_seed"))?),
+        Some(_) => Some(seed_or_drawn(req.noise_seed, "/noise_seed")?),
     };
     let noise = req
         .snr_db

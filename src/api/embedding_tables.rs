@@ -3,7 +3,7 @@
 
 use super::auth::{tenant, Tenant};
 use super::dense::{Dense2Doc, DenseDoc, DenseIn, DenseOut, TensorDtype};
-use super::embeddings::{integer_tensor, EmbeddingDtype, OutputEncoding, PositionsDoc};
+use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncoding, PositionsDoc};
 use super::problem::{ErrorCode, Problem};
 use super::{
     blocking, entropy_u64, job_response, job_timeout, ApiJson, ApiPath, AppState, IdParam,
@@ -271,21 +271,19 @@ pub async fn embedding_table_lookup(
     let table = state.tables.get(&tenant(&who), &id).ok_or_else(not_found)?;
     let max = state.settings.config.max_tensor_elements;
     let (vocab, dim) = (table.meta.vocab, table.meta.dim);
-    let output = match req.out_dtype {
-        EmbeddingDtype::F32 => Dtype::F32,
-        EmbeddingDtype::F16 => Dtype::F16,
-        EmbeddingDtype::Bf16 => Dtype::Bf16,
-    };
+    let output = Dtype::from(req.out_dtype);
     let (backend, packed) = (req.backend, req.encoding == OutputEncoding::Base64);
     let (job, mut shape) = blocking(move || {
-        let ids = integer_tensor(req.ids, "/ids", max, vocab as f64 - 1.0, &format!("{} (the rows)", vocab - 1))?;
+        let ids = integer_tensor(
+            req.ids,
+            "/ids",
+            max,
+            vocab as f64 - 1.0,
+            &format!("{} (the rows)", vocab - 1),
+        )?;
         let values = (ids.values.len() as u64).saturating_mul(dim as u64);
         if values > max as u64 {
-            return Err(Problem::at(
-                ErrorCode::PayloadTooLarge,
-                "/ids",
-                format!("the answer would hold {values} values; the server answers at most {max} (--max-tensor-elements)"),
-            ));
+            return Err(too_large("/ids", values, max));
         }
         let rows = ids.values.iter().map(|&x| x as u32).collect();
         let job = LookupJob::new(table.device_key(), table.values.clone(), dim, rows, output)?;

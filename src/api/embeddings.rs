@@ -34,6 +34,16 @@ pub enum EmbeddingDtype {
     Bf16,
 }
 
+impl From<EmbeddingDtype> for Dtype {
+    fn from(d: EmbeddingDtype) -> Dtype {
+        match d {
+            EmbeddingDtype::F32 => Dtype::F32,
+            EmbeddingDtype::F16 => Dtype::F16,
+            EmbeddingDtype::Bf16 => Dtype::Bf16,
+        }
+    }
+}
+
 /// How the answer is written.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -176,7 +186,7 @@ pub(super) fn integer_tensor(
     Ok(p)
 }
 
-fn too_large(path: &str, values: u64, max: usize) -> Problem {
+pub(super) fn too_large(path: &str, values: u64, max: usize) -> Problem {
     Problem::at(
         ErrorCode::PayloadTooLarge,
         path,
@@ -240,11 +250,7 @@ pub async fn embeddings_sinusoidal(
             EmbeddingLayout::Interleaved => Layout::Interleaved,
             EmbeddingLayout::Split => Layout::Split,
         };
-        let output = match req.out_dtype {
-            EmbeddingDtype::F32 => Dtype::F32,
-            EmbeddingDtype::F16 => Dtype::F16,
-            EmbeddingDtype::Bf16 => Dtype::Bf16,
-        };
+        let output = Dtype::from(req.out_dtype);
         let job = SinusoidalJob::new(
             &positions, req.dim, req.base, req.scale, req.offset, layout, output,
         )?;

@@ -326,6 +326,20 @@ pub(crate) fn entropy_u64() -> Result<u64, Problem> {
     Ok(u64::from_le_bytes(b))
 }
 
+/// A request's seed: the given one, below 2^63 (int64 in the spec, as clients and SQLite
+/// hold it; 422 at `path` otherwise), or one drawn from OS entropy.
+pub(crate) fn seed_or_drawn(seed: Option<u64>, path: &str) -> Result<u64, Problem> {
+    match seed {
+        Some(s) if s > i64::MAX as u64 => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            "must be below 2^63",
+        )),
+        Some(s) => Ok(s),
+        None => Ok(entropy_u64()? >> 1),
+    }
+}
+
 /// A 200 JSON response carrying where and how long the job ran.
 pub(crate) fn job_response(body: Vec<u8>, done: &RunInfo) -> Response {
     let mut res = Response::new(Body::from(body));

@@ -161,18 +161,7 @@ impl CreateDatasetRequest {
 
     /// The given seed, or one from OS entropy; below 2^63, as SQLite integers are signed.
     fn seed(&self) -> Result<u64, Problem> {
-        let seed = match self.seed {
-            Some(s) => s,
-            None => crate::api::entropy_u64()? >> 1,
-        };
-        if seed > i64::MAX as u64 {
-            return Err(Problem::at(
-                ErrorCode::InvalidParameter,
-                "/seed",
-                "must be below 2^63",
-            ));
-        }
-        Ok(seed)
+        crate::api::seed_or_drawn(self.seed, "/seed")
     }
 }
 

@@ -2,7 +2,7 @@
 //! on the host (a few numbers per path, the same for both backends by construction); the
 //! phasors and their sums, N_r·N_t·L complex products per channel, run on the backend.
 
-use super::geometry::{form_channels, ChannelSpec, DrawnPath, PATH_WORDS};
+use super::geometry::{form_channels, ChannelSpec, DrawnPath};
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
 use crate::ops::linalg::Dtype;
@@ -48,16 +48,10 @@ impl ChannelsJob {
         h
     }
 
-    /// How far two correct formings of channel b may differ in one component: each phasor
-    /// of phase πx is within (π|x| + 2)·ε of exact (the rounding of πx, and sin/cos
-    /// within an ulp), each product and the L-term sum add (L + 4)·ε of Σ|g_l|; twice
-    /// that between two backends.
+    /// How far two correct formings of channel b may differ in one component
+    /// (`ChannelSpec::formed_tolerance`).
     pub fn tolerance(&self, b: usize) -> f64 {
-        let s = &self.spec;
-        let words = &self.words[b * PATH_WORDS * s.paths..][..PATH_WORDS * s.paths];
-        let gains: f64 = words.chunks(PATH_WORDS).map(|w| w[0].hypot(w[1])).sum();
-        let phase = s.rx.max_phase().max(s.tx.max_phase());
-        2.0 * gains * f64::EPSILON * (std::f64::consts::PI * phase + s.paths as f64 + 8.0)
+        self.spec.formed_tolerance(&self.words, b)
     }
 }
 

@@ -192,6 +192,32 @@ impl ChannelSpec {
     pub fn channel_len(&self) -> usize {
         self.rx.elements() * self.tx.elements()
     }
+
+    /// Σ|g_l| over channel b's paths (`words` as `path_words` gave them): no entry of the
+    /// channel is larger.
+    pub fn gain_sum(&self, words: &[f64], b: usize) -> f64 {
+        let per = PATH_WORDS * self.paths;
+        words[b * per..][..per]
+            .chunks(PATH_WORDS)
+            .map(|p| p[0].hypot(p[1]))
+            .sum()
+    }
+
+    /// How far two correct formings of channel b may differ in one component: each phasor
+    /// of phase πx is within (π|x| + 2)·ε of exact (the rounding of πx, and sin/cos
+    /// within an ulp), each product and the L-term sum add (L + 4)·ε of Σ|g_l|; twice
+    /// that between two backends.
+    pub fn formed_tolerance(&self, words: &[f64], b: usize) -> f64 {
+        let phase = self.rx.max_phase().max(self.tx.max_phase());
+        2.0 * self.gain_sum(words, b)
+            * f64::EPSILON
+            * (std::f64::consts::PI * phase + self.paths as f64 + 8.0)
+    }
+}
+
+/// √(Σ x²): a channel's Frobenius norm, or a beam's norm, from interleaved values.
+pub fn frobenius(values: &[f64]) -> f64 {
+    values.iter().map(|x| x * x).sum::<f64>().sqrt()
 }
 
 /// Channels formed from path words (`PATH_WORDS` per path, `paths` per channel):
@@ -238,8 +264,7 @@ pub fn form_channels(words: &[f64], paths: usize, rx: Array, tx: Array) -> Vec<f
 /// columns) by v = −1 + 2k/K_r (K_r = oversampling × rows, or 1 for one row), beam
 /// (k_r, k_c) at index k_r·K_c + k_c, each unit-norm. `[K, N]` complex, interleaved.
 pub fn dft_codebook(array: Array, oversampling: usize) -> Vec<f64> {
-    let grid = |n: usize| if n == 1 { 1 } else { n * oversampling };
-    let (kr, kc) = (grid(array.rows), grid(array.columns));
+    let (kr, kc) = dft_grid(array, oversampling);
     let n = array.elements();
     let norm = 1.0 / (n as f64).sqrt();
     let mut out = Vec::with_capacity(kr * kc * n * 2);
@@ -263,6 +288,13 @@ pub fn dft_codebook(array: Array, oversampling: usize) -> Vec<f64> {
 
 /// Beams in an array's DFT codebook.
 pub fn dft_beams(array: Array, oversampling: usize) -> usize {
+    let (kr, kc) = dft_grid(array, oversampling);
+    kr * kc
+}
+
+/// The DFT grid's (row, column) beam counts: oversampling × elements on an axis of more
+/// than one element, one beam on an axis of one.
+fn dft_grid(array: Array, oversampling: usize) -> (usize, usize) {
     let grid = |n: usize| if n == 1 { 1 } else { n * oversampling };
-    grid(array.rows) * grid(array.columns)
+    (grid(array.rows), grid(array.columns))
 }

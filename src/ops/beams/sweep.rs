@@ -7,7 +7,7 @@
 //! receiver noise of `rf::noise` (counter-based, the same bits on both backends). The
 //! power is |g|², and the best pair the largest power (the lowest index on a tie).
 
-use super::geometry::{beams_key, form_channels, Array, ChannelSpec, DrawnPath, PATH_WORDS};
+use super::geometry::{beams_key, form_channels, frobenius, Array, ChannelSpec, DrawnPath};
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
 use crate::ops::linalg::Dtype;
@@ -90,11 +90,7 @@ impl Codebook {
     /// ‖beam k‖.
     pub fn norm(&self, k: usize) -> f64 {
         let n = self.values.len() / self.beams;
-        self.values[k * n..][..n]
-            .iter()
-            .map(|x| x * x)
-            .sum::<f64>()
-            .sqrt()
+        frobenius(&self.values[k * n..][..n])
     }
 
     fn max_norm(&self) -> f64 {
@@ -113,17 +109,9 @@ fn sigma_over_root2(noise: Option<MeasurementNoise>) -> f64 {
 /// at most Σ|g_l|, so √(N_r·N_t)·Σ|g_l|.
 fn channel_norm(channels: &Channels, per: usize, entries: usize, b: usize) -> f64 {
     match channels {
-        Channels::Uploaded(h) => h[b * per..][..per]
-            .iter()
-            .map(|x| x * x)
-            .sum::<f64>()
-            .sqrt(),
+        Channels::Uploaded(h) => frobenius(&h[b * per..][..per]),
         Channels::Generated { spec, words, .. } => {
-            let gains: f64 = words[b * PATH_WORDS * spec.paths..][..PATH_WORDS * spec.paths]
-                .chunks(PATH_WORDS)
-                .map(|p| p[0].hypot(p[1]))
-                .sum();
-            gains * (entries as f64).sqrt()
+            spec.gain_sum(words, b) * (entries as f64).sqrt()
         }
     }
 }
@@ -442,23 +430,14 @@ impl SweepJob {
     fn gain_bounds(&self, h: &[f64], b: usize) -> (f64, f64) {
         let (nr, nt) = (self.rx.elements(), self.tx.elements());
         let hb = &h[2 * b * nr * nt..][..2 * nr * nt];
-        let frob = hb.iter().map(|x| x * x).sum::<f64>().sqrt();
+        let frob = frobenius(hb);
         let (w, f) = (self.norms.rx, self.norms.tx);
         let bound = w * frob * f + self.norms.noise;
         let gamma = |n: usize| (n + 2) as f64 * f64::EPSILON;
         let mut diff = 2.0 * (gamma(nt) + gamma(nr)) * w * frob * f + 4.0 * f64::EPSILON * bound;
         if let Channels::Generated { spec, words, .. } = &self.channels {
-            let gains: f64 = words[b * PATH_WORDS * spec.paths..][..PATH_WORDS * spec.paths]
-                .chunks(PATH_WORDS)
-                .map(|p| p[0].hypot(p[1]))
-                .sum();
-            let phase = self.rx.max_phase().max(self.tx.max_phase());
-            let per_value = 2.0
-                * gains
-                * f64::EPSILON
-                * (std::f64::consts::PI * phase + spec.paths as f64 + 8.0);
-            // Each of the 2·N_r·N_t components within per_value.
-            diff += w * f * per_value * ((2 * nr * nt) as f64).sqrt();
+            // Each of the 2·N_r·N_t components within the forming's tolerance.
+            diff += w * f * spec.formed_tolerance(words, b) * ((2 * nr * nt) as f64).sqrt();
         }
         (bound, diff)
     }
