@@ -6,7 +6,7 @@ use super::domain_errors::pointer;
 use super::embeddings::OutputEncoding;
 use super::extract::ObjectOnly;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, seed_or_drawn, ApiJson, AppState};
+use super::{blocking, job_response, job_timeout, json_body, seed_or_drawn, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::beams::geometry::PATH_WORDS;
 use crate::ops::beams::sweep::MAX_CODEBOOK_VALUES;
@@ -210,7 +210,7 @@ impl DrawnPaths {
     fn new(drawn: &[DrawnPath], batch: usize, packed: bool) -> Self {
         let shape = vec![batch, drawn.len() / batch, 2];
         let pick = |f: fn(&DrawnPath) -> (f64, f64)| {
-            let values = drawn.iter().flat_map(|p| <[f64; 2]>::from(f(p))).collect();
+            let values: Vec<f64> = drawn.iter().flat_map(|p| <[f64; 2]>::from(f(p))).collect();
             DenseOut::new(shape.clone(), values, TensorDtype::F64, packed)
         };
         Self {
@@ -278,8 +278,7 @@ pub async fn beam_channels(
         seed,
         paths,
     };
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    let bytes = json_body(&body, body.channels.json_bytes_hint())?;
     Ok(job_response(bytes, &done.run))
 }
 
@@ -313,7 +312,7 @@ impl CodebookSpec {
                         format!("shape {:?}, but the array's beams are [K, {n}, 2]", t.shape),
                     ));
                 }
-                Ok(Codebook::new(t.values, n, at.field("beams"))?)
+                Ok(Codebook::new(t.values.into_f64(), n, at.field("beams"))?)
             }
             (Some(_), Some(_)) => Err(Problem::at(
                 ErrorCode::InvalidParameter,
@@ -442,7 +441,7 @@ fn uploaded(
     };
     let tx = geometry(tx, nt, "tx_array")?;
     let rx = geometry(rx, nr, "rx_array")?;
-    Ok((Channels::Uploaded(t.values), tx, rx))
+    Ok((Channels::Uploaded(t.values.into_f64()), tx, rx))
 }
 
 #[utoipa::path(

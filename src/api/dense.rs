@@ -4,12 +4,13 @@
 
 use super::problem::{ErrorCode, Problem};
 use super::tensor::{too_many, BinaryEncoding};
-use crate::ops::linalg::Dtype;
+use crate::ops::linalg::{Dtype, Values};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::value::RawValue;
 use utoipa::ToSchema;
 
 /// Deepest nesting the tensor operations take.
@@ -48,7 +49,7 @@ impl From<Dtype> for TensorDtype {
 
 /// Packed little-endian values: `data` is base64 of `shape`'s product of `dtype` values,
 /// row-major.
-#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"encoding": "base64", "dtype": "f32", "shape": [2, 2], "data": "AACAPwAAAEAAAEBAAACAQA=="}))]
 pub struct PackedTensor {
@@ -59,7 +60,88 @@ pub struct PackedTensor {
     #[schema(min_items = 2, max_items = 4, minimum = 1)]
     pub shape: Vec<usize>,
     /// Standard base64 with padding: exactly `shape`'s product × the dtype's width bytes.
-    pub data: String,
+    #[schema(value_type = String)]
+    pub data: Base64Data,
+}
+
+/// A packed tensor in an answer: `PackedTensor`'s fields, in its order. `data` is the
+/// finished JSON string: base64 needs no escaping, and serde's string writer would
+/// otherwise check each of a large answer's bytes.
+#[derive(Debug, Serialize)]
+pub struct PackedTensorOut {
+    encoding: BinaryEncoding,
+    dtype: TensorDtype,
+    shape: Vec<usize>,
+    data: Box<RawValue>,
+}
+
+/// Base64 text decoded while the body is parsed, so a large tensor's JSON string is never
+/// copied into a `String` first. A bad one is kept, to be refused with its field's path
+/// and code once the tensor is decoded.
+#[derive(Clone, Debug)]
+pub struct Base64Data(Result<Words, String>);
+
+/// Decoded bytes in 4-byte words, so packed f32 values become a `Vec<f32>` without a copy.
+#[derive(Clone, Debug)]
+struct Words {
+    words: Vec<u32>,
+    len: usize,
+}
+
+impl Words {
+    fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+}
+
+impl Base64Data {
+    pub fn new(text: &str) -> Self {
+        let decode = || {
+            let len = base64_simd::STANDARD.decoded_length(text.as_bytes()).ok()?;
+            let mut words = vec![0u32; len.div_ceil(4)];
+            let out = &mut bytemuck::cast_slice_mut(&mut words)[..len];
+            let done = base64_simd::STANDARD
+                .decode(text.as_bytes(), base64_simd::Out::from_slice(out))
+                .ok()?
+                .len();
+            (done == len).then_some(Words { words, len })
+        };
+        Base64Data(decode().ok_or_else(|| scalar_refusal(text)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Base64Data {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl Visitor<'_> for Text {
+            type Value = Base64Data;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a base64 string")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Base64Data, E> {
+                Ok(Base64Data::new(s))
+            }
+        }
+        d.deserialize_str(Text)
+    }
+}
+
+/// Why `text` is not standard base64 with padding. The SIMD decoder does not say what
+/// is wrong; the scalar one names the offset.
+fn scalar_refusal(text: &str) -> String {
+    match B64.decode(text) {
+        Err(e) => e.to_string(),
+        Ok(_) => "not canonical standard base64".into(),
+    }
+}
+
+/// `bytes` as a JSON string of standard base64 with padding (SIMD where the CPU has it).
+fn base64_json_string(bytes: &[u8]) -> Box<RawValue> {
+    let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4 + 2);
+    text.push('"');
+    base64_simd::STANDARD.encode_append(bytes, &mut text);
+    text.push('"');
+    RawValue::from_string(text).expect("base64 in quotes is a JSON string")
 }
 
 /// A tensor as it arrived.
@@ -70,9 +152,12 @@ pub enum DenseIn {
 }
 
 /// A decoded tensor: its shape and values, and the dtype they came in (None: JSON).
+/// Packed f32, f16 and bf16 values stay f32 (exactly: both halves widen to f32 without
+/// rounding), so a large f32 operand is never widened to f64 and back; packed f64 and
+/// JSON numbers are f64.
 pub struct DenseValues {
     pub shape: Vec<usize>,
-    pub values: Vec<f64>,
+    pub values: Values,
     pub packed: Option<TensorDtype>,
 }
 
@@ -93,26 +178,27 @@ impl DenseIn {
     ) -> Result<DenseValues, Problem> {
         let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
         let (shape, values, packed) = match self {
-            DenseIn::Nested { shape, values } => (shape, values, None),
+            DenseIn::Nested { shape, values } => (shape, Values::F64(values), None),
             DenseIn::Packed(p) => {
                 let n = check_shape(&p.shape, &format!("{path}/shape"), max)?;
                 let width = Dtype::from(p.dtype).bytes();
-                let bytes = B64
-                    .decode(p.data.as_bytes())
+                let words = p
+                    .data
+                    .0
                     .map_err(|e| bad(format!("{path}/data"), format!("not base64: {e}")))?;
-                if bytes.len() != n * width {
+                if words.len != n * width {
                     return Err(bad(
                         format!("{path}/data"),
                         format!(
                             "{} bytes, but shape {:?} of {} needs {}",
-                            bytes.len(),
+                            words.len,
                             p.shape,
                             Dtype::from(p.dtype).name(),
                             n * width
                         ),
                     ));
                 }
-                (p.shape, decode_le(&bytes, p.dtype), Some(p.dtype))
+                (p.shape, decode_le(words, p.dtype), Some(p.dtype))
             }
         };
         if !ranks.contains(&shape.len()) {
@@ -129,7 +215,7 @@ impl DenseIn {
         if values.len() > max {
             return Err(too_many(path, values.len(), max));
         }
-        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+        if let Some(i) = values.first_non_finite() {
             return Err(bad(
                 path.into(),
                 format!("value {i} (row-major) is not finite"),
@@ -156,39 +242,64 @@ fn check_shape(shape: &[usize], path: &str, max: usize) -> Result<usize, Problem
     }
 }
 
-fn decode_le(bytes: &[u8], dtype: TensorDtype) -> Vec<f64> {
+fn decode_le(words: Words, dtype: TensorDtype) -> Values {
+    if dtype == TensorDtype::F32 && cfg!(target_endian = "little") {
+        return Values::F32(bytemuck::allocation::cast_vec(words.words));
+    }
+    let bytes = words.bytes();
     match dtype {
-        TensorDtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        TensorDtype::Bf16 => bytes
-            .chunks_exact(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64())
-            .collect(),
-        TensorDtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            .collect(),
-        TensorDtype::F64 => bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect(),
+        TensorDtype::F16 => Values::F32(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        ),
+        TensorDtype::Bf16 => Values::F32(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        ),
+        TensorDtype::F32 => Values::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        TensorDtype::F64 => Values::F64(
+            bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        ),
     }
 }
 
-/// Values (already representable in `dtype`) as packed little-endian base64.
-pub fn encode_le(values: &[f64], dtype: TensorDtype) -> String {
-    let mut out = Vec::with_capacity(values.len() * Dtype::from(dtype).bytes());
-    for &x in values {
-        match dtype {
-            TensorDtype::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
-            TensorDtype::Bf16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
-            TensorDtype::F32 => out.extend((x as f32).to_le_bytes()),
-            TensorDtype::F64 => out.extend(x.to_le_bytes()),
+/// Values (already representable in `dtype`) as a JSON string of packed little-endian
+/// base64. f32 values packed as f32 are encoded from where they lie on a little-endian
+/// host.
+pub fn encode_le(values: &Values, dtype: TensorDtype) -> Box<RawValue> {
+    if let (Values::F32(v), TensorDtype::F32) = (values, dtype) {
+        if cfg!(target_endian = "little") {
+            return base64_json_string(bytemuck::cast_slice(v));
         }
     }
-    B64.encode(out)
+    let n = match values {
+        Values::F32(v) => v.len(),
+        Values::F64(v) => v.len(),
+    };
+    let mut out = Vec::with_capacity(n * Dtype::from(dtype).bytes());
+    let mut put = |x: f64| match dtype {
+        TensorDtype::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+        TensorDtype::Bf16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
+        TensorDtype::F32 => out.extend((x as f32).to_le_bytes()),
+        TensorDtype::F64 => out.extend(x.to_le_bytes()),
+    };
+    match values {
+        Values::F32(v) => v.iter().for_each(|&x| put(f64::from(x))),
+        Values::F64(v) => v.iter().for_each(|&x| put(x)),
+    }
+    base64_json_string(&out)
 }
 
 // ------------------------------------------------------------------- nested arrays
@@ -329,21 +440,40 @@ impl<'de> Deserialize<'de> for DenseIn {
 /// An answer tensor in the request's form: nested arrays, or packed.
 pub enum DenseOut {
     Nested { shape: Vec<usize>, values: Vec<f64> },
-    Packed(PackedTensor),
+    Packed(PackedTensorOut),
 }
 
 impl DenseOut {
-    /// `values` (representable in `dtype`) shaped `shape`, packed when `packed`.
-    pub fn new(shape: Vec<usize>, values: Vec<f64>, dtype: TensorDtype, packed: bool) -> Self {
+    /// `values` (representable in `dtype`) shaped `shape`, packed when `packed`. Nested
+    /// numbers are written as f64 (f32 values widened), as they always were.
+    pub fn new(
+        shape: Vec<usize>,
+        values: impl Into<Values>,
+        dtype: TensorDtype,
+        packed: bool,
+    ) -> Self {
+        let values = values.into();
         if packed {
-            DenseOut::Packed(PackedTensor {
+            DenseOut::Packed(PackedTensorOut {
                 encoding: BinaryEncoding::Base64,
                 dtype,
                 data: encode_le(&values, dtype),
                 shape,
             })
         } else {
-            DenseOut::Nested { shape, values }
+            DenseOut::Nested {
+                shape,
+                values: values.into_f64(),
+            }
+        }
+    }
+
+    /// About how many bytes the JSON takes (for the answer buffer's first capacity).
+    pub fn json_bytes_hint(&self) -> usize {
+        match self {
+            // Numbers are written shortest-round-trip: most take under 24 bytes.
+            DenseOut::Nested { values, .. } => values.len() * 24,
+            DenseOut::Packed(p) => p.data.get().len() + 64 * p.shape.len() + 64,
         }
     }
 }
@@ -506,16 +636,67 @@ mod tests {
     fn packed_half_precisions_round_trip() {
         let values = [1.0, -2.5, 0.0009765625, 65504.0];
         for dtype in [TensorDtype::F16, TensorDtype::Bf16, TensorDtype::F32] {
-            let data = encode_le(&values[..3], dtype);
+            let data = encode_le(&Values::F64(values[..3].to_vec()), dtype);
             let t = DenseIn::Packed(PackedTensor {
                 encoding: BinaryEncoding::Base64,
                 dtype,
                 shape: vec![3],
-                data,
+                data: Base64Data::new(data.get().trim_matches('"')),
             });
             let got = t.decode("/a", 1..=3, 10).unwrap();
-            assert_eq!(got.values, values[..3]);
+            assert_eq!(got.values.into_f64(), values[..3]);
         }
+    }
+
+    #[test]
+    fn simd_base64_agrees_with_the_scalar_codec() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for len in (0..200).chain([4095, 4096, 65_537]) {
+            let bytes: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x as u8
+                })
+                .collect();
+            let text = B64.encode(&bytes);
+            assert_eq!(base64_json_string(&bytes).get(), format!("\"{text}\""));
+            let words = Base64Data::new(&text).0.unwrap();
+            assert_eq!(words.bytes(), bytes, "{len} bytes");
+        }
+        // What the scalar decoder refuses, the SIMD one refuses too, with its message.
+        for bad in ["AB==", "QQ", "Q===", "Q Q==", "QUJD\n", "QU*D"] {
+            let e = Base64Data::new(bad).0.unwrap_err();
+            assert!(B64.decode(bad).is_err(), "{bad}");
+            assert!(!e.is_empty(), "{bad}");
+        }
+        assert!(Base64Data::new("QUJD").0.is_ok());
+    }
+
+    #[test]
+    fn packed_f32_stays_f32_and_goes_out_unchanged() {
+        let values = vec![1.5f32, -0.1, 3.4e38, f32::MIN_POSITIVE];
+        let text = encode_le(&Values::F32(values.clone()), TensorDtype::F32);
+        let t = DenseIn::Packed(PackedTensor {
+            encoding: BinaryEncoding::Base64,
+            dtype: TensorDtype::F32,
+            shape: vec![2, 2],
+            data: Base64Data::new(text.get().trim_matches('"')),
+        });
+        let got = t.decode("/a", 2..=2, 10).unwrap();
+        assert_eq!(got.values, Values::F32(values));
+        let e = DenseIn::Packed(PackedTensor {
+            encoding: BinaryEncoding::Base64,
+            dtype: TensorDtype::F32,
+            shape: vec![1],
+            data: Base64Data::new("AB=="),
+        })
+        .decode("/a", 1..=2, 10)
+        .err()
+        .expect("non-canonical base64 refused");
+        assert_eq!(e.code, ErrorCode::InvalidTensor);
+        assert_eq!(e.errors[0].path, "/a/data");
     }
 
     #[test]

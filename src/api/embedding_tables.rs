@@ -6,10 +6,11 @@ use super::dense::{Dense2Doc, DenseDoc, DenseIn, DenseOut, TensorDtype};
 use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncoding, PositionsDoc};
 use super::problem::{ErrorCode, Problem};
 use super::{
-    blocking, entropy_u64, job_response, job_timeout, ApiJson, ApiPath, AppState, IdParam,
+    blocking, entropy_u64, job_response, job_timeout, json_body, ApiJson, ApiPath, AppState,
+    IdParam,
 };
 use crate::backend::BackendChoice;
-use crate::ops::linalg::{Dtype, LookupJob};
+use crate::ops::linalg::{Dtype, LookupJob, Values};
 use crate::tables::{EmbeddingTable, TableMeta};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
@@ -140,7 +141,7 @@ pub async fn embedding_table_create(
             dim,
             created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         };
-        let values: Vec<f32> = t.values.iter().map(|&x| x as f32).collect();
+        let values: Vec<f32> = t.values.into_f32();
         if let Some(i) = values.iter().position(|x| !x.is_finite()) {
             return Err(Problem::at(
                 ErrorCode::InvalidTensor,
@@ -293,13 +294,11 @@ pub async fn embedding_table_lookup(
     shape.push(dim);
     let dtype = TensorDtype::from(output);
     let done = state.pool.submit(job, backend, timeout).await?;
-    let values = done.output.iter().map(|&x| f64::from(x)).collect();
     let body = LookupResponse {
-        result: DenseOut::new(shape.clone(), values, dtype, packed),
+        result: DenseOut::new(shape.clone(), Values::F32(done.output), dtype, packed),
         shape,
         dtype,
     };
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    let bytes = json_body(&body, body.result.json_bytes_hint())?;
     Ok(job_response(bytes, &done.run))
 }

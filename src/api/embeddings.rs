@@ -1,9 +1,9 @@
 //! `/embeddings/sinusoidal`: the sinusoidal position table, or its rows for a batch of
 //! positions.
 
-use super::dense::{DenseDoc, DenseIn, DenseOut, DenseValues, TensorDtype};
+use super::dense::{DenseDoc, DenseIn, DenseOut, TensorDtype};
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, ApiJson, AppState};
+use super::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::sinusoidal::MAX_DIM;
 use crate::ops::linalg::{Dtype, Layout, SinusoidalJob};
@@ -163,7 +163,7 @@ pub(super) fn integer_tensor(
     max: usize,
     top: f64,
     top_text: &str,
-) -> Result<DenseValues, Problem> {
+) -> Result<IntegerTensor, Problem> {
     if let DenseIn::Packed(_) = t {
         return Err(Problem::at(
             ErrorCode::InvalidTensor,
@@ -172,6 +172,10 @@ pub(super) fn integer_tensor(
         ));
     }
     let p = t.decode(path, 1..=2, max)?;
+    let p = IntegerTensor {
+        shape: p.shape,
+        values: p.values.into_f64(),
+    };
     if let Some(i) = p
         .values
         .iter()
@@ -184,6 +188,12 @@ pub(super) fn integer_tensor(
         ));
     }
     Ok(p)
+}
+
+/// JSON integers in f64 (exact below 2^53), with their shape.
+pub(super) struct IntegerTensor {
+    pub shape: Vec<usize>,
+    pub values: Vec<f64>,
 }
 
 pub(super) fn too_large(path: &str, values: u64, max: usize) -> Problem {
@@ -266,7 +276,6 @@ pub async fn embeddings_sinusoidal(
         shape,
         dtype,
     };
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    let bytes = json_body(&body, body.result.json_bytes_hint())?;
     Ok(job_response(bytes, &done.run))
 }

@@ -2,7 +2,7 @@
 
 use super::dense::{DenseDoc, DenseIn, DenseOut, DenseValues, TensorDtype};
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, ApiJson, AppState};
+use super::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
 use axum::extract::State;
@@ -203,7 +203,7 @@ pub async fn matmul(
             format!("value {i} of D (row-major) overflows {}", out_dtype.name()),
         ));
     }
-    let values = widened(done.output);
+    let values = done.output;
     let out_shape = if shape.a_batched || shape.b_batched || shape.c_batched {
         vec![shape.batch, shape.m, shape.n]
     } else {
@@ -218,8 +218,7 @@ pub async fn matmul(
         flops,
         gflops_per_second: gflops_per_second(flops, done.run.compute_time),
     };
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    let bytes = json_body(&body, body.result.json_bytes_hint())?;
     Ok(job_response(bytes, &done.run))
 }
 
@@ -277,16 +276,15 @@ fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
     let output = req.out_dtype.map_or(input, Dtype::from);
     let operands = if wide {
         Operands::F64 {
-            a: a.values,
-            b: b.values,
-            c: c.map(|c| c.values),
+            a: a.values.into_f64(),
+            b: b.values.into_f64(),
+            c: c.map(|c| c.values.into_f64()),
         }
     } else {
-        let narrow = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
         Operands::F32 {
-            a: narrow(a.values),
-            b: narrow(b.values),
-            c: c.map(|c| narrow(c.values)),
+            a: a.values.into_f32(),
+            b: b.values.into_f32(),
+            c: c.map(|c| c.values.into_f32()),
         }
     };
     let beta = req.beta.unwrap_or(1.0);
@@ -296,7 +294,7 @@ fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
 }
 
 /// One operand of one of `ranks`: decoded, in the request's dtype (packed ones must
-/// state it), nested numbers rounded to it.
+/// state it), nested numbers rounded to it; f32 values for every dtype but f64.
 pub(super) fn operand(
     t: DenseIn,
     path: &str,
@@ -317,8 +315,12 @@ pub(super) fn operand(
     }
     let mut t = t.decode(path, ranks, max)?;
     let dtype = Dtype::from(dtype);
-    if t.packed.is_none() && dtype != Dtype::F64 {
-        for (i, x) in t.values.iter_mut().enumerate() {
+    if dtype == Dtype::F64 {
+        return Ok(t);
+    }
+    // Packed values arrive as f32 already (exactly their dtype); JSON numbers round here.
+    if let Values::F64(values) = &mut t.values {
+        for (i, x) in values.iter_mut().enumerate() {
             let r = dtype.round_f64(*x);
             if !r.is_finite() {
                 return Err(Problem::at(
@@ -329,16 +331,14 @@ pub(super) fn operand(
             }
             *x = r;
         }
+        t.values = Values::F32(
+            std::mem::take(values)
+                .into_iter()
+                .map(|x| x as f32)
+                .collect(),
+        );
     }
     Ok(t)
-}
-
-/// Values as f64 for the answer's encoders.
-pub(super) fn widened(values: Values) -> Vec<f64> {
-    match values {
-        Values::F32(v) => v.into_iter().map(f64::from).collect(),
-        Values::F64(v) => v,
-    }
 }
 
 /// `flops` over the compute time (0 where the clock saw none).

@@ -341,6 +341,18 @@ pub(crate) fn seed_or_drawn(seed: Option<u64>, path: &str) -> Result<u64, Proble
 }
 
 /// A 200 JSON response carrying where and how long the job ran.
+/// The answer's JSON, in a buffer sized up front: a large tensor's answer would otherwise
+/// be copied at every doubling of the buffer.
+pub(crate) fn json_body<T: serde::Serialize>(
+    body: &T,
+    size_hint: usize,
+) -> Result<Vec<u8>, Problem> {
+    let mut out = Vec::with_capacity(size_hint);
+    serde_json::to_writer(&mut out, body)
+        .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    Ok(out)
+}
+
 pub(crate) fn job_response(body: Vec<u8>, done: &RunInfo) -> Response {
     let mut res = Response::new(Body::from(body));
     let h = res.headers_mut();

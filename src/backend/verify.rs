@@ -14,6 +14,11 @@ pub trait SelfTest: Send + Sync {
     /// The op it vouches for, as `Job::name` says it.
     fn op(&self) -> &'static str;
     fn run(&self, dev: &DeviceLease<'_>) -> Result<(), String>;
+    /// Whether the device has what the test checks (a vendor library, say); a test that
+    /// does not apply records no state.
+    fn applies(&self, _dev: &DeviceLease<'_>) -> bool {
+        true
+    }
 }
 
 /// Jobs of one op as a self-test: each device output held to `Job::agrees` against its

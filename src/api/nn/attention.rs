@@ -1,9 +1,9 @@
 //! `/nn/attention`: fused scaled dot-product attention on the CPU or the device.
 
 use crate::api::dense::{Dense4Doc, DenseIn, DenseOut, DenseValues, TensorDtype};
-use crate::api::linalg::{gflops_per_second, operand, widened, MAX_MATMUL_FLOPS};
+use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, job_response, job_timeout, ApiJson, AppState};
+use crate::api::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::Dtype;
 use crate::ops::nn::{AttentionJob, AttentionShape, Tensors, MAX_HEAD_DIM};
@@ -129,23 +129,20 @@ pub async fn attention(
     let out_shape = vec![s.batch, s.heads, s.queries, s.value_dim];
     let weights_shape = vec![s.batch, s.heads, s.queries, s.keys];
     let body = AttentionResponse {
-        output: DenseOut::new(
-            out_shape.clone(),
-            widened(done.output.output),
-            dtype,
-            packed,
-        ),
+        output: DenseOut::new(out_shape.clone(), done.output.output, dtype, packed),
         shape: out_shape,
         weights: done
             .output
             .weights
-            .map(|w| DenseOut::new(weights_shape, widened(w), dtype, packed)),
+            .map(|w| DenseOut::new(weights_shape, w, dtype, packed)),
         dtype,
         flops: s.flops(),
         gflops_per_second: gflops_per_second(s.flops(), done.run.compute_time),
     };
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    let bytes = json_body(
+        &body,
+        body.output.json_bytes_hint() + body.weights.as_ref().map_or(0, DenseOut::json_bytes_hint),
+    )?;
     Ok(job_response(bytes, &done.run))
 }
 
@@ -247,16 +244,15 @@ fn build_job(req: AttentionRequest, max: usize) -> Result<AttentionJob, Problem>
     let output = req.out_dtype.map_or(input, Dtype::from);
     let tensors = if input == Dtype::F64 {
         Tensors::F64 {
-            q: q.values,
-            k: k.values,
-            v: v.values,
+            q: q.values.into_f64(),
+            k: k.values.into_f64(),
+            v: v.values.into_f64(),
         }
     } else {
-        let narrow = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
         Tensors::F32 {
-            q: narrow(q.values),
-            k: narrow(k.values),
-            v: narrow(v.values),
+            q: q.values.into_f32(),
+            k: k.values.into_f32(),
+            v: v.values.into_f32(),
         }
     };
     let scale = req.scale.unwrap_or(1.0 / (shape.head_dim as f64).sqrt());

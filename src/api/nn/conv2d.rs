@@ -1,9 +1,9 @@
 //! `/nn/conv2d`: batched 2-D convolution on the CPU (im2col on `gemm`) or the device.
 
 use crate::api::dense::{Dense4Doc, DenseIn, DenseOut, TensorDtype};
-use crate::api::linalg::{gflops_per_second, operand, widened, MAX_MATMUL_FLOPS};
+use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, job_response, job_timeout, ApiJson, AppState};
+use crate::api::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::Dtype;
 use crate::ops::nn::{Conv2dJob, Conv2dShape, ConvTensors};
@@ -135,7 +135,7 @@ pub async fn conv2d(
         ));
     }
     let (oh, ow) = s.out_size().expect("the job checked the output size");
-    let values = widened(done.output);
+    let values = done.output.into_f64();
     let (shape, values) = match layout {
         ConvLayout::Nchw => (vec![s.batch, s.out_channels, oh, ow], values),
         ConvLayout::Nhwc => (
@@ -151,8 +151,7 @@ pub async fn conv2d(
         flops: s.flops(),
         gflops_per_second: gflops_per_second(s.flops(), done.run.compute_time),
     };
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+    let bytes = json_body(&body, body.result.json_bytes_hint())?;
     Ok(job_response(bytes, &done.run))
 }
 
@@ -216,10 +215,14 @@ fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
     let input = operand(req.input, "/input", dtype, 4..=4, max)?;
     let weight = operand(req.weight, "/weight", dtype, 4..=4, max)?;
     let (n, c, h, w, x) = match (req.layout, &input.shape[..]) {
-        (ConvLayout::Nchw, &[n, c, h, w]) => (n, c, h, w, input.values),
-        (ConvLayout::Nhwc, &[n, h, w, c]) => {
-            (n, c, h, w, channels_first(&input.values, n, c, h * w))
-        }
+        (ConvLayout::Nchw, &[n, c, h, w]) => (n, c, h, w, input.values.into_f64()),
+        (ConvLayout::Nhwc, &[n, h, w, c]) => (
+            n,
+            c,
+            h,
+            w,
+            channels_first(&input.values.into_f64(), n, c, h * w),
+        ),
         _ => unreachable!("decode checked the rank"),
     };
     let &[o, cg, kh, kw] = &weight.shape[..] else {
@@ -293,14 +296,14 @@ fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
     let tensors = if input_dtype == Dtype::F64 {
         ConvTensors::F64 {
             input: x,
-            weight: weight.values,
+            weight: weight.values.into_f64(),
             bias,
         }
     } else {
         let narrow = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<f32>>();
         ConvTensors::F32 {
             input: narrow(x),
-            weight: narrow(weight.values),
+            weight: narrow(weight.values.into_f64()),
             bias: bias.map(narrow),
         }
     };

@@ -2,6 +2,7 @@
 //! installed, and every driver or NVRTC call is preceded by a presence check, because
 //! cudarc panics when the library is missing.
 
+pub mod blaslt;
 pub mod kernels;
 
 use super::device::{DeviceError, Engine, GpuDevice, GpuInfo};
@@ -16,6 +17,9 @@ pub struct CudaEngine {
     ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     functions: HashMap<String, CudaFunction>,
+    /// cuBLASLt on this device, where the library opened (used once its self-test
+    /// passes).
+    pub(crate) blaslt: Option<blaslt::BlasLt>,
 }
 
 impl CudaEngine {
@@ -110,14 +114,19 @@ pub fn open_device(
         kernel_arch: arch,
         emulated: false,
     };
-    Ok(GpuDevice::new(
-        info,
-        Engine::Cuda(CudaEngine {
-            ctx,
-            stream,
-            functions,
-        }),
-    ))
+    let mut engine = CudaEngine {
+        ctx,
+        stream,
+        functions,
+        blaslt: None,
+    };
+    match blaslt::BlasLt::open(&engine, major) {
+        Ok(b) => engine.blaslt = Some(b),
+        Err(why) => {
+            tracing::warn!(device = ordinal, reason = %why, "no cuBLASLt; matmul runs on our kernel")
+        }
+    }
+    Ok(GpuDevice::new(info, Engine::Cuda(engine)))
 }
 
 fn format_uuid(bytes: &[std::ffi::c_char; 16]) -> String {

@@ -12,10 +12,10 @@ impl<T: DeviceRepr + Copy + Send + Sync + Unpin + 'static> Element for T {}
 /// `len` elements of `T` in device memory, freed when dropped.
 pub struct DeviceBuffer<T> {
     len: usize,
-    pub(super) memory: Memory<T>,
+    pub(crate) memory: Memory<T>,
 }
 
-pub(super) enum Memory<T> {
+pub(crate) enum Memory<T> {
     Cuda(CudaSlice<T>),
     /// The emulated device's memory: host memory of exactly the buffer's bytes, so
     /// AddressSanitizer sees a kernel that steps past it.

@@ -11,6 +11,7 @@ mod launch;
 mod tables;
 
 pub use bandwidth::{best_rate, CopyBandwidth};
+pub(crate) use buffer::Memory;
 pub use buffer::{DeviceBuffer, Element};
 pub use launch::Launch;
 
@@ -147,6 +148,8 @@ pub struct GpuDevice {
     tables: Mutex<TableCache>,
     /// Each self-tested op's state, by op name.
     ops: Mutex<BTreeMap<String, OpStatus>>,
+    /// False under `--no-cublaslt`.
+    blaslt_allowed: AtomicBool,
 }
 
 /// Held while a job uses the device.
@@ -178,6 +181,7 @@ impl GpuDevice {
             busy: Mutex::new(()),
             memory_limit: AtomicU64::new(0),
             ops: Mutex::new(BTreeMap::new()),
+            blaslt_allowed: AtomicBool::new(true),
         }
     }
 
@@ -302,6 +306,18 @@ impl GpuDevice {
         self.op_table().insert(op.to_string(), status);
     }
 
+    /// Whether `op`'s self-test passed here (and nothing quarantined it since).
+    pub fn op_verified(&self, op: &str) -> bool {
+        self.op_table()
+            .get(op)
+            .is_some_and(|s| s.state == OpState::Verified)
+    }
+
+    /// `--no-cublaslt`: keep this device's products on our kernel.
+    pub fn set_blaslt_allowed(&self, allowed: bool) {
+        self.blaslt_allowed.store(allowed, Ordering::Relaxed);
+    }
+
     /// Whether `op` may run here: not quarantined (an op without a self-test may).
     pub fn op_usable(&self, op: &str) -> bool {
         self.op_table()
@@ -419,6 +435,13 @@ impl DeviceLease<'_> {
 
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Whether cuBLASLt opened on this device and the operator allows it (its self-test
+    /// is a separate question: `GpuDevice::op_verified`).
+    pub fn has_blaslt(&self) -> bool {
+        let opened = matches!(self.engine(), Engine::Cuda(c) if c.blaslt.is_some());
+        opened && self.device.blaslt_allowed.load(Ordering::Relaxed)
     }
 
     /// Bytes this job may allocate: `GpuDevice::memory_budget` now.

@@ -5,6 +5,8 @@
 use super::lookup::LookupJob;
 use super::matmul::{MatmulJob, Operands, Strides, Values};
 use super::sinusoidal::{Layout, SinusoidalJob};
+use super::Compute;
+use crate::backend::cuda::blaslt::{BlasCompute, RowMajorProduct, MATMUL_BLASLT_OP};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
@@ -24,7 +26,36 @@ pub fn kernel_module() -> KernelModule {
     }
 }
 
+/// Which code forms a device's products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MatmulEngine {
+    /// Our `matmul_f32` kernel (every device, the emulated one included).
+    Kernel,
+    /// cuBLASLt, for the passes it takes (others stay on the kernel).
+    BlasLt,
+}
+
+impl MatmulEngine {
+    /// cuBLASLt where this device has it, its self-test passed, and the operator left it
+    /// on; our kernel otherwise.
+    pub(crate) fn for_device(dev: &DeviceLease<'_>) -> Self {
+        if dev.has_blaslt() && dev.device.op_verified(MATMUL_BLASLT_OP) {
+            MatmulEngine::BlasLt
+        } else {
+            MatmulEngine::Kernel
+        }
+    }
+}
+
 pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
+    run_matmul_on(job, dev, MatmulEngine::for_device(dev))
+}
+
+pub(crate) fn run_matmul_on(
+    job: &MatmulJob,
+    dev: &DeviceLease<'_>,
+    engine: MatmulEngine,
+) -> Result<Values, DeviceError> {
     let Operands::F32 { a, b, c } = &job.operands else {
         return Err(DeviceError {
             kind: DeviceErrorKind::Unsupported,
@@ -76,7 +107,7 @@ pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values,
             batches: count,
         };
         let d_c = c_pass.as_ref().or(c_all.as_ref());
-        launch_matmul_f32(dev, &pass, d_a, d_b, d_c, &mut d)?;
+        matmul_pass(dev, engine, job.compute, &pass, d_a, d_b, d_c, &mut d)?;
         out.extend(dev.download(&d)?);
         first += count;
     }
@@ -101,6 +132,70 @@ pub(crate) struct MatmulPass {
     pub alpha: f32,
     pub beta: f32,
     pub batches: usize,
+}
+
+/// One pass on `engine`. cuBLASLt takes C as D's starting value, so it runs where C is
+/// absent or can be copied into D whole (batched, or a single entry); a pass it cannot
+/// take, or whose operand strides are not plain row-major, runs on our kernel.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_pass(
+    dev: &DeviceLease<'_>,
+    engine: MatmulEngine,
+    compute: Compute,
+    pass: &MatmulPass,
+    a: &DeviceBuffer<f32>,
+    b: &DeviceBuffer<f32>,
+    c: Option<&DeviceBuffer<f32>>,
+    d: &mut DeviceBuffer<f32>,
+) -> Result<(), DeviceError> {
+    let product = match engine {
+        MatmulEngine::BlasLt => blaslt_product(pass, compute),
+        MatmulEngine::Kernel => None,
+    };
+    let c_fits = c.is_none_or(|c| c.len() == d.len());
+    let (Some(mut product), true) = (product, c_fits) else {
+        return launch_matmul_f32(dev, pass, a, b, c, d);
+    };
+    match c {
+        Some(c) => dev.copy(c, d)?,
+        None => product.beta = 0.0,
+    }
+    dev.blaslt_matmul(&product, a, b, d)
+}
+
+/// The pass as cuBLASLt takes it, if its operands are plain row-major matrices (each
+/// stored as itself or as its transpose) and its precision is one of f32's.
+fn blaslt_product(pass: &MatmulPass, compute: Compute) -> Option<RowMajorProduct> {
+    // Whether an operand of `rows × cols` is stored transposed; None: other strides.
+    let transposed = |s: Strides, rows: usize, cols: usize| {
+        if s.col == 1 && s.row == cols {
+            Some(false)
+        } else if s.row == 1 && s.col == rows {
+            Some(true)
+        } else {
+            None
+        }
+    };
+    let compute = match compute {
+        Compute::F32 => BlasCompute::F32,
+        Compute::Tf32 => BlasCompute::Tf32,
+        Compute::F16 => BlasCompute::F16,
+        Compute::Bf16 => BlasCompute::Bf16,
+        Compute::F64 => return None,
+    };
+    Some(RowMajorProduct {
+        m: pass.m,
+        n: pass.n,
+        k: pass.k,
+        trans_a: transposed(pass.a, pass.m, pass.k)?,
+        trans_b: transposed(pass.b, pass.k, pass.n)?,
+        a_batch_stride: pass.a.batch,
+        b_batch_stride: pass.b.batch,
+        batches: pass.batches,
+        alpha: pass.alpha,
+        beta: pass.beta,
+        compute,
+    })
 }
 
 pub(crate) fn launch_matmul_f32(
@@ -204,4 +299,65 @@ pub fn run_lookup_cuda(job: &LookupJob, dev: &DeviceLease<'_>) -> Result<Vec<f32
     }
     job.round(&mut out);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::linalg::MatmulShape;
+
+    fn pass(shape: MatmulShape) -> MatmulPass {
+        MatmulPass {
+            m: shape.m,
+            n: shape.n,
+            k: shape.k,
+            a: shape.a_strides(),
+            b: shape.b_strides(),
+            c_batch: 0,
+            alpha: 2.0,
+            beta: 0.5,
+            batches: shape.batch,
+        }
+    }
+
+    #[test]
+    fn cublaslt_takes_plain_and_transposed_operands_with_their_batch_strides() {
+        for (trans_a, trans_b) in [(false, false), (true, false), (false, true), (true, true)] {
+            let shape = MatmulShape {
+                batch: 3,
+                m: 5,
+                n: 7,
+                k: 11,
+                a_batched: true,
+                b_batched: false,
+                c_batched: false,
+                trans_a,
+                trans_b,
+            };
+            let p = blaslt_product(&pass(shape), Compute::Tf32).expect("plain strides");
+            assert_eq!((p.trans_a, p.trans_b), (trans_a, trans_b));
+            assert_eq!((p.m, p.n, p.k, p.batches), (5, 7, 11, 3));
+            assert_eq!((p.a_batch_stride, p.b_batch_stride), (55, 0));
+            assert_eq!((p.alpha, p.beta, p.compute), (2.0, 0.5, BlasCompute::Tf32));
+        }
+    }
+
+    #[test]
+    fn cublaslt_declines_f64_and_strides_that_are_not_a_matrix() {
+        let shape = MatmulShape {
+            batch: 1,
+            m: 4,
+            n: 4,
+            k: 4,
+            a_batched: false,
+            b_batched: false,
+            c_batched: false,
+            trans_a: false,
+            trans_b: false,
+        };
+        assert!(blaslt_product(&pass(shape), Compute::F64).is_none());
+        let mut odd = pass(shape);
+        odd.a.row = 8; // a padded leading dimension
+        assert!(blaslt_product(&odd, Compute::F32).is_none());
+    }
 }

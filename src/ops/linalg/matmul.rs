@@ -135,6 +135,39 @@ impl Values {
             Values::F64(v) => v.iter().position(|x| !x.is_finite()),
         }
     }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Values::F32(v) => v.len(),
+            Values::F64(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// As f64 (f32 values widen exactly).
+    pub fn into_f64(self) -> Vec<f64> {
+        match self {
+            Values::F32(v) => v.into_iter().map(f64::from).collect(),
+            Values::F64(v) => v,
+        }
+    }
+
+    /// As f32: f32 values as they are, f64 ones rounded to nearest.
+    pub fn into_f32(self) -> Vec<f32> {
+        match self {
+            Values::F32(v) => v,
+            Values::F64(v) => v.into_iter().map(|x| x as f32).collect(),
+        }
+    }
+}
+
+impl From<Vec<f64>> for Values {
+    fn from(v: Vec<f64>) -> Self {
+        Values::F64(v)
+    }
 }
 
 #[derive(Clone, Debug)]

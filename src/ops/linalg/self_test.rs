@@ -3,8 +3,12 @@
 //! embeddings in both layouts past one grid stride, with large and fractional positions;
 //! table lookups.
 
+use super::{run_matmul_on, MatmulEngine};
 use super::{Compute, Dtype, Layout, LookupJob, MatmulJob, MatmulShape, Operands, SinusoidalJob};
+use crate::backend::cuda::blaslt::MATMUL_BLASLT_OP;
+use crate::backend::device::DeviceLease;
 use crate::backend::verify::{JobCheck, SelfTest};
+use crate::backend::Job;
 use std::sync::Arc;
 
 /// Values of mixed sign and magnitude (within f16's normal range), zeros among them.
@@ -44,13 +48,25 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
         trans_a: true,
         trans_b: false,
     };
+    let single = MatmulShape {
+        batch: 1,
+        m: 129,
+        n: 67,
+        k: 300,
+        a_batched: false,
+        b_batched: false,
+        c_batched: false,
+        trans_a: true,
+        trans_b: true,
+    };
     let cases = [
         (plain, Compute::F32, Dtype::F32, false),
         (plain, Compute::Tf32, Dtype::F16, true),
         (transposed, Compute::Bf16, Dtype::Bf16, true),
         (transposed, Compute::F16, Dtype::F32, false),
+        (single, Compute::F32, Dtype::F32, true),
     ];
-    let jobs = cases
+    let jobs: Vec<MatmulJob> = cases
         .into_iter()
         .map(|(shape, compute, output, with_c)| {
             let operands = Operands::F32 {
@@ -94,8 +110,33 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
         })
         .collect();
     vec![
+        Box::new(BlasLtCheck(jobs.clone())),
         JobCheck::boxed(jobs),
         JobCheck::boxed(embeddings),
         JobCheck::boxed(lookups),
     ]
+}
+
+/// The matmul cases forced through cuBLASLt: the library is held to the CPU twin as our
+/// kernels are, and used only where this passed.
+struct BlasLtCheck(Vec<MatmulJob>);
+
+impl SelfTest for BlasLtCheck {
+    fn op(&self) -> &'static str {
+        MATMUL_BLASLT_OP
+    }
+
+    fn applies(&self, dev: &DeviceLease<'_>) -> bool {
+        dev.has_blaslt()
+    }
+
+    fn run(&self, dev: &DeviceLease<'_>) -> Result<(), String> {
+        for (i, job) in self.0.iter().enumerate() {
+            let device = run_matmul_on(job, dev, MatmulEngine::BlasLt)
+                .map_err(|e| format!("case {i}: cuBLASLt failed: {e}"))?;
+            job.agrees(&device, &job.run_cpu())
+                .map_err(|why| format!("case {i}: {why}"))?;
+        }
+        Ok(())
+    }
 }

@@ -8,7 +8,7 @@ use super::attention::{Attended, AttentionJob, Tensors};
 use super::conv2d::{Conv2dJob, ConvTensors};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
-use crate::ops::linalg::{launch_matmul_f32, Dtype, MatmulPass, Strides, Values};
+use crate::ops::linalg::{matmul_pass, Compute, Dtype, MatmulEngine, MatmulPass, Strides, Values};
 use cudarc::driver::LaunchConfig;
 
 const KERNEL_NAMES: &[&str] = &[
@@ -167,6 +167,7 @@ pub fn run_conv2d_cuda(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values,
     let (out_h, out_w) = s.out_size().expect("the job checked the output size");
     let (p, k, og) = (s.positions(), s.window(), s.group_out());
     let image_len = s.channels * s.height * s.width;
+    let engine = MatmulEngine::for_device(dev);
     let d_weight = dev.upload(weight)?;
     let d_bias = bias.as_ref().map(|b| dev.upload(b)).transpose()?;
     let pass = MatmulPass {
@@ -222,7 +223,16 @@ pub fn run_conv2d_cuda(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values,
         // kernel reads inside the image only where the window is off the padding.
         unsafe { l.launch(dev.launch_config(s.groups * k * p)) }?;
         let mut d_out = dev.alloc_zeros::<f32>(s.out_channels * p)?;
-        launch_matmul_f32(dev, &pass, &d_weight, &cols, None, &mut d_out)?;
+        matmul_pass(
+            dev,
+            engine,
+            Compute::F32,
+            &pass,
+            &d_weight,
+            &cols,
+            None,
+            &mut d_out,
+        )?;
         if has_bias == 1 || relu == 1 {
             let mut l = dev.launch("conv_bias_relu_f32")?;
             // Without a bias the kernel never reads it; the weights stand in.
