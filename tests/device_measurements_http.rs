@@ -72,6 +72,45 @@ async fn the_hint_follows_the_device_budget_and_the_request_limits() {
     let per = 8 * (2 * 4 * 16 + 2 * 4 * 32 + 8 * 32 + 3);
     assert_eq!(body["bytes_per_item"], per, "{body}");
     assert_eq!(body["fits"], (1u64 << 20) / per);
+    // conv2d, 3 × 32 × 32 images, 8 filters of 3 × 3, stride 1, padding 1: the image and
+    // its 8 × 32 × 32 output per item; the weights (8·3·9) and one image's im2col matrix
+    // (27 × 1024) held whatever the batch. Images go through one at a time, so once one
+    // fits, the request limits decide the batch.
+    let body: Value = hint(&s, "op=conv2d&shape=3,32,32,8,3,3,1,1,1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["bytes_per_item"], 4 * (3 * 1024 + 8 * 1024), "{body}");
+    assert_eq!(body["fixed_bytes"], 4 * (8 * 27 + 27 * 1024), "{body}");
+    assert_eq!(body["fits"], body["max_per_request"], "{body}");
+    assert_eq!(body["batch"], body["max_per_request"], "{body}");
+    // A 64-channel 256 × 256 image with 128 filters of 5 × 5: its im2col matrix alone
+    // (1600 × 65536 f32, 400 MiB) is over the budget, so nothing fits.
+    let body: Value = hint(&s, "op=conv2d&shape=64,256,256,128,5,5,1,2,1")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (body["fits"].as_u64(), body["batch"].as_u64()),
+        (Some(0), Some(0)),
+        "{body}"
+    );
+    // Lookups in a 1000 × 64 table: the table (256,000 bytes) waits in the device's
+    // cache; each id holds itself and its row.
+    let body: Value = hint(&s, "op=embedding_lookup&shape=1000,64")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["fixed_bytes"], 256_000, "{body}");
+    assert_eq!(body["bytes_per_item"], 4 + 4 * 64, "{body}");
+    assert_eq!(
+        body["fits"],
+        ((1u64 << 20) - 256_000) / (4 + 4 * 64),
+        "{body}"
+    );
 }
 
 #[tokio::test]
@@ -123,6 +162,28 @@ async fn bad_queries_are_refused_with_their_path() {
         ),
         ("op=attention&shape=1,8,257", "invalid_parameter", "/shape"),
         ("op=beam_sweep&shape=16,4,32", "invalid_parameter", "/shape"),
+        ("op=conv2d&shape=3,32,32,8,3", "invalid_parameter", "/shape"),
+        (
+            "op=conv2d&shape=3,32,32,8,3,3,1,1,2",
+            "invalid_parameter",
+            "/shape",
+        ),
+        ("op=conv2d&shape=3,4,4,8,5,5", "invalid_parameter", "/shape"),
+        (
+            "op=conv2d&shape=3,32,32,8,3,3,1,1,0",
+            "invalid_parameter",
+            "/shape",
+        ),
+        (
+            "op=embedding_lookup&shape=1000",
+            "invalid_parameter",
+            "/shape",
+        ),
+        (
+            "op=embedding_lookup&shape=1000,0",
+            "invalid_parameter",
+            "/shape",
+        ),
     ] {
         let p = problem(hint(&s, query).await, 422, code).await;
         assert_eq!(p["errors"][0]["path"], path, "{query}: {p}");

@@ -23,5 +23,8 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
     tests.extend(linalg::self_test::self_tests());
     tests.extend(nn::self_test::self_tests());
     tests.extend(beams::self_test::self_tests());
+    // Last: the kernels' self-tests above ran on our own kernels, before cuBLASLt may
+    // take their products.
+    tests.push(linalg::self_test::blaslt_check());
     tests
 }

@@ -156,8 +156,19 @@ fn compute_type(c: BlasCompute) -> sys::cublasComputeType_t {
     }
 }
 
+/// A refusal of the problem (no algorithm for it, a value it does not take) is
+/// `Unsupported`, and the caller runs our kernel instead; a failed allocation is the
+/// device's memory; anything else is a device failure.
 fn failed(e: CublasError) -> DeviceError {
-    DeviceError::fatal(format!("cuBLASLt: {e}"))
+    use sys::cublasStatus_t as S;
+    let message = format!("cuBLASLt: {e}");
+    match e.0 {
+        S::CUBLAS_STATUS_NOT_SUPPORTED | S::CUBLAS_STATUS_INVALID_VALUE => {
+            DeviceError::unsupported(message)
+        }
+        S::CUBLAS_STATUS_ALLOC_FAILED => DeviceError::out_of_memory(message),
+        _ => DeviceError::fatal(message),
+    }
 }
 
 impl DeviceLease<'_> {

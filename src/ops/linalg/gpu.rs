@@ -136,7 +136,9 @@ pub(crate) struct MatmulPass {
 
 /// One pass on `engine`. cuBLASLt takes C as D's starting value, so it runs where C is
 /// absent or can be copied into D whole (batched, or a single entry); a pass it cannot
-/// take, or whose operand strides are not plain row-major, runs on our kernel.
+/// take, whose operand strides are not plain row-major, or that cuBLASLt refuses (no
+/// algorithm for it), runs on our kernel. Our kernel reads C, not D, and writes all of
+/// D, so the copy already made does not matter then.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_pass(
     dev: &DeviceLease<'_>,
@@ -152,7 +154,8 @@ pub(crate) fn matmul_pass(
         MatmulEngine::BlasLt => blaslt_product(pass, compute),
         MatmulEngine::Kernel => None,
     };
-    let c_fits = c.is_none_or(|c| c.len() == d.len());
+    let whole_c = pass.batches == 1 || pass.c_batch == pass.m * pass.n;
+    let c_fits = c.is_none_or(|c| c.len() == d.len() && whole_c);
     let (Some(mut product), true) = (product, c_fits) else {
         return launch_matmul_f32(dev, pass, a, b, c, d);
     };
@@ -160,7 +163,13 @@ pub(crate) fn matmul_pass(
         Some(c) => dev.copy(c, d)?,
         None => product.beta = 0.0,
     }
-    dev.blaslt_matmul(&product, a, b, d)
+    match dev.blaslt_matmul(&product, a, b, d) {
+        Err(e) if e.kind == DeviceErrorKind::Unsupported => {
+            tracing::debug!(reason = %e.message, "cuBLASLt declined a pass; our kernel runs it");
+            launch_matmul_f32(dev, pass, a, b, c, d)
+        }
+        done => done,
+    }
 }
 
 /// The pass as cuBLASLt takes it, if its operands are plain row-major matrices (each

@@ -25,7 +25,9 @@ fn values(len: usize, salt: usize) -> Vec<f32> {
         .collect()
 }
 
-pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
+/// The matmul cases: across the kernel's tile edges, transposed and broadcast operands,
+/// C with β, each compute precision and output dtype.
+fn matmul_jobs() -> Vec<MatmulJob> {
     let plain = MatmulShape {
         batch: 2,
         m: 70,
@@ -66,7 +68,7 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
         (transposed, Compute::F16, Dtype::F32, false),
         (single, Compute::F32, Dtype::F32, true),
     ];
-    let jobs: Vec<MatmulJob> = cases
+    cases
         .into_iter()
         .map(|(shape, compute, output, with_c)| {
             let operands = Operands::F32 {
@@ -77,7 +79,11 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
             MatmulJob::new(shape, operands, 0.75, -1.5, compute, Dtype::F32, output)
                 .expect("a valid self-test product")
         })
-        .collect();
+        .collect()
+}
+
+pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
+    let jobs = matmul_jobs();
     let positions: Vec<f64> = (0..300).map(|i| (i * i) as f64 * 37.5).collect();
     let embeddings = [
         (Layout::Interleaved, Dtype::F32),
@@ -110,15 +116,55 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
         })
         .collect();
     vec![
-        Box::new(BlasLtCheck(jobs.clone())),
         JobCheck::boxed(jobs),
         JobCheck::boxed(embeddings),
         JobCheck::boxed(lookups),
     ]
 }
 
-/// The matmul cases forced through cuBLASLt: the library is held to the CPU twin as our
-/// kernels are, and used only where this passed.
+/// cuBLASLt's self-test: every matmul case, and shapes that stress the layout mapping
+/// (no transposes, m, n or k of 1, a single entry with C), forced through cuBLASLt and
+/// held to the CPU twin. `ops::self_tests` runs it last, so the kernels' own self-tests
+/// (matmul, conv2d) run on our kernel, before cuBLASLt may take their products.
+pub(crate) fn blaslt_check() -> Box<dyn SelfTest> {
+    let shape = |batch, m, n, k, trans_a, trans_b, c_batched| MatmulShape {
+        batch,
+        m,
+        n,
+        k,
+        a_batched: batch > 1,
+        b_batched: false,
+        c_batched,
+        trans_a,
+        trans_b,
+    };
+    let cases = [
+        (shape(2, 70, 65, 33, false, false, true), Compute::F32, true),
+        (shape(1, 1, 40, 9, false, true, false), Compute::F32, true),
+        (shape(3, 17, 1, 5, true, false, false), Compute::Tf32, false),
+        (shape(2, 8, 12, 1, true, true, false), Compute::F16, false),
+        (
+            shape(1, 33, 31, 64, false, false, false),
+            Compute::Bf16,
+            true,
+        ),
+    ];
+    let mut jobs: Vec<MatmulJob> = cases
+        .into_iter()
+        .map(|(shape, compute, with_c)| {
+            let operands = Operands::F32 {
+                a: values(shape.a_len(), 5),
+                b: values(shape.b_len(), 6),
+                c: with_c.then(|| values(shape.c_len(), 7)),
+            };
+            MatmulJob::new(shape, operands, 1.25, 0.5, compute, Dtype::F32, Dtype::F32)
+                .expect("a valid self-test product")
+        })
+        .collect();
+    jobs.extend(matmul_jobs());
+    Box::new(BlasLtCheck(jobs))
+}
+
 struct BlasLtCheck(Vec<MatmulJob>);
 
 impl SelfTest for BlasLtCheck {
@@ -138,5 +184,22 @@ impl SelfTest for BlasLtCheck {
                 .map_err(|why| format!("case {i}: {why}"))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cublaslt_cases_are_valid_products_that_agree_with_themselves() {
+        let check = blaslt_check();
+        assert_eq!(check.op(), MATMUL_BLASLT_OP);
+        // Building them checked every shape; each case must also agree with its own CPU
+        // answer (the check compares against nothing looser than that).
+        for job in matmul_jobs() {
+            let cpu = job.run_cpu();
+            job.agrees(&cpu, &cpu).expect("a case agrees with itself");
+        }
     }
 }
