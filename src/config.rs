@@ -120,10 +120,10 @@ pub struct Config {
     /// 512 MiB, at most 4 GiB, never over a quarter.
     #[arg(long, env = "GPU_OPS_GPU_TABLE_CACHE_MIB", default_value_t = 0)]
     pub gpu_table_cache_mib: u64,
-    /// Keep matrix products (matmul, conv2d's GEMM) on our own kernel even where cuBLASLt
-    /// is installed and passed its self-test.
-    #[arg(long, env = "GPU_OPS_NO_CUBLASLT")]
-    pub no_cublaslt: bool,
+    /// Keep matrix products and convolutions on our own kernels even where cuBLASLt and
+    /// cuDNN are installed and passed their self-tests.
+    #[arg(long, env = "GPU_OPS_NO_CUDA_LIBRARIES")]
+    pub no_cuda_libraries: bool,
     /// Most MiB one tenant's resident embedding tables may take together.
     #[arg(long, env = "GPU_OPS_MAX_TENANT_EMBEDDING_MIB", default_value_t = 1024)]
     pub max_tenant_embedding_mib: u64,

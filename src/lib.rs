@@ -91,7 +91,7 @@ impl App {
             let interval = cfg.device_sample_interval;
             let memory_limit = cfg.gpu_memory_limit_mib << 20;
             let table_cache = cfg.gpu_table_cache_mib << 20;
-            let blaslt_allowed = !cfg.no_cublaslt;
+            let vendor_libraries = !cfg.no_cuda_libraries;
             let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
             tokio::task::spawn_blocking(move || {
                 let library = ops::kernel_library();
@@ -106,7 +106,7 @@ impl App {
                 let tests = Arc::new(ops::self_tests());
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
-                    g.set_blaslt_allowed(blaslt_allowed);
+                    g.set_vendor_libraries_allowed(vendor_libraries);
                     if table_cache > 0 {
                         g.set_table_cache_limit(table_cache as usize);
                     }

@@ -53,6 +53,36 @@ impl<J: Job> SelfTest for JobCheck<J> {
     }
 }
 
+/// Jobs of one op forced through a vendor library (cuBLASLt, cuDNN) and held to the CPU
+/// twin: the library is verified under its own op name, and used only where this passed.
+/// It applies only where the library opened.
+pub struct LibraryCheck<J: Job> {
+    pub op: &'static str,
+    pub jobs: Vec<J>,
+    pub opened: fn(&DeviceLease<'_>) -> bool,
+    pub run: fn(&J, &DeviceLease<'_>) -> Result<J::Output, super::DeviceError>,
+}
+
+impl<J: Job> SelfTest for LibraryCheck<J> {
+    fn op(&self) -> &'static str {
+        self.op
+    }
+
+    fn applies(&self, dev: &DeviceLease<'_>) -> bool {
+        (self.opened)(dev)
+    }
+
+    fn run(&self, dev: &DeviceLease<'_>) -> Result<(), String> {
+        for (i, job) in self.jobs.iter().enumerate() {
+            let device =
+                (self.run)(job, dev).map_err(|e| format!("case {i}: the library failed: {e}"))?;
+            job.agrees(&device, &job.run_cpu())
+                .map_err(|why| format!("case {i}: {why}"))?;
+        }
+        Ok(())
+    }
+}
+
 /// `Job::agrees` for integer outputs: equal, or where the device differs.
 pub fn exactly<T: PartialEq>(device: &T, cpu: &T) -> Result<(), String> {
     if device == cpu {

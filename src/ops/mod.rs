@@ -23,8 +23,9 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
     tests.extend(linalg::self_test::self_tests());
     tests.extend(nn::self_test::self_tests());
     tests.extend(beams::self_test::self_tests());
-    // Last: the kernels' self-tests above ran on our own kernels, before cuBLASLt may
-    // take their products.
+    // Last: the kernels' self-tests above ran on our own kernels, before cuBLASLt and
+    // cuDNN may take their work.
     tests.push(linalg::self_test::blaslt_check());
+    tests.push(nn::self_test::cudnn_check());
     tests
 }

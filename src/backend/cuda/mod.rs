@@ -3,6 +3,7 @@
 //! cudarc panics when the library is missing.
 
 pub mod blaslt;
+pub mod cudnn;
 pub mod kernels;
 
 use super::device::{DeviceError, Engine, GpuDevice, GpuInfo};
@@ -20,6 +21,8 @@ pub struct CudaEngine {
     /// cuBLASLt on this device, where the library opened (used once its self-test
     /// passes).
     pub(crate) blaslt: Option<blaslt::BlasLt>,
+    /// cuDNN on this device, where the library opened (likewise).
+    pub(crate) cudnn: Option<cudnn::CudnnConv>,
 }
 
 impl CudaEngine {
@@ -119,11 +122,18 @@ pub fn open_device(
         stream,
         functions,
         blaslt: None,
+        cudnn: None,
     };
     match blaslt::BlasLt::open(&engine, major) {
         Ok(b) => engine.blaslt = Some(b),
         Err(why) => {
             tracing::warn!(device = ordinal, reason = %why, "no cuBLASLt; matmul runs on our kernel")
+        }
+    }
+    match cudnn::CudnnConv::open(&engine) {
+        Ok(c) => engine.cudnn = Some(c),
+        Err(why) => {
+            tracing::warn!(device = ordinal, reason = %why, "no cuDNN; conv2d runs on im2col")
         }
     }
     Ok(GpuDevice::new(info, Engine::Cuda(engine)))

@@ -148,8 +148,8 @@ pub struct GpuDevice {
     tables: Mutex<TableCache>,
     /// Each self-tested op's state, by op name.
     ops: Mutex<BTreeMap<String, OpStatus>>,
-    /// False under `--no-cublaslt`.
-    blaslt_allowed: AtomicBool,
+    /// False under `--no-cuda-libraries`.
+    vendor_libraries: AtomicBool,
 }
 
 /// Held while a job uses the device.
@@ -181,7 +181,7 @@ impl GpuDevice {
             busy: Mutex::new(()),
             memory_limit: AtomicU64::new(0),
             ops: Mutex::new(BTreeMap::new()),
-            blaslt_allowed: AtomicBool::new(true),
+            vendor_libraries: AtomicBool::new(true),
         }
     }
 
@@ -313,9 +313,14 @@ impl GpuDevice {
             .is_some_and(|s| s.state == OpState::Verified)
     }
 
-    /// `--no-cublaslt`: keep this device's products on our kernel.
-    pub fn set_blaslt_allowed(&self, allowed: bool) {
-        self.blaslt_allowed.store(allowed, Ordering::Relaxed);
+    /// `--no-cuda-libraries`: keep this device's products and convolutions on our own
+    /// kernels, whatever cuBLASLt and cuDNN would do.
+    pub fn set_vendor_libraries_allowed(&self, allowed: bool) {
+        self.vendor_libraries.store(allowed, Ordering::Relaxed);
+    }
+
+    pub fn vendor_libraries_allowed(&self) -> bool {
+        self.vendor_libraries.load(Ordering::Relaxed)
     }
 
     /// Whether `op` may run here: not quarantined (an op without a self-test may).
@@ -441,7 +446,7 @@ impl DeviceLease<'_> {
     /// is a separate question: `GpuDevice::op_verified`).
     pub fn has_blaslt(&self) -> bool {
         let opened = matches!(self.engine(), Engine::Cuda(c) if c.blaslt.is_some());
-        opened && self.device.blaslt_allowed.load(Ordering::Relaxed)
+        opened && self.device.vendor_libraries_allowed()
     }
 
     /// Bytes this job may allocate: `GpuDevice::memory_budget` now.

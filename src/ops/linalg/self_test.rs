@@ -6,9 +6,7 @@
 use super::{run_matmul_on, MatmulEngine};
 use super::{Compute, Dtype, Layout, LookupJob, MatmulJob, MatmulShape, Operands, SinusoidalJob};
 use crate::backend::cuda::blaslt::MATMUL_BLASLT_OP;
-use crate::backend::device::DeviceLease;
-use crate::backend::verify::{JobCheck, SelfTest};
-use crate::backend::Job;
+use crate::backend::verify::{JobCheck, LibraryCheck, SelfTest};
 use std::sync::Arc;
 
 /// Values of mixed sign and magnitude (within f16's normal range), zeros among them.
@@ -162,34 +160,18 @@ pub(crate) fn blaslt_check() -> Box<dyn SelfTest> {
         })
         .collect();
     jobs.extend(matmul_jobs());
-    Box::new(BlasLtCheck(jobs))
-}
-
-struct BlasLtCheck(Vec<MatmulJob>);
-
-impl SelfTest for BlasLtCheck {
-    fn op(&self) -> &'static str {
-        MATMUL_BLASLT_OP
-    }
-
-    fn applies(&self, dev: &DeviceLease<'_>) -> bool {
-        dev.has_blaslt()
-    }
-
-    fn run(&self, dev: &DeviceLease<'_>) -> Result<(), String> {
-        for (i, job) in self.0.iter().enumerate() {
-            let device = run_matmul_on(job, dev, MatmulEngine::BlasLt)
-                .map_err(|e| format!("case {i}: cuBLASLt failed: {e}"))?;
-            job.agrees(&device, &job.run_cpu())
-                .map_err(|why| format!("case {i}: {why}"))?;
-        }
-        Ok(())
-    }
+    Box::new(LibraryCheck {
+        op: MATMUL_BLASLT_OP,
+        jobs,
+        opened: |dev| dev.has_blaslt(),
+        run: |job, dev| run_matmul_on(job, dev, MatmulEngine::BlasLt),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Job;
 
     #[test]
     fn the_cublaslt_cases_are_valid_products_that_agree_with_themselves() {

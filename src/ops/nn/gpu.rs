@@ -6,7 +6,9 @@
 
 use super::attention::{Attended, AttentionJob, Tensors};
 use super::conv2d::{Conv2dJob, ConvTensors};
+use crate::backend::cuda::cudnn::{ConvGeometry, CONV2D_CUDNN_OP};
 use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::device::DeviceBuffer;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use crate::ops::linalg::{matmul_pass, Compute, Dtype, MatmulEngine, MatmulPass, Strides, Values};
 use cudarc::driver::LaunchConfig;
@@ -151,7 +153,43 @@ pub fn run_attention_cuda(
     })
 }
 
+/// Which code runs a device's convolutions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ConvEngine {
+    /// `conv_im2col_f32`, the product engine, then bias and ReLU (every device).
+    Im2col,
+    /// cuDNN for the convolution, then our bias and ReLU; im2col for what it refuses.
+    Cudnn,
+}
+
+impl ConvEngine {
+    /// cuDNN where this device has it, its self-test passed, and the operator left it on.
+    pub(crate) fn for_device(dev: &DeviceLease<'_>) -> Self {
+        if dev.has_cudnn() && dev.device.op_verified(CONV2D_CUDNN_OP) {
+            ConvEngine::Cudnn
+        } else {
+            ConvEngine::Im2col
+        }
+    }
+}
+
 pub fn run_conv2d_cuda(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
+    run_conv2d_on(job, dev, ConvEngine::for_device(dev))
+}
+
+pub(crate) fn run_conv2d_on(
+    job: &Conv2dJob,
+    dev: &DeviceLease<'_>,
+    engine: ConvEngine,
+) -> Result<Values, DeviceError> {
+    if engine == ConvEngine::Cudnn {
+        match run_conv2d_cudnn(job, dev) {
+            Err(e) if e.kind == DeviceErrorKind::Unsupported => {
+                tracing::warn!(reason = %e.message, "cuDNN declined a convolution; im2col runs it");
+            }
+            done => return done,
+        }
+    }
     let ConvTensors::F32 {
         input,
         weight,
@@ -206,9 +244,6 @@ pub fn run_conv2d_cuda(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values,
         s.dilation.1,
     ]
     .map(|x| x as u64);
-    let (channels, positions) = (s.out_channels as u64, p as u64);
-    let has_bias = u32::from(d_bias.is_some());
-    let relu = u32::from(job.relu);
     let mut out = Vec::with_capacity(s.out_len());
     for image in input.chunks(image_len) {
         dev.still_wanted()?;
@@ -233,17 +268,16 @@ pub fn run_conv2d_cuda(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values,
             None,
             &mut d_out,
         )?;
-        if has_bias == 1 || relu == 1 {
-            let mut l = dev.launch("conv_bias_relu_f32")?;
-            // Without a bias the kernel never reads it; the weights stand in.
-            l.arg(&mut d_out)
-                .arg(d_bias.as_ref().unwrap_or(&d_weight))
-                .arg(&channels)
-                .arg(&positions)
-                .arg(&has_bias)
-                .arg(&relu);
-            // SAFETY: the output holds O·p values, the bias O.
-            unsafe { l.launch(dev.launch_config(s.out_channels * p)) }?;
+        if d_bias.is_some() || job.relu {
+            bias_relu(
+                dev,
+                &mut d_out,
+                d_bias.as_ref(),
+                &d_weight,
+                s.out_channels,
+                p,
+                job.relu,
+            )?;
         }
         out.extend(dev.download(&d_out)?);
     }
@@ -253,4 +287,102 @@ pub fn run_conv2d_cuda(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values,
         }
     }
     Ok(Values::F32(out))
+}
+
+/// The convolution on cuDNN, images in passes that fit the memory budget beside the
+/// weights, then our bias and ReLU over each pass. cuDNN pads both sides of an axis
+/// alike: other padding is `Unsupported`, for im2col.
+pub(crate) fn run_conv2d_cudnn(
+    job: &Conv2dJob,
+    dev: &DeviceLease<'_>,
+) -> Result<Values, DeviceError> {
+    let ConvTensors::F32 {
+        input,
+        weight,
+        bias,
+    } = &job.tensors
+    else {
+        return Err(DeviceError::unsupported("f64 conv2d runs on the CPU only"));
+    };
+    let s = job.shape;
+    let [top, bottom, left, right] = s.padding;
+    if top != bottom || left != right {
+        return Err(DeviceError::unsupported("cuDNN pads both sides alike"));
+    }
+    let out = s.out_size().expect("the job checked the output size");
+    let p = out.0 * out.1;
+    let image_len = s.channels * s.height * s.width;
+    let out_len = s.out_channels * p;
+    let d_weight = dev.upload(weight)?;
+    // Each image's input, output and bias copy; the weights held once.
+    let per_image = 4 * (image_len + out_len + s.out_channels);
+    let per_pass = dev.items_per_pass(s.batch, per_image, 4 * weight.len());
+    // The bias repeated for a full pass (a shorter last pass reads its first part), so
+    // the pass's images run as one run of count·O channels.
+    let repeated = bias.as_ref().map(|b| b.repeat(per_pass));
+    let d_bias = repeated.as_deref().map(|b| dev.upload(b)).transpose()?;
+    let mut values = Vec::with_capacity(s.out_len());
+    let mut first = 0;
+    while first < s.batch {
+        dev.still_wanted()?;
+        let count = per_pass.min(s.batch - first);
+        let d_input = dev.upload(&input[first * image_len..(first + count) * image_len])?;
+        let mut d_out = dev.alloc_zeros::<f32>(count * out_len)?;
+        let geometry = ConvGeometry {
+            batch: count,
+            channels: s.channels,
+            height: s.height,
+            width: s.width,
+            out_channels: s.out_channels,
+            kernel: (s.kernel_h, s.kernel_w),
+            out,
+            stride: s.stride,
+            padding: (top, left),
+            dilation: s.dilation,
+            groups: s.groups,
+        };
+        dev.cudnn_conv2d(&geometry, &d_input, &d_weight, &mut d_out)?;
+        if d_bias.is_some() || job.relu {
+            let channels = count * s.out_channels;
+            bias_relu(
+                dev,
+                &mut d_out,
+                d_bias.as_ref(),
+                &d_weight,
+                channels,
+                p,
+                job.relu,
+            )?;
+        }
+        values.extend(dev.download(&d_out)?);
+        first += count;
+    }
+    if job.output != Dtype::F32 {
+        values.iter_mut().for_each(|x| *x = job.output.round(*x));
+    }
+    Ok(Values::F32(values))
+}
+
+/// `conv_bias_relu_f32` over `channels × positions` outputs; without a bias, `stand_in`
+/// is passed and never read.
+fn bias_relu(
+    dev: &DeviceLease<'_>,
+    out: &mut DeviceBuffer<f32>,
+    bias: Option<&DeviceBuffer<f32>>,
+    stand_in: &DeviceBuffer<f32>,
+    channels: usize,
+    positions: usize,
+    relu: bool,
+) -> Result<(), DeviceError> {
+    let (has_bias, relu) = (u32::from(bias.is_some()), u32::from(relu));
+    let (c, p) = (channels as u64, positions as u64);
+    let mut l = dev.launch("conv_bias_relu_f32")?;
+    l.arg(out)
+        .arg(bias.unwrap_or(stand_in))
+        .arg(&c)
+        .arg(&p)
+        .arg(&has_bias)
+        .arg(&relu);
+    // SAFETY: the output holds channels·positions values, the bias `channels`.
+    unsafe { l.launch(dev.launch_config(channels * positions)) }
 }

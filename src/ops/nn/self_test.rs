@@ -3,8 +3,10 @@
 //! one key tile, a causal mask with fewer queries than keys, padded sequences (one with no
 //! key at all), head dimensions that pick each key tile, weights, and f16 output.
 
+use super::run_conv2d_cudnn;
 use super::{AttentionJob, AttentionShape, Conv2dJob, Conv2dShape, ConvTensors, Tensors};
-use crate::backend::verify::{JobCheck, SelfTest};
+use crate::backend::cuda::cudnn::CONV2D_CUDNN_OP;
+use crate::backend::verify::{JobCheck, LibraryCheck, SelfTest};
 use crate::ops::linalg::Dtype;
 
 /// Values of mixed sign and magnitude, zeros among them.
@@ -122,4 +124,64 @@ fn conv_jobs() -> Vec<Conv2dJob> {
             .expect("a valid self-test convolution")
     })
     .collect()
+}
+
+/// cuDNN's self-test: the conv2d cases cuDNN takes (even padding: depthwise with
+/// stride and dilation, and a plain one), and a 3 × 3, stride-1 layer of 16 → 24 channels,
+/// run on cuDNN alone (no fallback: a refusal fails it) and held to the CPU twin.
+/// `ops::self_tests` runs it last, after conv2d's own self-test verified im2col.
+pub(crate) fn cudnn_check() -> Box<dyn SelfTest> {
+    let layer = Conv2dShape {
+        batch: 2,
+        channels: 16,
+        height: 12,
+        width: 12,
+        out_channels: 24,
+        kernel_h: 3,
+        kernel_w: 3,
+        stride: (1, 1),
+        padding: [1; 4],
+        dilation: (1, 1),
+        groups: 1,
+    };
+    let tensors = ConvTensors::F32 {
+        input: values(layer.input_len(), 11),
+        weight: values(layer.weight_len(), 12),
+        bias: Some(values(layer.out_channels, 13)),
+    };
+    let layer = Conv2dJob::new(layer, tensors, true, Dtype::F32, Dtype::F32)
+        .expect("a valid self-test convolution");
+    let even = |job: &Conv2dJob| {
+        let [top, bottom, left, right] = job.shape.padding;
+        top == bottom && left == right
+    };
+    let mut jobs: Vec<Conv2dJob> = conv_jobs().into_iter().filter(even).collect();
+    jobs.push(layer);
+    Box::new(LibraryCheck {
+        op: CONV2D_CUDNN_OP,
+        jobs,
+        opened: |dev| dev.has_cudnn(),
+        run: run_conv2d_cudnn,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cudnn_check_takes_only_cases_cudnn_can_run() {
+        // Built without a panic (every case valid), under its own op name; the uneven
+        // padding case is left to im2col's own self-test.
+        let check = cudnn_check();
+        assert_eq!(check.op(), CONV2D_CUDNN_OP);
+        let uneven = conv_jobs()
+            .iter()
+            .filter(|j| j.shape.padding[0] != j.shape.padding[1])
+            .count();
+        assert_eq!(
+            uneven, 1,
+            "conv2d's self-test keeps its uneven padding case"
+        );
+    }
 }

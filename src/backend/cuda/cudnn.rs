@@ -1,0 +1,204 @@
+//! cuDNN for f32 2-D convolution (cross-correlation), as an engine beside our im2col
+//! launcher. Like cuBLASLt it is used only on a device where its own self-test
+//! (`CONV2D_CUDNN_OP`) held it to the CPU twin; a device without the library (the
+//! service's runtime image has none) keeps im2col.
+//!
+//! The math type is `CUDNN_FMA_MATH`: cuDNN's default lets Ampere and later run f32
+//! convolutions on TF32 tensor cores, which would be outside conv2d's f32 error bound.
+//! The algorithms are the implicit GEMMs only: each output is its own window's sum, as on
+//! the CPU and im2col. cuDNN's heuristic may pick FFT or Winograd, whose rounding spreads
+//! across a tile and breaks the per-value bound where a window's sum is near zero.
+
+use super::CudaEngine;
+use crate::backend::device::{
+    DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Engine, Memory,
+};
+use cudarc::cudnn::{result, result::CudnnError, sys, ConvForward, Cudnn};
+use std::ffi::c_int;
+use std::sync::Arc;
+
+/// The op name cuDNN's self-test vouches under (`/device`, `gpu_ops_kernel_verified`).
+pub const CONV2D_CUDNN_OP: &str = "conv2d_cudnn";
+
+/// One NCHW f32 convolution: `batch` images of `channels × height × width`, `out_channels`
+/// filters of `channels / groups × kernel.0 × kernel.1`, the same padding on both sides
+/// of each axis (cuDNN takes no other).
+#[derive(Clone, Copy, Debug)]
+pub struct ConvGeometry {
+    pub batch: usize,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub out_channels: usize,
+    pub kernel: (usize, usize),
+    pub out: (usize, usize),
+    pub stride: (usize, usize),
+    pub padding: (usize, usize),
+    pub dilation: (usize, usize),
+    pub groups: usize,
+}
+
+/// A cuDNN handle on one device, on the engine's stream.
+pub struct CudnnConv {
+    handle: Arc<Cudnn>,
+}
+
+// SAFETY: the handle is used by one job at a time (the device lease serialises jobs) and
+// always on the engine's stream; cuDNN handles may move between threads.
+unsafe impl Send for CudnnConv {}
+unsafe impl Sync for CudnnConv {}
+
+impl CudnnConv {
+    /// A handle on `engine`'s device, or why there is none.
+    pub(crate) fn open(engine: &CudaEngine) -> Result<Self, String> {
+        // SAFETY: only probes for the shared library.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("libcudnn is not installed".into());
+        }
+        // The bindings are cuDNN 9's (enums, status codes): any other major is refused.
+        let version = result::get_version();
+        if !(90_000..100_000).contains(&version) {
+            return Err(format!(
+                "cuDNN {version} is installed; this build takes 9.x"
+            ));
+        }
+        result::version_check().map_err(|e| format!("cuDNN version check: {:?}", e.0))?;
+        engine.bind_to_thread().map_err(|e| e.to_string())?;
+        let handle = Cudnn::new(engine.stream.clone()).map_err(|e| format!("cudnnCreate: {e}"))?;
+        Ok(Self { handle })
+    }
+}
+
+/// cuDNN 9's status families: a failed execution (5000s) is a device failure, a failed
+/// device allocation (4004) the device's memory; anything else (bad or unsupported
+/// parameters, internal refusals) is `Unsupported`, and the caller runs im2col instead.
+fn failed(e: CudnnError) -> DeviceError {
+    let message = format!("cuDNN: {:?}", e.0);
+    match e.0 as u32 {
+        5000..=5999 => DeviceError::fatal(message),
+        4004 => DeviceError::out_of_memory(message),
+        _ => DeviceError::unsupported(message),
+    }
+}
+
+fn int(x: usize) -> Result<c_int, DeviceError> {
+    c_int::try_from(x).map_err(|_| DeviceError::unsupported("a dimension over 2^31 for cuDNN"))
+}
+
+impl DeviceLease<'_> {
+    /// Whether cuDNN opened on this device and the operator allows it (its self-test is
+    /// `GpuDevice::op_verified(CONV2D_CUDNN_OP)`).
+    pub fn has_cudnn(&self) -> bool {
+        let opened = matches!(self.engine(), Engine::Cuda(c) if c.cudnn.is_some());
+        opened && self.device.vendor_libraries_allowed()
+    }
+
+    /// `y = conv(x, w)` for `g`: x holds batch·C·H·W values, w O·(C/groups)·KH·KW, y
+    /// batch·O·OH·OW. Unsupported on the emulated device and where cuDNN did not open.
+    pub fn cudnn_conv2d(
+        &self,
+        g: &ConvGeometry,
+        x: &DeviceBuffer<f32>,
+        w: &DeviceBuffer<f32>,
+        y: &mut DeviceBuffer<f32>,
+    ) -> Result<(), DeviceError> {
+        let Engine::Cuda(engine) = self.engine() else {
+            return Err(DeviceError::unsupported("cuDNN runs on a CUDA device only"));
+        };
+        let Some(conv) = engine.cudnn.as_ref() else {
+            return Err(DeviceError::unsupported(
+                "cuDNN did not open on this device",
+            ));
+        };
+        let (Memory::Cuda(x), Memory::Cuda(w), Memory::Cuda(y)) =
+            (&x.memory, &w.memory, &mut y.memory)
+        else {
+            return Err(DeviceError::fatal("a buffer of another engine"));
+        };
+        engine.bind_to_thread()?;
+        let h = &conv.handle;
+        let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        let x_desc = h
+            .create_4d_tensor::<f32>(
+                nchw,
+                [
+                    int(g.batch)?,
+                    int(g.channels)?,
+                    int(g.height)?,
+                    int(g.width)?,
+                ],
+            )
+            .map_err(failed)?;
+        let w_desc = h
+            .create_4d_filter::<f32>(
+                nchw,
+                [
+                    int(g.out_channels)?,
+                    int(g.channels / g.groups)?,
+                    int(g.kernel.0)?,
+                    int(g.kernel.1)?,
+                ],
+            )
+            .map_err(failed)?;
+        let y_desc = h
+            .create_4d_tensor::<f32>(
+                nchw,
+                [
+                    int(g.batch)?,
+                    int(g.out_channels)?,
+                    int(g.out.0)?,
+                    int(g.out.1)?,
+                ],
+            )
+            .map_err(failed)?;
+        let mut conv_desc = h
+            .create_conv2d::<f32>(
+                [int(g.padding.0)?, int(g.padding.1)?],
+                [int(g.stride.0)?, int(g.stride.1)?],
+                [int(g.dilation.0)?, int(g.dilation.1)?],
+                sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+            )
+            .map_err(failed)?;
+        conv_desc
+            .set_math_type(sys::cudnnMathType_t::CUDNN_FMA_MATH)
+            .map_err(failed)?;
+        conv_desc.set_group_count(int(g.groups)?).map_err(failed)?;
+        let op = ConvForward {
+            conv: &conv_desc,
+            x: &x_desc,
+            w: &w_desc,
+            y: &y_desc,
+        };
+        use sys::cudnnConvolutionFwdAlgo_t as Algo;
+        let mut refusal = DeviceError::unsupported("cuDNN took neither implicit GEMM");
+        for algo in [
+            Algo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+            Algo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        ] {
+            let bytes = match op.get_workspace_size(algo).map_err(failed) {
+                Ok(b) if b <= self.memory_budget() => b,
+                Ok(b) => {
+                    refusal = DeviceError::unsupported(format!(
+                        "cuDNN's workspace ({b} bytes) is over the job's memory budget"
+                    ));
+                    continue;
+                }
+                Err(e) if e.kind == DeviceErrorKind::Unsupported => {
+                    refusal = e;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let mut workspace = engine.stream.alloc_zeros::<u8>(bytes.max(1))?;
+            // SAFETY: the descriptors describe exactly these buffers (NCHW f32, the
+            // lengths above), and the workspace is the size cuDNN asked for.
+            match unsafe { op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), x, w, y) }
+                .map_err(failed)
+            {
+                Err(e) if e.kind == DeviceErrorKind::Unsupported => refusal = e,
+                done => return done,
+            }
+        }
+        Err(refusal)
+    }
+}
