@@ -40,10 +40,17 @@ async fn a_matmul_sweep_reports_every_request_and_its_gflops() {
         assert!(run.queue_ms.is_some() && run.gflops_end_to_end.unwrap() > 0.0);
     }
     let table = report.table();
+    // Heading, columns, two runs; the backend that answered and what matmul is compared
+    // with there (on the CPU: NumPy, no ratio claimed).
     assert!(
-        table.contains("p99 ms") && table.lines().count() == 4,
+        table.contains("p99 ms") && table.lines().count() == 6,
         "{table}"
     );
+    assert_eq!(report.backend.as_deref(), Some("cpu"));
+    assert!(table.contains("answered on: cpu"), "{table}");
+    assert_eq!(report.comparisons.len(), 1);
+    assert_eq!(report.comparisons[0].ratio, None);
+    assert!(report.comparisons[0].note.contains("NumPy"), "{table}");
     // Every known op's body is accepted.
     for (op, shape) in [
         ("attention", vec![1, 2, 8, 4]),

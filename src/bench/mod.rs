@@ -6,8 +6,9 @@
 //! states its `flops`. A client only: it knows HTTP and JSON, nothing of the server's
 //! code.
 
+mod anchors;
 pub mod bodies;
-mod report;
+pub(crate) mod report;
 
 pub use report::{percentile, Report, Run, Sample};
 
@@ -45,7 +46,7 @@ pub async fn run(plan: &Plan) -> Result<Report, String> {
         .map_err(|e| e.to_string())?;
     // One copy of the body, shared by every request.
     let body = bytes::Bytes::from(plan.body.clone());
-    let flops = probe(&client, plan, &body).await?;
+    let (flops, backend) = probe(&client, plan, &body).await?;
     let mut runs = Vec::new();
     for &c in &plan.concurrency {
         load(&client, plan, &body, c, plan.warmup).await?;
@@ -53,21 +54,27 @@ pub async fn run(plan: &Plan) -> Result<Report, String> {
         let samples = load(&client, plan, &body, c, plan.length).await?;
         runs.push(Run::from_samples(c, started.elapsed(), &samples, flops));
     }
-    Ok(Report::new(plan, flops, runs))
+    Ok(Report::new(plan, flops, backend, runs))
 }
 
 /// One request first: it must succeed (a bench of refusals measures nothing), and its
-/// answer's `flops`, when it states them, gives the GFLOP/s.
+/// answer's `flops`, when it states them, gives the GFLOP/s; its `x-backend`, the backend
+/// the comparisons are for.
 async fn probe(
     client: &reqwest::Client,
     plan: &Plan,
     body: &bytes::Bytes,
-) -> Result<Option<f64>, String> {
+) -> Result<(Option<f64>, Option<String>), String> {
     let res = request(client, plan, body)
         .send()
         .await
         .map_err(|e| format!("{}: {e}", plan.url))?;
     let status = res.status();
+    let backend = res
+        .headers()
+        .get("x-backend")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let bytes = res.bytes().await.map_err(|e| e.to_string())?;
     if !status.is_success() {
         return Err(format!(
@@ -79,7 +86,7 @@ async fn probe(
     let flops = serde_json::from_slice::<serde_json::Value>(&bytes)
         .ok()
         .and_then(|v| v.get("flops").and_then(|f| f.as_f64()));
-    Ok(flops)
+    Ok((flops, backend))
 }
 
 fn request(client: &reqwest::Client, plan: &Plan, body: &bytes::Bytes) -> reqwest::RequestBuilder {

@@ -1,6 +1,7 @@
 //! What a bench run measured: per concurrency, throughput, latency percentiles, the
 //! server's queue and compute times, and GFLOP/s; as a table and as JSON.
 
+use super::anchors::{comparisons, Comparison};
 use super::{Length, Plan};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -116,7 +117,11 @@ pub struct Report {
     pub length: String,
     /// When the report was made (RFC 3339, UTC).
     pub finished_at: String,
+    /// The backend that answered the first request (`x-backend`).
+    pub backend: Option<String>,
     pub runs: Vec<Run>,
+    /// What the op is compared with on that backend (`bench::anchors`).
+    pub comparisons: Vec<Comparison>,
 }
 
 fn describe(l: Length) -> String {
@@ -127,8 +132,11 @@ fn describe(l: Length) -> String {
 }
 
 impl Report {
-    pub fn new(plan: &Plan, flops: Option<f64>, runs: Vec<Run>) -> Self {
+    pub fn new(plan: &Plan, flops: Option<f64>, backend: Option<String>, runs: Vec<Run>) -> Self {
+        let comparisons = comparisons(&plan.path, backend.as_deref().unwrap_or(""), &runs);
         Self {
+            backend,
+            comparisons,
             url: plan.url.clone(),
             path: plan.path.clone(),
             label: plan.label.clone(),
@@ -178,6 +186,16 @@ impl Report {
                 f(r.compute_ms.as_ref().map(|s| s.p50)),
                 f(r.gflops_end_to_end),
                 f(r.gflops_compute),
+            ));
+        }
+        if let Some(b) = &self.backend {
+            out.push_str(&format!("answered on: {b}\n"));
+        }
+        for c in &self.comparisons {
+            let ratio = c.ratio.map_or(String::new(), |r| format!(": {r:.3} of it"));
+            out.push_str(&format!(
+                "compared with {}{ratio} ({})\n",
+                c.reference, c.note
             ));
         }
         out
