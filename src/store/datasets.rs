@@ -73,29 +73,6 @@ pub struct DatasetRow {
     pub finished_at: Option<String>,
 }
 
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS datasets (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    name TEXT NOT NULL,
-    dataset_type TEXT NOT NULL,
-    num_samples INTEGER NOT NULL,
-    seed INTEGER NOT NULL,
-    config TEXT NOT NULL,
-    status TEXT NOT NULL,
-    valid INTEGER NOT NULL DEFAULT 0,
-    attempted INTEGER NOT NULL DEFAULT 0,
-    rejected_too_few_receivers INTEGER NOT NULL DEFAULT 0,
-    rejected_low_snr INTEGER NOT NULL DEFAULT 0,
-    rejected_high_gdop INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
-    created_at TEXT NOT NULL,
-    started_at TEXT,
-    finished_at TEXT
-);
-CREATE INDEX IF NOT EXISTS datasets_by_tenant ON datasets (tenant, created_at);
-";
-
 const COLUMNS: &str = "id, tenant, name, dataset_type, num_samples, seed, config, status, valid, \
     attempted, rejected_too_few_receivers, rejected_low_snr, rejected_high_gdop, error, \
     created_at, started_at, finished_at";

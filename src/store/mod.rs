@@ -3,6 +3,7 @@
 
 mod budgets;
 mod datasets;
+mod migrations;
 
 pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
 pub use datasets::{Counts, DatasetRow, DatasetStatus, NewDataset};
@@ -16,36 +17,6 @@ pub struct Store {
     path: PathBuf,
 }
 
-const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS budgets (
-    id TEXT PRIMARY KEY,
-    tenant TEXT NOT NULL,
-    name TEXT,
-    accountant TEXT NOT NULL,
-    epsilon_limit REAL NOT NULL,
-    delta REAL NOT NULL,
-    orders TEXT NOT NULL,
-    rdp TEXT NOT NULL,
-    epsilon_spent REAL NOT NULL,
-    optimal_order REAL,
-    charges INTEGER NOT NULL,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS budgets_by_tenant ON budgets (tenant, created_at);
-CREATE TABLE IF NOT EXISTS budget_charges (
-    budget_id TEXT NOT NULL REFERENCES budgets (id),
-    seq INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    params TEXT NOT NULL,
-    rdp TEXT NOT NULL,
-    epsilon_after REAL NOT NULL,
-    status TEXT NOT NULL,
-    at TEXT NOT NULL,
-    PRIMARY KEY (budget_id, seq)
-);
-";
-
 impl Store {
     /// Opens (creating if needed) `gpu-ops.sqlite3` in `dir`.
     pub fn open(dir: &Path) -> Result<Self, String> {
@@ -56,9 +27,9 @@ impl Store {
             .and_then(|_| conn.pragma_update(None, "synchronous", "FULL"))
             .and_then(|_| conn.pragma_update(None, "foreign_keys", "ON"))
             .and_then(|_| conn.busy_timeout(std::time::Duration::from_secs(10)))
-            .and_then(|_| conn.execute_batch(SCHEMA))
-            .and_then(|_| conn.execute_batch(datasets::SCHEMA))
             .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut conn = conn;
+        migrations::migrate(&mut conn).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok(Self {
             conn: Mutex::new(conn),
             path,
@@ -67,6 +38,11 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The schema version this build keeps the database at.
+    pub fn schema_version() -> u32 {
+        migrations::latest()
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {

@@ -1,0 +1,172 @@
+//! Versioned schema changes, applied in order when the store opens; the version is
+//! SQLite's `user_version`. Version 1 is the schema every data directory had before
+//! versions existed (written with `CREATE … IF NOT EXISTS`, version 0): such a directory
+//! gains nothing it lacks and is marked 1, its rows untouched. A database from a newer
+//! build, at a version this build does not know, is refused rather than guessed at.
+//!
+//! A schema change is a new entry at the end, never an edit of a shipped one.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+pub(super) struct Migration {
+    pub version: u32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+pub(super) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "privacy budgets, their ledger, the dataset catalog",
+    sql: concat!(
+        "
+CREATE TABLE IF NOT EXISTS budgets (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT,
+    accountant TEXT NOT NULL,
+    epsilon_limit REAL NOT NULL,
+    delta REAL NOT NULL,
+    orders TEXT NOT NULL,
+    rdp TEXT NOT NULL,
+    epsilon_spent REAL NOT NULL,
+    optimal_order REAL,
+    charges INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS budgets_by_tenant ON budgets (tenant, created_at);
+CREATE TABLE IF NOT EXISTS budget_charges (
+    budget_id TEXT NOT NULL REFERENCES budgets (id),
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    params TEXT NOT NULL,
+    rdp TEXT NOT NULL,
+    epsilon_after REAL NOT NULL,
+    status TEXT NOT NULL,
+    at TEXT NOT NULL,
+    PRIMARY KEY (budget_id, seq)
+);
+",
+        "
+CREATE TABLE IF NOT EXISTS datasets (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    dataset_type TEXT NOT NULL,
+    num_samples INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    valid INTEGER NOT NULL DEFAULT 0,
+    attempted INTEGER NOT NULL DEFAULT 0,
+    rejected_too_few_receivers INTEGER NOT NULL DEFAULT 0,
+    rejected_low_snr INTEGER NOT NULL DEFAULT 0,
+    rejected_high_gdop INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    created_at TEXT NOT NULL,
+    started_at TEXT,
+    finished_at TEXT
+);
+CREATE INDEX IF NOT EXISTS datasets_by_tenant ON datasets (tenant, created_at);
+"
+    ),
+}];
+
+/// The version this build writes.
+pub(super) fn latest() -> u32 {
+    MIGRATIONS.last().map_or(0, |m| m.version)
+}
+
+/// Brings `conn`'s schema to `latest()`, each step in its own transaction with its
+/// version, under a write lock taken first (two processes opening one directory migrate
+/// once). Returns the version it found.
+pub(super) fn migrate(conn: &mut Connection) -> Result<u32, String> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| e.to_string())?;
+    let found: u32 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|e| e.to_string())?;
+    if found > latest() {
+        return Err(format!(
+            "the database is at schema version {found}, and this build knows versions up to {}: \
+             run the build that wrote it (or a newer one), or restore a backup",
+            latest()
+        ));
+    }
+    for m in MIGRATIONS.iter().filter(|m| m.version > found) {
+        tx.execute_batch(m.sql)
+            .and_then(|_| tx.pragma_update(None, "user_version", m.version))
+            .map_err(|e| format!("schema version {} ({}): {e}", m.version, m.name))?;
+        tracing::info!(version = m.version, name = m.name, "store schema migrated");
+    }
+    tx.commit().map_err(|e| e.to_string())?;
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Store;
+    use super::*;
+
+    fn fresh_dir(tag: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("gpu-ops-migrate-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn version(dir: &std::path::Path) -> u32 {
+        Connection::open(dir.join("gpu-ops.sqlite3"))
+            .unwrap()
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_new_directory_is_created_at_the_latest_version() {
+        let dir = fresh_dir("new");
+        Store::open(&dir).unwrap();
+        assert_eq!(version(&dir), latest());
+        // Opening again changes nothing.
+        Store::open(&dir).unwrap();
+        assert_eq!(version(&dir), latest());
+    }
+
+    #[test]
+    fn a_directory_from_before_versions_keeps_its_rows() {
+        // What builds before versions wrote: the same tables, user_version 0, and rows.
+        let dir = fresh_dir("unversioned");
+        {
+            let conn = Connection::open(dir.join("gpu-ops.sqlite3")).unwrap();
+            conn.execute_batch(MIGRATIONS[0].sql).unwrap();
+            conn.execute(
+                "INSERT INTO budgets VALUES ('b1', 't', 'old', 'rdp', 3.0, 1e-5, '[2.0]', '[0.5]', \
+                 1.25, 2.0, 1, '2026-11-01T00:00:00Z', '2026-11-01T00:00:00Z')",
+                [],
+            )
+            .unwrap();
+            assert_eq!(version(&dir), 0);
+        }
+        let store = Store::open(&dir).unwrap();
+        assert_eq!(version(&dir), latest());
+        let b = store.budget("t", "b1").unwrap();
+        assert_eq!((b.epsilon_spent, b.charges), (1.25, 1));
+    }
+
+    #[test]
+    fn a_database_from_a_newer_build_is_refused() {
+        let dir = fresh_dir("newer");
+        Store::open(&dir).unwrap();
+        Connection::open(dir.join("gpu-ops.sqlite3"))
+            .unwrap()
+            .pragma_update(None, "user_version", latest() + 1)
+            .unwrap();
+        let e = Store::open(&dir).err().expect("refused");
+        assert!(
+            e.contains(&format!("schema version {}", latest() + 1)),
+            "{e}"
+        );
+    }
+}
