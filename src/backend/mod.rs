@@ -198,14 +198,35 @@ impl Backends {
 
     /// A shadow check's outcome (`gpu_ops_shadow_checks_total`); a mismatch quarantines
     /// the op on the device.
+    ///
+    /// Where a vendor library that may have done the work is verified on `dev` (cuBLASLt
+    /// for matmul and conv2d, cuDNN for conv2d), the library is quarantined instead: the
+    /// op goes on, on our kernels, and a second mismatch then quarantines the op.
     pub fn shadow_checked(&self, dev: &GpuDevice, op: &str, outcome: Result<(), String>) {
         let label = if outcome.is_ok() { "agree" } else { "mismatch" };
         self.metrics
             .shadow_checks
             .with_label_values(&[op, label])
             .inc();
-        if let Err(why) = outcome {
+        let Err(why) = outcome else {
+            return;
+        };
+        let libraries: Vec<&'static str> = self
+            .probe
+            .get()
+            .map(|p| {
+                p.tests
+                    .iter()
+                    .filter(|t| t.library_for().contains(&op) && dev.op_verified(t.op()))
+                    .map(|t| t.op())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if libraries.is_empty() {
             self.quarantine(dev, op, &format!("shadow check: {why}"));
+        }
+        for library in libraries {
+            self.quarantine(dev, library, &format!("shadow check of {op}: {why}"));
         }
     }
 
@@ -356,5 +377,37 @@ impl Backends {
                 lost.join(",")
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::blaslt::MATMUL_BLASLT_OP;
+
+    #[test]
+    fn a_shadow_mismatch_is_blamed_on_a_verified_library_first() {
+        let b = Backends::new(
+            BackendChoice::Auto,
+            CpuExecutor::new(1).unwrap(),
+            Arc::new(Metrics::new()),
+        );
+        b.set_probe(Probe {
+            reopen: reopen_emulated(),
+            tests: Arc::new(crate::ops::self_tests()),
+            backoff: Duration::from_secs(1),
+        });
+        let dev = GpuDevice::emulated(0, 1 << 30);
+        // As if cuBLASLt had passed its self-test on this device.
+        dev.set_op_state(MATMUL_BLASLT_OP, None);
+        b.shadow_checked(&dev, "matmul", Err("value 3 differs".into()));
+        assert!(!dev.op_usable(MATMUL_BLASLT_OP));
+        assert!(dev.op_usable("matmul"), "matmul goes on, on our kernel");
+        // With the library off, a second mismatch is the kernel's.
+        b.shadow_checked(&dev, "matmul", Err("value 3 differs".into()));
+        assert!(!dev.op_usable("matmul"));
+        // An op no library serves is quarantined at once.
+        b.shadow_checked(&dev, "ntt", Err("differs".into()));
+        assert!(!dev.op_usable("ntt"));
     }
 }

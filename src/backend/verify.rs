@@ -19,6 +19,12 @@ pub trait SelfTest: Send + Sync {
     fn applies(&self, _dev: &DeviceLease<'_>) -> bool {
         true
     }
+
+    /// For a vendor library's test: the ops whose device work the library may do. A
+    /// shadow-check mismatch of one of them is blamed on the library first.
+    fn library_for(&self) -> &'static [&'static str] {
+        &[]
+    }
 }
 
 /// Jobs of one op as a self-test: each device output held to `Job::agrees` against its
@@ -58,6 +64,8 @@ impl<J: Job> SelfTest for JobCheck<J> {
 /// It applies only where the library opened.
 pub struct LibraryCheck<J: Job> {
     pub op: &'static str,
+    /// The ops whose device work the library may do (`SelfTest::library_for`).
+    pub serves: &'static [&'static str],
     pub jobs: Vec<J>,
     pub opened: fn(&DeviceLease<'_>) -> bool,
     pub run: fn(&J, &DeviceLease<'_>) -> Result<J::Output, super::DeviceError>,
@@ -70,6 +78,10 @@ impl<J: Job> SelfTest for LibraryCheck<J> {
 
     fn applies(&self, dev: &DeviceLease<'_>) -> bool {
         (self.opened)(dev)
+    }
+
+    fn library_for(&self) -> &'static [&'static str] {
+        self.serves
     }
 
     fn run(&self, dev: &DeviceLease<'_>) -> Result<(), String> {

@@ -162,6 +162,7 @@ pub(crate) fn blaslt_check() -> Box<dyn SelfTest> {
     jobs.extend(matmul_jobs());
     Box::new(LibraryCheck {
         op: MATMUL_BLASLT_OP,
+        serves: &["matmul", "conv2d"],
         jobs,
         opened: |dev| dev.has_blaslt(),
         run: |job, dev| run_matmul_on(job, dev, MatmulEngine::BlasLt),

@@ -159,6 +159,7 @@ pub(crate) fn cudnn_check() -> Box<dyn SelfTest> {
     jobs.push(layer);
     Box::new(LibraryCheck {
         op: CONV2D_CUDNN_OP,
+        serves: &["conv2d"],
         jobs,
         opened: |dev| dev.has_cudnn(),
         run: run_conv2d_cudnn,
