@@ -12,6 +12,13 @@ async fn hint(s: &TestServer, query: &str) -> reqwest::Response {
     s.get(&format!("/device/batch_hint?{query}")).await
 }
 
+/// A hint that must be answered, as JSON.
+async fn hint_json(s: &TestServer, query: &str) -> Value {
+    let res = hint(s, query).await;
+    assert_eq!(res.status(), 200, "{query}");
+    res.json().await.unwrap()
+}
+
 #[tokio::test]
 async fn the_hint_follows_the_device_budget_and_the_request_limits() {
     // The emulated device with a 1 MiB budget: a 64³ product holds A, B and D, 3 × 4096
@@ -33,17 +40,9 @@ async fn the_hint_follows_the_device_budget_and_the_request_limits() {
     assert_eq!(body["fits"], 21);
     assert_eq!(body["batch"], 21, "{body}");
     // A 256³ product needs 768 KiB: one fits. 512³ needs 3 MiB: none.
-    let body: Value = hint(&s, "op=matmul&shape=256,256,256")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=matmul&shape=256,256,256").await;
     assert_eq!(body["batch"], 1, "{body}");
-    let body: Value = hint(&s, "op=matmul&shape=512,512,512")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=matmul&shape=512,512,512").await;
     assert_eq!(
         (body["fits"].as_u64(), body["batch"].as_u64()),
         (Some(0), Some(0)),
@@ -51,11 +50,7 @@ async fn the_hint_follows_the_device_budget_and_the_request_limits() {
     );
     // Attention, H = 2, S = 32, D = 16: Q, K, V, O (2·32·16 each) and 64 log-sum-exps,
     // plus the key length: 4·(64·33 + 64·32) + 4 bytes.
-    let body: Value = hint(&s, "op=attention&shape=2,32,16")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=attention&shape=2,32,16").await;
     assert_eq!(
         body["bytes_per_item"],
         4 * (64 * 33 + 64 * 32) + 4,
@@ -64,11 +59,7 @@ async fn the_hint_follows_the_device_budget_and_the_request_limits() {
     assert_eq!(body["fits"], (1u64 << 20) / (4 * (64 * 33 + 64 * 32) + 4));
     // A beam sweep, 16 transmit and 4 receive elements, 32 × 8 beams: the channel
     // (2·4·16), its projections (2·4·32), the powers (8·32) and 3 words, in f64.
-    let body: Value = hint(&s, "op=beam_sweep&shape=16,4,32,8")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=beam_sweep&shape=16,4,32,8").await;
     let per = 8 * (2 * 4 * 16 + 2 * 4 * 32 + 8 * 32 + 3);
     assert_eq!(body["bytes_per_item"], per, "{body}");
     assert_eq!(body["fits"], (1u64 << 20) / per);
@@ -76,22 +67,14 @@ async fn the_hint_follows_the_device_budget_and_the_request_limits() {
     // its 8 × 32 × 32 output per item; the weights (8·3·9) and one image's im2col matrix
     // (27 × 1024) held whatever the batch. Images go through one at a time, so once one
     // fits, the request limits decide the batch.
-    let body: Value = hint(&s, "op=conv2d&shape=3,32,32,8,3,3,1,1,1")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=conv2d&shape=3,32,32,8,3,3,1,1,1").await;
     assert_eq!(body["bytes_per_item"], 4 * (3 * 1024 + 8 * 1024), "{body}");
     assert_eq!(body["fixed_bytes"], 4 * (8 * 27 + 27 * 1024), "{body}");
     assert_eq!(body["fits"], body["max_per_request"], "{body}");
     assert_eq!(body["batch"], body["max_per_request"], "{body}");
     // A 64-channel 256 × 256 image with 128 filters of 5 × 5: its im2col matrix alone
     // (1600 × 65536 f32, 400 MiB) is over the budget, so nothing fits.
-    let body: Value = hint(&s, "op=conv2d&shape=64,256,256,128,5,5,1,2,1")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=conv2d&shape=64,256,256,128,5,5,1,2,1").await;
     assert_eq!(
         (body["fits"].as_u64(), body["batch"].as_u64()),
         (Some(0), Some(0)),
@@ -99,11 +82,7 @@ async fn the_hint_follows_the_device_budget_and_the_request_limits() {
     );
     // Lookups in a 1000 × 64 table: the table (256,000 bytes) waits in the device's
     // cache; each id holds itself and its row.
-    let body: Value = hint(&s, "op=embedding_lookup&shape=1000,64")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=embedding_lookup&shape=1000,64").await;
     assert_eq!(body["fixed_bytes"], 256_000, "{body}");
     assert_eq!(body["bytes_per_item"], 4 + 4 * 64, "{body}");
     assert_eq!(
@@ -116,21 +95,13 @@ async fn the_hint_follows_the_device_budget_and_the_request_limits() {
 #[tokio::test]
 async fn on_the_cpu_the_request_limits_cap_the_hint() {
     let s = TestServer::start(&["--max-tensor-elements", "100000"]).await;
-    let body: Value = hint(&s, "op=matmul&shape=100,10,100")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=matmul&shape=100,10,100").await;
     assert_eq!(body["device"], "cpu", "{body}");
     // A holds 10^4 values per entry: 10 entries reach --max-tensor-elements.
     assert_eq!(body["max_per_request"], 10, "{body}");
     assert_eq!(body["bytes_per_item"], 3 * 4 * (1000 + 1000 + 10000));
     assert_eq!(body["batch"], 10, "{body}");
-    let body: Value = hint(&s, "op=attention&shape=4,2,16,40,8,8")
-        .await
-        .json()
-        .await
-        .unwrap();
+    let body: Value = hint_json(&s, "op=attention&shape=4,2,16,40,8,8").await;
     assert_eq!(body["shape"], serde_json::json!([4, 2, 16, 40, 8, 8]));
     // The output, 4·16·8 = 512 values, and K and V, 2·40·8 = 640 each, per sequence.
     assert_eq!(body["max_per_request"], 100000 / 640, "{body}");

@@ -153,6 +153,18 @@ pub fn run_attention_cuda(
     })
 }
 
+/// The job's f32 input, weights and bias (f64 convolutions run on the CPU only).
+fn f32_tensors(job: &Conv2dJob) -> Result<(&[f32], &[f32], Option<&[f32]>), DeviceError> {
+    match &job.tensors {
+        ConvTensors::F32 {
+            input,
+            weight,
+            bias,
+        } => Ok((input, weight, bias.as_deref())),
+        _ => Err(DeviceError::unsupported("f64 conv2d runs on the CPU only")),
+    }
+}
+
 /// Which code runs a device's convolutions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ConvEngine {
@@ -190,17 +202,7 @@ pub(crate) fn run_conv2d_on(
             done => return done,
         }
     }
-    let ConvTensors::F32 {
-        input,
-        weight,
-        bias,
-    } = &job.tensors
-    else {
-        return Err(DeviceError {
-            kind: DeviceErrorKind::Unsupported,
-            message: "f64 conv2d runs on the CPU only".into(),
-        });
-    };
+    let (input, weight, bias) = f32_tensors(job)?;
     let s = job.shape;
     let (out_h, out_w) = s.out_size().expect("the job checked the output size");
     let (p, k, og) = (s.positions(), s.window(), s.group_out());
@@ -296,14 +298,7 @@ pub(crate) fn run_conv2d_cudnn(
     job: &Conv2dJob,
     dev: &DeviceLease<'_>,
 ) -> Result<Values, DeviceError> {
-    let ConvTensors::F32 {
-        input,
-        weight,
-        bias,
-    } = &job.tensors
-    else {
-        return Err(DeviceError::unsupported("f64 conv2d runs on the CPU only"));
-    };
+    let (input, weight, bias) = f32_tensors(job)?;
     let s = job.shape;
     let [top, bottom, left, right] = s.padding;
     if top != bottom || left != right {
