@@ -153,14 +153,25 @@ pub fn run_attention_cuda(
     })
 }
 
+/// A job's f32 tensors.
+struct F32Conv<'a> {
+    input: &'a [f32],
+    weight: &'a [f32],
+    bias: Option<&'a [f32]>,
+}
+
 /// The job's f32 input, weights and bias (f64 convolutions run on the CPU only).
-fn f32_tensors(job: &Conv2dJob) -> Result<(&[f32], &[f32], Option<&[f32]>), DeviceError> {
+fn f32_tensors(job: &Conv2dJob) -> Result<F32Conv<'_>, DeviceError> {
     match &job.tensors {
         ConvTensors::F32 {
             input,
             weight,
             bias,
-        } => Ok((input, weight, bias.as_deref())),
+        } => Ok(F32Conv {
+            input,
+            weight,
+            bias: bias.as_deref(),
+        }),
         _ => Err(DeviceError::unsupported("f64 conv2d runs on the CPU only")),
     }
 }
@@ -202,7 +213,11 @@ pub(crate) fn run_conv2d_on(
             done => return done,
         }
     }
-    let (input, weight, bias) = f32_tensors(job)?;
+    let F32Conv {
+        input,
+        weight,
+        bias,
+    } = f32_tensors(job)?;
     let s = job.shape;
     let (out_h, out_w) = s.out_size().expect("the job checked the output size");
     let (p, k, og) = (s.positions(), s.window(), s.group_out());
@@ -298,7 +313,11 @@ pub(crate) fn run_conv2d_cudnn(
     job: &Conv2dJob,
     dev: &DeviceLease<'_>,
 ) -> Result<Values, DeviceError> {
-    let (input, weight, bias) = f32_tensors(job)?;
+    let F32Conv {
+        input,
+        weight,
+        bias,
+    } = f32_tensors(job)?;
     let s = job.shape;
     let [top, bottom, left, right] = s.padding;
     if top != bottom || left != right {
