@@ -331,12 +331,7 @@ pub(super) fn operand(
             }
             *x = r;
         }
-        t.values = Values::F32(
-            std::mem::take(values)
-                .into_iter()
-                .map(|x| x as f32)
-                .collect(),
-        );
+        t.values = Values::F32(Values::F64(std::mem::take(values)).into_f32());
     }
     Ok(t)
 }

@@ -45,21 +45,25 @@ pub fn comparisons(path: &str, backend: &str, runs: &[Run]) -> Vec<Comparison> {
                 "answered on the CPU: CPU matmul is compared with NumPy in `cargo bench --bench linalg`".into()
             },
         }),
-        "/beams/sweep" | "/beams/channels" | "/embeddings/sinusoidal" => out.push(Comparison {
-            reference: "the device's memory bandwidth (GET /device/bandwidth, device to device)".into(),
-            ratio: None,
-            note: "bytes the op moves over its compute time, against that figure; not yet derived by the bench".into(),
-        }),
+        "/beams/sweep" | "/beams/channels" | "/embeddings/sinusoidal" => {
+            out.push(bandwidth("bytes the op moves over its compute time"))
+        }
+        p if p.starts_with("/embeddings/tables/") => out.push(bandwidth(
+            "a lookup reads one table row per id: rows × D × 4 bytes over the compute time",
+        )),
         _ => {}
     }
-    if path.starts_with("/embeddings/tables/") {
-        out.push(Comparison {
-            reference: "the device's memory bandwidth (GET /device/bandwidth, device to device)".into(),
-            ratio: None,
-            note: "a lookup reads one table row per id: rows × D × 4 bytes over the compute time; not yet derived by the bench".into(),
-        });
-    }
     out
+}
+
+/// The device's bandwidth as the reference, for an op that moves memory rather than
+/// computing: `moved` says what is set against it.
+fn bandwidth(moved: &str) -> Comparison {
+    Comparison {
+        reference: "the device's memory bandwidth (GET /device/bandwidth, device to device)".into(),
+        ratio: None,
+        note: format!("{moved}, against that figure; not yet derived by the bench"),
+    }
 }
 
 #[cfg(test)]

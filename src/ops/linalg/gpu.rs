@@ -111,11 +111,7 @@ pub(crate) fn run_matmul_on(
         out.extend(dev.download(&d)?);
         first += count;
     }
-    if job.output != super::Dtype::F32 {
-        for x in &mut out {
-            *x = job.output.round(*x);
-        }
-    }
+    job.output.round_all(&mut out);
     Ok(Values::F32(out))
 }
 

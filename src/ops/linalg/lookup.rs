@@ -46,13 +46,7 @@ impl LookupJob {
     }
 
     pub fn round(&self, values: &mut [f32]) {
-        if self.output != Dtype::F32 {
-            let output = self.output;
-            values
-                .par_iter_mut()
-                .with_min_len(1 << 14)
-                .for_each(|x| *x = output.round(*x));
-        }
+        self.output.round_all(values);
     }
 
     pub fn run_cpu(&self) -> Vec<f32> {

@@ -275,12 +275,7 @@ impl MatmulJob {
                     self.alpha as f32,
                     self.beta as f32,
                 );
-                if self.output != Dtype::F32 {
-                    let output = self.output;
-                    d.par_iter_mut()
-                        .with_min_len(1 << 14)
-                        .for_each(|x| *x = output.round(*x));
-                }
+                self.output.round_all(&mut d);
                 Values::F32(d)
             }
             Operands::F64 { a, b, c } => {

@@ -38,6 +38,19 @@ impl Dtype {
         }
     }
 
+    /// Every value rounded to this type in place (f32 and f64: unchanged), in parallel
+    /// over large outputs.
+    pub fn round_all(self, values: &mut [f32]) {
+        use rayon::prelude::*;
+        if matches!(self, Dtype::F32 | Dtype::F64) {
+            return;
+        }
+        values
+            .par_iter_mut()
+            .with_min_len(1 << 14)
+            .for_each(|x| *x = self.round(*x));
+    }
+
     /// `x` rounded once, straight from f64, to this type (f32, f16, bf16: ties to even).
     pub fn round_f64(self, x: f64) -> f64 {
         match self {

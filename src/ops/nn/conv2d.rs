@@ -241,12 +241,7 @@ impl Conv2dJob {
                 bias,
             } => {
                 let mut out = self.convolve(input, weight, bias.as_deref(), self.relu);
-                if self.output != Dtype::F32 {
-                    let output = self.output;
-                    out.par_iter_mut()
-                        .with_min_len(1 << 14)
-                        .for_each(|x| *x = output.round(*x));
-                }
+                self.output.round_all(&mut out);
                 Values::F32(out)
             }
             ConvTensors::F64 {

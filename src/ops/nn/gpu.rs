@@ -10,7 +10,7 @@ use crate::backend::cuda::cudnn::{ConvGeometry, CONV2D_CUDNN_OP};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
-use crate::ops::linalg::{matmul_pass, Compute, Dtype, MatmulEngine, MatmulPass, Strides, Values};
+use crate::ops::linalg::{matmul_pass, Compute, MatmulEngine, MatmulPass, Strides, Values};
 use cudarc::driver::LaunchConfig;
 
 const KERNEL_NAMES: &[&str] = &[
@@ -138,14 +138,9 @@ pub fn run_attention_cuda(
         out.extend(dev.download(&d_out)?);
         first += count;
     }
-    let round = |x: &mut Vec<f32>| {
-        if job.output != Dtype::F32 {
-            x.iter_mut().for_each(|v| *v = job.output.round(*v));
-        }
-    };
-    round(&mut out);
+    job.output.round_all(&mut out);
     if let Some(w) = &mut weights {
-        round(w);
+        job.output.round_all(w);
     }
     Ok(Attended {
         output: Values::F32(out),
@@ -298,11 +293,7 @@ pub(crate) fn run_conv2d_on(
         }
         out.extend(dev.download(&d_out)?);
     }
-    if job.output != Dtype::F32 {
-        for x in &mut out {
-            *x = job.output.round(*x);
-        }
-    }
+    job.output.round_all(&mut out);
     Ok(Values::F32(out))
 }
 
@@ -371,9 +362,7 @@ pub(crate) fn run_conv2d_cudnn(
         values.extend(dev.download(&d_out)?);
         first += count;
     }
-    if job.output != Dtype::F32 {
-        values.iter_mut().for_each(|x| *x = job.output.round(*x));
-    }
+    job.output.round_all(&mut values);
     Ok(Values::F32(values))
 }
 
