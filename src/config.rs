@@ -154,6 +154,19 @@ pub struct Config {
     /// Directory for persistent state (privacy budgets, kernel cache).
     #[arg(long, env = "GPU_OPS_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,
+    /// Where privacy budgets and their ledger live: empty for the embedded SQLite file in
+    /// --data-dir, or a `postgres://user:password@host:port/db` URL that every replica
+    /// shares (charges of one budget then serialise across replicas).
+    #[arg(
+        long,
+        env = "GPU_OPS_DATABASE_URL",
+        default_value = "",
+        hide_env_values = true
+    )]
+    pub database_url: String,
+    /// Most PostgreSQL connections one replica holds open.
+    #[arg(long, env = "GPU_OPS_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
+    pub database_max_connections: u32,
     /// Log format.
     #[arg(long, env = "GPU_OPS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -210,6 +223,10 @@ impl Config {
         if !(0.0..=1.0).contains(&self.verify_fraction) {
             return Err("--verify-fraction must be between 0 and 1".into());
         }
+        if !(1..=1024).contains(&self.database_max_connections) {
+            return Err("--database-max-connections must be 1 to 1024".into());
+        }
+        crate::store::DatabaseUrl::parse(&self.database_url, self.database_max_connections)?;
         if self.max_dataset_jobs == 0 {
             return Err("--max-dataset-jobs must be at least 1".into());
         }

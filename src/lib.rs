@@ -48,7 +48,9 @@ impl App {
     pub fn start(settings: Settings) -> Result<Self, String> {
         let cfg = &settings.config;
         let metrics = Arc::new(Metrics::new());
-        let store = Arc::new(Store::open(&cfg.data_dir)?);
+        let database = store::DatabaseUrl::parse(&cfg.database_url, cfg.database_max_connections)?;
+        let store = Arc::new(Store::open_with(&cfg.data_dir, &database)?);
+        tracing::info!(database = %database.redacted(), "privacy budgets stored");
         if cfg.dp_allow_client_seed {
             tracing::warn!("--dp-allow-client-seed is on: clients can make privacy noise predictable; never in production");
         }

@@ -1,5 +1,8 @@
 //! The real binary: start-up validation and signal handling.
 
+mod common;
+
+use common::binary::spawn_server;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,7 +37,7 @@ fn openapi_subcommand_prints_the_committed_document() {
 #[test]
 fn sigterm_stops_the_server_cleanly_with_exit_code_0() {
     let data = std::env::temp_dir().join(format!("gpu-ops-process-{}", std::process::id()));
-    let (mut child, _port) = spawn_server(&data);
+    let (mut child, _port) = spawn_server(&data, &[]);
     let start = Instant::now();
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -55,44 +58,6 @@ fn sigterm_stops_the_server_cleanly_with_exit_code_0() {
     let _ = std::fs::remove_dir_all(data);
 }
 
-/// Starts the binary on `data` with an OS-chosen port, and returns it and the port it
-/// reports in its "listening" log line (no free-port race between parallel tests).
-#[cfg(unix)]
-fn spawn_server(data: &std::path::Path) -> (std::process::Child, u16) {
-    use std::io::{BufRead, BufReader};
-    let mut child = Command::new(BIN)
-        .args([
-            "--bind",
-            "127.0.0.1:0",
-            "--backend",
-            "cpu",
-            "--cpu-threads",
-            "1",
-            "--log-format",
-            "json",
-        ])
-        .args(["--data-dir", data.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let port = loop {
-        let line = lines
-            .next()
-            .expect("server exited before listening")
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-        if v["fields"]["message"] == "listening" {
-            let address = v["fields"]["address"].as_str().unwrap().to_string();
-            break address.rsplit(':').next().unwrap().parse::<u16>().unwrap();
-        }
-    };
-    // Keep draining the log so the server never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    (child, port)
-}
-
 /// A charge is durable before anything is released: kill -9 the server after the
 /// budget recorded a release but before the release's response, restart, and the
 /// spend is still there.
@@ -104,7 +69,7 @@ fn a_budget_charge_survives_a_crash_before_the_response() {
     let _ = std::fs::remove_dir_all(&data);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let client = reqwest::Client::new();
-    let (mut child, port) = spawn_server(&data);
+    let (mut child, port) = spawn_server(&data, &[]);
     let url = format!("http://127.0.0.1:{port}");
     let (id, spent_before_kill) = rt.block_on(async {
         let b: Value = client
@@ -145,7 +110,7 @@ fn a_budget_charge_survives_a_crash_before_the_response() {
         (id, spent)
     });
     assert!(spent_before_kill > 0.0);
-    let (mut child, port) = spawn_server(&data);
+    let (mut child, port) = spawn_server(&data, &[]);
     let after: Value = rt.block_on(async {
         client
             .get(format!("http://127.0.0.1:{port}/dp/budgets/{id}"))
@@ -169,7 +134,7 @@ fn a_budget_charge_survives_a_crash_before_the_response() {
 #[test]
 fn healthcheck_subcommand_reports_liveness_by_exit_code() {
     let data = std::env::temp_dir().join(format!("gpu-ops-health-{}", std::process::id()));
-    let (mut child, port) = spawn_server(&data);
+    let (mut child, port) = spawn_server(&data, &[]);
     let probe = |port: u16| {
         Command::new(BIN)
             .args(["healthcheck", "--addr", &format!("127.0.0.1:{port}")])

@@ -58,7 +58,13 @@ pub(crate) fn pointer(path: &FieldPath) -> String {
 
 impl From<StoreError> for Problem {
     fn from(e: StoreError) -> Self {
-        Problem::new(ErrorCode::Internal, e.to_string())
+        if e.is_unavailable() {
+            let mut p = Problem::new(ErrorCode::StorageUnavailable, e.to_string());
+            p.retry_after_secs = Some(1);
+            p
+        } else {
+            Problem::new(ErrorCode::Internal, e.to_string())
+        }
     }
 }
 

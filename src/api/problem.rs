@@ -59,6 +59,7 @@ error_codes! {
     QueueFull = ("queue_full", 503, "The job queue is full"),
     DeviceUnavailable = ("device_unavailable", 503, "No usable CUDA device"),
     DeviceError = ("device_error", 503, "The device failed and CPU fallback is off"),
+    StorageUnavailable = ("storage_unavailable", 503, "The shared database cannot be reached; nothing was released"),
     NotReady = ("not_ready", 503, "The service is not ready"),
     ShuttingDown = ("shutting_down", 503, "The service is shutting down"),
     DeadlineExceeded = ("deadline_exceeded", 504, "The job's deadline passed"),

@@ -1,11 +1,14 @@
 //! Privacy budgets: a ledger of charges and, per budget, the composed RDP at the budget's
-//! orders. A charge is checked against the limit and committed in one IMMEDIATE
-//! transaction, so concurrent charges serialise and none can overspend; it is durable
-//! before the caller releases anything.
+//! orders. A charge is checked against the limit and committed in one transaction that
+//! holds the budget's lock (SQLite: the database's write lock; PostgreSQL: the budget's
+//! row, `FOR UPDATE`), so concurrent charges of one budget serialise, through every
+//! replica, and none can overspend; it is durable before the caller releases anything.
+//! A replica killed mid-charge never committed it: its transaction rolls back with its
+//! connection, and the lock passes on.
 
+use super::engine::{DbError, Param, Row, Tx};
 use super::{now, Store, StoreError};
 use crate::ops::dp::accountant;
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde_json::Value;
 
 pub struct NewBudget {
@@ -64,27 +67,40 @@ pub enum BudgetError {
     Storage(#[from] StoreError),
 }
 
-impl From<rusqlite::Error> for BudgetError {
-    fn from(e: rusqlite::Error) -> Self {
-        BudgetError::Storage(StoreError::new("budget storage", e))
+impl From<DbError> for BudgetError {
+    fn from(e: DbError) -> Self {
+        BudgetError::Storage(StoreError::from_db(PART, e))
     }
 }
 
-const COLUMNS: &str = "id, name, accountant, epsilon_limit, delta, epsilon_spent, optimal_order, \
-                       charges, created_at, updated_at";
+const PART: &str = "budget storage";
 
-fn row_to_budget(r: &rusqlite::Row<'_>) -> rusqlite::Result<Budget> {
-    Ok(Budget {
-        id: r.get(0)?,
-        name: r.get(1)?,
-        accountant: r.get(2)?,
-        epsilon_limit: r.get(3)?,
-        delta: r.get(4)?,
-        epsilon_spent: r.get(5)?,
-        optimal_order: r.get(6)?,
-        charges: r.get::<_, i64>(7)? as u64,
-        created_at: r.get(8)?,
-        updated_at: r.get(9)?,
+const COLUMNS: &str = "id, name, accountant, epsilon_limit, delta, epsilon_spent, optimal_order, \
+                       charges, created_at, updated_at, orders, rdp";
+
+/// A budget's row: what the API shows, and its orders and composed RDP.
+struct Stored {
+    budget: Budget,
+    orders: Vec<f64>,
+    rdp: Vec<f64>,
+}
+
+fn stored(r: &Row) -> Result<Stored, BudgetError> {
+    Ok(Stored {
+        budget: Budget {
+            id: r.text(0)?,
+            name: r.opt_text(1)?,
+            accountant: r.text(2)?,
+            epsilon_limit: r.f64(3)?,
+            delta: r.f64(4)?,
+            epsilon_spent: r.f64(5)?,
+            optimal_order: r.opt_f64(6)?,
+            charges: r.u64(7)?,
+            created_at: r.text(8)?,
+            updated_at: r.text(9)?,
+        },
+        orders: from_json(&r.text(10)?)?,
+        rdp: from_json(&r.text(11)?)?,
     })
 }
 
@@ -96,7 +112,7 @@ fn to_json(v: &[f64]) -> String {
 
 fn from_json(s: &str) -> Result<Vec<f64>, BudgetError> {
     let v: Vec<Option<f64>> = serde_json::from_str(s)
-        .map_err(|e| StoreError::new("budget storage", format!("corrupt RDP vector: {e}")))?;
+        .map_err(|e| StoreError::new(PART, format!("corrupt RDP vector: {e}")))?;
     Ok(v.into_iter().map(|x| x.unwrap_or(f64::INFINITY)).collect())
 }
 
@@ -110,14 +126,39 @@ fn new_id() -> Result<String, BudgetError> {
     ))
 }
 
-fn find(conn: &Connection, tenant: &str, id: &str) -> Result<Budget, BudgetError> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM budgets WHERE id = ?1 AND tenant = ?2"),
-        params![id, tenant],
-        row_to_budget,
-    )
-    .optional()?
-    .ok_or(BudgetError::NotFound)
+/// The tenant's budget `id`; with `lock`, held until the transaction ends.
+fn find(tx: &mut Tx<'_>, tenant: &str, id: &str, lock: bool) -> Result<Stored, BudgetError> {
+    let lock = if lock { tx.lock_rows() } else { "" };
+    let row = tx.query_opt(
+        &format!("SELECT {COLUMNS} FROM budgets WHERE id = ?1 AND tenant = ?2{lock}"),
+        &[Param::Text(id), Param::Text(tenant)],
+    )?;
+    stored(&row.ok_or(BudgetError::NotFound)?)
+}
+
+/// Writes a budget's composed RDP and the ε it gives; `charges` is the count of charges
+/// standing.
+fn set_total(
+    tx: &mut Tx<'_>,
+    id: &str,
+    total: &[f64],
+    (eps, order): (f64, Option<f64>),
+    charges: u64,
+    at: &str,
+) -> Result<(), BudgetError> {
+    tx.exec(
+        "UPDATE budgets SET rdp = ?2, epsilon_spent = ?3, optimal_order = ?4, charges = ?5, \
+         updated_at = ?6 WHERE id = ?1",
+        &[
+            Param::Text(id),
+            Param::Text(&to_json(total)),
+            Param::F64(eps),
+            Param::OptF64(order),
+            Param::I64(charges as i64),
+            Param::Text(at),
+        ],
+    )?;
+    Ok(())
 }
 
 impl Store {
@@ -125,37 +166,40 @@ impl Store {
         let id = new_id()?;
         let orders = accountant::budget_orders();
         let at = now();
-        self.with(|conn| {
-            conn.execute(
+        self.shared.write(PART, |tx| {
+            tx.exec(
                 "INSERT INTO budgets (id, tenant, name, accountant, epsilon_limit, delta, orders, \
                  rdp, epsilon_spent, optimal_order, charges, created_at, updated_at) \
                  VALUES (?1, ?2, ?3, 'rdp', ?4, ?5, ?6, ?7, 0, NULL, 0, ?8, ?8)",
-                params![
-                    id,
-                    b.tenant,
-                    b.name,
-                    b.epsilon_limit,
-                    b.delta,
-                    to_json(&orders),
-                    to_json(&vec![0.0; orders.len()]),
-                    at
+                &[
+                    Param::Text(&id),
+                    Param::Text(&b.tenant),
+                    Param::OptText(b.name.as_deref()),
+                    Param::F64(b.epsilon_limit),
+                    Param::F64(b.delta),
+                    Param::Text(&to_json(&orders)),
+                    Param::Text(&to_json(&vec![0.0; orders.len()])),
+                    Param::Text(&at),
                 ],
             )?;
-            find(conn, &b.tenant, &id)
+            Ok(find(tx, &b.tenant, &id, false)?.budget)
         })
     }
 
     pub fn budget(&self, tenant: &str, id: &str) -> Result<Budget, BudgetError> {
-        self.with(|conn| find(conn, tenant, id))
+        self.shared
+            .read(PART, |tx| Ok(find(tx, tenant, id, false)?.budget))
     }
 
     pub fn budgets(&self, tenant: &str) -> Result<Vec<Budget>, BudgetError> {
-        self.with(|conn| {
-            let mut stmt = conn.prepare(&format!(
-                "SELECT {COLUMNS} FROM budgets WHERE tenant = ?1 ORDER BY created_at, id"
-            ))?;
-            let rows = stmt.query_map(params![tenant], row_to_budget)?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        self.shared.read(PART, |tx| {
+            tx.query(
+                &format!("SELECT {COLUMNS} FROM budgets WHERE tenant = ?1 ORDER BY created_at, id"),
+                &[Param::Text(tenant)],
+            )?
+            .iter()
+            .map(|r| Ok(stored(r)?.budget))
+            .collect()
         })
     }
 
@@ -166,24 +210,29 @@ impl Store {
         id: &str,
         limit: usize,
     ) -> Result<Vec<ChargeRecord>, BudgetError> {
-        self.with(|conn| {
-            find(conn, tenant, id)?;
-            let mut stmt = conn.prepare(
+        self.shared.read(PART, |tx| {
+            find(tx, tenant, id, false)?;
+            let rows = tx.query(
                 "SELECT seq, kind, params, epsilon_after, status, at FROM budget_charges \
                  WHERE budget_id = ?1 ORDER BY seq DESC LIMIT ?2",
+                &[
+                    Param::Text(id),
+                    Param::I64(limit.min(i64::MAX as usize) as i64),
+                ],
             )?;
-            let rows = stmt.query_map(params![id, limit as i64], |r| {
-                let params: String = r.get(2)?;
-                Ok(ChargeRecord {
-                    seq: r.get::<_, i64>(0)? as u64,
-                    kind: r.get(1)?,
-                    params: serde_json::from_str(&params).unwrap_or(Value::Null),
-                    epsilon_after: r.get(3)?,
-                    status: r.get(4)?,
-                    at: r.get(5)?,
+            let mut out = rows
+                .iter()
+                .map(|r| {
+                    Ok(ChargeRecord {
+                        seq: r.u64(0)?,
+                        kind: r.text(1)?,
+                        params: serde_json::from_str(&r.text(2)?).unwrap_or(Value::Null),
+                        epsilon_after: r.f64(3)?,
+                        status: r.text(4)?,
+                        at: r.text(5)?,
+                    })
                 })
-            })?;
-            let mut out = rows.collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, BudgetError>>()?;
             out.reverse();
             Ok(out)
         })
@@ -197,105 +246,82 @@ impl Store {
         id: &str,
         charge: &Charge,
     ) -> Result<(Budget, u64), BudgetError> {
-        self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let b = find(&tx, tenant, id)?;
-            let (orders, rdp): (String, String) = tx.query_row(
-                "SELECT orders, rdp FROM budgets WHERE id = ?1",
-                params![id],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?;
-            let orders = from_json(&orders)?;
-            let step = (charge.rdp)(&orders);
-            let total: Vec<f64> = from_json(&rdp)?
-                .iter()
-                .zip(&step)
-                .map(|(a, s)| a + s)
-                .collect();
-            let (eps, order) = accountant::epsilon_from_rdp(&orders, &total, b.delta);
+        self.shared.write(PART, |tx| {
+            let b = find(tx, tenant, id, true)?;
+            let step = (charge.rdp)(&b.orders);
+            let total: Vec<f64> = b.rdp.iter().zip(&step).map(|(a, s)| a + s).collect();
+            let (eps, order) = accountant::epsilon_from_rdp(&b.orders, &total, b.budget.delta);
             // NaN (a broken curve) is refused too.
-            if eps.is_nan() || eps > b.epsilon_limit {
+            if eps.is_nan() || eps > b.budget.epsilon_limit {
                 return Err(BudgetError::Exhausted {
-                    spent: b.epsilon_spent,
+                    spent: b.budget.epsilon_spent,
                     would_be: eps,
-                    limit: b.epsilon_limit,
+                    limit: b.budget.epsilon_limit,
                 });
             }
-            let seq: i64 = tx.query_row(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM budget_charges WHERE budget_id = ?1",
-                params![id],
-                |r| r.get(0),
-            )?;
+            // Under the budget's lock, so no other charge takes this number.
+            let seq = tx
+                .query_opt(
+                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM budget_charges WHERE budget_id = ?1",
+                    &[Param::Text(id)],
+                )?
+                .map(|r| r.u64(0))
+                .transpose()?
+                .unwrap_or(1);
             let at = now();
-            tx.execute(
+            tx.exec(
                 "INSERT INTO budget_charges (budget_id, seq, kind, params, rdp, epsilon_after, \
                  status, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'charged', ?7)",
-                params![
-                    id,
-                    seq,
-                    charge.kind,
-                    charge.params.to_string(),
-                    to_json(&step),
-                    eps,
-                    at
+                &[
+                    Param::Text(id),
+                    Param::I64(seq as i64),
+                    Param::Text(charge.kind),
+                    Param::Text(&charge.params.to_string()),
+                    Param::Text(&to_json(&step)),
+                    Param::F64(eps),
+                    Param::Text(&at),
                 ],
             )?;
-            tx.execute(
-                "UPDATE budgets SET rdp = ?2, epsilon_spent = ?3, optimal_order = ?4, \
-                 charges = charges + 1, updated_at = ?5 WHERE id = ?1",
-                params![id, to_json(&total), eps, order, at],
+            set_total(
+                tx,
+                id,
+                &total,
+                (eps, Some(order)),
+                b.budget.charges + 1,
+                &at,
             )?;
-            let b = find(&tx, tenant, id)?;
-            tx.commit()?;
-            Ok((b, seq as u64))
+            Ok((find(tx, tenant, id, false)?.budget, seq))
         })
     }
 
     /// Takes back a charge whose release never left the server (the job failed before
     /// producing anything). The total is recomputed from the remaining charges in order.
     pub fn refund(&self, tenant: &str, id: &str, seq: u64) -> Result<Budget, BudgetError> {
-        self.with(|conn| {
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let b = find(&tx, tenant, id)?;
-            let orders: String = tx.query_row(
-                "SELECT orders FROM budgets WHERE id = ?1",
-                params![id],
-                |r| r.get(0),
-            )?;
-            let orders = from_json(&orders)?;
-            tx.execute(
+        self.shared.write(PART, |tx| {
+            let b = find(tx, tenant, id, true)?;
+            tx.exec(
                 "UPDATE budget_charges SET status = 'refunded' WHERE budget_id = ?1 AND seq = ?2",
-                params![id, seq as i64],
+                &[Param::Text(id), Param::I64(seq as i64)],
             )?;
-            let mut total = vec![0.0; orders.len()];
-            let mut charged = 0i64;
-            {
-                let mut stmt = tx.prepare(
-                    "SELECT rdp FROM budget_charges WHERE budget_id = ?1 AND status = 'charged' \
-                     ORDER BY seq",
-                )?;
-                let rows = stmt.query_map(params![id], |r| r.get::<_, String>(0))?;
-                for rdp in rows {
-                    for (t, s) in total.iter_mut().zip(from_json(&rdp?)?) {
-                        *t += s;
-                    }
-                    charged += 1;
+            let mut total = vec![0.0; b.orders.len()];
+            let standing = tx.query(
+                "SELECT rdp FROM budget_charges WHERE budget_id = ?1 AND status = 'charged' \
+                 ORDER BY seq",
+                &[Param::Text(id)],
+            )?;
+            for r in &standing {
+                for (t, s) in total.iter_mut().zip(from_json(&r.text(0)?)?) {
+                    *t += s;
                 }
             }
-            let (eps, order) = if charged == 0 {
+            let (eps, order) = if standing.is_empty() {
                 (0.0, None)
             } else {
-                let (e, o) = accountant::epsilon_from_rdp(&orders, &total, b.delta);
+                let (e, o) = accountant::epsilon_from_rdp(&b.orders, &total, b.budget.delta);
                 (e, Some(o))
             };
-            tx.execute(
-                "UPDATE budgets SET rdp = ?2, epsilon_spent = ?3, optimal_order = ?4, \
-                 charges = ?5, updated_at = ?6 WHERE id = ?1",
-                params![id, to_json(&total), eps, order, charged, now()],
-            )?;
-            let b = find(&tx, tenant, id)?;
-            tx.commit()?;
-            Ok(b)
+            set_total(tx, id, &total, (eps, order), standing.len() as u64, &now())?;
+            Ok(find(tx, tenant, id, false)?.budget)
         })
     }
 }

@@ -11,7 +11,10 @@ use rusqlite::{Connection, TransactionBehavior};
 pub(super) struct Migration {
     pub version: u32,
     pub name: &'static str,
+    /// The change on the embedded SQLite file.
     pub sql: &'static str,
+    /// The same change on PostgreSQL: the same tables, columns and meaning, in its types.
+    pub postgres: &'static str,
 }
 
 pub(super) const MIGRATIONS: &[Migration] = &[Migration {
@@ -70,6 +73,55 @@ CREATE TABLE IF NOT EXISTS datasets (
 CREATE INDEX IF NOT EXISTS datasets_by_tenant ON datasets (tenant, created_at);
 "
     ),
+    postgres: "
+CREATE TABLE budgets (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT,
+    accountant TEXT NOT NULL,
+    epsilon_limit DOUBLE PRECISION NOT NULL,
+    delta DOUBLE PRECISION NOT NULL,
+    orders TEXT NOT NULL,
+    rdp TEXT NOT NULL,
+    epsilon_spent DOUBLE PRECISION NOT NULL,
+    optimal_order DOUBLE PRECISION,
+    charges BIGINT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX budgets_by_tenant ON budgets (tenant, created_at);
+CREATE TABLE budget_charges (
+    budget_id TEXT NOT NULL REFERENCES budgets (id),
+    seq BIGINT NOT NULL,
+    kind TEXT NOT NULL,
+    params TEXT NOT NULL,
+    rdp TEXT NOT NULL,
+    epsilon_after DOUBLE PRECISION NOT NULL,
+    status TEXT NOT NULL,
+    at TEXT NOT NULL,
+    PRIMARY KEY (budget_id, seq)
+);
+CREATE TABLE datasets (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    name TEXT NOT NULL,
+    dataset_type TEXT NOT NULL,
+    num_samples BIGINT NOT NULL,
+    seed BIGINT NOT NULL,
+    config TEXT NOT NULL,
+    status TEXT NOT NULL,
+    valid BIGINT NOT NULL DEFAULT 0,
+    attempted BIGINT NOT NULL DEFAULT 0,
+    rejected_too_few_receivers BIGINT NOT NULL DEFAULT 0,
+    rejected_low_snr BIGINT NOT NULL DEFAULT 0,
+    rejected_high_gdop BIGINT NOT NULL DEFAULT 0,
+    error TEXT,
+    created_at TEXT NOT NULL,
+    started_at TEXT,
+    finished_at TEXT
+);
+CREATE INDEX datasets_by_tenant ON datasets (tenant, created_at);
+",
 }];
 
 /// The version this build writes.
@@ -88,11 +140,7 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<u32, String> {
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(|e| e.to_string())?;
     if found > latest() {
-        return Err(format!(
-            "the database is at schema version {found}, and this build knows versions up to {}: \
-             run the build that wrote it (or a newer one), or restore a backup",
-            latest()
-        ));
+        return Err(newer_than_this_build(found));
     }
     for m in MIGRATIONS.iter().filter(|m| m.version > found) {
         tx.execute_batch(m.sql)
@@ -102,6 +150,56 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<u32, String> {
     }
     tx.commit().map_err(|e| e.to_string())?;
     Ok(found)
+}
+
+/// The key of the advisory lock replicas take while migrating a PostgreSQL database, so
+/// that replicas starting together migrate it once ("gpu-ops" in ASCII).
+const PG_MIGRATION_LOCK: i64 = 0x0067_7075_2d6f_7073;
+
+/// Brings a PostgreSQL database to `latest()`: one transaction under an advisory lock,
+/// the applied versions in `gpu_ops_schema`. Returns the version it found.
+pub(super) fn migrate_postgres(client: &mut postgres::Client) -> Result<u32, String> {
+    let mut tx = client.transaction().map_err(|e| e.to_string())?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&PG_MIGRATION_LOCK])
+        .map_err(|e| e.to_string())?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS gpu_ops_schema (version BIGINT PRIMARY KEY, \
+         name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    )
+    .map_err(|e| e.to_string())?;
+    let found: i64 = tx
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM gpu_ops_schema", &[])
+        .and_then(|r| r.try_get(0))
+        .map_err(|e| e.to_string())?;
+    let found = u32::try_from(found).map_err(|_| format!("schema version {found} is corrupt"))?;
+    if found > latest() {
+        return Err(newer_than_this_build(found));
+    }
+    for m in MIGRATIONS.iter().filter(|m| m.version > found) {
+        tx.batch_execute(m.postgres)
+            .and_then(|_| {
+                tx.execute(
+                    "INSERT INTO gpu_ops_schema (version, name) VALUES ($1, $2)",
+                    &[&i64::from(m.version), &m.name],
+                )
+            })
+            .map_err(|e| format!("schema version {} ({}): {e}", m.version, m.name))?;
+        tracing::info!(
+            version = m.version,
+            name = m.name,
+            "shared store schema migrated"
+        );
+    }
+    tx.commit().map_err(|e| e.to_string())?;
+    Ok(found)
+}
+
+fn newer_than_this_build(found: u32) -> String {
+    format!(
+        "the database is at schema version {found}, and this build knows versions up to {}: \
+         run the build that wrote it (or a newer one), or restore a backup",
+        latest()
+    )
 }
 
 #[cfg(test)]

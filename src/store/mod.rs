@@ -1,25 +1,91 @@
-//! Embedded persistence: one SQLite database under `--data-dir`, in WAL mode with full
-//! synchronous commits, so what a response reports as written survives a crash.
+//! Persistence. Privacy budgets and their ledger live in the *shared* engine: the embedded
+//! SQLite file under `--data-dir` by default (WAL, full synchronous commits, so what a
+//! response reports as written survives a crash), or PostgreSQL with `--database-url`,
+//! so that every replica charges one budget. The dataset catalog is in the embedded
+//! file in either case, per replica, until its queue moves to the shared engine.
 
 mod budgets;
 mod datasets;
+mod engine;
 mod migrations;
 
 pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
 pub use datasets::{Counts, DatasetRow, DatasetStatus, NewDataset};
 
+use engine::{DbError, Engine};
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 pub struct Store {
-    conn: Mutex<Connection>,
+    /// The embedded file: the dataset catalog, and in embedded mode everything.
+    local: Arc<Mutex<Connection>>,
+    /// Where budgets live: `local` again, or PostgreSQL.
+    shared: Engine,
     path: PathBuf,
 }
 
+/// Where the shared state lives (`--database-url`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    /// The SQLite file in `--data-dir`.
+    Embedded,
+    /// A PostgreSQL server, as a `postgres://` URL, with at most this many connections.
+    Postgres { url: String, max_connections: u32 },
+}
+
+impl DatabaseUrl {
+    /// `""` or `sqlite:` for the embedded file; `postgres://…` or `postgresql://…`.
+    pub fn parse(s: &str, max_connections: u32) -> Result<Self, String> {
+        let s = s.trim();
+        if s.is_empty() || s == "sqlite:" {
+            Ok(Self::Embedded)
+        } else if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            s.parse::<postgres::Config>()
+                .map_err(|e| format!("--database-url: {e}"))?;
+            Ok(Self::Postgres {
+                url: s.to_string(),
+                max_connections,
+            })
+        } else {
+            Err(
+                "--database-url must be empty (the embedded SQLite file in --data-dir) or a \
+                 postgres:// URL"
+                    .into(),
+            )
+        }
+    }
+
+    /// The URL without its password, for logs and `/device`.
+    pub fn redacted(&self) -> String {
+        match self {
+            Self::Embedded => "embedded SQLite".into(),
+            Self::Postgres { url, .. } => redact_password(url),
+        }
+    }
+}
+
+fn redact_password(url: &str) -> String {
+    // postgres://user:secret@host/db → postgres://user:***@host/db
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.into();
+    };
+    let Some((auth, host)) = rest.rsplit_once('@') else {
+        return url.into();
+    };
+    let user = auth.split_once(':').map_or(auth, |(u, _)| u);
+    let masked = if auth.contains(':') { ":***" } else { "" };
+    format!("{scheme}://{user}{masked}@{host}")
+}
+
 impl Store {
-    /// Opens (creating if needed) `gpu-ops.sqlite3` in `dir`.
+    /// Opens (creating if needed) `gpu-ops.sqlite3` in `dir`, with budgets there too.
     pub fn open(dir: &Path) -> Result<Self, String> {
+        Self::open_with(dir, &DatabaseUrl::Embedded)
+    }
+
+    /// Opens the embedded file in `dir` and the shared engine `db` names, migrating both.
+    pub fn open_with(dir: &Path, db: &DatabaseUrl) -> Result<Self, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
         let path = dir.join("gpu-ops.sqlite3");
         let conn = Connection::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -30,8 +96,23 @@ impl Store {
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let mut conn = conn;
         migrations::migrate(&mut conn).map_err(|e| format!("{}: {e}", path.display()))?;
+        let local = Arc::new(Mutex::new(conn));
+        let shared = match db {
+            DatabaseUrl::Embedded => Engine::Sqlite(local.clone()),
+            DatabaseUrl::Postgres {
+                url,
+                max_connections,
+            } => {
+                let engine = Engine::connect_postgres(url, *max_connections)?;
+                engine
+                    .migrate_postgres()
+                    .map_err(|e| format!("{}: {e}", db.redacted()))?;
+                engine
+            }
+        };
         Ok(Self {
-            conn: Mutex::new(conn),
+            local,
+            shared,
             path,
         })
     }
@@ -40,13 +121,18 @@ impl Store {
         &self.path
     }
 
+    /// Whether budgets live in PostgreSQL (shared by replicas).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_postgres()
+    }
+
     /// The schema version this build keeps the database at.
     pub fn schema_version() -> u32 {
         migrations::latest()
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
-        let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut conn = self.local.lock().unwrap_or_else(|e| e.into_inner());
         f(&mut conn)
     }
 }
@@ -57,6 +143,7 @@ impl Store {
 pub struct StoreError {
     part: &'static str,
     message: String,
+    unavailable: bool,
 }
 
 impl StoreError {
@@ -64,11 +151,32 @@ impl StoreError {
         Self {
             part,
             message: message.to_string(),
+            unavailable: false,
         }
+    }
+
+    fn from_db(part: &'static str, e: DbError) -> Self {
+        Self {
+            part,
+            message: e.message,
+            unavailable: e.unavailable,
+        }
+    }
+
+    /// The database could not be reached (a retry may succeed), as opposed to a failed
+    /// statement.
+    pub fn is_unavailable(&self) -> bool {
+        self.unavailable
     }
 
     fn catalog(e: rusqlite::Error) -> Self {
         Self::new("dataset catalog", e)
+    }
+}
+
+impl From<DbError> for StoreError {
+    fn from(e: DbError) -> Self {
+        Self::from_db("store", e)
     }
 }
 

@@ -1,6 +1,9 @@
 //! Starts a real server on an ephemeral port for HTTP tests.
 #![allow(dead_code)]
 
+pub mod binary;
+pub mod pg;
+
 use clap::Parser;
 use gpu_ops::api::AppState;
 use gpu_ops::config::{Cli, Settings};

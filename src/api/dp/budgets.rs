@@ -131,6 +131,7 @@ pub struct HistoryQuery {
         (status = 201, description = "Created", body = BudgetView, headers(("location" = String, description = "/dp/budgets/{id}")),
             links(("get" = (operation_id = "dp_budget_get", parameters(("id" = "$response.body#/id")))))),
         (status = 422, description = "invalid_request, invalid_parameter"),
+        (status = 503, description = "storage_unavailable: the budget database (--database-url) cannot be reached; retry after Retry-After"),
     ),
     security((), ("bearer" = []))
 )]
@@ -172,6 +173,7 @@ pub async fn create_budget(
     responses(
         (status = 200, description = "The budget", body = BudgetDetail),
         (status = 404, description = "budget_not_found (also for another tenant's budget)"),
+        (status = 503, description = "storage_unavailable: the budget database (--database-url) cannot be reached; retry after Retry-After"),
     ),
     security((), ("bearer" = []))
 )]
@@ -207,7 +209,10 @@ pub async fn get_budget(
 #[utoipa::path(
     get, path = "/dp/budgets", tag = "dp", operation_id = "dp_budget_list",
     summary = "The caller's privacy budgets",
-    responses((status = 200, description = "Budgets, oldest first", body = BudgetList)),
+    responses(
+        (status = 200, description = "Budgets, oldest first", body = BudgetList),
+        (status = 503, description = "storage_unavailable: the budget database (--database-url) cannot be reached; retry after Retry-After"),
+    ),
     security((), ("bearer" = []))
 )]
 pub async fn list_budgets(

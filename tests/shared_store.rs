@@ -1,0 +1,413 @@
+//! Privacy budgets in PostgreSQL (`--database-url`), shared by replicas: real server
+//! processes on one real PostgreSQL (tests/common/pg.rs), charging one budget at once,
+//! one of them killed mid-charge.
+
+mod common;
+
+use common::binary::spawn_server;
+use common::pg;
+use gpu_ops::store::{BudgetError, Charge, DatabaseUrl, NewBudget, Store};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// A server process on the shared database, killed when dropped.
+struct Replica {
+    child: Child,
+    url: String,
+    data: std::path::PathBuf,
+}
+
+impl Replica {
+    fn start(database_url: &str) -> Self {
+        let data = std::path::PathBuf::from(common::temp_data_dir());
+        let (child, port) = spawn_server(&data, &["--database-url", database_url]);
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            data,
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn create_budget(client: &reqwest::Client, base: &str, limit: f64) -> String {
+    let res = client
+        .post(format!("{base}/dp/budgets"))
+        .json(&json!({"epsilon_limit": limit, "delta": 1e-5, "name": "shared"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// One charged Gaussian release: its status and, when it was released, its charge_seq.
+async fn release(client: &reqwest::Client, base: &str, budget: &str) -> (u16, Option<u64>) {
+    let res = client
+        .post(format!("{base}/dp/gaussian"))
+        .json(
+            &json!({"values": [1.0, 2.0], "sensitivity": 1.0, "epsilon": 1.0,
+                      "delta": 1e-5, "budget_id": budget}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let body: Value = res.json().await.unwrap();
+    (status, body["privacy"]["charge_seq"].as_u64())
+}
+
+async fn budget_detail(client: &reqwest::Client, base: &str, budget: &str) -> Value {
+    let res = client
+        .get(format!("{base}/dp/budgets/{budget}?history_limit=1000"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.json().await.unwrap()
+}
+
+fn history_seqs(detail: &Value) -> Vec<u64> {
+    detail["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["seq"].as_u64().unwrap())
+        .collect()
+}
+
+fn gaussian(sigma: f64) -> Charge {
+    Charge {
+        kind: "test",
+        params: json!({"sigma": sigma}),
+        rdp: Box::new(move |orders| {
+            orders
+                .iter()
+                .map(|&a| gpu_ops::ops::dp::accountant::gaussian_rdp(a, 1.0, sigma))
+                .collect()
+        }),
+    }
+}
+
+/// The same charges, refusals and refund on both engines give the same budget: the
+/// engines only lock, read and write.
+#[test]
+fn budgets_on_postgres_account_exactly_as_embedded() {
+    let Some(url) = pg::fresh_database() else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(common::temp_data_dir());
+    let embedded = Store::open(&dir.join("embedded")).unwrap();
+    let shared =
+        Store::open_with(&dir.join("replica"), &DatabaseUrl::parse(&url, 4).unwrap()).unwrap();
+    assert!(shared.is_shared() && !embedded.is_shared());
+    let outcomes = |store: &Store| {
+        let b = store
+            .create_budget(NewBudget {
+                tenant: "t".into(),
+                name: Some("same".into()),
+                epsilon_limit: 3.0,
+                delta: 1e-5,
+            })
+            .unwrap();
+        let mut spent = Vec::new();
+        loop {
+            match store.charge("t", &b.id, &gaussian(4.0)) {
+                Ok((after, seq)) => spent.push((seq, after.epsilon_spent, after.optimal_order)),
+                Err(BudgetError::Exhausted { would_be, .. }) => {
+                    spent.push((0, would_be, None));
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(matches!(
+            store.budget("other tenant", &b.id),
+            Err(BudgetError::NotFound)
+        ));
+        let refunded = store.refund("t", &b.id, 2).unwrap();
+        let history: Vec<(u64, String)> = store
+            .charges("t", &b.id, 100)
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.seq, c.status))
+            .collect();
+        (
+            spent,
+            refunded.epsilon_spent,
+            refunded.charges,
+            history,
+            store.budgets("t").unwrap().len(),
+        )
+    };
+    let (a, b) = (outcomes(&embedded), outcomes(&shared));
+    assert!(a.0.len() >= 3, "{a:?}");
+    assert_eq!(a, b, "embedded vs PostgreSQL");
+    drop(shared);
+    // Reopening migrates nothing and finds the budget.
+    let again =
+        Store::open_with(&dir.join("replica2"), &DatabaseUrl::parse(&url, 2).unwrap()).unwrap();
+    assert_eq!(again.budgets("t").unwrap().len(), 1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_postgres_schema_from_a_newer_build_is_refused() {
+    let Some(url) = pg::fresh_database() else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(common::temp_data_dir());
+    let db = DatabaseUrl::parse(&url, 2).unwrap();
+    drop(Store::open_with(&dir, &db).unwrap());
+    let newer = i64::from(Store::schema_version()) + 1;
+    let versions: Vec<i64> = pg::with_client(&url, move |c| {
+        c.execute(
+            "INSERT INTO gpu_ops_schema (version, name) VALUES ($1, 'from the future')",
+            &[&newer],
+        )
+        .unwrap();
+        c.query("SELECT version FROM gpu_ops_schema ORDER BY version", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    });
+    assert_eq!(versions, (1..=newer).collect::<Vec<_>>());
+    let e = Store::open_with(&dir, &db).err().expect("refused");
+    assert!(e.contains(&format!("schema version {newer}")), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Three replicas charge one budget at once: the spend never passes the limit, and the
+/// ledger holds exactly the releases that were answered 200, numbered without gaps.
+#[test]
+fn replicas_sharing_postgres_never_overspend_a_budget() {
+    let Some(url) = pg::fresh_database() else {
+        return;
+    };
+    let replicas: Vec<Replica> = (0..3).map(|_| Replica::start(&url)).collect();
+    let bases: Vec<String> = replicas.iter().map(|r| r.url.clone()).collect();
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let limit = 4.0;
+        let budget = create_budget(&client, &bases[0], limit).await;
+        let mut tasks = Vec::new();
+        for i in 0..60 {
+            let (client, base, budget) = (client.clone(), bases[i % 3].clone(), budget.clone());
+            tasks.push(tokio::spawn(async move {
+                release(&client, &base, &budget).await
+            }));
+        }
+        let mut released = BTreeSet::new();
+        let mut refused = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                (200, Some(seq)) => assert!(released.insert(seq), "seq {seq} given twice"),
+                (409, None) => refused += 1,
+                other => panic!("unexpected answer {other:?}"),
+            }
+        }
+        assert!(released.len() >= 3 && refused > 0, "{released:?} {refused}");
+        for base in &bases {
+            let detail = budget_detail(&client, base, &budget).await;
+            assert!(detail["epsilon_spent"].as_f64().unwrap() <= limit);
+            assert_eq!(detail["charges"].as_u64(), Some(released.len() as u64));
+            assert_eq!(
+                history_seqs(&detail),
+                released.iter().copied().collect::<Vec<_>>()
+            );
+        }
+        assert_eq!(
+            released.iter().copied().collect::<Vec<_>>(),
+            (1..=released.len() as u64).collect::<Vec<_>>()
+        );
+    });
+}
+
+/// Replica A is SIGKILLed while its charges wait on the budget's lock: every charge it
+/// acknowledged before stays, none it had not acknowledged appears, and replica B charges
+/// the budget at once (the dead replica holds no lock).
+#[test]
+fn a_replica_killed_mid_charge_loses_no_acknowledged_charge() {
+    let Some(url) = pg::fresh_database() else {
+        return;
+    };
+    let mut a = Replica::start(&url);
+    let b = Replica::start(&url);
+    let rt = runtime();
+    let client = reqwest::Client::new();
+    let budget = rt.block_on(create_budget(&client, &b.url, 100.0));
+    let acknowledged: Vec<u64> = rt.block_on(async {
+        let mut seqs = Vec::new();
+        for _ in 0..3 {
+            let (status, seq) = release(&client, &a.url, &budget).await;
+            assert_eq!(status, 200);
+            seqs.push(seq.unwrap());
+        }
+        seqs
+    });
+    assert_eq!(acknowledged, [1, 2, 3]);
+
+    // Hold the budget's row lock from outside, as a slow replica's charge would.
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let (url, budget) = (url.clone(), budget.clone());
+        std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+            let mut tx = c.transaction().unwrap();
+            tx.query(
+                "SELECT id FROM budgets WHERE id = $1 FOR UPDATE",
+                &[&budget],
+            )
+            .unwrap();
+            locked_tx.send(()).unwrap();
+            let _ = release_rx.recv();
+            tx.commit().unwrap();
+        })
+    };
+    locked_rx.recv().unwrap();
+    let in_flight: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, base, budget) = (client.clone(), a.url.clone(), budget.clone());
+            rt.spawn(async move {
+                client
+                    .post(format!("{base}/dp/gaussian"))
+                    .json(&json!({"values": [1.0], "sensitivity": 1.0, "epsilon": 1.0,
+                                  "delta": 1e-5, "budget_id": budget}))
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+            })
+        })
+        .collect();
+    // Wait until all four charges are inside their transactions, blocked on the lock.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = pg::with_client(&url, |c| {
+            c.query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                 AND datname = current_database()",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+        });
+        if waiting == 4 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{waiting} charges waiting");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.child.kill().unwrap(); // SIGKILL
+    a.child.wait().unwrap();
+    release_tx.send(()).unwrap();
+    holder.join().unwrap();
+    for t in in_flight {
+        let answer = rt.block_on(t).unwrap();
+        assert!(answer.is_err(), "a killed replica answered {answer:?}");
+    }
+
+    rt.block_on(async {
+        let (status, seq) = release(&client, &b.url, &budget).await;
+        assert_eq!(
+            (status, seq),
+            (200, Some(4)),
+            "B charged right after A died"
+        );
+        let detail = budget_detail(&client, &b.url, &budget).await;
+        assert_eq!(history_seqs(&detail), [1, 2, 3, 4]);
+        assert_eq!(detail["charges"].as_u64(), Some(4));
+    });
+}
+
+/// The database goes away under a running replica: budget requests are answered 503
+/// `storage_unavailable` with Retry-After, and the replica keeps serving the rest.
+#[test]
+fn a_lost_database_is_a_503_not_a_crash() {
+    let Some(url) = pg::fresh_database() else {
+        return;
+    };
+    let replica = Replica::start(&url);
+    let rt = runtime();
+    let client = reqwest::Client::new();
+    let budget = rt.block_on(create_budget(&client, &replica.url, 10.0));
+    let name = url.rsplit('/').next().unwrap().to_string();
+    let admin = pg::cluster().unwrap().url("postgres");
+    pg::with_client(&admin, move |c| {
+        c.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .unwrap()
+    });
+    rt.block_on(async {
+        let res = client
+            .get(format!("{}/dp/budgets/{budget}", replica.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 503);
+        assert_eq!(res.headers()["retry-after"], "1");
+        let p: Value = res.json().await.unwrap();
+        assert_eq!(p["code"], "storage_unavailable", "{p}");
+        let (status, _) = release(&client, &replica.url, &budget).await;
+        assert_eq!(status, 503);
+        let live = client
+            .get(format!("{}/health/live", replica.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(live.status(), 200);
+    });
+}
+
+#[test]
+fn an_unreachable_database_fails_start_up_with_one_line() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let data = common::temp_data_dir();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ops"))
+        .args([
+            "--backend",
+            "cpu",
+            "--bind",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data,
+        ])
+        .args([
+            "--database-url",
+            &format!("postgres://gpu:secret@127.0.0.1:{port}/gpu"),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--database-url: cannot connect"), "{err}");
+    assert!(
+        !err.contains("secret"),
+        "the password is never logged: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
