@@ -1,12 +1,14 @@
-//! Privacy budgets in PostgreSQL (`--database-url`), shared by replicas: real server
-//! processes on one real PostgreSQL (tests/common/pg.rs), charging one budget at once,
-//! one of them killed mid-charge.
+//! The shared store (`--database-url`) on a real PostgreSQL (tests/common/pg.rs):
+//! privacy budgets charged through real server processes at once, one of them killed
+//! mid-charge; and the dataset queue's claims, leases and fencing on both engines.
 
 mod common;
 
 use common::binary::spawn_server;
 use common::pg;
-use gpu_ops::store::{BudgetError, Charge, DatabaseUrl, NewBudget, Store};
+use gpu_ops::store::{
+    BudgetError, Charge, DatabaseUrl, DatasetStatus, Lease, NewBudget, NewDataset, Requeue, Store,
+};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::process::Child;
@@ -410,4 +412,218 @@ fn an_unreachable_database_fails_start_up_with_one_line() {
         "the password is never logged: {err}"
     );
     let _ = std::fs::remove_dir_all(&data);
+}
+
+/// Two stores on one catalog, as two replicas see it: the embedded file opened twice
+/// (SQLite takes several processes), or PostgreSQL.
+fn two_catalogs(engine: &str) -> Option<(Store, Store)> {
+    let dir = std::path::PathBuf::from(common::temp_data_dir());
+    match engine {
+        "sqlite" => Some((Store::open(&dir).unwrap(), Store::open(&dir).unwrap())),
+        _ => {
+            let db = DatabaseUrl::parse(&pg::fresh_database()?, 4).unwrap();
+            let open = |sub: &str| {
+                Store::open_with(&dir.join(sub), &db)
+                    .unwrap()
+                    .with_catalog_in_shared_engine()
+            };
+            Some((open("a"), open("b")))
+        }
+    }
+}
+
+fn new_dataset(seed: u64) -> NewDataset {
+    NewDataset {
+        tenant: "t".into(),
+        name: format!("job {seed}"),
+        dataset_type: "features".into(),
+        num_samples: 10,
+        seed,
+        config: "{}".into(),
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(30);
+
+#[test]
+fn workers_claim_distinct_jobs_in_queue_order() {
+    for engine in ["sqlite", "postgres"] {
+        let Some((a, b)) = two_catalogs(engine) else {
+            continue;
+        };
+        for i in 0..3 {
+            a.create_dataset(&format!("ds_{i}"), new_dataset(i), 16)
+                .unwrap()
+                .unwrap();
+        }
+        let first = a.claim_dataset("a", LEASE).unwrap().unwrap();
+        let second = b.claim_dataset("b", LEASE).unwrap().unwrap();
+        let third = a.claim_dataset("a", LEASE).unwrap().unwrap();
+        assert_eq!(
+            [&first.row.id, &second.row.id, &third.row.id],
+            ["ds_0", "ds_1", "ds_2"],
+            "{engine}"
+        );
+        assert_eq!(first.attempt, 1);
+        assert_eq!(first.row.status, DatasetStatus::Running);
+        assert!(b.claim_dataset("b", LEASE).unwrap().is_none(), "{engine}");
+
+        // Many claimers at once: every job exactly once.
+        for i in 3..43 {
+            b.create_dataset(&format!("ds_{i}"), new_dataset(i), 100)
+                .unwrap()
+                .unwrap();
+        }
+        let stores = std::sync::Arc::new([a, b]);
+        let claimed: Vec<String> = (0..6)
+            .map(|w| {
+                let stores = stores.clone();
+                std::thread::spawn(move || {
+                    let mut mine = Vec::new();
+                    while let Some(job) = stores[w % 2]
+                        .claim_dataset(&format!("w{w}"), LEASE)
+                        .unwrap()
+                    {
+                        mine.push(job.row.id);
+                    }
+                    mine
+                })
+            })
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        let distinct: BTreeSet<_> = claimed.iter().collect();
+        assert_eq!(
+            (claimed.len(), distinct.len()),
+            (40, 40),
+            "{engine}: {claimed:?}"
+        );
+    }
+}
+
+#[test]
+fn an_expired_lease_passes_on_and_fences_the_old_worker() {
+    for engine in ["sqlite", "postgres"] {
+        let Some((a, b)) = two_catalogs(engine) else {
+            continue;
+        };
+        a.create_dataset("ds_x", new_dataset(7), 16)
+            .unwrap()
+            .unwrap();
+        let counts = gpu_ops::store::Counts {
+            valid: 3,
+            attempted: 5,
+            ..Default::default()
+        };
+        // A claims with a lease that has already run out when B looks: A is taken for dead.
+        let old = a.claim_dataset("a", Duration::ZERO).unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let new = b.claim_dataset("b", LEASE).unwrap().unwrap();
+        assert_eq!((new.row.id.as_str(), new.attempt), ("ds_x", 2), "{engine}");
+        assert_eq!(
+            a.renew_dataset_lease("ds_x", "a", old.attempt, LEASE, &counts)
+                .unwrap(),
+            Lease::Lost
+        );
+        assert!(!a
+            .finish_dataset(
+                "ds_x",
+                "a",
+                old.attempt,
+                DatasetStatus::Failed,
+                &counts,
+                Some("stale")
+            )
+            .unwrap());
+        // The same owner name with the old attempt is fenced too.
+        assert_eq!(
+            b.renew_dataset_lease("ds_x", "b", old.attempt, LEASE, &counts)
+                .unwrap(),
+            Lease::Lost
+        );
+        assert_eq!(
+            b.renew_dataset_lease("ds_x", "b", new.attempt, LEASE, &counts)
+                .unwrap(),
+            Lease::Held { cancel: false }
+        );
+        assert_eq!(a.dataset("t", "ds_x").unwrap().unwrap().counts, counts);
+        assert!(b
+            .finish_dataset(
+                "ds_x",
+                "b",
+                new.attempt,
+                DatasetStatus::Completed,
+                &counts,
+                None
+            )
+            .unwrap());
+        let row = a.dataset("t", "ds_x").unwrap().unwrap();
+        assert_eq!((row.status, row.error), (DatasetStatus::Completed, None));
+        assert!(a.claim_dataset("a", LEASE).unwrap().is_none());
+    }
+}
+
+#[test]
+fn cancellation_the_queue_cap_and_requeue_hold_on_both_engines() {
+    for engine in ["sqlite", "postgres"] {
+        let Some((a, b)) = two_catalogs(engine) else {
+            continue;
+        };
+        for i in 0..2 {
+            a.create_dataset(&format!("ds_{i}"), new_dataset(i), 2)
+                .unwrap()
+                .unwrap();
+        }
+        assert!(
+            b.create_dataset("ds_2", new_dataset(2), 2)
+                .unwrap()
+                .is_none(),
+            "{engine}: two jobs already wait"
+        );
+        // A queued job is cancelled at once and never claimed.
+        assert_eq!(
+            b.request_dataset_cancel("ds_0").unwrap(),
+            Some(DatasetStatus::Queued)
+        );
+        assert_eq!(
+            a.dataset("t", "ds_0").unwrap().unwrap().status,
+            DatasetStatus::Cancelled
+        );
+        // A running job's worker hears of it at its next renewal, through any replica.
+        let job = a.claim_dataset("a", LEASE).unwrap().unwrap();
+        assert_eq!(job.row.id, "ds_1", "{engine}");
+        assert_eq!(
+            b.request_dataset_cancel("ds_1").unwrap(),
+            Some(DatasetStatus::Running)
+        );
+        let counts = gpu_ops::store::Counts::default();
+        assert_eq!(
+            a.renew_dataset_lease("ds_1", "a", job.attempt, LEASE, &counts)
+                .unwrap(),
+            Lease::Held { cancel: true }
+        );
+        assert!(a
+            .finish_dataset(
+                "ds_1",
+                "a",
+                job.attempt,
+                DatasetStatus::Interrupted,
+                &counts,
+                None
+            )
+            .unwrap());
+        assert_eq!(b.request_dataset_cancel("ds_0").unwrap(), None);
+        // Requeue: only an interrupted job, and it forgets the old cancellation.
+        assert_eq!(
+            b.requeue_dataset("ds_0", 2).unwrap(),
+            Requeue::NotInterrupted
+        );
+        assert_eq!(b.requeue_dataset("ds_1", 2).unwrap(), Requeue::Queued);
+        let again = a.claim_dataset("a", LEASE).unwrap().unwrap();
+        assert_eq!((again.row.id.as_str(), again.attempt), ("ds_1", 2));
+        assert_eq!(
+            a.renew_dataset_lease("ds_1", "a", again.attempt, LEASE, &counts)
+                .unwrap(),
+            Lease::Held { cancel: false }
+        );
+    }
 }

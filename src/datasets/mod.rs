@@ -1,5 +1,6 @@
-//! Synthetic dataset jobs: a catalog row per job (`store::datasets`), one worker thread
-//! that runs queued jobs in order on its own rayon pool, live progress, cancellation, and
+//! Synthetic dataset jobs: a catalog row per job (`store::datasets`), whose queue lives in
+//! the catalog: one worker thread claims the front job under a lease it renews as it
+//! writes progress, and runs it on its own rayon pool; live progress, cancellation, and
 //! the result files written atomically under `--data-dir/datasets/<id>/` (`features.parquet`,
 //! and for `iq_raw` the recordings, `iq_out`). Submission refuses a job whose files could
 //! outgrow the free disk space, and a running job stops before the disk fills.
@@ -30,19 +31,25 @@ use crate::backend::Backends;
 use crate::metrics::Metrics;
 use crate::ops::rf::generate::samples_per_recording;
 use crate::ops::rf::scenario::Scenario;
-use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset, Store, StoreError};
+use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset, Requeue, Store, StoreError};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ops::rf::dataset::DATASET_OP;
 /// Attempts allowed per requested sample before a job fails as unsatisfiable.
 pub const MAX_ATTEMPTS_PER_SAMPLE: u64 = 100;
-/// How often running progress is written to the catalog.
+/// How often running progress is written to the catalog, renewing the worker's lease.
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
+/// How long a claimed job stays its worker's without a renewal: past it, the worker is
+/// taken for dead and another may claim the job. Many renewals fit in it, so a slow batch
+/// or a busy database does not lose a live worker its job.
+const LEASE: Duration = Duration::from_secs(30);
+/// How often an idle worker looks for a job it was not woken for.
+const IDLE_POLL: Duration = Duration::from_secs(1);
 /// Free space left under `--data-dir` for the catalog and the rest of the system: a job
 /// that would take it is refused, and a running job that reaches it fails.
 pub const DISK_RESERVE_BYTES: u64 = 256 << 20;
@@ -67,6 +74,8 @@ fn gib(bytes: u64) -> String {
 /// Live state of a queued or running job.
 pub struct Active {
     cancel: AtomicBool,
+    /// Claimed by this process's worker (else still waiting in the queue).
+    running: AtomicBool,
     progress: Mutex<Progress>,
     /// `estimate_bytes` of the whole job, and its target, to reserve what is left.
     estimate: u64,
@@ -74,6 +83,16 @@ pub struct Active {
 }
 
 impl Active {
+    fn new(estimate: u64, target: u64) -> Self {
+        Self {
+            cancel: AtomicBool::new(false),
+            running: AtomicBool::new(false),
+            progress: Mutex::new(Progress::default()),
+            estimate,
+            target,
+        }
+    }
+
     fn set_progress(&self, f: impl FnOnce(&mut Progress)) {
         f(&mut self.progress.lock().unwrap_or_else(|e| e.into_inner()));
     }
@@ -109,7 +128,11 @@ pub struct Datasets {
     metrics: Arc<Metrics>,
     dir: PathBuf,
     active: Arc<Mutex<HashMap<String, Arc<Active>>>>,
-    queue: SyncSender<String>,
+    /// Wakes the worker when a job is queued here (jobs queued elsewhere are found by
+    /// polling).
+    wake: SyncSender<()>,
+    /// This process's worker, as lease owner: host, pid and a random tag.
+    owner: String,
     max_queued: usize,
     /// Set at shutdown: running and queued jobs end as `interrupted`, not `cancelled`.
     stopping: AtomicBool,
@@ -149,13 +172,14 @@ impl Datasets {
             tracing::warn!(dataset = %id, "dataset job interrupted by the previous shutdown; its files are kept for resume");
         }
         let pool = dataset_pool(threads)?;
-        let (tx, rx) = sync_channel::<String>(max_queued);
+        let (wake, woken) = sync_channel::<()>(1);
         let this = Arc::new(Self {
             store,
             metrics,
             dir,
             active: Arc::new(Mutex::new(HashMap::new())),
-            queue: tx,
+            wake,
+            owner: worker_id()?,
             max_queued,
             stopping: AtomicBool::new(false),
             backends,
@@ -165,12 +189,33 @@ impl Datasets {
             .name("gpu-ops-datasets".into())
             .spawn(move || {
                 lower_priority();
-                while let Ok(id) = rx.recv() {
-                    worker.run(&id, &pool);
-                }
+                worker.work(&woken, &pool);
             })
             .map_err(|e| format!("dataset worker: {e}"))?;
         Ok(this)
+    }
+
+    /// The worker's loop: claim the next job and run it; when there is none, wait to be
+    /// woken or for the next poll. Ends at shutdown.
+    fn work(&self, woken: &Receiver<()>, pool: &rayon::ThreadPool) {
+        while !self.stopping.load(Ordering::SeqCst) {
+            match self.store.claim_dataset(&self.owner, LEASE) {
+                Ok(Some(job)) => {
+                    self.run(job, pool);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(e) => tracing::error!(error = %e, "cannot claim a dataset job"),
+            }
+            if let Err(RecvTimeoutError::Disconnected) = woken.recv_timeout(IDLE_POLL) {
+                return;
+            }
+        }
+    }
+
+    fn wake_worker(&self) {
+        // A full channel already holds a wake-up.
+        let _ = self.wake.try_send(());
     }
 
     /// Where a job's files live.
@@ -204,11 +249,16 @@ impl Datasets {
                 });
             }
         }
-        let row = self.store.create_dataset(id, new)?;
-        self.enqueue(&mut active, id, estimate, row.num_samples)
-            .inspect_err(|_| {
-                let _ = self.store.delete_dataset(&row.tenant, id);
-            })?;
+        let row = self
+            .store
+            .create_dataset(id, new, self.max_queued)?
+            .ok_or(SubmitError::QueueFull(self.max_queued))?;
+        active.insert(
+            id.to_string(),
+            Arc::new(Active::new(estimate, row.num_samples)),
+        );
+        drop(active);
+        self.wake_worker();
         Ok(row)
     }
 
@@ -239,18 +289,17 @@ impl Datasets {
         }
         let mut active =
             self.reserve(remaining_bytes(estimate, row.num_samples, row.counts.valid))?;
-        if !self.store.requeue_dataset(&row.id)? {
-            return Ok(false);
+        match self.store.requeue_dataset(&row.id, self.max_queued)? {
+            Requeue::NotInterrupted => return Ok(false),
+            Requeue::QueueFull => return Err(SubmitError::QueueFull(self.max_queued)),
+            Requeue::Queued => {}
         }
-        self.enqueue(&mut active, &row.id, estimate, row.num_samples)
-            .inspect_err(|_| {
-                let _ = self.store.update_dataset(
-                    &row.id,
-                    DatasetStatus::Interrupted,
-                    &row.counts,
-                    row.error.as_deref(),
-                );
-            })?;
+        active.insert(
+            row.id.clone(),
+            Arc::new(Active::new(estimate, row.num_samples)),
+        );
+        drop(active);
+        self.wake_worker();
         Ok(true)
     }
 
@@ -279,35 +328,6 @@ impl Datasets {
         Ok(active)
     }
 
-    /// Registers the job as active and hands it to the worker; on a full queue it is
-    /// unregistered again (the caller restores the catalog).
-    fn enqueue(
-        &self,
-        active: &mut HashMap<String, Arc<Active>>,
-        id: &str,
-        estimate: u64,
-        target: u64,
-    ) -> Result<(), SubmitError> {
-        active.insert(
-            id.to_string(),
-            Arc::new(Active {
-                cancel: AtomicBool::new(false),
-                progress: Mutex::new(Progress::default()),
-                estimate,
-                target,
-            }),
-        );
-        self.queue.try_send(id.to_string()).map_err(|e| {
-            active.remove(id);
-            match e {
-                TrySendError::Full(_) => SubmitError::QueueFull(self.max_queued),
-                TrySendError::Disconnected(_) => {
-                    SubmitError::Storage("the dataset worker stopped".into())
-                }
-            }
-        })
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Active>>> {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -319,28 +339,63 @@ impl Datasets {
             .map(|a| a.progress.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
-    /// Asks a queued or running job to stop; false when it is not active.
-    pub fn cancel(&self, id: &str) -> bool {
-        match self.lock().get(id) {
-            Some(a) => {
-                a.cancel.store(true, Ordering::SeqCst);
-                true
-            }
-            None => false,
+    /// Cancels a queued job (at once) or asks a running one to stop (its worker sees it
+    /// within a second); false when the job has already ended.
+    pub fn cancel(&self, id: &str) -> Result<bool, StoreError> {
+        let was = self.store.request_dataset_cancel(id)?;
+        self.stop_local(id);
+        if was == Some(DatasetStatus::Queued) {
+            self.metrics
+                .dataset_jobs
+                .with_label_values(&[DatasetStatus::Cancelled.name()])
+                .inc();
+            // A resumed job waiting in the queue has its earlier parts on disk.
+            let _ = std::fs::remove_dir_all(self.dir.join(id));
+        }
+        Ok(was.is_some())
+    }
+
+    /// Flags this process's worker to stop the job, or forgets it if it waits unclaimed.
+    fn stop_local(&self, id: &str) {
+        let mut active = self.lock();
+        let running = active.get(id).map(|a| {
+            a.cancel.store(true, Ordering::SeqCst);
+            a.running.load(Ordering::SeqCst)
+        });
+        if running == Some(false) {
+            active.remove(id);
         }
     }
 
-    /// Stops every queued and running job; they are recorded as interrupted.
+    /// Stops the running job, which is recorded as interrupted, and claims nothing more.
+    /// Jobs still queued stay queued in the catalog (an embedded store marks them
+    /// interrupted at the next start).
     pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         for a in self.lock().values() {
             a.cancel.store(true, Ordering::SeqCst);
         }
+        self.wake_worker();
     }
 
-    /// Removes the job's files (cancelling it first if it runs).
+    /// Removes the job's files (stopping it first if it runs).
     pub fn remove_files(&self, id: &str) {
-        self.cancel(id);
+        self.stop_local(id);
         let _ = std::fs::remove_dir_all(self.dir.join(id));
     }
+}
+
+/// This process's lease-owner id: unique across replicas and restarts.
+fn worker_id() -> Result<String, String> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "host".into());
+    let mut tag = [0u8; 4];
+    getrandom::fill(&mut tag).map_err(|e| format!("no OS entropy: {e}"))?;
+    Ok(format!(
+        "{host}/{}/{:08x}",
+        std::process::id(),
+        u32::from_le_bytes(tag)
+    ))
 }

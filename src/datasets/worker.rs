@@ -15,7 +15,7 @@ use crate::ops::rf::dataset::{
 use crate::ops::rf::generate::{samples_per_recording, GENERATOR_VERSION};
 use crate::ops::rf::rng::dataset_key;
 use crate::ops::rf::scenario::Scenario;
-use crate::store::{Counts, DatasetRow, DatasetStatus};
+use crate::store::{ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -122,11 +122,34 @@ impl Datasets {
         Some(records)
     }
 
-    pub(super) fn run(&self, id: &str, pool: &rayon::ThreadPool) {
-        let Some(active) = self.lock().get(id).cloned() else {
-            return;
+    /// Runs a job this worker claimed, and records how it ended (fenced by the claim:
+    /// nothing is recorded when the lease was lost meanwhile).
+    pub(super) fn run(&self, job: ClaimedDataset, pool: &rayon::ThreadPool) {
+        let id = job.row.id.clone();
+        let id = id.as_str();
+        // A job queued through another process (or before a restart) has no entry yet.
+        let active = self
+            .lock()
+            .entry(id.to_string())
+            .or_insert_with(|| {
+                let s: Option<Scenario> = serde_json::from_str(&job.row.config).ok();
+                let estimate = s.map_or(0, |s| {
+                    super::estimate_bytes(&s, job.row.dataset_type == "iq_raw", job.row.num_samples)
+                });
+                Arc::new(Active::new(estimate, job.row.num_samples))
+            })
+            .clone();
+        active.running.store(true, Ordering::SeqCst);
+        let lease = JobLease {
+            owner: &self.owner,
+            attempt: job.attempt,
         };
-        let outcome = self.run_job(id, &active, pool);
+        let outcome = self.run_job(&job.row, &active, &lease, pool);
+        if let Err(JobEnd::LeaseLost) = outcome {
+            tracing::warn!(dataset = %id, attempt = job.attempt, "the dataset job's lease was lost (it was deleted, or taken over after this worker stalled); this worker stopped and records nothing");
+            self.lock().remove(id);
+            return;
+        }
         let counts = active
             .progress
             .lock()
@@ -139,10 +162,11 @@ impl Datasets {
                 Some("the server shut down before the job finished; POST /datasets/{id}/resume continues it from its last checkpoint".to_string()),
             ),
             Ok(status) => (status, None),
-            Err(e) => {
+            Err(JobEnd::Failed(e)) => {
                 tracing::error!(dataset = %id, error = %e, "dataset job failed");
                 (DatasetStatus::Failed, Some(e))
             }
+            Err(JobEnd::LeaseLost) => unreachable!("handled above"),
         };
         // An interrupted job keeps its parts and checkpoint for `resume`.
         if status != DatasetStatus::Completed && status != DatasetStatus::Interrupted {
@@ -152,16 +176,23 @@ impl Datasets {
             .dataset_jobs
             .with_label_values(&[status.name()])
             .inc();
-        match self
-            .store
-            .update_dataset(id, status, &counts, error.as_deref())
-        {
+        match self.store.finish_dataset(
+            id,
+            lease.owner,
+            lease.attempt,
+            status,
+            &counts,
+            error.as_deref(),
+        ) {
             // Only now are the parts and the checkpoint no longer needed for a resume.
-            Ok(()) if status == DatasetStatus::Completed => {
+            Ok(true) if status == DatasetStatus::Completed => {
                 parquet_out::remove_parts(&self.result_path(id));
                 let _ = std::fs::remove_file(self.dir.join(id).join(CHECKPOINT));
             }
-            Ok(()) => {}
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::warn!(dataset = %id, "the dataset job was deleted or taken over as it ended; its end is not recorded")
+            }
             Err(e) => {
                 tracing::error!(dataset = %id, error = %e, "cannot record the dataset job's end")
             }
@@ -171,18 +202,16 @@ impl Datasets {
 
     fn run_job(
         &self,
-        id: &str,
+        row: &DatasetRow,
         active: &Active,
+        lease: &JobLease<'_>,
         pool: &rayon::ThreadPool,
-    ) -> Result<DatasetStatus, String> {
+    ) -> Result<DatasetStatus, JobEnd> {
+        let id = row.id.as_str();
         // Cancelled or deleted while queued.
         if active.cancel.load(Ordering::SeqCst) {
             return Ok(DatasetStatus::Cancelled);
         }
-        let row = self
-            .store
-            .dataset_any(id)?
-            .ok_or("the job was deleted before it started")?;
         let scenario: Scenario =
             serde_json::from_str(&row.config).map_err(|e| format!("stored config: {e}"))?;
         let dir = self.dir.join(id);
@@ -198,15 +227,14 @@ impl Datasets {
             None => Checkpoint::default(),
         };
         let keep_iq = row.dataset_type == "iq_raw";
-        let mut files = JobFiles::open(dir, &self.result_path(id), &scenario, &row, keep_iq, &at)?;
+        let mut files = JobFiles::open(dir, &self.result_path(id), &scenario, row, keep_iq, &at)?;
         let mut counts = at.counts.clone();
         active.set_progress(|p| {
             p.started = Some(Instant::now());
             p.resumed_from = counts.valid;
             p.counts = counts.clone();
         });
-        self.store
-            .update_dataset(id, DatasetStatus::Running, &counts, None)?;
+        self.renew(id, lease, active, &counts)?;
         let key = dataset_key(row.seed);
         let target = row.num_samples;
         let mut device = DeviceUse::default();
@@ -231,13 +259,38 @@ impl Datasets {
             }
             active.set_progress(|p| p.counts = counts.clone());
             if persisted.elapsed() >= PERSIST_EVERY {
-                self.store
-                    .update_dataset(id, DatasetStatus::Running, &counts, None)?;
+                self.renew(id, lease, active, &counts)?;
                 persisted = Instant::now();
             }
         }
+        // Still ours before the result is made whole.
+        self.renew(id, lease, active, &counts)?;
         files.finish()?;
         Ok(DatasetStatus::Completed)
+    }
+
+    /// Renews the job's lease with its progress; a cancellation requested through any
+    /// replica is passed to the job.
+    fn renew(
+        &self,
+        id: &str,
+        lease: &JobLease<'_>,
+        active: &Active,
+        counts: &Counts,
+    ) -> Result<(), JobEnd> {
+        match self
+            .store
+            .renew_dataset_lease(id, lease.owner, lease.attempt, super::LEASE, counts)
+            .map_err(|e| JobEnd::Failed(e.to_string()))?
+        {
+            Lease::Held { cancel } => {
+                if cancel {
+                    active.cancel.store(true, Ordering::SeqCst);
+                }
+                Ok(())
+            }
+            Lease::Lost => Err(JobEnd::LeaseLost),
+        }
     }
 
     /// The next batch from `next` on: on the device while the job may use one, else on
@@ -279,6 +332,31 @@ impl Datasets {
                     .collect()
             })
         })
+    }
+}
+
+/// Whose run of a job this is: the lease's owner and the claim's attempt number.
+struct JobLease<'a> {
+    owner: &'a str,
+    attempt: u64,
+}
+
+/// How a job ended other than with a status of its own.
+enum JobEnd {
+    Failed(String),
+    /// The lease passed to another worker, or the job was deleted: write nothing more.
+    LeaseLost,
+}
+
+impl From<String> for JobEnd {
+    fn from(e: String) -> Self {
+        JobEnd::Failed(e)
+    }
+}
+
+impl From<&str> for JobEnd {
+    fn from(e: &str) -> Self {
+        JobEnd::Failed(e.to_string())
     }
 }
 

@@ -1,7 +1,11 @@
-//! The synthetic dataset catalog: one row per job, its status and progress.
+//! The synthetic dataset catalog and its job queue: one row per job, its status and
+//! progress, and while it runs the worker's lease. Workers claim the front of the queue
+//! (or a job whose worker's lease expired) and renew the lease as they write progress;
+//! every write a worker makes is fenced by its owner id and attempt number, so a worker
+//! that lost its lease changes nothing.
 
+use super::engine::{Param, Row, Tx};
 use super::{now, Store, StoreError};
-use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -77,28 +81,34 @@ const COLUMNS: &str = "id, tenant, name, dataset_type, num_samples, seed, config
     attempted, rejected_too_few_receivers, rejected_low_snr, rejected_high_gdop, error, \
     created_at, started_at, finished_at";
 
-fn row(r: &Row<'_>) -> rusqlite::Result<DatasetRow> {
-    let status: String = r.get(7)?;
+const PART: &str = "dataset catalog";
+
+/// Submissions and requeues count the queue and take its next place under this lock, so
+/// concurrent ones cannot pass the cap together.
+const QUEUE_LOCK: i64 = 0x0067_7075_2d71_7565;
+
+fn row(r: &Row) -> Result<DatasetRow, StoreError> {
     Ok(DatasetRow {
-        id: r.get(0)?,
-        tenant: r.get(1)?,
-        name: r.get(2)?,
-        dataset_type: r.get(3)?,
-        num_samples: r.get::<_, i64>(4)? as u64,
-        seed: r.get::<_, i64>(5)? as u64,
-        config: r.get(6)?,
-        status: DatasetStatus::parse(&status),
+        id: r.text(0)?,
+        tenant: r.text(1)?,
+        name: r.text(2)?,
+        dataset_type: r.text(3)?,
+        num_samples: r.u64(4)?,
+        // Seeds are u64 stored in a signed column: the same bits back.
+        seed: r.i64(5)? as u64,
+        config: r.text(6)?,
+        status: DatasetStatus::parse(&r.text(7)?),
         counts: Counts {
-            valid: r.get::<_, i64>(8)? as u64,
-            attempted: r.get::<_, i64>(9)? as u64,
-            rejected_too_few_receivers: r.get::<_, i64>(10)? as u64,
-            rejected_low_snr: r.get::<_, i64>(11)? as u64,
-            rejected_high_gdop: r.get::<_, i64>(12)? as u64,
+            valid: r.u64(8)?,
+            attempted: r.u64(9)?,
+            rejected_too_few_receivers: r.u64(10)?,
+            rejected_low_snr: r.u64(11)?,
+            rejected_high_gdop: r.u64(12)?,
         },
-        error: r.get(13)?,
-        created_at: r.get(14)?,
-        started_at: r.get(15)?,
-        finished_at: r.get(16)?,
+        error: r.opt_text(13)?,
+        created_at: r.text(14)?,
+        started_at: r.opt_text(15)?,
+        finished_at: r.opt_text(16)?,
     })
 }
 
@@ -111,133 +121,341 @@ pub struct NewDataset {
     pub config: String,
 }
 
-fn find(conn: &Connection, tenant: &str, id: &str) -> rusqlite::Result<Option<DatasetRow>> {
-    conn.query_row(
-        &format!("SELECT {COLUMNS} FROM datasets WHERE id = ?1 AND tenant = ?2"),
-        params![id, tenant],
-        row,
-    )
-    .optional()
+/// A job a worker claimed: its row, and the attempt number that fences the worker's
+/// writes (a worker whose lease expired and was claimed again writes nothing more).
+#[derive(Clone, Debug)]
+pub struct ClaimedDataset {
+    pub row: DatasetRow,
+    pub attempt: u64,
+}
+
+/// What renewing a lease found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lease {
+    /// Still ours; `cancel` when a cancellation was requested (through any replica).
+    Held { cancel: bool },
+    /// Taken by another worker after ours expired, or the job was deleted: stop writing.
+    Lost,
+}
+
+fn find(tx: &mut Tx<'_>, tenant: Option<&str>, id: &str) -> Result<Option<DatasetRow>, StoreError> {
+    let found = match tenant {
+        Some(t) => tx.query_opt(
+            &format!("SELECT {COLUMNS} FROM datasets WHERE id = ?1 AND tenant = ?2"),
+            &[Param::Text(id), Param::Text(t)],
+        )?,
+        None => tx.query_opt(
+            &format!("SELECT {COLUMNS} FROM datasets WHERE id = ?1"),
+            &[Param::Text(id)],
+        )?,
+    };
+    found.as_ref().map(row).transpose()
+}
+
+fn counts_params(c: &Counts) -> [Param<'static>; 5] {
+    [
+        Param::I64(c.valid as i64),
+        Param::I64(c.attempted as i64),
+        Param::I64(c.rejected_too_few_receivers as i64),
+        Param::I64(c.rejected_low_snr as i64),
+        Param::I64(c.rejected_high_gdop as i64),
+    ]
+}
+
+/// Milliseconds since the Unix epoch: leases are compared as numbers on both engines.
+/// Replicas' clocks must agree to well within a lease (NTP does).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Jobs waiting in the queue.
+fn queued(tx: &mut Tx<'_>) -> Result<u64, StoreError> {
+    Ok(tx
+        .query_opt("SELECT COUNT(*) FROM datasets WHERE status = 'queued'", &[])?
+        .map(|r| r.u64(0))
+        .transpose()?
+        .unwrap_or(0))
+}
+
+/// What putting a job back in the queue did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    Queued,
+    /// Only an interrupted job goes back in the queue.
+    NotInterrupted,
+    QueueFull,
+}
+
+/// The next place at the back of the queue.
+fn next_queue_seq(tx: &mut Tx<'_>) -> Result<i64, StoreError> {
+    Ok(tx
+        .query_opt("SELECT COALESCE(MAX(queue_seq), 0) + 1 FROM datasets", &[])?
+        .map(|r| r.i64(0))
+        .transpose()?
+        .unwrap_or(1))
 }
 
 impl Store {
-    pub fn create_dataset(&self, id: &str, d: NewDataset) -> Result<DatasetRow, StoreError> {
-        self.with(|c| {
-            c.execute(
-                "INSERT INTO datasets (id, tenant, name, dataset_type, num_samples, seed, config, status, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8)",
-                params![id, d.tenant, d.name, d.dataset_type, d.num_samples as i64, d.seed as i64, d.config, now()],
+    /// Adds a queued job at the back of the queue, unless `max_queued` jobs already wait
+    /// (then `None`): counted and inserted in one write transaction, so concurrent
+    /// submissions cannot pass the cap together.
+    pub fn create_dataset(
+        &self,
+        id: &str,
+        d: NewDataset,
+        max_queued: usize,
+    ) -> Result<Option<DatasetRow>, StoreError> {
+        self.catalog.write(PART, |tx| {
+            tx.serialize_on(QUEUE_LOCK)?;
+            if queued(tx)? >= max_queued as u64 {
+                return Ok(None);
+            }
+            let seq = next_queue_seq(tx)?;
+            tx.exec(
+                "INSERT INTO datasets (id, tenant, name, dataset_type, num_samples, seed, config, \
+                 status, created_at, queue_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8, ?9)",
+                &[
+                    Param::Text(id),
+                    Param::Text(&d.tenant),
+                    Param::Text(&d.name),
+                    Param::Text(&d.dataset_type),
+                    Param::I64(d.num_samples as i64),
+                    Param::I64(d.seed as i64),
+                    Param::Text(&d.config),
+                    Param::Text(&now()),
+                    Param::I64(seq),
+                ],
             )?;
-            find(c, &d.tenant, id).map(|r| r.expect("just inserted"))
+            find(tx, Some(&d.tenant), id)
         })
-        .map_err(StoreError::catalog)
     }
 
     pub fn dataset(&self, tenant: &str, id: &str) -> Result<Option<DatasetRow>, StoreError> {
-        self.with(|c| find(c, tenant, id))
-            .map_err(StoreError::catalog)
+        self.catalog.read(PART, |tx| find(tx, Some(tenant), id))
     }
 
     /// A job by id whatever its tenant (the worker's view).
     pub fn dataset_any(&self, id: &str) -> Result<Option<DatasetRow>, StoreError> {
-        self.with(|c| {
-            c.query_row(
-                &format!("SELECT {COLUMNS} FROM datasets WHERE id = ?1"),
-                params![id],
-                row,
-            )
-            .optional()
-        })
-        .map_err(StoreError::catalog)
+        self.catalog.read(PART, |tx| find(tx, None, id))
     }
 
     pub fn datasets(&self, tenant: &str) -> Result<Vec<DatasetRow>, StoreError> {
-        self.with(|c| {
-            let mut st = c.prepare(&format!(
-                "SELECT {COLUMNS} FROM datasets WHERE tenant = ?1 ORDER BY created_at, id"
-            ))?;
-            let rows = st.query_map(params![tenant], row)?;
-            rows.collect::<rusqlite::Result<Vec<_>>>()
+        self.catalog.read(PART, |tx| {
+            tx.query(
+                &format!(
+                    "SELECT {COLUMNS} FROM datasets WHERE tenant = ?1 ORDER BY created_at, id"
+                ),
+                &[Param::Text(tenant)],
+            )?
+            .iter()
+            .map(row)
+            .collect()
         })
-        .map_err(StoreError::catalog)
     }
 
-    /// Moves a job to `status` (stamping start or finish) with its counts and error.
-    pub fn update_dataset(
+    /// Takes the job at the front of the queue, or a running job whose worker's lease
+    /// expired (its worker died), for `owner` until `lease` from now. Replicas claiming at
+    /// once get different jobs (PostgreSQL: `FOR UPDATE SKIP LOCKED`; SQLite: its one
+    /// write lock).
+    pub fn claim_dataset(
+        &self,
+        owner: &str,
+        lease: std::time::Duration,
+    ) -> Result<Option<ClaimedDataset>, StoreError> {
+        let at_ms = now_ms();
+        self.catalog.write(PART, |tx| {
+            let skip = tx.skip_locked();
+            let Some(candidate) = tx.query_opt(
+                &format!(
+                    "SELECT id FROM datasets WHERE status = 'queued' \
+                     OR (status = 'running' AND lease_until < ?1) \
+                     ORDER BY queue_seq, id LIMIT 1{skip}"
+                ),
+                &[Param::I64(at_ms)],
+            )?
+            else {
+                return Ok(None);
+            };
+            let id = candidate.text(0)?;
+            tx.exec(
+                "UPDATE datasets SET status = 'running', lease_owner = ?2, lease_until = ?3, \
+                 attempt = attempt + 1, started_at = COALESCE(started_at, ?4) WHERE id = ?1",
+                &[
+                    Param::Text(&id),
+                    Param::Text(owner),
+                    Param::I64(at_ms + lease.as_millis() as i64),
+                    Param::Text(&now()),
+                ],
+            )?;
+            let attempt = tx
+                .query_opt(
+                    "SELECT attempt FROM datasets WHERE id = ?1",
+                    &[Param::Text(&id)],
+                )?
+                .map(|r| r.u64(0))
+                .transpose()?
+                .unwrap_or(0);
+            let row = find(tx, None, &id)?
+                .ok_or_else(|| StoreError::new(PART, "claimed row vanished"))?;
+            Ok(Some(ClaimedDataset { row, attempt }))
+        })
+    }
+
+    /// Extends the lease of a job `owner` runs (its `attempt`) and records its counts.
+    pub fn renew_dataset_lease(
         &self,
         id: &str,
+        owner: &str,
+        attempt: u64,
+        lease: std::time::Duration,
+        counts: &Counts,
+    ) -> Result<Lease, StoreError> {
+        let until = now_ms() + lease.as_millis() as i64;
+        self.catalog.write(PART, |tx| {
+            let [v, a, r1, r2, r3] = counts_params(counts);
+            let held = tx.exec(
+                "UPDATE datasets SET lease_until = ?4, valid = ?5, attempted = ?6, \
+                 rejected_too_few_receivers = ?7, rejected_low_snr = ?8, rejected_high_gdop = ?9 \
+                 WHERE id = ?1 AND lease_owner = ?2 AND attempt = ?3 AND status = 'running'",
+                &[
+                    Param::Text(id),
+                    Param::Text(owner),
+                    Param::I64(attempt as i64),
+                    Param::I64(until),
+                    v,
+                    a,
+                    r1,
+                    r2,
+                    r3,
+                ],
+            )?;
+            if held == 0 {
+                return Ok(Lease::Lost);
+            }
+            let cancel = tx
+                .query_opt(
+                    "SELECT cancel_requested FROM datasets WHERE id = ?1",
+                    &[Param::Text(id)],
+                )?
+                .map(|r| r.i64(0))
+                .transpose()?
+                .unwrap_or(0);
+            Ok(Lease::Held {
+                cancel: cancel != 0,
+            })
+        })
+    }
+
+    /// Ends a job `owner` ran as its `attempt`: `status` with its counts and error, the
+    /// lease released. False (nothing written) when the lease was lost.
+    pub fn finish_dataset(
+        &self,
+        id: &str,
+        owner: &str,
+        attempt: u64,
         status: DatasetStatus,
         counts: &Counts,
         error: Option<&str>,
-    ) -> Result<(), StoreError> {
-        let t = now();
-        self.with(|c| {
-            c.execute(
-                "UPDATE datasets SET status = ?2, valid = ?3, attempted = ?4, \
-                 rejected_too_few_receivers = ?5, rejected_low_snr = ?6, rejected_high_gdop = ?7, \
-                 error = ?8, \
-                 started_at = CASE WHEN ?2 = 'running' AND started_at IS NULL THEN ?9 ELSE started_at END, \
-                 finished_at = CASE WHEN ?2 IN ('completed', 'failed', 'cancelled', 'interrupted') THEN ?9 ELSE finished_at END \
-                 WHERE id = ?1",
-                params![
-                    id,
-                    status.name(),
-                    counts.valid as i64,
-                    counts.attempted as i64,
-                    counts.rejected_too_few_receivers as i64,
-                    counts.rejected_low_snr as i64,
-                    counts.rejected_high_gdop as i64,
-                    error,
-                    t
+    ) -> Result<bool, StoreError> {
+        self.catalog.write(PART, |tx| {
+            let [v, a, r1, r2, r3] = counts_params(counts);
+            let n = tx.exec(
+                "UPDATE datasets SET status = ?4, valid = ?5, attempted = ?6, \
+                 rejected_too_few_receivers = ?7, rejected_low_snr = ?8, rejected_high_gdop = ?9, \
+                 error = ?10, finished_at = ?11, lease_owner = NULL, lease_until = 0 \
+                 WHERE id = ?1 AND lease_owner = ?2 AND attempt = ?3 AND status = 'running'",
+                &[
+                    Param::Text(id),
+                    Param::Text(owner),
+                    Param::I64(attempt as i64),
+                    Param::Text(status.name()),
+                    v,
+                    a,
+                    r1,
+                    r2,
+                    r3,
+                    Param::OptText(error),
+                    Param::Text(&now()),
                 ],
-            )
+            )?;
+            Ok(n > 0)
         })
-        .map(|_| ())
-        .map_err(StoreError::catalog)
     }
 
-    /// Puts an interrupted job back in the queue; false when it is not interrupted.
-    pub fn requeue_dataset(&self, id: &str) -> Result<bool, StoreError> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE datasets SET status = 'queued', error = NULL, finished_at = NULL \
-                 WHERE id = ?1 AND status = 'interrupted'",
-                params![id],
-            )
+    /// Cancels a queued job at once; asks a running one's worker to stop (it sees the
+    /// request at its next lease renewal, through whichever replica runs it). Returns the
+    /// status the job had, or `None` when it had already ended (or does not exist).
+    pub fn request_dataset_cancel(&self, id: &str) -> Result<Option<DatasetStatus>, StoreError> {
+        self.catalog.write(PART, |tx| {
+            if tx.exec(
+                "UPDATE datasets SET status = 'cancelled', finished_at = ?2, cancel_requested = 1 \
+                 WHERE id = ?1 AND status = 'queued'",
+                &[Param::Text(id), Param::Text(&now())],
+            )? > 0
+            {
+                return Ok(Some(DatasetStatus::Queued));
+            }
+            let running = tx.exec(
+                "UPDATE datasets SET cancel_requested = 1 WHERE id = ?1 AND status = 'running'",
+                &[Param::Text(id)],
+            )?;
+            Ok((running > 0).then_some(DatasetStatus::Running))
         })
-        .map(|n| n > 0)
-        .map_err(StoreError::catalog)
+    }
+
+    /// Puts an interrupted job at the back of the queue, unless `max_queued` jobs wait.
+    pub fn requeue_dataset(&self, id: &str, max_queued: usize) -> Result<Requeue, StoreError> {
+        self.catalog.write(PART, |tx| {
+            tx.serialize_on(QUEUE_LOCK)?;
+            if queued(tx)? >= max_queued as u64 {
+                return Ok(Requeue::QueueFull);
+            }
+            let seq = next_queue_seq(tx)?;
+            let n = tx.exec(
+                "UPDATE datasets SET status = 'queued', error = NULL, finished_at = NULL, \
+                 cancel_requested = 0, queue_seq = ?2 WHERE id = ?1 AND status = 'interrupted'",
+                &[Param::Text(id), Param::I64(seq)],
+            )?;
+            Ok(if n > 0 {
+                Requeue::Queued
+            } else {
+                Requeue::NotInterrupted
+            })
+        })
     }
 
     pub fn delete_dataset(&self, tenant: &str, id: &str) -> Result<bool, StoreError> {
-        self.with(|c| {
-            c.execute(
+        self.catalog.write(PART, |tx| {
+            let n = tx.exec(
                 "DELETE FROM datasets WHERE id = ?1 AND tenant = ?2",
-                params![id, tenant],
-            )
+                &[Param::Text(id), Param::Text(tenant)],
+            )?;
+            Ok(n > 0)
         })
-        .map(|n| n > 0)
-        .map_err(StoreError::catalog)
     }
 
-    /// At start-up: jobs a previous process left queued or running are marked
-    /// interrupted (their partial files are removed by the caller). Returns their ids.
+    /// At start-up of an embedded store: jobs a previous process left queued or running
+    /// are marked interrupted (their files are kept for resume). Returns their ids.
     pub fn interrupt_unfinished_datasets(&self) -> Result<Vec<String>, StoreError> {
-        self.with(|c| {
-            let ids: Vec<String> = {
-                let mut st =
-                    c.prepare("SELECT id FROM datasets WHERE status IN ('queued', 'running')")?;
-                let rows = st.query_map([], |r| r.get(0))?;
-                rows.collect::<rusqlite::Result<_>>()?
-            };
-            c.execute(
+        self.catalog.write(PART, |tx| {
+            let ids = tx
+                .query(
+                    "SELECT id FROM datasets WHERE status IN ('queued', 'running')",
+                    &[],
+                )?
+                .iter()
+                .map(|r| r.text(0))
+                .collect::<Result<Vec<_>, _>>()?;
+            tx.exec(
                 "UPDATE datasets SET status = 'interrupted', finished_at = ?1, \
+                 lease_owner = NULL, lease_until = 0, \
                  error = 'the server stopped before the job finished; POST /datasets/{id}/resume continues it from its last checkpoint' \
                  WHERE status IN ('queued', 'running')",
-                params![now()],
+                &[Param::Text(&now())],
             )?;
             Ok(ids)
         })
-        .map_err(StoreError::catalog)
     }
 }

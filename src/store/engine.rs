@@ -152,6 +152,28 @@ impl Tx<'_> {
         }
     }
 
+    /// `FOR UPDATE SKIP LOCKED` where the engine has it: claimers at once take different
+    /// rows instead of queueing on one.
+    pub fn skip_locked(&self) -> &'static str {
+        match self {
+            Tx::Sqlite(_) => "",
+            Tx::Postgres(_) => " FOR UPDATE SKIP LOCKED",
+        }
+    }
+
+    /// Serialises this transaction with every other that takes `key`, until it ends
+    /// (PostgreSQL: a transaction-level advisory lock; SQLite's write transaction already
+    /// excludes every other writer).
+    pub fn serialize_on(&mut self, key: i64) -> Result<(), DbError> {
+        match self {
+            Tx::Sqlite(_) => Ok(()),
+            Tx::Postgres(tx) => {
+                tx.execute("SELECT pg_advisory_xact_lock($1)", &[&key])?;
+                Ok(())
+            }
+        }
+    }
+
     pub fn exec(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, DbError> {
         match self {
             Tx::Sqlite(tx) => Ok(tx.execute(sql, rusqlite::params_from_iter(params))? as u64),
@@ -314,6 +336,14 @@ impl Engine {
             .join()
             .unwrap_or_else(|_| Err("the migration thread panicked".into()))
         })
+    }
+
+    /// Another handle on the same database (the same connection or pool).
+    pub fn share(&self) -> Engine {
+        match self {
+            Engine::Sqlite(conn) => Engine::Sqlite(conn.clone()),
+            Engine::Postgres(pool) => Engine::Postgres(pool.clone()),
+        }
     }
 
     pub fn is_postgres(&self) -> bool {

@@ -17,11 +17,12 @@ pub(super) struct Migration {
     pub postgres: &'static str,
 }
 
-pub(super) const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "privacy budgets, their ledger, the dataset catalog",
-    sql: concat!(
-        "
+pub(super) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "privacy budgets, their ledger, the dataset catalog",
+        sql: concat!(
+            "
 CREATE TABLE IF NOT EXISTS budgets (
     id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -50,7 +51,7 @@ CREATE TABLE IF NOT EXISTS budget_charges (
     PRIMARY KEY (budget_id, seq)
 );
 ",
-        "
+            "
 CREATE TABLE IF NOT EXISTS datasets (
     id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -72,8 +73,8 @@ CREATE TABLE IF NOT EXISTS datasets (
 );
 CREATE INDEX IF NOT EXISTS datasets_by_tenant ON datasets (tenant, created_at);
 "
-    ),
-    postgres: "
+        ),
+        postgres: "
 CREATE TABLE budgets (
     id TEXT PRIMARY KEY,
     tenant TEXT NOT NULL,
@@ -122,7 +123,29 @@ CREATE TABLE datasets (
 );
 CREATE INDEX datasets_by_tenant ON datasets (tenant, created_at);
 ",
-}];
+    },
+    Migration {
+        version: 2,
+        name: "the dataset queue: order, worker leases, cancellation requests",
+        sql: "
+ALTER TABLE datasets ADD COLUMN queue_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE datasets ADD COLUMN lease_owner TEXT;
+ALTER TABLE datasets ADD COLUMN lease_until INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE datasets ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE datasets ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
+UPDATE datasets SET queue_seq = rowid;
+CREATE INDEX datasets_queue ON datasets (status, queue_seq);
+",
+        postgres: "
+ALTER TABLE datasets ADD COLUMN queue_seq BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE datasets ADD COLUMN lease_owner TEXT;
+ALTER TABLE datasets ADD COLUMN lease_until BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE datasets ADD COLUMN attempt BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE datasets ADD COLUMN cancel_requested BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX datasets_queue ON datasets (status, queue_seq);
+",
+    },
+];
 
 /// The version this build writes.
 pub(super) fn latest() -> u32 {
@@ -247,10 +270,32 @@ mod tests {
             .unwrap();
             assert_eq!(version(&dir), 0);
         }
+        {
+            let conn = Connection::open(dir.join("gpu-ops.sqlite3")).unwrap();
+            conn.execute(
+                "INSERT INTO datasets (id, tenant, name, dataset_type, num_samples, seed, config, \
+                 status, valid, created_at, finished_at) VALUES ('ds_old', 't', 'old', 'features', \
+                 5, -1, '{}', 'interrupted', 2, '2026-11-01T00:00:00Z', '2026-11-01T00:01:00Z')",
+                [],
+            )
+            .unwrap();
+        }
         let store = Store::open(&dir).unwrap();
         assert_eq!(version(&dir), latest());
         let b = store.budget("t", "b1").unwrap();
         assert_eq!((b.epsilon_spent, b.charges), (1.25, 1));
+        // Version 2 put the old job in the queue's order: it can be resumed and claimed.
+        let d = store.dataset("t", "ds_old").unwrap().unwrap();
+        assert_eq!((d.seed, d.counts.valid), (u64::MAX, 2));
+        assert_eq!(
+            store.requeue_dataset("ds_old", 4).unwrap(),
+            super::super::Requeue::Queued
+        );
+        let job = store
+            .claim_dataset("w", std::time::Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+        assert_eq!((job.row.id.as_str(), job.attempt), ("ds_old", 1));
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod engine;
 mod migrations;
 
 pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
-pub use datasets::{Counts, DatasetRow, DatasetStatus, NewDataset};
+pub use datasets::{ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease, NewDataset, Requeue};
 
 use engine::{DbError, Engine};
 use rusqlite::Connection;
@@ -18,10 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub struct Store {
-    /// The embedded file: the dataset catalog, and in embedded mode everything.
-    local: Arc<Mutex<Connection>>,
     /// Where budgets live: `local` again, or PostgreSQL.
     shared: Engine,
+    /// Where the dataset catalog and its queue live: `local`, in either mode, until
+    /// dataset files move to shared object storage.
+    catalog: Engine,
     path: PathBuf,
 }
 
@@ -111,10 +112,19 @@ impl Store {
             }
         };
         Ok(Self {
-            local,
+            catalog: Engine::Sqlite(local),
             shared,
             path,
         })
+    }
+
+    /// Moves the dataset catalog and its queue into the shared engine. Not served yet:
+    /// dataset files are still per replica, so a shared queue would hand one replica's
+    /// job to another that lacks its files. The queue's tests run it on PostgreSQL.
+    #[doc(hidden)]
+    pub fn with_catalog_in_shared_engine(mut self) -> Self {
+        self.catalog = self.shared.share();
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -129,11 +139,6 @@ impl Store {
     /// The schema version this build keeps the database at.
     pub fn schema_version() -> u32 {
         migrations::latest()
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
-        let mut conn = self.local.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut conn)
     }
 }
 
@@ -167,10 +172,6 @@ impl StoreError {
     /// statement.
     pub fn is_unavailable(&self) -> bool {
         self.unavailable
-    }
-
-    fn catalog(e: rusqlite::Error) -> Self {
-        Self::new("dataset catalog", e)
     }
 }
 

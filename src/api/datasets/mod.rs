@@ -374,13 +374,19 @@ pub async fn cancel_dataset(
     who: Option<Extension<Tenant>>,
     ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Response, Problem> {
-    let row = find(&state, &tenant(&who), &id).await?;
-    if row.status.is_final() || !state.datasets.cancel(&id) {
+    let t = tenant(&who);
+    let row = find(&state, &t, &id).await?;
+    let st = state.clone();
+    let cancelled = !row.status.is_final()
+        && blocking(move || st.datasets.cancel(&id).map_err(Problem::from)).await?;
+    if !cancelled {
         return Err(Problem::new(
             ErrorCode::DatasetFinished,
             format!("the job has already ended ({})", row.status.name()),
         ));
     }
+    // A queued job is cancelled already; a running one stops within a second.
+    let row = find(&state, &t, &row.id).await?;
     Ok((StatusCode::ACCEPTED, Json(view(&state, row))).into_response())
 }
 
