@@ -14,9 +14,10 @@ yamllint -s docker-compose.yml deploy .yamllint.yaml
 echo "== docker-compose config (GPU default and CPU profile)"
 docker-compose -f docker-compose.yml config -q
 services="$(docker-compose -f docker-compose.yml --profile cpu config --services | sort | tr '\n' ' ')"
-[ "$services" = "gpu-ops gpu-ops-cpu grafana postgres prometheus replica-a replica-b " ] || { echo "unexpected services: $services" >&2; exit 1; }
+[ "$services" = "gpu-ops gpu-ops-cpu grafana objects postgres prometheus replica-a replica-b " ] || { echo "unexpected services: $services" >&2; exit 1; }
 scaled="$(docker-compose -f docker-compose.yml --profile scale config)"
 for want in "GPU_OPS_DATABASE_URL: postgres://gpu_ops:gpu_ops@postgres:5432/gpu_ops" \
+            "GPU_OPS_ARTIFACT_STORE: s3://gpu-ops/datasets" "AWS_ENDPOINT_URL: http://objects:8333" \
             "8081" "8082" "condition: service_healthy"; do
   grep -q -- "$want" <<<"$scaled" || { echo "the scale profile lacks: $want" >&2; exit 1; }
 done
@@ -32,6 +33,8 @@ grep -q 'nvidia.com/gpu: 1' "$tmp/gpu.yaml" || { echo "GPU overlay requests no G
 ! grep -q 'nvidia.com/gpu' "$tmp/base.yaml" || { echo "base must not require a GPU" >&2; exit 1; }
 grep -A5 'name: GPU_OPS_DATABASE_URL' "$tmp/base.yaml" | grep -q 'optional: true' \
   || { echo "base must take --database-url from an optional Secret" >&2; exit 1; }
+grep -A2 'name: gpu-ops-object-store' "$tmp/base.yaml" | grep -q 'optional: true' \
+  || { echo "base must take the object store's settings from an optional Secret" >&2; exit 1; }
 yamllint -s -d '{extends: relaxed, rules: {line-length: disable}}' "$tmp/base.yaml" "$tmp/gpu.yaml"
 echo "== promtool"
 promtool check config deploy/prometheus/prometheus.yml

@@ -164,6 +164,16 @@ pub struct Config {
         hide_env_values = true
     )]
     pub database_url: String,
+    /// Where finished dataset files are kept: empty for --data-dir, or
+    /// `s3://bucket[/prefix]` in S3-compatible object storage (endpoint, region and
+    /// credentials from the AWS_* variables), where every replica can serve them.
+    #[arg(long, env = "GPU_OPS_ARTIFACT_STORE", default_value = "")]
+    pub artifact_store: String,
+    /// How long a replica's claim on a running dataset job lasts without renewal (it
+    /// renews every second): past it the replica is taken for dead and another one
+    /// resumes the job. Only with a shared catalog (--database-url and --artifact-store).
+    #[arg(long, env = "GPU_OPS_DATASET_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub dataset_lease: std::time::Duration,
     /// Most PostgreSQL connections one replica holds open.
     #[arg(long, env = "GPU_OPS_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
     pub database_max_connections: u32,
@@ -222,6 +232,13 @@ impl Config {
         }
         if !(0.0..=1.0).contains(&self.verify_fraction) {
             return Err("--verify-fraction must be between 0 and 1".into());
+        }
+        if !(std::time::Duration::from_secs(2)..=std::time::Duration::from_secs(600))
+            .contains(&self.dataset_lease)
+        {
+            return Err(
+                "--dataset-lease must be 2s to 10m (leases are renewed every second)".into(),
+            );
         }
         if !(1..=1024).contains(&self.database_max_connections) {
             return Err("--database-max-connections must be 1 to 1024".into());

@@ -49,8 +49,17 @@ impl App {
         let cfg = &settings.config;
         let metrics = Arc::new(Metrics::new());
         let database = store::DatabaseUrl::parse(&cfg.database_url, cfg.database_max_connections)?;
-        let store = Arc::new(Store::open_with(&cfg.data_dir, &database)?);
-        tracing::info!(database = %database.redacted(), "privacy budgets stored");
+        let mut store = Store::open_with(&cfg.data_dir, &database)?;
+        // Datasets are shared when both their catalog and their files can be.
+        if store.is_shared() && !cfg.artifact_store.is_empty() {
+            store = store.with_catalog_in_shared_engine();
+        }
+        let store = Arc::new(store);
+        tracing::info!(
+            database = %database.redacted(),
+            datasets_shared = store.is_catalog_shared(),
+            "store opened"
+        );
         if cfg.dp_allow_client_seed {
             tracing::warn!("--dp-allow-client-seed is on: clients can make privacy noise predictable; never in production");
         }
@@ -59,13 +68,32 @@ impl App {
             CpuExecutor::new(settings.cpu_threads)?,
             metrics.clone(),
         ));
+        let artifacts = (!cfg.artifact_store.is_empty())
+            .then(|| {
+                datasets::artifacts::ObjectArtifacts::open(
+                    &cfg.artifact_store,
+                    tokio::runtime::Handle::current(),
+                )
+            })
+            .transpose()?
+            .map(Arc::new);
+        if let Some(a) = &artifacts {
+            tracing::info!(
+                location = a.location(),
+                "finished dataset files kept in object storage"
+            );
+        }
         let datasets = datasets::Datasets::start(
             store.clone(),
             metrics.clone(),
             &cfg.data_dir,
-            settings.cpu_threads,
-            cfg.max_dataset_jobs,
+            datasets::WorkerSettings {
+                threads: settings.cpu_threads,
+                max_queued: cfg.max_dataset_jobs,
+                lease: cfg.dataset_lease,
+            },
             backends.clone(),
+            artifacts,
         )?;
         let pool = Arc::new(Pool::start(
             PoolConfig {
@@ -200,6 +228,17 @@ impl App {
             .is_err()
         {
             tracing::warn!("jobs still running at exit");
+        }
+        // The dataset job stops at its next batch and records how it ended (interrupted,
+        // or handed back to a shared queue); leaving before that would leave it to its
+        // lease.
+        let until = tokio::time::Instant::now() + grace;
+        while state.datasets.is_running_a_job() {
+            if tokio::time::Instant::now() >= until {
+                tracing::warn!("the dataset job had not stopped at exit");
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         tracing::info!("stopped");
         Ok(())

@@ -203,6 +203,15 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
     if !unprocessable.is_empty() {
         out.push((422, unprocessable));
     }
+    // The dataset catalog may live in the shared database (`--database-url` with
+    // `--artifact-store`), which can be out of reach.
+    let catalog = op
+        .get("tags")
+        .and_then(Value::as_array)
+        .is_some_and(|t| t.iter().any(|t| t == "datasets"));
+    if catalog {
+        out.push((503, vec![ErrorCode::StorageUnavailable]));
+    }
     if job {
         out.push((
             503,

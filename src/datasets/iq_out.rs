@@ -5,12 +5,12 @@
 //! and renamed into place when the job completes; the catalog marks a job completed only
 //! after that, so a reader never sees half a dataset.
 
+use super::artifacts::ReadAt;
 use crate::ops::rf::dataset::SampleRecord;
 use rustfft::num_complex::Complex32;
 use serde::Serialize;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 const FILES: [&str; 3] = ["iq.cf32", "iq.meta", "iq.index"];
@@ -182,16 +182,11 @@ impl IqWriter {
 }
 
 /// Sample k's entry, or None past the end.
-pub fn entry(dir: &Path, k: u64) -> Result<Option<IqEntry>, String> {
-    let p = dir.join(FILES[2]);
-    let f = File::open(&p).map_err(|e| io(&p, e))?;
-    let len = f.metadata().map_err(|e| io(&p, e))?.len();
-    if k >= len / INDEX_RECORD {
+pub fn entry(files: &dyn ReadAt, k: u64) -> Result<Option<IqEntry>, String> {
+    if k >= files.len(FILES[2])? / INDEX_RECORD {
         return Ok(None);
     }
-    let mut b = [0u8; INDEX_RECORD as usize];
-    f.read_exact_at(&mut b, k * INDEX_RECORD)
-        .map_err(|e| io(&p, e))?;
+    let b = files.read_at(FILES[2], k * INDEX_RECORD, INDEX_RECORD as usize)?;
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
     Ok(Some(IqEntry {
@@ -203,24 +198,20 @@ pub fn entry(dir: &Path, k: u64) -> Result<Option<IqEntry>, String> {
 }
 
 /// The sample's stored truth JSON.
-pub fn truth(dir: &Path, e: &IqEntry) -> Result<serde_json::Value, String> {
-    let p = dir.join(FILES[1]);
-    let f = File::open(&p).map_err(|e| io(&p, e))?;
-    let mut b = vec![0u8; e.meta_len as usize];
-    f.read_exact_at(&mut b, e.meta_offset)
-        .map_err(|e| io(&p, e))?;
-    serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))
+pub fn truth(files: &dyn ReadAt, e: &IqEntry) -> Result<serde_json::Value, String> {
+    let b = files.read_at(FILES[1], e.meta_offset, e.meta_len as usize)?;
+    serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", FILES[1]))
 }
 
 /// Receiver `rx`'s recording as `cf32_le` bytes (`len` complex samples).
-pub fn recording(dir: &Path, e: &IqEntry, rx: u32, len: usize) -> Result<Vec<u8>, String> {
-    let p = dir.join(FILES[0]);
-    let f = File::open(&p).map_err(|e| io(&p, e))?;
+pub fn recording(files: &dyn ReadAt, e: &IqEntry, rx: u32, len: usize) -> Result<Vec<u8>, String> {
     let bytes = len as u64 * 8;
-    let mut b = vec![0u8; bytes as usize];
-    f.read_exact_at(&mut b, e.data_offset + rx as u64 * bytes)
-        .map_err(|e| io(&p, e))?;
-    Ok(b)
+    files.read_at(FILES[0], e.data_offset + rx as u64 * bytes, bytes as usize)
+}
+
+/// The finished files, as they are published to an artifact store.
+pub fn published_files() -> [&'static str; 3] {
+    FILES
 }
 
 /// Bytes one sample takes on disk at most: its recordings, truth and index record.
@@ -231,6 +222,7 @@ pub fn bytes_per_sample(receivers: usize, len: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::datasets::artifacts::LocalFiles;
     use crate::ops::rf::dataset::sample;
     use crate::ops::rf::rng::dataset_key;
     use crate::ops::rf::scenario::Scenario;
@@ -263,13 +255,13 @@ mod tests {
         assert!(!dir.join("iq.index").exists(), "renamed before finish");
         w.finish().unwrap();
         for (k, r) in recs.iter().enumerate() {
-            let e = entry(&dir, k as u64).unwrap().unwrap();
+            let e = entry(&LocalFiles(&dir), k as u64).unwrap().unwrap();
             assert_eq!(e.receivers as usize, r.receivers.len());
-            let t = truth(&dir, &e).unwrap();
+            let t = truth(&LocalFiles(&dir), &e).unwrap();
             assert_eq!(t["sample_index"], r.index);
             assert_eq!(t["tx"]["lat"], r.tx.lat);
             let last = e.receivers - 1;
-            let b = recording(&dir, &e, last, len).unwrap();
+            let b = recording(&LocalFiles(&dir), &e, last, len).unwrap();
             let x = &r.iq.as_ref().unwrap()[last as usize];
             assert_eq!(f32::from_le_bytes(b[8..12].try_into().unwrap()), x[1].re);
             assert_eq!(
@@ -277,7 +269,7 @@ mod tests {
                 x[len - 1].im
             );
         }
-        assert_eq!(entry(&dir, 3).unwrap(), None);
+        assert_eq!(entry(&LocalFiles(&dir), 3).unwrap(), None);
         // A crash after finish but before the catalog said completed: resuming takes the
         // renamed files back and cuts them to the checkpoint.
         let w = IqWriter::open(&dir, len, at).unwrap();

@@ -17,12 +17,14 @@
 //! devices for the rest of that job. Either way the batch reruns on the CPU and nothing
 //! is lost.
 
+pub mod artifacts;
 mod checkpoint;
 pub mod iq_out;
 pub mod parquet_out;
 pub mod sigmf;
 mod worker;
 
+use artifacts::ObjectArtifacts;
 use checkpoint::Checkpoint;
 pub use worker::DATASET_NICE;
 use worker::{dataset_pool, lower_priority};
@@ -44,10 +46,6 @@ use crate::ops::rf::dataset::DATASET_OP;
 pub const MAX_ATTEMPTS_PER_SAMPLE: u64 = 100;
 /// How often running progress is written to the catalog, renewing the worker's lease.
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
-/// How long a claimed job stays its worker's without a renewal: past it, the worker is
-/// taken for dead and another may claim the job. Many renewals fit in it, so a slow batch
-/// or a busy database does not lose a live worker its job.
-const LEASE: Duration = Duration::from_secs(30);
 /// How often an idle worker looks for a job it was not woken for.
 const IDLE_POLL: Duration = Duration::from_secs(1);
 /// Free space left under `--data-dir` for the catalog and the rest of the system: a job
@@ -134,9 +132,17 @@ pub struct Datasets {
     /// This process's worker, as lease owner: host, pid and a random tag.
     owner: String,
     max_queued: usize,
+    /// How long a claimed job stays this worker's without a renewal (`--dataset-lease`):
+    /// past it the worker is taken for dead and another may claim the job. Many
+    /// renewals fit in it, so a slow batch or a busy database does not lose a live
+    /// worker its job.
+    lease: Duration,
     /// Set at shutdown: running and queued jobs end as `interrupted`, not `cancelled`.
     stopping: AtomicBool,
     backends: Arc<Backends>,
+    /// Where finished files are published (`--artifact-store`); `None`: they stay where
+    /// the worker wrote them.
+    artifacts: Option<Arc<ObjectArtifacts>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -155,21 +161,37 @@ pub enum SubmitError {
     QuotaExceeded { need: u64, used: u64, quota: u64 },
 }
 
+/// How the dataset worker runs: its threads, the queue's cap and its claims' lease.
+pub struct WorkerSettings {
+    pub threads: usize,
+    pub max_queued: usize,
+    pub lease: Duration,
+}
+
 impl Datasets {
-    /// Marks jobs a previous process left unfinished as interrupted, removes their
-    /// partial files, and starts the worker.
+    /// Marks jobs a previous process left unfinished as interrupted (an embedded
+    /// catalog), and starts the worker.
     pub fn start(
         store: Arc<Store>,
         metrics: Arc<Metrics>,
         data_dir: &Path,
-        threads: usize,
-        max_queued: usize,
+        settings: WorkerSettings,
         backends: Arc<Backends>,
+        artifacts: Option<Arc<ObjectArtifacts>>,
     ) -> Result<Arc<Self>, String> {
+        let WorkerSettings {
+            threads,
+            max_queued,
+            lease,
+        } = settings;
         let dir = data_dir.join("datasets");
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        for id in store.interrupt_unfinished_datasets()? {
-            tracing::warn!(dataset = %id, "dataset job interrupted by the previous shutdown; its files are kept for resume");
+        // A shared queue outlives any one replica: what this one left running is resumed
+        // by whichever replica claims it when its lease runs out.
+        if !store.is_catalog_shared() {
+            for id in store.interrupt_unfinished_datasets()? {
+                tracing::warn!(dataset = %id, "dataset job interrupted by the previous shutdown; its files are kept for resume");
+            }
         }
         let pool = dataset_pool(threads)?;
         let (wake, woken) = sync_channel::<()>(1);
@@ -181,8 +203,10 @@ impl Datasets {
             wake,
             owner: worker_id()?,
             max_queued,
+            lease,
             stopping: AtomicBool::new(false),
             backends,
+            artifacts,
         });
         let worker = this.clone();
         std::thread::Builder::new()
@@ -199,7 +223,7 @@ impl Datasets {
     /// woken or for the next poll. Ends at shutdown.
     fn work(&self, woken: &Receiver<()>, pool: &rayon::ThreadPool) {
         while !self.stopping.load(Ordering::SeqCst) {
-            match self.store.claim_dataset(&self.owner, LEASE) {
+            match self.store.claim_dataset(&self.owner, self.lease) {
                 Ok(Some(job)) => {
                     self.run(job, pool);
                     continue;
@@ -224,7 +248,7 @@ impl Datasets {
     }
 
     pub fn result_path(&self, id: &str) -> PathBuf {
-        self.dir.join(id).join("features.parquet")
+        self.dir.join(id).join(parquet_out::RESULT_FILE)
     }
 
     /// Queues a job whose files take at most `estimate` bytes (`estimate_bytes`).
@@ -367,9 +391,10 @@ impl Datasets {
         }
     }
 
-    /// Stops the running job, which is recorded as interrupted, and claims nothing more.
-    /// Jobs still queued stay queued in the catalog (an embedded store marks them
-    /// interrupted at the next start).
+    /// Stops the running job, and claims nothing more. With an embedded catalog the job
+    /// is recorded as interrupted (resumed by `POST /datasets/{id}/resume`), and jobs
+    /// still queued are marked so at the next start; with a shared one it goes back to
+    /// the queue, where another replica takes it over.
     pub fn shutdown(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         for a in self.lock().values() {
@@ -378,10 +403,27 @@ impl Datasets {
         self.wake_worker();
     }
 
-    /// Removes the job's files (stopping it first if it runs).
-    pub fn remove_files(&self, id: &str) {
+    /// Whether this process's worker is running a job now.
+    pub fn is_running_a_job(&self) -> bool {
+        self.lock()
+            .values()
+            .any(|a| a.running.load(Ordering::SeqCst))
+    }
+
+    /// Where a completed job's files are served from: the object store, when there is one.
+    pub fn artifacts(&self) -> Option<&ObjectArtifacts> {
+        self.artifacts.as_deref()
+    }
+
+    /// Removes the job's files, here and in the object store (stopping it first if it
+    /// runs here).
+    pub fn remove_files(&self, id: &str) -> Result<(), String> {
         self.stop_local(id);
         let _ = std::fs::remove_dir_all(self.dir.join(id));
+        if let Some(a) = &self.artifacts {
+            a.delete_dataset(id)?;
+        }
+        Ok(())
     }
 }
 

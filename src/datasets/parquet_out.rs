@@ -23,6 +23,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The finished features file of a job, in its directory (and its object store key).
+pub const RESULT_FILE: &str = "features.parquet";
+
 /// The file's key-value metadata entry naming the generator version that made it.
 pub const GENERATOR_VERSION_KEY: &str = "gpu_ops.generator_version";
 

@@ -2,8 +2,9 @@
 //! by batch on the device the backends hand out (or the CPU), accepting samples in
 //! index order, checkpointing at every sealed Parquet part.
 
+use super::artifacts::ObjectArtifacts;
 use super::checkpoint::{Checkpoint, CHECKPOINT};
-use super::iq_out::IqWriter;
+use super::iq_out::{self, IqWriter};
 use super::parquet_out::{self, FeatureWriter};
 use super::{
     gib, Active, Datasets, DATASET_OP, DISK_RESERVE_BYTES, MAX_ATTEMPTS_PER_SAMPLE, PERSIST_EVERY,
@@ -147,6 +148,37 @@ impl Datasets {
         let outcome = self.run_job(&job.row, &active, &lease, pool);
         if let Err(JobEnd::LeaseLost) = outcome {
             tracing::warn!(dataset = %id, attempt = job.attempt, "the dataset job's lease was lost (it was deleted, or taken over after this worker stalled); this worker stopped and records nothing");
+            if matches!(self.store.dataset_any(id), Ok(None)) {
+                let _ = std::fs::remove_dir_all(self.dir.join(id));
+            }
+            self.lock().remove(id);
+            return;
+        }
+        let counts_now = || {
+            active
+                .progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .counts
+                .clone()
+        };
+        // A replica shutting down hands a shared queue's job back at once.
+        if self.stopping.load(Ordering::SeqCst)
+            && self.store.is_catalog_shared()
+            && matches!(outcome, Ok(DatasetStatus::Cancelled))
+        {
+            match self
+                .store
+                .release_dataset(id, lease.owner, lease.attempt, &counts_now())
+            {
+                Ok(true) => {
+                    tracing::info!(dataset = %id, "dataset job handed back to the queue at shutdown")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(dataset = %id, error = %e, "cannot hand the dataset job back; another replica takes it when its lease runs out")
+                }
+            }
             self.lock().remove(id);
             return;
         }
@@ -184,14 +216,25 @@ impl Datasets {
             &counts,
             error.as_deref(),
         ) {
-            // Only now are the parts and the checkpoint no longer needed for a resume.
+            // Only now are the parts and the checkpoint no longer needed for a resume;
+            // with an object store, nothing here is (the files are served from there).
             Ok(true) if status == DatasetStatus::Completed => {
-                parquet_out::remove_parts(&self.result_path(id));
-                let _ = std::fs::remove_file(self.dir.join(id).join(CHECKPOINT));
+                if self.artifacts.is_some() {
+                    let _ = std::fs::remove_dir_all(self.dir.join(id));
+                } else {
+                    parquet_out::remove_parts(&self.result_path(id));
+                    let _ = std::fs::remove_file(self.dir.join(id).join(CHECKPOINT));
+                }
             }
             Ok(true) => {}
             Ok(false) => {
-                tracing::warn!(dataset = %id, "the dataset job was deleted or taken over as it ended; its end is not recorded")
+                tracing::warn!(dataset = %id, "the dataset job was deleted or taken over as it ended; its end is not recorded");
+                // A deletion that ran while this worker published: take the files back out.
+                if let (Some(store), DatasetStatus::Completed) = (&self.artifacts, status) {
+                    if self.store.dataset_any(id).ok().flatten().is_none() {
+                        let _ = store.delete_dataset(id);
+                    }
+                }
             }
             Err(e) => {
                 tracing::error!(dataset = %id, error = %e, "cannot record the dataset job's end")
@@ -266,6 +309,9 @@ impl Datasets {
         // Still ours before the result is made whole.
         self.renew(id, lease, active, &counts)?;
         files.finish()?;
+        if let Some(store) = &self.artifacts {
+            publish(store, id, &self.dir.join(id), keep_iq)?;
+        }
         Ok(DatasetStatus::Completed)
     }
 
@@ -280,7 +326,7 @@ impl Datasets {
     ) -> Result<(), JobEnd> {
         match self
             .store
-            .renew_dataset_lease(id, lease.owner, lease.attempt, super::LEASE, counts)
+            .renew_dataset_lease(id, lease.owner, lease.attempt, self.lease, counts)
             .map_err(|e| JobEnd::Failed(e.to_string()))?
         {
             Lease::Held { cancel } => {
@@ -333,6 +379,21 @@ impl Datasets {
             })
         })
     }
+}
+
+/// Uploads a finished job's files: the features, and the recordings of an `iq_raw` job.
+fn publish(store: &ObjectArtifacts, id: &str, dir: &Path, keep_iq: bool) -> Result<(), String> {
+    store.upload(
+        id,
+        parquet_out::RESULT_FILE,
+        &dir.join(parquet_out::RESULT_FILE),
+    )?;
+    if keep_iq {
+        for name in iq_out::published_files() {
+            store.upload(id, name, &dir.join(name))?;
+        }
+    }
+    Ok(())
 }
 
 /// Whose run of a job this is: the lease's owner and the claim's attempt number.

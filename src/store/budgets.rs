@@ -137,7 +137,7 @@ fn find(tx: &mut Tx<'_>, tenant: &str, id: &str, lock: bool) -> Result<Stored, B
 }
 
 /// Writes a budget's composed RDP and the ε it gives; `charges` is the count of charges
-/// standing.
+/// standing. Returns the budget as written.
 fn set_total(
     tx: &mut Tx<'_>,
     id: &str,
@@ -145,10 +145,12 @@ fn set_total(
     (eps, order): (f64, Option<f64>),
     charges: u64,
     at: &str,
-) -> Result<(), BudgetError> {
-    tx.exec(
-        "UPDATE budgets SET rdp = ?2, epsilon_spent = ?3, optimal_order = ?4, charges = ?5, \
-         updated_at = ?6 WHERE id = ?1",
+) -> Result<Budget, BudgetError> {
+    let row = tx.query_opt(
+        &format!(
+            "UPDATE budgets SET rdp = ?2, epsilon_spent = ?3, optimal_order = ?4, charges = ?5, \
+             updated_at = ?6 WHERE id = ?1 RETURNING {COLUMNS}"
+        ),
         &[
             Param::Text(id),
             Param::Text(&to_json(total)),
@@ -158,7 +160,7 @@ fn set_total(
             Param::Text(at),
         ],
     )?;
-    Ok(())
+    Ok(stored(&row.ok_or(BudgetError::NotFound)?)?.budget)
 }
 
 impl Store {
@@ -259,38 +261,27 @@ impl Store {
                     limit: b.budget.epsilon_limit,
                 });
             }
-            // Under the budget's lock, so no other charge takes this number.
+            // Under the budget's lock, so no other charge takes this number. One statement
+            // each for the ledger entry and the total: few round trips hold the lock.
+            let at = now();
             let seq = tx
                 .query_opt(
-                    "SELECT COALESCE(MAX(seq), 0) + 1 FROM budget_charges WHERE budget_id = ?1",
-                    &[Param::Text(id)],
+                    "INSERT INTO budget_charges (budget_id, seq, kind, params, rdp, epsilon_after, \
+                     status, at) SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4, ?5, 'charged', ?6 \
+                     FROM budget_charges WHERE budget_id = ?1 RETURNING seq",
+                    &[
+                        Param::Text(id),
+                        Param::Text(charge.kind),
+                        Param::Text(&charge.params.to_string()),
+                        Param::Text(&to_json(&step)),
+                        Param::F64(eps),
+                        Param::Text(&at),
+                    ],
                 )?
-                .map(|r| r.u64(0))
-                .transpose()?
-                .unwrap_or(1);
-            let at = now();
-            tx.exec(
-                "INSERT INTO budget_charges (budget_id, seq, kind, params, rdp, epsilon_after, \
-                 status, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'charged', ?7)",
-                &[
-                    Param::Text(id),
-                    Param::I64(seq as i64),
-                    Param::Text(charge.kind),
-                    Param::Text(&charge.params.to_string()),
-                    Param::Text(&to_json(&step)),
-                    Param::F64(eps),
-                    Param::Text(&at),
-                ],
-            )?;
-            set_total(
-                tx,
-                id,
-                &total,
-                (eps, Some(order)),
-                b.budget.charges + 1,
-                &at,
-            )?;
-            Ok((find(tx, tenant, id, false)?.budget, seq))
+                .ok_or_else(|| StoreError::new(PART, "the ledger entry was not written"))?
+                .u64(0)?;
+            let after = set_total(tx, id, &total, (eps, Some(order)), b.budget.charges + 1, &at)?;
+            Ok((after, seq))
         })
     }
 
@@ -320,8 +311,7 @@ impl Store {
                 let (e, o) = accountant::epsilon_from_rdp(&b.orders, &total, b.budget.delta);
                 (e, Some(o))
             };
-            set_total(tx, id, &total, (eps, order), standing.len() as u64, &now())?;
-            Ok(find(tx, tenant, id, false)?.budget)
+            set_total(tx, id, &total, (eps, order), standing.len() as u64, &now())
         })
     }
 }

@@ -384,6 +384,37 @@ impl Store {
         })
     }
 
+    /// Gives a job `owner` runs back to the queue, at its old place (a replica shutting
+    /// down: another takes it over at once). False when the lease was lost.
+    pub fn release_dataset(
+        &self,
+        id: &str,
+        owner: &str,
+        attempt: u64,
+        counts: &Counts,
+    ) -> Result<bool, StoreError> {
+        self.catalog.write(PART, |tx| {
+            let [v, a, r1, r2, r3] = counts_params(counts);
+            let n = tx.exec(
+                "UPDATE datasets SET status = 'queued', valid = ?4, attempted = ?5, \
+                 rejected_too_few_receivers = ?6, rejected_low_snr = ?7, rejected_high_gdop = ?8, \
+                 lease_owner = NULL, lease_until = 0 \
+                 WHERE id = ?1 AND lease_owner = ?2 AND attempt = ?3 AND status = 'running'",
+                &[
+                    Param::Text(id),
+                    Param::Text(owner),
+                    Param::I64(attempt as i64),
+                    v,
+                    a,
+                    r1,
+                    r2,
+                    r3,
+                ],
+            )?;
+            Ok(n > 0)
+        })
+    }
+
     /// Cancels a queued job at once; asks a running one's worker to stop (it sees the
     /// request at its next lease renewal, through whichever replica runs it). Returns the
     /// status the job had, or `None` when it had already ended (or does not exist).

@@ -1,8 +1,9 @@
 //! Persistence. Privacy budgets and their ledger live in the *shared* engine: the embedded
 //! SQLite file under `--data-dir` by default (WAL, full synchronous commits, so what a
 //! response reports as written survives a crash), or PostgreSQL with `--database-url`,
-//! so that every replica charges one budget. The dataset catalog is in the embedded
-//! file in either case, per replica, until its queue moves to the shared engine.
+//! so that every replica charges one budget. The dataset catalog and its queue are in the
+//! embedded file, per replica, unless finished files are shared too (`--artifact-store`):
+//! then they are in PostgreSQL with the budgets.
 
 mod budgets;
 mod datasets;
@@ -20,8 +21,8 @@ use std::sync::{Arc, Mutex};
 pub struct Store {
     /// Where budgets live: `local` again, or PostgreSQL.
     shared: Engine,
-    /// Where the dataset catalog and its queue live: `local`, in either mode, until
-    /// dataset files move to shared object storage.
+    /// Where the dataset catalog and its queue live: the embedded file, or the shared
+    /// engine (`with_catalog_in_shared_engine`).
     catalog: Engine,
     path: PathBuf,
 }
@@ -118,10 +119,9 @@ impl Store {
         })
     }
 
-    /// Moves the dataset catalog and its queue into the shared engine. Not served yet:
-    /// dataset files are still per replica, so a shared queue would hand one replica's
-    /// job to another that lacks its files. The queue's tests run it on PostgreSQL.
-    #[doc(hidden)]
+    /// Moves the dataset catalog and its queue into the shared engine, for replicas whose
+    /// finished files are shared too (`--artifact-store`): any replica's worker may then
+    /// run any job, and any replica serve it.
     pub fn with_catalog_in_shared_engine(mut self) -> Self {
         self.catalog = self.shared.share();
         self
@@ -134,6 +134,11 @@ impl Store {
     /// Whether budgets live in PostgreSQL (shared by replicas).
     pub fn is_shared(&self) -> bool {
         self.shared.is_postgres()
+    }
+
+    /// Whether the dataset catalog and queue live in PostgreSQL (shared by replicas).
+    pub fn is_catalog_shared(&self) -> bool {
+        self.catalog.is_postgres()
     }
 
     /// The schema version this build keeps the database at.

@@ -5,8 +5,18 @@ use std::process::{Child, Command, Stdio};
 /// Starts the server binary on `data` (and `extra` flags) with an OS-chosen port, and returns it and the port it
 /// reports in its "listening" log line (no free-port race between parallel tests).
 pub fn spawn_server(data: &std::path::Path, extra: &[&str]) -> (Child, u16) {
+    spawn_server_env(data, extra, &[])
+}
+
+/// `spawn_server` with more environment variables.
+pub fn spawn_server_env(
+    data: &std::path::Path,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> (Child, u16) {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpu-ops"))
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args([
             "--bind",
             "127.0.0.1:0",
@@ -27,8 +37,11 @@ pub fn spawn_server(data: &std::path::Path, extra: &[&str]) -> (Child, u16) {
     let port = loop {
         let line = lines
             .next()
-            .expect("server exited before listening")
+            .expect("server exited before listening (see its log line above)")
             .unwrap();
+        if line.contains("\"ERROR\"") || !line.starts_with('{') {
+            eprintln!("server: {line}");
+        }
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
         if v["fields"]["message"] == "listening" {
             let address = v["fields"]["address"].as_str().unwrap().to_string();

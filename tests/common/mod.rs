@@ -3,6 +3,7 @@
 
 pub mod binary;
 pub mod pg;
+pub mod s3;
 
 use clap::Parser;
 use gpu_ops::api::AppState;

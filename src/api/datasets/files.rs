@@ -6,7 +6,8 @@ use crate::api::auth::{tenant, Tenant};
 use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{blocking, ApiPath, ApiQuery, AppState, IdParam};
-use crate::datasets::{iq_out, sigmf};
+use crate::datasets::artifacts::{LocalFiles, ReadAt};
+use crate::datasets::{iq_out, parquet_out, sigmf};
 use crate::store::DatasetRow;
 use axum::body::Body;
 use axum::extract::State;
@@ -14,7 +15,6 @@ use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use axum::Extension;
 use serde::Deserialize;
-use std::path::Path;
 use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
@@ -41,13 +41,33 @@ pub async fn dataset_features(
 ) -> Result<Response, Problem> {
     let row = find(&state, &tenant(&who), &id).await?;
     completed(&row, "features are")?;
-    let path = state.datasets.result_path(&id);
-    let file = tokio::fs::File::open(&path)
-        .await
-        .map_err(|e| Problem::internal(format!("{}: {e}", path.display())))?;
-    let len = file.metadata().await.map(|m| m.len()).ok();
-    let stream = tokio_util::io::ReaderStream::new(file);
-    let mut res = Response::new(Body::from_stream(stream));
+    let (len, body) = match state.datasets.artifacts() {
+        Some(store) => {
+            let (len, stream) = store
+                .stream(&id, parquet_out::RESULT_FILE)
+                .await
+                .map_err(Problem::internal)?
+                .ok_or_else(|| {
+                    Problem::internal(format!(
+                        "{}: the completed dataset's features are missing",
+                        store.location()
+                    ))
+                })?;
+            (Some(len), Body::from_stream(stream))
+        }
+        None => {
+            let path = state.datasets.result_path(&id);
+            let file = tokio::fs::File::open(&path)
+                .await
+                .map_err(|e| Problem::internal(format!("{}: {e}", path.display())))?;
+            let len = file.metadata().await.map(|m| m.len()).ok();
+            (
+                len,
+                Body::from_stream(tokio_util::io::ReaderStream::new(file)),
+            )
+        }
+    };
+    let mut res = Response::new(body);
     attachment(
         &mut res,
         "application/vnd.apache.parquet",
@@ -138,13 +158,23 @@ pub async fn dataset_sample_iq(
                 .into(),
         ));
     }
-    let dir = state.datasets.dataset_dir(&id);
-    blocking(move || recording_file(&dir, &row, n, rx, format)).await
+    let st = state.clone();
+    blocking(move || match st.datasets.artifacts() {
+        Some(store) => recording_file(&store.files(&id), &row, n, rx, format),
+        None => recording_file(
+            &LocalFiles(&st.datasets.dataset_dir(&id)),
+            &row,
+            n,
+            rx,
+            format,
+        ),
+    })
+    .await
 }
 
 /// Receiver `receiver`'s recording of row `sample` in `format`, as an attachment.
 fn recording_file(
-    dir: &Path,
+    dir: &dyn ReadAt,
     row: &DatasetRow,
     sample: u64,
     receiver: u32,

@@ -457,10 +457,14 @@ pub async fn delete_dataset(
 ) -> Result<StatusCode, Problem> {
     let (st, t) = (state.clone(), tenant(&who));
     blocking(move || {
+        if st.store.dataset(&t, &id).map_err(Problem::from)?.is_none() {
+            return Err(not_found());
+        }
+        // Files first: a deletion that fails half-way keeps the row, so it can be retried.
+        st.datasets.remove_files(&id).map_err(Problem::internal)?;
         if !st.store.delete_dataset(&t, &id).map_err(Problem::from)? {
             return Err(not_found());
         }
-        st.datasets.remove_files(&id);
         Ok(StatusCode::NO_CONTENT)
     })
     .await

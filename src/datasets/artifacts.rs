@@ -1,0 +1,250 @@
+//! Where a finished dataset's files are kept (`--artifact-store`): under `--data-dir`
+//! (the default: the worker's own files, served in place), or in S3-compatible object
+//! storage, where every replica can serve and delete them. With object storage the
+//! worker still writes into its scratch directory under `--data-dir` (parts, checkpoint,
+//! partial files), publishes the finished files before the catalog says `completed`,
+//! and removes the scratch copy; readers fetch whole files as streams and recordings as
+//! byte ranges.
+//!
+//! The object-store client is async. Its blocking calls run on the server's runtime from
+//! the dataset worker's thread or an API `blocking` thread, never from an async task.
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, PutPayload, WriteMultipart};
+use std::io::Read;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::runtime::Handle;
+
+/// Files at least this large go up as a multipart upload, in parts of this size.
+const MULTIPART_CHUNK: usize = 16 << 20;
+
+/// Positioned reads of one dataset's files, wherever they are kept.
+pub trait ReadAt {
+    /// The file's length in bytes.
+    fn len(&self, name: &str) -> Result<u64, String>;
+    /// Exactly `len` bytes from `offset`.
+    fn read_at(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, String>;
+}
+
+/// A dataset's files in a local directory.
+pub struct LocalFiles<'a>(pub &'a Path);
+
+impl ReadAt for LocalFiles<'_> {
+    fn len(&self, name: &str) -> Result<u64, String> {
+        let p = self.0.join(name);
+        std::fs::metadata(&p)
+            .map(|m| m.len())
+            .map_err(|e| format!("{}: {e}", p.display()))
+    }
+
+    fn read_at(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+        use std::os::unix::fs::FileExt;
+        let p = self.0.join(name);
+        let mut b = vec![0u8; len];
+        std::fs::File::open(&p)
+            .and_then(|f| f.read_exact_at(&mut b, offset))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok(b)
+    }
+}
+
+/// Finished dataset files in an S3-compatible bucket.
+pub struct ObjectArtifacts {
+    store: Arc<dyn ObjectStore>,
+    prefix: ObjectPath,
+    rt: Handle,
+    location: String,
+}
+
+impl ObjectArtifacts {
+    /// `s3://bucket[/prefix]`; the endpoint, region and credentials come from the usual
+    /// AWS variables (`AWS_ENDPOINT_URL` or `AWS_ENDPOINT`, `AWS_REGION`,
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`); an `http://` endpoint is allowed.
+    /// Checks at once that the bucket takes a write and a delete.
+    pub fn open(url: &str, rt: Handle) -> Result<Self, String> {
+        let rest = url.strip_prefix("s3://").ok_or(
+            "--artifact-store must be empty (files under --data-dir) or s3://bucket[/prefix]",
+        )?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err("--artifact-store: the URL names no bucket".into());
+        }
+        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        let endpoint = std::env::var("AWS_ENDPOINT_URL")
+            .or_else(|_| std::env::var("AWS_ENDPOINT"))
+            .ok();
+        if let Some(endpoint) = endpoint {
+            builder = builder
+                .with_allow_http(endpoint.starts_with("http://"))
+                .with_endpoint(endpoint);
+        }
+        let store = builder
+            .build()
+            .map_err(|e| format!("--artifact-store {url}: {e}"))?;
+        let this = Self {
+            store: Arc::new(store),
+            prefix: ObjectPath::from(prefix.trim_matches('/')),
+            rt,
+            location: format!("s3://{bucket}/{}", prefix.trim_matches('/')),
+        };
+        let probe = this.prefix.child(".gpu-ops-probe");
+        this.block_on(async {
+            this.store
+                .put(&probe, PutPayload::from_static(b"probe"))
+                .await?;
+            this.store.delete(&probe).await
+        })
+        .map_err(|e| format!("--artifact-store {url}: cannot write to the bucket: {e}"))?;
+        Ok(this)
+    }
+
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn key(&self, id: &str, name: &str) -> ObjectPath {
+        self.prefix.child("datasets").child(id).child(name)
+    }
+
+    /// Runs `f` to completion on the server's runtime, from a thread outside it.
+    fn block_on<T>(&self, f: impl std::future::Future<Output = T> + Send) -> T
+    where
+        T: Send,
+    {
+        // A scoped plain thread: callable from any thread, even one inside the runtime.
+        std::thread::scope(|s| {
+            s.spawn(|| self.rt.block_on(f))
+                .join()
+                .expect("the object-store call panicked")
+        })
+    }
+
+    /// Uploads the local file as `name` of dataset `id` (multipart when large); the
+    /// object appears whole or not at all.
+    pub fn upload(&self, id: &str, name: &str, local: &Path) -> Result<(), String> {
+        let key = self.key(id, name);
+        let fail = |e: &dyn std::fmt::Display| format!("{}/{key}: {e}", self.location);
+        let mut file = std::fs::File::open(local).map_err(|e| fail(&e))?;
+        let size = file.metadata().map_err(|e| fail(&e))?.len();
+        if size < MULTIPART_CHUNK as u64 {
+            let mut all = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut all).map_err(|e| fail(&e))?;
+            return self
+                .block_on(self.store.put(&key, PutPayload::from(all)))
+                .map(drop)
+                .map_err(|e| fail(&e));
+        }
+        self.block_on(async {
+            let upload = self.store.put_multipart(&key).await?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, MULTIPART_CHUNK);
+            let mut chunk = vec![0u8; MULTIPART_CHUNK];
+            loop {
+                let n = file
+                    .read(&mut chunk)
+                    .map_err(|e| object_store::Error::Generic {
+                        store: "local file",
+                        source: Box::new(e),
+                    })?;
+                if n == 0 {
+                    break;
+                }
+                writer.wait_for_capacity(4).await?;
+                writer.write(&chunk[..n]);
+            }
+            writer.finish().await.map(drop)
+        })
+        .map_err(|e| fail(&e))
+    }
+
+    /// The object's bytes as a stream, with its length; `None` when it does not exist.
+    pub async fn stream(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> Result<
+        Option<(
+            u64,
+            impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static,
+        )>,
+        String,
+    > {
+        let key = self.key(id, name);
+        match self.store.get(&key).await {
+            Ok(got) => {
+                let size = got.meta.size;
+                let stream = got.into_stream().map(|r| r.map_err(std::io::Error::other));
+                Ok(Some((size, stream)))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(format!("{}/{key}: {e}", self.location)),
+        }
+    }
+
+    /// Deletes every object of dataset `id`; returns how many there were.
+    pub fn delete_dataset(&self, id: &str) -> Result<usize, String> {
+        let prefix = self.prefix.child("datasets").child(id);
+        self.block_on(async {
+            let keys: Vec<ObjectPath> = self
+                .store
+                .list(Some(&prefix))
+                .map(|m| m.map(|m| m.location))
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<Result<_, _>>()?;
+            for k in &keys {
+                match self.store.delete(k).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(keys.len())
+        })
+        .map_err(|e| format!("{}/{prefix}: {e}", self.location))
+    }
+
+    /// Dataset `id`'s objects, for positioned reads.
+    pub fn files<'a>(&'a self, id: &'a str) -> ObjectFiles<'a> {
+        ObjectFiles { store: self, id }
+    }
+}
+
+/// One dataset's objects, read by range.
+pub struct ObjectFiles<'a> {
+    store: &'a ObjectArtifacts,
+    id: &'a str,
+}
+
+impl ReadAt for ObjectFiles<'_> {
+    fn len(&self, name: &str) -> Result<u64, String> {
+        let key = self.store.key(self.id, name);
+        self.store
+            .block_on(self.store.store.head(&key))
+            .map(|m| m.size)
+            .map_err(|e| format!("{}/{key}: {e}", self.store.location))
+    }
+
+    fn read_at(&self, name: &str, offset: u64, len: usize) -> Result<Vec<u8>, String> {
+        let key = self.store.key(self.id, name);
+        let got = self
+            .store
+            .block_on(
+                self.store
+                    .store
+                    .get_range(&key, offset..offset + len as u64),
+            )
+            .map_err(|e| format!("{}/{key}: {e}", self.store.location))?;
+        if got.len() != len {
+            return Err(format!(
+                "{}/{key}: {} bytes at {offset}, expected {len}",
+                self.store.location,
+                got.len()
+            ));
+        }
+        Ok(got.to_vec())
+    }
+}
