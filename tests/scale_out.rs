@@ -4,38 +4,10 @@
 
 mod common;
 
-use common::binary::spawn_server_env;
+use common::binary::Replica;
 use common::{pg, s3};
 use serde_json::{json, Value};
-use std::process::Child;
 use std::time::{Duration, Instant};
-
-/// A server process, killed when dropped.
-struct Replica {
-    child: Child,
-    url: String,
-    data: std::path::PathBuf,
-}
-
-impl Replica {
-    fn start(flags: &[&str], env: &[(&str, String)]) -> Self {
-        let data = std::path::PathBuf::from(common::temp_data_dir());
-        let (child, port) = spawn_server_env(&data, flags, env);
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            data,
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.data);
-    }
-}
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -206,7 +178,10 @@ fn takeover(stop: Stop) {
         Replica::start(&flags, &store.env()),
     ];
     let single = Replica::start(&[], &[]);
-    let body = common::small_dataset(33, 240);
+    // Long enough (seconds) to be caught running, whatever the machine's speed.
+    let mut body = common::small_dataset(33, 240);
+    body["config"]["signal"]["duration_ms"] = json!(500);
+    body["config"]["chunk_ms"] = json!(100);
     let rt = rt();
     let id = rt.block_on(submit(&replicas[0].url, &body));
     // Whichever replica claimed it: wait until it has made progress, then kill it.

@@ -4,42 +4,14 @@
 
 mod common;
 
-use common::binary::spawn_server;
+use common::binary::Replica;
 use common::pg;
 use gpu_ops::store::{
     BudgetError, Charge, DatabaseUrl, DatasetStatus, Lease, NewBudget, NewDataset, Requeue, Store,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::process::Child;
 use std::time::{Duration, Instant};
-
-/// A server process on the shared database, killed when dropped.
-struct Replica {
-    child: Child,
-    url: String,
-    data: std::path::PathBuf,
-}
-
-impl Replica {
-    fn start(database_url: &str) -> Self {
-        let data = std::path::PathBuf::from(common::temp_data_dir());
-        let (child, port) = spawn_server(&data, &["--database-url", database_url]);
-        Self {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            data,
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.data);
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -207,7 +179,9 @@ fn replicas_sharing_postgres_never_overspend_a_budget() {
     let Some(url) = pg::fresh_database() else {
         return;
     };
-    let replicas: Vec<Replica> = (0..3).map(|_| Replica::start(&url)).collect();
+    let replicas: Vec<Replica> = (0..3)
+        .map(|_| Replica::start(&["--database-url", &url], &[]))
+        .collect();
     let bases: Vec<String> = replicas.iter().map(|r| r.url.clone()).collect();
     runtime().block_on(async {
         let client = reqwest::Client::new();
@@ -254,8 +228,8 @@ fn a_replica_killed_mid_charge_loses_no_acknowledged_charge() {
     let Some(url) = pg::fresh_database() else {
         return;
     };
-    let mut a = Replica::start(&url);
-    let b = Replica::start(&url);
+    let mut a = Replica::start(&["--database-url", &url], &[]);
+    let b = Replica::start(&["--database-url", &url], &[]);
     let rt = runtime();
     let client = reqwest::Client::new();
     let budget = rt.block_on(create_budget(&client, &b.url, 100.0));
@@ -350,7 +324,7 @@ fn a_lost_database_is_a_503_not_a_crash() {
     let Some(url) = pg::fresh_database() else {
         return;
     };
-    let replica = Replica::start(&url);
+    let replica = Replica::start(&["--database-url", &url], &[]);
     let rt = runtime();
     let client = reqwest::Client::new();
     let budget = rt.block_on(create_budget(&client, &replica.url, 10.0));

@@ -52,3 +52,31 @@ pub fn spawn_server_env(
     std::thread::spawn(move || lines.for_each(drop));
     (child, port)
 }
+
+/// A server process on a fresh data directory, killed (and the directory removed) when
+/// dropped.
+pub struct Replica {
+    pub child: Child,
+    pub url: String,
+    pub data: std::path::PathBuf,
+}
+
+impl Replica {
+    pub fn start(flags: &[&str], env: &[(&str, String)]) -> Self {
+        let data = std::path::PathBuf::from(super::temp_data_dir());
+        let (child, port) = spawn_server_env(&data, flags, env);
+        Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            data,
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
