@@ -178,17 +178,22 @@ fn takeover(stop: Stop) {
         Replica::start(&flags, &store.env()),
     ];
     let single = Replica::start(&[], &[]);
-    // Long enough (seconds) to be caught running, whatever the machine's speed.
-    let mut body = common::small_dataset(33, 240);
+    // Long enough (seconds) to be caught running, whatever the machine's speed; the
+    // killed replica's job keeps recordings too, so their segments are resumed as well.
+    let mut body = match stop {
+        Stop::Kill => iq_raw(33, 240),
+        Stop::Terminate => common::small_dataset(33, 240),
+    };
     body["config"]["signal"]["duration_ms"] = json!(500);
     body["config"]["chunk_ms"] = json!(100);
     let rt = rt();
     let id = rt.block_on(submit(&replicas[0].url, &body));
-    // Whichever replica claimed it: wait until it has made progress, then kill it.
+    // Whichever replica claimed it: wait until it has published its first checkpoint
+    // (64 rows a part at this size), then stop it.
     rt.block_on(wait_until(
         &replicas[1].url,
         &id,
-        |v| v["status"] == "running" && v["progress"]["valid"].as_u64() > Some(20),
+        |v| v["status"] == "running" && v["progress"]["valid"].as_u64() > Some(70),
         Duration::from_secs(60),
     ));
     let owner: String = {
@@ -254,6 +259,41 @@ fn takeover(stop: Stop) {
             want,
             "the taken-over dataset differs from a single process's"
         );
+        if let Stop::Kill = stop {
+            for (n, rx) in [(0, 0), (100, 2), (239, 3)] {
+                // The recording's bytes (the archive's names carry the dataset id).
+                let data = |i: &str| format!("/datasets/{i}/samples/{n}/iq/{rx}?format=data");
+                assert_eq!(
+                    bytes(survivor, &data(&id)).await,
+                    bytes(&single.url, &data(&reference)).await,
+                    "recording {n}/{rx}"
+                );
+            }
+        }
+        // The survivor resumed from the published checkpoint: it made fewer samples
+        // than the dataset has.
+        let metrics = get(survivor, "/metrics").await.text().await.unwrap();
+        let made: f64 = metrics
+            .lines()
+            .find(|l| l.starts_with("gpu_ops_dataset_samples_total{outcome=\"accepted\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no accepted-samples counter in {metrics}"));
+        assert!(
+            made <= 240.0 - 64.0,
+            "the survivor made {made} of 240 samples"
+        );
+        // Only the finished files remain: the checkpoint's objects are gone.
+        let mut keys = store.keys(&bucket, &format!("datasets/{id}/"));
+        keys.sort();
+        let want_keys: Vec<String> = match stop {
+            Stop::Kill => vec!["features.parquet", "iq.cf32", "iq.index", "iq.meta"],
+            Stop::Terminate => vec!["features.parquet"],
+        }
+        .into_iter()
+        .map(|f| format!("datasets/{id}/{f}"))
+        .collect();
+        assert_eq!(keys, want_keys);
         let attempt: i64 = {
             let id = id.clone();
             pg::with_client(&db, move |c| {
@@ -268,12 +308,8 @@ fn takeover(stop: Stop) {
     let late = Replica::start(&flags, &store.env());
     rt.block_on(async {
         assert_eq!(
-            bytes(&late.url, &format!("/datasets/{id}/features"))
-                .await
-                .len(),
-            bytes(survivor, &format!("/datasets/{id}/features"))
-                .await
-                .len()
+            bytes(&late.url, &format!("/datasets/{id}/features")).await,
+            bytes(survivor, &format!("/datasets/{id}/features")).await
         );
         let deleted = reqwest::Client::new()
             .delete(format!("{}/datasets/{id}", late.url))

@@ -2,9 +2,12 @@
 //! (the default: the worker's own files, served in place), or in S3-compatible object
 //! storage, where every replica can serve and delete them. With object storage the
 //! worker still writes into its scratch directory under `--data-dir` (parts, checkpoint,
-//! partial files), publishes the finished files before the catalog says `completed`,
-//! and removes the scratch copy; readers fetch whole files as streams and recordings as
-//! byte ranges.
+//! partial files) and publishes each checkpoint as it is taken: the sealed Parquet part,
+//! the recordings appended since the last one (a segment per file), and the checkpoint
+//! itself, last. A replica taking over a job fetches them and resumes where the
+//! checkpoint stands. The finished files are published before the catalog says
+//! `completed`; then the checkpoint's objects and the scratch copy are removed. Readers
+//! fetch whole files as streams and recordings as byte ranges.
 //!
 //! The object-store client is async. Its blocking calls run on the server's runtime from
 //! the dataset worker's thread or an API `blocking` thread, never from an async task.
@@ -106,8 +109,13 @@ impl ObjectArtifacts {
         &self.location
     }
 
+    /// `name` may have folders (`a/b`): each is a path segment (a `/` inside one
+    /// segment would be escaped, and listing by the folder would not find it).
     fn key(&self, id: &str, name: &str) -> ObjectPath {
-        self.prefix.child("datasets").child(id).child(name)
+        name.split('/')
+            .fold(self.prefix.child("datasets").child(id), |p, part| {
+                p.child(part)
+            })
     }
 
     /// Runs `f` to completion on the server's runtime, from a thread outside it.
@@ -158,6 +166,81 @@ impl ObjectArtifacts {
             writer.finish().await.map(drop)
         })
         .map_err(|e| fail(&e))
+    }
+
+    /// Uploads `len` bytes of a local file from `offset` as `name` (a recording segment).
+    pub fn upload_range(
+        &self,
+        id: &str,
+        name: &str,
+        local: &Path,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), String> {
+        use std::io::{Seek, SeekFrom};
+        let key = self.key(id, name);
+        let fail = |e: &dyn std::fmt::Display| format!("{}/{key}: {e}", self.location);
+        let mut file = std::fs::File::open(local).map_err(|e| fail(&e))?;
+        file.seek(SeekFrom::Start(offset)).map_err(|e| fail(&e))?;
+        let mut bytes = Vec::with_capacity(len as usize);
+        file.take(len)
+            .read_to_end(&mut bytes)
+            .map_err(|e| fail(&e))?;
+        if bytes.len() as u64 != len {
+            return Err(fail(&format!(
+                "{} bytes at {offset}, expected {len}",
+                bytes.len()
+            )));
+        }
+        self.block_on(self.store.put(&key, PutPayload::from(bytes)))
+            .map(drop)
+            .map_err(|e| fail(&e))
+    }
+
+    /// Writes object `name` of dataset `id` to `local`; false when there is no such object.
+    pub fn download(&self, id: &str, name: &str, local: &Path) -> Result<bool, String> {
+        let key = self.key(id, name);
+        let fail = |e: &dyn std::fmt::Display| format!("{}/{key}: {e}", self.location);
+        let got = match self.block_on(async { self.store.get(&key).await?.bytes().await }) {
+            Ok(b) => b,
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(fail(&e)),
+        };
+        if let Some(dir) = local.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
+        }
+        std::fs::write(local, &got).map_err(|e| fail(&e))?;
+        Ok(true)
+    }
+
+    /// Copies object `from` of dataset `id` to `to`, in the store.
+    pub fn copy(&self, id: &str, from: &str, to: &str) -> Result<(), String> {
+        let (a, b) = (self.key(id, from), self.key(id, to));
+        self.block_on(self.store.copy(&a, &b))
+            .map_err(|e| format!("{}/{a} → {b}: {e}", self.location))
+    }
+
+    /// Deletes dataset `id`'s objects under `sub` (one name or a folder of names).
+    pub fn delete_under(&self, id: &str, sub: &str) -> Result<(), String> {
+        let prefix = self.key(id, sub);
+        self.block_on(async {
+            let keys: Vec<ObjectPath> = self
+                .store
+                .list(Some(&prefix))
+                .map(|m| m.map(|m| m.location))
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<Result<_, _>>()?;
+            for k in keys.iter().chain([&prefix]) {
+                match self.store.delete(k).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })
+        .map_err(|e| format!("{}/{prefix}: {e}", self.location))
     }
 
     /// The object's bytes as a stream, with its length; `None` when it does not exist.

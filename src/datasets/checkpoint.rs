@@ -6,6 +6,16 @@ use crate::store::Counts;
 use std::path::Path;
 
 pub(super) const CHECKPOINT: &str = "checkpoint.json";
+/// Where a job's recording segments are published, one per checkpoint and file.
+pub(super) const SEGMENTS: &str = "iq.segments";
+/// The folder of a job's published checkpoints, one folder per attempt (claim): a
+/// worker that lost its lease writes only into its own, never into the new owner's.
+pub(super) const CHECKPOINTS: &str = "checkpoints";
+
+/// The published checkpoint folder of claim `attempt`.
+pub(super) fn attempt_folder(attempt: u64) -> String {
+    format!("{CHECKPOINTS}/a{attempt:06}")
+}
 
 /// Where a job stands after its last sealed Parquet part: the accepted rows so far are
 /// exactly the sample indices below `next_index` that passed, so resuming from here

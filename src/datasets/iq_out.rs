@@ -214,6 +214,14 @@ pub fn published_files() -> [&'static str; 3] {
     FILES
 }
 
+/// What each file grew by between two checkpoints: (finished name, partial file name,
+/// from, to) in bytes.
+pub fn grown(from: IqLengths, to: IqLengths) -> [(&'static str, String, u64, u64); 3] {
+    let ends = |l: IqLengths| [l.data, l.meta, l.samples * INDEX_RECORD];
+    let (a, b) = (ends(from), ends(to));
+    [0, 1, 2].map(|i| (FILES[i], format!("{}.partial", FILES[i]), a[i], b[i]))
+}
+
 /// Bytes one sample takes on disk at most: its recordings, truth and index record.
 pub fn bytes_per_sample(receivers: usize, len: usize) -> u64 {
     (receivers * len * 8) as u64 + 512 * (receivers as u64 + 1) + INDEX_RECORD

@@ -74,6 +74,8 @@ pub struct Active {
     cancel: AtomicBool,
     /// Claimed by this process's worker (else still waiting in the queue).
     running: AtomicBool,
+    /// The claim was lost (the job deleted, or taken over): stop, write nothing more.
+    lost: AtomicBool,
     progress: Mutex<Progress>,
     /// `estimate_bytes` of the whole job, and its target, to reserve what is left.
     estimate: u64,
@@ -85,6 +87,7 @@ impl Active {
         Self {
             cancel: AtomicBool::new(false),
             running: AtomicBool::new(false),
+            lost: AtomicBool::new(false),
             progress: Mutex::new(Progress::default()),
             estimate,
             target,
@@ -223,6 +226,9 @@ impl Datasets {
     /// woken or for the next poll. Ends at shutdown.
     fn work(&self, woken: &Receiver<()>, pool: &rayon::ThreadPool) {
         while !self.stopping.load(Ordering::SeqCst) {
+            if self.store.is_catalog_shared() {
+                self.forget_jobs_claimed_elsewhere();
+            }
             match self.store.claim_dataset(&self.owner, self.lease) {
                 Ok(Some(job)) => {
                     self.run(job, pool);
@@ -233,6 +239,33 @@ impl Datasets {
             }
             if let Err(RecvTimeoutError::Disconnected) = woken.recv_timeout(IDLE_POLL) {
                 return;
+            }
+        }
+    }
+
+    /// Drops the entries of jobs queued here that another replica claimed (or that ended
+    /// otherwise): they hold no disk here, and their progress is the catalog's.
+    fn forget_jobs_claimed_elsewhere(&self) {
+        let waiting: Vec<String> = self
+            .lock()
+            .iter()
+            .filter(|(_, a)| !a.running.load(Ordering::SeqCst))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in waiting {
+            let still_queued = matches!(
+                self.store.dataset_any(&id),
+                Ok(Some(row)) if row.status == DatasetStatus::Queued
+            );
+            if !still_queued {
+                let mut active = self.lock();
+                // Only this thread claims, so the entry cannot have started meanwhile.
+                if active
+                    .get(&id)
+                    .is_some_and(|a| !a.running.load(Ordering::SeqCst))
+                {
+                    active.remove(&id);
+                }
             }
         }
     }
@@ -356,10 +389,11 @@ impl Datasets {
         self.active.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Live progress of a queued or running job.
+    /// Live progress of a job this process runs (others: the catalog's counts).
     pub fn progress(&self, id: &str) -> Option<Progress> {
         self.lock()
             .get(id)
+            .filter(|a| a.running.load(Ordering::SeqCst))
             .map(|a| a.progress.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 

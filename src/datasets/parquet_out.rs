@@ -77,6 +77,14 @@ fn part_path(dir: &Path, k: usize) -> PathBuf {
     dir.join(format!("part-{k:06}.parquet"))
 }
 
+/// The folder of sealed parts, next to the result file in the job's directory.
+pub const PARTS_DIR: &str = "features.parts";
+
+/// Part `k`'s path relative to the job's directory (and its object-store name).
+pub fn part_name(k: usize) -> String {
+    format!("{PARTS_DIR}/part-{k:06}.parquet")
+}
+
 fn perr(e: parquet::errors::ParquetError) -> String {
     format!("parquet: {e}")
 }

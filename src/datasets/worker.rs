@@ -3,7 +3,7 @@
 //! index order, checkpointing at every sealed Parquet part.
 
 use super::artifacts::ObjectArtifacts;
-use super::checkpoint::{Checkpoint, CHECKPOINT};
+use super::checkpoint::{attempt_folder, Checkpoint, CHECKPOINT, CHECKPOINTS, SEGMENTS};
 use super::iq_out::{self, IqWriter};
 use super::parquet_out::{self, FeatureWriter};
 use super::{
@@ -19,7 +19,7 @@ use crate::ops::rf::scenario::Scenario;
 use crate::store::{ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -145,7 +145,18 @@ impl Datasets {
             owner: &self.owner,
             attempt: job.attempt,
         };
-        let outcome = self.run_job(&job.row, &active, &lease, pool);
+        let done = AtomicBool::new(false);
+        let outcome = std::thread::scope(|s| {
+            s.spawn(|| self.heartbeat(id, &lease, &active, &done));
+            let out = self.run_job(&job.row, &active, &lease, pool);
+            done.store(true, Ordering::SeqCst);
+            out
+        });
+        let outcome = if active.lost.load(Ordering::SeqCst) {
+            Err(JobEnd::LeaseLost)
+        } else {
+            outcome
+        };
         if let Err(JobEnd::LeaseLost) = outcome {
             tracing::warn!(dataset = %id, attempt = job.attempt, "the dataset job's lease was lost (it was deleted, or taken over after this worker stalled); this worker stopped and records nothing");
             if matches!(self.store.dataset_any(id), Ok(None)) {
@@ -200,14 +211,13 @@ impl Datasets {
             }
             Err(JobEnd::LeaseLost) => unreachable!("handled above"),
         };
-        // An interrupted job keeps its parts and checkpoint for `resume`.
-        if status != DatasetStatus::Completed && status != DatasetStatus::Interrupted {
-            let _ = std::fs::remove_dir_all(self.dir.join(id));
-        }
         self.metrics
             .dataset_jobs
             .with_label_values(&[status.name()])
             .inc();
+        let local = self.dir.join(id);
+        // Recorded first: only a worker that still holds the job may remove what others
+        // could be using.
         match self.store.finish_dataset(
             id,
             lease.owner,
@@ -216,28 +226,50 @@ impl Datasets {
             &counts,
             error.as_deref(),
         ) {
-            // Only now are the parts and the checkpoint no longer needed for a resume;
-            // with an object store, nothing here is (the files are served from there).
-            Ok(true) if status == DatasetStatus::Completed => {
-                if self.artifacts.is_some() {
-                    let _ = std::fs::remove_dir_all(self.dir.join(id));
-                } else {
-                    parquet_out::remove_parts(&self.result_path(id));
-                    let _ = std::fs::remove_file(self.dir.join(id).join(CHECKPOINT));
+            Ok(true) => match status {
+                // Only now are the parts and the checkpoint no longer needed for a
+                // resume; with an object store, nothing here is (files are served there).
+                DatasetStatus::Completed => match &self.artifacts {
+                    Some(store) => {
+                        let _ = std::fs::remove_dir_all(&local);
+                        if let Err(e) = store.delete_under(id, CHECKPOINTS) {
+                            tracing::warn!(dataset = %id, error = %e, "a completed job's checkpoint objects were left behind (DELETE removes them)");
+                        }
+                    }
+                    None => {
+                        parquet_out::remove_parts(&self.result_path(id));
+                        let _ = std::fs::remove_file(local.join(CHECKPOINT));
+                    }
+                },
+                // Kept for `resume`.
+                DatasetStatus::Interrupted => {}
+                _ => {
+                    let _ = std::fs::remove_dir_all(&local);
+                    if let Some(store) = &self.artifacts {
+                        if let Err(e) = store.delete_dataset(id) {
+                            tracing::warn!(dataset = %id, error = %e, "a failed or cancelled job's checkpoint objects were left behind (DELETE removes them)");
+                        }
+                    }
                 }
-            }
-            Ok(true) => {}
+            },
             Ok(false) => {
                 tracing::warn!(dataset = %id, "the dataset job was deleted or taken over as it ended; its end is not recorded");
-                // A deletion that ran while this worker published: take the files back out.
-                if let (Some(store), DatasetStatus::Completed) = (&self.artifacts, status) {
-                    if self.store.dataset_any(id).ok().flatten().is_none() {
+                let _ = std::fs::remove_dir_all(&local);
+                // Deleted meanwhile: take out what this worker published after the delete.
+                if let Some(store) = &self.artifacts {
+                    if matches!(self.store.dataset_any(id), Ok(None)) {
                         let _ = store.delete_dataset(id);
                     }
                 }
             }
             Err(e) => {
-                tracing::error!(dataset = %id, error = %e, "cannot record the dataset job's end")
+                tracing::error!(dataset = %id, error = %e, "cannot record the dataset job's end");
+                if !matches!(
+                    status,
+                    DatasetStatus::Completed | DatasetStatus::Interrupted
+                ) {
+                    let _ = std::fs::remove_dir_all(&local);
+                }
             }
         }
         self.lock().remove(id);
@@ -258,6 +290,13 @@ impl Datasets {
         let scenario: Scenario =
             serde_json::from_str(&row.config).map_err(|e| format!("stored config: {e}"))?;
         let dir = self.dir.join(id);
+        if let Some(store) = &self.artifacts {
+            // The published checkpoint is the job's: this replica's scratch copy may be
+            // older (it lost the job once) or newer by an unpublished part.
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).map_err(|e| format!("{id}: {e}"))?;
+            fetch_checkpoint(store, id, &dir, lease.attempt)?;
+        }
         std::fs::create_dir_all(&dir).map_err(|e| format!("{id}: {e}"))?;
         // A resumed job continues from its last checkpoint; anything written after it is
         // cut off. A new job (or one interrupted before its first checkpoint) starts at 0.
@@ -271,20 +310,25 @@ impl Datasets {
         };
         let keep_iq = row.dataset_type == "iq_raw";
         let mut files = JobFiles::open(dir, &self.result_path(id), &scenario, row, keep_iq, &at)?;
+        files.published = self.artifacts.as_ref().map(|store| Published {
+            store: store.clone(),
+            id: id.to_string(),
+            folder: attempt_folder(lease.attempt),
+            iq_at: at.iq.unwrap_or_default(),
+        });
         let mut counts = at.counts.clone();
         active.set_progress(|p| {
             p.started = Some(Instant::now());
             p.resumed_from = counts.valid;
             p.counts = counts.clone();
         });
-        self.renew(id, lease, active, &counts)?;
         let key = dataset_key(row.seed);
         let target = row.num_samples;
         let mut device = DeviceUse::default();
         let mut next = at.next_index;
-        let mut persisted = Instant::now();
         while counts.valid < target {
-            if active.cancel.load(Ordering::SeqCst) {
+            // Cancelled, deleted, lost (the heartbeat's flags) or shutting down.
+            if active.cancel.load(Ordering::SeqCst) || self.stopping.load(Ordering::SeqCst) {
                 return Ok(DatasetStatus::Cancelled);
             }
             may_continue(&files.dir, &counts, next, target)?;
@@ -301,10 +345,6 @@ impl Datasets {
                 }
             }
             active.set_progress(|p| p.counts = counts.clone());
-            if persisted.elapsed() >= PERSIST_EVERY {
-                self.renew(id, lease, active, &counts)?;
-                persisted = Instant::now();
-            }
         }
         // Still ours before the result is made whole.
         self.renew(id, lease, active, &counts)?;
@@ -315,8 +355,59 @@ impl Datasets {
         Ok(DatasetStatus::Completed)
     }
 
-    /// Renews the job's lease with its progress; a cancellation requested through any
-    /// replica is passed to the job.
+    /// Renews the job's lease with its progress every second for as long as the job runs,
+    /// long steps included (fetching a checkpoint, the final splice, uploads). A lost
+    /// lease flags the job to stop; a cancellation requested through any replica is
+    /// passed on; a store out of reach is retried until the lease itself would run out.
+    fn heartbeat(&self, id: &str, lease: &JobLease<'_>, active: &Active, done: &AtomicBool) {
+        let mut held_until = Instant::now() + self.lease;
+        let mut due = Instant::now();
+        while !done.load(Ordering::SeqCst) {
+            if Instant::now() < due {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            }
+            due = Instant::now() + PERSIST_EVERY;
+            let counts = active
+                .progress
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .counts
+                .clone();
+            let asked = Instant::now();
+            match self.store.renew_dataset_lease(
+                id,
+                lease.owner,
+                lease.attempt,
+                self.lease,
+                &counts,
+            ) {
+                Ok(Lease::Held { cancel }) => {
+                    held_until = asked + self.lease;
+                    if cancel {
+                        active.cancel.store(true, Ordering::SeqCst);
+                    }
+                }
+                Ok(Lease::Lost) => {
+                    active.lost.store(true, Ordering::SeqCst);
+                    active.cancel.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Err(e) if Instant::now() >= held_until => {
+                    tracing::error!(dataset = %id, error = %e, "the dataset job's lease ran out while the store was out of reach; stopping");
+                    active.lost.store(true, Ordering::SeqCst);
+                    active.cancel.store(true, Ordering::SeqCst);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(dataset = %id, error = %e, "cannot renew the dataset job's lease; retrying")
+                }
+            }
+        }
+    }
+
+    /// Renews the job's lease with its progress, now; a cancellation requested through
+    /// any replica is passed to the job.
     fn renew(
         &self,
         id: &str,
@@ -464,6 +555,116 @@ struct JobFiles {
     dir: PathBuf,
     features: FeatureWriter,
     recordings: Option<IqWriter>,
+    /// Where each checkpoint is published, with an object store.
+    published: Option<Published>,
+}
+
+/// A job's checkpoints in the object store (under its claim's folder), and how far its
+/// recordings were published.
+struct Published {
+    store: Arc<ObjectArtifacts>,
+    id: String,
+    folder: String,
+    iq_at: iq_out::IqLengths,
+}
+
+impl Published {
+    /// Publishes the checkpoint just saved in `dir`: its new part, the recordings since
+    /// the last one, then the checkpoint itself (so a published checkpoint names only
+    /// published objects).
+    fn checkpoint(&mut self, dir: &Path, c: &Checkpoint) -> Result<(), String> {
+        let k = c
+            .parts
+            .checked_sub(1)
+            .ok_or("a checkpoint without a part")?;
+        let part = parquet_out::part_name(k);
+        let folder = &self.folder;
+        self.store
+            .upload(&self.id, &format!("{folder}/{part}"), &dir.join(&part))?;
+        if let Some(iq) = c.iq {
+            for (name, partial, from, to) in iq_out::grown(self.iq_at, iq) {
+                self.store.upload_range(
+                    &self.id,
+                    &format!("{folder}/{SEGMENTS}/{name}.{k:06}"),
+                    &dir.join(partial),
+                    from,
+                    to - from,
+                )?;
+            }
+            self.iq_at = iq;
+        }
+        self.store.upload(
+            &self.id,
+            &format!("{folder}/{CHECKPOINT}"),
+            &dir.join(CHECKPOINT),
+        )
+    }
+}
+
+/// Brings the job's latest published checkpoint (of the claims before `attempt`) into
+/// its empty scratch directory `dir`: the checkpoint, its parts, and its recordings
+/// rebuilt from their segments; the parts and segments are copied into this claim's
+/// folder too, so its own checkpoints are whole. Nothing when none was published.
+fn fetch_checkpoint(
+    store: &ObjectArtifacts,
+    id: &str,
+    dir: &Path,
+    attempt: u64,
+) -> Result<(), String> {
+    let fetched = dir.join("checkpoint.json.fetched");
+    let mut source = None;
+    // Claims follow one another, and a checkpoint is never published without its
+    // parts: the latest claim that published one has the furthest.
+    for earlier in (1..attempt).rev().take(64) {
+        let folder = attempt_folder(earlier);
+        if store.download(id, &format!("{folder}/{CHECKPOINT}"), &fetched)? {
+            source = Some(folder);
+            break;
+        }
+    }
+    let Some(from) = source else {
+        return Ok(());
+    };
+    let to = attempt_folder(attempt);
+    let c: Checkpoint = serde_json::from_slice(
+        &std::fs::read(&fetched).map_err(|e| format!("{}: {e}", fetched.display()))?,
+    )
+    .map_err(|e| format!("{id}: published checkpoint: {e}"))?;
+    let missing =
+        |name: &str| format!("{id}: the published checkpoint names {name}, which is missing");
+    for k in 0..c.parts {
+        let part = parquet_out::part_name(k);
+        if !store.download(id, &format!("{from}/{part}"), &dir.join(&part))? {
+            return Err(missing(&part));
+        }
+        store.copy(id, &format!("{from}/{part}"), &format!("{to}/{part}"))?;
+    }
+    if let Some(iq) = c.iq {
+        let segment = dir.join("segment");
+        for (name, partial, _, end) in iq_out::grown(iq_out::IqLengths::default(), iq) {
+            let mut out =
+                std::fs::File::create(dir.join(&partial)).map_err(|e| format!("{partial}: {e}"))?;
+            for k in 0..c.parts {
+                let seg = format!("{SEGMENTS}/{name}.{k:06}");
+                if !store.download(id, &format!("{from}/{seg}"), &segment)? {
+                    return Err(missing(&seg));
+                }
+                store.copy(id, &format!("{from}/{seg}"), &format!("{to}/{seg}"))?;
+                let mut bytes = std::fs::File::open(&segment).map_err(|e| format!("{seg}: {e}"))?;
+                std::io::copy(&mut bytes, &mut out).map_err(|e| format!("{partial}: {e}"))?;
+            }
+            let len = out.metadata().map_err(|e| format!("{partial}: {e}"))?.len();
+            if len != end {
+                return Err(format!(
+                    "{id}: {name} rebuilt to {len} bytes, the checkpoint says {end}"
+                ));
+            }
+        }
+        let _ = std::fs::remove_file(segment);
+    }
+    std::fs::rename(&fetched, dir.join(CHECKPOINT)).map_err(|e| format!("{id}: {e}"))?;
+    tracing::info!(dataset = %id, from = %from, parts = c.parts, valid = c.counts.valid, "fetched the published checkpoint");
+    Ok(())
 }
 
 impl JobFiles {
@@ -495,6 +696,7 @@ impl JobFiles {
             dir,
             features,
             recordings,
+            published: None,
         })
     }
 
@@ -528,14 +730,17 @@ impl JobFiles {
                 .as_mut()
                 .map(IqWriter::checkpoint)
                 .transpose()?;
-            Checkpoint {
+            let checkpoint = Checkpoint {
                 next_index: rec.index + 1,
                 counts: counts.clone(),
                 parts: self.features.parts(),
                 iq,
                 generator: GENERATOR_VERSION,
+            };
+            checkpoint.save(&self.dir)?;
+            if let Some(p) = &mut self.published {
+                p.checkpoint(&self.dir, &checkpoint)?;
             }
-            .save(&self.dir)?;
         }
         Ok(outcome)
     }

@@ -385,7 +385,8 @@ impl Store {
     }
 
     /// Gives a job `owner` runs back to the queue, at its old place (a replica shutting
-    /// down: another takes it over at once). False when the lease was lost.
+    /// down: another takes it over at once), or ends it cancelled when a cancellation was
+    /// requested. False when the lease was lost.
     pub fn release_dataset(
         &self,
         id: &str,
@@ -396,7 +397,10 @@ impl Store {
         self.catalog.write(PART, |tx| {
             let [v, a, r1, r2, r3] = counts_params(counts);
             let n = tx.exec(
-                "UPDATE datasets SET status = 'queued', valid = ?4, attempted = ?5, \
+                "UPDATE datasets SET \
+                 status = CASE WHEN cancel_requested = 1 THEN 'cancelled' ELSE 'queued' END, \
+                 finished_at = CASE WHEN cancel_requested = 1 THEN ?9 ELSE finished_at END, \
+                 valid = ?4, attempted = ?5, \
                  rejected_too_few_receivers = ?6, rejected_low_snr = ?7, rejected_high_gdop = ?8, \
                  lease_owner = NULL, lease_until = 0 \
                  WHERE id = ?1 AND lease_owner = ?2 AND attempt = ?3 AND status = 'running'",
@@ -409,6 +413,7 @@ impl Store {
                     r1,
                     r2,
                     r3,
+                    Param::Text(&now()),
                 ],
             )?;
             Ok(n > 0)

@@ -76,8 +76,18 @@ impl From<rusqlite::Error> for DbError {
 
 impl From<postgres::Error> for DbError {
     fn from(e: postgres::Error) -> Self {
-        // A closed connection or a failed connect: the database went away, not our SQL.
-        let unavailable = e.is_closed() || e.code().is_none() && e.as_db_error().is_none();
+        // The database went away, not our SQL: a closed connection, an I/O or connect
+        // failure (no SQLSTATE, and not a type conversion of ours), or the server saying
+        // so: connection exceptions (08), shutdown and failover (57P01-57P03), too many
+        // connections (53300), a lock not had in time (55P03).
+        let state = e.code().map(|c| c.code().to_string());
+        let text = e.to_string();
+        let ours = text.contains("conversion") || text.contains("serializ");
+        let unavailable = e.is_closed()
+            || state.is_none() && e.as_db_error().is_none() && !ours
+            || state.as_deref().is_some_and(|c| {
+                c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "53300" | "55P03")
+            });
         Self {
             message: e.to_string(),
             unavailable,
@@ -305,7 +315,19 @@ impl Engine {
     /// Connects a pool to `url` (a `postgres://` or `postgresql://` URL) and checks one
     /// connection out, on a plain thread (see the module's note).
     pub fn connect_postgres(url: &str, max_connections: u32) -> Result<Self, String> {
-        let config: postgres::Config = url.parse().map_err(|e| format!("--database-url: {e}"))?;
+        let mut config: postgres::Config =
+            url.parse().map_err(|e| format!("--database-url: {e}"))?;
+        // A replica cut off mid-transaction must not hold a budget's row lock for long:
+        // TCP keepalives find a dead peer, and the server ends a transaction left idle.
+        // No statement waits on a lock or runs without end.
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .connect_timeout(PG_CHECKOUT_TIMEOUT)
+            .options(
+                "-c idle_in_transaction_session_timeout=30000 -c lock_timeout=15000 \
+                 -c statement_timeout=60000",
+            );
         std::thread::scope(|s| {
             s.spawn(|| {
                 let manager = PostgresConnectionManager::new(config, NoTls);
