@@ -162,7 +162,8 @@ fn takeover(stop: Stop) {
     // Killed: the job waits out the lease. Stopped: a lease far longer than the test
     // waits, so only the hand-back can explain a quick takeover.
     let lease = match stop {
-        Stop::Kill => "2s",
+        // Long enough that a busy machine's heartbeats keep it, short enough to wait out.
+        Stop::Kill => "4s",
         Stop::Terminate => "60s",
     };
     let flags = [

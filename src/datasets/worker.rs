@@ -159,8 +159,12 @@ impl Datasets {
         };
         if let Err(JobEnd::LeaseLost) = outcome {
             tracing::warn!(dataset = %id, attempt = job.attempt, "the dataset job's lease was lost (it was deleted, or taken over after this worker stalled); this worker stopped and records nothing");
+            // Deleted: what this worker published after the delete's sweep goes too.
             if matches!(self.store.dataset_any(id), Ok(None)) {
                 let _ = std::fs::remove_dir_all(self.dir.join(id));
+                if let Some(store) = &self.artifacts {
+                    let _ = store.delete_dataset(id);
+                }
             }
             self.lock().remove(id);
             return;

@@ -6,7 +6,8 @@
 //!
 //! The server is stopped by a watchdog shell that outlives no test binary: it polls the
 //! binary's pid and stops PostgreSQL (fast shutdown) and removes its directory once the
-//! binary has exited, whichever way it exited.
+//! binary has exited, whichever way it exited (not before: a start that failed on a
+//! taken port is retried on the same cluster directory).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -131,7 +132,7 @@ fn launch(bin: &Path, dir: &Path, data: &Path, port: u16, as_root: bool) -> Resu
     let script = format!(
         "'{postgres}' -D '{data}' -h 127.0.0.1 -p {port} -k '{dir}' -c fsync=off \
          -c full_page_writes=off -c max_connections=200 >'{log}' 2>&1 & pg=$!; \
-         while [ -d /proc/{me} ] && kill -0 $pg 2>/dev/null; do sleep 0.5; done; \
+         while [ -d /proc/{me} ]; do sleep 0.5; done; \
          kill -INT $pg 2>/dev/null; wait $pg; rm -rf '{dir}'",
         postgres = bin.join("postgres").display(),
         data = data.display(),
