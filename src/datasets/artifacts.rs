@@ -222,23 +222,28 @@ impl ObjectArtifacts {
 
     /// Deletes dataset `id`'s objects under `sub` (one name or a folder of names).
     pub fn delete_under(&self, id: &str, sub: &str) -> Result<(), String> {
-        let prefix = self.key(id, sub);
+        self.delete_prefix(&self.key(id, sub)).map(drop)
+    }
+
+    /// Deletes every object under `prefix` (and one named `prefix` itself, a folder or
+    /// one name); returns how many there were.
+    fn delete_prefix(&self, prefix: &ObjectPath) -> Result<usize, String> {
         self.block_on(async {
             let keys: Vec<ObjectPath> = self
                 .store
-                .list(Some(&prefix))
+                .list(Some(prefix))
                 .map(|m| m.map(|m| m.location))
                 .collect::<Vec<_>>()
                 .await
                 .into_iter()
                 .collect::<Result<_, _>>()?;
-            for k in keys.iter().chain([&prefix]) {
+            for k in keys.iter().chain([prefix]) {
                 match self.store.delete(k).await {
                     Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(e),
                 }
             }
-            Ok(())
+            Ok(keys.len())
         })
         .map_err(|e| format!("{}/{prefix}: {e}", self.location))
     }
@@ -269,25 +274,7 @@ impl ObjectArtifacts {
 
     /// Deletes every object of dataset `id`; returns how many there were.
     pub fn delete_dataset(&self, id: &str) -> Result<usize, String> {
-        let prefix = self.prefix.child("datasets").child(id);
-        self.block_on(async {
-            let keys: Vec<ObjectPath> = self
-                .store
-                .list(Some(&prefix))
-                .map(|m| m.map(|m| m.location))
-                .collect::<Vec<_>>()
-                .await
-                .into_iter()
-                .collect::<Result<_, _>>()?;
-            for k in &keys {
-                match self.store.delete(k).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Ok(keys.len())
-        })
-        .map_err(|e| format!("{}/{prefix}: {e}", self.location))
+        self.delete_prefix(&self.prefix.child("datasets").child(id))
     }
 
     /// Dataset `id`'s objects, for positioned reads.
