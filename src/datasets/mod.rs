@@ -100,13 +100,16 @@ impl Active {
 
     /// Bytes the job may still write.
     fn outstanding(&self) -> u64 {
-        let valid = self
-            .progress
+        remaining_bytes(self.estimate, self.target, self.counts().valid)
+    }
+
+    /// The counts as the job last reported them.
+    fn counts(&self) -> Counts {
+        self.progress
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .counts
-            .valid;
-        remaining_bytes(self.estimate, self.target, valid)
+            .clone()
     }
 }
 

@@ -169,14 +169,7 @@ impl Datasets {
             self.lock().remove(id);
             return;
         }
-        let counts_now = || {
-            active
-                .progress
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .counts
-                .clone()
-        };
+        let counts = active.counts();
         // A replica shutting down hands a shared queue's job back at once.
         if self.stopping.load(Ordering::SeqCst)
             && self.store.is_catalog_shared()
@@ -184,7 +177,7 @@ impl Datasets {
         {
             match self
                 .store
-                .release_dataset(id, lease.owner, lease.attempt, &counts_now())
+                .release_dataset(id, lease.owner, lease.attempt, &counts)
             {
                 Ok(true) => {
                     tracing::info!(dataset = %id, "dataset job handed back to the queue at shutdown")
@@ -197,12 +190,6 @@ impl Datasets {
             self.lock().remove(id);
             return;
         }
-        let counts = active
-            .progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .counts
-            .clone();
         let (status, error) = match outcome {
             Ok(DatasetStatus::Cancelled) if self.stopping.load(Ordering::SeqCst) => (
                 DatasetStatus::Interrupted,
@@ -372,12 +359,7 @@ impl Datasets {
                 continue;
             }
             due = Instant::now() + PERSIST_EVERY;
-            let counts = active
-                .progress
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .counts
-                .clone();
+            let counts = active.counts();
             let asked = Instant::now();
             match self.store.renew_dataset_lease(
                 id,
