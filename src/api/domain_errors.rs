@@ -6,6 +6,7 @@
 use super::problem::{ErrorCode, FieldIssue, Problem};
 use crate::datasets::SubmitError;
 use crate::ops::invalid::{FieldPath, Invalid, Segment};
+use crate::ops::mpc::shamir::ShamirError;
 use crate::ops::rf::ExtractError;
 use crate::ops::zk::msm::{MsmShape, PointErrors};
 use crate::ops::zk::ntt::NttShape;
@@ -161,13 +162,13 @@ pub(crate) fn msm_shape(e: MsmShape, batched: bool) -> Problem {
     Problem::at(code, path, e.to_string())
 }
 
-/// Points of `/zk/msm` off the curve or out of the subgroup: each listed at `/points/i`.
-pub(crate) fn invalid_points(e: PointErrors) -> Problem {
+/// Points off the curve or out of the subgroup: each listed at `{path}/i`.
+pub(crate) fn invalid_points(e: PointErrors, path: &str) -> Problem {
     let issues: Vec<FieldIssue> = e
         .listed
         .iter()
         .map(|(i, m)| FieldIssue {
-            path: format!("/points/{i}"),
+            path: format!("{path}/{i}"),
             message: m.clone(),
         })
         .collect();
@@ -180,6 +181,23 @@ pub(crate) fn invalid_points(e: PointErrors) -> Problem {
         ),
     };
     Problem::new(ErrorCode::InvalidPoint, detail).with_errors(issues)
+}
+
+/// `/mpc/shamir/combine`: too few shares, bad points, or a share off the polynomials.
+impl From<ShamirError> for Problem {
+    fn from(e: ShamirError) -> Self {
+        match e {
+            ShamirError::Invalid(invalid) => invalid.into(),
+            ShamirError::TooFewShares { .. } => {
+                Problem::at(ErrorCode::InsufficientShares, "/shares", e.to_string())
+            }
+            ShamirError::Inconsistent { share, element, .. } => Problem::at(
+                ErrorCode::InconsistentShares,
+                format!("/shares/{share}/values/{element}"),
+                e.to_string(),
+            ),
+        }
+    }
 }
 
 /// `/rf/features`: the recording or its chunking.

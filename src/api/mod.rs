@@ -14,6 +14,7 @@ pub mod embedding_tables;
 pub mod embeddings;
 mod extract;
 pub mod linalg;
+pub mod mpc;
 pub mod msm;
 pub mod nn;
 pub mod openapi;
@@ -157,6 +158,9 @@ fn keyed_operations() -> Operations {
         .routes(routes!(zk::ntt))
         .routes(routes!(zk::intt))
         .routes(routes!(msm::msm))
+        .routes(routes!(mpc::shamir_split))
+        .routes(routes!(mpc::shamir_combine))
+        .routes(routes!(mpc::shamir_verify))
         .routes(routes!(rf::rf_features))
         .routes(routes!(linalg::matmul))
         .routes(routes!(embeddings::embeddings_sinusoidal))

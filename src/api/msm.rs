@@ -126,24 +126,31 @@ impl PointsIn {
         }
     }
 
-    fn decode(&self, curve: Curve, encoding: Encoding, max: usize) -> Result<Points, Problem> {
+    /// The points, checked; `path` is the pointer of this list in the request.
+    pub(super) fn decode(
+        &self,
+        curve: Curve,
+        encoding: Encoding,
+        max: usize,
+        path: &str,
+    ) -> Result<Points, Problem> {
         let n = self.approx_len(curve);
         if n > max {
             return Err(Problem::at(
                 ErrorCode::PayloadTooLarge,
-                "/points",
+                path,
                 format!("{n} points is more than the server's limit of {max} (--max-elements)"),
             ));
         }
         let checked = match (self, encoding) {
             (PointsIn::List(list), Encoding::Decimal | Encoding::Hex) => {
-                Points::validate(curve, &parse_list(list)?)
+                Points::validate(curve, &parse_list(list, path)?)
             }
             (PointsIn::Base64(text), Encoding::Base64) => {
                 let bytes = B64.decode(text).map_err(|e| {
                     Problem::at(
                         ErrorCode::InvalidPoint,
-                        "/points",
+                        path,
                         format!("invalid base64: {e}"),
                     )
                 })?;
@@ -152,24 +159,24 @@ impl PointsIn {
             (PointsIn::Base64(_), _) => {
                 return Err(Problem::at(
                     ErrorCode::InvalidRequest,
-                    "/points",
+                    path,
                     "a string is only accepted with \"encoding\": \"base64\"; send an array of {x, y} otherwise",
                 ))
             }
             (PointsIn::List(_), Encoding::Base64) => {
                 return Err(Problem::at(
                     ErrorCode::InvalidRequest,
-                    "/points",
+                    path,
                     "with \"encoding\": \"base64\" send one base64 string",
                 ))
             }
         };
-        checked.map_err(invalid_points)
+        checked.map_err(|e| invalid_points(e, path))
     }
 }
 
 /// Coordinates of every listed point; malformed numbers are reported like bad points.
-fn parse_list(list: &[Option<PointStrings>]) -> Result<Vec<RawPoint>, Problem> {
+fn parse_list(list: &[Option<PointStrings>], path: &str) -> Result<Vec<RawPoint>, Problem> {
     let mut errors = PointErrors {
         listed: Vec::new(),
         count: 0,
@@ -195,7 +202,7 @@ fn parse_list(list: &[Option<PointStrings>]) -> Result<Vec<RawPoint>, Problem> {
         raw.push(None);
     }
     if errors.count > 0 {
-        return Err(invalid_points(errors));
+        return Err(invalid_points(errors, path));
     }
     Ok(raw)
 }
@@ -250,7 +257,7 @@ pub enum PointOut {
 }
 
 impl PointOut {
-    fn of(results: &Points, i: usize, encoding: Encoding) -> PointOut {
+    pub(super) fn of(results: &Points, i: usize, encoding: Encoding) -> PointOut {
         let text = |v: BigUint| match encoding {
             Encoding::Hex => format!("0x{v:x}"),
             _ => v.to_string(),
@@ -313,7 +320,7 @@ pub async fn msm(
     let large = req.points.approx_len(curve) > INLINE_POINTS;
     let build = move || -> Result<MsmJob, Problem> {
         let scalars = decode_scalars(&req, max)?;
-        let points = req.points.decode(curve, encoding, max)?;
+        let points = req.points.decode(curve, encoding, max, "/points")?;
         MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))
     };
     let job = if large {

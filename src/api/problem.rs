@@ -50,6 +50,8 @@ error_codes! {
     InvalidPoint = ("invalid_point", 422, "A point is malformed, not on the curve, or outside the prime-order subgroup"),
     NotInvertible = ("not_invertible", 422, "Zero has no inverse"),
     InvalidParameter = ("invalid_parameter", 422, "A parameter is out of range"),
+    InsufficientShares = ("insufficient_shares", 422, "Fewer shares than the threshold: the secrets cannot be recovered"),
+    InconsistentShares = ("inconsistent_shares", 422, "The shares do not lie on one set of polynomials of the threshold's degree"),
     InvalidTensor = ("invalid_tensor", 422, "A numeric array is empty, ragged, non-finite or mis-shaped"),
     ResultNotFinite = ("result_not_finite", 422, "The result overflows the requested output dtype"),
     DatasetTooLarge = ("dataset_too_large", 422, "The dataset would exceed --max-dataset-bytes"),

@@ -46,6 +46,7 @@ pub fn kernel_library() -> KernelLibrary {
     modules.push(super::linalg::kernel_module());
     modules.push(super::nn::kernel_module());
     modules.push(super::beams::kernel_module());
+    modules.push(super::mpc::kernel_module());
     KernelLibrary {
         headers: HEADERS,
         modules,

@@ -6,6 +6,7 @@ pub mod dp;
 pub mod invalid;
 mod kernels;
 pub mod linalg;
+pub mod mpc;
 pub mod nn;
 pub mod rf;
 #[cfg(test)]
@@ -23,6 +24,7 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
     tests.extend(linalg::self_test::self_tests());
     tests.extend(nn::self_test::self_tests());
     tests.extend(beams::self_test::self_tests());
+    tests.extend(mpc::self_test::self_tests());
     // Last: the kernels' self-tests above ran on our own kernels, before cuBLASLt and
     // cuDNN may take their work.
     tests.push(linalg::self_test::blaslt_check());

@@ -59,13 +59,23 @@ fn sample_rate(v: f64, path: &str) -> Result<f64, Problem> {
 
 /// A fresh key from OS entropy; a client seed only on servers started for testing.
 fn noise_key(state: &AppState, seed: Option<u64>) -> Result<NoiseKey, Problem> {
+    random_key(state, seed, NoiseKey::from_seed)
+}
+
+/// A fresh key from OS entropy, or on servers started for testing
+/// (--dp-allow-client-seed) the key `derive` makes from a client's seed.
+pub(crate) fn random_key(
+    state: &AppState,
+    seed: Option<u64>,
+    derive: impl FnOnce(u64) -> NoiseKey,
+) -> Result<NoiseKey, Problem> {
     match seed {
         None => NoiseKey::from_os().map_err(Problem::internal),
-        Some(s) if state.settings.config.dp_allow_client_seed => Ok(NoiseKey::from_seed(s)),
+        Some(s) if state.settings.config.dp_allow_client_seed => Ok(derive(s)),
         Some(_) => Err(Problem::at(
             ErrorCode::SeedNotAllowed,
             "/seed",
-            "client seeds make the noise predictable; this server does not accept them \
+            "client seeds make the randomness predictable; this server does not accept them \
              (only servers started with --dp-allow-client-seed do, for testing)",
         )),
     }

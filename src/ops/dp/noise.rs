@@ -31,8 +31,14 @@ impl NoiseKey {
 
     /// A reproducible key, for servers started with the client-seed test flag.
     pub fn from_seed(seed: u64) -> Self {
+        Self::derive(b"gpu-ops/dp/client-seed/v1", seed)
+    }
+
+    /// A reproducible key for one purpose (`label`), from a test seed: different labels
+    /// give unrelated keys for the same seed.
+    pub fn derive(label: &[u8], seed: u64) -> Self {
         let mut h = Sha256::new();
-        h.update(b"gpu-ops/dp/client-seed/v1");
+        h.update(label);
         h.update(seed.to_le_bytes());
         Self(h.finalize().into())
     }

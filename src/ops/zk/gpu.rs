@@ -33,12 +33,12 @@ pub fn field_ops_module() -> KernelModule {
 
 /// A field vector as the kernels take it: u64 words (four per 256-bit element, read by
 /// the kernels as eight little-endian u32 limbs) or u32 words (BabyBear).
-enum Words<'a> {
+pub(crate) enum Words<'a> {
     U64(&'a [u64]),
     U32(&'a [u32]),
 }
 
-fn words(v: &FieldVec) -> Words<'_> {
+pub(crate) fn words(v: &FieldVec) -> Words<'_> {
     match v {
         FieldVec::Bn254Fr(l) | FieldVec::Bls12_381Fr(l) => Words::U64(l.as_flattened()),
         FieldVec::Goldilocks(w) => Words::U64(w),
@@ -46,7 +46,7 @@ fn words(v: &FieldVec) -> Words<'_> {
     }
 }
 
-fn from_u64(field: Field, out: Vec<u64>) -> FieldVec {
+pub(crate) fn from_u64(field: Field, out: Vec<u64>) -> FieldVec {
     let limbs = |out: Vec<u64>| -> Vec<[u64; 4]> {
         out.chunks_exact(4)
             .map(|c| [c[0], c[1], c[2], c[3]])

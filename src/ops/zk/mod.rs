@@ -11,6 +11,7 @@ mod u256;
 mod vector_ops;
 
 pub use field::{ElementError, Field, FieldVec};
+pub(crate) use gpu::{from_u64, words, Words};
 pub use gpu::{
     run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda, run_ntt_cuda, tile_plan,
     TILE_BYTES,

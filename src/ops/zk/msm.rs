@@ -92,6 +92,20 @@ impl Points {
         self.len() == 0
     }
 
+    /// The parts one after the other; all of the first part's curve.
+    pub fn concat(parts: Vec<Points>) -> Points {
+        let mut parts = parts.into_iter();
+        let mut out = parts.next().expect("at least one part");
+        for part in parts {
+            match (&mut out, part) {
+                (Points::Bn254G1(o), Points::Bn254G1(p)) => o.extend(p),
+                (Points::Bls12_381G1(o), Points::Bls12_381G1(p)) => o.extend(p),
+                _ => panic!("concat of different curves"),
+            }
+        }
+        out
+    }
+
     /// Checks every point (in parallel: the BLS12-381 subgroup check is a scalar
     /// multiplication). `(0, 0)` is the identity, as in Ethereum's precompiles: it is on
     /// neither curve.

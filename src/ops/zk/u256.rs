@@ -28,6 +28,23 @@ impl U256 {
         U256([v, 0, 0, 0])
     }
 
+    /// Little-endian bytes, up to 32.
+    pub fn from_le_slice(bytes: &[u8]) -> Self {
+        let mut b = [0u8; 32];
+        b[..bytes.len()].copy_from_slice(bytes);
+        U256(std::array::from_fn(|i| {
+            u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+        }))
+    }
+
+    pub fn to_le_bytes(&self) -> [u8; 32] {
+        let mut b = [0u8; 32];
+        for (i, limb) in self.0.iter().enumerate() {
+            b[8 * i..8 * i + 8].copy_from_slice(&limb.to_le_bytes());
+        }
+        b
+    }
+
     /// Decimal digits, or hex digits after a `0x`/`0X` prefix. No sign, no spaces.
     pub fn parse(s: &str) -> Result<Self, ParseError> {
         match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {

@@ -1,0 +1,78 @@
+// Shamir secret sharing over every scalar field (ops/mpc/shamir.rs is the CPU twin):
+// - `*_shamir_eval`: out[i*m + j] = Σ_k coeffs[k*m + j] · xs[i]^k by Horner, every secret's
+//   polynomial at each holder's point (split);
+// - `*_shamir_combine`: out[q*m + j] = Σ_i w[q*k + i] · ys[i*m + j], weighted sums of whole
+//   share vectors (combine: Lagrange weights at 0 and at the points being checked).
+// One thread per secret j, looping over points and weight rows, so a warp's reads and
+// writes are consecutive elements. For the 256-bit fields the host passes xs and w in
+// Montgomery form (v·2^256 mod p): a CIOS product of a canonical value and a Montgomery
+// form is the canonical product, one product per step and no conversions.
+#include "bn254_fr.cuh"
+#include "bls12_381_fr.cuh"
+#include "goldilocks.cuh"
+#include "babybear.cuh"
+
+#define MPC_GRID_STRIDE(i, n)                                                             \
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n);                     \
+         i += (u64)gridDim.x * blockDim.x)
+
+#define FP256_SHAMIR(EVAL, COMBINE, F)                                                    \
+    extern "C" __global__ void EVAL(const u32 *coeffs, const u32 *xs, u32 *out, u64 m,     \
+                                    u32 t, u32 n) {                                       \
+        MPC_GRID_STRIDE(j, m) {                                                           \
+            for (u32 i = 0; i < n; i++) {                                                 \
+                u32 y[8];                                                                 \
+                const u32 *top = coeffs + 8 * ((u64)(t - 1) * m + j);                     \
+                for (int l = 0; l < 8; l++) y[l] = top[l];                                \
+                for (int k = (int)t - 2; k >= 0; k--) {                                   \
+                    fp_mont_mul(&F, y, y, xs + 8 * i);                                    \
+                    fp_add(&F, y, y, coeffs + 8 * ((u64)k * m + j));                      \
+                }                                                                         \
+                u32 *o = out + 8 * ((u64)i * m + j);                                      \
+                for (int l = 0; l < 8; l++) o[l] = y[l];                                  \
+            }                                                                             \
+        }                                                                                 \
+    }                                                                                     \
+    extern "C" __global__ void COMBINE(const u32 *ys, const u32 *w, u32 *out, u64 m,       \
+                                       u32 k, u32 rows) {                                 \
+        MPC_GRID_STRIDE(j, m) {                                                           \
+            for (u32 q = 0; q < rows; q++) {                                              \
+                u32 acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                    \
+                u32 term[8];                                                              \
+                for (u32 i = 0; i < k; i++) {                                             \
+                    fp_mont_mul(&F, term, ys + 8 * ((u64)i * m + j), w + 8 * ((u64)q * k + i)); \
+                    fp_add(&F, acc, acc, term);                                           \
+                }                                                                         \
+                u32 *o = out + 8 * ((u64)q * m + j);                                      \
+                for (int l = 0; l < 8; l++) o[l] = acc[l];                                \
+            }                                                                             \
+        }                                                                                 \
+    }
+
+// One-word fields: canonical in and out, xs and w canonical too.
+#define WORD_SHAMIR(EVAL, COMBINE, T, ADD, MUL)                                           \
+    extern "C" __global__ void EVAL(const T *coeffs, const T *xs, T *out, u64 m, u32 t,    \
+                                    u32 n) {                                              \
+        MPC_GRID_STRIDE(j, m) {                                                           \
+            for (u32 i = 0; i < n; i++) {                                                 \
+                T y = coeffs[(u64)(t - 1) * m + j];                                       \
+                for (int k = (int)t - 2; k >= 0; k--) y = ADD(MUL(y, xs[i]), coeffs[(u64)k * m + j]); \
+                out[(u64)i * m + j] = y;                                                  \
+            }                                                                             \
+        }                                                                                 \
+    }                                                                                     \
+    extern "C" __global__ void COMBINE(const T *ys, const T *w, T *out, u64 m, u32 k,      \
+                                       u32 rows) {                                        \
+        MPC_GRID_STRIDE(j, m) {                                                           \
+            for (u32 q = 0; q < rows; q++) {                                              \
+                T acc = 0;                                                                \
+                for (u32 i = 0; i < k; i++) acc = ADD(acc, MUL(ys[(u64)i * m + j], w[(u64)q * k + i])); \
+                out[(u64)q * m + j] = acc;                                                \
+            }                                                                             \
+        }                                                                                 \
+    }
+
+FP256_SHAMIR(bn254_fr_shamir_eval, bn254_fr_shamir_combine, BN254_FR)
+FP256_SHAMIR(bls12_381_fr_shamir_eval, bls12_381_fr_shamir_combine, BLS12_381_FR)
+WORD_SHAMIR(goldilocks_shamir_eval, goldilocks_shamir_combine, u64, gl_add, gl_mul)
+WORD_SHAMIR(babybear_shamir_eval, babybear_shamir_combine, u32, bb_add, bb_mul)

@@ -1,0 +1,176 @@
+//! GPU launchers for `kernels/mpc.cu`: Shamir's evaluation and weighted sums.
+
+use super::scalar::mont;
+use super::shamir::{CombineJob, ShareJob};
+use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Element};
+use crate::ops::zk::{from_u64, words, Field, FieldVec, Words};
+use cudarc::driver::ValidAsZeroBits;
+use std::borrow::Cow;
+
+fn kernel_name(field: Field, kernel: &str) -> String {
+    format!("{}_shamir_{kernel}", field.name())
+}
+
+/// `kernels/mpc.cu`: evaluation and weighted sums for every field.
+pub fn kernel_module() -> KernelModule {
+    KernelModule {
+        name: "mpc",
+        source: include_str!("../../../kernels/mpc.cu"),
+        entry_points: Field::ALL
+            .iter()
+            .flat_map(|&f| ["eval", "combine"].map(|k| kernel_name(f, k)))
+            .collect(),
+    }
+}
+
+/// Points or weights as the kernels take them: in Montgomery form for the 256-bit fields
+/// (so each step is one CIOS product), canonical for the one-word fields.
+fn montgomery_operand(v: &FieldVec) -> FieldVec {
+    match v {
+        FieldVec::Bn254Fr(x) => FieldVec::Bn254Fr(
+            x.iter()
+                .map(|&l| mont::<ark_bn254::FrConfig, 4, _>(l).0 .0)
+                .collect(),
+        ),
+        FieldVec::Bls12_381Fr(x) => FieldVec::Bls12_381Fr(
+            x.iter()
+                .map(|&l| mont::<ark_bls12_381::FrConfig, 4, _>(l).0 .0)
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+pub fn run_share_cuda(job: &ShareJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+    let points = job.points();
+    let name = kernel_name(points.field(), "eval");
+    let shape = Shape {
+        m: job.secrets(),
+        rows_in: job.threshold(),
+        rows_out: points.len(),
+    };
+    run(
+        dev,
+        &name,
+        job.coefficients(),
+        &montgomery_operand(points),
+        shape,
+    )
+}
+
+pub fn run_combine_cuda(job: &CombineJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+    let used = job.used();
+    let name = kernel_name(used.field(), "combine");
+    let m = job.secrets();
+    let shape = Shape {
+        m,
+        rows_in: used.len() / m,
+        rows_out: job.weights().len() / (used.len() / m),
+    };
+    run(dev, &name, used, &montgomery_operand(job.weights()), shape)
+}
+
+/// Both kernels' shape: `rows_in` rows of `m` elements in, a small operand, `rows_out`
+/// rows of `m` out; arguments (rows, small, out, m, rows_in, rows_out).
+#[derive(Clone, Copy)]
+struct Shape {
+    m: usize,
+    rows_in: usize,
+    rows_out: usize,
+}
+
+fn run(
+    dev: &DeviceLease<'_>,
+    kernel: &str,
+    rows: &FieldVec,
+    small: &FieldVec,
+    shape: Shape,
+) -> Result<FieldVec, DeviceError> {
+    match (words(rows), words(small)) {
+        (Words::U64(r), Words::U64(s)) => Ok(from_u64(
+            rows.field(),
+            launch_rows(dev, kernel, r, s, shape)?,
+        )),
+        (Words::U32(r), Words::U32(s)) => {
+            Ok(FieldVec::BabyBear(launch_rows(dev, kernel, r, s, shape)?))
+        }
+        _ => Err(DeviceError::fatal("mixed fields reached the launcher")),
+    }
+}
+
+/// Runs in passes over the secrets, as many per pass as the device's memory budget
+/// allows; a pass's rows are gathered into one contiguous upload and its output rows
+/// scattered back.
+fn launch_rows<T: Element + ValidAsZeroBits + Default>(
+    dev: &DeviceLease<'_>,
+    kernel: &str,
+    rows: &[T],
+    small: &[T],
+    shape: Shape,
+) -> Result<Vec<T>, DeviceError> {
+    let Shape {
+        m,
+        rows_in,
+        rows_out,
+    } = shape;
+    let w = rows.len() / (rows_in * m);
+    let size = std::mem::size_of::<T>();
+    let per_pass = dev.items_per_pass(
+        m,
+        (rows_in + rows_out) * w * size,
+        std::mem::size_of_val(small),
+    );
+    let d_small = dev.upload(small)?;
+    let mut host = vec![T::default(); rows_out * m * w];
+    let (a, b) = (rows_in as u32, rows_out as u32);
+    for start in (0..m).step_by(per_pass) {
+        dev.still_wanted()?;
+        let len = per_pass.min(m - start);
+        let input = gather(rows, rows_in, m * w, start * w, len * w);
+        let d_in = dev.upload(&input)?;
+        let mut d_out: DeviceBuffer<T> = dev.alloc_zeros(rows_out * len * w)?;
+        let len64 = len as u64;
+        let mut launch = dev.launch(kernel)?;
+        launch
+            .arg(&d_in)
+            .arg(&d_small)
+            .arg(&mut d_out)
+            .arg(&len64)
+            .arg(&a)
+            .arg(&b);
+        // SAFETY: the kernel reads rows_in rows of len elements and rows_in × rows_out
+        // (or rows_out) small elements, and writes rows_out rows of len; the buffers hold
+        // exactly those words.
+        unsafe { launch.launch(dev.launch_config(len)) }?;
+        let out = dev.download(&d_out)?;
+        for (r, part) in out.chunks_exact(len * w).enumerate() {
+            let at = r * m * w + start * w;
+            host[at..at + len * w].copy_from_slice(part);
+        }
+    }
+    Ok(host)
+}
+
+/// Columns `[start, start + len)` of every `row_len`-word row, one row after the other;
+/// the rows themselves when that is all of them.
+fn gather<T: Copy>(
+    rows: &[T],
+    count: usize,
+    row_len: usize,
+    start: usize,
+    len: usize,
+) -> Cow<'_, [T]> {
+    if start == 0 && len == row_len {
+        return Cow::Borrowed(rows);
+    }
+    Cow::Owned(
+        (0..count)
+            .flat_map(|r| {
+                rows[r * row_len + start..r * row_len + start + len]
+                    .iter()
+                    .copied()
+            })
+            .collect(),
+    )
+}

@@ -1,0 +1,11 @@
+//! Multi-party computation: Shamir secret sharing with Feldman commitments (a dealer
+//! splits, holders verify, any threshold of them combine).
+
+pub mod feldman;
+mod gpu;
+mod scalar;
+pub(crate) mod self_test;
+pub mod shamir;
+
+pub use gpu::{kernel_module, run_combine_cuda, run_share_cuda};
+pub use scalar::lagrange_weights;
