@@ -441,3 +441,49 @@ async fn embedding_lookups_keep_their_table_on_the_emulated_device() {
     let gpus = s.state.backends.gpus();
     assert!(!gpus[0].holds_table(&format!("embeddings/{id}")));
 }
+
+#[tokio::test]
+async fn shamir_sharing_runs_on_the_emulated_device() {
+    let s = emulated_server().await;
+    for field in Field::ALL {
+        // Seeded (a test server), so both backends evaluate the same polynomials.
+        let (dev, cpu) = both(
+            &s,
+            "/mpc/shamir/split",
+            json!({"field": field.name(), "secrets": strings(field, 9000, 7), "threshold": 3,
+                   "share_count": 5, "seed": 11}),
+        )
+        .await;
+        assert_eq!(dev, cpu, "split {field:?}");
+        let shares = &dev["shares"];
+        let (dev, cpu) = both(
+            &s,
+            "/mpc/shamir/combine",
+            json!({"field": field.name(), "threshold": 3, "shares": shares}),
+        )
+        .await;
+        assert_eq!(dev, cpu, "combine {field:?}");
+        assert_eq!(dev["secrets"], json!(strings(field, 9000, 7)));
+        assert_eq!(dev["shares_checked"], 2);
+    }
+    let split: Value = s
+        .post(
+            "/mpc/shamir/split",
+            json!({"field": "bn254_fr", "secrets": strings(Field::Bn254Fr, 300, 8), "threshold": 2,
+                   "share_count": 2, "commitments": true}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (dev, cpu) = both(
+        &s,
+        "/mpc/shamir/verify",
+        json!({"field": "bn254_fr", "share": split["shares"][1], "commitments": split["commitments"]["rows"]}),
+    )
+    .await;
+    assert_eq!(dev, cpu);
+    assert_eq!(dev["valid"], true);
+}

@@ -746,6 +746,7 @@ fn cuda_sinusoidal_embeddings_agree_with_the_cpu() {
 /// by point chunks.
 #[test]
 fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
+    use gpu_ops::ops::mpc::{run_combine_cuda, run_share_cuda};
     use gpu_ops::ops::zk::msm::{Curve, MsmJob};
     use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
     use gpu_ops::ops::zk::samples::random_points;
@@ -795,6 +796,15 @@ fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
         assert!(
             msm.run_cpu() == run_msm_cuda(&msm, &lease).expect("kernels run"),
             "MSM in chunks"
+        );
+
+        let (secrets, xs) = shamir_inputs(field, 1 << (14 - scale));
+        let (share, combine) = shamir_jobs(secrets, &xs);
+        let shares = run_share_cuda(&share, &lease).expect("kernels run");
+        assert!(share.run_cpu() == shares, "Shamir split in passes");
+        assert!(
+            combine.run_cpu() == run_combine_cuda(&combine, &lease).expect("kernels run"),
+            "Shamir combine in passes"
         );
         dev.set_memory_limit(0);
     }
@@ -1152,5 +1162,67 @@ fn cuda_lookups_equal_the_cpu_and_keep_their_table() {
         job.agrees(&gpu, &job.run_cpu())
             .unwrap_or_else(|e| panic!("in passes: {e}"));
         dev.set_memory_limit(0);
+    }
+}
+
+/// `m` random secrets and five points: 1, p − 1, p − 2, 2^20 and 7.
+fn shamir_inputs(field: Field, m: usize) -> (FieldVec, Vec<U256>) {
+    let secrets = FieldVec::from_integers(field, &random_elements(field, m, 31)).unwrap();
+    let p = field.modulus();
+    let minus = |k: u64| U256([p.0[0] - k, p.0[1], p.0[2], p.0[3]]);
+    let xs = vec![
+        U256::from_u64(1),
+        minus(1),
+        minus(2),
+        U256::from_u64(1 << 20),
+        U256::from_u64(7),
+    ];
+    (secrets, xs)
+}
+
+/// A threshold-3 split of `secrets` at `xs`, and a combine of the CPU's shares with two
+/// checked beyond the threshold.
+fn shamir_jobs(
+    secrets: FieldVec,
+    xs: &[U256],
+) -> (
+    gpu_ops::ops::mpc::shamir::ShareJob,
+    gpu_ops::ops::mpc::shamir::CombineJob,
+) {
+    use gpu_ops::ops::dp::NoiseKey;
+    use gpu_ops::ops::mpc::shamir::{dealer_coefficients, CombineJob, ShareJob};
+    let (field, m) = (secrets.field(), secrets.len());
+    let coeffs = dealer_coefficients(&secrets, 3, &NoiseKey::derive(b"parity", 1));
+    let share = ShareJob::new(
+        Arc::new(coeffs),
+        m,
+        FieldVec::from_integers(field, xs).unwrap(),
+    );
+    let parts = share.run_cpu().split(&vec![m; xs.len()]);
+    let combine = CombineJob::new(3, xs, parts).unwrap();
+    (share, combine)
+}
+
+#[test]
+fn cuda_shamir_split_and_combine_are_bit_identical_to_the_cpu() {
+    use gpu_ops::ops::mpc::{run_combine_cuda, run_share_cuda};
+    let devices = devices("cuda_shamir_split_and_combine_are_bit_identical_to_the_cpu");
+    for dev in &devices {
+        // Sizes cross the grid-stride boundary (more secrets than threads launched).
+        for m in sizes(dev, &[1usize, 1000, 1 << 20], &[1, 257, 9000]) {
+            for field in Field::ALL {
+                let (secrets, xs) = shamir_inputs(field, m);
+                let (share, combine) = shamir_jobs(secrets.clone(), &xs);
+                let lease = dev.lease().expect("device lease");
+                let shares = run_share_cuda(&share, &lease).expect("kernel runs");
+                assert!(share.run_cpu() == shares, "split {field:?} m={m}");
+                let rows = run_combine_cuda(&combine, &lease).expect("kernel runs");
+                assert!(combine.run_cpu() == rows, "combine {field:?} m={m}");
+                assert!(
+                    combine.finish(rows).unwrap() == secrets,
+                    "the device's rows recover the secrets ({field:?} m={m})"
+                );
+            }
+        }
     }
 }
