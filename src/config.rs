@@ -148,7 +148,8 @@ pub struct Config {
     /// Most values in one `[B, D]` tensor (/dp/privatize); more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_TENSOR_ELEMENTS", default_value_t = 1 << 26)]
     pub max_tensor_elements: usize,
-    /// Accept a client `seed` for privacy noise. For tests only: seeded noise is predictable.
+    /// Accept a client `seed` for privacy noise and Shamir coefficients. For tests only:
+    /// seeded noise and coefficients are predictable.
     #[arg(long, env = "GPU_OPS_DP_ALLOW_CLIENT_SEED", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub dp_allow_client_seed: bool,
     /// Directory for persistent state (privacy budgets, kernel cache).

@@ -61,7 +61,7 @@ impl App {
             "store opened"
         );
         if cfg.dp_allow_client_seed {
-            tracing::warn!("--dp-allow-client-seed is on: clients can make privacy noise predictable; never in production");
+            tracing::warn!("--dp-allow-client-seed is on: clients can make privacy noise and Shamir coefficients predictable; never in production");
         }
         let backends = Arc::new(Backends::new(
             cfg.backend,

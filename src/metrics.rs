@@ -31,6 +31,7 @@ pub struct Metrics {
     pub gpu_sm_clock: GaugeVec,
     pub dp_budget_charges: IntCounterVec,
     pub dp_noise_values: IntCounterVec,
+    pub shamir_share_checks: IntCounterVec,
     pub batch_size: HistogramVec,
     pub dataset_samples: IntCounterVec,
     pub dataset_jobs: IntCounterVec,
@@ -86,6 +87,10 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_dp_noise_values_total",
         "Values released with privacy noise, by mechanism",
+    ),
+    (
+        "gpu_ops_shamir_share_checks_total",
+        "Shares checked, by check (verify: against Feldman commitments; combine: beyond the threshold) and result",
     ),
     (
         "gpu_ops_dataset_samples_total",
@@ -239,6 +244,13 @@ impl Metrics {
             dp_noise_values: reg(
                 r,
                 IntCounterVec::new(opts("gpu_ops_dp_noise_values_total"), &["mechanism"]),
+            ),
+            shamir_share_checks: reg(
+                r,
+                IntCounterVec::new(
+                    opts("gpu_ops_shamir_share_checks_total"),
+                    &["check", "result"],
+                ),
             ),
             dataset_samples: reg(
                 r,

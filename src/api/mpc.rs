@@ -387,8 +387,20 @@ pub async fn shamir_combine(
     let finisher = job.clone();
     let done = state.pool.submit(job, req.backend, timeout).await?;
     let run = done.run.clone();
+    let checks = state.metrics.shamir_share_checks.clone();
     let encode = move || {
-        let secrets = finisher.finish(done.output)?;
+        let finished = finisher.finish(done.output);
+        let result = if finished.is_ok() {
+            "consistent"
+        } else {
+            "inconsistent"
+        };
+        // A refused set counts once: its first share off the polynomials.
+        let counted = if finished.is_ok() { checked } else { 1 };
+        checks
+            .with_label_values(&["combine", result])
+            .inc_by(counted as u64);
+        let secrets = finished?;
         let body = ShamirCombineResponse {
             field,
             encoding,
@@ -504,8 +516,15 @@ pub async fn shamir_verify(
     };
     let (job, threshold, length) = blocking(build).await?;
     let done = state.pool.submit(job, req.backend, timeout).await?;
+    let valid = ShareCheckJob::holds(&done.output);
+    let result = if valid { "consistent" } else { "inconsistent" };
+    state
+        .metrics
+        .shamir_share_checks
+        .with_label_values(&["verify", result])
+        .inc();
     let body = ShamirVerifyResponse {
-        valid: ShareCheckJob::holds(&done.output),
+        valid,
         curve,
         threshold,
         length,

@@ -57,6 +57,7 @@ try:
         embeddings_sinusoidal,
     )
     from gpu_ops_client.api.linalg import matmul
+    from gpu_ops_client.api.mpc import shamir_combine, shamir_split, shamir_verify
     from gpu_ops_client.api.nn import attention, conv2d
     from gpu_ops_client.api.rf import rf_features
     from gpu_ops_client.api.system import (
@@ -79,6 +80,13 @@ try:
     )
     from gpu_ops_client.models import (
         AffinePointDoc,
+        ShamirCombineRequest,
+        ShamirCombineResponse,
+        ShamirSplitRequest,
+        ShamirSplitResponse,
+        ShamirVerifyRequest,
+        ShamirVerifyResponse,
+        ShareIn,
         ArrayGeometry,
         BeamDtype,
         ChannelModel,
@@ -159,6 +167,7 @@ except ImportError as err:
     )
 
 GOLDILOCKS_P = 2**64 - 2**32 + 1
+BN254_R = 21888242871839275222246405745257275088548364400416034343698204186575808495617
 BABYBEAR_P = 2013265921
 BN254_G = (1, 2)
 BN254_2G = (
@@ -537,6 +546,88 @@ def test_msm(client):
 def refuse_msm(c: Ctx):  # (1, 3) is not on y² = x³ + 3
     body = MsmRequest(curve=Curve.BN254_G1, scalars=["2"], points=[AffinePointDoc(x="1", y="3")])
     return msm.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# mpc: Shamir secret sharing.
+
+
+def lagrange_at_zero(points, p: int) -> int:
+    """The polynomial through (x, y) points at 0, mod p: the secrets' oracle."""
+    total = 0
+    for i, (xi, yi) in enumerate(points):
+        num = den = 1
+        for j, (xj, _) in enumerate(points):
+            if j != i:
+                num, den = num * xj % p, den * (xj - xi) % p
+        total = (total + yi * num * pow(den, p - 2, p)) % p
+    return total
+
+
+def split_secrets(client, secrets, commitments=False) -> ShamirSplitResponse:
+    body = ShamirSplitRequest(field=Field.BN254_FR, secrets=[str(v) for v in secrets],
+                              threshold=2, share_count=3, commitments=commitments)
+    return ok(shamir_split.sync_detailed(client=client, body=body), 200, ShamirSplitResponse)
+
+
+def share_in(share) -> ShareIn:
+    return ShareIn(x=share.x, values=share.values)
+
+
+@roundtrip("shamir_split")
+def test_shamir_split(client):
+    r = split_secrets(client, [42, 7])
+    assert (r.field, r.threshold, r.length, len(r.shares)) == (Field.BN254_FR, 2, 2, 3)
+    assert [s.x for s in r.shares] == ["1", "2", "3"]
+    for pick in ([0, 1], [2, 0]):
+        for j, secret in enumerate([42, 7]):
+            points = [(int(r.shares[i].x), int(r.shares[i].values[j])) for i in pick]
+            assert lagrange_at_zero(points, BN254_R) == secret
+
+
+@refusal("shamir_split", 422, "invalid_parameter", "/threshold")
+def refuse_shamir_split(c: Ctx):  # one share alone would be the secret
+    body = ShamirSplitRequest(field=Field.GOLDILOCKS, secrets=["1"], threshold=1, share_count=3)
+    return shamir_split.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("shamir_combine")
+def test_shamir_combine(client):
+    r = split_secrets(client, [5, 6, 7])
+    body = ShamirCombineRequest(field=Field.BN254_FR, threshold=2,
+                                shares=[share_in(r.shares[2]), share_in(r.shares[0]),
+                                        share_in(r.shares[1])])
+    out = ok(shamir_combine.sync_detailed(client=client, body=body), 200, ShamirCombineResponse)
+    assert (out.secrets, out.shares_used, out.shares_checked) == (["5", "6", "7"], 2, 1)
+
+
+@refusal("shamir_combine", 422, "insufficient_shares", "/shares")
+def refuse_shamir_combine(c: Ctx):
+    body = ShamirCombineRequest(field=Field.BN254_FR, threshold=2,
+                                shares=[ShareIn(x="1", values=["9"])])
+    return shamir_combine.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("shamir_verify")
+def test_shamir_verify(client):
+    r = split_secrets(client, [11, 12], commitments=True)
+    assert len(r.commitments.rows) == 2 and len(r.commitments.rows[0]) == 2
+    for share in r.shares:
+        body = ShamirVerifyRequest(field=Field.BN254_FR, share=share_in(share),
+                                   commitments=r.commitments.rows)
+        v = ok(shamir_verify.sync_detailed(client=client, body=body), 200, ShamirVerifyResponse)
+        assert (v.valid, v.threshold, v.length) == (True, 2, 2)
+    moved = ShareIn(x=r.shares[1].x, values=r.shares[0].values)
+    body = ShamirVerifyRequest(field=Field.BN254_FR, share=moved, commitments=r.commitments.rows)
+    v = ok(shamir_verify.sync_detailed(client=client, body=body), 200, ShamirVerifyResponse)
+    assert v.valid is False
+
+
+@refusal("shamir_verify", 422, "invalid_parameter", "/field")
+def refuse_shamir_verify(c: Ctx):  # goldilocks has no commitment curve
+    body = ShamirVerifyRequest(field=Field.GOLDILOCKS, share=ShareIn(x="1", values=["1"]),
+                               commitments=[[None]])
+    return shamir_verify.sync_detailed(client=c.client, body=body)
 
 
 # ---------------------------------------------------------------------------------------
