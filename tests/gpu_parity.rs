@@ -1198,8 +1198,7 @@ fn shamir_jobs(
         m,
         FieldVec::from_integers(field, xs).unwrap(),
     );
-    let parts = share.run_cpu().split(&vec![m; xs.len()]);
-    let combine = CombineJob::new(3, xs, parts).unwrap();
+    let combine = CombineJob::new(3, xs, share.run_cpu()).unwrap();
     (share, combine)
 }
 

@@ -212,7 +212,7 @@ pub async fn shamir_split(
     let (shares, rows) = (shares?, rows.transpose()?);
     let run = shares.run.clone();
     let encode = move || {
-        let values = shares.output.split(&vec![m; points.len()]);
+        let values = shares.output;
         let body = ShamirSplitResponse {
             field,
             encoding,

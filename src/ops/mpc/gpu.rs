@@ -42,33 +42,35 @@ fn montgomery_operand(v: &FieldVec) -> FieldVec {
     }
 }
 
-pub fn run_share_cuda(job: &ShareJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+pub fn run_share_cuda(job: &ShareJob, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
     let points = job.points();
     let name = kernel_name(points.field(), "eval");
-    let shape = Shape {
-        m: job.secrets(),
-        rows_in: job.threshold(),
-        rows_out: points.len(),
-    };
-    run(
-        dev,
-        &name,
-        job.coefficients(),
-        &montgomery_operand(points),
-        shape,
-    )
-}
-
-pub fn run_combine_cuda(job: &CombineJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
-    let used = job.used();
-    let name = kernel_name(used.field(), "combine");
     let m = job.secrets();
     let shape = Shape {
         m,
-        rows_in: used.len() / m,
-        rows_out: job.weights().len() / (used.len() / m),
+        rows_in: job.threshold(),
+        rows_out: points.len(),
     };
-    run(dev, &name, used, &montgomery_operand(job.weights()), shape)
+    let small = montgomery_operand(points);
+    let out = run(dev, &name, job.coefficients(), &small, shape)?;
+    Ok(out.split(&vec![m; shape.rows_out]))
+}
+
+pub fn run_combine_cuda(
+    job: &CombineJob,
+    dev: &DeviceLease<'_>,
+) -> Result<Vec<FieldVec>, DeviceError> {
+    let used = job.used();
+    let name = kernel_name(used[0].field(), "combine");
+    let m = job.secrets();
+    let shape = Shape {
+        m,
+        rows_in: used.len(),
+        rows_out: job.weights().len() / used.len(),
+    };
+    let rows = FieldVec::concat(&used[0], &used[1..]);
+    let out = run(dev, &name, &rows, &montgomery_operand(job.weights()), shape)?;
+    Ok(out.split(&vec![m; shape.rows_out]))
 }
 
 /// Both kernels' shape: `rows_in` rows of `m` elements in, a small operand, `rows_out`

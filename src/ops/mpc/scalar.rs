@@ -73,62 +73,63 @@ fn raw<C: MontConfig<N>, const N: usize, T: Word<N>>(x: T) -> Mont<C, N> {
 /// Below this many secrets per share a row runs on one thread.
 const PAR_CHUNK: usize = 4096;
 
-/// `out[i·m + j] = Σ_k coeffs[k·m + j] · xs[i]^k` by Horner, for `t = coeffs.len() / m`
-/// coefficients per secret: every secret's polynomial at every point.
+/// Row i: `Σ_k coeffs[k·m + j] · xs[i]^k` by Horner for every j < m, with
+/// `t = coeffs.len() / m` coefficients per secret: every secret's polynomial at each point.
 pub(crate) fn evaluate<C: MontConfig<N>, const N: usize, T: Word<N>>(
     coeffs: &[T],
     xs: &[T],
     m: usize,
-) -> Vec<T> {
+) -> Vec<Vec<T>> {
     let t = coeffs.len() / m;
-    let mut out = vec![T::from_big(BigInt::zero()); xs.len() * m];
-    for (row, &x) in out.chunks_mut(m).zip(xs) {
-        let x = mont::<C, N, T>(x);
-        row.par_chunks_mut(PAR_CHUNK)
-            .enumerate()
-            .for_each(|(c, part)| {
-                for (jj, o) in part.iter_mut().enumerate() {
-                    let j = c * PAR_CHUNK + jj;
-                    let mut y = raw::<C, N, T>(coeffs[(t - 1) * m + j]);
-                    for k in (0..t - 1).rev() {
-                        y = y * x + raw::<C, N, T>(coeffs[k * m + j]);
+    xs.iter()
+        .map(|&x| {
+            let x = mont::<C, N, T>(x);
+            let mut row = vec![T::from_big(BigInt::zero()); m];
+            row.par_chunks_mut(PAR_CHUNK)
+                .enumerate()
+                .for_each(|(c, part)| {
+                    for (jj, o) in part.iter_mut().enumerate() {
+                        let j = c * PAR_CHUNK + jj;
+                        let mut y = raw::<C, N, T>(coeffs[(t - 1) * m + j]);
+                        for k in (0..t - 1).rev() {
+                            y = y * x + raw::<C, N, T>(coeffs[k * m + j]);
+                        }
+                        *o = T::from_big(y.0);
                     }
-                    *o = T::from_big(y.0);
-                }
-            });
-    }
-    out
+                });
+            row
+        })
+        .collect()
 }
 
-/// `out[q·m + j] = Σ_i weights[q·k + i] · ys[i·m + j]` for `k = ys.len() / m` vectors and
-/// `weights.len() / k` weight rows: weighted sums of whole share vectors.
+/// Row q: `Σ_i weights[q·k + i] · ys[i][j]` for every j < m, over the k vectors `ys`:
+/// weighted sums of whole share vectors, one row per `k` weights.
 pub(crate) fn weighted_sums<C: MontConfig<N>, const N: usize, T: Word<N>>(
-    ys: &[T],
+    ys: &[&[T]],
     weights: &[T],
     m: usize,
-) -> Vec<T> {
-    let k = ys.len() / m;
-    let rows = weights.len() / k;
-    let mut out = vec![T::from_big(BigInt::zero()); rows * m];
-    for (q, row) in out.chunks_mut(m).enumerate() {
-        let w: Vec<Mont<C, N>> = weights[q * k..(q + 1) * k]
-            .iter()
-            .map(|&w| mont::<C, N, T>(w))
-            .collect();
-        row.par_chunks_mut(PAR_CHUNK)
-            .enumerate()
-            .for_each(|(c, part)| {
-                for (jj, o) in part.iter_mut().enumerate() {
-                    let j = c * PAR_CHUNK + jj;
-                    let mut acc = Mont::<C, N>::new_unchecked(BigInt::zero());
-                    for (i, wi) in w.iter().enumerate() {
-                        acc += raw::<C, N, T>(ys[i * m + j]) * wi;
+) -> Vec<Vec<T>> {
+    let k = ys.len();
+    weights
+        .chunks(k)
+        .map(|w| {
+            let w: Vec<Mont<C, N>> = w.iter().map(|&w| mont::<C, N, T>(w)).collect();
+            let mut row = vec![T::from_big(BigInt::zero()); m];
+            row.par_chunks_mut(PAR_CHUNK)
+                .enumerate()
+                .for_each(|(c, part)| {
+                    let base = c * PAR_CHUNK;
+                    for (jj, o) in part.iter_mut().enumerate() {
+                        let mut acc = Mont::<C, N>::new_unchecked(BigInt::zero());
+                        for (y, wi) in ys.iter().zip(&w) {
+                            acc += raw::<C, N, T>(y[base + jj]) * wi;
+                        }
+                        *o = T::from_big(acc.0);
                     }
-                    *o = T::from_big(acc.0);
-                }
-            });
-    }
-    out
+                });
+            row
+        })
+        .collect()
 }
 
 /// The Lagrange basis at each target, over distinct points: row q holds
@@ -223,7 +224,7 @@ mod tests {
                 .run_cpu();
             let coeffs = FieldVec::concat(&c0, &[c1]);
             let got = crate::ops::mpc::shamir::evaluate_vec(&coeffs, &x, m);
-            assert_eq!(got, want, "{field:?}");
+            assert_eq!(got, vec![want], "{field:?}");
         }
     }
 

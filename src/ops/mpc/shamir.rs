@@ -170,46 +170,58 @@ pub fn dealer_coefficients(secrets: &FieldVec, threshold: usize, key: &NoiseKey)
     FieldVec::concat(secrets, &[random])
 }
 
-/// `evaluate` on a field vector: `coeffs` holds t rows of `m`, the result one row of `m`
-/// per point.
-pub(crate) fn evaluate_vec(coeffs: &FieldVec, xs: &FieldVec, m: usize) -> FieldVec {
+/// `evaluate` on a field vector: `coeffs` holds t rows of `m`; one row per point.
+pub(crate) fn evaluate_vec(coeffs: &FieldVec, xs: &FieldVec, m: usize) -> Vec<FieldVec> {
+    macro_rules! run {
+        ($variant:ident, $config:ty, $n:literal, $c:expr, $x:expr) => {
+            evaluate::<$config, $n, _>($c, $x, m)
+                .into_iter()
+                .map(FieldVec::$variant)
+                .collect()
+        };
+    }
     match (coeffs, xs) {
         (FieldVec::Bn254Fr(c), FieldVec::Bn254Fr(x)) => {
-            FieldVec::Bn254Fr(evaluate::<ark_bn254::FrConfig, 4, _>(c, x, m))
+            run!(Bn254Fr, ark_bn254::FrConfig, 4, c, x)
         }
         (FieldVec::Bls12_381Fr(c), FieldVec::Bls12_381Fr(x)) => {
-            FieldVec::Bls12_381Fr(evaluate::<ark_bls12_381::FrConfig, 4, _>(c, x, m))
+            run!(Bls12_381Fr, ark_bls12_381::FrConfig, 4, c, x)
         }
         (FieldVec::Goldilocks(c), FieldVec::Goldilocks(x)) => {
-            FieldVec::Goldilocks(evaluate::<GoldilocksConfig, 1, _>(c, x, m))
+            run!(Goldilocks, GoldilocksConfig, 1, c, x)
         }
-        (FieldVec::BabyBear(c), FieldVec::BabyBear(x)) => {
-            FieldVec::BabyBear(evaluate::<BabyBearConfig, 1, _>(c, x, m))
-        }
+        (FieldVec::BabyBear(c), FieldVec::BabyBear(x)) => run!(BabyBear, BabyBearConfig, 1, c, x),
         _ => unreachable!("the jobs hold one field"),
     }
 }
 
-/// `weighted_sums` on field vectors: `ys` holds k rows of `m`, `weights` rows of k.
-pub(crate) fn weighted_sums_vec(ys: &FieldVec, weights: &FieldVec, m: usize) -> FieldVec {
-    match (ys, weights) {
-        (FieldVec::Bn254Fr(y), FieldVec::Bn254Fr(w)) => {
-            FieldVec::Bn254Fr(weighted_sums::<ark_bn254::FrConfig, 4, _>(y, w, m))
-        }
-        (FieldVec::Bls12_381Fr(y), FieldVec::Bls12_381Fr(w)) => {
-            FieldVec::Bls12_381Fr(weighted_sums::<ark_bls12_381::FrConfig, 4, _>(y, w, m))
-        }
-        (FieldVec::Goldilocks(y), FieldVec::Goldilocks(w)) => {
-            FieldVec::Goldilocks(weighted_sums::<GoldilocksConfig, 1, _>(y, w, m))
-        }
-        (FieldVec::BabyBear(y), FieldVec::BabyBear(w)) => {
-            FieldVec::BabyBear(weighted_sums::<BabyBearConfig, 1, _>(y, w, m))
-        }
-        _ => unreachable!("the jobs hold one field"),
+/// `weighted_sums` on field vectors: k rows of `m`, weight rows of k; one row per
+/// weight row.
+pub(crate) fn weighted_sums_vec(ys: &[FieldVec], weights: &FieldVec, m: usize) -> Vec<FieldVec> {
+    macro_rules! run {
+        ($variant:ident, $config:ty, $n:literal, $w:expr) => {{
+            let rows: Vec<_> = ys
+                .iter()
+                .map(|y| match y {
+                    FieldVec::$variant(v) => v.as_slice(),
+                    _ => unreachable!("the jobs hold one field"),
+                })
+                .collect();
+            weighted_sums::<$config, $n, _>(&rows, $w, m)
+                .into_iter()
+                .map(FieldVec::$variant)
+                .collect()
+        }};
+    }
+    match weights {
+        FieldVec::Bn254Fr(w) => run!(Bn254Fr, ark_bn254::FrConfig, 4, w),
+        FieldVec::Bls12_381Fr(w) => run!(Bls12_381Fr, ark_bls12_381::FrConfig, 4, w),
+        FieldVec::Goldilocks(w) => run!(Goldilocks, GoldilocksConfig, 1, w),
+        FieldVec::BabyBear(w) => run!(BabyBear, BabyBearConfig, 1, w),
     }
 }
 
-/// Split: every secret's polynomial at every holder's point. Output: one row of `m`
+/// Split: every secret's polynomial at every holder's point. Output: one share of `m`
 /// values per holder, in the order of `xs`.
 #[derive(Clone, Debug)]
 pub struct ShareJob {
@@ -247,7 +259,7 @@ impl ShareJob {
 }
 
 impl Job for ShareJob {
-    type Output = FieldVec;
+    type Output = Vec<FieldVec>;
 
     fn name(&self) -> &'static str {
         "shamir_split"
@@ -265,15 +277,15 @@ impl Job for ShareJob {
         1 << 16
     }
 
-    fn run_cpu(&self) -> FieldVec {
+    fn run_cpu(&self) -> Vec<FieldVec> {
         evaluate_vec(&self.coeffs, &self.xs, self.secrets)
     }
 
-    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
         super::gpu::run_share_cuda(self, dev)
     }
 
-    fn agrees(&self, device: &FieldVec, cpu: &FieldVec) -> Result<(), String> {
+    fn agrees(&self, device: &Vec<FieldVec>, cpu: &Vec<FieldVec>) -> Result<(), String> {
         crate::backend::verify::exactly(device, cpu)
     }
 }
@@ -282,12 +294,12 @@ impl Job for ShareJob {
 /// further share checked against the polynomials through those (Lagrange at its x).
 #[derive(Clone, Debug)]
 pub struct CombineJob {
-    /// The first `threshold` share vectors, one after the other.
-    used: FieldVec,
+    /// The first `threshold` share vectors.
+    used: Vec<FieldVec>,
     /// Lagrange rows over the used points: at 0, then at each extra share's x.
     weights: FieldVec,
     /// The further shares, to compare with the rows after the first.
-    extra: FieldVec,
+    extra: Vec<FieldVec>,
     secrets: usize,
     threshold: usize,
 }
@@ -333,11 +345,8 @@ impl CombineJob {
         let mut targets = vec![U256::ZERO];
         targets.extend_from_slice(&xs[threshold..]);
         let weights = super::scalar::lagrange_weights(field, &xs[..threshold], &targets);
-        let used = FieldVec::concat(&shares[0], &shares[1..threshold]);
-        let extra = match shares.get(threshold..).filter(|rest| !rest.is_empty()) {
-            Some(rest) => FieldVec::concat(&rest[0], &rest[1..]),
-            None => shares[0].split(&[0, secrets]).remove(0),
-        };
+        let mut used = shares;
+        let extra = used.split_off(threshold);
         Ok(Self {
             used,
             weights,
@@ -352,10 +361,10 @@ impl CombineJob {
     }
 
     pub fn extra_shares(&self) -> usize {
-        self.extra.len() / self.secrets
+        self.extra.len()
     }
 
-    pub fn used(&self) -> &FieldVec {
+    pub fn used(&self) -> &[FieldVec] {
         &self.used
     }
 
@@ -364,12 +373,12 @@ impl CombineJob {
     }
 
     /// The secrets, once every extra share has matched its prediction.
-    pub fn finish(&self, rows: FieldVec) -> Result<FieldVec, ShamirError> {
-        let m = self.secrets;
-        let mut parts = rows.split(&vec![m; rows.len() / m]);
-        let extra = self.extra.split(&vec![m; self.extra_shares()]);
-        for (e, (predicted, given)) in parts[1..].iter().zip(&extra).enumerate() {
-            if let Some(element) = (0..m).find(|&j| predicted.get(j) != given.get(j)) {
+    pub fn finish(&self, mut rows: Vec<FieldVec>) -> Result<FieldVec, ShamirError> {
+        for (e, (predicted, given)) in rows[1..].iter().zip(&self.extra).enumerate() {
+            if predicted == given {
+                continue;
+            }
+            if let Some(element) = (0..self.secrets).find(|&j| predicted.get(j) != given.get(j)) {
                 return Err(ShamirError::Inconsistent {
                     share: self.threshold + e,
                     element,
@@ -377,38 +386,42 @@ impl CombineJob {
                 });
             }
         }
-        Ok(parts.swap_remove(0))
+        Ok(rows.swap_remove(0))
     }
 }
 
 impl Job for CombineJob {
-    type Output = FieldVec;
+    type Output = Vec<FieldVec>;
 
     fn name(&self) -> &'static str {
         "shamir_combine"
     }
 
     fn size(&self) -> usize {
-        self.used.len() + self.extra.len()
+        self.secrets * (self.used.len() + self.extra.len())
     }
 
     fn input_bytes(&self) -> usize {
-        self.used.byte_len() + self.extra.byte_len()
+        self.used
+            .iter()
+            .chain(&self.extra)
+            .map(FieldVec::byte_len)
+            .sum()
     }
 
     fn gpu_threshold(&self) -> usize {
         1 << 16
     }
 
-    fn run_cpu(&self) -> FieldVec {
+    fn run_cpu(&self) -> Vec<FieldVec> {
         weighted_sums_vec(&self.used, &self.weights, self.secrets)
     }
 
-    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
         super::gpu::run_combine_cuda(self, dev)
     }
 
-    fn agrees(&self, device: &FieldVec, cpu: &FieldVec) -> Result<(), String> {
+    fn agrees(&self, device: &Vec<FieldVec>, cpu: &Vec<FieldVec>) -> Result<(), String> {
         crate::backend::verify::exactly(device, cpu)
     }
 }

@@ -1,0 +1,144 @@
+//! `cargo bench --bench mpc`: Shamir split and combine of 2^BENCH_SHAMIR_LOG2 secrets
+//! (default 20), t = 3 of n = 5, through the service's CPU twins beside a direct arkworks
+//! loop over the same values on the same rayon pool (the reference). The direct
+//! loop starts from arkworks field elements (Montgomery form) and its Horner and Lagrange
+//! sums are written the obvious way, in parallel over the secrets; the service starts
+//! from canonical integers, as they arrive. Goldilocks and BabyBear have no arkworks
+//! field, so only the service's time is shown for them. Split is reported with and
+//! without drawing the random coefficients (ChaCha20), which the direct loop does not do.
+
+mod common;
+
+use ark_ff::{BigInt, PrimeField};
+use common::{env, ms, time};
+use gpu_ops::backend::Job;
+use gpu_ops::ops::dp::NoiseKey;
+use gpu_ops::ops::mpc::shamir::{dealer_coefficients, CombineJob, ShareJob};
+use gpu_ops::ops::zk::samples::random_elements;
+use gpu_ops::ops::zk::{Field, FieldVec, U256};
+use rayon::prelude::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+const T: usize = 3;
+const N: usize = 5;
+
+fn main() {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = gpu_ops::backend::CpuExecutor::new(threads).unwrap();
+    let log_m = env("BENCH_SHAMIR_LOG2", 20);
+    let m = 1usize << log_m;
+    println!(
+        "# gpu-ops Shamir benchmark, CPU: {} ({threads} threads), 2^{log_m} secrets, t = {T} of n = {N}\n",
+        cpu.info.model
+    );
+    println!("| field | split: draw + evaluate | evaluate only | arkworks evaluate | ratio | combine | arkworks combine | ratio |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for field in Field::ALL {
+        let secrets = FieldVec::from_integers(field, &random_elements(field, m, 1)).unwrap();
+        let xs: Vec<U256> = (1..=N as u64).map(U256::from_u64).collect();
+        let points = FieldVec::from_integers(field, &xs).unwrap();
+        let key = NoiseKey::derive(b"bench", 1);
+        let full = cpu.install(|| {
+            time(3, || {
+                let coeffs = dealer_coefficients(&secrets, T, &key);
+                ShareJob::new(Arc::new(coeffs), m, points.clone()).run_cpu()
+            })
+        });
+        let coeffs = Arc::new(dealer_coefficients(&secrets, T, &key));
+        let share = ShareJob::new(coeffs.clone(), m, points.clone());
+        let eval = cpu.install(|| time(3, || share.run_cpu()));
+        let shares = share.run_cpu();
+        let pick = [4usize, 1, 2];
+        let chosen: Vec<U256> = pick.iter().map(|&i| xs[i]).collect();
+        let given: Vec<FieldVec> = pick.iter().map(|&i| shares[i].clone()).collect();
+        // The shares as a request decodes them: owned, one copy per timed run.
+        let mut requests = vec![given; 4];
+        let combine = cpu.install(|| {
+            time(3, || {
+                let job = CombineJob::new(T, &chosen, requests.pop().unwrap()).unwrap();
+                job.finish(job.run_cpu()).unwrap()
+            })
+        });
+        let direct = match field {
+            Field::Bn254Fr => Some(arkworks::<ark_bn254::Fr>(&cpu, &coeffs, &shares, &pick, m)),
+            Field::Bls12_381Fr => Some(arkworks::<ark_bls12_381::Fr>(
+                &cpu, &coeffs, &shares, &pick, m,
+            )),
+            _ => None,
+        };
+        let (de, dc) = match direct {
+            Some((e, c)) => (ms(e), ms(c)),
+            None => ("—".into(), "—".into()),
+        };
+        let ratio = |ours: Duration, theirs: Option<Duration>| {
+            theirs.map_or("—".into(), |t| {
+                format!("{:.2}×", ours.as_secs_f64() / t.as_secs_f64())
+            })
+        };
+        println!(
+            "| {} | {} | {} | {de} | {} | {} | {dc} | {} |",
+            field.name(),
+            ms(full),
+            ms(eval),
+            ratio(eval, direct.map(|d| d.0)),
+            ms(combine),
+            ratio(combine, direct.map(|d| d.1)),
+        );
+    }
+}
+
+/// Horner at the five points and Lagrange at 0 from shares `pick`, on arkworks field
+/// elements; returns the median times (evaluate, combine).
+fn arkworks<F: PrimeField<BigInt = BigInt<4>>>(
+    cpu: &gpu_ops::backend::CpuExecutor,
+    coeffs: &FieldVec,
+    shares: &[FieldVec],
+    pick: &[usize],
+    m: usize,
+) -> (Duration, Duration) {
+    let to_f = |v: &FieldVec| -> Vec<F> {
+        (0..v.len())
+            .map(|i| F::from_bigint(BigInt(v.get(i).0)).unwrap())
+            .collect()
+    };
+    let c = to_f(coeffs);
+    let xs: Vec<F> = (1..=N as u64).map(F::from).collect();
+    let eval = cpu.install(|| {
+        time(3, || {
+            xs.iter()
+                .map(|&x| {
+                    (0..m)
+                        .into_par_iter()
+                        .map(|j| {
+                            (0..T)
+                                .rev()
+                                .fold(F::zero(), |acc, k| acc * x + c[k * m + j])
+                        })
+                        .collect::<Vec<F>>()
+                })
+                .collect::<Vec<_>>()
+        })
+    });
+    let ys: Vec<Vec<F>> = pick.iter().map(|&i| to_f(&shares[i])).collect();
+    let px: Vec<F> = pick.iter().map(|&i| xs[i]).collect();
+    let combine = cpu.install(|| {
+        time(3, || {
+            let weights: Vec<F> = (0..px.len())
+                .map(|i| {
+                    let (num, den) = (0..px.len())
+                        .filter(|&l| l != i)
+                        .fold((F::one(), F::one()), |(n, d), l| {
+                            (n * px[l], d * (px[l] - px[i]))
+                        });
+                    num * den.inverse().unwrap()
+                })
+                .collect();
+            (0..m)
+                .into_par_iter()
+                .map(|j| (0..px.len()).map(|i| weights[i] * ys[i][j]).sum::<F>())
+                .collect::<Vec<F>>()
+        })
+    });
+    (eval, combine)
+}
