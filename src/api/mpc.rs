@@ -210,7 +210,7 @@ pub async fn shamir_split(
         }
     });
     let (shares, rows) = (shares?, rows.transpose()?);
-    let run = shares.run.clone();
+    let run = shares.run;
     let encode = move || {
         let values = shares.output;
         let body = ShamirSplitResponse {
@@ -386,7 +386,7 @@ pub async fn shamir_combine(
     let (threshold, checked) = (req.threshold, job.extra_shares());
     let finisher = job.clone();
     let done = state.pool.submit(job, req.backend, timeout).await?;
-    let run = done.run.clone();
+    let run = done.run;
     let checks = state.metrics.shamir_share_checks.clone();
     let encode = move || {
         let finished = finisher.finish(done.output);

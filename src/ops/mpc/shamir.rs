@@ -310,7 +310,7 @@ impl CombineJob {
     /// different lengths.
     pub fn new(threshold: usize, xs: &[U256], shares: Vec<FieldVec>) -> Result<Self, ShamirError> {
         let at = |i: usize| FieldPath::root().field("shares").index(i);
-        if threshold < 2 || threshold > MAX_SHARES {
+        if !(2..=MAX_SHARES).contains(&threshold) {
             return Err(
                 Invalid::field("threshold", format!("must be between 2 and {MAX_SHARES}")).into(),
             );
