@@ -6,6 +6,7 @@
 //! from canonical integers, as they arrive. Goldilocks and BabyBear have no arkworks
 //! field, so only the service's time is shown for them. Split is reported with and
 //! without drawing the random coefficients (ChaCha20), which the direct loop does not do.
+//! Then Feldman commitments and one share's check against them.
 
 mod common;
 
@@ -84,6 +85,52 @@ fn main() {
             ratio(eval, direct.map(|d| d.0)),
             ms(combine),
             ratio(combine, direct.map(|d| d.1)),
+        );
+    }
+    feldman(&cpu);
+}
+
+/// Feldman commitments (fixed-base multiplications, arkworks' windowed table) and one
+/// holder's check (one MSM), at 2^BENCH_FELDMAN_LOG2 coefficients (default 14).
+fn feldman(cpu: &gpu_ops::backend::CpuExecutor) {
+    use gpu_ops::ops::mpc::feldman::{CommitJob, ShareCheckJob};
+    let log_c = env("BENCH_FELDMAN_LOG2", 14);
+    let secrets = (1usize << log_c) / T;
+    println!("\n## Feldman commitments: {secrets} secrets × t = {T}\n");
+    println!("| field | commit | per commitment | verify one share |");
+    println!("|---|---|---|---|");
+    for field in [Field::Bn254Fr, Field::Bls12_381Fr] {
+        let values = FieldVec::from_integers(field, &random_elements(field, secrets, 2)).unwrap();
+        let coeffs = Arc::new(dealer_coefficients(
+            &values,
+            T,
+            &NoiseKey::derive(b"bench", 2),
+        ));
+        let job = CommitJob::new(coeffs.clone()).unwrap();
+        let commit = cpu.install(|| time(3, || job.run_cpu()));
+        let points = job.run_cpu();
+        let share = ShareJob::new(
+            coeffs.clone(),
+            secrets,
+            FieldVec::from_integers(field, &[U256::from_u64(3)]).unwrap(),
+        )
+        .run_cpu()
+        .remove(0);
+        let check = ShareCheckJob::new(
+            points,
+            U256::from_u64(3),
+            &share,
+            &NoiseKey::from_os().unwrap(),
+        )
+        .unwrap();
+        let verify = cpu.install(|| time(3, || check.run_cpu()));
+        assert!(ShareCheckJob::holds(&check.run_cpu()));
+        println!(
+            "| {} | {} | {:.1} µs | {} |",
+            field.name(),
+            ms(commit),
+            commit.as_secs_f64() * 1e6 / coeffs.len() as f64,
+            ms(verify)
         );
     }
 }

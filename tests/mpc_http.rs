@@ -267,6 +267,11 @@ async fn bad_splits_are_refused_with_their_place() {
         json!({"field": "bn254_fr", "secrets": ["1", "2"], "threshold": 2, "share_count": 3});
     let cases = [
         (json!({"threshold": 1}), "invalid_parameter", "/threshold"),
+        (
+            json!({"share_count": 1}),
+            "invalid_parameter",
+            "/share_count",
+        ),
         (json!({"threshold": 4}), "invalid_parameter", "/threshold"),
         (
             json!({"share_count": 1025, "threshold": 3}),
@@ -332,6 +337,34 @@ async fn bad_splits_are_refused_with_their_place() {
         .await
         .unwrap();
     problem(res, 422, "invalid_request").await;
+    // Size limits: 413 at the field that carries the size.
+    let many = strings(Field::BabyBear, 30_000, 9);
+    let res = s
+        .post("/mpc/shamir/split", json!({"field": "bn254_fr", "secrets": many, "threshold": 3, "share_count": 3, "commitments": true}))
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 413, "payload_too_large").await;
+    assert_eq!(p["errors"][0]["path"], "/commitments", "{p}");
+    let small = TestServer::start(&["--max-elements", "100"]).await;
+    let res = small
+        .post("/mpc/shamir/split", json!({"field": "babybear", "secrets": strings(Field::BabyBear, 40, 9), "threshold": 2, "share_count": 3}))
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 413, "payload_too_large").await;
+    assert_eq!(p["errors"][0]["path"], "/secrets", "{p}");
+    let res = s
+        .post(
+            "/mpc/shamir/verify",
+            json!({"field": "bn254_fr", "share": {"x": "1", "values": vec!["1"; 33_000]},
+                   "commitments": [[null], [null]]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 413, "payload_too_large").await;
+    assert_eq!(p["errors"][0]["path"], "/commitments", "{p}");
 }
 
 #[tokio::test]
@@ -422,6 +455,16 @@ async fn bad_combines_and_verifies_are_refused_with_their_place() {
             json!({"share": {"x": "0x", "values": ["1", "2"]}}),
             "invalid_field_element",
             "/share/x",
+        ),
+        (
+            json!({"share": {"x": "0", "values": ["1", "2"]}}),
+            "invalid_parameter",
+            "/share/x",
+        ),
+        (
+            json!({"share": {"x": "1", "values": []}}),
+            "invalid_parameter",
+            "/share/values",
         ),
     ];
     for (patch, code, path) in cases {

@@ -6,7 +6,7 @@ use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::dp::NoiseKey;
-use crate::ops::mpc::feldman::{curve_of, CommitJob, ShareCheckJob};
+use crate::ops::mpc::feldman::{curve_of, CommitJob, ShareCheckJob, MAX_COMMITMENTS};
 use crate::ops::mpc::shamir::{
     check_points, check_threshold, dealer_coefficients, CombineJob, ShareJob, MAX_SHARES,
 };
@@ -161,8 +161,8 @@ fn parse_x(text: &str, field: Field, path: &str) -> Result<U256, Problem> {
     responses(
         (status = 200, description = "The shares (and commitments)", body = ShamirSplitResponse),
         (status = 403, description = "seed_not_allowed"),
-        (status = 413, description = "More secrets than --max-elements"),
-        (status = 422, description = "invalid_request, invalid_field_element, invalid_parameter (threshold, share_count, x_coordinates, commitments)"),
+        (status = 413, description = "More secrets than --max-elements, secrets × share_count over --max-elements, or with commitments secrets × threshold over 65,536"),
+        (status = 422, description = "invalid_request, invalid_field_element, invalid_parameter (threshold, share_count, x_coordinates, empty secrets, commitments for a field without a curve)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -182,11 +182,28 @@ pub async fn shamir_split(
     let commitments = req.commitments;
     let build = move || -> Result<(ShareJob, Option<CommitJob>), Problem> {
         let secrets = req.secrets.decode(field, encoding, "/secrets", max)?;
-        if secrets.is_empty() || secrets.len().saturating_mul(n) > max {
+        if secrets.is_empty() {
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
                 "/secrets",
-                format!("{} secrets × {n} shares: give 1 to {} secrets (the shares' values are bounded by --max-elements, {max})", secrets.len(), max / n),
+                "give at least one secret",
+            ));
+        }
+        if secrets.len().saturating_mul(n) > max {
+            return Err(Problem::at(
+                ErrorCode::PayloadTooLarge,
+                "/secrets",
+                format!("{} secrets × {n} shares: give at most {} secrets (the shares' values are bounded by --max-elements, {max})", secrets.len(), max / n),
+            ));
+        }
+        if commitments && secrets.len().saturating_mul(t) > MAX_COMMITMENTS {
+            return Err(Problem::at(
+                ErrorCode::PayloadTooLarge,
+                "/commitments",
+                format!(
+                    "{} secrets × threshold {t}: at most {MAX_COMMITMENTS} commitments per split",
+                    secrets.len()
+                ),
             ));
         }
         let coeffs = Arc::new(dealer_coefficients(&secrets, t, &key));
@@ -462,8 +479,8 @@ pub struct ShamirVerifyResponse {
     request_body = ShamirVerifyRequest,
     responses(
         (status = 200, description = "Whether the share is consistent", body = ShamirVerifyResponse),
-        (status = 413, description = "More values or points than --max-elements"),
-        (status = 422, description = "invalid_request, invalid_field_element, invalid_point, invalid_parameter (field without a curve, commitments' shape)"),
+        (status = 413, description = "More values or points than --max-elements, or rows × values over 65,536 commitments"),
+        (status = 422, description = "invalid_request, invalid_field_element, invalid_point, invalid_parameter (field without a curve, zero x, empty values, commitments' shape)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -483,15 +500,35 @@ pub async fn shamir_verify(
     let max = state.settings.config.max_elements;
     let build = move || -> Result<(ShareCheckJob, usize, usize), Problem> {
         let x = parse_x(&req.share.x, field, "/share/x")?;
+        check_points(&[x], |_| FieldPath::root().field("share").field("x"))?;
         let values = req
             .share
             .values
             .decode(field, encoding, "/share/values", max)?;
+        if values.is_empty() {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/share/values",
+                "a share holds at least one value",
+            ));
+        }
         if req.commitments.is_empty() || req.commitments.len() > MAX_SHARES {
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
                 "/commitments",
                 format!("give 1 to {MAX_SHARES} rows"),
+            ));
+        }
+        // Before any point is decoded: each costs an on-curve (and subgroup) check.
+        if req.commitments.len().saturating_mul(values.len()) > MAX_COMMITMENTS {
+            return Err(Problem::at(
+                ErrorCode::PayloadTooLarge,
+                "/commitments",
+                format!(
+                    "{} rows × {} values: at most {MAX_COMMITMENTS} commitments, as a split makes",
+                    req.commitments.len(),
+                    values.len()
+                ),
             ));
         }
         let mut rows = Vec::with_capacity(req.commitments.len());
@@ -512,7 +549,13 @@ pub async fn shamir_verify(
             rows.push(points);
         }
         let (t, m) = (rows.len(), values.len());
-        Ok((ShareCheckJob::new(Points::concat(rows), x, &values)?, t, m))
+        // Drawn now that the share is fixed: the weights must be unknown to whoever made it.
+        let key = NoiseKey::from_os().map_err(Problem::internal)?;
+        Ok((
+            ShareCheckJob::new(Points::concat(rows), x, &values, &key)?,
+            t,
+            m,
+        ))
     };
     let (job, threshold, length) = blocking(build).await?;
     let done = state.pool.submit(job, req.backend, timeout).await?;

@@ -54,8 +54,7 @@ impl CommitJob {
             return Err(Invalid::field(
                 "commitments",
                 format!(
-                    "{} secrets × threshold is {} commitments; at most {MAX_COMMITMENTS} per split",
-                    coeffs.len(),
+                    "secrets × threshold is {} commitments; at most {MAX_COMMITMENTS} per split",
                     coeffs.len()
                 ),
             ));
@@ -126,9 +125,15 @@ pub struct ShareCheckJob(MsmJob);
 
 impl ShareCheckJob {
     /// `commitments` as `CommitJob` makes them (t rows of `values.len()` points); `x`
-    /// the share's point, `values` its values. Mismatched shapes are refused at
-    /// `commitments`.
-    pub fn new(commitments: Points, x: U256, values: &FieldVec) -> Result<Self, Invalid> {
+    /// the share's point, `values` its values; `key` fresh from the OS, drawn after the
+    /// share is fixed, for the random weights. Mismatched shapes are refused at
+    /// `commitments`, more than `MAX_COMMITMENTS` too.
+    pub fn new(
+        commitments: Points,
+        x: U256,
+        values: &FieldVec,
+        key: &NoiseKey,
+    ) -> Result<Self, Invalid> {
         let (m, field) = (values.len(), values.field());
         if commitments.curve().scalar_field() != field {
             return Err(Invalid::field(
@@ -142,18 +147,22 @@ impl ShareCheckJob {
             ));
         }
         let t = commitments.len() / m.max(1);
-        if m == 0 || t == 0 || commitments.len() != t * m || t > MAX_SHARES {
+        if m == 0
+            || t == 0
+            || commitments.len() != t * m
+            || t > MAX_SHARES
+            || t * m > MAX_COMMITMENTS
+        {
             return Err(Invalid::field(
                 "commitments",
                 format!(
                     "{} points for {m} values: give threshold × {m} (one per coefficient of each secret, \
-                     coefficient-major), threshold at most {MAX_SHARES}",
+                     coefficient-major), threshold at most {MAX_SHARES}, at most {MAX_COMMITMENTS} points",
                     commitments.len()
                 ),
             ));
         }
-        let key = NoiseKey::from_os().map_err(|e| Invalid::field("share", e))?;
-        let rho = keyed_elements(field, m, &key, DOMAIN_CHECK_WEIGHTS);
+        let rho = keyed_elements(field, m, key, DOMAIN_CHECK_WEIGHTS);
         let job = match (commitments, values, rho) {
             (Points::Bn254G1(c), FieldVec::Bn254Fr(y), FieldVec::Bn254Fr(r)) => {
                 let (points, scalars) = check_terms::<ark_bn254::g1::Config>(c, x, y, &r);

@@ -65,10 +65,10 @@ pub fn check_points(xs: &[U256], at: impl Fn(usize) -> FieldPath) -> Result<(), 
 
 /// The threshold against the number of shares: 2 ≤ t ≤ n ≤ `MAX_SHARES`.
 pub fn check_threshold(threshold: usize, shares: usize) -> Result<(), Invalid> {
-    if shares > MAX_SHARES {
+    if !(2..=MAX_SHARES).contains(&shares) {
         return Err(Invalid::field(
             "share_count",
-            format!("at most {MAX_SHARES} shares"),
+            format!("must be between 2 and {MAX_SHARES}"),
         ));
     }
     if threshold < 2 || threshold > shares {
@@ -309,6 +309,7 @@ impl CombineJob {
     /// shares, zero or repeated points (`ops::Invalid` under `shares`), and vectors of
     /// different lengths.
     pub fn new(threshold: usize, xs: &[U256], shares: Vec<FieldVec>) -> Result<Self, ShamirError> {
+        assert_eq!(xs.len(), shares.len(), "one point per share");
         let at = |i: usize| FieldPath::root().field("shares").index(i);
         if !(2..=MAX_SHARES).contains(&threshold) {
             return Err(

@@ -157,6 +157,7 @@ fn keyed_elements_are_canonical_reproducible_and_cover_the_top_bits() {
 
 #[test]
 fn feldman_commitments_accept_true_shares_and_refuse_changed_ones() {
+    let key = NoiseKey::from_os().unwrap();
     for field in [Field::Bn254Fr, Field::Bls12_381Fr] {
         let secrets = vec(field, &random_elements(field, 6, 7));
         let coeffs = Arc::new(dealer_coefficients(&secrets, 3, &NoiseKey::derive(b"t", 4)));
@@ -165,18 +166,19 @@ fn feldman_commitments_accept_true_shares_and_refuse_changed_ones() {
         let xs: Vec<U256> = (1..=4).map(U256::from_u64).collect();
         let shares = ShareJob::new(coeffs, 6, vec(field, &xs)).run_cpu();
         for (x, share) in xs.iter().zip(&shares) {
-            let check = ShareCheckJob::new(commitments.clone(), *x, share).unwrap();
+            let check = ShareCheckJob::new(commitments.clone(), *x, share, &key).unwrap();
             assert!(ShareCheckJob::holds(&check.run_cpu()), "{field:?} x={x}");
         }
         // Share 1 presented as share 2's, and a share with one value changed.
-        let wrong_x = ShareCheckJob::new(commitments.clone(), xs[2], &shares[1]).unwrap();
+        let wrong_x = ShareCheckJob::new(commitments.clone(), xs[2], &shares[1], &key).unwrap();
         assert!(!ShareCheckJob::holds(&wrong_x.run_cpu()));
         let mut values: Vec<U256> = (0..6).map(|j| shares[0].get(j)).collect();
         values[5].0[0] ^= 1;
-        let changed = ShareCheckJob::new(commitments.clone(), xs[0], &vec(field, &values)).unwrap();
+        let changed =
+            ShareCheckJob::new(commitments.clone(), xs[0], &vec(field, &values), &key).unwrap();
         assert!(!ShareCheckJob::holds(&changed.run_cpu()));
         // Commitments for a different number of values are refused.
-        assert!(ShareCheckJob::new(commitments, xs[0], &vec(field, &values[..4])).is_err());
+        assert!(ShareCheckJob::new(commitments, xs[0], &vec(field, &values[..4]), &key).is_err());
     }
     let gl = Arc::new(vec(
         Field::Goldilocks,
