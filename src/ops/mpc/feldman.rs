@@ -20,8 +20,9 @@ use ark_ec::{AffineRepr, PrimeGroup};
 use ark_ff::{BigInt, Field as _, PrimeField};
 use std::sync::Arc;
 
-/// Most commitments (secrets × threshold) one split computes: each is a fixed-base
-/// multiplication on the CPU, about 20–40 µs.
+/// Most commitments (secrets × threshold) one split computes or one check takes: each is
+/// a fixed-base multiplication on the CPU, about 11–12 µs on two threads
+/// (docs/PERFORMANCE.md), so 65,536 take under a second.
 pub const MAX_COMMITMENTS: usize = 1 << 16;
 
 /// The curve whose group order is `field`'s modulus.
