@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 20] = [
+const OPS: [&str; 22] = [
     "attention",
     "beams_channels",
     "beams_sweep",
@@ -35,6 +35,8 @@ const OPS: [&str; 20] = [
     "ntt",
     "rf_dataset",
     "rf_features",
+    "shamir_combine",
+    "shamir_split",
 ];
 
 async fn server(extra: &[&str]) -> TestServer {

@@ -245,6 +245,22 @@ async fn metric_names_are_present_after_traffic() {
         "delta": 1e-5, "budget_id": budget["id"]});
     let res = s.post("/dp/gaussian", release).send().await.unwrap();
     assert_eq!(res.status(), 200);
+    // A combine with a share beyond the threshold counts a share check.
+    let split: serde_json::Value = s
+        .post(
+            "/mpc/shamir/split",
+            serde_json::json!({"field": "babybear", "secrets": ["5"], "threshold": 2, "share_count": 3}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let combine =
+        serde_json::json!({"field": "babybear", "threshold": 2, "shares": split["shares"]});
+    let res = s.post("/mpc/shamir/combine", combine).send().await.unwrap();
+    assert_eq!(res.status(), 200);
     let text = s.metrics().await;
     // GPU gauges only exist where NVML does; everything else must be exported here.
     for (name, _) in gpu_ops::metrics::NAMES.iter().filter(|(n, _)| {
