@@ -311,6 +311,19 @@ pub(crate) fn job_timeout(ms: Option<u64>) -> Result<Option<std::time::Duration>
     }
 }
 
+/// Runs `f` on a blocking thread when the input is `large`, else here: small bodies
+/// decode and encode faster than a hop to the blocking pool.
+pub(crate) async fn blocking_if<T: Send + 'static>(
+    large: bool,
+    f: impl FnOnce() -> Result<T, Problem> + Send + 'static,
+) -> Result<T, Problem> {
+    if large {
+        blocking(f).await
+    } else {
+        f()
+    }
+}
+
 /// Runs `f` on a blocking thread (decoding, encoding, accounting, storage).
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, Problem> + Send + 'static,

@@ -3,7 +3,7 @@
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::msm::{PointOut, PointsDoc, PointsIn};
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, AppState};
+use super::{blocking, blocking_if, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::dp::NoiseKey;
 use crate::ops::mpc::feldman::{curve_of, CommitJob, ShareCheckJob, MAX_COMMITMENTS};
@@ -213,11 +213,7 @@ pub async fn shamir_split(
         let xs = FieldVec::from_integers(field, &xs).expect("points were checked");
         Ok((ShareJob::new(coeffs, secrets.len(), xs), commit))
     };
-    let (job, commit) = if large {
-        blocking(build).await?
-    } else {
-        build()?
-    };
+    let (job, commit) = blocking_if(large, build).await?;
     let m = job.secrets();
     let points = job.points().clone();
     let (shares, rows) = tokio::join!(state.pool.submit(job, req.backend, timeout), async {
@@ -246,11 +242,7 @@ pub async fn shamir_split(
         };
         serde_json::to_vec(&body).map_err(Problem::internal)
     };
-    let bytes = if large {
-        blocking(encode).await?
-    } else {
-        encode()?
-    };
+    let bytes = blocking_if(large, encode).await?;
     Ok(job_response(bytes, &run))
 }
 
@@ -395,11 +387,7 @@ pub async fn shamir_combine(
         }
         Ok(CombineJob::new(req.threshold, &xs, values)?)
     };
-    let job = if large {
-        blocking(build).await?
-    } else {
-        build()?
-    };
+    let job = blocking_if(large, build).await?;
     let (threshold, checked) = (req.threshold, job.extra_shares());
     let finisher = job.clone();
     let done = state.pool.submit(job, req.backend, timeout).await?;
@@ -431,11 +419,7 @@ pub async fn shamir_combine(
         };
         serde_json::to_vec(&body).map_err(Problem::internal)
     };
-    let bytes = if large {
-        blocking(encode).await?
-    } else {
-        encode()?
-    };
+    let bytes = blocking_if(large, encode).await?;
     Ok(job_response(bytes, &run))
 }
 

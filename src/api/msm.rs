@@ -3,7 +3,7 @@
 use super::domain_errors::{invalid_points, msm_shape};
 use super::elements::{Elements, ElementsDoc, Encoding};
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, AppState};
+use super::{blocking_if, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::msm::{Curve, MsmJob, PointErrors, Points, RawPoint};
 use crate::ops::zk::FieldVec;
@@ -323,11 +323,7 @@ pub async fn msm(
         let points = req.points.decode(curve, encoding, max, "/points")?;
         MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))
     };
-    let job = if large {
-        blocking(build).await?
-    } else {
-        build()?
-    };
+    let job = blocking_if(large, build).await?;
     let n_points = job.points().len();
     let done = state.pool.submit(job, backend, timeout).await?;
     let sums = done.output;

@@ -2,7 +2,7 @@
 
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, AppState};
+use super::{blocking_if, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::ntt::{Direction, NttJob, Order};
 use crate::ops::zk::FieldVec;
@@ -92,11 +92,7 @@ async fn field_binary(
         let b = req.b.decode(field, encoding, "/b", max)?;
         Ok(FieldBinaryJob::new(op, a, b)?)
     };
-    let job = if large {
-        blocking(build).await?
-    } else {
-        build()?
-    };
+    let job = blocking_if(large, build).await?;
     let done = state.pool.submit_batched(job, backend, timeout).await?;
     answer(done, field, encoding, large).await
 }
@@ -164,11 +160,7 @@ pub async fn field_pow(
         let exponents = req.exponent.decode_integers(encoding, "/exponent", max)?;
         FieldPowJob::new(base, exponents).map_err(Problem::from)
     };
-    let job = if large {
-        blocking(build).await?
-    } else {
-        build()?
-    };
+    let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
     answer(done, field, encoding, large).await
 }
@@ -198,11 +190,7 @@ pub async fn field_inv(
         let values = req.values.decode(field, encoding, "/values", max)?;
         Ok(FieldInvJob::new(values)?)
     };
-    let job = if large {
-        blocking(build).await?
-    } else {
-        build()?
-    };
+    let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
     answer(done, field, encoding, large).await
 }
@@ -224,11 +212,7 @@ async fn answer(
     let encode = move || {
         serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))
     };
-    let bytes = if large {
-        blocking(encode).await?
-    } else {
-        encode()?
-    };
+    let bytes = blocking_if(large, encode).await?;
     Ok(job_response(bytes, &run))
 }
 
@@ -339,11 +323,7 @@ async fn transform(
         )
         .map_err(Problem::from)
     };
-    let job = if large {
-        blocking(build).await?
-    } else {
-        build()?
-    };
+    let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
     answer(done, field, encoding, large).await
 }

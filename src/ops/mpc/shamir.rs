@@ -301,7 +301,6 @@ pub struct CombineJob {
     /// The further shares, to compare with the rows after the first.
     extra: Vec<FieldVec>,
     secrets: usize,
-    threshold: usize,
 }
 
 impl CombineJob {
@@ -353,7 +352,6 @@ impl CombineJob {
             weights,
             extra,
             secrets,
-            threshold,
         })
     }
 
@@ -381,9 +379,9 @@ impl CombineJob {
             }
             if let Some(element) = (0..self.secrets).find(|&j| predicted.get(j) != given.get(j)) {
                 return Err(ShamirError::Inconsistent {
-                    share: self.threshold + e,
+                    share: self.used.len() + e,
                     element,
-                    threshold: self.threshold,
+                    threshold: self.used.len(),
                 });
             }
         }
