@@ -76,3 +76,31 @@ FP256_SHAMIR(bn254_fr_shamir_eval, bn254_fr_shamir_combine, BN254_FR)
 FP256_SHAMIR(bls12_381_fr_shamir_eval, bls12_381_fr_shamir_combine, BLS12_381_FR)
 WORD_SHAMIR(goldilocks_shamir_eval, goldilocks_shamir_combine, u64, gl_add, gl_mul)
 WORD_SHAMIR(babybear_shamir_eval, babybear_shamir_combine, u32, bb_add, bb_mul)
+
+// Secure aggregation's unmasking (ops/mpc/secagg/masks.rs is the CPU twin): out[i] ±=
+// word i of each mask's ChaCha20 key stream (RFC 8439 block function, counter = i / 16,
+// zero nonce), mod 2^32. One thread per 16-word block: it runs the block function once
+// per mask and touches its 16 words of `out` once per launch. The host launches it over
+// groups of masks, `out` holding the running result.
+#include "dp_noise.cuh"
+
+extern "C" __global__ void secagg_unmask(u32 *out, const u32 *keys, const u32 *subtract,
+                                         u32 terms, u64 len) {
+    u64 blocks = (len + 15) / 16;
+    MPC_GRID_STRIDE(b, blocks) {
+        u64 first = b * 16;
+        u32 count = len - first < 16 ? (u32)(len - first) : 16;
+        u32 acc[16];
+        for (u32 i = 0; i < count; i++) acc[i] = out[first + i];
+        u32 words[16];
+        for (u32 t = 0; t < terms; t++) {
+            dp_chacha20_block(keys + 8 * (u64)t, (u32)b, 0, 0, 0, words);
+            if (subtract[t]) {
+                for (u32 i = 0; i < count; i++) acc[i] -= words[i];
+            } else {
+                for (u32 i = 0; i < count; i++) acc[i] += words[i];
+            }
+        }
+        for (u32 i = 0; i < count; i++) out[first + i] = acc[i];
+    }
+}

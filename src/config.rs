@@ -32,6 +32,9 @@ pub enum Command {
     /// concurrencies; throughput, latency percentiles, server queue and compute time,
     /// GFLOP/s; a table and optionally JSON.
     Bench(Box<crate::bench::BenchArgs>),
+    /// Take part in a secure-aggregation round as one client (docs/SECAGG.md): register,
+    /// send sealed shares, upload the masked vector read from --input, reveal shares.
+    SecaggClient(Box<crate::secagg_client::CliArgs>),
     /// Exit 0 when a server answers 200 on /health/live (container HEALTHCHECK; the
     /// runtime image has no curl).
     Healthcheck {

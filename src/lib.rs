@@ -10,6 +10,7 @@ pub mod datasets;
 pub mod metrics;
 pub mod ops;
 pub mod pool;
+pub mod secagg_client;
 pub mod store;
 pub mod tables;
 

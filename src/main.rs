@@ -19,6 +19,13 @@ fn main() -> ExitCode {
         }
         Some(Command::Serve(config)) => serve(*config),
         Some(Command::Bench(args)) => bench(&args),
+        Some(Command::SecaggClient(args)) => match gpu_ops::secagg_client::run_cli(&args) {
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&format!("gpu-ops secagg-client: {e}")),
+        },
         Some(Command::Healthcheck { addr, path }) => match healthcheck(&addr, &path) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

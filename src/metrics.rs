@@ -32,6 +32,8 @@ pub struct Metrics {
     pub dp_budget_charges: IntCounterVec,
     pub dp_noise_values: IntCounterVec,
     pub shamir_share_checks: IntCounterVec,
+    pub secagg_rounds: IntCounterVec,
+    pub secagg_submissions: IntCounterVec,
     pub batch_size: HistogramVec,
     pub dataset_samples: IntCounterVec,
     pub dataset_jobs: IntCounterVec,
@@ -91,6 +93,14 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_shamir_share_checks_total",
         "Shares checked, by check (verify: against Feldman commitments; combine: beyond the threshold) and result",
+    ),
+    (
+        "gpu_ops_secagg_rounds_total",
+        "Secure-aggregation rounds, by event: created, finished (the sum was unmasked) or failed",
+    ),
+    (
+        "gpu_ops_secagg_submissions_total",
+        "Secure-aggregation submissions accepted from clients, by stage",
     ),
     (
         "gpu_ops_dataset_samples_total",
@@ -251,6 +261,14 @@ impl Metrics {
                     opts("gpu_ops_shamir_share_checks_total"),
                     &["check", "result"],
                 ),
+            ),
+            secagg_rounds: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_secagg_rounds_total"), &["event"]),
+            ),
+            secagg_submissions: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_secagg_submissions_total"), &["stage"]),
             ),
             dataset_samples: reg(
                 r,

@@ -6,13 +6,14 @@
 use super::problem::{ErrorCode, FieldIssue, Problem};
 use crate::datasets::SubmitError;
 use crate::ops::invalid::{FieldPath, Invalid, Segment};
+use crate::ops::mpc::secagg::round::Refusal;
 use crate::ops::mpc::shamir::ShamirError;
 use crate::ops::rf::ExtractError;
 use crate::ops::zk::msm::{MsmShape, PointErrors};
 use crate::ops::zk::ntt::NttShape;
 use crate::ops::zk::{InvError, LengthMismatch, PowShape};
 use crate::pool::JobError;
-use crate::store::{BudgetError, StoreError};
+use crate::store::{BudgetError, RoundError, StoreError};
 
 impl From<JobError> for Problem {
     fn from(e: JobError) -> Self {
@@ -241,5 +242,26 @@ impl From<crate::tables::TableError> for Problem {
             TableError::Io(_) => ErrorCode::Internal,
         };
         Problem::new(code, e.to_string())
+    }
+}
+
+/// Secure-aggregation rounds: the state machine's refusals.
+impl From<RoundError> for Problem {
+    fn from(e: RoundError) -> Self {
+        let detail = e.to_string();
+        match e {
+            RoundError::NotFound => Problem::new(ErrorCode::SecaggRoundNotFound, detail),
+            RoundError::BadToken => Problem::new(ErrorCode::SecaggTokenInvalid, detail),
+            RoundError::Storage(e) => e.into(),
+            RoundError::Refused(r) => match r {
+                Refusal::WrongStage { .. } => Problem::new(ErrorCode::SecaggWrongStage, detail),
+                Refusal::AlreadySubmitted { .. } => {
+                    Problem::new(ErrorCode::SecaggAlreadySubmitted, detail)
+                }
+                Refusal::Full { .. } => Problem::new(ErrorCode::SecaggRoundFull, detail),
+                Refusal::TooFew(_) => Problem::new(ErrorCode::SecaggTooFewClients, detail),
+                Refusal::Invalid(invalid) => invalid.into(),
+            },
+        }
     }
 }

@@ -20,6 +20,7 @@ pub mod nn;
 pub mod openapi;
 pub mod problem;
 pub mod rf;
+pub mod secagg;
 pub mod system;
 mod tensor;
 pub mod zk;
@@ -161,6 +162,15 @@ fn keyed_operations() -> Operations {
         .routes(routes!(mpc::shamir_split))
         .routes(routes!(mpc::shamir_combine))
         .routes(routes!(mpc::shamir_verify))
+        .routes(routes!(secagg::rounds::secagg_round_create))
+        .routes(routes!(secagg::rounds::secagg_round_get))
+        .routes(routes!(secagg::rounds::secagg_round_advance))
+        .routes(routes!(secagg::rounds::secagg_round_result))
+        .routes(routes!(secagg::clients::secagg_register))
+        .routes(routes!(secagg::clients::secagg_shares))
+        .routes(routes!(secagg::clients::secagg_inbox))
+        .routes(routes!(secagg::clients::secagg_input))
+        .routes(routes!(secagg::clients::secagg_unmask))
         .routes(routes!(rf::rf_features))
         .routes(routes!(linalg::matmul))
         .routes(routes!(embeddings::embeddings_sinusoidal))

@@ -37,6 +37,7 @@ pub(super) enum Param<'a> {
     I64(i64),
     F64(f64),
     OptF64(Option<f64>),
+    Blob(&'a [u8]),
 }
 
 /// One cell read back; integers and floats as the engines store them.
@@ -46,6 +47,7 @@ pub(super) enum Cell {
     I64(i64),
     F64(f64),
     Text(String),
+    Blob(Vec<u8>),
 }
 
 #[derive(Debug)]
@@ -141,7 +143,15 @@ impl Row {
             // SQLite hands back a REAL column's integral value as written by an
             // expression; PostgreSQL's columns are typed.
             Cell::I64(v) => Ok(Some(*v as f64)),
-            Cell::Text(_) => Err(self.mismatch(i, "a number")),
+            Cell::Text(_) | Cell::Blob(_) => Err(self.mismatch(i, "a number")),
+        }
+    }
+
+    pub fn opt_blob(&self, i: usize) -> Result<Option<Vec<u8>>, DbError> {
+        match self.cell(i)? {
+            Cell::Null => Ok(None),
+            Cell::Blob(b) => Ok(Some(b.clone())),
+            _ => Err(self.mismatch(i, "bytes")),
         }
     }
 }
@@ -236,6 +246,7 @@ impl rusqlite::ToSql for Param<'_> {
             Param::OptText(None) | Param::OptF64(None) => ToSqlOutput::Owned(Value::Null),
             Param::I64(v) => ToSqlOutput::Owned(Value::Integer(v)),
             Param::F64(v) | Param::OptF64(Some(v)) => ToSqlOutput::Owned(Value::Real(v)),
+            Param::Blob(b) => ToSqlOutput::Borrowed(ValueRef::Blob(b)),
         })
     }
 }
@@ -250,6 +261,7 @@ fn pg_params<'a>(params: &'a [Param<'a>]) -> Vec<&'a (dyn ToSql + Sync)> {
                 Param::I64(v) => v,
                 Param::F64(v) => v,
                 Param::OptF64(v) => v,
+                Param::Blob(b) => b,
             }
         })
         .collect()
@@ -262,13 +274,7 @@ fn sqlite_cell(v: rusqlite::types::ValueRef<'_>) -> rusqlite::Result<Cell> {
         ValueRef::Integer(i) => Cell::I64(i),
         ValueRef::Real(f) => Cell::F64(f),
         ValueRef::Text(t) => Cell::Text(String::from_utf8_lossy(t).into_owned()),
-        ValueRef::Blob(_) => {
-            return Err(rusqlite::Error::InvalidColumnType(
-                0,
-                "blob".into(),
-                rusqlite::types::Type::Blob,
-            ))
-        }
+        ValueRef::Blob(b) => Cell::Blob(b.to_vec()),
     })
 }
 
@@ -291,6 +297,9 @@ fn pg_row(r: &postgres::Row) -> Result<Row, DbError> {
             } else if *t == Type::TEXT || *t == Type::VARCHAR {
                 r.try_get::<_, Option<String>>(i)?
                     .map_or(Cell::Null, Cell::Text)
+            } else if *t == Type::BYTEA {
+                r.try_get::<_, Option<Vec<u8>>>(i)?
+                    .map_or(Cell::Null, Cell::Blob)
             } else if *t == Type::BOOL {
                 r.try_get::<_, Option<bool>>(i)?
                     .map_or(Cell::Null, |b| Cell::I64(b.into()))

@@ -145,6 +145,92 @@ ALTER TABLE datasets ADD COLUMN cancel_requested BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX datasets_queue ON datasets (status, queue_seq);
 ",
     },
+    Migration {
+        version: 3,
+        name: "secure-aggregation rounds: members, sealed share messages, revealed shares",
+        sql: "
+CREATE TABLE secagg_rounds (
+    id TEXT PRIMARY KEY,
+    coordinator_token TEXT NOT NULL,
+    config TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    failure TEXT,
+    sum BLOB,
+    result BLOB,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE secagg_members (
+    round_id TEXT NOT NULL REFERENCES secagg_rounds (id),
+    client_id INTEGER NOT NULL,
+    token TEXT NOT NULL,
+    share_key TEXT NOT NULL,
+    mask_key TEXT NOT NULL,
+    self_mask_commitment TEXT,
+    shared INTEGER NOT NULL DEFAULT 0,
+    uploaded INTEGER NOT NULL DEFAULT 0,
+    unmasked INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (round_id, client_id)
+);
+CREATE UNIQUE INDEX secagg_members_by_token ON secagg_members (round_id, token);
+CREATE TABLE secagg_messages (
+    round_id TEXT NOT NULL REFERENCES secagg_rounds (id),
+    recipient INTEGER NOT NULL,
+    sender INTEGER NOT NULL,
+    ciphertext TEXT NOT NULL,
+    PRIMARY KEY (round_id, recipient, sender)
+);
+CREATE TABLE secagg_reveals (
+    round_id TEXT NOT NULL REFERENCES secagg_rounds (id),
+    owner INTEGER NOT NULL,
+    holder INTEGER NOT NULL,
+    secret TEXT NOT NULL,
+    share TEXT NOT NULL,
+    PRIMARY KEY (round_id, owner, holder)
+);
+",
+        postgres: "
+CREATE TABLE secagg_rounds (
+    id TEXT PRIMARY KEY,
+    coordinator_token TEXT NOT NULL,
+    config TEXT NOT NULL,
+    stage TEXT NOT NULL,
+    failure TEXT,
+    sum BYTEA,
+    result BYTEA,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE secagg_members (
+    round_id TEXT NOT NULL REFERENCES secagg_rounds (id),
+    client_id BIGINT NOT NULL,
+    token TEXT NOT NULL,
+    share_key TEXT NOT NULL,
+    mask_key TEXT NOT NULL,
+    self_mask_commitment TEXT,
+    shared BIGINT NOT NULL DEFAULT 0,
+    uploaded BIGINT NOT NULL DEFAULT 0,
+    unmasked BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (round_id, client_id)
+);
+CREATE UNIQUE INDEX secagg_members_by_token ON secagg_members (round_id, token);
+CREATE TABLE secagg_messages (
+    round_id TEXT NOT NULL REFERENCES secagg_rounds (id),
+    recipient BIGINT NOT NULL,
+    sender BIGINT NOT NULL,
+    ciphertext TEXT NOT NULL,
+    PRIMARY KEY (round_id, recipient, sender)
+);
+CREATE TABLE secagg_reveals (
+    round_id TEXT NOT NULL REFERENCES secagg_rounds (id),
+    owner BIGINT NOT NULL,
+    holder BIGINT NOT NULL,
+    secret TEXT NOT NULL,
+    share TEXT NOT NULL,
+    PRIMARY KEY (round_id, owner, holder)
+);
+",
+    },
 ];
 
 /// The version this build writes.

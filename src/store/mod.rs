@@ -9,9 +9,11 @@ mod budgets;
 mod datasets;
 mod engine;
 mod migrations;
+mod secagg;
 
 pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
 pub use datasets::{ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease, NewDataset, Requeue};
+pub use secagg::{AggregationInputs, MemberRecord, Reveal, RoundError, RoundRecord};
 
 use engine::{DbError, Engine};
 use rusqlite::Connection;

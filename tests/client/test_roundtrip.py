@@ -15,11 +15,13 @@ import hashlib
 import io
 import json
 import math
+import random
 import signal
 import struct
 import tarfile
 import time
 from dataclasses import dataclass
+from decimal import ROUND_HALF_UP, Decimal, localcontext
 from typing import Callable
 
 import pyarrow.parquet as pq
@@ -58,6 +60,17 @@ try:
     )
     from gpu_ops_client.api.linalg import matmul
     from gpu_ops_client.api.mpc import shamir_combine, shamir_split, shamir_verify
+    from gpu_ops_client.api.secagg import (
+        secagg_inbox,
+        secagg_input,
+        secagg_register,
+        secagg_round_advance,
+        secagg_round_create,
+        secagg_round_get,
+        secagg_round_result,
+        secagg_shares,
+        secagg_unmask,
+    )
     from gpu_ops_client.api.nn import attention, conv2d
     from gpu_ops_client.api.rf import rf_features
     from gpu_ops_client.api.system import (
@@ -87,6 +100,21 @@ try:
         ShamirVerifyRequest,
         ShamirVerifyResponse,
         ShareIn,
+        CreateRoundRequest,
+        CreateRoundResponse,
+        InboxResponse,
+        InputRequest,
+        RegisterRequest,
+        RegisterResponse,
+        RevealedShareIn,
+        RoundResult,
+        RoundView,
+        SealedShareIn,
+        Secret,
+        SharesRequest,
+        Stage,
+        SubmissionResponse,
+        UnmaskRequest,
         ArrayGeometry,
         BeamDtype,
         ChannelModel,
@@ -165,6 +193,9 @@ except ImportError as err:
         "makes one)",
         pytrace=False,
     )
+
+# The second, independent SecAgg client (docs/SECAGG.md in Python, with `cryptography`).
+import secagg_client as sa  # noqa: E402
 
 GOLDILOCKS_P = 2**64 - 2**32 + 1
 BN254_R = 21888242871839275222246405745257275088548364400416034343698204186575808495617
@@ -401,6 +432,10 @@ class Ctx:
     def dataset(self) -> str:
         return self._request.getfixturevalue("iq_dataset").done.id
 
+    @property
+    def secagg(self) -> "WaitingRound":
+        return self._request.getfixturevalue("secagg_waiting")
+
 
 @pytest.fixture
 def ctx(request) -> Ctx:
@@ -628,6 +663,268 @@ def refuse_shamir_verify(c: Ctx):  # goldilocks has no commitment curve
     body = ShamirVerifyRequest(field=Field.GOLDILOCKS, share=ShareIn(x="1", values=["1"]),
                                commitments=[[None]])
     return shamir_verify.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# secagg: secure-aggregation rounds (docs/SECAGG.md), driven by secagg_client.py, an
+# independent Python client, through the generated operations.
+
+SECAGG_CLIP = 1.5
+SECAGG_SCALE_BITS = 16
+SECAGG_TICK = 2.0**-SECAGG_SCALE_BITS
+
+
+def secagg_inputs(clients: int, length: int, seed: int) -> list[list[float]]:
+    """Values in ±2·clip (some clipped), and exact ties half a tick from a grid point, so
+    that the rounding rule (half away from zero) shows in the sum."""
+    rng = random.Random(seed)
+    ties = [0.5 * SECAGG_TICK, -0.5 * SECAGG_TICK, 2.5 * SECAGG_TICK, -2.5 * SECAGG_TICK]
+    out = []
+    for i in range(clients):
+        row = [rng.uniform(-2 * SECAGG_CLIP, 2 * SECAGG_CLIP) for _ in range(length)]
+        row[i % length] = ties[i % len(ties)]
+        row[(i + 1) % length] = SECAGG_CLIP * (1 if i % 2 else -1) * 1.25  # beyond the clip
+        out.append(row)
+    return out
+
+
+def expected_sum(rows, clip: float, scale_bits: int) -> list[float]:
+    """The docs' quantisation worked out in decimal arithmetic (not with secagg_client):
+    clamp to ±clip, scale by 2^f, round half away from zero; summed; over 2^f."""
+    with localcontext() as dec:
+        dec.prec = 200
+        scale = Decimal(2) ** scale_bits
+        lo, hi = Decimal(-clip), Decimal(clip)
+
+        def q(x: float) -> int:
+            v = min(max(Decimal(x), lo), hi) * scale
+            return int(v.quantize(Decimal(1), rounding=ROUND_HALF_UP))  # ties away from 0
+
+        totals = [sum(q(row[i]) for row in rows) for i in range(len(rows[0]))]
+    assert all(abs(t) < 2**31 for t in totals)
+    return [t / 2**scale_bits for t in totals]
+
+
+def round_info(view) -> sa.RoundInfo:
+    return sa.RoundInfo.of(view)
+
+
+def wait_aggregated(client, round_id: str, timeout_s: float = 30) -> RoundView:
+    """Polls secagg_round_get while the round is aggregating (the sum is computed in the
+    background after the last reveal)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = ok(secagg_round_get.sync_detailed(round_id, client=client), 200, RoundView)
+        if view.stage != Stage.AGGREGATING:
+            return view
+        assert time.monotonic() < deadline, f"{round_id} still aggregating after {timeout_s} s"
+        time.sleep(0.05)
+
+
+@roundtrip("secagg_round_create", "secagg_round_get", "secagg_register", "secagg_shares",
+           "secagg_inbox", "secagg_input", "secagg_round_advance", "secagg_unmask",
+           "secagg_round_result")
+def test_secagg_round_with_a_dropout(client):
+    # Five clients, everyone each other's neighbour (k = 4), threshold 3; client 3 sends
+    # its shares and then drops: the coordinator closes masked_input without it, and the
+    # others reveal its mask_key shares so its pair masks come out of the sum.
+    n, t, length, dropout = 5, 3, 16, 3
+    inputs = secagg_inputs(n, length, seed=20261125)
+    body = CreateRoundRequest(clients=n, threshold=t, vector_length=length, clip=SECAGG_CLIP,
+                              scale_bits=SECAGG_SCALE_BITS)
+    resp = secagg_round_create.sync_detailed(client=client, body=body)
+    created = ok(resp, 201, CreateRoundResponse)
+    rid, coordinator = created.id, created.coordinator_token
+    assert rid.startswith("sar_") and len(rid) == 36 and resp.headers["location"] == f"/secagg/rounds/{rid}"
+    assert (created.stage, created.clients, created.config.neighbours) == (Stage.ADVERTISE_KEYS, [], n - 1)
+    assert (created.config.modulus_bits, len(bytes.fromhex(created.config.graph_seed))) == (32, 32)
+    assert coordinator
+
+    view = ok(secagg_round_get.sync_detailed(rid, client=client), 200, RoundView)
+    assert (view.id, view.stage, view.config.threshold) == (rid, Stage.ADVERTISE_KEYS, t)
+
+    # advertise_keys: ids 1..=n in order of registration; the last one closes the stage.
+    parties = [sa.SecAggClient(rid) for _ in range(n)]
+    for i, p in enumerate(parties):
+        reg = ok(secagg_register.sync_detailed(
+            rid, client=client, body=RegisterRequest.from_dict(p.register_body())), 201, RegisterResponse)
+        p.registered(reg)
+        assert p.id == i + 1 and p.token
+        assert reg.round_.stage == (Stage.SHARE_KEYS if i == n - 1 else Stage.ADVERTISE_KEYS)
+    info = round_info(reg.round_)
+
+    # share_keys: sealed shares to every neighbour, and the commitment to β.
+    for i, p in enumerate(parties):
+        body = SharesRequest.from_dict(p.shares_body(info))
+        sub = ok(secagg_shares.sync_detailed(rid, client=client, body=body, x_secagg_token=p.token),
+                 200, SubmissionResponse)
+        assert sub.client_id == p.id
+        assert sub.round_.stage == (Stage.MASKED_INPUT if i == n - 1 else Stage.SHARE_KEYS)
+        shown = {c.id: c for c in sub.round_.clients}[p.id]
+        assert shown.shared and shown.self_mask_commitment == sa.b64(
+            sa.self_mask_commitment(rid, p.id, p.beta))
+    info = round_info(sub.round_)
+    assert info.shared == set(range(1, n + 1))
+
+    # masked_input: each survivor opens one message from every other client and uploads.
+    survivors = [p for p in parties if p.id != dropout]
+    for p in survivors:
+        inbox = ok(secagg_inbox.sync_detailed(rid, client=client, x_secagg_token=p.token), 200,
+                   InboxResponse)
+        p.open_inbox(info, inbox)
+        assert sorted(p.held) == [v for v in range(1, n + 1) if v != p.id]
+
+    def upload(p):
+        body = InputRequest.from_dict(p.input_body(info, inputs[p.id - 1]))
+        return secagg_input.sync_detailed(rid, client=client, body=body, x_secagg_token=p.token)
+
+    for p in survivors[:2]:
+        assert ok(upload(p), 200, SubmissionResponse).round_.stage == Stage.MASKED_INPUT
+    # Two uploads are fewer than the threshold: the coordinator cannot close the stage yet,
+    # and nothing changes; a second upload of one client is refused.
+    problem(secagg_round_advance.sync_detailed(rid, client=client, x_secagg_token=coordinator),
+            409, "secagg_too_few_clients")
+    problem(upload(survivors[0]), 409, "secagg_already_submitted")
+    for p in survivors[2:]:
+        assert ok(upload(p), 200, SubmissionResponse).round_.stage == Stage.MASKED_INPUT
+    advanced = ok(secagg_round_advance.sync_detailed(rid, client=client, x_secagg_token=coordinator),
+                  200, RoundView)
+    assert advanced.stage == Stage.UNMASKING
+    info = round_info(advanced)
+    assert (info.shared, info.uploaded) == (set(range(1, n + 1)), {p.id for p in survivors})
+    # The dropout is too late now.
+    problem(secagg_input.sync_detailed(rid, client=client, x_secagg_token=parties[dropout - 1].token,
+                                       body=InputRequest(masked=sa.words_to_b64([0] * length))),
+            409, "secagg_wrong_stage")
+
+    # unmasking: β shares of the survivors, σ shares of the dropout, never both.
+    first = survivors[0]
+    wrong = first.unmask_body(info)
+    for i, s in enumerate(wrong["shares"]):
+        if s["owner"] == dropout:  # its β share in place of its σ share
+            s["secret"] = "self_mask"
+            s["share"] = sa.b64(sa.scalar_bytes(first.held[dropout][1]))
+            wrong_at = i
+    problem(secagg_unmask.sync_detailed(rid, client=client, body=UnmaskRequest.from_dict(wrong),
+                                        x_secagg_token=first.token),
+            422, "invalid_parameter", f"/shares/{wrong_at}/secret")
+    for i, p in enumerate(survivors):
+        body = UnmaskRequest.from_dict(p.unmask_body(info))
+        kinds = {s.owner: s.secret for s in body.shares}
+        assert kinds == {v: (Secret.MASK_KEY if v == dropout else Secret.SELF_MASK)
+                         for v in range(1, n + 1) if v != p.id}
+        sub = ok(secagg_unmask.sync_detailed(rid, client=client, body=body, x_secagg_token=p.token),
+                 200, SubmissionResponse)
+        assert sub.client_id == p.id
+        assert sub.round_.stage == (Stage.AGGREGATING if i == len(survivors) - 1 else Stage.UNMASKING)
+
+    done = wait_aggregated(client, rid)
+    assert done.stage == Stage.FINISHED, done.failure
+    r = ok(secagg_round_result.sync_detailed(rid, client=client, x_secagg_token=coordinator), 200,
+           RoundResult)
+    want = expected_sum([inputs[p.id - 1] for p in survivors], SECAGG_CLIP, SECAGG_SCALE_BITS)
+    assert (r.id, r.clients, r.dropped, r.scale_bits) == (
+        rid, [p.id for p in survivors], [dropout], SECAGG_SCALE_BITS)
+    assert r.sum_ == want  # exact: integers over 2^16
+    assert sa.b64_to_words(r.ring_sum) == [round(v * 2**SECAGG_SCALE_BITS) % 2**32 for v in want]
+    # The round has ended: nothing is left to close.
+    problem(secagg_round_advance.sync_detailed(rid, client=client, x_secagg_token=coordinator),
+            409, "secagg_wrong_stage")
+
+
+def test_secagg_sparse_round_with_a_dropout(client):
+    # SecAgg+: seven clients on a seeded ring, each joined to the 2 nearest on either side
+    # (k = 4), threshold 3. The server accepts shares only for exactly the neighbours the
+    # docs' graph gives, so a wrong permutation fails at the first secagg_shares.
+    n, k, t, length = 7, 4, 3, 5
+    inputs = secagg_inputs(n, length, seed=7)
+    coord, parties, r = sa.run_round(client, inputs, threshold=t, neighbours=k, clip=SECAGG_CLIP,
+                                     scale_bits=SECAGG_SCALE_BITS, drop_after_shares=[6])
+    info = sa.fetch_round(client, coord.round_id)
+    assert info.stage == "finished"
+    for p in parties:
+        assert len(info.neighbours_of(p.id)) == k
+    assert (r.clients, r.dropped) == ([1, 2, 3, 4, 5, 7], [6])
+    assert r.sum_ == expected_sum([inputs[i - 1] for i in r.clients], SECAGG_CLIP, SECAGG_SCALE_BITS)
+
+
+@dataclass
+class WaitingRound:
+    """A round of three at advertise_keys with only client 1 registered: it stays there,
+    so every refusal below finds it as it was."""
+
+    coordinator: sa.Coordinator
+    member: sa.SecAggClient
+
+
+@pytest.fixture(scope="module")
+def secagg_waiting(client) -> WaitingRound:
+    coord = sa.Coordinator.create_via(client, clients=3, threshold=2, vector_length=4, clip=1.0)
+    member = sa.SecAggClient(coord.round_id)
+    member.register_via(client)
+    return WaitingRound(coord, member)
+
+
+@refusal("secagg_round_create", 422, "invalid_parameter", "/threshold")
+def refuse_secagg_round_create(c: Ctx):  # four clients: three neighbours, so t ≤ 3
+    body = CreateRoundRequest(clients=4, threshold=4, vector_length=4, clip=1.0)
+    return secagg_round_create.sync_detailed(client=c.client, body=body)
+
+
+@refusal("secagg_round_get", 404, "secagg_round_not_found")
+def refuse_secagg_round_get(c: Ctx):
+    return secagg_round_get.sync_detailed("sar_" + "0" * 32, client=c.client)
+
+
+@refusal("secagg_round_advance", 409, "secagg_too_few_clients")
+def refuse_secagg_round_advance(c: Ctx):  # one of three registered: no one to share with
+    w = c.secagg
+    return secagg_round_advance.sync_detailed(w.coordinator.round_id, client=c.client,
+                                              x_secagg_token=w.coordinator.token)
+
+
+@refusal("secagg_round_result", 409, "secagg_wrong_stage")
+def refuse_secagg_round_result(c: Ctx):  # still at advertise_keys
+    w = c.secagg
+    return secagg_round_result.sync_detailed(w.coordinator.round_id, client=c.client,
+                                             x_secagg_token=w.coordinator.token)
+
+
+@refusal("secagg_register", 422, "invalid_parameter", "/mask_key")
+def refuse_secagg_register(c: Ctx):  # a 31-byte key
+    body = RegisterRequest(share_key=sa.b64(bytes(32)), mask_key=sa.b64(bytes(31)))
+    return secagg_register.sync_detailed(c.secagg.coordinator.round_id, client=c.client, body=body)
+
+
+@refusal("secagg_shares", 409, "secagg_wrong_stage")
+def refuse_secagg_shares(c: Ctx):  # the share stage has not opened
+    w = c.secagg
+    body = SharesRequest(self_mask_commitment=sa.b64(bytes(32)),
+                         messages=[SealedShareIn(recipient=2, ciphertext=sa.b64(bytes(88)))])
+    return secagg_shares.sync_detailed(w.coordinator.round_id, client=c.client, body=body,
+                                       x_secagg_token=w.member.token)
+
+
+@refusal("secagg_inbox", 403, "secagg_token_invalid")
+def refuse_secagg_inbox(c: Ctx):  # the coordinator's token names no client
+    w = c.secagg
+    return secagg_inbox.sync_detailed(w.coordinator.round_id, client=c.client,
+                                      x_secagg_token=w.coordinator.token)
+
+
+@refusal("secagg_input", 404, "secagg_round_not_found")
+def refuse_secagg_input(c: Ctx):
+    body = InputRequest(masked=sa.words_to_b64([0, 0, 0, 0]))
+    return secagg_input.sync_detailed("sar_" + "0" * 32, client=c.client, body=body,
+                                      x_secagg_token=c.secagg.member.token)
+
+
+@refusal("secagg_unmask", 422, "invalid_parameter", "/shares/0/share")
+def refuse_secagg_unmask(c: Ctx):  # r itself is not a canonical scalar
+    w = c.secagg
+    share = RevealedShareIn(owner=2, secret=Secret.SELF_MASK, share=sa.b64(sa.R.to_bytes(32, "little")))
+    return secagg_unmask.sync_detailed(w.coordinator.round_id, client=c.client,
+                                       body=UnmaskRequest(shares=[share]), x_secagg_token=w.member.token)
 
 
 # ---------------------------------------------------------------------------------------

@@ -62,6 +62,15 @@ impl TestServer {
         settings: Settings,
         extend: impl FnOnce(axum::Router) -> axum::Router,
     ) -> Self {
+        Self::start_at(settings, "127.0.0.1:0", extend).await
+    }
+
+    /// On a given address: a restarted server takes its predecessor's port.
+    pub async fn start_at(
+        settings: Settings,
+        addr: &str,
+        extend: impl FnOnce(axum::Router) -> axum::Router,
+    ) -> Self {
         let app = gpu_ops::App::start(settings).expect("app starts");
         app.discovery_finished().await;
         let state = app.state.clone();
@@ -69,7 +78,7 @@ impl TestServer {
             extend(gpu_ops::api::routes(state.clone())),
             state.clone(),
         );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(app.serve_router(listener, router, async move {

@@ -1,6 +1,8 @@
-//! GPU launchers for `kernels/mpc.cu`: Shamir's evaluation and weighted sums.
+//! GPU launchers for `kernels/mpc.cu`: Shamir's evaluation and weighted sums, and secure
+//! aggregation's unmasking.
 
 use super::scalar::mont;
+use super::secagg::UnmaskJob;
 use super::shamir::{CombineJob, ShareJob};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Element};
@@ -12,6 +14,11 @@ fn kernel_name(field: Field, kernel: &str) -> String {
     format!("{}_shamir_{kernel}", field.name())
 }
 
+const UNMASK_KERNEL: &str = "secagg_unmask";
+/// Masks per launch of `secagg_unmask`: a launch's length stays bounded, and a caller
+/// that left is noticed between launches.
+const MASKS_PER_LAUNCH: usize = 64;
+
 /// `kernels/mpc.cu`: evaluation and weighted sums for every field.
 pub fn kernel_module() -> KernelModule {
     KernelModule {
@@ -20,6 +27,7 @@ pub fn kernel_module() -> KernelModule {
         entry_points: Field::ALL
             .iter()
             .flat_map(|&f| ["eval", "combine"].map(|k| kernel_name(f, k)))
+            .chain([UNMASK_KERNEL.to_string()])
             .collect(),
     }
 }
@@ -175,4 +183,34 @@ fn gather<T: Copy>(
             })
             .collect(),
     )
+}
+
+/// Unmasking: the sum uploaded once, the masks' keys and signs, then one launch per group
+/// of masks over the whole vector, in place.
+pub fn run_unmask_cuda(job: &UnmaskJob, dev: &DeviceLease<'_>) -> Result<Vec<u32>, DeviceError> {
+    let len = job.sum().len();
+    let mut d_out = dev.upload(job.sum())?;
+    let keys: Vec<u32> = job.terms().iter().flat_map(|t| t.key_words()).collect();
+    let subtract: Vec<u32> = job.terms().iter().map(|t| u32::from(t.subtract)).collect();
+    let len64 = len as u64;
+    for (group, signs) in keys
+        .chunks(8 * MASKS_PER_LAUNCH)
+        .zip(subtract.chunks(MASKS_PER_LAUNCH))
+    {
+        dev.still_wanted()?;
+        let d_keys = dev.upload(group)?;
+        let d_signs = dev.upload(signs)?;
+        let count = signs.len() as u32;
+        let mut launch = dev.launch(UNMASK_KERNEL)?;
+        launch
+            .arg(&mut d_out)
+            .arg(&d_keys)
+            .arg(&d_signs)
+            .arg(&count)
+            .arg(&len64);
+        // SAFETY: the kernel reads and writes `len` words of `out`, and reads 8 key words
+        // and one sign per mask of the group; the buffers hold exactly those.
+        unsafe { launch.launch(dev.launch_config(len.div_ceil(16))) }?;
+    }
+    dev.download(&d_out)
 }

@@ -1,0 +1,260 @@
+//! `/secagg/rounds`: the server side of secure aggregation. The server routes sealed
+//! shares between clients, folds their masked uploads into one sum, and removes the masks
+//! from revealed shares; it never sees a client's vector or a client's secrets. The
+//! protocol and its wire format are in `docs/SECAGG.md`; the reference client is
+//! `crate::secagg_client`.
+
+pub mod clients;
+pub mod rounds;
+
+use super::problem::{ErrorCode, Problem};
+use super::{blocking, AppState};
+use crate::ops::mpc::secagg::protocol::fr_from_bytes;
+use crate::ops::mpc::secagg::round::Stage;
+use crate::ops::mpc::secagg::unmask::{unmask_terms, PublicMember, RevealedShare};
+use crate::ops::mpc::secagg::UnmaskJob;
+use crate::store::{AggregationInputs, RoundRecord};
+use axum::http::HeaderMap;
+use base64::Engine;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+/// The header that carries a client's (or the coordinator's) token.
+pub const TOKEN_HEADER: &str = "x-secagg-token";
+
+/// A fresh bearer token (32 bytes, base64url) and the hash the store keeps.
+fn new_token() -> Result<(String, String), Problem> {
+    let bytes = crate::ops::mpc::secagg::protocol::random_bytes()
+        .map_err(|e| Problem::new(ErrorCode::Internal, e))?;
+    let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    let hash = token_hash(&token);
+    Ok((token, hash))
+}
+
+fn token_hash(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The hash of the request's token; 403 when it has none.
+fn presented_token(headers: &HeaderMap) -> Result<String, Problem> {
+    let token = headers
+        .get(TOKEN_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| {
+            Problem::new(
+                ErrorCode::SecaggTokenInvalid,
+                format!("the {TOKEN_HEADER} header is missing"),
+            )
+        })?;
+    Ok(token_hash(token))
+}
+
+/// 32 bytes in standard base64, at `path`.
+fn decode_32(s: &str, path: &str) -> Result<[u8; 32], Problem> {
+    B64.decode(s)
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .ok_or_else(|| {
+            Problem::at(
+                ErrorCode::InvalidParameter,
+                path,
+                "must be 32 bytes in standard base64 (44 characters)",
+            )
+        })
+}
+
+/// One registered client, as every client of the round sees it.
+#[derive(Serialize, ToSchema)]
+pub struct RoundClientView {
+    pub id: u32,
+    /// X25519 public key (base64) that shares are sealed to.
+    pub share_key: String,
+    /// X25519 public key (base64) for pair masks.
+    pub mask_key: String,
+    /// SHA-256 commitment to its self-mask seed (base64), once it sent its shares.
+    pub self_mask_commitment: Option<String>,
+    pub shared: bool,
+    pub uploaded: bool,
+    pub unmasked: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct RoundConfigView {
+    pub clients: u32,
+    pub threshold: u32,
+    pub neighbours: u32,
+    pub vector_length: usize,
+    pub clip: f64,
+    pub scale_bits: u32,
+    /// The ring the masked vectors live in: 32 (Z/2^32).
+    pub modulus_bits: u32,
+    /// 32 bytes, hex: orders the ring of the neighbourhood graph.
+    pub graph_seed: String,
+}
+
+/// A round as every participant sees it: no secret is in it.
+#[derive(Serialize, ToSchema)]
+pub struct RoundView {
+    #[schema(example = "sar_3f1c9a0d2b7e4f6a8c5d1e0f9a8b7c6d")]
+    pub id: String,
+    pub stage: Stage,
+    /// Why the round failed, when it did.
+    pub failure: Option<String>,
+    pub config: RoundConfigView,
+    pub clients: Vec<RoundClientView>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<RoundRecord> for RoundView {
+    fn from(r: RoundRecord) -> Self {
+        let c = r.config;
+        Self {
+            id: r.id,
+            stage: r.stage,
+            failure: r.failure,
+            config: RoundConfigView {
+                clients: c.clients,
+                threshold: c.threshold,
+                neighbours: c.neighbours,
+                vector_length: c.vector_length,
+                clip: c.clip,
+                scale_bits: c.scale_bits,
+                modulus_bits: 32,
+                graph_seed: c.graph_seed,
+            },
+            clients: r
+                .members
+                .into_iter()
+                .map(|m| RoundClientView {
+                    id: m.member.id,
+                    share_key: m.share_key,
+                    mask_key: m.mask_key,
+                    self_mask_commitment: m.self_mask_commitment,
+                    shared: m.member.shared,
+                    uploaded: m.member.uploaded,
+                    unmasked: m.member.unmasked,
+                })
+                .collect(),
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+/// The masks to remove, from what the store holds; `Err` is why the round fails.
+fn terms_of(
+    round_id: &str,
+    inputs: &AggregationInputs,
+) -> Result<Vec<crate::ops::mpc::secagg::MaskTerm>, String> {
+    let stored = |what: &str| format!("a stored {what} is corrupt");
+    let key = |s: &str| -> Result<[u8; 32], String> {
+        B64.decode(s)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| stored("key"))
+    };
+    let members = inputs
+        .round
+        .members
+        .iter()
+        .map(|m| {
+            Ok(PublicMember {
+                id: m.member.id,
+                mask_key: key(&m.mask_key)?,
+                self_mask_commitment: m.self_mask_commitment.as_deref().map(key).transpose()?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let reveals = inputs
+        .reveals
+        .iter()
+        .map(|r| {
+            Ok(RevealedShare {
+                owner: r.owner,
+                holder: r.holder,
+                secret: r.secret,
+                value: fr_from_bytes(&key(&r.share)?).ok_or_else(|| stored("share"))?,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    unmask_terms(
+        round_id,
+        &inputs.round.config,
+        &inputs.round.sets(),
+        &members,
+        &reveals,
+    )
+}
+
+/// Unmasks an aggregating round's sum and records it (or why it cannot be had). Safe to
+/// run twice: only the first record sticks. Returns the round and its sum.
+pub(crate) async fn aggregate(
+    state: &Arc<AppState>,
+    id: &str,
+) -> Result<(RoundRecord, Option<Vec<u32>>), Problem> {
+    let store = state.store.clone();
+    let round_id = id.to_string();
+    let (inputs, terms) = blocking(move || {
+        let inputs = store.aggregation_inputs(&round_id)?;
+        let terms = terms_of(&round_id, &inputs);
+        Ok((inputs, terms))
+    })
+    .await?;
+    let backend = inputs.round.config.backend;
+    let outcome = match terms {
+        Ok(terms) => {
+            let job = UnmaskJob::new(Arc::new(inputs.sum), terms);
+            Ok(state.pool.submit(job, backend, None).await?.output)
+        }
+        Err(why) => Err(why),
+    };
+    let store = state.store.clone();
+    let round_id = id.to_string();
+    let (round, sum) = blocking(move || {
+        Ok(store.finish_round(&round_id, outcome.as_deref().map_err(|e| e.as_str()))?)
+    })
+    .await?;
+    let event = if round.stage == Stage::Finished {
+        "finished"
+    } else {
+        "failed"
+    };
+    state
+        .metrics
+        .secagg_rounds
+        .with_label_values(&[event])
+        .inc();
+    Ok((round, sum))
+}
+
+/// After a submission that closed the unmasking: the sum is computed in the background,
+/// so the last client is not kept waiting. A failure leaves the round aggregating, and
+/// the coordinator's next read of the result runs it again.
+fn aggregate_in_background(state: &Arc<AppState>, round: &RoundRecord) {
+    if round.stage != Stage::Aggregating {
+        return;
+    }
+    let (state, id) = (state.clone(), round.id.clone());
+    tokio::spawn(async move {
+        if let Err(p) = aggregate(&state, &id).await {
+            tracing::warn!(round = %id, problem = ?p.detail, "secure aggregation left for a retry");
+        }
+    });
+}
+
+/// Counts an accepted submission.
+fn count(state: &AppState, stage: Stage) {
+    state
+        .metrics
+        .secagg_submissions
+        .with_label_values(&[stage.as_str()])
+        .inc();
+}

@@ -1,0 +1,751 @@
+//! Secure aggregation over a real socket: rounds of in-process reference clients
+//! (`gpu_ops::secagg_client`) with dropouts at every stage and an exact sum, a restart
+//! mid-round, two replicas sharing a round through PostgreSQL, the uniformity of a real
+//! masked upload, a server that holds fewer than t shares and cannot unmask, and each
+//! refusal with its code and the path of the bad field.
+
+mod common;
+
+use base64::Engine;
+use common::{problem, TestServer};
+use gpu_ops::ops::mpc::secagg::masks::apply_masks;
+use gpu_ops::ops::mpc::secagg::protocol::{
+    fr_bytes, mask_public, quantise, random_fr, self_mask_commitment, share_secret, Fr,
+    ShareMessage,
+};
+use gpu_ops::secagg_client::{participate, Connection, Coordinator, DropBefore, Outcome};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use x25519_dalek::{PublicKey, StaticSecret};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+fn conn(url: &str) -> Connection {
+    let mut c = Connection::new(url);
+    c.poll = Duration::from_millis(20);
+    c.stage_timeout = Duration::from_secs(60);
+    c
+}
+
+/// Deterministic test vectors in ±1.2 (some beyond a clip of 1).
+fn values(client: usize, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| (((client * 7919 + i * 104_729) % 2401) as f32 / 1000.0) - 1.2)
+        .collect()
+}
+
+/// The exact sum the round must answer: the clients' quantised values, summed.
+fn expected_sum(inputs: &[Vec<f32>], clip: f64, f: u32) -> Vec<f64> {
+    let len = inputs[0].len();
+    (0..len)
+        .map(|i| {
+            let q: i64 = inputs
+                .iter()
+                .map(|v| i64::from(quantise(v[i], clip, f) as i32))
+                .sum();
+            q as f64 / f64::from(1u32 << f)
+        })
+        .collect()
+}
+
+/// Runs one client per entry of `plan` (its drop point, or none) against the servers in
+/// turn; returns each client's outcome in plan order.
+fn spawn_clients(
+    urls: &[String],
+    round: &str,
+    inputs: &[Vec<f32>],
+    plan: &[Option<DropBefore>],
+) -> Vec<tokio::task::JoinHandle<Outcome>> {
+    plan.iter()
+        .enumerate()
+        .map(|(i, &drop)| {
+            let c = conn(&urls[i % urls.len()]);
+            let (round, v) = (round.to_string(), inputs[i].clone());
+            tokio::spawn(async move {
+                participate(&c, &round, &v, drop)
+                    .await
+                    .expect("client runs")
+            })
+        })
+        .collect()
+}
+
+fn client_id(o: &Outcome) -> u32 {
+    match o {
+        Outcome::Done { client_id }
+        | Outcome::Dropped { client_id }
+        | Outcome::LeftBehind { client_id, .. } => *client_id,
+    }
+}
+
+/// Polls the round until `pred` holds.
+async fn until(c: &Coordinator, pred: impl Fn(&gpu_ops::secagg_client::RoundState) -> bool) {
+    for _ in 0..3000 {
+        if pred(&c.state().await.unwrap()) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!(
+        "the round never reached the awaited state: {:?}",
+        c.state().await.unwrap()
+    );
+}
+
+fn count(
+    s: &gpu_ops::secagg_client::RoundState,
+    f: impl Fn(&gpu_ops::secagg_client::PublicClient) -> bool,
+) -> usize {
+    s.clients.iter().filter(|c| f(c)).count()
+}
+
+async fn check_result(
+    c: &Coordinator,
+    inputs: &[Vec<f32>],
+    survivors: &[usize],
+    outcomes: &[Outcome],
+    clip: f64,
+    f: u32,
+) {
+    let result = c.result().await.unwrap();
+    let mut want_ids: Vec<u32> = survivors.iter().map(|&i| client_id(&outcomes[i])).collect();
+    want_ids.sort();
+    let got_ids: Vec<u32> = serde_json::from_value(result["clients"].clone()).unwrap();
+    assert_eq!(got_ids, want_ids, "the sum holds exactly the survivors");
+    let kept: Vec<Vec<f32>> = survivors.iter().map(|&i| inputs[i].clone()).collect();
+    let want = expected_sum(&kept, clip, f);
+    let got: Vec<f64> = serde_json::from_value(result["sum"].clone()).unwrap();
+    assert_eq!(got, want, "the unmasked sum is exact");
+    let ring = B64.decode(result["ring_sum"].as_str().unwrap()).unwrap();
+    assert_eq!(ring.len(), 4 * want.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_client_survives_and_the_sum_is_exact() {
+    let s = TestServer::start(&[]).await;
+    let (n, len, clip, f) = (5, 1000, 1.0, 16);
+    let c = Coordinator::create(
+        &conn(&s.url),
+        &json!({"clients": n, "threshold": 3, "vector_length": len, "clip": clip, "scale_bits": f}),
+    )
+    .await
+    .unwrap();
+    let inputs: Vec<Vec<f32>> = (0..n).map(|i| values(i, len)).collect();
+    let handles = spawn_clients(std::slice::from_ref(&s.url), &c.round, &inputs, &[None; 5]);
+    let mut outcomes = Vec::new();
+    for h in handles {
+        outcomes.push(h.await.unwrap());
+    }
+    assert!(outcomes.iter().all(|o| matches!(o, Outcome::Done { .. })));
+    check_result(&c, &inputs, &[0, 1, 2, 3, 4], &outcomes, clip, f).await;
+    // The registry is the process's: other tests' rounds count too.
+    assert!(
+        s.metric("gpu_ops_secagg_rounds_total{event=\"finished\"}")
+            .await
+            >= 1.0
+    );
+    assert!(
+        s.metric("gpu_ops_secagg_submissions_total{stage=\"masked_input\"}")
+            .await
+            >= 5.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dropouts_at_every_stage_leave_the_survivors_sum_exact() {
+    // SecAgg+: 10 clients on a ring with 8 neighbours each, threshold 5. One client
+    // drops before sending shares, one before uploading, one before unmasking.
+    let s = TestServer::start(&[]).await;
+    let (n, len, clip, f) = (10, 300, 1.0, 12);
+    let c = Coordinator::create(
+        &conn(&s.url),
+        &json!({"clients": n, "threshold": 5, "neighbours": 8, "vector_length": len, "clip": clip, "scale_bits": f}),
+    )
+    .await
+    .unwrap();
+    let inputs: Vec<Vec<f32>> = (0..n).map(|i| values(i, len)).collect();
+    let mut plan = vec![None; n];
+    plan[0] = Some(DropBefore::Shares);
+    plan[1] = Some(DropBefore::Input);
+    plan[2] = Some(DropBefore::Unmask);
+    let handles = spawn_clients(std::slice::from_ref(&s.url), &c.round, &inputs, &plan);
+    // The coordinator closes each stage once everyone but the dropout has submitted.
+    until(&c, |r| r.stage == "share_keys").await;
+    until(&c, |r| count(r, |x| x.shared) == n - 1).await;
+    c.advance().await.unwrap();
+    until(&c, |r| count(r, |x| x.uploaded) == n - 2).await;
+    c.advance().await.unwrap();
+    let state = c.state().await.unwrap();
+    assert_eq!(state.stage, "unmasking");
+    let mut outcomes = Vec::new();
+    for h in handles {
+        outcomes.push(h.await.unwrap());
+    }
+    for (i, o) in outcomes.iter().enumerate() {
+        match i {
+            0..=2 => assert!(matches!(o, Outcome::Dropped { .. }), "{outcomes:?}"),
+            _ => assert!(matches!(o, Outcome::Done { .. }), "{outcomes:?}"),
+        }
+    }
+    // The client that uploaded and then vanished has not revealed: close without it.
+    let after = c.advance().await.unwrap();
+    assert_eq!(after.stage, "finished", "{:?}", after.failure);
+    let survivors: Vec<usize> = (2..n).collect();
+    check_result(&c, &inputs, &survivors, &outcomes, clip, f).await;
+    let result = c.result().await.unwrap();
+    assert_eq!(result["dropped"], json!([client_id(&outcomes[1])]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_server_resumes_the_round_from_the_store() {
+    let dir = common::temp_data_dir();
+    let mut a = TestServer::start(&["--data-dir", &dir]).await;
+    let addr = a.url.trim_start_matches("http://").to_string();
+    let (n, len, clip, f) = (5, 200, 2.0, 10);
+    let c = Coordinator::create(
+        &conn(&a.url),
+        &json!({"clients": n, "threshold": 3, "neighbours": 4, "vector_length": len, "clip": clip, "scale_bits": f}),
+    )
+    .await
+    .unwrap();
+    let inputs: Vec<Vec<f32>> = (0..n).map(|i| values(i + 20, len)).collect();
+    let mut plan = vec![None; n];
+    plan[4] = Some(DropBefore::Input);
+    let handles = spawn_clients(std::slice::from_ref(&a.url), &c.round, &inputs, &plan);
+    until(&c, |r| count(r, |x| x.uploaded) == n - 1).await;
+    // Stop the server with the round at masked_input, its sum in the store.
+    a.trigger_shutdown();
+    a.handle.take().unwrap().await.unwrap().unwrap();
+    drop(a);
+    let b = TestServer::start_at(common::settings(&["--data-dir", &dir]), &addr, |r| r).await;
+    let state = c.advance().await.unwrap();
+    assert_eq!(state.stage, "unmasking");
+    let mut outcomes = Vec::new();
+    for h in handles {
+        outcomes.push(h.await.unwrap());
+    }
+    check_result(&c, &inputs, &[0, 1, 2, 3], &outcomes, clip, f).await;
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_share_a_round_through_postgresql() {
+    let Some(url) = common::pg::fresh_database() else {
+        return;
+    };
+    // Server processes: the PostgreSQL client may not be dropped on a test's runtime.
+    let a = common::binary::Replica::start(&["--database-url", &url], &[]);
+    let b = common::binary::Replica::start(&["--database-url", &url], &[]);
+    let (n, len, clip, f) = (4, 64, 1.0, 16);
+    let c = Coordinator::create(
+        &conn(&a.url),
+        &json!({"clients": n, "threshold": 2, "vector_length": len, "clip": clip, "scale_bits": f}),
+    )
+    .await
+    .unwrap();
+    let inputs: Vec<Vec<f32>> = (0..n).map(|i| values(i + 40, len)).collect();
+    // Clients alternate between the replicas; the coordinator reads the result from a.
+    let handles = spawn_clients(
+        &[a.url.clone(), b.url.clone()],
+        &c.round,
+        &inputs,
+        &[None; 4],
+    );
+    let mut outcomes = Vec::new();
+    for h in handles {
+        outcomes.push(h.await.unwrap());
+    }
+    check_result(&c, &inputs, &[0, 1, 2, 3], &outcomes, clip, f).await;
+}
+
+/// χ² of a byte position of the words against uniform over 256 values.
+fn chi_square(words: &[u32], byte: u32) -> f64 {
+    let mut bins = [0u64; 256];
+    for w in words {
+        bins[((w >> (8 * byte)) & 0xff) as usize] += 1;
+    }
+    let e = words.len() as f64 / 256.0;
+    bins.iter().map(|&o| (o as f64 - e).powi(2) / e).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_masked_upload_is_indistinguishable_from_uniform() {
+    // The uploads are read off the wire as the server receives them.
+    let seen: Arc<Mutex<Vec<Vec<u32>>>> = Arc::default();
+    let tap = seen.clone();
+    let s = TestServer::start_with(common::settings(&[]), move |router| {
+        router.layer(axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let tap = tap.clone();
+                async move {
+                    if !req.uri().path().ends_with("/inputs") {
+                        return next.run(req).await;
+                    }
+                    let (parts, body) = req.into_parts();
+                    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+                    let v: Value = serde_json::from_slice(&bytes).unwrap();
+                    let raw = B64.decode(v["masked"].as_str().unwrap()).unwrap();
+                    tap.lock().unwrap().push(
+                        raw.chunks_exact(4)
+                            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                            .collect(),
+                    );
+                    next.run(axum::extract::Request::from_parts(
+                        parts,
+                        axum::body::Body::from(bytes),
+                    ))
+                    .await
+                }
+            },
+        ))
+    })
+    .await;
+    let (n, len) = (3, 1 << 16);
+    let c = Coordinator::create(
+        &conn(&s.url),
+        &json!({"clients": n, "threshold": 2, "vector_length": len, "clip": 1.0, "scale_bits": 8}),
+    )
+    .await
+    .unwrap();
+    // Every client sends the same constant vector: unmasked, every word is equal.
+    let inputs = vec![vec![0.25f32; len]; n];
+    for h in spawn_clients(std::slice::from_ref(&s.url), &c.round, &inputs, &[None; 3]) {
+        h.await.unwrap();
+    }
+    let uploads = seen.lock().unwrap().clone();
+    assert_eq!(uploads.len(), n);
+    // df = 255: P(χ² > 360) ≈ 1e-5 under uniformity; 12 statistics are tested.
+    for (i, words) in uploads.iter().enumerate() {
+        for byte in 0..4 {
+            let x2 = chi_square(words, byte);
+            assert!(x2 < 360.0, "upload {i}, byte {byte}: χ² = {x2}");
+        }
+    }
+    // The test has power: the same vector unmasked fails it by far.
+    let plain: Vec<u32> = inputs[0].iter().map(|&x| quantise(x, 1.0, 8)).collect();
+    assert!(chi_square(&plain, 0) > 1e6);
+    let sum: Vec<f64> = serde_json::from_value(c.result().await.unwrap()["sum"].clone()).unwrap();
+    assert!(sum.iter().all(|&v| v == 0.75));
+}
+
+/// A client driven step by step, for the refusals a reference client never makes.
+struct Manual {
+    id: u32,
+    token: String,
+    share_secret: StaticSecret,
+    sigma: Fr,
+    beta: Fr,
+}
+
+async fn register(s: &TestServer, round: &str) -> Manual {
+    let share_secret =
+        StaticSecret::from(gpu_ops::ops::mpc::secagg::protocol::random_bytes().unwrap());
+    let (sigma, beta) = (random_fr().unwrap(), random_fr().unwrap());
+    let res = s
+        .post(
+            &format!("/secagg/rounds/{round}/keys"),
+            json!({"share_key": B64.encode(PublicKey::from(&share_secret).to_bytes()),
+                   "mask_key": B64.encode(mask_public(round, &sigma))}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let v: Value = res.json().await.unwrap();
+    Manual {
+        id: v["client_id"].as_u64().unwrap() as u32,
+        token: v["token"].as_str().unwrap().to_string(),
+        share_secret,
+        sigma,
+        beta,
+    }
+}
+
+impl Manual {
+    fn post(
+        &self,
+        s: &TestServer,
+        round: &str,
+        what: &str,
+        body: Value,
+    ) -> reqwest::RequestBuilder {
+        s.post(&format!("/secagg/rounds/{round}/{what}"), body)
+            .header("x-secagg-token", &self.token)
+    }
+
+    /// Its real sealed shares for `peers` (id, share key).
+    fn shares_body(&self, round: &str, t: usize, peers: &[(u32, [u8; 32])]) -> Value {
+        let ids: Vec<u32> = peers.iter().map(|p| p.0).collect();
+        let ss = share_secret(self.sigma, t, &ids).unwrap();
+        let bs = share_secret(self.beta, t, &ids).unwrap();
+        let messages: Vec<Value> = peers
+            .iter()
+            .enumerate()
+            .map(|(i, (v, key))| {
+                let m = ShareMessage { sender: self.id, recipient: *v, sigma: ss[i], beta: bs[i] };
+                json!({"recipient": v, "ciphertext": B64.encode(m.seal(round, &self.share_secret, key))})
+            })
+            .collect();
+        json!({"self_mask_commitment": B64.encode(self_mask_commitment(round, self.id, &self.beta)), "messages": messages})
+    }
+
+    fn share_key(&self) -> [u8; 32] {
+        PublicKey::from(&self.share_secret).to_bytes()
+    }
+}
+
+async fn create(s: &TestServer, body: Value) -> (String, String) {
+    let res = s.post("/secagg/rounds", body).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    let v: Value = res.json().await.unwrap();
+    (
+        v["id"].as_str().unwrap().into(),
+        v["coordinator_token"].as_str().unwrap().into(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fewer_than_threshold_shares_cannot_unmask_a_client() {
+    let s = TestServer::start(&[]).await;
+    let (round, coordinator) = create(
+        &s,
+        json!({"clients": 3, "threshold": 2, "vector_length": 4, "clip": 1.0}),
+    )
+    .await;
+    let cs = [
+        register(&s, &round).await,
+        register(&s, &round).await,
+        register(&s, &round).await,
+    ];
+    for me in &cs {
+        let peers: Vec<(u32, [u8; 32])> = cs
+            .iter()
+            .filter(|o| o.id != me.id)
+            .map(|o| (o.id, o.share_key()))
+            .collect();
+        let res = me
+            .post(&s, &round, "shares", me.shares_body(&round, 2, &peers))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+    }
+    for me in &cs {
+        let res = me
+            .post(
+                &s,
+                &round,
+                "inputs",
+                json!({"masked": B64.encode([0u8; 16])}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    // One client reveals; each survivor's β has then one share of the two needed.
+    let inbox: Value = s
+        .client
+        .get(format!("{}/secagg/rounds/{round}/inbox", s.url))
+        .header("x-secagg-token", &cs[0].token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut shares = Vec::new();
+    for m in inbox["messages"].as_array().unwrap() {
+        let sender = m["sender"].as_u64().unwrap() as u32;
+        let key = cs.iter().find(|c| c.id == sender).unwrap().share_key();
+        let sealed = B64.decode(m["ciphertext"].as_str().unwrap()).unwrap();
+        let opened =
+            ShareMessage::open(&round, &cs[0].share_secret, sender, cs[0].id, &key, &sealed)
+                .unwrap();
+        shares.push(json!({"owner": sender, "secret": "self_mask", "share": B64.encode(fr_bytes(&opened.beta))}));
+    }
+    // A mask_key share for a client that uploaded is refused: never both secrets.
+    let mut wrong = shares.clone();
+    wrong[0]["secret"] = json!("mask_key");
+    let res = cs[0]
+        .post(&s, &round, "unmask", json!({"shares": wrong}))
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 422, "invalid_parameter").await;
+    assert_eq!(p["errors"][0]["path"], "/shares/0/secret");
+    let res = cs[0]
+        .post(&s, &round, "unmask", json!({"shares": shares}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // The coordinator cannot close the unmasking, and there is no sum.
+    let advance = s
+        .post(&format!("/secagg/rounds/{round}/advance"), json!({}))
+        .header("x-secagg-token", &coordinator)
+        .send()
+        .await
+        .unwrap();
+    let p = problem(advance, 409, "secagg_too_few_clients").await;
+    assert!(
+        p["detail"].as_str().unwrap().contains("threshold is 2"),
+        "{p}"
+    );
+    let result = s
+        .client
+        .get(format!("{}/secagg/rounds/{round}/result", s.url))
+        .header("x-secagg-token", &coordinator)
+        .send()
+        .await
+        .unwrap();
+    problem(result, 409, "secagg_wrong_stage").await;
+    let state: Value = s
+        .get(&format!("/secagg/rounds/{round}"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(state["stage"], "unmasking");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_has_its_code_and_path() {
+    let s = TestServer::start(&["--max-elements", "4096"]).await;
+    let base = json!({"clients": 4, "threshold": 2, "vector_length": 8, "clip": 1.0});
+    for (change, path) in [
+        (json!({"clients": 2}), "/clients"),
+        (json!({"clients": 1001}), "/clients"),
+        (json!({"neighbours": 1}), "/neighbours"),
+        (json!({"clients": 8, "neighbours": 5}), "/neighbours"),
+        (json!({"neighbours": 4}), "/neighbours"),
+        (json!({"threshold": 1}), "/threshold"),
+        (json!({"threshold": 4}), "/threshold"),
+        (
+            json!({"clients": 9, "neighbours": 4, "threshold": 2}),
+            "/threshold",
+        ),
+        (json!({"vector_length": 0}), "/vector_length"),
+        (json!({"vector_length": 4097}), "/vector_length"),
+        (json!({"clip": 0.0}), "/clip"),
+        (json!({"clip": 1e-9}), "/clip"),
+        (json!({"clip": 100000.0}), "/clip"),
+        (json!({"scale_bits": 25}), "/scale_bits"),
+    ] {
+        let mut body = base.clone();
+        for (k, v) in change.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let res = s.post("/secagg/rounds", body.clone()).send().await.unwrap();
+        let p = problem(res, 422, "invalid_parameter").await;
+        assert_eq!(p["errors"][0]["path"], path, "{body}");
+    }
+    let res = s.get("/secagg/rounds/sar_0").await;
+    problem(res, 404, "secagg_round_not_found").await;
+
+    let (round, coordinator) = create(&s, base.clone()).await;
+    let res = s
+        .post(
+            &format!("/secagg/rounds/{round}/keys"),
+            json!({"share_key": "AAAA", "mask_key": B64.encode([9u8; 32])}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/share_key"
+    );
+    let a = register(&s, &round).await;
+    // Shares before the advertising closed: the wrong stage.
+    let res = a
+        .post(&s, &round, "shares", a.shares_body(&round, 2, &[]))
+        .send()
+        .await
+        .unwrap();
+    problem(res, 409, "secagg_wrong_stage").await;
+    // Tokens.
+    let res = s
+        .post(&format!("/secagg/rounds/{round}/advance"), json!({}))
+        .send()
+        .await
+        .unwrap();
+    problem(res, 403, "secagg_token_invalid").await;
+    let res = s
+        .post(&format!("/secagg/rounds/{round}/advance"), json!({}))
+        .header("x-secagg-token", &a.token)
+        .send()
+        .await
+        .unwrap();
+    problem(res, 403, "secagg_token_invalid").await;
+    // Closing the advertising with one client: too few.
+    let res = s
+        .post(&format!("/secagg/rounds/{round}/advance"), json!({}))
+        .header("x-secagg-token", &coordinator)
+        .send()
+        .await
+        .unwrap();
+    problem(res, 409, "secagg_too_few_clients").await;
+    let b = register(&s, &round).await;
+    let c = register(&s, &round).await;
+    let d = register(&s, &round).await;
+    let res = s
+        .post(
+            &format!("/secagg/rounds/{round}/keys"),
+            json!({"share_key": B64.encode([1u8; 32]), "mask_key": B64.encode([2u8; 32])}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 409, "secagg_round_full").await;
+    let all = [&a, &b, &c, &d];
+    let peers = |me: &Manual| -> Vec<(u32, [u8; 32])> {
+        all.iter()
+            .filter(|o| o.id != me.id)
+            .map(|o| (o.id, o.share_key()))
+            .collect()
+    };
+    let res = s
+        .client
+        .get(format!("{}/secagg/rounds/{round}/inbox", s.url))
+        .header("x-secagg-token", &a.token)
+        .send()
+        .await
+        .unwrap();
+    problem(res, 409, "secagg_wrong_stage").await;
+    let res = a
+        .post(
+            &s,
+            &round,
+            "shares",
+            a.shares_body(&round, 2, &[(a.id, a.share_key())]),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/messages/0/recipient"
+    );
+    let res = a
+        .post(
+            &s,
+            &round,
+            "shares",
+            a.shares_body(&round, 2, &peers(&a)[..2]),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/messages"
+    );
+    let mut twice = a.shares_body(&round, 2, &peers(&a));
+    twice["messages"][1]["recipient"] = twice["messages"][0]["recipient"].clone();
+    let res = a.post(&s, &round, "shares", twice).send().await.unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/messages/1/recipient"
+    );
+    let mut short = a.shares_body(&round, 2, &peers(&a));
+    short["messages"][2]["ciphertext"] = json!(B64.encode([0u8; 40]));
+    let res = a.post(&s, &round, "shares", short).send().await.unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/messages/2/ciphertext"
+    );
+    for me in [&a, &b, &c] {
+        let res = me
+            .post(&s, &round, "shares", me.shares_body(&round, 2, &peers(me)))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    let res = a
+        .post(&s, &round, "shares", a.shares_body(&round, 2, &peers(&a)))
+        .send()
+        .await
+        .unwrap();
+    problem(res, 409, "secagg_already_submitted").await;
+    // d never shares: the coordinator closes the stage without it.
+    let res = s
+        .post(&format!("/secagg/rounds/{round}/advance"), json!({}))
+        .header("x-secagg-token", &coordinator)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let res = d
+        .post(
+            &s,
+            &round,
+            "inputs",
+            json!({"masked": B64.encode([0u8; 32])}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 409, "secagg_wrong_stage").await;
+    let res = a
+        .post(
+            &s,
+            &round,
+            "inputs",
+            json!({"masked": B64.encode([0u8; 28])}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/masked"
+    );
+    let res = a
+        .post(&s, &round, "inputs", json!({"masked": "not base64!"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/masked"
+    );
+    let res = s
+        .client
+        .get(format!("{}/secagg/rounds/{round}/result", s.url))
+        .header("x-secagg-token", &coordinator)
+        .send()
+        .await
+        .unwrap();
+    problem(res, 409, "secagg_wrong_stage").await;
+    let masked = {
+        let mut q: Vec<u32> = vec![0; 8];
+        apply_masks(&mut q, &[]);
+        B64.encode(q.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())
+    };
+    for me in [&a, &b, &c] {
+        let res = me
+            .post(&s, &round, "inputs", json!({"masked": masked}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    let res = a.post(&s, &round, "unmask", json!({"shares": [{"owner": b.id, "secret": "self_mask", "share": B64.encode([0xffu8; 32])}]})).send().await.unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/shares/0/share"
+    );
+    let res = a.post(&s, &round, "unmask", json!({"shares": [{"owner": d.id, "secret": "self_mask", "share": B64.encode([0u8; 32])}]})).send().await.unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/shares/0/owner"
+    );
+    let res = a.post(&s, &round, "unmask", json!({"shares": [{"owner": b.id, "secret": "self_mask", "share": B64.encode([0u8; 32])}]})).send().await.unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/shares"
+    );
+}
