@@ -6,7 +6,9 @@
 //! from canonical integers, as they arrive. Goldilocks and BabyBear have no arkworks
 //! field, so only the service's time is shown for them. Split is reported with and
 //! without drawing the random coefficients (ChaCha20), which the direct loop does not do.
-//! Then Feldman commitments and one share's check against them.
+//! Then Feldman commitments and one share's check against them, and secure aggregation's
+//! unmasking (100 clients × 2^20 values by default) against the floor of expanding its
+//! ChaCha20 streams at the rate the `chacha20` crate reaches on this machine.
 
 mod common;
 
@@ -88,6 +90,113 @@ fn main() {
         );
     }
     feldman(&cpu);
+    secure_aggregation(&cpu, threads);
+}
+
+/// The server's unmasking of a round: rebuild the needed secrets from every revealed
+/// share (checked against commitments and keys), derive the masks, and subtract their
+/// streams from the sum. Timed against the floor: the same number of stream bytes at the
+/// single-thread ChaCha20 rate of the `chacha20` crate, times the threads.
+fn secure_aggregation(cpu: &gpu_ops::backend::CpuExecutor, threads: usize) {
+    use chacha20::cipher::{KeyIvInit, StreamCipher};
+    use gpu_ops::ops::mpc::secagg::protocol::*;
+    use gpu_ops::ops::mpc::secagg::round::{Member, RoundConfig, Secret, Sets};
+    use gpu_ops::ops::mpc::secagg::unmask::{unmask_terms, PublicMember, RevealedShare};
+    use gpu_ops::ops::mpc::secagg::UnmaskJob;
+    let n = env("BENCH_SECAGG_CLIENTS", 100) as u32;
+    let len = 1usize << env("BENCH_SECAGG_LOG2", 20);
+    let dropped = n / 10;
+    // The floor's rate: one thread, one long stream.
+    let mut block = vec![0u8; 64 << 20];
+    let stream = time(3, || {
+        chacha20::ChaCha20::new(&[7u8; 32].into(), &[0u8; 12].into()).apply_keystream(&mut block)
+    });
+    let rate = block.len() as f64 / stream.as_secs_f64();
+    println!(
+        "\n## Secure aggregation: unmasking {n} clients × {len} values, {dropped} dropouts\n\n\
+         ChaCha20 (`chacha20` crate) on one thread: {:.2} GB/s; the floor is the masks' \
+         stream bytes at that rate on {threads} threads.\n",
+        rate / 1e9
+    );
+    println!("| round | masks | unmask | floor | ratio |");
+    println!("|---|---|---|---|---|");
+    let round = "sar_bench";
+    for (label, k, after_upload) in [
+        (
+            "everyone's neighbours, dropouts before upload",
+            n - 1,
+            false,
+        ),
+        ("SecAgg+ k = 12, dropouts before upload", 12, false),
+        ("everyone's neighbours, dropouts after upload", n - 1, true),
+    ] {
+        let t = k / 2 + 1;
+        let config = RoundConfig {
+            clients: n,
+            threshold: t,
+            neighbours: k,
+            vector_length: len,
+            clip: 1.0,
+            scale_bits: 8,
+            graph_seed: "5a".repeat(32),
+            backend: Default::default(),
+        };
+        let graph = config.graph();
+        let sigma: Vec<Fr> = (0..n).map(|_| random_fr().unwrap()).collect();
+        let beta: Vec<Fr> = (0..n).map(|_| random_fr().unwrap()).collect();
+        let members: Vec<Member> = (1..=n)
+            .map(|id| Member {
+                id,
+                shared: true,
+                uploaded: after_upload || id > dropped,
+                unmasked: id > dropped,
+            })
+            .collect();
+        let sets = Sets::of(&members);
+        let public: Vec<PublicMember> = (1..=n)
+            .map(|id| PublicMember {
+                id,
+                mask_key: mask_public(round, &sigma[id as usize - 1]),
+                self_mask_commitment: Some(self_mask_commitment(round, id, &beta[id as usize - 1])),
+            })
+            .collect();
+        // Every neighbour that stayed reveals its share of each needed secret.
+        let mut reveals = Vec::new();
+        for (owner, kind) in sets.needed() {
+            let holders = graph.neighbours(owner);
+            let secret = match kind {
+                Secret::SelfMask => beta[owner as usize - 1],
+                Secret::MaskKey => sigma[owner as usize - 1],
+            };
+            let ys = share_secret(secret, t as usize, &holders).unwrap();
+            for (&holder, value) in holders.iter().zip(ys) {
+                if sets.unmasked.contains(&holder) {
+                    reveals.push(RevealedShare {
+                        owner,
+                        holder,
+                        secret: kind,
+                        value,
+                    });
+                }
+            }
+        }
+        let sum: std::sync::Arc<Vec<u32>> = std::sync::Arc::new((0..len as u32).collect());
+        let mut masks = 0;
+        let unmask = cpu.install(|| {
+            time(3, || {
+                let terms = unmask_terms(round, &config, &sets, &public, &reveals).unwrap();
+                masks = terms.len();
+                UnmaskJob::new(sum.clone(), terms).run_cpu()
+            })
+        });
+        let floor = Duration::from_secs_f64((masks * len * 4) as f64 / (rate * threads as f64));
+        println!(
+            "| {label} | {masks} | {} | {} | {:.2}× |",
+            ms(unmask),
+            ms(floor),
+            unmask.as_secs_f64() / floor.as_secs_f64()
+        );
+    }
 }
 
 /// Feldman commitments (fixed-base multiplications, arkworks' windowed table) and one

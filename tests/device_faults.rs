@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 22] = [
+const OPS: [&str; 23] = [
     "attention",
     "beams_channels",
     "beams_sweep",
@@ -36,6 +36,7 @@ const OPS: [&str; 22] = [
     "rf_dataset",
     "rf_features",
     "shamir_combine",
+    "secagg_unmask",
     "shamir_split",
 ];
 

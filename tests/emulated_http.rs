@@ -487,3 +487,49 @@ async fn shamir_sharing_runs_on_the_emulated_device() {
     assert_eq!(dev, cpu);
     assert_eq!(dev["valid"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn secure_aggregation_unmasks_on_the_emulated_device() {
+    use gpu_ops::secagg_client::{participate, Connection, Coordinator};
+    let s = emulated_server().await;
+    let mut conn = Connection::new(&s.url);
+    conn.poll = std::time::Duration::from_millis(20);
+    let len = 5000;
+    let c = Coordinator::create(
+        &conn,
+        &json!({"clients": 3, "threshold": 2, "vector_length": len, "clip": 4.0, "scale_bits": 8,
+               "backend": "cuda"}),
+    )
+    .await
+    .unwrap();
+    let inputs: Vec<Vec<f32>> = (0..3)
+        .map(|k| {
+            (0..len)
+                .map(|i| ((i * (k + 3)) % 1000) as f32 / 256.0 - 2.0)
+                .collect()
+        })
+        .collect();
+    let clients: Vec<_> = inputs
+        .iter()
+        .map(|v| {
+            let (conn, round, v) = (conn.clone(), c.round.clone(), v.clone());
+            tokio::spawn(async move { participate(&conn, &round, &v, None).await.unwrap() })
+        })
+        .collect();
+    for h in clients {
+        h.await.unwrap();
+    }
+    let result = c.result().await.unwrap();
+    let sum: Vec<f64> = serde_json::from_value(result["sum"].clone()).unwrap();
+    for (i, got) in sum.iter().enumerate() {
+        // The values are multiples of 2^-8: quantising is exact.
+        let want: f64 = inputs.iter().map(|v| f64::from(v[i])).sum();
+        assert_eq!(*got, want, "value {i}");
+    }
+    let on_device = r#"gpu_ops_jobs_total{backend="cuda",op="secagg_unmask",outcome="ok"}"#;
+    assert_eq!(
+        s.metric(on_device).await,
+        1.0,
+        "the unmasking ran on the device"
+    );
+}

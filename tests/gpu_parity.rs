@@ -1225,3 +1225,36 @@ fn cuda_shamir_split_and_combine_are_bit_identical_to_the_cpu() {
         }
     }
 }
+
+/// Mask terms with distinct keys, every third subtracted: more than one launch's group.
+fn unmask_job(len: usize, terms: usize) -> gpu_ops::ops::mpc::secagg::UnmaskJob {
+    use gpu_ops::ops::mpc::secagg::{MaskTerm, UnmaskJob};
+    let sum: Vec<u32> = (0..len as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    let terms = (0..terms)
+        .map(|t| MaskTerm {
+            key: std::array::from_fn(|b| (t * 31 + b * 7) as u8),
+            subtract: t % 3 == 0,
+        })
+        .collect();
+    UnmaskJob::new(Arc::new(sum), terms)
+}
+
+#[test]
+fn cuda_secagg_unmask_is_bit_identical_to_the_cpu() {
+    use gpu_ops::ops::mpc::run_unmask_cuda;
+    let devices = devices("cuda_secagg_unmask_is_bit_identical_to_the_cpu");
+    for dev in &devices {
+        // Lengths off the 16-word block (a partial last block), and beyond the threads
+        // launched; 70 masks take two launches.
+        for len in sizes(dev, &[1usize, 1001, (1 << 20) + 5], &[1, 17, 9001]) {
+            for terms in [0, 1, 70] {
+                let job = unmask_job(len, terms);
+                let lease = dev.lease().expect("device lease");
+                let out = run_unmask_cuda(&job, &lease).expect("kernel runs");
+                assert!(job.run_cpu() == out, "unmask len={len} terms={terms}");
+            }
+        }
+    }
+}

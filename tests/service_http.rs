@@ -261,6 +261,28 @@ async fn metric_names_are_present_after_traffic() {
         serde_json::json!({"field": "babybear", "threshold": 2, "shares": split["shares"]});
     let res = s.post("/mpc/shamir/combine", combine).send().await.unwrap();
     assert_eq!(res.status(), 200);
+    // A secure-aggregation round opened, and one client registered in it.
+    let round: serde_json::Value = s
+        .post(
+            "/secagg/rounds",
+            serde_json::json!({"clients": 3, "threshold": 2, "vector_length": 1, "clip": 1.0}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=";
+    let res = s
+        .post(
+            &format!("/secagg/rounds/{}/keys", round["id"].as_str().unwrap()),
+            serde_json::json!({"share_key": key, "mask_key": key}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
     let text = s.metrics().await;
     // GPU gauges only exist where NVML does; everything else must be exported here.
     for (name, _) in gpu_ops::metrics::NAMES.iter().filter(|(n, _)| {

@@ -22,11 +22,17 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct RegisterRequest {
     /// X25519 public key (32 bytes, standard base64) that neighbours seal shares to.
-    #[schema(example = "3p7bfXt9wbTTW2HC7OQ1Nz+DQ8hbeGdNrfx+FG+IK08=")]
+    #[schema(
+        example = "3p7bfXt9wbTTW2HC7OQ1Nz+DQ8hbeGdNrfx+FG+IK08=",
+        pattern = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"
+    )]
     pub share_key: String,
     /// X25519 public key (32 bytes, standard base64) for pair masks; derived from the
     /// client's σ as docs/SECAGG.md says, so the server can check a rebuilt σ.
-    #[schema(example = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=")]
+    #[schema(
+        example = "hSDwCYkwp1R0i33ctD73Wg2/Og0mOBr066SpjqqbTmo=",
+        pattern = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$"
+    )]
     pub mask_key: String,
 }
 
@@ -55,7 +61,9 @@ pub struct SubmissionResponse {
     params(("id" = String, Path, description = "Round id")),
     request_body = RegisterRequest,
     responses(
-        (status = 201, description = "Registered", body = RegisterResponse),
+        (status = 201, description = "Registered", body = RegisterResponse,
+            links(("inbox" = (operation_id = "secagg_inbox", parameters(("id" = "$request.path.id"), ("header.x-secagg-token" = "$response.body#/token")))),
+                ("shares" = (operation_id = "secagg_shares", parameters(("id" = "$request.path.id"), ("header.x-secagg-token" = "$response.body#/token")))))),
         (status = 404, description = "secagg_round_not_found"),
         (status = 409, description = "secagg_round_full, secagg_wrong_stage"),
         (status = 422, description = "invalid_request, invalid_parameter (a key that is not 32 bytes of base64)"),
@@ -89,6 +97,7 @@ pub async fn secagg_register(
 pub struct SealedShareIn {
     pub recipient: u32,
     /// ChaCha20-Poly1305 of the 72-byte share message (88 bytes, standard base64).
+    #[schema(pattern = r"^[A-Za-z0-9+/]{117}[AQgw]==$")]
     pub ciphertext: String,
 }
 
@@ -96,6 +105,7 @@ pub struct SealedShareIn {
 #[serde(deny_unknown_fields)]
 pub struct SharesRequest {
     /// SHA-256 commitment to the client's self-mask seed β (32 bytes, standard base64).
+    #[schema(pattern = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$")]
     pub self_mask_commitment: String,
     /// One sealed message to each registered neighbour, no more, no fewer.
     #[schema(max_items = 999)]
@@ -205,6 +215,9 @@ pub async fn secagg_inbox(
 #[serde(deny_unknown_fields)]
 pub struct InputRequest {
     /// The masked, quantised vector: `vector_length` little-endian u32 in standard base64.
+    #[schema(
+        pattern = r"^(?:[A-Za-z0-9+/]{16})*(?:[A-Za-z0-9+/]{5}[AQgw]==|[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=)?$"
+    )]
     pub masked: String,
 }
 
@@ -271,6 +284,7 @@ pub struct RevealedShareIn {
     pub secret: Secret,
     /// The share (a BN254 scalar, 32 bytes little-endian, standard base64), as the owner
     /// sealed it to this client.
+    #[schema(pattern = r"^[A-Za-z0-9+/]{42}[AEIMQUYcgkosw048]=$")]
     pub share: String,
 }
 

@@ -10,10 +10,11 @@ pub mod rounds;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, AppState};
 use crate::ops::mpc::secagg::protocol::fr_from_bytes;
+use crate::ops::mpc::secagg::round::Refusal;
 use crate::ops::mpc::secagg::round::Stage;
 use crate::ops::mpc::secagg::unmask::{unmask_terms, PublicMember, RevealedShare};
 use crate::ops::mpc::secagg::UnmaskJob;
-use crate::store::{AggregationInputs, RoundRecord};
+use crate::store::{AggregationInputs, RoundError, RoundRecord};
 use axum::http::HeaderMap;
 use base64::Engine;
 use serde::Serialize;
@@ -200,14 +201,35 @@ pub(crate) async fn aggregate(
     state: &Arc<AppState>,
     id: &str,
 ) -> Result<(RoundRecord, Option<Vec<u32>>), Problem> {
+    let Some(_running) = Running::claim(id) else {
+        return Err(Problem {
+            retry_after_secs: Some(1),
+            ..Problem::new(
+                ErrorCode::SecaggWrongStage,
+                "the round's sum is being computed: ask again shortly",
+            )
+        });
+    };
     let store = state.store.clone();
     let round_id = id.to_string();
-    let (inputs, terms) = blocking(move || {
-        let inputs = store.aggregation_inputs(&round_id)?;
-        let terms = terms_of(&round_id, &inputs);
-        Ok((inputs, terms))
+    let read = blocking(move || {
+        match store.aggregation_inputs(&round_id) {
+            Ok(inputs) => {
+                let terms = terms_of(&round_id, &inputs);
+                Ok(Err((inputs, terms)))
+            }
+            // Another request (or replica) ended the round since the caller looked.
+            Err(RoundError::Refused(Refusal::WrongStage { .. })) => {
+                Ok(Ok(store.round_sum(&round_id)?))
+            }
+            Err(e) => Err(e.into()),
+        }
     })
     .await?;
+    let (inputs, terms) = match read {
+        Ok(ended) => return Ok(ended),
+        Err(pending) => pending,
+    };
     let backend = inputs.round.config.backend;
     let outcome = match terms {
         Ok(terms) => {
@@ -233,6 +255,30 @@ pub(crate) async fn aggregate(
         .with_label_values(&[event])
         .inc();
     Ok((round, sum))
+}
+
+/// The rounds this process is unmasking now: one computation per round, not one per
+/// request that finds it aggregating. (Another replica may compute it too; the store
+/// keeps the first answer.)
+struct Running(String);
+
+static RUNNING: std::sync::LazyLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+impl Running {
+    fn claim(id: &str) -> Option<Self> {
+        let mut set = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        set.insert(id.to_string()).then(|| Running(id.to_string()))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
 }
 
 /// After a submission that closed the unmasking: the sum is computed in the background,

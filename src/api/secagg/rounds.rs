@@ -23,8 +23,9 @@ pub struct CreateRoundRequest {
     /// n: how many clients may register (ids 1..=n).
     #[schema(minimum = 3, maximum = 1000)]
     pub clients: u32,
-    /// t: shares that rebuild a client's secret, and the fewest clients whose sum may be
-    /// revealed. More than half of `neighbours`, at most all of them.
+    /// t: shares that rebuild a client's secret. A client holds no share of its own, so
+    /// each survivor needs t other survivors among its neighbours: a sum holds at least
+    /// t + 1 clients. More than half of `neighbours`, at most all of them.
     #[schema(minimum = 2, maximum = 999)]
     pub threshold: u32,
     /// k: each client's neighbours (SecAgg+). clients − 1 (the default) is the original
@@ -68,7 +69,11 @@ pub struct CreateRoundResponse {
         coordinator's token, shown once. The protocol and its wire format: docs/SECAGG.md.",
     request_body = CreateRoundRequest,
     responses(
-        (status = 201, description = "Created", body = CreateRoundResponse, headers(("location" = String, description = "/secagg/rounds/{id}"))),
+        (status = 201, description = "Created", body = CreateRoundResponse, headers(("location" = String, description = "/secagg/rounds/{id}")),
+            links(("get" = (operation_id = "secagg_round_get", parameters(("id" = "$response.body#/id")))),
+                ("register" = (operation_id = "secagg_register", parameters(("id" = "$response.body#/id")))),
+                ("advance" = (operation_id = "secagg_round_advance", parameters(("id" = "$response.body#/id"), ("header.x-secagg-token" = "$response.body#/coordinator_token")))),
+                ("result" = (operation_id = "secagg_round_result", parameters(("id" = "$response.body#/id"), ("header.x-secagg-token" = "$response.body#/coordinator_token")))))),
         (status = 422, description = "invalid_request, invalid_parameter (clients, threshold, neighbours, vector_length, clip or scale_bits out of range)"),
         (status = 503, description = "storage_unavailable"),
     ),

@@ -1,7 +1,8 @@
 //! The sharing kernels' self-tests: every field's edge values as secrets and
 //! coefficients, edge points (1, p − 1, 2^k), thresholds from 2 to one past a warp of
-//! coefficients, and combines with checked extra shares.
+//! coefficients, and combines with checked extra shares; secure aggregation's unmasking.
 
+use super::secagg::{MaskTerm, UnmaskJob};
 use super::shamir::{CombineJob, ShareJob};
 use crate::backend::verify::{JobCheck, SelfTest};
 use crate::ops::zk::samples::{edge_values, random_elements};
@@ -52,5 +53,33 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
             combine_jobs.push(CombineJob::new(t, &xs, shares).expect("distinct nonzero points"));
         }
     }
-    vec![JobCheck::boxed(share_jobs), JobCheck::boxed(combine_jobs)]
+    vec![
+        JobCheck::boxed(share_jobs),
+        JobCheck::boxed(combine_jobs),
+        JobCheck::boxed(unmask_jobs()),
+    ]
+}
+
+/// Secure aggregation's unmasking: a partial last block, more masks than one launch
+/// takes, both signs, and the all-ones and all-zeros keys.
+fn unmask_jobs() -> Vec<UnmaskJob> {
+    [(1usize, 1usize), (17, 3), (4099, 70)]
+        .into_iter()
+        .map(|(len, terms)| {
+            let sum: Vec<u32> = (0..len as u32)
+                .map(|i| i.wrapping_mul(0x9e37_79b9))
+                .collect();
+            let terms = (0..terms)
+                .map(|t| MaskTerm {
+                    key: match t {
+                        0 => [0xff; 32],
+                        1 => [0; 32],
+                        _ => std::array::from_fn(|b| (t * 13 + b) as u8),
+                    },
+                    subtract: t % 2 == 1,
+                })
+                .collect();
+            UnmaskJob::new(Arc::new(sum), terms)
+        })
+        .collect()
 }

@@ -8,4 +8,7 @@ pub mod protocol;
 pub mod round;
 pub mod unmask;
 
+#[cfg(test)]
+mod tests;
+
 pub use masks::{apply_masks, MaskTerm, UnmaskJob};

@@ -67,8 +67,8 @@ impl Stage {
 pub struct RoundConfig {
     /// n: the ids are 1..=n.
     pub clients: u32,
-    /// t: shares needed to rebuild a client's secret; also the fewest clients whose sum
-    /// may be revealed.
+    /// t: shares needed to rebuild a client's secret. No client holds a share of its
+    /// own, so a sum holds at least t + 1 clients.
     pub threshold: u32,
     /// k: each client's neighbours (n − 1: everyone).
     pub neighbours: u32,
@@ -264,8 +264,8 @@ pub fn close(config: &RoundConfig, stage: Stage, sets: &Sets) -> Result<Stage, R
     let graph = config.graph();
     let too_few = |what: &str, have: usize| {
         Refusal::TooFew(format!(
-            "{have} clients {what}, and the threshold is {t}: closing now would reveal a sum of \
-             fewer clients than the threshold, or leave a client unrecoverable"
+            "{have} clients {what}, and the threshold is {t}: closing now would leave a client's \
+             secrets unrecoverable, or reveal a sum of too few clients"
         ))
     };
     match stage {
