@@ -35,8 +35,8 @@ const OPS: [&str; 23] = [
     "ntt",
     "rf_dataset",
     "rf_features",
-    "shamir_combine",
     "secagg_unmask",
+    "shamir_combine",
     "shamir_split",
 ];
 
