@@ -84,7 +84,7 @@ pub struct RoundState {
     pub clients: Vec<PublicClient>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct RoundParams {
     pub clients: u32,
     pub threshold: u32,
@@ -102,6 +102,30 @@ pub struct PublicClient {
     pub mask_key: String,
     pub shared: bool,
     pub uploaded: bool,
+}
+
+impl RoundParams {
+    /// What an honest client checks before it shares anything: a server that showed it a
+    /// threshold of 1, or one at most half its neighbours, could rebuild both of its
+    /// secrets from the shares of two neighbours.
+    fn check(&self) -> Result<(), ClientError> {
+        let (n, t, k) = (self.clients, self.threshold, self.neighbours);
+        let sound = n >= 3
+            && (k == n - 1 || (k >= 2 && k < n - 1 && k % 2 == 0))
+            && t >= 2
+            && t <= k
+            && 2 * t > k
+            && self.clip.is_finite()
+            && self.clip > 0.0
+            && self.scale_bits <= crate::ops::mpc::secagg::round::MAX_SCALE_BITS;
+        if sound {
+            Ok(())
+        } else {
+            Err(ClientError::Protocol(format!(
+                "the round's parameters are unsafe or malformed: {self:?}"
+            )))
+        }
+    }
 }
 
 impl RoundState {
@@ -248,6 +272,18 @@ pub async fn participate(
         token: None,
     };
     let state: RoundState = http.get(&format!("/secagg/rounds/{round}")).await?;
+    state.config.check()?;
+    let config = state.config.clone();
+    // The parameters may not change under the client: every later read must show these.
+    let same = |s: &RoundState| -> Result<(), ClientError> {
+        if s.config == config {
+            Ok(())
+        } else {
+            Err(ClientError::Protocol(
+                "the round's parameters changed".into(),
+            ))
+        }
+    };
     if values.len() != state.config.vector_length {
         return Err(ClientError::Protocol(format!(
             "{} values, and the round's vector_length is {}",
@@ -273,7 +309,11 @@ pub async fn participate(
             }),
         )
         .await?;
-    let me = registered["client_id"].as_u64().unwrap_or(0) as u32;
+    let me = registered["client_id"]
+        .as_u64()
+        .and_then(|id| u32::try_from(id).ok())
+        .filter(|id| (1..=config.clients).contains(id))
+        .ok_or_else(|| ClientError::Protocol("the server gave no valid client id".into()))?;
     http.token = registered["token"].as_str().map(str::to_string);
     let left_behind = |stage: &str| {
         Ok(Outcome::LeftBehind {
@@ -284,6 +324,7 @@ pub async fn participate(
 
     // share_keys
     let state = http.wait_past(round, "advertise_keys").await?;
+    same(&state)?;
     if state.stage != "share_keys" {
         return left_behind(&state.stage);
     }
@@ -328,6 +369,7 @@ pub async fn participate(
 
     // masked_input
     let state = http.wait_past(round, "share_keys").await?;
+    same(&state)?;
     if state.stage != "masked_input" {
         return left_behind(&state.stage);
     }
@@ -370,6 +412,7 @@ pub async fn participate(
 
     // unmasking
     let state = http.wait_past(round, "masked_input").await?;
+    same(&state)?;
     if state.stage != "unmasking" {
         return left_behind(&state.stage);
     }

@@ -190,7 +190,7 @@ async fn dropouts_at_every_stage_leave_the_survivors_sum_exact() {
     }
     // The client that uploaded and then vanished has not revealed: close without it.
     let after = c.advance().await.unwrap();
-    assert_eq!(after.stage, "finished", "{:?}", after.failure);
+    assert_eq!(after.stage, "aggregating", "{:?}", after.failure);
     let survivors: Vec<usize> = (2..n).collect();
     check_result(&c, &inputs, &survivors, &outcomes, clip, f).await;
     let result = c.result().await.unwrap();
@@ -543,6 +543,10 @@ async fn every_refusal_has_its_code_and_path() {
     }
     let res = s.get("/secagg/rounds/sar_0").await;
     problem(res, 404, "secagg_round_not_found").await;
+    let mut on_gpu = base.clone();
+    on_gpu["backend"] = json!("cuda");
+    let res = s.post("/secagg/rounds", on_gpu).send().await.unwrap();
+    problem(res, 503, "device_unavailable").await;
 
     let (round, coordinator) = create(&s, base.clone()).await;
     let res = s

@@ -427,7 +427,16 @@ impl Engine {
                         unavailable: true,
                     })
                 })?;
-                let tx = client.transaction().map_err(|e| fail(e.into()))?;
+                // A read sees one snapshot (REPEATABLE READ), so rows read one after
+                // another agree; writes lock what they change and run at READ COMMITTED.
+                let tx = match behavior {
+                    TransactionBehavior::Deferred => client
+                        .build_transaction()
+                        .isolation_level(postgres::IsolationLevel::RepeatableRead)
+                        .start(),
+                    _ => client.transaction(),
+                }
+                .map_err(|e| fail(e.into()))?;
                 let mut tx = Tx::Postgres(tx);
                 let out = f(&mut tx)?;
                 tx.commit().map_err(fail)?;

@@ -4,7 +4,7 @@
 //! `ops::mpc::secagg::round`, writes it, and closes the stage when every client expected
 //! at it has submitted. The masked uploads are folded into the round's running sum in
 //! the same transaction that records the upload, so the sum holds each survivor exactly
-//! once; individual uploads are never stored.
+//! once; no upload is kept on its own (the first is the sum until the second arrives).
 
 use super::engine::{DbError, Param, Row, Tx};
 use super::{now, Store, StoreError};

@@ -83,7 +83,7 @@ pub async fn secagg_register(
     let (client_id, round) =
         blocking(move || Ok(store.register_client(&id, &hash, &req.share_key, &req.mask_key)?))
             .await?;
-    count(&state, Stage::AdvertiseKeys);
+    count(&state, Stage::AdvertiseKeys, &round);
     let body = RegisterResponse {
         client_id,
         token,
@@ -156,7 +156,7 @@ pub async fn secagg_shares(
     let commitment = req.self_mask_commitment;
     let (client_id, round) =
         blocking(move || Ok(store.submit_shares(&id, &token, &commitment, &messages)?)).await?;
-    count(&state, Stage::ShareKeys);
+    count(&state, Stage::ShareKeys, &round);
     Ok(Json(SubmissionResponse {
         client_id,
         round: round.into(),
@@ -225,7 +225,8 @@ pub struct InputRequest {
     post, path = "/secagg/rounds/{id}/inputs", tag = "secagg", operation_id = "secagg_input",
     summary = "Upload this client's masked vector",
     description = "Stage masked_input, for clients that sent their shares. The vector is added to the \
-        round's running sum in the same transaction that records the upload; it is not kept on its own.",
+        round's running sum in the same transaction that records the upload; it is not kept on its own \
+        (the first upload is the sum until the second arrives).",
     params(("id" = String, Path, description = "Round id"),
         ("x-secagg-token" = String, Header, description = "This client's token")),
     request_body = InputRequest,
@@ -268,7 +269,7 @@ pub async fn secagg_input(
         Ok(store.submit_input(&id, &token, &words)?)
     })
     .await?;
-    count(&state, Stage::MaskedInput);
+    count(&state, Stage::MaskedInput, &round);
     Ok(Json(SubmissionResponse {
         client_id,
         round: round.into(),
@@ -339,7 +340,7 @@ pub async fn secagg_unmask(
     let store = state.store.clone();
     let (client_id, round) =
         blocking(move || Ok(store.submit_reveals(&id, &token, &reveals)?)).await?;
-    count(&state, Stage::Unmasking);
+    count(&state, Stage::Unmasking, &round);
     aggregate_in_background(&state, &round);
     Ok(Json(SubmissionResponse {
         client_id,

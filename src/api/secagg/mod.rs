@@ -284,7 +284,7 @@ impl Drop for Running {
 /// After a submission that closed the unmasking: the sum is computed in the background,
 /// so the last client is not kept waiting. A failure leaves the round aggregating, and
 /// the coordinator's next read of the result runs it again.
-fn aggregate_in_background(state: &Arc<AppState>, round: &RoundRecord) {
+pub(super) fn aggregate_in_background(state: &Arc<AppState>, round: &RoundRecord) {
     if round.stage != Stage::Aggregating {
         return;
     }
@@ -296,11 +296,23 @@ fn aggregate_in_background(state: &Arc<AppState>, round: &RoundRecord) {
     });
 }
 
-/// Counts an accepted submission.
-fn count(state: &AppState, stage: Stage) {
+/// Counts an accepted submission, and the round's failure if it closed a stage short.
+fn count(state: &AppState, stage: Stage, after: &RoundRecord) {
     state
         .metrics
         .secagg_submissions
         .with_label_values(&[stage.as_str()])
         .inc();
+    count_failure(state, after);
+}
+
+/// A stage that closed short fails the round (the store says why).
+fn count_failure(state: &AppState, after: &RoundRecord) {
+    if after.stage == Stage::Failed {
+        state
+            .metrics
+            .secagg_rounds
+            .with_label_values(&["failed"])
+            .inc();
+    }
 }

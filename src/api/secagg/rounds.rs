@@ -74,8 +74,8 @@ pub struct CreateRoundResponse {
                 ("register" = (operation_id = "secagg_register", parameters(("id" = "$response.body#/id")))),
                 ("advance" = (operation_id = "secagg_round_advance", parameters(("id" = "$response.body#/id"), ("header.x-secagg-token" = "$response.body#/coordinator_token")))),
                 ("result" = (operation_id = "secagg_round_result", parameters(("id" = "$response.body#/id"), ("header.x-secagg-token" = "$response.body#/coordinator_token")))))),
-        (status = 422, description = "invalid_request, invalid_parameter (clients, threshold, neighbours, vector_length, clip or scale_bits out of range)"),
-        (status = 503, description = "storage_unavailable"),
+        (status = 422, description = "invalid_request, invalid_parameter (clients, threshold, neighbours, vector_length, clip or scale_bits out of range, or an unmasking beyond 2^34 key-stream words)"),
+        (status = 503, description = "storage_unavailable; device_unavailable (backend cuda and no usable device)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -96,6 +96,18 @@ pub async fn secagg_round_create(
         backend: req.backend,
     };
     config.validate(state.settings.config.max_elements)?;
+    // A round outlives requests: one that could never be unmasked is refused now.
+    if req.backend == BackendChoice::Cuda
+        && state.backends.gpus_for("secagg_unmask").next().is_none()
+    {
+        return Err(Problem::new(
+            ErrorCode::DeviceUnavailable,
+            format!(
+                "backend cuda: no usable CUDA device for the unmasking ({})",
+                state.backends.reason()
+            ),
+        ));
+    }
     let id_bytes = crate::ops::mpc::secagg::protocol::random_bytes()
         .map_err(|e| Problem::new(ErrorCode::Internal, e))?;
     let id = format!(
@@ -153,7 +165,8 @@ pub async fn secagg_round_get(
     description = "A stage closes by itself once every client expected at it has submitted; the \
         coordinator closes it earlier, treating the rest as dropped. Refused (409 secagg_too_few_clients, \
         the round unchanged) when fewer than the threshold would remain, or a client's secrets could not \
-        be rebuilt. Closing the unmasking computes the sum before answering.",
+        be rebuilt. Closing the unmasking starts computing the sum (stage aggregating); read it with \
+        secagg_round_result.",
     params(("id" = String, Path, description = "Round id"),
         ("x-secagg-token" = String, Header, description = "The coordinator's token")),
     responses(
@@ -161,7 +174,7 @@ pub async fn secagg_round_get(
         (status = 403, description = "secagg_token_invalid"),
         (status = 404, description = "secagg_round_not_found"),
         (status = 409, description = "secagg_too_few_clients, secagg_wrong_stage (the round has ended)"),
-        (status = 503, description = "storage_unavailable, queue_full"),
+        (status = 503, description = "storage_unavailable"),
     ),
     security((), ("bearer" = []))
 )]
@@ -174,9 +187,8 @@ pub async fn secagg_round_advance(
     let store = state.store.clone();
     let round_id = id.clone();
     let round = blocking(move || Ok(store.advance_round(&round_id, &token)?)).await?;
-    if round.stage == Stage::Aggregating {
-        return Ok(Json(aggregate(&state, &id).await?.0.into()));
-    }
+    super::aggregate_in_background(&state, &round);
+    super::count_failure(&state, &round);
     Ok(Json(round.into()))
 }
 
@@ -201,7 +213,7 @@ pub struct RoundResult {
     get, path = "/secagg/rounds/{id}/result", tag = "secagg", operation_id = "secagg_round_result",
     summary = "The round's sum, once unmasked",
     description = "The sum of the surviving clients' vectors and who they are; no single vector is ever \
-        stored. A round still aggregating (say, after a restart) is unmasked first. 409 \
+        stored unmasked. A round still aggregating (say, after a restart) is unmasked first. 409 \
         secagg_wrong_stage before that, or with the reason the round failed.",
     params(("id" = String, Path, description = "Round id"),
         ("x-secagg-token" = String, Header, description = "The coordinator's token")),
@@ -209,8 +221,9 @@ pub struct RoundResult {
         (status = 200, description = "The sum", body = RoundResult),
         (status = 403, description = "secagg_token_invalid"),
         (status = 404, description = "secagg_round_not_found"),
-        (status = 409, description = "secagg_wrong_stage: not finished, or failed (the detail says why)"),
-        (status = 503, description = "storage_unavailable, queue_full"),
+        (status = 409, description = "secagg_wrong_stage: not finished, or failed (the detail says why), or the sum being computed (Retry-After)"),
+        (status = 503, description = "storage_unavailable; the unmasking's queue_full, device_unavailable, device_error, shutting_down (the round stays aggregating: ask again)"),
+        (status = 504, description = "deadline_exceeded: the unmasking outran --job-timeout (the round stays aggregating: ask again)"),
     ),
     security((), ("bearer" = []))
 )]

@@ -21,6 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const MAX_CLIENTS: u32 = 1000;
 /// Most fractional bits of the fixed-point encoding.
 pub const MAX_SCALE_BITS: u32 = 24;
+/// Most key-stream words one unmasking may expand (64 GiB of ChaCha20: about half a
+/// minute on two cores at the rates of docs/PERFORMANCE.md), in the worst case of
+/// dropouts. Round creation refuses parameters beyond it.
+pub const MAX_UNMASK_WORDS: u64 = 1 << 34;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -141,7 +145,31 @@ impl RoundConfig {
                 ),
             ));
         }
+        let worst = self.worst_case_masks();
+        if worst.saturating_mul(self.vector_length as u64) > MAX_UNMASK_WORDS {
+            return Err(Invalid::field(
+                "vector_length",
+                format!(
+                    "the unmasking could expand up to {worst} masks (every survivor's self-mask, \
+                     and the pair masks of up to clients − threshold − 1 dropouts with each \
+                     neighbour) of vector_length words: at most 2^34 words in all, so at most \
+                     {} values for these clients, neighbours and threshold",
+                    MAX_UNMASK_WORDS / worst
+                ),
+            ));
+        }
         Ok(())
+    }
+
+    /// The most masks an unmasking can take: n self-masks, and k pair masks for each of
+    /// the most clients that can drop before uploading while t + 1 survive.
+    pub fn worst_case_masks(&self) -> u64 {
+        let (n, t, k) = (
+            u64::from(self.clients),
+            u64::from(self.threshold),
+            u64::from(self.neighbours),
+        );
+        n + n.saturating_sub(t + 1) * k
     }
 
     pub fn graph(&self) -> Graph {
@@ -287,6 +315,21 @@ pub fn close(config: &RoundConfig, stage: Stage, sets: &Sets) -> Result<Stage, R
         Stage::ShareKeys => {
             if sets.shared.len() < t {
                 return Err(too_few("sent their shares", sets.shared.len()));
+            }
+            // Only clients that shared can upload and later reveal: each needs t of them
+            // among its neighbours, or its secrets could never be rebuilt.
+            for &id in &sets.shared {
+                let holders = graph
+                    .neighbours(id)
+                    .into_iter()
+                    .filter(|h| sets.shared.contains(h))
+                    .count();
+                if holders < t {
+                    return Err(Refusal::TooFew(format!(
+                        "client {id} has {holders} neighbours among the clients that sent their \
+                         shares and the threshold is {t}: its secrets could not be rebuilt"
+                    )));
+                }
             }
             Ok(Stage::MaskedInput)
         }

@@ -276,3 +276,41 @@ fn stages_close_only_with_enough_clients_and_holders() {
     )
     .unwrap();
 }
+
+#[test]
+fn the_share_stage_does_not_close_into_a_round_that_cannot_finish() {
+    // Three of five shared, t = 3: each has two neighbours among the sharers.
+    let c = config(5, 3, 4);
+    let m = |id, shared| Member {
+        id,
+        shared,
+        ..Default::default()
+    };
+    let sets = Sets::of(&[m(1, true), m(2, true), m(3, true), m(4, false), m(5, false)]);
+    assert!(matches!(
+        close(&c, Stage::ShareKeys, &sets),
+        Err(Refusal::TooFew(_))
+    ));
+    let sets = Sets::of(&[m(1, true), m(2, true), m(3, true), m(4, true), m(5, false)]);
+    assert_eq!(close(&c, Stage::ShareKeys, &sets), Ok(Stage::MaskedInput));
+}
+
+#[test]
+fn the_unmasking_work_is_bounded_at_creation() {
+    let big = RoundConfig {
+        vector_length: 1 << 24,
+        ..config(1000, 500, 999)
+    };
+    assert!(big.worst_case_masks() > 400_000);
+    assert_eq!(
+        big.validate(1 << 24).unwrap_err().path,
+        crate::ops::invalid::FieldPath::root().field("vector_length")
+    );
+    // The benchmark round fits.
+    RoundConfig {
+        vector_length: 1 << 20,
+        ..config(100, 50, 99)
+    }
+    .validate(1 << 24)
+    .unwrap();
+}
