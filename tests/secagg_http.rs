@@ -753,3 +753,71 @@ async fn every_refusal_has_its_code_and_path() {
         "/shares"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_client_takes_part_in_a_round() {
+    let s = TestServer::start(&[]).await;
+    let (n, len) = (3usize, 32);
+    let c = Coordinator::create(
+        &conn(&s.url),
+        &json!({"clients": n, "threshold": 2, "vector_length": len, "clip": 1.0, "scale_bits": 16}),
+    )
+    .await
+    .unwrap();
+    let dir = std::path::PathBuf::from(common::temp_data_dir());
+    std::fs::create_dir_all(&dir).unwrap();
+    let inputs: Vec<Vec<f32>> = (0..n).map(|i| values(i + 60, len)).collect();
+    let children: Vec<_> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let file = dir.join(format!("client-{i}.json"));
+            std::fs::write(&file, serde_json::to_string(v).unwrap()).unwrap();
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_gpu-ops"))
+                .args([
+                    "secagg-client",
+                    "--server",
+                    &s.url,
+                    "--round",
+                    &c.round,
+                    "--input",
+                ])
+                .arg(&file)
+                .output()
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for child in children {
+        let out = child.await.unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(line["outcome"], "done", "{line}");
+        ids.push(line["client_id"].as_u64().unwrap());
+    }
+    ids.sort();
+    assert_eq!(ids, [1, 2, 3]);
+    let sum: Vec<f64> = serde_json::from_value(c.result().await.unwrap()["sum"].clone()).unwrap();
+    assert_eq!(sum, expected_sum(&inputs, 1.0, 16));
+    // A file that is not a JSON array of numbers is refused before anything is sent.
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"not\": \"an array\"}").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ops"))
+        .args([
+            "secagg-client",
+            "--server",
+            &s.url,
+            "--round",
+            &c.round,
+            "--input",
+        ])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a JSON array of numbers"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
