@@ -10,8 +10,9 @@
 
 use crate::ops::mpc::secagg::masks::{apply_masks, MaskTerm};
 use crate::ops::mpc::secagg::protocol::{
-    fr_bytes, mask_public, mask_secret, pair_mask_key, quantise, random_bytes, random_fr,
-    self_mask_commitment, self_mask_key, share_secret, subtracts_pair_mask, Graph, ShareMessage,
+    fr_bytes, graph_seed_bytes, mask_public, mask_secret, pair_mask_key, quantise, random_bytes,
+    random_fr, self_mask_commitment, self_mask_key, share_secret, subtracts_pair_mask, Graph,
+    ShareMessage,
 };
 use base64::Engine;
 use serde::de::DeserializeOwned;
@@ -130,7 +131,7 @@ impl RoundParams {
 
 impl RoundState {
     fn graph(&self) -> Result<Graph, ClientError> {
-        let seed = hex32(&self.config.graph_seed).ok_or_else(|| {
+        let seed = graph_seed_bytes(&self.config.graph_seed).ok_or_else(|| {
             ClientError::Protocol("the round's graph_seed is not 32 bytes of hex".into())
         })?;
         Ok(Graph::new(
@@ -154,17 +155,6 @@ impl RoundState {
             .find(|c| c.id == id)
             .ok_or_else(|| ClientError::Protocol(format!("client {id} is not in the round")))
     }
-}
-
-fn hex32(s: &str) -> Option<[u8; 32]> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 fn key32(s: &str, what: &str) -> Result<[u8; 32], ClientError> {

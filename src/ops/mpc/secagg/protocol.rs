@@ -283,6 +283,18 @@ impl SeededWords {
     }
 }
 
+/// A round's graph seed from its wire form (64 hex digits); `None` if malformed.
+pub fn graph_seed_bytes(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// Who shares with whom. SecAgg+ places the ids 1..=n on a ring in a random order drawn
 /// from the round's graph seed, and joins each to the k/2 nearest on each side (a Harary
 /// graph); with k = n − 1 every client is every other's neighbour (the original

@@ -173,11 +173,8 @@ impl RoundConfig {
     }
 
     pub fn graph(&self) -> Graph {
-        let mut seed = [0u8; 32];
-        for (i, b) in seed.iter_mut().enumerate() {
-            *b = u8::from_str_radix(self.graph_seed.get(2 * i..2 * i + 2).unwrap_or("00"), 16)
-                .unwrap_or(0);
-        }
+        // The server writes the seed at creation; a stored one is always well formed.
+        let seed = super::protocol::graph_seed_bytes(&self.graph_seed).unwrap_or([0; 32]);
         Graph::new(self.clients, self.neighbours, &seed)
     }
 }
