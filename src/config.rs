@@ -155,6 +155,10 @@ pub struct Config {
     /// seeded noise and coefficients are predictable.
     #[arg(long, env = "GPU_OPS_DP_ALLOW_CLIENT_SEED", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub dp_allow_client_seed: bool,
+    /// Serve BFV key generation and decryption (`/he/keys`, `/he/decrypt`): the server
+    /// then holds secret keys. For tests and demonstrations only.
+    #[arg(long, env = "GPU_OPS_HE_DEALER_MODE", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub he_dealer_mode: bool,
     /// Directory for persistent state (privacy budgets, kernel cache).
     #[arg(long, env = "GPU_OPS_DATA_DIR", default_value = "data")]
     pub data_dir: PathBuf,

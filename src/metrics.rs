@@ -34,6 +34,7 @@ pub struct Metrics {
     pub shamir_share_checks: IntCounterVec,
     pub secagg_rounds: IntCounterVec,
     pub secagg_submissions: IntCounterVec,
+    pub he_ciphertexts: IntCounterVec,
     pub batch_size: HistogramVec,
     pub dataset_samples: IntCounterVec,
     pub dataset_jobs: IntCounterVec,
@@ -101,6 +102,10 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_secagg_submissions_total",
         "Secure-aggregation submissions accepted from clients, by stage",
+    ),
+    (
+        "gpu_ops_he_ciphertexts_aggregated_total",
+        "BFV ciphertexts summed by /he/aggregate, by parameter set",
     ),
     (
         "gpu_ops_dataset_samples_total",
@@ -269,6 +274,13 @@ impl Metrics {
             secagg_submissions: reg(
                 r,
                 IntCounterVec::new(opts("gpu_ops_secagg_submissions_total"), &["stage"]),
+            ),
+            he_ciphertexts: reg(
+                r,
+                IntCounterVec::new(
+                    opts("gpu_ops_he_ciphertexts_aggregated_total"),
+                    &["parameters"],
+                ),
             ),
             dataset_samples: reg(
                 r,

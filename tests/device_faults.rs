@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 23] = [
+const OPS: [&str; 24] = [
     "attention",
     "beams_channels",
     "beams_sweep",
@@ -29,6 +29,7 @@ const OPS: [&str; 23] = [
     "field_mul",
     "field_pow",
     "field_sub",
+    "he_aggregate",
     "intt",
     "matmul",
     "msm",

@@ -533,3 +533,29 @@ async fn secure_aggregation_unmasks_on_the_emulated_device() {
         "the unmasking ran on the device"
     );
 }
+
+#[tokio::test]
+async fn ciphertext_sums_run_on_the_emulated_device() {
+    use fhe::bfv::{Encoding, Plaintext, PublicKey, SecretKey};
+    use fhe_traits::{FheEncoder, FheEncrypter, Serialize};
+    let s = emulated_server().await;
+    let set = gpu_ops::ops::he::ParameterSet::Bfv128N8192;
+    let par = set.parameters();
+    let mut rng = rand::rng();
+    let pk = PublicKey::new(&SecretKey::random(&par, &mut rng), &mut rng);
+    let cts: Vec<String> = (0..3u64)
+        .map(|k| {
+            let v: Vec<u64> = (0..8192u64).map(|i| (i * 31 + k) % 65537).collect();
+            let pt = Plaintext::try_encode(&v, Encoding::simd(), &par).unwrap();
+            B64.encode(pk.try_encrypt(&pt, &mut rng).unwrap().to_bytes())
+        })
+        .collect();
+    for weights in [None, Some(vec![3u64, 65536, 1])] {
+        let mut body = json!({"parameters": set.name(), "ciphertexts": cts});
+        if let Some(w) = &weights {
+            body["weights"] = json!(w);
+        }
+        let (dev, cpu) = both(&s, "/he/aggregate", body).await;
+        assert_eq!(dev, cpu, "weights {weights:?}");
+    }
+}

@@ -1258,3 +1258,41 @@ fn cuda_secagg_unmask_is_bit_identical_to_the_cpu() {
         }
     }
 }
+
+#[test]
+fn cuda_he_ciphertext_sum_is_bit_identical_to_the_cpu() {
+    use fhe::bfv::{Encoding, Plaintext, PublicKey, SecretKey};
+    use fhe_traits::{FheEncoder, FheEncrypter};
+    use gpu_ops::ops::he::{run_sum_cuda, CiphertextSumJob, ParameterSet};
+    let devices = devices("cuda_he_ciphertext_sum_is_bit_identical_to_the_cpu");
+    let par = ParameterSet::Bfv128N4096.parameters();
+    let mut rng = rand::rng();
+    let sk = SecretKey::random(&par, &mut rng);
+    let pk = PublicKey::new(&sk, &mut rng);
+    let cts: Vec<_> = (0..5u64)
+        .map(|k| {
+            let v: Vec<u64> = (0..4096u64).map(|i| (i ^ k) % 65537).collect();
+            pk.try_encrypt(
+                &Plaintext::try_encode(&v, Encoding::simd(), &par).unwrap(),
+                &mut rng,
+            )
+            .unwrap()
+        })
+        .collect();
+    for dev in &devices {
+        for weights in [None, Some(vec![1, 65536, 3, 1, 40000])] {
+            let job = CiphertextSumJob::new(&par, cts.clone(), weights.clone()).unwrap();
+            let lease = dev.lease().expect("device lease");
+            let out = run_sum_cuda(&job, &lease).expect("kernel runs");
+            assert!(job.run_cpu() == out, "sum, weights {weights:?}");
+        }
+        // Room for about three ciphertexts of 192 KiB beside the running sum and the
+        // output: the five are summed in passes, each pass starting from the last's sum.
+        dev.set_memory_limit(1 << 20);
+        let job = CiphertextSumJob::new(&par, cts.clone(), Some(vec![2, 1, 65536, 5, 9])).unwrap();
+        let lease = dev.lease().expect("device lease");
+        let out = run_sum_cuda(&job, &lease).expect("kernel runs");
+        assert!(job.run_cpu() == out, "sum in passes");
+        dev.set_memory_limit(0);
+    }
+}

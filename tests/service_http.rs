@@ -219,6 +219,19 @@ async fn a_panicking_handler_gets_a_500_problem_and_the_server_keeps_serving() {
     );
 }
 
+/// A fresh BFV ciphertext of the smallest set, base64 in the crate's format.
+fn he_ciphertext() -> String {
+    use base64::Engine;
+    use fhe::bfv::{Encoding, Plaintext, PublicKey, SecretKey};
+    use fhe_traits::{FheEncoder, FheEncrypter, Serialize};
+    let par = gpu_ops::ops::he::ParameterSet::Bfv128N4096.parameters();
+    let mut rng = rand::rng();
+    let pk = PublicKey::new(&SecretKey::random(&par, &mut rng), &mut rng);
+    let pt = Plaintext::try_encode(&[1u64, 2, 3], Encoding::simd(), &par).unwrap();
+    let ct = pk.try_encrypt(&pt, &mut rng).unwrap();
+    base64::engine::general_purpose::STANDARD.encode(ct.to_bytes())
+}
+
 #[tokio::test]
 async fn metric_names_are_present_after_traffic() {
     let s = TestServer::start(&[]).await;
@@ -283,6 +296,17 @@ async fn metric_names_are_present_after_traffic() {
         .await
         .unwrap();
     assert_eq!(res.status(), 201);
+    // Two ciphertexts (under a key made here: the server is not in dealer mode) summed.
+    let ciphertext = he_ciphertext();
+    let res = s
+        .post(
+            "/he/aggregate",
+            serde_json::json!({"parameters": "bfv128_n4096", "ciphertexts": [ciphertext, ciphertext]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
     let text = s.metrics().await;
     // GPU gauges only exist where NVML does; everything else must be exported here.
     for (name, _) in gpu_ops::metrics::NAMES.iter().filter(|(n, _)| {

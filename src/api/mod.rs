@@ -13,6 +13,7 @@ mod elements;
 pub mod embedding_tables;
 pub mod embeddings;
 mod extract;
+pub mod he;
 pub mod linalg;
 pub mod mpc;
 pub mod msm;
@@ -162,6 +163,10 @@ fn keyed_operations() -> Operations {
         .routes(routes!(mpc::shamir_split))
         .routes(routes!(mpc::shamir_combine))
         .routes(routes!(mpc::shamir_verify))
+        .routes(routes!(he::he_keys))
+        .routes(routes!(he::he_encrypt))
+        .routes(routes!(he::he_aggregate))
+        .routes(routes!(he::he_decrypt))
         .routes(routes!(secagg::rounds::secagg_round_create))
         .routes(routes!(secagg::rounds::secagg_round_get))
         .routes(routes!(secagg::rounds::secagg_round_advance))

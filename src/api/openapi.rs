@@ -33,6 +33,7 @@ use utoipa::OpenApi;
         (name = "system", description = "Health, devices and metrics"),
         (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
         (name = "mpc", description = "Multi-party computation: Shamir secret sharing with Feldman commitments"),
+        (name = "he", description = "Homomorphic encryption: sums of BFV ciphertexts (fhe.rs) that the server cannot read"),
         (name = "secagg", description = "Secure aggregation (Bonawitz et al. 2017, SecAgg+ neighbourhoods): the server sums client vectors it never sees"),
         (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
         (name = "rf", description = "RF signal features from IQ recordings"),

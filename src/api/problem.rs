@@ -31,6 +31,7 @@ macro_rules! error_codes {
 error_codes! {
     MalformedJson = ("malformed_json", 400, "The body is not valid JSON"),
     Unauthorized = ("unauthorized", 401, "A valid API key is required"),
+    HeDealerModeOff = ("he_dealer_mode_off", 403, "Key generation and decryption are served only with --he-dealer-mode"),
     SeedNotAllowed = ("seed_not_allowed", 403, "Client-chosen noise seeds are refused on this server"),
     SecaggTokenInvalid = ("secagg_token_invalid", 403, "The x-secagg-token header does not name a client, or the coordinator, of this round"),
     NotFound = ("not_found", 404, "No such resource"),
@@ -58,6 +59,7 @@ error_codes! {
     InvalidParameter = ("invalid_parameter", 422, "A parameter is out of range"),
     InsufficientShares = ("insufficient_shares", 422, "Fewer shares than the threshold: the secrets cannot be recovered"),
     InconsistentShares = ("inconsistent_shares", 422, "The shares do not lie on one set of polynomials of the threshold's degree"),
+    InvalidCiphertext = ("invalid_ciphertext", 422, "A ciphertext does not decode under the parameter set, or is not a fresh 2-polynomial ciphertext"),
     InvalidTensor = ("invalid_tensor", 422, "A numeric array is empty, ragged, non-finite or mis-shaped"),
     ResultNotFinite = ("result_not_finite", 422, "The result overflows the requested output dtype"),
     DatasetTooLarge = ("dataset_too_large", 422, "The dataset would exceed --max-dataset-bytes"),

@@ -47,6 +47,7 @@ pub fn kernel_library() -> KernelLibrary {
     modules.push(super::nn::kernel_module());
     modules.push(super::beams::kernel_module());
     modules.push(super::mpc::kernel_module());
+    modules.push(super::he::kernel_module());
     KernelLibrary {
         headers: HEADERS,
         modules,

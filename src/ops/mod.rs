@@ -3,6 +3,7 @@
 //! and the self-tests every device passes before it serves the domain's ops.
 pub mod beams;
 pub mod dp;
+pub mod he;
 pub mod invalid;
 mod kernels;
 pub mod linalg;
@@ -25,6 +26,7 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
     tests.extend(nn::self_test::self_tests());
     tests.extend(beams::self_test::self_tests());
     tests.extend(mpc::self_test::self_tests());
+    tests.extend(he::self_test::self_tests());
     // Last: the kernels' self-tests above ran on our own kernels, before cuBLASLt and
     // cuDNN may take their work.
     tests.push(linalg::self_test::blaslt_check());

@@ -1,5 +1,5 @@
 """Fixtures of the generated-client round trip: a real gpu-ops server on an ephemeral port
-(API keys on, client seeds allowed for deterministic DP noise) and the openapi-python-client
+(API keys on, client seeds allowed for deterministic DP noise, BFV dealer mode) and the openapi-python-client
 package generated from openapi/openapi.json.
 
 GPU_OPS_BIN names the server binary (default target/debug/gpu-ops) and GPU_OPS_CLIENT_DIR
@@ -37,9 +37,10 @@ class ServerProcess:
     """One gpu-ops process: started with the flags the round trip needs, its stderr (JSON
     logs) drained by a thread into a short backlog that failures can show."""
 
-    def __init__(self, data_dir: Path, keys_file: Path):
+    def __init__(self, data_dir: Path, keys_file: Path, flags: tuple[str, ...] = ()):
         self.data_dir = data_dir
         self.keys_file = keys_file
+        self.flags = flags
         self.proc = None
         self.url = None
         self.log = collections.deque(maxlen=200)
@@ -60,6 +61,7 @@ class ServerProcess:
                 "--data-dir", str(self.data_dir),
                 "--api-keys-file", str(self.keys_file),
                 "--dp-allow-client-seed",
+                *self.flags,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -127,12 +129,12 @@ def keys_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def start_server(tmp_path_factory, keys_file):
-    """Starts servers (each on its own data dir unless one is given) and stops them all at
-    the end of the session."""
+    """Starts servers (each on its own data dir unless one is given, with the common flags
+    and `flags`) and stops them all at the end of the session."""
     started = []
 
-    def start(data_dir: Path | None = None) -> ServerProcess:
-        server = ServerProcess(data_dir or tmp_path_factory.mktemp("data"), keys_file)
+    def start(data_dir: Path | None = None, flags: tuple[str, ...] = ()) -> ServerProcess:
+        server = ServerProcess(data_dir or tmp_path_factory.mktemp("data"), keys_file, flags)
         started.append(server)
         return server.start()
 
@@ -143,6 +145,13 @@ def start_server(tmp_path_factory, keys_file):
 
 @pytest.fixture(scope="session")
 def server(start_server) -> ServerProcess:
+    """The server most round trips use: a dealer for BFV keys and decryption too."""
+    return start_server(flags=("--he-dealer-mode",))
+
+
+@pytest.fixture(scope="session")
+def no_dealer(start_server) -> ServerProcess:
+    """A server as deployed: no BFV keys or decryption."""
     return start_server()
 
 

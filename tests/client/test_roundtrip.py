@@ -58,6 +58,7 @@ try:
         embedding_table_lookup,
         embeddings_sinusoidal,
     )
+    from gpu_ops_client.api.he import he_aggregate, he_decrypt, he_encrypt, he_keys
     from gpu_ops_client.api.linalg import matmul
     from gpu_ops_client.api.mpc import shamir_combine, shamir_split, shamir_verify
     from gpu_ops_client.api.secagg import (
@@ -93,6 +94,14 @@ try:
     )
     from gpu_ops_client.models import (
         AffinePointDoc,
+        HeAggregateRequest,
+        HeCiphertextResponse,
+        HeDecryptRequest,
+        HeDecryptResponse,
+        HeEncryptRequest,
+        HeKeysRequest,
+        HeKeysResponse,
+        ParameterSet,
         ShamirCombineRequest,
         ShamirCombineResponse,
         ShamirSplitRequest,
@@ -435,6 +444,12 @@ class Ctx:
     @property
     def secagg(self) -> "WaitingRound":
         return self._request.getfixturevalue("secagg_waiting")
+
+    @property
+    def no_dealer(self):
+        """A client of a server without --he-dealer-mode."""
+        server = self._request.getfixturevalue("no_dealer")
+        return self._request.getfixturevalue("connect")(server.url)
 
 
 @pytest.fixture
@@ -925,6 +940,70 @@ def refuse_secagg_unmask(c: Ctx):  # r itself is not a canonical scalar
     share = RevealedShareIn(owner=2, secret=Secret.SELF_MASK, share=sa.b64(sa.R.to_bytes(32, "little")))
     return secagg_unmask.sync_detailed(w.coordinator.round_id, client=c.client,
                                        body=UnmaskRequest(shares=[share]), x_secagg_token=w.member.token)
+
+
+# ---------------------------------------------------------------------------------------
+# he: BFV ciphertext aggregation (the server under test is a dealer).
+
+HE_T = 65537  # every set's plaintext modulus
+HE_SET = ParameterSet.BFV128_N4096
+
+
+@pytest.fixture(scope="module")
+def he_keys_4096(client) -> HeKeysResponse:
+    return ok(he_keys.sync_detailed(client=client, body=HeKeysRequest(parameters=HE_SET)),
+              200, HeKeysResponse)
+
+
+def he_encrypt_values(client, keys: HeKeysResponse, values: list[int]) -> str:
+    body = HeEncryptRequest(parameters=HE_SET, public_key=keys.public_key, values=values)
+    return ok(he_encrypt.sync_detailed(client=client, body=body), 200, HeCiphertextResponse).ciphertext
+
+
+@roundtrip("he_keys")
+def test_he_keys(he_keys_4096):
+    k = he_keys_4096
+    assert (k.parameters, k.slots, k.plaintext_modulus) == (HE_SET, 4096, HE_T)
+    assert len(base64.b64decode(k.public_key)) > len(base64.b64decode(k.secret_key)) > 4096
+
+
+@roundtrip("he_encrypt", "he_aggregate", "he_decrypt")
+def test_he_weighted_sum_decrypts_to_the_slot_sums(client, he_keys_4096):
+    rng = random.Random(20)
+    rows = [[rng.randrange(HE_T) for _ in range(50)] for _ in range(3)]
+    cts = [he_encrypt_values(client, he_keys_4096, row) for row in rows]
+    weights = [1, 7, HE_T - 1]
+    body = HeAggregateRequest(parameters=HE_SET, ciphertexts=cts, weights=weights)
+    total = ok(he_aggregate.sync_detailed(client=client, body=body), 200, HeCiphertextResponse)
+    assert total.parameters == HE_SET
+    body = HeDecryptRequest(parameters=HE_SET, secret_key=he_keys_4096.secret_key,
+                            ciphertext=total.ciphertext)
+    out = ok(he_decrypt.sync_detailed(client=client, body=body), 200, HeDecryptResponse)
+    want = [sum(w * row[i] for w, row in zip(weights, rows)) % HE_T for i in range(50)]
+    assert out.values == want + [0] * (4096 - 50)
+
+
+@refusal("he_keys", 403, "he_dealer_mode_off")
+def refuse_he_keys(c: Ctx):
+    return he_keys.sync_detailed(client=c.no_dealer, body=HeKeysRequest(parameters=HE_SET))
+
+
+@refusal("he_encrypt", 422, "invalid_parameter", "/values/1")
+def refuse_he_encrypt(c: Ctx):  # a slot value is taken mod t: HE_T itself is out of range
+    body = HeEncryptRequest(parameters=HE_SET, public_key="AAAA", values=[1, HE_T])
+    return he_encrypt.sync_detailed(client=c.client, body=body)
+
+
+@refusal("he_aggregate", 422, "invalid_ciphertext", "/ciphertexts/0")
+def refuse_he_aggregate(c: Ctx):  # three bytes are no ciphertext
+    body = HeAggregateRequest(parameters=HE_SET, ciphertexts=["AAAA"])
+    return he_aggregate.sync_detailed(client=c.client, body=body)
+
+
+@refusal("he_decrypt", 403, "he_dealer_mode_off")
+def refuse_he_decrypt(c: Ctx):
+    body = HeDecryptRequest(parameters=HE_SET, secret_key="AAAA", ciphertext="AAAA")
+    return he_decrypt.sync_detailed(client=c.no_dealer, body=body)
 
 
 # ---------------------------------------------------------------------------------------

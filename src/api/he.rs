@@ -1,0 +1,326 @@
+//! `/he/*`: additively homomorphic aggregation of BFV ciphertexts (fhe.rs 0.1.1). The
+//! aggregator sums ciphertexts it cannot read; keys and decryption exist only on servers
+//! started in dealer mode (`--he-dealer-mode`), for tests and demonstrations.
+
+use super::problem::{ErrorCode, Problem};
+use super::{blocking, job_response, job_timeout, AppState};
+use crate::backend::BackendChoice;
+use crate::ops::he::params::PLAINTEXT_MODULUS;
+use crate::ops::he::{CiphertextSumJob, ParameterSet, SumBuilder};
+use axum::extract::State;
+use axum::response::Response;
+use axum::Json;
+use base64::Engine;
+use fhe::bfv::{Ciphertext, Encoding, Plaintext, PublicKey, SecretKey};
+use fhe_traits::{
+    DeserializeParametrized, FheDecoder, FheDecrypter, FheEncoder, FheEncrypter, Serialize as _,
+};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+/// Most ciphertexts one aggregate takes.
+pub const MAX_CIPHERTEXTS: usize = 1024;
+
+fn dealer_only(state: &AppState, what: &str) -> Result<(), Problem> {
+    if state.settings.config.he_dealer_mode {
+        Ok(())
+    } else {
+        Err(Problem::new(
+            ErrorCode::HeDealerModeOff,
+            format!("{what} needs a secret key on the server: only with --he-dealer-mode"),
+        ))
+    }
+}
+
+fn bytes(s: &str, path: &str) -> Result<Vec<u8>, Problem> {
+    B64.decode(s)
+        .map_err(|_| Problem::at(ErrorCode::InvalidParameter, path, "not standard base64"))
+}
+
+/// A ciphertext of `set`, fresh (2 polynomials) at the top level: what the sum takes.
+fn ciphertext(set: ParameterSet, s: &str, path: &str) -> Result<Ciphertext, Problem> {
+    let par = set.parameters();
+    let ct = Ciphertext::from_bytes(&bytes(s, path)?, &par).map_err(|e| {
+        Problem::at(
+            ErrorCode::InvalidCiphertext,
+            path,
+            format!("not a ciphertext of {set:?}: {e}"),
+        )
+    })?;
+    let fresh = ct.len() == 2 && ct.iter().all(|p| p.ctx().moduli() == set.moduli());
+    if !fresh {
+        return Err(Problem::at(
+            ErrorCode::InvalidCiphertext,
+            path,
+            "only ciphertexts of 2 polynomials at the top level (as encrypted) are summed",
+        ));
+    }
+    Ok(ct)
+}
+
+fn values_below_t(values: &[u64], slots: usize, path: &str) -> Result<(), Problem> {
+    if values.is_empty() || values.len() > slots {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            format!("between 1 and {slots} values (the set's slots)"),
+        ));
+    }
+    if let Some(i) = values.iter().position(|&v| v >= PLAINTEXT_MODULUS) {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            format!("{path}/{i}"),
+            format!("slot values live in Z/{PLAINTEXT_MODULUS}: below {PLAINTEXT_MODULUS}"),
+        ));
+    }
+    Ok(())
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeKeysRequest {
+    pub parameters: ParameterSet,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct HeKeysResponse {
+    pub parameters: ParameterSet,
+    pub slots: usize,
+    pub plaintext_modulus: u64,
+    /// fhe.rs's own serialisation, standard base64.
+    pub public_key: String,
+    /// fhe.rs's own serialisation, standard base64. Whoever holds it decrypts everything.
+    pub secret_key: String,
+}
+
+#[utoipa::path(
+    post, path = "/he/keys", tag = "he", operation_id = "he_keys",
+    summary = "A BFV key pair (dealer mode only)",
+    request_body = HeKeysRequest,
+    responses(
+        (status = 200, description = "Keys", body = HeKeysResponse),
+        (status = 403, description = "he_dealer_mode_off"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn he_keys(
+    State(state): State<Arc<AppState>>,
+    super::ApiJson(req): super::ApiJson<HeKeysRequest>,
+) -> Result<Json<HeKeysResponse>, Problem> {
+    dealer_only(&state, "key generation")?;
+    let set = req.parameters;
+    blocking(move || {
+        let par = set.parameters();
+        let mut rng = rand::rng();
+        let sk = SecretKey::random(&par, &mut rng);
+        let pk = PublicKey::new(&sk, &mut rng);
+        Ok(Json(HeKeysResponse {
+            parameters: set,
+            slots: set.degree(),
+            plaintext_modulus: PLAINTEXT_MODULUS,
+            public_key: B64.encode(pk.to_bytes()),
+            secret_key: B64.encode(sk.to_bytes()),
+        }))
+    })
+    .await
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeEncryptRequest {
+    pub parameters: ParameterSet,
+    pub public_key: String,
+    /// Slot values, each below the plaintext modulus; at most the set's slots (the rest
+    /// are 0).
+    pub values: Vec<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct HeCiphertextResponse {
+    pub parameters: ParameterSet,
+    pub ciphertext: String,
+}
+
+#[utoipa::path(
+    post, path = "/he/encrypt", tag = "he", operation_id = "he_encrypt",
+    summary = "Encrypt slot values under a public key (the server sees them)",
+    request_body = HeEncryptRequest,
+    responses(
+        (status = 200, description = "The ciphertext", body = HeCiphertextResponse),
+        (status = 422, description = "invalid_parameter"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn he_encrypt(
+    State(_state): State<Arc<AppState>>,
+    super::ApiJson(req): super::ApiJson<HeEncryptRequest>,
+) -> Result<Json<HeCiphertextResponse>, Problem> {
+    let set = req.parameters;
+    values_below_t(&req.values, set.degree(), "/values")?;
+    blocking(move || {
+        let par = set.parameters();
+        let pk =
+            PublicKey::from_bytes(&bytes(&req.public_key, "/public_key")?, &par).map_err(|e| {
+                Problem::at(
+                    ErrorCode::InvalidParameter,
+                    "/public_key",
+                    format!("not a public key of {set:?}: {e}"),
+                )
+            })?;
+        let pt = Plaintext::try_encode(&req.values, Encoding::simd(), &par)
+            .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+        let ct = pk
+            .try_encrypt(&pt, &mut rand::rng())
+            .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+        Ok(Json(HeCiphertextResponse {
+            parameters: set,
+            ciphertext: B64.encode(ct.to_bytes()),
+        }))
+    })
+    .await
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeAggregateRequest {
+    pub parameters: ParameterSet,
+    #[schema(max_items = 1024)]
+    pub ciphertexts: Vec<String>,
+    /// One plaintext scalar per ciphertext (below the plaintext modulus); slot sums are
+    /// Σ w·m mod 65537.
+    pub weights: Option<Vec<u64>>,
+    #[serde(default)]
+    pub backend: BackendChoice,
+    pub timeout_ms: Option<u64>,
+}
+
+#[utoipa::path(
+    post, path = "/he/aggregate", tag = "he", operation_id = "he_aggregate",
+    summary = "Sum ciphertexts without any key",
+    request_body = HeAggregateRequest,
+    responses(
+        (status = 200, description = "The sum", body = HeCiphertextResponse),
+        (status = 422, description = "invalid_ciphertext, invalid_parameter"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn he_aggregate(
+    State(state): State<Arc<AppState>>,
+    super::ApiJson(req): super::ApiJson<HeAggregateRequest>,
+) -> Result<Response, Problem> {
+    let timeout = job_timeout(req.timeout_ms)?;
+    let set = req.parameters;
+    if req.ciphertexts.is_empty() || req.ciphertexts.len() > MAX_CIPHERTEXTS {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/ciphertexts",
+            format!("between 1 and {MAX_CIPHERTEXTS} ciphertexts"),
+        ));
+    }
+    if let Some(w) = &req.weights {
+        if w.len() != req.ciphertexts.len() {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/weights",
+                "one weight per ciphertext",
+            ));
+        }
+        if let Some(i) = w.iter().position(|&v| v >= PLAINTEXT_MODULUS) {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                format!("/weights/{i}"),
+                format!("below the plaintext modulus {PLAINTEXT_MODULUS}"),
+            ));
+        }
+    }
+    let weights = req.weights.clone();
+    let job = blocking(move || {
+        // One ciphertext decoded at a time, its base64 dropped once laid out.
+        let mut sum = SumBuilder::new(&set.parameters(), req.ciphertexts.len());
+        for (i, text) in req.ciphertexts.into_iter().enumerate() {
+            let path = format!("/ciphertexts/{i}");
+            sum.push(ciphertext(set, &text, &path)?)
+                .map_err(|e| Problem::at(ErrorCode::InvalidCiphertext, path, e.to_string()))?;
+        }
+        Ok(sum.finish(weights))
+    })
+    .await?;
+    let count = job.count();
+    let done = state.pool.submit(job, req.backend, timeout).await?;
+    let run = done.run;
+    state
+        .metrics
+        .he_ciphertexts
+        .with_label_values(&[set.name()])
+        .inc_by(count as u64);
+    let body = blocking(move || {
+        let par = set.parameters();
+        let ct = CiphertextSumJob::to_ciphertext(&done.output, &par)
+            .map_err(|e| Problem::new(ErrorCode::Internal, e))?;
+        serde_json::to_vec(&HeCiphertextResponse {
+            parameters: set,
+            ciphertext: B64.encode(ct.to_bytes()),
+        })
+        .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))
+    })
+    .await?;
+    Ok(job_response(body, &run))
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeDecryptRequest {
+    pub parameters: ParameterSet,
+    pub secret_key: String,
+    pub ciphertext: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct HeDecryptResponse {
+    pub parameters: ParameterSet,
+    /// Every slot, mod the plaintext modulus.
+    pub values: Vec<u64>,
+}
+
+#[utoipa::path(
+    post, path = "/he/decrypt", tag = "he", operation_id = "he_decrypt",
+    summary = "Decrypt with a secret key given to the server (dealer mode only)",
+    request_body = HeDecryptRequest,
+    responses(
+        (status = 200, description = "The slots", body = HeDecryptResponse),
+        (status = 403, description = "he_dealer_mode_off"),
+        (status = 422, description = "invalid_ciphertext, invalid_parameter"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn he_decrypt(
+    State(state): State<Arc<AppState>>,
+    super::ApiJson(req): super::ApiJson<HeDecryptRequest>,
+) -> Result<Json<HeDecryptResponse>, Problem> {
+    dealer_only(&state, "decryption")?;
+    let set = req.parameters;
+    blocking(move || {
+        let par = set.parameters();
+        let sk =
+            SecretKey::from_bytes(&bytes(&req.secret_key, "/secret_key")?, &par).map_err(|e| {
+                Problem::at(
+                    ErrorCode::InvalidParameter,
+                    "/secret_key",
+                    format!("not a secret key of {set:?}: {e}"),
+                )
+            })?;
+        let ct = ciphertext(set, &req.ciphertext, "/ciphertext")?;
+        let pt = sk
+            .try_decrypt(&ct)
+            .map_err(|e| Problem::at(ErrorCode::InvalidCiphertext, "/ciphertext", e.to_string()))?;
+        let values = Vec::<u64>::try_decode(&pt, Encoding::simd())
+            .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+        Ok(Json(HeDecryptResponse {
+            parameters: set,
+            values,
+        }))
+    })
+    .await
+}

@@ -1,0 +1,13 @@
+//! Additively homomorphic aggregation of BFV ciphertexts (fhe.rs): the parameter sets,
+//! and the sum of many ciphertexts (optionally weighted by small plaintext scalars) as
+//! per-residue modular arithmetic on the GPU, with the crate's own arithmetic as its CPU
+//! twin's reference.
+
+mod gpu;
+pub mod params;
+pub(crate) mod self_test;
+pub mod sum;
+
+pub use gpu::{kernel_module, run_sum_cuda};
+pub use params::ParameterSet;
+pub use sum::{CiphertextSumJob, SumBuilder, SumShape};

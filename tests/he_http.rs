@@ -1,0 +1,287 @@
+//! BFV ciphertext aggregation over HTTP: keys and decryption in dealer mode only, sums
+//! (plain and weighted) that decrypt to the slot sums mod t, and each refusal.
+
+mod common;
+
+use common::{problem, TestServer};
+use serde_json::{json, Value};
+
+async fn post(s: &TestServer, path: &str, body: Value) -> Value {
+    let res = s.post(path, body).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{path}");
+    res.json().await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sums_of_ciphertexts_decrypt_to_the_slot_sums() {
+    let s = TestServer::start(&["--he-dealer-mode"]).await;
+    let set = "bfv128_n4096";
+    let keys = post(&s, "/he/keys", json!({"parameters": set})).await;
+    assert_eq!(keys["slots"], 4096);
+    let values: Vec<Vec<u64>> = (0..4u64)
+        .map(|k| (0..100u64).map(|i| (i * 37 + k * 1000) % 65537).collect())
+        .collect();
+    let mut cts = Vec::new();
+    for v in &values {
+        let ct = post(
+            &s,
+            "/he/encrypt",
+            json!({"parameters": set, "public_key": keys["public_key"], "values": v}),
+        )
+        .await;
+        cts.push(ct["ciphertext"].clone());
+    }
+    for weights in [None, Some(vec![1u64, 2, 65536, 9])] {
+        let mut body = json!({"parameters": set, "ciphertexts": cts});
+        if let Some(w) = &weights {
+            body["weights"] = json!(w);
+        }
+        let sum = post(&s, "/he/aggregate", body).await;
+        let out = post(&s, "/he/decrypt", json!({"parameters": set, "secret_key": keys["secret_key"], "ciphertext": sum["ciphertext"]})).await;
+        let got: Vec<u64> = serde_json::from_value(out["values"].clone()).unwrap();
+        assert_eq!(got.len(), 4096);
+        for (i, &slot) in got.iter().enumerate() {
+            let want = (0..4)
+                .map(|k| {
+                    weights.as_ref().map_or(1, |w| w[k]) * values[k].get(i).copied().unwrap_or(0)
+                })
+                .sum::<u64>()
+                % 65537;
+            assert_eq!(slot, want, "slot {i}, weights {weights:?}");
+        }
+    }
+    let res = s
+        .post(
+            "/he/aggregate",
+            json!({"parameters": set, "ciphertexts": [cts[0], "AAAA"]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_ciphertext").await["errors"][0]["path"],
+        "/ciphertexts/1"
+    );
+    let res = s
+        .post(
+            "/he/aggregate",
+            json!({"parameters": "bfv128_n8192", "ciphertexts": [cts[0]]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_ciphertext").await["errors"][0]["path"],
+        "/ciphertexts/0"
+    );
+    let res = s
+        .post(
+            "/he/aggregate",
+            json!({"parameters": set, "ciphertexts": cts, "weights": [1]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/weights"
+    );
+    let res = s
+        .post(
+            "/he/encrypt",
+            json!({"parameters": set, "public_key": keys["public_key"], "values": [65537]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/values/0"
+    );
+}
+
+#[tokio::test]
+async fn keys_and_decryption_need_dealer_mode() {
+    let s = TestServer::start(&[]).await;
+    let res = s
+        .post("/he/keys", json!({"parameters": "bfv128_n4096"}))
+        .send()
+        .await
+        .unwrap();
+    problem(res, 403, "he_dealer_mode_off").await;
+    let res = s
+        .post(
+            "/he/decrypt",
+            json!({"parameters": "bfv128_n4096", "secret_key": "", "ciphertext": ""}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 403, "he_dealer_mode_off").await;
+}
+
+/// Every refusal of the four routes, each with its code and the path of the bad field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refusal_names_its_field() {
+    use base64::engine::general_purpose::STANDARD as B64;
+    use base64::Engine;
+    use fhe::bfv::{Encoding, Plaintext, PublicKey, SecretKey};
+    use fhe_traits::{FheEncoder, FheEncrypter, Serialize};
+    let s = TestServer::start(&["--he-dealer-mode", "--max-body-bytes", "1000000"]).await;
+    let set = gpu_ops::ops::he::ParameterSet::Bfv128N4096;
+    let par = set.parameters();
+    let mut rng = rand::rng();
+    let sk = SecretKey::random(&par, &mut rng);
+    let pk = PublicKey::new(&sk, &mut rng);
+    let pt = Plaintext::try_encode(&[5u64, 6], Encoding::simd(), &par).unwrap();
+    let ct = pk.try_encrypt(&pt, &mut rng).unwrap();
+    let good = B64.encode(ct.to_bytes());
+    // A product of two ciphertexts has 3 polynomials until relinearised: not summed here.
+    let product = B64.encode((&ct * &ct).to_bytes());
+    let (pk, sk) = (B64.encode(pk.to_bytes()), B64.encode(sk.to_bytes()));
+    let name = set.name();
+    let too_many = vec!["AAAA"; 1025];
+    let garbage = B64.encode([0xffu8; 64]);
+    let cases: Vec<(&str, Value, u16, &str, &str)> = vec![
+        (
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": []}),
+            422,
+            "invalid_parameter",
+            "/ciphertexts",
+        ),
+        (
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": too_many}),
+            422,
+            "invalid_parameter",
+            "/ciphertexts",
+        ),
+        (
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": [good, "%%"]}),
+            422,
+            "invalid_parameter",
+            "/ciphertexts/1",
+        ),
+        (
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": [good, product]}),
+            422,
+            "invalid_ciphertext",
+            "/ciphertexts/1",
+        ),
+        (
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": [good], "weights": [65537]}),
+            422,
+            "invalid_parameter",
+            "/weights/0",
+        ),
+        (
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": [good], "timeout_ms": 0}),
+            422,
+            "invalid_parameter",
+            "/timeout_ms",
+        ),
+        (
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": [good], "backend": "cuda"}),
+            503,
+            "device_unavailable",
+            "",
+        ),
+        (
+            "/he/aggregate",
+            json!({"parameters": "bfv128_n2048", "ciphertexts": [good]}),
+            422,
+            "invalid_request",
+            "/parameters",
+        ),
+        (
+            "/he/encrypt",
+            json!({"parameters": name, "public_key": pk, "values": []}),
+            422,
+            "invalid_parameter",
+            "/values",
+        ),
+        (
+            "/he/encrypt",
+            json!({"parameters": name, "public_key": pk, "values": vec![1; 4097]}),
+            422,
+            "invalid_parameter",
+            "/values",
+        ),
+        (
+            "/he/encrypt",
+            json!({"parameters": name, "public_key": garbage, "values": [1]}),
+            422,
+            "invalid_parameter",
+            "/public_key",
+        ),
+        (
+            "/he/encrypt",
+            json!({"parameters": "bfv128_n8192", "public_key": pk, "values": [1]}),
+            422,
+            "invalid_parameter",
+            "/public_key",
+        ),
+        (
+            "/he/decrypt",
+            json!({"parameters": name, "secret_key": garbage, "ciphertext": good}),
+            422,
+            "invalid_parameter",
+            "/secret_key",
+        ),
+        (
+            "/he/decrypt",
+            json!({"parameters": name, "secret_key": sk, "ciphertext": product}),
+            422,
+            "invalid_ciphertext",
+            "/ciphertext",
+        ),
+        (
+            "/he/decrypt",
+            json!({"parameters": name, "secret_key": sk, "ciphertext": good, "extra": 1}),
+            422,
+            "invalid_request",
+            "",
+        ),
+        ("/he/keys", json!({}), 422, "invalid_request", ""),
+    ];
+    for (route, body, status, code, path) in cases {
+        let res = s.post(route, body.clone()).send().await.unwrap();
+        let p = problem(res, status, code).await;
+        if !path.is_empty() {
+            assert_eq!(p["errors"][0]["path"], path, "{route} {code}");
+        }
+    }
+    // Past --max-body-bytes: nine ciphertexts of 150 KB in base64.
+    let res = s
+        .post(
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": vec![good.clone(); 9]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    problem(res, 413, "payload_too_large").await;
+    // Still serving, and the good ciphertext decrypts.
+    let sum = post(
+        &s,
+        "/he/aggregate",
+        json!({"parameters": name, "ciphertexts": [good]}),
+    )
+    .await;
+    let out = post(
+        &s,
+        "/he/decrypt",
+        json!({"parameters": name, "secret_key": sk, "ciphertext": sum["ciphertext"]}),
+    )
+    .await;
+    assert_eq!(
+        out["values"].as_array().unwrap()[..3],
+        [json!(5), json!(6), json!(0)]
+    );
+}
