@@ -138,11 +138,45 @@ async fn every_refusal_names_its_field() {
     let good = B64.encode(ct.to_bytes());
     // A product of two ciphertexts has 3 polynomials until relinearised: not summed here.
     let product = B64.encode((&ct * &ct).to_bytes());
+    // The same bytes with the first polynomial's representation (the first field of the
+    // crate's `Rq` message: 08 02 for NTT, then degree 4096 and the coefficients) said to
+    // be the power basis. fhe.rs decodes it; its arithmetic would assert or add garbage.
+    let power_basis = |mut bytes: Vec<u8>| {
+        let at = bytes
+            .windows(6)
+            .position(|w| w == [0x08, 0x02, 0x10, 0x80, 0x20, 0x1a])
+            .expect("an Rq message");
+        bytes[at + 1] = 0x01;
+        B64.encode(bytes)
+    };
+    let not_ntt = power_basis(ct.to_bytes());
+    let pk_not_ntt = power_basis(pk.to_bytes());
     let (pk, sk) = (B64.encode(pk.to_bytes()), B64.encode(sk.to_bytes()));
     let name = set.name();
     let too_many = vec!["AAAA"; 1025];
     let garbage = B64.encode([0xffu8; 64]);
     let cases: Vec<(&str, Value, u16, &str, &str)> = vec![
+        (
+            "/he/aggregate",
+            json!({"parameters": name, "ciphertexts": [good, not_ntt]}),
+            422,
+            "invalid_ciphertext",
+            "/ciphertexts/1",
+        ),
+        (
+            "/he/encrypt",
+            json!({"parameters": name, "public_key": pk_not_ntt, "values": [1]}),
+            422,
+            "invalid_parameter",
+            "/public_key",
+        ),
+        (
+            "/he/decrypt",
+            json!({"parameters": name, "secret_key": sk, "ciphertext": not_ntt}),
+            422,
+            "invalid_ciphertext",
+            "/ciphertext",
+        ),
         (
             "/he/aggregate",
             json!({"parameters": name, "ciphertexts": []}),

@@ -6,7 +6,7 @@ use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::he::params::PLAINTEXT_MODULUS;
-use crate::ops::he::{CiphertextSumJob, ParameterSet, SumBuilder};
+use crate::ops::he::{check_fresh, CiphertextSumJob, ParameterSet, SumBuilder};
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
@@ -49,15 +49,22 @@ fn ciphertext(set: ParameterSet, s: &str, path: &str) -> Result<Ciphertext, Prob
             format!("not a ciphertext of {set:?}: {e}"),
         )
     })?;
-    let fresh = ct.len() == 2 && ct.iter().all(|p| p.ctx().moduli() == set.moduli());
-    if !fresh {
-        return Err(Problem::at(
-            ErrorCode::InvalidCiphertext,
-            path,
-            "only ciphertexts of 2 polynomials at the top level (as encrypted) are summed",
-        ));
-    }
+    check_fresh(&ct, set.moduli(), set.degree())
+        .map_err(|e| Problem::at(ErrorCode::InvalidCiphertext, path, e.to_string()))?;
     Ok(ct)
+}
+
+/// Runs fhe.rs on decoded input the crate accepted but may still assert on (a key's
+/// polynomials are private to the crate, so their form cannot be checked beforehand): a
+/// panic there is the input's fault, 422 at `path`, not the server's.
+fn crate_call<T>(code: ErrorCode, path: &str, f: impl FnOnce() -> T) -> Result<T, Problem> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|_| {
+        Problem::at(
+            code,
+            path,
+            "fhe.rs refused it: not in the form its own encoder produces",
+        )
+    })
 }
 
 fn values_below_t(values: &[u64], slots: usize, path: &str) -> Result<(), Problem> {
@@ -171,9 +178,10 @@ pub async fn he_encrypt(
             })?;
         let pt = Plaintext::try_encode(&req.values, Encoding::simd(), &par)
             .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
-        let ct = pk
-            .try_encrypt(&pt, &mut rand::rng())
-            .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
+        let ct = crate_call(ErrorCode::InvalidParameter, "/public_key", || {
+            pk.try_encrypt(&pt, &mut rand::rng())
+        })?
+        .map_err(|e| Problem::at(ErrorCode::InvalidParameter, "/public_key", e.to_string()))?;
         Ok(Json(HeCiphertextResponse {
             parameters: set,
             ciphertext: B64.encode(ct.to_bytes()),
@@ -312,9 +320,10 @@ pub async fn he_decrypt(
                 )
             })?;
         let ct = ciphertext(set, &req.ciphertext, "/ciphertext")?;
-        let pt = sk
-            .try_decrypt(&ct)
-            .map_err(|e| Problem::at(ErrorCode::InvalidCiphertext, "/ciphertext", e.to_string()))?;
+        let pt = crate_call(ErrorCode::InvalidParameter, "/secret_key", || {
+            sk.try_decrypt(&ct)
+        })?
+        .map_err(|e| Problem::at(ErrorCode::InvalidCiphertext, "/ciphertext", e.to_string()))?;
         let values = Vec::<u64>::try_decode(&pt, Encoding::simd())
             .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
         Ok(Json(HeDecryptResponse {

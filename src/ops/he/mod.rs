@@ -10,4 +10,4 @@ pub mod sum;
 
 pub use gpu::{kernel_module, run_sum_cuda};
 pub use params::ParameterSet;
-pub use sum::{CiphertextSumJob, SumBuilder, SumShape};
+pub use sum::{check_fresh, CiphertextSumJob, SumBuilder, Unfit};

@@ -9,15 +9,46 @@ use fhe_math::rq::{traits::TryConvertFrom, Poly, Representation};
 use rayon::prelude::*;
 use std::sync::Arc;
 
-/// Why ciphertexts cannot be summed; `index` is the ciphertext's place in the request.
+/// Why a decoded ciphertext is not one the sum (or decryption) takes. fhe.rs's decoder
+/// accepts any representation and any residue the bit width allows; its arithmetic then
+/// asserts (a panic) or computes garbage, so these are checked first.
 #[derive(Debug, thiserror::Error, PartialEq)]
-pub enum SumShape {
-    #[error("ciphertext {index} has {found} polynomials: only fresh (2-polynomial) ciphertexts at the top level are summed")]
-    NotFresh { index: usize, found: usize },
-    /// The kernel and the twin add residues below q without a wider type: a residue at or
-    /// above its modulus (which the crate's decoder does not rule out) is refused.
-    #[error("ciphertext {index} has a residue at or above its modulus")]
-    NotCanonical { index: usize },
+pub enum Unfit {
+    #[error("{0} polynomials: only fresh (2-polynomial) ciphertexts are taken")]
+    Polynomials(usize),
+    #[error("not at the top level of its parameter set (all its moduli)")]
+    Level,
+    #[error("a polynomial not in NTT form, as encryption leaves it")]
+    NotNtt,
+    #[error("a residue at or above its modulus")]
+    NotCanonical,
+}
+
+/// A fresh ciphertext of the set with `moduli` and degree n: 2 polynomials at the top
+/// level, in NTT form, coefficients in standard layout, every residue below its modulus
+/// (the kernel and the twin add residues below q without a wider type).
+pub fn check_fresh(ct: &Ciphertext, moduli: &[u64], degree: usize) -> Result<(), Unfit> {
+    if ct.len() != 2 {
+        return Err(Unfit::Polynomials(ct.len()));
+    }
+    for poly in ct.iter() {
+        if poly.ctx().moduli() != moduli {
+            return Err(Unfit::Level);
+        }
+        if *poly.representation() != Representation::Ntt {
+            return Err(Unfit::NotNtt);
+        }
+        let coefficients = poly.coefficients();
+        let Some(all) = coefficients.to_slice() else {
+            return Err(Unfit::NotNtt);
+        };
+        for (row, &q) in all.chunks_exact(degree).zip(moduli) {
+            if row.iter().any(|&x| x >= q) {
+                return Err(Unfit::NotCanonical);
+            }
+        }
+    }
+    Ok(())
 }
 
 pub struct CiphertextSumJob {
@@ -50,25 +81,8 @@ impl SumBuilder {
 
     /// Takes a fresh ciphertext (2 polynomials in NTT form at the top level, every
     /// residue below its modulus), decoded with the set's `Arc`.
-    pub fn push(&mut self, ct: Ciphertext) -> Result<(), SumShape> {
-        let index = self.cts.len();
-        if ct.len() != 2 || ct.iter().any(|p| p.ctx().moduli() != self.moduli) {
-            return Err(SumShape::NotFresh {
-                index,
-                found: ct.len(),
-            });
-        }
-        let n = self.degree;
-        for poly in ct.iter() {
-            let Some(all) = poly.coefficients().to_slice() else {
-                return Err(SumShape::NotFresh { index, found: 2 });
-            };
-            for (row, &q) in all.chunks_exact(n).zip(&self.moduli) {
-                if row.iter().any(|&x| x >= q) {
-                    return Err(SumShape::NotCanonical { index });
-                }
-            }
-        }
+    pub fn push(&mut self, ct: Ciphertext) -> Result<(), Unfit> {
+        check_fresh(&ct, &self.moduli, self.degree)?;
         self.cts.push(ct);
         Ok(())
     }
@@ -90,7 +104,7 @@ impl CiphertextSumJob {
         params: &BfvParameters,
         cts: Vec<Ciphertext>,
         weights: Option<Vec<u64>>,
-    ) -> Result<Self, SumShape> {
+    ) -> Result<Self, Unfit> {
         let mut sum = SumBuilder::new(params, cts.len());
         for ct in cts {
             sum.push(ct)?;
@@ -197,7 +211,7 @@ impl Job for CiphertextSumJob {
         self.size() * 8
     }
 
-    /// A few million residues: 16 ciphertexts at n = 16384.
+    /// A few million residues: 15 ciphertexts at n = 16384.
     fn gpu_threshold(&self) -> usize {
         1 << 22
     }
@@ -344,7 +358,7 @@ mod tests {
         let bad = Ciphertext::new(vec![good[0].clone(), bad_poly], &par).unwrap();
         assert_eq!(
             CiphertextSumJob::new(&par, vec![good, bad], None).err(),
-            Some(SumShape::NotCanonical { index: 1 })
+            Some(Unfit::NotCanonical)
         );
     }
 
