@@ -6,7 +6,7 @@ use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::he::params::PLAINTEXT_MODULUS;
-use crate::ops::he::{check_fresh, CiphertextSumJob, ParameterSet, SumBuilder};
+use crate::ops::he::{check_fresh, CiphertextSumJob, ParameterSet, SumBuilder, Unfit};
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
@@ -39,19 +39,20 @@ fn bytes(s: &str, path: &str) -> Result<Vec<u8>, Problem> {
         .map_err(|_| Problem::at(ErrorCode::InvalidParameter, path, "not standard base64"))
 }
 
-/// A ciphertext of `set`, fresh (2 polynomials) at the top level: what the sum takes.
-fn ciphertext(set: ParameterSet, s: &str, path: &str) -> Result<Ciphertext, Problem> {
-    let par = set.parameters();
-    let ct = Ciphertext::from_bytes(&bytes(s, path)?, &par).map_err(|e| {
+/// A ciphertext of `set` as fhe.rs decodes it, not yet checked for form (`check_fresh`,
+/// or `SumBuilder::push`, which runs it).
+fn decode_ciphertext(set: ParameterSet, s: &str, path: &str) -> Result<Ciphertext, Problem> {
+    Ciphertext::from_bytes(&bytes(s, path)?, &set.parameters()).map_err(|e| {
         Problem::at(
             ErrorCode::InvalidCiphertext,
             path,
             format!("not a ciphertext of {set:?}: {e}"),
         )
-    })?;
-    check_fresh(&ct, set.moduli(), set.degree())
-        .map_err(|e| Problem::at(ErrorCode::InvalidCiphertext, path, e.to_string()))?;
-    Ok(ct)
+    })
+}
+
+fn unfit(path: &str) -> impl FnOnce(Unfit) -> Problem + '_ {
+    move |e| Problem::at(ErrorCode::InvalidCiphertext, path, e.to_string())
 }
 
 /// Runs fhe.rs on decoded input the crate accepted but may still assert on (a key's
@@ -75,14 +76,19 @@ fn values_below_t(values: &[u64], slots: usize, path: &str) -> Result<(), Proble
             format!("between 1 and {slots} values (the set's slots)"),
         ));
     }
-    if let Some(i) = values.iter().position(|&v| v >= PLAINTEXT_MODULUS) {
-        return Err(Problem::at(
+    below_t(values, path)
+}
+
+/// Slot values and weights live in Z/t: each below t, else 422 at the first that is not.
+fn below_t(values: &[u64], path: &str) -> Result<(), Problem> {
+    match values.iter().position(|&v| v >= PLAINTEXT_MODULUS) {
+        Some(i) => Err(Problem::at(
             ErrorCode::InvalidParameter,
             format!("{path}/{i}"),
-            format!("slot values live in Z/{PLAINTEXT_MODULUS}: below {PLAINTEXT_MODULUS}"),
-        ));
+            format!("below the plaintext modulus {PLAINTEXT_MODULUS}"),
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -235,13 +241,7 @@ pub async fn he_aggregate(
                 "one weight per ciphertext",
             ));
         }
-        if let Some(i) = w.iter().position(|&v| v >= PLAINTEXT_MODULUS) {
-            return Err(Problem::at(
-                ErrorCode::InvalidParameter,
-                format!("/weights/{i}"),
-                format!("below the plaintext modulus {PLAINTEXT_MODULUS}"),
-            ));
-        }
+        below_t(w, "/weights")?;
     }
     let weights = req.weights.clone();
     let job = blocking(move || {
@@ -249,8 +249,8 @@ pub async fn he_aggregate(
         let mut sum = SumBuilder::new(&set.parameters(), req.ciphertexts.len());
         for (i, text) in req.ciphertexts.into_iter().enumerate() {
             let path = format!("/ciphertexts/{i}");
-            sum.push(ciphertext(set, &text, &path)?)
-                .map_err(|e| Problem::at(ErrorCode::InvalidCiphertext, path, e.to_string()))?;
+            sum.push(decode_ciphertext(set, &text, &path)?)
+                .map_err(unfit(&path))?;
         }
         Ok(sum.finish(weights))
     })
@@ -319,7 +319,8 @@ pub async fn he_decrypt(
                     format!("not a secret key of {set:?}: {e}"),
                 )
             })?;
-        let ct = ciphertext(set, &req.ciphertext, "/ciphertext")?;
+        let ct = decode_ciphertext(set, &req.ciphertext, "/ciphertext")?;
+        check_fresh(&ct, set.moduli(), set.degree()).map_err(unfit("/ciphertext"))?;
         let pt = crate_call(ErrorCode::InvalidParameter, "/secret_key", || {
             sk.try_decrypt(&ct)
         })?
