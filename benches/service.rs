@@ -4,7 +4,6 @@
 
 mod common;
 
-use ark_bn254::Fr;
 use ark_ff::{BigInt, Fp256, MontBackend, MontConfig};
 use base64::Engine;
 use common::{env, median, ms, time};
@@ -40,6 +39,31 @@ fn arkworks_loop<C: MontConfig<4>>(
     })
 }
 
+/// `op` over Plonky3 field elements (what a Plonky3 user holds; BabyBear's in Montgomery
+/// form), on the pool.
+fn plonky3_loop<W: Sync, F: p3_field::Field>(
+    cpu: &gpu_ops::backend::CpuExecutor,
+    op: FieldOp,
+    x: &[W],
+    y: &[W],
+    from: impl Fn(&W) -> F,
+) -> Duration {
+    let xf: Vec<F> = x.iter().map(&from).collect();
+    let yf: Vec<F> = y.iter().map(&from).collect();
+    cpu.install(|| {
+        time(9, || {
+            xf.par_iter()
+                .zip(&yf)
+                .map(|(p, q)| match op {
+                    FieldOp::Add => *p + *q,
+                    FieldOp::Sub => *p - *q,
+                    FieldOp::Mul => *p * *q,
+                })
+                .collect::<Vec<F>>()
+        })
+    })
+}
+
 fn main() {
     let n = 1usize << env("BENCH_LOG2", 20);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -67,38 +91,14 @@ fn main() {
                     arkworks_loop::<ark_bls12_381::FrConfig>(&cpu, op, x, y),
                     "arkworks Fr",
                 ),
-                (FieldVec::BabyBear(x), FieldVec::BabyBear(y)) => {
-                    const P: u64 = 2_013_265_921;
-                    let d = cpu.install(|| {
-                        time(9, || {
-                            x.par_iter()
-                                .zip(y)
-                                .map(|(p, q)| match op {
-                                    FieldOp::Add => ((*p as u64 + *q as u64) % P) as u32,
-                                    FieldOp::Sub => ((*p as u64 + P - *q as u64) % P) as u32,
-                                    FieldOp::Mul => ((*p as u64 * *q as u64) % P) as u32,
-                                })
-                                .collect::<Vec<u32>>()
-                        })
-                    });
-                    (d, "u64 loop")
-                }
-                (FieldVec::Goldilocks(x), FieldVec::Goldilocks(y)) => {
-                    const P: u128 = 0xffff_ffff_0000_0001;
-                    let d = cpu.install(|| {
-                        time(9, || {
-                            x.par_iter()
-                                .zip(y)
-                                .map(|(p, q)| match op {
-                                    FieldOp::Add => ((*p as u128 + *q as u128) % P) as u64,
-                                    FieldOp::Sub => ((*p as u128 + P - *q as u128) % P) as u64,
-                                    FieldOp::Mul => ((*p as u128 * *q as u128) % P) as u64,
-                                })
-                                .collect::<Vec<u64>>()
-                        })
-                    });
-                    (d, "u128 loop")
-                }
+                (FieldVec::BabyBear(x), FieldVec::BabyBear(y)) => (
+                    plonky3_loop(&cpu, op, x, y, |v| p3_baby_bear::BabyBear::new(*v)),
+                    "Plonky3 BabyBear",
+                ),
+                (FieldVec::Goldilocks(x), FieldVec::Goldilocks(y)) => (
+                    plonky3_loop(&cpu, op, x, y, |v| p3_goldilocks::Goldilocks::new(*v)),
+                    "Plonky3 Goldilocks",
+                ),
                 _ => unreachable!(),
             };
             println!(
@@ -112,66 +112,11 @@ fn main() {
         }
     }
 
-    ntt(n, &cpu);
-
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(http(n, &cpu));
-}
-
-/// The NTT twin against ark-poly's radix-2 FFT on the same pool (BN254, BLS12-381), and
-/// the small fields' NTT on its own.
-fn ntt(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {
-    use ark_poly::{EvaluationDomain, Radix2EvaluationDomain};
-    use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
-    println!("\n## NTT, n = {n}\n");
-    println!("| field | service NTT | ark-poly FFT (Montgomery form in, out) | ratio |");
-    println!("|---|---|---|---|");
-    for field in Field::ALL {
-        let xs = random_elements(field, n, 9);
-        let v = FieldVec::from_integers(field, &xs).unwrap();
-        let job = NttJob::new(
-            Direction::Forward,
-            v,
-            1,
-            Order::Natural,
-            Order::Natural,
-            None,
-            32,
-        )
-        .unwrap();
-        let service = cpu.install(|| time(5, || job.run_cpu()));
-        let direct = match field {
-            Field::Bn254Fr => {
-                let c: Vec<Fr> = xs.iter().map(|x| Fr::new(BigInt(x.0))).collect();
-                let d = Radix2EvaluationDomain::<Fr>::new(n).unwrap();
-                Some(cpu.install(|| time(5, || d.fft(&c))))
-            }
-            Field::Bls12_381Fr => {
-                use ark_bls12_381::Fr as Fq;
-                let c: Vec<Fq> = xs.iter().map(|x| Fq::new(BigInt(x.0))).collect();
-                let d = Radix2EvaluationDomain::<Fq>::new(n).unwrap();
-                Some(cpu.install(|| time(5, || d.fft(&c))))
-            }
-            _ => None,
-        };
-        match direct {
-            Some(d) => println!(
-                "| {} | {} | {} | {:.2}× |",
-                field.name(),
-                ms(service),
-                ms(d),
-                service.as_secs_f64() / d.as_secs_f64()
-            ),
-            None => println!(
-                "| {} | {} | (no reference library here) | |",
-                field.name(),
-                ms(service)
-            ),
-        }
-    }
 }
 
 async fn http(n: usize, cpu: &gpu_ops::backend::CpuExecutor) {

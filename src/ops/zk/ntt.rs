@@ -1,6 +1,8 @@
 //! Number-theoretic transforms over the four fields: the CPU twin of the `*_ntt_*`
 //! kernels. ω_n = g^((p−1)/n) for the field's standard multiplicative generator g (the
-//! root arkworks' radix-2 domains use), so results agree with `ark-poly`.
+//! root arkworks' radix-2 domains and Plonky3's two-adic generators are), so the twin runs
+//! on those libraries (`library`) and agrees with them bit for bit. `Plan` builds the
+//! kernels' tables and, in tests, is the radix-2 reference the libraries are held to.
 
 use super::field::{Field, FieldVec};
 use super::u256::U256;
@@ -126,7 +128,16 @@ impl NttJob {
         self.values.len() / self.batch
     }
 
+    /// On Plonky3 or ark-poly (`library`): the same elements as the kernels, faster than
+    /// the radix-2 reference below (docs/PERFORMANCE.md).
     pub fn run_cpu(&self) -> FieldVec {
+        library::run(self)
+    }
+
+    /// The radix-2 transform over this module's own arithmetic (the twin before issue 22):
+    /// the independent oracle the library transforms are tested against, and the
+    /// baseline `cargo bench --bench ntt` measures them beside.
+    pub fn run_reference(&self) -> FieldVec {
         match &self.values {
             FieldVec::Bn254Fr(v) => {
                 FieldVec::Bn254Fr(self.run::<Fp<ark_bn254::FrConfig>, _>(v, from_limbs, to_limbs))
@@ -519,6 +530,8 @@ impl Job for NttJob {
         crate::backend::verify::exactly(device, cpu)
     }
 }
+
+mod library;
 
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! Element-wise binary field ops: the CPU implementation, which is the oracle for the
 //! GPU kernels in `kernels/field_ops.cu`.
 
-use super::field::{Field, FieldVec, BABYBEAR_P, GOLDILOCKS_P};
+use super::field::{Field, FieldVec, BABYBEAR_P};
 use crate::backend::{Batchable, DeviceError, DeviceLease, Job};
 use ark_ff::{BigInt, Fp256, MontBackend, MontConfig};
 use rayon::prelude::*;
@@ -121,10 +121,14 @@ impl FieldBinaryJob {
     /// Runs on the current rayon pool.
     pub fn run_cpu(&self) -> FieldVec {
         match (&self.a, &self.b) {
-            (FieldVec::Goldilocks(a), FieldVec::Goldilocks(b)) => {
-                let f = goldilocks_fn(self.op);
-                FieldVec::Goldilocks(zip_broadcast(a, b, |x, y| f(*x, *y)))
-            }
+            (FieldVec::Goldilocks(a), FieldVec::Goldilocks(b)) => FieldVec::Goldilocks(by_op(
+                self.op,
+                a,
+                b,
+                goldilocks::add,
+                goldilocks::sub,
+                goldilocks::mul,
+            )),
             (FieldVec::Bn254Fr(a), FieldVec::Bn254Fr(b)) => {
                 let op = self.op;
                 FieldVec::Bn254Fr(zip_broadcast(a, b, |x, y| {
@@ -137,10 +141,14 @@ impl FieldBinaryJob {
                     fp256_canonical::<ark_bls12_381::FrConfig>(op, x, y)
                 }))
             }
-            (FieldVec::BabyBear(a), FieldVec::BabyBear(b)) => {
-                let f = babybear_fn(self.op);
-                FieldVec::BabyBear(zip_broadcast(a, b, |x, y| f(*x, *y)))
-            }
+            (FieldVec::BabyBear(a), FieldVec::BabyBear(b)) => FieldVec::BabyBear(by_op(
+                self.op,
+                a,
+                b,
+                babybear::add,
+                babybear::sub,
+                babybear::mul,
+            )),
             _ => unreachable!("FieldBinaryJob::new refuses mixed fields"),
         }
     }
@@ -179,11 +187,21 @@ fn fp256_canonical<C: MontConfig<4>>(op: FieldOp, x: &[u64; 4], y: &[u64; 4]) ->
     r.0 .0
 }
 
-fn babybear_fn(op: FieldOp) -> fn(u32, u32) -> u32 {
+/// `zip_broadcast` with the op's function chosen once, outside the loop. The functions
+/// come in as their own types (not pointers), so each loop is compiled with its
+/// arithmetic inlined.
+fn by_op<T: Copy + Send + Sync>(
+    op: FieldOp,
+    a: &[T],
+    b: &[T],
+    add: impl Fn(T, T) -> T + Sync,
+    sub: impl Fn(T, T) -> T + Sync,
+    mul: impl Fn(T, T) -> T + Sync,
+) -> Vec<T> {
     match op {
-        FieldOp::Add => babybear::add,
-        FieldOp::Sub => babybear::sub,
-        FieldOp::Mul => babybear::mul,
+        FieldOp::Add => zip_broadcast(a, b, |x, y| add(*x, *y)),
+        FieldOp::Sub => zip_broadcast(a, b, |x, y| sub(*x, *y)),
+        FieldOp::Mul => zip_broadcast(a, b, |x, y| mul(*x, *y)),
     }
 }
 
@@ -191,42 +209,94 @@ fn babybear_fn(op: FieldOp) -> fn(u32, u32) -> u32 {
 pub(crate) mod babybear {
     use super::BABYBEAR_P as P;
 
+    // p < 2^31, so a + b and a + p − b fit in u32: one compare instead of a remainder.
     pub fn add(a: u32, b: u32) -> u32 {
-        ((u64::from(a) + u64::from(b)) % u64::from(P)) as u32
+        let s = a + b;
+        if s >= P {
+            s - P
+        } else {
+            s
+        }
     }
 
     pub fn sub(a: u32, b: u32) -> u32 {
-        ((u64::from(a) + u64::from(P) - u64::from(b)) % u64::from(P)) as u32
+        if a >= b {
+            a - b
+        } else {
+            a + P - b
+        }
     }
 
     pub fn mul(a: u32, b: u32) -> u32 {
         ((u64::from(a) * u64::from(b)) % u64::from(P)) as u32
     }
-}
 
-fn goldilocks_fn(op: FieldOp) -> fn(u64, u64) -> u64 {
-    match op {
-        FieldOp::Add => goldilocks::add,
-        FieldOp::Sub => goldilocks::sub,
-        FieldOp::Mul => goldilocks::mul,
+    #[test]
+    fn edges_equal_u64_remainders() {
+        let edges = [0, 1, 2, 1 << 27, (1 << 30) + 7, P - 2, P - 1];
+        for a in edges {
+            for b in edges {
+                let (x, y, p) = (u64::from(a), u64::from(b), u64::from(P));
+                assert_eq!(u64::from(add(a, b)), (x + y) % p, "{a} + {b}");
+                assert_eq!(u64::from(sub(a, b)), (x + p - y) % p, "{a} - {b}");
+            }
+        }
     }
 }
 
-/// Goldilocks arithmetic on canonical u64, through u128 — written independently of the
-/// kernel's reduction so the two check each other.
+/// Goldilocks arithmetic on canonical u64, on Plonky3's field (its reduction by
+/// 2^64 = 2^32 − 1 mod p, where a u128 `%` is a library call): written independently of
+/// the kernel's reduction, so the two check each other.
 pub(crate) mod goldilocks {
-    use super::GOLDILOCKS_P as P;
+    use p3_field::PrimeField64;
+    use p3_goldilocks::Goldilocks;
+
+    fn apply(a: u64, b: u64, op: impl Fn(Goldilocks, Goldilocks) -> Goldilocks) -> u64 {
+        op(Goldilocks::new(a), Goldilocks::new(b)).as_canonical_u64()
+    }
 
     pub fn add(a: u64, b: u64) -> u64 {
-        ((u128::from(a) + u128::from(b)) % u128::from(P)) as u64
+        apply(a, b, |x, y| x + y)
     }
 
     pub fn sub(a: u64, b: u64) -> u64 {
-        ((u128::from(a) + u128::from(P) - u128::from(b)) % u128::from(P)) as u64
+        apply(a, b, |x, y| x - y)
     }
 
     pub fn mul(a: u64, b: u64) -> u64 {
-        ((u128::from(a) * u128::from(b)) % u128::from(P)) as u64
+        apply(a, b, |x, y| x * y)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use crate::ops::zk::field::GOLDILOCKS_P as P;
+        use proptest::prelude::*;
+
+        fn reference(a: u64, b: u64) -> [u64; 3] {
+            let (a, b, p) = (u128::from(a), u128::from(b), u128::from(P));
+            [(a + b) % p, (a + p - b) % p, (a * b) % p].map(|x| x as u64)
+        }
+
+        proptest! {
+            #[test]
+            fn plonky3_arithmetic_equals_u128_remainders(a in 0..P, b in 0..P) {
+                prop_assert_eq!([super::add(a, b), super::sub(a, b), super::mul(a, b)], reference(a, b));
+            }
+        }
+
+        #[test]
+        fn edges_equal_u128_remainders() {
+            let edges = [0, 1, 2, (1 << 32) - 1, 1 << 32, P - (1 << 32), P - 2, P - 1];
+            for a in edges {
+                for b in edges {
+                    assert_eq!(
+                        [super::add(a, b), super::sub(a, b), super::mul(a, b)],
+                        reference(a, b),
+                        "{a} {b}"
+                    );
+                }
+            }
+        }
     }
 }
 

@@ -50,7 +50,8 @@ fn round_trips_in_every_order_with_and_without_a_coset() {
 }
 
 #[test]
-fn agrees_with_ark_poly_domains_including_cosets() {
+fn reference_agrees_with_ark_poly_domains_including_cosets() {
+    // The reference, not `run_cpu`: the 256-bit service transform is ark-poly's own.
     fn check<C: MontConfig<4>>(field: Field) {
         for log_n in [1u32, 4, 12] {
             let n = 1usize << log_n;
@@ -67,7 +68,7 @@ fn agrees_with_ark_poly_domains_including_cosets() {
                 Order::Natural,
                 None,
             )
-            .run_cpu();
+            .run_reference();
             assert_eq!(
                 got.to_le_bytes(),
                 FieldVec::from_integers(field, &want.iter().map(|l| U256(*l)).collect::<Vec<_>>())
@@ -89,7 +90,7 @@ fn agrees_with_ark_poly_domains_including_cosets() {
                 Order::Natural,
                 Some(U256::from_u64(9)),
             )
-            .run_cpu();
+            .run_reference();
             assert_eq!(
                 got,
                 FieldVec::from_integers(field, &want).unwrap(),
@@ -183,4 +184,57 @@ fn shapes_are_checked() {
         too_big.unwrap_err(),
         NttShape::TooLarge { n: 8, max_log2: 2 }
     );
+}
+
+#[test]
+fn library_transforms_equal_the_radix_2_reference_bit_for_bit() {
+    // Plonky3 (small fields) and ark-poly (256-bit fields) against this module's own
+    // radix-2 transform: every direction, order pair, coset and batch. Sizes go down and
+    // up again so Plonky3's shared twiddle cache serves sizes below its largest.
+    for field in Field::ALL {
+        for (log_n, batch) in [(12u32, 1usize), (0, 3), (1, 2), (5, 3), (15, 1), (3, 4)] {
+            let n = 1usize << log_n;
+            let xs = random_elements(field, batch * n, u64::from(log_n) + 11);
+            let v = FieldVec::from_integers(field, &xs).unwrap();
+            for direction in [Direction::Forward, Direction::Inverse] {
+                for shift in [None, Some(U256::from_u64(field.generator() + 2))] {
+                    for (i, o) in [
+                        (Order::Natural, Order::Natural),
+                        (Order::BitReversed, Order::Natural),
+                        (Order::Natural, Order::BitReversed),
+                    ] {
+                        let j = job(direction, v.clone(), batch, i, o, shift);
+                        assert_eq!(
+                            j.run_cpu(),
+                            j.run_reference(),
+                            "{field:?} n=2^{log_n}×{batch} {direction:?} {i:?}->{o:?} shift={shift:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn small_field_transforms_beyond_the_cached_twiddles_equal_the_reference() {
+    // Above CACHED_TWIDDLES_MAX_LOG2 each job builds its own Plonky3 tables.
+    for field in [Field::Goldilocks, Field::BabyBear] {
+        let n = 1usize << 21;
+        let v = FieldVec::from_integers(field, &random_elements(field, n, 21)).unwrap();
+        for (direction, shift) in [
+            (Direction::Forward, Some(U256::from_u64(3))),
+            (Direction::Inverse, None),
+        ] {
+            let j = job(
+                direction,
+                v.clone(),
+                1,
+                Order::Natural,
+                Order::Natural,
+                shift,
+            );
+            assert!(j.run_cpu() == j.run_reference(), "{field:?} {direction:?}");
+        }
+    }
 }

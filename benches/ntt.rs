@@ -1,0 +1,117 @@
+//! `cargo bench --bench ntt`: the service's CPU NTT (`NttJob::run_cpu`, on Plonky3 and
+//! ark-poly) beside, in the same process and on the same rayon pool, (a) the radix-2 twin
+//! it replaced (`NttJob::run_reference`) and (b) the library called directly on the
+//! elements its users hold: Plonky3 field elements in a column matrix (batches as the
+//! matrix's columns, Plonky3's own layout), ark-poly elements in Montgomery form. Forward,
+//! natural order, no coset. The service figure includes converting canonical integers
+//! into the library's form and back. Env: BENCH_NTT_LOG2 (default 20), BENCH_NTT_BATCH
+//! (transforms of 2^12 in the batched rows, default 256).
+
+mod common;
+
+use ark_ff::{BigInt, Fp256, MontBackend, MontConfig};
+use ark_poly::{EvaluationDomain, Radix2EvaluationDomain};
+use common::{env, ms, time};
+use gpu_ops::backend::CpuExecutor;
+use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
+use gpu_ops::ops::zk::samples::random_elements;
+use gpu_ops::ops::zk::{Field, FieldVec, U256};
+use p3_dft::{Radix2DFTSmallBatch, TwoAdicSubgroupDft};
+use p3_field::TwoAdicField;
+use p3_matrix::dense::RowMajorMatrix;
+use rayon::prelude::*;
+use std::time::Duration;
+
+fn main() {
+    let log_n = env("BENCH_NTT_LOG2", 20) as u32;
+    let batch = env("BENCH_NTT_BATCH", 256);
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let model = CpuExecutor::new(1).unwrap().info.model.clone();
+    println!("# gpu-ops NTT benchmark, CPU: {model}\n");
+    println!("| threads | field | transforms | service NTT | previous twin | library direct | service ÷ library | service ÷ previous |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut threads = vec![1];
+    if all > 1 {
+        threads.push(all);
+    }
+    for &t in &threads {
+        let cpu = CpuExecutor::new(t).unwrap();
+        for field in Field::ALL {
+            for (log_n, batch) in [(log_n, 1), (12, batch)] {
+                row(&cpu, t, field, log_n, batch);
+            }
+        }
+    }
+}
+
+fn row(cpu: &CpuExecutor, threads: usize, field: Field, log_n: u32, batch: usize) {
+    let n = 1usize << log_n;
+    let xs = random_elements(field, n * batch, 9);
+    let job = NttJob::new(
+        Direction::Forward,
+        FieldVec::from_integers(field, &xs).unwrap(),
+        batch,
+        Order::Natural,
+        Order::Natural,
+        None,
+        32,
+    )
+    .unwrap();
+    let runs = if field.byte_width() == 32 { 5 } else { 9 };
+    let service = cpu.install(|| time(runs, || job.run_cpu()));
+    let previous = cpu.install(|| time(runs, || job.run_reference()));
+    let direct = cpu.install(|| match field {
+        Field::Goldilocks => plonky3(&xs, n, batch, runs, |x| {
+            p3_goldilocks::Goldilocks::new(x.0[0])
+        }),
+        Field::BabyBear => plonky3(&xs, n, batch, runs, |x| {
+            p3_baby_bear::BabyBear::new(x.0[0] as u32)
+        }),
+        Field::Bn254Fr => ark::<ark_bn254::FrConfig>(&xs, n, runs),
+        Field::Bls12_381Fr => ark::<ark_bls12_381::FrConfig>(&xs, n, runs),
+    });
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!(
+        "| {threads} | {} | {batch} × 2^{log_n} | {} | {} | {} | {:.2}× | {:.2}× |",
+        field.name(),
+        ms(service),
+        ms(previous),
+        ms(direct),
+        ratio(service, direct),
+        ratio(service, previous),
+    );
+}
+
+/// Plonky3's `Radix2DFTSmallBatch` with its twiddles kept between calls (as a Plonky3
+/// user keeps the instance), on an n × batch matrix: each column one polynomial.
+fn plonky3<F: TwoAdicField>(
+    xs: &[U256],
+    n: usize,
+    batch: usize,
+    runs: usize,
+    from: impl Fn(&U256) -> F,
+) -> Duration {
+    // xs holds the polynomials one after another; the matrix wants them as columns.
+    let mut columns = Vec::with_capacity(xs.len());
+    for row in 0..n {
+        columns.extend((0..batch).map(|b| from(&xs[b * n + row])));
+    }
+    let dft = Radix2DFTSmallBatch::<F>::default();
+    time(runs, || {
+        dft.dft_batch(RowMajorMatrix::new(columns.clone(), batch))
+    })
+}
+
+/// ark-poly's radix-2 FFT on elements already in Montgomery form, the polynomials of a
+/// batch in parallel.
+fn ark<C: MontConfig<4>>(xs: &[U256], n: usize, runs: usize) -> Duration {
+    type F<C> = Fp256<MontBackend<C, 4>>;
+    let coeffs: Vec<F<C>> = xs.iter().map(|x| F::<C>::new(BigInt(x.0))).collect();
+    let domain = Radix2EvaluationDomain::<F<C>>::new(n).unwrap();
+    time(runs, || {
+        coeffs
+            .par_chunks(n)
+            .map(|poly| domain.fft(poly))
+            .collect::<Vec<_>>()
+    })
+}
