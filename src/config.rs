@@ -91,6 +91,10 @@ pub struct Config {
     /// CPU compute threads (default: the machine's cores).
     #[arg(long, env = "GPU_OPS_CPU_THREADS")]
     pub cpu_threads: Option<usize>,
+    /// Run CPU jobs of microseconds (small field-vector ops) on the queue's worker task
+    /// instead of handing them to the compute threads and back (true/false).
+    #[arg(long, env = "GPU_OPS_CPU_INLINE_SMALL_JOBS", default_value_t = true, action = ArgAction::Set)]
+    pub cpu_inline_small_jobs: bool,
     /// Default and longest deadline of a job, e.g. 30s or 500ms.
     #[arg(long, env = "GPU_OPS_JOB_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub job_timeout: Duration,

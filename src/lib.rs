@@ -103,6 +103,7 @@ impl App {
                 fallback: cfg.fallback,
                 default_timeout: cfg.job_timeout,
                 verify_fraction: cfg.verify_fraction,
+                inline_small_jobs: cfg.cpu_inline_small_jobs,
                 batch: pool::BatchConfig {
                     mode: cfg.batching,
                     max_delay: cfg.batch_max_delay,

@@ -14,6 +14,7 @@ pub struct Metrics {
     pub queue_depth: IntGauge,
     pub queue_capacity: IntGauge,
     pub jobs_running: IntGauge,
+    pub cpu_inline_jobs: IntCounterVec,
     pub job_queue_wait: HistogramVec,
     pub job_compute: HistogramVec,
     pub jobs: IntCounterVec,
@@ -57,6 +58,10 @@ pub const NAMES: &[(&str, &str)] = &[
         "Queue capacity (--queue-capacity)",
     ),
     ("gpu_ops_jobs_running", "Jobs executing now"),
+    (
+        "gpu_ops_cpu_inline_jobs_total",
+        "CPU jobs small enough to run on the queue's worker task rather than the compute threads, by op",
+    ),
     (
         "gpu_ops_job_queue_wait_seconds",
         "Time a job waited in the queue, by op and backend",
@@ -186,6 +191,10 @@ impl Metrics {
             queue_depth: reg(r, IntGauge::with_opts(opts("gpu_ops_queue_depth"))),
             queue_capacity: reg(r, IntGauge::with_opts(opts("gpu_ops_queue_capacity"))),
             jobs_running: reg(r, IntGauge::with_opts(opts("gpu_ops_jobs_running"))),
+            cpu_inline_jobs: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_cpu_inline_jobs_total"), &["op"]),
+            ),
             job_queue_wait: reg(
                 r,
                 HistogramVec::new(

@@ -572,6 +572,47 @@ async fn small_requests_are_batched_and_each_caller_gets_its_own_answer() {
 }
 
 #[tokio::test]
+async fn tiny_requests_run_inline_and_larger_ones_on_the_compute_threads() {
+    let s = TestServer::start(&[]).await;
+    let inline = r#"gpu_ops_cpu_inline_jobs_total{op="field_mul"}"#;
+    let body = json!({"field": "goldilocks", "a": ["3"], "b": ["18446744069414584320"]});
+    let res = s.post("/zk/field_mul", body).send().await.unwrap();
+    assert_eq!(res.headers()["x-backend"], "cpu");
+    // 3 · (p − 1) = −3 mod p.
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["result"],
+        json!(["18446744069414584318"])
+    );
+    assert_eq!(s.metric(inline).await, 1.0);
+
+    // 1024 BN254 products (the largest inline job) and 1025 (the smallest that is not)
+    // both answer the oracle's values; only the first counts as inline.
+    let r = Field::Bn254Fr.modulus();
+    for (n, inline_after) in [(1024u64, 2.0), (1025, 2.0)] {
+        let xs: Vec<U256> = (0..n).map(|k| U256::from_u64(k * 7919 + 1)).collect();
+        let mut ys = xs.clone();
+        ys[0] = U256([r.0[0] - 1, r.0[1], r.0[2], r.0[3]]);
+        let strings = |v: &[U256]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let body = json!({"field": "bn254_fr", "a": strings(&xs), "b": strings(&ys)});
+        let got = result_of(&s, "/zk/field_mul", body).await;
+        for (k, (x, y)) in xs.iter().zip(&ys).enumerate() {
+            assert_eq!(
+                got[k],
+                oracle("field_mul", Field::Bn254Fr, x, y),
+                "n={n} k={k}"
+            );
+        }
+        assert_eq!(s.metric(inline).await, inline_after, "n={n}");
+    }
+
+    let off = TestServer::start(&["--cpu-inline-small-jobs", "false"]).await;
+    let body = json!({"field": "goldilocks", "a": ["3"], "b": ["5"]});
+    let res = off.post("/zk/field_mul", body).send().await.unwrap();
+    assert_eq!(res.json::<Value>().await.unwrap()["result"], json!(["15"]));
+    assert_eq!(off.metric(inline).await, 0.0);
+}
+
+#[tokio::test]
 async fn an_impatient_caller_does_not_expire_its_batch_mates() {
     let s = TestServer::start(&["--batching", "always", "--batch-max-delay", "100ms"]).await;
     let patient = s.post(

@@ -31,6 +31,15 @@ pub trait Job: Send + Sync + 'static {
         None
     }
 
+    /// Whether this instance's CPU run takes microseconds and stays on the calling
+    /// thread (no rayon fan-out at this size). Such a job runs on the worker that took it
+    /// from the queue instead of hopping to the compute threads and back
+    /// (`--cpu-inline-small-jobs`): for the smallest requests that hop, and the wake-ups
+    /// around it, cost more than the arithmetic.
+    fn runs_inline(&self) -> bool {
+        false
+    }
+
     /// The CPU twin: the oracle every device result is held to.
     fn run_cpu(&self) -> Self::Output;
 

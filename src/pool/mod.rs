@@ -29,6 +29,8 @@ pub struct PoolConfig {
     /// Fraction of device jobs shadow-checked on the CPU (`--verify-fraction`).
     pub verify_fraction: f64,
     pub batch: BatchConfig,
+    /// Run jobs that say `runs_inline` on the worker task (`--cpu-inline-small-jobs`).
+    pub inline_small_jobs: bool,
 }
 
 /// A finished job's output and where and how long it ran.
@@ -370,14 +372,26 @@ impl Shared {
     }
 
     async fn run_cpu(&self, job: Arc<dyn Runnable>) -> Result<(), JobError> {
-        self.backends
-            .cpu
-            .run(move || job.run_cpu())
-            .await
-            .map_err(|p| {
-                tracing::error!(error = %p, "CPU job panicked");
-                JobError::Internal("the computation failed unexpectedly; it has been logged".into())
-            })
+        let outcome = if self.config.inline_small_jobs && job.runs_inline() {
+            // Microseconds on this thread: less than the hop to a compute thread and the
+            // two wake-ups around it. A panic is caught as on the compute threads.
+            self.metrics
+                .cpu_inline_jobs
+                .with_label_values(&[job.name()])
+                .inc();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run_cpu()))
+                .map_err(|p| crate::backend::cpu::panic_message(&p))
+        } else {
+            self.backends
+                .cpu
+                .run(move || job.run_cpu())
+                .await
+                .map_err(|p| p.0)
+        };
+        outcome.map_err(|p| {
+            tracing::error!(error = %p, "CPU job panicked");
+            JobError::Internal("the computation failed unexpectedly; it has been logged".into())
+        })
     }
 
     /// Runs the job where `choose` says; on a device failure reruns it on the CPU when

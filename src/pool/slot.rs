@@ -16,6 +16,7 @@ pub(super) trait Runnable: Send + Sync {
     fn input_bytes(&self) -> usize;
     fn gpu_threshold(&self) -> usize;
     fn device_refusal(&self) -> Option<String>;
+    fn runs_inline(&self) -> bool;
     fn run_cpu(&self);
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<(), DeviceError>;
     /// After `run_device`: a copy of its output and the check against the CPU twin, to
@@ -71,6 +72,10 @@ impl<J: Job> Runnable for Slot<J> {
 
     fn device_refusal(&self) -> Option<String> {
         self.job.device_refusal()
+    }
+
+    fn runs_inline(&self) -> bool {
+        self.job.runs_inline()
     }
 
     fn run_cpu(&self) {

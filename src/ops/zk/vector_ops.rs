@@ -58,6 +58,10 @@ pub struct FieldBinaryJob {
 /// Below this many elements a job runs on one thread: splitting costs more than it saves.
 const PAR_MIN_LEN: usize = 4096;
 
+/// Up to this many elements an op runs inline (`Job::runs_inline`): a 256-bit product is
+/// about 30 ns, so at most some 30 µs, and far under `PAR_MIN_LEN`, so one plain loop.
+const INLINE_MAX_LEN: usize = 1024;
+
 impl FieldBinaryJob {
     pub fn new(op: FieldOp, a: FieldVec, b: FieldVec) -> Result<Self, LengthMismatch> {
         if a.field() != b.field() {
@@ -155,18 +159,27 @@ impl FieldBinaryJob {
 }
 
 fn zip_broadcast<T: Sync, R: Send>(a: &[T], b: &[T], f: impl Fn(&T, &T) -> R + Sync) -> Vec<R> {
-    if b.len() == 1 {
-        let y = &b[0];
-        a.par_iter()
+    let y = (b.len() == 1).then(|| &b[0]);
+    if a.len() < PAR_MIN_LEN {
+        // One piece either way: a plain loop, which also keeps a job run inline off every
+        // rayon pool (a parallel iterator outside one would start rayon's global pool).
+        return match y {
+            Some(y) => a.iter().map(|x| f(x, y)).collect(),
+            None => a.iter().zip(b).map(|(x, y)| f(x, y)).collect(),
+        };
+    }
+    match y {
+        Some(y) => a
+            .par_iter()
             .with_min_len(PAR_MIN_LEN)
             .map(|x| f(x, y))
-            .collect()
-    } else {
-        a.par_iter()
+            .collect(),
+        None => a
+            .par_iter()
             .with_min_len(PAR_MIN_LEN)
             .zip(b.par_iter())
             .map(|(x, y)| f(x, y))
-            .collect()
+            .collect(),
     }
 }
 
@@ -323,6 +336,10 @@ impl Job for FieldBinaryJob {
             (Field::Bn254Fr | Field::Bls12_381Fr, _) => 1 << 15,
             (Field::Goldilocks | Field::BabyBear, _) => 1 << 17,
         }
+    }
+
+    fn runs_inline(&self) -> bool {
+        self.len() <= INLINE_MAX_LEN
     }
 
     fn run_cpu(&self) -> FieldVec {
