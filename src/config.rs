@@ -101,6 +101,12 @@ pub struct Config {
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, env = "GPU_OPS_MAX_BODY_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub max_body_bytes: usize,
+    /// Request bodies the server holds at once, in bytes, summed over requests by their
+    /// Content-Length (a body without one counts as --max-body-bytes); a request that
+    /// would pass it gets 503 body_budget_exhausted with Retry-After. 0: four times
+    /// --max-body-bytes.
+    #[arg(long, env = "GPU_OPS_MAX_INFLIGHT_BODY_BYTES", default_value_t = 0)]
+    pub max_inflight_body_bytes: u64,
     /// Most elements in one input vector; more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_ELEMENTS", default_value_t = 1 << 24)]
     pub max_elements: usize,
@@ -208,6 +214,8 @@ pub struct Config {
 pub struct Settings {
     pub config: Config,
     pub cpu_threads: usize,
+    /// `--max-inflight-body-bytes`, its default resolved.
+    pub max_inflight_body_bytes: u64,
     /// API key -> tenant, when auth is on.
     pub api_keys: Option<HashMap<String, String>>,
 }
@@ -233,6 +241,16 @@ impl Config {
         if self.max_elements == 0 {
             return Err("--max-elements must be at least 1".into());
         }
+        let max_inflight_body_bytes = match self.max_inflight_body_bytes {
+            0 => 4 * self.max_body_bytes as u64,
+            n if n < self.max_body_bytes as u64 => {
+                return Err(format!(
+                    "--max-inflight-body-bytes {n} is less than --max-body-bytes {}: a largest body could never be taken",
+                    self.max_body_bytes
+                ))
+            }
+            n => n,
+        };
         if self.batch_max_delay > Duration::from_secs(1) {
             return Err("--batch-max-delay must be at most 1s".into());
         }
@@ -275,6 +293,7 @@ impl Config {
             .transpose()?;
         Ok(Settings {
             cpu_threads,
+            max_inflight_body_bytes,
             api_keys,
             config: self,
         })

@@ -15,6 +15,7 @@ pub struct Metrics {
     pub queue_capacity: IntGauge,
     pub jobs_running: IntGauge,
     pub cpu_inline_jobs: IntCounterVec,
+    pub http_body_bytes_in_flight: IntGauge,
     pub job_queue_wait: HistogramVec,
     pub job_compute: HistogramVec,
     pub jobs: IntCounterVec,
@@ -58,6 +59,10 @@ pub const NAMES: &[(&str, &str)] = &[
         "Queue capacity (--queue-capacity)",
     ),
     ("gpu_ops_jobs_running", "Jobs executing now"),
+    (
+        "gpu_ops_http_body_bytes_in_flight",
+        "Request body bytes admitted and not yet answered, against --max-inflight-body-bytes",
+    ),
     (
         "gpu_ops_cpu_inline_jobs_total",
         "CPU jobs small enough to run on the queue's worker task rather than the compute threads, by op",
@@ -191,6 +196,10 @@ impl Metrics {
             queue_depth: reg(r, IntGauge::with_opts(opts("gpu_ops_queue_depth"))),
             queue_capacity: reg(r, IntGauge::with_opts(opts("gpu_ops_queue_capacity"))),
             jobs_running: reg(r, IntGauge::with_opts(opts("gpu_ops_jobs_running"))),
+            http_body_bytes_in_flight: reg(
+                r,
+                IntGauge::with_opts(opts("gpu_ops_http_body_bytes_in_flight")),
+            ),
             cpu_inline_jobs: reg(
                 r,
                 IntCounterVec::new(opts("gpu_ops_cpu_inline_jobs_total"), &["op"]),

@@ -83,6 +83,65 @@ async fn in_process_oneshot_uses_the_same_router() {
 }
 
 #[tokio::test]
+async fn bodies_past_the_in_flight_budget_get_503_with_retry_after() {
+    let s = TestServer::start(&[
+        "--max-body-bytes",
+        "1048576",
+        "--max-inflight-body-bytes",
+        "2097152",
+    ])
+    .await;
+    let gauge = "gpu_ops_http_body_bytes_in_flight";
+    // Two uploads announce 1 MiB each and stall after a few bytes: the budget is spent.
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        stalled.push(stall(&addr, "content-length: 1048576\r\n\r\n{\"field\":").await);
+    }
+    assert_eq!(s.wait_for_metric(gauge, 2097152.0).await, 2097152.0);
+
+    // Any further body, however small, is refused before it is read.
+    let res = s.post("/zk/field_add", small_job()).send().await.unwrap();
+    assert_eq!(res.headers()["retry-after"], "1");
+    let p = problem(res, 503, "body_budget_exhausted").await;
+    assert!(p["detail"].as_str().unwrap().contains("2097152"), "{p}");
+    // Requests without a body are not charged.
+    assert_eq!(s.get("/health/live").await.status(), 200);
+
+    // The stalled uploads end (their clients leave): their charge comes back.
+    drop(stalled);
+    assert_eq!(s.wait_for_metric(gauge, 0.0).await, 0.0);
+    let res = s.post("/zk/field_add", small_job()).send().await.unwrap();
+    assert_eq!(res.json::<Value>().await.unwrap()["result"], json!(["3"]));
+
+    // A streamed body without a length is charged --max-body-bytes: two fit, not three.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        stalled.push(stall(&addr, "transfer-encoding: chunked\r\n\r\n1\r\n{\r\n").await);
+    }
+    assert_eq!(s.wait_for_metric(gauge, 2097152.0).await, 2097152.0);
+    problem(
+        s.post("/zk/field_add", small_job()).send().await.unwrap(),
+        503,
+        "body_budget_exhausted",
+    )
+    .await;
+    drop(stalled);
+    assert_eq!(s.wait_for_metric(gauge, 0.0).await, 0.0);
+}
+
+/// A connection that sends a request head and the start of its body, then waits.
+async fn stall(addr: &str, body_headers_and_start: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /zk/field_add HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{body_headers_and_start}"
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp
+}
+
+#[tokio::test]
 async fn queue_full_returns_503_with_retry_after() {
     let s = TestServer::start(&["--queue-capacity", "1", "--cpu-threads", "1"]).await;
     s.state.pool.pause();

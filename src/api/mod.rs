@@ -5,6 +5,7 @@ mod auth;
 pub mod bandwidth;
 pub mod batch_hint;
 pub mod beams;
+mod body_budget;
 pub mod datasets;
 mod dense;
 mod domain_errors;
@@ -63,6 +64,7 @@ pub struct AppState {
     pub tables: Arc<crate::tables::EmbeddingTables>,
     /// `/device/bandwidth`'s last measurement and the lock of the one in progress.
     bandwidth: bandwidth::BandwidthCache,
+    body_budget: body_budget::BodyBudget,
     shutting_down: AtomicBool,
 }
 
@@ -77,6 +79,10 @@ impl AppState {
         tables: Arc<crate::tables::EmbeddingTables>,
     ) -> Self {
         Self {
+            body_budget: body_budget::BodyBudget::new(
+                settings.max_inflight_body_bytes,
+                settings.config.max_body_bytes as u64,
+            ),
             settings,
             metrics,
             pool,
@@ -223,6 +229,7 @@ pub(crate) fn operations_openapi(base: utoipa::openapi::OpenApi) -> utoipa::open
 pub fn with_middleware(routes: Router, state: Arc<AppState>) -> Router {
     let x_request_id = HeaderName::from_static("x-request-id");
     let limit = state.settings.config.max_body_bytes;
+    let budget_state = state.clone();
     routes.layer(DefaultBodyLimit::max(limit)).layer(
         ServiceBuilder::new()
             .layer(SetRequestIdLayer::new(x_request_id.clone(), MakeRequestUuid))
@@ -236,7 +243,8 @@ pub fn with_middleware(routes: Router, state: Arc<AppState>) -> Router {
             .layer(CatchPanicLayer::custom(|panic: Box<dyn std::any::Any + Send>| {
                 tracing::error!(panic = %crate::backend::cpu::panic_message(&panic), "handler panicked");
                 Problem::new(ErrorCode::Internal, "the request failed unexpectedly; it has been logged").into_response()
-            })),
+            }))
+            .layer(middleware::from_fn_with_state(budget_state, body_budget::admit)),
     )
 }
 

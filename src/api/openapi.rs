@@ -8,7 +8,7 @@
 //! - every operation: 500 `internal`;
 //! - behind `--api-keys-file` (declares the bearer scheme): 401 `unauthorized`;
 //! - with a JSON body: 400 `malformed_json`, 413 `payload_too_large`, 415
-//!   `unsupported_media_type`, 422 `invalid_request`;
+//!   `unsupported_media_type`, 422 `invalid_request`, 503 `body_budget_exhausted`;
 //! - with query or path parameters: 422 `invalid_parameter` (`ApiQuery`, `ApiPath`);
 //! - a job (its request has `timeout_ms`): 503 `queue_full` / `device_unavailable` /
 //!   `device_error` / `shutting_down`, 504 `deadline_exceeded`.
@@ -195,6 +195,7 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
         out.push((400, vec![ErrorCode::MalformedJson]));
         out.push((413, vec![ErrorCode::PayloadTooLarge]));
         out.push((415, vec![ErrorCode::UnsupportedMediaType]));
+        out.push((503, vec![ErrorCode::BodyBudgetExhausted]));
     }
     let mut unprocessable = Vec::new();
     if body {
@@ -452,7 +453,9 @@ mod tests {
                 want("401");
             }
             if op.get("requestBody").is_some() {
-                ["400", "413", "415", "422"].iter().for_each(|s| want(s));
+                ["400", "413", "415", "422", "503"]
+                    .iter()
+                    .for_each(|s| want(s));
             }
             if op
                 .get("parameters")
@@ -572,7 +575,7 @@ mod tests {
             (
                 "/dp/accountant/epsilon",
                 "post",
-                &["200", "400", "401", "413", "415", "422", "500"],
+                &["200", "400", "401", "413", "415", "422", "500", "503"],
             ),
             (
                 "/dp/budgets/{id}",

@@ -67,6 +67,7 @@ error_codes! {
     EmbeddingQuotaExceeded = ("embedding_quota_exceeded", 422, "The tenant's embedding tables would exceed --max-tenant-embedding-mib"),
     Internal = ("internal", 500, "Internal error"),
     QueueFull = ("queue_full", 503, "The job queue is full"),
+    BodyBudgetExhausted = ("body_budget_exhausted", 503, "The request bodies in flight would pass --max-inflight-body-bytes; retry after Retry-After"),
     DeviceUnavailable = ("device_unavailable", 503, "No usable CUDA device"),
     DeviceError = ("device_error", 503, "The device failed and CPU fallback is off"),
     StorageUnavailable = ("storage_unavailable", 503, "The shared database cannot be reached; nothing was released"),

@@ -1,0 +1,100 @@
+//! The server-wide budget of request bodies in flight (`--max-inflight-body-bytes`).
+//! `--max-body-bytes` bounds one body; this bounds all of them together, so a burst of
+//! large requests cannot take the process's memory with it. A request is charged its
+//! Content-Length (capped at `--max-body-bytes`, past which it gets 413 anyway), or
+//! `--max-body-bytes` when it streams a body without one, before its body is read, and
+//! the charge is returned when its answer is ready. A request that would pass the budget
+//! is not read at all: 503 `body_budget_exhausted` with `Retry-After`.
+
+use super::problem::{ErrorCode, Problem};
+use super::AppState;
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus::IntGauge;
+use std::sync::Arc;
+use tokio::sync::Semaphore;
+
+/// Permits are KiB, so a budget of terabytes fits the semaphore's u32 requests.
+const UNIT: u64 = 1024;
+
+pub struct BodyBudget {
+    permits: Arc<Semaphore>,
+    max_body_bytes: u64,
+    budget_bytes: u64,
+}
+
+impl BodyBudget {
+    pub fn new(budget_bytes: u64, max_body_bytes: u64) -> Self {
+        let units = budget_bytes
+            .div_ceil(UNIT)
+            .min(Semaphore::MAX_PERMITS as u64);
+        Self {
+            permits: Arc::new(Semaphore::new(units as usize)),
+            max_body_bytes,
+            budget_bytes,
+        }
+    }
+
+    /// What a request is charged, in bytes: none when it has no body.
+    fn charge(&self, req: &Request) -> u64 {
+        let headers = req.headers();
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        match declared {
+            Some(n) => n.min(self.max_body_bytes),
+            None if headers.contains_key(header::TRANSFER_ENCODING) => self.max_body_bytes,
+            None => 0,
+        }
+    }
+}
+
+/// Gives the gauge back its bytes however the request ends (a panic included).
+struct InFlight {
+    gauge: IntGauge,
+    bytes: i64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.sub(self.bytes);
+    }
+}
+
+pub(super) async fn admit(
+    State(state): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let budget = &state.body_budget;
+    let bytes = budget.charge(&req);
+    if bytes == 0 {
+        return next.run(req).await;
+    }
+    let units = bytes.div_ceil(UNIT) as u32;
+    let Ok(permit) = budget.permits.clone().try_acquire_many_owned(units) else {
+        return Problem {
+            retry_after_secs: Some(1),
+            ..Problem::new(
+                ErrorCode::BodyBudgetExhausted,
+                format!(
+                    "this {bytes}-byte body would take the bodies in flight past --max-inflight-body-bytes ({} bytes); retry shortly",
+                    budget.budget_bytes
+                ),
+            )
+        }
+        .into_response();
+    };
+    let gauge = state.metrics.http_body_bytes_in_flight.clone();
+    gauge.add(bytes as i64);
+    let _in_flight = InFlight {
+        gauge,
+        bytes: bytes as i64,
+    };
+    let res = next.run(req).await;
+    drop(permit);
+    res
+}
