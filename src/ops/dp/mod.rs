@@ -2,6 +2,7 @@
 //! GPU, and DP-SGD gradient privatization.
 
 pub mod accountant;
+mod chacha;
 mod gpu;
 #[cfg(test)]
 mod host_kernel_parity;

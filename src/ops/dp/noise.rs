@@ -2,8 +2,7 @@
 //! Element i of a release reads ChaCha20 keyed by the release's key with nonce
 //! (domain, i); the samplers are Canonne, Kamath & Steinke's exact integer algorithms.
 
-use chacha20::cipher::{KeyIvInit, StreamCipher};
-use chacha20::ChaCha20;
+use super::chacha::{self, LANES};
 use sha2::{Digest, Sha256};
 
 pub const DOMAIN_GAUSSIAN: u32 = 1;
@@ -49,24 +48,65 @@ impl NoiseKey {
     }
 }
 
-/// The random bits of one element, consumed lowest bit first from 32-bit words.
+/// The random bits of one element, consumed lowest bit first from 32-bit words: its
+/// ChaCha20 keystream (`chacha`), block 0 first.
 pub struct BitStream {
-    cipher: ChaCha20,
-    block: [u8; 64],
+    key: [u32; 8],
+    nonce: [u32; 3],
+    /// The block `next_word` runs into once `block` is spent.
+    counter: u32,
+    block: [u32; 16],
     next_word: usize,
     buf: u64,
     avail: u32,
 }
 
+/// Calls `f(j, stream)` with the stream of element `first + j`, for j < count; the
+/// streams' first blocks are computed `LANES` at a time. What bulk noise should use.
+pub fn for_each_stream(
+    key: &NoiseKey,
+    domain: u32,
+    first: u64,
+    count: usize,
+    mut f: impl FnMut(usize, &mut BitStream),
+) {
+    let words = key.words();
+    for start in (0..count).step_by(LANES) {
+        let base = first.wrapping_add(start as u64);
+        let nonces: [[u32; 3]; LANES] =
+            std::array::from_fn(|l| chacha::nonce(domain, base.wrapping_add(l as u64)));
+        let blocks = chacha::blocks(&words, 0, &nonces);
+        for (l, (block, nonce)) in blocks.into_iter().zip(nonces).enumerate() {
+            if start + l == count {
+                break;
+            }
+            f(start + l, &mut BitStream::starting(words, nonce, block));
+        }
+    }
+}
+
 impl BitStream {
+    /// The stream of one element; its first block is computed when first read.
     pub fn new(key: &NoiseKey, domain: u32, index: u64) -> Self {
-        let mut nonce = [0u8; 12];
-        nonce[..4].copy_from_slice(&domain.to_le_bytes());
-        nonce[4..].copy_from_slice(&index.to_le_bytes());
         Self {
-            cipher: ChaCha20::new(&key.0.into(), &nonce.into()),
-            block: [0; 64],
+            key: key.words(),
+            nonce: chacha::nonce(domain, index),
+            counter: 0,
+            block: [0; 16],
             next_word: 16,
+            buf: 0,
+            avail: 0,
+        }
+    }
+
+    /// A stream whose block 0 is already computed.
+    fn starting(key: [u32; 8], nonce: [u32; 3], block0: [u32; 16]) -> Self {
+        Self {
+            key,
+            nonce,
+            counter: 1,
+            block: block0,
+            next_word: 0,
             buf: 0,
             avail: 0,
         }
@@ -74,13 +114,13 @@ impl BitStream {
 
     fn next_word(&mut self) -> u32 {
         if self.next_word == 16 {
-            self.block = [0; 64];
-            self.cipher.apply_keystream(&mut self.block);
+            self.block = chacha::block(&self.key, self.counter, self.nonce);
+            self.counter = self.counter.wrapping_add(1);
             self.next_word = 0;
         }
-        let i = 4 * self.next_word;
+        let w = self.block[self.next_word];
         self.next_word += 1;
-        u32::from_le_bytes(self.block[i..i + 4].try_into().unwrap())
+        w
     }
 
     /// The next `k` bits, 1 <= k <= 32.
@@ -148,16 +188,18 @@ impl BitStream {
         k % 2 == 1
     }
 
+    /// Bernoulli(exp(-n/m)): one Bernoulli(exp(-1)) per whole unit of n/m, then the
+    /// fraction. The units are counted off by subtraction, not a 128-bit division (a
+    /// library call, once per proposal): the same draws in the same order.
     fn bernoulli_exp(&mut self, n: u128, m: u128) -> bool {
-        let whole = n / m;
-        let mut i = 0u128;
-        while i < whole {
+        let mut rest = n;
+        while rest >= m {
             if !self.bernoulli_exp_unit(1, 1) {
                 return false;
             }
-            i += 1;
+            rest -= m;
         }
-        self.bernoulli_exp_unit(n - whole * m, m)
+        self.bernoulli_exp_unit(rest, m)
     }
 
     /// P(y) ∝ exp(-|y| / t).

@@ -4,7 +4,7 @@
 //! strided lanes then a tree, column sums in row order, no fused multiply-add, so the
 //! CPU and the GPU agree bit for bit.
 
-use super::noise::{BitStream, NoiseKey, DOMAIN_GAUSSIAN};
+use super::noise::{for_each_stream, NoiseKey, DOMAIN_GAUSSIAN};
 use super::plan::{snap, GaussianPlan};
 use crate::backend::{DeviceError, DeviceLease, Job};
 use rayon::prelude::*;
@@ -119,12 +119,11 @@ impl PrivatizeJob {
                         }
                     }
                 }
-                for (i, (o, &a)) in out.iter_mut().zip(&acc).enumerate() {
-                    let d = (c0 + i) as u64;
-                    let noise = BitStream::new(&self.key, DOMAIN_GAUSSIAN, d)
-                        .discrete_gaussian(self.plan.t, self.plan.c);
-                    *o = (snap(a, grid) + noise) as f64 * grid / self.divisor;
-                }
+                let (t, c) = (self.plan.t, self.plan.c);
+                for_each_stream(&self.key, DOMAIN_GAUSSIAN, c0 as u64, out.len(), |i, s| {
+                    let noise = s.discrete_gaussian(t, c);
+                    out[i] = (snap(acc[i], grid) + noise) as f64 * grid / self.divisor;
+                });
             });
         out
     }

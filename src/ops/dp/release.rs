@@ -1,7 +1,7 @@
 //! Noise mechanisms on a vector: each value snapped to the plan's grid plus discrete noise
 //! from its own stream. The CPU twin of `dp_gaussian_release` / `dp_laplace_release`.
 
-use super::noise::{BitStream, NoiseKey, DOMAIN_GAUSSIAN, DOMAIN_LAPLACE};
+use super::noise::{for_each_stream, BitStream, NoiseKey, DOMAIN_GAUSSIAN, DOMAIN_LAPLACE};
 use super::plan::{snap, GaussianPlan, LaplacePlan, MAX_SNAPPED};
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
@@ -45,13 +45,22 @@ impl Mechanism {
 
     /// The noise of element `index`, in grid steps.
     pub fn noise(&self, key: &NoiseKey, index: u64) -> i64 {
+        self.sample(&mut BitStream::new(key, self.domain(), index))
+    }
+
+    /// The stream domain of the mechanism's noise.
+    fn domain(&self) -> u32 {
         match self {
-            Mechanism::Gaussian(p) => {
-                BitStream::new(key, DOMAIN_GAUSSIAN, index).discrete_gaussian(p.t, p.c)
-            }
-            Mechanism::Laplace(p) => {
-                BitStream::new(key, DOMAIN_LAPLACE, index).discrete_laplace(p.t)
-            }
+            Mechanism::Gaussian(_) => DOMAIN_GAUSSIAN,
+            Mechanism::Laplace(_) => DOMAIN_LAPLACE,
+        }
+    }
+
+    /// One noise value, in grid steps, from an element's stream.
+    fn sample(&self, stream: &mut BitStream) -> i64 {
+        match self {
+            Mechanism::Gaussian(p) => stream.discrete_gaussian(p.t, p.c),
+            Mechanism::Laplace(p) => stream.discrete_laplace(p.t),
         }
     }
 }
@@ -73,16 +82,21 @@ impl NoiseJob {
     }
 
     pub fn run_cpu(&self) -> Vec<f64> {
+        const CHUNK: usize = 256;
         let grid = self.mechanism.grid();
-        self.values
-            .par_iter()
+        let domain = self.mechanism.domain();
+        let mut out = vec![0.0; self.values.len()];
+        out.par_chunks_mut(CHUNK)
+            .zip(self.values.par_chunks(CHUNK))
             .enumerate()
-            .with_min_len(256)
-            .map(|(i, &x)| {
-                let noise = self.mechanism.noise(&self.key, i as u64);
-                (snap(x, grid) + noise) as f64 * grid
-            })
-            .collect()
+            .for_each(|(chunk, (out, values))| {
+                let first = (chunk * CHUNK) as u64;
+                for_each_stream(&self.key, domain, first, out.len(), |j, stream| {
+                    let noise = self.mechanism.sample(stream);
+                    out[j] = (snap(values[j], grid) + noise) as f64 * grid;
+                });
+            });
+        out
     }
 }
 
