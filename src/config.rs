@@ -102,11 +102,16 @@ pub struct Config {
     #[arg(long, env = "GPU_OPS_MAX_BODY_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub max_body_bytes: usize,
     /// Request bodies the server holds at once, in bytes, summed over requests by their
-    /// Content-Length (a body without one counts as --max-body-bytes); a request that
-    /// would pass it gets 503 body_budget_exhausted with Retry-After. 0: four times
+    /// declared length (a body of unknown length counts as --max-body-bytes); a request
+    /// that would pass it gets 503 body_budget_exhausted with Retry-After. 0: four times
     /// --max-body-bytes.
     #[arg(long, env = "GPU_OPS_MAX_INFLIGHT_BODY_BYTES", default_value_t = 0)]
     pub max_inflight_body_bytes: u64,
+    /// Longest pause while a request body arrives, e.g. 30s; past it the upload is
+    /// dropped (400) and its share of --max-inflight-body-bytes returned, so stalled
+    /// uploads cannot hold the budget.
+    #[arg(long, env = "GPU_OPS_BODY_IDLE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_idle_timeout: Duration,
     /// Most elements in one input vector; more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_ELEMENTS", default_value_t = 1 << 24)]
     pub max_elements: usize,
@@ -240,6 +245,13 @@ impl Config {
         }
         if self.max_elements == 0 {
             return Err("--max-elements must be at least 1".into());
+        }
+        // Permits are KiB in a u32: bodies up to 4 TiB.
+        if self.max_body_bytes as u64 >= 1 << 42 {
+            return Err("--max-body-bytes must be below 4 TiB".into());
+        }
+        if self.body_idle_timeout.is_zero() {
+            return Err("--body-idle-timeout must be longer than 0".into());
         }
         let max_inflight_body_bytes = match self.max_inflight_body_bytes {
             0 => 4 * self.max_body_bytes as u64,

@@ -89,6 +89,8 @@ async fn bodies_past_the_in_flight_budget_get_503_with_retry_after() {
         "1048576",
         "--max-inflight-body-bytes",
         "2097152",
+        "--body-idle-timeout",
+        "1s",
     ])
     .await;
     let gauge = "gpu_ops_http_body_bytes_in_flight";
@@ -108,9 +110,17 @@ async fn bodies_past_the_in_flight_budget_get_503_with_retry_after() {
     // Requests without a body are not charged.
     assert_eq!(s.get("/health/live").await.status(), 200);
 
-    // The stalled uploads end (their clients leave): their charge comes back.
+    // The stalled uploads time out (--body-idle-timeout), their clients still
+    // connected: their charge comes back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.metric(gauge).await != 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stalled uploads kept the budget"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drop(stalled);
-    assert_eq!(s.wait_for_metric(gauge, 0.0).await, 0.0);
     let res = s.post("/zk/field_add", small_job()).send().await.unwrap();
     assert_eq!(res.json::<Value>().await.unwrap()["result"], json!(["3"]));
 
@@ -126,8 +136,33 @@ async fn bodies_past_the_in_flight_budget_get_503_with_retry_after() {
         "body_budget_exhausted",
     )
     .await;
+    // Clients that leave return their charge at once.
     drop(stalled);
     assert_eq!(s.wait_for_metric(gauge, 0.0).await, 0.0);
+
+    // A declared length over --max-body-bytes is a 413, never a budget refusal.
+    let mut big = Vec::new();
+    for _ in 0..2 {
+        big.push(stall(&addr, "content-length: 1048576\r\n\r\n{").await);
+    }
+    assert_eq!(s.wait_for_metric(gauge, 2097152.0).await, 2097152.0);
+    let huge = stall(&addr, "content-length: 2000000\r\n\r\n{").await;
+    let (mut rx, mut tx) = huge.into_split();
+    // The rest of the body; the server stops reading past --max-body-bytes.
+    tokio::spawn(async move {
+        let _ = tokio::io::AsyncWriteExt::write_all(&mut tx, &vec![b'1'; 1_999_999]).await;
+    });
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read(&mut rx, &mut answer),
+    )
+    .await
+    .expect("an answer")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
 }
 
 /// A connection that sends a request head and the start of its body, then waits.

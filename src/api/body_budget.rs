@@ -1,15 +1,16 @@
 //! The server-wide budget of request bodies in flight (`--max-inflight-body-bytes`).
 //! `--max-body-bytes` bounds one body; this bounds all of them together, so a burst of
 //! large requests cannot take the process's memory with it. A request is charged its
-//! Content-Length (capped at `--max-body-bytes`, past which it gets 413 anyway), or
-//! `--max-body-bytes` when it streams a body without one, before its body is read, and
-//! the charge is returned when its answer is ready. A request that would pass the budget
-//! is not read at all: 503 `body_budget_exhausted` with `Retry-After`.
+//! declared body length, or `--max-body-bytes` when it streams a body of unknown length
+//! (HTTP/1.1 chunked, HTTP/2 without content-length), before its body is read, and the
+//! charge is returned when its answer is ready, when the client leaves, or when the
+//! upload stalls past `--body-idle-timeout`. A request that would pass the budget is not
+//! read at all: 503 `body_budget_exhausted` with `Retry-After`.
 
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
+use axum::body::HttpBody;
 use axum::extract::{Request, State};
-use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::IntGauge;
@@ -37,17 +38,19 @@ impl BodyBudget {
         }
     }
 
-    /// What a request is charged, in bytes: none when it has no body.
-    fn charge(&self, req: &Request) -> u64 {
-        let headers = req.headers();
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        match declared {
-            Some(n) => n.min(self.max_body_bytes),
-            None if headers.contains_key(header::TRANSFER_ENCODING) => self.max_body_bytes,
-            None => 0,
+    /// What a request is charged, in bytes: none when it has no body; its declared
+    /// length (HTTP/1.1 Content-Length, or HTTP/2's when sent); `--max-body-bytes` when
+    /// the length is unknown (chunked, or HTTP/2 without one). None when the declared
+    /// length is over `--max-body-bytes`: that request gets its 413 without a charge.
+    fn charge(&self, req: &Request) -> Option<u64> {
+        let body = req.body();
+        if body.is_end_stream() {
+            return Some(0);
+        }
+        match body.size_hint().exact() {
+            Some(n) if n > self.max_body_bytes => None,
+            Some(n) => Some(n),
+            None => Some(self.max_body_bytes),
         }
     }
 }
@@ -70,11 +73,12 @@ pub(super) async fn admit(
     next: Next,
 ) -> Response {
     let budget = &state.body_budget;
-    let bytes = budget.charge(&req);
-    if bytes == 0 {
-        return next.run(req).await;
-    }
-    let units = bytes.div_ceil(UNIT) as u32;
+    let bytes = match budget.charge(&req) {
+        Some(0) | None => return next.run(req).await,
+        Some(bytes) => bytes,
+    };
+    // At most --max-body-bytes, which the configuration keeps below 4 TiB.
+    let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
     let Ok(permit) = budget.permits.clone().try_acquire_many_owned(units) else {
         return Problem {
             retry_after_secs: Some(1),

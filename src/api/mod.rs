@@ -49,6 +49,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{
     MakeRequestUuid, PropagateRequestIdLayer, RequestId, SetRequestIdLayer,
 };
+use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -230,6 +231,7 @@ pub fn with_middleware(routes: Router, state: Arc<AppState>) -> Router {
     let x_request_id = HeaderName::from_static("x-request-id");
     let limit = state.settings.config.max_body_bytes;
     let budget_state = state.clone();
+    let idle = state.settings.config.body_idle_timeout;
     routes.layer(DefaultBodyLimit::max(limit)).layer(
         ServiceBuilder::new()
             .layer(SetRequestIdLayer::new(x_request_id.clone(), MakeRequestUuid))
@@ -244,7 +246,9 @@ pub fn with_middleware(routes: Router, state: Arc<AppState>) -> Router {
                 tracing::error!(panic = %crate::backend::cpu::panic_message(&panic), "handler panicked");
                 Problem::new(ErrorCode::Internal, "the request failed unexpectedly; it has been logged").into_response()
             }))
-            .layer(middleware::from_fn_with_state(budget_state, body_budget::admit)),
+            .layer(middleware::from_fn_with_state(budget_state, body_budget::admit))
+            // Innermost, so the handlers' bodies are the timed ones.
+            .layer(RequestBodyTimeoutLayer::new(idle)),
     )
 }
 

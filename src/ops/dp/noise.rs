@@ -343,6 +343,26 @@ mod tests {
     }
 
     #[test]
+    fn batched_streams_equal_streams_made_one_at_a_time() {
+        // for_each_stream computes first blocks eight at a time: every count, including
+        // none and partial last groups, and a start that is not a multiple of eight.
+        let key = NoiseKey::from_seed(9);
+        for count in 0..=17 {
+            let mut got = Vec::new();
+            for_each_stream(&key, DOMAIN_LAPLACE, 1000 + 3, count, |j, s| {
+                got.push((j, s.discrete_laplace(1 << 20), s.take(32)));
+            });
+            let want: Vec<_> = (0..count)
+                .map(|j| {
+                    let mut s = BitStream::new(&key, DOMAIN_LAPLACE, 1003 + j as u64);
+                    (j, s.discrete_laplace(1 << 20), s.take(32))
+                })
+                .collect();
+            assert_eq!(got, want, "count {count}");
+        }
+    }
+
+    #[test]
     fn streams_depend_on_key_domain_and_index_only() {
         let k = NoiseKey::from_seed(9);
         let a: Vec<i64> = (0..50)

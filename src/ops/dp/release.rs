@@ -43,11 +43,6 @@ impl Mechanism {
         }
     }
 
-    /// The noise of element `index`, in grid steps.
-    pub fn noise(&self, key: &NoiseKey, index: u64) -> i64 {
-        self.sample(&mut BitStream::new(key, self.domain(), index))
-    }
-
     /// The stream domain of the mechanism's noise.
     fn domain(&self) -> u32 {
         match self {

@@ -192,7 +192,19 @@ fn library_transforms_equal_the_radix_2_reference_bit_for_bit() {
     // radix-2 transform: every direction, order pair, coset and batch. Sizes go down and
     // up again so Plonky3's shared twiddle cache serves sizes below its largest.
     for field in Field::ALL {
-        for (log_n, batch) in [(12u32, 1usize), (0, 3), (1, 2), (5, 3), (15, 1), (3, 4)] {
+        // Batches of 16 and more take the grouped read-back (8 columns at a time), 17 and
+        // 40 with a partial last group.
+        for (log_n, batch) in [
+            (12u32, 1usize),
+            (0, 3),
+            (1, 2),
+            (5, 3),
+            (15, 1),
+            (3, 4),
+            (4, 17),
+            (6, 40),
+            (0, 16),
+        ] {
             let n = 1usize << log_n;
             let xs = random_elements(field, batch * n, u64::from(log_n) + 11);
             let v = FieldVec::from_integers(field, &xs).unwrap();
@@ -202,6 +214,7 @@ fn library_transforms_equal_the_radix_2_reference_bit_for_bit() {
                         (Order::Natural, Order::Natural),
                         (Order::BitReversed, Order::Natural),
                         (Order::Natural, Order::BitReversed),
+                        (Order::BitReversed, Order::BitReversed),
                     ] {
                         let j = job(direction, v.clone(), batch, i, o, shift);
                         assert_eq!(
