@@ -38,19 +38,19 @@ impl BodyBudget {
         }
     }
 
-    /// What a request is charged, in bytes: none when it has no body; its declared
-    /// length (HTTP/1.1 Content-Length, or HTTP/2's when sent); `--max-body-bytes` when
-    /// the length is unknown (chunked, or HTTP/2 without one). None when the declared
-    /// length is over `--max-body-bytes`: that request gets its 413 without a charge.
-    fn charge(&self, req: &Request) -> Option<u64> {
+    /// What a request is charged, in bytes: its declared length (HTTP/1.1
+    /// Content-Length, or HTTP/2's when sent), or `--max-body-bytes` when the length is
+    /// unknown (chunked, or HTTP/2 without one). Nothing when it has no body, or when the
+    /// declared length is over `--max-body-bytes`: that request gets its 413 uncharged.
+    fn charge(&self, req: &Request) -> u64 {
         let body = req.body();
         if body.is_end_stream() {
-            return Some(0);
+            return 0;
         }
         match body.size_hint().exact() {
-            Some(n) if n > self.max_body_bytes => None,
-            Some(n) => Some(n),
-            None => Some(self.max_body_bytes),
+            Some(n) if n > self.max_body_bytes => 0,
+            Some(n) => n,
+            None => self.max_body_bytes,
         }
     }
 }
@@ -73,10 +73,10 @@ pub(super) async fn admit(
     next: Next,
 ) -> Response {
     let budget = &state.body_budget;
-    let bytes = match budget.charge(&req) {
-        Some(0) | None => return next.run(req).await,
-        Some(bytes) => bytes,
-    };
+    let bytes = budget.charge(&req);
+    if bytes == 0 {
+        return next.run(req).await;
+    }
     // At most --max-body-bytes, which the configuration keeps below 4 TiB.
     let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
     let Ok(permit) = budget.permits.clone().try_acquire_many_owned(units) else {
