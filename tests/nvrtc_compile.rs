@@ -8,6 +8,80 @@ use gpu_ops::ops::kernel_library;
 
 const SHIPPED_ARCHES: &[&str] = &["compute_80", "compute_89", "compute_90"];
 
+/// Every module's PTX for every shipped architecture, compiled once per test process and
+/// shared by the tests that read it (NVRTC takes seconds a module; msm alone ~14 s an
+/// architecture). The (module, architecture) pairs are compiled on as many threads as the
+/// machine has: NVRTC is thread-safe across programs. Each entry keeps its compile time.
+struct CompiledPtx {
+    module: &'static str,
+    arch: &'static str,
+    ptx: Result<String, String>,
+    seconds: f64,
+}
+
+fn compiled_ptx() -> &'static [CompiledPtx] {
+    static PTX: std::sync::OnceLock<Vec<CompiledPtx>> = std::sync::OnceLock::new();
+    PTX.get_or_init(|| {
+        let library = kernel_library();
+        let work: Vec<(&'static str, String, &'static str)> = library
+            .modules
+            .iter()
+            .flat_map(|m| {
+                let source = library.expand(m.source);
+                SHIPPED_ARCHES
+                    .iter()
+                    .map(move |arch| (m.name, source.clone(), *arch))
+            })
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut done: Vec<(usize, CompiledPtx)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some((module, source, arch)) = work.get(i) else {
+                                return out;
+                            };
+                            let started = std::time::Instant::now();
+                            let ptx = compile(source, arch).map(|p| p.to_src());
+                            let seconds = started.elapsed().as_secs_f64();
+                            out.push((
+                                i,
+                                CompiledPtx {
+                                    module,
+                                    arch,
+                                    ptx,
+                                    seconds,
+                                },
+                            ));
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().expect("compile thread"))
+                .collect()
+        });
+        done.sort_by_key(|(i, _)| *i);
+        done.into_iter().map(|(_, c)| c).collect()
+    })
+}
+
+/// The PTX of `module` for `arch`, from the shared compile.
+fn ptx_of(module: &str, arch: &str) -> &'static str {
+    let c = compiled_ptx()
+        .iter()
+        .find(|c| c.module == module && c.arch == arch)
+        .unwrap_or_else(|| panic!("{module} for {arch} was not compiled"));
+    c.ptx
+        .as_deref()
+        .unwrap_or_else(|e| panic!("{module} for {arch}: {e}"))
+}
+
 #[test]
 fn every_kernel_compiles_for_every_shipped_architecture() {
     if !nvrtc_available() {
@@ -21,18 +95,15 @@ fn every_kernel_compiles_for_every_shipped_architecture() {
     }
     eprintln!("NVRTC {:?}", nvrtc_version());
     let library = kernel_library();
+    for c in compiled_ptx() {
+        eprintln!("{} for {}: {:.1} s", c.module, c.arch, c.seconds);
+    }
     for m in &library.modules {
-        let (module, source) = (m.name, library.expand(m.source));
+        let module = m.name;
         for arch in SHIPPED_ARCHES {
-            let started = std::time::Instant::now();
-            let ptx = compile(&source, arch).unwrap_or_else(|e| panic!("{module} for {arch}: {e}"));
-            eprintln!(
-                "{module} for {arch}: {:.1} s",
-                started.elapsed().as_secs_f64()
-            );
-            let text = ptx.to_src();
+            let text = ptx_of(module, arch);
             for name in &m.entry_points {
-                let params = ptx_params(&text, name)
+                let params = ptx_params(text, name)
                     .unwrap_or_else(|| panic!("{module}/{arch}: no entry point {name}"));
                 // The emulated device reads each argument with the kernel's own parameter
                 // types: they must be the sizes the driver takes.
@@ -228,44 +299,52 @@ fn every_kernel_fits_sm80_and_sm90_without_spills() {
     let library = kernel_library();
     let dir = std::env::temp_dir().join(format!("gpu-ops-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for m in &library.modules {
-        let source = library.expand(m.source);
-        for sm in ["80", "90"] {
-            let ptx = compile(&source, &format!("compute_{sm}")).unwrap();
+    // Every ptxas run at once (the machine's cores share them), then each report in turn.
+    let runs: Vec<_> = library
+        .modules
+        .iter()
+        .flat_map(|m| ["80", "90"].map(|sm| (m, sm)))
+        .map(|(m, sm)| {
             let file = dir.join(format!("{}-{sm}.ptx", m.name));
-            std::fs::write(&file, ptx.to_src()).unwrap();
-            let run = std::process::Command::new(&ptxas)
+            std::fs::write(&file, ptx_of(m.name, &format!("compute_{sm}"))).unwrap();
+            let child = std::process::Command::new(&ptxas)
                 .args([&format!("-arch=sm_{sm}"), "-v", "-o", "/dev/null"])
                 .arg(&file)
-                .output()
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
                 .unwrap_or_else(|e| panic!("cannot run {ptxas}: {e}"));
-            let log = String::from_utf8_lossy(&run.stderr).into_owned()
-                + &String::from_utf8_lossy(&run.stdout);
-            assert!(run.status.success(), "ptxas {}/sm_{sm}: {log}", m.name);
-            let report = ptxas_report(&log);
-            for name in &m.entry_points {
-                let r = report.get(name).unwrap_or_else(|| {
-                    panic!("{}/sm_{sm}: ptxas says nothing of {name}: {log}", m.name)
-                });
-                eprintln!("sm_{sm} {name}: {r:?}");
-                assert_eq!(
-                    (r.spill_stores, r.spill_loads),
-                    (0, 0),
-                    "sm_{sm} {name} spills"
-                );
-                assert!(
-                    r.registers * block_threads(name) <= 65_536,
-                    "sm_{sm} {name}: {} registers × {} threads",
-                    r.registers,
-                    block_threads(name)
-                );
-                assert!(
-                    r.shared + dynamic_shared_bytes(name) <= 48 * 1024,
-                    "sm_{sm} {name}: {} bytes of static shared memory + {} dynamic",
-                    r.shared,
-                    dynamic_shared_bytes(name)
-                );
-            }
+            (m, sm, child)
+        })
+        .collect();
+    for (m, sm, child) in runs {
+        let run = child.wait_with_output().expect("ptxas output");
+        let log = String::from_utf8_lossy(&run.stderr).into_owned()
+            + &String::from_utf8_lossy(&run.stdout);
+        assert!(run.status.success(), "ptxas {}/sm_{sm}: {log}", m.name);
+        let report = ptxas_report(&log);
+        for name in &m.entry_points {
+            let r = report.get(name).unwrap_or_else(|| {
+                panic!("{}/sm_{sm}: ptxas says nothing of {name}: {log}", m.name)
+            });
+            eprintln!("sm_{sm} {name}: {r:?}");
+            assert_eq!(
+                (r.spill_stores, r.spill_loads),
+                (0, 0),
+                "sm_{sm} {name} spills"
+            );
+            assert!(
+                r.registers * block_threads(name) <= 65_536,
+                "sm_{sm} {name}: {} registers × {} threads",
+                r.registers,
+                block_threads(name)
+            );
+            assert!(
+                r.shared + dynamic_shared_bytes(name) <= 48 * 1024,
+                "sm_{sm} {name}: {} bytes of static shared memory + {} dynamic",
+                r.shared,
+                dynamic_shared_bytes(name)
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
