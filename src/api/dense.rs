@@ -2,11 +2,10 @@
 //! parsed straight into a flat buffer and a shape, or base64 of little-endian f16, bf16,
 //! f32 or f64 with a shape. Answers come back in the form of the request's first operand.
 
+use super::packed::{base64_json_string, PackedWords};
 use super::problem::{ErrorCode, Problem};
 use super::tensor::{too_many, BinaryEncoding};
 use crate::ops::linalg::{Dtype, Values};
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine;
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -76,37 +75,15 @@ pub struct PackedTensorOut {
 }
 
 /// Base64 text decoded while the body is parsed, so a large tensor's JSON string is never
-/// copied into a `String` first. A bad one is kept, to be refused with its field's path
-/// and code once the tensor is decoded.
+/// copied into a `String` first; in 4-byte words, so packed f32 values become a
+/// `Vec<f32>` without a copy. A bad one is kept, to be refused with its field's path and
+/// code once the tensor is decoded.
 #[derive(Clone, Debug)]
-pub struct Base64Data(Result<Words, String>);
-
-/// Decoded bytes in 4-byte words, so packed f32 values become a `Vec<f32>` without a copy.
-#[derive(Clone, Debug)]
-struct Words {
-    words: Vec<u32>,
-    len: usize,
-}
-
-impl Words {
-    fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
-    }
-}
+pub struct Base64Data(Result<PackedWords<u32>, String>);
 
 impl Base64Data {
     pub fn new(text: &str) -> Self {
-        let decode = || {
-            let len = base64_simd::STANDARD.decoded_length(text.as_bytes()).ok()?;
-            let mut words = vec![0u32; len.div_ceil(4)];
-            let out = &mut bytemuck::cast_slice_mut(&mut words)[..len];
-            let done = base64_simd::STANDARD
-                .decode(text.as_bytes(), base64_simd::Out::from_slice(out))
-                .ok()?
-                .len();
-            (done == len).then_some(Words { words, len })
-        };
-        Base64Data(decode().ok_or_else(|| scalar_refusal(text)))
+        Base64Data(PackedWords::decode(text))
     }
 }
 
@@ -124,24 +101,6 @@ impl<'de> Deserialize<'de> for Base64Data {
         }
         d.deserialize_str(Text)
     }
-}
-
-/// Why `text` is not standard base64 with padding. The SIMD decoder does not say what
-/// is wrong; the scalar one names the offset.
-fn scalar_refusal(text: &str) -> String {
-    match B64.decode(text) {
-        Err(e) => e.to_string(),
-        Ok(_) => "not canonical standard base64".into(),
-    }
-}
-
-/// `bytes` as a JSON string of standard base64 with padding (SIMD where the CPU has it).
-fn base64_json_string(bytes: &[u8]) -> Box<RawValue> {
-    let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4 + 2);
-    text.push('"');
-    base64_simd::STANDARD.encode_append(bytes, &mut text);
-    text.push('"');
-    RawValue::from_string(text).expect("base64 in quotes is a JSON string")
 }
 
 /// A tensor as it arrived.
@@ -242,7 +201,7 @@ fn check_shape(shape: &[usize], path: &str, max: usize) -> Result<usize, Problem
     }
 }
 
-fn decode_le(words: Words, dtype: TensorDtype) -> Values {
+fn decode_le(words: PackedWords<u32>, dtype: TensorDtype) -> Values {
     if dtype == TensorDtype::F32 && cfg!(target_endian = "little") {
         return Values::F32(bytemuck::allocation::cast_vec(words.words));
     }
@@ -600,6 +559,8 @@ dense_doc!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::STANDARD as B64;
+    use base64::Engine;
 
     fn parse(json: &str) -> Result<DenseIn, String> {
         let d = &mut serde_json::Deserializer::from_str(json);

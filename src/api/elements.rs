@@ -2,15 +2,14 @@
 //! base64 string of little-endian fixed-width values. Strings are parsed while the JSON
 //! is read (no allocation per element) and bad ones are collected with their index.
 
+use super::packed::{base64_json_string, PackedWords};
 use super::problem::{ErrorCode, FieldIssue, Problem};
-use crate::ops::zk::{Field, FieldVec, U256};
-use base64::Engine;
+use crate::ops::zk::{ElementError, Field, FieldVec, U256};
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use utoipa::ToSchema;
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 /// Element errors listed in one problem; the detail gives the total.
 const MAX_LISTED_ERRORS: usize = 16;
 
@@ -41,38 +40,70 @@ pub enum ElementsDoc {
     Base64(String),
 }
 
-/// An element vector as received, before the field is known.
+/// An element vector as received, before the field is known: strings already parsed,
+/// base64 already decoded (a bad one kept, to be refused with its path once decoded).
 #[derive(Debug)]
 pub enum Elements {
     Strings {
-        values: Vec<U256>,
+        values: Integers,
         errors: Vec<(usize, String)>,
         error_count: usize,
     },
-    Base64(String),
+    Base64(Result<PackedWords<u64>, String>),
+}
+
+/// Parsed integers: 64-bit words while every value fits (all of a small field's
+/// elements, which then become its vector without a copy), 256-bit limbs from the first
+/// value that does not.
+#[derive(Debug)]
+pub enum Integers {
+    Narrow(Vec<u64>),
+    Wide(Vec<[u64; 4]>),
+}
+
+impl Integers {
+    fn len(&self) -> usize {
+        match self {
+            Integers::Narrow(v) => v.len(),
+            Integers::Wide(v) => v.len(),
+        }
+    }
+
+    fn push(&mut self, value: U256) {
+        match self {
+            Integers::Narrow(v) if value.0[1..] == [0, 0, 0] => v.push(value.0[0]),
+            Integers::Narrow(v) => {
+                let mut wide = Vec::with_capacity(v.capacity().max(v.len() + 1));
+                wide.extend(v.iter().map(|&x| [x, 0, 0, 0]));
+                wide.push(value.0);
+                *self = Integers::Wide(wide);
+            }
+            Integers::Wide(v) => v.push(value.0),
+        }
+    }
+
+    fn into_u256(self) -> Vec<U256> {
+        match self {
+            Integers::Narrow(v) => v.into_iter().map(U256::from_u64).collect(),
+            Integers::Wide(v) => v.into_iter().map(U256).collect(),
+        }
+    }
 }
 
 impl Elements {
-    /// Validates against `field`: well-formed, canonical, within `max_elements`.
-    /// `path` is the JSON pointer of this vector in the request.
     /// Plain 256-bit integers (exponents): decimal/hex strings, or base64 of 32-byte
-    /// little-endian values. No field check.
+    /// little-endian values. No field check. `path` is the JSON pointer of this vector in
+    /// the request.
     pub fn decode_integers(
-        &self,
+        self,
         encoding: Encoding,
         path: &str,
         max_elements: usize,
     ) -> Result<Vec<U256>, Problem> {
         match (self, encoding) {
-            (Elements::Base64(text), Encoding::Base64) => {
-                check_count(text.len() / 4 * 3 / 32, max_elements, path)?;
-                let bytes = B64.decode(text).map_err(|e| {
-                    Problem::at(
-                        ErrorCode::InvalidFieldElement,
-                        path,
-                        format!("invalid base64: {e}"),
-                    )
-                })?;
+            (Elements::Base64(words), Encoding::Base64) => {
+                let words = words.map_err(|e| invalid_base64(path, &e))?;
+                let bytes = words.bytes();
                 if bytes.len() % 32 != 0 {
                     return Err(Problem::at(
                         ErrorCode::InvalidFieldElement,
@@ -83,6 +114,7 @@ impl Elements {
                         ),
                     ));
                 }
+                check_count(bytes.len() / 32, max_elements, path)?;
                 Ok(bytes
                     .chunks_exact(32)
                     .map(|c| {
@@ -96,10 +128,10 @@ impl Elements {
                 if errors.is_empty() =>
             {
                 check_count(values.len(), max_elements, path)?;
-                Ok(values.clone())
+                Ok(values.into_u256())
             }
             // Malformed strings and encoding mismatches: the same answers as for elements.
-            _ => self
+            (elements, _) => elements
                 .decode(Field::Bn254Fr, encoding, path, max_elements)
                 .and_then(|_| {
                     Err(Problem::new(
@@ -110,8 +142,10 @@ impl Elements {
         }
     }
 
+    /// Validates against `field`: well-formed, canonical, within `max_elements`.
+    /// `path` is the JSON pointer of this vector in the request.
     pub fn decode(
-        &self,
+        self,
         field: Field,
         encoding: Encoding,
         path: &str,
@@ -121,21 +155,22 @@ impl Elements {
             (Elements::Strings { values, errors, error_count }, Encoding::Decimal | Encoding::Hex) => {
                 if !errors.is_empty() {
                     let issues: Vec<FieldIssue> = errors
-                        .iter()
-                        .map(|(i, m)| FieldIssue { path: format!("{path}/{i}"), message: m.clone() })
+                        .into_iter()
+                        .map(|(i, message)| FieldIssue { path: format!("{path}/{i}"), message })
                         .collect();
                     let detail = format!("{error_count} malformed element(s) in {path}; the first {} are listed", issues.len());
                     return Err(Problem::new(ErrorCode::InvalidFieldElement, detail).with_errors(issues));
                 }
                 check_count(values.len(), max_elements, path)?;
-                FieldVec::from_integers(field, values)
+                match values {
+                    Integers::Narrow(v) => FieldVec::from_words(field, v),
+                    Integers::Wide(v) => FieldVec::from_limbs(field, v),
+                }
             }
-            (Elements::Base64(text), Encoding::Base64) => {
-                check_count(text.len() / 4 * 3 / field.byte_width(), max_elements, path)?;
-                let bytes = B64
-                    .decode(text)
-                    .map_err(|e| Problem::at(ErrorCode::InvalidFieldElement, path, format!("invalid base64: {e}")))?;
-                FieldVec::from_le_bytes(field, &bytes)
+            (Elements::Base64(words), Encoding::Base64) => {
+                let words = words.map_err(|e| invalid_base64(path, &e))?;
+                check_count(words.len / field.byte_width(), max_elements, path)?;
+                from_packed(field, words)
             }
             (Elements::Base64(_), _) => {
                 return Err(Problem::at(
@@ -157,11 +192,39 @@ impl Elements {
         })
     }
 
+    /// Elements as sent: the strings, or the base64 payload's decoded bytes.
     pub fn approx_len(&self) -> usize {
         match self {
             Elements::Strings { values, .. } => values.len(),
-            Elements::Base64(s) => s.len() / 4 * 3,
+            Elements::Base64(Ok(words)) => words.len,
+            Elements::Base64(Err(_)) => 0,
         }
+    }
+}
+
+fn invalid_base64(path: &str, why: &str) -> Problem {
+    Problem::at(
+        ErrorCode::InvalidFieldElement,
+        path,
+        format!("invalid base64: {why}"),
+    )
+}
+
+/// Decoded little-endian values as `field`'s vector: the words themselves where the
+/// width allows (Goldilocks, and the 256-bit fields as four words an element).
+fn from_packed(field: Field, words: PackedWords<u64>) -> Result<FieldVec, ElementError> {
+    let whole = words.len % field.byte_width() == 0;
+    if !whole || field == Field::BabyBear || cfg!(target_endian = "big") {
+        return FieldVec::from_le_bytes(field, words.bytes());
+    }
+    match field {
+        Field::Goldilocks => FieldVec::from_words(field, words.words),
+        _ => match bytemuck::allocation::try_cast_vec::<u64, [u64; 4]>(words.words) {
+            Ok(limbs) => FieldVec::from_limbs(field, limbs),
+            Err((_, words)) => {
+                FieldVec::from_le_bytes(field, &bytemuck::cast_slice(&words)[..words.len() * 8])
+            }
+        },
     }
 }
 
@@ -192,15 +255,13 @@ impl<'de> Visitor<'de> for ElementsVisitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Elements, E> {
-        Ok(Elements::Base64(v.to_string()))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Elements, E> {
-        Ok(Elements::Base64(v))
+        Ok(Elements::Base64(PackedWords::decode(v)))
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Elements, A::Error> {
-        let mut values = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
+        let mut values = Integers::Narrow(Vec::with_capacity(
+            seq.size_hint().unwrap_or(0).min(1 << 20),
+        ));
         let mut errors = Vec::new();
         let mut error_count = 0;
         while let Some(parsed) = seq.next_element_seed(ElementSeed)? {
@@ -270,21 +331,56 @@ pub struct ElementsOut {
     pub encoding: Encoding,
 }
 
+impl ElementsOut {
+    /// An upper bound of the serialised length, to size the answer's buffer up front.
+    pub fn json_size_hint(&self) -> usize {
+        let n = self.values.len();
+        match self.encoding {
+            Encoding::Base64 => self.values.byte_len().div_ceil(3) * 4 + 2,
+            // Quotes and a comma around each value's digits (0x and 64 hex digits at most).
+            _ => {
+                2 + n * match self.values.field() {
+                    Field::BabyBear => 3 + 10,
+                    Field::Goldilocks => 3 + 20,
+                    Field::Bn254Fr | Field::Bls12_381Fr => 3 + 78,
+                }
+            }
+        }
+    }
+}
+
 impl Serialize for ElementsOut {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
         if self.encoding == Encoding::Base64 {
-            return s.serialize_str(&B64.encode(self.values.to_le_bytes()));
+            return base64_json_string(&self.values.le_bytes()).serialize(s);
         }
         let mut seq = s.serialize_seq(Some(self.values.len()))?;
-        let mut buf = String::with_capacity(80);
-        for i in 0..self.values.len() {
-            buf.clear();
-            match self.encoding {
-                Encoding::Hex => self.values.get(i).write_hex(&mut buf),
-                _ => self.values.get(i).write_decimal(&mut buf),
+        // Small fields' decimal digits straight from the word; everything else through a
+        // reused string.
+        let mut digits = itoa::Buffer::new();
+        match (&self.values, self.encoding) {
+            (FieldVec::Goldilocks(v), Encoding::Decimal) => {
+                for &x in v {
+                    seq.serialize_element(digits.format(x))?;
+                }
             }
-            seq.serialize_element(buf.as_str())?;
+            (FieldVec::BabyBear(v), Encoding::Decimal) => {
+                for &x in v {
+                    seq.serialize_element(digits.format(x))?;
+                }
+            }
+            _ => {
+                let mut buf = String::with_capacity(80);
+                for i in 0..self.values.len() {
+                    buf.clear();
+                    match self.encoding {
+                        Encoding::Hex => self.values.get(i).write_hex(&mut buf),
+                        _ => self.values.get(i).write_decimal(&mut buf),
+                    }
+                    seq.serialize_element(buf.as_str())?;
+                }
+            }
         }
         seq.end()
     }
@@ -326,20 +422,20 @@ mod tests {
             encoding: Encoding::Base64,
         })
         .unwrap();
-        let e = elements(&text);
+        let e = || elements(&text);
         assert_eq!(
-            e.decode(Field::Goldilocks, Encoding::Base64, "/a", 100)
+            e().decode(Field::Goldilocks, Encoding::Base64, "/a", 100)
                 .unwrap(),
             v
         );
         assert_eq!(
-            e.decode(Field::Goldilocks, Encoding::Decimal, "/a", 100)
+            e().decode(Field::Goldilocks, Encoding::Decimal, "/a", 100)
                 .unwrap_err()
                 .code,
             ErrorCode::InvalidRequest
         );
         assert_eq!(
-            e.decode(Field::Goldilocks, Encoding::Base64, "/a", 2)
+            e().decode(Field::Goldilocks, Encoding::Base64, "/a", 2)
                 .unwrap_err()
                 .code,
             ErrorCode::PayloadTooLarge
@@ -352,6 +448,74 @@ mod tests {
                 .path,
             "/a"
         );
+    }
+
+    /// Values parse into 64-bit words until one needs more; either way every field gets
+    /// the same vector as from the integers, and the first non-canonical index is named.
+    #[test]
+    fn narrow_and_wide_integers_decode_alike() {
+        let big = "18446744073709551616"; // 2^64
+        let texts = [
+            r#"["0", "5", "2013265920", "0xffffffff00000000"]"#.to_string(),
+            format!(r#"["7", "{big}", "3"]"#),
+            format!(r#"["{big}"]"#),
+            r#"["2013265921", "1"]"#.to_string(),
+            r#"["1", "18446744069414584321"]"#.to_string(),
+        ];
+        for text in &texts {
+            let ints = elements(text)
+                .decode_integers(Encoding::Decimal, "/x", 100)
+                .unwrap();
+            for field in [
+                Field::Goldilocks,
+                Field::BabyBear,
+                Field::Bn254Fr,
+                Field::Bls12_381Fr,
+            ] {
+                let want = FieldVec::from_integers(field, &ints).map_err(|e| e.index);
+                let got = elements(text).decode(field, Encoding::Decimal, "/x", 100);
+                match (want, got) {
+                    (Ok(w), Ok(g)) => assert_eq!(g, w, "{text} in {field:?}"),
+                    (Err(i), Err(p)) => assert_eq!(p.errors[0].path, format!("/x/{i}"), "{text}"),
+                    (w, g) => panic!(
+                        "{text} in {field:?}: {w:?} vs {:?}",
+                        g.map_err(|p| p.detail)
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Base64 answers and requests round-trip for every field width; the size hint bounds
+    /// the answer in every encoding.
+    #[test]
+    fn every_field_round_trips_and_the_size_hint_bounds_the_answer() {
+        let big = U256([u64::MAX, 5, 9, 0x0f]);
+        for field in [
+            Field::Goldilocks,
+            Field::BabyBear,
+            Field::Bn254Fr,
+            Field::Bls12_381Fr,
+        ] {
+            let top = match field {
+                Field::Goldilocks | Field::BabyBear => U256::from_u64(field.modulus().0[0] - 1),
+                _ => big,
+            };
+            let v = FieldVec::from_integers(field, &[U256::ZERO, U256::from_u64(42), top]).unwrap();
+            for encoding in [Encoding::Decimal, Encoding::Hex, Encoding::Base64] {
+                let out = ElementsOut {
+                    values: v.clone(),
+                    encoding,
+                };
+                let text = serde_json::to_string(&out).unwrap();
+                assert!(
+                    text.len() <= out.json_size_hint(),
+                    "{field:?} {encoding:?}: {text}"
+                );
+                let back = elements(&text).decode(field, encoding, "/a", 100).unwrap();
+                assert_eq!(back, v, "{field:?} {encoding:?}");
+            }
+        }
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod mpc;
 pub mod msm;
 pub mod nn;
 pub mod openapi;
+mod packed;
 pub mod problem;
 pub mod rf;
 pub mod secagg;

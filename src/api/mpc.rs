@@ -366,6 +366,7 @@ pub async fn shamir_combine(
     let max = state.settings.config.max_elements;
     let total: usize = req.shares.iter().map(|s| s.values.approx_len()).sum();
     let large = total > INLINE_ELEMENTS;
+    let threshold = req.threshold;
     let build = move || -> Result<CombineJob, Problem> {
         if req.shares.len() > MAX_SHARES {
             return Err(Problem::at(
@@ -376,7 +377,7 @@ pub async fn shamir_combine(
         }
         let mut xs = Vec::with_capacity(req.shares.len());
         let mut values = Vec::with_capacity(req.shares.len());
-        for (i, share) in req.shares.iter().enumerate() {
+        for (i, share) in req.shares.into_iter().enumerate() {
             xs.push(parse_x(&share.x, field, &format!("/shares/{i}/x"))?);
             values.push(share.values.decode(
                 field,
@@ -385,10 +386,10 @@ pub async fn shamir_combine(
                 max,
             )?);
         }
-        Ok(CombineJob::new(req.threshold, &xs, values)?)
+        Ok(CombineJob::new(threshold, &xs, values)?)
     };
     let job = blocking_if(large, build).await?;
-    let (threshold, checked) = (req.threshold, job.extra_shares());
+    let checked = job.extra_shares();
     let finisher = job.clone();
     let done = state.pool.submit(job, req.backend, timeout).await?;
     let run = done.run;

@@ -319,7 +319,7 @@ pub async fn msm(
     let max = state.settings.config.max_elements;
     let large = req.points.approx_len(curve) > INLINE_POINTS;
     let build = move || -> Result<MsmJob, Problem> {
-        let scalars = decode_scalars(&req, max)?;
+        let scalars = decode_scalars(req.scalars, req.scalar_batch, curve, encoding, max)?;
         let points = req.points.decode(curve, encoding, max, "/points")?;
         MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))
     };
@@ -347,12 +347,18 @@ pub async fn msm(
     Ok(job_response(bytes, &done.run))
 }
 
-fn decode_scalars(req: &MsmRequest, max: usize) -> Result<Vec<FieldVec>, Problem> {
-    let field = req.curve.scalar_field();
-    let vectors = match (&req.scalars, &req.scalar_batch) {
-        (Some(s), None) => vec![s.decode(field, req.encoding, "/scalars", max)?],
+fn decode_scalars(
+    scalars: Option<Elements>,
+    scalar_batch: Option<Vec<Elements>>,
+    curve: Curve,
+    encoding: Encoding,
+    max: usize,
+) -> Result<Vec<FieldVec>, Problem> {
+    let field = curve.scalar_field();
+    let vectors = match (scalars, scalar_batch) {
+        (Some(s), None) => vec![s.decode(field, encoding, "/scalars", max)?],
         (None, Some(batch)) => {
-            let per_element = match req.encoding {
+            let per_element = match encoding {
                 Encoding::Base64 => field.byte_width(),
                 _ => 1,
             };
@@ -361,9 +367,9 @@ fn decode_scalars(req: &MsmRequest, max: usize) -> Result<Vec<FieldVec>, Problem
                 return Err(too_many(total, max));
             }
             batch
-                .iter()
+                .into_iter()
                 .enumerate()
-                .map(|(k, s)| s.decode(field, req.encoding, &format!("/scalar_batch/{k}"), max))
+                .map(|(k, s)| s.decode(field, encoding, &format!("/scalar_batch/{k}"), max))
                 .collect::<Result<_, _>>()?
         }
         (Some(_), Some(_)) => {

@@ -2,7 +2,7 @@
 
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::problem::{ErrorCode, Problem};
-use super::{blocking_if, job_response, job_timeout, AppState};
+use super::{blocking_if, job_response, job_timeout, json_body, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::ntt::{Direction, NttJob, Order};
 use crate::ops::zk::FieldVec;
@@ -203,15 +203,15 @@ async fn answer(
     large: bool,
 ) -> Result<Response, Problem> {
     let (values, run) = (done.output, done.run);
+    let result = ElementsOut { values, encoding };
+    let size_hint = 128 + result.json_size_hint();
     let body = FieldVectorResponse {
         field,
         encoding,
-        length: values.len(),
-        result: ElementsOut { values, encoding },
+        length: result.values.len(),
+        result,
     };
-    let encode = move || {
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))
-    };
+    let encode = move || json_body(&body, size_hint);
     let bytes = blocking_if(large, encode).await?;
     Ok(job_response(bytes, &run))
 }
@@ -297,7 +297,7 @@ async fn transform(
     let large = req.values.approx_len() > INLINE_ELEMENTS;
     let build = move || -> Result<NttJob, Problem> {
         let values = req.values.decode(field, encoding, "/values", max)?;
-        let shift = match &req.coset_shift {
+        let shift = match req.coset_shift {
             None => None,
             Some(s) => {
                 let v = s.decode(field, encoding, "/coset_shift", 16)?;

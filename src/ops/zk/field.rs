@@ -139,6 +139,46 @@ impl FieldVec {
         })
     }
 
+    /// Values below 2^64, taken as they are (no copy for Goldilocks); refuses the first
+    /// that is not canonical, naming its index.
+    pub fn from_words(field: Field, values: Vec<u64>) -> Result<Self, ElementError> {
+        let first_over = |p: u64| values.iter().position(|&v| v >= p);
+        match field {
+            Field::Goldilocks => match first_over(GOLDILOCKS_P) {
+                Some(index) => Err(non_canonical(field, index)),
+                None => Ok(FieldVec::Goldilocks(values)),
+            },
+            Field::BabyBear => match first_over(u64::from(BABYBEAR_P)) {
+                Some(index) => Err(non_canonical(field, index)),
+                None => Ok(FieldVec::BabyBear(
+                    values.iter().map(|&v| v as u32).collect(),
+                )),
+            },
+            // Both moduli are above 2^254: every 64-bit value is canonical.
+            Field::Bn254Fr => Ok(FieldVec::Bn254Fr(
+                values.iter().map(|&v| [v, 0, 0, 0]).collect(),
+            )),
+            Field::Bls12_381Fr => Ok(FieldVec::Bls12_381Fr(
+                values.iter().map(|&v| [v, 0, 0, 0]).collect(),
+            )),
+        }
+    }
+
+    /// 256-bit values as little-endian limbs, taken as they are (no copy for the 256-bit
+    /// fields); refuses the first that is not canonical, naming its index.
+    pub fn from_limbs(field: Field, values: Vec<[u64; 4]>) -> Result<Self, ElementError> {
+        let p = field.modulus();
+        if let Some(index) = values.iter().position(|&v| U256(v) >= p) {
+            return Err(non_canonical(field, index));
+        }
+        Ok(match field {
+            Field::Bn254Fr => FieldVec::Bn254Fr(values),
+            Field::Bls12_381Fr => FieldVec::Bls12_381Fr(values),
+            Field::Goldilocks => FieldVec::Goldilocks(values.iter().map(|v| v[0]).collect()),
+            Field::BabyBear => FieldVec::BabyBear(values.iter().map(|v| v[0] as u32).collect()),
+        })
+    }
+
     /// Little-endian fixed-width values, `field.byte_width()` bytes each.
     pub fn from_le_bytes(field: Field, bytes: &[u8]) -> Result<Self, ElementError> {
         let width = field.byte_width();
@@ -188,6 +228,18 @@ impl FieldVec {
             }
             FieldVec::Goldilocks(v) => v.iter().flat_map(|l| l.to_le_bytes()).collect(),
             FieldVec::BabyBear(v) => v.iter().flat_map(|l| l.to_le_bytes()).collect(),
+        }
+    }
+
+    /// The values as little-endian bytes: borrowed where the host is little-endian.
+    pub fn le_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
+        if cfg!(target_endian = "big") {
+            return self.to_le_bytes().into();
+        }
+        match self {
+            FieldVec::Bn254Fr(v) | FieldVec::Bls12_381Fr(v) => bytemuck::cast_slice(v).into(),
+            FieldVec::Goldilocks(v) => bytemuck::cast_slice(v).into(),
+            FieldVec::BabyBear(v) => bytemuck::cast_slice(v).into(),
         }
     }
 

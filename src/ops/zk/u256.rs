@@ -57,15 +57,19 @@ impl U256 {
         if s.is_empty() {
             return Err(ParseError::Empty);
         }
+        let bad_digit = || {
+            let c = s.chars().find(|c| !c.is_ascii_digit()).unwrap_or('?');
+            ParseError::InvalidDigit(c)
+        };
+        // Most values (every Goldilocks and BabyBear element) have at most 19 digits.
+        if s.len() <= 19 {
+            return digits_to_u64(s.as_bytes())
+                .map(U256::from_u64)
+                .ok_or_else(bad_digit);
+        }
         let mut acc = U256::ZERO;
         for chunk in s.as_bytes().chunks(19) {
-            let mut v = 0u64;
-            for &c in chunk {
-                if !c.is_ascii_digit() {
-                    return Err(ParseError::InvalidDigit(c as char));
-                }
-                v = v * 10 + u64::from(c - b'0');
-            }
+            let v = digits_to_u64(chunk).ok_or_else(bad_digit)?;
             acc = acc
                 .mul_small_add(10u64.pow(chunk.len() as u32), v)
                 .ok_or(ParseError::Overflow)?;
@@ -128,15 +132,12 @@ impl U256 {
         use std::fmt::Write;
         // Fast paths: every Goldilocks element fits in 64 bits.
         if self.0[1..] == [0, 0, 0] {
-            let _ = write!(out, "{}", self.0[0]);
+            out.push_str(itoa::Buffer::new().format(self.0[0]));
             return;
         }
         if self.0[2..] == [0, 0] {
-            let _ = write!(
-                out,
-                "{}",
-                u128::from(self.0[0]) | (u128::from(self.0[1]) << 64)
-            );
+            let v = u128::from(self.0[0]) | (u128::from(self.0[1]) << 64);
+            out.push_str(itoa::Buffer::new().format(v));
             return;
         }
         // 2^256 < 10^78, so at most five 19-digit chunks.
@@ -174,6 +175,38 @@ impl U256 {
     }
 }
 
+/// The value of at most 19 ASCII decimal digits, or None if one is not a digit. Eight
+/// digits at a time in one 64-bit word (the SWAR method of fast_float and simdjson).
+fn digits_to_u64(digits: &[u8]) -> Option<u64> {
+    debug_assert!(digits.len() <= 19);
+    let mut v = 0u64;
+    let mut blocks = digits.chunks_exact(8);
+    for block in &mut blocks {
+        let w = u64::from_le_bytes(block.try_into().expect("8 bytes"));
+        // A byte below '0' sets its top bit in the difference, one above '9' in the sum.
+        let (below, above) = (
+            w.wrapping_sub(0x3030_3030_3030_3030),
+            w.wrapping_add(0x4646_4646_4646_4646),
+        );
+        if (below | above) & 0x8080_8080_8080_8080 != 0 {
+            return None;
+        }
+        // Pairs, then quadruples, then all eight, most significant digit first.
+        let pairs = below.wrapping_mul(10).wrapping_add(below >> 8);
+        const MASK: u64 = 0x0000_00ff_0000_00ff;
+        let quads = (pairs & MASK).wrapping_mul(100 + (1_000_000 << 32))
+            + ((pairs >> 16) & MASK).wrapping_mul(1 + (10_000 << 32));
+        v = v * 100_000_000 + (quads >> 32) as u32 as u64;
+    }
+    for &c in blocks.remainder() {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v * 10 + u64::from(c - b'0');
+    }
+    Some(v)
+}
+
 impl Ord for U256 {
     fn cmp(&self, other: &Self) -> Ordering {
         self.0.iter().rev().cmp(other.0.iter().rev())
@@ -197,6 +230,41 @@ impl fmt::Display for U256 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digit_blocks_parse_like_a_digit_loop() {
+        let naive = |d: &[u8]| -> Option<u64> {
+            d.iter().try_fold(0u64, |v, &c| {
+                c.is_ascii_digit().then(|| v * 10 + u64::from(c - b'0'))
+            })
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 20) as usize;
+            let mut d: Vec<u8> = (0..len)
+                .map(|k| b'0' + ((x >> (k * 3)) % 10) as u8)
+                .collect();
+            if x % 5 == 0 && len > 0 {
+                // One byte just outside the digits, or far outside.
+                let bad = [b'/', b':', b' ', 0x80, 0xff, b'a'][(x >> 60) as usize % 6];
+                d[(x >> 40) as usize % len] = bad;
+            }
+            assert_eq!(
+                digits_to_u64(&d),
+                naive(&d),
+                "{:?}",
+                String::from_utf8_lossy(&d)
+            );
+        }
+        assert_eq!(
+            digits_to_u64(b"9999999999999999999"),
+            Some(9_999_999_999_999_999_999)
+        );
+        assert_eq!(digits_to_u64(b""), Some(0));
+    }
     use num_bigint::BigUint;
     use proptest::prelude::*;
 
