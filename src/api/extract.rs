@@ -63,7 +63,18 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Ap
     }
 }
 
+/// The body as `T`. Parsed first without tracking the path, which costs on every value of
+/// a large body (millions of array elements); only a body that fails is parsed again with
+/// it, to name the bad field.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match T::deserialize(&mut de).and_then(|value| de.end().map(|()| value)) {
+        Ok(value) => Ok(value),
+        Err(_) => parse_tracking_the_path(bytes),
+    }
+}
+
+fn parse_tracking_the_path<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let mut path = pointer(e.path());
