@@ -61,11 +61,19 @@ impl U256 {
             let c = s.chars().find(|c| !c.is_ascii_digit()).unwrap_or('?');
             ParseError::InvalidDigit(c)
         };
-        // Most values (every Goldilocks and BabyBear element) have at most 19 digits.
-        if s.len() <= 19 {
-            return digits_to_u64(s.as_bytes())
-                .map(U256::from_u64)
-                .ok_or_else(bad_digit);
+        // Most values have at most 19 digits, and every Goldilocks element at most 20:
+        // up to 38 the value is a u128 built from two 19-digit halves.
+        let d = s.as_bytes();
+        if d.len() <= 19 {
+            return digits_to_u64(d).map(U256::from_u64).ok_or_else(bad_digit);
+        }
+        if d.len() <= 38 {
+            let (high, low) = d.split_at(d.len() - 19);
+            let (high, low) = digits_to_u64(high)
+                .zip(digits_to_u64(low))
+                .ok_or_else(bad_digit)?;
+            let v = u128::from(high) * u128::from(TEN_POW_19) + u128::from(low);
+            return Ok(U256([v as u64, (v >> 64) as u64, 0, 0]));
         }
         let mut acc = U256::ZERO;
         for chunk in s.as_bytes().chunks(19) {
