@@ -49,12 +49,17 @@ pub enum Elements {
         errors: Vec<(usize, String)>,
         error_count: usize,
     },
-    Base64(Result<PackedWords<u64>, String>),
+    Base64 {
+        words: Result<PackedWords<u64>, String>,
+        /// Bytes the text would decode to, for the size check that comes before any
+        /// complaint about the text itself.
+        text_bytes: usize,
+    },
 }
 
-/// Parsed integers: 64-bit words while every value fits (all of a small field's
-/// elements, which then become its vector without a copy), 256-bit limbs from the first
-/// value that does not.
+/// Parsed integers: 64-bit words while every value fits (a Goldilocks vector then *is*
+/// these words; BabyBear's are narrowed to u32), 256-bit limbs from the first value that
+/// does not (which a 256-bit field's vector then is).
 #[derive(Debug)]
 pub enum Integers {
     Narrow(Vec<u64>),
@@ -101,7 +106,8 @@ impl Elements {
         max_elements: usize,
     ) -> Result<Vec<U256>, Problem> {
         match (self, encoding) {
-            (Elements::Base64(words), Encoding::Base64) => {
+            (Elements::Base64 { words, text_bytes }, Encoding::Base64) => {
+                check_count(text_bytes / 32, max_elements, path)?;
                 let words = words.map_err(|e| invalid_base64(path, &e))?;
                 let bytes = words.bytes();
                 if bytes.len() % 32 != 0 {
@@ -114,7 +120,6 @@ impl Elements {
                         ),
                     ));
                 }
-                check_count(bytes.len() / 32, max_elements, path)?;
                 Ok(bytes
                     .chunks_exact(32)
                     .map(|c| {
@@ -167,12 +172,12 @@ impl Elements {
                     Integers::Wide(v) => FieldVec::from_limbs(field, v),
                 }
             }
-            (Elements::Base64(words), Encoding::Base64) => {
+            (Elements::Base64 { words, text_bytes }, Encoding::Base64) => {
+                check_count(text_bytes / field.byte_width(), max_elements, path)?;
                 let words = words.map_err(|e| invalid_base64(path, &e))?;
-                check_count(words.len / field.byte_width(), max_elements, path)?;
                 from_packed(field, words)
             }
-            (Elements::Base64(_), _) => {
+            (Elements::Base64 { .. }, _) => {
                 return Err(Problem::at(
                     ErrorCode::InvalidRequest,
                     path,
@@ -192,12 +197,11 @@ impl Elements {
         })
     }
 
-    /// Elements as sent: the strings, or the base64 payload's decoded bytes.
+    /// Elements as sent: the strings, or the bytes the base64 text would decode to.
     pub fn approx_len(&self) -> usize {
         match self {
             Elements::Strings { values, .. } => values.len(),
-            Elements::Base64(Ok(words)) => words.len,
-            Elements::Base64(Err(_)) => 0,
+            Elements::Base64 { text_bytes, .. } => *text_bytes,
         }
     }
 }
@@ -255,7 +259,10 @@ impl<'de> Visitor<'de> for ElementsVisitor {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Elements, E> {
-        Ok(Elements::Base64(PackedWords::decode(v)))
+        Ok(Elements::Base64 {
+            words: PackedWords::decode(v),
+            text_bytes: v.len() / 4 * 3,
+        })
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Elements, A::Error> {
@@ -477,6 +484,14 @@ mod tests {
         );
         assert_eq!(
             e().decode(Field::Goldilocks, Encoding::Base64, "/a", 2)
+                .unwrap_err()
+                .code,
+            ErrorCode::PayloadTooLarge
+        );
+        // The size check comes first, as the text's length gives it.
+        assert_eq!(
+            elements(r#""AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA!""#)
+                .decode(Field::Goldilocks, Encoding::Base64, "/a", 2)
                 .unwrap_err()
                 .code,
             ErrorCode::PayloadTooLarge
