@@ -354,9 +354,33 @@ impl ElementsOut {
             }
         }
     }
-}
 
-impl ElementsOut {
+    /// Calls `f` with each value's text in the decimal or hex encoding: small fields'
+    /// decimal digits straight from the word (itoa), everything else through one reused
+    /// string. Shared by `write_json` and `Serialize`, so both write the same text.
+    fn try_for_each_text<E>(&self, mut f: impl FnMut(&str) -> Result<(), E>) -> Result<(), E> {
+        let mut digits = itoa::Buffer::new();
+        match (&self.values, self.encoding) {
+            (FieldVec::Goldilocks(v), Encoding::Decimal) => {
+                v.iter().try_for_each(|&x| f(digits.format(x)))
+            }
+            (FieldVec::BabyBear(v), Encoding::Decimal) => {
+                v.iter().try_for_each(|&x| f(digits.format(x)))
+            }
+            (values, encoding) => {
+                let mut text = String::with_capacity(80);
+                (0..values.len()).try_for_each(|i| {
+                    text.clear();
+                    match encoding {
+                        Encoding::Hex => values.get(i).write_hex(&mut text),
+                        _ => values.get(i).write_decimal(&mut text),
+                    }
+                    f(&text)
+                })
+            }
+        }
+    }
+
     /// Appends what `Serialize` writes, without serde: digits, hex and base64 need no
     /// escaping, which serde's string writer checks byte by byte (a large answer's
     /// costliest part).
@@ -367,32 +391,17 @@ impl ElementsOut {
             out.push(b'"');
             return;
         }
-        let mut digits = itoa::Buffer::new();
-        let mut text = String::with_capacity(80);
         out.push(b'[');
-        for i in 0..self.values.len() {
-            if i > 0 {
+        let mut first = true;
+        let Ok(()) = self.try_for_each_text(|text| {
+            if !std::mem::take(&mut first) {
                 out.push(b',');
             }
             out.push(b'"');
-            match (&self.values, self.encoding) {
-                (FieldVec::Goldilocks(v), Encoding::Decimal) => {
-                    out.extend_from_slice(digits.format(v[i]).as_bytes())
-                }
-                (FieldVec::BabyBear(v), Encoding::Decimal) => {
-                    out.extend_from_slice(digits.format(v[i]).as_bytes())
-                }
-                (values, encoding) => {
-                    text.clear();
-                    match encoding {
-                        Encoding::Hex => values.get(i).write_hex(&mut text),
-                        _ => values.get(i).write_decimal(&mut text),
-                    }
-                    out.extend_from_slice(text.as_bytes());
-                }
-            }
+            out.extend_from_slice(text.as_bytes());
             out.push(b'"');
-        }
+            Ok::<(), std::convert::Infallible>(())
+        });
         out.push(b']');
     }
 }
@@ -404,32 +413,7 @@ impl Serialize for ElementsOut {
             return base64_json_string(&self.values.le_bytes()).serialize(s);
         }
         let mut seq = s.serialize_seq(Some(self.values.len()))?;
-        // Small fields' decimal digits straight from the word; everything else through a
-        // reused string.
-        let mut digits = itoa::Buffer::new();
-        match (&self.values, self.encoding) {
-            (FieldVec::Goldilocks(v), Encoding::Decimal) => {
-                for &x in v {
-                    seq.serialize_element(digits.format(x))?;
-                }
-            }
-            (FieldVec::BabyBear(v), Encoding::Decimal) => {
-                for &x in v {
-                    seq.serialize_element(digits.format(x))?;
-                }
-            }
-            _ => {
-                let mut buf = String::with_capacity(80);
-                for i in 0..self.values.len() {
-                    buf.clear();
-                    match self.encoding {
-                        Encoding::Hex => self.values.get(i).write_hex(&mut buf),
-                        _ => self.values.get(i).write_decimal(&mut buf),
-                    }
-                    seq.serialize_element(buf.as_str())?;
-                }
-            }
-        }
+        self.try_for_each_text(|text| seq.serialize_element(text))?;
         seq.end()
     }
 }

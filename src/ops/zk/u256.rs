@@ -76,7 +76,7 @@ impl U256 {
             return Ok(U256([v as u64, (v >> 64) as u64, 0, 0]));
         }
         let mut acc = U256::ZERO;
-        for chunk in s.as_bytes().chunks(19) {
+        for chunk in d.chunks(19) {
             let v = digits_to_u64(chunk).ok_or_else(bad_digit)?;
             acc = acc
                 .mul_small_add(10u64.pow(chunk.len() as u32), v)
