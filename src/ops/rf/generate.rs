@@ -16,10 +16,12 @@ use std::f64::consts::PI;
 /// bits. 2 (2026-11-23): receiver noise from one draw per complex sample in f32, the
 /// rotation in lanes, FM phasors by `sincos::polar`, and features from f32 Welch
 /// transforms. 3: receiver noise by Box–Muller in f32 (`noise`) instead of the
-/// ziggurat, about 3.5× cheaper in lanes. Recorded in the Parquet file's key-value metadata
+/// ziggurat, about 3.5× cheaper in lanes. 4: the voice table's and the DTMF tones' sines
+/// by the vectorised `sincos::polar` instead of libm per value (last-bit differences).
+/// Recorded in the Parquet file's key-value metadata
 /// (`gpu_ops.generator_version`) and in a job's checkpoint, which refuses a resume
 /// across versions.
-pub const GENERATOR_VERSION: u32 = 3;
+pub const GENERATOR_VERSION: u32 = 4;
 
 const EARTH_RADIUS_M: f64 = 6_371_008.8;
 /// Thermal noise density at 290 K, dBm/Hz.
