@@ -100,7 +100,9 @@ impl Noise {
         for j in 0..N {
             r[j] = radius(lo[j]);
         }
-        if lo.iter().any(|l| *l < TAIL_BELOW) {
+        // The lanes' minimum (one vector reduction) rather than `any`, which compiles to
+        // an extract, compare and branch per lane.
+        if lo.iter().fold(u32::MAX, |m, &l| m.min(l)) < TAIL_BELOW {
             for j in 0..N {
                 if lo[j] < TAIL_BELOW {
                     r[j] = self.tail_radius(first + j as u64, lo[j] >> 8);
