@@ -12,10 +12,11 @@
 //     RF_WAVE_THREADS numbers, so the result does not depend on timing), and writes its
 //     stretch: e^{jφ} for FM, x/√p for AM, 1 for the carrier;
 //  4. the padding, copied from the written recording.
-// Within tolerance of the twin, not bit for bit: the twin steps its sines by rotation and
-// wraps the FM phase every sample, this file evaluates the sines directly and sums the
-// phase per stretch (both within ~1e-10 rad over a second at 200 kHz), and CUDA's sin is
-// not glibc's.
+// Within tolerance of the twin, not bit for bit: the twin steps the tone's and the
+// syllable envelope's sines by rotation, takes the voice table's and DTMF's from its own
+// vectorised polynomial (sincos.rs) and wraps the FM phase every sample; this file
+// evaluates the sines directly with CUDA's sin and sums the phase per stretch (both within
+// ~1e-10 rad over a second at 200 kHz).
 #ifndef GPU_OPS_RF_WAVEFORM_CUH
 #define GPU_OPS_RF_WAVEFORM_CUH
 

@@ -39,6 +39,8 @@ avx2_dispatch! {
 #[inline(always)]
 fn polar_lanes(theta: &[f64], out: &mut [Complex<f64>]) {
     assert_eq!(theta.len(), out.len());
+    // The reduction's q·P1 and q·P2 are exact for |q| < 2^20 only.
+    debug_assert!(theta.iter().all(|t| t.abs() < 1e6), "polar: |θ| ≥ 1e6");
     for (t, o) in theta.iter().zip(out.iter_mut()) {
         *o = unit(*t);
     }

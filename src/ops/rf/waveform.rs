@@ -218,7 +218,7 @@ fn fract(x: f64) -> f64 {
 }
 
 /// `f(i, sin θ(i))` for i = 0..n, the sines by the vectorised `polar` a stretch at a time
-/// (libm's sine is a call per value, and the voice table and DTMF need 40,000 to 400,000
+/// (libm's sine is a call per value, and the voice table and DTMF need 25,000 to 400,000
 /// of them a waveform).
 fn for_each_sine(n: usize, theta: impl Fn(usize) -> f64, mut f: impl FnMut(usize, f64)) {
     const STRETCH: usize = 512;
@@ -281,8 +281,10 @@ mod tests {
 
     #[test]
     fn vectorised_sines_match_libm_across_stretches() {
-        // 1,300 values: two whole stretches and a partial one; DTMF-sized arguments too.
-        for scale in [1e-3, 0.05] {
+        // 1,300 values: two whole stretches and a partial one. Arguments up to the voice
+        // table's (~220), a default DTMF second's (~9.3e3) and a 60 s DTMF recording's
+        // (5.6e5), where the bound is the argument's own rounding (sincos.rs).
+        for scale in [1e-3, 0.2, 8.0, 430.0] {
             let theta = |i: usize| 0.3 + scale * i as f64;
             let mut seen = 0;
             for_each_sine(1_300, theta, |i, s| {
