@@ -268,11 +268,20 @@ pub fn bit_reverse<T>(a: &mut [T]) {
     }
     let bits = n.trailing_zeros();
     for i in 0..n {
-        let j = i.reverse_bits() >> (usize::BITS - bits);
+        let j = reversed_index(i, bits);
         if i < j {
             a.swap(i, j);
         }
     }
+}
+
+/// `i`'s `bits` low bits in reverse order: where index `i` of a transform of 2^bits goes
+/// in bit-reversed order (and back, as reversal is an involution).
+pub(crate) fn reversed_index(i: usize, bits: u32) -> usize {
+    if bits == 0 {
+        return i;
+    }
+    i.reverse_bits() >> (usize::BITS - bits)
 }
 
 fn sub_small(v: U256, k: u64) -> U256 {

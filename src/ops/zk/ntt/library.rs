@@ -67,23 +67,30 @@ fn dft_for<F: TwoAdicField>(
 /// Conversions run in parallel pieces of at least this many elements.
 const MIN_PIECE: usize = 4096;
 
-/// Columns read back together from a wide Plonky3 matrix: a 64-byte line of Goldilocks.
-const COLUMNS_PER_GROUP: usize = 8;
-
 /// Where the element of natural index `i` sits in a transform of 2^bits in `order`
 /// (bit reversal is an involution, so this also maps positions back to indices).
 fn position(i: usize, bits: u32, order: Order) -> usize {
     match order {
         Order::Natural => i,
-        Order::BitReversed if bits == 0 => i,
-        Order::BitReversed => i.reverse_bits() >> (usize::BITS - bits),
+        Order::BitReversed => super::reversed_index(i, bits),
     }
 }
 
-/// The job on Plonky3: the transforms become the columns of one n × batch matrix
-/// (Plonky3's own layout, which it transforms a row of butterflies at a time), with the
-/// input order undone in the same pass; the answer is read back out of the columns in the
-/// output order, again in one pass.
+/// A group of transforms is put in one matrix up to this size, so that the transposes into
+/// and out of Plonky3's layout stay within the cache (a core's L2 is 512 KiB or more).
+const GROUP_MATRIX_BYTES: usize = 256 * 1024;
+
+/// At most this many transforms to a matrix: two AVX-512 vectors of BabyBear a row.
+const MAX_GROUP: usize = 16;
+
+/// The job on Plonky3, whose layout for a batch is the columns of one n × batch matrix,
+/// transformed a row of butterflies at a time (vectorised across the columns). The wire
+/// holds each transform's values together, so the batch is taken a group of transforms at
+/// a time, as many as keep the group's matrix within the cache: the transposes then cost
+/// cache reads, not memory passes (with the whole batch as one matrix they cost more than
+/// Plonky3 saved: 2.2–3.0× its batched call, docs/PERFORMANCE.md). A large transform is a
+/// group of its own, a one-column matrix, converted in parallel pieces. The input order is
+/// undone as the values are converted, the output order applied as they are read back.
 fn plonky3<F: TwoAdicField, W: Copy + Default + Send + Sync>(
     job: &NttJob,
     values: &[W],
@@ -92,66 +99,49 @@ fn plonky3<F: TwoAdicField, W: Copy + Default + Send + Sync>(
     from: impl Fn(W) -> F + Sync,
     to: impl Fn(F) -> W + Sync,
 ) -> Vec<W> {
-    let (n, batch) = (job.size(), job.batch);
+    let n = job.size();
     let bits = n.trailing_zeros();
-    let matrix: Vec<F> = if batch == 1 {
-        (0..n)
-            .into_par_iter()
-            .with_min_len(MIN_PIECE)
-            .map(|r| from(values[position(r, bits, job.input_order)]))
-            .collect()
-    } else {
-        let rows_per_piece = (MIN_PIECE / batch).max(1);
-        let mut matrix = vec![F::ZERO; values.len()];
-        matrix
-            .par_chunks_mut(batch * rows_per_piece)
-            .enumerate()
-            .for_each(|(piece, rows)| {
-                // A block transpose: each transform's run of rows is read in one pass,
-                // and the piece written is small enough to stay in cache.
-                let first = piece * rows_per_piece;
-                for b in 0..batch {
-                    let column = &values[b * n..(b + 1) * n];
-                    for i in 0..rows.len() / batch {
-                        rows[i * batch + b] =
-                            from(column[position(first + i, bits, job.input_order)]);
-                    }
-                }
-            });
-        matrix
-    };
-    let matrix = RowMajorMatrix::new(matrix, batch);
-    let evaluations = match (job.direction, shift) {
-        (Direction::Forward, None) => dft.dft_batch(matrix),
-        (Direction::Forward, Some(s)) => dft.coset_dft_batch(matrix, s),
-        (Direction::Inverse, None) => dft.idft_batch(matrix),
-        (Direction::Inverse, Some(s)) => dft.coset_idft_batch(matrix, s),
-    }
-    .values;
-    if batch < 2 * COLUMNS_PER_GROUP {
-        // Output element k is element j of transform b (n is a power of two). With few
-        // columns, reading one column touches lines its neighbours share.
-        return (0..values.len())
-            .into_par_iter()
-            .with_min_len(MIN_PIECE)
-            .map(|k| {
-                let (b, j) = (k >> bits, k & (n - 1));
-                to(evaluations[position(j, bits, job.output_order) * batch + b])
-            })
-            .collect();
-    }
-    // Many columns: a group of them at a time, so every cache line of the matrix is read
-    // once rather than once per column.
+    let width = (GROUP_MATRIX_BYTES / (n * std::mem::size_of::<F>()))
+        .clamp(1, MAX_GROUP)
+        .min(job.batch);
     let mut out = vec![W::default(); values.len()];
-    out.par_chunks_mut(n * COLUMNS_PER_GROUP)
-        .enumerate()
-        .for_each(|(group, transforms)| {
-            let first = group * COLUMNS_PER_GROUP;
-            let count = transforms.len() / n;
-            for j in 0..n {
-                let row = position(j, bits, job.output_order) * batch + first;
-                for (c, &x) in evaluations[row..row + count].iter().enumerate() {
-                    transforms[c * n + j] = to(x);
+    out.par_chunks_mut(n * width)
+        .zip(values.par_chunks(n * width))
+        .for_each(|(group_out, group)| {
+            let width = group.len() / n;
+            let mut matrix = vec![F::ZERO; group.len()];
+            matrix
+                .par_chunks_mut(width)
+                .with_min_len(MIN_PIECE / width)
+                .enumerate()
+                .for_each(|(r, row)| {
+                    let i = position(r, bits, job.input_order);
+                    for (b, x) in row.iter_mut().enumerate() {
+                        *x = from(group[b * n + i]);
+                    }
+                });
+            let matrix = RowMajorMatrix::new(matrix, width);
+            let evaluations = match (job.direction, shift) {
+                (Direction::Forward, None) => dft.dft_batch(matrix),
+                (Direction::Forward, Some(s)) => dft.coset_dft_batch(matrix, s),
+                (Direction::Inverse, None) => dft.idft_batch(matrix),
+                (Direction::Inverse, Some(s)) => dft.coset_idft_batch(matrix, s),
+            }
+            .values;
+            if width == 1 {
+                group_out
+                    .par_iter_mut()
+                    .with_min_len(MIN_PIECE)
+                    .enumerate()
+                    .for_each(|(j, w)| *w = to(evaluations[position(j, bits, job.output_order)]));
+                return;
+            }
+            // Row by row (the group is in cache): row r holds element `position(r)` of
+            // each transform, as position is an involution.
+            for (r, row) in evaluations.chunks_exact(width).enumerate() {
+                let j = position(r, bits, job.output_order);
+                for (b, &x) in row.iter().enumerate() {
+                    group_out[b * n + j] = to(x);
                 }
             }
         });
