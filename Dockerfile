@@ -19,7 +19,7 @@ RUN useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin gpuo
  && chown gpuops /data
 COPY --from=build /out/gpu-ops /usr/local/bin/gpu-ops
 USER 10001
-# glibc.malloc.hugetlb=1: malloc asks for transparent huge pages on its large mappings, so
+# glibc.malloc.hugetlb=1: malloc advises transparent huge pages on its mappings and heap, so
 # a large body and its decoded vectors fault in 2 MiB at a time rather than 4 KiB (JSON
 # bulk ingest 12-14 % faster, docs/PERFORMANCE.md; no effect where the host's THP is off).
 ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \

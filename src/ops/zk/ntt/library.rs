@@ -77,20 +77,20 @@ fn position(i: usize, bits: u32, order: Order) -> usize {
 }
 
 /// A group of transforms is put in one matrix up to this size, so that the transposes into
-/// and out of Plonky3's layout stay within the cache (a core's L2 is 512 KiB or more).
+/// and out of Plonky3's layout run in cache: the group's input and its matrix together
+/// are twice this, within a core's L2 (512 KiB on the development machine's EPYC).
 const GROUP_MATRIX_BYTES: usize = 256 * 1024;
-
-/// At most this many transforms to a matrix: two AVX-512 vectors of BabyBear a row.
-const MAX_GROUP: usize = 16;
 
 /// The job on Plonky3, whose layout for a batch is the columns of one n × batch matrix,
 /// transformed a row of butterflies at a time (vectorised across the columns). The wire
 /// holds each transform's values together, so the batch is taken a group of transforms at
-/// a time, as many as keep the group's matrix within the cache: the transposes then cost
-/// cache reads, not memory passes (with the whole batch as one matrix they cost more than
-/// Plonky3 saved: 2.2–3.0× its batched call, docs/PERFORMANCE.md). A large transform is a
-/// group of its own, a one-column matrix, converted in parallel pieces. The input order is
-/// undone as the values are converted, the output order applied as they are read back.
+/// a time, as many as keep the group's matrix within GROUP_MATRIX_BYTES: the transposes
+/// then cost cache reads, not memory passes (with the whole batch as one matrix they cost
+/// more than Plonky3 saved: 1.6–2.2× its batched call on 256 × 2^12 Goldilocks,
+/// docs/PERFORMANCE.md). Small transforms make wide groups (thousands of columns when n is
+/// tiny), so the per-call overhead is spread over many; a large transform is a group of its
+/// own, a one-column matrix, converted in parallel pieces. The input order is undone as
+/// the values are converted, the output order applied as they are read back.
 fn plonky3<F: TwoAdicField, W: Copy + Default + Send + Sync>(
     job: &NttJob,
     values: &[W],
@@ -102,7 +102,7 @@ fn plonky3<F: TwoAdicField, W: Copy + Default + Send + Sync>(
     let n = job.size();
     let bits = n.trailing_zeros();
     let width = (GROUP_MATRIX_BYTES / (n * std::mem::size_of::<F>()))
-        .clamp(1, MAX_GROUP)
+        .max(1)
         .min(job.batch);
     let mut out = vec![W::default(); values.len()];
     out.par_chunks_mut(n * width)
@@ -112,7 +112,7 @@ fn plonky3<F: TwoAdicField, W: Copy + Default + Send + Sync>(
             let mut matrix = vec![F::ZERO; group.len()];
             matrix
                 .par_chunks_mut(width)
-                .with_min_len(MIN_PIECE / width)
+                .with_min_len((MIN_PIECE / width).max(1))
                 .enumerate()
                 .for_each(|(r, row)| {
                     let i = position(r, bits, job.input_order);
@@ -129,6 +129,7 @@ fn plonky3<F: TwoAdicField, W: Copy + Default + Send + Sync>(
             }
             .values;
             if width == 1 {
+                // Element j is at row position(j): position is an involution.
                 group_out
                     .par_iter_mut()
                     .with_min_len(MIN_PIECE)
@@ -137,7 +138,7 @@ fn plonky3<F: TwoAdicField, W: Copy + Default + Send + Sync>(
                 return;
             }
             // Row by row (the group is in cache): row r holds element `position(r)` of
-            // each transform, as position is an involution.
+            // each transform.
             for (r, row) in evaluations.chunks_exact(width).enumerate() {
                 let j = position(r, bits, job.output_order);
                 for (b, &x) in row.iter().enumerate() {

@@ -192,9 +192,10 @@ fn library_transforms_equal_the_radix_2_reference_bit_for_bit() {
     // radix-2 transform: every direction, order pair, coset and batch. Sizes go down and
     // up again so Plonky3's shared twiddle cache serves sizes below its largest.
     for field in Field::ALL {
-        // Plonky3 takes a batch a group of transforms to a matrix (up to 16, fewer as n
-        // grows): 17 and 40 end in a partial group; 2^14 × 3 is Goldilocks groups of two
-        // and one, 2^15 × 2 one-column matrices; (0, 16) one full group.
+        // Plonky3 takes a batch a group of transforms to a matrix, as many as fit 256 KiB:
+        // small transforms are one group; 2^14 × 3 is Goldilocks groups of two and one
+        // (BabyBear one group of three), 2^15 × 3 BabyBear two and one (Goldilocks one
+        // column each), 2^16 × 2 one column each in both fields.
         for (log_n, batch) in [
             (12u32, 1usize),
             (0, 3),
@@ -206,7 +207,8 @@ fn library_transforms_equal_the_radix_2_reference_bit_for_bit() {
             (6, 40),
             (0, 16),
             (14, 3),
-            (15, 2),
+            (15, 3),
+            (16, 2),
         ] {
             let n = 1usize << log_n;
             let xs = random_elements(field, batch * n, u64::from(log_n) + 11);
