@@ -5,7 +5,8 @@
 //! matrix's columns, Plonky3's own layout), ark-poly elements in Montgomery form. Forward,
 //! natural order, no coset. The service figure includes converting canonical integers
 //! into the library's form and back. Env: BENCH_NTT_LOG2 (default 20), BENCH_NTT_BATCH
-//! (transforms of 2^12 in the batched rows, default 256).
+//! (transforms in the batched rows, default 256), BENCH_NTT_BATCH_LOG2 (their size, default
+//! 12).
 
 mod common;
 
@@ -25,6 +26,7 @@ use std::time::Duration;
 fn main() {
     let log_n = env("BENCH_NTT_LOG2", 20) as u32;
     let batch = env("BENCH_NTT_BATCH", 256);
+    let batch_log_n = env("BENCH_NTT_BATCH_LOG2", 12) as u32;
     let all = std::thread::available_parallelism().map_or(1, |n| n.get());
     let model = CpuExecutor::new(1).unwrap().info.model.clone();
     println!("# gpu-ops NTT benchmark, CPU: {model}\n");
@@ -37,7 +39,7 @@ fn main() {
     for &t in &threads {
         let cpu = CpuExecutor::new(t).unwrap();
         for field in Field::ALL {
-            for (log_n, batch) in [(log_n, 1), (12, batch)] {
+            for (log_n, batch) in [(log_n, 1), (batch_log_n, batch)] {
                 row(&cpu, t, field, log_n, batch);
             }
         }
