@@ -271,12 +271,14 @@ impl<'de> Visitor<'de> for ElementsVisitor {
         ));
         let mut errors = Vec::new();
         let mut error_count = 0;
-        while let Some(parsed) = seq.next_element_seed(ElementSeed)? {
-            match parsed {
-                Ok(v) => values.push(v),
-                Err(message) => {
+        loop {
+            let index = values.len();
+            match seq.next_element_seed(ElementSeed(&mut values))? {
+                None => break,
+                Some(Ok(())) => {}
+                Some(Err(message)) => {
                     if errors.len() < MAX_LISTED_ERRORS {
-                        errors.push((values.len(), message));
+                        errors.push((index, message));
                     }
                     error_count += 1;
                     values.push(U256::ZERO); // keeps later indices right
@@ -291,32 +293,42 @@ impl<'de> Visitor<'de> for ElementsVisitor {
     }
 }
 
-/// One array element: Ok(value), or Ok(Err(why)) so reading goes on and every bad
+/// One array element, parsed and appended to the vector where it is read (no value is
+/// handed back through serde: millions of elements make every move count). Ok(()) once
+/// appended, or Ok(Err(why)) with nothing appended, so reading goes on and every bad
 /// element can be reported, not just the first.
-struct ElementSeed;
+struct ElementSeed<'a>(&'a mut Integers);
 
-impl<'de> DeserializeSeed<'de> for ElementSeed {
-    type Value = Result<U256, String>;
+impl<'de> DeserializeSeed<'de> for ElementSeed<'_> {
+    type Value = Result<(), String>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(ElementVisitor)
+        d.deserialize_any(self)
     }
 }
-
-struct ElementVisitor;
 
 const NUMBER_REFUSED: &str =
     "field elements must be strings: JSON numbers lose precision above 2^53";
 
-impl<'de> Visitor<'de> for ElementVisitor {
-    type Value = Result<U256, String>;
+impl<'de> Visitor<'de> for ElementSeed<'_> {
+    type Value = Result<(), String>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a decimal or 0x-hex string")
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(U256::parse(v).map_err(|e| e.to_string()))
+        // A small field's element goes straight in as its word while every value so far
+        // has been one; anything else (hex, wide, malformed) takes the full parse.
+        if let Integers::Narrow(words) = &mut *self.0 {
+            if let Some(word) = U256::parse_u64_decimal(v) {
+                words.push(word);
+                return Ok(Ok(()));
+            }
+        }
+        Ok(U256::parse(v)
+            .map(|value| self.0.push(value))
+            .map_err(|e| e.to_string()))
     }
 
     fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
@@ -501,11 +513,18 @@ mod tests {
             format!(r#"["{big}"]"#),
             r#"["2013265921", "1"]"#.to_string(),
             r#"["1", "18446744069414584321"]"#.to_string(),
+            // Twenty digits up to 2^64 - 1 are words; leading zeros beyond take the full parse.
+            r#"["18446744073709551615", "10000000000000000000", "000000000000000000000042", "0x7"]"#
+                .to_string(),
         ];
         for text in &texts {
             let ints = elements(text)
                 .decode_integers(Encoding::Decimal, "/x", 100)
                 .unwrap();
+            // Each value as the general parser reads it alone: the word path must agree.
+            let strings: Vec<String> = serde_json::from_str(text).unwrap();
+            let one_by_one: Vec<U256> = strings.iter().map(|s| U256::parse(s).unwrap()).collect();
+            assert_eq!(ints, one_by_one, "{text}");
             for field in [
                 Field::Goldilocks,
                 Field::BabyBear,

@@ -53,6 +53,26 @@ impl U256 {
         }
     }
 
+    /// Decimal digits of a value below 2^64, as the word itself; `None` for anything else
+    /// (hex, longer or larger values, bad digits), which `parse` then reads or refuses.
+    /// The common case of a small field's element, without building a 256-bit value.
+    pub fn parse_u64_decimal(s: &str) -> Option<u64> {
+        let d = s.as_bytes();
+        match d.len() {
+            1..=19 => digits_to_u64(d),
+            20 => {
+                let last = d[19].wrapping_sub(b'0');
+                if last > 9 {
+                    return None;
+                }
+                digits_to_u64(&d[..19])?
+                    .checked_mul(10)?
+                    .checked_add(u64::from(last))
+            }
+            _ => None,
+        }
+    }
+
     fn parse_decimal(s: &str) -> Result<Self, ParseError> {
         if s.is_empty() {
             return Err(ParseError::Empty);
@@ -273,6 +293,44 @@ mod tests {
         );
         assert_eq!(digits_to_u64(b""), Some(0));
     }
+    #[test]
+    fn the_word_parse_agrees_with_the_full_parse_or_declines() {
+        let cases = [
+            "0",
+            "7",
+            "0000000000000000000000000000001", // leading zeros past 20 digits: declined
+            "9999999999999999999",
+            "10000000000000000000",
+            "18446744073709551615", // 2^64 - 1
+            "18446744073709551616", // 2^64: overflows the word
+            "99999999999999999999",
+            "1844674407370955161a",
+            "184467440737095516:5",
+            "0x10",
+            "",
+            "-1",
+            "340282366920938463463374607431768211455",
+        ];
+        for s in cases {
+            let word = U256::parse_u64_decimal(s);
+            match U256::parse(s) {
+                Ok(v) if v.0[1..] == [0, 0, 0] && s.len() <= 20 && !s.starts_with("0x") => {
+                    assert_eq!(word, Some(v.0[0]), "{s}")
+                }
+                _ => assert_eq!(word, None, "{s}"),
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_word_parses_to_itself(v in any::<u64>(), zeros in 0usize..3) {
+            let text = format!("{}{v}", "0".repeat(zeros));
+            let expected = (text.len() <= 20).then_some(v);
+            prop_assert_eq!(U256::parse_u64_decimal(&text), expected);
+        }
+    }
+
     use num_bigint::BigUint;
     use proptest::prelude::*;
 
