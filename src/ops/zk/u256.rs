@@ -59,15 +59,25 @@ impl U256 {
     pub fn parse_u64_decimal(s: &str) -> Option<u64> {
         let d = s.as_bytes();
         match d.len() {
-            1..=19 => digits_to_u64(d),
-            20 => {
-                let last = d[19].wrapping_sub(b'0');
-                if last > 9 {
-                    return None;
-                }
-                digits_to_u64(&d[..19])?
-                    .checked_mul(10)?
-                    .checked_add(u64::from(last))
+            1..=16 => digits_to_u64(d),
+            // Most elements of a 64-bit field have 19 or 20 digits: three blocks of eight,
+            // the first the leading 1–4 digits behind zeros, so no digit is read alone
+            // and no loop's length depends on the value.
+            17..=20 => {
+                let lead = d.len() - 16;
+                let first = u64::from_le_bytes(d[..8].try_into().expect("8 bytes"));
+                // The string's first byte is the block's least significant: move the
+                // leading digits to the top bytes and fill the bottom ones with '0'.
+                let padded = (first << (8 * (8 - lead))) | (ZERO_DIGITS >> (8 * lead));
+                let high = block_to_u64(padded)?;
+                let middle = block_to_u64(u64::from_le_bytes(
+                    d[lead..lead + 8].try_into().expect("8 bytes"),
+                ))?;
+                let low = block_to_u64(u64::from_le_bytes(
+                    d[lead + 8..].try_into().expect("8 bytes"),
+                ))?;
+                high.checked_mul(10_000_000_000_000_000)?
+                    .checked_add(middle * 100_000_000 + low)
             }
             _ => None,
         }
@@ -211,20 +221,7 @@ fn digits_to_u64(digits: &[u8]) -> Option<u64> {
     let mut blocks = digits.chunks_exact(8);
     for block in &mut blocks {
         let w = u64::from_le_bytes(block.try_into().expect("8 bytes"));
-        // A byte below '0' sets its top bit in the difference, one above '9' in the sum.
-        let (below, above) = (
-            w.wrapping_sub(0x3030_3030_3030_3030),
-            w.wrapping_add(0x4646_4646_4646_4646),
-        );
-        if (below | above) & 0x8080_8080_8080_8080 != 0 {
-            return None;
-        }
-        // Pairs, then quadruples, then all eight, most significant digit first.
-        let pairs = below.wrapping_mul(10).wrapping_add(below >> 8);
-        const MASK: u64 = 0x0000_00ff_0000_00ff;
-        let quads = (pairs & MASK).wrapping_mul(100 + (1_000_000 << 32))
-            + ((pairs >> 16) & MASK).wrapping_mul(1 + (10_000 << 32));
-        v = v * 100_000_000 + (quads >> 32) as u32 as u64;
+        v = v * 100_000_000 + block_to_u64(w)?;
     }
     for &c in blocks.remainder() {
         if !c.is_ascii_digit() {
@@ -233,6 +230,28 @@ fn digits_to_u64(digits: &[u8]) -> Option<u64> {
         v = v * 10 + u64::from(c - b'0');
     }
     Some(v)
+}
+
+/// Eight ASCII '0's, one a byte.
+const ZERO_DIGITS: u64 = 0x3030_3030_3030_3030;
+
+/// The value of eight ASCII digits read as a little-endian word (the first digit in the
+/// lowest byte), or `None` if any byte is not a digit.
+fn block_to_u64(w: u64) -> Option<u64> {
+    // A byte below '0' sets its top bit in the difference, one above '9' in the sum.
+    let (below, above) = (
+        w.wrapping_sub(ZERO_DIGITS),
+        w.wrapping_add(0x4646_4646_4646_4646),
+    );
+    if (below | above) & 0x8080_8080_8080_8080 != 0 {
+        return None;
+    }
+    // Pairs, then quadruples, then all eight, most significant digit first.
+    let pairs = below.wrapping_mul(10).wrapping_add(below >> 8);
+    const MASK: u64 = 0x0000_00ff_0000_00ff;
+    let quads = (pairs & MASK).wrapping_mul(100 + (1_000_000 << 32))
+        + ((pairs >> 16) & MASK).wrapping_mul(1 + (10_000 << 32));
+    Some((quads >> 32) as u32 as u64)
 }
 
 impl Ord for U256 {
@@ -303,6 +322,14 @@ mod tests {
             "10000000000000000000",
             "18446744073709551615", // 2^64 - 1
             "18446744073709551616", // 2^64: overflows the word
+            "12345678901234567",
+            "1234567890123456x",
+            "x2345678901234567",
+            "1a446744073709551615",
+            "/8446744073709551615",
+            "184:6744073709551615",
+            "1844674407370955161",
+            "0000000000000000000",
             "99999999999999999999",
             "1844674407370955161a",
             "184467440737095516:5",
@@ -324,7 +351,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn every_word_parses_to_itself(v in any::<u64>(), zeros in 0usize..3) {
+        fn every_word_parses_to_itself(v in any::<u64>(), bits in 1u32..=64, zeros in 0usize..3) {
+            let v = v >> (64 - bits); // every length of digits, not mostly 19 and 20
             let text = format!("{}{v}", "0".repeat(zeros));
             let expected = (text.len() <= 20).then_some(v);
             prop_assert_eq!(U256::parse_u64_decimal(&text), expected);
