@@ -4,10 +4,10 @@
 //! kernels' tables do, so the results are the same field elements bit for bit; the tests
 //! hold them to the radix-2 reference in `Plan` and to the definition.
 
-use super::{from_limbs, to_limbs, Direction, NttJob, Order};
+use super::{from_limbs, Direction, NttJob, Order};
 use crate::ops::zk::field::FieldVec;
 use crate::ops::zk::vector_ops::Fp;
-use ark_ff::{FftField, MontConfig};
+use ark_ff::{BigInt, FftField, MontConfig};
 use ark_poly::{EvaluationDomain, Radix2EvaluationDomain};
 use p3_baby_bear::BabyBear;
 use p3_dft::{Radix2DFTSmallBatch, TwoAdicSubgroupDft};
@@ -150,8 +150,15 @@ fn plonky3<F: TwoAdicField, W: Copy + Default + Send + Sync>(
 }
 
 /// The job on ark-poly's radix-2 domain (a coset of it when shifted), one transform at a
-/// time in parallel; conversions to and from Montgomery form also in parallel, with the
-/// orders applied on the way.
+/// time in parallel, with the orders applied on the way in and out.
+///
+/// The canonical integers go in as if they were already in Montgomery form, and what comes
+/// out is read the same way, so nothing is converted (two Montgomery multiplications an
+/// element, a fifth to a quarter of the library's own time for a batch of 2^12 transforms:
+/// docs/PERFORMANCE.md). This is exact because the transform is linear and every constant
+/// in it (the powers of ω, n⁻¹, the coset shift's powers) is a true field element: the
+/// input x taken as Montgomery form is the value x·R⁻¹, the output is then NTT(x)·R⁻¹, and
+/// that value's Montgomery form is NTT(x), fully reduced like every element ark-ff holds.
 fn ark<C: MontConfig<4>>(job: &NttJob, values: &[[u64; 4]]) -> Vec<[u64; 4]> {
     let n = job.size();
     let bits = n.trailing_zeros();
@@ -173,7 +180,7 @@ fn ark<C: MontConfig<4>>(job: &NttJob, values: &[[u64; 4]]) -> Vec<[u64; 4]> {
             let mut coeffs: Vec<Fp<C>> = (0..n)
                 .into_par_iter()
                 .with_min_len(MIN_PIECE)
-                .map(|i| from_limbs::<C>(&poly[position(i, bits, job.input_order)]))
+                .map(|i| Fp::<C>::new_unchecked(BigInt(poly[position(i, bits, job.input_order)])))
                 .collect();
             match job.direction {
                 Direction::Forward => domain.fft_in_place(&mut coeffs),
@@ -183,7 +190,7 @@ fn ark<C: MontConfig<4>>(job: &NttJob, values: &[[u64; 4]]) -> Vec<[u64; 4]> {
                 .par_iter_mut()
                 .with_min_len(MIN_PIECE)
                 .enumerate()
-                .for_each(|(j, w)| *w = to_limbs(coeffs[position(j, bits, job.output_order)]));
+                .for_each(|(j, w)| *w = coeffs[position(j, bits, job.output_order)].0 .0);
         });
     out
 }
