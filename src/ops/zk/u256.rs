@@ -349,6 +349,21 @@ mod tests {
         }
     }
 
+    /// One bad character at each position of every length the word parse reads (in the
+    /// padded leading block, the bytes shifted out of it, the middle and the last block).
+    #[test]
+    fn the_word_parse_declines_a_bad_character_anywhere() {
+        for len in 1..=20usize {
+            for at in 0..len {
+                for bad in ["/", ":", "a", " ", "é", "\u{7f}"] {
+                    let mut text = "1".repeat(len); // below 2^64 at every length
+                    text.replace_range(at..at + 1, bad);
+                    assert_eq!(U256::parse_u64_decimal(&text), None, "{text:?}");
+                }
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn every_word_parses_to_itself(v in any::<u64>(), bits in 1u32..=64, zeros in 0usize..3) {
