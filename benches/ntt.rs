@@ -8,9 +8,9 @@
 //! ark-poly without conversion). The `conversions` column times that alone for Plonky3's
 //! fields (each element out of the library's form and back in, a separate pass on the same
 //! pool, where the service folds it into its transposes), so roughly the rest of the gap
-//! to the library is the layout work around the call. Env: BENCH_NTT_LOG2 (default 20), BENCH_NTT_BATCH
-//! (transforms in the batched rows, default 256), BENCH_NTT_BATCH_LOG2 (their size, default
-//! 12).
+//! to the library is the layout work around the call. Env: BENCH_NTT_LOG2 (default 20),
+//! BENCH_NTT_BATCH (transforms in the batched rows, default 256), BENCH_NTT_BATCH_LOG2
+//! (their size, default 12).
 
 mod common;
 

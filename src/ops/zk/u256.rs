@@ -312,6 +312,7 @@ mod tests {
         );
         assert_eq!(digits_to_u64(b""), Some(0));
     }
+
     #[test]
     fn the_word_parse_agrees_with_the_full_parse_or_declines() {
         let cases = [
