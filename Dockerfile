@@ -1,7 +1,10 @@
 # syntax=docker/dockerfile:1
-# Build in a Rust image; run on NVIDIA's CUDA runtime image, which carries libnvrtc for
-# compiling the kernels at start-up (CUDA 12.9: PTX loads on drivers >= 575). Without a
-# GPU the same image serves everything on the CPU fallback.
+# Build in a Rust image; run on NVIDIA's CUDA runtime image with cuDNN. Its CUDA is the
+# one the binary's bindings are built for (cudarc's `cuda-13000`), and it carries what the
+# service loads at start-up: libnvrtc (the kernels compiled for the device's exact
+# architecture), libcublasLt (matmul's library engine) and libcudnn 9 (conv2d's). CUDA 13
+# needs an NVIDIA driver >= 580 on the host. Without a GPU the same image serves
+# everything on the CPU fallback. `docker run … gpu-ops check` proves a new GPU host.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
@@ -12,7 +15,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin gpu-ops \
  && install -D -m 0755 target/release/gpu-ops /out/gpu-ops
 
-FROM nvidia/cuda:12.9.1-runtime-ubuntu24.04
+FROM nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
 # No toolchain and no curl: the health check is the binary's own `healthcheck`.
 RUN useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin gpuops \
  && mkdir -p /data \

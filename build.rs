@@ -3,7 +3,8 @@
 // - the kernels' field arithmetic and noise samplers (`kernels/host/*.cpp`), checked
 //   against the CPU twins;
 // - the emulated device (`kernels/emu/`): every `kernels/*.cu` compiled whole for the host
-//   with CUDA's execution model, and a table of its kernels for launches by name.
+//   with CUDA's execution model, and a table of its kernels (with their
+//   `__launch_bounds__`) for launches by name.
 use std::path::{Path, PathBuf};
 
 fn main() {
@@ -99,11 +100,18 @@ fn emulated_device() {
         let unit = out.join(format!("{module}.cpp"));
         let body = format!("#include \"cuda_emu.h\"\n{}", host_shared_memory(&source));
         std::fs::write(&unit, &body).unwrap();
-        // The preprocessed unit names its kernels: `extern "C" void name(`.
-        let expanded = emu_build(&out).file(&unit).expand();
-        let kernels = kernel_names(&String::from_utf8_lossy(&expanded));
+        // The unit preprocessed once more with GPU_OPS_EMU_SCAN, where cuda_emu.h marks
+        // each kernel and its bound, names its kernels and their __launch_bounds__.
+        let expanded = emu_build(&out)
+            .define("GPU_OPS_EMU_SCAN", None)
+            .file(&unit)
+            .expand();
+        let kernels = kernels_of(&module, &String::from_utf8_lossy(&expanded));
         assert!(!kernels.is_empty(), "{module}.cu defines no kernels");
-        let entries: Vec<String> = kernels.iter().map(|k| format!("EMU_KERNEL({k})")).collect();
+        let entries: Vec<String> = kernels
+            .iter()
+            .map(|(k, bound)| format!("EMU_KERNEL({k}, {bound})"))
+            .collect();
         let table = format!(
             "{body}\nextern const emu_kernel emu_kernels_{module}[] = {{\n    {}\n}};\nextern const size_t emu_kernels_{module}_count = {};\n",
             entries.join(",\n    "),
@@ -179,25 +187,90 @@ fn host_shared_memory(source: &str) -> String {
     out.replace("__shared__", "static")
 }
 
-/// The `extern "C"` functions of a preprocessed unit.
-fn kernel_names(expanded: &str) -> Vec<String> {
-    let mut names = Vec::new();
-    let mut rest = expanded;
-    while let Some(at) = rest.find("extern \"C\"") {
-        rest = &rest[at + "extern \"C\"".len()..];
-        let decl = rest.trim_start();
-        if let Some(after) = decl.strip_prefix("void") {
-            let after = after.trim_start();
-            let name: String = after
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() && after[name.len()..].trim_start().starts_with('(') {
-                names.push(name);
+/// The kernels of a module's unit preprocessed with GPU_OPS_EMU_SCAN, where cuda_emu.h
+/// turns `__global__` into `emu_scan_global` and `__launch_bounds__(n)` into
+/// `emu_scan_bounds(n)`: each kernel's name and the first argument of its bound, as text
+/// the table's C++ evaluates (`EMU_KERNEL(name, bound)`). A kernel without a bound fails
+/// the build: NVRTC would then give it as many registers as it likes, and a launch of the
+/// block its launcher asks for could fail for want of them on the first GPU it meets.
+fn kernels_of(module: &str, expanded: &str) -> Vec<(String, String)> {
+    const GLOBAL: &str = "emu_scan_global";
+    const BOUNDS: &str = "emu_scan_bounds";
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut found = Vec::new();
+    let mut at = 0;
+    while let Some(i) = expanded[at..].find(GLOBAL) {
+        let start = at + i;
+        at = start + GLOBAL.len();
+        // `[extern "C"] emu_scan_global void [emu_scan_bounds(...)] name(`, the bound on
+        // either side of `void`.
+        let mut rest = &expanded[at..];
+        let mut bound = None;
+        let name = loop {
+            rest = rest.trim_start();
+            if let Some(r) = rest.strip_prefix("void").filter(|r| !r.starts_with(ident)) {
+                rest = r;
+            } else if let Some(r) = rest.strip_prefix(BOUNDS) {
+                let (args, after) = parenthesised(r.trim_start())
+                    .unwrap_or_else(|| panic!("{module}.cu: an unbalanced __launch_bounds__"));
+                bound = Some(first_argument(args).to_string());
+                rest = after;
+            } else {
+                break rest.chars().take_while(|&c| ident(c)).collect::<String>();
             }
+        };
+        assert!(
+            !name.is_empty() && rest[name.len()..].trim_start().starts_with('('),
+            "{module}.cu: a __global__ declaration build.rs cannot read: write \
+             `extern \"C\" __global__ void __launch_bounds__(N) name(...)`"
+        );
+        assert!(
+            expanded[..start].trim_end().ends_with("extern \"C\""),
+            "{module}.cu: kernel {name} is not extern \"C\": launchers find kernels by name"
+        );
+        let bound = bound.unwrap_or_else(|| {
+            panic!(
+                "{module}.cu: kernel {name} declares no __launch_bounds__: give it the largest \
+                 block its launchers use (docs/GPU.md)"
+            )
+        });
+        found.push((name, bound));
+    }
+    found.sort();
+    found.dedup_by(|a, b| a.0 == b.0);
+    found
+}
+
+/// The text inside the parentheses `text` starts with, and what follows them.
+fn parenthesised(text: &str) -> Option<(&str, &str)> {
+    let inner = text.strip_prefix('(')?;
+    let mut depth = 1;
+    for (i, c) in inner.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some((&inner[..i], &inner[i + 1..]));
+                }
+            }
+            _ => {}
         }
     }
-    names.sort();
-    names.dedup();
-    names
+    None
+}
+
+/// A macro argument list's first argument (a bound's thread count; the optional second is
+/// the minimum blocks per multiprocessor).
+fn first_argument(args: &str) -> &str {
+    let mut depth = 0;
+    for (i, c) in args.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => return args[..i].trim(),
+            _ => {}
+        }
+    }
+    args.trim()
 }

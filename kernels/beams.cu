@@ -6,6 +6,8 @@
 #include "rf.cuh"
 
 #define BEAM_PATH_WORDS 6
+// beam_best_f64's block (BEST_THREADS in src/ops/beams/gpu.rs), the size of its trees.
+// The other kernels are grid-stride loops over DeviceLease::launch_config's blocks.
 #define BEAM_BEST_THREADS 256
 
 #define GRID_STRIDE(k, n) \
@@ -14,9 +16,9 @@
 // Each path's phasors: rx[(p·nr + i)] = g·e^{jπ·phase_rx(i)} and tx[(p·nt + j)] =
 // e^{jπ·phase_tx(j)} for path p (channel-major), element i = row·cols + column with phase
 // column·h + row·v. A path is (g_re, g_im, tx_h, tx_v, rx_h, rx_v).
-extern "C" __global__ void beam_steering_f64(const double *paths, u64 total_paths, u64 rx_cols,
-                                             u64 nr, u64 tx_cols, u64 nt, double *rx,
-                                             double *tx) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    beam_steering_f64(const double *paths, u64 total_paths, u64 rx_cols, u64 nr, u64 tx_cols,
+                      u64 nt, double *rx, double *tx) {
     u64 per = nr + nt;
     GRID_STRIDE(k, total_paths * per) {
         u64 p = k / per, e = k % per;
@@ -38,8 +40,9 @@ extern "C" __global__ void beam_steering_f64(const double *paths, u64 total_path
 }
 
 // h[b][i][j] = Σ_l rx[b, l, i]·conj(tx[b, l, j]), paths in order.
-extern "C" __global__ void beam_channels_f64(const double *rx, const double *tx, u64 channels,
-                                             u64 npaths, u64 nr, u64 nt, double *h) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    beam_channels_f64(const double *rx, const double *tx, u64 channels, u64 npaths, u64 nr,
+                      u64 nt, double *h) {
     GRID_STRIDE(k, channels * nr * nt) {
         u64 b = k / (nr * nt), i = (k / nt) % nr, j = k % nt;
         double re = 0.0, im = 0.0;
@@ -55,8 +58,9 @@ extern "C" __global__ void beam_channels_f64(const double *rx, const double *tx,
 }
 
 // x[b][i][t] = Σ_j h[b][i][j]·f[t][j]: each transmit beam through the channel.
-extern "C" __global__ void beam_project_f64(const double *h, u64 channels, u64 nr, u64 nt,
-                                            const double *f, u64 kt, double *x) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    beam_project_f64(const double *h, u64 channels, u64 nr, u64 nt, const double *f, u64 kt,
+                     double *x) {
     GRID_STRIDE(k, channels * nr * kt) {
         u64 b = k / (nr * kt), i = (k / kt) % nr, t = k % kt;
         const double *hr = h + 2 * (b * nr + i) * nt, *ft = f + 2 * t * nt;
@@ -72,9 +76,9 @@ extern "C" __global__ void beam_project_f64(const double *h, u64 channels, u64 n
 
 // power[b][r][t] = |Σ_i conj(w[r][i])·x[b][i][t] + scale[r]·n|², n sample r·kt + t of
 // channel b's noise stream (rf.cuh's receiver noise) when `noisy`.
-extern "C" __global__ void beam_power_f64(const double *x, u64 channels, u64 nr, u64 kt,
-                                          const double *w, u64 kr, const u64 *noise_keys,
-                                          const double *scale, u32 noisy, double *power) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    beam_power_f64(const double *x, u64 channels, u64 nr, u64 kt, const double *w, u64 kr,
+                   const u64 *noise_keys, const double *scale, u32 noisy, double *power) {
     GRID_STRIDE(k, channels * kr * kt) {
         u64 b = k / (kr * kt), r = (k / kt) % kr, t = k % kt;
         const double *wr = w + 2 * r * nr, *xb = x + 2 * b * nr * kt;
@@ -98,8 +102,9 @@ extern "C" __global__ void beam_power_f64(const double *x, u64 channels, u64 nr,
 // Each channel's largest power (rounded to f32 first when `as_f32`, as the answer reports
 // it) and its lowest index: one block per channel, a strided scan, then a tree in shared
 // memory.
-extern "C" __global__ void beam_best_f64(const double *power, u64 channels, u64 pairs,
-                                         u32 as_f32, u64 *best_index, double *best_power) {
+extern "C" __global__ void __launch_bounds__(BEAM_BEST_THREADS)
+    beam_best_f64(const double *power, u64 channels, u64 pairs, u32 as_f32, u64 *best_index,
+                  double *best_power) {
     __shared__ double top[BEAM_BEST_THREADS];
     __shared__ u64 at[BEAM_BEST_THREADS];
     u32 tid = threadIdx.x;

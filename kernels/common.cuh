@@ -24,6 +24,14 @@ typedef unsigned long long u64;
 #define METHOD_FN inline
 #endif
 
+// The block of every grid-stride launch (`DeviceLease::launch_config`,
+// src/backend/device/mod.rs). Every kernel declares the largest block its launcher gives
+// it with __launch_bounds__, so NVRTC budgets registers for that many threads: without a
+// bound, a compiler that spends more registers turns a launch of that block into
+// LAUNCH_OUT_OF_RESOURCES, which retires the device. CUDA and the emulated device both
+// refuse a larger block (src/backend/device/launch.rs).
+#define LAUNCH_CONFIG_THREADS 256
+
 // Double arithmetic that is never fused into an FMA, so the GPU rounds exactly as the
 // CPU twin does (Rust never contracts; the host build passes -ffp-contract=off).
 #ifdef __CUDACC__

@@ -5,12 +5,14 @@
 #include "dp_noise.cuh"
 
 // The squared-norm kernels run with exactly DP_LANES threads per block: lane j sums
-// elements j, j + DP_LANES, ... of its layer, then the lanes are added as a tree.
+// elements j, j + DP_LANES, ... of its layer, then the lanes are added as a tree. Their
+// launcher asserts DeviceLease::launch_config's block is DP_LANES; every other kernel here
+// is a grid-stride loop over those blocks.
 #define DP_LANES 256
 
 #define DP_SQ_NORMS_KERNEL(NAME, T)                                                       \
-    extern "C" __global__ void NAME(const T *g, u64 rows, u64 cols, const u64 *bounds,     \
-                                    u32 layers, double *out) {                            \
+    extern "C" __global__ void __launch_bounds__(DP_LANES)                                \
+        NAME(const T *g, u64 rows, u64 cols, const u64 *bounds, u32 layers, double *out) { \
         __shared__ double lanes[DP_LANES];                                                \
         for (u64 item = blockIdx.x; item < rows * layers; item += gridDim.x) {            \
             u64 row = item / layers;                                                      \
@@ -39,10 +41,10 @@ DP_SQ_NORMS_KERNEL(dp_sq_norms_f64, double)
 // One thread per column: sum the clipped rows in row order, snap the sum to the grid,
 // add discrete Gaussian noise from the column's own stream, divide for `mean`.
 #define DP_CLIP_SUM_NOISE_KERNEL(NAME, T)                                                 \
-    extern "C" __global__ void NAME(const T *g, u64 rows, u64 cols, const u64 *bounds,     \
-                                    u32 layers, const double *factors, const u32 *key,    \
-                                    double inv_grid, double grid, u64 t, u64 c,           \
-                                    double divisor, double *out) {                        \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        NAME(const T *g, u64 rows, u64 cols, const u64 *bounds, u32 layers,               \
+             const double *factors, const u32 *key, double inv_grid, double grid, u64 t,  \
+             u64 c, double divisor, double *out) {                                        \
         u32 k[8];                                                                         \
         for (int i = 0; i < 8; i++) k[i] = key[i];                                        \
         for (u64 d = blockIdx.x * (u64)blockDim.x + threadIdx.x; d < cols;                 \
@@ -67,9 +69,9 @@ DP_CLIP_SUM_NOISE_KERNEL(dp_clip_sum_noise_f32, float)
 DP_CLIP_SUM_NOISE_KERNEL(dp_clip_sum_noise_f64, double)
 
 // Mechanisms: out[i] = (round(x[i] / grid) + noise_i) * grid.
-extern "C" __global__ void dp_gaussian_release(const double *x, u64 n, const u32 *key,
-                                               double inv_grid, double grid, u64 t, u64 c,
-                                               double *out) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    dp_gaussian_release(const double *x, u64 n, const u32 *key, double inv_grid, double grid,
+                        u64 t, u64 c, double *out) {
     u32 k[8];
     for (int i = 0; i < 8; i++) k[i] = key[i];
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
@@ -81,9 +83,9 @@ extern "C" __global__ void dp_gaussian_release(const double *x, u64 n, const u32
     }
 }
 
-extern "C" __global__ void dp_laplace_release(const double *x, u64 n, const u32 *key,
-                                              double inv_grid, double grid, u64 t,
-                                              double *out) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    dp_laplace_release(const double *x, u64 n, const u32 *key, double inv_grid, double grid,
+                       u64 t, double *out) {
     u32 k[8];
     for (int i = 0; i < 8; i++) k[i] = key[i];
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;

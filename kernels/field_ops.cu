@@ -9,10 +9,13 @@
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n);                     \
          i += (u64)gridDim.x * blockDim.x)
 
+// Every kernel here is a grid-stride loop over DeviceLease::launch_config's blocks
+// (src/ops/zk/gpu.rs): LAUNCH_CONFIG_THREADS threads each.
+
 // 256-bit fields: an element is two uint4 (8 limbs).
 #define FP256_BINARY(NAME, FN, F)                                                         \
-    extern "C" __global__ void NAME(const uint4 *a, const uint4 *b, uint4 *out, u64 n,     \
-                                    u32 b_stride) {                                       \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        NAME(const uint4 *a, const uint4 *b, uint4 *out, u64 n, u32 b_stride) {           \
         GRID_STRIDE(i, n) {                                                               \
             u64 j = i * b_stride;                                                         \
             uint4 a0 = a[2 * i], a1 = a[2 * i + 1], b0 = b[2 * j], b1 = b[2 * j + 1];     \
@@ -26,8 +29,8 @@
     }
 
 #define FP256_POW(NAME, F)                                                                \
-    extern "C" __global__ void NAME(const u32 *base, const u32 *exp, u32 *out, u64 n,      \
-                                    u32 e_stride) {                                       \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        NAME(const u32 *base, const u32 *exp, u32 *out, u64 n, u32 e_stride) {            \
         GRID_STRIDE(i, n) { fp_pow(&F, out + 8 * i, base + 8 * i, exp + 8 * i * e_stride); } \
     }
 
@@ -37,7 +40,8 @@
 #define CHUNK_LEN(c, n, chunk) ((n) - (c) * (chunk) < (chunk) ? (n) - (c) * (chunk) : (chunk))
 
 #define FP256_INV(NAME, F)                                                                \
-    extern "C" __global__ void NAME(const u32 *in, u32 *out, u64 n, u64 chunk) {           \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        NAME(const u32 *in, u32 *out, u64 n, u64 chunk) {                                 \
         CHUNKS(c, n, chunk) {                                                             \
             u64 s = c * chunk;                                                            \
             fp_batch_inv(&F, out + 8 * s, in + 8 * s, CHUNK_LEN(c, n, chunk));          \
@@ -58,18 +62,20 @@ FP256_INV(bls12_381_fr_inv, BLS12_381_FR)
 
 // One-word fields: T is the element type; exponents are 256-bit in EW-wide words.
 #define WORD_BINARY(NAME, T, FN)                                                          \
-    extern "C" __global__ void NAME(const T *a, const T *b, T *out, u64 n, u32 b_stride) { \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        NAME(const T *a, const T *b, T *out, u64 n, u32 b_stride) {                       \
         GRID_STRIDE(i, n) { out[i] = FN(a[i], b[i * b_stride]); }                         \
     }
 
 #define WORD_POW(NAME, T, EW, FN)                                                         \
-    extern "C" __global__ void NAME(const T *base, const T *exp, T *out, u64 n,            \
-                                    u32 e_stride) {                                       \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        NAME(const T *base, const T *exp, T *out, u64 n, u32 e_stride) {                  \
         GRID_STRIDE(i, n) { out[i] = FN(base[i], exp + (EW) * i * e_stride); }            \
     }
 
 #define WORD_INV(NAME, T, FN)                                                             \
-    extern "C" __global__ void NAME(const T *in, T *out, u64 n, u64 chunk) {               \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        NAME(const T *in, T *out, u64 n, u64 chunk) {                                     \
         CHUNKS(c, n, chunk) {                                                             \
             u64 s = c * chunk;                                                            \
             FN(out + s, in + s, CHUNK_LEN(c, n, chunk));                                  \

@@ -17,10 +17,10 @@ FIELD_FN u64 he_mul_hi(u64 a, u64 b) {
 #endif
 }
 
-extern "C" __global__ void he_ciphertext_sum(const u64 *rows, const u64 *moduli,
-                                             const u64 *weights, const u64 *shoup, u64 *out,
-                                             u64 per_ct, u32 count, u32 levels,
-                                             u64 degree) {
+// A grid-stride loop over DeviceLease::launch_config's blocks (src/ops/he/gpu.rs).
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    he_ciphertext_sum(const u64 *rows, const u64 *moduli, const u64 *weights, const u64 *shoup,
+                      u64 *out, u64 per_ct, u32 count, u32 levels, u64 degree) {
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < per_ct;
          e += (u64)gridDim.x * blockDim.x) {
         u32 j = (u32)((e / degree) % levels);

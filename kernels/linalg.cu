@@ -9,10 +9,12 @@
 #define MM_DEPTH 16
 #define MM_THREADS 256
 
-extern "C" __global__ void matmul_f32(const float *a, const float *b, const float *c, float *d,
-                                      u64 m, u64 n, u64 k, u64 a_batch, u64 a_row, u64 a_col,
-                                      u64 b_batch, u64 b_row, u64 b_col, u64 c_batch,
-                                      u32 has_c, float alpha, float beta, u64 batches) {
+// Exactly MM_THREADS threads a block (the launcher's THREADS, src/ops/linalg/gpu.rs): the
+// 16 × 16 layout of 4 × 4 outputs each and the staging stride assume it.
+extern "C" __global__ void __launch_bounds__(MM_THREADS)
+    matmul_f32(const float *a, const float *b, const float *c, float *d, u64 m, u64 n, u64 k,
+               u64 a_batch, u64 a_row, u64 a_col, u64 b_batch, u64 b_row, u64 b_col,
+               u64 c_batch, u32 has_c, float alpha, float beta, u64 batches) {
     __shared__ float a_tile[MM_DEPTH][MM_TILE];
     __shared__ float b_tile[MM_DEPTH][MM_TILE];
     u64 tiles_m = (m + MM_TILE - 1) / MM_TILE, tiles_n = (n + MM_TILE - 1) / MM_TILE;
@@ -60,9 +62,11 @@ extern "C" __global__ void matmul_f32(const float *a, const float *b, const floa
 
 // Sinusoidal embeddings (src/ops/linalg/sinusoidal.rs): row j, pair i gets sin and cos of
 // times[j]·freq[i] in f64, at (2i, 2i + 1) or, split, at (i, half + i). The launcher
-// rounds to the output dtype.
-extern "C" __global__ void sinusoidal_f64(const double *times, u64 rows, const double *freq,
-                                          u32 half, u32 split, double *out) {
+// rounds to the output dtype. A grid-stride loop over DeviceLease::launch_config's blocks,
+// as is the gather below.
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    sinusoidal_f64(const double *times, u64 rows, const double *freq, u32 half, u32 split,
+                   double *out) {
     for (u64 k = blockIdx.x * (u64)blockDim.x + threadIdx.x; k < rows * half;
          k += (u64)gridDim.x * blockDim.x) {
         u64 j = k / half, i = k % half;
@@ -75,8 +79,8 @@ extern "C" __global__ void sinusoidal_f64(const double *times, u64 rows, const d
 
 // Embedding lookups (src/ops/linalg/lookup.rs): row i of out is row ids[i] of the resident
 // table (every id below its rows, checked on the host).
-extern "C" __global__ void embedding_gather_f32(const float *table, u64 dim, const u32 *ids,
-                                                u64 rows, float *out) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    embedding_gather_f32(const float *table, u64 dim, const u32 *ids, u64 rows, float *out) {
     for (u64 k = blockIdx.x * (u64)blockDim.x + threadIdx.x; k < rows * dim;
          k += (u64)gridDim.x * blockDim.x)
         out[k] = table[(u64)ids[k / dim] * dim + k % dim];

@@ -12,13 +12,15 @@
 #include "goldilocks.cuh"
 #include "babybear.cuh"
 
+// Every kernel here is a grid-stride loop over DeviceLease::launch_config's blocks
+// (src/ops/mpc/gpu.rs).
 #define MPC_GRID_STRIDE(i, n)                                                             \
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n);                     \
          i += (u64)gridDim.x * blockDim.x)
 
 #define FP256_SHAMIR(EVAL, COMBINE, F)                                                    \
-    extern "C" __global__ void EVAL(const u32 *coeffs, const u32 *xs, u32 *out, u64 m,     \
-                                    u32 t, u32 n) {                                       \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        EVAL(const u32 *coeffs, const u32 *xs, u32 *out, u64 m, u32 t, u32 n) {           \
         MPC_GRID_STRIDE(j, m) {                                                           \
             for (u32 i = 0; i < n; i++) {                                                 \
                 u32 y[8];                                                                 \
@@ -33,8 +35,8 @@
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
-    extern "C" __global__ void COMBINE(const u32 *ys, const u32 *w, u32 *out, u64 m,       \
-                                       u32 k, u32 rows) {                                 \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        COMBINE(const u32 *ys, const u32 *w, u32 *out, u64 m, u32 k, u32 rows) {          \
         MPC_GRID_STRIDE(j, m) {                                                           \
             for (u32 q = 0; q < rows; q++) {                                              \
                 u32 acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                    \
@@ -49,10 +51,13 @@
         }                                                                                 \
     }
 
-// One-word fields: canonical in and out, xs and w canonical too.
+// One-word fields: canonical in and out, xs and w canonical too. Told only its block,
+// ptxas spilled 8 bytes of EVAL on sm_80 (NVRTC 12.9 and 13.0) to fit more blocks a
+// multiprocessor; with one block as the least it needs it keeps 40-52 registers and spills
+// nothing (as msm.cu's MSM_PARTIALS).
 #define WORD_SHAMIR(EVAL, COMBINE, T, ADD, MUL)                                           \
-    extern "C" __global__ void EVAL(const T *coeffs, const T *xs, T *out, u64 m, u32 t,    \
-                                    u32 n) {                                              \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS, 1)                \
+        EVAL(const T *coeffs, const T *xs, T *out, u64 m, u32 t, u32 n) {                 \
         MPC_GRID_STRIDE(j, m) {                                                           \
             for (u32 i = 0; i < n; i++) {                                                 \
                 T y = coeffs[(u64)(t - 1) * m + j];                                       \
@@ -61,8 +66,8 @@
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
-    extern "C" __global__ void COMBINE(const T *ys, const T *w, T *out, u64 m, u32 k,      \
-                                       u32 rows) {                                        \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        COMBINE(const T *ys, const T *w, T *out, u64 m, u32 k, u32 rows) {                \
         MPC_GRID_STRIDE(j, m) {                                                           \
             for (u32 q = 0; q < rows; q++) {                                              \
                 T acc = 0;                                                                \
@@ -84,8 +89,8 @@ WORD_SHAMIR(babybear_shamir_eval, babybear_shamir_combine, u32, bb_add, bb_mul)
 // groups of masks, `out` holding the running result.
 #include "dp_noise.cuh"
 
-extern "C" __global__ void secagg_unmask(u32 *out, const u32 *keys, const u32 *subtract,
-                                         u32 terms, u64 len) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    secagg_unmask(u32 *out, const u32 *keys, const u32 *subtract, u32 terms, u64 len) {
     u64 blocks = (len + 15) / 16;
     MPC_GRID_STRIDE(b, blocks) {
         u64 first = b * 16;

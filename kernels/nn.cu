@@ -13,6 +13,10 @@
 #include "common.cuh"
 
 #define ATT_QUERIES 16
+// attention_f32's block (THREADS in src/ops/nn/gpu.rs): any count of at least ATT_QUERIES
+// works, since every loop strides by blockDim.x; the bound lets NVRTC budget registers
+// for it. The other kernels are grid-stride loops over DeviceLease::launch_config's blocks.
+#define ATT_THREADS 128
 
 // −∞ without <math.h> (NVRTC has none): the bit pattern, or the host's.
 #ifdef __CUDACC__
@@ -29,11 +33,10 @@ __device__ __forceinline__ u64 attention_visible(u64 len, u64 i, u64 queries, u3
     return end < len ? end : len;
 }
 
-extern "C" __global__ void attention_f32(const float *q, const float *k, const float *v,
-                                         const u32 *key_len, float *out, float *lse,
-                                         u64 batch, u64 heads, u64 kv_heads, u64 queries,
-                                         u64 keys, u64 d, u64 dv, u32 causal, float scale,
-                                         u32 tile) {
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_f32(const float *q, const float *k, const float *v, const u32 *key_len,
+                  float *out, float *lse, u64 batch, u64 heads, u64 kv_heads, u64 queries,
+                  u64 keys, u64 d, u64 dv, u32 causal, float scale, u32 tile) {
     extern __shared__ float att_shared[];
     u64 width = d > dv ? d : dv;
     float *qs = att_shared;
@@ -128,11 +131,10 @@ extern "C" __global__ void attention_f32(const float *q, const float *k, const f
 // The weights exp(scale·q·k − lse) of attention_f32's rows (zero where masked), one
 // thread per weight. The logit is summed in the fused kernel's order, so the weights of
 // a row are those its output was formed from, normalised by its own log-sum-exp.
-extern "C" __global__ void attention_weights_f32(const float *q, const float *k,
-                                                 const u32 *key_len, const float *lse,
-                                                 float *weights, u64 batch, u64 heads,
-                                                 u64 kv_heads, u64 queries, u64 keys, u64 d,
-                                                 u32 causal, float scale) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    attention_weights_f32(const float *q, const float *k, const u32 *key_len, const float *lse,
+                          float *weights, u64 batch, u64 heads, u64 kv_heads, u64 queries,
+                          u64 keys, u64 d, u32 causal, float scale) {
     u64 total = batch * heads * queries * keys;
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < total;
          e += (u64)gridDim.x * blockDim.x) {
@@ -155,10 +157,10 @@ extern "C" __global__ void attention_weights_f32(const float *q, const float *k,
 // oh·stride_h + i·dil_h − pad_top and column ow·stride_w + j·dil_w − pad_left of channel
 // c, or 0 in the padding. Channels of one group are consecutive rows, so group g's
 // rows start at g·(channels/groups)·kh·kw.
-extern "C" __global__ void conv_im2col_f32(const float *image, float *cols, u64 channels,
-                                           u64 height, u64 width, u64 kh, u64 kw, u64 out_h,
-                                           u64 out_w, u64 stride_h, u64 stride_w, u64 pad_top,
-                                           u64 pad_left, u64 dil_h, u64 dil_w) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    conv_im2col_f32(const float *image, float *cols, u64 channels, u64 height, u64 width,
+                    u64 kh, u64 kw, u64 out_h, u64 out_w, u64 stride_h, u64 stride_w,
+                    u64 pad_top, u64 pad_left, u64 dil_h, u64 dil_w) {
     u64 positions = out_h * out_w, total = channels * kh * kw * positions;
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < total;
          e += (u64)gridDim.x * blockDim.x) {
@@ -172,8 +174,9 @@ extern "C" __global__ void conv_im2col_f32(const float *image, float *cols, u64 
 }
 
 // out[o][p] += bias[o] (when has_bias), then max(·, 0) (when relu), in place.
-extern "C" __global__ void conv_bias_relu_f32(float *out, const float *bias, u64 channels,
-                                              u64 positions, u32 has_bias, u32 relu) {
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    conv_bias_relu_f32(float *out, const float *bias, u64 channels, u64 positions,
+                       u32 has_bias, u32 relu) {
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < channels * positions;
          e += (u64)gridDim.x * blockDim.x) {
         float v = out[e];

@@ -7,16 +7,23 @@
 // and permutes for bit-reversed input or output with the same bit-reverse kernel.
 #include "ntt.cuh"
 
+// The tile kernel's largest block: a thread per butterfly of the largest tile, which the
+// launcher caps at NTT_TILE_THREADS (tile_plan in src/ops/zk/gpu.rs). The other three are
+// grid-stride loops over DeviceLease::launch_config's blocks.
+#define NTT_TILE_THREADS 512
+
 #define GRID_STRIDE(i, n)                                                                 \
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n);                     \
          i += (u64)gridDim.x * blockDim.x)
 
 // W: words of T per element. BUTTERFLY(a, b, w) on element pointers.
-#define NTT_KERNELS(SCALE, BITREV, STAGE, TILE, T, W, MUL_BY, BUTTERFLY)                                      \
-    extern "C" __global__ void SCALE(T *x, const T *s, u64 n, u64 total) {    \
+#define NTT_KERNELS(SCALE, BITREV, STAGE, TILE, T, W, MUL_BY, BUTTERFLY)                 \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        SCALE(T *x, const T *s, u64 n, u64 total) {                                       \
         GRID_STRIDE(i, total) { MUL_BY(x + W * i, s + W * (i % n)); }                     \
     }                                                                                     \
-    extern "C" __global__ void BITREV(T *x, u64 n, u32 log_n, u64 total) {    \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        BITREV(T *x, u64 n, u32 log_n, u64 total) {                                       \
         GRID_STRIDE(i, total) {                                                           \
             u64 k = i % n, r = ntt_bitrev(k, log_n);                                      \
             if (k < r) {                                                                  \
@@ -25,16 +32,16 @@
             }                                                                             \
         }                                                                                 \
     }                                                                                     \
-    extern "C" __global__ void STAGE(T *x, const T *tw, u64 n, u64 half,      \
-                                                  u64 total) {                            \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
+        STAGE(T *x, const T *tw, u64 n, u64 half, u64 total) {                            \
         GRID_STRIDE(t, total / 2) {                                                       \
             u64 i0, w;                                                                    \
             ntt_stage_pair(t, n, half, &i0, &w);                                          \
             BUTTERFLY(x + W * i0, x + W * (i0 + half), tw + W * w);                       \
         }                                                                                 \
     }                                                                                     \
-    extern "C" __global__ void TILE(T *x, const T *tw, u64 n, u32 log_tile,   \
-                                                 u64 tiles) {                             \
+    extern "C" __global__ void __launch_bounds__(NTT_TILE_THREADS)                        \
+        TILE(T *x, const T *tw, u64 n, u32 log_tile, u64 tiles) {                         \
         extern __shared__ __align__(16) unsigned char ntt_shared[];                       \
         T *sh = (T *)ntt_shared;                                                          \
         u32 tile = 1u << log_tile;                                                        \

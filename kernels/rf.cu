@@ -8,8 +8,8 @@
 
 // Each sample's transmitted waveform from its spec, padded: one block of at most
 // RF_WAVE_THREADS threads per waveform (phases in rf_waveform.cuh).
-extern "C" __global__ void rf_waveform(const rf_wave *waves, const double *params,
-                                       float *wave_re, float *wave_im) {
+extern "C" __global__ void __launch_bounds__(RF_WAVE_THREADS)
+    rf_waveform(const rf_wave *waves, const double *params, float *wave_re, float *wave_im) {
     __shared__ double table[RF_VOICE_TABLE];
     __shared__ double parts[RF_WAVE_THREADS];
     const rf_wave w = waves[blockIdx.x];
@@ -30,11 +30,12 @@ extern "C" __global__ void rf_waveform(const rf_wave *waves, const double *param
     rf_wave_pad(&w, tid, threads, wave_re, wave_im);
 }
 
-// One thread per output sample, receivers along grid y.
-extern "C" __global__ void rf_receive(const rf_receiver *receivers, const float *wave_re,
-                                      const float *wave_im, const long long *coeff_offset,
-                                      const float *coeff_re, const float *coeff_im,
-                                      const double *gains, float *out) {
+// One thread per output sample, receivers along grid y; DeviceLease::launch_config's
+// blocks.
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    rf_receive(const rf_receiver *receivers, const float *wave_re, const float *wave_im,
+               const long long *coeff_offset, const float *coeff_re, const float *coeff_im,
+               const double *gains, float *out) {
     const rf_receiver r = receivers[blockIdx.y];
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < r.len;
          i += (u64)gridDim.x * blockDim.x)
@@ -45,9 +46,9 @@ extern "C" __global__ void rf_receive(const rf_receiver *receivers, const float 
 // still on the device): one block of RF_REDUCE_THREADS threads per chunk, 8·seg bytes of
 // dynamic shared memory. Out: seg bin sums per chunk, and 4 numbers per chunk (Σ|x|²,
 // Σ|x|, max |x|², sign changes).
-extern "C" __global__ void rf_chunk_reduce(const float *rec, const rf_chunk *chunks,
-                                           const float *window, const float *tw, u32 seg,
-                                           u32 bits, double *bins, double *env) {
+extern "C" __global__ void __launch_bounds__(RF_REDUCE_THREADS)
+    rf_chunk_reduce(const float *rec, const rf_chunk *chunks, const float *window,
+                    const float *tw, u32 seg, u32 bits, double *bins, double *env) {
     extern __shared__ float rf_segment[];
     __shared__ double power[RF_REDUCE_THREADS], magnitude[RF_REDUCE_THREADS];
     __shared__ float peak[RF_REDUCE_THREADS];

@@ -35,6 +35,11 @@ pub enum Command {
     /// Take part in a secure-aggregation round as one client (docs/SECAGG.md): register,
     /// send sealed shares, upload the masked vector read from --input, reveal shares.
     SecaggClient(Box<crate::secagg_client::CliArgs>),
+    /// Prove every op on each GPU (or the emulated device): environment, kernel
+    /// compilation, self-tests, parity with the CPU twins at the level's sizes, timings;
+    /// a markdown table and optionally JSON. Exit 1 when any parity fails, 3 when there
+    /// is no device to check.
+    Check(Box<crate::check::CheckArgs>),
     /// Exit 0 when a server answers 200 on /health/live (container HEALTHCHECK; the
     /// runtime image has no curl).
     Healthcheck {

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod backend;
 pub mod bench;
+pub mod check;
 pub mod config;
 pub mod datasets;
 pub mod metrics;
@@ -26,7 +27,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 /// Pretend memory of the `--emulate-device` device: allocations are real host memory.
-const EMULATED_DEVICE_BYTES: u64 = 1 << 30;
+pub(crate) const EMULATED_DEVICE_BYTES: u64 = 1 << 30;
 
 /// `--emulate-device`: one emulated device in place of CUDA discovery.
 fn emulated_devices() -> (Vec<Arc<backend::GpuDevice>>, String) {
@@ -133,7 +134,7 @@ impl App {
                     );
                     emulated_devices()
                 } else {
-                    backend::cuda::discover(&selection, &cache, &library)
+                    backend::cuda::discover_guarded(&selection, &cache, &library)
                 };
                 let tests = Arc::new(ops::self_tests());
                 for g in &gpus {

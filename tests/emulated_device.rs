@@ -2,9 +2,11 @@
 //! by build.rs) with CUDA's execution model, on every machine. These tests show that it
 //! knows every kernel the domains register, that its barrier, shared memory and argument
 //! passing behave as on hardware, that its checker catches a divergent barrier, and that
-//! kernels launched through it give the CPU twins' answers bit for bit.
+//! kernels launched through it give the CPU twins' answers bit for bit. It refuses a block
+//! above a kernel's `__launch_bounds__`, as a device does.
 
 use cudarc::driver::LaunchConfig;
+use gpu_ops::backend::device::{DeviceErrorKind, GpuDevice};
 use gpu_ops::backend::emulated::{self, LaunchErrorKind};
 use gpu_ops::ops::dp::plan::{calibrate_gaussian, calibrate_laplace};
 use gpu_ops::ops::dp::privatize::clip_factors;
@@ -33,8 +35,9 @@ fn config(grid: u32, block: u32, shared: u32) -> LaunchConfig {
 }
 
 #[test]
-fn every_registered_kernel_is_on_the_emulated_device() {
+fn every_registered_kernel_is_on_the_emulated_device_with_its_launch_bound() {
     let library = kernel_library();
+    let names = emulated::kernel_names();
     for module in &library.modules {
         for name in &module.entry_points {
             let params = emulated::kernel_params(name);
@@ -43,9 +46,106 @@ fn every_registered_kernel_is_on_the_emulated_device() {
                 "{}: {name}",
                 module.name
             );
+            // build.rs fails a kernel without __launch_bounds__; each bound is a block a
+            // device can run.
+            let bound = emulated::kernel_max_threads(name);
+            assert!(
+                bound.is_some_and(|b| (1..=1024).contains(&b)),
+                "{name}: {bound:?}"
+            );
+            assert!(names.contains(name), "{name} is not listed");
         }
     }
     assert_eq!(emulated::kernel_params("no_such_kernel"), None);
+    assert_eq!(emulated::kernel_max_threads("no_such_kernel"), None);
+    assert!(names.windows(2).all(|w| w[0] < w[1]), "sorted, each once");
+}
+
+/// The bounds the launchers' blocks were read from (`docs/GPU.md`): msm_scan runs one
+/// block of 1024, the NTT tile up to 512 threads (`tile_plan`), attention 128, and every
+/// other kernel `DeviceLease::launch_config`'s 256.
+#[test]
+fn each_kernel_declares_the_largest_block_its_launcher_uses() {
+    for name in emulated::kernel_names() {
+        let want = if name.starts_with("emu_check_") || name == "msm_scan" {
+            1024
+        } else if name.ends_with("_ntt_tile") {
+            512
+        } else if name == "attention_f32" {
+            128
+        } else {
+            256
+        };
+        assert_eq!(emulated::kernel_max_threads(&name), Some(want), "{name}");
+    }
+    // The tile launcher never asks for more than the bound, whatever the field and size.
+    for (element_bytes, log_n) in [(32, 20), (8, 24), (4, 24), (32, 1), (8, 3)] {
+        let (_, threads) = tile_plan(1 << log_n, element_bytes);
+        assert!(
+            threads <= 512,
+            "{element_bytes}-byte elements, 2^{log_n}: {threads}"
+        );
+    }
+}
+
+/// A block above the kernel's `__launch_bounds__` is refused before any thread runs, as
+/// a device refuses it: directly, and through a device lease, where the refusal is the
+/// job's own error (`Unsupported`: the job moves to the CPU, the device stays healthy).
+#[test]
+fn a_block_above_the_kernels_launch_bound_is_refused() {
+    let (a, b) = (goldilocks(512, 1), goldilocks(512, 2));
+    let mut out = vec![0u64; 512];
+    let (mut pa, mut pb, mut po) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
+    let (mut n, mut stride) = (512u64, 1u32);
+    for block in [257u32, 512, 1024] {
+        // SAFETY: refused before any thread runs (a, b and out hold n elements anyway).
+        let err = unsafe {
+            emulated::launch(
+                "goldilocks_add",
+                config(1, block, 0),
+                args![pa, pb, po, n, stride],
+            )
+        }
+        .unwrap_err();
+        assert_eq!(err.kind, LaunchErrorKind::AboveLaunchBounds, "{err}");
+        assert!(
+            err.message.contains(&block.to_string()) && err.message.contains("(256)"),
+            "{err}"
+        );
+    }
+    // A block of three dimensions counts all its threads: 16 × 8 × 4 = 512.
+    let three_d = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (16, 8, 4),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: as above.
+    let err = unsafe { emulated::launch("goldilocks_add", three_d, args![pa, pb, po, n, stride]) }
+        .unwrap_err();
+    assert_eq!(err.kind, LaunchErrorKind::AboveLaunchBounds, "{err}");
+    // At the bound it runs.
+    // SAFETY: a, b and out hold n elements.
+    unsafe {
+        emulated::launch(
+            "goldilocks_add",
+            config(2, 256, 0),
+            args![pa, pb, po, n, stride],
+        )
+    }
+    .unwrap();
+
+    let device = GpuDevice::emulated(0, 64 << 20);
+    let lease = device.lease().expect("the emulated device");
+    let (x, y) = (lease.upload(&a).unwrap(), lease.upload(&b).unwrap());
+    let mut sum = lease.alloc_zeros::<u64>(b.len()).unwrap();
+    let mut launch = lease.launch("goldilocks_add").unwrap();
+    launch.arg(&x).arg(&y).arg(&mut sum).arg(&n).arg(&stride);
+    // SAFETY: refused before the device sees it.
+    let err = unsafe { launch.launch(config(1, 512, 0)) }.unwrap_err();
+    assert_eq!(err.kind, DeviceErrorKind::Unsupported, "{err}");
+    for part in ["goldilocks_add", "512 threads", "limit of 256"] {
+        assert!(err.message.contains(part), "{err} lacks {part:?}");
+    }
 }
 
 #[test]

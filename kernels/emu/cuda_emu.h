@@ -20,7 +20,17 @@ struct dim3 {
 
 extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+// build.rs reads each module's kernels and their __launch_bounds__ from the preprocessed
+// unit, once with GPU_OPS_EMU_SCAN defined: there both leave a marker it finds (that text
+// is only read, never compiled). In the real build the bound is the table's (EMU_KERNEL)
+// and the launch's check, not an attribute.
+#ifdef GPU_OPS_EMU_SCAN
+#define __global__ emu_scan_global
+#define __launch_bounds__(...) emu_scan_bounds(__VA_ARGS__)
+#else
 #define __global__
+#define __launch_bounds__(...)
+#endif
 #define __device__
 #define __host__
 #define __constant__
@@ -70,13 +80,22 @@ static inline unsigned atomicMax(unsigned *address, unsigned value) {
 }
 
 // The kernel table build.rs generates for each module: name, a trampoline that unpacks
-// arguments as the driver passes them (an array of pointers, one per parameter), and the
-// parameters' sizes.
+// arguments as the driver passes them (an array of pointers, one per parameter), the
+// parameters' sizes, and the kernel's __launch_bounds__: the most threads a launch's
+// block may have.
 struct emu_kernel {
     const char *name;
     void (*call)(void **args);
     size_t params;
     const size_t *param_sizes;
+    unsigned max_threads;
+};
+
+// A kernel's declared bound, checked when the table is compiled: every device takes 1 to
+// 1024 threads a block.
+template <unsigned long long N> struct emu_bound {
+    static_assert(N >= 1 && N <= 1024, "__launch_bounds__ must be 1 to 1024 threads");
+    static constexpr unsigned value = (unsigned)N;
 };
 
 template <typename F> struct emu_signature;
@@ -94,11 +113,13 @@ template <typename... A> struct emu_signature<void (*)(A...)> {
     }
 };
 
-// One table entry; `name` is an `extern "C"` kernel of the module.
-#define EMU_KERNEL(name)                                                                  \
+// One table entry; `name` is an `extern "C"` kernel of the module, `bound` the first
+// argument of its __launch_bounds__.
+#define EMU_KERNEL(name, bound)                                                           \
     emu_kernel {                                                                          \
         #name, &emu_signature<decltype(&name)>::trampoline<&name>,                        \
-            emu_signature<decltype(&name)>::count, emu_signature<decltype(&name)>::sizes  \
+            emu_signature<decltype(&name)>::count, emu_signature<decltype(&name)>::sizes, \
+            emu_bound<(bound)>::value                                                     \
     }
 
 #endif

@@ -316,6 +316,7 @@ enum {
     EMU_BAD_ARGUMENTS = 2,
     EMU_BAD_LAUNCH = 3,
     EMU_BARRIER_DIVERGENCE = 4,
+    EMU_ABOVE_LAUNCH_BOUNDS = 5,
 };
 
 extern "C" {
@@ -340,6 +341,28 @@ long emu_kernel_params(const char *name, size_t *sizes, size_t cap) {
     return (long)k->params;
 }
 
+// The first argument of kernel `name`'s __launch_bounds__: the most threads a block of
+// its launches may have; -1 if no module defines it.
+long emu_kernel_max_threads(const char *name) {
+    const emu_kernel *k = find(name);
+    return k ? (long)k->max_threads : -1;
+}
+
+// How many kernels the modules define, and the name of the i-th (null past the end).
+size_t emu_kernel_count() {
+    size_t n = 0;
+    for (size_t m = 0; m < emu_module_count; m++) n += emu_module_sizes[m];
+    return n;
+}
+
+const char *emu_kernel_name(size_t i) {
+    for (size_t m = 0; m < emu_module_count; m++) {
+        if (i < emu_module_sizes[m]) return emu_modules[m][i].name;
+        i -= emu_module_sizes[m];
+    }
+    return nullptr;
+}
+
 // Runs kernel `name` on a grid × block launch with `shared_bytes` of dynamic shared
 // memory. `args` holds one pointer per parameter, to the argument's value, as
 // cuLaunchKernel takes them. Returns EMU_OK or an error code with a message in `err`.
@@ -360,6 +383,15 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block_di
         grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535) {
         set_error(err, err_len, std::string(name) + ": invalid grid or block dimensions");
         return EMU_BAD_LAUNCH;
+    }
+    // A block above the kernel's __launch_bounds__ is refused, as the driver refuses one
+    // above the loaded kernel's CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: a launcher that
+    // asks for more than its kernel declares fails here, in CI, not on the first GPU.
+    if (threads > k->max_threads) {
+        set_error(err, err_len, std::string(name) + ": a block of " + std::to_string(threads) +
+                                    " threads, more than its __launch_bounds__(" +
+                                    std::to_string(k->max_threads) + ")");
+        return EMU_ABOVE_LAUNCH_BOUNDS;
     }
     if (shared_bytes > DEFAULT_SHARED_LIMIT) {
         set_error(err, err_len, std::string(name) + ": " + std::to_string(shared_bytes) +

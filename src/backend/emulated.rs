@@ -6,8 +6,8 @@
 //! one pointer per parameter, read with the kernel's own parameter types.
 //!
 //! What it checks: the kernel exists, the launch passes as many arguments as the kernel
-//! has parameters, the grid and block are valid, and every live thread of a block reaches
-//! each barrier. What it does not model: timing, warps' lock-step execution, the memory
+//! has parameters, the grid and block are valid, the block has no more threads than the
+//! kernel's `__launch_bounds__`, and every live thread of a block reaches each barrier. What it does not model: timing, warps' lock-step execution, the memory
 //! model beyond barriers, and the device's own intrinsics (headers take their host paths,
 //! the ones the host parity tests check).
 
@@ -30,6 +30,9 @@ extern "C" {
         err_len: usize,
     ) -> c_int;
     fn emu_kernel_params(name: *const c_char, sizes: *mut usize, cap: usize) -> c_long;
+    fn emu_kernel_max_threads(name: *const c_char) -> c_long;
+    fn emu_kernel_count() -> usize;
+    fn emu_kernel_name(i: usize) -> *const c_char;
     fn emu_sanitizer() -> *const c_char;
 }
 
@@ -57,6 +60,9 @@ pub enum LaunchErrorKind {
     InvalidLaunch,
     /// A `__syncthreads()` that not every live thread of a block reached.
     BarrierDivergence,
+    /// A block of more threads than the kernel's `__launch_bounds__`, which a device
+    /// refuses too.
+    AboveLaunchBounds,
 }
 
 /// The byte size of each parameter of kernel `name`, or None when no module defines it.
@@ -66,6 +72,37 @@ pub fn kernel_params(name: &str) -> Option<Vec<usize>> {
     // SAFETY: `sizes` has room for `cap` entries; `name` is NUL-terminated.
     let n = unsafe { emu_kernel_params(name.as_ptr(), sizes.as_mut_ptr(), sizes.len()) };
     (n >= 0).then(|| sizes[..(n as usize).min(sizes.len())].to_vec())
+}
+
+/// The most threads a block of kernel `name` may have: the first argument of its
+/// `__launch_bounds__` (build.rs fails a kernel without one). None when no module defines
+/// it.
+pub fn kernel_max_threads(name: &str) -> Option<u32> {
+    let name = CString::new(name).ok()?;
+    // SAFETY: `name` is NUL-terminated.
+    let n = unsafe { emu_kernel_max_threads(name.as_ptr()) };
+    u32::try_from(n).ok()
+}
+
+/// Every kernel the emulated device runs, by name, sorted: the shipped modules'
+/// (`kernels/*.cu`) and its own check kernels (`kernels/emu/*.cu`, named `emu_check_*`).
+pub fn kernel_names() -> Vec<String> {
+    // SAFETY: emu_kernel_count reads the static table.
+    let count = unsafe { emu_kernel_count() };
+    let mut names: Vec<String> = (0..count)
+        .filter_map(|i| {
+            // SAFETY: i is below the count, so the name is a static NUL-terminated string.
+            let name = unsafe { emu_kernel_name(i) };
+            (!name.is_null()).then(|| {
+                // SAFETY: as above.
+                unsafe { std::ffi::CStr::from_ptr(name) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// Runs kernel `name` on the emulated device and returns when every block has finished.
@@ -104,6 +141,7 @@ pub unsafe fn launch(
         1 => LaunchErrorKind::UnknownKernel,
         2 => LaunchErrorKind::ArgumentCount,
         4 => LaunchErrorKind::BarrierDivergence,
+        5 => LaunchErrorKind::AboveLaunchBounds,
         _ => LaunchErrorKind::InvalidLaunch,
     };
     // SAFETY: emu_launch wrote a NUL-terminated message into `err`.

@@ -6,6 +6,7 @@ pub mod cuda;
 pub mod device;
 pub mod emulated;
 mod job;
+pub mod measure;
 mod nvml;
 pub mod verify;
 
@@ -82,10 +83,33 @@ pub struct Probe {
 /// Builds a fresh engine for a device being re-probed.
 pub type Reopen = Arc<dyn Fn(&GpuDevice) -> Result<device::Engine, String> + Send + Sync>;
 
-/// CUDA: a new context on the same ordinal, kernels from the cache.
+/// CUDA: the device's primary context reset, then a new context on the same ordinal,
+/// kernels from the cache. Without the reset a sticky error (an illegal address, say)
+/// outlives the re-probe: the driver hands the same broken primary context back. The old
+/// engine's buffers then free into nothing when it is replaced (cudarc records those
+/// errors; it does not panic). A panic in the driver bindings or a library's handle is a
+/// failed re-probe, retried later, not a dead re-probe thread.
 pub fn reopen_cuda(cache: std::path::PathBuf, library: cuda::kernels::KernelLibrary) -> Reopen {
     Arc::new(move |dev: &GpuDevice| {
-        cuda::open_device(dev.info.ordinal, &cache, &library).map(GpuDevice::into_engine)
+        guarded("re-opening the device", || {
+            cuda::reset_primary_context(dev.info.ordinal)?;
+            cuda::open_device(dev.info.ordinal, &cache, &library).map(GpuDevice::into_engine)
+        })
+    })
+}
+
+/// `work`, with a panic turned into an error that says what was being done: device
+/// discovery and re-probes call into the driver, cuDNN and cuBLASLt bindings, which
+/// unwrap and may panic (in `Drop`, too); such a panic must leave the device retired with
+/// a reason, never readiness stuck or a re-probe thread gone.
+pub fn guarded<T>(what: &str, work: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "no message".into());
+        Err(format!("{what} panicked: {message}"))
     })
 }
 
@@ -307,8 +331,12 @@ impl Backends {
     /// Rebuilds the device's engine (a fresh context) and reruns the self-test: back in
     /// service if any op passes (those that fail stay quarantined, as at start-up).
     fn reprobe(&self, dev: &GpuDevice, probe: &Probe) -> Result<(), String> {
-        let engine = (probe.reopen)(dev)?;
-        dev.replace_engine(engine);
+        let engine = guarded("re-opening the device", || (probe.reopen)(dev))?;
+        // Dropping the old engine runs the libraries' destructors.
+        guarded("replacing the engine", || {
+            dev.replace_engine(engine);
+            Ok(())
+        })?;
         self.self_test(dev, &probe.tests);
         if dev
             .op_states()
@@ -409,5 +437,37 @@ mod tests {
         // An op no library serves is quarantined at once.
         b.shadow_checked(&dev, "ntt", Err("differs".into()));
         assert!(!dev.op_usable("ntt"));
+    }
+
+    #[test]
+    fn a_panic_while_opening_a_device_is_an_error_that_says_where() {
+        let err = guarded("device discovery", || -> Result<(), String> {
+            panic!("cudnnCreate returned CUDNN_STATUS_NOT_INITIALIZED")
+        })
+        .unwrap_err();
+        assert!(
+            err.starts_with("device discovery panicked: cudnnCreate"),
+            "{err}"
+        );
+        assert_eq!(guarded("x", || Ok(7)), Ok(7));
+    }
+
+    #[test]
+    fn a_reprobe_whose_reopen_panics_fails_and_leaves_the_device_retired() {
+        let b = Backends::new(
+            BackendChoice::Auto,
+            CpuExecutor::new(1).unwrap(),
+            Arc::new(Metrics::new()),
+        );
+        let probe = Probe {
+            reopen: Arc::new(|_: &GpuDevice| panic!("the context is poisoned")),
+            tests: Arc::new(Vec::new()),
+            backoff: Duration::from_secs(1),
+        };
+        let dev = GpuDevice::emulated(0, 1 << 30);
+        dev.mark_unhealthy("a sticky error");
+        let err = b.reprobe(&dev, &probe).unwrap_err();
+        assert!(err.contains("panicked: the context is poisoned"), "{err}");
+        assert!(!dev.is_healthy());
     }
 }

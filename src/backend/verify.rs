@@ -4,6 +4,7 @@
 //! the CPU, or to another device) with the reason, until the device is re-probed.
 
 use super::device::DeviceLease;
+use super::measure::{measure_job, CaseInfo, CaseRun, Repeats};
 use super::Job;
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -25,6 +26,23 @@ pub trait SelfTest: Send + Sync {
     fn library_for(&self) -> &'static [&'static str] {
         &[]
     }
+
+    /// `gpu-ops check`: every case run as `run` does, timed (`measure::measure_job`).
+    /// This default times the whole test as one case, for tests that are not a list of
+    /// jobs.
+    fn measure(&self, dev: &DeviceLease<'_>, _repeats: Repeats) -> Vec<CaseRun> {
+        let started = std::time::Instant::now();
+        let outcome = self.run(dev);
+        vec![CaseRun {
+            info: CaseInfo::labelled("the whole self-test, CPU twin included"),
+            size: 0,
+            input_bytes: 0,
+            outcome,
+            device_ms: vec![started.elapsed().as_secs_f64() * 1e3],
+            kernel_ms: Vec::new(),
+            cpu_ms: None,
+        }]
+    }
 }
 
 /// Jobs of one op as a self-test: each device output held to `Job::agrees` against its
@@ -32,14 +50,33 @@ pub trait SelfTest: Send + Sync {
 pub struct JobCheck<J: Job> {
     op: &'static str,
     jobs: Vec<J>,
+    /// What each job is, for the check's report.
+    infos: Vec<CaseInfo>,
 }
 
 impl<J: Job> JobCheck<J> {
     /// `jobs` is non-empty and of one op.
     pub fn boxed(jobs: Vec<J>) -> Box<dyn SelfTest> {
-        let op = jobs.first().map_or("none", Job::name);
-        Box::new(Self { op, jobs })
+        let infos = jobs.iter().map(default_info).collect();
+        Self::with_infos(jobs, infos)
     }
+
+    /// Jobs of one op, each with what the check reports of it (the check's cases at
+    /// production sizes).
+    pub fn described(cases: Vec<(CaseInfo, J)>) -> Box<dyn SelfTest> {
+        let (infos, jobs) = cases.into_iter().unzip();
+        Self::with_infos(jobs, infos)
+    }
+
+    fn with_infos(jobs: Vec<J>, infos: Vec<CaseInfo>) -> Box<dyn SelfTest> {
+        let op = jobs.first().map_or("none", Job::name);
+        Box::new(Self { op, jobs, infos })
+    }
+}
+
+/// A self-test case's label: its index and size.
+fn default_info<J: Job>(job: &J) -> CaseInfo {
+    CaseInfo::labelled(format!("self-test case, size {}", job.size()))
 }
 
 impl<J: Job> SelfTest for JobCheck<J> {
@@ -57,6 +94,14 @@ impl<J: Job> SelfTest for JobCheck<J> {
         }
         Ok(())
     }
+
+    fn measure(&self, dev: &DeviceLease<'_>, repeats: Repeats) -> Vec<CaseRun> {
+        self.jobs
+            .iter()
+            .zip(&self.infos)
+            .map(|(job, info)| measure_job(job, info.clone(), dev, repeats, J::run_device))
+            .collect()
+    }
 }
 
 /// Jobs of one op forced through a vendor library (cuBLASLt, cuDNN) and held to the CPU
@@ -69,6 +114,8 @@ pub struct LibraryCheck<J: Job> {
     pub jobs: Vec<J>,
     pub opened: fn(&DeviceLease<'_>) -> bool,
     pub run: fn(&J, &DeviceLease<'_>) -> Result<J::Output, super::DeviceError>,
+    /// What the check reports of each job (`gpu-ops check`); empty: each job's size.
+    pub infos: Vec<CaseInfo>,
 }
 
 impl<J: Job> SelfTest for LibraryCheck<J> {
@@ -92,6 +139,18 @@ impl<J: Job> SelfTest for LibraryCheck<J> {
                 .map_err(|why| format!("case {i}: {why}"))?;
         }
         Ok(())
+    }
+
+    fn measure(&self, dev: &DeviceLease<'_>, repeats: Repeats) -> Vec<CaseRun> {
+        self.jobs
+            .iter()
+            .enumerate()
+            .map(|(i, job)| {
+                let info = self.infos.get(i).cloned();
+                let info = info.unwrap_or_else(|| default_info(job));
+                measure_job(job, info, dev, repeats, self.run)
+            })
+            .collect()
     }
 }
 

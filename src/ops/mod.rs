@@ -33,3 +33,20 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
     tests.push(nn::self_test::cudnn_check());
     tests
 }
+
+/// `gpu-ops check`'s parity cases: every op with a device path at the level's sizes
+/// (production sizes at `standard`), each described for the report. They run through
+/// the same `SelfTest` code as the start-up self-test; the check adds sizes and timing.
+pub fn check_cases(
+    level: crate::backend::measure::CheckLevel,
+) -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
+    let mut cases = zk::check_cases::check_cases(level);
+    cases.extend(dp::check_cases::check_cases(level));
+    cases.extend(rf::check_cases::check_cases(level));
+    cases.extend(linalg::check_cases::check_cases(level));
+    cases.extend(nn::check_cases::check_cases(level));
+    cases.extend(beams::check_cases::check_cases(level));
+    cases.extend(mpc::check_cases::check_cases(level));
+    cases.extend(he::check_cases::check_cases(level));
+    cases
+}

@@ -65,6 +65,21 @@ impl Drop for BlasLt {
     }
 }
 
+/// Whether libcublasLt can be loaded (a probe only: cudarc panics on a missing library).
+pub fn library_available() -> bool {
+    // SAFETY: only probes for the shared library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// cuBLASLt's version ("13.0.2" from 130002), where it loads.
+pub fn library_version() -> Option<String> {
+    // SAFETY: the library is present (checked first); the call takes no arguments.
+    library_available().then(|| {
+        let v = unsafe { sys::cublasLtGetVersion() };
+        format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)
+    })
+}
+
 impl BlasLt {
     /// A handle on `engine`'s device, or why there is none (the library is missing, or
     /// refused). NVIDIA's advice for the workspace: 32 MiB on Hopper, 4 MiB before.
@@ -203,7 +218,8 @@ impl DeviceLease<'_> {
             ));
         }
         engine.bind_to_thread()?;
-        run(engine, blas, p, a, b, d).map_err(failed)
+        self.clocked(|| run(engine, blas, p, a, b, d))
+            .map_err(failed)
     }
 }
 

@@ -48,6 +48,21 @@ pub struct CudnnConv {
 unsafe impl Send for CudnnConv {}
 unsafe impl Sync for CudnnConv {}
 
+/// Whether libcudnn can be loaded (a probe only: cudarc panics on a missing library).
+pub fn library_available() -> bool {
+    // SAFETY: only probes for the shared library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// cuDNN's version ("9.10.2" from 91002), where it loads.
+pub fn library_version() -> Option<String> {
+    // SAFETY: the library is present (checked first); the call takes no arguments.
+    library_available().then(|| {
+        let v = unsafe { sys::cudnnGetVersion() };
+        format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)
+    })
+}
+
 impl CudnnConv {
     /// A handle on `engine`'s device, or why there is none.
     pub(crate) fn open(engine: &CudaEngine) -> Result<Self, String> {
@@ -192,9 +207,10 @@ impl DeviceLease<'_> {
             let mut workspace = engine.stream.alloc_zeros::<u8>(bytes.max(1))?;
             // SAFETY: the descriptors describe exactly these buffers (NCHW f32, the
             // lengths above), and the workspace is the size cuDNN asked for.
-            match unsafe { op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), x, w, y) }
-                .map_err(failed)
-            {
+            let launched = self.clocked(|| unsafe {
+                op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), x, w, y)
+            });
+            match launched.map_err(failed) {
                 Err(e) if e.kind == DeviceErrorKind::Unsupported => refusal = e,
                 done => return done,
             }

@@ -1,19 +1,41 @@
 //! The kernel library the domains register, NVRTC compilation, and the on-disk caches:
-//! cubins for the device's exact architecture keyed by (source hash, architecture, NVRTC
-//! and driver versions), PTX as the fallback. Knows no op: the modules and their entry
-//! points come from `ops::kernel_library` at start-up.
+//! cubins for the device's exact architecture keyed by (source and options hash,
+//! architecture, NVRTC version), PTX as the fallback. Knows no op: the modules, their
+//! entry points and whether their floats must match the CPU bit for bit come from
+//! `ops::kernel_library` at start-up.
 
 use cudarc::nvrtc::{self, CompileOptions, Ptx};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
 /// One compilation unit a domain registers: its source (with `#include "x.cuh"` lines
-/// the library resolves) and the `extern "C"` kernels it must provide.
+/// the library resolves), the `extern "C"` kernels it must provide, and whether its float
+/// arithmetic must round exactly as the CPU twins do.
 #[derive(Clone, Debug)]
 pub struct KernelModule {
     pub name: &'static str,
     pub source: &'static str,
     pub entry_points: Vec<String>,
+    /// Its ops' results are held to the CPU twins bit for bit (`Job::agrees` by
+    /// `verify::same_bits` or `exactly`), or its kernels promise bit-identical floats to
+    /// the host twins: compiled with `--fmad=false`, so no `a * b + c` outside the `_rn`
+    /// intrinsics becomes an FMA on the device alone (the host twins and the emulated
+    /// device are built with -ffp-contract=off, so neither would see it). False where
+    /// results are held to a tolerance and FMA is the speed (matmul, attention, conv2d).
+    pub exact_floats: bool,
+}
+
+impl KernelModule {
+    /// The NVRTC options this module compiles with, besides the architecture; part of the
+    /// cache keys.
+    pub fn options(&self) -> Vec<&'static str> {
+        let mut options = OPTIONS.to_vec();
+        if self.exact_floats {
+            // NVRTC contracts a * b + c into one FMA by default (--fmad=true).
+            options.push("--fmad=false");
+        }
+        options
+    }
 }
 
 /// Every kernel module of every domain and the headers they include, handed to the
@@ -74,18 +96,18 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
     (rc == nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
 
-/// NVRTC options besides the architecture; part of the PTX cache key. The noise
-/// samplers do exact arithmetic in 128-bit integers.
+/// NVRTC options of every module besides the architecture (`KernelModule::options` adds
+/// a module's own). The noise samplers do exact arithmetic in 128-bit integers.
 const OPTIONS: &[&str] = &["--std=c++17", "--device-int128"];
 
 /// Compiles one module, its headers already inlined (`KernelLibrary::expand`), to PTX
-/// for a virtual architecture such as `compute_90`.
-pub fn compile(source: &str, arch: &str) -> Result<Ptx, String> {
+/// for a virtual architecture such as `compute_90`, with the module's `options`.
+pub fn compile(source: &str, arch: &str, options: &[&str]) -> Result<Ptx, String> {
     if !nvrtc_available() {
         return Err("libnvrtc not found".into());
     }
-    let mut options = vec![format!("--gpu-architecture={arch}")];
-    options.extend(OPTIONS.iter().map(|o| o.to_string()));
+    let mut options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+    options.insert(0, format!("--gpu-architecture={arch}"));
     let opts = CompileOptions {
         options,
         ..Default::default()
@@ -100,16 +122,17 @@ pub fn compile(source: &str, arch: &str) -> Result<Ptx, String> {
 
 /// Compiles one module, its headers inlined, to a cubin for a real architecture such as
 /// `sm_90`: machine code the driver loads without JIT compilation, and which a driver
-/// older than this NVRTC still loads (PTX from a newer NVRTC is refused by it).
-pub fn compile_cubin(source: &str, sm: &str) -> Result<Vec<u8>, String> {
+/// older than this NVRTC still loads (PTX from a newer NVRTC is refused by it). With the
+/// module's `options`.
+pub fn compile_cubin(source: &str, sm: &str, options: &[&str]) -> Result<Vec<u8>, String> {
     use nvrtc::{result, sys};
     if !nvrtc_available() {
         return Err("libnvrtc not found".into());
     }
     let src = std::ffi::CString::new(source).map_err(|e| e.to_string())?;
     let prog = result::create_program(&src, None).map_err(|e| format!("NVRTC: {e:?}"))?;
-    let mut options = vec![format!("--gpu-architecture={sm}")];
-    options.extend(OPTIONS.iter().map(|o| o.to_string()));
+    let mut options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+    options.insert(0, format!("--gpu-architecture={sm}"));
     // SAFETY: `prog` is a live program; every call below checks its result; the buffer
     // has the size NVRTC reported.
     let out = unsafe {
@@ -143,33 +166,48 @@ pub fn compile_cubin(source: &str, sm: &str) -> Result<Vec<u8>, String> {
     out
 }
 
-/// Compiles, or loads the cubin cached by an earlier start with the same (expanded)
-/// source, architecture, NVRTC version and driver version, so a warm start compiles and
-/// JITs nothing. A cache that cannot be written only costs a recompilation next time.
+/// A module's cubin, and whether it came from the cache.
+pub struct Cubin {
+    pub bytes: Vec<u8>,
+    pub cache_hit: bool,
+}
+
+/// Compiles, or loads the cubin cached by an earlier run with the same (expanded) source
+/// and options, architecture and NVRTC version, so a warm start compiles and JITs
+/// nothing; the cache may be filled on a machine without a GPU (`gpu-ops check
+/// --compile-only`). A driver that cannot load it gets PTX instead (`open_device`). A
+/// cache that cannot be written only costs a recompilation next time.
 pub fn cubin_cached(
     module: &str,
     source: &str,
+    options: &[&str],
     sm: &str,
-    driver: &str,
     cache_dir: &Path,
-) -> Result<Vec<u8>, String> {
+) -> Result<Cubin, String> {
     let (major, minor) = nvrtc_version().ok_or("libnvrtc not found")?;
     let path = cache_dir.join(format!(
-        "{module}-{}-{sm}-nvrtc{major}.{minor}-driver{driver}.cubin",
-        source_key(source)
+        "{module}-{}-{sm}-nvrtc{major}.{minor}.cubin",
+        source_key(source, options)
     ));
     if let Ok(bytes) = std::fs::read(&path) {
         tracing::debug!(path = %path.display(), "cubin cache hit");
-        return Ok(bytes);
+        return Ok(Cubin {
+            bytes,
+            cache_hit: true,
+        });
     }
-    let cubin = compile_cubin(source, sm)?;
-    write_atomically(cache_dir, &path, &cubin);
-    Ok(cubin)
+    let bytes = compile_cubin(source, sm, options)?;
+    write_atomically(cache_dir, &path, &bytes);
+    Ok(Cubin {
+        bytes,
+        cache_hit: false,
+    })
 }
 
-/// The first 8 bytes of SHA-256 over the source and the options, in hex.
-fn source_key(source: &str) -> String {
-    let hash = Sha256::digest((source.to_string() + &OPTIONS.join(" ")).as_bytes());
+/// The first 8 bytes of SHA-256 over the source and the options, in hex: a module
+/// compiled with other options (`--fmad=false`) is another entry.
+fn source_key(source: &str, options: &[&str]) -> String {
+    let hash = Sha256::digest((source.to_string() + &options.join(" ")).as_bytes());
     hash[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -185,25 +223,61 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) {
     }
 }
 
-/// Compiles, or loads the PTX cached by an earlier start with the same (expanded) source,
-/// arch and NVRTC version. A cache that cannot be written only costs a recompilation
-/// next time.
+/// Compiles, or loads the PTX cached by an earlier start with the same (expanded) source
+/// and options, arch and NVRTC version. A cache that cannot be written only costs a
+/// recompilation next time.
 pub fn compile_cached(
     module: &str,
     source: &str,
+    options: &[&str],
     arch: &str,
     cache_dir: &Path,
 ) -> Result<Ptx, String> {
     let (major, minor) = nvrtc_version().ok_or("libnvrtc not found")?;
     let path = cache_dir.join(format!(
         "{module}-{}-{arch}-nvrtc{major}.{minor}.ptx",
-        source_key(source)
+        source_key(source, options)
     ));
     if let Ok(text) = std::fs::read_to_string(&path) {
         tracing::debug!(path = %path.display(), "kernel cache hit");
         return Ok(Ptx::from_src(text));
     }
-    let ptx = compile(source, arch)?;
+    let ptx = compile(source, arch, options)?;
     write_atomically(cache_dir, &path, ptx.to_src().as_bytes());
     Ok(ptx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn module(exact_floats: bool) -> KernelModule {
+        KernelModule {
+            name: "m",
+            source: "extern \"C\" __global__ void k() {}",
+            entry_points: vec!["k".into()],
+            exact_floats,
+        }
+    }
+
+    /// An exact module turns FMA contraction off, and that is part of its cache key, so a
+    /// cubin compiled before the flag existed is never loaded for it.
+    #[test]
+    fn exact_floats_compile_without_fma_under_their_own_cache_key() {
+        let (exact, fused) = (module(true), module(false));
+        assert!(exact.options().contains(&"--fmad=false"));
+        assert!(!fused.options().iter().any(|o| o.starts_with("--fmad")));
+        for o in OPTIONS {
+            assert!(exact.options().contains(o) && fused.options().contains(o));
+        }
+        let source = exact.source;
+        assert_ne!(
+            source_key(source, &exact.options()),
+            source_key(source, &fused.options())
+        );
+        assert_eq!(
+            source_key(source, &fused.options()),
+            source_key(source, &module(false).options())
+        );
+    }
 }

@@ -2,11 +2,12 @@
 //! installed, and every driver or NVRTC call is preceded by a presence check, because
 //! cudarc panics when the library is missing.
 
+pub mod attributes;
 pub mod blaslt;
 pub mod cudnn;
 pub mod kernels;
 
-use super::device::{DeviceError, Engine, GpuDevice, GpuInfo};
+use super::device::{DeviceError, Engine, GpuDevice, GpuInfo, KernelLimits, ModuleLoad};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -18,6 +19,10 @@ pub struct CudaEngine {
     ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     functions: HashMap<String, CudaFunction>,
+    /// Each kernel's attributes against its declared launch bound.
+    limits: HashMap<String, KernelLimits>,
+    /// How each kernel module was compiled and loaded (`gpu-ops check`).
+    pub(crate) module_loads: Vec<ModuleLoad>,
     /// cuBLASLt on this device, where the library opened (used once its self-test
     /// passes).
     pub(crate) blaslt: Option<blaslt::BlasLt>,
@@ -45,6 +50,46 @@ impl CudaEngine {
             .ok_or_else(|| DeviceError::fatal(format!("kernel {name} is not loaded")))
     }
 
+    /// The most threads a block of kernel `name` may have here, where known.
+    pub(crate) fn max_threads(&self, name: &str) -> Option<u32> {
+        self.limits.get(name).and_then(|l| l.max_threads)
+    }
+
+    /// Kernel `name`'s limits, as read after load.
+    pub(crate) fn kernel_limits(&self, name: &str) -> KernelLimits {
+        self.limits.get(name).cloned().unwrap_or(KernelLimits {
+            kernel: name.to_string(),
+            launch_bound: None,
+            max_threads: None,
+            registers: None,
+            local_bytes: None,
+            fits: false,
+        })
+    }
+
+    /// Clocks, bus width and caches as the driver reports them, and the theoretical
+    /// memory bandwidth they imply (2 transfers per clock × bus width).
+    pub(crate) fn facts(&self) -> serde_json::Value {
+        use sys::CUdevice_attribute as A;
+        let get = |a| self.ctx.attribute(a).ok();
+        let (mem_khz, bus_bits) = (
+            get(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE),
+            get(A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH),
+        );
+        let peak_gbps = mem_khz
+            .zip(bus_bits)
+            .map(|(khz, bits)| 2.0 * f64::from(khz) * 1e3 * f64::from(bits) / 8.0 / 1e9);
+        serde_json::json!({
+            "sm_clock_mhz": get(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE).map(|k| k / 1000),
+            "memory_clock_mhz": mem_khz.map(|k| k / 1000),
+            "memory_bus_bits": bus_bits,
+            "theoretical_memory_gbps": peak_gbps,
+            "l2_bytes": get(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+            "shared_bytes_per_block_optin": get(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            "registers_per_block": get(A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK),
+        })
+    }
+
     /// (free, total) bytes now.
     pub(crate) fn memory(&self) -> Option<(u64, u64)> {
         self.ctx
@@ -52,6 +97,52 @@ impl CudaEngine {
             .ok()
             .map(|(f, t)| (f as u64, t as u64))
     }
+}
+
+/// One module's cubin for one architecture: from the cache or compiled now.
+pub struct CompiledModule {
+    pub module: &'static str,
+    pub cubin: Result<kernels::Cubin, String>,
+    pub seconds: f64,
+}
+
+/// Every module of `library` as a cubin for `sm`, compiled in parallel (NVRTC programs
+/// are independent; a cold start of ten modules takes the longest one's time, not the
+/// sum), cached in `cache_dir`. In library order.
+pub fn cubins_for(
+    library: &kernels::KernelLibrary,
+    sm: &str,
+    cache_dir: &Path,
+) -> Vec<CompiledModule> {
+    std::thread::scope(|scope| {
+        let jobs: Vec<_> = library
+            .modules
+            .iter()
+            .map(|m| {
+                let source = library.expand(m.source);
+                let options = m.options();
+                scope.spawn(move || {
+                    let started = std::time::Instant::now();
+                    let cubin = kernels::cubin_cached(m.name, &source, &options, sm, cache_dir);
+                    CompiledModule {
+                        module: m.name,
+                        cubin,
+                        seconds: started.elapsed().as_secs_f64(),
+                    }
+                })
+            })
+            .collect();
+        jobs.into_iter()
+            .zip(&library.modules)
+            .map(|(job, m)| {
+                job.join().unwrap_or_else(|_| CompiledModule {
+                    module: m.name,
+                    cubin: Err("the compiler thread panicked".into()),
+                    seconds: 0.0,
+                })
+            })
+            .collect()
+    })
 }
 
 /// Opens device `ordinal`, compiles (or loads cached) the library's kernels for its
@@ -63,27 +154,46 @@ pub fn open_device(
 ) -> Result<GpuDevice, String> {
     let ctx = CudaContext::new(ordinal)
         .map_err(|e| format!("device {ordinal}: cannot create a context: {e}"))?;
+    // One stream does all of a device's work, in order, so cudarc's cross-stream event
+    // tracking (two events per allocation, one per launch argument) buys nothing and
+    // skews every timing. SAFETY: only `stream` below ever uses this context's buffers.
+    unsafe { ctx.disable_event_tracking() };
     let (major, minor) = ctx.compute_capability().map_err(|e| e.to_string())?;
     let sm = format!("sm_{major}{minor}");
-    let driver = driver_version().unwrap_or_default();
     let mut arch = sm.clone();
     let mut functions = HashMap::new();
-    for module_def in &library.modules {
+    let mut module_loads = Vec::new();
+    for (compiled, module_def) in cubins_for(library, &sm, cache_dir)
+        .into_iter()
+        .zip(&library.modules)
+    {
         let module_name = module_def.name;
-        let source = library.expand(module_def.source);
+        let started = std::time::Instant::now();
+        let mut cache = if compiled.cubin.as_ref().is_ok_and(|c| c.cache_hit) {
+            "hit"
+        } else {
+            "miss"
+        };
         // A cubin for this exact architecture (cached: a warm start JITs nothing); PTX,
-        // JIT-compiled by the driver, only if that fails.
-        let cubin =
-            kernels::cubin_cached(module_name, &source, &sm, &driver, cache_dir).and_then(|bin| {
-                ctx.load_module(Ptx::from_binary(bin))
-                    .map_err(|e| e.to_string())
-            });
+        // JIT-compiled by the driver, only if that fails (a driver older than NVRTC).
+        let cubin = compiled.cubin.and_then(|c| {
+            ctx.load_module(Ptx::from_binary(c.bytes))
+                .map_err(|e| e.to_string())
+        });
         let module = match cubin {
             Ok(m) => m,
             Err(why) => {
                 tracing::warn!(device = ordinal, module = module_name, reason = %why, "no cubin; loading PTX");
                 arch = format!("compute_{major}{minor}");
-                let ptx = kernels::compile_cached(module_name, &source, &arch, cache_dir)?;
+                cache = "ptx";
+                let source = library.expand(module_def.source);
+                let ptx = kernels::compile_cached(
+                    module_name,
+                    &source,
+                    &module_def.options(),
+                    &arch,
+                    cache_dir,
+                )?;
                 ctx.load_module(ptx)
                     .map_err(|e| format!("device {ordinal}: loading {module_name}: {e}"))?
             }
@@ -94,7 +204,13 @@ pub fn open_device(
                 .map_err(|e| format!("device {ordinal}: kernel {name}: {e}"))?;
             functions.insert(name.clone(), f);
         }
+        module_loads.push(ModuleLoad {
+            module: module_name.to_string(),
+            seconds: compiled.seconds + started.elapsed().as_secs_f64(),
+            cache,
+        });
     }
+    let limits = read_limits(&functions);
     let stream = ctx
         .new_stream()
         .map_err(|e| format!("device {ordinal}: cannot create a stream: {e}"))?;
@@ -121,6 +237,8 @@ pub fn open_device(
         ctx,
         stream,
         functions,
+        limits,
+        module_loads,
         blaslt: None,
         cudnn: None,
     };
@@ -137,6 +255,43 @@ pub fn open_device(
         }
     }
     Ok(GpuDevice::new(info, Engine::Cuda(engine)))
+}
+
+/// Each loaded kernel's limits, read once after load: a launch above a kernel's limit is
+/// refused as that job's error (`Launch::launch`), never sent to the driver to come back
+/// as LAUNCH_OUT_OF_RESOURCES, which would retire the device.
+fn read_limits(functions: &HashMap<String, CudaFunction>) -> HashMap<String, KernelLimits> {
+    functions
+        .iter()
+        .map(|(name, f)| {
+            let bound = crate::backend::emulated::kernel_max_threads(name);
+            let limits = match attributes::read(f) {
+                Ok(a) => KernelLimits {
+                    kernel: name.clone(),
+                    launch_bound: bound,
+                    max_threads: Some(a.max_threads),
+                    registers: Some(a.registers),
+                    local_bytes: Some(a.local_bytes),
+                    fits: bound.is_some_and(|b| b <= a.max_threads),
+                },
+                Err(e) => {
+                    tracing::warn!(kernel = %name, error = %e, "cannot read the kernel's attributes");
+                    KernelLimits {
+                        kernel: name.clone(),
+                        launch_bound: bound,
+                        max_threads: None,
+                        registers: None,
+                        local_bytes: None,
+                        fits: false,
+                    }
+                }
+            };
+            if !limits.fits {
+                tracing::warn!(kernel = %name, ?limits, "a launch within the kernel's declared bound would be refused on this device");
+            }
+            (name.clone(), limits)
+        })
+        .collect()
 }
 
 fn format_uuid(bytes: &[std::ffi::c_char; 16]) -> String {
@@ -157,6 +312,11 @@ pub fn driver_available() -> bool {
     unsafe { sys::is_culib_present() }
 }
 
+/// The CUDA version the driver supports ("13.0"), where it loads.
+pub fn driver_api_version() -> Option<String> {
+    driver_version()
+}
+
 fn driver_version() -> Option<String> {
     if !driver_available() {
         return None;
@@ -165,6 +325,40 @@ fn driver_version() -> Option<String> {
     // SAFETY: the library is present; the out-pointer is valid.
     let rc = unsafe { sys::cuDriverGetVersion(&mut v) };
     (rc == sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+}
+
+/// Resets device `ordinal`'s primary context: every allocation and module in it is gone,
+/// and a sticky error with them, so the next context on the ordinal starts clean.
+pub fn reset_primary_context(ordinal: usize) -> Result<(), String> {
+    if !driver_available() {
+        return Err("no NVIDIA driver".into());
+    }
+    cudarc::driver::result::init().map_err(|e| e.to_string())?;
+    let mut device = 0;
+    // SAFETY: the driver is initialised; the out-pointer is valid.
+    let rc = unsafe { sys::cuDeviceGet(&mut device, ordinal as std::ffi::c_int) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("device {ordinal}: cuDeviceGet: {rc:?}"));
+    }
+    // SAFETY: `device` is a valid handle from cuDeviceGet.
+    let rc = unsafe { sys::cuDevicePrimaryCtxReset_v2(device) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("device {ordinal}: resetting its context: {rc:?}"));
+    }
+    Ok(())
+}
+
+/// `discover`, with a panic inside the driver bindings or a library's handle turned into
+/// no devices and the reason (the CPU serves), never a discovery that does not end.
+pub fn discover_guarded(
+    selection: &DeviceSelection,
+    cache_dir: &Path,
+    library: &kernels::KernelLibrary,
+) -> (Vec<Arc<GpuDevice>>, String) {
+    super::guarded("CUDA device discovery", || {
+        Ok(discover(selection, cache_dir, library))
+    })
+    .unwrap_or_else(|why| (Vec::new(), format!("{why}; using the CPU")))
 }
 
 /// Which GPUs to use (`--devices`).

@@ -2,18 +2,25 @@
 //! parameter to the argument's value (a buffer's argument is its device address), so a
 //! launcher whose arguments disagree with the kernel's signature misbehaves on the
 //! emulated device as on hardware; the emulated device also refuses a launch whose
-//! argument sizes differ from the kernel's parameters.
+//! argument sizes differ from the kernel's parameters. Both engines refuse a block of more
+//! threads than the kernel allows (its `__launch_bounds__`, or fewer where the loaded
+//! kernel's registers do not fit that many) before it reaches the device.
 
 use super::buffer::{foreign, Memory};
-use super::{DeviceBuffer, DeviceError, DeviceLease, Engine};
+use super::{DeviceBuffer, DeviceError, DeviceLease, Engine, GpuDevice};
 use crate::backend::emulated::{self, EmulatedEngine, Fault, HostMemory};
-use cudarc::driver::{DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use std::ffi::c_void;
 
 /// One launch being put together: `lease.launch(name)?.arg(..)…`, then `launch(config)`.
 pub struct Launch<'a> {
     name: &'a str,
     args: Args<'a>,
+    /// The most threads a block of this kernel may have, where the engine knows it.
+    max_threads: Option<u32>,
+    /// The device and its stream (CUDA), for `gpu-ops check`'s kernel clock.
+    device: &'a GpuDevice,
+    stream: Option<&'a CudaStream>,
     /// A buffer of another engine was passed; refused at launch.
     foreign: bool,
 }
@@ -101,23 +108,34 @@ impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
 impl DeviceLease<'_> {
     /// Starts a launch of kernel `name`.
     pub fn launch<'s>(&'s self, name: &'s str) -> Result<Launch<'s>, DeviceError> {
-        let args = match self.engine() {
-            Engine::Cuda(c) => Args::Cuda(c.stream.launch_builder(c.function(name)?)),
+        let (args, max_threads) = match self.engine() {
+            Engine::Cuda(c) => (
+                Args::Cuda(c.stream.launch_builder(c.function(name)?)),
+                c.max_threads(name),
+            ),
             Engine::Emulated(engine) => {
                 if emulated::kernel_params(name).is_none() {
                     return Err(DeviceError::fatal(format!("kernel {name} is not loaded")));
                 }
-                Args::Emulated {
+                let args = Args::Emulated {
                     engine,
                     pointers: Vec::new(),
                     sizes: Vec::new(),
                     last_buffer: None,
-                }
+                };
+                (args, emulated::kernel_max_threads(name))
             }
+        };
+        let stream = match self.engine() {
+            Engine::Cuda(c) => Some(&*c.stream),
+            Engine::Emulated(_) => None,
         };
         Ok(Launch {
             name,
             args,
+            max_threads,
+            device: self.device,
+            stream,
             foreign: false,
         })
     }
@@ -139,9 +157,14 @@ impl<'a> Launch<'a> {
         if self.foreign {
             return Err(foreign());
         }
+        self.within_bounds(&config)?;
+        let (device, stream) = (self.device, self.stream);
         match &mut self.args {
             // SAFETY: the caller's contract.
-            Args::Cuda(l) => unsafe { l.launch(config) }.map(|_| ()).map_err(Into::into),
+            Args::Cuda(l) => device
+                .clocked(stream, || unsafe { l.launch(config) })
+                .map(|_| ())
+                .map_err(Into::into),
             Args::Emulated {
                 engine,
                 pointers,
@@ -162,8 +185,10 @@ impl<'a> Launch<'a> {
                         self.name
                     )));
                 }
+                let name = self.name;
                 // SAFETY: the caller's contract; every pointer lives as long as 'a.
-                unsafe { emulated::launch(self.name, config, pointers) }
+                device
+                    .clocked(None, || unsafe { emulated::launch(name, config, pointers) })
                     .map_err(|e| DeviceError::fatal(format!("emulated device: {e}")))?;
                 if let (Some(Fault::Corrupt), Some(out)) = (fault, last_buffer) {
                     // SAFETY: a buffer holds at least one byte (the allocator rounds zero up).
@@ -171,6 +196,24 @@ impl<'a> Launch<'a> {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// Refuses a block of more threads than the kernel allows, before the device sees it.
+    /// The driver would refuse it too, but its error reads as fatal here (`From<DriverError>`)
+    /// and would retire the device, when the fault is the launcher's: `Unsupported` moves
+    /// only this job, to the CPU. The emulated device refuses it the same way, so CI finds
+    /// such a launcher before a GPU does.
+    fn within_bounds(&self, config: &LaunchConfig) -> Result<(), DeviceError> {
+        let (x, y, z) = config.block_dim;
+        let threads = u64::from(x) * u64::from(y) * u64::from(z);
+        match self.max_threads {
+            Some(limit) if threads > u64::from(limit) => Err(DeviceError::unsupported(format!(
+                "{}: a block of {threads} threads ({x}×{y}×{z}), more than the kernel's limit \
+                 of {limit} (its __launch_bounds__, or what its registers allow)",
+                self.name
+            ))),
+            _ => Ok(()),
         }
     }
 }

@@ -7,12 +7,15 @@
 
 mod bandwidth;
 mod buffer;
+mod clock;
+mod inventory;
 mod launch;
 mod tables;
 
 pub use bandwidth::{best_rate, CopyBandwidth};
 pub(crate) use buffer::Memory;
 pub use buffer::{DeviceBuffer, Element};
+pub use inventory::{KernelLimits, ModuleLoad};
 pub use launch::Launch;
 
 use super::cuda::CudaEngine;
@@ -150,6 +153,8 @@ pub struct GpuDevice {
     ops: Mutex<BTreeMap<String, OpStatus>>,
     /// False under `--no-cuda-libraries`.
     vendor_libraries: AtomicBool,
+    /// `gpu-ops check`'s kernel clock (`clock.rs`); off in the server.
+    clock: clock::ClockSlot,
 }
 
 /// Held while a job uses the device.
@@ -182,6 +187,7 @@ impl GpuDevice {
             memory_limit: AtomicU64::new(0),
             ops: Mutex::new(BTreeMap::new()),
             vendor_libraries: AtomicBool::new(true),
+            clock: Default::default(),
         }
     }
 

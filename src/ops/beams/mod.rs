@@ -4,6 +4,7 @@
 //! generated or uploaded, with DFT or uploaded codebooks and optional measurement noise;
 //! each channel's best pair. `docs/TENSORS.md` states the model and the error bounds.
 pub mod channels;
+pub(crate) mod check_cases;
 pub mod geometry;
 mod gpu;
 pub(crate) mod self_test;

@@ -23,6 +23,8 @@ pub fn kernel_module() -> KernelModule {
         name: "dp",
         source: include_str!("../../../kernels/dp.cu"),
         entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
+        // Privatized gradients and releases are checked bit for bit (`verify::same_bits`).
+        exact_floats: true,
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod accountant;
 mod chacha;
+pub(crate) mod check_cases;
 mod gpu;
 #[cfg(test)]
 mod host_kernel_parity;

@@ -3,6 +3,7 @@
 //! per-residue modular arithmetic on the GPU, with the crate's own arithmetic as its CPU
 //! twin's reference.
 
+pub(crate) mod check_cases;
 mod gpu;
 pub mod params;
 pub(crate) mod self_test;

@@ -3,6 +3,7 @@
 //! backends, operands first rounded to the compute precision (tf32, f16, bf16) as tensor
 //! cores round them, so the CPU twin and the device see the same operands and differ only
 //! in the order of the f32 sums (`docs/TENSORS.md` states the error bounds).
+pub(crate) mod check_cases;
 mod gpu;
 pub mod lookup;
 pub mod matmul;

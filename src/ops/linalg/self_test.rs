@@ -166,6 +166,7 @@ pub(crate) fn blaslt_check() -> Box<dyn SelfTest> {
         jobs,
         opened: |dev| dev.has_blaslt(),
         run: |job, dev| run_matmul_on(job, dev, MatmulEngine::BlasLt),
+        infos: Vec::new(),
     })
 }
 

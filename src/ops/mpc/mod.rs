@@ -2,6 +2,7 @@
 //! splits, holders verify, any threshold of them combine), and secure aggregation of
 //! client vectors (`secagg`).
 
+pub(crate) mod check_cases;
 pub mod feldman;
 mod gpu;
 mod scalar;

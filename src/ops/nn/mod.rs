@@ -3,6 +3,7 @@
 //! the weights and the input windows. Inputs rounded to their dtype and every sum in f32
 //! (f64 for f64 inputs); `docs/TENSORS.md` states the error bounds and the limits.
 pub mod attention;
+pub(crate) mod check_cases;
 pub mod conv2d;
 mod gpu;
 mod real;

@@ -163,6 +163,7 @@ pub(crate) fn cudnn_check() -> Box<dyn SelfTest> {
         jobs,
         opened: |dev| dev.has_cudnn(),
         run: run_conv2d_cudnn,
+        infos: Vec::new(),
     })
 }
 

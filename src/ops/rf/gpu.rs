@@ -25,6 +25,9 @@ pub fn kernel_module() -> KernelModule {
         name: "rf",
         source: include_str!("../../../kernels/rf.cu"),
         entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
+        // The FIR, the noise and the chunk sums round as the host twins do, bit for bit
+        // (kernels/rf.cuh; ops/rf/gpu_host_parity.rs), and datasets compare sums exactly.
+        exact_floats: true,
     }
 }
 /// Receivers run along the grid's y dimension.

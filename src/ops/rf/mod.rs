@@ -1,6 +1,7 @@
 //! RF signal processing: feature extraction from complex baseband IQ, and the synthetic
 //! multi-receiver dataset generator built on it (CPU twins; formulas in
 //! docs/RF_FEATURES.md and docs/RF_DATASETS.md).
+pub(crate) mod check_cases;
 pub mod dataset;
 pub mod features;
 pub mod generate;

@@ -28,6 +28,9 @@ pub fn field_ops_module() -> KernelModule {
         name: "field_ops",
         source: include_str!("../../../kernels/field_ops.cu"),
         entry_points,
+        // Field elements are checked bit for bit (`verify::exactly`); any float it gained
+        // would be too.
+        exact_floats: true,
     }
 }
 
@@ -218,6 +221,8 @@ pub fn ntt_module() -> KernelModule {
         name: "ntt",
         source: include_str!("../../../kernels/ntt.cu"),
         entry_points,
+        // As field_ops: checked bit for bit.
+        exact_floats: true,
     }
 }
 

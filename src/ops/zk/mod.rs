@@ -1,4 +1,5 @@
 //! Zero-knowledge primitives: prime-field vectors, NTT, MSM.
+pub(crate) mod check_cases;
 mod field;
 mod gpu;
 pub mod msm;

@@ -1,0 +1,82 @@
+//! What a device says about itself for `gpu-ops check`: how each kernel module was
+//! compiled and loaded, each kernel's limits against its declared launch bound, and the
+//! clocks, bus and caches the driver reports.
+
+use super::{Engine, GpuDevice};
+use crate::backend::emulated;
+use serde::Serialize;
+
+/// One kernel module's compile and load on a device.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModuleLoad {
+    pub module: String,
+    /// Compile (or cache read) and load, in seconds; modules compile in parallel.
+    pub seconds: f64,
+    /// "hit" (a cached cubin), "miss" (compiled now), "ptx" (the driver JIT-compiled PTX:
+    /// no cubin could be made), "host" (the emulated device's build).
+    pub cache: &'static str,
+}
+
+/// One kernel's attributes against what its launchers may ask of it.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelLimits {
+    pub kernel: String,
+    /// The `__launch_bounds__` the source declares: the most threads a launch may ask.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub launch_bound: Option<u32>,
+    /// What the loaded kernel allows (CUDA: CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_threads: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub registers: Option<u32>,
+    /// Per-thread local memory (spills and local arrays), bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local_bytes: Option<u32>,
+    /// Whether every launch the bound allows can run here: bound ≤ max_threads.
+    pub fits: bool,
+}
+
+impl GpuDevice {
+    /// Each kernel module's compile and load, in library order.
+    pub fn module_loads(&self) -> Vec<ModuleLoad> {
+        match &*self.engine() {
+            Engine::Cuda(c) => c.module_loads.clone(),
+            Engine::Emulated(_) => vec![ModuleLoad {
+                module: "all (built into this binary)".into(),
+                seconds: 0.0,
+                cache: "host",
+            }],
+        }
+    }
+
+    /// The limits of each of `kernels` (the library's entry points), in that order.
+    pub fn kernel_limits(&self, kernels: &[String]) -> Vec<KernelLimits> {
+        let engine = self.engine();
+        kernels
+            .iter()
+            .map(|kernel| match &*engine {
+                Engine::Cuda(c) => c.kernel_limits(kernel),
+                Engine::Emulated(_) => {
+                    // The emulated device enforces the source's bound itself.
+                    let bound = emulated::kernel_max_threads(kernel);
+                    KernelLimits {
+                        kernel: kernel.clone(),
+                        launch_bound: bound,
+                        max_threads: bound,
+                        registers: None,
+                        local_bytes: None,
+                        fits: bound.is_some(),
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// Clocks, bus width, caches and the theoretical memory bandwidth they imply.
+    pub fn facts(&self) -> serde_json::Value {
+        match &*self.engine() {
+            Engine::Cuda(c) => c.facts(),
+            Engine::Emulated(_) => serde_json::json!({ "emulated": true }),
+        }
+    }
+}
