@@ -266,7 +266,8 @@ impl Backends {
     /// without a kernel) moves that job alone to the CPU. A fatal error (a lost device), or
     /// `FAILURES_TO_RETIRE` failures in a row, takes the device out of service
     /// (`gpu_ops_device_healthy` 0) until a re-probe passes. An abandoned job is not a
-    /// failure. Reruns on the CPU are counted in `gpu_ops_fallbacks_total{op, reason}`.
+    /// failure, nor is a launch refused as `Unsupported` (the job's shape, not the
+    /// device: it moves that job only, and never counts towards retiring). Reruns on the CPU are counted in `gpu_ops_fallbacks_total{op, reason}`.
     pub fn device_failed(
         self: &Arc<Self>,
         dev: &GpuDevice,
@@ -279,6 +280,14 @@ impl Backends {
             return;
         }
         tracing::warn!(op, device = dev.info.ordinal, error = %err, fallback = rerun_on_cpu, "device work failed");
+        if err.kind == DeviceErrorKind::Unsupported {
+            // The job's own shape (a block over a kernel's launch bound, say): nothing
+            // about the device, so it neither retires it nor counts towards doing so.
+            if rerun_on_cpu {
+                self.count_fallback(op, err.reason());
+            }
+            return;
+        }
         let in_row = dev.count_failure();
         if err.kind == DeviceErrorKind::Fatal || in_row >= FAILURES_TO_RETIRE {
             self.retire(dev, &format!("{err} ({in_row} failure(s) in a row)"));
@@ -437,6 +446,26 @@ mod tests {
         // An op no library serves is quarantined at once.
         b.shadow_checked(&dev, "ntt", Err("differs".into()));
         assert!(!dev.op_usable("ntt"));
+    }
+
+    #[test]
+    fn a_launch_the_device_refuses_as_unsupported_never_retires_it() {
+        let b = Arc::new(Backends::new(
+            BackendChoice::Auto,
+            CpuExecutor::new(1).unwrap(),
+            Arc::new(Metrics::new()),
+        ));
+        let dev = GpuDevice::emulated(0, 1 << 30);
+        let refused = DeviceError::unsupported("a block of 512 threads, over the bound of 256");
+        for _ in 0..FAILURES_TO_RETIRE + 1 {
+            b.device_failed(&dev, "field_add", &refused, true);
+        }
+        assert!(dev.is_healthy());
+        // Out-of-memory errors still count: three in a row retire the device.
+        for _ in 0..FAILURES_TO_RETIRE {
+            b.device_failed(&dev, "field_add", &DeviceError::out_of_memory("x"), true);
+        }
+        assert!(!dev.is_healthy());
     }
 
     #[test]
