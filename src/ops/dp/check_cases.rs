@@ -374,41 +374,6 @@ mod tests {
     #[test]
     #[ignore = "a few seconds on the emulated device: cargo test --lib dp::check_cases -- --ignored --nocapture"]
     fn quick_level_agrees_on_the_emulated_device() {
-        measure_on_emulated(check_cases(CheckLevel::Quick));
-    }
-
-    /// Measures `checks` on a fresh emulated device as `gpu-ops check` does (one timed
-    /// run), printing each case; every case must agree.
-    fn measure_on_emulated(checks: Vec<Box<dyn SelfTest>>) {
-        use crate::backend::measure::Repeats;
-        let dev = crate::backend::GpuDevice::emulated(0, 1 << 30);
-        let lease = dev.lease().expect("the emulated device");
-        let started = std::time::Instant::now();
-        for check in &checks {
-            for case in check.measure(
-                &lease,
-                Repeats {
-                    warmup: 0,
-                    timed: 1,
-                },
-            ) {
-                eprintln!(
-                    "{} | {} | {:.0} bytes | device {:.1} ms | CPU {:.1} ms | {:?}",
-                    check.op(),
-                    case.info.label,
-                    case.info.bytes.unwrap_or(0.0),
-                    case.device_ms.first().copied().unwrap_or(f64::NAN),
-                    case.cpu_ms.unwrap_or(f64::NAN),
-                    case.outcome
-                );
-                assert!(
-                    case.outcome.is_ok(),
-                    "{}: {:?}",
-                    case.info.label,
-                    case.outcome
-                );
-            }
-        }
-        eprintln!("all dp cases: {:.1} s", started.elapsed().as_secs_f64());
+        crate::ops::testing::measure_on_emulated("dp", check_cases(CheckLevel::Quick));
     }
 }
