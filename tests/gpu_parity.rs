@@ -934,7 +934,7 @@ fn cuda_rf_chunk_sums_match_the_cpu() {
 /// records of the same samples.
 #[test]
 fn cuda_rf_waveforms_and_dataset_records_match_the_cpu() {
-    use gpu_ops::ops::rf::dataset::{records_agree, sample, samples_cuda};
+    use gpu_ops::ops::rf::dataset::{records_agree, sample, samples_cuda, segment_len};
     use gpu_ops::ops::rf::generate::draft;
     use gpu_ops::ops::rf::gpu::{pack, pack_drafts, waveforms_cuda};
     use gpu_ops::ops::rf::rng::dataset_key;
@@ -962,7 +962,7 @@ fn cuda_rf_waveforms_and_dataset_records_match_the_cpu() {
             samples_cuda(&s, key, 0..rf_samples(dev, 20), false, &lease).expect("device path runs");
         for (n, g) in got.iter().enumerate() {
             let (cpu, _, _) = sample(&s, key, n as u64, false);
-            if let Err(e) = records_agree(g, &cpu) {
+            if let Err(e) = records_agree(g, &cpu, segment_len(&s)) {
                 panic!("sample {n}: {e}");
             }
         }

@@ -11,7 +11,8 @@ use super::{
 };
 use crate::backend::{BackendChoice, GpuDevice};
 use crate::ops::rf::dataset::{
-    device_batch, fits_device, records_agree, sample, samples_cuda, Rejection, SampleRecord,
+    device_batch, fits_device, records_agree, sample, samples_cuda, segment_len, Rejection,
+    SampleRecord,
 };
 use crate::ops::rf::generate::{samples_per_recording, GENERATOR_VERSION};
 use crate::ops::rf::rng::dataset_key;
@@ -105,7 +106,7 @@ impl Datasets {
         };
         if !checked {
             let cpu = pool.install(|| sample(s, key, first, keep_iq).0);
-            if let Err(why) = records_agree(&records[0], &cpu) {
+            if let Err(why) = records_agree(&records[0], &cpu, segment_len(s)) {
                 tracing::error!(device = dev.info.ordinal, sample = first, disagreement = %why, "the device's dataset sample disagrees with the CPU's");
                 self.backends.quarantine(
                     dev,

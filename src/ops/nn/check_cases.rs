@@ -329,6 +329,22 @@ mod tests {
         }
     }
 
+    /// A report's replay: at this seed one bf16 output sat on a rounding boundary and the
+    /// emulated kernel and the CPU rounded it a unit in the last place apart (36.25 and 36)
+    /// while the tolerance allowed half of one (`AttentionJob::tolerance`).
+    #[test]
+    fn the_bf16_case_of_a_fresh_seed_agrees_on_the_emulated_device() {
+        let dev = crate::backend::GpuDevice::emulated(0, 1 << 30);
+        let lease = dev.lease().expect("the emulated device");
+        let cases = attention_cases(CheckLevel::Quick, 1_795_799_378_592_083_952);
+        let (info, job) = cases
+            .iter()
+            .find(|(info, _)| info.label.ends_with("bf16"))
+            .expect("a bf16 case");
+        let device = job.run_device(&lease).expect("the device runs");
+        job.agrees(&device, &job.run_cpu()).expect(&info.label);
+    }
+
     #[test]
     fn standard_cases_are_at_production_sizes() {
         let level = CheckLevel::Standard;

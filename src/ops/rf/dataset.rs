@@ -2,7 +2,7 @@
 //! its quality (receivers detected, mean SNR, GDOP) and accept or reject it by reason.
 
 use super::features::{
-    self, extract, feature_agrees, ChunkSums, Derivation, ExtractConfig, Stats, FEATURE_NAMES,
+    self, extract, feature_index, stats_agree, ChunkSums, Derivation, ExtractConfig, Stats,
 };
 use super::generate::{
     draft, plan, receive_to, samples_per_recording, RxTruth, SamplePlan, TxTruth,
@@ -227,9 +227,11 @@ fn records_from_sums<W: Send>(
 pub const DATASET_OP: &str = "rf_dataset";
 
 /// Whether two records of one sample agree within the device path's tolerances: the same
-/// receivers and decision, each feature's statistics within 1e-3 (dB and the rest) or
-/// 0.1 (Hz), or 1e-6 relative. What a dataset job checks before trusting a device.
-pub fn records_agree(a: &SampleRecord, b: &SampleRecord) -> Result<(), String> {
+/// receivers and decision, each receiver's feature statistics within
+/// `features::stats_agree` for Welch segments of `segment_len` (the scenario's
+/// `segment_len`). What a
+/// dataset job checks before trusting a device.
+pub fn records_agree(a: &SampleRecord, b: &SampleRecord, segment_len: usize) -> Result<(), String> {
     if a.rejected != b.rejected || a.features.len() != b.features.len() {
         return Err(format!(
             "decision {:?} vs {:?}, {} vs {} receivers",
@@ -240,31 +242,20 @@ pub fn records_agree(a: &SampleRecord, b: &SampleRecord) -> Result<(), String> {
         ));
     }
     for (r, (fa, fb)) in a.features.iter().zip(&b.features).enumerate() {
-        for (name, (x, y)) in FEATURE_NAMES.iter().zip(fa.iter().zip(fb)) {
-            for (u, v) in [
-                (x.mean, y.mean),
-                (x.std, y.std),
-                (x.min, y.min),
-                (x.max, y.max),
-            ] {
-                if !feature_agrees(name, u, v) {
-                    return Err(format!("receiver {r} {name}: {u} vs {v}"));
-                }
-            }
-        }
+        stats_agree(fa, fb, segment_len).map_err(|why| format!("receiver {r} {why}"))?;
     }
     Ok(())
 }
 
-fn feature(name: &str) -> usize {
-    FEATURE_NAMES
-        .iter()
-        .position(|n| *n == name)
-        .expect("a feature name")
+/// The Welch segment length of a scenario's recordings (a scenario that makes no chunk
+/// has no features to hold to it; the longest segment the device takes then).
+pub fn segment_len(s: &Scenario) -> usize {
+    features::plan(&extract_config(s), samples_per_recording(s))
+        .map_or(MAX_REDUCE_SEGMENT, |(_, seg)| seg)
 }
 
 fn judge(receivers: &[RxTruth], features: &[Vec<Stats>]) -> Quality {
-    let (present, snr) = (feature("signal_present"), feature("snr_db"));
+    let (present, snr) = (feature_index("signal_present"), feature_index("snr_db"));
     let detected: Vec<usize> = (0..receivers.len())
         .filter(|&r| features[r][present].mean >= 0.5)
         .collect();
@@ -383,7 +374,7 @@ mod tests {
             let (rec, _, _) = sample(&s, key, n, false);
             assert_eq!(rec.tx.modulation, Modulation::Carrier);
             for (r, f) in rec.receivers.iter().zip(&rec.features) {
-                let get = |name: &str| f[feature(name)];
+                let get = |name: &str| f[feature_index(name)];
                 assert!(
                     (get("noise_floor_dbm").mean - noise_floor_dbm(&s)).abs() < 0.3,
                     "{r:?}"
@@ -422,7 +413,7 @@ mod tests {
             let offsets: Vec<f64> = ex
                 .chunks
                 .iter()
-                .map(|c| c[feature("frequency_offset_hz")])
+                .map(|c| c[feature_index("frequency_offset_hz")])
                 .collect();
             // Chunk c is centred at 0.1 + 0.2c s.
             for (c, f) in offsets.iter().enumerate() {
@@ -528,12 +519,12 @@ mod tests {
             assert_eq!(g.features, want.features);
             assert_eq!(g.quality, want.quality);
             assert_eq!(g.iq, want.iq);
-            assert!(records_agree(g, &want).is_ok());
+            assert!(records_agree(g, &want, segment_len(&s)).is_ok());
         }
         // Both decisions occur, so the kept-recordings rule was exercised.
         assert!(decisions.len() > 1, "{decisions:?}");
         let mut off = got[0].clone();
-        off.features[0][feature("snr_db")].mean += 0.01;
-        assert!(records_agree(&off, &got[0]).is_err());
+        off.features[0][feature_index("rssi_dbm")].mean += 0.01;
+        assert!(records_agree(&off, &got[0], segment_len(&s)).is_err());
     }
 }

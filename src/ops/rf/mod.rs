@@ -99,7 +99,7 @@ impl Job for FeaturesJob {
         ))
     }
 
-    /// Every chunk's features within `features::feature_agrees`.
+    /// Every chunk's features within `features::chunk_agrees`.
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
         let (d, c) = match (device, cpu) {
             (Ok(d), Ok(c)) => (d, c),
@@ -116,13 +116,8 @@ impl Job for FeaturesJob {
             return Err(format!("{} chunks vs {}", d.chunks.len(), c.chunks.len()));
         }
         for (i, (a, b)) in d.chunks.iter().zip(&c.chunks).enumerate() {
-            for (name, (x, y)) in features::FEATURE_NAMES.iter().zip(a.iter().zip(b)) {
-                if !features::feature_agrees(name, *x, *y) {
-                    return Err(format!(
-                        "chunk {i} {name}: {x} on the device, {y} on the CPU"
-                    ));
-                }
-            }
+            features::chunk_agrees(a, b, c.segment_len)
+                .map_err(|why| format!("chunk {i} {why}"))?;
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! (waveforms, receivers and chunk sums on the device) against the CPU's records of the
 //! same samples, within the device path's tolerances.
 
-use super::dataset::{records_agree, sample, samples_cuda, DATASET_OP};
+use super::dataset::{records_agree, sample, samples_cuda, segment_len, DATASET_OP};
 use super::generate::generate;
 use super::rng::dataset_key;
 use super::scenario::Scenario;
@@ -31,7 +31,7 @@ impl SelfTest for DatasetCheck {
         let records = samples_cuda(&s, key, 0..2, false, dev)
             .map_err(|e| format!("the device failed: {e}"))?;
         for (n, got) in records.iter().enumerate() {
-            records_agree(got, &sample(&s, key, n as u64, false).0)
+            records_agree(got, &sample(&s, key, n as u64, false).0, segment_len(&s))
                 .map_err(|why| format!("sample {n}: {why}"))?;
         }
         Ok(())

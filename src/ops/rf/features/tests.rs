@@ -272,3 +272,57 @@ fn quantile_helpers_match_known_values() {
     // Gamma(100, 1/100) median ≈ 0.99667.
     assert!((gamma_mean_quantile(100, 0.0) - 0.99667).abs() < 1e-4);
 }
+
+#[test]
+fn the_floor_allowance_follows_the_f32_transform_and_stays_tight_at_ordinary_snr() {
+    // 20·log10(1 + 2√r), r = 2^-48 · log2 L · 10^(snr/10).
+    let at = |snr: f64, len: usize| {
+        let r = (len as f64).log2() * 10f64.powf(snr / 10.0) / (1u64 << 48) as f64;
+        20.0 * (1.0 + 2.0 * r.sqrt()).log10()
+    };
+    for (snr, len) in [(0.0, 16), (60.0, 4096), (95.0, 512), (110.0, 8192)] {
+        let got = floor_allowance_db(snr, len);
+        assert!(
+            (got - at(snr, len)).abs() < 1e-12,
+            "{snr} dB, L {len}: {got}"
+        );
+    }
+    assert!(floor_allowance_db(60.0, 4096) < 0.004);
+    assert!(floor_allowance_db(40.0, 8192) < 1e-3 / 2.0);
+    assert!(floor_allowance_db(110.0, 512) > 0.5);
+    assert_eq!(floor_allowance_db(f64::NEG_INFINITY, 512), 0.0);
+    assert_eq!(floor_allowance_db(f64::NAN, 512), 0.0);
+}
+
+#[test]
+fn a_chunk_agrees_within_the_floor_allowance_and_not_beyond_it() {
+    let mut cpu: ChunkFeatures = [0.0; 18];
+    let (floor, snr, rssi) = (
+        feature_index("noise_floor_dbm"),
+        feature_index("snr_db"),
+        feature_index("rssi_dbm"),
+    );
+    (cpu[rssi], cpu[floor], cpu[snr]) = (-5.0, -105.0, 100.0);
+    let bound = 1e-3 + floor_allowance_db(100.0, 512);
+    for feature in FLOOR_FEATURES.map(feature_index) {
+        let mut near = cpu;
+        near[feature] += 0.9 * bound;
+        if let Err(why) = chunk_agrees(&near, &cpu, 512) {
+            panic!("{why}");
+        }
+        let mut far = cpu;
+        far[feature] -= 1.1 * bound;
+        let why = chunk_agrees(&far, &cpu, 512).expect_err("beyond the bound");
+        assert!(why.starts_with(FEATURE_NAMES[feature]), "{why}");
+    }
+    // Features that do not rest on the floor keep 1e-3 at any SNR.
+    let mut off = cpu;
+    off[rssi] += 0.01;
+    assert!(chunk_agrees(&off, &cpu, 512).is_err());
+    // At an ordinary SNR the floor keeps 1e-3 too.
+    let mut low = cpu;
+    (low[floor], low[snr]) = (-45.0, 40.0);
+    let mut moved = low;
+    moved[floor] += 2e-3;
+    assert!(chunk_agrees(&moved, &low, 512).is_err());
+}
