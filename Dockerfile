@@ -18,13 +18,16 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
 # No toolchain and no curl: the health check is the binary's own `healthcheck`.
 RUN useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin gpuops \
- && mkdir -p /data \
- && chown gpuops /data
+ && mkdir -p /data /keys \
+ && chown gpuops /data /keys
 COPY --from=build /out/gpu-ops /usr/local/bin/gpu-ops
 USER 10001
 # glibc.malloc.hugetlb=1: malloc advises transparent huge pages on its mappings and heap, so
 # a large body and its decoded vectors fault in 2 MiB at a time rather than 4 KiB (JSON
 # bulk ingest 12-14 % faster, docs/PERFORMANCE.md; no effect where the host's THP is off).
+# Bound to every interface, the server refuses to start without keys: mount a key file and
+# set GPU_OPS_API_KEYS_FILE (`gpu-ops new-key --tenant NAME --file FILE` makes one), or set
+# GPU_OPS_ALLOW_UNAUTHENTICATED=true behind something that authenticates.
 ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1 \
     GPU_OPS_BIND=0.0.0.0:8080 \
     GPU_OPS_DATA_DIR=/data \

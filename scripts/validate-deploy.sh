@@ -14,13 +14,19 @@ yamllint -s docker-compose.yml deploy .yamllint.yaml
 echo "== docker-compose config (GPU default and CPU profile)"
 docker-compose -f docker-compose.yml config -q
 services="$(docker-compose -f docker-compose.yml --profile cpu config --services | sort | tr '\n' ' ')"
-[ "$services" = "gpu-ops gpu-ops-cpu grafana objects postgres prometheus replica-a replica-b " ] || { echo "unexpected services: $services" >&2; exit 1; }
+[ "$services" = "gpu-ops gpu-ops-cpu grafana keys objects postgres prometheus replica-a replica-b " ] || { echo "unexpected services: $services" >&2; exit 1; }
 scaled="$(docker-compose -f docker-compose.yml --profile scale config)"
 for want in "GPU_OPS_DATABASE_URL: postgres://gpu_ops:gpu_ops@postgres:5432/gpu_ops" \
             "GPU_OPS_ARTIFACT_STORE: s3://gpu-ops/datasets" "AWS_ENDPOINT_URL: http://objects:8333" \
             "8081" "8082" "condition: service_healthy"; do
   grep -q -- "$want" <<<"$scaled" || { echo "the scale profile lacks: $want" >&2; exit 1; }
 done
+# Protected by default: every gpu-ops service reads the key file the `keys` service makes.
+everything="$(docker-compose -f docker-compose.yml --profile cpu --profile scale config)"
+keyed="$(grep -c 'GPU_OPS_API_KEYS_FILE: /keys/api-keys' <<<"$everything" || true)"
+[ "$keyed" = 4 ] || { echo "$keyed of 4 gpu-ops services read the API key file" >&2; exit 1; }
+! grep -q 'GPU_OPS_ALLOW_UNAUTHENTICATED' <<<"$everything" \
+  || { echo "the compose file must not serve unauthenticated" >&2; exit 1; }
 echo "== kustomize render (base and GPU overlay)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
@@ -35,6 +41,13 @@ grep -A5 'name: GPU_OPS_DATABASE_URL' "$tmp/base.yaml" | grep -q 'optional: true
   || { echo "base must take --database-url from an optional Secret" >&2; exit 1; }
 grep -A2 'name: gpu-ops-object-store' "$tmp/base.yaml" | grep -q 'optional: true' \
   || { echo "base must take the object store's settings from an optional Secret" >&2; exit 1; }
+grep -A1 'name: GPU_OPS_API_KEYS_FILE' "$tmp/base.yaml" | grep -q 'value: /keys/api-keys' \
+  || { echo "base must serve with an API key file" >&2; exit 1; }
+if ! grep -q 'secretName: gpu-ops-api-keys' "$tmp/base.yaml" \
+   || grep -A2 'secretName: gpu-ops-api-keys' "$tmp/base.yaml" | grep -q 'optional: true'; then
+  echo "base must mount the API keys Secret, not optionally" >&2
+  exit 1
+fi
 yamllint -s -d '{extends: relaxed, rules: {line-length: disable}}' "$tmp/base.yaml" "$tmp/gpu.yaml"
 echo "== promtool"
 promtool check config deploy/prometheus/prometheus.yml

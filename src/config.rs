@@ -40,6 +40,9 @@ pub enum Command {
     /// a markdown table and optionally JSON. Exit 1 when any parity fails, 3 when there
     /// is no device to check.
     Check(Box<crate::check::CheckArgs>),
+    /// Make an API key: 256 random bits, base64url. With --file, append "KEY TENANT" to
+    /// the file (created owner-only), else print that line.
+    NewKey(crate::new_key::NewKeyArgs),
     /// Exit 0 when a server answers 200 on /health/live (container HEALTHCHECK; the
     /// runtime image has no curl).
     Healthcheck {
@@ -208,9 +211,25 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "GPU_OPS_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
-    /// File of API keys, one "KEY TENANT" per line; when set, API routes need a bearer key.
+    /// File of API keys, one "KEY TENANT" per line (`gpu-ops new-key` writes one); when
+    /// set, every API route needs `Authorization: Bearer KEY`, and its objects belong to
+    /// the key's tenant. Required when --bind is not a loopback address.
     #[arg(long, env = "GPU_OPS_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
+    /// Serve without API keys on an address other than loopback: for a server behind
+    /// something that authenticates (a gateway, a mesh). It warns at start and on
+    /// `/device`. Without it, such a server refuses to start.
+    #[arg(long, env = "GPU_OPS_ALLOW_UNAUTHENTICATED", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_unauthenticated: bool,
+    /// Longest time a client may take to send a request's headers, from its first byte
+    /// (or from the connection's opening, or the previous answer on a kept-alive
+    /// connection); past it the connection is closed.
+    #[arg(long, env = "GPU_OPS_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+    /// Most TCP connections open at once; a connection beyond it is closed as soon as it
+    /// is accepted (counted in gpu_ops_connections_refused_total).
+    #[arg(long, env = "GPU_OPS_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
     /// How long shutdown waits for queued and running jobs.
     #[arg(long, env = "GPU_OPS_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
@@ -302,6 +321,26 @@ impl Config {
         }
         if self.device_sample_interval < Duration::from_millis(100) {
             return Err("--device-sample-interval must be at least 100ms".into());
+        }
+        if self.header_read_timeout < Duration::from_millis(100) {
+            return Err("--header-read-timeout must be at least 100ms".into());
+        }
+        if self.max_connections == 0 {
+            return Err("--max-connections must be at least 1".into());
+        }
+        if self.api_keys_file.is_none()
+            && !self.allow_unauthenticated
+            && !self.bind.ip().is_loopback()
+        {
+            return Err(format!(
+                "--bind {} is reachable from the network and no --api-keys-file is given: \
+                 every API route, every tenant's budgets and datasets included, would be open \
+                 to anyone who can reach it. Give --api-keys-file FILE (lines \"KEY TENANT\"; \
+                 `gpu-ops new-key --tenant NAME --file FILE` writes one), or \
+                 --allow-unauthenticated when something in front of the server authenticates, \
+                 or bind 127.0.0.1",
+                self.bind
+            ));
         }
         let api_keys = self
             .api_keys_file
@@ -420,5 +459,46 @@ mod tests {
             .unwrap_err()
             .contains("16 characters"));
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_server_reachable_from_the_network_needs_keys_or_an_explicit_opt_out() {
+        for bind in ["0.0.0.0:8080", "[::]:8080", "192.0.2.7:8080"] {
+            let why = parse(&["--bind", bind]).unwrap_err();
+            assert!(
+                why.contains("--api-keys-file") && why.contains("--allow-unauthenticated"),
+                "{why}"
+            );
+            let open = parse(&["--bind", bind, "--allow-unauthenticated"]).unwrap();
+            assert!(open.api_keys.is_none() && open.config.allow_unauthenticated);
+        }
+        for bind in ["127.0.0.1:8080", "[::1]:8080", "127.0.0.2:0"] {
+            assert!(parse(&["--bind", bind]).is_ok(), "{bind}");
+        }
+        let dir = std::env::temp_dir().join(format!("gpu-ops-bind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let keys = dir.join("keys");
+        std::fs::write(&keys, "0123456789abcdef alice\n").unwrap();
+        let keyed = parse(&[
+            "--bind",
+            "0.0.0.0:8080",
+            "--api-keys-file",
+            keys.to_str().unwrap(),
+        ]);
+        assert!(keyed.unwrap().api_keys.is_some());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn connection_limits_are_checked() {
+        assert!(parse(&["--header-read-timeout", "10ms"])
+            .unwrap_err()
+            .contains("--header-read-timeout"));
+        assert!(parse(&["--max-connections", "0"])
+            .unwrap_err()
+            .contains("--max-connections"));
+        let s = parse(&[]).unwrap();
+        assert_eq!(s.config.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(s.config.max_connections, 4096);
     }
 }

@@ -9,9 +9,11 @@ pub mod check;
 pub mod config;
 pub mod datasets;
 pub mod metrics;
+pub mod new_key;
 pub mod ops;
 pub mod pool;
 pub mod secagg_client;
+mod serve;
 pub mod store;
 pub mod tables;
 
@@ -215,13 +217,17 @@ impl App {
                 stopping_tx.send_replace(true);
             }
         };
-        let server = axum::serve(listener, router).with_graceful_shutdown(signalled);
+        let limits = serve::ConnectionLimits {
+            header_read_timeout: state.settings.config.header_read_timeout,
+            max_connections: state.settings.config.max_connections,
+        };
+        let server = serve::serve(listener, router, limits, state.metrics.clone(), signalled);
         let deadline = async {
             let _ = stopping.wait_for(|s| *s).await;
             tokio::time::sleep(grace).await;
         };
         tokio::select! {
-            r = server => r?,
+            () = server => {},
             _ = deadline => tracing::warn!("shutdown grace period over with requests still open"),
         }
         state.pool.close();

@@ -27,6 +27,17 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(&format!("gpu-ops secagg-client: {e}")),
         },
+        Some(Command::NewKey(args)) => match gpu_ops::new_key::run(&args) {
+            Ok(said) if args.file.is_some() => {
+                eprintln!("gpu-ops new-key: {said}");
+                ExitCode::SUCCESS
+            }
+            Ok(line) => {
+                println!("{line}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&format!("gpu-ops new-key: {e}")),
+        },
         Some(Command::Healthcheck { addr, path }) => match healthcheck(&addr, &path) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -130,6 +141,10 @@ fn serve(config: Config) -> ExitCode {
         Err(e) => return fail(&e),
     };
     init_logging(settings.config.log_format);
+    let auth = gpu_ops::api::Authentication::of(&settings);
+    if let Some(warning) = auth.warning(&settings) {
+        tracing::warn!("{warning}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

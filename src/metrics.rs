@@ -16,6 +16,8 @@ pub struct Metrics {
     pub jobs_running: IntGauge,
     pub cpu_inline_jobs: IntCounterVec,
     pub http_body_bytes_in_flight: IntGauge,
+    pub connections_open: IntGauge,
+    pub connections_refused: IntCounterVec,
     pub job_queue_wait: HistogramVec,
     pub job_compute: HistogramVec,
     pub jobs: IntCounterVec,
@@ -62,6 +64,14 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_http_body_bytes_in_flight",
         "Request body bytes admitted and not yet answered, against --max-inflight-body-bytes",
+    ),
+    (
+        "gpu_ops_connections_open",
+        "TCP connections open now, against --max-connections",
+    ),
+    (
+        "gpu_ops_connections_refused_total",
+        "Connections closed unserved, by reason: max_connections (accepted past --max-connections)",
     ),
     (
         "gpu_ops_cpu_inline_jobs_total",
@@ -199,6 +209,11 @@ impl Metrics {
             http_body_bytes_in_flight: reg(
                 r,
                 IntGauge::with_opts(opts("gpu_ops_http_body_bytes_in_flight")),
+            ),
+            connections_open: reg(r, IntGauge::with_opts(opts("gpu_ops_connections_open"))),
+            connections_refused: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_connections_refused_total"), &["reason"]),
             ),
             cpu_inline_jobs: reg(
                 r,

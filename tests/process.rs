@@ -268,3 +268,155 @@ fn concurrent_large_bodies_stay_within_the_in_flight_body_budget() {
     ]);
     eprintln!("peak RSS growth {unbounded} bytes with room for all eight bodies");
 }
+
+/// One request over a fresh connection (`Connection: close`): the status and the body;
+/// status 0 when the server closed the connection unanswered.
+fn raw_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    // A connection the server refused (closed at once) reads as status 0.
+    if s.read_to_string(&mut text).is_err() {
+        return (0, String::new());
+    }
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+/// Whether the server closed `s` (end of stream or reset) before `deadline`.
+fn closed_by(s: &mut std::net::TcpStream, deadline: Instant) -> bool {
+    use std::io::Read;
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+        .unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            // A 408 or 400 before the close is fine; read on to the end.
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A server reachable from the network is protected by default: without
+/// `--api-keys-file` it refuses to start and names both ways forward; with
+/// `--allow-unauthenticated` it serves and says so on `/device`.
+#[test]
+fn a_server_on_the_network_without_keys_refuses_to_start() {
+    let data = std::env::temp_dir().join(format!("gpu-ops-open-{}", std::process::id()));
+    let out = Command::new(BIN)
+        .args(["--bind", "0.0.0.0:0", "--backend", "cpu"])
+        .args(["--data-dir", data.to_str().unwrap()])
+        .env_remove("GPU_OPS_API_KEYS_FILE")
+        .env_remove("GPU_OPS_ALLOW_UNAUTHENTICATED")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains("--api-keys-file") && stderr.contains("--allow-unauthenticated"),
+        "{stderr}"
+    );
+    let (mut child, port) =
+        spawn_server(&data, &["--bind", "0.0.0.0:0", "--allow-unauthenticated"]);
+    let (status, body) = raw_get(port, "/device");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&data);
+    assert_eq!(status, 200);
+    let device: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(device["authentication"], "unauthenticated");
+    let warning = device["warnings"][0].as_str().unwrap();
+    assert!(warning.contains("--allow-unauthenticated"), "{warning}");
+}
+
+/// Slow headers (slowloris): 200 connections that send half a request line, and one
+/// that sends nothing, are all closed by the server within 5 s under
+/// `--header-read-timeout 2s`, while a well-behaved request is answered meanwhile.
+#[test]
+fn connections_that_never_finish_their_headers_are_closed() {
+    use std::io::Write;
+    let data = std::env::temp_dir().join(format!("gpu-ops-slow-{}", std::process::id()));
+    let (mut child, port) = spawn_server(&data, &["--header-read-timeout", "2s"]);
+    let opened = Instant::now();
+    let mut slow: Vec<std::net::TcpStream> = (0..200)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            s.write_all(b"GET /health/li").unwrap();
+            s
+        })
+        .collect();
+    slow.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
+    let answered = Instant::now();
+    let (status, _) = raw_get(port, "/health/live");
+    let answered = answered.elapsed();
+    let deadline = opened + Duration::from_secs(5);
+    let open = slow
+        .iter_mut()
+        .map(|s| closed_by(s, deadline))
+        .filter(|closed| !closed)
+        .count();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&data);
+    assert_eq!(status, 200);
+    assert!(
+        answered < Duration::from_secs(2),
+        "answered in {answered:?}"
+    );
+    assert_eq!(open, 0, "{open} of 201 connections still open after 5 s");
+}
+
+/// `--max-connections`: a connection past the cap is closed at once and counted, and the
+/// server serves again as soon as one closes.
+#[test]
+fn connections_past_the_cap_are_closed_and_counted() {
+    use std::io::Write;
+    let data = std::env::temp_dir().join(format!("gpu-ops-cap-{}", std::process::id()));
+    let (mut child, port) = spawn_server(&data, &["--max-connections", "8"]);
+    let mut held: Vec<std::net::TcpStream> = (0..8)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    // The server has taken all eight once one of them is answered on.
+    held[0]
+        .write_all(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let _ = std::io::Read::read(&mut held[0], &mut buf).unwrap();
+    let mut extra = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let refused = closed_by(&mut extra, Instant::now() + Duration::from_secs(3));
+    drop(held.pop());
+    let start = Instant::now();
+    let metrics = loop {
+        let (status, body) = raw_get(port, "/metrics");
+        if status == 200 || start.elapsed() > Duration::from_secs(5) {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&data);
+    assert!(refused, "the ninth connection was kept open");
+    let counted = metrics
+        .lines()
+        .find(|l| l.starts_with("gpu_ops_connections_refused_total{reason=\"max_connections\"}"));
+    assert!(counted.is_some_and(|l| !l.ends_with(" 0")), "{counted:?}");
+}

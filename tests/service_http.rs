@@ -290,7 +290,25 @@ async fn api_keys_guard_the_api_but_not_health_metrics_or_docs() {
     ] {
         assert_eq!(s.get(open).await.status(), 200, "{open}");
     }
+    let device: serde_json::Value = s.get("/device").await.json().await.unwrap();
+    assert_eq!(device["authentication"], "api_keys");
+    assert_eq!(device["warnings"], serde_json::json!([]));
+    // A cached bandwidth report is open; a measurement, which leases every device, is not.
+    let refresh = format!("{}/device/bandwidth?refresh=true", s.url);
+    let res = s.client.get(&refresh).send().await.unwrap();
+    problem(res, 401, "unauthorized").await;
+    let res = s.client.get(&refresh).bearer_auth("0123456789abcdef0123");
+    assert_eq!(res.send().await.unwrap().status(), 200);
+    assert_eq!(s.get("/device/bandwidth").await.status(), 200);
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_loopback_server_without_keys_says_so_on_device() {
+    let s = TestServer::start(&[]).await;
+    let device: serde_json::Value = s.get("/device").await.json().await.unwrap();
+    assert_eq!(device["authentication"], "loopback_only");
+    assert_eq!(device["warnings"], serde_json::json!([]));
 }
 
 #[tokio::test]

@@ -1,9 +1,11 @@
-//! Optional bearer-key auth (`--api-keys-file`). Health, metrics and docs stay open.
+//! Bearer-key auth (`--api-keys-file`), required on a server reachable from the network
+//! unless `--allow-unauthenticated`. Health, metrics and docs stay open; so does
+//! `/device/bandwidth`, except a `refresh=true` that would lease every device.
 
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
@@ -17,11 +19,25 @@ pub async fn require_key(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let Some(keys) = &state.settings.api_keys else {
+    if state.settings.api_keys.is_none() {
         return next.run(req).await;
+    }
+    match authenticate(&state, req.headers()) {
+        Ok(tenant) => {
+            req.extensions_mut().insert(tenant);
+            next.run(req).await
+        }
+        Err(problem) => problem.into_response(),
+    }
+}
+
+/// The tenant of a request's bearer key, when the server has keys; 401 without one or
+/// with a key it does not know. On a server without keys, the tenant "".
+pub(crate) fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Tenant, Problem> {
+    let Some(keys) = &state.settings.api_keys else {
+        return Ok(Tenant(String::new()));
     };
-    let presented = req
-        .headers()
+    let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
@@ -30,17 +46,15 @@ pub async fn require_key(
         })
         .map(str::trim);
     match presented.and_then(|k| keys.get(k)) {
-        Some(tenant) => {
-            req.extensions_mut().insert(Tenant(tenant.clone()));
-            next.run(req).await
-        }
-        None if presented.is_none() => {
-            Problem::new(ErrorCode::Unauthorized, "send Authorization: Bearer <key>")
-                .into_response()
-        }
-        None => {
-            Problem::new(ErrorCode::Unauthorized, "the API key is not recognised").into_response()
-        }
+        Some(tenant) => Ok(Tenant(tenant.clone())),
+        None if presented.is_none() => Err(Problem::new(
+            ErrorCode::Unauthorized,
+            "send Authorization: Bearer <key>",
+        )),
+        None => Err(Problem::new(
+            ErrorCode::Unauthorized,
+            "the API key is not recognised",
+        )),
     }
 }
 

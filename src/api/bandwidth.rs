@@ -5,6 +5,7 @@ use super::problem::Problem;
 use super::{blocking, ApiQuery, AppState};
 use crate::backend::{best_rate, DeviceError};
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -62,12 +63,17 @@ pub struct GpuBandwidth {
     params(BandwidthQuery),
     responses(
         (status = 200, body = BandwidthReport),
+        (status = 401, description = "unauthorized: `refresh=true` on a server with API keys, without a recognised bearer key (a measurement leases every device)"),
         (status = 500, description = "internal: a device failed while copying"),
     ))]
 pub async fn bandwidth(
     State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
     ApiQuery(q): ApiQuery<BandwidthQuery>,
 ) -> Result<Json<BandwidthReport>, Problem> {
+    if q.refresh {
+        super::auth::authenticate(&state, &headers)?;
+    }
     let cache = &state.bandwidth;
     // A plain read never waits for a measurement in progress.
     if let Some((report, _)) = cache.last().filter(|_| !q.refresh) {

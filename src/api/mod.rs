@@ -29,6 +29,7 @@ mod tensor;
 pub mod zk;
 
 pub use extract::{ApiJson, ApiPath, ApiQuery, IdParam};
+pub use system::Authentication;
 
 use crate::backend::Backends;
 use crate::config::Settings;

@@ -75,6 +75,45 @@ pub struct DeviceReport {
     pub fallback: bool,
     pub gpus: Vec<GpuReport>,
     pub cpu: CpuInfo,
+    /// Whether API routes need a key.
+    pub authentication: Authentication,
+    /// What the operator should act on, such as a server open to the network.
+    pub warnings: Vec<String>,
+}
+
+/// How API routes are protected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Authentication {
+    /// `--api-keys-file`: every API route needs a bearer key.
+    ApiKeys,
+    /// No keys, bound to a loopback address only: reachable from this host alone.
+    LoopbackOnly,
+    /// No keys on an address reachable from the network (`--allow-unauthenticated`).
+    Unauthenticated,
+}
+
+impl Authentication {
+    pub fn of(settings: &crate::config::Settings) -> Self {
+        if settings.api_keys.is_some() {
+            Self::ApiKeys
+        } else if settings.config.bind.ip().is_loopback() {
+            Self::LoopbackOnly
+        } else {
+            Self::Unauthenticated
+        }
+    }
+
+    /// The warning an unauthenticated server gives at start and on `/device`.
+    pub fn warning(self, settings: &crate::config::Settings) -> Option<String> {
+        (self == Self::Unauthenticated).then(|| {
+            format!(
+                "serving {} without API keys (--allow-unauthenticated): every API route is open \
+                 to whoever reaches this address unless something in front authenticates",
+                settings.config.bind
+            )
+        })
+    }
 }
 
 #[utoipa::path(get, path = "/device", tag = "system", operation_id = "device_info",
@@ -100,6 +139,11 @@ pub async fn device(State(state): State<Arc<AppState>>) -> Json<DeviceReport> {
         fallback: state.settings.config.fallback,
         gpus,
         cpu: b.cpu.info.clone(),
+        authentication: Authentication::of(&state.settings),
+        warnings: Authentication::of(&state.settings)
+            .warning(&state.settings)
+            .into_iter()
+            .collect(),
     })
 }
 
