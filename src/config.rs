@@ -153,6 +153,14 @@ pub struct Config {
     /// Most MiB one tenant's resident embedding tables may take together.
     #[arg(long, env = "GPU_OPS_MAX_TENANT_EMBEDDING_MIB", default_value_t = 1024)]
     pub max_tenant_embedding_mib: u64,
+    /// Most embedding tables one tenant may hold, however small; more gets 422
+    /// embedding_quota_exceeded.
+    #[arg(
+        long,
+        env = "GPU_OPS_MAX_TENANT_EMBEDDING_TABLES",
+        default_value_t = 1000
+    )]
+    pub max_tenant_embedding_tables: usize,
     /// Most MiB all resident embedding tables may take (each is held in host memory and
     /// on disk under --data-dir).
     #[arg(long, env = "GPU_OPS_MAX_EMBEDDING_TABLES_MIB", default_value_t = 4096)]

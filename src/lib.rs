@@ -167,11 +167,14 @@ impl App {
                 done_tx.send_replace(true);
             });
         }
-        let tables = Arc::new(tables::EmbeddingTables::open(
-            cfg.data_dir.join("embedding-tables"),
-            cfg.max_tenant_embedding_mib << 20,
-            cfg.max_embedding_tables_mib << 20,
-        )?);
+        let tables = Arc::new(
+            tables::EmbeddingTables::open(
+                cfg.data_dir.join("embedding-tables"),
+                cfg.max_tenant_embedding_mib << 20,
+                cfg.max_embedding_tables_mib << 20,
+            )?
+            .with_tenant_table_cap(cfg.max_tenant_embedding_tables),
+        );
         let state = Arc::new(AppState::new(
             settings, metrics, pool, backends, store, datasets, tables,
         ));

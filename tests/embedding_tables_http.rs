@@ -313,3 +313,38 @@ async fn quota_cap_and_refusals() {
         .unwrap();
     problem(res, 507, "embedding_tables_full").await;
 }
+
+/// `--max-tenant-embedding-tables 50`: the 51st table of a tenant, however small, is
+/// refused with 422; the tenant's tables stay served, and a deletion makes room.
+#[tokio::test]
+async fn a_tenant_past_its_count_of_tables_is_refused() {
+    let s = TestServer::start(&["--max-tenant-embedding-tables", "50"]).await;
+    let tiny = json!({"table": [[1.0]]});
+    let mut ids = Vec::new();
+    for _ in 0..50 {
+        let res = create(&s, tiny.clone()).await;
+        assert_eq!(res.status(), 201);
+        let v: Value = res.json().await.unwrap();
+        ids.push(v["id"].as_str().unwrap().to_string());
+    }
+    let p = problem(
+        create(&s, tiny.clone()).await,
+        422,
+        "embedding_quota_exceeded",
+    )
+    .await;
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--max-tenant-embedding-tables"),
+        "{p}"
+    );
+    let res = s
+        .delete(&format!("/embeddings/tables/{}", ids[0]))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success());
+    assert_eq!(create(&s, tiny).await.status(), 201);
+}

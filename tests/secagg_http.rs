@@ -561,6 +561,29 @@ async fn every_refusal_has_its_code_and_path() {
         problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
         "/share_key"
     );
+    // Low-order X25519 points (here 0 and p − 1): every agreement with them is zero.
+    let mut minus_one = [0xffu8; 32];
+    (minus_one[0], minus_one[31]) = (0xec, 0x7f);
+    for (share_key, mask_key, path) in [
+        ([0u8; 32], [9u8; 32], "/share_key"),
+        ([9u8; 32], minus_one, "/mask_key"),
+    ] {
+        let body = json!({"share_key": B64.encode(share_key), "mask_key": B64.encode(mask_key)});
+        let res = s
+            .post(&format!("/secagg/rounds/{round}/keys"), body)
+            .send()
+            .await
+            .unwrap();
+        let p = problem(res, 422, "invalid_parameter").await;
+        assert_eq!(p["errors"][0]["path"], path);
+        assert!(
+            p["errors"][0]["message"]
+                .as_str()
+                .unwrap()
+                .contains("low-order"),
+            "{p}"
+        );
+    }
     let a = register(&s, &round).await;
     // Shares before the advertising closed: the wrong stage.
     let res = a

@@ -237,7 +237,9 @@ impl From<crate::tables::TableError> for Problem {
     fn from(e: crate::tables::TableError) -> Self {
         use crate::tables::TableError;
         let code = match e {
-            TableError::QuotaExceeded { .. } => ErrorCode::EmbeddingQuotaExceeded,
+            TableError::QuotaExceeded { .. } | TableError::TooMany { .. } => {
+                ErrorCode::EmbeddingQuotaExceeded
+            }
             TableError::Full { .. } => ErrorCode::EmbeddingTablesFull,
             TableError::Io(_) => ErrorCode::Internal,
         };

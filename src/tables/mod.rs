@@ -48,6 +48,11 @@ pub enum TableError {
         used: u64,
         quota: u64,
     },
+    /// The tenant holds `--max-tenant-embedding-tables` tables already.
+    TooMany {
+        count: usize,
+        cap: usize,
+    },
     /// All tables would pass the server's cap.
     Full {
         need: u64,
@@ -64,6 +69,10 @@ impl std::fmt::Display for TableError {
                 f,
                 "the table takes {need} bytes; the tenant's tables take {used} of {quota} (--max-tenant-embedding-mib)"
             ),
+            TableError::TooMany { count, cap } => write!(
+                f,
+                "the tenant has {count} tables of at most {cap} (--max-tenant-embedding-tables); delete one first"
+            ),
             TableError::Full { need, used, cap } => write!(
                 f,
                 "the table takes {need} bytes; all tables take {used} of {cap} (--max-embedding-tables-mib)"
@@ -77,6 +86,9 @@ pub struct EmbeddingTables {
     dir: PathBuf,
     tenant_quota: u64,
     cap: u64,
+    /// Most tables of one tenant: each costs two files and an entry in memory however
+    /// small, which the byte quota alone would admit by the hundred million.
+    tenant_tables: usize,
     tables: RwLock<Catalog>,
 }
 
@@ -105,6 +117,13 @@ impl Catalog {
             .sum();
         kept + writing
     }
+
+    /// The tenant's tables, committed and being written.
+    fn count(&self, tenant: &str) -> usize {
+        let kept = self.tables.values().filter(|t| t.meta.tenant == tenant);
+        let writing = self.writing.values().filter(|(t, _)| t == tenant);
+        kept.count() + writing.count()
+    }
 }
 
 fn io(what: &Path, e: std::io::Error) -> TableError {
@@ -132,8 +151,16 @@ impl EmbeddingTables {
             dir,
             tenant_quota,
             cap,
+            tenant_tables: usize::MAX,
             tables: RwLock::new(tables),
         })
+    }
+
+    /// At most `cap` tables per tenant (`--max-tenant-embedding-tables`); tables already
+    /// stored past it are kept and served, and new ones refused until the count is under.
+    pub fn with_tenant_table_cap(mut self, cap: usize) -> Self {
+        self.tenant_tables = cap;
+        self
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Catalog> {
@@ -160,6 +187,13 @@ impl EmbeddingTables {
         // the files without the lock, so lookups never wait for a disk.
         {
             let mut catalog = self.write_lock();
+            let count = catalog.count(&tenant);
+            if count >= self.tenant_tables {
+                return Err(TableError::TooMany {
+                    count,
+                    cap: self.tenant_tables,
+                });
+            }
             let used = catalog.used(Some(&tenant));
             if used + need > self.tenant_quota {
                 return Err(TableError::QuotaExceeded {
@@ -358,5 +392,24 @@ mod tests {
         ));
         t.remove("a", "emb_1").unwrap();
         t.add(meta("emb_4", "c", 3, 1), vec![0.0; 3]).unwrap();
+    }
+
+    #[test]
+    fn a_tenant_holds_at_most_its_count_of_tables_however_small() {
+        let t = EmbeddingTables::open(scratch("count"), 1 << 20, 1 << 20)
+            .unwrap()
+            .with_tenant_table_cap(3);
+        for n in 0..3 {
+            t.add(meta(&format!("emb_{n}"), "a", 1, 1), vec![0.0])
+                .unwrap();
+        }
+        assert!(matches!(
+            t.add(meta("emb_3", "a", 1, 1), vec![0.0]),
+            Err(TableError::TooMany { count: 3, cap: 3 })
+        ));
+        // Another tenant's count is its own; a deletion makes room.
+        t.add(meta("emb_b", "b", 1, 1), vec![0.0]).unwrap();
+        t.remove("a", "emb_0").unwrap();
+        t.add(meta("emb_3", "a", 1, 1), vec![0.0]).unwrap();
     }
 }

@@ -3,7 +3,8 @@
 //! Every call after registration carries the client's token in x-secagg-token.
 
 use super::{
-    aggregate_in_background, count, decode_32, new_token, presented_token, RoundView, B64,
+    aggregate_in_background, count, decode_32, new_token, presented_token, x25519_key, RoundView,
+    B64,
 };
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{blocking, ApiJson, ApiPath, AppState, IdParam};
@@ -66,7 +67,7 @@ pub struct SubmissionResponse {
                 ("shares" = (operation_id = "secagg_shares", parameters(("id" = "$request.path.id"), ("header.x-secagg-token" = "$response.body#/token")))))),
         (status = 404, description = "secagg_round_not_found"),
         (status = 409, description = "secagg_round_full, secagg_wrong_stage"),
-        (status = 422, description = "invalid_request, invalid_parameter (a key that is not 32 bytes of base64)"),
+        (status = 422, description = "invalid_request, invalid_parameter (a key that is not 32 bytes of base64, or a low-order X25519 point, whose agreements are all zeros)"),
         (status = 503, description = "storage_unavailable"),
     ),
     security((), ("bearer" = []))
@@ -76,8 +77,8 @@ pub async fn secagg_register(
     ApiPath(IdParam { id }): ApiPath<IdParam>,
     ApiJson(req): ApiJson<RegisterRequest>,
 ) -> Result<Response, Problem> {
-    decode_32(&req.share_key, "/share_key")?;
-    decode_32(&req.mask_key, "/mask_key")?;
+    x25519_key(&req.share_key, "/share_key")?;
+    x25519_key(&req.mask_key, "/mask_key")?;
     let (token, hash) = new_token()?;
     let store = state.store.clone();
     let (client_id, round) =

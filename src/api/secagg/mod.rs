@@ -71,6 +71,22 @@ fn decode_32(s: &str, path: &str) -> Result<[u8; 32], Problem> {
         })
 }
 
+/// An X25519 public key: 32 bytes of base64, not one of the small-order points. Agreement
+/// with such a key gives the zero secret whatever the other side's secret is, so a client
+/// that registered one would make its neighbours' pair masks and sealed shares known to
+/// anyone (the attack RFC 7748 §6.1 warns of).
+fn x25519_key(s: &str, path: &str) -> Result<[u8; 32], Problem> {
+    let key = decode_32(s, path)?;
+    if crate::ops::mpc::secagg::protocol::is_low_order(&key) {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            "is a low-order X25519 point: every agreement with it is zero, so it would expose the masks and shares of its neighbours",
+        ));
+    }
+    Ok(key)
+}
+
 /// One registered client, as every client of the round sees it.
 #[derive(Serialize, ToSchema)]
 pub struct RoundClientView {

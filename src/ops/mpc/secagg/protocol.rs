@@ -69,6 +69,17 @@ pub fn random_bytes() -> Result<[u8; 32], String> {
     Ok(b)
 }
 
+/// Whether an X25519 public key lies in the small subgroup (order 1, 2, 4 or 8, in any of
+/// its encodings): agreement with it is all zeros for every secret, as X25519 clamps each
+/// secret to a multiple of the cofactor 8. Tried with one fixed secret, which suffices for
+/// that reason; a key with a prime-order part agrees to something else.
+pub fn is_low_order(key: &[u8; 32]) -> bool {
+    let probe = StaticSecret::from([0x5a; 32]);
+    !probe
+        .diffie_hellman(&PublicKey::from(*key))
+        .was_contributory()
+}
+
 /// The X25519 secret a client masks with, derived from its shared element σ, so that σ's
 /// shares are enough to rebuild it after a dropout. (No client id in it: the key is
 /// advertised before the server assigns the id.)

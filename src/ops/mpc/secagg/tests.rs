@@ -314,3 +314,35 @@ fn the_unmasking_work_is_bounded_at_creation() {
     .validate(1 << 24)
     .unwrap();
 }
+
+/// The small-order points of Curve25519 as RFC 7748 and libsodium list them (u = 0, 1,
+/// the two points of order 8, and p − 1, p, p + 1 as unreduced encodings), each refused;
+/// honest keys are not.
+#[test]
+fn low_order_keys_are_told_from_honest_ones() {
+    let hex = |h: &str| -> [u8; 32] {
+        let v: Vec<u8> = (0..32)
+            .map(|i| u8::from_str_radix(&h[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        v.try_into().unwrap()
+    };
+    let mut one = [0u8; 32];
+    one[0] = 1;
+    let low = [
+        [0u8; 32],
+        one,
+        hex("e0eb7a7c3b41b8ae1656e3faf19fc46ada098deb9c32b1fd866205165f49b800"),
+        hex("5f9c95bca3508c24b1d0b1559c83ef5b04445cc4581c8e86d8224eddd09f1157"),
+        hex("ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f"),
+        hex("edffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f"),
+        hex("eeffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f"),
+    ];
+    for key in low {
+        assert!(is_low_order(&key), "{key:02x?}");
+    }
+    for seed in 1..=20u8 {
+        let honest = PublicKey::from(&StaticSecret::from([seed; 32])).to_bytes();
+        assert!(!is_low_order(&honest));
+    }
+    assert!(!is_low_order(&[9u8; 32]));
+}
