@@ -906,8 +906,8 @@ def refuse_secagg_round_result(c: Ctx):  # still at advertise_keys
 
 
 @refusal("secagg_register", 422, "invalid_parameter", "/mask_key")
-def refuse_secagg_register(c: Ctx):  # a 31-byte key
-    body = RegisterRequest(share_key=sa.b64(bytes(32)), mask_key=sa.b64(bytes(31)))
+def refuse_secagg_register(c: Ctx):  # a 31-byte key (the share key is a point of large order)
+    body = RegisterRequest(share_key=sa.b64(bytes([9]) * 32), mask_key=sa.b64(bytes(31)))
     return secagg_register.sync_detailed(c.secagg.coordinator.round_id, client=c.client, body=body)
 
 
