@@ -121,6 +121,7 @@ impl Authentication {
     responses((status = 200, body = DeviceReport)))]
 pub async fn device(State(state): State<Arc<AppState>>) -> Json<DeviceReport> {
     let b = &state.backends;
+    let authentication = Authentication::of(&state.settings);
     let gpus = b
         .gpus()
         .iter()
@@ -139,8 +140,8 @@ pub async fn device(State(state): State<Arc<AppState>>) -> Json<DeviceReport> {
         fallback: state.settings.config.fallback,
         gpus,
         cpu: b.cpu.info.clone(),
-        authentication: Authentication::of(&state.settings),
-        warnings: Authentication::of(&state.settings)
+        authentication,
+        warnings: authentication
             .warning(&state.settings)
             .into_iter()
             .collect(),

@@ -98,10 +98,24 @@ pub struct CaseRun {
     pub cpu_ms: Option<f64>,
 }
 
+impl CaseRun {
+    /// A case not yet run: agreeing, with no timings.
+    pub fn new(info: CaseInfo, size: usize, input_bytes: usize) -> Self {
+        Self {
+            info,
+            size,
+            input_bytes,
+            outcome: Ok(()),
+            device_ms: Vec::new(),
+            kernel_ms: Vec::new(),
+            cpu_ms: None,
+        }
+    }
+}
+
 /// Runs `job` through `run` (its device path, or a vendor library's) as the check does:
-/// warm-up, timed runs with the kernel clock on, then the CPU twin once, held to
-/// `Job::agrees` against the first timed output. A device failure ends the case with the
-/// error as its outcome.
+/// `measure_runs` with the job's size, its CPU twin and `Job::agrees`. A device failure
+/// ends the case with the error as its outcome.
 pub fn measure_job<J: Job>(
     job: &J,
     info: CaseInfo,
@@ -109,44 +123,99 @@ pub fn measure_job<J: Job>(
     repeats: Repeats,
     run: impl Fn(&J, &DeviceLease<'_>) -> Result<J::Output, DeviceError>,
 ) -> CaseRun {
-    let mut case = CaseRun {
-        info,
-        size: job.size(),
-        input_bytes: job.input_bytes(),
-        outcome: Ok(()),
-        device_ms: Vec::new(),
-        kernel_ms: Vec::new(),
-        cpu_ms: None,
-    };
+    measure_runs(
+        CaseRun::new(info, job.size(), job.input_bytes()),
+        dev,
+        repeats,
+        |dev| {
+            run(job, dev)
+                .and_then(|out| dev.synchronize().map(|()| out))
+                .map_err(|e| format!("the device failed: {e}"))
+        },
+        || job.run_cpu(),
+        |device, cpu| job.agrees(device, cpu),
+    )
+}
+
+/// The check's measurement of any device path: warm-up, timed runs of `on_device` with
+/// the kernel clock on, then `on_cpu` once, held to `agree` against the first timed
+/// output. A failed device run ends the case with its error as the outcome.
+pub fn measure_runs<O>(
+    mut case: CaseRun,
+    dev: &DeviceLease<'_>,
+    repeats: Repeats,
+    on_device: impl Fn(&DeviceLease<'_>) -> Result<O, String>,
+    on_cpu: impl FnOnce() -> O,
+    agree: impl FnOnce(&O, &O) -> Result<(), String>,
+) -> CaseRun {
     let mut first = None;
     for i in 0..repeats.warmup + repeats.timed.max(1) {
-        let timed = i >= repeats.warmup;
         dev.device.start_kernel_clock();
         let started = Instant::now();
-        let out = run(job, dev).and_then(|out| dev.synchronize().map(|()| out));
+        let out = on_device(dev);
         let elapsed = started.elapsed().as_secs_f64() * 1e3;
         let kernels = dev.device.stop_kernel_clock();
         match out {
-            Ok(out) => {
-                if timed {
-                    case.device_ms.push(elapsed);
-                    case.kernel_ms.extend(kernels);
-                    first.get_or_insert(out);
-                }
+            Ok(out) if i >= repeats.warmup => {
+                case.device_ms.push(elapsed);
+                case.kernel_ms.extend(kernels);
+                first.get_or_insert(out);
             }
-            Err(e) => {
-                case.outcome = Err(format!("the device failed: {e}"));
+            Ok(_) => {}
+            Err(why) => {
+                case.outcome = Err(why);
                 return case;
             }
         }
     }
     let started = Instant::now();
-    let cpu = job.run_cpu();
+    let cpu = on_cpu();
     case.cpu_ms = Some(started.elapsed().as_secs_f64() * 1e3);
     if let Some(device) = first {
-        case.outcome = job.agrees(&device, &cpu);
+        case.outcome = agree(&device, &cpu);
     }
     case
+}
+
+/// "2^20", "2^18 + 2", "9000": a size as the check's labels write it (a power of two
+/// plus a few as such).
+pub fn size_label(n: usize) -> String {
+    if n >= 1 << 10 {
+        let k = usize::BITS - 1 - n.leading_zeros();
+        let rest = n - (1 << k);
+        if rest == 0 {
+            return format!("2^{k}");
+        }
+        if rest <= 16 {
+            return format!("2^{k} + {rest}");
+        }
+    }
+    n.to_string()
+}
+
+/// `len` values uniform in (−1, 1), about one in 32 of them (and the first six) edge
+/// values instead: ±0, ±`big`, ±`tiny`. Drawn in parallel, in chunks seeded from `seed`,
+/// so a seed gives the same values on any machine. The tensor ops' check inputs.
+pub fn mixed_values(len: usize, seed: u64, big: f32, tiny: f32) -> Vec<f32> {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    let edges = [0.0, -0.0, big, -big, tiny, -tiny];
+    let mut v = vec![0f32; len];
+    v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
+        let mut rng = StdRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        for x in chunk {
+            *x = if rng.random_ratio(1, 32) {
+                edges[rng.random_range(0..edges.len())]
+            } else {
+                rng.random_range(-1.0..1.0)
+            };
+        }
+    });
+    let first = edges.len().min(len);
+    v[..first].copy_from_slice(&edges[..first]);
+    v
 }
 
 static CASE_SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
@@ -165,4 +234,17 @@ pub fn case_seed() -> u64 {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_labels() {
+        assert_eq!(size_label(1 << 20), "2^20");
+        assert_eq!(size_label((1 << 18) + 2), "2^18 + 2");
+        assert_eq!(size_label(9_000), "9000");
+        assert_eq!(size_label(13), "13");
+    }
 }

@@ -27,7 +27,7 @@
 use super::plan::{calibrate_gaussian, calibrate_laplace, MAX_SNAPPED};
 use super::sgd::{Clipping, SgdPlan};
 use super::{Gradients, Mechanism, NoiseJob, NoiseKey, PrivatizeJob};
-use crate::backend::measure::{case_seed, CaseInfo, CheckLevel};
+use crate::backend::measure::{case_seed, size_label, CaseInfo, CheckLevel};
 use crate::backend::verify::{JobCheck, SelfTest};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -39,22 +39,6 @@ const NOISE_MULTIPLIER: f64 = 1.1;
 /// A generator for piece `piece` of the input drawn from `seed`.
 fn rng(seed: u64, piece: u64) -> SmallRng {
     SmallRng::seed_from_u64(seed ^ piece.wrapping_mul(0x9E37_79B9_7F4A_7C15))
-}
-
-/// "2^20", "2^18 + 2", "9000": a size as the labels write it (a power of two plus a
-/// few as such).
-fn size_label(n: usize) -> String {
-    if n >= 1 << 10 {
-        let k = usize::BITS - 1 - n.leading_zeros();
-        let rest = n - (1 << k);
-        if rest == 0 {
-            return format!("2^{k}");
-        }
-        if rest <= 16 {
-            return format!("2^{k} + {rest}");
-        }
-    }
-    n.to_string()
 }
 
 /// One privatize case: its shape, element type, clipping and reduction.
@@ -359,14 +343,6 @@ mod tests {
             assert_ops(&cases, op);
             assert!(cases.iter().all(|(_, j)| j.size() == 1 << 24));
         }
-    }
-
-    #[test]
-    fn size_labels() {
-        assert_eq!(size_label(1 << 20), "2^20");
-        assert_eq!(size_label((1 << 18) + 2), "2^18 + 2");
-        assert_eq!(size_label(9_000), "9000");
-        assert_eq!(size_label(13), "13");
     }
 
     /// `gpu-ops check --level quick` for these ops on the emulated device: every case

@@ -29,32 +29,17 @@
 //! Under a second in all; building the inputs (ChaCha20-drawn rows) about 0.2 s.
 
 use super::secagg::{MaskTerm, UnmaskJob};
+use super::self_test::points;
 use super::shamir::{keyed_elements, CombineJob, ShareJob};
-use crate::backend::measure::{case_seed, CaseInfo, CheckLevel};
+use crate::backend::measure::{case_seed, size_label, CaseInfo, CheckLevel};
 use crate::backend::verify::{JobCheck, SelfTest};
 use crate::ops::dp::NoiseKey;
 use crate::ops::zk::samples::edge_values;
-use crate::ops::zk::{Field, FieldVec, U256};
+use crate::ops::zk::{Field, FieldVec};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use std::sync::Arc;
-
-/// "2^20", "2^22 + 5", "8492": a size as the labels write it (a power of two plus a
-/// few as such).
-fn size_label(n: usize) -> String {
-    if n >= 1 << 10 {
-        let k = usize::BITS - 1 - n.leading_zeros();
-        let rest = n - (1 << k);
-        if rest == 0 {
-            return format!("2^{k}");
-        }
-        if rest <= 16 {
-            return format!("2^{k} + {rest}");
-        }
-    }
-    n.to_string()
-}
 
 /// `m` elements of `field`: its edge values (reversed when `reversed`), then uniform
 /// ones drawn from `key` under `domain`.
@@ -67,24 +52,6 @@ fn row(field: Field, m: usize, key: &NoiseKey, domain: u32, reversed: bool) -> F
     let head = FieldVec::from_integers(field, &edges).expect("edge values are canonical");
     let rest = keyed_elements(field, m - edges.len(), key, domain);
     FieldVec::concat(&head, &[rest])
-}
-
-/// `n` distinct nonzero points: the field's nonzero edge values, then 3, 4, ….
-fn points(field: Field, n: usize) -> Vec<U256> {
-    let mut xs: Vec<U256> = edge_values(field)
-        .into_iter()
-        .filter(|x| !x.is_zero())
-        .collect();
-    xs.sort();
-    xs.dedup();
-    let small: Vec<U256> = (3..)
-        .map(U256::from_u64)
-        .filter(|x| !xs.contains(x))
-        .take(n)
-        .collect();
-    xs.extend(small);
-    xs.truncate(n);
-    xs
 }
 
 /// One Shamir case: a field, the secrets, the threshold and the holders.
@@ -233,6 +200,7 @@ pub(crate) fn check_cases(level: CheckLevel) -> Vec<Box<dyn SelfTest>> {
 mod tests {
     use super::*;
     use crate::backend::Job;
+    use crate::ops::zk::U256;
 
     const OPS: [&str; 3] = ["shamir_split", "shamir_combine", "secagg_unmask"];
 

@@ -13,8 +13,9 @@ fn vec(field: Field, xs: &[U256]) -> FieldVec {
     FieldVec::from_integers(field, xs).expect("samples are canonical")
 }
 
-/// Distinct nonzero points: the field's nonzero edge values, then small integers.
-fn points(field: Field, n: usize) -> Vec<U256> {
+/// Distinct nonzero points: the field's nonzero edge values, then small integers (the
+/// self-tests' and the check's holders).
+pub(super) fn points(field: Field, n: usize) -> Vec<U256> {
     let mut xs: Vec<U256> = edge_values(field)
         .into_iter()
         .filter(|x| !x.is_zero())

@@ -18,33 +18,14 @@
 use super::run_conv2d_cudnn;
 use super::{AttentionJob, AttentionShape, Conv2dJob, Conv2dShape, ConvTensors, Tensors};
 use crate::backend::cuda::cudnn::CONV2D_CUDNN_OP;
-use crate::backend::measure::{case_seed, CaseInfo, CheckLevel};
+use crate::backend::measure::{case_seed, mixed_values, CaseInfo, CheckLevel};
 use crate::backend::verify::{JobCheck, LibraryCheck, SelfTest};
 use crate::ops::linalg::Dtype;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use rayon::prelude::*;
 use serde_json::json;
 
-/// `len` values uniform in (−1, 1), about one in 32 of them (and the first six) edge
-/// values instead: ±0, ±`big`, ±`tiny`; then rounded to `dtype`. Drawn in parallel, in
-/// chunks seeded from `seed`, so a seed gives the same values on any machine.
+/// `measure::mixed_values`, rounded to `dtype`.
 fn mixed(len: usize, seed: u64, big: f32, tiny: f32, dtype: Dtype) -> Vec<f32> {
-    const CHUNK: usize = 1 << 16;
-    let edges = [0.0, -0.0, big, -big, tiny, -tiny];
-    let mut v = vec![0f32; len];
-    v.par_chunks_mut(CHUNK).enumerate().for_each(|(c, chunk)| {
-        let mut rng = StdRng::seed_from_u64(seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        for x in chunk {
-            *x = if rng.random_ratio(1, 32) {
-                edges[rng.random_range(0..edges.len())]
-            } else {
-                rng.random_range(-1.0..1.0)
-            };
-        }
-    });
-    let first = edges.len().min(len);
-    v[..first].copy_from_slice(&edges[..first]);
+    let mut v = mixed_values(len, seed, big, tiny);
     dtype.round_all(&mut v);
     v
 }

@@ -33,12 +33,11 @@ use super::gpu::pack_drafts;
 use super::rng::dataset_key;
 use super::scenario::Scenario;
 use super::{ExtractConfig, FeaturesJob};
-use crate::backend::measure::{case_seed, CaseInfo, CaseRun, CheckLevel, Repeats};
+use crate::backend::measure::{case_seed, measure_runs, CaseInfo, CaseRun, CheckLevel, Repeats};
 use crate::backend::verify::{JobCheck, SelfTest};
 use crate::backend::DeviceLease;
 use rayon::prelude::*;
 use rustfft::num_complex::Complex32;
-use std::time::Instant;
 
 /// A scenario of `receivers` receivers recording `duration_ms` at `sample_rate_hz`, cut
 /// into `chunk_ms` chunks.
@@ -217,45 +216,18 @@ impl SelfTest for DatasetBatch {
         self.agree(&device, &self.on_cpu())
     }
 
-    /// As `measure::measure_job`: warm-up, timed runs of the device path with the kernel
-    /// clock on, then the CPU's records of the same samples once.
+    /// As `measure::measure_job`: the device path timed, then the CPU's records of the
+    /// same samples once (`measure::measure_runs`).
     fn measure(&self, dev: &DeviceLease<'_>, repeats: Repeats) -> Vec<CaseRun> {
-        let mut case = CaseRun {
-            info: self.info.clone(),
-            size: self.size(),
-            input_bytes: self.upload_bytes,
-            outcome: Ok(()),
-            device_ms: Vec::new(),
-            kernel_ms: Vec::new(),
-            cpu_ms: None,
-        };
-        let mut first = None;
-        for i in 0..repeats.warmup + repeats.timed.max(1) {
-            dev.device.start_kernel_clock();
-            let started = Instant::now();
-            let out = self.on_device(dev);
-            let elapsed = started.elapsed().as_secs_f64() * 1e3;
-            let kernels = dev.device.stop_kernel_clock();
-            match out {
-                Ok(records) if i >= repeats.warmup => {
-                    case.device_ms.push(elapsed);
-                    case.kernel_ms.extend(kernels);
-                    first.get_or_insert(records);
-                }
-                Ok(_) => {}
-                Err(why) => {
-                    case.outcome = Err(why);
-                    return vec![case];
-                }
-            }
-        }
-        let started = Instant::now();
-        let cpu = self.on_cpu();
-        case.cpu_ms = Some(started.elapsed().as_secs_f64() * 1e3);
-        if let Some(device) = first {
-            case.outcome = self.agree(&device, &cpu);
-        }
-        vec![case]
+        let case = CaseRun::new(self.info.clone(), self.size(), self.upload_bytes);
+        vec![measure_runs(
+            case,
+            dev,
+            repeats,
+            |dev| self.on_device(dev),
+            || self.on_cpu(),
+            |device, cpu| self.agree(device, cpu),
+        )]
     }
 }
 
