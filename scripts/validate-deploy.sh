@@ -25,6 +25,8 @@ done
 everything="$(docker-compose -f docker-compose.yml --profile cpu --profile scale config)"
 keyed="$(grep -c 'GPU_OPS_API_KEYS_FILE: /keys/api-keys' <<<"$everything" || true)"
 [ "$keyed" = 4 ] || { echo "$keyed of 4 gpu-ops services read the API key file" >&2; exit 1; }
+limited="$(grep -c "GPU_OPS_TENANT_REQUESTS_PER_SECOND: '50'" <<<"$everything" || true)"
+[ "$limited" = 4 ] || { echo "$limited of 4 gpu-ops services limit each tenant's requests" >&2; exit 1; }
 ! grep -q 'GPU_OPS_ALLOW_UNAUTHENTICATED' <<<"$everything" \
   || { echo "the compose file must not serve unauthenticated" >&2; exit 1; }
 echo "== kustomize render (base and GPU overlay)"
@@ -43,6 +45,9 @@ grep -A2 'name: gpu-ops-object-store' "$tmp/base.yaml" | grep -q 'optional: true
   || { echo "base must take the object store's settings from an optional Secret" >&2; exit 1; }
 grep -A1 'name: GPU_OPS_API_KEYS_FILE' "$tmp/base.yaml" | grep -q 'value: /keys/api-keys' \
   || { echo "base must serve with an API key file" >&2; exit 1; }
+for limit in GPU_OPS_TENANT_REQUESTS_PER_SECOND GPU_OPS_TENANT_BURST GPU_OPS_TENANT_MAX_CONCURRENT_REQUESTS; do
+  grep -q "name: $limit" "$tmp/base.yaml" || { echo "base must set $limit" >&2; exit 1; }
+done
 if ! grep -q 'secretName: gpu-ops-api-keys' "$tmp/base.yaml" \
    || grep -A2 'secretName: gpu-ops-api-keys' "$tmp/base.yaml" | grep -q 'optional: true'; then
   echo "base must mount the API keys Secret, not optionally" >&2

@@ -238,6 +238,26 @@ pub struct Config {
     /// is accepted (counted in gpu_ops_connections_refused_total).
     #[arg(long, env = "GPU_OPS_MAX_CONNECTIONS", default_value_t = 4096)]
     pub max_connections: usize,
+    /// Requests per second each tenant may make to the API routes (a token bucket; one
+    /// tenant without keys); past it 429 tenant_rate_limited with Retry-After. 0: no limit.
+    #[arg(
+        long,
+        env = "GPU_OPS_TENANT_REQUESTS_PER_SECOND",
+        default_value_t = 0.0
+    )]
+    pub tenant_requests_per_second: f64,
+    /// Requests a quiet tenant may send at once before the rate applies (the bucket's
+    /// size). 0: one second's worth of --tenant-requests-per-second.
+    #[arg(long, env = "GPU_OPS_TENANT_BURST", default_value_t = 0)]
+    pub tenant_burst: u32,
+    /// Requests each tenant may have in flight on the API routes; past it 429
+    /// tenant_concurrency_limited. 0: no limit.
+    #[arg(
+        long,
+        env = "GPU_OPS_TENANT_MAX_CONCURRENT_REQUESTS",
+        default_value_t = 0
+    )]
+    pub tenant_max_concurrent_requests: usize,
     /// How long shutdown waits for queued and running jobs.
     #[arg(long, env = "GPU_OPS_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
@@ -326,6 +346,12 @@ impl Config {
         }
         if self.max_tensor_elements == 0 {
             return Err("--max-tensor-elements must be at least 1".into());
+        }
+        if !(self.tenant_requests_per_second.is_finite() && self.tenant_requests_per_second >= 0.0)
+        {
+            return Err(
+                "--tenant-requests-per-second must be 0 (no limit) or a positive number".into(),
+            );
         }
         if self.device_sample_interval < Duration::from_millis(100) {
             return Err("--device-sample-interval must be at least 100ms".into());

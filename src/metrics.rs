@@ -18,6 +18,7 @@ pub struct Metrics {
     pub http_body_bytes_in_flight: IntGauge,
     pub connections_open: IntGauge,
     pub connections_refused: IntCounterVec,
+    pub tenant_requests_refused: IntCounterVec,
     pub job_queue_wait: HistogramVec,
     pub job_compute: HistogramVec,
     pub jobs: IntCounterVec,
@@ -72,6 +73,10 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_connections_refused_total",
         "Connections closed unserved, by reason: max_connections (accepted past --max-connections)",
+    ),
+    (
+        "gpu_ops_tenant_requests_refused_total",
+        "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)",
     ),
     (
         "gpu_ops_cpu_inline_jobs_total",
@@ -214,6 +219,13 @@ impl Metrics {
             connections_refused: reg(
                 r,
                 IntCounterVec::new(opts("gpu_ops_connections_refused_total"), &["reason"]),
+            ),
+            tenant_requests_refused: reg(
+                r,
+                IntCounterVec::new(
+                    opts("gpu_ops_tenant_requests_refused_total"),
+                    &["tenant", "reason"],
+                ),
             ),
             cpu_inline_jobs: reg(
                 r,

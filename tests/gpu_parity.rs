@@ -138,8 +138,15 @@ mod dp {
         for dev in &devices {
             let shapes = sizes(
                 dev,
-                &[(1usize, 1usize), (3, 257), (64, 10_000), (256, 70_001)],
-                &[(1, 1), (3, 257), (5, 9000)],
+                // 40 000 rows: more than one of the CPU path's blocks of rows.
+                &[
+                    (1usize, 1usize),
+                    (3, 257),
+                    (64, 10_000),
+                    (256, 70_001),
+                    (40_000, 3),
+                ],
+                &[(1, 1), (3, 257), (5, 9000), (40_000, 3)],
             );
             for (rows, cols) in shapes {
                 let g = gradients(rows, cols);

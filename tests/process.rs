@@ -420,3 +420,65 @@ fn connections_past_the_cap_are_closed_and_counted() {
         .find(|l| l.starts_with("gpu_ops_connections_refused_total{reason=\"max_connections\"}"));
     assert!(counted.is_some_and(|l| !l.ends_with(" 0")), "{counted:?}");
 }
+
+/// /dp/privatize's gradients written as one-number rows (`[[0],[0],…]`), 4 bytes of JSON
+/// per value: the worst shape of a matrix body. Built as `Vec<Vec<f64>>` such a body once
+/// took the server 20 times its size (48 MB to 961 MB peak, release build); read flat
+/// into 8 bytes per value, the body and its values together are 3 times the body
+/// (docs/SECURITY.md, "What a body becomes"), with up to 2 MiB of buffers besides (the
+/// connection's reads, the job's blocks of norms): 3.01–3.06× measured for this 24 MB
+/// body, debug build, 2026-11-27.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_body_of_one_number_rows_stays_within_three_times_its_size() {
+    let rows = 6_000_000;
+    let mut body = Vec::with_capacity(4 * rows + 128);
+    body.extend_from_slice(
+        br#"{"clip_norm": 1.0, "noise_multiplier": 1.0, "per_example_gradients": ["#,
+    );
+    for i in 0..rows {
+        body.extend_from_slice(if i == 0 { b"[0]" } else { b",[0]" });
+    }
+    body.extend_from_slice(b"]}");
+    let data = std::env::temp_dir().join(format!("gpu-ops-rows-{}", std::process::id()));
+    let (mut child, port) = spawn_server(&data, &["--max-body-bytes", &(64 << 20).to_string()]);
+    let url = format!("http://127.0.0.1:{port}/dp/privatize");
+    let size = body.len() as u64;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let resting = rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        // A body over 256 KiB first, so the parser's thread and the job's are running.
+        let warm_rows = vec![[1.0]; 70_000];
+        let warm = serde_json::json!({"per_example_gradients": warm_rows, "clip_norm": 1.0, "noise_multiplier": 1.0});
+        let warm = client.post(&url).json(&warm).send().await.unwrap();
+        assert_eq!(warm.status(), 200);
+        let resting = memory_of(child.id()).1;
+        let res = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        let answer: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["gradient"].as_array().map(Vec::len), Some(1), "{answer}");
+        resting
+    });
+    let growth = memory_of(child.id()).0.saturating_sub(resting);
+    child.kill().unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(data);
+    eprintln!(
+        "peak RSS growth {growth} bytes for a {size}-byte body of one-number rows ({:.2}×)",
+        growth as f64 / size as f64
+    );
+    assert!(
+        growth <= 3 * size + (2 << 20),
+        "peak RSS grew {growth} bytes for a {size}-byte body: over 3× its size and 2 MiB"
+    );
+}

@@ -257,6 +257,57 @@ async fn a_client_that_disconnects_cancels_its_queued_job() {
     assert_eq!(s.wait_for_metric(cancelled, 1.0).await, 1.0);
 }
 
+/// One tenant past its rate is answered 429 with Retry-After and counted; another tenant,
+/// and the open routes, are not held back by it.
+#[tokio::test]
+async fn a_tenant_past_its_rate_gets_429_while_another_is_served() {
+    let dir = std::env::temp_dir().join(format!("gpu-ops-rate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys = dir.join("keys");
+    std::fs::write(
+        &keys,
+        "aaaaaaaaaaaaaaaaaaaa alice\nbbbbbbbbbbbbbbbbbbbb bob\n",
+    )
+    .unwrap();
+    let s = TestServer::start(&[
+        "--api-keys-file",
+        keys.to_str().unwrap(),
+        "--tenant-requests-per-second",
+        "0.5",
+        "--tenant-burst",
+        "2",
+    ])
+    .await;
+    let call = |key: &'static str| s.post("/zk/field_add", small_job()).bearer_auth(key).send();
+    for _ in 0..2 {
+        assert_eq!(call("aaaaaaaaaaaaaaaaaaaa").await.unwrap().status(), 200);
+    }
+    let res = call("aaaaaaaaaaaaaaaaaaaa").await.unwrap();
+    let wait: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=2).contains(&wait), "Retry-After {wait}");
+    problem(res, 429, "tenant_rate_limited").await;
+    assert_eq!(call("bbbbbbbbbbbbbbbbbbbb").await.unwrap().status(), 200);
+    for open in ["/health/ready", "/device"] {
+        assert_eq!(s.get(open).await.status(), 200, "{open}");
+    }
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics
+            .contains(r#"gpu_ops_tenant_requests_refused_total{reason="rate",tenant="alice"} 1"#),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("tenant_requests"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test]
 async fn api_keys_guard_the_api_but_not_health_metrics_or_docs() {
     let dir = std::env::temp_dir().join(format!("gpu-ops-auth-{}", std::process::id()));
@@ -430,6 +481,8 @@ async fn metric_names_are_present_after_traffic() {
             && *n != "gpu_ops_shadow_checks_total"
             // Batches run by default only while a GPU is in service.
             && *n != "gpu_ops_batch_size"
+            // Only a tenant past its limits makes it (a_tenant_past_its_rate_gets_429_…).
+            && *n != "gpu_ops_tenant_requests_refused_total"
     }) {
         assert!(text.contains(name), "{name} missing from /metrics");
     }

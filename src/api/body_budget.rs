@@ -5,8 +5,11 @@
 //! (HTTP/1.1 chunked, HTTP/2 without content-length), before its body is read, and the
 //! charge is returned when its answer is ready, when the client leaves, or when the
 //! upload stalls past `--body-idle-timeout`. A request that would pass the budget is not
-//! read at all: 503 `body_budget_exhausted` with `Retry-After`.
+//! read at all: 503 `body_budget_exhausted` with `Retry-After`. An admitted request
+//! carries its body limits (`extract::BodyLimits`): bytes, and numbers its JSON parse
+//! may store.
 
+use super::extract::BodyLimits;
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
 use axum::body::HttpBody;
@@ -69,9 +72,14 @@ impl Drop for InFlight {
 
 pub(super) async fn admit(
     State(state): State<Arc<AppState>>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
+    let config = &state.settings.config;
+    req.extensions_mut().insert(BodyLimits {
+        max_bytes: config.max_body_bytes,
+        max_numbers: config.max_tensor_elements.max(config.max_elements),
+    });
     let budget = &state.body_budget;
     let bytes = budget.charge(&req);
     if bytes == 0 {

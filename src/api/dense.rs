@@ -2,6 +2,7 @@
 //! parsed straight into a flat buffer and a shape, or base64 of little-endian f16, bf16,
 //! f32 or f64 with a shape. Answers come back in the form of the request's first operand.
 
+use super::numbers::Counted;
 use super::packed::{base64_json_string, PackedWords};
 use super::problem::{ErrorCode, Problem};
 use super::tensor::{too_many, BinaryEncoding};
@@ -137,7 +138,13 @@ impl DenseIn {
     ) -> Result<DenseValues, Problem> {
         let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
         let (shape, values, packed) = match self {
-            DenseIn::Nested { shape, values } => (shape, Values::F64(values), None),
+            DenseIn::Nested { shape, values } => {
+                let n = shape.iter().fold(1usize, |a, &d| a.saturating_mul(d));
+                if n != values.len() {
+                    return Err(too_many(path, n, max));
+                }
+                (shape, Values::F64(values), None)
+            }
             DenseIn::Packed(p) => {
                 let n = check_shape(&p.shape, &format!("{path}/shape"), max)?;
                 let width = Dtype::from(p.dtype).bytes();
@@ -264,12 +271,12 @@ pub fn encode_le(values: &Values, dtype: TensorDtype) -> Box<RawValue> {
 // ------------------------------------------------------------------- nested arrays
 
 /// What parsing nested arrays has seen: each depth's length (from its first array), the
-/// depth of the numbers (from the first), and the values in order.
-#[derive(Default)]
+/// depth of the numbers (from the first), and the values in order (stored up to the
+/// parse-time cap, `numbers::Counted`).
 struct Nesting {
     dims: [Option<usize>; MAX_RANK],
     rank: Option<usize>,
-    values: Vec<f64>,
+    numbers: Counted,
 }
 
 /// One array (or number) at `depth` inside the outermost array.
@@ -291,11 +298,11 @@ impl Level<'_> {
             None if self.depth == 0 => Err(E::custom("expected an array of numbers")),
             None => {
                 self.nesting.rank = Some(self.depth);
-                self.nesting.values.push(x);
+                self.nesting.numbers.push(x);
                 Ok(())
             }
             Some(r) if r == self.depth => {
-                self.nesting.values.push(x);
+                self.nesting.numbers.push(x);
                 Ok(())
             }
             Some(r) => Err(E::custom(format!(
@@ -371,7 +378,11 @@ impl<'de> Visitor<'de> for Outer {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<DenseIn, A::Error> {
-        let mut nesting = Nesting::default();
+        let mut nesting = Nesting {
+            dims: [None; MAX_RANK],
+            rank: None,
+            numbers: Counted::new(),
+        };
         Level {
             nesting: &mut nesting,
             depth: 0,
@@ -380,7 +391,8 @@ impl<'de> Visitor<'de> for Outer {
         let rank = nesting.rank.unwrap_or(0);
         Ok(DenseIn::Nested {
             shape: nesting.dims[..rank].iter().flatten().copied().collect(),
-            values: nesting.values,
+            // Past the cap nothing is kept: decode refuses it by its shape.
+            values: nesting.numbers.into_values().unwrap_or_default(),
         })
     }
 
@@ -580,6 +592,21 @@ mod tests {
             DenseIn::Nested { shape, .. } => assert_eq!(shape, [2, 2, 1]),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn nested_arrays_past_the_parse_cap_are_refused_by_their_shape() {
+        use super::super::numbers::with_number_cap;
+        let json = "[[1, 2, 3], [4, 5, 6]]";
+        let tensor = with_number_cap(5, || parse(json)).unwrap();
+        let e = tensor.decode("/a", 1..=4, 5).err().unwrap();
+        assert_eq!(
+            (e.code, e.errors[0].path.as_str()),
+            (ErrorCode::PayloadTooLarge, "/a")
+        );
+        assert!(e.detail.contains("6 values"), "{}", e.detail);
+        let tensor = with_number_cap(6, || parse(json)).unwrap();
+        assert_eq!(tensor.decode("/a", 1..=4, 6).ok().unwrap().shape, [2, 3]);
     }
 
     #[test]

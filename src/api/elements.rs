@@ -2,6 +2,7 @@
 //! base64 string of little-endian fixed-width values. Strings are parsed while the JSON
 //! is read (no allocation per element) and bad ones are collected with their index.
 
+use super::numbers::number_cap;
 use super::packed::{base64_json_string, PackedWords};
 use super::problem::{ErrorCode, FieldIssue, Problem};
 use crate::ops::zk::{ElementError, Field, FieldVec, U256};
@@ -60,10 +61,13 @@ pub enum Elements {
 /// Parsed integers: 64-bit words while every value fits (a Goldilocks vector then *is*
 /// these words; BabyBear's are narrowed to u32), 256-bit limbs from the first value that
 /// does not (which a 256-bit field's vector then is).
+/// Past the parse-time cap (`numbers::with_number_cap`) nothing is kept, only counted:
+/// the vector is then refused with its count.
 #[derive(Debug)]
 pub enum Integers {
     Narrow(Vec<u64>),
     Wide(Vec<[u64; 4]>),
+    Counted(usize),
 }
 
 impl Integers {
@@ -71,6 +75,7 @@ impl Integers {
         match self {
             Integers::Narrow(v) => v.len(),
             Integers::Wide(v) => v.len(),
+            Integers::Counted(n) => *n,
         }
     }
 
@@ -84,13 +89,16 @@ impl Integers {
                 *self = Integers::Wide(wide);
             }
             Integers::Wide(v) => v.push(value.0),
+            Integers::Counted(n) => *n += 1,
         }
     }
 
-    fn into_u256(self) -> Vec<U256> {
+    /// The values; None past the cap (whose count the caller refuses first).
+    fn into_u256(self) -> Option<Vec<U256>> {
         match self {
-            Integers::Narrow(v) => v.into_iter().map(U256::from_u64).collect(),
-            Integers::Wide(v) => v.into_iter().map(U256).collect(),
+            Integers::Narrow(v) => Some(v.into_iter().map(U256::from_u64).collect()),
+            Integers::Wide(v) => Some(v.into_iter().map(U256).collect()),
+            Integers::Counted(_) => None,
         }
     }
 }
@@ -132,8 +140,11 @@ impl Elements {
             (Elements::Strings { values, errors, .. }, Encoding::Decimal | Encoding::Hex)
                 if errors.is_empty() =>
             {
-                check_count(values.len(), max_elements, path)?;
-                Ok(values.into_u256())
+                let n = values.len();
+                check_count(n, max_elements, path)?;
+                values
+                    .into_u256()
+                    .ok_or_else(|| too_many_elements(n, max_elements, path))
             }
             // Malformed strings and encoding mismatches: the same answers as for elements.
             (elements, _) => elements
@@ -166,10 +177,12 @@ impl Elements {
                     let detail = format!("{error_count} malformed element(s) in {path}; the first {} are listed", issues.len());
                     return Err(Problem::new(ErrorCode::InvalidFieldElement, detail).with_errors(issues));
                 }
-                check_count(values.len(), max_elements, path)?;
+                let n = values.len();
+                check_count(n, max_elements, path)?;
                 match values {
                     Integers::Narrow(v) => FieldVec::from_words(field, v),
                     Integers::Wide(v) => FieldVec::from_limbs(field, v),
+                    Integers::Counted(_) => return Err(too_many_elements(n, max_elements, path)),
                 }
             }
             (Elements::Base64 { words, text_bytes }, Encoding::Base64) => {
@@ -234,13 +247,17 @@ fn from_packed(field: Field, words: PackedWords<u64>) -> Result<FieldVec, Elemen
 
 fn check_count(n: usize, max: usize, path: &str) -> Result<(), Problem> {
     if n > max {
-        return Err(Problem::at(
-            ErrorCode::PayloadTooLarge,
-            path,
-            format!("{n} elements is more than the server's limit of {max} (--max-elements)"),
-        ));
+        return Err(too_many_elements(n, max, path));
     }
     Ok(())
+}
+
+fn too_many_elements(n: usize, max: usize, path: &str) -> Problem {
+    Problem::at(
+        ErrorCode::PayloadTooLarge,
+        path,
+        format!("{n} elements is more than the server's limit of {max} (--max-elements)"),
+    )
 }
 
 impl<'de> Deserialize<'de> for Elements {
@@ -271,8 +288,12 @@ impl<'de> Visitor<'de> for ElementsVisitor {
         ));
         let mut errors = Vec::new();
         let mut error_count = 0;
+        let cap = number_cap();
         loop {
             let index = values.len();
+            if index > cap && !matches!(values, Integers::Counted(_)) {
+                values = Integers::Counted(index); // refused: its memory goes back now
+            }
             match seq.next_element_seed(ElementSeed(&mut values))? {
                 None => break,
                 Some(Ok(())) => {}
@@ -447,6 +468,37 @@ mod tests {
         assert_eq!(p.code, ErrorCode::InvalidFieldElement);
         let paths: Vec<_> = p.errors.iter().map(|e| e.path.as_str()).collect();
         assert_eq!(paths, ["/a/1", "/a/2", "/a/4"]);
+    }
+
+    #[test]
+    fn elements_past_the_parse_cap_are_counted_and_refused() {
+        use super::super::numbers::with_number_cap;
+        let text = r#"["1", "2", "18446744073709551616", "4"]"#;
+        let e = with_number_cap(2, || elements(text));
+        assert!(
+            matches!(
+                &e,
+                Elements::Strings {
+                    values: Integers::Counted(4),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let p = e
+            .decode(Field::Bn254Fr, Encoding::Decimal, "/a", 2)
+            .unwrap_err();
+        assert_eq!(
+            (p.code, p.errors[0].path.as_str()),
+            (ErrorCode::PayloadTooLarge, "/a")
+        );
+        assert!(p.detail.contains("4 elements"), "{}", p.detail);
+        // At the cap exactly, every value is kept.
+        let e = with_number_cap(4, || elements(text));
+        let v = e
+            .decode(Field::Bn254Fr, Encoding::Decimal, "/a", 4)
+            .unwrap();
+        assert_eq!(v.len(), 4);
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! `ApiPath<T>` read the query string and path parameters. Every rejection becomes a
 //! problem with the path of the bad field (a JSON pointer into the body, or `/` and the
 //! parameter's name), so parameters are refused like body fields: 422, never axum's 400.
-//! Large bodies are parsed off the async runtime.
+//! Large bodies are parsed off the async runtime, numbers capped as they are read
+//! (`BodyLimits`).
 
+use super::numbers::with_number_cap;
 use super::problem::{ErrorCode, Problem};
-use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::header;
 use axum::http::request::Parts;
@@ -20,7 +21,7 @@ const INLINE_PARSE_BYTES: usize = 256 * 1024;
 impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Problem> {
+    async fn from_request(req: Request, _: &S) -> Result<Self, Problem> {
         let is_json = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -37,30 +38,75 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Ap
                 "send the body as JSON with Content-Type: application/json",
             ));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                Problem::new(
-                    ErrorCode::PayloadTooLarge,
-                    "the body is larger than --max-body-bytes",
-                )
-            } else {
-                Problem::new(
-                    ErrorCode::MalformedJson,
-                    format!("could not read the body: {}", rejection.body_text()),
-                )
-            }
-        })?;
+        let limits = req
+            .extensions()
+            .get::<BodyLimits>()
+            .copied()
+            .unwrap_or_default();
+        let cap = limits.max_numbers;
+        let bytes = read_body(req, limits.max_bytes).await?;
         if bytes.len() > INLINE_PARSE_BYTES {
-            tokio::task::spawn_blocking(move || parse(&bytes))
+            tokio::task::spawn_blocking(move || with_number_cap(cap, || parse(&bytes)))
                 .await
                 .map_err(|e| {
                     Problem::new(ErrorCode::Internal, format!("parser task failed: {e}"))
                 })?
         } else {
-            parse(&bytes)
+            with_number_cap(cap, || parse(&bytes))
         }
         .map(ApiJson)
     }
+}
+
+/// What a JSON body may be: its bytes, and the numbers one array of it may store as it
+/// is parsed (`numbers::with_number_cap`). The body admission puts them in each request's
+/// extensions; without them (a router built without the middleware) axum's default body
+/// limit holds.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    pub max_bytes: usize,
+    pub max_numbers: usize,
+}
+
+impl Default for BodyLimits {
+    fn default() -> Self {
+        BodyLimits {
+            max_bytes: 2 << 20,
+            max_numbers: usize::MAX,
+        }
+    }
+}
+
+/// The whole body, into one buffer sized by its declared length: collected frame by
+/// frame and then copied whole, a large body was held twice over while it arrived.
+async fn read_body(req: Request, max_bytes: usize) -> Result<Vec<u8>, Problem> {
+    use futures_util::StreamExt;
+    let too_large = || {
+        Problem::new(
+            ErrorCode::PayloadTooLarge,
+            "the body is larger than --max-body-bytes",
+        )
+    };
+    let body = req.into_body();
+    let declared = axum::body::HttpBody::size_hint(&body).exact();
+    if declared.is_some_and(|n| n > max_bytes as u64) {
+        return Err(too_large());
+    }
+    let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let mut chunks = body.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        let data = chunk.map_err(|e| {
+            Problem::new(
+                ErrorCode::MalformedJson,
+                format!("could not read the body: {e}"),
+            )
+        })?;
+        if buf.len() + data.len() > max_bytes {
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf)
 }
 
 /// The body as `T`. Parsed first without tracking the path, which costs on every value of

@@ -2,6 +2,7 @@
 //! aggregator sums ciphertexts it cannot read; keys and decryption exist only on servers
 //! started in dealer mode (`--he-dealer-mode`), for tests and demonstrations.
 
+use super::bounded::AtMost;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
@@ -200,11 +201,12 @@ pub async fn he_encrypt(
 #[serde(deny_unknown_fields)]
 pub struct HeAggregateRequest {
     pub parameters: ParameterSet,
-    #[schema(max_items = 1024)]
-    pub ciphertexts: Vec<String>,
+    #[schema(value_type = Vec<String>, max_items = 1024)]
+    pub ciphertexts: AtMost<String, MAX_CIPHERTEXTS>,
     /// One plaintext scalar per ciphertext (below the plaintext modulus); slot sums are
     /// Σ w·m mod 65537.
-    pub weights: Option<Vec<u64>>,
+    #[schema(value_type = Option<Vec<u64>>)]
+    pub weights: Option<AtMost<u64, MAX_CIPHERTEXTS>>,
     #[serde(default)]
     pub backend: BackendChoice,
     pub timeout_ms: Option<u64>,
@@ -243,11 +245,11 @@ pub async fn he_aggregate(
         }
         below_t(w, "/weights")?;
     }
-    let weights = req.weights.clone();
+    let weights = req.weights.map(AtMost::into_vec);
     let job = blocking(move || {
         // One ciphertext decoded at a time, its base64 dropped once laid out.
         let mut sum = SumBuilder::new(&set.parameters(), req.ciphertexts.len());
-        for (i, text) in req.ciphertexts.into_iter().enumerate() {
+        for (i, text) in req.ciphertexts.into_vec().into_iter().enumerate() {
             let path = format!("/ciphertexts/{i}");
             sum.push(decode_ciphertext(set, &text, &path)?)
                 .map_err(unfit(&path))?;

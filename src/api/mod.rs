@@ -6,6 +6,7 @@ pub mod bandwidth;
 pub mod batch_hint;
 pub mod beams;
 mod body_budget;
+mod bounded;
 pub mod datasets;
 mod dense;
 mod domain_errors;
@@ -19,12 +20,14 @@ pub mod linalg;
 pub mod mpc;
 pub mod msm;
 pub mod nn;
+mod numbers;
 pub mod openapi;
 mod packed;
 pub mod problem;
 pub mod rf;
 pub mod secagg;
 pub mod system;
+mod tenant_limits;
 mod tensor;
 pub mod zk;
 
@@ -68,6 +71,7 @@ pub struct AppState {
     /// `/device/bandwidth`'s last measurement and the lock of the one in progress.
     bandwidth: bandwidth::BandwidthCache,
     body_budget: body_budget::BodyBudget,
+    tenant_limits: Arc<tenant_limits::TenantLimits>,
     shutting_down: AtomicBool,
 }
 
@@ -86,6 +90,11 @@ impl AppState {
                 settings.max_inflight_body_bytes,
                 settings.config.max_body_bytes as u64,
             ),
+            tenant_limits: Arc::new(tenant_limits::TenantLimits::new(
+                settings.config.tenant_requests_per_second,
+                settings.config.tenant_burst,
+                settings.config.tenant_max_concurrent_requests,
+            )),
             settings,
             metrics,
             pool,
@@ -123,10 +132,16 @@ pub fn router(state: Arc<AppState>) -> Router {
 pub fn routes(state: Arc<AppState>) -> Router {
     let (system, _) = system_operations().split_for_parts();
     let (keyed, _) = keyed_operations().split_for_parts();
-    let keyed = keyed.route_layer(middleware::from_fn_with_state(
-        state.clone(),
-        auth::require_key,
-    ));
+    // The key check runs first (the outer layer) and names the tenant whose limits apply.
+    let keyed = keyed
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            tenant_limits::limit,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ));
     Router::new()
         .merge(system)
         .merge(

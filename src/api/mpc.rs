@@ -1,5 +1,6 @@
 //! `/mpc/shamir/*`: Shamir secret sharing of field vectors, with Feldman commitments.
 
+use super::bounded::AtMost;
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::msm::{PointOut, PointsDoc, PointsIn};
 use super::problem::{ErrorCode, Problem};
@@ -41,8 +42,8 @@ pub struct ShamirSplitRequest {
     pub share_count: usize,
     /// The holders' points, one per share, distinct and nonzero, as decimal or `0x`-hex
     /// strings (in every encoding); 1, 2, …, n by default.
-    #[schema(max_items = 1024)]
-    pub x_coordinates: Option<Vec<String>>,
+    #[schema(value_type = Option<Vec<String>>, max_items = 1024)]
+    pub x_coordinates: Option<AtMost<String, MAX_SHARES>>,
     /// Also answer Feldman commitments to every coefficient (bn254_fr on bn254_g1,
     /// bls12_381_fr on bls12_381_g1), so each holder can check its share with
     /// `/mpc/shamir/verify`. At most 65,536 secrets × threshold.

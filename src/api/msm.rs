@@ -1,5 +1,6 @@
 //! `POST /zk/msm`: multi-scalar multiplication over G1 of BN254 and BLS12-381.
 
+use super::bounded::AtMost;
 use super::domain_errors::{invalid_points, msm_shape};
 use super::elements::{Elements, ElementsDoc, Encoding};
 use super::problem::{ErrorCode, Problem};
@@ -23,6 +24,9 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 const INLINE_POINTS: usize = 16;
 
 /// Σ sᵢ·Pᵢ for one scalar vector, or for each vector of a batch over the same points.
+/// Most scalar vectors one `scalar_batch` takes.
+pub const MAX_SCALAR_VECTORS: usize = 1 << 16;
+
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"curve": "bn254_g1", "scalars": ["2", "3"],
@@ -35,9 +39,9 @@ pub struct MsmRequest {
     #[schema(value_type = Option<ElementsDoc>)]
     pub scalars: Option<Elements>,
     /// Several scalar vectors over the same points, each as `scalars`; the answer has one
-    /// result per vector, in order.
-    #[schema(value_type = Option<Vec<ElementsDoc>>)]
-    pub scalar_batch: Option<Vec<Elements>>,
+    /// result per vector, in order. At most 65,536 vectors.
+    #[schema(value_type = Option<Vec<ElementsDoc>>, max_items = 65536)]
+    pub scalar_batch: Option<AtMost<Elements, MAX_SCALAR_VECTORS>>,
     /// Affine points with canonical coordinates (below the base field modulus q, not in
     /// Montgomery form), `null` for the identity. Each must be on the curve and, for
     /// BLS12-381, in the prime-order subgroup.
@@ -349,7 +353,7 @@ pub async fn msm(
 
 fn decode_scalars(
     scalars: Option<Elements>,
-    scalar_batch: Option<Vec<Elements>>,
+    scalar_batch: Option<AtMost<Elements, MAX_SCALAR_VECTORS>>,
     curve: Curve,
     encoding: Encoding,
     max: usize,
@@ -358,6 +362,13 @@ fn decode_scalars(
     let vectors = match (scalars, scalar_batch) {
         (Some(s), None) => vec![s.decode(field, encoding, "/scalars", max)?],
         (None, Some(batch)) => {
+            if batch.len() > MAX_SCALAR_VECTORS {
+                return Err(Problem::at(
+                    ErrorCode::InvalidParameter,
+                    "/scalar_batch",
+                    format!("at most {MAX_SCALAR_VECTORS} scalar vectors"),
+                ));
+            }
             let per_element = match encoding {
                 Encoding::Base64 => field.byte_width(),
                 _ => 1,
@@ -367,6 +378,7 @@ fn decode_scalars(
                 return Err(too_many(total, max));
             }
             batch
+                .into_vec()
                 .into_iter()
                 .enumerate()
                 .map(|(k, s)| s.decode(field, encoding, &format!("/scalar_batch/{k}"), max))

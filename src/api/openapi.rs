@@ -6,7 +6,8 @@
 //! kind can return, from one table (`shared_problems`), each with the problem+json schema
 //! and an example rendered by `Problem` itself:
 //! - every operation: 500 `internal`;
-//! - behind `--api-keys-file` (declares the bearer scheme): 401 `unauthorized`;
+//! - behind `--api-keys-file` (declares the bearer scheme): 401 `unauthorized`, 429
+//!   `tenant_rate_limited` / `tenant_concurrency_limited` (the tenant's limits);
 //! - with a JSON body: 400 `malformed_json`, 413 `payload_too_large`, 415
 //!   `unsupported_media_type`, 422 `invalid_request`, 503 `body_budget_exhausted`;
 //! - with query or path parameters: 422 `invalid_parameter` (`ApiQuery`, `ApiPath`);
@@ -190,6 +191,13 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
     let mut out = vec![(500, vec![ErrorCode::Internal])];
     if secured {
         out.push((401, vec![ErrorCode::Unauthorized]));
+        out.push((
+            429,
+            vec![
+                ErrorCode::TenantRateLimited,
+                ErrorCode::TenantConcurrencyLimited,
+            ],
+        ));
     }
     if body {
         out.push((400, vec![ErrorCode::MalformedJson]));
@@ -569,24 +577,26 @@ mod tests {
                 "/zk/field_add",
                 "post",
                 &[
-                    "200", "400", "401", "413", "415", "422", "500", "503", "504",
+                    "200", "400", "401", "413", "415", "422", "429", "500", "503", "504",
                 ],
             ),
             (
                 "/dp/accountant/epsilon",
                 "post",
-                &["200", "400", "401", "413", "415", "422", "500", "503"],
+                &[
+                    "200", "400", "401", "413", "415", "422", "429", "500", "503",
+                ],
             ),
             (
                 "/dp/budgets/{id}",
                 "get",
-                &["200", "401", "404", "422", "500", "503"],
+                &["200", "401", "404", "422", "429", "500", "503"],
             ),
             (
                 "/datasets/synthetic",
                 "post",
                 &[
-                    "202", "400", "401", "413", "415", "422", "500", "503", "507",
+                    "202", "400", "401", "413", "415", "422", "429", "500", "503", "507",
                 ],
             ),
             ("/health/live", "get", &["200", "500"]),

@@ -65,6 +65,8 @@ error_codes! {
     DatasetTooLarge = ("dataset_too_large", 422, "The dataset would exceed --max-dataset-bytes"),
     DatasetQuotaExceeded = ("dataset_quota_exceeded", 422, "The tenant's datasets would exceed --max-tenant-dataset-bytes"),
     EmbeddingQuotaExceeded = ("embedding_quota_exceeded", 422, "The tenant's embedding tables would exceed --max-tenant-embedding-mib"),
+    TenantRateLimited = ("tenant_rate_limited", 429, "The tenant's requests are over --tenant-requests-per-second; retry after Retry-After"),
+    TenantConcurrencyLimited = ("tenant_concurrency_limited", 429, "The tenant has --tenant-max-concurrent-requests requests in flight; retry after Retry-After"),
     Internal = ("internal", 500, "Internal error"),
     QueueFull = ("queue_full", 503, "The job queue is full"),
     BodyBudgetExhausted = ("body_budget_exhausted", 503, "The request bodies in flight would pass --max-inflight-body-bytes; retry after Retry-After"),

@@ -1,10 +1,11 @@
 //! Numeric arrays in requests and answers: JSON numbers, or base64 of little-endian
 //! f32/f64 with a shape. Answers come back in the form (and dtype) the request used.
 
+use super::numbers::{read_rows, Counted, Rows, RowsDefect};
 use super::problem::{ErrorCode, Problem};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::value::MapAccessDeserializer;
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
@@ -175,20 +176,22 @@ pub(super) fn too_many(path: &str, n: usize, max: usize) -> Problem {
     p
 }
 
-/// A `[rows, cols]` tensor: nested JSON arrays, or `Packed`.
+/// A `[rows, cols]` tensor: nested JSON arrays (read flat as they arrive), or `Packed`.
 pub enum Matrix {
-    Nested(Vec<Vec<f64>>),
+    Nested(Rows),
     Packed(Packed),
 }
 
-/// A vector: a JSON array of numbers, or `Packed` with a one-dimensional shape.
+/// A vector: a JSON array of numbers (counted as it arrives), or `Packed` with a
+/// one-dimensional shape.
 pub enum Vector {
-    Numbers(Vec<f64>),
+    Numbers(Counted),
     Packed(Packed),
 }
 
-macro_rules! seq_or_map {
-    ($ty:ident, $seq:ident($inner:ty), $expecting:literal) => {
+/// Deserialize for a type that is a JSON array (read by `$read`) or a packed object.
+macro_rules! array_or_packed {
+    ($ty:ident, $variant:ident, $read:expr, $expecting:literal) => {
         impl<'de> Deserialize<'de> for $ty {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 struct V;
@@ -198,7 +201,7 @@ macro_rules! seq_or_map {
                         f.write_str($expecting)
                     }
                     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<$ty, A::Error> {
-                        <$inner>::deserialize(SeqAccessDeserializer::new(seq)).map($ty::$seq)
+                        $read(seq).map($ty::$variant)
                     }
                     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<$ty, A::Error> {
                         Packed::deserialize(MapAccessDeserializer::new(map)).map($ty::Packed)
@@ -210,14 +213,19 @@ macro_rules! seq_or_map {
     };
 }
 
-seq_or_map!(
+array_or_packed!(
     Matrix,
-    Nested(Vec<Vec<f64>>),
+    Nested,
+    read_rows,
     "an array of arrays of numbers, or {encoding, dtype, shape, data}"
 );
-seq_or_map!(
+array_or_packed!(
     Vector,
-    Numbers(Vec<f64>),
+    Numbers,
+    |seq| {
+        let mut numbers = Counted::new();
+        numbers.read_array(seq).map(|_| numbers)
+    },
     "an array of numbers, or {encoding, dtype, shape, data}"
 );
 
@@ -238,30 +246,33 @@ impl Matrix {
                 let (shape, values) = p.decode(path, 2, max)?;
                 Ok((shape[0], shape[1], values))
             }
-            Matrix::Nested(rows) => {
-                let bad = |p: String, m: &str| Problem::at(ErrorCode::InvalidTensor, p, m);
-                let cols = rows.first().map_or(0, Vec::len);
-                if rows.is_empty() || cols == 0 {
+            Matrix::Nested(Rows {
+                numbers,
+                rows,
+                cols,
+                defect,
+            }) => {
+                let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
+                if rows == 0 || cols == 0 {
                     return Err(bad(
                         path.into(),
-                        "must have at least one row and one column",
+                        "must have at least one row and one column".into(),
                     ));
                 }
-                if let Some(i) = rows.iter().position(|r| r.len() != cols) {
+                if let Some(RowsDefect::Ragged { row, len }) = defect {
                     return Err(bad(
-                        format!("{path}/{i}"),
-                        &format!(
-                            "has {} values where row 0 has {cols} (ragged)",
-                            rows[i].len()
-                        ),
+                        format!("{path}/{row}"),
+                        format!("has {len} values where row 0 has {cols} (ragged)"),
                     ));
                 }
-                let n = rows.len().saturating_mul(cols);
+                let n = numbers.count();
                 if n > max {
                     return Err(too_many(path, n, max));
                 }
-                let flat: Vec<f64> = rows.into_iter().flatten().collect();
-                Ok((n / cols, cols, Decoded::F64(flat)))
+                let values = numbers
+                    .into_values()
+                    .ok_or_else(|| too_many(path, n, max))?;
+                Ok((rows, cols, Decoded::F64(values)))
             }
         }
     }
@@ -279,13 +290,18 @@ impl Vector {
     pub fn decode(self, path: &str, max: usize) -> Result<Decoded, Problem> {
         match self {
             Vector::Packed(p) => Ok(p.decode(path, 1, max)?.1),
-            Vector::Numbers(v) if v.is_empty() => Err(Problem::at(
+            Vector::Numbers(v) if v.count() == 0 => Err(Problem::at(
                 ErrorCode::InvalidTensor,
                 path,
                 "must not be empty",
             )),
-            Vector::Numbers(v) if v.len() > max => Err(too_many(path, v.len(), max)),
-            Vector::Numbers(v) => Ok(Decoded::F64(v)),
+            Vector::Numbers(v) if v.count() > max => Err(too_many(path, v.count(), max)),
+            Vector::Numbers(v) => {
+                let n = v.count();
+                v.into_values()
+                    .map(Decoded::F64)
+                    .ok_or_else(|| too_many(path, n, max))
+            }
         }
     }
 
@@ -372,3 +388,33 @@ macro_rules! packed_doc_schema {
     )*};
 }
 packed_doc_schema!(MatrixDoc, VectorDoc);
+
+#[cfg(test)]
+mod tests {
+    use super::super::numbers::with_number_cap;
+    use super::*;
+
+    fn matrix(json: &str, cap: usize) -> Matrix {
+        with_number_cap(cap, || serde_json::from_str(json).unwrap())
+    }
+
+    #[test]
+    fn a_matrix_past_the_parse_cap_is_refused_with_its_whole_count() {
+        let json = "[[1, 2], [3, 4], [5, 6]]";
+        let (rows, cols, values) = matrix(json, 6).decode("/m", 6).ok().unwrap();
+        assert_eq!((rows, cols), (3, 2));
+        assert!(matches!(values, Decoded::F64(v) if v == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        // Past the cap nothing is stored, yet the refusal names all six values.
+        let e = matrix(json, 4).decode("/m", 4).err().unwrap();
+        assert_eq!(
+            (e.code, e.errors[0].path.as_str()),
+            (ErrorCode::PayloadTooLarge, "/m")
+        );
+        assert!(e.detail.contains("6 values"), "{}", e.detail);
+        let e = matrix("[[1, 2], [3]]", 4).decode("/m", 4).err().unwrap();
+        assert_eq!(
+            (e.code, e.errors[0].path.as_str()),
+            (ErrorCode::InvalidTensor, "/m/1")
+        );
+    }
+}

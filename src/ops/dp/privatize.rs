@@ -8,6 +8,7 @@ use super::noise::{for_each_stream, NoiseKey, DOMAIN_GAUSSIAN};
 use super::plan::{snap, GaussianPlan};
 use crate::backend::{DeviceError, DeviceLease, Job};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Lanes of the squared-norm reduction (the kernel's block size).
 pub const LANES: usize = 256;
@@ -64,25 +65,37 @@ impl PrivatizeJob {
         self.clip_norms.len()
     }
 
+    /// Rows a block at a time: each block's squared norms become its clip factors in
+    /// place, and its clipped rows are added to the column sums in row order (the
+    /// kernel's order, so blocks change no bit). Per-row arrays of the whole batch would
+    /// take as much memory as the gradients themselves when rows are narrow.
     pub fn run_cpu(&self) -> Privatized {
-        let sq = match &self.gradients {
-            Gradients::F32(g) => self.sq_norms(g),
-            Gradients::F64(g) => self.sq_norms(g),
-        };
-        let factors = clip_factors(&sq, &self.clip_norms);
-        let gradient = match &self.gradients {
-            Gradients::F32(g) => self.clip_sum_noise(g, &factors),
-            Gradients::F64(g) => self.clip_sum_noise(g, &factors),
-        };
-        Privatized {
-            gradient,
-            stats: clip_stats(&sq, &self.clip_norms),
+        match &self.gradients {
+            Gradients::F32(g) => self.clip_sum_noise(g),
+            Gradients::F64(g) => self.clip_sum_noise(g),
         }
     }
 
-    fn sq_norms<T: Copy + Into<f64> + Sync>(&self, g: &[T]) -> Vec<f64> {
+    fn clip_sum_noise<T: Copy + Into<f64> + Sync>(&self, g: &[T]) -> Privatized {
+        let mut sums = vec![0.0f64; self.cols];
+        let mut stats = StatsSum::default();
+        for r0 in (0..self.rows).step_by(ROW_BLOCK) {
+            let rows = r0..(r0 + ROW_BLOCK).min(self.rows);
+            let mut factors = self.sq_norms(g, rows.clone());
+            stats.add(&factors, &self.clip_norms);
+            into_clip_factors(&mut factors, &self.clip_norms);
+            self.add_clipped(g, rows, &factors, &mut sums);
+        }
+        Privatized {
+            gradient: self.snap_and_noise(&sums),
+            stats: stats.finish(self.clip_norms.len()),
+        }
+    }
+
+    /// (row, layer) squared norms of `rows`, row-major.
+    fn sq_norms<T: Copy + Into<f64> + Sync>(&self, g: &[T], rows: Range<usize>) -> Vec<f64> {
         let layers = self.layers();
-        (0..self.rows * layers)
+        (rows.start * layers..rows.end * layers)
             .into_par_iter()
             .map(|item| {
                 let (row, layer) = (item / layers, item % layers);
@@ -94,20 +107,23 @@ impl PrivatizeJob {
             .collect()
     }
 
-    fn clip_sum_noise<T: Copy + Into<f64> + Sync>(&self, g: &[T], factors: &[f64]) -> Vec<f64> {
-        const CHUNK: usize = 2048;
+    /// Adds `rows`, each layer scaled by its clip factor, to the column sums.
+    fn add_clipped<T: Copy + Into<f64> + Sync>(
+        &self,
+        g: &[T],
+        rows: Range<usize>,
+        factors: &[f64],
+        sums: &mut [f64],
+    ) {
         let layers = self.layers();
-        let grid = self.plan.grid;
-        let mut out = vec![0.0; self.cols];
-        out.par_chunks_mut(CHUNK)
+        sums.par_chunks_mut(COLUMN_CHUNK)
             .enumerate()
-            .for_each(|(chunk, out)| {
-                let c0 = chunk * CHUNK;
-                let c1 = c0 + out.len();
-                let mut acc = vec![0.0f64; out.len()];
-                for row in 0..self.rows {
+            .for_each(|(chunk, acc)| {
+                let c0 = chunk * COLUMN_CHUNK;
+                let c1 = c0 + acc.len();
+                for (i, row) in rows.clone().enumerate() {
                     let g_row = &g[row * self.cols..(row + 1) * self.cols];
-                    let f_row = &factors[row * layers..(row + 1) * layers];
+                    let f_row = &factors[i * layers..(i + 1) * layers];
                     for (layer, &f) in f_row.iter().enumerate() {
                         let s = (self.bounds[layer] as usize).max(c0);
                         let e = (self.bounds[layer + 1] as usize).min(c1);
@@ -119,7 +135,19 @@ impl PrivatizeJob {
                         }
                     }
                 }
-                let (t, c) = (self.plan.t, self.plan.c);
+            });
+    }
+
+    /// The column sums snapped to the grid, with discrete Gaussian noise, scaled back.
+    fn snap_and_noise(&self, sums: &[f64]) -> Vec<f64> {
+        let grid = self.plan.grid;
+        let (t, c) = (self.plan.t, self.plan.c);
+        let mut out = vec![0.0; self.cols];
+        out.par_chunks_mut(COLUMN_CHUNK)
+            .enumerate()
+            .for_each(|(chunk, out)| {
+                let c0 = chunk * COLUMN_CHUNK;
+                let acc = &sums[c0..c0 + out.len()];
                 for_each_stream(&self.key, DOMAIN_GAUSSIAN, c0 as u64, out.len(), |i, s| {
                     let noise = s.discrete_gaussian(t, c);
                     out[i] = (snap(acc[i], grid) + noise) as f64 * grid / self.divisor;
@@ -128,6 +156,11 @@ impl PrivatizeJob {
         out
     }
 }
+
+/// Rows whose norms and clip factors the CPU path holds at once.
+const ROW_BLOCK: usize = 1 << 14;
+/// Columns one task of the column sums takes.
+const COLUMN_CHUNK: usize = 2048;
 
 /// Σ x² in the kernel's order: lane j takes elements j, j + 256, …; then lanes fold as
 /// a tree (j += j + s for s = 128, 64, …, 1).
@@ -151,30 +184,67 @@ pub fn lane_tree_sum_of_squares<T: Copy + Into<f64>>(xs: &[T]) -> f64 {
 
 /// min(1, C_l / (‖g_l‖ + 1e-6)) for every (row, layer), from squared norms.
 pub fn clip_factors(sq_norms: &[f64], clip_norms: &[f64]) -> Vec<f64> {
+    let mut factors = sq_norms.to_vec();
+    into_clip_factors(&mut factors, clip_norms);
+    factors
+}
+
+/// (row, layer) squared norms, row-major, turned into their clip factors in place.
+fn into_clip_factors(sq_norms: &mut [f64], clip_norms: &[f64]) {
     let layers = clip_norms.len();
-    sq_norms
-        .iter()
-        .enumerate()
-        .map(|(i, &s)| (clip_norms[i % layers] / (s.sqrt() + NORM_EPS)).min(1.0))
-        .collect()
+    for (i, s) in sq_norms.iter_mut().enumerate() {
+        *s = (clip_norms[i % layers] / (s.sqrt() + NORM_EPS)).min(1.0);
+    }
 }
 
 pub fn clip_stats(sq_norms: &[f64], clip_norms: &[f64]) -> ClipStats {
-    let layers = clip_norms.len();
-    let clipped = sq_norms
-        .iter()
-        .enumerate()
-        .filter(|(i, &s)| clip_norms[i % layers] / (s.sqrt() + NORM_EPS) < 1.0)
-        .count();
-    let norms: Vec<f64> = sq_norms
-        .chunks(layers)
-        .map(|r| r.iter().sum::<f64>().sqrt())
-        .collect();
-    let rows = norms.len().max(1) as f64;
-    ClipStats {
-        fraction_clipped: clipped as f64 / sq_norms.len().max(1) as f64,
-        mean_norm: norms.iter().sum::<f64>() / rows,
-        max_norm: norms.iter().copied().fold(0.0, f64::max),
+    let mut stats = StatsSum::default();
+    stats.add(sq_norms, clip_norms);
+    stats.finish(clip_norms.len())
+}
+
+/// `ClipStats` summed over blocks of rows, in row order (the same sums as in one pass).
+struct StatsSum {
+    clipped: usize,
+    rows: usize,
+    norm_sum: f64,
+    max_norm: f64,
+}
+
+impl Default for StatsSum {
+    fn default() -> Self {
+        // -0.0: where `Iterator::sum` of f64 starts, so an all-zero batch sums alike.
+        StatsSum {
+            clipped: 0,
+            rows: 0,
+            norm_sum: -0.0,
+            max_norm: 0.0,
+        }
+    }
+}
+
+impl StatsSum {
+    fn add(&mut self, sq_norms: &[f64], clip_norms: &[f64]) {
+        let layers = clip_norms.len();
+        self.clipped += sq_norms
+            .iter()
+            .enumerate()
+            .filter(|(i, &s)| clip_norms[i % layers] / (s.sqrt() + NORM_EPS) < 1.0)
+            .count();
+        for row in sq_norms.chunks(layers) {
+            let norm = row.iter().sum::<f64>().sqrt();
+            self.norm_sum += norm;
+            self.max_norm = self.max_norm.max(norm);
+            self.rows += 1;
+        }
+    }
+
+    fn finish(self, layers: usize) -> ClipStats {
+        ClipStats {
+            fraction_clipped: self.clipped as f64 / (self.rows * layers).max(1) as f64,
+            mean_norm: self.norm_sum / self.rows.max(1) as f64,
+            max_norm: self.max_norm,
+        }
     }
 }
 
