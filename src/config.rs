@@ -120,6 +120,22 @@ pub struct Config {
     /// uploads cannot hold the budget.
     #[arg(long, env = "GPU_OPS_BODY_IDLE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub body_idle_timeout: Duration,
+    /// Slowest a request body may arrive, bytes per second averaged from its start, once
+    /// --min-body-rate-grace has passed; slower gets 408 body_too_slow and the
+    /// connection closed, its share of --max-inflight-body-bytes returned. 0: no minimum.
+    #[arg(long, env = "GPU_OPS_MIN_BODY_RATE", default_value_t = 16 * 1024)]
+    pub min_body_rate: u64,
+    /// How long a body may arrive at any rate before --min-body-rate applies, e.g. 10s.
+    #[arg(long, env = "GPU_OPS_MIN_BODY_RATE_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub min_body_rate_grace: Duration,
+    /// With keys, the most of --max-inflight-body-bytes one tenant's bodies may hold
+    /// together, in percent; past it 503 body_budget_exhausted.
+    #[arg(
+        long,
+        env = "GPU_OPS_MAX_TENANT_INFLIGHT_BODY_PERCENT",
+        default_value_t = 50
+    )]
+    pub max_tenant_inflight_body_percent: u8,
     /// Most elements in one input vector; more gets 413.
     #[arg(long, env = "GPU_OPS_MAX_ELEMENTS", default_value_t = 1 << 24)]
     pub max_elements: usize,
@@ -175,6 +191,10 @@ pub struct Config {
     /// submission; `iq_raw` recordings are 8 bytes per complex sample per receiver).
     #[arg(long, env = "GPU_OPS_MAX_DATASET_BYTES", default_value_t = 64 << 30)]
     pub max_dataset_bytes: u64,
+    /// Progress streams (`/datasets/{id}/events`) one tenant may hold open at once; more
+    /// gets 429 too_many_streams.
+    #[arg(long, env = "GPU_OPS_MAX_TENANT_EVENT_STREAMS", default_value_t = 16)]
+    pub max_tenant_event_streams: usize,
     /// Most bytes one tenant's synthetic datasets may take together: every dataset of the
     /// tenant not failed or cancelled, by the same upper-bound estimate; 0 for no limit.
     #[arg(long, env = "GPU_OPS_MAX_TENANT_DATASET_BYTES", default_value_t = 0)]
@@ -258,6 +278,10 @@ pub struct Config {
         default_value_t = 0
     )]
     pub tenant_max_concurrent_requests: usize,
+    /// Secure-aggregation rounds not changed for this long (finished, failed or
+    /// abandoned) are deleted with everything they stored, e.g. 24h.
+    #[arg(long, env = "GPU_OPS_SECAGG_ROUND_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub secagg_round_ttl: Duration,
     /// How long shutdown waits for queued and running jobs.
     #[arg(long, env = "GPU_OPS_SHUTDOWN_GRACE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_grace: Duration,
@@ -346,6 +370,15 @@ impl Config {
         }
         if self.max_tensor_elements == 0 {
             return Err("--max-tensor-elements must be at least 1".into());
+        }
+        if self.max_tenant_event_streams == 0 {
+            return Err("--max-tenant-event-streams must be at least 1".into());
+        }
+        if !(1..=100).contains(&self.max_tenant_inflight_body_percent) {
+            return Err("--max-tenant-inflight-body-percent must be 1 to 100".into());
+        }
+        if self.secagg_round_ttl < Duration::from_secs(1) {
+            return Err("--secagg-round-ttl must be at least 1s".into());
         }
         if !(self.tenant_requests_per_second.is_finite() && self.tenant_requests_per_second >= 0.0)
         {

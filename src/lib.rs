@@ -175,6 +175,11 @@ impl App {
             )?
             .with_tenant_table_cap(cfg.max_tenant_embedding_tables),
         );
+        store::spawn_round_expiry(
+            &store,
+            cfg.secagg_round_ttl,
+            metrics.secagg_rounds_expired.clone(),
+        );
         let state = Arc::new(AppState::new(
             settings, metrics, pool, backends, store, datasets, tables,
         ));

@@ -3,8 +3,8 @@
 //! tests can run several servers in one process.
 
 use prometheus::{
-    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -19,6 +19,8 @@ pub struct Metrics {
     pub connections_open: IntGauge,
     pub connections_refused: IntCounterVec,
     pub tenant_requests_refused: IntCounterVec,
+    pub http_bodies_refused: IntCounterVec,
+    pub secagg_rounds_expired: IntCounter,
     pub job_queue_wait: HistogramVec,
     pub job_compute: HistogramVec,
     pub jobs: IntCounterVec,
@@ -77,6 +79,14 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_tenant_requests_refused_total",
         "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)",
+    ),
+    (
+        "gpu_ops_http_bodies_refused_total",
+        "Request bodies refused, by reason: inflight_budget (--max-inflight-body-bytes), tenant_share (--max-tenant-inflight-body-percent), too_slow (--min-body-rate)",
+    ),
+    (
+        "gpu_ops_secagg_rounds_expired_total",
+        "Secure-aggregation rounds deleted, with all they stored, after --secagg-round-ttl without a change",
     ),
     (
         "gpu_ops_cpu_inline_jobs_total",
@@ -226,6 +236,14 @@ impl Metrics {
                     opts("gpu_ops_tenant_requests_refused_total"),
                     &["tenant", "reason"],
                 ),
+            ),
+            http_bodies_refused: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_http_bodies_refused_total"), &["reason"]),
+            ),
+            secagg_rounds_expired: reg(
+                r,
+                IntCounter::with_opts(opts("gpu_ops_secagg_rounds_expired_total")),
             ),
             cpu_inline_jobs: reg(
                 r,

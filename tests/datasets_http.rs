@@ -706,3 +706,67 @@ async fn an_interrupted_job_resumes_from_its_checkpoint_to_the_same_file() {
         "the resumed file differs from an uninterrupted run"
     );
 }
+
+/// Progress streams: a tenant may hold --max-tenant-event-streams at once (429
+/// too_many_streams past it, a place given back when one closes), and the streams of one
+/// job read the same shared poll to the job's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_streams_are_capped_per_tenant_and_share_one_poll() {
+    let dir = temp_data_dir();
+    let mut settings = settings(&dir, "1");
+    settings.config.max_tenant_event_streams = 2;
+    let s = TestServer::start_with(settings, |r| r).await;
+    let mut long = small(3, 1000);
+    long["config"]["signal"]["duration_ms"] = json!(1000);
+    long["config"]["chunk_ms"] = json!(200);
+    let job = create(&s, long).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let events = format!("{}/datasets/{id}/events", s.url);
+    let first = s.client.get(&events).send().await.unwrap();
+    let second = s.client.get(&events).send().await.unwrap();
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    assert_eq!(s.state.progress_streams(""), 2);
+    let res = s.client.get(&events).send().await.unwrap();
+    assert_eq!(res.headers()["retry-after"], "1");
+    problem(res, 429, "too_many_streams").await;
+    drop(second);
+    // The server notices the closed stream at its next event (every 500 ms).
+    let mut third = None;
+    for _ in 0..50 {
+        let res = s.client.get(&events).send().await.unwrap();
+        if res.status() == 200 {
+            third = Some(res);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let third = third.expect("a place given back once a stream closed");
+    let res = s
+        .post(&format!("/datasets/{id}/cancel"), json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    // Both open streams follow the one poll to the same last reading, then close.
+    let (a, b) = tokio::join!(first.text(), third.text());
+    let last = |text: &str| {
+        assert!(text.contains("event: end"), "{text}");
+        text.lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str::<Value>(d).unwrap()["status"].clone())
+            .unwrap()
+    };
+    assert_eq!(last(&a.unwrap()), "cancelled");
+    assert_eq!(last(&b.unwrap()), "cancelled");
+    for _ in 0..50 {
+        if s.state.progress_streams("") == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.state.progress_streams(""), 0);
+}

@@ -482,3 +482,127 @@ fn a_body_of_one_number_rows_stays_within_three_times_its_size() {
         "peak RSS grew {growth} bytes for a {size}-byte body: over 3× its size and 2 MiB"
     );
 }
+
+/// Opens a POST to `/zk/field_add` that declares `len` body bytes and sends the first
+/// few: the server admits it (charging `len`) and waits for the rest.
+fn open_upload(port: u16, key: Option<&str>, len: usize) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    write!(
+        s,
+        "POST /zk/field_add HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{auth}Content-Length: {len}\r\n\r\n{{\"field\":"
+    )
+    .unwrap();
+    s
+}
+
+/// The status line and body of the answer on `s` (read to its close or 10 s).
+fn answer(s: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut text = Vec::new();
+    let _ = s.read_to_end(&mut text);
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// A body trickled slower than --min-body-rate is answered 408 and its connection
+/// closed once the grace has passed, and the server serves on.
+#[test]
+fn a_body_slower_than_the_minimum_rate_is_refused_and_closed() {
+    use std::io::Write;
+    let data = std::env::temp_dir().join(format!("gpu-ops-trickle-{}", std::process::id()));
+    let (mut child, port) = spawn_server(
+        &data,
+        &["--min-body-rate", "1000", "--min-body-rate-grace", "1s"],
+    );
+    let mut s = open_upload(port, None, 100_000);
+    let started = Instant::now();
+    s.set_nonblocking(true).unwrap();
+    // A byte each 200 ms: 5 bytes/s, far under 1000.
+    while started.elapsed() < Duration::from_secs(8) {
+        if s.write_all(b" ").is_err() {
+            break;
+        }
+        let mut peek = [0u8; 1];
+        if matches!(s.peek(&mut peek), Ok(n) if n > 0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    s.set_nonblocking(false).unwrap();
+    let text = answer(&mut s);
+    let took = started.elapsed();
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("body_too_slow"), "{text}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    assert!(closed_by(&mut s, Instant::now() + Duration::from_secs(2)));
+    assert_eq!(raw_get(port, "/health/ready").0, 200);
+    child.kill().unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(data);
+}
+
+/// With keys, one tenant's uploads hold at most its share of the in-flight body budget:
+/// past it that tenant is refused 503 while another tenant's body is admitted.
+#[test]
+fn one_tenant_holds_at_most_its_share_of_the_bodies_in_flight() {
+    let data = std::env::temp_dir().join(format!("gpu-ops-share-{}", std::process::id()));
+    std::fs::create_dir_all(&data).unwrap();
+    let keys = data.join("keys");
+    std::fs::write(
+        &keys,
+        "aaaaaaaaaaaaaaaaaaaa alice\nbbbbbbbbbbbbbbbbbbbb bob\n",
+    )
+    .unwrap();
+    let mib = 1 << 20;
+    let (mut child, port) = spawn_server(
+        &data,
+        &[
+            "--api-keys-file",
+            keys.to_str().unwrap(),
+            "--max-body-bytes",
+            &mib.to_string(),
+            "--max-inflight-body-bytes",
+            &(4 * mib).to_string(),
+            "--max-tenant-inflight-body-percent",
+            "50",
+        ],
+    );
+    let alice = Some("aaaaaaaaaaaaaaaaaaaa");
+    // Two of alice's 1 MiB uploads, held open: her 2 MiB share of the 4 MiB budget.
+    let held: Vec<_> = (0..2).map(|_| open_upload(port, alice, mib)).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let small = br#"{"field":"goldilocks","a":["1"],"b":["2"]}"#;
+    let post = |key: &str| {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "POST /zk/field_add HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nAuthorization: Bearer {key}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+            small.len()
+        )
+        .unwrap();
+        s.write_all(small).unwrap();
+        answer(&mut s)
+    };
+    let refused = post("aaaaaaaaaaaaaaaaaaaa");
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.contains("body_budget_exhausted") && refused.contains("share"),
+        "{refused}"
+    );
+    let served = post("bbbbbbbbbbbbbbbbbbbb");
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    // Her share comes back with her uploads.
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    let after = post("aaaaaaaaaaaaaaaaaaaa");
+    assert!(after.starts_with("HTTP/1.1 200"), "{after}");
+    child.kill().unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(data);
+}

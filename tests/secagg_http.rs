@@ -405,6 +405,37 @@ async fn create(s: &TestServer, body: Value) -> (String, String) {
     )
 }
 
+/// A round left alone for --secagg-round-ttl is deleted with what it stored: its page
+/// answers 404, and the expiry is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_round_expires_with_everything_it_stored() {
+    let s = TestServer::start(&["--secagg-round-ttl", "2s"]).await;
+    let (round, _) = create(
+        &s,
+        json!({"clients": 3, "threshold": 2, "vector_length": 4, "clip": 1.0, "scale_bits": 8}),
+    )
+    .await;
+    register(&s, &round).await;
+    let page = format!("/secagg/rounds/{round}");
+    assert_eq!(s.get(&page).await.status(), 200);
+    let started = std::time::Instant::now();
+    loop {
+        let res = s.get(&page).await;
+        if res.status() == 404 {
+            problem(res, 404, "secagg_round_not_found").await;
+            break;
+        }
+        assert_eq!(res.status(), 200);
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "the round outlived its 2 s TTL by far"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1500));
+    assert!(s.metric("gpu_ops_secagg_rounds_expired_total").await >= 1.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fewer_than_threshold_shares_cannot_unmask_a_client() {
     let s = TestServer::start(&[]).await;

@@ -5,11 +5,14 @@
 //! (HTTP/1.1 chunked, HTTP/2 without content-length), before its body is read, and the
 //! charge is returned when its answer is ready, when the client leaves, or when the
 //! upload stalls past `--body-idle-timeout`. A request that would pass the budget is not
-//! read at all: 503 `body_budget_exhausted` with `Retry-After`. An admitted request
+//! read at all: 503 `body_budget_exhausted` with `Retry-After`. With keys, one tenant
+//! may hold at most `--max-tenant-inflight-body-percent` of the budget, so its uploads
+//! cannot refuse every other tenant's. An admitted request
 //! carries its body limits (`extract::BodyLimits`): bytes, and numbers its JSON parse
 //! may store.
 
-use super::extract::BodyLimits;
+use super::auth::{authenticate, Tenant};
+use super::extract::{BodyLimits, BodyRate};
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
 use axum::body::HttpBody;
@@ -17,7 +20,8 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::IntGauge;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 
 /// Permits are KiB, so a budget of terabytes fits the semaphore's u32 requests.
@@ -27,10 +31,15 @@ pub struct BodyBudget {
     permits: Arc<Semaphore>,
     max_body_bytes: u64,
     budget_bytes: u64,
+    /// The most one tenant may hold, bytes (`--max-tenant-inflight-body-percent` of the
+    /// budget); applied when keys name tenants.
+    tenant_bytes: u64,
+    /// Bytes each tenant holds now.
+    held: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl BodyBudget {
-    pub fn new(budget_bytes: u64, max_body_bytes: u64) -> Self {
+    pub fn new(budget_bytes: u64, max_body_bytes: u64, tenant_percent: u8) -> Self {
         let units = budget_bytes
             .div_ceil(UNIT)
             .min(Semaphore::MAX_PERMITS as u64);
@@ -38,7 +47,26 @@ impl BodyBudget {
             permits: Arc::new(Semaphore::new(units as usize)),
             max_body_bytes,
             budget_bytes,
+            // At least one largest body, so a share below it refuses nothing for ever.
+            tenant_bytes: ((budget_bytes as u128 * u128::from(tenant_percent) / 100) as u64)
+                .max(max_body_bytes),
+            held: Arc::default(),
         }
+    }
+
+    /// Adds `bytes` to `tenant`'s share, unless that would pass it.
+    fn take_share(&self, tenant: &str, bytes: u64) -> Option<TenantShare> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let h = held.entry(tenant.to_string()).or_default();
+        if *h + bytes > self.tenant_bytes {
+            return None;
+        }
+        *h += bytes;
+        Some(TenantShare {
+            held: self.held.clone(),
+            tenant: tenant.to_string(),
+            bytes,
+        })
     }
 
     /// What a request is charged, in bytes: its declared length (HTTP/1.1
@@ -54,6 +82,25 @@ impl BodyBudget {
             Some(n) if n > self.max_body_bytes => 0,
             Some(n) => n,
             None => self.max_body_bytes,
+        }
+    }
+}
+
+/// A tenant's part of the bodies in flight, given back on drop.
+struct TenantShare {
+    held: Arc<Mutex<HashMap<String, u64>>>,
+    tenant: String,
+    bytes: u64,
+}
+
+impl Drop for TenantShare {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = held.get_mut(&self.tenant) {
+            *h = h.saturating_sub(self.bytes);
+            if *h == 0 {
+                held.remove(&self.tenant);
+            }
         }
     }
 }
@@ -79,15 +126,57 @@ pub(super) async fn admit(
     req.extensions_mut().insert(BodyLimits {
         max_bytes: config.max_body_bytes,
         max_numbers: config.max_tensor_elements.max(config.max_elements),
+        min_rate: BodyRate {
+            bytes_per_second: config.min_body_rate,
+            grace: config.min_body_rate_grace,
+        },
+        too_slow: Some(
+            state
+                .metrics
+                .http_bodies_refused
+                .with_label_values(&["too_slow"]),
+        ),
     });
     let budget = &state.body_budget;
     let bytes = budget.charge(&req);
     if bytes == 0 {
         return next.run(req).await;
     }
+    let refused = |reason: &str| {
+        state
+            .metrics
+            .http_bodies_refused
+            .with_label_values(&[reason])
+            .inc()
+    };
+    // With keys, one tenant holds at most its share, so its uploads cannot refuse
+    // every other tenant's. Without keys there is one tenant, and no share to keep.
+    let share = match authenticate(&state, req.headers()) {
+        Ok(Tenant(tenant)) if state.settings.api_keys.is_some() => {
+            match budget.take_share(&tenant, bytes) {
+                Some(share) => Some(share),
+                None => {
+                    refused("tenant_share");
+                    return Problem {
+                        retry_after_secs: Some(1),
+                        ..Problem::new(
+                            ErrorCode::BodyBudgetExhausted,
+                            format!(
+                                "this {bytes}-byte body would take this tenant's bodies in flight past its share of --max-inflight-body-bytes ({} bytes, --max-tenant-inflight-body-percent); retry shortly",
+                                budget.tenant_bytes
+                            ),
+                        )
+                    }
+                    .into_response();
+                }
+            }
+        }
+        _ => None,
+    };
     // At most --max-body-bytes, which the configuration keeps below 4 TiB.
     let units = u32::try_from(bytes.div_ceil(UNIT)).unwrap_or(u32::MAX);
     let Ok(permit) = budget.permits.clone().try_acquire_many_owned(units) else {
+        refused("inflight_budget");
         return Problem {
             retry_after_secs: Some(1),
             ..Problem::new(
@@ -107,6 +196,6 @@ pub(super) async fn admit(
         bytes: bytes as i64,
     };
     let res = next.run(req).await;
-    drop(permit);
+    drop((permit, share));
     res
 }

@@ -41,10 +41,10 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Ap
         let limits = req
             .extensions()
             .get::<BodyLimits>()
-            .copied()
+            .cloned()
             .unwrap_or_default();
         let cap = limits.max_numbers;
-        let bytes = read_body(req, limits.max_bytes).await?;
+        let bytes = read_body(req, &limits).await?;
         if bytes.len() > INLINE_PARSE_BYTES {
             tokio::task::spawn_blocking(move || with_number_cap(cap, || parse(&bytes)))
                 .await
@@ -58,14 +58,35 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Ap
     }
 }
 
-/// What a JSON body may be: its bytes, and the numbers one array of it may store as it
-/// is parsed (`numbers::with_number_cap`). The body admission puts them in each request's
-/// extensions; without them (a router built without the middleware) axum's default body
-/// limit holds.
-#[derive(Clone, Copy, Debug)]
+/// What a JSON body may be: its bytes, the numbers one array of it may store as it is
+/// parsed (`numbers::with_number_cap`), and the slowest it may arrive. The body
+/// admission puts them in each request's extensions; without them (a router built
+/// without the middleware) axum's default body limit holds.
+#[derive(Clone, Debug)]
 pub struct BodyLimits {
     pub max_bytes: usize,
     pub max_numbers: usize,
+    pub min_rate: BodyRate,
+    /// Counts the bodies refused as too slow.
+    pub too_slow: Option<prometheus::IntCounter>,
+}
+
+/// `--min-body-rate` and `--min-body-rate-grace`: after `grace`, a body whose bytes so
+/// far average under `bytes_per_second` is refused 408 and its connection closed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BodyRate {
+    /// 0: no minimum.
+    pub bytes_per_second: u64,
+    pub grace: std::time::Duration,
+}
+
+impl BodyRate {
+    /// Whether `bytes` received over `elapsed` is too slow.
+    fn too_slow(&self, bytes: usize, elapsed: std::time::Duration) -> bool {
+        self.bytes_per_second > 0
+            && elapsed > self.grace
+            && (bytes as f64) < self.bytes_per_second as f64 * elapsed.as_secs_f64()
+    }
 }
 
 impl Default for BodyLimits {
@@ -73,13 +94,19 @@ impl Default for BodyLimits {
         BodyLimits {
             max_bytes: 2 << 20,
             max_numbers: usize::MAX,
+            min_rate: BodyRate::default(),
+            too_slow: None,
         }
     }
 }
 
 /// The whole body, into one buffer sized by its declared length: collected frame by
-/// frame and then copied whole, a large body was held twice over while it arrived.
-async fn read_body(req: Request, max_bytes: usize) -> Result<Vec<u8>, Problem> {
+/// frame and then copied whole, a large body was held twice over while it arrived. A
+/// body arriving slower than `--min-body-rate` is refused as each piece arrives (a piece
+/// that never comes is `--body-idle-timeout`'s).
+async fn read_body(req: Request, limits: &BodyLimits) -> Result<Vec<u8>, Problem> {
+    let max_bytes = limits.max_bytes;
+    let started = std::time::Instant::now();
     use futures_util::StreamExt;
     let too_large = || {
         Problem::new(
@@ -105,6 +132,21 @@ async fn read_body(req: Request, max_bytes: usize) -> Result<Vec<u8>, Problem> {
             return Err(too_large());
         }
         buf.extend_from_slice(&data);
+        let elapsed = started.elapsed();
+        if limits.min_rate.too_slow(buf.len(), elapsed) {
+            if let Some(c) = &limits.too_slow {
+                c.inc();
+            }
+            return Err(Problem::new(
+                ErrorCode::BodyTooSlow,
+                format!(
+                    "{} bytes in {:.1} s is slower than --min-body-rate ({} bytes/s)",
+                    buf.len(),
+                    elapsed.as_secs_f64(),
+                    limits.min_rate.bytes_per_second
+                ),
+            ));
+        }
     }
     Ok(buf)
 }

@@ -72,6 +72,8 @@ pub struct AppState {
     bandwidth: bandwidth::BandwidthCache,
     body_budget: body_budget::BodyBudget,
     tenant_limits: Arc<tenant_limits::TenantLimits>,
+    /// The shared polls behind `/datasets/{id}/events`, and each tenant's streams.
+    progress: datasets::progress::ProgressWatch,
     shutting_down: AtomicBool,
 }
 
@@ -89,6 +91,10 @@ impl AppState {
             body_budget: body_budget::BodyBudget::new(
                 settings.max_inflight_body_bytes,
                 settings.config.max_body_bytes as u64,
+                settings.config.max_tenant_inflight_body_percent,
+            ),
+            progress: datasets::progress::ProgressWatch::new(
+                settings.config.max_tenant_event_streams,
             ),
             tenant_limits: Arc::new(tenant_limits::TenantLimits::new(
                 settings.config.tenant_requests_per_second,
@@ -110,6 +116,11 @@ impl AppState {
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
         self.datasets.shutdown();
+    }
+
+    /// Progress streams `tenant` holds open now ("" without keys).
+    pub fn progress_streams(&self, tenant: &str) -> usize {
+        self.progress.open_streams(tenant)
     }
 
     pub fn is_shutting_down(&self) -> bool {

@@ -8,7 +8,7 @@
 //! - every operation: 500 `internal`;
 //! - behind `--api-keys-file` (declares the bearer scheme): 401 `unauthorized`, 429
 //!   `tenant_rate_limited` / `tenant_concurrency_limited` (the tenant's limits);
-//! - with a JSON body: 400 `malformed_json`, 413 `payload_too_large`, 415
+//! - with a JSON body: 400 `malformed_json`, 408 `body_too_slow`, 413 `payload_too_large`, 415
 //!   `unsupported_media_type`, 422 `invalid_request`, 503 `body_budget_exhausted`;
 //! - with query or path parameters: 422 `invalid_parameter` (`ApiQuery`, `ApiPath`);
 //! - a job (its request has `timeout_ms`): 503 `queue_full` / `device_unavailable` /
@@ -201,6 +201,7 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
     }
     if body {
         out.push((400, vec![ErrorCode::MalformedJson]));
+        out.push((408, vec![ErrorCode::BodyTooSlow]));
         out.push((413, vec![ErrorCode::PayloadTooLarge]));
         out.push((415, vec![ErrorCode::UnsupportedMediaType]));
         out.push((503, vec![ErrorCode::BodyBudgetExhausted]));
@@ -577,14 +578,14 @@ mod tests {
                 "/zk/field_add",
                 "post",
                 &[
-                    "200", "400", "401", "413", "415", "422", "429", "500", "503", "504",
+                    "200", "400", "401", "408", "413", "415", "422", "429", "500", "503", "504",
                 ],
             ),
             (
                 "/dp/accountant/epsilon",
                 "post",
                 &[
-                    "200", "400", "401", "413", "415", "422", "429", "500", "503",
+                    "200", "400", "401", "408", "413", "415", "422", "429", "500", "503",
                 ],
             ),
             (
@@ -596,7 +597,7 @@ mod tests {
                 "/datasets/synthetic",
                 "post",
                 &[
-                    "202", "400", "401", "413", "415", "422", "429", "500", "503", "507",
+                    "202", "400", "401", "408", "413", "415", "422", "429", "500", "503", "507",
                 ],
             ),
             ("/health/live", "get", &["200", "500"]),

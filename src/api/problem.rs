@@ -49,6 +49,7 @@ error_codes! {
     SecaggAlreadySubmitted = ("secagg_already_submitted", 409, "This client already submitted at this stage"),
     SecaggRoundFull = ("secagg_round_full", 409, "Every client of the round has registered"),
     SecaggTooFewClients = ("secagg_too_few_clients", 409, "Closing the stage now would sum fewer clients than the threshold, or leave a client's secrets unrecoverable"),
+    BodyTooSlow = ("body_too_slow", 408, "The body arrived slower than --min-body-rate; the connection is closed"),
     PayloadTooLarge = ("payload_too_large", 413, "The request is larger than the server accepts"),
     UnsupportedMediaType = ("unsupported_media_type", 415, "The body must be application/json"),
     InvalidRequest = ("invalid_request", 422, "The request does not match the schema"),
@@ -67,6 +68,7 @@ error_codes! {
     EmbeddingQuotaExceeded = ("embedding_quota_exceeded", 422, "The tenant's embedding tables would exceed --max-tenant-embedding-mib"),
     TenantRateLimited = ("tenant_rate_limited", 429, "The tenant's requests are over --tenant-requests-per-second; retry after Retry-After"),
     TenantConcurrencyLimited = ("tenant_concurrency_limited", 429, "The tenant has --tenant-max-concurrent-requests requests in flight; retry after Retry-After"),
+    TooManyStreams = ("too_many_streams", 429, "The tenant has --max-tenant-event-streams progress streams open"),
     Internal = ("internal", 500, "Internal error"),
     QueueFull = ("queue_full", 503, "The job queue is full"),
     BodyBudgetExhausted = ("body_budget_exhausted", 503, "The request bodies in flight would pass --max-inflight-body-bytes; retry after Retry-After"),
@@ -178,6 +180,10 @@ impl Problem {
         }
         if self.code == ErrorCode::Unauthorized {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.code == ErrorCode::BodyTooSlow {
+            // The rest of the body is not read: the connection cannot carry another request.
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         res.extensions_mut().insert(Arc::new(self.clone()));
         res

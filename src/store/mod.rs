@@ -10,6 +10,7 @@ mod datasets;
 mod engine;
 mod migrations;
 mod secagg;
+pub use secagg::spawn_round_expiry;
 
 pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
 pub use datasets::{ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease, NewDataset, Requeue};

@@ -561,3 +561,119 @@ fn stored_result(tx: &mut Tx<'_>, id: &str) -> Result<Option<Vec<u32>>, RoundErr
     .map(|b| bytes_to_words(&b))
     .transpose()
 }
+
+impl Store {
+    /// Deletes every round last changed before `updated_before` (RFC 3339 UTC, as the
+    /// rows are stamped), finished or abandoned alike, with its members, sealed
+    /// messages and revealed shares; how many rounds went.
+    pub fn expire_rounds(&self, updated_before: &str) -> Result<u64, RoundError> {
+        self.shared.write(PART, |tx| {
+            let stale = Param::Text(updated_before);
+            for table in ["secagg_reveals", "secagg_messages", "secagg_members"] {
+                tx.exec(
+                    &format!(
+                        "DELETE FROM {table} WHERE round_id IN \
+                         (SELECT id FROM secagg_rounds WHERE updated_at < ?1)"
+                    ),
+                    std::slice::from_ref(&stale),
+                )?;
+            }
+            Ok(tx.exec(
+                "DELETE FROM secagg_rounds WHERE updated_at < ?1",
+                std::slice::from_ref(&stale),
+            )?)
+        })
+    }
+
+    /// Rows of the secure-aggregation tables, for tests of what expiry leaves.
+    #[cfg(test)]
+    pub(crate) fn secagg_row_counts(&self) -> [i64; 4] {
+        self.shared
+            .read::<_, RoundError>(PART, |tx| {
+                let mut counts = [0; 4];
+                for (c, table) in counts.iter_mut().zip([
+                    "secagg_rounds",
+                    "secagg_members",
+                    "secagg_messages",
+                    "secagg_reveals",
+                ]) {
+                    let row = tx.query(&format!("SELECT COUNT(*) FROM {table}"), &[])?;
+                    *c = row[0].i64(0)?;
+                }
+                Ok(counts)
+            })
+            .expect("counts")
+    }
+}
+
+/// Every `ttl / 4` (at least each second, at most each minute), deletes the rounds not
+/// changed for `ttl` (`--secagg-round-ttl`). Ends with the store.
+pub fn spawn_round_expiry(
+    store: &std::sync::Arc<Store>,
+    ttl: std::time::Duration,
+    expired: prometheus::IntCounter,
+) {
+    use std::time::{Duration, SystemTime};
+    let store = std::sync::Arc::downgrade(store);
+    let every = (ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(store) = store.upgrade() else { return };
+            let Some(cutoff) = SystemTime::now().checked_sub(ttl) else {
+                continue;
+            };
+            let cutoff = humantime::format_rfc3339_millis(cutoff).to_string();
+            match tokio::task::spawn_blocking(move || store.expire_rounds(&cutoff)).await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => {
+                    expired.inc_by(n);
+                    tracing::info!(rounds = n, "expired secure-aggregation rounds deleted");
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "secure-aggregation expiry failed; retried")
+                }
+                Err(e) => tracing::warn!(error = %e, "secure-aggregation expiry task failed"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expiry_deletes_stale_rounds_with_their_rows_and_keeps_fresh_ones() {
+        let dir =
+            std::env::temp_dir().join(format!("gpu-ops-secagg-expiry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let config = RoundConfig {
+            clients: 3,
+            threshold: 2,
+            neighbours: 2,
+            vector_length: 4,
+            clip: 1.0,
+            scale_bits: 8,
+            graph_seed: "00".repeat(32),
+            backend: Default::default(),
+        };
+        for id in ["r1", "r2"] {
+            store.create_round(id, "coordinator", &config).unwrap();
+            store
+                .register_client(id, &format!("{id}-token"), "sk", "mk")
+                .unwrap();
+        }
+        assert_eq!(store.secagg_row_counts(), [2, 2, 0, 0]);
+        // Nothing was changed before the epoch; everything before the far future.
+        assert_eq!(store.expire_rounds("1970-01-01T00:00:00.000Z").unwrap(), 0);
+        assert_eq!(store.secagg_row_counts(), [2, 2, 0, 0]);
+        assert_eq!(store.expire_rounds("9999-01-01T00:00:00.000Z").unwrap(), 2);
+        assert_eq!(store.secagg_row_counts(), [0, 0, 0, 0]);
+        assert!(matches!(store.round("r1"), Err(RoundError::NotFound)));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

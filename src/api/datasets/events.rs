@@ -1,6 +1,7 @@
 //! `/datasets/{id}/events`: a job's progress as server-sent events.
 
-use super::{find, view};
+use super::find;
+use super::progress::Polled;
 use crate::api::auth::{tenant, Tenant};
 use crate::api::problem::Problem;
 use crate::api::{ApiPath, AppState, IdParam};
@@ -9,21 +10,20 @@ use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use std::sync::Arc;
 
-/// How often `/datasets/{id}/events` reports.
-const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(500);
-
 #[utoipa::path(
     get, path = "/datasets/{id}/events", tag = "datasets", operation_id = "dataset_events",
     summary = "Progress as server-sent events",
     description = "A `progress` event with the job (as `GET /datasets/{id}`) at once and every 500 ms while it is \
         queued or running, then one `end` event with its final state, and the stream closes. A job deleted \
-        meanwhile ends the stream without an `end` event.",
+        meanwhile ends the stream without an `end` event. All streams of one job share one reading of it; \
+        a tenant may hold --max-tenant-event-streams streams at once (429 too_many_streams past it).",
     params(("id" = String, Path, description = "Dataset id")),
     responses(
         (status = 200, description = "Server-sent events, each `event: progress` or `event: end` with `data:` one \
             `DatasetView` as JSON (the schema `#/components/schemas/DatasetView`); `:` comment lines keep the connection alive",
             content_type = "text/event-stream"),
         (status = 404, description = "dataset_not_found"),
+        (status = 429, description = "too_many_streams"),
     ),
     security((), ("bearer" = []))
 )]
@@ -35,28 +35,30 @@ pub async fn dataset_events(
     use axum::response::sse::{Event, KeepAlive, Sse};
     let t = tenant(&who);
     find(&state, &t, &id).await?;
-    let stream = futures_util::stream::unfold(
-        (state, t, id, true, false),
-        |(state, t, id, first, ended)| async move {
+    let slot = state.progress.open_stream(&t)?;
+    let rx = state.progress.subscribe(&state, &t, &id);
+    // Each reading of the job's shared poll is one event; the stream ends after the
+    // final one, or without an `end` event when the job is deleted.
+    let stream =
+        futures_util::stream::unfold((rx, slot, false), |(mut rx, slot, ended)| async move {
             if ended {
                 return None;
             }
-            if !first {
-                tokio::time::sleep(EVENT_INTERVAL).await;
+            loop {
+                rx.changed().await.ok()?;
+                let polled = rx.borrow_and_update().clone();
+                match polled {
+                    Polled::Pending => continue,
+                    Polled::Gone => return None,
+                    Polled::Row { json, end } => {
+                        let event = Event::default()
+                            .event(if end { "end" } else { "progress" })
+                            .data(&*json);
+                        return Some((Ok::<_, std::convert::Infallible>(event), (rx, slot, end)));
+                    }
+                }
             }
-            // A job deleted meanwhile ends the stream.
-            let row = find(&state, &t, &id).await.ok()?;
-            let end = row.status.is_final();
-            let event = Event::default()
-                .event(if end { "end" } else { "progress" })
-                .json_data(view(&state, row))
-                .ok()?;
-            Some((
-                Ok::<_, std::convert::Infallible>(event),
-                (state, t, id, false, end),
-            ))
-        },
-    );
+        });
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response())

@@ -3,6 +3,7 @@
 
 pub mod events;
 pub mod files;
+pub mod progress;
 
 use super::auth::{tenant, Tenant};
 use super::domain_errors::submit_refused;
