@@ -503,6 +503,17 @@ mod tests {
         assert!(parse(&["--api-keys-file", "/nonexistent/keys"])
             .unwrap_err()
             .contains("--api-keys-file"));
+        for (flag, value) in [
+            ("--max-tenant-inflight-body-percent", "0"),
+            ("--max-tenant-inflight-body-percent", "101"),
+            ("--max-tenant-event-streams", "0"),
+            ("--secagg-round-ttl", "500ms"),
+            ("--tenant-requests-per-second", "inf"),
+            ("--tenant-requests-per-second", "NaN"),
+        ] {
+            let why = parse(&[flag, value]).unwrap_err();
+            assert!(why.contains(flag), "{flag} {value}: {why}");
+        }
     }
 
     #[test]
