@@ -606,3 +606,24 @@ fn one_tenant_holds_at_most_its_share_of_the_bodies_in_flight() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(data);
 }
+
+/// A body declared longer than --max-body-bytes is answered 413 at once, unread and
+/// uncharged: the server does not wait for bytes it would refuse.
+#[test]
+fn a_body_declared_over_the_limit_is_refused_before_it_is_sent() {
+    let data = std::env::temp_dir().join(format!("gpu-ops-declared-{}", std::process::id()));
+    let (mut child, port) = spawn_server(&data, &["--max-body-bytes", "4096"]);
+    let mut s = open_upload(port, None, 100_000);
+    let started = Instant::now();
+    let text = answer(&mut s);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("payload_too_large"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(data);
+}

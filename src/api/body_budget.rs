@@ -123,7 +123,9 @@ pub(super) async fn admit(
     next: Next,
 ) -> Response {
     let config = &state.settings.config;
+    let declared = req.body().size_hint().exact();
     req.extensions_mut().insert(BodyLimits {
+        declared,
         max_bytes: config.max_body_bytes,
         max_numbers: config.max_tensor_elements.max(config.max_elements),
         min_rate: BodyRate {

@@ -64,6 +64,9 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Ap
 /// without the middleware) axum's default body limit holds.
 #[derive(Clone, Debug)]
 pub struct BodyLimits {
+    /// The body's declared length, read before the body timeout's wrapper (which does
+    /// not pass it on) hides it.
+    pub declared: Option<u64>,
     pub max_bytes: usize,
     pub max_numbers: usize,
     pub min_rate: BodyRate,
@@ -92,6 +95,7 @@ impl BodyRate {
 impl Default for BodyLimits {
     fn default() -> Self {
         BodyLimits {
+            declared: None,
             max_bytes: 2 << 20,
             max_numbers: usize::MAX,
             min_rate: BodyRate::default(),
@@ -115,7 +119,9 @@ async fn read_body(req: Request, limits: &BodyLimits) -> Result<Vec<u8>, Problem
         )
     };
     let body = req.into_body();
-    let declared = axum::body::HttpBody::size_hint(&body).exact();
+    let declared = limits
+        .declared
+        .or_else(|| axum::body::HttpBody::size_hint(&body).exact());
     if declared.is_some_and(|n| n > max_bytes as u64) {
         return Err(too_large());
     }

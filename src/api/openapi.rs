@@ -460,9 +460,10 @@ mod tests {
             want("500");
             if op["security"].to_string().contains("bearer") {
                 want("401");
+                want("429");
             }
             if op.get("requestBody").is_some() {
-                ["400", "413", "415", "422", "503"]
+                ["400", "408", "413", "415", "422", "503"]
                     .iter()
                     .for_each(|s| want(s));
             }

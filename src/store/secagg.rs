@@ -98,8 +98,16 @@ fn bytes_to_words(b: &[u8]) -> Result<Vec<u32>, RoundError> {
         .collect())
 }
 
-/// The round, locked until the transaction ends when `lock`.
+/// The round, locked until the transaction ends when `lock`. Every write locks the round
+/// this way, so it also stamps `updated_at` here: a round is "changed" by any submission,
+/// and `--secagg-round-ttl` counts from the last one.
 fn load(tx: &mut Tx<'_>, id: &str, lock: bool) -> Result<(RoundRecord, String), RoundError> {
+    if lock {
+        tx.exec(
+            "UPDATE secagg_rounds SET updated_at = ?2 WHERE id = ?1",
+            &[Param::Text(id), Param::Text(&now())],
+        )?;
+    }
     let lock = if lock { tx.lock_rows() } else { "" };
     let row = tx
         .query_opt(
@@ -568,20 +576,33 @@ impl Store {
     /// messages and revealed shares; how many rounds went.
     pub fn expire_rounds(&self, updated_before: &str) -> Result<u64, RoundError> {
         self.shared.write(PART, |tx| {
-            let stale = Param::Text(updated_before);
-            for table in ["secagg_reveals", "secagg_messages", "secagg_members"] {
-                tx.exec(
+            // The stale rounds locked first (on PostgreSQL), so a submission racing the
+            // sweep either lands before it (and the round is no longer stale) or finds
+            // the round gone: never a round kept with its members deleted.
+            let stale: Vec<String> = tx
+                .query(
                     &format!(
-                        "DELETE FROM {table} WHERE round_id IN \
-                         (SELECT id FROM secagg_rounds WHERE updated_at < ?1)"
+                        "SELECT id FROM secagg_rounds WHERE updated_at < ?1{}",
+                        tx.lock_rows()
                     ),
-                    std::slice::from_ref(&stale),
+                    &[Param::Text(updated_before)],
+                )?
+                .iter()
+                .map(|r| r.text(0))
+                .collect::<Result<_, DbError>>()?;
+            for id in &stale {
+                for table in ["secagg_reveals", "secagg_messages", "secagg_members"] {
+                    tx.exec(
+                        &format!("DELETE FROM {table} WHERE round_id = ?1"),
+                        &[Param::Text(id)],
+                    )?;
+                }
+                tx.exec(
+                    "DELETE FROM secagg_rounds WHERE id = ?1",
+                    &[Param::Text(id)],
                 )?;
             }
-            Ok(tx.exec(
-                "DELETE FROM secagg_rounds WHERE updated_at < ?1",
-                std::slice::from_ref(&stale),
-            )?)
+            Ok(stale.len() as u64)
         })
     }
 
@@ -668,9 +689,26 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(store.secagg_row_counts(), [2, 2, 0, 0]);
+        // A registration is a change: it moves the round's stamp past its creation.
+        let created = store.round("r1").unwrap().updated_at;
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        store
+            .register_client("r1", "r1-second", "sk2", "mk2")
+            .unwrap();
+        let touched = store.round("r1").unwrap().updated_at;
+        assert!(touched > created, "{touched} after {created}");
+        store.expire_rounds(&touched).unwrap();
+        assert!(store.round("r1").is_ok(), "changed at the cutoff: kept");
+        assert!(
+            matches!(store.round("r2"), Err(RoundError::NotFound)),
+            "older: gone"
+        );
+        store.create_round("r2", "coordinator", &config).unwrap();
+        store.register_client("r2", "r2-token", "sk", "mk").unwrap();
+        assert_eq!(store.secagg_row_counts(), [2, 3, 0, 0]);
         // Nothing was changed before the epoch; everything before the far future.
         assert_eq!(store.expire_rounds("1970-01-01T00:00:00.000Z").unwrap(), 0);
-        assert_eq!(store.secagg_row_counts(), [2, 2, 0, 0]);
+        assert_eq!(store.secagg_row_counts(), [2, 3, 0, 0]);
         assert_eq!(store.expire_rounds("9999-01-01T00:00:00.000Z").unwrap(), 2);
         assert_eq!(store.secagg_row_counts(), [0, 0, 0, 0]);
         assert!(matches!(store.round("r1"), Err(RoundError::NotFound)));
