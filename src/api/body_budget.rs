@@ -14,14 +14,14 @@
 use super::auth::{authenticate, Tenant};
 use super::extract::{BodyLimits, BodyRate};
 use super::problem::{ErrorCode, Problem};
+use super::tenant_counts::TenantCounts;
 use super::AppState;
 use axum::body::HttpBody;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::IntGauge;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 /// Permits are KiB, so a budget of terabytes fits the semaphore's u32 requests.
@@ -35,7 +35,7 @@ pub struct BodyBudget {
     /// budget); applied when keys name tenants.
     tenant_bytes: u64,
     /// Bytes each tenant holds now.
-    held: Arc<Mutex<HashMap<String, u64>>>,
+    held: TenantCounts,
 }
 
 impl BodyBudget {
@@ -50,23 +50,8 @@ impl BodyBudget {
             // At least one largest body, so a share below it refuses nothing for ever.
             tenant_bytes: ((budget_bytes as u128 * u128::from(tenant_percent) / 100) as u64)
                 .max(max_body_bytes),
-            held: Arc::default(),
+            held: TenantCounts::default(),
         }
-    }
-
-    /// Adds `bytes` to `tenant`'s share, unless that would pass it.
-    fn take_share(&self, tenant: &str, bytes: u64) -> Option<TenantShare> {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let h = held.entry(tenant.to_string()).or_default();
-        if *h + bytes > self.tenant_bytes {
-            return None;
-        }
-        *h += bytes;
-        Some(TenantShare {
-            held: self.held.clone(),
-            tenant: tenant.to_string(),
-            bytes,
-        })
     }
 
     /// What a request is charged, in bytes: its declared length (HTTP/1.1
@@ -82,25 +67,6 @@ impl BodyBudget {
             Some(n) if n > self.max_body_bytes => 0,
             Some(n) => n,
             None => self.max_body_bytes,
-        }
-    }
-}
-
-/// A tenant's part of the bodies in flight, given back on drop.
-struct TenantShare {
-    held: Arc<Mutex<HashMap<String, u64>>>,
-    tenant: String,
-    bytes: u64,
-}
-
-impl Drop for TenantShare {
-    fn drop(&mut self) {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = held.get_mut(&self.tenant) {
-            *h = h.saturating_sub(self.bytes);
-            if *h == 0 {
-                held.remove(&self.tenant);
-            }
         }
     }
 }
@@ -155,9 +121,9 @@ pub(super) async fn admit(
     // every other tenant's. Without keys there is one tenant, and no share to keep.
     let share = match authenticate(&state, req.headers()) {
         Ok(Tenant(tenant)) if state.settings.api_keys.is_some() => {
-            match budget.take_share(&tenant, bytes) {
-                Some(share) => Some(share),
-                None => {
+            match budget.held.take(&tenant, bytes, budget.tenant_bytes) {
+                Ok(share) => Some(share),
+                Err(_) => {
                     refused("tenant_share");
                     return Problem {
                         retry_after_secs: Some(1),

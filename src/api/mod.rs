@@ -27,6 +27,7 @@ pub mod problem;
 pub mod rf;
 pub mod secagg;
 pub mod system;
+mod tenant_counts;
 mod tenant_limits;
 mod tensor;
 pub mod zk;

@@ -6,6 +6,7 @@
 
 use super::{find, view};
 use crate::api::problem::{ErrorCode, Problem};
+use crate::api::tenant_counts::{Taken, TenantCounts};
 use crate::api::AppState;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -28,44 +29,28 @@ type Key = (String, String);
 /// The jobs being polled and the streams each tenant holds.
 pub struct ProgressWatch {
     polls: Mutex<HashMap<Key, Arc<watch::Sender<Polled>>>>,
-    streams: Arc<Mutex<HashMap<String, usize>>>,
+    streams: TenantCounts,
     max_per_tenant: usize,
 }
 
 /// One open stream: its tenant's count, given back on drop (the client left or the
 /// stream ended).
-pub struct StreamSlot {
-    streams: Arc<Mutex<HashMap<String, usize>>>,
-    tenant: String,
-}
-
-impl Drop for StreamSlot {
-    fn drop(&mut self) {
-        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = streams.get_mut(&self.tenant) {
-            *n -= 1;
-            if *n == 0 {
-                streams.remove(&self.tenant);
-            }
-        }
-    }
-}
+pub type StreamSlot = Taken;
 
 impl ProgressWatch {
     pub fn new(max_per_tenant: usize) -> Self {
         ProgressWatch {
             polls: Mutex::default(),
-            streams: Arc::default(),
+            streams: TenantCounts::default(),
             max_per_tenant,
         }
     }
 
     /// A place for one more of `tenant`'s streams, or 429 `too_many_streams`.
     pub fn open_stream(&self, tenant: &str) -> Result<StreamSlot, Problem> {
-        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        let n = streams.entry(tenant.to_string()).or_default();
-        if *n >= self.max_per_tenant {
-            return Err(Problem {
+        self.streams
+            .take(tenant, 1, self.max_per_tenant as u64)
+            .map_err(|n| Problem {
                 retry_after_secs: Some(1),
                 ..Problem::new(
                     ErrorCode::TooManyStreams,
@@ -73,19 +58,12 @@ impl ProgressWatch {
                         "this tenant has {n} progress streams open, --max-tenant-event-streams; close one first"
                     ),
                 )
-            });
-        }
-        *n += 1;
-        Ok(StreamSlot {
-            streams: self.streams.clone(),
-            tenant: tenant.to_string(),
-        })
+            })
     }
 
     /// Streams `tenant` holds now.
     pub fn open_streams(&self, tenant: &str) -> usize {
-        let streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        streams.get(tenant).copied().unwrap_or(0)
+        self.streams.get(tenant) as usize
     }
 
     /// A receiver of job `id`'s progress, starting its poll if no stream has.
