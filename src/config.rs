@@ -184,6 +184,25 @@ pub struct Config {
     /// Synthetic dataset jobs that may wait behind the running one; more gets 503.
     #[arg(long, env = "GPU_OPS_MAX_DATASET_JOBS", default_value_t = 16)]
     pub max_dataset_jobs: usize,
+    /// Synthetic dataset jobs one tenant may have waiting at once (within
+    /// --max-dataset-jobs); more gets 429 tenant_dataset_queue_full.
+    #[arg(long, env = "GPU_OPS_MAX_TENANT_QUEUED_DATASETS", default_value_t = 4)]
+    pub max_tenant_queued_datasets: usize,
+    /// Most work one tenant's queued and running dataset jobs may ask for together, in
+    /// complex samples to synthesise (samples × receivers × samples per recording); a job
+    /// past it gets 429 tenant_dataset_work_pending, one past it alone 422.
+    #[arg(
+        long,
+        env = "GPU_OPS_MAX_TENANT_DATASET_WORK",
+        default_value_t = 1_000_000_000_000
+    )]
+    pub max_tenant_dataset_work: u64,
+    /// Host memory a dataset job's samples in flight may hold, in MiB: a batch holds as
+    /// many samples as fit (on the CPU and in what a device batch copies back), and a job
+    /// whose one sample does not fit is refused at submission (422
+    /// dataset_sample_too_large).
+    #[arg(long, env = "GPU_OPS_DATASET_MEMORY_MIB", default_value_t = 1024)]
+    pub dataset_memory_mib: u64,
     /// Most samples one synthetic dataset may ask for.
     #[arg(long, env = "GPU_OPS_MAX_DATASET_SAMPLES", default_value_t = 5_000_000)]
     pub max_dataset_samples: u64,
@@ -364,6 +383,15 @@ impl Config {
         crate::store::DatabaseUrl::parse(&self.database_url, self.database_max_connections)?;
         if self.max_dataset_jobs == 0 {
             return Err("--max-dataset-jobs must be at least 1".into());
+        }
+        if self.max_tenant_queued_datasets == 0 {
+            return Err("--max-tenant-queued-datasets must be at least 1".into());
+        }
+        if self.max_tenant_dataset_work == 0 {
+            return Err("--max-tenant-dataset-work must be at least 1".into());
+        }
+        if !(16..=1 << 24).contains(&self.dataset_memory_mib) {
+            return Err("--dataset-memory-mib must be 16 to 16777216".into());
         }
         if !(1..=5_000_000).contains(&self.max_dataset_samples) {
             return Err("--max-dataset-samples must be 1 to 5000000".into());

@@ -93,8 +93,13 @@ impl App {
             &cfg.data_dir,
             datasets::WorkerSettings {
                 threads: settings.cpu_threads,
-                max_queued: cfg.max_dataset_jobs,
+                caps: crate::store::QueueCaps {
+                    queued: cfg.max_dataset_jobs,
+                    tenant_queued: cfg.max_tenant_queued_datasets,
+                    tenant_work: cfg.max_tenant_dataset_work,
+                },
                 lease: cfg.dataset_lease,
+                memory_budget: cfg.dataset_memory_mib << 20,
             },
             backends.clone(),
             artifacts,

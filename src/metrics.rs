@@ -46,6 +46,7 @@ pub struct Metrics {
     pub dataset_samples: IntCounterVec,
     pub dataset_jobs: IntCounterVec,
     pub dataset_batches: IntCounterVec,
+    pub dataset_submissions_refused: IntCounterVec,
 }
 
 /// (name, help) of every metric, for the README and the test that checks them.
@@ -153,6 +154,10 @@ pub const NAMES: &[(&str, &str)] = &[
     (
         "gpu_ops_dataset_batches_total",
         "Synthetic dataset batches evaluated, by the backend that wrote and reduced the recordings",
+    ),
+    (
+        "gpu_ops_dataset_submissions_refused_total",
+        "Dataset jobs refused at submission or resume, by the problem's code (queue_full, tenant_dataset_queue_full, tenant_dataset_work_pending, dataset_sample_too_large, dataset_work_too_large, dataset_too_large, dataset_quota_exceeded, insufficient_storage, …)",
     ),
     (
         "gpu_ops_device_healthy",
@@ -356,6 +361,10 @@ impl Metrics {
             dataset_batches: reg(
                 r,
                 IntCounterVec::new(opts("gpu_ops_dataset_batches_total"), &["backend"]),
+            ),
+            dataset_submissions_refused: reg(
+                r,
+                IntCounterVec::new(opts("gpu_ops_dataset_submissions_refused_total"), &["code"]),
             ),
             batch_size: reg(
                 r,

@@ -7,7 +7,8 @@ mod common;
 use common::binary::Replica;
 use common::pg;
 use gpu_ops::store::{
-    BudgetError, Charge, DatabaseUrl, DatasetStatus, Lease, NewBudget, NewDataset, Requeue, Store,
+    BudgetError, Charge, DatabaseUrl, DatasetStatus, Lease, NewBudget, NewDataset, QueueCaps,
+    QueueRefusal, Requeue, Store,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -407,13 +408,18 @@ fn two_catalogs(engine: &str) -> Option<(Store, Store)> {
 }
 
 fn new_dataset(seed: u64) -> NewDataset {
+    tenant_job("t", seed, 1)
+}
+
+fn tenant_job(tenant: &str, seed: u64, work: u64) -> NewDataset {
     NewDataset {
-        tenant: "t".into(),
+        tenant: tenant.into(),
         name: format!("job {seed}"),
         dataset_type: "features".into(),
         num_samples: 10,
         seed,
         config: "{}".into(),
+        work,
     }
 }
 
@@ -426,7 +432,7 @@ fn workers_claim_distinct_jobs_in_queue_order() {
             continue;
         };
         for i in 0..3 {
-            a.create_dataset(&format!("ds_{i}"), new_dataset(i), 16)
+            a.create_dataset(&format!("ds_{i}"), new_dataset(i), QueueCaps::total(16))
                 .unwrap()
                 .unwrap();
         }
@@ -444,7 +450,7 @@ fn workers_claim_distinct_jobs_in_queue_order() {
 
         // Many claimers at once: every job exactly once.
         for i in 3..43 {
-            b.create_dataset(&format!("ds_{i}"), new_dataset(i), 100)
+            b.create_dataset(&format!("ds_{i}"), new_dataset(i), QueueCaps::total(100))
                 .unwrap()
                 .unwrap();
         }
@@ -480,7 +486,7 @@ fn an_expired_lease_passes_on_and_fences_the_old_worker() {
         let Some((a, b)) = two_catalogs(engine) else {
             continue;
         };
-        a.create_dataset("ds_x", new_dataset(7), 16)
+        a.create_dataset("ds_x", new_dataset(7), QueueCaps::total(16))
             .unwrap()
             .unwrap();
         let counts = gpu_ops::store::Counts {
@@ -536,6 +542,82 @@ fn an_expired_lease_passes_on_and_fences_the_old_worker() {
     }
 }
 
+/// One tenant's backlog waits behind one job of every other tenant; a tenant's waiting
+/// jobs and the work its queued and running jobs ask for are capped, through any replica.
+#[test]
+fn the_queue_serves_tenants_in_turn_within_their_caps() {
+    for engine in ["sqlite", "postgres"] {
+        let Some((a, b)) = two_catalogs(engine) else {
+            continue;
+        };
+        let caps = QueueCaps {
+            queued: 16,
+            tenant_queued: 3,
+            tenant_work: 100,
+        };
+        // The heavy tenant queues first, then two others.
+        for i in 0..3 {
+            a.create_dataset(&format!("heavy_{i}"), tenant_job("heavy", i, 10), caps)
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(
+            b.create_dataset("heavy_3", tenant_job("heavy", 3, 10), caps)
+                .unwrap()
+                .unwrap_err(),
+            QueueRefusal::TenantFull { queued: 3 },
+            "{engine}"
+        );
+        b.create_dataset("light_0", tenant_job("light", 10, 10), caps)
+            .unwrap()
+            .unwrap();
+        b.create_dataset("light_1", tenant_job("light", 11, 10), caps)
+            .unwrap()
+            .unwrap();
+        a.create_dataset("other_0", tenant_job("other", 20, 10), caps)
+            .unwrap()
+            .unwrap();
+        // Work: 10 is pending for "other"; 91 more would pass 100, 90 does not.
+        assert_eq!(
+            a.create_dataset("other_big", tenant_job("other", 21, 91), caps)
+                .unwrap()
+                .unwrap_err(),
+            QueueRefusal::TenantWork {
+                work: 91,
+                pending: 10,
+                limit: 100
+            },
+            "{engine}"
+        );
+        let mut order = Vec::new();
+        while let Some(job) = [&a, &b][order.len() % 2].claim_dataset("w", LEASE).unwrap() {
+            order.push(job.row.id);
+            // Each claim stamps a start time; the next tenant's must be later.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            order,
+            ["heavy_0", "light_0", "other_0", "heavy_1", "light_1", "heavy_2"],
+            "{engine}: tenants in turn, each tenant's jobs in its own order"
+        );
+        // Running jobs still count as pending work; their slots in the queue are free.
+        assert_eq!(
+            a.create_dataset("other_1", tenant_job("other", 22, 91), caps)
+                .unwrap()
+                .unwrap_err(),
+            QueueRefusal::TenantWork {
+                work: 91,
+                pending: 10,
+                limit: 100
+            },
+            "{engine}"
+        );
+        a.create_dataset("heavy_4", tenant_job("heavy", 4, 10), caps)
+            .unwrap()
+            .unwrap();
+    }
+}
+
 #[test]
 fn cancellation_the_queue_cap_and_requeue_hold_on_both_engines() {
     for engine in ["sqlite", "postgres"] {
@@ -543,14 +625,15 @@ fn cancellation_the_queue_cap_and_requeue_hold_on_both_engines() {
             continue;
         };
         for i in 0..2 {
-            a.create_dataset(&format!("ds_{i}"), new_dataset(i), 2)
+            a.create_dataset(&format!("ds_{i}"), new_dataset(i), QueueCaps::total(2))
                 .unwrap()
                 .unwrap();
         }
-        assert!(
-            b.create_dataset("ds_2", new_dataset(2), 2)
+        assert_eq!(
+            b.create_dataset("ds_2", new_dataset(2), QueueCaps::total(2))
                 .unwrap()
-                .is_none(),
+                .unwrap_err(),
+            QueueRefusal::Full { queued: 2 },
             "{engine}: two jobs already wait"
         );
         // A queued job is cancelled at once and never claimed.
@@ -588,10 +671,13 @@ fn cancellation_the_queue_cap_and_requeue_hold_on_both_engines() {
         assert_eq!(b.request_dataset_cancel("ds_0").unwrap(), None);
         // Requeue: only an interrupted job, and it forgets the old cancellation.
         assert_eq!(
-            b.requeue_dataset("ds_0", 2).unwrap(),
+            b.requeue_dataset("ds_0", QueueCaps::total(2)).unwrap(),
             Requeue::NotInterrupted
         );
-        assert_eq!(b.requeue_dataset("ds_1", 2).unwrap(), Requeue::Queued);
+        assert_eq!(
+            b.requeue_dataset("ds_1", QueueCaps::total(2)).unwrap(),
+            Requeue::Queued
+        );
         let again = a.claim_dataset("a", LEASE).unwrap().unwrap();
         assert_eq!((again.row.id.as_str(), again.attempt), ("ds_1", 2));
         assert_eq!(

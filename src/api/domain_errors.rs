@@ -13,6 +13,7 @@ use crate::ops::zk::msm::{MsmShape, PointErrors};
 use crate::ops::zk::ntt::NttShape;
 use crate::ops::zk::{InvError, LengthMismatch, PowShape};
 use crate::pool::JobError;
+use crate::store::QueueRefusal;
 use crate::store::{BudgetError, RoundError, StoreError};
 
 impl From<JobError> for Problem {
@@ -222,9 +223,16 @@ pub(crate) fn submit_refused(e: SubmitError, pointer: Option<&str>) -> Problem {
     match e {
         SubmitError::NoSpace { .. } => at(ErrorCode::InsufficientStorage, e),
         SubmitError::QuotaExceeded { .. } => at(ErrorCode::DatasetQuotaExceeded, e),
-        SubmitError::QueueFull(_) => Problem {
+        SubmitError::Queue(why) => Problem {
             retry_after_secs: Some(60),
-            ..Problem::new(ErrorCode::QueueFull, e.to_string())
+            ..Problem::new(
+                match why {
+                    QueueRefusal::Full { .. } => ErrorCode::QueueFull,
+                    QueueRefusal::TenantFull { .. } => ErrorCode::TenantDatasetQueueFull,
+                    QueueRefusal::TenantWork { .. } => ErrorCode::TenantDatasetWorkPending,
+                },
+                e.to_string(),
+            )
         },
         SubmitError::Storage(m) => Problem::internal(m),
         SubmitError::Catalog(e) => e.into(),

@@ -20,6 +20,7 @@
 pub mod artifacts;
 mod checkpoint;
 pub mod iq_out;
+pub mod memory;
 pub mod parquet_out;
 pub mod sigmf;
 mod worker;
@@ -33,7 +34,10 @@ use crate::backend::Backends;
 use crate::metrics::Metrics;
 use crate::ops::rf::generate::samples_per_recording;
 use crate::ops::rf::scenario::Scenario;
-use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset, Requeue, Store, StoreError};
+use crate::store::{
+    Counts, DatasetRow, DatasetStatus, NewDataset, QueueCaps, QueueRefusal, Requeue, Store,
+    StoreError,
+};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -137,7 +141,10 @@ pub struct Datasets {
     wake: SyncSender<()>,
     /// This process's worker, as lease owner: host, pid and a random tag.
     owner: String,
-    max_queued: usize,
+    /// What the queue admits, in all and per tenant.
+    caps: QueueCaps,
+    /// Host bytes a job's samples in flight may hold (`--dataset-memory-mib`).
+    memory_budget: u64,
     /// How long a claimed job stays this worker's without a renewal (`--dataset-lease`):
     /// past it the worker is taken for dead and another may claim the job. Many
     /// renewals fit in it, so a slow batch or a busy database does not lose a live
@@ -153,8 +160,8 @@ pub struct Datasets {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SubmitError {
-    #[error("{0} dataset jobs are already waiting")]
-    QueueFull(usize),
+    #[error("{}", queue_refusal(.0))]
+    Queue(QueueRefusal),
     #[error("the dataset may take up to {} and the disk under --data-dir has {} free, of which {} is promised to queued and running jobs and {} kept in reserve", gib(*.need), gib(*.free), gib(*.promised), gib(DISK_RESERVE_BYTES))]
     NoSpace { need: u64, free: u64, promised: u64 },
     #[error("{0}")]
@@ -167,11 +174,35 @@ pub enum SubmitError {
     QuotaExceeded { need: u64, used: u64, quota: u64 },
 }
 
-/// How the dataset worker runs: its threads, the queue's cap and its claims' lease.
+/// Why the queue refused a job, for its problem's detail.
+fn queue_refusal(r: &QueueRefusal) -> String {
+    match *r {
+        QueueRefusal::Full { queued } => {
+            format!("{queued} dataset jobs are already waiting (--max-dataset-jobs)")
+        }
+        QueueRefusal::TenantFull { queued } => format!(
+            "the tenant has {queued} dataset jobs waiting already (--max-tenant-queued-datasets); \
+             submit more as they start"
+        ),
+        QueueRefusal::TenantWork {
+            work,
+            pending,
+            limit,
+        } => format!(
+            "the job asks for {work} complex samples of synthesis and the tenant's queued and \
+             running jobs for {pending}, beyond --max-tenant-dataset-work ({limit}); submit it \
+             as they finish"
+        ),
+    }
+}
+
+/// How the dataset worker runs: its threads, what its queue admits, its claims' lease,
+/// and the host memory a job's samples in flight may hold.
 pub struct WorkerSettings {
     pub threads: usize,
-    pub max_queued: usize,
+    pub caps: QueueCaps,
     pub lease: Duration,
+    pub memory_budget: u64,
 }
 
 impl Datasets {
@@ -187,8 +218,9 @@ impl Datasets {
     ) -> Result<Arc<Self>, String> {
         let WorkerSettings {
             threads,
-            max_queued,
+            caps,
             lease,
+            memory_budget,
         } = settings;
         let dir = data_dir.join("datasets");
         std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -208,7 +240,8 @@ impl Datasets {
             active: Arc::new(Mutex::new(HashMap::new())),
             wake,
             owner: worker_id()?,
-            max_queued,
+            caps,
+            memory_budget,
             lease,
             stopping: AtomicBool::new(false),
             backends,
@@ -311,8 +344,8 @@ impl Datasets {
         }
         let row = self
             .store
-            .create_dataset(id, new, self.max_queued)?
-            .ok_or(SubmitError::QueueFull(self.max_queued))?;
+            .create_dataset(id, new, self.caps)?
+            .map_err(SubmitError::Queue)?;
         active.insert(
             id.to_string(),
             Arc::new(Active::new(estimate, row.num_samples)),
@@ -349,9 +382,9 @@ impl Datasets {
         }
         let mut active =
             self.reserve(remaining_bytes(estimate, row.num_samples, row.counts.valid))?;
-        match self.store.requeue_dataset(&row.id, self.max_queued)? {
+        match self.store.requeue_dataset(&row.id, self.caps)? {
             Requeue::NotInterrupted => return Ok(false),
-            Requeue::QueueFull => return Err(SubmitError::QueueFull(self.max_queued)),
+            Requeue::Refused(why) => return Err(SubmitError::Queue(why)),
             Requeue::Queued => {}
         }
         active.insert(

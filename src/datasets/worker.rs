@@ -5,6 +5,7 @@
 use super::artifacts::ObjectArtifacts;
 use super::checkpoint::{attempt_folder, Checkpoint, CHECKPOINT, CHECKPOINTS, SEGMENTS};
 use super::iq_out::{self, IqWriter};
+use super::memory;
 use super::parquet_out::{self, FeatureWriter};
 use super::{
     gib, Active, Datasets, DATASET_OP, DISK_RESERVE_BYTES, MAX_ATTEMPTS_PER_SAMPLE, PERSIST_EVERY,
@@ -301,6 +302,16 @@ impl Datasets {
             None => Checkpoint::default(),
         };
         let keep_iq = row.dataset_type == "iq_raw";
+        // Admitted under another replica's budget, perhaps: this one holds it to its own.
+        let per_sample = memory::sample_bytes(&scenario, keep_iq);
+        if per_sample > self.memory_budget {
+            return Err(JobEnd::Failed(format!(
+                "one sample of this job holds up to {} MiB in memory and --dataset-memory-mib \
+                 is {} on this replica",
+                memory::mib(per_sample),
+                memory::mib(self.memory_budget)
+            )));
+        }
         let mut files = JobFiles::open(dir, &self.result_path(id), &scenario, row, keep_iq, &at)?;
         files.published = self.artifacts.as_ref().map(|store| Published {
             store: store.clone(),
@@ -418,7 +429,8 @@ impl Datasets {
     }
 
     /// The next batch from `next` on: on the device while the job may use one, else on
-    /// the dataset pool's CPU threads.
+    /// the dataset pool's CPU threads. Either holds no more samples than
+    /// `--dataset-memory-mib` pays for (`run_job` made sure one fits).
     fn next_records(
         &self,
         device: &mut DeviceUse,
@@ -428,12 +440,18 @@ impl Datasets {
         next: u64,
         keep_iq: bool,
     ) -> Vec<SampleRecord> {
+        let within = memory::batch_within(
+            memory::sample_bytes(scenario, keep_iq),
+            self.memory_budget,
+            u64::MAX,
+        )
+        .unwrap_or(1);
         let dev = device
             .usable
             .then(|| self.dataset_device(scenario))
             .flatten();
         let on_device = dev.and_then(|dev| {
-            let indices = next..next + device_batch(scenario);
+            let indices = next..next + device_batch(scenario).min(within);
             let ordinal = dev.info.ordinal;
             let checked = device.checked.contains(&ordinal);
             let records = self.device_records(&dev, pool, scenario, key, indices, keep_iq, checked);
@@ -448,7 +466,8 @@ impl Datasets {
                 .dataset_batches
                 .with_label_values(&["cpu"])
                 .inc();
-            let batch = (pool.current_num_threads() * 4) as u64;
+            // Four samples a thread evens out their uneven costs.
+            let batch = within.min(pool.current_num_threads() as u64 * 4);
             pool.install(|| {
                 (next..next + batch)
                     .into_par_iter()

@@ -87,6 +87,47 @@ const PART: &str = "dataset catalog";
 /// concurrent ones cannot pass the cap together.
 const QUEUE_LOCK: i64 = 0x0067_7075_2d71_7565;
 
+/// Refuses a job of `tenant` asking for `work` that `caps` do not admit now (under
+/// `QUEUE_LOCK`). `requeued` is the job itself when it goes back in the queue: its own
+/// row does not count against it.
+fn admits(
+    tx: &mut Tx<'_>,
+    caps: QueueCaps,
+    tenant: &str,
+    work: u64,
+    requeued: Option<&str>,
+) -> Result<Option<QueueRefusal>, StoreError> {
+    let total = queued(tx)?;
+    if total >= caps.queued as u64 {
+        return Ok(Some(QueueRefusal::Full {
+            queued: total as usize,
+        }));
+    }
+    let (waiting, pending) = tx
+        .query_opt(
+            "SELECT CAST(COALESCE(SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END), 0) AS BIGINT), \
+             CAST(COALESCE(SUM(work), 0) AS BIGINT) FROM datasets \
+             WHERE tenant = ?1 AND status IN ('queued', 'running') AND id <> ?2",
+            &[Param::Text(tenant), Param::Text(requeued.unwrap_or(""))],
+        )?
+        .map(|r| Ok::<_, StoreError>((r.u64(0)?, r.u64(1)?)))
+        .transpose()?
+        .unwrap_or((0, 0));
+    if waiting >= caps.tenant_queued as u64 {
+        return Ok(Some(QueueRefusal::TenantFull {
+            queued: waiting as usize,
+        }));
+    }
+    if pending.saturating_add(work) > caps.tenant_work {
+        return Ok(Some(QueueRefusal::TenantWork {
+            work,
+            pending,
+            limit: caps.tenant_work,
+        }));
+    }
+    Ok(None)
+}
+
 fn row(r: &Row) -> Result<DatasetRow, StoreError> {
     Ok(DatasetRow {
         id: r.text(0)?,
@@ -119,6 +160,44 @@ pub struct NewDataset {
     pub num_samples: u64,
     pub seed: u64,
     pub config: String,
+    /// What the job asks of the worker, in complex samples to synthesise (samples ×
+    /// receivers × samples per recording): counted against its tenant's
+    /// `QueueCaps::tenant_work` while it is queued or running.
+    pub work: u64,
+}
+
+/// What the queue admits: jobs waiting in all (`--max-dataset-jobs`), jobs waiting per
+/// tenant (`--max-tenant-queued-datasets`), and the work a tenant's queued and running
+/// jobs may ask for together (`--max-tenant-dataset-work`). One tenant can thus neither
+/// fill the queue nor hold the worker with a backlog the others wait behind.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueCaps {
+    pub queued: usize,
+    pub tenant_queued: usize,
+    pub tenant_work: u64,
+}
+
+impl QueueCaps {
+    /// Only the queue's own length is capped.
+    pub fn total(queued: usize) -> Self {
+        Self {
+            queued,
+            tenant_queued: usize::MAX,
+            tenant_work: u64::MAX,
+        }
+    }
+}
+
+/// Why the queue did not take a job (`QueueCaps`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueRefusal {
+    /// `queued` jobs wait already.
+    Full { queued: usize },
+    /// The tenant has `queued` jobs waiting already.
+    TenantFull { queued: usize },
+    /// The tenant's queued and running jobs ask for `pending` work; with this job's
+    /// `work` that passes `limit`.
+    TenantWork { work: u64, pending: u64, limit: u64 },
 }
 
 /// A job a worker claimed: its row, and the attempt number that fences the worker's
@@ -185,7 +264,7 @@ pub enum Requeue {
     Queued,
     /// Only an interrupted job goes back in the queue.
     NotInterrupted,
-    QueueFull,
+    Refused(QueueRefusal),
 }
 
 /// The next place at the back of the queue.
@@ -205,17 +284,18 @@ impl Store {
         &self,
         id: &str,
         d: NewDataset,
-        max_queued: usize,
-    ) -> Result<Option<DatasetRow>, StoreError> {
+        caps: QueueCaps,
+    ) -> Result<Result<DatasetRow, QueueRefusal>, StoreError> {
         self.catalog.write(PART, |tx| {
             tx.serialize_on(QUEUE_LOCK)?;
-            if queued(tx)? >= max_queued as u64 {
-                return Ok(None);
+            if let Some(refused) = admits(tx, caps, &d.tenant, d.work, None)? {
+                return Ok(Err(refused));
             }
             let seq = next_queue_seq(tx)?;
             tx.exec(
                 "INSERT INTO datasets (id, tenant, name, dataset_type, num_samples, seed, config, \
-                 status, created_at, queue_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8, ?9)",
+                 status, created_at, queue_seq, work) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'queued', ?8, ?9, ?10)",
                 &[
                     Param::Text(id),
                     Param::Text(&d.tenant),
@@ -226,9 +306,12 @@ impl Store {
                     Param::Text(&d.config),
                     Param::Text(&now()),
                     Param::I64(seq),
+                    Param::I64(d.work.min(i64::MAX as u64) as i64),
                 ],
             )?;
-            find(tx, Some(&d.tenant), id)
+            find(tx, Some(&d.tenant), id)?
+                .map(Ok)
+                .ok_or_else(|| StoreError::new(PART, "the inserted row vanished"))
         })
     }
 
@@ -255,8 +338,11 @@ impl Store {
         })
     }
 
-    /// Takes the job at the front of the queue, or a running job whose worker's lease
-    /// expired (its worker died), for `owner` until `lease` from now. Replicas claiming at
+    /// Takes a running job whose worker's lease expired (its worker died), or else the
+    /// next job in the queue, for `owner` until `lease` from now. The queue serves tenants
+    /// in turn: of each tenant's oldest waiting job, the one whose tenant started a job
+    /// least recently (a tenant never served first), so a tenant's backlog waits behind
+    /// one job of every other tenant, not behind the whole backlog. Replicas claiming at
     /// once get different jobs (PostgreSQL: `FOR UPDATE SKIP LOCKED`; SQLite: its one
     /// write lock).
     pub fn claim_dataset(
@@ -269,9 +355,14 @@ impl Store {
             let skip = tx.skip_locked();
             let Some(candidate) = tx.query_opt(
                 &format!(
-                    "SELECT id FROM datasets WHERE status = 'queued' \
-                     OR (status = 'running' AND lease_until < ?1) \
-                     ORDER BY queue_seq, id LIMIT 1{skip}"
+                    "SELECT q.id FROM datasets q \
+                     WHERE (q.status = 'running' AND q.lease_until < ?1) \
+                     OR (q.status = 'queued' AND q.queue_seq = (SELECT MIN(f.queue_seq) \
+                         FROM datasets f WHERE f.tenant = q.tenant AND f.status = 'queued')) \
+                     ORDER BY CASE WHEN q.status = 'running' THEN 0 ELSE 1 END, \
+                     COALESCE((SELECT MAX(s.started_at) FROM datasets s \
+                         WHERE s.tenant = q.tenant), ''), \
+                     q.queue_seq, q.id LIMIT 1{skip}"
                 ),
                 &[Param::I64(at_ms)],
             )?
@@ -441,12 +532,22 @@ impl Store {
         })
     }
 
-    /// Puts an interrupted job at the back of the queue, unless `max_queued` jobs wait.
-    pub fn requeue_dataset(&self, id: &str, max_queued: usize) -> Result<Requeue, StoreError> {
+    /// Puts an interrupted job at the back of the queue, if `caps` admit it now.
+    pub fn requeue_dataset(&self, id: &str, caps: QueueCaps) -> Result<Requeue, StoreError> {
         self.catalog.write(PART, |tx| {
             tx.serialize_on(QUEUE_LOCK)?;
-            if queued(tx)? >= max_queued as u64 {
-                return Ok(Requeue::QueueFull);
+            let Some((tenant, work)) = tx
+                .query_opt(
+                    "SELECT tenant, work FROM datasets WHERE id = ?1 AND status = 'interrupted'",
+                    &[Param::Text(id)],
+                )?
+                .map(|r| Ok::<_, StoreError>((r.text(0)?, r.u64(1)?)))
+                .transpose()?
+            else {
+                return Ok(Requeue::NotInterrupted);
+            };
+            if let Some(refused) = admits(tx, caps, &tenant, work, Some(id))? {
+                return Ok(Requeue::Refused(refused));
             }
             let seq = next_queue_seq(tx)?;
             let n = tx.exec(

@@ -231,6 +231,18 @@ CREATE TABLE secagg_reveals (
 );
 ",
     },
+    Migration {
+        version: 4,
+        name: "the work each dataset job asks for, counted against its tenant's limit",
+        sql: "
+ALTER TABLE datasets ADD COLUMN work INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX datasets_by_tenant_status ON datasets (tenant, status, queue_seq);
+",
+        postgres: "
+ALTER TABLE datasets ADD COLUMN work BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX datasets_by_tenant_status ON datasets (tenant, status, queue_seq);
+",
+    },
 ];
 
 /// The version this build writes.
@@ -374,7 +386,9 @@ mod tests {
         let d = store.dataset("t", "ds_old").unwrap().unwrap();
         assert_eq!((d.seed, d.counts.valid), (u64::MAX, 2));
         assert_eq!(
-            store.requeue_dataset("ds_old", 4).unwrap(),
+            store
+                .requeue_dataset("ds_old", QueueCaps::total(4))
+                .unwrap(),
             super::super::Requeue::Queued
         );
         let job = store

@@ -13,7 +13,10 @@ mod secagg;
 pub use secagg::spawn_round_expiry;
 
 pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
-pub use datasets::{ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease, NewDataset, Requeue};
+pub use datasets::{
+    ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease, NewDataset, QueueCaps, QueueRefusal,
+    Requeue,
+};
 pub use secagg::{AggregationInputs, MemberRecord, Reveal, RoundError, RoundRecord};
 
 use engine::{DbError, Engine};

@@ -10,7 +10,8 @@ use super::domain_errors::submit_refused;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, ApiJson, ApiPath, AppState, IdParam};
 use crate::config::Config;
-use crate::datasets::estimate_bytes;
+use crate::datasets::{estimate_bytes, memory};
+use crate::ops::rf::generate::samples_per_recording;
 use crate::ops::rf::scenario::Scenario;
 use crate::store::{Counts, DatasetRow, DatasetStatus, NewDataset};
 use axum::extract::State;
@@ -131,6 +132,8 @@ impl CreateDatasetRequest {
         self.config.validate().map_err(|e| e.under("config"))?;
         let iq_raw = self.dataset_type == DatasetType::IqRaw;
         let estimate = self.estimate(cfg.max_dataset_bytes)?;
+        self.fits_memory(cfg.dataset_memory_mib << 20)?;
+        let work = self.work(cfg.max_tenant_dataset_work)?;
         let new = NewDataset {
             tenant,
             name,
@@ -138,8 +141,56 @@ impl CreateDatasetRequest {
             num_samples: self.num_samples,
             seed: self.seed()?,
             config: serde_json::to_string(&self.config).map_err(Problem::internal)?,
+            work,
         };
         Ok((new, estimate))
+    }
+
+    /// Refuses a job whose one sample would not fit `budget` bytes of host memory
+    /// (`--dataset-memory-mib`): no batch could hold it.
+    fn fits_memory(&self, budget: u64) -> Result<(), Problem> {
+        let iq_raw = self.dataset_type == DatasetType::IqRaw;
+        let per_sample = memory::sample_bytes(&self.config, iq_raw);
+        if per_sample <= budget {
+            return Ok(());
+        }
+        let receivers = self.config.receiver_slots();
+        let kept = if iq_raw {
+            format!("{receivers} recordings kept per sample")
+        } else {
+            "one recording at a time".to_string()
+        };
+        let fits_ms = self.config.signal.duration_ms * budget as f64 / per_sample as f64;
+        Err(Problem::at(
+            ErrorCode::DatasetSampleTooLarge,
+            "/config/signal/duration_ms",
+            format!(
+                "one sample holds up to {} MiB in memory ({} complex samples per recording, \
+                 {kept}) and --dataset-memory-mib is {}; recordings of at most {fits_ms:.3} ms \
+                 fit at this sample rate",
+                memory::mib(per_sample),
+                samples_per_recording(&self.config),
+                memory::mib(budget)
+            ),
+        ))
+    }
+
+    /// `memory::work` of the job, within `limit` (`--max-tenant-dataset-work`).
+    fn work(&self, limit: u64) -> Result<u64, Problem> {
+        let work = memory::work(&self.config, self.num_samples);
+        if work > limit {
+            let fits = limit / memory::work(&self.config, 1).max(1);
+            return Err(Problem::at(
+                ErrorCode::DatasetWorkTooLarge,
+                "/num_samples",
+                format!(
+                    "the job asks for {work} complex samples of synthesis and \
+                     --max-tenant-dataset-work allows a tenant {limit} at once; with this config \
+                     at most {fits} samples fit"
+                ),
+            ));
+        }
+        Ok(work)
     }
 
     /// `estimate_bytes`, within `--max-dataset-bytes`.
@@ -286,7 +337,8 @@ fn new_id() -> Result<String, Problem> {
             ("delete" = (operation_id = "dataset_delete", parameters(("id" = "$response.body#/id")))),
             ("sample_iq" = (operation_id = "dataset_sample_iq", parameters(("id" = "$response.body#/id"), ("n" = "0"), ("rx" = "0")))),
         )),
-        (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field), dataset_too_large, dataset_quota_exceeded (the tenant's datasets together would exceed --max-tenant-dataset-bytes)"),
+        (status = 422, description = "invalid_request, invalid_parameter (with the JSON pointer of the bad field), dataset_too_large, dataset_quota_exceeded (the tenant's datasets together would exceed --max-tenant-dataset-bytes), dataset_sample_too_large (one sample would not fit --dataset-memory-mib), dataset_work_too_large (the job alone asks for more than --max-tenant-dataset-work)"),
+        (status = 429, description = "tenant_dataset_queue_full (--max-tenant-queued-datasets of the tenant's jobs wait), tenant_dataset_work_pending (the tenant's queued and running jobs would pass --max-tenant-dataset-work); Retry-After says when to try again"),
         (status = 503, description = "queue_full: --max-dataset-jobs jobs already wait"),
         (status = 507, description = "insufficient_storage: the files could outgrow the free space under --data-dir"),
     ),
@@ -298,7 +350,9 @@ pub async fn create_dataset(
     ApiJson(req): ApiJson<CreateDatasetRequest>,
 ) -> Result<Response, Problem> {
     let cfg = &state.settings.config;
-    let (new, estimate) = req.admit(cfg, tenant(&who))?;
+    let (new, estimate) = req
+        .admit(cfg, tenant(&who))
+        .map_err(|p| refused(&state, p))?;
     let id = new_id()?;
     let st = state.clone();
     let row = blocking(move || {
@@ -311,7 +365,8 @@ pub async fn create_dataset(
             )
             .map_err(|e| submit_refused(e, Some("/num_samples")))
     })
-    .await?;
+    .await
+    .map_err(|p| refused(&state, p))?;
     let v = view(&state, row);
     let location = HeaderValue::from_str(&v.status_url).expect("ascii id");
     Ok((
@@ -391,6 +446,17 @@ pub async fn cancel_dataset(
     Ok((StatusCode::ACCEPTED, Json(view(&state, row))).into_response())
 }
 
+/// Counts a submission or resume the server refused, by its code (internal errors too:
+/// the job was not queued).
+fn refused(state: &AppState, p: Problem) -> Problem {
+    state
+        .metrics
+        .dataset_submissions_refused
+        .with_label_values(&[p.code.as_str()])
+        .inc();
+    p
+}
+
 #[utoipa::path(
     post, path = "/datasets/{id}/resume", tag = "datasets", operation_id = "dataset_resume",
     summary = "Continue an interrupted job from its last checkpoint",
@@ -402,6 +468,7 @@ pub async fn cancel_dataset(
         (status = 202, description = "Queued again", body = DatasetView),
         (status = 404, description = "dataset_not_found"),
         (status = 409, description = "dataset_not_resumable: the job is not interrupted, or its checkpoint was written by another generator version"),
+        (status = 429, description = "tenant_dataset_queue_full, tenant_dataset_work_pending: the tenant's queue share is taken; Retry-After says when to try again"),
         (status = 503, description = "queue_full"),
         (status = 507, description = "insufficient_storage: what is left of the job could outgrow the free disk"),
     ),
@@ -433,7 +500,8 @@ pub async fn resume_dataset(
             .resume(&row, estimate)
             .map_err(|e| submit_refused(e, None))
     })
-    .await?;
+    .await
+    .map_err(|p| refused(&state, p))?;
     let row = find(&state, &tenant(&who), &id).await?;
     if !resumed {
         return Err(not_resumable(row.status));

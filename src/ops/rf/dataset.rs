@@ -55,6 +55,11 @@ pub struct SampleRecord {
     pub iq: Option<Vec<Vec<Complex32>>>,
 }
 
+/// The most complex samples a thread keeps in its recording buffer between samples
+/// (1 MiB): reusing a short one saves an allocation per receiver, and a long one costs
+/// more to hold than to allocate again.
+const KEEP_RECORDING_BUFFER: usize = 1 << 17;
+
 thread_local! {
     /// The recording being evaluated, reused across receivers and samples.
     static RECORDING: std::cell::RefCell<Vec<Complex32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -92,6 +97,11 @@ pub fn sample(
             if keep_iq {
                 kept.push(own);
             }
+        }
+        // A long recording's buffer is not kept for the thread's next sample: a thread
+        // idle in a small batch would hold it outside the job's memory budget.
+        if buffer.capacity() > KEEP_RECORDING_BUFFER {
+            *buffer = Vec::new();
         }
     });
     (
