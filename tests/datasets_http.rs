@@ -3,7 +3,7 @@
 //! bad input, and a restart that keeps completed datasets and marks the rest interrupted;
 //! iq_raw recordings as SigMF that agree with the Parquet row; size and disk limits; and
 //! datasets that belong to their tenant; resume from a checkpoint, refused across
-//! generator versions.
+//! generator versions; the memory budget and each tenant's share of the queue.
 
 mod common;
 
@@ -479,6 +479,136 @@ async fn size_and_disk_limits_refuse_a_job_up_front() {
     let res = s.post("/datasets/synthetic", huge).send().await.unwrap();
     let p = problem(res, 507, "insufficient_storage").await;
     assert_num_samples_refused(&p, "free");
+}
+
+/// `--dataset-memory-mib`: a job whose one sample cannot fit is refused at submission
+/// with the figure, `iq_raw` (every recording kept) sooner than features (one at a time).
+#[tokio::test]
+async fn a_sample_past_the_memory_budget_is_refused_with_the_figure() {
+    let s = TestServer::start(&["--dataset-memory-mib", "16"]).await;
+    // 1.5 s at 200 kHz: 300 000 complex samples per recording, 8 bytes each. Features
+    // hold four recordings' worth at a time (9.6 MB), iq_raw with 4 receivers seven (16.8 MB).
+    let long = |mut body: Value, ms: u64| {
+        body["config"]["signal"]["duration_ms"] = json!(ms);
+        body
+    };
+    let p = problem(
+        s.post("/datasets/synthetic", long(iq_raw(1, 1), 1500))
+            .send()
+            .await
+            .unwrap(),
+        422,
+        "dataset_sample_too_large",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/config/signal/duration_ms", "{p}");
+    let why = p["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        why.contains("up to 17 MiB") && why.contains("--dataset-memory-mib is 16"),
+        "{p}"
+    );
+    let feature = create(&s, long(small(1, 1), 1500)).await;
+    let p = problem(
+        s.post("/datasets/synthetic", long(small(1, 1), 3000))
+            .send()
+            .await
+            .unwrap(),
+        422,
+        "dataset_sample_too_large",
+    )
+    .await;
+    assert!(
+        p["errors"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 2621.440 ms"),
+        "{p}"
+    );
+    // The admitted one runs to the end within the budget.
+    wait_for(&s, feature["id"].as_str().unwrap(), &["completed"]).await;
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains(
+            "gpu_ops_dataset_submissions_refused_total{code=\"dataset_sample_too_large\"} 2"
+        ),
+        "{metrics}"
+    );
+}
+
+/// A tenant's waiting jobs and the work its queued and running jobs ask for are capped:
+/// 429 with Retry-After while others' work is pending, 422 for a job past it alone.
+#[tokio::test]
+async fn a_tenant_queue_share_and_its_pending_work_are_capped() {
+    // small(): 4 receivers × 20 000 complex samples = 80 000 per sample.
+    let s = TestServer::start(&[
+        "--max-tenant-queued-datasets",
+        "1",
+        "--max-tenant-dataset-work",
+        "200000000",
+    ])
+    .await;
+    let p = problem(
+        s.post("/datasets/synthetic", small(1, 2501))
+            .send()
+            .await
+            .unwrap(),
+        422,
+        "dataset_work_too_large",
+    )
+    .await;
+    assert_num_samples_refused(&p, "at most 2500 samples");
+    // 2000 samples (160 M) keep the worker busy while the rest is submitted.
+    let running = create(&s, small(1, 2000)).await;
+    let running = running["id"].as_str().unwrap().to_string();
+    wait_for(&s, &running, &["running"]).await;
+    let waiting = create(&s, small(2, 5)).await;
+    let res = s
+        .post("/datasets/synthetic", small(3, 5))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["retry-after"], "60");
+    problem(res, 429, "tenant_dataset_queue_full").await;
+    // Its place freed, the queue takes work up to the limit with the running job's.
+    let res = s
+        .post(
+            &format!("/datasets/{}/cancel", waiting["id"].as_str().unwrap()),
+            json!({}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    let p = problem(
+        s.post("/datasets/synthetic", small(4, 501))
+            .send()
+            .await
+            .unwrap(),
+        429,
+        "tenant_dataset_work_pending",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("160000000"), "{p}");
+    create(&s, small(4, 500)).await;
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    for code in [
+        "dataset_work_too_large",
+        "tenant_dataset_queue_full",
+        "tenant_dataset_work_pending",
+    ] {
+        assert!(
+            metrics.contains(&format!(
+                "gpu_ops_dataset_submissions_refused_total{{code=\"{code}\"}} 1"
+            )),
+            "{code}: {metrics}"
+        );
+    }
+    let res = s
+        .post(&format!("/datasets/{running}/cancel"), json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
 }
 
 #[tokio::test]

@@ -627,3 +627,107 @@ fn a_body_declared_over_the_limit_is_refused_before_it_is_sent() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(data);
 }
+
+/// An `iq_raw` job whose samples are large holds only what --dataset-memory-mib pays
+/// for: one sample here is charged 20 MB (360 000 complex samples per recording, four
+/// recordings kept, the waveform and the spectra), so a 48 MiB budget runs batches of
+/// two where the two dataset threads would otherwise take eight. Measured (debug build,
+/// 2-core machine, 2026-11-28): 44.3 MB of peak growth with the 48 MiB budget, 106.7 MB
+/// with 1024 MiB (batches of eight). Requests are answered throughout.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_iq_raw_job_stays_within_the_dataset_memory_budget() {
+    let budget_mib = 48u64;
+    let data = std::env::temp_dir().join(format!("gpu-ops-dsmem-{}", std::process::id()));
+    let (mut child, port) = spawn_server(
+        &data,
+        &[
+            "--cpu-threads",
+            "2",
+            "--dataset-memory-mib",
+            &budget_mib.to_string(),
+        ],
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let job = |seed: u64, n: u64| {
+        serde_json::json!({
+            "name": "large samples", "num_samples": n, "dataset_type": "iq_raw", "seed": seed,
+            "config": {
+                "signal": {"duration_ms": 1800},
+                "chunk_ms": 50,
+                "geometry": {"receivers_min": 4, "receivers_max": 4},
+                "quality": {"min_receivers": 1, "min_snr_db": -50, "max_gdop": 1e9}
+            }
+        })
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (growth, answered) = rt.block_on(async {
+        let client = reqwest::Client::new();
+        let run = |body: serde_json::Value| {
+            let (client, base) = (client.clone(), base.clone());
+            async move {
+                let res = client
+                    .post(format!("{base}/datasets/synthetic"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(res.status(), 202);
+                let id = res.json::<serde_json::Value>().await.unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                id
+            }
+        };
+        let status = |id: String| {
+            let (client, base) = (client.clone(), base.clone());
+            async move {
+                let v: serde_json::Value = client
+                    .get(format!("{base}/datasets/{id}"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                v["status"].as_str().unwrap().to_string()
+            }
+        };
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let resting = memory_of(child.id()).1;
+        let id = run(job(2, 8)).await;
+        let mut answered = 0;
+        loop {
+            let s = status(id.clone()).await;
+            if s == "completed" {
+                break;
+            }
+            assert!(matches!(s.as_str(), "queued" | "running"), "{s}");
+            assert!(Instant::now() < deadline, "the job never completed");
+            // A well-behaved client is served while the job runs.
+            let res = client
+                .post(format!("{base}/zk/field_add"))
+                .json(&serde_json::json!({"field": "goldilocks", "a": ["1"], "b": ["2"]}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            answered += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (memory_of(child.id()).0.saturating_sub(resting), answered)
+    });
+    child.kill().unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(data);
+    eprintln!(
+        "peak RSS growth {growth} bytes for an iq_raw job under a {budget_mib} MiB budget \
+         ({answered} requests answered meanwhile)"
+    );
+    let bound = (budget_mib + 8) << 20;
+    assert!(
+        growth <= bound,
+        "peak RSS grew {growth} bytes running the job: over the {budget_mib} MiB budget and 8 MiB"
+    );
+}
