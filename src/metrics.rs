@@ -83,7 +83,7 @@ pub const NAMES: &[(&str, &str)] = &[
     ),
     (
         "gpu_ops_http_bodies_refused_total",
-        "Request bodies refused, by reason: inflight_budget (--max-inflight-body-bytes), tenant_share (--max-tenant-inflight-body-percent), too_slow (--min-body-rate)",
+        "Request bodies refused, by reason: inflight_budget (--max-inflight-body-bytes), tenant_share (--max-tenant-inflight-body-percent), too_slow (--min-body-rate), decoded (the body's parsed values would pass --max-inflight-body-bytes)",
     ),
     (
         "gpu_ops_secagg_rounds_expired_total",

@@ -731,3 +731,79 @@ fn an_iq_raw_job_stays_within_the_dataset_memory_budget() {
         "peak RSS grew {growth} bytes running the job: over the {budget_mib} MiB budget and 8 MiB"
     );
 }
+
+/// A body's parsed values are charged against --max-inflight-body-bytes on top of the
+/// body: 120 000 one-number rows are a 480 kB body and 960 kB of values. Beside a held
+/// 1 MiB upload, the 2 MiB budget takes the body but not its values (503, counted as
+/// `decoded`); alone it takes both; under a 1 MiB budget the two never fit (413).
+#[test]
+fn a_body_is_charged_for_its_parsed_values_too() {
+    let mut body =
+        br#"{"clip_norm": 1.0, "noise_multiplier": 1.0, "per_example_gradients": ["#.to_vec();
+    for i in 0..120_000 {
+        body.extend_from_slice(if i == 0 { b"[0]" } else { b",[0]" });
+    }
+    body.extend_from_slice(b"]}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let post = |port: u16| {
+        rt.block_on(async {
+            let res = reqwest::Client::new()
+                .post(format!("http://127.0.0.1:{port}/dp/privatize"))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            (status, res.text().await.unwrap())
+        })
+    };
+    let data = std::env::temp_dir().join(format!("gpu-ops-decoded-{}", std::process::id()));
+    let max_body = (1u64 << 20).to_string();
+    let (mut child, port) = spawn_server(
+        &data,
+        &[
+            "--max-body-bytes",
+            &max_body,
+            "--max-inflight-body-bytes",
+            &(2u64 << 20).to_string(),
+        ],
+    );
+    let held = open_upload(port, None, 1 << 20);
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, text) = post(port);
+    assert_eq!(status, 503, "{text}");
+    assert!(
+        text.contains("body_budget_exhausted") && text.contains("once parsed"),
+        "{text}"
+    );
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, text) = post(port);
+    assert_eq!(status, 200, "{text}");
+    let metrics = raw_get(port, "/metrics").1;
+    assert!(
+        metrics.contains("gpu_ops_http_bodies_refused_total{reason=\"decoded\"} 1"),
+        "{metrics}"
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+    let (mut child, port) = spawn_server(
+        &data,
+        &[
+            "--max-body-bytes",
+            &max_body,
+            "--max-inflight-body-bytes",
+            &max_body,
+        ],
+    );
+    let (status, text) = post(port);
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        text.contains("payload_too_large") && text.contains("once parsed"),
+        "{text}"
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(data);
+}

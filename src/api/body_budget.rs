@@ -8,8 +8,8 @@
 //! read at all: 503 `body_budget_exhausted` with `Retry-After`. With keys, one tenant
 //! may hold at most `--max-tenant-inflight-body-percent` of the budget, so its uploads
 //! cannot refuse every other tenant's. An admitted request
-//! carries its body limits (`extract::BodyLimits`): bytes, and numbers its JSON parse
-//! may store.
+//! carries its body limits (`extract::BodyLimits`): bytes, numbers its JSON parse may
+//! store, and the charge its parsed values add (`DecodedCharge`).
 
 use super::auth::{authenticate, Tenant};
 use super::extract::{BodyLimits, BodyRate};
@@ -22,7 +22,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use prometheus::IntGauge;
 use std::sync::Arc;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Permits are KiB, so a budget of terabytes fits the semaphore's u32 requests.
 const UNIT: u64 = 1024;
@@ -71,15 +71,104 @@ impl BodyBudget {
     }
 }
 
+/// What a JSON body's parsed values are charged against the in-flight budget, on top of
+/// the body: the bytes of the numbers and field elements it stored
+/// (`numbers::with_number_cap`), taken once it is parsed and given back with the body's
+/// charge when the answer is ready. A body is charged by what it becomes: a body of
+/// one-number rows decodes to twice its size, flat numbers up to four times. The
+/// tenant's share (`--max-tenant-inflight-body-percent`) counts the body only: the
+/// largest body that share admits may decode to more than the share.
+#[derive(Clone)]
+pub struct DecodedCharge {
+    state: Arc<AppState>,
+    body_bytes: u64,
+    taken: Arc<std::sync::Mutex<Vec<OwnedSemaphorePermit>>>,
+    in_flight: Arc<InFlight>,
+}
+
+impl std::fmt::Debug for DecodedCharge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DecodedCharge")
+            .field("body_bytes", &self.body_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DecodedCharge {
+    /// Charges `decoded` bytes of parsed values: 413 when the body and its values could
+    /// never fit the budget together, 503 with Retry-After when they do not fit now.
+    pub fn take(&self, decoded: u64) -> Result<(), Problem> {
+        if decoded == 0 {
+            return Ok(());
+        }
+        let budget = &self.state.body_budget;
+        let refused = || {
+            self.state
+                .metrics
+                .http_bodies_refused
+                .with_label_values(&["decoded"])
+                .inc()
+        };
+        let total = self.body_bytes.saturating_add(decoded);
+        if total > budget.budget_bytes {
+            refused();
+            return Err(Problem::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the body's values take {decoded} bytes once parsed; with its {} bytes that is more than --max-inflight-body-bytes ({} bytes) allows one request",
+                    self.body_bytes, budget.budget_bytes
+                ),
+            ));
+        }
+        let units = u32::try_from(decoded.div_ceil(UNIT)).unwrap_or(u32::MAX);
+        let Ok(permit) = budget.permits.clone().try_acquire_many_owned(units) else {
+            refused();
+            return Err(Problem {
+                retry_after_secs: Some(1),
+                ..Problem::new(
+                    ErrorCode::BodyBudgetExhausted,
+                    format!(
+                        "the body's values take {decoded} bytes once parsed, more than is left of --max-inflight-body-bytes ({} bytes) now; retry shortly",
+                        budget.budget_bytes
+                    ),
+                )
+            });
+        };
+        self.taken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(permit);
+        self.in_flight.add(decoded);
+        Ok(())
+    }
+}
+
 /// Gives the gauge back its bytes however the request ends (a panic included).
 struct InFlight {
     gauge: IntGauge,
-    bytes: i64,
+    bytes: std::sync::atomic::AtomicI64,
+}
+
+impl InFlight {
+    fn new(gauge: IntGauge) -> Self {
+        Self {
+            gauge,
+            bytes: 0.into(),
+        }
+    }
+
+    fn add(&self, bytes: u64) {
+        let bytes = bytes as i64;
+        self.gauge.add(bytes);
+        self.bytes
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.gauge.sub(self.bytes);
+        self.gauge
+            .sub(self.bytes.load(std::sync::atomic::Ordering::Relaxed));
     }
 }
 
@@ -90,8 +179,20 @@ pub(super) async fn admit(
 ) -> Response {
     let config = &state.settings.config;
     let declared = req.body().size_hint().exact();
+    let budget = &state.body_budget;
+    let bytes = budget.charge(&req);
+    let in_flight = Arc::new(InFlight::new(
+        state.metrics.http_body_bytes_in_flight.clone(),
+    ));
+    let decoded = DecodedCharge {
+        state: state.clone(),
+        body_bytes: bytes,
+        taken: Default::default(),
+        in_flight: in_flight.clone(),
+    };
     req.extensions_mut().insert(BodyLimits {
         declared,
+        decoded: Some(decoded.clone()),
         max_bytes: config.max_body_bytes,
         max_numbers: config.max_tensor_elements.max(config.max_elements),
         min_rate: BodyRate {
@@ -105,8 +206,6 @@ pub(super) async fn admit(
                 .with_label_values(&["too_slow"]),
         ),
     });
-    let budget = &state.body_budget;
-    let bytes = budget.charge(&req);
     if bytes == 0 {
         return next.run(req).await;
     }
@@ -157,13 +256,9 @@ pub(super) async fn admit(
         }
         .into_response();
     };
-    let gauge = state.metrics.http_body_bytes_in_flight.clone();
-    gauge.add(bytes as i64);
-    let _in_flight = InFlight {
-        gauge,
-        bytes: bytes as i64,
-    };
+    in_flight.add(bytes);
     let res = next.run(req).await;
-    drop((permit, share));
+    // The values' charge with the body's: the extension's clone went with the request.
+    drop((permit, share, decoded));
     res
 }

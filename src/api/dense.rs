@@ -598,14 +598,14 @@ mod tests {
     fn nested_arrays_past_the_parse_cap_are_refused_by_their_shape() {
         use super::super::numbers::with_number_cap;
         let json = "[[1, 2, 3], [4, 5, 6]]";
-        let tensor = with_number_cap(5, || parse(json)).unwrap();
+        let tensor = with_number_cap(5, || parse(json)).0.unwrap();
         let e = tensor.decode("/a", 1..=4, 5).err().unwrap();
         assert_eq!(
             (e.code, e.errors[0].path.as_str()),
             (ErrorCode::PayloadTooLarge, "/a")
         );
         assert!(e.detail.contains("6 values"), "{}", e.detail);
-        let tensor = with_number_cap(6, || parse(json)).unwrap();
+        let tensor = with_number_cap(6, || parse(json)).0.unwrap();
         assert_eq!(tensor.decode("/a", 1..=4, 6).ok().unwrap().shape, [2, 3]);
     }
 

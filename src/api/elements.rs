@@ -306,6 +306,11 @@ impl<'de> Visitor<'de> for ElementsVisitor {
                 }
             }
         }
+        super::numbers::note_stored(match &values {
+            Integers::Narrow(v) => 8 * v.len() as u64,
+            Integers::Wide(v) => 32 * v.len() as u64,
+            Integers::Counted(_) => 0,
+        });
         Ok(Elements::Strings {
             values,
             errors,
@@ -474,7 +479,7 @@ mod tests {
     fn elements_past_the_parse_cap_are_counted_and_refused() {
         use super::super::numbers::with_number_cap;
         let text = r#"["1", "2", "18446744073709551616", "4"]"#;
-        let e = with_number_cap(2, || elements(text));
+        let e = with_number_cap(2, || elements(text)).0;
         assert!(
             matches!(
                 &e,
@@ -494,7 +499,7 @@ mod tests {
         );
         assert!(p.detail.contains("4 elements"), "{}", p.detail);
         // At the cap exactly, every value is kept.
-        let e = with_number_cap(4, || elements(text));
+        let e = with_number_cap(4, || elements(text)).0;
         let v = e
             .decode(Field::Bn254Fr, Encoding::Decimal, "/a", 4)
             .unwrap();

@@ -45,7 +45,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Ap
             .unwrap_or_default();
         let cap = limits.max_numbers;
         let bytes = read_body(req, &limits).await?;
-        if bytes.len() > INLINE_PARSE_BYTES {
+        let (parsed, stored) = if bytes.len() > INLINE_PARSE_BYTES {
             tokio::task::spawn_blocking(move || with_number_cap(cap, || parse(&bytes)))
                 .await
                 .map_err(|e| {
@@ -53,8 +53,12 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Ap
                 })?
         } else {
             with_number_cap(cap, || parse(&bytes))
+        };
+        let value = parsed?;
+        if let Some(charge) = &limits.decoded {
+            charge.take(stored)?;
         }
-        .map(ApiJson)
+        Ok(ApiJson(value))
     }
 }
 
@@ -67,6 +71,8 @@ pub struct BodyLimits {
     /// The body's declared length, read before the body timeout's wrapper (which does
     /// not pass it on) hides it.
     pub declared: Option<u64>,
+    /// Where the parsed values are charged, with the body's charge.
+    pub decoded: Option<super::body_budget::DecodedCharge>,
     pub max_bytes: usize,
     pub max_numbers: usize,
     pub min_rate: BodyRate,
@@ -96,6 +102,7 @@ impl Default for BodyLimits {
     fn default() -> Self {
         BodyLimits {
             declared: None,
+            decoded: None,
             max_bytes: 2 << 20,
             max_numbers: usize::MAX,
             min_rate: BodyRate::default(),

@@ -13,18 +13,32 @@ use std::cell::Cell;
 thread_local! {
     /// The most numbers one array of the body being parsed on this thread may store.
     static NUMBER_CAP: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// Bytes of values the body being parsed on this thread has stored so far.
+    static STORED: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Runs `parse` with `cap` as this thread's cap on numbers stored per array.
-pub fn with_number_cap<T>(cap: usize, parse: impl FnOnce() -> T) -> T {
-    struct Restore(usize);
+/// Runs `parse` with `cap` as this thread's cap on numbers stored per array; returns
+/// what it returned and the bytes of numbers and field elements it stored (what the
+/// in-flight budget charges besides the body: `body_budget::DecodedCharge`).
+pub fn with_number_cap<T>(cap: usize, parse: impl FnOnce() -> T) -> (T, u64) {
+    struct Restore(usize, u64);
     impl Drop for Restore {
         fn drop(&mut self) {
             NUMBER_CAP.with(|c| c.set(self.0));
+            STORED.with(|c| c.set(self.1));
         }
     }
-    let _restore = Restore(NUMBER_CAP.with(|c| c.replace(cap)));
-    parse()
+    let _restore = Restore(
+        NUMBER_CAP.with(|c| c.replace(cap)),
+        STORED.with(|c| c.replace(0)),
+    );
+    let value = parse();
+    (value, STORED.with(Cell::get))
+}
+
+/// Counts `bytes` of values stored by the parse running on this thread.
+pub(super) fn note_stored(bytes: u64) {
+    STORED.with(|c| c.set(c.get().saturating_add(bytes)));
 }
 
 pub(super) fn number_cap() -> usize {
@@ -76,10 +90,12 @@ impl Counted {
 
     /// Reads one JSON array of numbers into `self`; its length.
     pub fn read_array<'de, A: SeqAccess<'de>>(&mut self, mut seq: A) -> Result<usize, A::Error> {
+        let stored = self.values.len();
         let mut len = 0;
         while seq.next_element_seed(Number(self))?.is_some() {
             len += 1;
         }
+        note_stored(8 * self.values.len().saturating_sub(stored) as u64);
         Ok(len)
     }
 }
@@ -181,7 +197,7 @@ mod tests {
     }
 
     fn rows(json: &str, cap: usize) -> Rows {
-        with_number_cap(cap, || serde_json::from_str::<RowsOf>(json).unwrap().0)
+        with_number_cap(cap, || serde_json::from_str::<RowsOf>(json).unwrap().0).0
     }
 
     #[test]
@@ -213,8 +229,25 @@ mod tests {
     }
 
     #[test]
+    fn the_parse_reports_the_bytes_it_stored() {
+        let (r, stored) = with_number_cap(usize::MAX, || {
+            serde_json::from_str::<RowsOf>("[[1, 2], [3, 4]]")
+                .unwrap()
+                .0
+        });
+        assert_eq!((r.rows, stored), (2, 32));
+        // Past the cap what was stored is dropped, so nothing is charged.
+        let (_, stored) = with_number_cap(1, || {
+            serde_json::from_str::<RowsOf>("[[1, 2], [3, 4]]")
+                .unwrap()
+                .0
+        });
+        assert_eq!(stored, 0);
+    }
+
+    #[test]
     fn a_flat_array_is_counted_the_same_way() {
-        let mut c = with_number_cap(2, Counted::new);
+        let mut c = with_number_cap(2, Counted::new).0;
         let mut de = serde_json::Deserializer::from_str("[1, 2, 3]");
         struct Seq<'a>(&'a mut Counted);
         impl<'de> Visitor<'de> for Seq<'_> {

@@ -395,7 +395,7 @@ mod tests {
     use super::*;
 
     fn matrix(json: &str, cap: usize) -> Matrix {
-        with_number_cap(cap, || serde_json::from_str(json).unwrap())
+        with_number_cap(cap, || serde_json::from_str(json).unwrap()).0
     }
 
     #[test]

@@ -387,7 +387,7 @@ mod tests {
         assert_eq!((d.seed, d.counts.valid), (u64::MAX, 2));
         assert_eq!(
             store
-                .requeue_dataset("ds_old", QueueCaps::total(4))
+                .requeue_dataset("ds_old", crate::store::QueueCaps::total(4))
                 .unwrap(),
             super::super::Requeue::Queued
         );
