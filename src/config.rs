@@ -111,8 +111,9 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Request bodies the server holds at once, in bytes, summed over requests by their
     /// declared length (a body of unknown length counts as --max-body-bytes); a request
-    /// that would pass it gets 503 body_budget_exhausted with Retry-After. 0: four times
-    /// --max-body-bytes.
+    /// that would pass it gets 503 body_budget_exhausted with Retry-After. A parsed JSON
+    /// body's numbers and field elements are charged too, on top of its bytes. 0: four
+    /// times --max-body-bytes.
     #[arg(long, env = "GPU_OPS_MAX_INFLIGHT_BODY_BYTES", default_value_t = 0)]
     pub max_inflight_body_bytes: u64,
     /// Longest pause while a request body arrives, e.g. 30s; past it the upload is
