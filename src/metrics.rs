@@ -394,6 +394,16 @@ impl Metrics {
         for backend in ["cpu", "cuda"] {
             m.dataset_batches.with_label_values(&[backend]);
         }
+        // Zero from the start, so a rate over them is defined before the first refusal.
+        for code in [
+            "queue_full",
+            "tenant_dataset_queue_full",
+            "tenant_dataset_work_pending",
+            "dataset_sample_too_large",
+            "dataset_work_too_large",
+        ] {
+            m.dataset_submissions_refused.with_label_values(&[code]);
+        }
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::new(

@@ -473,7 +473,13 @@ async fn size_and_disk_limits_refuse_a_job_up_front() {
     create(&s, iq_raw(1, 15)).await;
 
     // 5 million one-second 7-receiver recordings (56 TB) fit no test machine's disk.
-    let s = TestServer::start(&["--max-dataset-bytes", "1000000000000000000"]).await;
+    let s = TestServer::start(&[
+        "--max-dataset-bytes",
+        "1000000000000000000",
+        "--max-tenant-dataset-work",
+        "10000000000000000000",
+    ])
+    .await;
     let mut huge = iq_raw(1, 5_000_000);
     huge["config"] = json!({});
     let res = s.post("/datasets/synthetic", huge).send().await.unwrap();
