@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Static checks of everything under deploy/ plus the Dockerfile and compose file, with
 # the real tools (CI installs them; see .ci/run). Exits non-zero on the first failure.
-# The end-to-end check against a running Prometheus is tests/observability.rs.
+# The end-to-end check against a running Prometheus is tests/process/observability.rs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -326,7 +326,7 @@ def dataset_request(name: str, num_samples: int, dataset_type: DatasetType,
                     duration_ms: float = 100, chunk_ms: float = 50) -> CreateDatasetRequest:
     """A dataset every sample passes (4 receivers, quality gates wide open); with 100 ms
     recordings in 50 ms chunks a couple of samples take about a second (as `small()` in
-    tests/datasets_http.rs)."""
+    tests/http/datasets.rs)."""
     return CreateDatasetRequest(
         name=name,
         num_samples=num_samples,

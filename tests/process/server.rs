@@ -1,6 +1,6 @@
 //! The real binary: start-up validation and signal handling.
 
-mod common;
+use crate::common;
 
 use common::binary::spawn_server;
 use std::process::{Command, Stdio};

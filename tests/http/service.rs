@@ -1,7 +1,7 @@
 //! Service behaviour over a real socket: system endpoints, overload, deadlines,
 //! cancellation, auth, panics, metrics, OpenAPI drift and graceful shutdown.
 
-mod common;
+use crate::common;
 
 use common::{problem, settings, TestServer};
 use serde_json::{json, Value};
@@ -477,7 +477,7 @@ async fn metric_names_are_present_after_traffic() {
         !n.starts_with("gpu_ops_gpu_")
             && *n != "gpu_ops_device_healthy"
             && *n != "gpu_ops_fallbacks_total"
-            // A device's self-test and shadow checks make these (tests/device_faults.rs).
+            // A device's self-test and shadow checks make these (tests/device/device_faults.rs).
             && *n != "gpu_ops_kernel_verified"
             && *n != "gpu_ops_shadow_checks_total"
             // Batches run by default only while a GPU is in service.

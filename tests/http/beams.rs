@@ -4,7 +4,7 @@
 //! with the channels endpoint, noise reproducible by its seed, and each refusal with its
 //! code and path.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::{problem, TestServer};

@@ -1,7 +1,7 @@
 //! BFV ciphertext aggregation over HTTP: keys and decryption in dealer mode only, sums
 //! (plain and weighted) that decrypt to the slot sums mod t, and each refusal.
 
-mod common;
+use crate::common;
 
 use common::{problem, TestServer};
 use serde_json::{json, Value};

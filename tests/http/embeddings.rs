@@ -1,7 +1,7 @@
 //! `POST /embeddings/sinusoidal` over HTTP: the table and lookups, both layouts, packed
 //! half precision, and each refusal with its code and path.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::{problem, TestServer};

@@ -4,7 +4,7 @@
 //! device or repeated failures retire the device, a re-probe brings it back), and device
 //! work nobody waits for any more dropped before it starts.
 
-mod common;
+use crate::common;
 
 use common::{problem, TestServer};
 use gpu_ops::backend::emulated::Fault;

@@ -2,7 +2,7 @@
 //! in each output form, delete; tables kept across a restart; tenants apart; quota,
 //! server cap and each refusal with its code and path.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use clap::Parser;

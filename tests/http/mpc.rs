@@ -3,7 +3,7 @@
 //! Feldman commitments that accept true shares and refuse changed ones, and each
 //! refusal with its code and the path of the bad field.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::{problem, TestServer};

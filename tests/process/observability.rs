@@ -4,7 +4,7 @@
 //! hosts without a GPU). Needs `prometheus` on PATH or PROMETHEUS_BIN; skips without it
 //! unless REQUIRE_PROMETHEUS=1 (CI), which makes its absence a failure.
 
-mod common;
+use crate::common;
 
 use common::TestServer;
 use serde_json::{json, Value};

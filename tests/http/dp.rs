@@ -1,7 +1,7 @@
 //! `/dp/*` over a real socket: accountant answers, privatization, mechanisms, budgets,
 //! tenants, concurrency, and every kind of bad input.
 
-mod common;
+use crate::common;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;

@@ -3,7 +3,7 @@
 //! as on a GPU) and must give the CPU's answers: integers and seeded DP noise bit for bit,
 //! RF features within their stated tolerances. Dataset jobs take the device too.
 
-mod common;
+use crate::common;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;

@@ -2,7 +2,7 @@
 //! (tests/common/s3.rs, `--artifact-store`), the catalog and queue in a real PostgreSQL
 //! (tests/common/pg.rs). A replica dies mid-job and another finishes it, to the byte.
 
-mod common;
+use crate::common;
 
 use common::binary::Replica;
 use common::{pg, s3};

@@ -2,7 +2,7 @@
 //! privacy budgets charged through real server processes at once, one of them killed
 //! mid-charge; and the dataset queue's claims, leases and fencing on both engines.
 
-mod common;
+use crate::common;
 
 use common::binary::Replica;
 use common::pg;

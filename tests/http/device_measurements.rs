@@ -3,7 +3,7 @@
 //! the request limits, and each refusal with its path. `GET /device/bandwidth`: every
 //! copy measured, cached until a refresh (at most one per 5 s).
 
-mod common;
+use crate::common;
 
 use common::{problem, TestServer};
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! multiplication per term, no Pippenger), in every encoding, with the hard cases in the
 //! input, and each kind of bad input with its problem code and path.
 
-mod common;
+use crate::common;
 
 use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
 use ark_ec::{AffineRepr, CurveGroup};

@@ -4,7 +4,7 @@
 //! masked upload, a server that holds fewer than t shares and cannot unmask, and each
 //! refusal with its code and the path of the bad field.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::{problem, TestServer};

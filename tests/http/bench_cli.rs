@@ -2,7 +2,7 @@
 //! headers and GFLOP/s in the report; the binary's JSON; a refused body fails the bench
 //! before any load.
 
-mod common;
+use crate::common;
 
 use common::TestServer;
 use gpu_ops::bench::{bodies, run, Length, Plan};

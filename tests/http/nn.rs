@@ -3,7 +3,7 @@
 //! path. `POST /nn/conv2d`: a convolution worked by hand in both layouts, groups, bias
 //! and ReLU, packed inputs, and each refusal.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::{problem, TestServer};

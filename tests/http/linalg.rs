@@ -1,7 +1,7 @@
 //! `POST /linalg/matmul` over HTTP: nested and packed operands, batches and broadcasts,
 //! half precisions, and each refusal with its code and path.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::{problem, TestServer};

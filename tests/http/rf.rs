@@ -1,7 +1,7 @@
 //! `POST /rf/features` over HTTP: a tone in noise and pure noise read as they should, and
 //! each kind of bad input gets its problem code and path.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::{problem, TestServer};

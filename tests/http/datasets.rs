@@ -5,7 +5,7 @@
 //! datasets that belong to their tenant; resume from a checkpoint, refused across
 //! generator versions; the memory budget and each tenant's share of the queue.
 
-mod common;
+use crate::common;
 
 use clap::Parser;
 use common::{problem, small_dataset as small, temp_data_dir, TestServer};

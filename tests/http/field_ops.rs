@@ -1,7 +1,7 @@
 //! The field vector ops over HTTP: results against an independent big-integer oracle,
 //! in every encoding, and each kind of bad input with its problem code.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use common::{problem, TestServer};
