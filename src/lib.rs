@@ -8,6 +8,8 @@ pub mod bench;
 pub mod check;
 pub mod config;
 pub mod datasets;
+#[cfg(test)]
+mod layering;
 pub mod metrics;
 pub mod new_key;
 pub mod ops;

@@ -1,388 +1,153 @@
-//! Every metric the service exports, in one place. Names carry the `gpu_ops_` prefix
-//! and base units (seconds, bytes, ratios 0–1). One registry per app instance, so
-//! tests can run several servers in one process.
+//! Every metric the service exports, in one place: each declared once, one line of
+//! name, help and labels (`metrics!` below makes the field, registers it and lists it in
+//! `NAMES`). Names carry the `gpu_ops_` prefix and base units (seconds, bytes, ratios
+//! 0–1). One registry per app instance, so tests can run several servers in one process.
 
 use prometheus::{
     exponential_buckets, Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-pub struct Metrics {
-    registry: Registry,
-    pub http_requests: IntCounterVec,
-    pub http_duration: HistogramVec,
-    pub queue_depth: IntGauge,
-    pub queue_capacity: IntGauge,
-    pub jobs_running: IntGauge,
-    pub cpu_inline_jobs: IntCounterVec,
-    pub http_body_bytes_in_flight: IntGauge,
-    pub connections_open: IntGauge,
-    pub connections_refused: IntCounterVec,
-    pub tenant_requests_refused: IntCounterVec,
-    pub http_bodies_refused: IntCounterVec,
-    pub secagg_rounds_expired: IntCounter,
-    pub job_queue_wait: HistogramVec,
-    pub job_compute: HistogramVec,
-    pub jobs: IntCounterVec,
-    pub fallbacks: IntCounterVec,
-    pub elements: IntCounterVec,
-    pub bytes: IntCounterVec,
-    pub device_healthy: IntGaugeVec,
-    pub kernel_verified: IntGaugeVec,
-    pub shadow_checks: IntCounterVec,
-    pub gpu_utilization: GaugeVec,
-    pub gpu_memory_used: GaugeVec,
-    pub gpu_memory_total: GaugeVec,
-    pub gpu_temperature: GaugeVec,
-    pub gpu_power: GaugeVec,
-    pub gpu_sm_clock: GaugeVec,
-    pub dp_budget_charges: IntCounterVec,
-    pub dp_noise_values: IntCounterVec,
-    pub shamir_share_checks: IntCounterVec,
-    pub secagg_rounds: IntCounterVec,
-    pub secagg_submissions: IntCounterVec,
-    pub he_ciphertexts: IntCounterVec,
-    pub batch_size: HistogramVec,
-    pub dataset_samples: IntCounterVec,
-    pub dataset_jobs: IntCounterVec,
-    pub dataset_batches: IntCounterVec,
-    pub dataset_submissions_refused: IntCounterVec,
+/// Declares the metrics: `field: Type = ("name", "help", [labels], buckets?);` each,
+/// then after `@also` the names another collector exports (for `NAMES`).
+macro_rules! metrics {
+    (
+        $( $field:ident : $ty:ident = ($name:literal, $help:literal, [$($label:literal),*] $(, $buckets:expr)?); )*
+        @also $( ($xname:literal, $xhelp:literal) ),* $(,)?
+    ) => {
+        pub struct Metrics {
+            registry: Registry,
+            $( pub $field: $ty, )*
+        }
+
+        /// (name, help) of every metric, for the README and the test that checks them.
+        pub const NAMES: &[(&str, &str)] = &[ $( ($name, $help), )* $( ($xname, $xhelp), )* ];
+
+        impl Metrics {
+            /// Every declared metric, registered in `registry`.
+            fn declared(registry: Registry) -> Self {
+                let r = &registry;
+                Self {
+                    $( $field: reg(r, <$ty as Declare>::declare(
+                        $name, $help, &[$($label),*], None $(.or(Some($buckets)))?,
+                    )), )*
+                    registry,
+                }
+            }
+        }
+    };
 }
 
-/// (name, help) of every metric, for the README and the test that checks them.
-pub const NAMES: &[(&str, &str)] = &[
-    (
-        "gpu_ops_http_requests_total",
-        "HTTP requests by route, method and status",
-    ),
-    (
-        "gpu_ops_http_request_duration_seconds",
-        "HTTP request latency by route",
-    ),
-    ("gpu_ops_queue_depth", "Jobs waiting in the queue"),
-    (
-        "gpu_ops_queue_capacity",
-        "Queue capacity (--queue-capacity)",
-    ),
-    ("gpu_ops_jobs_running", "Jobs executing now"),
-    (
-        "gpu_ops_http_body_bytes_in_flight",
-        "Request body bytes admitted and not yet answered, against --max-inflight-body-bytes",
-    ),
-    (
-        "gpu_ops_connections_open",
-        "TCP connections open now, against --max-connections",
-    ),
-    (
-        "gpu_ops_connections_refused_total",
-        "Connections closed unserved, by reason: max_connections (accepted past --max-connections)",
-    ),
-    (
-        "gpu_ops_tenant_requests_refused_total",
-        "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)",
-    ),
-    (
-        "gpu_ops_http_bodies_refused_total",
-        "Request bodies refused, by reason: inflight_budget (--max-inflight-body-bytes), tenant_share (--max-tenant-inflight-body-percent), too_slow (--min-body-rate), decoded (the body's parsed values would pass --max-inflight-body-bytes)",
-    ),
-    (
-        "gpu_ops_secagg_rounds_expired_total",
-        "Secure-aggregation rounds deleted, with all they stored, after --secagg-round-ttl without a change",
-    ),
-    (
-        "gpu_ops_cpu_inline_jobs_total",
-        "CPU jobs small enough to run on the queue's worker task rather than the compute threads, by op",
-    ),
-    (
-        "gpu_ops_job_queue_wait_seconds",
-        "Time a job waited in the queue, by op and backend",
-    ),
-    (
-        "gpu_ops_job_compute_seconds",
-        "Time a job computed, by op and backend",
-    ),
-    ("gpu_ops_jobs_total", "Jobs by op, backend and outcome"),
-    (
-        "gpu_ops_fallbacks_total",
-        "Jobs rerun on the CPU after a device failure, by op and reason",
-    ),
-    (
-        "gpu_ops_processed_elements_total",
-        "Input elements processed, by op and backend",
-    ),
-    (
-        "gpu_ops_processed_bytes_total",
-        "Input bytes processed, by op and backend",
-    ),
-    ("gpu_ops_build_info", "Always 1; labels carry the version"),
-    (
-        "gpu_ops_batch_size",
-        "Requests coalesced into one job by dynamic batching, by op",
-    ),
-    (
-        "gpu_ops_dp_budget_charges_total",
-        "Privacy-budget charges by outcome: charged, exhausted (refused with 409), refunded",
-    ),
-    (
-        "gpu_ops_dp_noise_values_total",
-        "Values released with privacy noise, by mechanism",
-    ),
-    (
-        "gpu_ops_shamir_share_checks_total",
-        "Shares checked, by check (verify: against Feldman commitments; combine: beyond the threshold) and result",
-    ),
-    (
-        "gpu_ops_secagg_rounds_total",
-        "Secure-aggregation rounds, by event: created, finished (the sum was unmasked) or failed",
-    ),
-    (
-        "gpu_ops_secagg_submissions_total",
-        "Secure-aggregation submissions accepted from clients, by stage",
-    ),
-    (
-        "gpu_ops_he_ciphertexts_aggregated_total",
-        "BFV ciphertexts summed by /he/aggregate, by parameter set",
-    ),
-    (
-        "gpu_ops_dataset_samples_total",
-        "Synthetic dataset samples evaluated, by outcome: accepted or the rejection reason",
-    ),
-    (
-        "gpu_ops_dataset_jobs_total",
-        "Synthetic dataset jobs ended, by final status",
-    ),
-    (
-        "gpu_ops_dataset_batches_total",
-        "Synthetic dataset batches evaluated, by the backend that wrote and reduced the recordings",
-    ),
-    (
-        "gpu_ops_dataset_submissions_refused_total",
-        "Dataset jobs refused at submission or resume, by the problem's code (queue_full, tenant_dataset_queue_full, tenant_dataset_work_pending, dataset_sample_too_large, dataset_work_too_large, dataset_too_large, dataset_quota_exceeded, insufficient_storage, …)",
-    ),
-    (
-        "gpu_ops_device_healthy",
-        "1 while a GPU is in service, 0 after it was taken out",
-    ),
-    (
-        "gpu_ops_kernel_verified",
-        "1 while an op passes its self-test and shadow checks on a device, 0 while it is quarantined there",
-    ),
-    (
-        "gpu_ops_shadow_checks_total",
-        "Device jobs recomputed on the CPU and compared, by op and outcome (agree, mismatch)",
-    ),
-    (
-        "gpu_ops_gpu_utilization_ratio",
-        "GPU busy fraction over NVML's sample period (0-1)",
-    ),
-    ("gpu_ops_gpu_memory_used_bytes", "GPU memory in use"),
-    ("gpu_ops_gpu_memory_total_bytes", "GPU memory installed"),
-    ("gpu_ops_gpu_temperature_celsius", "GPU temperature"),
-    ("gpu_ops_gpu_power_watts", "GPU power draw"),
-    ("gpu_ops_gpu_sm_clock_hertz", "GPU SM clock"),
+metrics! {
+    http_requests: IntCounterVec = ("gpu_ops_http_requests_total", "HTTP requests by route, method and status", ["route", "method", "status"]);
+    http_duration: HistogramVec = ("gpu_ops_http_request_duration_seconds", "HTTP request latency by route", ["route"], latency_buckets());
+    queue_depth: IntGauge = ("gpu_ops_queue_depth", "Jobs waiting in the queue", []);
+    queue_capacity: IntGauge = ("gpu_ops_queue_capacity", "Queue capacity (--queue-capacity)", []);
+    jobs_running: IntGauge = ("gpu_ops_jobs_running", "Jobs executing now", []);
+    http_body_bytes_in_flight: IntGauge = ("gpu_ops_http_body_bytes_in_flight", "Request body bytes admitted and not yet answered, against --max-inflight-body-bytes", []);
+    connections_open: IntGauge = ("gpu_ops_connections_open", "TCP connections open now, against --max-connections", []);
+    connections_refused: IntCounterVec = ("gpu_ops_connections_refused_total", "Connections closed unserved, by reason: max_connections (accepted past --max-connections)", ["reason"]);
+    tenant_requests_refused: IntCounterVec = ("gpu_ops_tenant_requests_refused_total", "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)", ["tenant", "reason"]);
+    http_bodies_refused: IntCounterVec = ("gpu_ops_http_bodies_refused_total", "Request bodies refused, by reason: inflight_budget (--max-inflight-body-bytes), tenant_share (--max-tenant-inflight-body-percent), too_slow (--min-body-rate), decoded (the body's parsed values would pass --max-inflight-body-bytes)", ["reason"]);
+    secagg_rounds_expired: IntCounter = ("gpu_ops_secagg_rounds_expired_total", "Secure-aggregation rounds deleted, with all they stored, after --secagg-round-ttl without a change", []);
+    cpu_inline_jobs: IntCounterVec = ("gpu_ops_cpu_inline_jobs_total", "CPU jobs small enough to run on the queue's worker task rather than the compute threads, by op", ["op"]);
+    job_queue_wait: HistogramVec = ("gpu_ops_job_queue_wait_seconds", "Time a job waited in the queue, by op and backend", ["op", "backend"], latency_buckets());
+    job_compute: HistogramVec = ("gpu_ops_job_compute_seconds", "Time a job computed, by op and backend", ["op", "backend"], latency_buckets());
+    jobs: IntCounterVec = ("gpu_ops_jobs_total", "Jobs by op, backend and outcome", ["op", "backend", "outcome"]);
+    fallbacks: IntCounterVec = ("gpu_ops_fallbacks_total", "Jobs rerun on the CPU after a device failure, by op and reason", ["op", "reason"]);
+    elements: IntCounterVec = ("gpu_ops_processed_elements_total", "Input elements processed, by op and backend", ["op", "backend"]);
+    bytes: IntCounterVec = ("gpu_ops_processed_bytes_total", "Input bytes processed, by op and backend", ["op", "backend"]);
+    device_healthy: IntGaugeVec = ("gpu_ops_device_healthy", "1 while a GPU is in service, 0 after it was taken out", ["gpu", "uuid"]);
+    kernel_verified: IntGaugeVec = ("gpu_ops_kernel_verified", "1 while an op passes its self-test and shadow checks on a device, 0 while it is quarantined there", ["gpu", "op"]);
+    shadow_checks: IntCounterVec = ("gpu_ops_shadow_checks_total", "Device jobs recomputed on the CPU and compared, by op and outcome (agree, mismatch)", ["op", "outcome"]);
+    gpu_utilization: GaugeVec = ("gpu_ops_gpu_utilization_ratio", "GPU busy fraction over NVML's sample period (0-1)", ["gpu", "uuid"]);
+    gpu_memory_used: GaugeVec = ("gpu_ops_gpu_memory_used_bytes", "GPU memory in use", ["gpu", "uuid"]);
+    gpu_memory_total: GaugeVec = ("gpu_ops_gpu_memory_total_bytes", "GPU memory installed", ["gpu", "uuid"]);
+    gpu_temperature: GaugeVec = ("gpu_ops_gpu_temperature_celsius", "GPU temperature", ["gpu", "uuid"]);
+    gpu_power: GaugeVec = ("gpu_ops_gpu_power_watts", "GPU power draw", ["gpu", "uuid"]);
+    gpu_sm_clock: GaugeVec = ("gpu_ops_gpu_sm_clock_hertz", "GPU SM clock", ["gpu", "uuid"]);
+    dp_budget_charges: IntCounterVec = ("gpu_ops_dp_budget_charges_total", "Privacy-budget charges by outcome: charged, exhausted (refused with 409), refunded", ["outcome"]);
+    dp_noise_values: IntCounterVec = ("gpu_ops_dp_noise_values_total", "Values released with privacy noise, by mechanism", ["mechanism"]);
+    shamir_share_checks: IntCounterVec = ("gpu_ops_shamir_share_checks_total", "Shares checked, by check (verify: against Feldman commitments; combine: beyond the threshold) and result", ["check", "result"]);
+    secagg_rounds: IntCounterVec = ("gpu_ops_secagg_rounds_total", "Secure-aggregation rounds, by event: created, finished (the sum was unmasked) or failed", ["event"]);
+    secagg_submissions: IntCounterVec = ("gpu_ops_secagg_submissions_total", "Secure-aggregation submissions accepted from clients, by stage", ["stage"]);
+    he_ciphertexts: IntCounterVec = ("gpu_ops_he_ciphertexts_aggregated_total", "BFV ciphertexts summed by /he/aggregate, by parameter set", ["parameters"]);
+    dataset_samples: IntCounterVec = ("gpu_ops_dataset_samples_total", "Synthetic dataset samples evaluated, by outcome: accepted or the rejection reason", ["outcome"]);
+    dataset_jobs: IntCounterVec = ("gpu_ops_dataset_jobs_total", "Synthetic dataset jobs ended, by final status", ["status"]);
+    dataset_batches: IntCounterVec = ("gpu_ops_dataset_batches_total", "Synthetic dataset batches evaluated, by the backend that wrote and reduced the recordings", ["backend"]);
+    dataset_submissions_refused: IntCounterVec = ("gpu_ops_dataset_submissions_refused_total", "Dataset jobs refused at submission or resume, by the problem's code (queue_full, tenant_dataset_queue_full, tenant_dataset_work_pending, dataset_sample_too_large, dataset_work_too_large, dataset_too_large, dataset_quota_exceeded, insufficient_storage, …)", ["code"]);
+    batch_size: HistogramVec = ("gpu_ops_batch_size", "Requests coalesced into one job by dynamic batching, by op", ["op"], size_buckets());
+    build_info: IntGaugeVec = ("gpu_ops_build_info", "Always 1; labels carry the version", ["version"]);
+    @also
     ("gpu_ops_process_cpu_seconds_total", "Process CPU time"),
-    (
-        "gpu_ops_process_resident_memory_bytes",
-        "Process resident memory",
-    ),
-];
-
-fn name(n: &str) -> &'static str {
-    NAMES
-        .iter()
-        .find(|(k, _)| *k == n)
-        .map(|(k, _)| *k)
-        .expect("metric listed in NAMES")
+    ("gpu_ops_process_resident_memory_bytes", "Process resident memory"),
 }
 
-fn help(n: &str) -> &'static str {
-    NAMES
-        .iter()
-        .find(|(k, _)| *k == n)
-        .map(|(_, h)| *h)
-        .expect("metric listed in NAMES")
+/// Request and job latencies: 100 µs to about 15 minutes.
+fn latency_buckets() -> Vec<f64> {
+    exponential_buckets(0.0001, 2.5, 14).expect("valid buckets")
+}
+
+/// Batch sizes: 1 to 1024.
+fn size_buckets() -> Vec<f64> {
+    exponential_buckets(1.0, 2.0, 11).expect("valid buckets")
+}
+
+/// How a metric of each type is made from its name, help, labels and buckets.
+trait Declare: Sized {
+    fn declare(
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: Option<Vec<f64>>,
+    ) -> prometheus::Result<Self>;
+}
+
+macro_rules! declare_labelled {
+    ($($ty:ident),*) => {$(
+        impl Declare for $ty {
+            fn declare(name: &str, help: &str, labels: &[&str], _: Option<Vec<f64>>) -> prometheus::Result<Self> {
+                $ty::new(Opts::new(name, help), labels)
+            }
+        }
+    )*};
+}
+declare_labelled!(IntCounterVec, IntGaugeVec, GaugeVec);
+
+macro_rules! declare_plain {
+    ($($ty:ident),*) => {$(
+        impl Declare for $ty {
+            fn declare(name: &str, help: &str, labels: &[&str], _: Option<Vec<f64>>) -> prometheus::Result<Self> {
+                debug_assert!(labels.is_empty(), "{name}: a plain metric has no labels");
+                $ty::with_opts(Opts::new(name, help))
+            }
+        }
+    )*};
+}
+declare_plain!(IntCounter, IntGauge);
+
+impl Declare for HistogramVec {
+    fn declare(
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: Option<Vec<f64>>,
+    ) -> prometheus::Result<Self> {
+        let opts = HistogramOpts::new(name, help);
+        let opts = match buckets {
+            Some(b) => opts.buckets(b),
+            None => opts,
+        };
+        HistogramVec::new(opts, labels)
+    }
 }
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let r = &registry;
-        let latency = exponential_buckets(0.0001, 2.5, 14).expect("valid buckets");
-        let m = Metrics {
-            http_requests: reg(
-                r,
-                IntCounterVec::new(
-                    opts("gpu_ops_http_requests_total"),
-                    &["route", "method", "status"],
-                ),
-            ),
-            http_duration: reg(
-                r,
-                HistogramVec::new(
-                    hopts("gpu_ops_http_request_duration_seconds", &latency),
-                    &["route"],
-                ),
-            ),
-            queue_depth: reg(r, IntGauge::with_opts(opts("gpu_ops_queue_depth"))),
-            queue_capacity: reg(r, IntGauge::with_opts(opts("gpu_ops_queue_capacity"))),
-            jobs_running: reg(r, IntGauge::with_opts(opts("gpu_ops_jobs_running"))),
-            http_body_bytes_in_flight: reg(
-                r,
-                IntGauge::with_opts(opts("gpu_ops_http_body_bytes_in_flight")),
-            ),
-            connections_open: reg(r, IntGauge::with_opts(opts("gpu_ops_connections_open"))),
-            connections_refused: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_connections_refused_total"), &["reason"]),
-            ),
-            tenant_requests_refused: reg(
-                r,
-                IntCounterVec::new(
-                    opts("gpu_ops_tenant_requests_refused_total"),
-                    &["tenant", "reason"],
-                ),
-            ),
-            http_bodies_refused: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_http_bodies_refused_total"), &["reason"]),
-            ),
-            secagg_rounds_expired: reg(
-                r,
-                IntCounter::with_opts(opts("gpu_ops_secagg_rounds_expired_total")),
-            ),
-            cpu_inline_jobs: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_cpu_inline_jobs_total"), &["op"]),
-            ),
-            job_queue_wait: reg(
-                r,
-                HistogramVec::new(
-                    hopts("gpu_ops_job_queue_wait_seconds", &latency),
-                    &["op", "backend"],
-                ),
-            ),
-            job_compute: reg(
-                r,
-                HistogramVec::new(
-                    hopts("gpu_ops_job_compute_seconds", &latency),
-                    &["op", "backend"],
-                ),
-            ),
-            jobs: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_jobs_total"), &["op", "backend", "outcome"]),
-            ),
-            fallbacks: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_fallbacks_total"), &["op", "reason"]),
-            ),
-            elements: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_processed_elements_total"), &["op", "backend"]),
-            ),
-            bytes: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_processed_bytes_total"), &["op", "backend"]),
-            ),
-            device_healthy: reg(
-                r,
-                IntGaugeVec::new(opts("gpu_ops_device_healthy"), &["gpu", "uuid"]),
-            ),
-            kernel_verified: reg(
-                r,
-                IntGaugeVec::new(opts("gpu_ops_kernel_verified"), &["gpu", "op"]),
-            ),
-            shadow_checks: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_shadow_checks_total"), &["op", "outcome"]),
-            ),
-            gpu_utilization: reg(
-                r,
-                GaugeVec::new(opts("gpu_ops_gpu_utilization_ratio"), &["gpu", "uuid"]),
-            ),
-            gpu_memory_used: reg(
-                r,
-                GaugeVec::new(opts("gpu_ops_gpu_memory_used_bytes"), &["gpu", "uuid"]),
-            ),
-            gpu_memory_total: reg(
-                r,
-                GaugeVec::new(opts("gpu_ops_gpu_memory_total_bytes"), &["gpu", "uuid"]),
-            ),
-            gpu_temperature: reg(
-                r,
-                GaugeVec::new(opts("gpu_ops_gpu_temperature_celsius"), &["gpu", "uuid"]),
-            ),
-            gpu_power: reg(
-                r,
-                GaugeVec::new(opts("gpu_ops_gpu_power_watts"), &["gpu", "uuid"]),
-            ),
-            gpu_sm_clock: reg(
-                r,
-                GaugeVec::new(opts("gpu_ops_gpu_sm_clock_hertz"), &["gpu", "uuid"]),
-            ),
-            dp_budget_charges: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_dp_budget_charges_total"), &["outcome"]),
-            ),
-            dp_noise_values: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_dp_noise_values_total"), &["mechanism"]),
-            ),
-            shamir_share_checks: reg(
-                r,
-                IntCounterVec::new(
-                    opts("gpu_ops_shamir_share_checks_total"),
-                    &["check", "result"],
-                ),
-            ),
-            secagg_rounds: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_secagg_rounds_total"), &["event"]),
-            ),
-            secagg_submissions: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_secagg_submissions_total"), &["stage"]),
-            ),
-            he_ciphertexts: reg(
-                r,
-                IntCounterVec::new(
-                    opts("gpu_ops_he_ciphertexts_aggregated_total"),
-                    &["parameters"],
-                ),
-            ),
-            dataset_samples: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_dataset_samples_total"), &["outcome"]),
-            ),
-            dataset_jobs: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_dataset_jobs_total"), &["status"]),
-            ),
-            dataset_batches: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_dataset_batches_total"), &["backend"]),
-            ),
-            dataset_submissions_refused: reg(
-                r,
-                IntCounterVec::new(opts("gpu_ops_dataset_submissions_refused_total"), &["code"]),
-            ),
-            batch_size: reg(
-                r,
-                HistogramVec::new(
-                    hopts(
-                        "gpu_ops_batch_size",
-                        &exponential_buckets(1.0, 2.0, 11).expect("valid buckets"),
-                    ),
-                    &["op"],
-                ),
-            ),
-            registry,
-        };
-        let build = reg(
-            &m.registry,
-            IntGaugeVec::new(opts("gpu_ops_build_info"), &["version"]),
-        );
-        build.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let m = Self::declared(Registry::new());
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
         // Every outcome exported from the start at 0, so rate() and dashboards see the
         // series before the first dataset job.
         for outcome in ["accepted", "too_few_receivers", "low_snr", "high_gdop"] {
@@ -430,14 +195,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
-}
-
-fn opts(n: &str) -> Opts {
-    Opts::new(name(n), help(n))
-}
-
-fn hopts(n: &str, buckets: &[f64]) -> HistogramOpts {
-    HistogramOpts::new(name(n), help(n)).buckets(buckets.to_vec())
 }
 
 fn reg<C: prometheus::core::Collector + Clone + 'static>(

@@ -20,6 +20,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 /// Antennas half a wavelength apart on a grid; one row is a uniform linear array.
 /// Element e = row·columns + column.
@@ -594,4 +595,18 @@ fn sweep_job(
         output,
     )?;
     Ok((job, seed, noise_seed))
+}
+
+/// The beams domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "beams",
+    description: "Beam alignment: geometric multipath channels between antenna arrays, and sweeps of beam codebooks over them",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(beam_channels))
+        .routes(routes!(beam_sweep))
 }

@@ -12,6 +12,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 /// Where a pair's sine and cosine go.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
@@ -278,4 +279,26 @@ pub async fn embeddings_sinusoidal(
     };
     let bytes = json_body(&body, body.result.json_bytes_hint())?;
     Ok(job_response(bytes, &done.run))
+}
+
+/// The embeddings domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "embeddings",
+    description: "Sinusoidal position embeddings",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(embeddings_sinusoidal))
+        .routes(routes!(
+            super::embedding_tables::embedding_table_create,
+            super::embedding_tables::embedding_table_list
+        ))
+        .routes(routes!(
+            super::embedding_tables::embedding_table_get,
+            super::embedding_tables::embedding_table_delete
+        ))
+        .routes(routes!(super::embedding_tables::embedding_table_lookup))
 }

@@ -19,6 +19,7 @@ use fhe_traits::{
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 /// Most ciphertexts one aggregate takes.
@@ -335,4 +336,21 @@ pub async fn he_decrypt(
         }))
     })
     .await
+}
+
+/// The he domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "he",
+    description:
+        "Homomorphic encryption: sums of BFV ciphertexts (fhe.rs) that the server cannot read",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(he_keys))
+        .routes(routes!(he_encrypt))
+        .routes(routes!(he_aggregate))
+        .routes(routes!(he_decrypt))
 }

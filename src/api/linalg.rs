@@ -10,6 +10,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 /// The most work one request may ask for: 2^40 flops (2·B·M·N·K), about 10 s on two
 /// CPU cores.
@@ -354,4 +355,16 @@ fn compute_type(c: Compute) -> ComputeType {
         Compute::Bf16 => ComputeType::Bf16,
         Compute::F64 => ComputeType::F64,
     }
+}
+
+/// The linalg domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "linalg",
+    description: "Dense linear algebra: batched matrix multiply in f16, bf16, f32 and f64",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default().routes(routes!(matmul))
 }

@@ -58,7 +58,6 @@ use tower_http::request_id::{
 use tower_http::timeout::RequestBodyTimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
-use utoipa_axum::routes;
 use utoipa_swagger_ui::SwaggerUi;
 
 pub struct AppState {
@@ -173,79 +172,51 @@ pub fn routes(state: Arc<AppState>) -> Router {
 
 type Operations = OpenApiRouter<Arc<AppState>>;
 
-/// Health, devices and metrics: open to all. Each operation is registered once, with its
-/// documentation: the router and the OpenAPI paths both come from these two lists.
-fn system_operations() -> Operations {
-    OpenApiRouter::default()
-        .routes(routes!(system::live))
-        .routes(routes!(system::ready))
-        .routes(routes!(system::device))
-        .routes(routes!(bandwidth::bandwidth))
-        .routes(routes!(batch_hint::batch_hint))
-        .routes(routes!(system::metrics))
+/// What an API domain registers: the OpenAPI tag its operations carry, and the
+/// operations (each route registered once, with its documentation). The router, the
+/// OpenAPI document's paths and its list of tags all come from `API_DOMAINS`.
+pub(crate) struct ApiDomain {
+    pub tag: &'static str,
+    pub description: &'static str,
+    /// Behind `--api-keys-file` and the tenant's limits: every domain but `system`.
+    pub keyed: bool,
+    pub operations: fn() -> Operations,
 }
 
-/// Everything behind `--api-keys-file`.
+/// Every API domain, in the order of the document's tags: a new domain is one line here
+/// (and its `mod`).
+pub(crate) const API_DOMAINS: &[ApiDomain] = &[
+    system::API,
+    zk::API,
+    mpc::API,
+    he::API,
+    secagg::API,
+    dp::API,
+    rf::API,
+    linalg::API,
+    embeddings::API,
+    nn::API,
+    beams::API,
+    datasets::API,
+];
+
+/// The operations of the domains open to all (`keyed` false: health, devices, metrics)
+/// or of those behind the keys.
+fn operations_where(keyed: bool) -> Operations {
+    API_DOMAINS
+        .iter()
+        .filter(|d| d.keyed == keyed)
+        .fold(OpenApiRouter::default(), |all, d| {
+            all.merge((d.operations)())
+        })
+}
+
+fn system_operations() -> Operations {
+    operations_where(false)
+}
+
 fn keyed_operations() -> Operations {
-    OpenApiRouter::default()
-        .routes(routes!(zk::field_add))
-        .routes(routes!(zk::field_sub))
-        .routes(routes!(zk::field_mul))
-        .routes(routes!(zk::field_pow))
-        .routes(routes!(zk::field_inv))
-        .routes(routes!(zk::ntt))
-        .routes(routes!(zk::intt))
-        .routes(routes!(msm::msm))
-        .routes(routes!(mpc::shamir_split))
-        .routes(routes!(mpc::shamir_combine))
-        .routes(routes!(mpc::shamir_verify))
-        .routes(routes!(he::he_keys))
-        .routes(routes!(he::he_encrypt))
-        .routes(routes!(he::he_aggregate))
-        .routes(routes!(he::he_decrypt))
-        .routes(routes!(secagg::rounds::secagg_round_create))
-        .routes(routes!(secagg::rounds::secagg_round_get))
-        .routes(routes!(secagg::rounds::secagg_round_advance))
-        .routes(routes!(secagg::rounds::secagg_round_result))
-        .routes(routes!(secagg::clients::secagg_register))
-        .routes(routes!(secagg::clients::secagg_shares))
-        .routes(routes!(secagg::clients::secagg_inbox))
-        .routes(routes!(secagg::clients::secagg_input))
-        .routes(routes!(secagg::clients::secagg_unmask))
-        .routes(routes!(rf::rf_features))
-        .routes(routes!(linalg::matmul))
-        .routes(routes!(embeddings::embeddings_sinusoidal))
-        .routes(routes!(
-            embedding_tables::embedding_table_create,
-            embedding_tables::embedding_table_list
-        ))
-        .routes(routes!(
-            embedding_tables::embedding_table_get,
-            embedding_tables::embedding_table_delete
-        ))
-        .routes(routes!(embedding_tables::embedding_table_lookup))
-        .routes(routes!(nn::attention::attention))
-        .routes(routes!(nn::conv2d::conv2d))
-        .routes(routes!(beams::beam_channels))
-        .routes(routes!(beams::beam_sweep))
-        .routes(routes!(datasets::create_dataset))
-        .routes(routes!(datasets::list_datasets))
-        .routes(routes!(datasets::get_dataset, datasets::delete_dataset))
-        .routes(routes!(datasets::cancel_dataset))
-        .routes(routes!(datasets::resume_dataset))
-        .routes(routes!(datasets::files::dataset_features))
-        .routes(routes!(datasets::events::dataset_events))
-        .routes(routes!(datasets::files::dataset_sample_iq))
-        .routes(routes!(dp::releases::privatize))
-        .routes(routes!(dp::releases::laplace))
-        .routes(routes!(dp::releases::gaussian))
-        .routes(routes!(dp::accountant::accountant_epsilon))
-        .routes(routes!(dp::accountant::accountant_noise_multiplier))
-        .routes(routes!(
-            dp::budgets::create_budget,
-            dp::budgets::list_budgets
-        ))
-        .routes(routes!(dp::budgets::get_budget))
+    operations_where(true)
 }
 
 /// The operations' OpenAPI paths and schemas, before `openapi::document` finishes them.

@@ -21,6 +21,7 @@ use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 /// Above this many elements a request is decoded and answered on a blocking thread.
 const INLINE_ELEMENTS: usize = 16 * 1024;
@@ -560,4 +561,19 @@ pub async fn shamir_verify(
     };
     let bytes = serde_json::to_vec(&body).map_err(Problem::internal)?;
     Ok(job_response(bytes, &done.run))
+}
+
+/// The mpc domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "mpc",
+    description: "Multi-party computation: Shamir secret sharing with Feldman commitments",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(shamir_split))
+        .routes(routes!(shamir_combine))
+        .routes(routes!(shamir_verify))
 }

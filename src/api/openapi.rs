@@ -30,20 +30,6 @@ use utoipa::OpenApi;
     info(title = "gpu-ops", description = "GPU operations behind REST, with a CPU fallback that gives the same answers."),
     components(schemas(problem::ProblemDocument, problem::FieldIssue)),
     modifiers(&BearerAuth),
-    tags(
-        (name = "system", description = "Health, devices and metrics"),
-        (name = "zk", description = "Zero-knowledge primitives: prime-field vector ops"),
-        (name = "mpc", description = "Multi-party computation: Shamir secret sharing with Feldman commitments"),
-        (name = "he", description = "Homomorphic encryption: sums of BFV ciphertexts (fhe.rs) that the server cannot read"),
-        (name = "secagg", description = "Secure aggregation (Bonawitz et al. 2017, SecAgg+ neighbourhoods): the server sums client vectors it never sees"),
-        (name = "dp", description = "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets"),
-        (name = "rf", description = "RF signal features from IQ recordings"),
-        (name = "linalg", description = "Dense linear algebra: batched matrix multiply in f16, bf16, f32 and f64"),
-        (name = "embeddings", description = "Sinusoidal position embeddings"),
-        (name = "nn", description = "Neural-network layers: 2-D convolution and fused scaled dot-product attention"),
-        (name = "beams", description = "Beam alignment: geometric multipath channels between antenna arrays, and sweeps of beam codebooks over them"),
-        (name = "datasets", description = "Synthetic RF datasets as asynchronous jobs"),
-    )
 )]
 struct ApiDoc;
 
@@ -82,7 +68,19 @@ impl utoipa::Modify for BearerAuth {
 
 /// The finished document, as served at `/api-doc/openapi.json`.
 pub fn document() -> Value {
-    let mut doc = serde_json::to_value(super::operations_openapi(ApiDoc::openapi()))
+    let mut base = ApiDoc::openapi();
+    base.tags = Some(
+        super::API_DOMAINS
+            .iter()
+            .map(|d| {
+                utoipa::openapi::tag::TagBuilder::new()
+                    .name(d.tag)
+                    .description(Some(d.description))
+                    .build()
+            })
+            .collect(),
+    );
+    let mut doc = serde_json::to_value(super::operations_openapi(base))
         .expect("the OpenAPI document serialises");
     let jobs = job_requests(&doc);
     for op in operations_mut(&mut doc) {

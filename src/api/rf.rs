@@ -12,6 +12,7 @@ use rustfft::num_complex::Complex32;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 const SAMPLE_RATE_RANGE: std::ops::RangeInclusive<f64> = 1e3..=1e9;
@@ -240,6 +241,18 @@ fn decode_iq(text: &str) -> Result<Vec<Complex32>, Problem> {
         ));
     }
     Ok(iq)
+}
+
+/// The rf domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "rf",
+    description: "RF signal features from IQ recordings",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default().routes(routes!(rf_features))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use axum::Json;
 use serde::Serialize;
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 #[derive(Serialize, ToSchema)]
 pub struct HealthStatus {
@@ -160,4 +161,22 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// The system domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "system",
+    description: "Health, devices and metrics",
+    keyed: false,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(live))
+        .routes(routes!(ready))
+        .routes(routes!(device))
+        .routes(routes!(super::bandwidth::bandwidth))
+        .routes(routes!(super::batch_hint::batch_hint))
+        .routes(routes!(metrics))
 }

@@ -13,6 +13,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 /// `a (op) b` element-wise over one prime field.
 #[derive(Deserialize, ToSchema)]
@@ -344,6 +345,26 @@ async fn transform(
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
     answer(done, field, encoding, large).await
+}
+
+/// The zk domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "zk",
+    description: "Zero-knowledge primitives: prime-field vector ops",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(field_add))
+        .routes(routes!(field_sub))
+        .routes(routes!(field_mul))
+        .routes(routes!(field_pow))
+        .routes(routes!(field_inv))
+        .routes(routes!(ntt))
+        .routes(routes!(intt))
+        .routes(routes!(super::msm::msm))
 }
 
 #[cfg(test)]

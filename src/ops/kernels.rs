@@ -1,6 +1,6 @@
 //! The kernel library: every domain's CUDA modules and the headers they share, handed to
 //! the backend at start-up. A new kernel file is registered by its domain
-//! (`<domain>::kernel_modules`); a new header, here.
+//! (`Domain::kernel_modules`); a new header, here.
 
 use crate::backend::cuda::kernels::KernelLibrary;
 
@@ -40,14 +40,10 @@ const HEADERS: &[(&str, &str)] = &[
 
 /// Every module of every domain, with the shared headers.
 pub fn kernel_library() -> KernelLibrary {
-    let mut modules = super::zk::kernel_modules();
-    modules.push(super::dp::kernel_module());
-    modules.push(super::rf::kernel_module());
-    modules.push(super::linalg::kernel_module());
-    modules.push(super::nn::kernel_module());
-    modules.push(super::beams::kernel_module());
-    modules.push(super::mpc::kernel_module());
-    modules.push(super::he::kernel_module());
+    let modules = super::DOMAINS
+        .iter()
+        .flat_map(|d| (d.kernel_modules)())
+        .collect();
     KernelLibrary {
         headers: HEADERS,
         modules,

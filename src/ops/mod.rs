@@ -2,6 +2,7 @@
 //! twin (the oracle) and its device launcher; each domain registers its kernel modules
 //! and the self-tests every device passes before it serves the domain's ops.
 pub mod beams;
+mod domain;
 pub mod dp;
 pub mod he;
 pub mod invalid;
@@ -14,23 +15,28 @@ pub mod rf;
 pub(crate) mod testing;
 pub mod zk;
 
+pub use domain::Domain;
 pub use invalid::{FieldPath, Invalid};
 pub use kernels::kernel_library;
 
-/// Every domain's self-tests (`backend::verify`), one or more per op with a device path.
+/// Every domain, registered once: a new domain is one line here (and its `pub mod`).
+pub const DOMAINS: &[Domain] = &[
+    zk::DOMAIN,
+    dp::DOMAIN,
+    rf::DOMAIN,
+    linalg::DOMAIN,
+    nn::DOMAIN,
+    beams::DOMAIN,
+    mpc::DOMAIN,
+    he::DOMAIN,
+];
+
+/// Every domain's self-tests (`backend::verify`), one or more per op with a device path;
+/// last the vendor libraries' checks, since they compare a library with kernels the
+/// self-tests before them verified.
 pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
-    let mut tests = zk::self_test::self_tests();
-    tests.extend(dp::self_test::self_tests());
-    tests.extend(rf::self_test::self_tests());
-    tests.extend(linalg::self_test::self_tests());
-    tests.extend(nn::self_test::self_tests());
-    tests.extend(beams::self_test::self_tests());
-    tests.extend(mpc::self_test::self_tests());
-    tests.extend(he::self_test::self_tests());
-    // Last: the kernels' self-tests above ran on our own kernels, before cuBLASLt and
-    // cuDNN may take their work.
-    tests.push(linalg::self_test::blaslt_check());
-    tests.push(nn::self_test::cudnn_check());
+    let mut tests: Vec<_> = DOMAINS.iter().flat_map(|d| (d.self_tests)()).collect();
+    tests.extend(DOMAINS.iter().flat_map(|d| (d.library_checks)()));
     tests
 }
 
@@ -40,13 +46,40 @@ pub fn self_tests() -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
 pub fn check_cases(
     level: crate::backend::measure::CheckLevel,
 ) -> Vec<Box<dyn crate::backend::verify::SelfTest>> {
-    let mut cases = zk::check_cases::check_cases(level);
-    cases.extend(dp::check_cases::check_cases(level));
-    cases.extend(rf::check_cases::check_cases(level));
-    cases.extend(linalg::check_cases::check_cases(level));
-    cases.extend(nn::check_cases::check_cases(level));
-    cases.extend(beams::check_cases::check_cases(level));
-    cases.extend(mpc::check_cases::check_cases(level));
-    cases.extend(he::check_cases::check_cases(level));
-    cases
+    DOMAINS
+        .iter()
+        .flat_map(|d| (d.check_cases)(level))
+        .collect()
+}
+
+/// Every op with a device path, in the domains' order.
+pub fn device_ops() -> Vec<&'static str> {
+    DOMAINS
+        .iter()
+        .flat_map(|d| d.device_ops.iter().copied())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn self_tests_vouch_for_exactly_the_device_ops() {
+        for d in DOMAINS {
+            let declared: BTreeSet<&str> = d.device_ops.iter().copied().collect();
+            assert_eq!(
+                declared.len(),
+                d.device_ops.len(),
+                "{}: a repeated op",
+                d.name
+            );
+            let tested: BTreeSet<&str> = (d.self_tests)().iter().map(|t| t.op()).collect();
+            assert_eq!(tested, declared, "{}", d.name);
+        }
+        let all = device_ops();
+        let distinct: BTreeSet<&str> = all.iter().copied().collect();
+        assert_eq!(distinct.len(), all.len(), "an op in two domains");
+    }
 }

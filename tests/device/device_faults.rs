@@ -13,33 +13,13 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Every op with a device path: what the self-test vouches for.
-const OPS: [&str; 24] = [
-    "attention",
-    "beams_channels",
-    "beams_sweep",
-    "conv2d",
-    "dp_gaussian",
-    "dp_laplace",
-    "dp_privatize",
-    "embeddings_lookup",
-    "embeddings_sinusoidal",
-    "field_add",
-    "field_inv",
-    "field_mul",
-    "field_pow",
-    "field_sub",
-    "he_aggregate",
-    "intt",
-    "matmul",
-    "msm",
-    "ntt",
-    "rf_dataset",
-    "rf_features",
-    "secagg_unmask",
-    "shamir_combine",
-    "shamir_split",
-];
+/// Every op with a device path, as the domains register them (`ops::DOMAINS`), sorted as
+/// `/device` lists them.
+fn device_ops() -> Vec<&'static str> {
+    let mut ops = gpu_ops::ops::device_ops();
+    ops.sort_unstable();
+    ops
+}
 
 async fn server(extra: &[&str]) -> TestServer {
     let mut args = vec![
@@ -111,11 +91,11 @@ async fn every_op_passes_its_self_test_before_the_device_is_ready() {
         .iter()
         .map(|o| o["op"].as_str().unwrap())
         .collect();
-    assert_eq!(names, OPS, "{ops}");
+    assert_eq!(names, device_ops(), "{ops}");
     for o in ops.as_array().unwrap() {
         assert_eq!(o["state"], "verified", "{o}");
     }
-    for op in OPS {
+    for op in device_ops() {
         assert_eq!(
             s.metric(&format!("gpu_ops_kernel_verified{{gpu=\"0\",op=\"{op}\"}}"))
                 .await,
@@ -345,7 +325,7 @@ fn the_check_proves_every_registered_op_on_the_emulated_device() {
         .iter()
         .map(|o| o.as_str().unwrap())
         .collect();
-    for op in OPS {
+    for op in device_ops() {
         assert!(registered.contains(&op), "{op} is not registered");
     }
     let ops = report["ops"].as_array().unwrap();

@@ -542,7 +542,7 @@ async fn graceful_shutdown_drains_an_in_flight_job() {
 }
 
 #[test]
-fn readme_lists_every_error_code_and_metric() {
+fn readme_lists_every_error_code_metric_and_alert() {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     for (code, _, _) in gpu_ops::api::problem::ERROR_CODES {
@@ -553,5 +553,22 @@ fn readme_lists_every_error_code_and_metric() {
     }
     for (name, _) in gpu_ops::metrics::NAMES {
         assert!(readme.contains(name), "README lacks metric {name}");
+    }
+    // Every shipped alert rule has its row in the README's alert table.
+    let rules = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/prometheus/rules/gpu-ops.yml"
+    ))
+    .unwrap();
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert!(alerts.len() >= 8, "{alerts:?}");
+    for alert in alerts {
+        assert!(
+            readme.contains(&format!("| `{alert}` |")),
+            "README's alert table lacks {alert}"
+        );
     }
 }

@@ -21,6 +21,7 @@ use axum::{Extension, Json};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -537,4 +538,24 @@ pub async fn delete_dataset(
         Ok(StatusCode::NO_CONTENT)
     })
     .await
+}
+
+/// The datasets domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "datasets",
+    description: "Synthetic RF datasets as asynchronous jobs",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(create_dataset))
+        .routes(routes!(list_datasets))
+        .routes(routes!(get_dataset, delete_dataset))
+        .routes(routes!(cancel_dataset))
+        .routes(routes!(resume_dataset))
+        .routes(routes!(files::dataset_features))
+        .routes(routes!(events::dataset_events))
+        .routes(routes!(files::dataset_sample_iq))
 }

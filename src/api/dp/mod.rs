@@ -18,6 +18,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 // ---------------------------------------------------------------- shared request parts
 
@@ -167,4 +168,23 @@ async fn encode(body: impl Serialize + Send + 'static) -> Result<Vec<u8>, Proble
         serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))
     })
     .await
+}
+
+/// The dp domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "dp",
+    description: "Differential privacy: DP-SGD privatization, noise mechanisms, RDP accounting, privacy budgets",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(releases::privatize))
+        .routes(routes!(releases::laplace))
+        .routes(routes!(releases::gaussian))
+        .routes(routes!(accountant::accountant_epsilon))
+        .routes(routes!(accountant::accountant_noise_multiplier))
+        .routes(routes!(budgets::create_budget, budgets::list_budgets))
+        .routes(routes!(budgets::get_budget))
 }

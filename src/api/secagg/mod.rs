@@ -21,6 +21,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use utoipa::ToSchema;
+use utoipa_axum::routes;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 /// The header that carries a client's (or the coordinator's) token.
@@ -331,4 +332,25 @@ fn count_failure(state: &AppState, after: &RoundRecord) {
             .with_label_values(&["failed"])
             .inc();
     }
+}
+
+/// The secagg domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "secagg",
+    description: "Secure aggregation (Bonawitz et al. 2017, SecAgg+ neighbourhoods): the server sums client vectors it never sees",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(rounds::secagg_round_create))
+        .routes(routes!(rounds::secagg_round_get))
+        .routes(routes!(rounds::secagg_round_advance))
+        .routes(routes!(rounds::secagg_round_result))
+        .routes(routes!(clients::secagg_register))
+        .routes(routes!(clients::secagg_shares))
+        .routes(routes!(clients::secagg_inbox))
+        .routes(routes!(clients::secagg_input))
+        .routes(routes!(clients::secagg_unmask))
 }

@@ -15,5 +15,15 @@ pub use geometry::{Array, ChannelSpec, DrawnPath, MAX_ELEMENTS, MAX_PATHS};
 pub use gpu::{kernel_module, run_channels_cuda, run_sweep_cuda};
 pub use sweep::{BestPair, Channels, Codebook, MeasurementNoise, SweepJob, Swept};
 
+/// What the beams domain registers (`ops::DOMAINS`).
+pub const DOMAIN: super::Domain = super::Domain {
+    name: "beams",
+    device_ops: &["beams_channels", "beams_sweep"],
+    kernel_modules: || vec![kernel_module()],
+    self_tests: self_test::self_tests,
+    library_checks: super::domain::no_library_checks,
+    check_cases: check_cases::check_cases,
+};
+
 #[cfg(test)]
 mod tests;

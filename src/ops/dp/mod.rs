@@ -5,6 +5,17 @@ pub mod accountant;
 mod chacha;
 pub(crate) mod check_cases;
 mod gpu;
+
+/// What the dp domain registers (`ops::DOMAINS`).
+pub const DOMAIN: super::Domain = super::Domain {
+    name: "dp",
+    device_ops: &["dp_gaussian", "dp_laplace", "dp_privatize"],
+    kernel_modules: || vec![kernel_module()],
+    self_tests: self_test::self_tests,
+    library_checks: super::domain::no_library_checks,
+    check_cases: check_cases::check_cases,
+};
+
 #[cfg(test)]
 mod host_kernel_parity;
 pub mod noise;

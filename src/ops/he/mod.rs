@@ -12,3 +12,13 @@ pub mod sum;
 pub use gpu::{kernel_module, run_sum_cuda};
 pub use params::ParameterSet;
 pub use sum::{check_fresh, CiphertextSumJob, SumBuilder, Unfit};
+
+/// What the he domain registers (`ops::DOMAINS`).
+pub const DOMAIN: super::Domain = super::Domain {
+    name: "he",
+    device_ops: &["he_aggregate"],
+    kernel_modules: || vec![kernel_module()],
+    self_tests: self_test::self_tests,
+    library_checks: super::domain::no_library_checks,
+    check_cases: check_cases::check_cases,
+};

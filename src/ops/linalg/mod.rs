@@ -18,5 +18,15 @@ pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};
 pub use precision::{Compute, Dtype};
 pub use sinusoidal::{Layout, SinusoidalJob};
 
+/// What the linalg domain registers (`ops::DOMAINS`).
+pub const DOMAIN: super::Domain = super::Domain {
+    name: "linalg",
+    device_ops: &["matmul", "embeddings_lookup", "embeddings_sinusoidal"],
+    kernel_modules: || vec![kernel_module()],
+    self_tests: self_test::self_tests,
+    library_checks: || vec![self_test::blaslt_check()],
+    check_cases: check_cases::check_cases,
+};
+
 #[cfg(test)]
 mod tests;

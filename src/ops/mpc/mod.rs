@@ -12,3 +12,13 @@ pub mod shamir;
 
 pub use gpu::{kernel_module, run_combine_cuda, run_share_cuda, run_unmask_cuda};
 pub use scalar::lagrange_weights;
+
+/// What the mpc domain registers (`ops::DOMAINS`).
+pub const DOMAIN: super::Domain = super::Domain {
+    name: "mpc",
+    device_ops: &["shamir_split", "shamir_combine", "secagg_unmask"],
+    kernel_modules: || vec![kernel_module()],
+    self_tests: self_test::self_tests,
+    library_checks: super::domain::no_library_checks,
+    check_cases: check_cases::check_cases,
+};

@@ -48,6 +48,16 @@ pub(crate) fn within(
     }
 }
 
+/// What the nn domain registers (`ops::DOMAINS`).
+pub const DOMAIN: super::Domain = super::Domain {
+    name: "nn",
+    device_ops: &["conv2d", "attention"],
+    kernel_modules: || vec![kernel_module()],
+    self_tests: self_test::self_tests,
+    library_checks: || vec![self_test::cudnn_check()],
+    check_cases: check_cases::check_cases,
+};
+
 #[cfg(test)]
 mod conv_tests;
 #[cfg(test)]

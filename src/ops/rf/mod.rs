@@ -6,6 +6,17 @@ pub mod dataset;
 pub mod features;
 pub mod generate;
 pub mod gpu;
+
+/// What the rf domain registers (`ops::DOMAINS`).
+pub const DOMAIN: super::Domain = super::Domain {
+    name: "rf",
+    device_ops: &["rf_dataset", "rf_features"],
+    kernel_modules: || vec![kernel_module()],
+    self_tests: self_test::self_tests,
+    library_checks: super::domain::no_library_checks,
+    check_cases: check_cases::check_cases,
+};
+
 #[cfg(test)]
 mod gpu_host_parity;
 pub mod multipath;

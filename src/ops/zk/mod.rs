@@ -31,6 +31,25 @@ pub fn kernel_modules() -> Vec<crate::backend::cuda::kernels::KernelModule> {
     ]
 }
 
+/// What the zk domain registers (`ops::DOMAINS`).
+pub const DOMAIN: super::Domain = super::Domain {
+    name: "zk",
+    device_ops: &[
+        "field_add",
+        "field_sub",
+        "field_mul",
+        "field_pow",
+        "field_inv",
+        "ntt",
+        "intt",
+        "msm",
+    ],
+    kernel_modules,
+    self_tests: self_test::self_tests,
+    library_checks: super::domain::no_library_checks,
+    check_cases: check_cases::check_cases,
+};
+
 #[cfg(test)]
 mod host_kernel_parity;
 #[cfg(test)]

@@ -1,0 +1,127 @@
+//! The dependency rule of docs/ARCHITECTURE.md, held by a test: the layers below the API
+//! never name the layers above them. `backend`, `pool` and `metrics` run any op's jobs
+//! and count them, so they know no op and no route; `ops` is pure computation, so it knows
+//! no route, no stored row and no queue. Tests inside those folders are held to it too:
+//! a test that needs an op goes where the op is.
+
+/// A folder (or file) under `src/`, and the top-level modules it may not name.
+const FORBIDDEN: &[(&str, &[&str])] = &[
+    ("backend", &["ops", "api", "store", "datasets", "tables"]),
+    ("pool", &["ops", "api", "store", "datasets", "tables"]),
+    ("metrics.rs", &["ops", "api", "store", "datasets", "tables"]),
+    ("ops", &["api", "store", "pool", "datasets", "tables"]),
+];
+
+/// Every `crate::<module>` a source text names, in `use crate::x`, `use crate::{x, y}`
+/// and paths in expressions; comments excluded.
+fn named_modules(source: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    for (n, line) in source.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                for item in group[..end].split(',') {
+                    let name: String = item
+                        .trim()
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    if !name.is_empty() {
+                        found.push((n + 1, name));
+                    }
+                }
+            } else {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                found.push((n + 1, name));
+            }
+        }
+    }
+    found
+}
+
+/// The `.rs` files at `path`: the file itself, or every file under the folder.
+fn sources(path: &std::path::Path) -> Vec<std::path::PathBuf> {
+    if !path.exists() {
+        return Vec::new();
+    }
+    if path.is_file() {
+        return vec![path.to_path_buf()];
+    }
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(path).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_dir() {
+            out.extend(sources(&p));
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Every import of a forbidden layer under `src/`, as `file:line names module`.
+fn violations(src: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for (layer, forbidden) in FORBIDDEN {
+        for file in sources(&src.join(layer)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (line, module) in named_modules(&text) {
+                if forbidden.contains(&module.as_str()) {
+                    found.push(format!(
+                        "{}:{line} names crate::{module}",
+                        file.strip_prefix(src).unwrap_or(&file).display()
+                    ));
+                }
+            }
+        }
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_layer_names_a_layer_above_it() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let found = violations(&src);
+        assert!(
+            found.is_empty(),
+            "imports that point up the layers:\n{}",
+            found.join("\n")
+        );
+    }
+
+    #[test]
+    fn a_planted_upward_import_is_found() {
+        let dir = std::env::temp_dir().join(format!("gpu-ops-layering-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("backend/cuda")).unwrap();
+        std::fs::create_dir_all(dir.join("ops")).unwrap();
+        std::fs::write(
+            dir.join("backend/cuda/x.rs"),
+            "use crate::metrics::Metrics;\n// crate::api in a comment\nuse crate::{backend, ops::zk};\n",
+        )
+        .unwrap();
+        std::fs::write(dir.join("ops/y.rs"), "fn f() { crate::store::now(); }\n").unwrap();
+        std::fs::write(dir.join("metrics.rs"), "use crate::api::AppState;\n").unwrap();
+        let mut found = violations(&dir);
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "backend/cuda/x.rs:3 names crate::ops",
+                "metrics.rs:1 names crate::api",
+                "ops/y.rs:1 names crate::store",
+            ]
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
