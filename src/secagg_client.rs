@@ -14,6 +14,7 @@ use crate::ops::mpc::secagg::protocol::{
     random_fr, self_mask_commitment, self_mask_key, share_secret, subtracts_pair_mask, Graph,
     ShareMessage,
 };
+use crate::ops::mpc::secagg::round::RoundConfig;
 use base64::Engine;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -81,19 +82,10 @@ pub struct RoundState {
     pub id: String,
     pub stage: String,
     pub failure: Option<String>,
-    pub config: RoundParams,
+    /// The round's parameters, read into the type the server keeps them in (the answer's
+    /// `modulus_bits` is always 32, and `backend` is the server's affair).
+    pub config: RoundConfig,
     pub clients: Vec<PublicClient>,
-}
-
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-pub struct RoundParams {
-    pub clients: u32,
-    pub threshold: u32,
-    pub neighbours: u32,
-    pub vector_length: usize,
-    pub clip: f64,
-    pub scale_bits: u32,
-    pub graph_seed: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -105,27 +97,25 @@ pub struct PublicClient {
     pub uploaded: bool,
 }
 
-impl RoundParams {
-    /// What an honest client checks before it shares anything: a server that showed it a
-    /// threshold of 1, or one at most half its neighbours, could rebuild both of its
-    /// secrets from the shares of two neighbours.
-    fn check(&self) -> Result<(), ClientError> {
-        let (n, t, k) = (self.clients, self.threshold, self.neighbours);
-        let sound = n >= 3
-            && (k == n - 1 || (k >= 2 && k < n - 1 && k % 2 == 0))
-            && t >= 2
-            && t <= k
-            && 2 * t > k
-            && self.clip.is_finite()
-            && self.clip > 0.0
-            && self.scale_bits <= crate::ops::mpc::secagg::round::MAX_SCALE_BITS;
-        if sound {
-            Ok(())
-        } else {
-            Err(ClientError::Protocol(format!(
-                "the round's parameters are unsafe or malformed: {self:?}"
-            )))
-        }
+/// What an honest client checks of a round's parameters before it shares anything: a
+/// server that showed it a threshold of 1, or one at most half its neighbours, could
+/// rebuild both of its secrets from the shares of two neighbours.
+fn check_params(c: &RoundConfig) -> Result<(), ClientError> {
+    let (n, t, k) = (c.clients, c.threshold, c.neighbours);
+    let sound = n >= 3
+        && (k == n - 1 || (k >= 2 && k < n - 1 && k % 2 == 0))
+        && t >= 2
+        && t <= k
+        && 2 * t > k
+        && c.clip.is_finite()
+        && c.clip > 0.0
+        && c.scale_bits <= crate::ops::mpc::secagg::round::MAX_SCALE_BITS;
+    if sound {
+        Ok(())
+    } else {
+        Err(ClientError::Protocol(format!(
+            "the round's parameters are unsafe or malformed: {c:?}"
+        )))
     }
 }
 
@@ -262,7 +252,7 @@ pub async fn participate(
         token: None,
     };
     let state: RoundState = http.get(&format!("/secagg/rounds/{round}")).await?;
-    state.config.check()?;
+    check_params(&state.config)?;
     let config = state.config.clone();
     // The parameters may not change under the client: every later read must show these.
     let same = |s: &RoundState| -> Result<(), ClientError> {
