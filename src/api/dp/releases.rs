@@ -357,22 +357,22 @@ pub async fn laplace(
     release(state, who, r, move |n| {
         let cal = plan::calibrate_laplace(n, sensitivity, epsilon)?;
         let eps = cal.epsilon;
-        Ok((
-            Mechanism::Laplace(cal.plan),
-            NoiseInfo {
+        Ok(Calibrated {
+            mechanism: Mechanism::Laplace(cal.plan),
+            noise: NoiseInfo {
                 mechanism: "discrete_laplace",
                 scale: cal.plan.scale(),
                 grid: cal.plan.grid,
                 sensitivity: cal.sensitivity,
             },
-            eps,
-            None,
-            Charge {
+            epsilon: eps,
+            delta: None,
+            charge: Charge {
                 kind: "laplace",
                 params: json!({"epsilon": eps, "sensitivity": sensitivity, "values": n}),
                 rdp: Box::new(cal.rdp()),
             },
-        ))
+        })
     })
     .await
 }
@@ -412,22 +412,30 @@ pub async fn gaussian(
     release(state, who, r, move |n| {
         let cal = plan::calibrate_gaussian(n, sensitivity, epsilon, delta)?;
         let (snapped, sigma) = (cal.sensitivity, cal.plan.sigma());
-        Ok((
-            Mechanism::Gaussian(cal.plan),
-            NoiseInfo::gaussian(&cal.plan, snapped),
-            cal.epsilon,
-            Some(delta),
-            Charge {
+        Ok(Calibrated {
+            mechanism: Mechanism::Gaussian(cal.plan),
+            noise: NoiseInfo::gaussian(&cal.plan, snapped),
+            epsilon: cal.epsilon,
+            delta: Some(delta),
+            charge: Charge {
                 kind: "gaussian",
                 params: json!({"epsilon": cal.epsilon, "delta": delta, "sigma": sigma, "sensitivity": snapped, "values": n}),
                 rdp: Box::new(cal.rdp()),
             },
-        ))
+        })
     })
     .await
 }
 
-type Calibrated = (Mechanism, NoiseInfo, f64, Option<f64>, Charge);
+/// A release as calibrated for its number of values: the mechanism it draws from, what
+/// the answer reports of its noise, the ε and δ it spends, and its charge to a budget.
+struct Calibrated {
+    mechanism: Mechanism,
+    noise: NoiseInfo,
+    epsilon: f64,
+    delta: Option<f64>,
+    charge: Charge,
+}
 
 async fn release(
     state: Arc<AppState>,
@@ -441,13 +449,20 @@ async fn release(
     let packed = r.values.packed_dtype();
     let vals = r.values;
     // Decoding, calibration and the range check are CPU work: off the runtime.
-    let (values, (mechanism, info, epsilon, delta, cost)) = blocking(move || {
+    let (values, cal) = blocking(move || {
         let values = vals.decode("/values", max)?.into_f64();
         let cal = calibrate(values.len())?;
-        cal.0.check_values(&values)?;
+        cal.mechanism.check_values(&values)?;
         Ok((values, cal))
     })
     .await?;
+    let Calibrated {
+        mechanism,
+        noise: info,
+        epsilon,
+        delta,
+        charge: cost,
+    } = cal;
     let tenant = tenant(&who);
     let charged = match &r.budget_id {
         Some(id) => Some(charge(&state, &tenant, id, cost).await?),
