@@ -139,11 +139,9 @@ fn gpu(j: &PrivatizeJob, bytes: usize, gauss: &NoiseJob) {
     let resident = time(10, || {
         gpu_ops::ops::dp::privatize_resident(j, &dg, &lease).unwrap()
     });
-    let with_upload = time(5, || {
-        gpu_ops::ops::dp::run_privatize_cuda(j, &lease).unwrap()
-    });
+    let with_upload = time(5, || gpu_ops::ops::dp::launch_privatize(j, &lease).unwrap());
     let mech = time(10, || {
-        gpu_ops::ops::dp::run_noise_cuda(gauss, &lease).unwrap()
+        gpu_ops::ops::dp::launch_noise(gauss, &lease).unwrap()
     });
     let copy_bw = 2.0 * gbps(bytes, copy);
     println!("| what | time | bandwidth | vs device copy |");

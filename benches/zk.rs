@@ -162,8 +162,8 @@ fn gpu(msm_sizes: &[u32], ntt_sizes: &[u32]) {
     for &log_n in msm_sizes {
         let (job, _) = inputs(log_n);
         let lease = dev.lease().expect("device lease");
-        let out = gpu_ops::ops::zk::run_msm_cuda(&job, &lease).expect("kernels run");
-        let e2e = time(5, || gpu_ops::ops::zk::run_msm_cuda(&job, &lease).unwrap());
+        let out = gpu_ops::ops::zk::launch_msm(&job, &lease).expect("kernels run");
+        let e2e = time(5, || gpu_ops::ops::zk::launch_msm(&job, &lease).unwrap());
         let copies = copy_round_trip(&lease, job.input_bytes());
         drop(lease);
         let cpu_out = job.run_cpu();
@@ -200,8 +200,8 @@ fn gpu(msm_sizes: &[u32], ntt_sizes: &[u32]) {
             )
             .unwrap();
             let lease = dev.lease().expect("device lease");
-            let out = gpu_ops::ops::zk::run_ntt_cuda(&job, &lease).expect("kernels run");
-            let e2e = time(5, || gpu_ops::ops::zk::run_ntt_cuda(&job, &lease).unwrap());
+            let out = gpu_ops::ops::zk::launch_ntt(&job, &lease).expect("kernels run");
+            let e2e = time(5, || gpu_ops::ops::zk::launch_ntt(&job, &lease).unwrap());
             let copies = copy_round_trip(&lease, bytes);
             drop(lease);
             let cpu_out = job.run_cpu();

@@ -95,7 +95,7 @@ fn cuda_field_ops_are_bit_identical_to_the_cpu() {
                         let job = FieldBinaryJob::new(op, a.clone(), b.clone()).unwrap();
                         let cpu = job.run_cpu();
                         let lease = dev.lease().expect("device lease");
-                        let gpu = gpu_ops::ops::zk::run_field_binary_cuda(&job, &lease)
+                        let gpu = gpu_ops::ops::zk::launch_field_binary(&job, &lease)
                             .expect("kernel runs");
                         assert!(
                             cpu == gpu,
@@ -114,7 +114,7 @@ mod dp {
     use super::{devices, sizes};
     use gpu_ops::ops::dp::plan::{calibrate_gaussian, calibrate_laplace, GaussianPlan};
     use gpu_ops::ops::dp::{
-        run_noise_cuda, run_privatize_cuda, Gradients, Mechanism, NoiseJob, NoiseKey, PrivatizeJob,
+        launch_noise, launch_privatize, Gradients, Mechanism, NoiseJob, NoiseKey, PrivatizeJob,
     };
 
     /// Deterministic pseudo-gradients with a spread of norms, some rows clipped, some not.
@@ -180,7 +180,7 @@ mod dp {
                         };
                         let cpu = job.run_cpu();
                         let lease = dev.lease().expect("device lease");
-                        let gpu = run_privatize_cuda(&job, &lease).expect("kernels run");
+                        let gpu = launch_privatize(&job, &lease).expect("kernels run");
                         assert_eq!(cpu.stats, gpu.stats, "clip stats {rows}x{cols}");
                         let same = cpu
                             .gradient
@@ -208,7 +208,7 @@ mod dp {
                     };
                     let cpu = job.run_cpu();
                     let lease = dev.lease().expect("device lease");
-                    let gpu = run_noise_cuda(&job, &lease).expect("kernel runs");
+                    let gpu = launch_noise(&job, &lease).expect("kernel runs");
                     let same = cpu
                         .iter()
                         .zip(&gpu)
@@ -222,7 +222,7 @@ mod dp {
 
 #[test]
 fn cuda_pow_and_inv_are_bit_identical_to_the_cpu() {
-    use gpu_ops::ops::zk::{run_field_inv_cuda, run_field_pow_cuda, FieldInvJob, FieldPowJob};
+    use gpu_ops::ops::zk::{launch_field_inv, launch_field_pow, FieldInvJob, FieldPowJob};
     let devices = devices("cuda_pow_and_inv_are_bit_identical_to_the_cpu");
     for dev in &devices {
         for n in sizes(dev, &[1usize, 7, 1000, 300_000], &[1, 7, 1000, 9000]) {
@@ -234,14 +234,14 @@ fn cuda_pow_and_inv_are_bit_identical_to_the_cpu() {
                 for e in [exps.clone(), exps[..1].to_vec()] {
                     let job = FieldPowJob::new(base.clone(), e).unwrap();
                     let lease = dev.lease().expect("device lease");
-                    let gpu = run_field_pow_cuda(&job, &lease).expect("kernel runs");
+                    let gpu = launch_field_pow(&job, &lease).expect("kernel runs");
                     assert!(job.run_cpu() == gpu, "pow on {field:?}, n={}", xs.len());
                 }
                 let nonzero: Vec<U256> = xs.into_iter().filter(|x| *x != U256::ZERO).collect();
                 let job =
                     FieldInvJob::new(FieldVec::from_integers(field, &nonzero).unwrap()).unwrap();
                 let lease = dev.lease().expect("device lease");
-                let gpu = run_field_inv_cuda(&job, &lease).expect("kernel runs");
+                let gpu = launch_field_inv(&job, &lease).expect("kernel runs");
                 assert!(
                     job.run_cpu() == gpu,
                     "inv on {field:?}, n={}",
@@ -254,8 +254,8 @@ fn cuda_pow_and_inv_are_bit_identical_to_the_cpu() {
 
 #[test]
 fn cuda_ntt_is_bit_identical_to_the_cpu() {
+    use gpu_ops::ops::zk::launch_ntt;
     use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
-    use gpu_ops::ops::zk::run_ntt_cuda;
     let devices = devices("cuda_ntt_is_bit_identical_to_the_cpu");
     for dev in &devices {
         for field in Field::ALL {
@@ -288,7 +288,7 @@ fn cuda_ntt_is_bit_identical_to_the_cpu() {
                             )
                             .unwrap();
                             let lease = dev.lease().expect("device lease");
-                            let gpu = run_ntt_cuda(&job, &lease).expect("kernels run");
+                            let gpu = launch_ntt(&job, &lease).expect("kernels run");
                             assert!(job.run_cpu() == gpu, "{field:?} n=2^{log_n} batch={batch} {direction:?} {input:?}->{output:?} shift={shift:?}");
                         }
                     }
@@ -306,7 +306,7 @@ fn cuda_ntt_is_bit_identical_to_the_cpu() {
 fn cuda_msm_equals_the_cpu() {
     use gpu_ops::ops::zk::msm::{Curve, MsmJob, Points};
     use gpu_ops::ops::zk::samples::random_points;
-    use gpu_ops::ops::zk::{run_msm_cuda, run_msm_cuda_in_chunks};
+    use gpu_ops::ops::zk::{launch_msm, launch_msm_in_chunks};
     let devices = devices("cuda_msm_equals_the_cpu");
     fn with_hard_points(points: Points) -> Points {
         use ark_ec::short_weierstrass::{Affine, SWCurveConfig};
@@ -343,11 +343,10 @@ fn cuda_msm_equals_the_cpu() {
                 let job = MsmJob::new(points, scalars).unwrap();
                 let cpu = job.run_cpu();
                 let lease = dev.lease().expect("device lease");
-                let gpu = run_msm_cuda(&job, &lease).expect("kernels run");
+                let gpu = launch_msm(&job, &lease).expect("kernels run");
                 assert!(cpu == gpu, "{curve:?} n={m}: GPU differs from CPU");
                 if m > 1000 {
-                    let chunked =
-                        run_msm_cuda_in_chunks(&job, &lease, 1 << 10).expect("kernels run");
+                    let chunked = launch_msm_in_chunks(&job, &lease, 1 << 10).expect("kernels run");
                     assert!(cpu == chunked, "{curve:?} n={m} in chunks of 2^10");
                 }
             }
@@ -361,8 +360,8 @@ fn cuda_msm_equals_the_cpu() {
 /// the kernels' per-thread addition counts), and the answers equal the CPU's.
 #[test]
 fn msm_bucket_work_is_balanced_whatever_the_scalars() {
+    use gpu_ops::ops::zk::launch_msm_measured;
     use gpu_ops::ops::zk::msm::{Curve, MsmJob};
-    use gpu_ops::ops::zk::run_msm_cuda_measured;
     use gpu_ops::ops::zk::samples::random_points;
     let devices = devices("msm_bucket_work_is_balanced_whatever_the_scalars");
     for dev in &devices {
@@ -388,7 +387,7 @@ fn msm_bucket_work_is_balanced_whatever_the_scalars() {
                     let scalars = FieldVec::from_integers(field, &scalars).unwrap();
                     let job = MsmJob::new(points.clone(), vec![scalars]).unwrap();
                     let (gpu, work) =
-                        run_msm_cuda_measured(&job, &lease, usize::MAX).expect("kernels run");
+                        launch_msm_measured(&job, &lease, usize::MAX).expect("kernels run");
                     let at = format!("{curve:?} n={n} {name}");
                     assert!(job.run_cpu() == gpu, "{at}: GPU differs from CPU");
                     eprintln!("{at}: {work:?}, critical path {}", work.critical_path());
@@ -420,7 +419,7 @@ fn msm_bucket_work_is_balanced_whatever_the_scalars() {
 /// passes under a memory limit.
 #[test]
 fn cuda_matmul_agrees_with_the_cpu() {
-    use gpu_ops::ops::linalg::{run_matmul_cuda, Compute, Dtype, MatmulJob, MatmulShape, Operands};
+    use gpu_ops::ops::linalg::{launch_matmul, Compute, Dtype, MatmulJob, MatmulShape, Operands};
     let devices = devices("cuda_matmul_agrees_with_the_cpu");
     let base = MatmulShape {
         batch: 1,
@@ -515,7 +514,7 @@ fn cuda_matmul_agrees_with_the_cpu() {
                 (Compute::Bf16, Dtype::Bf16, false),
             ] {
                 let job = job(shape, compute, output, with_c);
-                let gpu = run_matmul_cuda(&job, &lease).expect("kernels run");
+                let gpu = launch_matmul(&job, &lease).expect("kernels run");
                 job.agrees(&gpu, &job.run_cpu())
                     .unwrap_or_else(|e| panic!("{shape:?} {compute:?} {output:?} c={with_c}: {e}"));
             }
@@ -535,7 +534,7 @@ fn cuda_matmul_agrees_with_the_cpu() {
         };
         let job = job(shape, Compute::F32, Dtype::F32, true);
         let lease = dev.lease().expect("device lease");
-        let gpu = run_matmul_cuda(&job, &lease).expect("kernels run");
+        let gpu = launch_matmul(&job, &lease).expect("kernels run");
         job.agrees(&gpu, &job.run_cpu())
             .unwrap_or_else(|e| panic!("in passes: {e}"));
     }
@@ -549,7 +548,7 @@ fn cuda_matmul_agrees_with_the_cpu() {
 #[test]
 fn cuda_attention_agrees_with_the_cpu() {
     use gpu_ops::ops::linalg::Dtype;
-    use gpu_ops::ops::nn::{run_attention_cuda, AttentionJob, AttentionShape, Tensors};
+    use gpu_ops::ops::nn::{launch_attention, AttentionJob, AttentionShape, Tensors};
     let devices = devices("cuda_attention_agrees_with_the_cpu");
     let shape = |batch, heads, kv_heads, queries, keys, head_dim, value_dim| AttentionShape {
         batch,
@@ -594,7 +593,7 @@ fn cuda_attention_agrees_with_the_cpu() {
         for (s, causal, lengths) in cases {
             for (output, gain) in [(Dtype::F32, 1.0), (Dtype::F16, 1.0), (Dtype::F32, 3000.0)] {
                 let job = job(s, causal, lengths.clone(), output, gain);
-                let gpu = run_attention_cuda(&job, &lease).expect("kernels run");
+                let gpu = launch_attention(&job, &lease).expect("kernels run");
                 job.agrees(&gpu, &job.run_cpu())
                     .unwrap_or_else(|e| panic!("{s:?} causal={causal} {output:?} ×{gain}: {e}"));
             }
@@ -610,7 +609,7 @@ fn cuda_attention_agrees_with_the_cpu() {
             1.0,
         );
         let lease = dev.lease().expect("device lease");
-        let gpu = run_attention_cuda(&job, &lease).expect("kernels run");
+        let gpu = launch_attention(&job, &lease).expect("kernels run");
         job.agrees(&gpu, &job.run_cpu())
             .unwrap_or_else(|e| panic!("in passes: {e}"));
     }
@@ -622,7 +621,7 @@ fn cuda_attention_agrees_with_the_cpu() {
 #[test]
 fn cuda_conv2d_agrees_with_the_cpu() {
     use gpu_ops::ops::linalg::Dtype;
-    use gpu_ops::ops::nn::{run_conv2d_cuda, Conv2dJob, Conv2dShape, ConvTensors};
+    use gpu_ops::ops::nn::{launch_conv2d, Conv2dJob, Conv2dShape, ConvTensors};
     let devices = devices("cuda_conv2d_agrees_with_the_cpu");
     let base = Conv2dShape {
         batch: 2,
@@ -696,7 +695,7 @@ fn cuda_conv2d_agrees_with_the_cpu() {
                     bias: with_bias.then(|| values(shape.out_channels, 3)),
                 };
                 let job = Conv2dJob::new(shape, tensors, relu, Dtype::F32, output).unwrap();
-                let gpu = run_conv2d_cuda(&job, &lease).expect("kernels run");
+                let gpu = launch_conv2d(&job, &lease).expect("kernels run");
                 job.agrees(&gpu, &job.run_cpu()).unwrap_or_else(|e| {
                     panic!("{shape:?} bias={with_bias} relu={relu} {output:?}: {e}")
                 });
@@ -709,7 +708,7 @@ fn cuda_conv2d_agrees_with_the_cpu() {
 /// dtype, past grid-stride wraps and in row passes under a memory limit.
 #[test]
 fn cuda_sinusoidal_embeddings_agree_with_the_cpu() {
-    use gpu_ops::ops::linalg::{run_sinusoidal_cuda, Dtype, Layout, SinusoidalJob};
+    use gpu_ops::ops::linalg::{launch_sinusoidal, Dtype, Layout, SinusoidalJob};
     let devices = devices("cuda_sinusoidal_embeddings_agree_with_the_cpu");
     for dev in &devices {
         for (rows, dim) in sizes(
@@ -724,7 +723,7 @@ fn cuda_sinusoidal_embeddings_agree_with_the_cpu() {
                         SinusoidalJob::new(&positions, dim, 10_000.0, 1.0, 0.5, layout, output)
                             .unwrap();
                     let lease = dev.lease().expect("device lease");
-                    let gpu = run_sinusoidal_cuda(&job, &lease).expect("kernels run");
+                    let gpu = launch_sinusoidal(&job, &lease).expect("kernels run");
                     job.agrees(&gpu, &job.run_cpu())
                         .unwrap_or_else(|e| panic!("{rows}×{dim} {layout:?} {output:?}: {e}"));
                 }
@@ -743,7 +742,7 @@ fn cuda_sinusoidal_embeddings_agree_with_the_cpu() {
         )
         .unwrap();
         let lease = dev.lease().expect("device lease");
-        let gpu = run_sinusoidal_cuda(&job, &lease).expect("kernels run");
+        let gpu = launch_sinusoidal(&job, &lease).expect("kernels run");
         job.agrees(&gpu, &job.run_cpu())
             .unwrap_or_else(|e| panic!("in passes: {e}"));
     }
@@ -754,11 +753,11 @@ fn cuda_sinusoidal_embeddings_agree_with_the_cpu() {
 /// by point chunks.
 #[test]
 fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
-    use gpu_ops::ops::mpc::{run_combine_cuda, run_share_cuda};
+    use gpu_ops::ops::mpc::{launch_combine, launch_share};
     use gpu_ops::ops::zk::msm::{Curve, MsmJob};
     use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
     use gpu_ops::ops::zk::samples::random_points;
-    use gpu_ops::ops::zk::{run_field_inv_cuda, run_msm_cuda, run_ntt_cuda, FieldInvJob};
+    use gpu_ops::ops::zk::{launch_field_inv, launch_msm, launch_ntt, FieldInvJob};
     let devices = devices("cuda_work_beyond_the_memory_limit_runs_in_passes");
     for dev in &devices {
         // The emulated device at 1/16 of the limit and the sizes: still many passes.
@@ -770,13 +769,13 @@ fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
         let b = FieldVec::from_integers(field, &ys).unwrap();
         let lease = dev.lease().expect("device lease");
         let job = FieldBinaryJob::new(FieldOp::Mul, a.clone(), b).unwrap();
-        let gpu = gpu_ops::ops::zk::run_field_binary_cuda(&job, &lease).expect("kernels run");
+        let gpu = gpu_ops::ops::zk::launch_field_binary(&job, &lease).expect("kernels run");
         assert!(job.run_cpu() == gpu, "field_mul in passes");
 
         let nonzero: Vec<U256> = xs.iter().copied().filter(|x| *x != U256::ZERO).collect();
         let inv = FieldInvJob::new(FieldVec::from_integers(field, &nonzero).unwrap()).unwrap();
         assert!(
-            inv.run_cpu() == run_field_inv_cuda(&inv, &lease).expect("kernels run"),
+            inv.run_cpu() == launch_field_inv(&inv, &lease).expect("kernels run"),
             "field_inv in passes"
         );
 
@@ -793,7 +792,7 @@ fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
         )
         .unwrap();
         assert!(
-            ntt.run_cpu() == run_ntt_cuda(&ntt, &lease).expect("kernels run"),
+            ntt.run_cpu() == launch_ntt(&ntt, &lease).expect("kernels run"),
             "NTT batch in passes"
         );
 
@@ -802,16 +801,16 @@ fn cuda_work_beyond_the_memory_limit_runs_in_passes() {
             FieldVec::from_integers(field, &random_elements(field, 1 << (15 - scale), 6)).unwrap();
         let msm = MsmJob::new(points, vec![scalars]).unwrap();
         assert!(
-            msm.run_cpu() == run_msm_cuda(&msm, &lease).expect("kernels run"),
+            msm.run_cpu() == launch_msm(&msm, &lease).expect("kernels run"),
             "MSM in chunks"
         );
 
         let (secrets, xs) = shamir_inputs(field, 1 << (14 - scale));
         let (share, combine) = shamir_jobs(secrets, &xs);
-        let shares = run_share_cuda(&share, &lease).expect("kernels run");
+        let shares = launch_share(&share, &lease).expect("kernels run");
         assert!(share.run_cpu() == shares, "Shamir split in passes");
         assert!(
-            combine.run_cpu() == run_combine_cuda(&combine, &lease).expect("kernels run"),
+            combine.run_cpu() == launch_combine(&combine, &lease).expect("kernels run"),
             "Shamir combine in passes"
         );
         dev.set_memory_limit(0);
@@ -1019,7 +1018,7 @@ fn cuda_rf_features_of_an_upload_match_the_cpu() {
 #[test]
 fn cuda_beams_agree_with_the_cpu() {
     use gpu_ops::ops::beams::{
-        run_channels_cuda, run_sweep_cuda, Array, ChannelSpec, Channels, ChannelsJob, Codebook,
+        launch_channels, launch_sweep, Array, ChannelSpec, Channels, ChannelsJob, Codebook,
         MeasurementNoise, SweepJob,
     };
     use gpu_ops::ops::linalg::Dtype;
@@ -1050,7 +1049,7 @@ fn cuda_beams_agree_with_the_cpu() {
         ) {
             let channels = ChannelsJob::new(spec(tx, rx, paths, count), Dtype::F32).unwrap();
             let lease = dev.lease().expect("device lease");
-            let h = run_channels_cuda(&channels, &lease).expect("kernels run");
+            let h = launch_channels(&channels, &lease).expect("kernels run");
             channels
                 .agrees(&h, &channels.run_cpu())
                 .unwrap_or_else(|e| panic!("channels {tx:?} {rx:?}: {e}"));
@@ -1091,7 +1090,7 @@ fn cuda_beams_agree_with_the_cpu() {
                     output,
                 )
                 .unwrap();
-                let gpu = run_sweep_cuda(&job, &lease).expect("kernels run");
+                let gpu = launch_sweep(&job, &lease).expect("kernels run");
                 job.agrees(&gpu, &job.run_cpu()).unwrap_or_else(|e| {
                     panic!("sweep {tx:?} {rx:?} uploaded {uploaded} noise {noise:?}: {e}")
                 });
@@ -1101,7 +1100,7 @@ fn cuda_beams_agree_with_the_cpu() {
         let s = spec(array(1, 8), array(1, 4), 2, 50);
         let channels = ChannelsJob::new(s.clone(), Dtype::F64).unwrap();
         let lease = dev.lease().expect("device lease");
-        let h = run_channels_cuda(&channels, &lease).expect("kernels run");
+        let h = launch_channels(&channels, &lease).expect("kernels run");
         channels
             .agrees(&h, &channels.run_cpu())
             .unwrap_or_else(|e| panic!("channels in passes: {e}"));
@@ -1124,7 +1123,7 @@ fn cuda_beams_agree_with_the_cpu() {
             Dtype::F32,
         )
         .unwrap();
-        let gpu = run_sweep_cuda(&job, &lease).expect("kernels run");
+        let gpu = launch_sweep(&job, &lease).expect("kernels run");
         job.agrees(&gpu, &job.run_cpu())
             .unwrap_or_else(|e| panic!("sweep in passes: {e}"));
         dev.set_memory_limit(0);
@@ -1135,7 +1134,7 @@ fn cuda_beams_agree_with_the_cpu() {
 /// passes under a memory limit; the table is cached on the device after the first.
 #[test]
 fn cuda_lookups_equal_the_cpu_and_keep_their_table() {
-    use gpu_ops::ops::linalg::{run_lookup_cuda, Dtype, LookupJob};
+    use gpu_ops::ops::linalg::{launch_lookup, Dtype, LookupJob};
     let devices = devices("cuda_lookups_equal_the_cpu_and_keep_their_table");
     for dev in &devices {
         for (vocab, dim, n) in sizes(
@@ -1153,7 +1152,7 @@ fn cuda_lookups_equal_the_cpu_and_keep_their_table() {
                 let job =
                     LookupJob::new(key.clone(), table.clone(), dim, ids.clone(), output).unwrap();
                 let lease = dev.lease().expect("device lease");
-                let gpu = run_lookup_cuda(&job, &lease).expect("kernels run");
+                let gpu = launch_lookup(&job, &lease).expect("kernels run");
                 job.agrees(&gpu, &job.run_cpu())
                     .unwrap_or_else(|e| panic!("{vocab}×{dim}, {n} ids, {output:?}: {e}"));
                 assert!(dev.holds_table(&key));
@@ -1166,7 +1165,7 @@ fn cuda_lookups_equal_the_cpu_and_keep_their_table() {
         let ids: Vec<u32> = (0..2000).map(|i| (i % 64) as u32).collect();
         let job = LookupJob::new("parity/passes".into(), table, 16, ids, Dtype::F32).unwrap();
         let lease = dev.lease().expect("device lease");
-        let gpu = run_lookup_cuda(&job, &lease).expect("kernels run");
+        let gpu = launch_lookup(&job, &lease).expect("kernels run");
         job.agrees(&gpu, &job.run_cpu())
             .unwrap_or_else(|e| panic!("in passes: {e}"));
         dev.set_memory_limit(0);
@@ -1212,7 +1211,7 @@ fn shamir_jobs(
 
 #[test]
 fn cuda_shamir_split_and_combine_are_bit_identical_to_the_cpu() {
-    use gpu_ops::ops::mpc::{run_combine_cuda, run_share_cuda};
+    use gpu_ops::ops::mpc::{launch_combine, launch_share};
     let devices = devices("cuda_shamir_split_and_combine_are_bit_identical_to_the_cpu");
     for dev in &devices {
         // Sizes cross the grid-stride boundary (more secrets than threads launched).
@@ -1221,9 +1220,9 @@ fn cuda_shamir_split_and_combine_are_bit_identical_to_the_cpu() {
                 let (secrets, xs) = shamir_inputs(field, m);
                 let (share, combine) = shamir_jobs(secrets.clone(), &xs);
                 let lease = dev.lease().expect("device lease");
-                let shares = run_share_cuda(&share, &lease).expect("kernel runs");
+                let shares = launch_share(&share, &lease).expect("kernel runs");
                 assert!(share.run_cpu() == shares, "split {field:?} m={m}");
-                let rows = run_combine_cuda(&combine, &lease).expect("kernel runs");
+                let rows = launch_combine(&combine, &lease).expect("kernel runs");
                 assert!(combine.run_cpu() == rows, "combine {field:?} m={m}");
                 assert!(
                     combine.finish(rows).unwrap() == secrets,
@@ -1251,7 +1250,7 @@ fn unmask_job(len: usize, terms: usize) -> gpu_ops::ops::mpc::secagg::UnmaskJob 
 
 #[test]
 fn cuda_secagg_unmask_is_bit_identical_to_the_cpu() {
-    use gpu_ops::ops::mpc::run_unmask_cuda;
+    use gpu_ops::ops::mpc::launch_unmask;
     let devices = devices("cuda_secagg_unmask_is_bit_identical_to_the_cpu");
     for dev in &devices {
         // Lengths off the 16-word block (a partial last block), and beyond the threads
@@ -1260,7 +1259,7 @@ fn cuda_secagg_unmask_is_bit_identical_to_the_cpu() {
             for terms in [0, 1, 70] {
                 let job = unmask_job(len, terms);
                 let lease = dev.lease().expect("device lease");
-                let out = run_unmask_cuda(&job, &lease).expect("kernel runs");
+                let out = launch_unmask(&job, &lease).expect("kernel runs");
                 assert!(job.run_cpu() == out, "unmask len={len} terms={terms}");
             }
         }
@@ -1271,7 +1270,7 @@ fn cuda_secagg_unmask_is_bit_identical_to_the_cpu() {
 fn cuda_he_ciphertext_sum_is_bit_identical_to_the_cpu() {
     use fhe::bfv::{Encoding, Plaintext, PublicKey, SecretKey};
     use fhe_traits::{FheEncoder, FheEncrypter};
-    use gpu_ops::ops::he::{run_sum_cuda, CiphertextSumJob, ParameterSet};
+    use gpu_ops::ops::he::{launch_sum, CiphertextSumJob, ParameterSet};
     let devices = devices("cuda_he_ciphertext_sum_is_bit_identical_to_the_cpu");
     let par = ParameterSet::Bfv128N4096.parameters();
     let mut rng = rand::rng();
@@ -1291,7 +1290,7 @@ fn cuda_he_ciphertext_sum_is_bit_identical_to_the_cpu() {
         for weights in [None, Some(vec![1, 65536, 3, 1, 40000])] {
             let job = CiphertextSumJob::new(&par, cts.clone(), weights.clone()).unwrap();
             let lease = dev.lease().expect("device lease");
-            let out = run_sum_cuda(&job, &lease).expect("kernel runs");
+            let out = launch_sum(&job, &lease).expect("kernel runs");
             assert!(job.run_cpu() == out, "sum, weights {weights:?}");
         }
         // Room for about three ciphertexts of 192 KiB beside the running sum and the
@@ -1299,7 +1298,7 @@ fn cuda_he_ciphertext_sum_is_bit_identical_to_the_cpu() {
         dev.set_memory_limit(1 << 20);
         let job = CiphertextSumJob::new(&par, cts.clone(), Some(vec![2, 1, 65536, 5, 9])).unwrap();
         let lease = dev.lease().expect("device lease");
-        let out = run_sum_cuda(&job, &lease).expect("kernel runs");
+        let out = launch_sum(&job, &lease).expect("kernel runs");
         assert!(job.run_cpu() == out, "sum in passes");
         dev.set_memory_limit(0);
     }

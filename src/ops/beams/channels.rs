@@ -82,7 +82,7 @@ impl Job for ChannelsJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
-        super::gpu::run_channels_cuda(self, dev)
+        super::gpu::launch_channels(self, dev)
     }
 
     fn agrees(&self, device: &Vec<f64>, cpu: &Vec<f64>) -> Result<(), String> {

@@ -82,10 +82,7 @@ fn form_on_device(
     Ok(h)
 }
 
-pub fn run_channels_cuda(
-    job: &ChannelsJob,
-    dev: &DeviceLease<'_>,
-) -> Result<Vec<f64>, DeviceError> {
+pub fn launch_channels(job: &ChannelsJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
     let spec = &job.spec;
     let per_pass = (dev.memory_budget() / generated_bytes(spec).max(1)).clamp(1, spec.count.max(1));
     let mut out = Vec::with_capacity(2 * spec.count * spec.channel_len());
@@ -98,7 +95,7 @@ pub fn run_channels_cuda(
     Ok(out)
 }
 
-pub fn run_sweep_cuda(job: &SweepJob, dev: &DeviceLease<'_>) -> Result<Swept, DeviceError> {
+pub fn launch_sweep(job: &SweepJob, dev: &DeviceLease<'_>) -> Result<Swept, DeviceError> {
     let (nr, nt) = (job.rx.elements(), job.tx.elements());
     let (kr, kt) = (job.rx_book.beams, job.tx_book.beams);
     let pairs = kr * kt;

@@ -12,7 +12,7 @@ pub mod sweep;
 
 pub use channels::ChannelsJob;
 pub use geometry::{Array, ChannelSpec, DrawnPath, MAX_ELEMENTS, MAX_PATHS};
-pub use gpu::{kernel_module, run_channels_cuda, run_sweep_cuda};
+pub use gpu::{kernel_module, launch_channels, launch_sweep};
 pub use sweep::{BestPair, Channels, Codebook, MeasurementNoise, SweepJob, Swept};
 
 /// What the beams domain registers (`ops::DOMAINS`).

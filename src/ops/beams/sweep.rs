@@ -479,7 +479,7 @@ impl Job for SweepJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Swept, DeviceError> {
-        super::gpu::run_sweep_cuda(self, dev)
+        super::gpu::launch_sweep(self, dev)
     }
 
     /// Powers within `power_tolerance` (plus the output's rounding); the device's best

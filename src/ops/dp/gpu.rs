@@ -28,7 +28,7 @@ pub fn kernel_module() -> KernelModule {
     }
 }
 
-pub fn run_privatize_cuda(
+pub fn launch_privatize(
     job: &PrivatizeJob,
     dev: &DeviceLease<'_>,
 ) -> Result<Privatized, DeviceError> {
@@ -110,7 +110,7 @@ pub fn privatize_resident<T: GradientElement>(
     })
 }
 
-pub fn run_noise_cuda(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
+pub fn launch_noise(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
     let n = job.len() as u64;
     let dx = dev.upload(&job.values)?;
     let key = job.key.words();

@@ -25,9 +25,7 @@ pub mod release;
 pub(crate) mod self_test;
 pub mod sgd;
 
-pub use gpu::{
-    kernel_module, privatize_resident, run_noise_cuda, run_privatize_cuda, GradientElement,
-};
+pub use gpu::{kernel_module, launch_noise, launch_privatize, privatize_resident, GradientElement};
 pub use noise::NoiseKey;
 pub use plan::{GaussianPlan, LaplacePlan};
 pub use privatize::{Gradients, PrivatizeJob, Privatized};

@@ -275,7 +275,7 @@ impl Job for PrivatizeJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Privatized, DeviceError> {
-        super::gpu::run_privatize_cuda(self, dev)
+        super::gpu::launch_privatize(self, dev)
     }
 
     /// Exact noise and the same clipping: bit for bit.

@@ -121,7 +121,7 @@ impl Job for NoiseJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
-        super::gpu::run_noise_cuda(self, dev)
+        super::gpu::launch_noise(self, dev)
     }
 
     /// Exact noise: the device draws the same samples, bit for bit.

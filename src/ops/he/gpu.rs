@@ -18,10 +18,7 @@ pub fn kernel_module() -> KernelModule {
 
 /// Uploads the ciphertexts in passes of as many as fit, summing each pass into the
 /// running result with the previous pass's sum as its first "ciphertext" (weight 1).
-pub fn run_sum_cuda(
-    job: &CiphertextSumJob,
-    dev: &DeviceLease<'_>,
-) -> Result<Vec<u64>, DeviceError> {
+pub fn launch_sum(job: &CiphertextSumJob, dev: &DeviceLease<'_>) -> Result<Vec<u64>, DeviceError> {
     let per_ct = job.per_ciphertext();
     let d_moduli = dev.upload(job.moduli())?;
     let levels = job.moduli().len() as u32;

@@ -9,7 +9,7 @@ pub mod params;
 pub(crate) mod self_test;
 pub mod sum;
 
-pub use gpu::{kernel_module, run_sum_cuda};
+pub use gpu::{kernel_module, launch_sum};
 pub use params::ParameterSet;
 pub use sum::{check_fresh, CiphertextSumJob, SumBuilder, Unfit};
 

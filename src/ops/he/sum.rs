@@ -237,7 +237,7 @@ impl Job for CiphertextSumJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<u64>, DeviceError> {
-        super::gpu::run_sum_cuda(self, dev)
+        super::gpu::launch_sum(self, dev)
     }
 
     fn agrees(&self, device: &Vec<u64>, cpu: &Vec<u64>) -> Result<(), String> {

@@ -50,7 +50,7 @@ impl MatmulEngine {
     }
 }
 
-pub fn run_matmul_cuda(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
+pub fn launch_matmul(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
     run_matmul_on(job, dev, MatmulEngine::for_device(dev))
 }
 
@@ -251,7 +251,7 @@ pub(crate) fn launch_matmul_f32(
     unsafe { l.launch(config) }
 }
 
-pub fn run_sinusoidal_cuda(
+pub fn launch_sinusoidal(
     job: &SinusoidalJob,
     dev: &DeviceLease<'_>,
 ) -> Result<Vec<f64>, DeviceError> {
@@ -284,7 +284,7 @@ pub fn run_sinusoidal_cuda(
 
 /// Rows of the job's table: the table from the device's cache (uploaded on a miss), the
 /// ids in passes that fit the budget beside it.
-pub fn run_lookup_cuda(job: &LookupJob, dev: &DeviceLease<'_>) -> Result<Vec<f32>, DeviceError> {
+pub fn launch_lookup(job: &LookupJob, dev: &DeviceLease<'_>) -> Result<Vec<f32>, DeviceError> {
     let table = dev.cached_table(&job.key, || dev.upload(&job.table))?;
     let dim = job.dim;
     let per_row = 4 * (dim + 1);

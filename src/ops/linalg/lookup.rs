@@ -89,7 +89,7 @@ impl Job for LookupJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<f32>, DeviceError> {
-        super::gpu::run_lookup_cuda(self, dev)
+        super::gpu::launch_lookup(self, dev)
     }
 
     /// A gather moves values without arithmetic: bit for bit.

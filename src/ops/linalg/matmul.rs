@@ -439,7 +439,7 @@ impl Job for MatmulJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
-        super::gpu::run_matmul_cuda(self, dev)
+        super::gpu::launch_matmul(self, dev)
     }
 
     fn agrees(&self, device: &Values, cpu: &Values) -> Result<(), String> {

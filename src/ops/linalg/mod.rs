@@ -11,7 +11,7 @@ mod precision;
 pub(crate) mod self_test;
 pub mod sinusoidal;
 
-pub use gpu::{kernel_module, run_lookup_cuda, run_matmul_cuda, run_sinusoidal_cuda};
+pub use gpu::{kernel_module, launch_lookup, launch_matmul, launch_sinusoidal};
 pub(crate) use gpu::{matmul_pass, run_matmul_on, MatmulEngine, MatmulPass};
 pub use lookup::LookupJob;
 pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};

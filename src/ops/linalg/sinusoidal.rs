@@ -145,7 +145,7 @@ impl Job for SinusoidalJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
-        super::gpu::run_sinusoidal_cuda(self, dev)
+        super::gpu::launch_sinusoidal(self, dev)
     }
 
     /// The device's sin/cos (CUDA's double-precision, within 2 ulp) and the host's differ

@@ -53,7 +53,7 @@ fn montgomery_operand(v: &FieldVec) -> FieldVec {
     }
 }
 
-pub fn run_share_cuda(job: &ShareJob, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
+pub fn launch_share(job: &ShareJob, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
     let points = job.points();
     let name = kernel_name(points.field(), "eval");
     let m = job.secrets();
@@ -67,7 +67,7 @@ pub fn run_share_cuda(job: &ShareJob, dev: &DeviceLease<'_>) -> Result<Vec<Field
     Ok(out.split(&vec![m; shape.rows_out]))
 }
 
-pub fn run_combine_cuda(
+pub fn launch_combine(
     job: &CombineJob,
     dev: &DeviceLease<'_>,
 ) -> Result<Vec<FieldVec>, DeviceError> {
@@ -190,7 +190,7 @@ fn gather<T: Copy>(
 
 /// Unmasking: the sum uploaded once, the masks' keys and signs, then one launch per group
 /// of masks over the whole vector, in place.
-pub fn run_unmask_cuda(job: &UnmaskJob, dev: &DeviceLease<'_>) -> Result<Vec<u32>, DeviceError> {
+pub fn launch_unmask(job: &UnmaskJob, dev: &DeviceLease<'_>) -> Result<Vec<u32>, DeviceError> {
     let len = job.sum().len();
     let mut d_out = dev.upload(job.sum())?;
     let keys: Vec<u32> = job.terms().iter().flat_map(|t| t.key_words()).collect();

@@ -10,7 +10,7 @@ pub mod secagg;
 pub(crate) mod self_test;
 pub mod shamir;
 
-pub use gpu::{kernel_module, run_combine_cuda, run_share_cuda, run_unmask_cuda};
+pub use gpu::{kernel_module, launch_combine, launch_share, launch_unmask};
 pub use scalar::lagrange_weights;
 
 /// What the mpc domain registers (`ops::DOMAINS`).

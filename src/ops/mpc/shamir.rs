@@ -282,7 +282,7 @@ impl Job for ShareJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
-        super::gpu::run_share_cuda(self, dev)
+        super::gpu::launch_share(self, dev)
     }
 
     fn agrees(&self, device: &Vec<FieldVec>, cpu: &Vec<FieldVec>) -> Result<(), String> {
@@ -417,7 +417,7 @@ impl Job for CombineJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
-        super::gpu::run_combine_cuda(self, dev)
+        super::gpu::launch_combine(self, dev)
     }
 
     fn agrees(&self, device: &Vec<FieldVec>, cpu: &Vec<FieldVec>) -> Result<(), String> {

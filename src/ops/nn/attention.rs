@@ -602,7 +602,7 @@ impl Job for AttentionJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Attended, DeviceError> {
-        gpu::run_attention_cuda(self, dev)
+        gpu::launch_attention(self, dev)
     }
 
     fn agrees(&self, device: &Attended, cpu: &Attended) -> Result<(), String> {

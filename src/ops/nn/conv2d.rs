@@ -387,7 +387,7 @@ impl Job for Conv2dJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
-        gpu::run_conv2d_cuda(self, dev)
+        gpu::launch_conv2d(self, dev)
     }
 
     fn agrees(&self, device: &Values, cpu: &Values) -> Result<(), String> {

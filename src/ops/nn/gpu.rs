@@ -50,7 +50,7 @@ pub fn attention_key_tile(d: usize, dv: usize) -> usize {
         .unwrap_or(8)
 }
 
-pub fn run_attention_cuda(
+pub fn launch_attention(
     job: &AttentionJob,
     dev: &DeviceLease<'_>,
 ) -> Result<Attended, DeviceError> {
@@ -193,7 +193,7 @@ impl ConvEngine {
     }
 }
 
-pub fn run_conv2d_cuda(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
+pub fn launch_conv2d(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
     run_conv2d_on(job, dev, ConvEngine::for_device(dev))
 }
 

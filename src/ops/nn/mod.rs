@@ -12,7 +12,7 @@ pub(crate) mod self_test;
 pub use attention::{Attended, AttentionJob, AttentionShape, Tensors, MAX_HEAD_DIM};
 pub use conv2d::{Conv2dJob, Conv2dShape, ConvTensors};
 pub(crate) use gpu::run_conv2d_cudnn;
-pub use gpu::{attention_key_tile, kernel_module, run_attention_cuda, run_conv2d_cuda};
+pub use gpu::{attention_key_tile, kernel_module, launch_attention, launch_conv2d};
 
 use crate::ops::linalg::{Dtype, Values};
 

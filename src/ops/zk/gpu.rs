@@ -67,7 +67,7 @@ fn mixed() -> DeviceError {
     DeviceError::fatal("mixed fields reached the launcher")
 }
 
-pub fn run_field_binary_cuda(
+pub fn launch_field_binary(
     job: &FieldBinaryJob,
     dev: &DeviceLease<'_>,
 ) -> Result<FieldVec, DeviceError> {
@@ -91,10 +91,7 @@ pub fn run_field_binary_cuda(
     }
 }
 
-pub fn run_field_pow_cuda(
-    job: &FieldPowJob,
-    dev: &DeviceLease<'_>,
-) -> Result<FieldVec, DeviceError> {
+pub fn launch_field_pow(job: &FieldPowJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
     let field = job.base().field();
     let name = format!("{}_pow", field.name());
     let stride = u32::from(!job.is_broadcast());
@@ -173,10 +170,7 @@ fn inv_chunk(n: usize, threads: usize) -> u64 {
     n.div_ceil(threads.max(1)).max(8) as u64
 }
 
-pub fn run_field_inv_cuda(
-    job: &FieldInvJob,
-    dev: &DeviceLease<'_>,
-) -> Result<FieldVec, DeviceError> {
+pub fn launch_field_inv(job: &FieldInvJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
     let field = job.values().field();
     let name = format!("{}_inv", field.name());
     match words(job.values()) {
@@ -231,7 +225,7 @@ pub fn ntt_module() -> KernelModule {
 /// coset scaling], [bit-reverse for a bit-reversed output]. The constant tables stay on
 /// the device between calls, keyed by (field, size, direction[, shift]); a batch larger
 /// than the memory budget runs in passes of whole polynomials.
-pub fn run_ntt_cuda(job: &NttJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+pub fn launch_ntt(job: &NttJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
     let field = job.values.field();
     let n = job.size();
     let host_tables = std::cell::OnceCell::new();

@@ -14,10 +14,9 @@ mod vector_ops;
 pub use field::{ElementError, Field, FieldVec};
 pub(crate) use gpu::{from_u64, words, Words};
 pub use gpu::{
-    run_field_binary_cuda, run_field_inv_cuda, run_field_pow_cuda, run_ntt_cuda, tile_plan,
-    TILE_BYTES,
+    launch_field_binary, launch_field_inv, launch_field_pow, launch_ntt, tile_plan, TILE_BYTES,
 };
-pub use msm_gpu::{run_msm_cuda, run_msm_cuda_in_chunks, run_msm_cuda_measured, BucketWork};
+pub use msm_gpu::{launch_msm, launch_msm_in_chunks, launch_msm_measured, BucketWork};
 pub use pow_inv::{FieldInvJob, FieldPowJob, InvError, PowShape};
 pub use u256::{ParseError, U256};
 pub use vector_ops::{FieldBinaryJob, FieldOp, LengthMismatch};

@@ -358,7 +358,7 @@ impl Job for MsmJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Points, DeviceError> {
-        super::msm_gpu::run_msm_cuda(self, dev)
+        super::msm_gpu::launch_msm(self, dev)
     }
 
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {

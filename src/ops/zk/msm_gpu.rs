@@ -193,13 +193,13 @@ pub(crate) fn scalar_words(scalars: &FieldVec, keep: &[usize]) -> Vec<u64> {
     }
 }
 
-pub fn run_msm_cuda(job: &MsmJob, dev: &DeviceLease<'_>) -> Result<Points, DeviceError> {
-    run_msm_cuda_in_chunks(job, dev, usize::MAX)
+pub fn launch_msm(job: &MsmJob, dev: &DeviceLease<'_>) -> Result<Points, DeviceError> {
+    launch_msm_in_chunks(job, dev, usize::MAX)
 }
 
-/// As `run_msm_cuda`, with at most `max_chunk` points per device pass (the parity tests
+/// As `launch_msm`, with at most `max_chunk` points per device pass (the parity tests
 /// use it to exercise the chunked path without filling the device).
-pub fn run_msm_cuda_in_chunks(
+pub fn launch_msm_in_chunks(
     job: &MsmJob,
     dev: &DeviceLease<'_>,
     max_chunk: usize,
@@ -237,9 +237,9 @@ impl BucketWork {
     }
 }
 
-/// As `run_msm_cuda_in_chunks`, also measuring the bucket sums' work per thread (two
+/// As `launch_msm_in_chunks`, also measuring the bucket sums' work per thread (two
 /// more downloads per scalar vector): how tests show that skewed scalars cost no more.
-pub fn run_msm_cuda_measured(
+pub fn launch_msm_measured(
     job: &MsmJob,
     dev: &DeviceLease<'_>,
     max_chunk: usize,

@@ -532,7 +532,7 @@ impl Job for NttJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
-        super::gpu::run_ntt_cuda(self, dev)
+        super::gpu::launch_ntt(self, dev)
     }
 
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {

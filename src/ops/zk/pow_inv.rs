@@ -272,7 +272,7 @@ impl Job for FieldPowJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
-        super::gpu::run_field_pow_cuda(self, dev)
+        super::gpu::launch_field_pow(self, dev)
     }
 
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
@@ -304,7 +304,7 @@ impl Job for FieldInvJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
-        super::gpu::run_field_inv_cuda(self, dev)
+        super::gpu::launch_field_inv(self, dev)
     }
 
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {

@@ -347,7 +347,7 @@ impl Job for FieldBinaryJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
-        super::gpu::run_field_binary_cuda(self, dev)
+        super::gpu::launch_field_binary(self, dev)
     }
 
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {

@@ -127,7 +127,7 @@ impl Job for UnmaskJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Vec<u32>, DeviceError> {
-        super::super::gpu::run_unmask_cuda(self, dev)
+        super::super::gpu::launch_unmask(self, dev)
     }
 
     fn agrees(&self, device: &Vec<u32>, cpu: &Vec<u32>) -> Result<(), String> {
