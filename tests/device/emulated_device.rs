@@ -237,10 +237,18 @@ fn a_shared_memory_race_is_reported_under_thread_sanitizer() {
     }
     // The child inherits TSAN_OPTIONS (.ci/run's suppressions); a report makes its exit
     // status nonzero either way.
+    // The probe's full test name: this module's path without the binary's crate name.
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let probe = format!("{module}::race_probe");
     let child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "race_probe", "--nocapture"])
+        .args(["--ignored", "--exact", &probe, "--nocapture"])
         .output()
         .unwrap();
+    let stdout = String::from_utf8_lossy(&child.stdout);
+    assert!(
+        stdout.contains("1 passed") || stdout.contains("running 1 test"),
+        "the probe did not run: {stdout}"
+    );
     let stderr = String::from_utf8_lossy(&child.stderr);
     assert!(
         !child.status.success(),
