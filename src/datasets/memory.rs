@@ -27,11 +27,10 @@ pub fn sample_bytes(s: &Scenario, keep_iq: bool) -> u64 {
     8u64.saturating_mul(n).saturating_mul(3 + recordings)
 }
 
-/// Samples one batch may hold within `budget` bytes, at most `most`; `None` when not
-/// even one sample fits.
-pub fn batch_within(per_sample: u64, budget: u64, most: u64) -> Option<u64> {
+/// Samples one batch may hold within `budget` bytes; `None` when not even one fits.
+pub fn batch_within(per_sample: u64, budget: u64) -> Option<u64> {
     let fits = budget / per_sample.max(1);
-    (fits > 0).then(|| fits.min(most.max(1)))
+    (fits > 0).then_some(fits)
 }
 
 /// The work a job asks of the worker: complex samples to synthesise, `num_samples` ×
@@ -54,9 +53,9 @@ mod tests {
 
     #[test]
     fn a_batch_holds_what_the_budget_pays_for() {
-        assert_eq!(batch_within(100, 1000, 64), Some(10));
-        assert_eq!(batch_within(100, 1000, 4), Some(4));
-        assert_eq!(batch_within(100, 100, 4), Some(1));
-        assert_eq!(batch_within(101, 100, 4), None);
+        assert_eq!(batch_within(100, 1000), Some(10));
+        assert_eq!(batch_within(100, 1099), Some(10));
+        assert_eq!(batch_within(100, 100), Some(1));
+        assert_eq!(batch_within(101, 100), None);
     }
 }

@@ -302,16 +302,17 @@ impl Datasets {
             None => Checkpoint::default(),
         };
         let keep_iq = row.dataset_type == "iq_raw";
-        // Admitted under another replica's budget, perhaps: this one holds it to its own.
+        // The most samples a batch may hold. Admitted under another replica's budget,
+        // perhaps: this one holds the job to its own.
         let per_sample = memory::sample_bytes(&scenario, keep_iq);
-        if per_sample > self.memory_budget {
-            return Err(JobEnd::Failed(format!(
+        let within = memory::batch_within(per_sample, self.memory_budget).ok_or_else(|| {
+            JobEnd::Failed(format!(
                 "one sample of this job holds up to {} MiB in memory and --dataset-memory-mib \
                  is {} on this replica",
                 memory::mib(per_sample),
                 memory::mib(self.memory_budget)
-            )));
-        }
+            ))
+        })?;
         let mut files = JobFiles::open(dir, &self.result_path(id), &scenario, row, keep_iq, &at)?;
         files.published = self.artifacts.as_ref().map(|store| Published {
             store: store.clone(),
@@ -335,7 +336,8 @@ impl Datasets {
                 return Ok(DatasetStatus::Cancelled);
             }
             may_continue(&files.dir, &counts, next, target)?;
-            let records = self.next_records(&mut device, pool, &scenario, key, next, keep_iq);
+            let records =
+                self.next_records(&mut device, pool, &scenario, key, next, keep_iq, within);
             next += records.len() as u64;
             for rec in &records {
                 let outcome = files.accept(rec, &mut counts)?;
@@ -429,8 +431,9 @@ impl Datasets {
     }
 
     /// The next batch from `next` on: on the device while the job may use one, else on
-    /// the dataset pool's CPU threads. Either holds no more samples than
-    /// `--dataset-memory-mib` pays for (`run_job` made sure one fits).
+    /// the dataset pool's CPU threads. Either holds at most `within` samples, what
+    /// `--dataset-memory-mib` pays for.
+    #[allow(clippy::too_many_arguments)]
     fn next_records(
         &self,
         device: &mut DeviceUse,
@@ -439,13 +442,8 @@ impl Datasets {
         key: u64,
         next: u64,
         keep_iq: bool,
+        within: u64,
     ) -> Vec<SampleRecord> {
-        let within = memory::batch_within(
-            memory::sample_bytes(scenario, keep_iq),
-            self.memory_budget,
-            u64::MAX,
-        )
-        .unwrap_or(1);
         let dev = device
             .usable
             .then(|| self.dataset_device(scenario))

@@ -152,7 +152,7 @@ impl CreateDatasetRequest {
     fn fits_memory(&self, budget: u64) -> Result<(), Problem> {
         let iq_raw = self.dataset_type == DatasetType::IqRaw;
         let per_sample = memory::sample_bytes(&self.config, iq_raw);
-        if per_sample <= budget {
+        if memory::batch_within(per_sample, budget).is_some() {
             return Ok(());
         }
         let receivers = self.config.receiver_slots();
