@@ -85,6 +85,33 @@ EOF
   echo "${dirs[*]}"
 }
 
+# cuDNN opens its sublibraries (libcudnn_graph.so.9, ...) by soname along the loader's
+# path, while cudarc opens the main library by its unversioned name first, which the
+# wheels do not ship. On a host with a system cuDNN of another version (the lent H200 had
+# 9.14 in /usr/lib beside the venv's 9.19, 2026-11-28) the main library of one then meets
+# the sublibraries of the other: CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH, and conv2d
+# keeps im2col. An unversioned link to the venv's libcudnn.so.9, first on the path, keeps
+# them one install (the one PyTorch uses). Prints the link's folder, if it made one.
+cudnn_link() {
+  local python="$1" dir="$2" lib
+  [ -n "$python" ] || return 0
+  lib="$("$python" - <<'EOF' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit
+for root in nvidia.__path__:
+    hits = sorted(glob.glob(os.path.join(root, 'cudnn', 'lib', 'libcudnn.so.*')), key=len)
+    if hits:
+        print(hits[0])
+        break
+EOF
+)"
+  [ -n "$lib" ] || return 0
+  mkdir -p "$dir" && ln -sf "$lib" "$dir/libcudnn.so" && echo "$dir"
+}
+
 # A Python with torch, if the host has one (the lent hosts keep it in a venv).
 find_python() {
   local p
@@ -162,8 +189,10 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
 
   local python level device_flag=() backend=cuda
   python="$(find_python)"
+  local links
+  links="$(cudnn_link "$python" "$work/lib-links")"
   export LD_LIBRARY_PATH
-  LD_LIBRARY_PATH="$(library_path "$python")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  LD_LIBRARY_PATH="${links:+$links:}$(library_path "$python")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   if [ "$emulate" = 1 ]; then
     level=quick device_flag=(--emulate-device)
   else

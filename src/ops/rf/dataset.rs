@@ -62,7 +62,7 @@ const KEEP_RECORDING_BUFFER: usize = 1 << 17;
 
 thread_local! {
     /// The recording being evaluated, reused across receivers and samples.
-    static RECORDING: std::cell::RefCell<Vec<Complex32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static RECORDING: std::cell::Cell<Vec<Complex32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 /// Generates and evaluates sample `n`, keeping its recordings when `keep_iq` and it is
@@ -84,26 +84,28 @@ pub fn sample(
     let (mut generating, mut extracting) = (started.elapsed(), std::time::Duration::ZERO);
     let mut features = Vec::with_capacity(plan.plans.len());
     let mut kept = Vec::new();
-    RECORDING.with_borrow_mut(|buffer| {
-        for p in &plan.plans {
-            let t0 = std::time::Instant::now();
-            // Recordings that may be kept are each their own; the others share one buffer.
-            let mut own = Vec::new();
-            let x = if keep_iq { &mut own } else { &mut *buffer };
-            receive_to(p, &plan.wave, x);
-            let t1 = std::time::Instant::now();
-            features.push(features_of(x));
-            (generating, extracting) = (generating + (t1 - t0), extracting + t1.elapsed());
-            if keep_iq {
-                kept.push(own);
-            }
+    // Taken out of the thread's slot, not borrowed in it: `extract` fans out on the
+    // rayon pool, and while this thread waits for its chunks it may run another sample,
+    // which then finds the slot empty and allocates its own buffer.
+    let mut buffer = RECORDING.take();
+    for p in &plan.plans {
+        let t0 = std::time::Instant::now();
+        // Recordings that may be kept are each their own; the others share one buffer.
+        let mut own = Vec::new();
+        let x = if keep_iq { &mut own } else { &mut buffer };
+        receive_to(p, &plan.wave, x);
+        let t1 = std::time::Instant::now();
+        features.push(features_of(x));
+        (generating, extracting) = (generating + (t1 - t0), extracting + t1.elapsed());
+        if keep_iq {
+            kept.push(own);
         }
-        // A long recording's buffer is not kept for the thread's next sample: a thread
-        // idle in a small batch would hold it outside the job's memory budget.
-        if buffer.capacity() > KEEP_RECORDING_BUFFER {
-            *buffer = Vec::new();
-        }
-    });
+    }
+    // A long recording's buffer is not kept for the thread's next sample: a thread
+    // idle in a small batch would hold it outside the job's memory budget.
+    if buffer.capacity() <= KEEP_RECORDING_BUFFER {
+        RECORDING.set(buffer);
+    }
     (
         evaluate(s, n, plan, features, keep_iq.then_some(kept)),
         generating,
@@ -329,6 +331,40 @@ mod tests {
         s.geometry.receivers_min = 3;
         s.geometry.receivers_max = 5;
         s
+    }
+
+    /// `sample` runs inside the dataset's rayon pool and its feature extraction fans out
+    /// on the same pool: a thread waiting for its chunks may steal another sample and
+    /// evaluate it on the same stack. Seen on a 16-core H200 host in `gpu-ops check`
+    /// ("RefCell already borrowed"); many threads on small chunks make it likely here.
+    #[test]
+    fn samples_evaluated_on_one_thread_while_another_waits_do_not_collide() {
+        let mut s = short();
+        s.chunk_ms = 20.0;
+        s.signal.duration_ms = 400.0;
+        let key = dataset_key(12);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(16)
+            .build()
+            .unwrap();
+        for round in 0..4u64 {
+            let parallel: Vec<SampleRecord> = pool.install(|| {
+                (round * 32..(round + 1) * 32)
+                    .into_par_iter()
+                    .map(|n| sample(&s, key, n, false).0)
+                    .collect()
+            });
+            for r in parallel.iter().step_by(8) {
+                let alone = sample(&s, key, r.index, false).0;
+                // Debug text: a feature may be NaN (which equals nothing), the same bits.
+                assert_eq!(
+                    format!("{:?}", r.features),
+                    format!("{:?}", alone.features),
+                    "sample {}",
+                    r.index
+                );
+            }
+        }
     }
 
     #[test]
