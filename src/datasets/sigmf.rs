@@ -1,6 +1,6 @@
-//! One `iq_raw` recording as SigMF 1.2: the `.sigmf-meta` JSON (core fields, the receiver's
-//! position as `core:geolocation`, and the sample's truth under the `gpu_ops` extension
-//! namespace) and the `cf32_le` data, or both in a `.sigmf` archive (a tar holding
+//! One synthetic recording (a dataset's `iq_raw` sample, or `POST /rf/iq`'s) as SigMF 1.2:
+//! the `.sigmf-meta` JSON (core fields, the receiver's position as `core:geolocation`, and
+//! the sample's truth under the `gpu_ops` extension namespace) and the `cf32_le` data, or both in a `.sigmf` archive (a tar holding
 //! `<stem>/<stem>.sigmf-meta` and `<stem>/<stem>.sigmf-data`, as the spec lays it out).
 
 use crate::ops::rf::scenario::Scenario;
@@ -9,22 +9,49 @@ use sha2::{Digest, Sha512};
 
 pub const SIGMF_VERSION: &str = "1.2.0";
 
+/// Where a recording comes from.
+#[derive(Clone, Copy)]
+pub enum Origin<'a> {
+    /// Row `sample` of a stored dataset (`GET /datasets/{id}/iq/{sample}/{receiver}`).
+    Dataset { dataset_id: &'a str, sample: u64 },
+    /// Generated alone from its seed and scenario (`POST /rf/iq`).
+    Generated,
+}
+
 /// Which recording this is.
 pub struct RecordingId<'a> {
-    pub dataset_id: &'a str,
+    pub origin: Origin<'a>,
     pub seed: u64,
-    /// Row of the sample in the dataset (and in its Parquet file).
-    pub sample: u64,
+    /// The generator's index of the sample (`truth.sample_index`).
+    pub sample_index: u64,
     pub receiver: u32,
 }
 
 impl RecordingId<'_> {
     /// File name stem shared by the meta, data and archive files.
     pub fn stem(&self) -> String {
-        format!(
-            "{}_sample{}_rx{}",
-            self.dataset_id, self.sample, self.receiver
-        )
+        match self.origin {
+            Origin::Dataset { dataset_id, sample } => {
+                format!("{dataset_id}_sample{sample}_rx{}", self.receiver)
+            }
+            Origin::Generated => format!(
+                "seed{}_index{}_rx{}",
+                self.seed, self.sample_index, self.receiver
+            ),
+        }
+    }
+
+    /// `core:description`'s opening: which sample this is.
+    fn describe(&self) -> String {
+        match self.origin {
+            Origin::Dataset { dataset_id, sample } => format!(
+                "dataset {dataset_id}, sample {sample} (generator index {})",
+                self.sample_index
+            ),
+            Origin::Generated => {
+                format!("seed {}, generator index {}", self.seed, self.sample_index)
+            }
+        }
     }
 }
 
@@ -38,7 +65,7 @@ pub fn meta(id: &RecordingId, s: &Scenario, truth: &Value, data: &[u8]) -> Value
         .map(|b| format!("{b:02x}"))
         .collect();
     let modulation = truth["tx"]["modulation"].as_str().unwrap_or("unknown");
-    json!({
+    let mut doc = json!({
         "global": {
             "core:datatype": "cf32_le",
             "core:sample_rate": s.signal.sample_rate_hz,
@@ -47,10 +74,8 @@ pub fn meta(id: &RecordingId, s: &Scenario, truth: &Value, data: &[u8]) -> Value
             "core:sha512": sha512,
             "core:recorder": concat!("gpu-ops ", env!("CARGO_PKG_VERSION"), " (synthetic)"),
             "core:description": format!(
-                "Synthetic recording: dataset {}, sample {} (generator index {}), receiver {} of {}",
-                id.dataset_id,
-                id.sample,
-                truth["sample_index"],
+                "Synthetic recording: {}, receiver {} of {}",
+                id.describe(),
                 id.receiver,
                 truth["receivers"].as_array().map_or(0, Vec::len),
             ),
@@ -61,14 +86,11 @@ pub fn meta(id: &RecordingId, s: &Scenario, truth: &Value, data: &[u8]) -> Value
             "core:extensions": [
                 {"name": "gpu_ops", "version": "1.0.0", "optional": true}
             ],
-            "gpu_ops:dataset_id": id.dataset_id,
             "gpu_ops:seed": id.seed,
-            "gpu_ops:sample": id.sample,
-            "gpu_ops:sample_index": truth["sample_index"],
+            "gpu_ops:sample_index": id.sample_index,
             "gpu_ops:receiver": id.receiver,
             "gpu_ops:transmitter": truth["tx"],
             "gpu_ops:receiver_truth": rx,
-            "gpu_ops:quality": truth["quality"],
         },
         "captures": [{
             "core:sample_start": 0,
@@ -80,7 +102,18 @@ pub fn meta(id: &RecordingId, s: &Scenario, truth: &Value, data: &[u8]) -> Value
             "core:label": modulation,
             "core:comment": "the transmitter, heard for the whole recording",
         }],
-    })
+    });
+    let global = &mut doc["global"];
+    if let Origin::Dataset { dataset_id, sample } = id.origin {
+        global["gpu_ops:dataset_id"] = json!(dataset_id);
+        global["gpu_ops:sample"] = json!(sample);
+    }
+    // A dataset's sample was judged (receivers detected, SNR, GDOP); one generated
+    // alone was not.
+    if !truth["quality"].is_null() {
+        global["gpu_ops:quality"] = truth["quality"].clone();
+    }
+    doc
 }
 
 /// A `.sigmf` archive of one recording.

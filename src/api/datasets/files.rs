@@ -199,10 +199,14 @@ fn recording_file(
     }
     let len = crate::ops::rf::generate::samples_per_recording(&scenario);
     let data = iq_out::recording(dir, &entry, receiver, len).map_err(Problem::internal)?;
+    let truth = iq_out::truth(dir, &entry).map_err(Problem::internal)?;
     let id = sigmf::RecordingId {
-        dataset_id: &row.id,
+        origin: sigmf::Origin::Dataset {
+            dataset_id: &row.id,
+            sample,
+        },
         seed: row.seed,
-        sample,
+        sample_index: truth["sample_index"].as_u64().unwrap_or_default(),
         receiver,
     };
     let stem = id.stem();
@@ -213,7 +217,6 @@ fn recording_file(
             format!("{stem}.sigmf-data"),
         ),
         IqFormat::Meta | IqFormat::Archive => {
-            let truth = iq_out::truth(dir, &entry).map_err(Problem::internal)?;
             let meta = serde_json::to_vec_pretty(&sigmf::meta(&id, &scenario, &truth, &data))
                 .map_err(Problem::internal)?;
             if let IqFormat::Meta = format {
