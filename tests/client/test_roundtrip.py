@@ -73,7 +73,7 @@ try:
         secagg_unmask,
     )
     from gpu_ops_client.api.nn import attention, conv2d
-    from gpu_ops_client.api.rf import rf_features
+    from gpu_ops_client.api.rf import rf_features, rf_iq
     from gpu_ops_client.api.system import (
         device_bandwidth,
         device_batch_hint,
@@ -189,8 +189,11 @@ try:
         PrivatizeResponse,
         ProblemDocument,
         Quality,
+        RecordingFormat,
         RfFeaturesRequest,
         RfFeaturesResponse,
+        RfIqRequest,
+        RfIqResponse,
         Scenario,
         Signal,
     )
@@ -1194,6 +1197,36 @@ def refuse_rf_features(c: Ctx):  # 100 samples make no chunk of 128
     body = RfFeaturesRequest(sample_rate_hz=200_000.0, iq=tone_iq(1_000.0, 200_000.0, 100),
                              encoding=BinaryEncoding.BASE64)
     return rf_features.sync_detailed(client=c.client, body=body)
+
+
+@roundtrip("rf_iq")
+def test_rf_iq(client):
+    # Two receivers, 5 ms at 200 kHz: 1000 complex samples each, with SigMF metadata.
+    config = Scenario(signal=Signal(duration_ms=5.0), chunk_ms=5.0,
+                      geometry=Geometry(receivers_min=2, receivers_max=2))
+    body = RfIqRequest(config=config, seed=7, sample_index=3, format_=RecordingFormat.SIGMF)
+    r = ok(rf_iq.sync_detailed(client=client, body=body), 200, RfIqResponse)
+    assert (r.seed, r.sample_index, r.samples_per_recording, r.sample_rate_hz) == (
+        7, 3, 1000, 200_000.0)
+    assert len(r.receivers) == 2
+    for n, rec in enumerate(r.receivers):
+        data = base64.b64decode(rec.iq)
+        assert len(data) == 8 * 1000
+        values = struct.unpack(f"<{2 * 1000}f", data)
+        assert all(math.isfinite(v) for v in values) and any(v != 0.0 for v in values)
+        meta = rec.sigmf_meta.to_dict()["global"]
+        assert meta["core:sha512"] == hashlib.sha512(data).hexdigest()
+        assert meta["gpu_ops:receiver"] == n and meta["gpu_ops:sample_index"] == 3
+        assert meta["gpu_ops:receiver_truth"]["distance_m"] == rec.truth.distance_m
+    # The same request gives the same recordings.
+    again = ok(rf_iq.sync_detailed(client=client, body=body), 200, RfIqResponse)
+    assert [x.iq for x in again.receivers] == [x.iq for x in r.receivers]
+
+
+@refusal("rf_iq", 422, "invalid_parameter", "/config/signal/duration_ms")
+def refuse_rf_iq(c: Ctx):  # a negative recording length
+    body = RfIqRequest(config=Scenario(signal=Signal(duration_ms=-1.0)), seed=1)
+    return rf_iq.sync_detailed(client=c.client, body=body)
 
 
 # ---------------------------------------------------------------------------------------

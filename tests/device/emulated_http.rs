@@ -244,6 +244,41 @@ async fn rf_features_and_dataset_jobs_run_on_the_emulated_device() {
     );
 }
 
+/// `POST /rf/iq` on the emulated device (`rf_waveform`, `rf_receive`): the same truth as
+/// the CPU's and every recording within 1e-5 of the CPU recording's RMS.
+#[tokio::test]
+async fn rf_iq_recordings_on_the_emulated_device_match_the_cpu() {
+    let s = emulated_server().await;
+    let request = json!({"seed": 5, "sample_index": 2, "config": {
+        "signal": {"duration_ms": 60}, "chunk_ms": 60,
+        "geometry": {"receivers_min": 3, "receivers_max": 3}}});
+    let (dev, cpu) = both(&s, "/rf/iq", request).await;
+    assert_eq!(dev["transmitter"], cpu["transmitter"]);
+    let floats = |v: &Value| -> Vec<f32> {
+        B64.decode(v.as_str().unwrap())
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    let (d_rx, c_rx) = (
+        dev["receivers"].as_array().unwrap(),
+        cpu["receivers"].as_array().unwrap(),
+    );
+    assert_eq!(d_rx.len(), 3);
+    for (r, (d, c)) in d_rx.iter().zip(c_rx).enumerate() {
+        assert_eq!(d["truth"], c["truth"], "receiver {r}");
+        let (d, c) = (floats(&d["iq"]), floats(&c["iq"]));
+        assert_eq!(d.len(), 2 * 12_000, "receiver {r}");
+        let rms =
+            (c.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / (c.len() / 2) as f64).sqrt();
+        for (i, (a, b)) in d.chunks(2).zip(c.chunks(2)).enumerate() {
+            let err = (f64::from(a[0] - b[0]).powi(2) + f64::from(a[1] - b[1]).powi(2)).sqrt();
+            assert!(err <= 1e-5 * rms, "receiver {r} sample {i}: {a:?} vs {b:?}");
+        }
+    }
+}
+
 /// Matmul through the emulated device's kernel, across its 64 × 64 tiles: small integers,
 /// so every sum is exact in f32 and the answers are equal to the bit.
 #[tokio::test]

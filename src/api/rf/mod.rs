@@ -1,4 +1,7 @@
-//! `POST /rf/features`: RF features of an uploaded IQ recording, synchronously.
+//! The rf domain's API: `POST /rf/features`, RF features of an uploaded IQ recording,
+//! synchronously; and `POST /rf/iq` (`iq`), one synthetic sample's recordings.
+
+mod iq;
 
 use super::problem::{ErrorCode, Problem};
 use super::tensor::BinaryEncoding;
@@ -252,7 +255,9 @@ pub(super) const API: super::ApiDomain = super::ApiDomain {
 };
 
 fn operations() -> super::Operations {
-    utoipa_axum::router::OpenApiRouter::default().routes(routes!(rf_features))
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(routes!(rf_features))
+        .routes(routes!(iq::rf_iq))
 }
 
 #[cfg(test)]

@@ -255,6 +255,10 @@ pub(crate) fn check_cases(level: CheckLevel) -> Vec<Box<dyn SelfTest>> {
             .into_iter()
             .map(|b| Box::new(b) as Box<dyn SelfTest>),
     );
+    checks.push(JobCheck::described(super::recordings::check_cases(
+        level,
+        seed ^ 2,
+    )));
     checks
 }
 
@@ -267,7 +271,10 @@ mod tests {
     fn quick_cases_are_of_their_ops_and_agree_with_their_own_cpu_output() {
         let level = CheckLevel::Quick;
         let ops: Vec<&str> = check_cases(level).iter().map(|t| t.op()).collect();
-        assert_eq!(ops, ["rf_features", DATASET_OP]);
+        assert_eq!(
+            ops,
+            ["rf_features", DATASET_OP, super::super::recordings::IQ_OP]
+        );
         for (info, job) in features_cases(level, 3) {
             assert_eq!(job.name(), "rf_features");
             assert!(job.device_refusal().is_none(), "{}", info.label);

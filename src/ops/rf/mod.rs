@@ -10,7 +10,7 @@ pub mod gpu;
 /// What the rf domain registers (`ops::DOMAINS`).
 pub const DOMAIN: super::Domain = super::Domain {
     name: "rf",
-    device_ops: &["rf_dataset", "rf_features"],
+    device_ops: &["rf_dataset", "rf_features", recordings::IQ_OP],
     kernel_modules: || vec![kernel_module()],
     self_tests: self_test::self_tests,
     library_checks: super::domain::no_library_checks,
@@ -21,6 +21,7 @@ pub const DOMAIN: super::Domain = super::Domain {
 mod gpu_host_parity;
 pub mod multipath;
 pub mod noise;
+pub mod recordings;
 pub mod rng;
 pub mod scenario;
 pub(crate) mod self_test;

@@ -1,9 +1,11 @@
 //! The RF ops' self-tests: `/rf/features` of a generated recording, and a dataset batch
 //! (waveforms, receivers and chunk sums on the device) against the CPU's records of the
-//! same samples, within the device path's tolerances.
+//! same samples, within the device path's tolerances; and one sample's recordings alone
+//! (`/rf/iq`).
 
 use super::dataset::{records_agree, sample, samples_cuda, segment_len, DATASET_OP};
 use super::generate::generate;
+use super::recordings::RecordingsJob;
 use super::rng::dataset_key;
 use super::scenario::Scenario;
 use super::{ExtractConfig, FeaturesJob};
@@ -48,5 +50,14 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
             chunk_ms: 150.0,
         },
     };
-    vec![JobCheck::boxed(vec![features]), Box::new(DatasetCheck)]
+    let recordings = RecordingsJob {
+        scenario: scenario(),
+        seed: 18,
+        sample_index: 1,
+    };
+    vec![
+        JobCheck::boxed(vec![features]),
+        Box::new(DatasetCheck),
+        JobCheck::boxed(vec![recordings]),
+    ]
 }
