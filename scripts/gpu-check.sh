@@ -209,7 +209,11 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
   } > "$out/environment.txt"
   cat "$out/environment.txt"
 
-  step "check --level $level" 330 "$bin" check --level "$level" "${device_flag[@]}" \
+  # GPU_CHECK_OPS=a,b checks only those ops (a rerun after a fix, within what is left of
+  # the lease); the PyTorch comparison, server and bench steps run as always.
+  local only=()
+  [ -n "${GPU_CHECK_OPS:-}" ] && only=(--ops "$GPU_CHECK_OPS")
+  step "check --level $level" 330 "$bin" check --level "$level" "${device_flag[@]}" "${only[@]}" \
     --data-dir "$work/data" --json "$out/check.json" --markdown "$out/check.md" \
     > "$logs/check.log" 2>&1
   tail -n 5 "$logs/check.log"
