@@ -84,6 +84,28 @@ fn violations(src: &std::path::Path) -> Vec<String> {
     found
 }
 
+/// The most lines a source file under `src/` may have (docs/ARCHITECTURE.md, "Checks
+/// that keep the structure"): past it a part moves to a child module.
+const MAX_FILE_LINES: usize = 600;
+
+/// Every `.rs` file under `src` longer than `MAX_FILE_LINES`, as `file: lines`.
+fn long_files(src: &std::path::Path) -> Vec<String> {
+    let mut long: Vec<String> = sources(src)
+        .into_iter()
+        .filter_map(|file| {
+            let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+            (lines > MAX_FILE_LINES).then(|| {
+                format!(
+                    "{}: {lines}",
+                    file.strip_prefix(src).unwrap_or(&file).display()
+                )
+            })
+        })
+        .collect();
+    long.sort();
+    long
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +144,19 @@ mod tests {
                 "ops/y.rs:1 names crate::store",
             ]
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn no_source_file_is_over_600_lines() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        assert_eq!(long_files(&src), Vec::<String>::new());
+        let dir = std::env::temp_dir().join(format!("gpu-ops-long-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("ops")).unwrap();
+        std::fs::write(dir.join("ops/ok.rs"), "\n".repeat(MAX_FILE_LINES)).unwrap();
+        std::fs::write(dir.join("ops/long.rs"), "\n".repeat(MAX_FILE_LINES + 1)).unwrap();
+        assert_eq!(long_files(&dir), ["ops/long.rs: 601"]);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -20,8 +20,10 @@
 pub mod artifacts;
 mod checkpoint;
 pub mod iq_out;
+mod job_files;
 pub mod memory;
 pub mod parquet_out;
+mod published;
 pub mod sigmf;
 mod worker;
 

@@ -2,25 +2,23 @@
 //! by batch on the device the backends hand out (or the CPU), accepting samples in
 //! index order, checkpointing at every sealed Parquet part.
 
-use super::artifacts::ObjectArtifacts;
-use super::checkpoint::{attempt_folder, Checkpoint, CHECKPOINT, CHECKPOINTS, SEGMENTS};
-use super::iq_out::{self, IqWriter};
+use super::checkpoint::{attempt_folder, Checkpoint, CHECKPOINT, CHECKPOINTS};
+use super::job_files::JobFiles;
 use super::memory;
-use super::parquet_out::{self, FeatureWriter};
+use super::parquet_out;
+use super::published::{fetch_checkpoint, publish, Published};
 use super::{
     gib, Active, Datasets, DATASET_OP, DISK_RESERVE_BYTES, MAX_ATTEMPTS_PER_SAMPLE, PERSIST_EVERY,
 };
 use crate::backend::{BackendChoice, GpuDevice};
 use crate::ops::rf::dataset::{
-    device_batch, fits_device, records_agree, sample, samples_cuda, segment_len, Rejection,
-    SampleRecord,
+    device_batch, fits_device, records_agree, sample, samples_cuda, segment_len, SampleRecord,
 };
-use crate::ops::rf::generate::{samples_per_recording, GENERATOR_VERSION};
 use crate::ops::rf::rng::dataset_key;
 use crate::ops::rf::scenario::Scenario;
 use crate::store::{ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease};
 use rayon::prelude::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -476,21 +474,6 @@ impl Datasets {
     }
 }
 
-/// Uploads a finished job's files: the features, and the recordings of an `iq_raw` job.
-fn publish(store: &ObjectArtifacts, id: &str, dir: &Path, keep_iq: bool) -> Result<(), String> {
-    store.upload(
-        id,
-        parquet_out::RESULT_FILE,
-        &dir.join(parquet_out::RESULT_FILE),
-    )?;
-    if keep_iq {
-        for name in iq_out::published_files() {
-            store.upload(id, name, &dir.join(name))?;
-        }
-    }
-    Ok(())
-}
-
 /// Whose run of a job this is: the lease's owner and the claim's attempt number.
 struct JobLease<'a> {
     owner: &'a str,
@@ -551,210 +534,6 @@ fn may_continue(dir: &Path, counts: &Counts, next: u64, target: u64) -> Result<(
         ));
     }
     Ok(())
-}
-
-/// A running job's files: the features' Parquet parts, the recordings for `iq_raw`, and
-/// the checkpoint written whenever a part is sealed.
-struct JobFiles {
-    dir: PathBuf,
-    features: FeatureWriter,
-    recordings: Option<IqWriter>,
-    /// Where each checkpoint is published, with an object store.
-    published: Option<Published>,
-}
-
-/// A job's checkpoints in the object store (under its claim's folder), and how far its
-/// recordings were published.
-struct Published {
-    store: Arc<ObjectArtifacts>,
-    id: String,
-    folder: String,
-    iq_at: iq_out::IqLengths,
-}
-
-impl Published {
-    /// Publishes the checkpoint just saved in `dir`: its new part, the recordings since
-    /// the last one, then the checkpoint itself (so a published checkpoint names only
-    /// published objects).
-    fn checkpoint(&mut self, dir: &Path, c: &Checkpoint) -> Result<(), String> {
-        let k = c
-            .parts
-            .checked_sub(1)
-            .ok_or("a checkpoint without a part")?;
-        let part = parquet_out::part_name(k);
-        let folder = &self.folder;
-        self.store
-            .upload(&self.id, &format!("{folder}/{part}"), &dir.join(&part))?;
-        if let Some(iq) = c.iq {
-            for (name, partial, from, to) in iq_out::grown(self.iq_at, iq) {
-                self.store.upload_range(
-                    &self.id,
-                    &format!("{folder}/{SEGMENTS}/{name}.{k:06}"),
-                    &dir.join(partial),
-                    from,
-                    to - from,
-                )?;
-            }
-            self.iq_at = iq;
-        }
-        self.store.upload(
-            &self.id,
-            &format!("{folder}/{CHECKPOINT}"),
-            &dir.join(CHECKPOINT),
-        )
-    }
-}
-
-/// Brings the job's latest published checkpoint (of the claims before `attempt`) into
-/// its empty scratch directory `dir`: the checkpoint, its parts, and its recordings
-/// rebuilt from their segments; the parts and segments are copied into this claim's
-/// folder too, so its own checkpoints are whole. Nothing when none was published.
-fn fetch_checkpoint(
-    store: &ObjectArtifacts,
-    id: &str,
-    dir: &Path,
-    attempt: u64,
-) -> Result<(), String> {
-    let fetched = dir.join("checkpoint.json.fetched");
-    let mut source = None;
-    // Claims follow one another, and a checkpoint is never published without its
-    // parts: the latest claim that published one has the furthest.
-    for earlier in (1..attempt).rev().take(64) {
-        let folder = attempt_folder(earlier);
-        if store.download(id, &format!("{folder}/{CHECKPOINT}"), &fetched)? {
-            source = Some(folder);
-            break;
-        }
-    }
-    let Some(from) = source else {
-        return Ok(());
-    };
-    let to = attempt_folder(attempt);
-    let c: Checkpoint = serde_json::from_slice(
-        &std::fs::read(&fetched).map_err(|e| format!("{}: {e}", fetched.display()))?,
-    )
-    .map_err(|e| format!("{id}: published checkpoint: {e}"))?;
-    let missing =
-        |name: &str| format!("{id}: the published checkpoint names {name}, which is missing");
-    for k in 0..c.parts {
-        let part = parquet_out::part_name(k);
-        if !store.download(id, &format!("{from}/{part}"), &dir.join(&part))? {
-            return Err(missing(&part));
-        }
-        store.copy(id, &format!("{from}/{part}"), &format!("{to}/{part}"))?;
-    }
-    if let Some(iq) = c.iq {
-        let segment = dir.join("segment");
-        for (name, partial, _, end) in iq_out::grown(iq_out::IqLengths::default(), iq) {
-            let mut out =
-                std::fs::File::create(dir.join(&partial)).map_err(|e| format!("{partial}: {e}"))?;
-            for k in 0..c.parts {
-                let seg = format!("{SEGMENTS}/{name}.{k:06}");
-                if !store.download(id, &format!("{from}/{seg}"), &segment)? {
-                    return Err(missing(&seg));
-                }
-                store.copy(id, &format!("{from}/{seg}"), &format!("{to}/{seg}"))?;
-                let mut bytes = std::fs::File::open(&segment).map_err(|e| format!("{seg}: {e}"))?;
-                std::io::copy(&mut bytes, &mut out).map_err(|e| format!("{partial}: {e}"))?;
-            }
-            let len = out.metadata().map_err(|e| format!("{partial}: {e}"))?.len();
-            if len != end {
-                return Err(format!(
-                    "{id}: {name} rebuilt to {len} bytes, the checkpoint says {end}"
-                ));
-            }
-        }
-        let _ = std::fs::remove_file(segment);
-    }
-    std::fs::rename(&fetched, dir.join(CHECKPOINT)).map_err(|e| format!("{id}: {e}"))?;
-    tracing::info!(dataset = %id, from = %from, parts = c.parts, valid = c.counts.valid, "fetched the published checkpoint");
-    Ok(())
-}
-
-impl JobFiles {
-    /// Opens the job's files, cut back to the checkpoint `at` (the default for a new job).
-    fn open(
-        dir: PathBuf,
-        result: &Path,
-        scenario: &Scenario,
-        row: &DatasetRow,
-        keep_iq: bool,
-        at: &Checkpoint,
-    ) -> Result<Self, String> {
-        let features = FeatureWriter::open(
-            result,
-            scenario.receiver_slots(),
-            parquet_out::rows_per_part(row.num_samples),
-            at.parts,
-        )?;
-        let recordings = keep_iq
-            .then(|| {
-                IqWriter::open(
-                    &dir,
-                    samples_per_recording(scenario),
-                    at.iq.unwrap_or_default(),
-                )
-            })
-            .transpose()?;
-        Ok(Self {
-            dir,
-            features,
-            recordings,
-            published: None,
-        })
-    }
-
-    /// Counts `rec` and, when it passed the filters, writes it; returns its outcome
-    /// for the samples metric.
-    fn accept(&mut self, rec: &SampleRecord, counts: &mut Counts) -> Result<&'static str, String> {
-        counts.attempted += 1;
-        let outcome = match rec.rejected {
-            None => "accepted",
-            Some(Rejection::TooFewReceivers) => {
-                counts.rejected_too_few_receivers += 1;
-                return Ok("too_few_receivers");
-            }
-            Some(Rejection::LowSnr) => {
-                counts.rejected_low_snr += 1;
-                return Ok("low_snr");
-            }
-            Some(Rejection::HighGdop) => {
-                counts.rejected_high_gdop += 1;
-                return Ok("high_gdop");
-            }
-        };
-        let sealed = self.features.push(rec)?;
-        if let (Some(w), Some(iq)) = (self.recordings.as_mut(), rec.iq.as_ref()) {
-            w.push(rec, iq)?;
-        }
-        counts.valid += 1;
-        if sealed {
-            let iq = self
-                .recordings
-                .as_mut()
-                .map(IqWriter::checkpoint)
-                .transpose()?;
-            let checkpoint = Checkpoint {
-                next_index: rec.index + 1,
-                counts: counts.clone(),
-                parts: self.features.parts(),
-                iq,
-                generator: GENERATOR_VERSION,
-            };
-            checkpoint.save(&self.dir)?;
-            if let Some(p) = &mut self.published {
-                p.checkpoint(&self.dir, &checkpoint)?;
-            }
-        }
-        Ok(outcome)
-    }
-
-    fn finish(self) -> Result<(), String> {
-        if let Some(w) = self.recordings {
-            w.finish()?;
-        }
-        self.features.finish()
-    }
 }
 
 #[cfg(all(test, target_os = "linux"))]
