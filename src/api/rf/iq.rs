@@ -218,11 +218,13 @@ fn response(
     let receivers = out
         .receivers
         .iter()
-        .zip(&out.iq)
+        // Each recording is freed once written as base64: the answer's peak is its text
+        // and one recording, not every recording beside it.
+        .zip(out.iq)
         .enumerate()
         .map(|(r, (truth_rx, iq))| {
             bytes.clear();
-            for c in iq {
+            for c in &iq {
                 bytes.extend_from_slice(&c.re.to_le_bytes());
                 bytes.extend_from_slice(&c.im.to_le_bytes());
             }
