@@ -1,7 +1,7 @@
 //! `/beams/channels` and `/beams/sweep`: geometric multipath channels, and the sweep of
 //! beam codebooks over them.
 
-use super::dense::{Dense3Doc, Dense4Doc, DenseIn, DenseOut, TensorDtype};
+use super::dense_tensors::{Dense3Doc, Dense4Doc, DenseIn, DenseOut, TensorDtype};
 use super::domain_errors::pointer;
 use super::embeddings::OutputEncoding;
 use super::extract::ObjectOnly;

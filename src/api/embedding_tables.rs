@@ -2,7 +2,7 @@
 //! a device keeps the table cached between lookups.
 
 use super::auth::{tenant, Tenant};
-use super::dense::{Dense2Doc, DenseDoc, DenseIn, DenseOut, TensorDtype};
+use super::dense_tensors::{Dense2Doc, DenseDoc, DenseIn, DenseOut, TensorDtype};
 use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncoding, PositionsDoc};
 use super::problem::{ErrorCode, Problem};
 use super::{

@@ -1,7 +1,7 @@
 //! `/embeddings/sinusoidal`: the sinusoidal position table, or its rows for a batch of
 //! positions.
 
-use super::dense::{DenseDoc, DenseIn, DenseOut, TensorDtype};
+use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, TensorDtype};
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
 use crate::backend::BackendChoice;

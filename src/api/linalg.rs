@@ -1,6 +1,6 @@
 //! `/linalg/matmul`: batched matrix multiply on the CPU (`gemm` crate) or the device.
 
-use super::dense::{DenseDoc, DenseIn, DenseOut, DenseValues, TensorDtype};
+use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, DenseValues, TensorDtype};
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
 use crate::backend::BackendChoice;

@@ -5,8 +5,8 @@ use super::{
     charge, encode, noise_key, open_unit, positive, report, run_charged, sample_rate, PrivacyReport,
 };
 use crate::api::auth::{tenant, Tenant};
+use crate::api::float_arrays::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::tensor::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
 use crate::api::{blocking, job_response, job_timeout, ApiJson, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::dp::plan::{self, GaussianPlan};

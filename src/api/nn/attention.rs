@@ -1,6 +1,6 @@
 //! `/nn/attention`: fused scaled dot-product attention on the CPU or the device.
 
-use crate::api::dense::{Dense4Doc, DenseIn, DenseOut, DenseValues, TensorDtype};
+use crate::api::dense_tensors::{Dense4Doc, DenseIn, DenseOut, DenseValues, TensorDtype};
 use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};

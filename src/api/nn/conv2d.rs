@@ -1,6 +1,6 @@
 //! `/nn/conv2d`: batched 2-D convolution on the CPU (im2col on `gemm`) or the device.
 
-use crate::api::dense::{Dense4Doc, DenseIn, DenseOut, TensorDtype};
+use crate::api::dense_tensors::{Dense4Doc, DenseIn, DenseOut, TensorDtype};
 use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};

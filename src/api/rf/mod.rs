@@ -3,8 +3,8 @@
 
 mod iq;
 
+use super::float_arrays::BinaryEncoding;
 use super::problem::{ErrorCode, Problem};
-use super::tensor::BinaryEncoding;
 use super::{blocking, job_response, job_timeout, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::rf::{self, ExtractConfig, Extraction, Stats};

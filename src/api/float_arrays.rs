@@ -1,5 +1,7 @@
-//! Numeric arrays in requests and answers: JSON numbers, or base64 of little-endian
-//! f32/f64 with a shape. Answers come back in the form (and dtype) the request used.
+//! The f32/f64 vectors and matrices of the DP releases (and the `encoding` field that RF
+//! uploads share): JSON numbers, or base64 of little-endian f32/f64 with a shape. Answers
+//! come back in the form (and dtype) the request used. The tensor ops' rank 1–4 tensors,
+//! with half precisions, are `dense_tensors`.
 
 use super::numbers::{read_rows, Counted, Rows, RowsDefect};
 use super::problem::{ErrorCode, Problem};

@@ -1,11 +1,13 @@
-//! Dense tensors of rank 1–4 for the tensor operations: nested JSON arrays of numbers,
-//! parsed straight into a flat buffer and a shape, or base64 of little-endian f16, bf16,
-//! f32 or f64 with a shape. Answers come back in the form of the request's first operand.
+//! Dense tensors of rank 1–4 for the tensor operations (linalg, nn, embeddings, beams):
+//! nested JSON arrays of numbers, parsed straight into a flat buffer and a shape, or
+//! base64 of little-endian f16, bf16, f32 or f64 with a shape. Answers come back in the
+//! form of the request's first operand. DP's f32/f64 vectors and matrices are
+//! `float_arrays`.
 
+use super::float_arrays::{too_many, BinaryEncoding};
 use super::numbers::Counted;
 use super::packed::{base64_json_string, PackedWords};
 use super::problem::{ErrorCode, Problem};
-use super::tensor::{too_many, BinaryEncoding};
 use crate::ops::linalg::{Dtype, Values};
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
