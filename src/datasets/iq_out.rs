@@ -132,11 +132,7 @@ impl IqWriter {
                     self.len
                 ));
             }
-            bytes.clear();
-            for c in x {
-                bytes.extend_from_slice(&c.re.to_le_bytes());
-                bytes.extend_from_slice(&c.im.to_le_bytes());
-            }
+            super::sigmf::cf32_le_into(x, &mut bytes);
             self.data
                 .write_all(&bytes)
                 .map_err(|e| write_err(FILES[0], e))?;

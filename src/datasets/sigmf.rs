@@ -116,6 +116,17 @@ pub fn meta(id: &RecordingId, s: &Scenario, truth: &Value, data: &[u8]) -> Value
     doc
 }
 
+/// `samples` as SigMF's `cf32_le` (interleaved little-endian f32 I/Q) in `out`, which is
+/// cleared first (a caller reuses one buffer across recordings).
+pub fn cf32_le_into(samples: &[rustfft::num_complex::Complex32], out: &mut Vec<u8>) {
+    out.clear();
+    out.reserve(8 * samples.len());
+    for c in samples {
+        out.extend_from_slice(&c.re.to_le_bytes());
+        out.extend_from_slice(&c.im.to_le_bytes());
+    }
+}
+
 /// A `.sigmf` archive of one recording.
 pub fn archive(stem: &str, meta: &[u8], data: &[u8]) -> std::io::Result<Vec<u8>> {
     let mut tar = tar::Builder::new(Vec::with_capacity(data.len() + meta.len() + 4096));

@@ -223,11 +223,7 @@ fn response(
         .zip(out.iq)
         .enumerate()
         .map(|(r, (truth_rx, iq))| {
-            bytes.clear();
-            for c in &iq {
-                bytes.extend_from_slice(&c.re.to_le_bytes());
-                bytes.extend_from_slice(&c.im.to_le_bytes());
-            }
+            sigmf::cf32_le_into(&iq, &mut bytes);
             let sigmf_meta = truth.as_ref().map(|t| {
                 let id = sigmf::RecordingId {
                     origin: sigmf::Origin::Generated,

@@ -41,7 +41,12 @@ use rustfft::num_complex::Complex32;
 
 /// A scenario of `receivers` receivers recording `duration_ms` at `sample_rate_hz`, cut
 /// into `chunk_ms` chunks.
-fn scenario(receivers: usize, sample_rate_hz: f64, duration_ms: f64, chunk_ms: f64) -> Scenario {
+pub(super) fn scenario(
+    receivers: usize,
+    sample_rate_hz: f64,
+    duration_ms: f64,
+    chunk_ms: f64,
+) -> Scenario {
     let mut s = Scenario::default();
     (s.geometry.receivers_min, s.geometry.receivers_max) = (receivers, receivers);
     s.signal.sample_rate_hz = sample_rate_hz;
@@ -51,7 +56,7 @@ fn scenario(receivers: usize, sample_rate_hz: f64, duration_ms: f64, chunk_ms: f
 }
 
 /// "1 MHz", "200 kHz".
-fn rate_label(hz: f64) -> String {
+pub(super) fn rate_label(hz: f64) -> String {
     if hz >= 1e6 {
         format!("{} MHz", hz / 1e6)
     } else {

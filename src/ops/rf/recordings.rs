@@ -156,14 +156,7 @@ pub(crate) fn check_cases(level: CheckLevel, seed: u64) -> Vec<(CaseInfo, Record
         .iter()
         .enumerate()
         .map(|(i, &(receivers, fs, ms))| {
-            let mut scenario = Scenario::default();
-            (
-                scenario.geometry.receivers_min,
-                scenario.geometry.receivers_max,
-            ) = (receivers, receivers);
-            scenario.signal.sample_rate_hz = fs;
-            scenario.signal.duration_ms = ms;
-            scenario.chunk_ms = ms.min(scenario.chunk_ms);
+            let mut scenario = super::check_cases::scenario(receivers, fs, ms, ms.min(200.0));
             if fs > 200e3 {
                 scenario.signal.bandwidth_hz = 200e3;
             }
@@ -172,14 +165,12 @@ pub(crate) fn check_cases(level: CheckLevel, seed: u64) -> Vec<(CaseInfo, Record
                 seed: seed ^ i as u64,
                 sample_index: seed % 1000,
             };
-            let rate = if fs >= 1e6 {
-                format!("{} MHz", fs / 1e6)
-            } else {
-                format!("{} kHz", fs / 1e3)
-            };
             // The recordings written once.
-            let info = CaseInfo::labelled(format!("{receivers} receivers × {ms} ms at {rate}"))
-                .with_bytes(8.0 * job.max_samples() as f64);
+            let info = CaseInfo::labelled(format!(
+                "{receivers} receivers × {ms} ms at {}",
+                super::check_cases::rate_label(fs)
+            ))
+            .with_bytes(8.0 * job.max_samples() as f64);
             (info, job)
         })
         .collect()
