@@ -38,7 +38,7 @@ fn modules() -> Vec<(String, PathBuf)> {
     found
 }
 
-fn emu_build(out: &Path) -> cc::Build {
+fn emu_build(out: &Path, sanitizer: Option<&str>) -> cc::Build {
     let mut b = cc::Build::new();
     b.cpp(true)
         .std("c++17")
@@ -49,51 +49,96 @@ fn emu_build(out: &Path) -> cc::Build {
         .flag_if_supported("-Wno-unused-function")
         .flag_if_supported("-Wno-unused-parameter")
         .opt_level(2);
-    if let Some(s) = sanitizer() {
+    if let Some(s) = sanitizer {
         b.flag(format!("-fsanitize={s}"))
             .flag("-fno-omit-frame-pointer");
     }
     b
 }
 
-/// `GPU_OPS_EMU_SANITIZE=address`: the emulated device under AddressSanitizer, so a kernel
-/// that reads or writes past a device buffer or a shared array fails its test.
-/// `GPU_OPS_EMU_SANITIZE=thread`: under ThreadSanitizer, each GPU thread a fiber it
-/// knows, so two threads of a block touching one word between barriers (one writing) is
-/// a reported race. Test binaries need the runtime preloaded (`.ci/run` shows how).
-fn sanitizer() -> Option<&'static str> {
-    match std::env::var("GPU_OPS_EMU_SANITIZE").as_deref() {
-        Ok("address") => Some("address"),
-        Ok("thread") => Some("thread"),
-        Ok("") | Err(_) => None,
-        Ok(other) => panic!("GPU_OPS_EMU_SANITIZE={other}: use address or thread"),
-    }
+/// `GPU_OPS_EMU_SANITIZERS=address,thread` (CI sets it for its whole run): the emulated
+/// device is also built under each listed checker, as a shared library the tests load
+/// when `GPU_OPS_EMU_SANITIZE` names it at run time (`backend::emulated`). The checked
+/// runs then reuse the one build of the crate and its tests instead of rebuilding both
+/// per checker. Unset (a developer's build): only the plain device, linked in.
+/// - `address`: AddressSanitizer, so a kernel that reads or writes past a device buffer
+///   or a shared array fails its test;
+/// - `thread`: ThreadSanitizer, each GPU thread a fiber it knows, so two threads of a
+///   block touching one word between barriers (one writing) is a reported race.
+///
+/// Test binaries need the checker's runtime preloaded (`.ci/run` shows how).
+fn sanitizers() -> Vec<&'static str> {
+    let listed = std::env::var("GPU_OPS_EMU_SANITIZERS").unwrap_or_default();
+    listed
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "address" => "address",
+            "thread" => "thread",
+            other => panic!("GPU_OPS_EMU_SANITIZERS lists {other:?}: use address and/or thread"),
+        })
+        .collect()
 }
 
 fn emulated_device() {
-    println!("cargo:rerun-if-env-changed=GPU_OPS_EMU_SANITIZE");
+    println!("cargo:rerun-if-env-changed=GPU_OPS_EMU_SANITIZERS");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("emu");
     std::fs::create_dir_all(&out).unwrap();
     std::fs::copy("kernels/emu/cuda_emu.h", out.join("cuda_emu.h")).unwrap();
-    let mut lib = emu_build(&out);
-    if sanitizer() == Some("thread") {
+    let units = emulated_units(&out);
+    emu_build(&out, None)
+        .file("kernels/emu/runtime.cpp")
+        .files(&units)
+        .compile("gpu_ops_emulated_device");
+    for sanitizer in sanitizers() {
+        checked_library(&out, &units, sanitizer);
+    }
+    // Where `backend::emulated` finds the checked builds.
+    println!("cargo:rustc-env=GPU_OPS_EMU_LIBRARY_DIR={}", out.display());
+}
+
+/// `libgpu_ops_emu_<sanitizer>.so`: the runtime and every unit built under the checker.
+/// `-Bsymbolic` binds the library's calls to its own definitions, never to the plain
+/// device linked into the same process.
+fn checked_library(out: &Path, units: &[PathBuf], sanitizer: &str) {
+    let objects_dir = out.join(sanitizer);
+    std::fs::create_dir_all(&objects_dir).unwrap();
+    let mut build = emu_build(out, Some(sanitizer));
+    build.pic(true).out_dir(&objects_dir).files(units);
+    let mut objects = if sanitizer == "thread" {
         // The runtime's own bookkeeping (which fiber runs, the barrier's counts) is not
         // the kernels' memory: only the kernels are instrumented; the runtime calls
         // ThreadSanitizer's fiber and synchronisation hooks.
-        let runtime = cc::Build::new()
-            .cpp(true)
-            .std("c++17")
-            .include("kernels")
-            .include(&out)
+        emu_build(out, None)
+            .pic(true)
+            .out_dir(objects_dir.join("runtime"))
             .define("GPU_OPS_EMU_TSAN", "1")
-            .flag_if_supported("-pthread")
-            .opt_level(2)
             .file("kernels/emu/runtime.cpp")
-            .compile_intermediates();
-        lib.objects(runtime);
+            .compile_intermediates()
     } else {
-        lib.file("kernels/emu/runtime.cpp");
-    }
+        build.file("kernels/emu/runtime.cpp");
+        Vec::new()
+    };
+    objects.extend(build.compile_intermediates());
+    let library = out.join(format!("libgpu_ops_emu_{sanitizer}.so"));
+    let status = build
+        .get_compiler()
+        .to_command()
+        .args(["-shared", "-pthread", "-Wl,-Bsymbolic"])
+        .arg(format!("-fsanitize={sanitizer}"))
+        .arg("-o")
+        .arg(&library)
+        .args(&objects)
+        .status()
+        .expect("the C++ compiler runs");
+    assert!(status.success(), "linking {} failed", library.display());
+}
+
+/// Every kernel module as a host C++ unit with its table of kernels, and the registry of
+/// the tables, written under `out`.
+fn emulated_units(out: &Path) -> Vec<PathBuf> {
+    let mut units = Vec::new();
     let mut tables = Vec::new();
     for (module, path) in modules() {
         let source = std::fs::read_to_string(&path).unwrap();
@@ -102,7 +147,7 @@ fn emulated_device() {
         std::fs::write(&unit, &body).unwrap();
         // The unit preprocessed once more with GPU_OPS_EMU_SCAN, where cuda_emu.h marks
         // each kernel and its bound, names its kernels and their __launch_bounds__.
-        let expanded = emu_build(&out)
+        let expanded = emu_build(out, None)
             .define("GPU_OPS_EMU_SCAN", None)
             .file(&unit)
             .expand();
@@ -118,7 +163,7 @@ fn emulated_device() {
             kernels.len()
         );
         std::fs::write(&unit, table).unwrap();
-        lib.file(&unit);
+        units.push(unit);
         tables.push(module);
     }
     let registry = out.join("registry.cpp");
@@ -151,12 +196,8 @@ fn emulated_device() {
         ),
     )
     .unwrap();
-    lib.file(&registry).compile("gpu_ops_emulated_device");
-    match sanitizer() {
-        Some("address") => println!("cargo:rustc-link-lib=dylib=asan"),
-        Some("thread") => println!("cargo:rustc-link-lib=dylib=tsan"),
-        _ => {}
-    }
+    units.push(registry);
+    units
 }
 
 /// The source with its shared memory made host memory: a `__shared__` array becomes a

@@ -84,6 +84,34 @@ fn violations(src: &std::path::Path) -> Vec<String> {
     found
 }
 
+/// Folders whose types carry OpenAPI schemas only as `cfg_attr`s of the `openapi`
+/// feature: the domains and the engines name no `utoipa` of their own (CI also builds the
+/// library without the feature).
+const SCHEMA_FREE: &[&str] = &["ops", "backend"];
+
+/// Every line under `SCHEMA_FREE` that names `utoipa`, `ToSchema` or a `#[schema(…)]`
+/// outside `#[cfg_attr(feature = "openapi", …)]`, as `file:line`.
+fn ungated_schemas(src: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for folder in SCHEMA_FREE {
+        for file in sources(&src.join(folder)) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                let names = ["utoipa", "ToSchema", "#[schema("]
+                    .iter()
+                    .any(|n| code.contains(n));
+                if names && !code.contains("#[cfg_attr(feature = \"openapi\",") {
+                    let file = file.strip_prefix(src).unwrap_or(&file);
+                    found.push(format!("{}:{}", file.display(), i + 1));
+                }
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
 /// The most lines a source file under `src/` may have (docs/ARCHITECTURE.md, "Checks
 /// that keep the structure"): past it a part moves to a child module.
 const MAX_FILE_LINES: usize = 600;
@@ -144,6 +172,23 @@ mod tests {
                 "ops/y.rs:1 names crate::store",
             ]
         );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn schemas_below_the_api_are_behind_the_openapi_feature() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        assert_eq!(ungated_schemas(&src), Vec::<String>::new());
+        let dir = std::env::temp_dir().join(format!("gpu-ops-schemas-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("backend")).unwrap();
+        std::fs::write(
+            dir.join("backend/x.rs"),
+            "#[cfg_attr(feature = \"openapi\", derive(utoipa::ToSchema))]\nstruct A;\n\
+             // ToSchema in a comment\n#[derive(utoipa::ToSchema)]\nstruct B;\n",
+        )
+        .unwrap();
+        assert_eq!(ungated_schemas(&dir), ["backend/x.rs:4"]);
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -1,8 +1,16 @@
 //! gpu-ops: GPU operations behind REST, with a CPU fallback that gives the same answers.
 //!
 //! `App::start` builds everything; tests use it in-process and over a real socket.
+//!
+//! The `openapi` feature (on by default) is the HTTP service: the API, its OpenAPI
+//! schemas and `App`. Without it the library is the domains, the engines, the pool and
+//! the stores, and none of them names `utoipa` (`cargo check --lib --no-default-features`,
+//! a CI step): the domains' schema derives are `cfg_attr`s of the feature.
 
+#[cfg(feature = "openapi")]
 pub mod api;
+#[cfg(feature = "openapi")]
+mod app;
 pub mod backend;
 pub mod bench;
 pub mod check;
@@ -15,256 +23,13 @@ pub mod new_key;
 pub mod ops;
 pub mod pool;
 pub mod secagg_client;
+#[cfg(feature = "openapi")]
 mod serve;
 pub mod store;
 pub mod tables;
 
-use api::AppState;
-use backend::{BackendChoice, Backends, CpuExecutor};
-use config::Settings;
-use metrics::Metrics;
-use pool::{Pool, PoolConfig};
-use std::future::Future;
-use std::sync::Arc;
-use store::Store;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+#[cfg(feature = "openapi")]
+pub use app::App;
 
 /// Pretend memory of the `--emulate-device` device: allocations are real host memory.
 pub(crate) const EMULATED_DEVICE_BYTES: u64 = 1 << 30;
-
-/// `--emulate-device`: one emulated device in place of CUDA discovery.
-fn emulated_devices() -> (Vec<Arc<backend::GpuDevice>>, String) {
-    let dev = backend::GpuDevice::emulated(0, EMULATED_DEVICE_BYTES);
-    (
-        vec![Arc::new(dev)],
-        "1 emulated device (--emulate-device): our kernels compiled for the host, for testing; not a GPU".into(),
-    )
-}
-
-pub struct App {
-    pub state: Arc<AppState>,
-    discovered: watch::Receiver<bool>,
-}
-
-impl App {
-    /// Builds the executors and the pool, and starts device discovery and kernel
-    /// compilation in the background (`/health/ready` is 503 until they finish).
-    /// Must be called inside a Tokio runtime.
-    pub fn start(settings: Settings) -> Result<Self, String> {
-        let cfg = &settings.config;
-        let metrics = Arc::new(Metrics::new());
-        let database = store::DatabaseUrl::parse(&cfg.database_url, cfg.database_max_connections)?;
-        let mut store = Store::open_with(&cfg.data_dir, &database)?;
-        // Datasets are shared when both their catalog and their files can be.
-        if store.is_shared() && !cfg.artifact_store.is_empty() {
-            store = store.with_catalog_in_shared_engine();
-        }
-        let store = Arc::new(store);
-        tracing::info!(
-            database = %database.redacted(),
-            datasets_shared = store.is_catalog_shared(),
-            "store opened"
-        );
-        if cfg.dp_allow_client_seed {
-            tracing::warn!("--dp-allow-client-seed is on: clients can make privacy noise and Shamir coefficients predictable; never in production");
-        }
-        let backends = Arc::new(Backends::new(
-            cfg.backend,
-            CpuExecutor::new(settings.cpu_threads)?,
-            metrics.clone(),
-        ));
-        let artifacts = (!cfg.artifact_store.is_empty())
-            .then(|| {
-                datasets::artifacts::ObjectArtifacts::open(
-                    &cfg.artifact_store,
-                    tokio::runtime::Handle::current(),
-                )
-            })
-            .transpose()?
-            .map(Arc::new);
-        if let Some(a) = &artifacts {
-            tracing::info!(
-                location = a.location(),
-                "finished dataset files kept in object storage"
-            );
-        }
-        let datasets = datasets::Datasets::start(
-            store.clone(),
-            metrics.clone(),
-            &cfg.data_dir,
-            datasets::WorkerSettings {
-                threads: settings.cpu_threads,
-                caps: crate::store::QueueCaps {
-                    queued: cfg.max_dataset_jobs,
-                    tenant_queued: cfg.max_tenant_queued_datasets,
-                    tenant_work: cfg.max_tenant_dataset_work,
-                },
-                lease: cfg.dataset_lease,
-                memory_budget: cfg.dataset_memory_mib << 20,
-            },
-            backends.clone(),
-            artifacts,
-        )?;
-        let pool = Arc::new(Pool::start(
-            PoolConfig {
-                capacity: cfg.queue_capacity,
-                workers: settings.cpu_threads,
-                fallback: cfg.fallback,
-                default_timeout: cfg.job_timeout,
-                verify_fraction: cfg.verify_fraction,
-                inline_small_jobs: cfg.cpu_inline_small_jobs,
-                batch: pool::BatchConfig {
-                    mode: cfg.batching,
-                    max_delay: cfg.batch_max_delay,
-                    max_elements: cfg.batch_max_elements,
-                },
-            },
-            metrics.clone(),
-            backends.clone(),
-        ));
-        let (done_tx, discovered) = watch::channel(false);
-        if cfg.backend == BackendChoice::Cpu {
-            backends.set_gpus(Vec::new(), "CUDA not used: --backend cpu".into());
-            done_tx.send_replace(true);
-        } else {
-            let (b, m) = (backends.clone(), metrics.clone());
-            let (selection, cache) = (cfg.devices.clone(), cfg.data_dir.join("kernel-cache"));
-            let interval = cfg.device_sample_interval;
-            let memory_limit = cfg.gpu_memory_limit_mib << 20;
-            let table_cache = cfg.gpu_table_cache_mib << 20;
-            let vendor_libraries = !cfg.no_cuda_libraries;
-            let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
-            tokio::task::spawn_blocking(move || {
-                let library = ops::kernel_library();
-                let (gpus, reason) = if emulate {
-                    tracing::warn!(
-                        "--emulate-device: GPU work runs on the emulated device, for testing only"
-                    );
-                    emulated_devices()
-                } else {
-                    backend::cuda::discover_guarded(&selection, &cache, &library)
-                };
-                let tests = Arc::new(ops::self_tests());
-                for g in &gpus {
-                    g.set_memory_limit(memory_limit);
-                    g.set_vendor_libraries_allowed(vendor_libraries);
-                    if table_cache > 0 {
-                        g.set_table_cache_limit(table_cache as usize);
-                    }
-                    // Before the device serves anything: readiness waits for set_gpus.
-                    b.self_test(g, &tests);
-                }
-                b.set_probe(backend::Probe {
-                    reopen: if emulate {
-                        backend::reopen_emulated()
-                    } else {
-                        backend::reopen_cuda(cache, library)
-                    },
-                    tests,
-                    backoff,
-                });
-                tracing::info!(devices = gpus.len(), reason = %reason, "device discovery finished");
-                if !gpus.is_empty() && !emulate {
-                    if let Err(why) = backend::spawn_nvml_sampler(m, interval) {
-                        tracing::warn!(reason = %why, "GPU gauges will not be exported");
-                    }
-                }
-                b.set_gpus(gpus, reason);
-                done_tx.send_replace(true);
-            });
-        }
-        let tables = Arc::new(
-            tables::EmbeddingTables::open(
-                cfg.data_dir.join("embedding-tables"),
-                cfg.max_tenant_embedding_mib << 20,
-                cfg.max_embedding_tables_mib << 20,
-            )?
-            .with_tenant_table_cap(cfg.max_tenant_embedding_tables),
-        );
-        store::spawn_round_expiry(
-            &store,
-            cfg.secagg_round_ttl,
-            metrics.secagg_rounds_expired.clone(),
-        );
-        let state = Arc::new(AppState::new(
-            settings, metrics, pool, backends, store, datasets, tables,
-        ));
-        Ok(Self { state, discovered })
-    }
-
-    /// Waits for device discovery to finish.
-    pub async fn discovery_finished(&self) {
-        let _ = self.discovered.clone().wait_for(|d| *d).await;
-    }
-
-    pub fn router(&self) -> axum::Router {
-        api::router(self.state.clone())
-    }
-
-    /// Serves until `shutdown` resolves, then stops accepting connections, lets
-    /// in-flight requests and queued jobs finish within `--shutdown-grace`, and returns.
-    pub async fn serve(
-        self,
-        listener: TcpListener,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
-        let router = self.router();
-        self.serve_router(listener, router, shutdown).await
-    }
-
-    /// As `serve`, with a router the caller built from `api::routes` (tests).
-    pub async fn serve_router(
-        self,
-        listener: TcpListener,
-        router: axum::Router,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
-        let state = self.state.clone();
-        let grace = state.settings.config.shutdown_grace;
-        let (stopping_tx, mut stopping) = watch::channel(false);
-        let signalled = {
-            let state = state.clone();
-            async move {
-                shutdown.await;
-                tracing::info!(grace = ?grace, "shutdown requested: no new connections, draining");
-                state.begin_shutdown();
-                stopping_tx.send_replace(true);
-            }
-        };
-        let limits = serve::ConnectionLimits {
-            header_read_timeout: state.settings.config.header_read_timeout,
-            max_connections: state.settings.config.max_connections,
-        };
-        let server = serve::serve(listener, router, limits, state.metrics.clone(), signalled);
-        let deadline = async {
-            let _ = stopping.wait_for(|s| *s).await;
-            tokio::time::sleep(grace).await;
-        };
-        tokio::select! {
-            () = server => {},
-            _ = deadline => tracing::warn!("shutdown grace period over with requests still open"),
-        }
-        state.pool.close();
-        // Jobs whose clients are gone still hold workers; give them what is left of the grace.
-        if tokio::time::timeout(grace, state.pool.drain())
-            .await
-            .is_err()
-        {
-            tracing::warn!("jobs still running at exit");
-        }
-        // The dataset job stops at its next batch and records how it ended (interrupted,
-        // or handed back to a shared queue); leaving before that would leave it to its
-        // lease.
-        let until = tokio::time::Instant::now() + grace;
-        while state.datasets.is_running_a_job() {
-            if tokio::time::Instant::now() >= until {
-                tracing::warn!("the dataset job had not stopped at exit");
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        tracing::info!("stopped");
-        Ok(())
-    }
-}

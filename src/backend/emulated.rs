@@ -16,8 +16,25 @@ use cudarc::driver::LaunchConfig;
 use std::alloc::Layout;
 use std::ffi::{c_char, c_int, c_long, c_void, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
+type LaunchFn = unsafe extern "C" fn(
+    *const c_char,
+    *const u32,
+    *const u32,
+    usize,
+    *mut *mut c_void,
+    usize,
+    *mut c_char,
+    usize,
+) -> c_int;
+type ParamsFn = unsafe extern "C" fn(*const c_char, *mut usize, usize) -> c_long;
+type MaxThreadsFn = unsafe extern "C" fn(*const c_char) -> c_long;
+type CountFn = unsafe extern "C" fn() -> usize;
+type NameFn = unsafe extern "C" fn(usize) -> *const c_char;
+type SanitizerFn = unsafe extern "C" fn() -> *const c_char;
+
+// The plain build, linked in (build.rs).
 extern "C" {
     fn emu_launch(
         name: *const c_char,
@@ -36,11 +53,86 @@ extern "C" {
     fn emu_sanitizer() -> *const c_char;
 }
 
-/// The checker the emulated device was built with (`GPU_OPS_EMU_SANITIZE`): "address",
+/// The emulated device's entry points: the plain build linked in, or the build under a
+/// checker that `GPU_OPS_EMU_SANITIZE` names, loaded from the shared library build.rs
+/// made when `GPU_OPS_EMU_SANITIZERS` listed it. Choosing at run time lets CI's checked
+/// runs reuse the one build of the crate and its tests.
+struct Runtime {
+    launch: LaunchFn,
+    params: ParamsFn,
+    max_threads: MaxThreadsFn,
+    count: CountFn,
+    name: NameFn,
+    sanitizer: SanitizerFn,
+    /// Kept open for the process's life: the entry points point into it.
+    _library: Option<libloading::Library>,
+}
+
+fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let wanted = std::env::var("GPU_OPS_EMU_SANITIZE").unwrap_or_default();
+        match wanted.as_str() {
+            "" | "none" => Runtime {
+                launch: emu_launch,
+                params: emu_kernel_params,
+                max_threads: emu_kernel_max_threads,
+                count: emu_kernel_count,
+                name: emu_kernel_name,
+                sanitizer: emu_sanitizer,
+                _library: None,
+            },
+            "address" | "thread" => checked_runtime(&wanted).unwrap_or_else(|why| {
+                // Only tests and CI set this variable; running them unchecked instead
+                // would pass while checking nothing.
+                panic!("GPU_OPS_EMU_SANITIZE={wanted}: {why}")
+            }),
+            other => panic!("GPU_OPS_EMU_SANITIZE={other}: use address, thread or none"),
+        }
+    })
+}
+
+fn checked_runtime(sanitizer: &str) -> Result<Runtime, String> {
+    let path = std::path::Path::new(env!("GPU_OPS_EMU_LIBRARY_DIR"))
+        .join(format!("libgpu_ops_emu_{sanitizer}.so"));
+    // SAFETY: the library is our own emulated device, built by build.rs; its
+    // initialisers only set up static tables.
+    let library = unsafe { libloading::Library::new(&path) }.map_err(|e| {
+        format!(
+            "cannot load {}: {e}; build with GPU_OPS_EMU_SANITIZERS={sanitizer} and preload \
+             the checker's runtime (docs/GPU.md, \"The checkers\")",
+            path.display()
+        )
+    })?;
+    Ok(Runtime {
+        launch: entry_point(&library, &path, "emu_launch")?,
+        params: entry_point(&library, &path, "emu_kernel_params")?,
+        max_threads: entry_point(&library, &path, "emu_kernel_max_threads")?,
+        count: entry_point(&library, &path, "emu_kernel_count")?,
+        name: entry_point(&library, &path, "emu_kernel_name")?,
+        sanitizer: entry_point(&library, &path, "emu_sanitizer")?,
+        _library: Some(library),
+    })
+}
+
+/// The function `name` of the checked library, as the `F` its caller declares.
+fn entry_point<F: Copy>(
+    library: &libloading::Library,
+    path: &std::path::Path,
+    name: &str,
+) -> Result<F, String> {
+    // SAFETY: the caller's `F` is the C signature `name` has in kernels/emu/runtime.cpp;
+    // the library outlives the pointer (kept open in `Runtime`).
+    unsafe { library.get::<F>(name.as_bytes()) }
+        .map(|f| *f)
+        .map_err(|e| format!("{}: {name}: {e}", path.display()))
+}
+
+/// The checker the emulated device runs under (`GPU_OPS_EMU_SANITIZE`): "address",
 /// "thread" or "none".
 pub fn sanitizer() -> &'static str {
     // SAFETY: emu_sanitizer returns a static NUL-terminated string.
-    unsafe { std::ffi::CStr::from_ptr(emu_sanitizer()) }
+    unsafe { std::ffi::CStr::from_ptr((runtime().sanitizer)()) }
         .to_str()
         .unwrap_or("none")
 }
@@ -70,7 +162,7 @@ pub fn kernel_params(name: &str) -> Option<Vec<usize>> {
     let name = CString::new(name).ok()?;
     let mut sizes = [0usize; 64];
     // SAFETY: `sizes` has room for `cap` entries; `name` is NUL-terminated.
-    let n = unsafe { emu_kernel_params(name.as_ptr(), sizes.as_mut_ptr(), sizes.len()) };
+    let n = unsafe { (runtime().params)(name.as_ptr(), sizes.as_mut_ptr(), sizes.len()) };
     (n >= 0).then(|| sizes[..(n as usize).min(sizes.len())].to_vec())
 }
 
@@ -80,7 +172,7 @@ pub fn kernel_params(name: &str) -> Option<Vec<usize>> {
 pub fn kernel_max_threads(name: &str) -> Option<u32> {
     let name = CString::new(name).ok()?;
     // SAFETY: `name` is NUL-terminated.
-    let n = unsafe { emu_kernel_max_threads(name.as_ptr()) };
+    let n = unsafe { (runtime().max_threads)(name.as_ptr()) };
     u32::try_from(n).ok()
 }
 
@@ -88,11 +180,11 @@ pub fn kernel_max_threads(name: &str) -> Option<u32> {
 /// (`kernels/*.cu`) and its own check kernels (`kernels/emu/*.cu`, named `emu_check_*`).
 pub fn kernel_names() -> Vec<String> {
     // SAFETY: emu_kernel_count reads the static table.
-    let count = unsafe { emu_kernel_count() };
+    let count = unsafe { (runtime().count)() };
     let mut names: Vec<String> = (0..count)
         .filter_map(|i| {
             // SAFETY: i is below the count, so the name is a static NUL-terminated string.
-            let name = unsafe { emu_kernel_name(i) };
+            let name = unsafe { (runtime().name)(i) };
             (!name.is_null()).then(|| {
                 // SAFETY: as above.
                 unsafe { std::ffi::CStr::from_ptr(name) }
@@ -125,7 +217,7 @@ pub unsafe fn launch(
     let mut err = [0 as c_char; 512];
     // SAFETY: the caller's contract covers `args`; the other pointers are valid locals.
     let rc = unsafe {
-        emu_launch(
+        (runtime().launch)(
             cname.as_ptr(),
             grid.as_ptr(),
             block.as_ptr(),

@@ -15,7 +15,6 @@ use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
-use utoipa::ToSchema;
 
 pub use cpu::CpuExecutor;
 pub use device::{
@@ -27,18 +26,9 @@ pub use nvml::{driver_version as nvml_driver_version, spawn_sampler as spawn_nvm
 
 /// Where a job may run, as the server is configured (`--backend`) or a request asks.
 #[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    ToSchema,
-    clap::ValueEnum,
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
 )]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
     /// CUDA when a healthy device exists and the input is large enough, else the CPU.
@@ -49,7 +39,8 @@ pub enum BackendChoice {
 }
 
 /// The executor a job ran on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
     Cpu,

@@ -7,7 +7,6 @@ use super::device::DeviceLease;
 use super::measure::{measure_job, CaseInfo, CaseRun, Repeats};
 use super::Job;
 use serde::Serialize;
-use utoipa::ToSchema;
 
 /// One self-test case: a small job with edge values, run on the device and on the CPU.
 /// Domains provide them (`ops::self_tests`); backend/ knows none of them.
@@ -186,7 +185,8 @@ pub fn same_bits(device: &[f64], cpu: &[f64]) -> Result<(), String> {
 }
 
 /// Where an op stands on one device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum OpState {
     /// Passed the self-test; no shadow check has disagreed since.
@@ -196,7 +196,8 @@ pub enum OpState {
 }
 
 /// `/device`'s entry for one op on one device.
-#[derive(Clone, Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OpStatus {
     pub op: String,
     pub state: OpState,

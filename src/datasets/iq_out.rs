@@ -5,7 +5,8 @@
 //! and renamed into place when the job completes; the catalog marks a job completed only
 //! after that, so a reader never sees half a dataset.
 
-use super::artifacts::ReadAt;
+use super::artifacts::{ArtifactError, ReadAt};
+use super::OutputError;
 use crate::ops::rf::dataset::SampleRecord;
 use rustfft::num_complex::Complex32;
 use serde::Serialize;
@@ -59,38 +60,35 @@ fn partial(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.partial"))
 }
 
-fn io(path: &Path, e: std::io::Error) -> String {
-    format!("{}: {e}", path.display())
-}
-
 impl IqWriter {
     /// Opens the partial files cut back to `at` (all zero for a new job; a resumed job
     /// passes its checkpoint's), appending from there.
-    pub fn open(dir: &Path, len: usize, at: IqLengths) -> Result<Self, String> {
+    pub fn open(dir: &Path, len: usize, at: IqLengths) -> Result<Self, OutputError> {
         let open = |name: &str, keep: u64| {
             let p = partial(dir, name);
             // Renamed by a finish whose completion the catalog never recorded (a crash
             // in between): take the file back.
             if keep > 0 && !p.exists() && dir.join(name).exists() {
-                std::fs::rename(dir.join(name), &p).map_err(|e| io(&p, e))?;
+                std::fs::rename(dir.join(name), &p).map_err(OutputError::io(&p))?;
             }
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .write(true)
                 .truncate(keep == 0)
                 .open(&p)
-                .map_err(|e| io(&p, e))?;
-            let have = f.metadata().map_err(|e| io(&p, e))?.len();
+                .map_err(OutputError::io(&p))?;
+            let have = f.metadata().map_err(OutputError::io(&p))?.len();
             if have < keep {
-                return Err(format!(
-                    "{}: {have} bytes, the checkpoint needs {keep}",
-                    p.display()
-                ));
+                return Err(OutputError::ShorterThanCheckpoint {
+                    path: p,
+                    have,
+                    keep,
+                });
             }
-            f.set_len(keep).map_err(|e| io(&p, e))?;
+            f.set_len(keep).map_err(OutputError::io(&p))?;
             let mut f = f;
-            std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).map_err(|e| io(&p, e))?;
-            Ok::<_, String>(BufWriter::with_capacity(1 << 20, f))
+            std::io::Seek::seek(&mut f, std::io::SeekFrom::End(0)).map_err(OutputError::io(&p))?;
+            Ok::<_, OutputError>(BufWriter::with_capacity(1 << 20, f))
         };
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -105,14 +103,14 @@ impl IqWriter {
     }
 
     /// Flushes and syncs the three files; returns how far they reach.
-    pub fn checkpoint(&mut self) -> Result<IqLengths, String> {
+    pub fn checkpoint(&mut self) -> Result<IqLengths, OutputError> {
         for (name, w) in FILES
             .iter()
             .zip([&mut self.data, &mut self.meta, &mut self.index])
         {
             let p = partial(&self.dir, name);
-            w.flush().map_err(|e| io(&p, e))?;
-            w.get_ref().sync_data().map_err(|e| io(&p, e))?;
+            w.flush().map_err(OutputError::io(&p))?;
+            w.get_ref().sync_data().map_err(OutputError::io(&p))?;
         }
         Ok(IqLengths {
             data: self.data_offset,
@@ -121,16 +119,18 @@ impl IqWriter {
         })
     }
 
-    pub fn push(&mut self, rec: &SampleRecord, iq: &[Vec<Complex32>]) -> Result<(), String> {
-        let write_err = |name: &str, e: std::io::Error| io(&partial(&self.dir, name), e);
+    pub fn push(&mut self, rec: &SampleRecord, iq: &[Vec<Complex32>]) -> Result<(), OutputError> {
+        let write_err = |name: &str, source| OutputError::Io {
+            path: partial(&self.dir, name),
+            source,
+        };
         let mut bytes = Vec::with_capacity(self.len * 8);
         for x in iq {
             if x.len() != self.len {
-                return Err(format!(
-                    "a recording of {} samples where {} were expected",
-                    x.len(),
-                    self.len
-                ));
+                return Err(OutputError::RecordingLength {
+                    got: x.len(),
+                    want: self.len,
+                });
             }
             super::sigmf::cf32_le_into(x, &mut bytes);
             self.data
@@ -143,7 +143,10 @@ impl IqWriter {
             receivers: &rec.receivers,
             quality: &rec.quality,
         })
-        .map_err(|e| e.to_string())?;
+        .map_err(|source| OutputError::Json {
+            path: partial(&self.dir, FILES[1]),
+            source,
+        })?;
         self.meta
             .write_all(&truth)
             .map_err(|e| write_err(FILES[1], e))?;
@@ -162,23 +165,26 @@ impl IqWriter {
     }
 
     /// Flushes and syncs the three files and renames them into place.
-    pub fn finish(self) -> Result<(), String> {
+    pub fn finish(self) -> Result<(), OutputError> {
         let dir = self.dir.clone();
         for (name, w) in FILES.iter().zip([self.data, self.meta, self.index]) {
             let p = partial(&dir, name);
-            let file = w.into_inner().map_err(|e| io(&p, e.into_error()))?;
-            file.sync_all().map_err(|e| io(&p, e))?;
+            let file = w
+                .into_inner()
+                .map_err(|e| e.into_error())
+                .map_err(OutputError::io(&p))?;
+            file.sync_all().map_err(OutputError::io(&p))?;
         }
         for name in FILES {
             let p = partial(&dir, name);
-            std::fs::rename(&p, dir.join(name)).map_err(|e| io(&p, e))?;
+            std::fs::rename(&p, dir.join(name)).map_err(OutputError::io(&p))?;
         }
         Ok(())
     }
 }
 
 /// Sample k's entry, or None past the end.
-pub fn entry(files: &dyn ReadAt, k: u64) -> Result<Option<IqEntry>, String> {
+pub fn entry(files: &dyn ReadAt, k: u64) -> Result<Option<IqEntry>, ArtifactError> {
     if k >= files.len(FILES[2])? / INDEX_RECORD {
         return Ok(None);
     }
@@ -194,13 +200,21 @@ pub fn entry(files: &dyn ReadAt, k: u64) -> Result<Option<IqEntry>, String> {
 }
 
 /// The sample's stored truth JSON.
-pub fn truth(files: &dyn ReadAt, e: &IqEntry) -> Result<serde_json::Value, String> {
+pub fn truth(files: &dyn ReadAt, e: &IqEntry) -> Result<serde_json::Value, ArtifactError> {
     let b = files.read_at(FILES[1], e.meta_offset, e.meta_len as usize)?;
-    serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", FILES[1]))
+    serde_json::from_slice(&b).map_err(|source| ArtifactError::Corrupt {
+        name: FILES[1],
+        source,
+    })
 }
 
 /// Receiver `rx`'s recording as `cf32_le` bytes (`len` complex samples).
-pub fn recording(files: &dyn ReadAt, e: &IqEntry, rx: u32, len: usize) -> Result<Vec<u8>, String> {
+pub fn recording(
+    files: &dyn ReadAt,
+    e: &IqEntry,
+    rx: u32,
+    len: usize,
+) -> Result<Vec<u8>, ArtifactError> {
     let bytes = len as u64 * 8;
     files.read_at(FILES[0], e.data_offset + rx as u64 * bytes, bytes as usize)
 }

@@ -6,6 +6,7 @@ use super::checkpoint::Checkpoint;
 use super::iq_out::IqWriter;
 use super::parquet_out::{self, FeatureWriter};
 use super::published::Published;
+use super::{DatasetError, OutputError};
 use crate::ops::rf::dataset::{Rejection, SampleRecord};
 use crate::ops::rf::generate::{samples_per_recording, GENERATOR_VERSION};
 use crate::ops::rf::scenario::Scenario;
@@ -31,7 +32,7 @@ impl JobFiles {
         row: &DatasetRow,
         keep_iq: bool,
         at: &Checkpoint,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, OutputError> {
         let features = FeatureWriter::open(
             result,
             scenario.receiver_slots(),
@@ -61,7 +62,7 @@ impl JobFiles {
         &mut self,
         rec: &SampleRecord,
         counts: &mut Counts,
-    ) -> Result<&'static str, String> {
+    ) -> Result<&'static str, DatasetError> {
         counts.attempted += 1;
         let outcome = match rec.rejected {
             None => "accepted",
@@ -104,7 +105,7 @@ impl JobFiles {
         Ok(outcome)
     }
 
-    pub(super) fn finish(self) -> Result<(), String> {
+    pub(super) fn finish(self) -> Result<(), OutputError> {
         if let Some(w) = self.recordings {
             w.finish()?;
         }

@@ -19,6 +19,7 @@
 
 pub mod artifacts;
 mod checkpoint;
+mod error;
 pub mod iq_out;
 mod job_files;
 pub mod memory;
@@ -27,8 +28,10 @@ mod published;
 pub mod sigmf;
 mod worker;
 
-use artifacts::ObjectArtifacts;
+use artifacts::{ArtifactError, ObjectArtifacts};
 use checkpoint::Checkpoint;
+pub use checkpoint::GeneratorMismatch;
+pub use error::{DatasetError, OutputError};
 pub use worker::DATASET_NICE;
 use worker::{dataset_pool, lower_priority};
 
@@ -166,12 +169,13 @@ pub enum SubmitError {
     Queue(QueueRefusal),
     #[error("the dataset may take up to {} and the disk under --data-dir has {} free, of which {} is promised to queued and running jobs and {} kept in reserve", gib(*.need), gib(*.free), gib(*.promised), gib(DISK_RESERVE_BYTES))]
     NoSpace { need: u64, free: u64, promised: u64 },
-    #[error("{0}")]
-    Storage(String),
+    /// The disk, a job's checkpoint or the tenant's stored datasets could not be read.
+    #[error(transparent)]
+    Storage(DatasetError),
     #[error(transparent)]
     Catalog(#[from] StoreError),
     #[error("the job cannot be resumed: {0}")]
-    NotResumable(String),
+    NotResumable(#[source] GeneratorMismatch),
     #[error("the dataset may take up to {} and the tenant's other datasets up to {}, beyond --max-tenant-dataset-bytes ({}); delete datasets (DELETE /datasets/{{id}}) or ask for fewer samples", gib(*.need), gib(*.used), gib(*.quota))]
     QuotaExceeded { need: u64, used: u64, quota: u64 },
 }
@@ -217,7 +221,7 @@ impl Datasets {
         settings: WorkerSettings,
         backends: Arc<Backends>,
         artifacts: Option<Arc<ObjectArtifacts>>,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, DatasetError> {
         let WorkerSettings {
             threads,
             caps,
@@ -225,7 +229,7 @@ impl Datasets {
             memory_budget,
         } = settings;
         let dir = data_dir.join("datasets");
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(DatasetError::io(&dir))?;
         // A shared queue outlives any one replica: what this one left running is resumed
         // by whichever replica claims it when its lease runs out.
         if !store.is_catalog_shared() {
@@ -256,7 +260,7 @@ impl Datasets {
                 lower_priority();
                 worker.work(&woken, &pool);
             })
-            .map_err(|e| format!("dataset worker: {e}"))?;
+            .map_err(DatasetError::Spawn)?;
         Ok(this)
     }
 
@@ -359,14 +363,17 @@ impl Datasets {
 
     /// What a tenant's datasets may take: `estimate_bytes` of each not failed or cancelled
     /// (those keep no files).
-    fn tenant_bytes(&self, tenant: &str) -> Result<u64, String> {
+    fn tenant_bytes(&self, tenant: &str) -> Result<u64, DatasetError> {
         let mut used = 0u64;
         for row in self.store.datasets(tenant)? {
             if matches!(row.status, DatasetStatus::Failed | DatasetStatus::Cancelled) {
                 continue;
             }
-            let s: Scenario = serde_json::from_str(&row.config)
-                .map_err(|e| format!("{}: stored config: {e}", row.id))?;
+            let s: Scenario =
+                serde_json::from_str(&row.config).map_err(|source| DatasetError::StoredConfig {
+                    id: row.id.clone(),
+                    source,
+                })?;
             used = used.saturating_add(estimate_bytes(
                 &s,
                 row.dataset_type == "iq_raw",
@@ -379,7 +386,9 @@ impl Datasets {
     /// Queues an interrupted job again; it continues from its checkpoint. False when the
     /// job is not interrupted. `estimate` is the whole job's (`estimate_bytes`).
     pub fn resume(&self, row: &DatasetRow, estimate: u64) -> Result<bool, SubmitError> {
-        if let Some(c) = Checkpoint::load(&self.dir.join(&row.id)).map_err(SubmitError::Storage)? {
+        let checkpoint = Checkpoint::load(&self.dir.join(&row.id))
+            .map_err(|e| SubmitError::Storage(e.into()))?;
+        if let Some(c) = checkpoint {
             c.check_generator().map_err(SubmitError::NotResumable)?;
         }
         let mut active =
@@ -406,7 +415,8 @@ impl Datasets {
         need: u64,
     ) -> Result<std::sync::MutexGuard<'_, HashMap<String, Arc<Active>>>, SubmitError> {
         let free = fs4::available_space(&self.dir)
-            .map_err(|e| SubmitError::Storage(format!("{}: {e}", self.dir.display())))?;
+            .map_err(DatasetError::io(&self.dir))
+            .map_err(SubmitError::Storage)?;
         let active = self.lock();
         let promised: u64 = active.values().map(|a| a.outstanding()).sum();
         if need
@@ -489,7 +499,7 @@ impl Datasets {
 
     /// Removes the job's files, here and in the object store (stopping it first if it
     /// runs here).
-    pub fn remove_files(&self, id: &str) -> Result<(), String> {
+    pub fn remove_files(&self, id: &str) -> Result<(), ArtifactError> {
         self.stop_local(id);
         let _ = std::fs::remove_dir_all(self.dir.join(id));
         if let Some(a) = &self.artifacts {
@@ -500,13 +510,13 @@ impl Datasets {
 }
 
 /// This process's lease-owner id: unique across replicas and restarts.
-fn worker_id() -> Result<String, String> {
+fn worker_id() -> Result<String, DatasetError> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "host".into());
     let mut tag = [0u8; 4];
-    getrandom::fill(&mut tag).map_err(|e| format!("no OS entropy: {e}"))?;
+    getrandom::fill(&mut tag).map_err(DatasetError::Entropy)?;
     Ok(format!(
         "{host}/{}/{:08x}",
         std::process::id(),

@@ -7,6 +7,7 @@
 //! re-encoding, into `features.parquet.partial`, which is synced and renamed into place,
 //! so a reader never sees half a file.
 
+use super::OutputError;
 use crate::ops::rf::dataset::SampleRecord;
 use crate::ops::rf::generate::GENERATOR_VERSION;
 use crate::ops::rf::FEATURE_NAMES;
@@ -14,6 +15,7 @@ use parquet::basic::Compression;
 use parquet::column::writer::ColumnCloseResult;
 use parquet::column::writer::ColumnWriter;
 use parquet::data_type::ByteArray;
+use parquet::errors::ParquetError;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use parquet::file::reader::{FileReader, SerializedFileReader};
@@ -85,8 +87,12 @@ pub fn part_name(k: usize) -> String {
     format!("{PARTS_DIR}/part-{k:06}.parquet")
 }
 
-fn perr(e: parquet::errors::ParquetError) -> String {
-    format!("parquet: {e}")
+/// `map_err(perr(&path))`: a Parquet error writing or reading the file at `path`.
+fn perr(path: &Path) -> impl Fn(ParquetError) -> OutputError + '_ {
+    move |source| OutputError::Parquet {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Column names in file order, for `receivers` receiver slots.
@@ -142,11 +148,11 @@ impl FeatureWriter {
         receivers: usize,
         rows_per_part: usize,
         parts: usize,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, OutputError> {
         let parts_dir = path.with_extension("parts");
-        std::fs::create_dir_all(&parts_dir).map_err(|e| format!("{}: {e}", parts_dir.display()))?;
+        std::fs::create_dir_all(&parts_dir).map_err(OutputError::io(&parts_dir))?;
         for entry in std::fs::read_dir(&parts_dir)
-            .map_err(|e| format!("{}: {e}", parts_dir.display()))?
+            .map_err(OutputError::io(&parts_dir))?
             .flatten()
         {
             let keep = (0..parts).any(|k| entry.path() == part_path(&parts_dir, k));
@@ -156,10 +162,10 @@ impl FeatureWriter {
         }
         for k in 0..parts {
             if !part_path(&parts_dir, k).exists() {
-                return Err(format!("checkpoint names part {k}, which is missing"));
+                return Err(OutputError::MissingPart(k));
             }
         }
-        let schema = parse_message_type(&schema(receivers)).map_err(|e| format!("schema: {e}"))?;
+        let schema = parse_message_type(&schema(receivers)).map_err(OutputError::Schema)?;
         let props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
             .set_created_by("gpu-ops".into())
@@ -201,7 +207,7 @@ impl FeatureWriter {
     }
 
     /// Buffers a row; true when it completed a part, which is then sealed on disk.
-    pub fn push(&mut self, rec: &SampleRecord) -> Result<bool, String> {
+    pub fn push(&mut self, rec: &SampleRecord) -> Result<bool, OutputError> {
         let mut c = self.columns.iter_mut();
         let f64s = |c: &mut std::slice::IterMut<'_, Column>, v: Option<f64>| {
             let col = c.next().expect("one column per value");
@@ -273,54 +279,59 @@ impl FeatureWriter {
 
     /// Writes the buffered rows as the next part: a one-row-group Parquet file, synced
     /// and renamed from `.partial`.
-    fn seal(&mut self) -> Result<(), String> {
+    fn seal(&mut self) -> Result<(), OutputError> {
         if self.rows == 0 {
             return Ok(());
         }
-        let err = perr;
         let path = part_path(&self.parts_dir, self.parts);
         let partial = path.with_extension("parquet.partial");
-        let file = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
+        let err = perr(&partial);
+        let file = File::create(&partial).map_err(OutputError::io(&partial))?;
         let mut writer = SerializedFileWriter::new(file, self.schema.clone(), self.props.clone())
-            .map_err(err)?;
-        let mut rg = writer.next_row_group().map_err(err)?;
+            .map_err(&err)?;
+        let mut rg = writer.next_row_group().map_err(&err)?;
         let mut columns = self.columns.iter_mut();
-        while let Some(mut w) = rg.next_column().map_err(err)? {
-            let col = columns.next().ok_or("more parquet columns than buffers")?;
+        while let Some(mut w) = rg.next_column().map_err(&err)? {
+            let col = columns
+                .next()
+                .ok_or(OutputError::Columns("more parquet columns than buffers"))?;
             let defs = col.defs.as_deref();
             match (w.untyped(), &mut col.values) {
                 (ColumnWriter::DoubleColumnWriter(w), Values::F64(v)) => {
-                    w.write_batch(v, defs, None).map_err(err)?;
+                    w.write_batch(v, defs, None).map_err(&err)?;
                     v.clear();
                 }
                 (ColumnWriter::Int64ColumnWriter(w), Values::I64(v)) => {
-                    w.write_batch(v, defs, None).map_err(err)?;
+                    w.write_batch(v, defs, None).map_err(&err)?;
                     v.clear();
                 }
                 (ColumnWriter::Int32ColumnWriter(w), Values::I32(v)) => {
-                    w.write_batch(v, defs, None).map_err(err)?;
+                    w.write_batch(v, defs, None).map_err(&err)?;
                     v.clear();
                 }
                 (ColumnWriter::BoolColumnWriter(w), Values::Bool(v)) => {
-                    w.write_batch(v, defs, None).map_err(err)?;
+                    w.write_batch(v, defs, None).map_err(&err)?;
                     v.clear();
                 }
                 (ColumnWriter::ByteArrayColumnWriter(w), Values::Utf8(v)) => {
-                    w.write_batch(v, defs, None).map_err(err)?;
+                    w.write_batch(v, defs, None).map_err(&err)?;
                     v.clear();
                 }
-                _ => return Err("a parquet column of an unexpected type".into()),
+                _ => {
+                    return Err(OutputError::Columns(
+                        "a parquet column of an unexpected type",
+                    ))
+                }
             }
             if let Some(d) = &mut col.defs {
                 d.clear();
             }
-            w.close().map_err(err)?;
+            w.close().map_err(&err)?;
         }
-        rg.close().map_err(err)?;
-        let file = writer.into_inner().map_err(err)?;
-        file.sync_all()
-            .map_err(|e| format!("{}: {e}", partial.display()))?;
-        std::fs::rename(&partial, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        rg.close().map_err(&err)?;
+        let file = writer.into_inner().map_err(&err)?;
+        file.sync_all().map_err(OutputError::io(&partial))?;
+        std::fs::rename(&partial, &path).map_err(OutputError::io(&path))?;
         self.rows = 0;
         self.parts += 1;
         Ok(())
@@ -329,22 +340,21 @@ impl FeatureWriter {
     /// Seals the last rows, splices every part's row group into one file (column chunks
     /// copied as encoded), syncs it and renames it into place. The parts stay until the
     /// catalog records the job completed (`remove_parts`), so a crash in between resumes.
-    pub fn finish(mut self) -> Result<(), String> {
+    pub fn finish(mut self) -> Result<(), OutputError> {
         self.seal()?;
         let partial = self.path.with_extension("parquet.partial");
-        let out = File::create(&partial).map_err(|e| format!("{}: {e}", partial.display()))?;
+        let err = perr(&partial);
+        let out = File::create(&partial).map_err(OutputError::io(&partial))?;
         let mut writer = SerializedFileWriter::new(out, self.schema.clone(), self.props.clone())
-            .map_err(perr)?;
+            .map_err(&err)?;
         for k in 0..self.parts {
             let path = part_path(&self.parts_dir, k);
-            let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let reader = SerializedFileReader::new(
-                file.try_clone()
-                    .map_err(|e| format!("{}: {e}", path.display()))?,
-            )
-            .map_err(perr)?;
+            let file = File::open(&path).map_err(OutputError::io(&path))?;
+            let reader =
+                SerializedFileReader::new(file.try_clone().map_err(OutputError::io(&path))?)
+                    .map_err(perr(&path))?;
             for group in reader.metadata().row_groups() {
-                let mut rg = writer.next_row_group().map_err(perr)?;
+                let mut rg = writer.next_row_group().map_err(&err)?;
                 for column in group.columns() {
                     let close = ColumnCloseResult {
                         bytes_written: column.compressed_size() as u64,
@@ -354,15 +364,14 @@ impl FeatureWriter {
                         column_index: None,
                         offset_index: None,
                     };
-                    rg.append_column(&file, close).map_err(perr)?;
+                    rg.append_column(&file, close).map_err(&err)?;
                 }
-                rg.close().map_err(perr)?;
+                rg.close().map_err(&err)?;
             }
         }
-        let file = writer.into_inner().map_err(perr)?;
-        file.sync_all()
-            .map_err(|e| format!("{}: {e}", partial.display()))?;
-        std::fs::rename(&partial, &self.path).map_err(|e| format!("{}: {e}", self.path.display()))
+        let file = writer.into_inner().map_err(&err)?;
+        file.sync_all().map_err(OutputError::io(&partial))?;
+        std::fs::rename(&partial, &self.path).map_err(OutputError::io(&self.path))
     }
 }
 

@@ -2,10 +2,11 @@
 //! the recordings since the last, then the checkpoint itself), the latest published
 //! checkpoint fetched back on another worker, and the finished files.
 
-use super::artifacts::ObjectArtifacts;
+use super::artifacts::{ArtifactError, ObjectArtifacts};
 use super::checkpoint::{attempt_folder, Checkpoint, CHECKPOINT, SEGMENTS};
 use super::iq_out;
 use super::parquet_out;
+use super::DatasetError;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -22,11 +23,11 @@ impl Published {
     /// Publishes the checkpoint just saved in `dir`: its new part, the recordings since
     /// the last one, then the checkpoint itself (so a published checkpoint names only
     /// published objects).
-    pub(super) fn checkpoint(&mut self, dir: &Path, c: &Checkpoint) -> Result<(), String> {
+    pub(super) fn checkpoint(&mut self, dir: &Path, c: &Checkpoint) -> Result<(), DatasetError> {
         let k = c
             .parts
             .checked_sub(1)
-            .ok_or("a checkpoint without a part")?;
+            .ok_or(DatasetError::CheckpointWithoutPart)?;
         let part = parquet_out::part_name(k);
         let folder = &self.folder;
         self.store
@@ -47,7 +48,8 @@ impl Published {
             &self.id,
             &format!("{folder}/{CHECKPOINT}"),
             &dir.join(CHECKPOINT),
-        )
+        )?;
+        Ok(())
     }
 }
 
@@ -60,7 +62,7 @@ pub(super) fn fetch_checkpoint(
     id: &str,
     dir: &Path,
     attempt: u64,
-) -> Result<(), String> {
+) -> Result<(), DatasetError> {
     let fetched = dir.join("checkpoint.json.fetched");
     let mut source = None;
     // Claims follow one another, and a checkpoint is never published without its
@@ -76,12 +78,16 @@ pub(super) fn fetch_checkpoint(
         return Ok(());
     };
     let to = attempt_folder(attempt);
-    let c: Checkpoint = serde_json::from_slice(
-        &std::fs::read(&fetched).map_err(|e| format!("{}: {e}", fetched.display()))?,
-    )
-    .map_err(|e| format!("{id}: published checkpoint: {e}"))?;
-    let missing =
-        |name: &str| format!("{id}: the published checkpoint names {name}, which is missing");
+    let c: Checkpoint =
+        serde_json::from_slice(&std::fs::read(&fetched).map_err(DatasetError::io(&fetched))?)
+            .map_err(|source| DatasetError::PublishedCheckpoint {
+                id: id.into(),
+                source,
+            })?;
+    let missing = |name: &str| DatasetError::Unpublished {
+        id: id.into(),
+        name: name.into(),
+    };
     for k in 0..c.parts {
         let part = parquet_out::part_name(k);
         if !store.download(id, &format!("{from}/{part}"), &dir.join(&part))? {
@@ -92,27 +98,31 @@ pub(super) fn fetch_checkpoint(
     if let Some(iq) = c.iq {
         let segment = dir.join("segment");
         for (name, partial, _, end) in iq_out::grown(iq_out::IqLengths::default(), iq) {
-            let mut out =
-                std::fs::File::create(dir.join(&partial)).map_err(|e| format!("{partial}: {e}"))?;
+            let partial = dir.join(partial);
+            let mut out = std::fs::File::create(&partial).map_err(DatasetError::io(&partial))?;
             for k in 0..c.parts {
                 let seg = format!("{SEGMENTS}/{name}.{k:06}");
                 if !store.download(id, &format!("{from}/{seg}"), &segment)? {
                     return Err(missing(&seg));
                 }
                 store.copy(id, &format!("{from}/{seg}"), &format!("{to}/{seg}"))?;
-                let mut bytes = std::fs::File::open(&segment).map_err(|e| format!("{seg}: {e}"))?;
-                std::io::copy(&mut bytes, &mut out).map_err(|e| format!("{partial}: {e}"))?;
+                let mut bytes =
+                    std::fs::File::open(&segment).map_err(DatasetError::io(&segment))?;
+                std::io::copy(&mut bytes, &mut out).map_err(DatasetError::io(&partial))?;
             }
-            let len = out.metadata().map_err(|e| format!("{partial}: {e}"))?.len();
+            let len = out.metadata().map_err(DatasetError::io(&partial))?.len();
             if len != end {
-                return Err(format!(
-                    "{id}: {name} rebuilt to {len} bytes, the checkpoint says {end}"
-                ));
+                return Err(DatasetError::Rebuilt {
+                    id: id.into(),
+                    name,
+                    len,
+                    end,
+                });
             }
         }
         let _ = std::fs::remove_file(segment);
     }
-    std::fs::rename(&fetched, dir.join(CHECKPOINT)).map_err(|e| format!("{id}: {e}"))?;
+    std::fs::rename(&fetched, dir.join(CHECKPOINT)).map_err(DatasetError::io(&fetched))?;
     tracing::info!(dataset = %id, from = %from, parts = c.parts, valid = c.counts.valid, "fetched the published checkpoint");
     Ok(())
 }
@@ -123,7 +133,7 @@ pub(super) fn publish(
     id: &str,
     dir: &Path,
     keep_iq: bool,
-) -> Result<(), String> {
+) -> Result<(), ArtifactError> {
     store.upload(
         id,
         parquet_out::RESULT_FILE,

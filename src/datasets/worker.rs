@@ -8,7 +8,8 @@ use super::memory;
 use super::parquet_out;
 use super::published::{fetch_checkpoint, publish, Published};
 use super::{
-    gib, Active, Datasets, DATASET_OP, DISK_RESERVE_BYTES, MAX_ATTEMPTS_PER_SAMPLE, PERSIST_EVERY,
+    Active, DatasetError, Datasets, DATASET_OP, DISK_RESERVE_BYTES, MAX_ATTEMPTS_PER_SAMPLE,
+    PERSIST_EVERY,
 };
 use crate::backend::{BackendChoice, GpuDevice};
 use crate::ops::rf::dataset::{
@@ -30,13 +31,13 @@ use std::time::Instant;
 pub const DATASET_NICE: i32 = 10;
 
 /// The dataset job's own rayon pool, its threads at `DATASET_NICE`.
-pub(super) fn dataset_pool(threads: usize) -> Result<rayon::ThreadPool, String> {
+pub(super) fn dataset_pool(threads: usize) -> Result<rayon::ThreadPool, DatasetError> {
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("gpu-ops-dataset-{i}"))
         .start_handler(|_| lower_priority())
         .build()
-        .map_err(|e| format!("dataset thread pool: {e}"))
+        .map_err(DatasetError::Pool)
 }
 
 /// Lowers the calling thread to `DATASET_NICE` (never raises it: an unprivileged process
@@ -198,7 +199,7 @@ impl Datasets {
             Ok(status) => (status, None),
             Err(JobEnd::Failed(e)) => {
                 tracing::error!(dataset = %id, error = %e, "dataset job failed");
-                (DatasetStatus::Failed, Some(e))
+                (DatasetStatus::Failed, Some(e.to_string()))
             }
             Err(JobEnd::LeaseLost) => unreachable!("handled above"),
         };
@@ -279,16 +280,19 @@ impl Datasets {
             return Ok(DatasetStatus::Cancelled);
         }
         let scenario: Scenario =
-            serde_json::from_str(&row.config).map_err(|e| format!("stored config: {e}"))?;
+            serde_json::from_str(&row.config).map_err(|source| DatasetError::StoredConfig {
+                id: id.into(),
+                source,
+            })?;
         let dir = self.dir.join(id);
         if let Some(store) = &self.artifacts {
             // The published checkpoint is the job's: this replica's scratch copy may be
             // older (it lost the job once) or newer by an unpublished part.
             let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).map_err(|e| format!("{id}: {e}"))?;
+            std::fs::create_dir_all(&dir).map_err(DatasetError::io(&dir))?;
             fetch_checkpoint(store, id, &dir, lease.attempt)?;
         }
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{id}: {e}"))?;
+        std::fs::create_dir_all(&dir).map_err(DatasetError::io(&dir))?;
         // A resumed job continues from its last checkpoint; anything written after it is
         // cut off. A new job (or one interrupted before its first checkpoint) starts at 0.
         let at = match Checkpoint::load(&dir)? {
@@ -303,14 +307,12 @@ impl Datasets {
         // The most samples a batch may hold. Admitted under another replica's budget,
         // perhaps: this one holds the job to its own.
         let per_sample = memory::sample_bytes(&scenario, keep_iq);
-        let within = memory::batch_within(per_sample, self.memory_budget).ok_or_else(|| {
-            JobEnd::Failed(format!(
-                "one sample of this job holds up to {} MiB in memory and --dataset-memory-mib \
-                 is {} on this replica",
-                memory::mib(per_sample),
-                memory::mib(self.memory_budget)
-            ))
-        })?;
+        let within = memory::batch_within(per_sample, self.memory_budget).ok_or(
+            DatasetError::SampleOverMemory {
+                sample_mib: memory::mib(per_sample),
+                budget_mib: memory::mib(self.memory_budget),
+            },
+        )?;
         let mut files = JobFiles::open(dir, &self.result_path(id), &scenario, row, keep_iq, &at)?;
         files.published = self.artifacts.as_ref().map(|store| Published {
             store: store.clone(),
@@ -416,7 +418,7 @@ impl Datasets {
         match self
             .store
             .renew_dataset_lease(id, lease.owner, lease.attempt, self.lease, counts)
-            .map_err(|e| JobEnd::Failed(e.to_string()))?
+            .map_err(|e| JobEnd::Failed(e.into()))?
         {
             Lease::Held { cancel } => {
                 if cancel {
@@ -482,20 +484,16 @@ struct JobLease<'a> {
 
 /// How a job ended other than with a status of its own.
 enum JobEnd {
-    Failed(String),
+    /// Recorded as the job's `error`.
+    Failed(DatasetError),
     /// The lease passed to another worker, or the job was deleted: write nothing more.
     LeaseLost,
 }
 
-impl From<String> for JobEnd {
-    fn from(e: String) -> Self {
-        JobEnd::Failed(e)
-    }
-}
-
-impl From<&str> for JobEnd {
-    fn from(e: &str) -> Self {
-        JobEnd::Failed(e.to_string())
+/// So `?` fails the job with any of the datasets' errors.
+impl<E: Into<DatasetError>> From<E> for JobEnd {
+    fn from(e: E) -> Self {
+        JobEnd::Failed(e.into())
     }
 }
 
@@ -518,20 +516,16 @@ impl Default for DeviceUse {
 }
 
 /// Stops a job that would fill the disk or whose filters reject nearly everything.
-fn may_continue(dir: &Path, counts: &Counts, next: u64, target: u64) -> Result<(), String> {
-    let free = fs4::available_space(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+fn may_continue(dir: &Path, counts: &Counts, next: u64, target: u64) -> Result<(), DatasetError> {
+    let free = fs4::available_space(dir).map_err(DatasetError::io(dir))?;
     if free < DISK_RESERVE_BYTES {
-        return Err(format!(
-            "the disk under --data-dir has only {} free (the reserve is {}); the job stopped before filling it",
-            gib(free),
-            gib(DISK_RESERVE_BYTES)
-        ));
+        return Err(DatasetError::DiskFull { free });
     }
     if next >= target.saturating_mul(MAX_ATTEMPTS_PER_SAMPLE).max(1000) {
-        return Err(format!(
-            "only {} of {} attempted samples passed the quality filters; at most {MAX_ATTEMPTS_PER_SAMPLE} attempts per requested sample are made (relax config.quality)",
-            counts.valid, counts.attempted
-        ));
+        return Err(DatasetError::TooManyRejected {
+            valid: counts.valid,
+            attempted: counts.attempted,
+        });
     }
     Ok(())
 }

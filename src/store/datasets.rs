@@ -7,9 +7,9 @@
 use super::engine::{Param, Row, Tx};
 use super::{now, Store, StoreError};
 use serde::Serialize;
-use utoipa::ToSchema;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum DatasetStatus {
     Queued,
@@ -50,7 +50,8 @@ impl DatasetStatus {
 }
 
 /// Samples accepted, attempted and rejected by reason.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize, ToSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Counts {
     pub valid: u64,
     pub attempted: u64,

@@ -192,13 +192,6 @@ impl From<DbError> for StoreError {
     }
 }
 
-/// The dataset worker reports a failed job with text (its `error` column).
-impl From<StoreError> for String {
-    fn from(e: StoreError) -> String {
-        e.to_string()
-    }
-}
-
 /// Now, as RFC 3339 UTC with milliseconds.
 fn now() -> String {
     humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()

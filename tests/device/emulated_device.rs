@@ -230,7 +230,7 @@ fn race_probe() {
 fn a_shared_memory_race_is_reported_under_thread_sanitizer() {
     if emulated::sanitizer() != "thread" {
         eprintln!(
-            "the race checker needs the emulator built with GPU_OPS_EMU_SANITIZE=thread (.ci/run's last step); this build has {}",
+            "the race checker runs under GPU_OPS_EMU_SANITIZE=thread (.ci/run's last step); this run has {}",
             emulated::sanitizer()
         );
         return;

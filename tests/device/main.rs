@@ -1,5 +1,6 @@
 //! The device tests: the emulated device's execution model (`emulated_device`), every
-//! launcher against its CPU twin on it (`gpu_parity`), the server with `--emulate-device`
+//! domain's jobs against their CPU twins on it and on any GPU present (`parity`, one
+//! harness over `Job`), the server with `--emulate-device`
 //! (`emulated_http`), self-tests, quarantine and faults (`device_faults`), and every kernel
 //! through NVRTC and ptxas (`nvrtc_compile`). CI runs this binary again under AddressSanitizer
 //! and ThreadSanitizer (`.ci/run`).
@@ -10,5 +11,5 @@ mod common;
 mod device_faults;
 mod emulated_device;
 mod emulated_http;
-mod gpu_parity;
 mod nvrtc_compile;
+mod parity;

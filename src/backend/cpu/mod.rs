@@ -3,14 +3,14 @@
 use serde::Serialize;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use tokio::sync::oneshot;
-use utoipa::ToSchema;
 
 pub struct CpuExecutor {
     pool: rayon::ThreadPool,
     pub info: CpuInfo,
 }
 
-#[derive(Clone, Debug, Serialize, ToSchema)]
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CpuInfo {
     /// Processor model as the OS reports it.
     pub model: String,

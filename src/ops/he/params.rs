@@ -9,7 +9,8 @@ use std::sync::{Arc, OnceLock};
 /// The plaintext modulus t of every set: slot values live in Z/65537.
 pub const PLAINTEXT_MODULUS: u64 = 65537;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ParameterSet {
     /// n = 4096 slots, log Q = 109 (three RNS moduli of 36–37 bits): 128-bit security.

@@ -172,7 +172,7 @@ const DEVICE_BATCH_MAX: u64 = 64;
 /// reduced to chunk sums on the device (`rf_waveform`, `rf_receive`, `rf_chunk_reduce`);
 /// the draws and the features' last step on the CPU (the caller's rayon pool). The same
 /// records as `sample` within the kernels' tolerances (features within 1e-3 dB and
-/// 0.1 Hz; tests/device/gpu_parity.rs).
+/// 0.1 Hz; tests/device/parity/rf.rs).
 pub fn samples_cuda(
     s: &Scenario,
     key: u64,

@@ -90,15 +90,16 @@ pub struct Extraction {
 /// JSON has no NaN or infinity: a value that is not finite is written `null` (a feature
 /// undefined for the input, such as the spectral centroid of silence, or a power past
 /// the f32 range).
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Stats {
-    #[schema(value_type = Option<f64>, required)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, required))]
     pub mean: f64,
-    #[schema(value_type = Option<f64>, required)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, required))]
     pub std: f64,
-    #[schema(value_type = Option<f64>, required)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, required))]
     pub min: f64,
-    #[schema(value_type = Option<f64>, required)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, required))]
     pub max: f64,
 }
 

@@ -27,7 +27,8 @@ const EARTH_RADIUS_M: f64 = 6_371_008.8;
 /// Thermal noise density at 290 K, dBm/Hz.
 const KTB_DBM_PER_HZ: f64 = -174.0;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Modulation {
     FmVoice,

@@ -4,9 +4,9 @@
 
 use crate::ops::invalid::{check, FieldPath, Invalid};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Scenario {
     pub geometry: Geometry,
@@ -16,7 +16,7 @@ pub struct Scenario {
     pub quality: Quality,
     /// Feature chunk length, ms. At most `signal.duration_ms`, and at least 128 samples at
     /// `signal.sample_rate_hz`.
-    #[schema(minimum = 1.0, maximum = 60000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1.0, maximum = 60000.0))]
     pub chunk_ms: f64,
 }
 
@@ -33,15 +33,16 @@ impl Default for Scenario {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct Site {
-    #[schema(minimum = -85.0, maximum = 85.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -85.0, maximum = 85.0))]
     pub lat: f64,
-    #[schema(minimum = -180.0, maximum = 180.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -180.0, maximum = 180.0))]
     pub lon: f64,
     #[serde(default = "default_rx_alt")]
-    #[schema(minimum = -500.0, maximum = 10000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -500.0, maximum = 10000.0))]
     pub alt_m: f64,
 }
 
@@ -49,37 +50,38 @@ fn default_rx_alt() -> f64 {
     10.0
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Geometry {
     /// Fixed receiver sites; when empty, `receivers_min..=receivers_max` receivers are
     /// placed uniformly in the area per sample.
-    #[schema(max_items = 64)]
+    #[cfg_attr(feature = "openapi", schema(max_items = 64))]
     pub receivers: Vec<Site>,
     /// At least 1 when `receivers` is empty.
     pub receivers_min: usize,
     /// At least `receivers_min` and at most 64 when `receivers` is empty.
     pub receivers_max: usize,
-    #[schema(minimum = -85.0, maximum = 85.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -85.0, maximum = 85.0))]
     pub lat_min: f64,
     /// At least `lat_min`.
-    #[schema(minimum = -85.0, maximum = 85.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -85.0, maximum = 85.0))]
     pub lat_max: f64,
-    #[schema(minimum = -180.0, maximum = 180.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -180.0, maximum = 180.0))]
     pub lon_min: f64,
     /// At least `lon_min`.
-    #[schema(minimum = -180.0, maximum = 180.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -180.0, maximum = 180.0))]
     pub lon_max: f64,
     /// Height of random receivers, m.
-    #[schema(minimum = -500.0, maximum = 10000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -500.0, maximum = 10000.0))]
     pub receiver_alt_m: f64,
     /// Share of transmitters inside the receivers' bounding box; the rest fall in the box
     /// widened by `outside_margin_deg` on every side.
-    #[schema(minimum = 0.0, maximum = 1.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 1.0))]
     pub inside_ratio: f64,
-    #[schema(minimum = 0.0, maximum = 5.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 5.0))]
     pub outside_margin_deg: f64,
-    #[schema(minimum = -500.0, maximum = 10000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -500.0, maximum = 10000.0))]
     pub transmitter_alt_m: f64,
 }
 
@@ -101,7 +103,8 @@ impl Default for Geometry {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Environment {
     Open,
@@ -132,43 +135,44 @@ impl Environment {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Propagation {
-    #[schema(minimum = 1.0, maximum = 100000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1.0, maximum = 100000.0))]
     pub frequency_mhz: f64,
     pub environment: Environment,
     /// Terrain-style obstruction: U(0, max) dB, scaled by min(1, d / 10 km).
-    #[schema(minimum = 0.0, maximum = 100.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 100.0))]
     pub terrain_loss_max_db: f64,
     /// Log-normal shadowing standard deviation, dB.
-    #[schema(minimum = 0.0, maximum = 30.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 30.0))]
     pub shadowing_std_db: f64,
-    #[schema(minimum = -50.0, maximum = 90.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -50.0, maximum = 90.0))]
     pub tx_power_dbm: f64,
     /// Per-sample transmit power fluctuation (normal), dB.
-    #[schema(minimum = 0.0, maximum = 20.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 20.0))]
     pub tx_power_std_db: f64,
-    #[schema(minimum = -30.0, maximum = 50.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -30.0, maximum = 50.0))]
     pub tx_antenna_gain_dbi: f64,
-    #[schema(minimum = -30.0, maximum = 50.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -30.0, maximum = 50.0))]
     pub rx_antenna_gain_dbi: f64,
     /// Rician K-factor at the transmitter, dB, falling by `k_factor_slope_db_per_km`; at
     /// or beyond `rayleigh_beyond_km` the fading is Rayleigh.
-    #[schema(minimum = -30.0, maximum = 40.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -30.0, maximum = 40.0))]
     pub k_factor_db: f64,
-    #[schema(minimum = 0.0, maximum = 100.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 100.0))]
     pub k_factor_slope_db_per_km: f64,
-    #[schema(minimum = 0.0, maximum = 10000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 10000.0))]
     pub rayleigh_beyond_km: f64,
     /// Block fading: one complex gain per block of this length, ms.
-    #[schema(minimum = 0.01, maximum = 1000000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.01, maximum = 1000000.0))]
     pub coherence_time_ms: f64,
     /// Extra multipath taps per receiver: 0..=max, exponential delays with the
     /// environment's mean, exponentially decaying power (`tap_decay_db_per_us`).
-    #[schema(maximum = 16)]
+    #[cfg_attr(feature = "openapi", schema(maximum = 16))]
     pub max_extra_taps: usize,
-    #[schema(minimum = 0.0, maximum = 100.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 100.0))]
     pub tap_decay_db_per_us: f64,
 }
 
@@ -193,22 +197,23 @@ impl Default for Propagation {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Signal {
-    #[schema(minimum = 8000.0, maximum = 50000000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 8000.0, maximum = 50000000.0))]
     pub sample_rate_hz: f64,
     /// At most 20 million samples (`sample_rate_hz` × duration) per recording.
-    #[schema(minimum = 1.0, maximum = 60000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1.0, maximum = 60000.0))]
     pub duration_ms: f64,
     /// Occupied bandwidth of the FM modes; the deviation is bandwidth/2 − 3 kHz (Carson).
     /// At most `sample_rate_hz` / 2.
-    #[schema(minimum = 6500.0, maximum = 25000000.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 6500.0, maximum = 25000000.0))]
     pub bandwidth_hz: f64,
     /// Relative weights of the modulations; not all zero.
     pub mix: ModulationMix,
     /// AM modulation depth.
-    #[schema(minimum = 0.0, maximum = 1.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 1.0))]
     pub am_depth: f64,
 }
 
@@ -224,18 +229,19 @@ impl Default for Signal {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ModulationMix {
-    #[schema(minimum = 0.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0))]
     pub fm_voice: f64,
-    #[schema(minimum = 0.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0))]
     pub fm_tone: f64,
-    #[schema(minimum = 0.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0))]
     pub fm_dtmf: f64,
-    #[schema(minimum = 0.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0))]
     pub am: f64,
-    #[schema(minimum = 0.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0))]
     pub carrier: f64,
 }
 
@@ -251,17 +257,18 @@ impl Default for ModulationMix {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Receiver {
     /// Noise figure, dB: the floor is −174 dBm/Hz + NF over the sample rate.
-    #[schema(minimum = 0.0, maximum = 30.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 30.0))]
     pub noise_figure_db: f64,
     /// Oscillator offset standard deviation, ppm of the carrier.
-    #[schema(minimum = 0.0, maximum = 100.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 100.0))]
     pub oscillator_ppm_std: f64,
     /// Oscillator drift standard deviation, ppm per second.
-    #[schema(minimum = 0.0, maximum = 10.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 10.0))]
     pub drift_ppm_per_s_std: f64,
 }
 
@@ -275,14 +282,15 @@ impl Default for Receiver {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, ToSchema)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Quality {
-    #[schema(minimum = 1)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub min_receivers: usize,
-    #[schema(minimum = -50.0, maximum = 100.0)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -50.0, maximum = 100.0))]
     pub min_snr_db: f64,
-    #[schema(exclusive_minimum = 0.0)]
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0))]
     pub max_gdop: f64,
 }
 

@@ -2,10 +2,10 @@
 
 use super::u256::U256;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 /// A prime field. Elements are canonical integers in `[0, p)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Field {
     /// BN254 scalar field, r = 21888242871839275222246405745257275088548364400416034343698204186575808495617.

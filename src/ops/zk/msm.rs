@@ -11,13 +11,13 @@ use ark_ff::{BigInt, PrimeField, Zero};
 use num_bigint::BigUint;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 /// Point errors reported at most; the count says how many there were.
 const MAX_REPORTED: usize = 16;
 
 /// A prime-order group of points.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Curve {
     /// BN254 (alt_bn128) G1: y² = x³ + 3 over the 254-bit base field, prime order r
     /// (the `bn254_fr` modulus). Coordinates are 32 bytes.

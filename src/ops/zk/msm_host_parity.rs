@@ -1,7 +1,7 @@
 //! The MSM kernels' bodies (kernels/msm.cuh, curve.cuh), compiled for the host by
 //! build.rs, against arkworks: digits, XYZZ formulas, buckets and the segment reduction
 //! the GPU runs, checked without a GPU. Only the launches, the atomic counting sort and
-//! the one-block scan are GPU-only (tests/device/gpu_parity.rs).
+//! the one-block scan are GPU-only (tests/device/parity/zk.rs).
 
 use super::msm::{msm_cpu, Curve, Points};
 use super::msm_gpu::{combine, point_words, scalar_words, DeviceCurve, MsmPlan};

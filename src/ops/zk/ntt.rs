@@ -11,7 +11,6 @@ use crate::backend::{DeviceError, DeviceLease, Job};
 use ark_ff::{BigInt, MontConfig, PrimeField};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 impl Field {
     /// The multiplicative generator ω is derived from (arkworks' / Plonky3's choice).
@@ -35,7 +34,8 @@ impl Field {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Order {
     #[default]

@@ -6,9 +6,9 @@ use crate::backend::{Batchable, DeviceError, DeviceLease, Job};
 use ark_ff::{BigInt, Fp256, MontBackend, MontConfig};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FieldOp {
     Add,

@@ -26,7 +26,8 @@ pub const MAX_SCALE_BITS: u32 = 24;
 /// dropouts. Round creation refuses parameters beyond it.
 pub const MAX_UNMASK_WORDS: u64 = 1 << 34;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Stage {
     AdvertiseKeys,
@@ -207,9 +208,8 @@ pub enum Refusal {
 }
 
 /// Which secret of an owner a holder reveals.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Secret {
     /// σ: rebuilds a dropout's mask key, to remove its pair masks.

@@ -1,0 +1,181 @@
+//! The parity harness: each domain's module below builds its jobs (edge values, sizes
+//! that cross the launchers' branches: grid-stride wraps, tiles, stages, passes and
+//! chunks), and the harness runs every one on every usable CUDA device and on the
+//! emulated device through `Job::run_device` — the path the service takes — holding it to
+//! its CPU twin with `Job::agrees` (integers bit for bit, floats within the op's stated
+//! tolerance). Without a GPU nothing is skipped: the emulated device runs it all. On a GPU
+//! host: `scripts/gpu-check.sh run`.
+//!
+//! A disagreement does not stop the test: every case runs, and the test fails listing
+//! each case that parted from its twin, by device.
+
+mod beams;
+mod dp;
+mod he;
+mod linalg;
+mod mpc;
+mod nn;
+mod rf;
+mod zk;
+
+use gpu_ops::backend::cuda::{discover, DeviceSelection};
+use gpu_ops::backend::{DeviceError, DeviceLease, GpuDevice, Job};
+use std::cell::RefCell;
+use std::fmt::Display;
+use std::sync::Arc;
+
+/// One device a parity test runs on, and what its cases found.
+pub struct Device {
+    dev: Arc<GpuDevice>,
+    failures: RefCell<Vec<String>>,
+}
+
+/// Runs `body` on every usable CUDA device, then on the emulated device (256 MiB of
+/// pretend memory), and fails listing every case that disagreed anywhere.
+pub fn on_every_device(test: &str, mut body: impl FnMut(&Device)) {
+    let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
+    let (mut devices, reason) = discover(
+        &DeviceSelection::All,
+        &cache,
+        &gpu_ops::ops::kernel_library(),
+    );
+    eprintln!("{test}: CUDA: {reason}; the emulated device runs it too");
+    devices.push(Arc::new(GpuDevice::emulated(devices.len(), 256 << 20)));
+    let mut failures = Vec::new();
+    for dev in devices {
+        let info = &dev.info;
+        let name = format!(
+            "GPU {} ({}, sm {}, {})",
+            info.ordinal, info.name, info.compute_capability, info.kernel_arch
+        );
+        let device = Device {
+            dev,
+            failures: RefCell::new(Vec::new()),
+        };
+        body(&device);
+        device.dev.set_memory_limit(0);
+        failures.extend(
+            device
+                .failures
+                .into_inner()
+                .into_iter()
+                .map(|f| format!("{name}: {f}")),
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{test}: {} case(s) disagree with the CPU twin:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+impl Device {
+    pub fn is_emulated(&self) -> bool {
+        self.dev.is_emulated()
+    }
+
+    /// The sizes a test runs at here. The emulated device runs every GPU thread as a fiber
+    /// on the CPU, so its sizes are smaller, chosen to cross the same branches (more items
+    /// than its 32 × 256 threads, passes, chunks, tiles and stages). Under ThreadSanitizer
+    /// (CI's race check, many times slower) the largest is left out: races need a block's
+    /// threads, not long loops.
+    pub fn sizes<T: Clone>(&self, real: &[T], emulated: &[T]) -> Vec<T> {
+        if !self.is_emulated() {
+            real.to_vec()
+        } else if self.race_checked() {
+            emulated[..emulated.len() - 1].to_vec()
+        } else {
+            emulated.to_vec()
+        }
+    }
+
+    /// Whether this is the emulated device under ThreadSanitizer.
+    pub fn race_checked(&self) -> bool {
+        self.is_emulated() && gpu_ops::backend::emulated::sanitizer() == "thread"
+    }
+
+    /// A lease for checks that are not one job's (kernels compared piece by piece).
+    pub fn lease(&self) -> DeviceLease<'_> {
+        self.dev.lease().expect("device lease")
+    }
+
+    pub fn device(&self) -> &GpuDevice {
+        &self.dev
+    }
+
+    /// `job` through `Job::run_device`, held to its CPU twin by `Job::agrees`.
+    pub fn check<J: Job>(&self, case: impl Display, job: &J) -> Option<J::Output> {
+        self.check_with(case, job, J::run_device)
+    }
+
+    /// `job` through another launcher of the same op (in chunks, measured), held to the
+    /// CPU twin as `check` holds it. The device's output when it agreed, for checks that
+    /// go on from it.
+    pub fn check_with<J: Job>(
+        &self,
+        case: impl Display,
+        job: &J,
+        launch: impl FnOnce(&J, &DeviceLease<'_>) -> Result<J::Output, DeviceError>,
+    ) -> Option<J::Output> {
+        let outcome = match self.dev.lease() {
+            Ok(lease) => launch(job, &lease).map_err(|e| format!("the device failed: {e}")),
+            Err(e) => Err(format!("no lease: {e}")),
+        };
+        let agreed = outcome.and_then(|device| {
+            job.agrees(&device, &job.run_cpu())?;
+            Ok(device)
+        });
+        agreed.map_err(|why| self.fail(case, why)).ok()
+    }
+
+    /// Records a failed case: the test goes on and reports it at the end.
+    pub fn fail(&self, case: impl Display, why: impl Display) {
+        self.failures.borrow_mut().push(format!("{case}: {why}"));
+    }
+
+    /// Runs `body` with the device's memory limited to `bytes`, so the launchers work in
+    /// passes and chunks; the limit is lifted after.
+    pub fn in_passes(&self, bytes: u64, body: impl FnOnce(&Self)) {
+        self.dev.set_memory_limit(bytes);
+        body(self);
+        self.dev.set_memory_limit(0);
+    }
+}
+
+/// The harness fails a case whose device output parts from the CPU twin's, and one whose
+/// launch fails, and goes on to the next: shown with faults injected into the emulated
+/// device (a flipped output bit, a failed launch).
+#[test]
+fn the_harness_reports_every_case_that_disagrees() {
+    use gpu_ops::backend::emulated::Fault;
+    use gpu_ops::backend::DeviceErrorKind;
+    use gpu_ops::ops::zk::{Field, FieldBinaryJob, FieldOp};
+    let (xs, ys) = zk::inputs(Field::Goldilocks, 100);
+    let job = |op| {
+        let (a, b) = (
+            zk::vec(Field::Goldilocks, &xs),
+            zk::vec(Field::Goldilocks, &ys),
+        );
+        FieldBinaryJob::new(op, a, b).unwrap()
+    };
+    let dev = Arc::new(GpuDevice::emulated(0, 256 << 20));
+    dev.inject_fault("goldilocks_add", Fault::Corrupt, 1)
+        .unwrap();
+    dev.inject_fault("goldilocks_mul", Fault::Fail(DeviceErrorKind::Fatal), 1)
+        .unwrap();
+    let d = Device {
+        dev,
+        failures: RefCell::new(Vec::new()),
+    };
+    assert!(d.check("corrupted", &job(FieldOp::Add)).is_none());
+    assert!(d.check("sound", &job(FieldOp::Sub)).is_some());
+    assert!(d.check("failed", &job(FieldOp::Mul)).is_none());
+    let failures = d.failures.into_inner();
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    assert!(failures[0].starts_with("corrupted: "), "{failures:?}");
+    assert!(
+        failures[1].starts_with("failed: the device failed"),
+        "{failures:?}"
+    );
+}

@@ -1,0 +1,187 @@
+//! RF recordings, chunk sums, waveforms, dataset records and upload features. The upload
+//! features are a job (`FeaturesJob`, held to its own `agrees`); the rest are the dataset
+//! path's kernels, compared piece by piece: recordings within 1e-6 of the signal (or the
+//! noise), features within the tolerances (1e-3 dB, 0.1 Hz).
+
+use super::{on_every_device, Device};
+use gpu_ops::backend::Job;
+use gpu_ops::ops::rf::features::{self, chunk_sums, extract, extract_from_sums, FEATURE_NAMES};
+use gpu_ops::ops::rf::generate::{draft, generate, plan, receive};
+use gpu_ops::ops::rf::gpu::{
+    chunks_of, pack, pack_drafts, receive_and_reduce_cuda, receive_cuda, unpack, waveforms_cuda,
+};
+use gpu_ops::ops::rf::rng::dataset_key;
+use gpu_ops::ops::rf::scenario::Scenario;
+use gpu_ops::ops::rf::{ExtractConfig, FeaturesJob};
+
+/// RF samples per test here: fewer under ThreadSanitizer.
+fn rf_samples(d: &Device, n: u64) -> u64 {
+    if d.race_checked() {
+        n.min(3)
+    } else {
+        n
+    }
+}
+
+/// Each aggregated feature within the tolerance of the CPU's: 0.1 Hz for
+/// frequencies, 1e-3 (dB and the rest) otherwise, or 1e-6 relative.
+fn features_close(d: &Device, case: &str, got: &[features::Stats], want: &[features::Stats]) {
+    for (i, name) in FEATURE_NAMES.iter().enumerate() {
+        let (g, w) = (got[i].mean, want[i].mean);
+        let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+        let diff = (g - w).abs();
+        if diff > tol && diff > 1e-6 * w.abs() {
+            d.fail(case, format!("{name}: {g} vs {w}"));
+        }
+    }
+}
+
+/// `rf_receive` against `generate::receive`, and the features of the device's recordings
+/// against the CPU's.
+#[test]
+fn rf_recordings_match_the_cpu() {
+    let s = Scenario::default();
+    let key = dataset_key(5);
+    let all: Vec<_> = (0..6).map(|n| plan(&s, key, n)).collect();
+    let cfg = gpu_ops::ops::rf::dataset::extract_config(&s);
+    on_every_device("rf_recordings_match_the_cpu", |d| {
+        let plans = &all[..rf_samples(d, 6) as usize];
+        let batch = pack(&plans.iter().collect::<Vec<_>>());
+        let out = receive_cuda(&batch, &d.lease()).expect("rf_receive runs");
+        let got = unpack(&batch, &out);
+        for (n, (sample, recordings)) in plans.iter().zip(&got).enumerate() {
+            for (r, (p, rec)) in sample.plans.iter().zip(recordings).enumerate() {
+                let case = format!("sample {n} rx {r}");
+                let want = receive(p, &sample.wave);
+                let worst = rec
+                    .iter()
+                    .zip(&want)
+                    .map(|(a, b)| {
+                        f64::from((a - b).norm()) / f64::from(b.norm()).max(p.noise_sigma)
+                    })
+                    .fold(0.0, f64::max);
+                if worst >= 1e-6 {
+                    d.fail(&case, format!("relative difference {worst}"));
+                }
+                let (fa, fb) = (
+                    extract(rec, &cfg).unwrap().aggregate(),
+                    extract(&want, &cfg).unwrap().aggregate(),
+                );
+                features_close(d, &case, &fa, &fb);
+            }
+        }
+    });
+}
+
+/// The device's chunk sums against the CPU's over the device's own recordings, then end
+/// to end: features from the device's sums against the CPU's extraction of the CPU's
+/// recordings.
+#[test]
+fn rf_chunk_sums_match_the_cpu() {
+    let s = Scenario::default();
+    let key = dataset_key(6);
+    let all: Vec<_> = (0..6).map(|n| plan(&s, key, n)).collect();
+    let cfg = gpu_ops::ops::rf::dataset::extract_config(&s);
+    on_every_device("rf_chunk_sums_match_the_cpu", |d| {
+        let plans = &all[..rf_samples(d, 6) as usize];
+        let batch = pack(&plans.iter().collect::<Vec<_>>());
+        let (chunk, seg) = features::plan(&cfg, batch.receivers[0].len as usize).unwrap();
+        let chunks = chunks_of(&batch, chunk);
+        let window = features::hann(seg);
+        let fft = rustfft::FftPlanner::<f32>::new().plan_fft_forward(seg);
+        let (iq, sums) =
+            receive_and_reduce_cuda(&batch, chunk, seg, true, &d.lease()).expect("rf kernels run");
+        let iq = iq.expect("recordings kept");
+        assert_eq!(sums.len(), chunks.len());
+        for (i, (c, got)) in chunks.iter().zip(&sums).enumerate() {
+            let case = format!("chunk {i}");
+            let want = chunk_sums(&c.samples(&iq), &window, fft.as_ref());
+            if (got.crossings, got.power_max, got.segments)
+                != (want.crossings, want.power_max, want.segments)
+            {
+                d.fail(&case, "crossings, peak power or segment count differ");
+            }
+            if (got.power_sum - want.power_sum).abs() > 1e-12 * want.power_sum
+                || (got.magnitude_sum - want.magnitude_sum).abs() > 1e-12 * want.magnitude_sum
+            {
+                d.fail(&case, "power or magnitude sums differ");
+            }
+            let peak = want.bins.iter().copied().fold(0.0, f64::max);
+            for (j, (a, b)) in got.bins.iter().zip(&want.bins).enumerate() {
+                if (a - b).abs() > 2e-5 * (b + 1e-6 * peak) {
+                    d.fail(&case, format!("bin {j}: {a} vs {b}"));
+                }
+            }
+        }
+        let per_rx = chunks.len() / batch.receivers.len();
+        let recordings = unpack(&batch, &iq);
+        let mut at = 0;
+        for (n, (sample, recs)) in plans.iter().zip(&recordings).enumerate() {
+            for (r, p) in sample.plans.iter().enumerate() {
+                assert_eq!(recs[r].len(), sample.wave.len());
+                let got = extract_from_sums(&sums[at..at + per_rx], cfg.sample_rate_hz, chunk, seg)
+                    .aggregate();
+                at += per_rx;
+                let want = extract(&receive(p, &sample.wave), &cfg)
+                    .unwrap()
+                    .aggregate();
+                features_close(d, &format!("sample {n} rx {r}"), &got, &want);
+            }
+        }
+    });
+}
+
+/// `rf_waveform` against `WaveSpec::synthesize` for every modulation, and the dataset
+/// device path (waveforms, recordings and chunk sums on the device) against the CPU's
+/// records of the same samples.
+#[test]
+fn rf_waveforms_and_dataset_records_match_the_cpu() {
+    use gpu_ops::ops::rf::dataset::{records_agree, sample, samples_cuda, segment_len};
+    let mut s = Scenario::default();
+    let m = &mut s.signal.mix;
+    (m.fm_voice, m.fm_tone, m.fm_dtmf, m.am, m.carrier) = (1.0, 1.0, 1.0, 1.0, 1.0);
+    let key = dataset_key(7);
+    let drafts: Vec<_> = (0..20).map(|n| draft(&s, key, n)).collect();
+    let batch = pack_drafts(&drafts.iter().collect::<Vec<_>>());
+    let plans: Vec<_> = drafts.into_iter().map(|d| d.synthesized()).collect();
+    let want = pack(&plans.iter().collect::<Vec<_>>());
+    on_every_device("rf_waveforms_and_dataset_records_match_the_cpu", |d| {
+        let lease = d.lease();
+        let (re, im) = waveforms_cuda(&batch, &lease).expect("rf_waveform runs");
+        let worst = re
+            .iter()
+            .chain(&im)
+            .zip(want.wave_re.iter().chain(&want.wave_im))
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        if worst >= 1e-6 {
+            d.fail("waveforms", format!("worst difference {worst}"));
+        }
+        let got =
+            samples_cuda(&s, key, 0..rf_samples(d, 20), false, &lease).expect("device path runs");
+        for (n, g) in got.iter().enumerate() {
+            let (cpu, _, _) = sample(&s, key, n as u64, false);
+            if let Err(e) = records_agree(g, &cpu, segment_len(&s)) {
+                d.fail(format!("sample {n}"), e);
+            }
+        }
+    });
+}
+
+/// `/rf/features` on the device against the CPU's extraction of the same upload.
+#[test]
+fn rf_features_of_an_upload_match_the_cpu() {
+    let s = Scenario::default();
+    let sample = generate(&s, dataset_key(8), 0);
+    let job = FeaturesJob {
+        iq: sample.iq[0].clone(),
+        config: ExtractConfig {
+            sample_rate_hz: s.signal.sample_rate_hz,
+            chunk_ms: 150.0,
+        },
+    };
+    assert!(job.device_refusal().is_none());
+    on_every_device("rf_features_of_an_upload_match_the_cpu", |d| {
+        d.check("upload", &job);
+    });
+}
