@@ -4,7 +4,7 @@
 //! of a batch by `rf_receive` beside the CPU loop it replaces, and the recordings reduced
 //! to chunk sums on the device (`rf_chunk_reduce`) with the features derived on the CPU,
 //! beside the CPU's receive and extract (plans drawn on the CPU either way); and the
-//! dataset device path whole (`samples_cuda`: waveforms synthesised on the device too)
+//! dataset device path whole (`samples_on_device`: waveforms synthesised on the device too)
 //! beside the CPU path. Without a device it still reports the host's share per sample:
 //! the draws alone (`draft`) against the draws with the waveform (`plan`).
 //! Env: BENCH_RF_SAMPLES (default 12), BENCH_RF_GPU_BATCH (default 64).
@@ -136,7 +136,7 @@ fn cpu_chunk_sums(s: &Scenario, key: u64) -> (usize, usize, Vec<Vec<features::Ch
 fn gpu(s: &Scenario, key: u64) {
     use gpu_ops::backend::cuda::{discover, DeviceSelection};
     use gpu_ops::ops::rf::generate::{plan, receive};
-    use gpu_ops::ops::rf::gpu::{pack, receive_and_reduce_cuda, receive_cuda};
+    use gpu_ops::ops::rf::gpu::{launch_receive, launch_receive_and_reduce, pack};
     let batch: u64 = std::env::var("BENCH_RF_GPU_BATCH")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -159,9 +159,9 @@ fn gpu(s: &Scenario, key: u64) {
     let plan_s = started.elapsed().as_secs_f64();
     let packed = pack(&plans.iter().collect::<Vec<_>>());
     let lease = dev.lease().expect("device lease");
-    receive_cuda(&packed, &lease).expect("warm-up");
+    launch_receive(&packed, &lease).expect("warm-up");
     let started = Instant::now();
-    let out = receive_cuda(&packed, &lease).expect("rf_receive");
+    let out = launch_receive(&packed, &lease).expect("rf_receive");
     let gpu_s = started.elapsed().as_secs_f64();
     assert_eq!(out.len() as u64, 2 * packed.out_len);
     let started = Instant::now();
@@ -180,9 +180,9 @@ fn gpu(s: &Scenario, key: u64) {
     // features derived on the CPU. Against the CPU's whole sample (receive and extract).
     let cfg = gpu_ops::ops::rf::dataset::extract_config(s);
     let (chunk, seg) = features::plan(&cfg, packed.receivers[0].len as usize).expect("plan");
-    receive_and_reduce_cuda(&packed, chunk, seg, false, &lease).expect("warm-up");
+    launch_receive_and_reduce(&packed, chunk, seg, false, &lease).expect("warm-up");
     let started = Instant::now();
-    let (_, sums) = receive_and_reduce_cuda(&packed, chunk, seg, false, &lease)
+    let (_, sums) = launch_receive_and_reduce(&packed, chunk, seg, false, &lease)
         .expect("rf_receive + rf_chunk_reduce");
     let reduce_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
@@ -214,10 +214,10 @@ fn gpu(s: &Scenario, key: u64) {
     assert_eq!(cpu_full, sums.len());
     // The dataset device path whole: draws on the CPU, waveforms, recordings and sums on
     // the device, features and decisions on the CPU; against the CPU path's `sample`.
-    use gpu_ops::ops::rf::dataset::samples_cuda;
-    samples_cuda(s, key, 0..batch, false, &lease).expect("warm-up");
+    use gpu_ops::ops::rf::dataset::samples_on_device;
+    samples_on_device(s, key, 0..batch, false, &lease).expect("warm-up");
     let started = Instant::now();
-    let records = samples_cuda(s, key, batch..2 * batch, false, &lease).expect("device path");
+    let records = samples_on_device(s, key, batch..2 * batch, false, &lease).expect("device path");
     let dataset_s = started.elapsed().as_secs_f64();
     assert_eq!(records.len() as u64, batch);
     let started = Instant::now();
@@ -234,7 +234,7 @@ fn gpu(s: &Scenario, key: u64) {
     );
     println!("| path | time | samples/s |\n|---|---|---|");
     println!(
-        "| device (samples_cuda: draws and features on {cores} CPU threads) | {:.1} ms | {:.0} |",
+        "| device (samples_on_device: draws and features on {cores} CPU threads) | {:.1} ms | {:.0} |",
         dataset_s * 1e3,
         batch as f64 / dataset_s
     );

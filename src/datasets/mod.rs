@@ -10,7 +10,7 @@
 //! target, so the file does not depend on thread count or batch size.
 //!
 //! With a healthy GPU (and `--backend` not `cpu`) a batch's recordings are written and
-//! reduced to chunk sums on the device (`dataset::samples_cuda`). The device comes from
+//! reduced to chunk sums on the device (`dataset::samples_on_device`). The device comes from
 //! `Backends::pick_gpu`, the choice request jobs get, so batches spread over the GPUs;
 //! a job's first batch on each device is checked against the CPU on its first sample. A
 //! disagreement keeps datasets off every device until restart; a device error leaves the

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::backend::{BackendChoice, GpuDevice};
 use crate::ops::rf::dataset::{
-    device_batch, fits_device, records_agree, sample, samples_cuda, segment_len, SampleRecord,
+    device_batch, fits_device, records_agree, sample, samples_on_device, segment_len, SampleRecord,
 };
 use crate::ops::rf::rng::dataset_key;
 use crate::ops::rf::scenario::Scenario;
@@ -92,7 +92,7 @@ impl Datasets {
         // The lease binds the device's context to the thread that runs the batch.
         let result = pool.install(|| {
             let lease = dev.lease()?;
-            samples_cuda(s, key, indices, keep_iq, &lease)
+            samples_on_device(s, key, indices, keep_iq, &lease)
         });
         let records = match result {
             Ok(records) => {

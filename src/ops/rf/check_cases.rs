@@ -26,7 +26,9 @@
 //! Building the recording (eight pieces generated in parallel) about 0.4 s; it took 2.9 s
 //! on 2 cores here.
 
-use super::dataset::{device_batch, records_agree, sample, samples_cuda, segment_len, DATASET_OP};
+use super::dataset::{
+    device_batch, records_agree, sample, samples_on_device, segment_len, DATASET_OP,
+};
 use super::features::plan;
 use super::generate::{draft, generate, samples_per_recording};
 use super::gpu::pack_drafts;
@@ -117,7 +119,7 @@ fn features_cases(level: CheckLevel, seed: u64) -> Vec<(CaseInfo, FeaturesJob)> 
     vec![(info, FeaturesJob { iq, config })]
 }
 
-/// A dataset batch as the datasets worker runs it on a device (`samples_cuda`): samples
+/// A dataset batch as the datasets worker runs it on a device (`samples_on_device`): samples
 /// `first..first + count` of a scenario, each record held to the CPU's (`sample`) within
 /// `records_agree`.
 struct DatasetBatch {
@@ -180,7 +182,7 @@ impl DatasetBatch {
         &self,
         dev: &DeviceLease<'_>,
     ) -> Result<Vec<super::dataset::SampleRecord>, String> {
-        samples_cuda(&self.scenario, self.key, self.indices(), false, dev)
+        samples_on_device(&self.scenario, self.key, self.indices(), false, dev)
             .and_then(|r| dev.synchronize().map(|()| r))
             .map_err(|e| format!("the device failed: {e}"))
     }

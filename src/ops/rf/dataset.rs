@@ -7,7 +7,7 @@ use super::features::{
 use super::generate::{
     draft, plan, receive_to, samples_per_recording, RxTruth, SamplePlan, TxTruth,
 };
-use super::gpu::{pack_drafts, receive_and_reduce_cuda, unpack, MAX_REDUCE_SEGMENT};
+use super::gpu::{launch_receive_and_reduce, pack_drafts, unpack, MAX_REDUCE_SEGMENT};
 use super::scenario::Scenario;
 use crate::backend::DeviceError;
 use crate::backend::DeviceLease;
@@ -152,7 +152,7 @@ fn evaluate<W>(
     }
 }
 
-/// Whether a scenario's recordings fit the device path (`samples_cuda`): its Welch
+/// Whether a scenario's recordings fit the device path (`samples_on_device`): its Welch
 /// segment within what `rf_chunk_reduce` takes.
 pub fn fits_device(s: &Scenario) -> bool {
     features::plan(&extract_config(s), samples_per_recording(s))
@@ -173,7 +173,7 @@ const DEVICE_BATCH_MAX: u64 = 64;
 /// the draws and the features' last step on the CPU (the caller's rayon pool). The same
 /// records as `sample` within the kernels' tolerances (features within 1e-3 dB and
 /// 0.1 Hz; tests/device/parity/rf.rs).
-pub fn samples_cuda(
+pub fn samples_on_device(
     s: &Scenario,
     key: u64,
     indices: std::ops::Range<u64>,
@@ -189,7 +189,7 @@ pub fn samples_cuda(
         .map(|n| draft(s, key, n))
         .collect();
     let batch = pack_drafts(&plans.iter().collect::<Vec<_>>());
-    let (iq, sums) = receive_and_reduce_cuda(&batch, chunk, seg, keep_iq, dev)?;
+    let (iq, sums) = launch_receive_and_reduce(&batch, chunk, seg, keep_iq, dev)?;
     let recordings = iq.map(|iq| unpack(&batch, &iq));
     Ok(records_from_sums(
         s, indices, plans, &sums, recordings, chunk, seg,

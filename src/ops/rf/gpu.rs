@@ -304,7 +304,7 @@ pub fn unpack(b: &Batch, out: &[f32]) -> Vec<Vec<Vec<Complex32>>> {
 }
 
 /// Runs `rf_receive` over the batch; returns the interleaved recordings.
-pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, DeviceError> {
+pub fn launch_receive(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, DeviceError> {
     if b.receivers.is_empty() {
         return Ok(Vec::new());
     }
@@ -315,7 +315,7 @@ pub fn receive_cuda(b: &Batch, dev: &DeviceLease<'_>) -> Result<Vec<f32>, Device
 /// The batch's recordings reduced to chunk sums on the device (`features::plan` gives
 /// `chunk` and `seg`), with the recordings themselves when `keep_iq`: all the device sends
 /// back otherwise is seg + 4 numbers a chunk.
-pub fn receive_and_reduce_cuda(
+pub fn launch_receive_and_reduce(
     b: &Batch,
     chunk: usize,
     seg: usize,
@@ -336,7 +336,7 @@ pub fn receive_and_reduce_cuda(
 /// One uploaded recording's chunk sums (`/rf/features` on the device): whole chunks of
 /// `chunk` samples, as `features::extract` cuts them (`features::plan` gives `chunk` and
 /// `seg`).
-pub fn recording_sums_cuda(
+pub fn launch_recording_sums(
     iq: &[Complex32],
     chunk: usize,
     seg: usize,
@@ -411,7 +411,7 @@ fn reduce_on_device(
 /// The batch's waveforms synthesised by `rf_waveform` (a batch from `pack_drafts`),
 /// copied back as (re, im): what `pack` would have uploaded, within the kernel's
 /// tolerance.
-pub fn waveforms_cuda(
+pub fn launch_waveforms(
     b: &Batch,
     dev: &DeviceLease<'_>,
 ) -> Result<(Vec<f32>, Vec<f32>), DeviceError> {

@@ -1,7 +1,7 @@
 //! `kernels/rf.cuh`, `kernels/rf_waveform.cuh` and `kernels/rf_features.cuh` compiled
 //! for the host (kernels/host/rf_host.cpp) against the CPU twins `generate::receive`,
 //! `WaveSpec::synthesize` and `features::chunk_sums`, on packed batches exactly as
-//! `gpu::receive_cuda` and `gpu::receive_and_reduce_cuda` upload them.
+//! `gpu::launch_receive` and `gpu::launch_receive_and_reduce` upload them.
 
 use super::dataset::extract_config;
 use super::features::{self, chunk_sums, extract_from_sums, ChunkSums, ExtractConfig};

@@ -105,7 +105,7 @@ impl Job for FeaturesJob {
             Ok(shape) => shape,
             Err(e) => return Ok(Err(e)),
         };
-        let sums = gpu::recording_sums_cuda(&self.iq, chunk, seg, dev)?;
+        let sums = gpu::launch_recording_sums(&self.iq, chunk, seg, dev)?;
         Ok(Ok(
             features::Derivation::new(chunk, seg).extract(&sums, self.config.sample_rate_hz)
         ))

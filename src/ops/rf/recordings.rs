@@ -6,7 +6,7 @@
 //! of that seed and scenario holds for that generator index.
 
 use super::generate::{draft, plan, receive, samples_per_recording, RxTruth, TxTruth};
-use super::gpu::{pack_drafts, receive_cuda, unpack};
+use super::gpu::{launch_receive, pack_drafts, unpack};
 use super::rng::dataset_key;
 use super::scenario::Scenario;
 use crate::backend::measure::{CaseInfo, CheckLevel};
@@ -94,7 +94,7 @@ impl Job for RecordingsJob {
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Recordings, DeviceError> {
         let plan = draft(&self.scenario, dataset_key(self.seed), self.sample_index);
         let batch = pack_drafts(&[&plan]);
-        let out = receive_cuda(&batch, dev)?;
+        let out = launch_receive(&batch, dev)?;
         let iq = unpack(&batch, &out).pop().unwrap_or_default();
         Ok(Recordings {
             tx: plan.tx,

@@ -3,7 +3,7 @@
 //! same samples, within the device path's tolerances; and one sample's recordings alone
 //! (`/rf/iq`).
 
-use super::dataset::{records_agree, sample, samples_cuda, segment_len, DATASET_OP};
+use super::dataset::{records_agree, sample, samples_on_device, segment_len, DATASET_OP};
 use super::generate::generate;
 use super::recordings::RecordingsJob;
 use super::rng::dataset_key;
@@ -30,7 +30,7 @@ impl SelfTest for DatasetCheck {
 
     fn run(&self, dev: &DeviceLease<'_>) -> Result<(), String> {
         let (s, key) = (scenario(), dataset_key(18));
-        let records = samples_cuda(&s, key, 0..2, false, dev)
+        let records = samples_on_device(&s, key, 0..2, false, dev)
             .map_err(|e| format!("the device failed: {e}"))?;
         for (n, got) in records.iter().enumerate() {
             records_agree(got, &sample(&s, key, n as u64, false).0, segment_len(&s))

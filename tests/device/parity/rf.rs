@@ -8,7 +8,8 @@ use gpu_ops::backend::Job;
 use gpu_ops::ops::rf::features::{self, chunk_sums, extract, extract_from_sums, FEATURE_NAMES};
 use gpu_ops::ops::rf::generate::{draft, generate, plan, receive};
 use gpu_ops::ops::rf::gpu::{
-    chunks_of, pack, pack_drafts, receive_and_reduce_cuda, receive_cuda, unpack, waveforms_cuda,
+    chunks_of, launch_receive, launch_receive_and_reduce, launch_waveforms, pack, pack_drafts,
+    unpack,
 };
 use gpu_ops::ops::rf::rng::dataset_key;
 use gpu_ops::ops::rf::scenario::Scenario;
@@ -47,7 +48,7 @@ fn rf_recordings_match_the_cpu() {
     on_every_device("rf_recordings_match_the_cpu", |d| {
         let plans = &all[..rf_samples(d, 6) as usize];
         let batch = pack(&plans.iter().collect::<Vec<_>>());
-        let out = receive_cuda(&batch, &d.lease()).expect("rf_receive runs");
+        let out = launch_receive(&batch, &d.lease()).expect("rf_receive runs");
         let got = unpack(&batch, &out);
         for (n, (sample, recordings)) in plans.iter().zip(&got).enumerate() {
             for (r, (p, rec)) in sample.plans.iter().zip(recordings).enumerate() {
@@ -89,8 +90,8 @@ fn rf_chunk_sums_match_the_cpu() {
         let chunks = chunks_of(&batch, chunk);
         let window = features::hann(seg);
         let fft = rustfft::FftPlanner::<f32>::new().plan_fft_forward(seg);
-        let (iq, sums) =
-            receive_and_reduce_cuda(&batch, chunk, seg, true, &d.lease()).expect("rf kernels run");
+        let (iq, sums) = launch_receive_and_reduce(&batch, chunk, seg, true, &d.lease())
+            .expect("rf kernels run");
         let iq = iq.expect("recordings kept");
         assert_eq!(sums.len(), chunks.len());
         for (i, (c, got)) in chunks.iter().zip(&sums).enumerate() {
@@ -136,7 +137,7 @@ fn rf_chunk_sums_match_the_cpu() {
 /// records of the same samples.
 #[test]
 fn rf_waveforms_and_dataset_records_match_the_cpu() {
-    use gpu_ops::ops::rf::dataset::{records_agree, sample, samples_cuda, segment_len};
+    use gpu_ops::ops::rf::dataset::{records_agree, sample, samples_on_device, segment_len};
     let mut s = Scenario::default();
     let m = &mut s.signal.mix;
     (m.fm_voice, m.fm_tone, m.fm_dtmf, m.am, m.carrier) = (1.0, 1.0, 1.0, 1.0, 1.0);
@@ -147,7 +148,7 @@ fn rf_waveforms_and_dataset_records_match_the_cpu() {
     let want = pack(&plans.iter().collect::<Vec<_>>());
     on_every_device("rf_waveforms_and_dataset_records_match_the_cpu", |d| {
         let lease = d.lease();
-        let (re, im) = waveforms_cuda(&batch, &lease).expect("rf_waveform runs");
+        let (re, im) = launch_waveforms(&batch, &lease).expect("rf_waveform runs");
         let worst = re
             .iter()
             .chain(&im)
@@ -157,8 +158,8 @@ fn rf_waveforms_and_dataset_records_match_the_cpu() {
         if worst >= 1e-6 {
             d.fail("waveforms", format!("worst difference {worst}"));
         }
-        let got =
-            samples_cuda(&s, key, 0..rf_samples(d, 20), false, &lease).expect("device path runs");
+        let got = samples_on_device(&s, key, 0..rf_samples(d, 20), false, &lease)
+            .expect("device path runs");
         for (n, g) in got.iter().enumerate() {
             let (cpu, _, _) = sample(&s, key, n as u64, false);
             if let Err(e) = records_agree(g, &cpu, segment_len(&s)) {
