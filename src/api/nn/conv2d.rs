@@ -9,6 +9,7 @@ use crate::ops::linalg::Dtype;
 use crate::ops::nn::{Conv2dJob, Conv2dShape, ConvTensors};
 use axum::extract::State;
 use axum::response::Response;
+use ndarray::ArrayView3;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -140,7 +141,7 @@ pub async fn conv2d(
         ConvLayout::Nchw => (vec![s.batch, s.out_channels, oh, ow], values),
         ConvLayout::Nhwc => (
             vec![s.batch, oh, ow, s.out_channels],
-            channels_last(&values, s.batch, s.out_channels, oh * ow),
+            swap_inner_axes(&values, s.batch, s.out_channels, oh * ow),
         ),
     };
     let dtype = TensorDtype::from(out_dtype);
@@ -155,26 +156,11 @@ pub async fn conv2d(
     Ok(job_response(bytes, &done.run))
 }
 
-/// `[N, C, P]` → `[N, P, C]`.
-fn channels_last<T: Copy>(x: &[T], n: usize, c: usize, p: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(x.len());
-    for image in x.chunks(c * p).take(n) {
-        for q in 0..p {
-            out.extend((0..c).map(|ch| image[ch * p + q]));
-        }
-    }
-    out
-}
-
-/// `[N, P, C]` → `[N, C, P]`.
-fn channels_first<T: Copy>(x: &[T], n: usize, c: usize, p: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(x.len());
-    for image in x.chunks(c * p).take(n) {
-        for ch in 0..c {
-            out.extend((0..p).map(|q| image[q * c + ch]));
-        }
-    }
-    out
+/// `[N, A, B]` → `[N, B, A]`: NCHW ↔ NHWC, the spatial axes taken as one.
+fn swap_inner_axes<T: Copy>(x: &[T], n: usize, a: usize, b: usize) -> Vec<T> {
+    let x = ArrayView3::from_shape((n, a, b), x).expect("the tensor's length is its shape's");
+    let swapped = x.permuted_axes([0, 2, 1]).as_standard_layout().into_owned();
+    swapped.into_raw_vec_and_offset().0
 }
 
 /// A pair of at-least-1 factors (stride, dilation); `[1, 1]` when absent.
@@ -221,7 +207,7 @@ fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
             c,
             h,
             w,
-            channels_first(&input.values.into_f64(), n, c, h * w),
+            swap_inner_axes(&input.values.into_f64(), n, h * w, c),
         ),
         _ => unreachable!("decode checked the rank"),
     };
@@ -345,8 +331,8 @@ mod tests {
     #[test]
     fn channel_moves_are_inverse_transposes() {
         let x: Vec<u32> = (0..2 * 3 * 4).collect();
-        let last = channels_last(&x, 2, 3, 4);
+        let last = swap_inner_axes(&x, 2, 3, 4);
         assert_eq!(&last[..6], &[0, 4, 8, 1, 5, 9]);
-        assert_eq!(channels_first(&last, 2, 3, 4), x);
+        assert_eq!(swap_inner_axes(&last, 2, 4, 3), x);
     }
 }

@@ -10,10 +10,12 @@
 use super::geometry::{beams_key, form_channels, frobenius, Array, ChannelSpec, DrawnPath};
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
+use crate::ops::linalg::views::gemm_into;
 use crate::ops::linalg::Dtype;
 use crate::ops::rf::noise::Noise;
 use crate::ops::rf::rng::{Purpose, Stream};
 use gemm::{c64, Parallelism};
+use ndarray::{Array2, ArrayView2};
 use rayon::prelude::*;
 
 /// Most beams in one codebook, and most complex values (beams × elements) in one.
@@ -321,58 +323,16 @@ impl SweepJob {
             .par_chunks_mut(kr * kt)
             .enumerate()
             .for_each(|(b, p)| {
-                let hb = &h[2 * b * nr * nt..][..2 * nr * nt];
-                let mut x = vec![c64::new(0.0, 0.0); nr * kt];
-                let mut g = vec![c64::new(0.0, 0.0); kr * kt];
-                let (w, f) = (&self.rx_book.values, &self.tx_book.values);
-                // SAFETY: Complex64 is two f64s (repr(C)), so the interleaved slices are
-                // arrays of c64; every index the strides reach is inside them.
-                // X (nr × kt) = H (nr × nt, row-major) · Fᵀ (F: kt × nt, row-major);
-                // G (kr × kt) = conj(W) (kr × nr) · X.
-                unsafe {
-                    gemm::gemm(
-                        nr,
-                        kt,
-                        nt,
-                        x.as_mut_ptr(),
-                        1,
-                        kt as isize,
-                        false,
-                        hb.as_ptr() as *const c64,
-                        1,
-                        nt as isize,
-                        f.as_ptr() as *const c64,
-                        nt as isize,
-                        1,
-                        c64::new(0.0, 0.0),
-                        c64::new(1.0, 0.0),
-                        false,
-                        false,
-                        false,
-                        inner,
-                    );
-                    gemm::gemm(
-                        kr,
-                        kt,
-                        nr,
-                        g.as_mut_ptr(),
-                        1,
-                        kt as isize,
-                        false,
-                        w.as_ptr() as *const c64,
-                        1,
-                        nr as isize,
-                        x.as_ptr(),
-                        1,
-                        kt as isize,
-                        c64::new(0.0, 0.0),
-                        c64::new(1.0, 0.0),
-                        false,
-                        true,
-                        false,
-                        inner,
-                    );
-                }
+                let hb = complex_view(&h[2 * b * nr * nt..][..2 * nr * nt], nr, nt);
+                let f = complex_view(&self.tx_book.values, kt, nt);
+                let w = complex_view(&self.rx_book.values, kr, nr);
+                let (zero, one) = (c64::new(0.0, 0.0), c64::new(1.0, 0.0));
+                // X (nr × kt) = H · Fᵀ; G (kr × kt) = conj(W) · X.
+                let mut x = Array2::from_elem((nr, kt), zero);
+                gemm_into(x.view_mut(), hb, f.t(), one, None, false, inner);
+                let mut g = Array2::from_elem((kr, kt), zero);
+                gemm_into(g.view_mut(), w, x.view(), one, None, true, inner);
+                let (g, _) = g.into_raw_vec_and_offset();
                 let noise = keys.as_ref().map(|k| Noise(Stream::from_key(k[b])));
                 for r in 0..kr {
                     for t in 0..kt {
@@ -521,4 +481,11 @@ impl Job for SweepJob {
         }
         Ok(())
     }
+}
+
+/// Complex values stored as interleaved f64 pairs, as a `rows × columns` view of c64
+/// (two f64s, repr(C)): no copy.
+fn complex_view(values: &[f64], rows: usize, columns: usize) -> ArrayView2<'_, c64> {
+    let values: &[c64] = bytemuck::cast_slice(values);
+    ArrayView2::from_shape((rows, columns), values).expect("the job checked the lengths")
 }

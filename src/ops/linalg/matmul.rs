@@ -2,10 +2,12 @@
 //! tolerance the device's answer is held to.
 
 use super::precision::{Compute, Dtype};
+use super::views::gemm_into;
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
 use gemm::Parallelism;
-use rayon::prelude::*;
+use ndarray::parallel::prelude::*;
+use ndarray::{Array3, ArrayView3, ArrayViewMut3, Axis, ShapeBuilder};
 
 /// Shapes of one batched multiply. `op(A)` is `m × k`, `op(B)` is `k × n`; an operand
 /// that is not batched is broadcast over the batch. A is stored `[m, k]`, or `[k, m]`
@@ -267,90 +269,76 @@ impl MatmulJob {
         match &self.operands {
             Operands::F32 { a, b, c } => {
                 let mut d = self.seed(c.as_deref());
-                self.gemm(
-                    &mut d,
-                    a,
-                    b,
-                    c.is_some(),
-                    self.alpha as f32,
-                    self.beta as f32,
-                );
+                let beta = c.is_some().then_some(self.beta as f32);
+                self.gemm(d.view_mut(), a, b, self.alpha as f32, beta);
+                let mut d = into_vec(d);
                 self.output.round_all(&mut d);
                 Values::F32(d)
             }
             Operands::F64 { a, b, c } => {
                 let mut d = self.seed(c.as_deref());
-                self.gemm(&mut d, a, b, c.is_some(), self.alpha, self.beta);
-                Values::F64(d)
+                let beta = c.is_some().then_some(self.beta);
+                self.gemm(d.view_mut(), a, b, self.alpha, beta);
+                Values::F64(into_vec(d))
             }
         }
     }
 
+    /// `values` (A, B or C as stored) as a batch × rows × columns view: a transposed
+    /// operand's strides swapped, a broadcast one's batch stride zero.
+    fn view<'a, T>(
+        &self,
+        values: &'a [T],
+        rows: usize,
+        columns: usize,
+        strides: Strides,
+    ) -> ArrayView3<'a, T> {
+        let shape =
+            (self.shape.batch, rows, columns).strides((strides.batch, strides.row, strides.col));
+        ArrayView3::from_shape(shape, values)
+            .expect("the constructor checked the operands' lengths")
+    }
+
     /// D before the product: C broadcast over the batch, or zeros.
-    fn seed<T: Copy + Default>(&self, c: Option<&[T]>) -> Vec<T> {
+    fn seed<T: Copy + Default>(&self, c: Option<&[T]>) -> Array3<T> {
         let s = self.shape;
-        let mut d = vec![T::default(); s.out_len()];
+        let mut d = Array3::from_elem((s.batch, s.m, s.n), T::default());
         if let Some(c) = c {
-            let stride = s.c_batch_stride();
-            for (bi, out) in d.chunks_mut(s.m * s.n).enumerate() {
-                out.copy_from_slice(&c[bi * stride..][..s.m * s.n]);
-            }
+            let strides = Strides {
+                batch: s.c_batch_stride(),
+                row: s.n,
+                col: 1,
+            };
+            d.assign(&self.view(c, s.m, s.n, strides));
         }
         d
     }
 
-    /// d[b] = alpha·op(A[b])·op(B[b]) + beta·d[b] (d read only when `read_d`).
+    /// d[b] = alpha·op(A[b])·op(B[b]) + beta·d[b] (d read only with a beta).
     fn gemm<T: Copy + Send + Sync + 'static>(
         &self,
-        d: &mut [T],
+        mut d: ArrayViewMut3<'_, T>,
         a: &[T],
         b: &[T],
-        read_d: bool,
         alpha: T,
-        beta: T,
+        beta: Option<T>,
     ) {
         let s = self.shape;
-        let (sa, sb) = (s.a_strides(), s.b_strides());
-        let one = |bi: usize, out: &mut [T], parallelism: Parallelism| {
-            let a = &a[bi * sa.batch..];
-            let b = &b[bi * sb.batch..];
-            // SAFETY: every index the strides reach is inside the slices: the job's
-            // constructor checked their lengths against the shape. gemm computes
-            // dst := beta_g·dst + alpha_g·lhs·rhs with (alpha_g, beta_g) named the other
-            // way round from BLAS.
-            unsafe {
-                gemm::gemm(
-                    s.m,
-                    s.n,
-                    s.k,
-                    out.as_mut_ptr(),
-                    1,
-                    s.n as isize,
-                    read_d,
-                    a.as_ptr(),
-                    sa.col as isize,
-                    sa.row as isize,
-                    b.as_ptr(),
-                    sb.col as isize,
-                    sb.row as isize,
-                    beta,
-                    alpha,
-                    false,
-                    false,
-                    false,
-                    parallelism,
-                )
-            }
+        let a = self.view(a, s.m, s.k, s.a_strides());
+        let b = self.view(b, s.k, s.n, s.b_strides());
+        let one = |bi: usize, out, parallelism| {
+            let (a, b) = (a.index_axis(Axis(0), bi), b.index_axis(Axis(0), bi));
+            gemm_into(out, a, b, alpha, beta, false, parallelism);
         };
-        let per_entry = s.m * s.n;
         // Small entries: one thread each; large ones: every thread on one entry.
         if s.batch > 1 && s.flops() / (s.batch as f64) < (1u64 << 22) as f64 {
-            d.par_chunks_mut(per_entry)
+            d.axis_iter_mut(Axis(0))
+                .into_par_iter()
                 .enumerate()
                 .for_each(|(bi, out)| one(bi, out, Parallelism::None));
         } else {
             let threads = rayon::current_num_threads();
-            for (bi, out) in d.chunks_mut(per_entry).enumerate() {
+            for (bi, out) in d.axis_iter_mut(Axis(0)).enumerate() {
                 one(bi, out, Parallelism::Rayon(threads));
             }
         }
@@ -389,6 +377,13 @@ impl MatmulJob {
             .map(|mag| 2.0 * gamma * mag * 1.01 + 2.0 * out_u * mag + f64::from(f32::MIN_POSITIVE))
             .collect()
     }
+}
+
+/// An owned array's values in row-major order (it was built in that layout).
+fn into_vec<T>(d: Array3<T>) -> Vec<T> {
+    let (values, offset) = d.into_raw_vec_and_offset();
+    debug_assert_eq!(offset.unwrap_or(0), 0);
+    values
 }
 
 /// Rounds `v` to `compute` in place (nothing to do for f32); the first value that

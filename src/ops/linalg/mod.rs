@@ -10,6 +10,7 @@ pub mod matmul;
 mod precision;
 pub(crate) mod self_test;
 pub mod sinusoidal;
+pub(crate) mod views;
 
 pub use gpu::{kernel_module, launch_lookup, launch_matmul, launch_sinusoidal};
 pub(crate) use gpu::{matmul_pass, run_matmul_on, MatmulEngine, MatmulPass};

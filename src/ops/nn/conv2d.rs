@@ -13,8 +13,10 @@ use super::gpu;
 use super::real::Real;
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
+use crate::ops::linalg::views::gemm_into;
 use crate::ops::linalg::{Dtype, Values};
 use gemm::Parallelism;
+use ndarray::{s, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
 /// Bytes of window columns one CPU task holds at a time: the positions are cut into
@@ -277,38 +279,19 @@ impl Conv2dJob {
             let (n, g) = (task / s.groups, task % s.groups);
             let image =
                 &input[n * s.channels * s.height * s.width..][..s.channels * s.height * s.width];
-            let w = &weight[g * og * k..][..og * k];
+            let w = ArrayView2::from_shape((og, k), &weight[g * og * k..][..og * k])
+                .expect("the group's og × k weights");
             let mut cols = vec![T::ZERO; k * chunk];
             for first in (0..p).step_by(chunk) {
                 let count = chunk.min(p - first);
                 let cols = &mut cols[..k * count];
                 s.im2col(image, g, first, count, cols);
-                // SAFETY: W_g is og × k, cols k × count, and the destination og rows of
-                // `count` values starting at column `first` of this group's og × p block
-                // (row stride p); all row-major.
-                unsafe {
-                    gemm::gemm(
-                        og,
-                        count,
-                        k,
-                        out[first..].as_mut_ptr(),
-                        1,
-                        p as isize,
-                        false,
-                        w.as_ptr(),
-                        1,
-                        k as isize,
-                        cols.as_ptr(),
-                        1,
-                        count as isize,
-                        T::ZERO,
-                        T::ONE,
-                        false,
-                        false,
-                        false,
-                        parallelism,
-                    )
-                }
+                // W_g (og × k) · cols (k × count) into columns `first..` of this
+                // task's og × p block.
+                let cols = ArrayView2::from_shape((k, count), &*cols).expect("k × count");
+                let mut block = ArrayViewMut2::from_shape((og, p), &mut *out).expect("og × p");
+                let dst = block.slice_mut(s![.., first..first + count]);
+                gemm_into(dst, w, cols, T::ONE, None, false, parallelism);
             }
             for (o, row) in out.chunks_mut(p).enumerate() {
                 let b = bias.map_or(T::ZERO, |b| b[g * og + o]);

@@ -3,7 +3,9 @@
 
 use super::super::real::Real;
 use super::CPU_KEY_BLOCK;
+use crate::ops::linalg::views::gemm_into;
 use gemm::Parallelism;
+use ndarray::{ArrayView2, ArrayViewMut2};
 
 /// One query block's attention: `rows` queries `q` (`rows × d`), the head's keys and
 /// values, and each row's visible-key count `ends` (non-decreasing). Writes the rows'
@@ -57,32 +59,20 @@ pub(super) fn online_softmax_block<T: Real>(
             sum[r] = sum[r] * rescale + added;
             top[r] = new_top;
         }
-        // out += P · V_block.
-        // SAFETY: `scores` is rows × width, the value block width × dv starting at row
-        // `first` (< key_end ≤ S_kv), `out` rows × dv; all row-major.
-        unsafe {
-            gemm::gemm(
-                rows,
-                dv,
-                width,
-                out.as_mut_ptr(),
-                1,
-                dv as isize,
-                true,
-                scores.as_ptr(),
-                1,
-                width as isize,
-                v[first * dv..].as_ptr(),
-                1,
-                dv as isize,
-                T::ONE,
-                T::ONE,
-                false,
-                false,
-                false,
-                Parallelism::None,
-            )
-        }
+        // out += P · V_block, the values of keys first..first + width.
+        let p = ArrayView2::from_shape((rows, width), &*scores).expect("rows × width");
+        let v_block = ArrayView2::from_shape((width, dv), &v[first * dv..][..width * dv])
+            .expect("width × dv values");
+        let out = ArrayViewMut2::from_shape((rows, dv), &mut out[..rows * dv]).expect("rows × dv");
+        gemm_into(
+            out,
+            p,
+            v_block,
+            T::ONE,
+            Some(T::ONE),
+            false,
+            Parallelism::None,
+        );
     }
     for r in 0..rows {
         if sum[r] > T::ZERO {
@@ -109,35 +99,14 @@ pub(super) fn block_logits<T: Real>(
     scores: &mut [T],
     parallel: bool,
 ) {
-    assert!(q.len() >= rows * d && k.len() >= width * d && scores.len() >= rows * width);
     let parallelism = if parallel {
         Parallelism::Rayon(rayon::current_num_threads())
     } else {
         Parallelism::None
     };
-    // SAFETY: the assertion above: Q is rows × d, K's block width × d (read as its
-    // transpose, d × width), scores rows × width; all row-major.
-    unsafe {
-        gemm::gemm(
-            rows,
-            width,
-            d,
-            scores.as_mut_ptr(),
-            1,
-            width as isize,
-            false,
-            q.as_ptr(),
-            1,
-            d as isize,
-            k.as_ptr(),
-            d as isize,
-            1,
-            T::ZERO,
-            scale,
-            false,
-            false,
-            false,
-            parallelism,
-        )
-    }
+    let q = ArrayView2::from_shape((rows, d), &q[..rows * d]).expect("rows × d queries");
+    let k = ArrayView2::from_shape((width, d), &k[..width * d]).expect("width × d keys");
+    let scores = ArrayViewMut2::from_shape((rows, width), &mut scores[..rows * width])
+        .expect("rows × width");
+    gemm_into(scores, q, k.t(), scale, None, false, parallelism);
 }
