@@ -24,6 +24,15 @@ fn rf_samples(d: &Device, n: u64) -> u64 {
     }
 }
 
+/// `x < bound` and `x <= bound`, false for a NaN: comparisons that a NaN fails.
+fn below<T: PartialOrd>(x: T, bound: T) -> bool {
+    x < bound
+}
+
+fn at_most<T: PartialOrd>(x: T, bound: T) -> bool {
+    x <= bound
+}
+
 /// Each aggregated feature within the tolerance of the CPU's: 0.1 Hz for
 /// frequencies, 1e-3 (dB and the rest) otherwise, or 1e-6 relative.
 fn features_close(d: &Device, case: &str, got: &[features::Stats], want: &[features::Stats]) {
@@ -31,7 +40,8 @@ fn features_close(d: &Device, case: &str, got: &[features::Stats], want: &[featu
         let (g, w) = (got[i].mean, want[i].mean);
         let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
         let diff = (g - w).abs();
-        if diff > tol && diff > 1e-6 * w.abs() {
+        // Written so that a NaN fails.
+        if !(diff <= tol || diff <= 1e-6 * w.abs()) {
             d.fail(case, format!("{name}: {g} vs {w}"));
         }
     }
@@ -48,7 +58,10 @@ fn rf_recordings_match_the_cpu() {
     on_every_device("rf_recordings_match_the_cpu", |d| {
         let plans = &all[..rf_samples(d, 6) as usize];
         let batch = pack(&plans.iter().collect::<Vec<_>>());
-        let out = launch_receive(&batch, &d.lease()).expect("rf_receive runs");
+        let out = match launch_receive(&batch, &d.lease()) {
+            Ok(out) => out,
+            Err(e) => return d.fail("rf_receive", e),
+        };
         let got = unpack(&batch, &out);
         for (n, (sample, recordings)) in plans.iter().zip(&got).enumerate() {
             for (r, (p, rec)) in sample.plans.iter().zip(recordings).enumerate() {
@@ -61,7 +74,7 @@ fn rf_recordings_match_the_cpu() {
                         f64::from((a - b).norm()) / f64::from(b.norm()).max(p.noise_sigma)
                     })
                     .fold(0.0, f64::max);
-                if worst >= 1e-6 {
+                if !below(worst, 1e-6) {
                     d.fail(&case, format!("relative difference {worst}"));
                 }
                 let (fa, fb) = (
@@ -90,10 +103,19 @@ fn rf_chunk_sums_match_the_cpu() {
         let chunks = chunks_of(&batch, chunk);
         let window = features::hann(seg);
         let fft = rustfft::FftPlanner::<f32>::new().plan_fft_forward(seg);
-        let (iq, sums) = launch_receive_and_reduce(&batch, chunk, seg, true, &d.lease())
-            .expect("rf kernels run");
-        let iq = iq.expect("recordings kept");
-        assert_eq!(sums.len(), chunks.len());
+        let (iq, sums) = match launch_receive_and_reduce(&batch, chunk, seg, true, &d.lease()) {
+            Ok((Some(iq), sums)) if sums.len() == chunks.len() => (iq, sums),
+            Ok((iq, sums)) => {
+                let kept = iq.is_some();
+                let got = sums.len();
+                let want = chunks.len();
+                return d.fail(
+                    "rf_receive_and_reduce",
+                    format!("recordings kept: {kept}, {got} chunk sums for {want} chunks"),
+                );
+            }
+            Err(e) => return d.fail("rf_receive_and_reduce", e),
+        };
         for (i, (c, got)) in chunks.iter().zip(&sums).enumerate() {
             let case = format!("chunk {i}");
             let want = chunk_sums(&c.samples(&iq), &window, fft.as_ref());
@@ -102,14 +124,14 @@ fn rf_chunk_sums_match_the_cpu() {
             {
                 d.fail(&case, "crossings, peak power or segment count differ");
             }
-            if (got.power_sum - want.power_sum).abs() > 1e-12 * want.power_sum
-                || (got.magnitude_sum - want.magnitude_sum).abs() > 1e-12 * want.magnitude_sum
+            if !((got.power_sum - want.power_sum).abs() <= 1e-12 * want.power_sum
+                && (got.magnitude_sum - want.magnitude_sum).abs() <= 1e-12 * want.magnitude_sum)
             {
                 d.fail(&case, "power or magnitude sums differ");
             }
             let peak = want.bins.iter().copied().fold(0.0, f64::max);
             for (j, (a, b)) in got.bins.iter().zip(&want.bins).enumerate() {
-                if (a - b).abs() > 2e-5 * (b + 1e-6 * peak) {
+                if !at_most((a - b).abs(), 2e-5 * (b + 1e-6 * peak)) {
                     d.fail(&case, format!("bin {j}: {a} vs {b}"));
                 }
             }
@@ -119,7 +141,12 @@ fn rf_chunk_sums_match_the_cpu() {
         let mut at = 0;
         for (n, (sample, recs)) in plans.iter().zip(&recordings).enumerate() {
             for (r, p) in sample.plans.iter().enumerate() {
-                assert_eq!(recs[r].len(), sample.wave.len());
+                if recs[r].len() != sample.wave.len() {
+                    d.fail(
+                        format!("sample {n} rx {r}"),
+                        "a recording of the wrong length",
+                    );
+                }
                 let got = extract_from_sums(&sums[at..at + per_rx], cfg.sample_rate_hz, chunk, seg)
                     .aggregate();
                 at += per_rx;
@@ -148,14 +175,17 @@ fn rf_waveforms_and_dataset_records_match_the_cpu() {
     let want = pack(&plans.iter().collect::<Vec<_>>());
     on_every_device("rf_waveforms_and_dataset_records_match_the_cpu", |d| {
         let lease = d.lease();
-        let (re, im) = launch_waveforms(&batch, &lease).expect("rf_waveform runs");
+        let (re, im) = match launch_waveforms(&batch, &lease) {
+            Ok(waves) => waves,
+            Err(e) => return d.fail("rf_waveform", e),
+        };
         let worst = re
             .iter()
             .chain(&im)
             .zip(want.wave_re.iter().chain(&want.wave_im))
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
-        if worst >= 1e-6 {
+        if !below(worst, 1e-6) {
             d.fail("waveforms", format!("worst difference {worst}"));
         }
         let got = samples_on_device(&s, key, 0..rf_samples(d, 20), false, &lease)
@@ -182,7 +212,32 @@ fn rf_features_of_an_upload_match_the_cpu() {
         },
     };
     assert!(job.device_refusal().is_none());
+    let want = job.run_cpu().unwrap();
     on_every_device("rf_features_of_an_upload_match_the_cpu", |d| {
-        d.check("upload", &job);
+        // The job's own agreement (the service's shadow checks), then every feature of
+        // every chunk within the tolerance, which is stricter on the noise floor.
+        let Some(got) = d.check("upload", &job) else {
+            return;
+        };
+        let got = got.expect("the CPU extracted, so the device did");
+        if got.chunks.len() != want.chunks.len() {
+            return d.fail(
+                "upload",
+                format!(
+                    "{} chunks, {} expected",
+                    got.chunks.len(),
+                    want.chunks.len()
+                ),
+            );
+        }
+        for (i, (g, w)) in got.chunks.iter().zip(&want.chunks).enumerate() {
+            for (name, (a, b)) in FEATURE_NAMES.iter().zip(g.iter().zip(w)) {
+                let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+                let diff = (a - b).abs();
+                if !(diff <= tol || diff <= 1e-6 * b.abs()) {
+                    d.fail(format!("upload chunk {i}"), format!("{name}: {a} vs {b}"));
+                }
+            }
+        }
     });
 }
