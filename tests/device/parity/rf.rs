@@ -33,15 +33,20 @@ fn at_most<T: PartialOrd>(x: T, bound: T) -> bool {
     x <= bound
 }
 
-/// Each aggregated feature within the tolerance of the CPU's: 0.1 Hz for
-/// frequencies, 1e-3 (dB and the rest) otherwise, or 1e-6 relative.
+/// Whether feature `name` from the device is within the tolerance of the CPU's:
+/// 0.1 Hz for frequencies, 1e-3 (dB and the rest) otherwise, or 1e-6 relative. A NaN is
+/// not.
+fn feature_close(name: &str, got: f64, want: f64) -> bool {
+    let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
+    let diff = (got - want).abs();
+    at_most(diff, tol) || at_most(diff, 1e-6 * want.abs())
+}
+
+/// Each aggregated feature's mean within `feature_close`.
 fn features_close(d: &Device, case: &str, got: &[features::Stats], want: &[features::Stats]) {
     for (i, name) in FEATURE_NAMES.iter().enumerate() {
         let (g, w) = (got[i].mean, want[i].mean);
-        let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
-        let diff = (g - w).abs();
-        // Written so that a NaN fails.
-        if !(diff <= tol || diff <= 1e-6 * w.abs()) {
+        if !feature_close(name, g, w) {
             d.fail(case, format!("{name}: {g} vs {w}"));
         }
     }
@@ -232,9 +237,7 @@ fn rf_features_of_an_upload_match_the_cpu() {
         }
         for (i, (g, w)) in got.chunks.iter().zip(&want.chunks).enumerate() {
             for (name, (a, b)) in FEATURE_NAMES.iter().zip(g.iter().zip(w)) {
-                let tol = if name.ends_with("_hz") { 0.1 } else { 1e-3 };
-                let diff = (a - b).abs();
-                if !(diff <= tol || diff <= 1e-6 * b.abs()) {
+                if !feature_close(name, *a, *b) {
                     d.fail(format!("upload chunk {i}"), format!("{name}: {a} vs {b}"));
                 }
             }
