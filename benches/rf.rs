@@ -119,7 +119,7 @@ fn cpu_chunk_sums(s: &Scenario, key: u64) -> (usize, usize, Vec<Vec<features::Ch
     let cfg = gpu_ops::ops::rf::dataset::extract_config(s);
     let (chunk, seg) = features::plan(&cfg, p.wave.len()).expect("a chunk fits");
     let window = features::hann(seg);
-    let fft = rustfft::FftPlanner::<f32>::new().plan_fft_forward(seg);
+    let fft = fft_plans::F32Planner::default().forward(seg);
     let sums = p
         .plans
         .iter()

@@ -135,6 +135,33 @@ fn long_files(src: &std::path::Path) -> Vec<String> {
     long
 }
 
+/// Every line of the service's own sources (`src/`, `tests/`, `benches/` under `root`)
+/// that names rustfft's generic planner, as `file:line`. Plans come from the `fft-plans`
+/// crate, which compiles the planner once; naming it here would compile every FFT
+/// algorithm into each crate that did (half the library's build time, crates/fft-plans).
+fn generic_fft_planners(root: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for folder in ["src", "tests", "benches"] {
+        // This file names the planner as the text it looks for.
+        let this_file = root.join("src/layering.rs");
+        for file in sources(&root.join(folder))
+            .into_iter()
+            .filter(|f| *f != this_file)
+        {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                if code.contains("FftPlanner") {
+                    let file = file.strip_prefix(root).unwrap_or(&file);
+                    found.push(format!("{}:{}", file.display(), i + 1));
+                }
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +230,28 @@ mod tests {
         std::fs::write(dir.join("ops/ok.rs"), "\n".repeat(MAX_FILE_LINES)).unwrap();
         std::fs::write(dir.join("ops/long.rs"), "\n".repeat(MAX_FILE_LINES + 1)).unwrap();
         assert_eq!(long_files(&dir), ["ops/long.rs: 601"]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn fft_plans_come_from_the_crate_that_compiles_them_once() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        assert_eq!(generic_fft_planners(root), Vec::<String>::new());
+        let dir = std::env::temp_dir().join(format!("gpu-ops-fft-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("benches")).unwrap();
+        std::fs::create_dir_all(dir.join("src/ops")).unwrap();
+        std::fs::write(
+            dir.join("benches/x.rs"),
+            "// FftPlanner in a comment\nlet p = rustfft::FftPlanner::<f32>::new();\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("src/ops/y.rs"),
+            "let p = fft_plans::F32Planner::default();\n",
+        )
+        .unwrap();
+        assert_eq!(generic_fft_planners(&dir), ["benches/x.rs:2"]);
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -34,19 +34,19 @@ pub use gpu::kernel_module;
 
 use crate::backend::{DeviceError, DeviceLease, Job};
 
-use rustfft::{Fft, FftPlanner};
+use rustfft::Fft;
 use std::sync::Arc;
 
 thread_local! {
     /// Plans keep their twiddles: building one costs more sine evaluations than a
     /// transform, and every chunk of every recording uses the same size, so every thread
     /// keeps its plans for reuse.
-    static PLANNER: std::cell::RefCell<FftPlanner<f32>> = std::cell::RefCell::new(FftPlanner::new());
+    static PLANNER: std::cell::RefCell<fft_plans::F32Planner> = Default::default();
 }
 
 /// A forward FFT plan of `n` points from this thread's cache.
 pub(crate) fn fft_plan(n: usize) -> Arc<dyn Fft<f32>> {
-    PLANNER.with(|p| p.borrow_mut().plan_fft_forward(n))
+    PLANNER.with(|p| p.borrow_mut().forward(n))
 }
 
 use rustfft::num_complex::Complex32;

@@ -1,6 +1,6 @@
 use super::*;
+use fft_plans::F64Planner;
 use rustfft::num_complex::Complex;
-use rustfft::FftPlanner;
 
 /// Deterministic complex Gaussian noise of power `p` (Box–Muller on splitmix64).
 pub(crate) fn noise(n: usize, p: f64, seed: u64) -> Vec<Complex32> {
@@ -110,7 +110,7 @@ fn the_f32_welch_psd_keeps_a_noise_floor_90_db_under_a_tone() {
     let window = hann(seg);
     let (psd, k) = welch_psd(&x, fs, &window, super::super::fft_plan(seg).as_ref());
     let w64: Vec<f64> = window.iter().map(|&w| f64::from(w)).collect();
-    let fft = FftPlanner::<f64>::new().plan_fft_forward(seg);
+    let fft = F64Planner::default().forward(seg);
     let mut want = vec![0.0f64; seg];
     for s in 0..k {
         let mut buf: Vec<Complex<f64>> = (0..seg)
@@ -186,8 +186,8 @@ fn band_noise(n: usize, fs: f64, half_band: f64, p: f64, seed: u64) -> Vec<Compl
         .iter()
         .map(|v| Complex::new(v.re as f64, v.im as f64))
         .collect();
-    let mut planner = FftPlanner::<f64>::new();
-    planner.plan_fft_forward(n).process(&mut spec);
+    let mut planner = F64Planner::default();
+    planner.forward(n).process(&mut spec);
     for (i, s) in spec.iter_mut().enumerate() {
         let f = if i < n / 2 {
             i as f64
@@ -199,7 +199,7 @@ fn band_noise(n: usize, fs: f64, half_band: f64, p: f64, seed: u64) -> Vec<Compl
             *s = Complex::new(0.0, 0.0);
         }
     }
-    planner.plan_fft_inverse(n).process(&mut spec);
+    planner.inverse(n).process(&mut spec);
     spec.iter()
         .map(|v| Complex32::new((v.re / n as f64) as f32, (v.im / n as f64) as f32))
         .collect()
