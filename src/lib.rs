@@ -4,8 +4,9 @@
 //!
 //! The `openapi` feature (on by default) is the HTTP service: the API, its OpenAPI
 //! schemas and `App`. Without it the library is the domains, the engines, the pool and
-//! the stores, and none of them names `utoipa` (`cargo check --lib --no-default-features`,
-//! a CI step): the domains' schema derives are `cfg_attr`s of the feature.
+//! the stores, and none of them names `utoipa` (CI compiles the library and its unit
+//! tests with `--no-default-features`): the domains' schema derives are `cfg_attr`s of
+//! the feature.
 
 #[cfg(feature = "openapi")]
 pub mod api;
@@ -27,6 +28,7 @@ pub mod secagg_client;
 mod serve;
 pub mod store;
 pub mod tables;
+pub mod wire;
 
 #[cfg(feature = "openapi")]
 pub use app::App;
