@@ -94,19 +94,31 @@ const SCHEMA_FREE: &[&str] = &[
 /// Every line under `SCHEMA_FREE` that names `utoipa`, `ToSchema` or a `#[schema(…)]`
 /// outside `#[cfg_attr(feature = "openapi", …)]`, as `file:line`.
 fn ungated_schemas(src: &std::path::Path) -> Vec<String> {
+    let files = SCHEMA_FREE
+        .iter()
+        .flat_map(|folder| sources(&src.join(folder)));
+    lines_where(src, files, |code| {
+        let names = ["utoipa", "ToSchema", "#[schema("]
+            .iter()
+            .any(|n| code.contains(n));
+        names && !code.contains("#[cfg_attr(feature = \"openapi\",")
+    })
+}
+
+/// Every line of `files` whose code (before any `//` comment) `matches`, as `file:line`
+/// relative to `root`, sorted.
+fn lines_where(
+    root: &std::path::Path,
+    files: impl IntoIterator<Item = std::path::PathBuf>,
+    matches: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let mut found = Vec::new();
-    for folder in SCHEMA_FREE {
-        for file in sources(&src.join(folder)) {
-            let text = std::fs::read_to_string(&file).unwrap();
-            for (i, line) in text.lines().enumerate() {
-                let code = line.split("//").next().unwrap_or("");
-                let names = ["utoipa", "ToSchema", "#[schema("]
-                    .iter()
-                    .any(|n| code.contains(n));
-                if names && !code.contains("#[cfg_attr(feature = \"openapi\",") {
-                    let file = file.strip_prefix(src).unwrap_or(&file);
-                    found.push(format!("{}:{}", file.display(), i + 1));
-                }
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            if matches(line.split("//").next().unwrap_or("")) {
+                let file = file.strip_prefix(root).unwrap_or(&file);
+                found.push(format!("{}:{}", file.display(), i + 1));
             }
         }
     }
@@ -141,26 +153,13 @@ fn long_files(src: &std::path::Path) -> Vec<String> {
 /// crate, which compiles the planner once; naming it here would compile every FFT
 /// algorithm into each crate that did (half the library's build time, crates/fft-plans).
 fn generic_fft_planners(root: &std::path::Path) -> Vec<String> {
-    let mut found = Vec::new();
-    for folder in ["src", "tests", "benches"] {
-        // This file names the planner as the text it looks for.
-        let this_file = root.join("src/layering.rs");
-        for file in sources(&root.join(folder))
-            .into_iter()
-            .filter(|f| *f != this_file)
-        {
-            let text = std::fs::read_to_string(&file).unwrap();
-            for (i, line) in text.lines().enumerate() {
-                let code = line.split("//").next().unwrap_or("");
-                if code.contains("FftPlanner") {
-                    let file = file.strip_prefix(root).unwrap_or(&file);
-                    found.push(format!("{}:{}", file.display(), i + 1));
-                }
-            }
-        }
-    }
-    found.sort();
-    found
+    // This file names the planner as the text it looks for.
+    let this_file = root.join("src/layering.rs");
+    let files = ["src", "tests", "benches"]
+        .iter()
+        .flat_map(|folder| sources(&root.join(folder)))
+        .filter(|f| *f != this_file);
+    lines_where(root, files, |code| code.contains("FftPlanner"))
 }
 
 #[cfg(test)]
