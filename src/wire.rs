@@ -37,7 +37,7 @@ const PREFIX: usize = 8;
 /// least significant first); complex samples are `cf32`, real then imaginary (SigMF's
 /// `cf32_le`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = BulkDtype))]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     F16,
@@ -51,6 +51,20 @@ pub enum Dtype {
 }
 
 impl Dtype {
+    /// Its name on the wire (`f32`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F16 => "f16",
+            Dtype::Bf16 => "bf16",
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+            Dtype::U32 => "u32",
+            Dtype::U64 => "u64",
+            Dtype::U256 => "u256",
+            Dtype::Cf32 => "cf32",
+        }
+    }
+
     /// Bytes per element.
     pub fn width(self) -> u64 {
         match self {
@@ -271,8 +285,14 @@ impl EnvelopeWriter {
     /// The body's chunks: the prefix and `header` (padded with spaces so the data section
     /// starts on a 64-byte boundary of the body), then the buffers.
     pub fn finish<H: Serialize>(self, header: &H) -> serde_json::Result<Vec<Bytes>> {
-        let mut head = vec![0u8; PREFIX];
-        serde_json::to_writer(&mut head, header)?;
+        Ok(self.finish_json(serde_json::to_vec(header)?))
+    }
+
+    /// As `finish`, with the header already serialized (its buffers pushed meanwhile).
+    pub fn finish_json(self, header: Vec<u8>) -> Vec<Bytes> {
+        let mut head = Vec::with_capacity((PREFIX + header.len()).next_multiple_of(ALIGN as usize));
+        head.extend_from_slice(&[0; PREFIX]);
+        head.extend_from_slice(&header);
         let padded = head.len().next_multiple_of(ALIGN as usize);
         head.resize(padded, b' ');
         let n = (head.len() - PREFIX) as u64;
@@ -280,7 +300,7 @@ impl EnvelopeWriter {
         let mut chunks = Vec::with_capacity(self.chunks.len() + 1);
         chunks.push(Bytes::from(head));
         chunks.extend(self.chunks);
-        Ok(chunks)
+        chunks
     }
 
     /// The whole body in one vector (clients, tests and small answers).

@@ -5,8 +5,9 @@ use super::dense_tensors::{Dense3Doc, Dense4Doc, DenseIn, DenseOut, TensorDtype}
 use super::domain_errors::pointer;
 use super::embeddings::OutputEncoding;
 use super::extract::ObjectOnly;
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, json_body, seed_or_drawn, ApiJson, AppState};
+use super::{blocking, bulk, job_timeout, json_body, seed_or_drawn, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::beams::geometry::PATH_WORDS;
 use crate::ops::beams::sweep::MAX_CODEBOOK_VALUES;
@@ -242,7 +243,7 @@ pub struct ChannelsResponse {
         channel with uniform departure and arrival angles and CN(0, 1) gains, drawn from the seed by \
         channel index, so any batch split and either backend give the same channels. Formed in f64 and \
         rounded to `out_dtype`.",
-    request_body = ChannelsRequest,
+    request_body(content((ChannelsRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The channels", body = ChannelsResponse),
         (status = 413, description = "The answer over --max-tensor-elements"),
@@ -253,7 +254,8 @@ pub struct ChannelsResponse {
 )]
 pub async fn beam_channels(
     State(state): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<ChannelsRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<ChannelsRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
@@ -279,8 +281,12 @@ pub async fn beam_channels(
         seed,
         paths,
     };
-    let bytes = json_body(&body, body.channels.json_bytes_hint())?;
-    Ok(job_response(bytes, &done.run))
+    bulk::answer(
+        form,
+        &body,
+        |body| json_body(body, body.channels.json_bytes_hint()),
+        &done.run,
+    )
 }
 
 /// A codebook: the array's DFT beams (the default, oversampling 1), or uploaded beams.
@@ -411,7 +417,7 @@ pub struct SweepResponse {
         measurement noise at an SNR (counter-based, reproducible from its seed); each channel's best pair \
         (the lowest index on a tie) and optionally the whole grid. f64 arithmetic; powers rounded to \
         `out_dtype`.",
-    request_body = SweepRequest,
+    request_body(content((SweepRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The best pairs (and the grid)", body = SweepResponse),
         (status = 413, description = "Channels or the power grid over --max-tensor-elements"),
@@ -423,7 +429,8 @@ pub struct SweepResponse {
 )]
 pub async fn beam_sweep(
     State(state): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<SweepRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<SweepRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
@@ -454,9 +461,17 @@ pub async fn beam_sweep(
         seed,
         noise_seed,
     };
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
-    Ok(job_response(bytes, &done.run))
+    bulk::answer(
+        form,
+        &body,
+        |body| {
+            json_body(
+                body,
+                body.grid.as_ref().map_or(1024, DenseOut::json_bytes_hint),
+            )
+        },
+        &done.run,
+    )
 }
 
 mod sweep_job;

@@ -6,13 +6,12 @@
 
 use super::float_arrays::{too_many, BinaryEncoding};
 use super::numbers::Counted;
-use super::packed::{base64_json_string, PackedWords};
+use super::packed::PackedWords;
 use super::problem::{ErrorCode, Problem};
 use crate::ops::linalg::{Dtype, Values};
+use bytes::Bytes;
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
-use serde::ser::SerializeSeq;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::value::RawValue;
+use serde::{Deserialize, Deserializer, Serialize};
 use utoipa::ToSchema;
 
 /// Deepest nesting the tensor operations take.
@@ -66,17 +65,6 @@ pub struct PackedTensor {
     pub data: Base64Data,
 }
 
-/// A packed tensor in an answer: `PackedTensor`'s fields, in its order. `data` is the
-/// finished JSON string: base64 needs no escaping, and serde's string writer would
-/// otherwise check each of a large answer's bytes.
-#[derive(Debug, Serialize)]
-pub struct PackedTensorOut {
-    encoding: BinaryEncoding,
-    dtype: TensorDtype,
-    shape: Vec<usize>,
-    data: Box<RawValue>,
-}
-
 /// Base64 text decoded while the body is parsed, so a large tensor's JSON string is never
 /// copied into a `String` first; in 4-byte words, so packed f32 values become a
 /// `Vec<f32>` without a copy. A bad one is kept, to be refused with its field's path and
@@ -109,8 +97,35 @@ impl<'de> Deserialize<'de> for Base64Data {
 /// A tensor as it arrived.
 #[derive(Debug)]
 pub enum DenseIn {
-    Nested { shape: Vec<usize>, values: Vec<f64> },
+    Nested {
+        shape: Vec<usize>,
+        values: Vec<f64>,
+    },
     Packed(PackedTensor),
+    /// A buffer of a bulk body (`api::bulk`): its bytes, the layout already checked.
+    Buffer {
+        dtype: crate::wire::Dtype,
+        shape: Vec<usize>,
+        bytes: Bytes,
+    },
+}
+
+impl TryFrom<crate::wire::Dtype> for TensorDtype {
+    type Error = String;
+
+    fn try_from(d: crate::wire::Dtype) -> Result<Self, String> {
+        use crate::wire::Dtype as W;
+        match d {
+            W::F16 => Ok(TensorDtype::F16),
+            W::Bf16 => Ok(TensorDtype::Bf16),
+            W::F32 => Ok(TensorDtype::F32),
+            W::F64 => Ok(TensorDtype::F64),
+            other => Err(format!(
+                "{} is not a tensor dtype: f16, bf16, f32 or f64",
+                other.name()
+            )),
+        }
+    }
 }
 
 /// A decoded tensor: its shape and values, and the dtype they came in (None: JSON).
@@ -124,9 +139,11 @@ pub struct DenseValues {
 }
 
 impl DenseIn {
+    /// The dtype the tensor states: packed and buffer tensors do, nested numbers not.
     pub fn packed_dtype(&self) -> Option<TensorDtype> {
         match self {
             DenseIn::Packed(p) => Some(p.dtype),
+            DenseIn::Buffer { dtype, .. } => TensorDtype::try_from(*dtype).ok(),
             DenseIn::Nested { .. } => None,
         }
     }
@@ -168,6 +185,18 @@ impl DenseIn {
                 }
                 (p.shape, decode_le(words, p.dtype), Some(p.dtype))
             }
+            DenseIn::Buffer {
+                dtype,
+                shape,
+                bytes,
+            } => {
+                let dtype = TensorDtype::try_from(dtype).map_err(|e| {
+                    Problem::at(ErrorCode::InvalidRequest, format!("{path}/dtype"), e)
+                })?;
+                // The layout check made the length the shape's product × the width.
+                check_shape(&shape, &format!("{path}/shape"), max)?;
+                (shape, decode_le_bytes(&bytes, dtype), Some(dtype))
+            }
         };
         if !ranks.contains(&shape.len()) {
             return Err(bad(
@@ -197,7 +226,7 @@ impl DenseIn {
     }
 }
 
-fn check_shape(shape: &[usize], path: &str, max: usize) -> Result<usize, Problem> {
+pub(super) fn check_shape(shape: &[usize], path: &str, max: usize) -> Result<usize, Problem> {
     let bad = |m: &str| Problem::at(ErrorCode::InvalidTensor, path, m);
     if shape.is_empty() || shape.len() > MAX_RANK {
         return Err(bad("must have 1 to 4 dimensions"));
@@ -214,7 +243,16 @@ fn decode_le(words: PackedWords<u32>, dtype: TensorDtype) -> Values {
     if dtype == TensorDtype::F32 && cfg!(target_endian = "little") {
         return Values::F32(bytemuck::allocation::cast_vec(words.words));
     }
-    let bytes = words.bytes();
+    decode_le_bytes(words.bytes(), dtype)
+}
+
+/// Little-endian values of `dtype`; f32 on a little-endian host is one copy.
+fn decode_le_bytes(bytes: &[u8], dtype: TensorDtype) -> Values {
+    if dtype == TensorDtype::F32 && cfg!(target_endian = "little") {
+        let mut values = vec![0f32; bytes.len() / 4];
+        bytemuck::cast_slice_mut(&mut values).copy_from_slice(bytes);
+        return Values::F32(values);
+    }
     match dtype {
         TensorDtype::F16 => Values::F32(
             bytes
@@ -241,33 +279,6 @@ fn decode_le(words: PackedWords<u32>, dtype: TensorDtype) -> Values {
                 .collect(),
         ),
     }
-}
-
-/// Values (already representable in `dtype`) as a JSON string of packed little-endian
-/// base64. f32 values packed as f32 are encoded from where they lie on a little-endian
-/// host.
-pub fn encode_le(values: &Values, dtype: TensorDtype) -> Box<RawValue> {
-    if let (Values::F32(v), TensorDtype::F32) = (values, dtype) {
-        if cfg!(target_endian = "little") {
-            return base64_json_string(bytemuck::cast_slice(v));
-        }
-    }
-    let n = match values {
-        Values::F32(v) => v.len(),
-        Values::F64(v) => v.len(),
-    };
-    let mut out = Vec::with_capacity(n * Dtype::from(dtype).bytes());
-    let mut put = |x: f64| match dtype {
-        TensorDtype::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
-        TensorDtype::Bf16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
-        TensorDtype::F32 => out.extend((x as f32).to_le_bytes()),
-        TensorDtype::F64 => out.extend(x.to_le_bytes()),
-    };
-    match values {
-        Values::F32(v) => v.iter().for_each(|&x| put(f64::from(x))),
-        Values::F64(v) => v.iter().for_each(|&x| put(x)),
-    }
-    base64_json_string(&out)
 }
 
 // ------------------------------------------------------------------- nested arrays
@@ -369,7 +380,22 @@ impl<'de> Visitor<'de> for Level<'_> {
     }
 }
 
-/// The outermost value: an array (nested numbers) or an object (packed).
+/// A tensor object: packed (`encoding`, `data`) or, in a bulk body, a buffer descriptor
+/// (`byte_offset`, `byte_length`); which one is decided once it is read.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TensorObject {
+    encoding: Option<BinaryEncoding>,
+    /// Any buffer dtype: a buffer's is checked where the tensor is decoded (integer ids
+    /// and positions take `u32` and `u64`), a packed tensor's here.
+    dtype: crate::wire::Dtype,
+    shape: Vec<usize>,
+    data: Option<Base64Data>,
+    byte_offset: Option<u64>,
+    byte_length: Option<u64>,
+}
+
+/// The outermost value: an array (nested numbers) or an object (packed, or a buffer).
 struct Outer;
 
 impl<'de> Visitor<'de> for Outer {
@@ -399,90 +425,37 @@ impl<'de> Visitor<'de> for Outer {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<DenseIn, A::Error> {
-        PackedTensor::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-            .map(DenseIn::Packed)
+        let t = TensorObject::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+        match (t.byte_offset, t.byte_length) {
+            (None, None) => Ok(DenseIn::Packed(PackedTensor {
+                encoding: t
+                    .encoding
+                    .ok_or_else(|| A::Error::missing_field("encoding"))?,
+                dtype: TensorDtype::try_from(t.dtype).map_err(A::Error::custom)?,
+                shape: t.shape,
+                data: t.data.ok_or_else(|| A::Error::missing_field("data"))?,
+            })),
+            (Some(offset), Some(length)) => {
+                if t.encoding.is_some() || t.data.is_some() {
+                    return Err(A::Error::custom(
+                        "a buffer descriptor (byte_offset, byte_length) takes no encoding or data",
+                    ));
+                }
+                Ok(DenseIn::Buffer {
+                    dtype: t.dtype,
+                    shape: t.shape,
+                    bytes: super::bulk::buffer(offset, length).map_err(A::Error::custom)?,
+                })
+            }
+            (None, Some(_)) => Err(A::Error::missing_field("byte_offset")),
+            (Some(_), None) => Err(A::Error::missing_field("byte_length")),
+        }
     }
 }
 
 impl<'de> Deserialize<'de> for DenseIn {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(Outer)
-    }
-}
-
-/// An answer tensor in the request's form: nested arrays, or packed.
-pub enum DenseOut {
-    Nested { shape: Vec<usize>, values: Vec<f64> },
-    Packed(PackedTensorOut),
-}
-
-impl DenseOut {
-    /// `values` (representable in `dtype`) shaped `shape`, packed when `packed`. Nested
-    /// numbers are written as f64 (f32 values widened), as they always were.
-    pub fn new(
-        shape: Vec<usize>,
-        values: impl Into<Values>,
-        dtype: TensorDtype,
-        packed: bool,
-    ) -> Self {
-        let values = values.into();
-        if packed {
-            DenseOut::Packed(PackedTensorOut {
-                encoding: BinaryEncoding::Base64,
-                dtype,
-                data: encode_le(&values, dtype),
-                shape,
-            })
-        } else {
-            DenseOut::Nested {
-                shape,
-                values: values.into_f64(),
-            }
-        }
-    }
-
-    /// About how many bytes the JSON takes (for the answer buffer's first capacity).
-    pub fn json_bytes_hint(&self) -> usize {
-        match self {
-            // Numbers are written shortest-round-trip: most take under 24 bytes.
-            DenseOut::Nested { values, .. } => values.len() * 24,
-            DenseOut::Packed(p) => p.data.get().len() + 64 * p.shape.len() + 64,
-        }
-    }
-}
-
-/// Rows of `values` under `shape`, serialized as nested arrays without building them.
-struct NestedSlice<'a> {
-    shape: &'a [usize],
-    values: &'a [f64],
-}
-
-impl Serialize for NestedSlice<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut seq = s.serialize_seq(Some(self.shape[0]))?;
-        if self.shape.len() == 1 {
-            for x in self.values {
-                seq.serialize_element(x)?;
-            }
-        } else {
-            let inner: usize = self.shape[1..].iter().product();
-            for part in self.values.chunks(inner) {
-                seq.serialize_element(&NestedSlice {
-                    shape: &self.shape[1..],
-                    values: part,
-                })?;
-            }
-        }
-        seq.end()
-    }
-}
-
-impl Serialize for DenseOut {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            DenseOut::Nested { shape, values } => NestedSlice { shape, values }.serialize(s),
-            DenseOut::Packed(p) => p.serialize(s),
-        }
     }
 }
 
@@ -569,6 +542,9 @@ dense_doc!(
     Dense4Doc,
     [4]
 );
+
+mod answers;
+pub use answers::DenseOut;
 
 #[cfg(test)]
 mod tests;

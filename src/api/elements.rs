@@ -6,6 +6,8 @@ use super::numbers::number_cap;
 use super::packed::{base64_json_string, PackedWords};
 use super::problem::{ErrorCode, FieldIssue, Problem};
 use crate::ops::zk::{ElementError, Field, FieldVec, U256};
+use crate::wire;
+use bytes::Bytes;
 use serde::de::{self, DeserializeSeed, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
@@ -56,6 +58,52 @@ pub enum Elements {
         /// complaint about the text itself.
         text_bytes: usize,
     },
+    /// A buffer of a bulk body (`api::bulk`), whatever `encoding` says: its layout is
+    /// checked, its dtype and shape are checked against the field once it is known.
+    Buffer {
+        dtype: wire::Dtype,
+        shape: Vec<u64>,
+        bytes: Bytes,
+    },
+}
+
+/// The buffer dtype of `field`'s elements: its width, unsigned (docs/WIRE.md).
+pub fn field_dtype(field: Field) -> wire::Dtype {
+    match field {
+        Field::BabyBear => wire::Dtype::U32,
+        Field::Goldilocks => wire::Dtype::U64,
+        Field::Bn254Fr | Field::Bls12_381Fr => wire::Dtype::U256,
+    }
+}
+
+/// A buffer of elements (or exponents) of `dtype`: one dimension, the right dtype, at
+/// most `max` of them; its bytes.
+fn buffer_bytes(
+    (dtype, shape, bytes): (wire::Dtype, Vec<u64>, Bytes),
+    want: wire::Dtype,
+    what: &str,
+    path: &str,
+    max: usize,
+) -> Result<Bytes, Problem> {
+    if dtype != want {
+        return Err(Problem::at(
+            ErrorCode::InvalidRequest,
+            format!("{path}/dtype"),
+            format!("{what} are {}, not {}", want.name(), dtype.name()),
+        ));
+    }
+    let [n] = shape[..] else {
+        return Err(Problem::at(
+            ErrorCode::InvalidRequest,
+            format!("{path}/shape"),
+            format!(
+                "a vector has one dimension, [n]; this shape has {}",
+                shape.len()
+            ),
+        ));
+    };
+    check_count(usize::try_from(n).unwrap_or(usize::MAX), max, path)?;
+    Ok(bytes)
 }
 
 /// Parsed integers: 64-bit words while every value fits (a Goldilocks vector then *is*
@@ -114,6 +162,30 @@ impl Elements {
         max_elements: usize,
     ) -> Result<Vec<U256>, Problem> {
         match (self, encoding) {
+            (
+                Elements::Buffer {
+                    dtype,
+                    shape,
+                    bytes,
+                },
+                _,
+            ) => {
+                let bytes = buffer_bytes(
+                    (dtype, shape, bytes),
+                    wire::Dtype::U256,
+                    "exponents",
+                    path,
+                    max_elements,
+                )?;
+                Ok(bytes
+                    .chunks_exact(32)
+                    .map(|c| {
+                        U256(std::array::from_fn(|i| {
+                            u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().unwrap())
+                        }))
+                    })
+                    .collect())
+            }
             (Elements::Base64 { words, text_bytes }, Encoding::Base64) => {
                 check_count(text_bytes / 32, max_elements, path)?;
                 let words = words.map_err(|e| invalid_base64(path, &e))?;
@@ -168,6 +240,11 @@ impl Elements {
         max_elements: usize,
     ) -> Result<FieldVec, Problem> {
         let vec = match (self, encoding) {
+            (Elements::Buffer { dtype, shape, bytes }, _) => {
+                let what = format!("{} elements", field.name());
+                let bytes = buffer_bytes((dtype, shape, bytes), field_dtype(field), &what, path, max_elements)?;
+                FieldVec::from_le_bytes(field, &bytes)
+            }
             (Elements::Strings { values, errors, error_count }, Encoding::Decimal | Encoding::Hex) => {
                 if !errors.is_empty() {
                     let issues: Vec<FieldIssue> = errors
@@ -215,6 +292,7 @@ impl Elements {
         match self {
             Elements::Strings { values, .. } => values.len(),
             Elements::Base64 { text_bytes, .. } => *text_bytes,
+            Elements::Buffer { bytes, .. } => bytes.len(),
         }
     }
 }
@@ -273,6 +351,16 @@ impl<'de> Visitor<'de> for ElementsVisitor {
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("an array of decimal or 0x-hex strings, or a base64 string")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Elements, A::Error> {
+        let b = wire::BufferRef::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        let bytes = super::bulk::buffer(b.byte_offset, b.byte_length).map_err(de::Error::custom)?;
+        Ok(Elements::Buffer {
+            dtype: b.dtype,
+            shape: b.shape,
+            bytes,
+        })
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Elements, E> {
@@ -447,6 +535,12 @@ impl ElementsOut {
 impl Serialize for ElementsOut {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
+        if super::bulk::answering() {
+            let bytes = Bytes::copy_from_slice(&self.values.le_bytes());
+            let shape = vec![self.values.len() as u64];
+            let dtype = field_dtype(self.values.field());
+            return super::bulk::push_answer_buffer(dtype, shape, bytes).serialize(s);
+        }
         if self.encoding == Encoding::Base64 {
             return base64_json_string(&self.values.le_bytes()).serialize(s);
         }

@@ -4,10 +4,11 @@
 use super::auth::{tenant, Tenant};
 use super::dense_tensors::{Dense2Doc, DenseDoc, DenseIn, DenseOut, TensorDtype};
 use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncoding, PositionsDoc};
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{
-    blocking, entropy_u64, job_response, job_timeout, json_body, ApiJson, ApiPath, AppState,
-    IdParam,
+    blocking, bulk, entropy_u64, job_timeout, json_body, AnswerForm, ApiBody, ApiJson, ApiPath,
+    AppState, IdParam,
 };
 use crate::backend::BackendChoice;
 use crate::ops::linalg::{Dtype, LookupJob, Values};
@@ -252,7 +253,7 @@ pub struct LookupResponse {
         On a device the table is uploaded on its first use there and kept (least recently used out under \
         --gpu-table-cache-mib); later lookups send only the ids.",
     params(("id" = String, Path, description = "Table id")),
-    request_body = LookupRequest,
+    request_body(content((LookupRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The rows", body = LookupResponse),
         (status = 404, description = "embedding_table_not_found"),
@@ -266,7 +267,8 @@ pub async fn embedding_table_lookup(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
     ApiPath(IdParam { id }): ApiPath<IdParam>,
-    ApiJson(req): ApiJson<LookupRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<LookupRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let table = state.tables.get(&tenant(&who), &id).ok_or_else(not_found)?;
@@ -299,6 +301,10 @@ pub async fn embedding_table_lookup(
         shape,
         dtype,
     };
-    let bytes = json_body(&body, body.result.json_bytes_hint())?;
-    Ok(job_response(bytes, &done.run))
+    bulk::answer(
+        form,
+        &body,
+        |body| json_body(body, body.result.json_bytes_hint()),
+        &done.run,
+    )
 }

@@ -2,8 +2,9 @@
 //! positions.
 
 use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, TensorDtype};
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
+use super::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::sinusoidal::MAX_DIM;
 use crate::ops::linalg::{Dtype, Layout, SinusoidalJob};
@@ -165,14 +166,21 @@ pub(super) fn integer_tensor(
     top: f64,
     top_text: &str,
 ) -> Result<IntegerTensor, Problem> {
-    if let DenseIn::Packed(_) = t {
-        return Err(Problem::at(
-            ErrorCode::InvalidTensor,
-            path,
-            "JSON arrays of integers, not packed",
-        ));
-    }
-    let p = t.decode(path, 1..=2, max)?;
+    let p = match t {
+        DenseIn::Packed(_) => {
+            return Err(Problem::at(
+                ErrorCode::InvalidTensor,
+                path,
+                "JSON arrays of integers, or a u32 or u64 buffer in the bulk form; not packed",
+            ))
+        }
+        DenseIn::Buffer {
+            dtype,
+            shape,
+            bytes,
+        } => integer_buffer(dtype, shape, &bytes, path, max)?,
+        t => t.decode(path, 1..=2, max)?,
+    };
     let p = IntegerTensor {
         shape: p.shape,
         values: p.values.into_f64(),
@@ -189,6 +197,37 @@ pub(super) fn integer_tensor(
         ));
     }
     Ok(p)
+}
+
+/// A bulk body's `u32` or `u64` integers as `integer_tensor` takes them: values above
+/// 2^53 become larger floats, which its range check refuses.
+fn integer_buffer(
+    dtype: crate::wire::Dtype,
+    shape: Vec<usize>,
+    bytes: &[u8],
+    path: &str,
+    max: usize,
+) -> Result<super::dense_tensors::DenseValues, Problem> {
+    use crate::wire::Dtype as W;
+    let values: Vec<f64> = match dtype {
+        W::U32 => bytes
+            .chunks_exact(4)
+            .map(|c| f64::from(u32::from_le_bytes(c.try_into().expect("4 bytes"))))
+            .collect(),
+        W::U64 => bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")) as f64)
+            .collect(),
+        other => {
+            return Err(Problem::at(
+                ErrorCode::InvalidRequest,
+                format!("{path}/dtype"),
+                format!("integers are u32 or u64, not {}", other.name()),
+            ))
+        }
+    };
+    super::dense_tensors::check_shape(&shape, &format!("{path}/shape"), max)?;
+    DenseIn::Nested { shape, values }.decode(path, 1..=2, max)
 }
 
 /// JSON integers in f64 (exact below 2^53), with their shape.
@@ -238,7 +277,7 @@ impl ToSchema for PositionsDoc {}
         `[B, S]` positions: angle = (p + offset)·scale·base^(−2i/dim) for pair i, its sine and cosine \
         interleaved or split, computed in f64 and rounded once to `out_dtype` (so within half an ulp of \
         the dtype of the closed form, up to f64's error in the angle).",
-    request_body = SinusoidalRequest,
+    request_body(content((SinusoidalRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The embeddings", body = SinusoidalResponse),
         (status = 413, description = "The answer over --max-tensor-elements"),
@@ -250,7 +289,8 @@ impl ToSchema for PositionsDoc {}
 )]
 pub async fn embeddings_sinusoidal(
     State(state): State<Arc<AppState>>,
-    ApiJson(mut req): ApiJson<SinusoidalRequest>,
+    form: AnswerForm,
+    ApiBody(mut req): ApiBody<SinusoidalRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
@@ -277,8 +317,12 @@ pub async fn embeddings_sinusoidal(
         shape,
         dtype,
     };
-    let bytes = json_body(&body, body.result.json_bytes_hint())?;
-    Ok(job_response(bytes, &done.run))
+    bulk::answer(
+        form,
+        &body,
+        |body| json_body(body, body.result.json_bytes_hint()),
+        &done.run,
+    )
 }
 
 /// The embeddings domain's operations and their OpenAPI tag (`api::API_DOMAINS`).

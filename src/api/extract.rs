@@ -16,7 +16,7 @@ use std::borrow::Cow;
 pub struct ApiJson<T>(pub T);
 
 /// Bodies above this are parsed on a blocking thread.
-const INLINE_PARSE_BYTES: usize = 256 * 1024;
+pub(super) const INLINE_PARSE_BYTES: usize = 256 * 1024;
 
 impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for ApiJson<T> {
     type Rejection = Problem;
@@ -115,7 +115,7 @@ impl Default for BodyLimits {
 /// frame and then copied whole, a large body was held twice over while it arrived. A
 /// body arriving slower than `--min-body-rate` is refused as each piece arrives (a piece
 /// that never comes is `--body-idle-timeout`'s).
-async fn read_body(req: Request, limits: &BodyLimits) -> Result<Vec<u8>, Problem> {
+pub(super) async fn read_body(req: Request, limits: &BodyLimits) -> Result<Vec<u8>, Problem> {
     let max_bytes = limits.max_bytes;
     let started = std::time::Instant::now();
     use futures_util::StreamExt;

@@ -1,8 +1,9 @@
 //! `/linalg/matmul`: batched matrix multiply on the CPU (`gemm` crate) or the device.
 
 use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, DenseValues, TensorDtype};
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
+use super::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
 use axum::extract::State;
@@ -174,7 +175,10 @@ fn shape_of(
         broadcast). Operands f16, bf16, f32 (f64 on the CPU); products in the `compute` precision \
         (operands rounded to tf32/f16/bf16 first, as tensor cores take them) with f32 sums; D rounded to \
         `out_dtype`. Error bounds per dtype and K: docs/TENSORS.md.",
-    request_body = MatmulRequest,
+    request_body(content(
+        (MatmulRequest = "application/json"),
+        (inline(Binary) = "application/vnd.gpu-ops.bulk"),
+    )),
     responses(
         (status = 200, description = "The product", body = MatmulResponse),
         (status = 413, description = "An operand or D over --max-tensor-elements, or more than 2^40 flops"),
@@ -187,7 +191,8 @@ fn shape_of(
 )]
 pub async fn matmul(
     State(state): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<MatmulRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<MatmulRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
@@ -219,8 +224,12 @@ pub async fn matmul(
         flops,
         gflops_per_second: gflops_per_second(flops, done.run.compute_time),
     };
-    let bytes = json_body(&body, body.result.json_bytes_hint())?;
-    Ok(job_response(bytes, &done.run))
+    bulk::answer(
+        form,
+        &body,
+        |b| json_body(b, b.result.json_bytes_hint()),
+        &done.run,
+    )
 }
 
 /// Decodes the operands and checks everything the job needs (on a blocking thread: the

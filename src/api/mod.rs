@@ -7,6 +7,7 @@ pub mod batch_hint;
 pub mod beams;
 mod body_budget;
 mod bounded;
+pub mod bulk;
 pub mod datasets;
 mod dense_tensors;
 mod domain_errors;
@@ -32,6 +33,7 @@ mod tenant_counts;
 mod tenant_limits;
 pub mod zk;
 
+pub use bulk::{AnswerForm, ApiBody};
 pub use extract::{ApiJson, ApiPath, ApiQuery, IdParam};
 pub use system::Authentication;
 
@@ -398,12 +400,14 @@ pub(crate) fn json_body<T: serde::Serialize>(
 }
 
 pub(crate) fn job_response(body: Vec<u8>, done: &RunInfo) -> Response {
-    let mut res = Response::new(Body::from(body));
+    job_response_with(Body::from(body), "application/json", done)
+}
+
+/// A job's answer of media type `media`, with the run's headers.
+pub(crate) fn job_response_with(body: Body, media: &'static str, done: &RunInfo) -> Response {
+    let mut res = Response::new(body);
     let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
     h.insert("x-backend", HeaderValue::from_static(done.backend.name()));
     if let Some(d) = done.device {
         h.insert("x-device", HeaderValue::from(d));

@@ -28,7 +28,7 @@ use utoipa::OpenApi;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "gpu-ops", description = "GPU operations behind REST, with a CPU fallback that gives the same answers."),
-    components(schemas(problem::ProblemDocument, problem::FieldIssue)),
+    components(schemas(problem::ProblemDocument, problem::FieldIssue, crate::wire::BufferRef)),
     modifiers(&BearerAuth),
 )]
 struct ApiDoc;
@@ -84,6 +84,7 @@ pub fn document() -> Value {
         .expect("the OpenAPI document serialises");
     let jobs = job_requests(&doc);
     for op in operations_mut(&mut doc) {
+        bulk_forms(op);
         add_shared_problems(op, &jobs);
         binary_answers(op);
     }
@@ -196,6 +197,10 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
                 ErrorCode::TenantConcurrencyLimited,
             ],
         ));
+    }
+    if takes_bulk(op) {
+        out.push((400, vec![ErrorCode::MalformedBulkBody]));
+        out.push((422, vec![ErrorCode::InvalidBuffer]));
     }
     if body {
         out.push((400, vec![ErrorCode::MalformedJson]));
@@ -381,6 +386,71 @@ fn binary_answers(op: &mut Map<String, Value>) {
                 body["schema"] = json!({"type": "string", "format": "binary"});
             }
         }
+    }
+}
+
+/// Whether the operation takes the bulk form (its handler declares the media type).
+fn takes_bulk(op: &Map<String, Value>) -> bool {
+    op.get("requestBody")
+        .and_then(|b| b.get("content"))
+        .and_then(|c| c.get(crate::wire::MEDIA_TYPE))
+        .is_some()
+}
+
+/// An operation that takes the bulk form (its handler declares it as a second request
+/// media type, `ApiBody`) answers in it too when `Accept` asks: both are described here,
+/// once, with the JSON schema their header follows (`x-bulk-header`).
+fn bulk_forms(op: &mut Map<String, Value>) {
+    let Some(json_request) = op
+        .get("requestBody")
+        .and_then(|b| b.pointer("/content/application~1json/schema"))
+        .cloned()
+    else {
+        return;
+    };
+    let media = crate::wire::MEDIA_TYPE;
+    let Some(request) = op
+        .get_mut("requestBody")
+        .and_then(|b| b.get_mut("content"))
+        .and_then(|c| c.get_mut(media))
+    else {
+        return;
+    };
+    request["schema"] = json!({
+        "type": "string",
+        "format": "binary",
+        "description": "The bulk form (docs/WIRE.md): an 8-byte little-endian header length N, N bytes of JSON \
+            (the JSON request, `x-bulk-header`, with any tensor or element vector replaced by a BufferRef), \
+            then the buffers, each 64-byte aligned, tiling the rest of the body.",
+        "x-bulk-header": json_request,
+    });
+    let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (status, response) in responses.iter_mut() {
+        if !status.starts_with('2') {
+            continue;
+        }
+        let Some(content) = response.get_mut("content").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let Some(json_answer) = content
+            .get("application/json")
+            .and_then(|c| c.get("schema"))
+            .cloned()
+        else {
+            continue;
+        };
+        content.insert(
+            media.into(),
+            json!({"schema": {
+                "type": "string",
+                "format": "binary",
+                "description": "With `Accept: application/vnd.gpu-ops.bulk`: the JSON answer (`x-bulk-header`) \
+                    as the header, each tensor or element vector a BufferRef, then the buffers (docs/WIRE.md).",
+                "x-bulk-header": json_answer,
+            }}),
+        );
     }
 }
 

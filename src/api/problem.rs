@@ -30,6 +30,7 @@ macro_rules! error_codes {
 
 error_codes! {
     MalformedJson = ("malformed_json", 400, "The body is not valid JSON"),
+    MalformedBulkBody = ("malformed_bulk_body", 400, "The bulk body's framing is broken: its header length or header (docs/WIRE.md)"),
     Unauthorized = ("unauthorized", 401, "A valid API key is required"),
     HeDealerModeOff = ("he_dealer_mode_off", 403, "Key generation and decryption are served only with --he-dealer-mode"),
     SeedNotAllowed = ("seed_not_allowed", 403, "Client-chosen noise seeds are refused on this server"),
@@ -51,7 +52,7 @@ error_codes! {
     SecaggTooFewClients = ("secagg_too_few_clients", 409, "Closing the stage now would sum fewer clients than the threshold, or leave a client's secrets unrecoverable"),
     BodyTooSlow = ("body_too_slow", 408, "The body arrived slower than --min-body-rate; the connection is closed"),
     PayloadTooLarge = ("payload_too_large", 413, "The request is larger than the server accepts"),
-    UnsupportedMediaType = ("unsupported_media_type", 415, "The body must be application/json"),
+    UnsupportedMediaType = ("unsupported_media_type", 415, "The body must be application/json, or application/vnd.gpu-ops.bulk where the operation takes it"),
     InvalidRequest = ("invalid_request", 422, "The request does not match the schema"),
     InvalidFieldElement = ("invalid_field_element", 422, "A field element is malformed or not canonical"),
     LengthMismatch = ("length_mismatch", 422, "Input vectors have incompatible lengths"),
@@ -61,6 +62,7 @@ error_codes! {
     InsufficientShares = ("insufficient_shares", 422, "Fewer shares than the threshold: the secrets cannot be recovered"),
     InconsistentShares = ("inconsistent_shares", 422, "The shares do not lie on one set of polynomials of the threshold's degree"),
     InvalidCiphertext = ("invalid_ciphertext", 422, "A ciphertext does not decode under the parameter set, or is not a fresh 2-polynomial ciphertext"),
+    InvalidBuffer = ("invalid_buffer", 422, "A bulk body's buffer descriptor disagrees with its dtype, its shape or the data section (docs/WIRE.md)"),
     InvalidTensor = ("invalid_tensor", 422, "A numeric array is empty, ragged, non-finite or mis-shaped"),
     ResultNotFinite = ("result_not_finite", 422, "The result overflows the requested output dtype"),
     DatasetTooLarge = ("dataset_too_large", 422, "The dataset would exceed --max-dataset-bytes"),

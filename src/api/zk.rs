@@ -1,8 +1,9 @@
 //! `/zk/*`: prime-field vector operations.
 
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking_if, job_response, job_timeout, AppState};
+use super::{blocking_if, bulk, job_timeout, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::ntt::{Direction, NttJob, Order};
 use crate::ops::zk::FieldVec;
@@ -75,7 +76,7 @@ macro_rules! field_route {
             post, path = $path, tag = "zk", operation_id = stringify!($fn), summary = $summary,
             description = "Element-wise over two equal-length vectors, or a length-1 `b` broadcast over `a`. \
                 Elements are canonical integers (< p). Bit-identical on the CPU and CUDA backends.",
-            request_body = FieldBinaryRequest,
+            request_body(content((FieldBinaryRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
             responses(
                 (status = 200, description = "The result vector", body = FieldVectorResponse),
                 (status = 413, description = "Body or vector too large"),
@@ -85,9 +86,10 @@ macro_rules! field_route {
         )]
         pub async fn $fn(
             State(state): State<Arc<AppState>>,
-            super::ApiJson(req): super::ApiJson<FieldBinaryRequest>,
+            form: AnswerForm,
+            ApiBody(req): ApiBody<FieldBinaryRequest>,
         ) -> Result<Response, Problem> {
-            field_binary(state, $op, req).await
+            field_binary(state, $op, req, form).await
         }
     };
 }
@@ -103,6 +105,7 @@ async fn field_binary(
     state: Arc<AppState>,
     op: FieldOp,
     req: FieldBinaryRequest,
+    form: AnswerForm,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
@@ -115,7 +118,7 @@ async fn field_binary(
     };
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit_batched(job, backend, timeout).await?;
-    answer(done, field, encoding, large).await
+    answer(done, field, encoding, large, form).await
 }
 
 /// `base[i] ^ exponent[i]` over one prime field.
@@ -160,7 +163,7 @@ pub struct FieldInvRequest {
     post, path = "/zk/field_pow", tag = "zk", operation_id = "field_pow", summary = "base ^ exponent mod p",
     description = "Element-wise exponentiation by square-and-multiply over all 256 exponent bits. \
         Bit-identical on the CPU (arkworks for BN254) and CUDA backends.",
-    request_body = FieldPowRequest,
+    request_body(content((FieldPowRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The result vector", body = FieldVectorResponse),
         (status = 413, description = "Body or vector too large"),
@@ -170,7 +173,8 @@ pub struct FieldInvRequest {
 )]
 pub async fn field_pow(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<FieldPowRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<FieldPowRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
@@ -183,7 +187,7 @@ pub async fn field_pow(
     };
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
-    answer(done, field, encoding, large).await
+    answer(done, field, encoding, large, form).await
 }
 
 #[utoipa::path(
@@ -191,7 +195,7 @@ pub async fn field_pow(
     description = "Batch inversion by Montgomery's trick (prefix products, one inversion per chunk, back \
         substitution). A zero element is refused with 422 not_invertible naming its index (up to 16 listed). \
         Bit-identical on the CPU and CUDA backends.",
-    request_body = FieldInvRequest,
+    request_body(content((FieldInvRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The inverses", body = FieldVectorResponse),
         (status = 413, description = "Body or vector too large"),
@@ -201,7 +205,8 @@ pub async fn field_pow(
 )]
 pub async fn field_inv(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<FieldInvRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<FieldInvRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
@@ -213,15 +218,16 @@ pub async fn field_inv(
     };
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
-    answer(done, field, encoding, large).await
+    answer(done, field, encoding, large, form).await
 }
 
-/// Answers a job's field vector in `encoding`.
+/// Answers a job's field vector in `encoding`, or as a buffer in the bulk form.
 async fn answer(
     done: Completed<FieldVec>,
     field: Field,
     encoding: Encoding,
     large: bool,
+    form: AnswerForm,
 ) -> Result<Response, Problem> {
     let (values, run) = (done.output, done.run);
     let body = FieldVectorResponse {
@@ -230,9 +236,8 @@ async fn answer(
         length: values.len(),
         result: ElementsOut { values, encoding },
     };
-    let encode = move || Ok(body.to_json());
-    let bytes = blocking_if(large, encode).await?;
-    Ok(job_response(bytes, &run))
+    let encode = move || bulk::answer(form, &body, |b| Ok(b.to_json()), &run);
+    blocking_if(large, encode).await
 }
 
 /// A batch of equal-size polynomials to transform.
@@ -269,7 +274,7 @@ macro_rules! ntt_route {
         #[utoipa::path(
             post, path = $path, tag = "zk", operation_id = stringify!($fn), summary = $summary,
             description = $description,
-            request_body = NttRequest,
+            request_body(content((NttRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
             responses(
                 (status = 200, description = "The transformed values, batch after batch", body = FieldVectorResponse),
                 (status = 413, description = "Body or vector too large"),
@@ -279,9 +284,10 @@ macro_rules! ntt_route {
         )]
         pub async fn $fn(
             State(state): State<Arc<AppState>>,
-            super::ApiJson(req): super::ApiJson<NttRequest>,
+            form: AnswerForm,
+            ApiBody(req): ApiBody<NttRequest>,
         ) -> Result<Response, Problem> {
-            transform(state, $dir, req).await
+            transform(state, $dir, req, form).await
         }
     };
 }
@@ -308,6 +314,7 @@ async fn transform(
     state: Arc<AppState>,
     direction: Direction,
     req: NttRequest,
+    form: AnswerForm,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
@@ -344,7 +351,7 @@ async fn transform(
     };
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
-    answer(done, field, encoding, large).await
+    answer(done, field, encoding, large, form).await
 }
 
 /// The zk domain's operations and their OpenAPI tag (`api::API_DOMAINS`).

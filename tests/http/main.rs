@@ -8,6 +8,7 @@ mod common;
 
 mod beams;
 mod bench_cli;
+mod bulk;
 mod datasets;
 mod device_measurements;
 mod dp;

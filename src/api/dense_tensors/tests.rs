@@ -1,3 +1,5 @@
+use super::super::packed::base64_json_string;
+use super::answers::encode_le;
 use super::*;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
@@ -52,12 +54,12 @@ fn ragged_empty_and_deep_arrays_are_refused_with_their_path() {
 fn packed_half_precisions_round_trip() {
     let values = [1.0, -2.5, 0.0009765625, 65504.0];
     for dtype in [TensorDtype::F16, TensorDtype::Bf16, TensorDtype::F32] {
-        let data = encode_le(&Values::F64(values[..3].to_vec()), dtype);
+        let data = B64.encode(encode_le(Values::F64(values[..3].to_vec()), dtype));
         let t = DenseIn::Packed(PackedTensor {
             encoding: BinaryEncoding::Base64,
             dtype,
             shape: vec![3],
-            data: Base64Data::new(data.get().trim_matches('"')),
+            data: Base64Data::new(&data),
         });
         let got = t.decode("/a", 1..=3, 10).unwrap();
         assert_eq!(got.values.into_f64(), values[..3]);
@@ -93,12 +95,12 @@ fn simd_base64_agrees_with_the_scalar_codec() {
 #[test]
 fn packed_f32_stays_f32_and_goes_out_unchanged() {
     let values = vec![1.5f32, -0.1, 3.4e38, f32::MIN_POSITIVE];
-    let text = encode_le(&Values::F32(values.clone()), TensorDtype::F32);
+    let text = B64.encode(encode_le(Values::F32(values.clone()), TensorDtype::F32));
     let t = DenseIn::Packed(PackedTensor {
         encoding: BinaryEncoding::Base64,
         dtype: TensorDtype::F32,
         shape: vec![2, 2],
-        data: Base64Data::new(text.get().trim_matches('"')),
+        data: Base64Data::new(&text),
     });
     let got = t.decode("/a", 2..=2, 10).unwrap();
     assert_eq!(got.values, Values::F32(values));

@@ -2,8 +2,9 @@
 
 use crate::api::dense_tensors::{Dense4Doc, DenseIn, DenseOut, DenseValues, TensorDtype};
 use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
+use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
+use crate::api::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::Dtype;
 use crate::ops::nn::{AttentionJob, AttentionShape, Tensors, MAX_HEAD_DIM};
@@ -90,7 +91,7 @@ pub struct AttentionResponse {
         per-sequence key lengths, fused (tiled, online softmax: no S × S_kv matrix is held) on both \
         backends. Inputs f16, bf16, f32 (f64 on the CPU), rounded to their dtype; every sum in f32 \
         (f64 for f64). Error bound and mask: docs/TENSORS.md.",
-    request_body = AttentionRequest,
+    request_body(content((AttentionRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The attention output", body = AttentionResponse),
         (status = 413, description = "An input or the output over --max-tensor-elements, more than 2^40 \
@@ -105,7 +106,8 @@ pub struct AttentionResponse {
 )]
 pub async fn attention(
     State(state): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<AttentionRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<AttentionRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
@@ -139,11 +141,18 @@ pub async fn attention(
         flops: s.flops(),
         gflops_per_second: gflops_per_second(s.flops(), done.run.compute_time),
     };
-    let bytes = json_body(
+    bulk::answer(
+        form,
         &body,
-        body.output.json_bytes_hint() + body.weights.as_ref().map_or(0, DenseOut::json_bytes_hint),
-    )?;
-    Ok(job_response(bytes, &done.run))
+        |body| {
+            json_body(
+                body,
+                body.output.json_bytes_hint()
+                    + body.weights.as_ref().map_or(0, DenseOut::json_bytes_hint),
+            )
+        },
+        &done.run,
+    )
 }
 
 fn mismatch(path: &str, message: String) -> Problem {

@@ -2,8 +2,9 @@
 
 use crate::api::dense_tensors::{Dense4Doc, DenseIn, DenseOut, TensorDtype};
 use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
+use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, job_response, job_timeout, json_body, ApiJson, AppState};
+use crate::api::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::Dtype;
 use crate::ops::nn::{Conv2dJob, Conv2dShape, ConvTensors};
@@ -101,7 +102,7 @@ pub struct Conv2dResponse {
         dilation, groups), plus an optional bias per output channel and ReLU; NCHW or NHWC. Inputs f16, \
         bf16, f32 (f64 on the CPU), rounded to their dtype; sums in f32 (f64 for f64). CPU: im2col on \
         the gemm crate; device: an im2col kernel and the matmul kernel. Error bound: docs/TENSORS.md.",
-    request_body = Conv2dRequest,
+    request_body(content((Conv2dRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The convolution", body = Conv2dResponse),
         (status = 413, description = "An input or the output over --max-tensor-elements, or more than 2^40 flops"),
@@ -115,7 +116,8 @@ pub struct Conv2dResponse {
 )]
 pub async fn conv2d(
     State(state): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<Conv2dRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<Conv2dRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let max = state.settings.config.max_tensor_elements;
@@ -152,8 +154,12 @@ pub async fn conv2d(
         flops: s.flops(),
         gflops_per_second: gflops_per_second(s.flops(), done.run.compute_time),
     };
-    let bytes = json_body(&body, body.result.json_bytes_hint())?;
-    Ok(job_response(bytes, &done.run))
+    bulk::answer(
+        form,
+        &body,
+        |body| json_body(body, body.result.json_bytes_hint()),
+        &done.run,
+    )
 }
 
 /// `[N, A, B]` → `[N, B, A]`: NCHW ↔ NHWC, the spatial axes taken as one.
