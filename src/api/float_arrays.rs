@@ -81,66 +81,11 @@ impl Packed {
         max: usize,
     ) -> Result<(Vec<usize>, Decoded), Problem> {
         let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
-        if self.shape.len() != dims {
-            return Err(bad(
-                format!("{path}/shape"),
-                format!("expected {dims} dimension(s), got {}", self.shape.len()),
-            ));
-        }
-        let n = self.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        let n = match n {
-            Some(0) | None => {
-                return Err(bad(
-                    format!("{path}/shape"),
-                    "every dimension must be at least 1".into(),
-                ))
-            }
-            Some(n) if n > max => return Err(too_many(&format!("{path}/shape"), n, max)),
-            Some(n) => n,
-        };
+        let n = check_dims(&self.shape, path, dims, max)?;
         let bytes = B64
             .decode(self.data.as_bytes())
             .map_err(|e| bad(format!("{path}/data"), format!("not base64: {e}")))?;
-        let width = match self.dtype {
-            Dtype::F32 => 4,
-            Dtype::F64 => 8,
-        };
-        if bytes.len() != n * width {
-            return Err(bad(
-                format!("{path}/data"),
-                format!(
-                    "{} bytes, but shape {:?} of {:?} needs {}",
-                    bytes.len(),
-                    self.shape,
-                    self.dtype,
-                    n * width
-                ),
-            ));
-        }
-        let decoded = match self.dtype {
-            Dtype::F32 => Decoded::F32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-            Dtype::F64 => Decoded::F64(
-                bytes
-                    .chunks_exact(8)
-                    .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-            ),
-        };
-        let first_bad = match &decoded {
-            Decoded::F32(v) => v.iter().position(|x| !x.is_finite()),
-            Decoded::F64(v) => v.iter().position(|x| !x.is_finite()),
-        };
-        if let Some(i) = first_bad {
-            return Err(bad(
-                format!("{path}/data"),
-                format!("value {i} (row-major) is not finite"),
-            ));
-        }
+        let decoded = decode_le(&bytes, self.dtype, n, &self.shape, &format!("{path}/data"))?;
         Ok((self.shape.clone(), decoded))
     }
 
@@ -168,6 +113,164 @@ impl Packed {
     }
 }
 
+/// `shape` has `dims` dimensions, each at least 1, and at most `max` values: how many.
+fn check_dims(shape: &[usize], path: &str, dims: usize, max: usize) -> Result<usize, Problem> {
+    let bad = |m: String| Problem::at(ErrorCode::InvalidTensor, format!("{path}/shape"), m);
+    if shape.len() != dims {
+        return Err(bad(format!(
+            "expected {dims} dimension(s), got {}",
+            shape.len()
+        )));
+    }
+    match shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) {
+        Some(0) | None => Err(bad("every dimension must be at least 1".into())),
+        Some(n) if n > max => Err(too_many(&format!("{path}/shape"), n, max)),
+        Some(n) => Ok(n),
+    }
+}
+
+/// `n` little-endian values of `dtype` from `bytes` (which must be exactly that long),
+/// all finite; `at` names the data in refusals.
+fn decode_le(
+    bytes: &[u8],
+    dtype: Dtype,
+    n: usize,
+    shape: &[usize],
+    at: &str,
+) -> Result<Decoded, Problem> {
+    let bad = |m: String| Problem::at(ErrorCode::InvalidTensor, at, m);
+    let width = match dtype {
+        Dtype::F32 => 4,
+        Dtype::F64 => 8,
+    };
+    if bytes.len() != n * width {
+        return Err(bad(format!(
+            "{} bytes, but shape {shape:?} of {dtype:?} needs {}",
+            bytes.len(),
+            n * width
+        )));
+    }
+    let decoded = match dtype {
+        Dtype::F32 => Decoded::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        ),
+        Dtype::F64 => Decoded::F64(
+            bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect(),
+        ),
+    };
+    let first_bad = match &decoded {
+        Decoded::F32(v) => v.iter().position(|x| !x.is_finite()),
+        Decoded::F64(v) => v.iter().position(|x| !x.is_finite()),
+    };
+    if let Some(i) = first_bad {
+        return Err(bad(format!("value {i} (row-major) is not finite")));
+    }
+    Ok(decoded)
+}
+
+/// An array in a bulk body's buffer (`api::bulk`): the layout already checked.
+pub struct Buffered {
+    dtype: crate::wire::Dtype,
+    shape: Vec<usize>,
+    bytes: bytes::Bytes,
+}
+
+impl Buffered {
+    /// As `Packed::decode`; the dtype must be f32 or f64.
+    fn decode(
+        &self,
+        path: &str,
+        dims: usize,
+        max: usize,
+    ) -> Result<(Vec<usize>, Decoded), Problem> {
+        let dtype = match self.dtype {
+            crate::wire::Dtype::F32 => Dtype::F32,
+            crate::wire::Dtype::F64 => Dtype::F64,
+            other => {
+                return Err(Problem::at(
+                    ErrorCode::InvalidRequest,
+                    format!("{path}/dtype"),
+                    format!("these values are f32 or f64, not {}", other.name()),
+                ))
+            }
+        };
+        let n = check_dims(&self.shape, path, dims, max)?;
+        let decoded = decode_le(&self.bytes, dtype, n, &self.shape, path)?;
+        Ok((self.shape.clone(), decoded))
+    }
+
+    fn dtype(&self) -> Option<Dtype> {
+        match self.dtype {
+            crate::wire::Dtype::F32 => Some(Dtype::F32),
+            crate::wire::Dtype::F64 => Some(Dtype::F64),
+            _ => None,
+        }
+    }
+}
+
+/// A packed array's object: base64 (`encoding`, `data`) or, in a bulk body, a buffer
+/// descriptor (`byte_offset`, `byte_length`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArrayObject {
+    encoding: Option<BinaryEncoding>,
+    dtype: crate::wire::Dtype,
+    shape: Vec<usize>,
+    data: Option<String>,
+    byte_offset: Option<u64>,
+    byte_length: Option<u64>,
+}
+
+/// Either form of an array object.
+enum PackedOrBuffer {
+    Packed(Packed),
+    Buffer(Buffered),
+}
+
+fn packed_or_buffer<'de, A: MapAccess<'de>>(map: A) -> Result<PackedOrBuffer, A::Error> {
+    use serde::de::Error;
+    let o = ArrayObject::deserialize(MapAccessDeserializer::new(map))?;
+    match (o.byte_offset, o.byte_length) {
+        (None, None) => Ok(PackedOrBuffer::Packed(Packed {
+            encoding: o
+                .encoding
+                .ok_or_else(|| A::Error::missing_field("encoding"))?,
+            dtype: match o.dtype {
+                crate::wire::Dtype::F32 => Dtype::F32,
+                crate::wire::Dtype::F64 => Dtype::F64,
+                other => {
+                    return Err(A::Error::custom(format!(
+                        "dtype {}: packed values are f32 or f64",
+                        other.name()
+                    )))
+                }
+            },
+            shape: o.shape,
+            data: o.data.ok_or_else(|| A::Error::missing_field("data"))?,
+        })),
+        (Some(offset), Some(length)) => {
+            if o.encoding.is_some() || o.data.is_some() {
+                return Err(A::Error::custom(
+                    "a buffer descriptor (byte_offset, byte_length) takes no encoding or data",
+                ));
+            }
+            Ok(PackedOrBuffer::Buffer(Buffered {
+                dtype: o.dtype,
+                shape: o.shape,
+                bytes: super::bulk::buffer(offset, length).map_err(A::Error::custom)?,
+            }))
+        }
+        (None, Some(_)) => Err(A::Error::missing_field("byte_offset")),
+        (Some(_), None) => Err(A::Error::missing_field("byte_length")),
+    }
+}
+
 pub(super) fn too_many(path: &str, n: usize, max: usize) -> Problem {
     let mut p = Problem::at(
         ErrorCode::PayloadTooLarge,
@@ -178,17 +281,20 @@ pub(super) fn too_many(path: &str, n: usize, max: usize) -> Problem {
     p
 }
 
-/// A `[rows, cols]` tensor: nested JSON arrays (read flat as they arrive), or `Packed`.
+/// A `[rows, cols]` tensor: nested JSON arrays (read flat as they arrive), `Packed`, or
+/// a bulk body's buffer.
 pub enum Matrix {
     Nested(Rows),
     Packed(Packed),
+    Buffer(Buffered),
 }
 
-/// A vector: a JSON array of numbers (counted as it arrives), or `Packed` with a
-/// one-dimensional shape.
+/// A vector: a JSON array of numbers (counted as it arrives), `Packed` with a
+/// one-dimensional shape, or a bulk body's buffer.
 pub enum Vector {
     Numbers(Counted),
     Packed(Packed),
+    Buffer(Buffered),
 }
 
 /// Deserialize for a type that is a JSON array (read by `$read`) or a packed object.
@@ -206,7 +312,10 @@ macro_rules! array_or_packed {
                         $read(seq).map($ty::$variant)
                     }
                     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<$ty, A::Error> {
-                        Packed::deserialize(MapAccessDeserializer::new(map)).map($ty::Packed)
+                        Ok(match packed_or_buffer(map)? {
+                            PackedOrBuffer::Packed(p) => $ty::Packed(p),
+                            PackedOrBuffer::Buffer(b) => $ty::Buffer(b),
+                        })
                     }
                 }
                 d.deserialize_any(V)
@@ -237,6 +346,7 @@ impl Matrix {
     pub fn packed_dtype(&self) -> Option<Dtype> {
         match self {
             Matrix::Packed(p) => Some(p.dtype),
+            Matrix::Buffer(b) => b.dtype(),
             Matrix::Nested(_) => None,
         }
     }
@@ -246,6 +356,10 @@ impl Matrix {
         match self {
             Matrix::Packed(p) => {
                 let (shape, values) = p.decode(path, 2, max)?;
+                Ok((shape[0], shape[1], values))
+            }
+            Matrix::Buffer(b) => {
+                let (shape, values) = b.decode(path, 2, max)?;
                 Ok((shape[0], shape[1], values))
             }
             Matrix::Nested(Rows {
@@ -285,6 +399,7 @@ impl Vector {
     pub fn packed_dtype(&self) -> Option<Dtype> {
         match self {
             Vector::Packed(p) => Some(p.dtype),
+            Vector::Buffer(b) => b.dtype(),
             Vector::Numbers(_) => None,
         }
     }
@@ -292,6 +407,7 @@ impl Vector {
     pub fn decode(self, path: &str, max: usize) -> Result<Decoded, Problem> {
         match self {
             Vector::Packed(p) => Ok(p.decode(path, 1, max)?.1),
+            Vector::Buffer(b) => Ok(b.decode(path, 1, max)?.1),
             Vector::Numbers(v) if v.count() == 0 => Err(Problem::at(
                 ErrorCode::InvalidTensor,
                 path,
@@ -308,23 +424,45 @@ impl Vector {
     }
 
     pub fn is_packed(&self) -> bool {
-        matches!(self, Vector::Packed(_))
+        matches!(self, Vector::Packed(_) | Vector::Buffer(_))
     }
 }
 
-/// An answer vector in the request's form.
-#[derive(Serialize)]
-#[serde(untagged)]
-pub enum VectorOut {
-    Numbers(Vec<f64>),
-    Packed(Packed),
+/// An answer vector in the request's form: numbers, or packed in the request's dtype;
+/// in a bulk answer (`api::bulk`), a buffer of that dtype (f64 for numbers).
+pub struct VectorOut {
+    values: Vec<f64>,
+    packed: Option<Dtype>,
 }
 
 impl VectorOut {
     pub fn new(values: Vec<f64>, packed: Option<Dtype>) -> Self {
-        match packed {
-            Some(dtype) => VectorOut::Packed(Packed::encode_f64(&values, dtype)),
-            None => VectorOut::Numbers(values),
+        VectorOut { values, packed }
+    }
+}
+
+impl Serialize for VectorOut {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if super::bulk::answering() {
+            let (dtype, bytes): (crate::wire::Dtype, Vec<u8>) = match self.packed {
+                Some(Dtype::F32) => (
+                    crate::wire::Dtype::F32,
+                    self.values
+                        .iter()
+                        .flat_map(|&x| (x as f32).to_le_bytes())
+                        .collect(),
+                ),
+                _ => (
+                    crate::wire::Dtype::F64,
+                    self.values.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ),
+            };
+            let shape = vec![self.values.len() as u64];
+            return super::bulk::push_answer_buffer(dtype, shape, bytes.into()).serialize(s);
+        }
+        match self.packed {
+            Some(dtype) => Packed::encode_f64(&self.values, dtype).serialize(s),
+            None => self.values.serialize(s),
         }
     }
 }

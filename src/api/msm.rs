@@ -3,8 +3,9 @@
 use super::bounded::AtMost;
 use super::domain_errors::{invalid_points, msm_shape};
 use super::elements::{Elements, ElementsDoc, Encoding};
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking_if, job_response, job_timeout, AppState};
+use super::{blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::zk::msm::{Curve, MsmJob, PointErrors, Points, RawPoint};
 use crate::ops::zk::FieldVec;
@@ -109,10 +110,18 @@ pub struct MsmResponse {
     pub results: Option<Vec<PointOut>>,
 }
 
-/// Points as received: coordinate strings, or one base64 string.
+/// Points as received: coordinate strings, one base64 string, or a buffer of a bulk
+/// body: `u64` words shaped `[n, 2, w]`, x then y of each point in `w` little-endian
+/// words (4 for BN254, 6 for BLS12-381), all zero for the identity: the base64 form's
+/// bytes.
 pub enum PointsIn {
     List(Vec<Option<PointStrings>>),
     Base64(String),
+    Buffer {
+        dtype: crate::wire::Dtype,
+        shape: Vec<u64>,
+        bytes: bytes::Bytes,
+    },
 }
 
 #[derive(Deserialize)]
@@ -127,6 +136,7 @@ impl PointsIn {
         match self {
             PointsIn::List(v) => v.len(),
             PointsIn::Base64(s) => s.len() / 4 * 3 / (2 * curve.coordinate_bytes()),
+            PointsIn::Buffer { bytes, .. } => bytes.len() / (2 * curve.coordinate_bytes()),
         }
     }
 
@@ -147,6 +157,28 @@ impl PointsIn {
             ));
         }
         let checked = match (self, encoding) {
+            (PointsIn::Buffer { dtype, shape, bytes }, _) => {
+                let words = curve.coordinate_bytes() / 8;
+                let want = [shape.first().copied().unwrap_or(0), 2, words as u64];
+                if *dtype != crate::wire::Dtype::U64 {
+                    return Err(Problem::at(
+                        ErrorCode::InvalidRequest,
+                        format!("{path}/dtype"),
+                        format!("points are u64 words, not {}", dtype.name()),
+                    ));
+                }
+                if shape[..] != want {
+                    return Err(Problem::at(
+                        ErrorCode::InvalidRequest,
+                        format!("{path}/shape"),
+                        format!(
+                            "{} points are [n, 2, {words}]: x then y in {words} little-endian words each",
+                            curve.name()
+                        ),
+                    ));
+                }
+                Points::from_le_bytes(curve, bytes)
+            }
             (PointsIn::List(list), Encoding::Decimal | Encoding::Hex) => {
                 Points::validate(curve, &parse_list(list, path)?)
             }
@@ -244,6 +276,16 @@ impl<'de> Visitor<'de> for PointsVisitor {
         Ok(PointsIn::Base64(v.to_string()))
     }
 
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<PointsIn, A::Error> {
+        let b = crate::wire::BufferRef::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        let bytes = super::bulk::buffer(b.byte_offset, b.byte_length).map_err(de::Error::custom)?;
+        Ok(PointsIn::Buffer {
+            dtype: b.dtype,
+            shape: b.shape,
+            bytes,
+        })
+    }
+
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PointsIn, A::Error> {
         let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
         while let Some(p) = seq.next_element::<Option<PointStrings>>()? {
@@ -302,7 +344,7 @@ impl Serialize for PointOut {
         BLS12-381 in the prime-order subgroup; a bad one is refused with 422 invalid_point naming its index. \
         The result is the affine sum, `null` for the identity. The CPU backend is arkworks' Pippenger; the CUDA \
         backend a bucket method with signed windows. Both give the same point (affine form is unique).",
-    request_body = MsmRequest,
+    request_body(content((MsmRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The sum(s)", body = MsmResponse),
         (status = 413, description = "More points or scalars than --max-elements"),
@@ -315,7 +357,8 @@ impl Serialize for PointOut {
 )]
 pub async fn msm(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<MsmRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<MsmRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (curve, encoding, backend) = (req.curve, req.encoding, req.backend);
@@ -346,9 +389,8 @@ pub async fn msm(
         result,
         results,
     };
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
-    Ok(job_response(bytes, &done.run))
+    // The sums are a few points: a bulk answer carries them in its header as JSON does.
+    bulk::answer(form, &body, |b| json_body(b, 256), &done.run)
 }
 
 fn decode_scalars(

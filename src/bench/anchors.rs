@@ -82,6 +82,7 @@ mod tests {
             compute_ms: None,
             gflops_end_to_end: None,
             gflops_compute: Some(gflops),
+            over_compute_and_copy: None,
         }
     }
 

@@ -1,9 +1,15 @@
-//! Request bodies for the operations `gpu-ops bench` knows by name, from a shape. Tensors
-//! go packed (base64 f32), as a client that cares about speed sends them; values are a
-//! fixed pseudo-random sequence in [−1, 1), so runs are comparable.
+//! Request bodies for the operations `gpu-ops bench` knows by name, from a shape, in the
+//! wire form asked for (`--wire`): nested JSON numbers and decimal strings, base64 inside
+//! JSON (the default: as a client that cares about speed sent them before the bulk form),
+//! or the bulk form (docs/WIRE.md) with its answer asked for in it too. Values are a fixed
+//! pseudo-random sequence in [−1, 1) (field elements: small integers), so runs and forms
+//! are comparable.
 
+use crate::wire::{self, EnvelopeWriter};
 use base64::Engine;
 use serde_json::{json, Value};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// An operation the bench can build bodies for: its name, route, and what its shape is.
 pub struct KnownOp {
@@ -55,7 +61,120 @@ pub const KNOWN_OPS: &[KnownOp] = &[
     },
 ];
 
-fn packed(shape: &[usize], salt: u64) -> Value {
+/// How a body's bulk fields travel (`--wire`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Wire {
+    /// Nested JSON numbers, decimal strings; JSON answers.
+    Json,
+    /// Base64 strings inside JSON; JSON answers, tensors packed.
+    Base64,
+    /// `application/vnd.gpu-ops.bulk` both ways.
+    Binary,
+}
+
+/// A body ready to send: its bytes, media type, and the answer form it asks for.
+#[derive(Clone, Debug)]
+pub struct Rendered {
+    pub bytes: Vec<u8>,
+    pub content_type: &'static str,
+    pub accept: Option<&'static str>,
+}
+
+/// How the JSON forms write a bulk field.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// f32 values: nested numbers, or `{encoding, dtype, shape, data}`.
+    Tensor,
+    /// Goldilocks words: decimal strings, or one base64 string with `"encoding": "base64"`.
+    Elements,
+}
+
+/// A bulk field of a body: its top-level name and little-endian values.
+struct Field {
+    name: &'static str,
+    kind: Kind,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+/// A body before its wire form: the plain fields, the bulk ones, and whether the op's
+/// `encoding` field chooses its answer's form (the tensor ops without one answer in the
+/// form of their first operand).
+struct Built {
+    header: Value,
+    fields: Vec<Field>,
+    answer_encoding: bool,
+}
+
+impl Built {
+    fn render(self, wire: Wire) -> Result<Rendered, String> {
+        let mut header = self.header;
+        let elements = self.fields.iter().any(|f| f.kind == Kind::Elements);
+        if wire != Wire::Json && (self.answer_encoding || elements) {
+            header["encoding"] = json!("base64");
+        }
+        if wire == Wire::Binary {
+            let mut writer = EnvelopeWriter::new();
+            for f in self.fields {
+                let dtype = match f.kind {
+                    Kind::Tensor => wire::Dtype::F32,
+                    Kind::Elements => wire::Dtype::U64,
+                };
+                let shape = f.shape.iter().map(|&d| d as u64).collect();
+                let r = writer.push(dtype, shape, bytes::Bytes::from(f.bytes));
+                header[f.name] = serde_json::to_value(r).map_err(|e| e.to_string())?;
+            }
+            return Ok(Rendered {
+                bytes: writer.finish_to_vec(&header).map_err(|e| e.to_string())?,
+                content_type: wire::MEDIA_TYPE,
+                accept: Some(wire::MEDIA_TYPE),
+            });
+        }
+        for f in self.fields {
+            header[f.name] = match (f.kind, wire) {
+                (Kind::Tensor, Wire::Json) => nested(&f.shape, &f32_values(&f.bytes)),
+                (Kind::Tensor, _) => json!({"encoding": "base64", "dtype": "f32",
+                                            "shape": f.shape, "data": B64.encode(&f.bytes)}),
+                (Kind::Elements, Wire::Json) => f
+                    .bytes
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")).to_string())
+                    .collect(),
+                (Kind::Elements, _) => json!(B64.encode(&f.bytes)),
+            };
+        }
+        Ok(Rendered {
+            bytes: serde_json::to_vec(&header).map_err(|e| e.to_string())?,
+            content_type: "application/json",
+            accept: None,
+        })
+    }
+}
+
+fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect()
+}
+
+/// `values` as nested arrays of `shape`.
+fn nested(shape: &[usize], values: &[f32]) -> Value {
+    match shape {
+        [] | [_] => values.iter().map(|&x| json!(x)).collect(),
+        [_, inner @ ..] => {
+            let step: usize = inner.iter().product();
+            values
+                .chunks(step)
+                .map(|part| nested(inner, part))
+                .collect()
+        }
+    }
+}
+
+/// `shape`'s product of f32 values in [−1, 1), the same every run for a `salt`.
+fn tensor(name: &'static str, shape: &[usize], salt: u64) -> Field {
     let n: usize = shape.iter().product();
     let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ salt;
     let mut bytes = Vec::with_capacity(4 * n);
@@ -67,8 +186,24 @@ fn packed(shape: &[usize], salt: u64) -> Value {
         let u = (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32;
         bytes.extend_from_slice(&(2.0 * u - 1.0).to_le_bytes());
     }
-    json!({"encoding": "base64", "dtype": "f32", "shape": shape,
-           "data": base64::engine::general_purpose::STANDARD.encode(bytes)})
+    Field {
+        name,
+        kind: Kind::Tensor,
+        shape: shape.to_vec(),
+        bytes,
+    }
+}
+
+/// `n` Goldilocks elements below 10^6.
+fn elements(name: &'static str, n: usize) -> Field {
+    Field {
+        name,
+        kind: Kind::Elements,
+        shape: vec![n],
+        bytes: (0..n as u64)
+            .flat_map(|i| (i * 7919 % 1_000_003).to_le_bytes())
+            .collect(),
+    }
 }
 
 fn dims(shape: &[usize], want: &[usize], op: &KnownOp) -> Result<(), String> {
@@ -82,8 +217,13 @@ fn dims(shape: &[usize], want: &[usize], op: &KnownOp) -> Result<(), String> {
     }
 }
 
-/// The operation's route and a body of `shape`, with `backend`.
-pub fn body(name: &str, shape: &[usize], backend: &str) -> Result<(&'static str, Value), String> {
+/// The operation's route and a body of `shape`, with `backend`, in the `wire` form.
+pub fn body(
+    name: &str,
+    shape: &[usize],
+    backend: &str,
+    wire: Wire,
+) -> Result<(&'static str, Rendered), String> {
     let op = KNOWN_OPS.iter().find(|o| o.name == name).ok_or_else(|| {
         let names: Vec<&str> = KNOWN_OPS.iter().map(|o| o.name).collect();
         format!(
@@ -91,7 +231,7 @@ pub fn body(name: &str, shape: &[usize], backend: &str) -> Result<(&'static str,
             names.join(", ")
         )
     })?;
-    let mut body = match name {
+    let mut built = match name {
         "matmul" => {
             dims(shape, &[3, 4], op)?;
             let (b, m, n, k) = match shape {
@@ -103,40 +243,69 @@ pub fn body(name: &str, shape: &[usize], backend: &str) -> Result<(&'static str,
                 Some(b) => vec![b, r, c],
                 None => vec![r, c],
             };
-            json!({"a": packed(&with_batch(m, k), 1), "b": packed(&with_batch(k, n), 2)})
+            Built {
+                header: json!({}),
+                fields: vec![
+                    tensor("a", &with_batch(m, k), 1),
+                    tensor("b", &with_batch(k, n), 2),
+                ],
+                answer_encoding: false,
+            }
         }
         "attention" => {
             dims(shape, &[4], op)?;
-            json!({"q": packed(shape, 1), "k": packed(shape, 2), "v": packed(shape, 3)})
+            Built {
+                header: json!({}),
+                fields: vec![
+                    tensor("q", shape, 1),
+                    tensor("k", shape, 2),
+                    tensor("v", shape, 3),
+                ],
+                answer_encoding: false,
+            }
         }
         "conv2d" => {
             dims(shape, &[7], op)?;
             let (input, weight) = (&shape[..4], [shape[4], shape[1], shape[5], shape[6]]);
-            json!({"input": packed(input, 1), "weight": packed(&weight, 2)})
+            Built {
+                header: json!({}),
+                fields: vec![tensor("input", input, 1), tensor("weight", &weight, 2)],
+                answer_encoding: false,
+            }
         }
         "embeddings_sinusoidal" => {
             dims(shape, &[2], op)?;
-            json!({"num_positions": shape[0], "dim": shape[1], "encoding": "base64"})
+            Built {
+                header: json!({"num_positions": shape[0], "dim": shape[1]}),
+                fields: vec![],
+                answer_encoding: true,
+            }
         }
         "beam_channels" | "beam_sweep" => {
             dims(shape, &[3], op)?;
             let model = json!({"batch": shape[0], "tx_array": {"columns": shape[1]},
                                "rx_array": {"columns": shape[2]}, "seed": 1});
-            json!({"model": model, "encoding": "base64"})
+            Built {
+                header: json!({"model": model}),
+                fields: vec![],
+                answer_encoding: true,
+            }
         }
         "field_add" | "ntt" => {
             dims(shape, &[1], op)?;
-            let values: Vec<String> = (0..shape[0])
-                .map(|i| (i * 7919 % 1_000_003).to_string())
-                .collect();
-            if name == "ntt" {
-                json!({"field": "goldilocks", "values": values})
+            let fields = if name == "ntt" {
+                vec![elements("values", shape[0])]
             } else {
-                json!({"field": "goldilocks", "a": values, "b": values})
+                vec![elements("a", shape[0]), elements("b", shape[0])]
+            };
+            Built {
+                header: json!({"field": "goldilocks"}),
+                fields,
+                answer_encoding: true,
             }
         }
         _ => unreachable!("every known op has a body"),
     };
-    body["backend"] = json!(backend);
-    Ok((op.path, body))
+    built.header["backend"] = json!(backend);
+    Ok((op.path, built.render(wire)?))
 }

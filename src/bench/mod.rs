@@ -29,6 +29,10 @@ pub struct Plan {
     pub url: String,
     pub path: String,
     pub body: Vec<u8>,
+    /// The body's media type.
+    pub content_type: String,
+    /// The answer's media type asked for (`Accept`), if any.
+    pub accept: Option<String>,
     pub label: String,
     pub concurrency: Vec<usize>,
     pub warmup: Length,
@@ -46,7 +50,7 @@ pub async fn run(plan: &Plan) -> Result<Report, String> {
         .map_err(|e| e.to_string())?;
     // One copy of the body, shared by every request.
     let body = bytes::Bytes::from(plan.body.clone());
-    let (flops, backend) = probe(&client, plan, &body).await?;
+    let (flops, backend, answer_bytes) = probe(&client, plan, &body).await?;
     let mut runs = Vec::new();
     for &c in &plan.concurrency {
         load(&client, plan, &body, c, plan.warmup).await?;
@@ -54,17 +58,18 @@ pub async fn run(plan: &Plan) -> Result<Report, String> {
         let samples = load(&client, plan, &body, c, plan.length).await?;
         runs.push(Run::from_samples(c, started.elapsed(), &samples, flops));
     }
-    Ok(Report::new(plan, flops, backend, runs))
+    let memcpy = report::memcpy_ms(plan.body.len() + answer_bytes);
+    Ok(Report::new(plan, flops, backend, runs).with_transfer(answer_bytes, memcpy))
 }
 
 /// One request first: it must succeed (a bench of refusals measures nothing), and its
 /// answer's `flops`, when it states them, gives the GFLOP/s; its `x-backend`, the backend
-/// the comparisons are for.
+/// the comparisons are for; its length, the answer's bytes.
 async fn probe(
     client: &reqwest::Client,
     plan: &Plan,
     body: &bytes::Bytes,
-) -> Result<(Option<f64>, Option<String>), String> {
+) -> Result<(Option<f64>, Option<String>, usize), String> {
     let res = request(client, plan, body)
         .send()
         .await
@@ -83,18 +88,28 @@ async fn probe(
             String::from_utf8_lossy(&bytes[..bytes.len().min(500)])
         ));
     }
-    let flops = serde_json::from_slice::<serde_json::Value>(&bytes)
+    // A bulk answer's header is its JSON answer, buffers aside.
+    let json = match crate::wire::split(&bytes) {
+        Ok(envelope) if plan.accept.as_deref() == Some(crate::wire::MEDIA_TYPE) => {
+            envelope.header.as_bytes()
+        }
+        _ => &bytes[..],
+    };
+    let flops = serde_json::from_slice::<serde_json::Value>(json)
         .ok()
         .and_then(|v| v.get("flops").and_then(|f| f.as_f64()));
-    Ok((flops, backend))
+    Ok((flops, backend, bytes.len()))
 }
 
 fn request(client: &reqwest::Client, plan: &Plan, body: &bytes::Bytes) -> reqwest::RequestBuilder {
     // A Bytes clone shares the body: nothing is copied inside the timed interval.
-    let r = client
+    let mut r = client
         .post(format!("{}{}", plan.url.trim_end_matches('/'), plan.path))
-        .header("content-type", "application/json")
+        .header("content-type", &plan.content_type)
         .body(body.clone());
+    if let Some(accept) = &plan.accept {
+        r = r.header("accept", accept);
+    }
     match &plan.api_key {
         Some(k) => r.bearer_auth(k),
         None => r,
@@ -200,6 +215,10 @@ pub struct BenchArgs {
     /// field_add, ntt: N).
     #[arg(long, requires = "op")]
     pub shape: Option<String>,
+    /// How a built body's tensors and vectors travel: nested JSON numbers and decimal
+    /// strings, base64 inside JSON, or the bulk form both ways (docs/WIRE.md).
+    #[arg(long, value_enum, default_value = "base64", conflicts_with = "body")]
+    pub wire: bodies::Wire,
     /// Any operation: a JSON body from this file ("-": standard input), POSTed to --path.
     #[arg(long, requires = "path")]
     pub body: Option<std::path::PathBuf>,
@@ -236,13 +255,10 @@ impl BenchArgs {
         let (path, body, label) = match (&self.op, &self.body) {
             (Some(op), None) => {
                 let shape = parse_list(self.shape.as_deref().unwrap_or(""), "--shape")?;
-                let (path, body) = bodies::body(op, &shape, &self.backend)?;
-                let label = format!("{op} {}", self.shape.as_deref().unwrap_or(""));
-                (
-                    path.to_string(),
-                    serde_json::to_vec(&body).map_err(|e| e.to_string())?,
-                    label,
-                )
+                let (path, body) = bodies::body(op, &shape, &self.backend, self.wire)?;
+                let wire = format!("{:?}", self.wire).to_lowercase();
+                let label = format!("{op} {} ({wire})", self.shape.as_deref().unwrap_or(""));
+                (path.to_string(), body, label)
             }
             (None, Some(file)) => {
                 let bytes = if file.as_os_str() == "-" {
@@ -254,14 +270,21 @@ impl BenchArgs {
                     std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?
                 };
                 let path = self.path.clone().expect("clap requires --path with --body");
-                (path.clone(), bytes, format!("{path} ({})", file.display()))
+                let body = bodies::Rendered {
+                    bytes,
+                    content_type: "application/json",
+                    accept: None,
+                };
+                (path.clone(), body, format!("{path} ({})", file.display()))
             }
             _ => return Err("give --op with --shape, or --body with --path".into()),
         };
         Ok(Plan {
             url: self.url.clone(),
             path,
-            body,
+            body: body.bytes,
+            content_type: body.content_type.into(),
+            accept: body.accept.map(String::from),
             label,
             concurrency: parse_list(&self.concurrency, "--concurrency")?,
             warmup: parse_length(&self.warmup)?,

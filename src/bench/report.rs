@@ -67,6 +67,10 @@ pub struct Run {
     pub gflops_end_to_end: Option<f64>,
     /// flops over the server's mean compute time.
     pub gflops_compute: Option<f64>,
+    /// The median latency over (the median compute time + one memcpy of the request and
+    /// answer bytes, `Report::memcpy_ms`): 1 would be a service that costs nothing beyond
+    /// the work and one copy of its data.
+    pub over_compute_and_copy: Option<f64>,
 }
 
 impl Run {
@@ -101,8 +105,24 @@ impl Run {
                 .filter(|(_, c)| c.mean > 0.0)
                 .map(|(f, c)| f / (c.mean * 1e-3) / 1e9),
             compute_ms,
+            over_compute_and_copy: None,
         }
     }
+}
+
+/// The fastest of five copies of `bytes` bytes into a buffer already touched, in ms:
+/// what one memcpy of a request and its answer costs on this machine, at best.
+pub fn memcpy_ms(bytes: usize) -> f64 {
+    let from = vec![1u8; bytes];
+    let mut to = vec![0u8; bytes];
+    (0..5)
+        .map(|_| {
+            let started = std::time::Instant::now();
+            to.copy_from_slice(std::hint::black_box(&from));
+            std::hint::black_box(&to);
+            started.elapsed().as_secs_f64() * 1e3
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -111,6 +131,10 @@ pub struct Report {
     pub path: String,
     pub label: String,
     pub body_bytes: usize,
+    /// The first answer's bytes.
+    pub answer_bytes: usize,
+    /// One memcpy of the body and the answer on this machine (`memcpy_ms`).
+    pub memcpy_ms: f64,
     /// The answer's `flops`, where it states them.
     pub flops: Option<f64>,
     pub warmup: String,
@@ -141,6 +165,8 @@ impl Report {
             path: plan.path.clone(),
             label: plan.label.clone(),
             body_bytes: plan.body.len(),
+            answer_bytes: 0,
+            memcpy_ms: 0.0,
             flops,
             warmup: describe(plan.warmup),
             length: describe(plan.length),
@@ -150,14 +176,37 @@ impl Report {
         }
     }
 
+    /// With the answer's size and the cost of one copy of the body and answer, and each
+    /// run's latency over (its compute + that copy).
+    pub fn with_transfer(mut self, answer_bytes: usize, memcpy_ms: f64) -> Self {
+        self.answer_bytes = answer_bytes;
+        self.memcpy_ms = memcpy_ms;
+        for r in &mut self.runs {
+            r.over_compute_and_copy = r
+                .latency_ms
+                .as_ref()
+                .zip(r.compute_ms.as_ref())
+                .map(|(l, c)| l.p50 / (c.p50 + memcpy_ms))
+                .filter(|x| x.is_finite());
+        }
+        self
+    }
+
     /// A fixed-width table, one row per concurrency.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{} {} ({}; body {} bytes; warm-up {}, each run {})\n",
-            self.label, self.path, self.url, self.body_bytes, self.warmup, self.length
+            "{} {} ({}; body {} bytes, answer {} bytes, one memcpy of both {:.3} ms; warm-up {}, each run {})\n",
+            self.label,
+            self.path,
+            self.url,
+            self.body_bytes,
+            self.answer_bytes,
+            self.memcpy_ms,
+            self.warmup,
+            self.length
         );
         out.push_str(&format!(
-            "{:>5} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
+            "{:>5} {:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}\n",
             "conc",
             "ok",
             "errors",
@@ -168,13 +217,14 @@ impl Report {
             "queue p50",
             "comp p50",
             "GFLOP/s",
-            "comp GF/s"
+            "comp GF/s",
+            "p50/(c+cp)"
         ));
         let f = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.3}"));
         for r in &self.runs {
             let l = r.latency_ms.as_ref();
             out.push_str(&format!(
-                "{:>5} {:>8} {:>6} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
+                "{:>5} {:>8} {:>6} {:>9.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>9}\n",
                 r.concurrency,
                 r.ok,
                 r.errors.values().sum::<usize>(),
@@ -186,6 +236,7 @@ impl Report {
                 f(r.compute_ms.as_ref().map(|s| s.p50)),
                 f(r.gflops_end_to_end),
                 f(r.gflops_compute),
+                f(r.over_compute_and_copy),
             ));
         }
         if let Some(b) = &self.backend {
@@ -240,5 +291,40 @@ mod tests {
         assert_eq!(r.gflops_end_to_end, Some(2.0));
         // 2 GFLOP over a mean of 5 ms.
         assert!((r.gflops_compute.unwrap() - 400.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn latency_is_set_against_compute_and_one_copy() {
+        let s = |latency_ms, compute| Sample {
+            latency_ms,
+            status: 200,
+            queue_ms: Some(0.1),
+            compute_ms: Some(compute),
+        };
+        let run = Run::from_samples(
+            1,
+            Duration::from_secs(1),
+            &[s(12.0, 8.0), s(12.0, 8.0)],
+            None,
+        );
+        let plan = Plan {
+            url: "http://x".into(),
+            path: "/linalg/matmul".into(),
+            body: vec![0; 10],
+            content_type: "application/json".into(),
+            accept: None,
+            label: "t".into(),
+            concurrency: vec![1],
+            warmup: Length::Requests(0),
+            length: Length::Requests(2),
+            api_key: None,
+            timeout: Duration::from_secs(1),
+        };
+        let report = Report::new(&plan, None, None, vec![run]).with_transfer(90, 2.0);
+        assert_eq!((report.answer_bytes, report.memcpy_ms), (90, 2.0));
+        // 12 ms over (8 ms of compute + 2 ms of copying).
+        assert_eq!(report.runs[0].over_compute_and_copy, Some(1.2));
+        assert!(report.table().contains("1.200"), "{}", report.table());
+        assert!(memcpy_ms(1 << 20) >= 0.0);
     }
 }

@@ -9,11 +9,17 @@ use gpu_ops::bench::{bodies, run, Length, Plan};
 use std::time::Duration;
 
 fn plan(s: &TestServer, op: &str, shape: &[usize]) -> Plan {
-    let (path, body) = bodies::body(op, shape, "cpu").unwrap();
+    plan_in(s, op, shape, bodies::Wire::Base64)
+}
+
+fn plan_in(s: &TestServer, op: &str, shape: &[usize], wire: bodies::Wire) -> Plan {
+    let (path, body) = bodies::body(op, shape, "cpu", wire).unwrap();
     Plan {
         url: s.url.clone(),
         path: path.into(),
-        body: serde_json::to_vec(&body).unwrap(),
+        body: body.bytes,
+        content_type: body.content_type.into(),
+        accept: body.accept.map(String::from),
         label: op.into(),
         concurrency: vec![1, 3],
         warmup: Length::Requests(2),
@@ -38,7 +44,15 @@ async fn a_matmul_sweep_reports_every_request_and_its_gflops() {
         // The server's compute time is part of what the client waited for.
         assert!(compute.p50 <= l.max, "{run:?}");
         assert!(run.queue_ms.is_some() && run.gflops_end_to_end.unwrap() > 0.0);
+        // The latency over (compute + one copy of the body and answer) is at least the
+        // share of it that compute and the copy explain.
+        let over = run.over_compute_and_copy.unwrap();
+        assert!(over > 0.0 && over.is_finite(), "{run:?}");
     }
+    assert!(
+        report.answer_bytes > 0 && report.memcpy_ms >= 0.0,
+        "{report:?}"
+    );
     let table = report.table();
     // Heading, columns, two runs; the backend that answered and what matmul is compared
     // with there (on the CPU: NumPy, no ratio claimed).
@@ -51,27 +65,45 @@ async fn a_matmul_sweep_reports_every_request_and_its_gflops() {
     assert_eq!(report.comparisons.len(), 1);
     assert_eq!(report.comparisons[0].ratio, None);
     assert!(report.comparisons[0].note.contains("NumPy"), "{table}");
-    // Every known op's body is accepted.
-    for (op, shape) in [
-        ("attention", vec![1, 2, 8, 4]),
-        ("conv2d", vec![1, 2, 6, 6, 3, 3, 3]),
-        ("embeddings_sinusoidal", vec![16, 8]),
-        ("beam_channels", vec![2, 8, 4]),
-        ("beam_sweep", vec![2, 8, 4]),
-        ("field_add", vec![64]),
-        ("ntt", vec![64]),
+    // Every known op's body is accepted, in every wire form.
+    for wire in [
+        bodies::Wire::Json,
+        bodies::Wire::Base64,
+        bodies::Wire::Binary,
     ] {
-        let mut p = plan(&s, op, &shape);
-        p.concurrency = vec![2];
-        p.warmup = Length::Requests(0);
-        p.length = Length::Duration(Duration::from_millis(100));
-        let r = run(&p).await.unwrap_or_else(|e| panic!("{op}: {e}"));
-        assert!(
-            r.runs[0].ok > 0 && r.runs[0].errors.is_empty(),
-            "{op}: {:?}",
-            r.runs
-        );
+        for (op, shape) in [
+            ("attention", vec![1, 2, 8, 4]),
+            ("conv2d", vec![1, 2, 6, 6, 3, 3, 3]),
+            ("embeddings_sinusoidal", vec![16, 8]),
+            ("beam_channels", vec![2, 8, 4]),
+            ("beam_sweep", vec![2, 8, 4]),
+            ("field_add", vec![64]),
+            ("ntt", vec![64]),
+        ] {
+            let mut p = plan_in(&s, op, &shape, wire);
+            p.concurrency = vec![2];
+            p.warmup = Length::Requests(0);
+            p.length = Length::Duration(Duration::from_millis(100));
+            let r = run(&p)
+                .await
+                .unwrap_or_else(|e| panic!("{op} {wire:?}: {e}"));
+            assert!(
+                r.runs[0].ok > 0 && r.runs[0].errors.is_empty(),
+                "{op} {wire:?}: {:?}",
+                r.runs
+            );
+        }
     }
+    // The bulk form states its flops in the answer's header as JSON does.
+    let binary = run(&plan_in(
+        &s,
+        "matmul",
+        &[2, 16, 8, 32],
+        bodies::Wire::Binary,
+    ))
+    .await
+    .unwrap();
+    assert_eq!(binary.flops, report.flops);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,8 +113,8 @@ async fn a_refused_body_or_shape_fails_before_any_load() {
     p.body = br#"{"a": [[1]], "b": [[1, 2], [3, 4]]}"#.to_vec();
     let e = run(&p).await.unwrap_err();
     assert!(e.contains("422"), "{e}");
-    assert!(bodies::body("matmul", &[4, 4], "cpu").is_err());
-    assert!(bodies::body("nope", &[4], "cpu")
+    assert!(bodies::body("matmul", &[4, 4], "cpu", bodies::Wire::Json).is_err());
+    assert!(bodies::body("nope", &[4], "cpu", bodies::Wire::Json)
         .unwrap_err()
         .contains("unknown op"));
 }

@@ -344,3 +344,57 @@ async fn bad_inputs_get_their_problem_code_and_path() {
         .unwrap();
     assert_eq!(res.status(), 200);
 }
+
+/// The bulk form (docs/WIRE.md): scalars as `u256` and points as `u64` words `[n, 2, w]`
+/// give the JSON form's sums; the sums come back in the header either way.
+#[tokio::test]
+async fn the_bulk_form_gives_the_json_forms_sums() {
+    use crate::bulk::{answer, body, post, Buf};
+    use gpu_ops::wire::Dtype;
+    let s = TestServer::start(&[]).await;
+    for curve in [Curve::Bn254G1, Curve::Bls12_381G1] {
+        let points = hard_points(curve, 9, 5);
+        let scalars = scalars_for(curve, points.len(), 6);
+        let n = points.len() as u64;
+        let want: Value = s
+            .post(
+                "/zk/msm",
+                json!({"curve": curve.name(), "encoding": "base64", "scalars": base64_scalars(&scalars),
+                    "points": B64.encode(points.to_le_bytes())}),
+            )
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let words = (curve.coordinate_bytes() / 8) as u64;
+        let bulk = |point_shape: Vec<u64>| {
+            body(
+                json!({"curve": curve.name(), "encoding": "base64"}),
+                vec![
+                    Buf {
+                        at: "/scalars",
+                        dtype: Dtype::U256,
+                        shape: vec![n],
+                        bytes: B64.decode(base64_scalars(&scalars)).unwrap(),
+                    },
+                    Buf {
+                        at: "/points",
+                        dtype: Dtype::U64,
+                        shape: point_shape,
+                        bytes: points.to_le_bytes(),
+                    },
+                ],
+            )
+        };
+        let res = post(&s, "/zk/msm", bulk(vec![n, 2, words]), false).await;
+        assert_eq!(res.json::<Value>().await.unwrap(), want, "{curve:?}");
+        let got = answer(post(&s, "/zk/msm", bulk(vec![n, 2, words]), true).await).await;
+        assert_eq!(got.header, want, "{curve:?}");
+        // The words per coordinate are the curve's.
+        let res = post(&s, "/zk/msm", bulk(vec![n, 2 * words]), false).await;
+        let p = problem(res, 422, "invalid_request").await;
+        assert_eq!(p["errors"][0]["path"], "/points/shape");
+    }
+}

@@ -163,13 +163,6 @@ fn report(b: &Budget, seq: u64) -> PrivacyReport {
     }
 }
 
-async fn encode(body: impl Serialize + Send + 'static) -> Result<Vec<u8>, Problem> {
-    blocking(move || {
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))
-    })
-    .await
-}
-
 /// The dp domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
 pub(super) const API: super::ApiDomain = super::ApiDomain {
     tag: "dp",

@@ -2,12 +2,13 @@
 //! (when given) before it is computed, and refunded if the computation fails.
 
 use super::{
-    charge, encode, noise_key, open_unit, positive, report, run_charged, sample_rate, PrivacyReport,
+    charge, noise_key, open_unit, positive, report, run_charged, sample_rate, PrivacyReport,
 };
 use crate::api::auth::{tenant, Tenant};
 use crate::api::float_arrays::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
+use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, job_response, job_timeout, ApiJson, AppState};
+use crate::api::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::dp::plan::{self, GaussianPlan};
 use crate::ops::dp::{check_noise_multiplier, Clipping, Gradients, Mechanism, NoiseJob, SgdPlan};
@@ -182,7 +183,7 @@ pub struct PrivatizeResponse {
         given), column sums, then discrete Gaussian noise of std noise_multiplier × ‖C‖ on a power-of-two grid, \
         divided by `expected_batch_size` for `mean`. With `budget_id` the step is charged (RDP of the \
         subsampled Gaussian at `sample_rate`) and committed before the gradient is released.",
-    request_body = PrivatizeRequest,
+    request_body(content((PrivatizeRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The privatized gradient", body = PrivatizeResponse),
         (status = 403, description = "seed_not_allowed"),
@@ -197,7 +198,8 @@ pub struct PrivatizeResponse {
 pub async fn privatize(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    ApiJson(req): ApiJson<PrivatizeRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<PrivatizeRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     check_noise_multiplier(req.noise_multiplier)?;
@@ -251,7 +253,16 @@ pub async fn privatize(
         effective_noise_multiplier: effective_nm,
         privacy: charged.map(|(b, seq)| report(&b, seq)),
     };
-    Ok(job_response(encode(body).await?, &done.run))
+    answer(form, body, done.run).await
+}
+
+/// A release's answer in the form asked for, written off the runtime thread.
+async fn answer(
+    form: AnswerForm,
+    body: impl Serialize + Send + 'static,
+    run: crate::pool::RunInfo,
+) -> Result<Response, Problem> {
+    blocking(move || bulk::answer(form, &body, |b| json_body(b, 1024), &run)).await
 }
 
 // ------------------------------------------------------------------------ mechanisms
@@ -328,7 +339,7 @@ struct Release {
     description = "Values are snapped to a power-of-two grid and get exact discrete Laplace noise of scale \
         ≥ sensitivity/ε in grid steps (Canonne–Kamath–Steinke sampling from ChaCha20), so floating-point \
         attacks on textbook samplers do not apply. The grid's effect on sensitivity is accounted.",
-    request_body = LaplaceRequest,
+    request_body(content((LaplaceRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "Released values", body = MechanismResponse),
         (status = 403, description = "seed_not_allowed"),
@@ -343,7 +354,8 @@ struct Release {
 pub async fn laplace(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    ApiJson(req): ApiJson<LaplaceRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<LaplaceRequest>,
 ) -> Result<Response, Problem> {
     let sensitivity = positive(req.sensitivity, "/sensitivity")?;
     let epsilon = positive(req.epsilon, "/epsilon")?;
@@ -354,7 +366,7 @@ pub async fn laplace(
         backend: req.backend,
         timeout_ms: req.timeout_ms,
     };
-    release(state, who, r, move |n| {
+    release(state, who, r, form, move |n| {
         let cal = plan::calibrate_laplace(n, sensitivity, epsilon)?;
         let eps = cal.epsilon;
         Ok(Calibrated {
@@ -382,7 +394,7 @@ pub async fn laplace(
     summary = "Release values with discrete Gaussian noise ((ε, δ)-DP)",
     description = "σ is the least that makes the release (ε, δ)-DP by RDP (exact for the discrete Gaussian), \
         for the L2 sensitivity plus what snapping to the grid can add. Exact sampling as /dp/laplace.",
-    request_body = GaussianRequest,
+    request_body(content((GaussianRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "Released values", body = MechanismResponse),
         (status = 403, description = "seed_not_allowed"),
@@ -397,7 +409,8 @@ pub async fn laplace(
 pub async fn gaussian(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    ApiJson(req): ApiJson<GaussianRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<GaussianRequest>,
 ) -> Result<Response, Problem> {
     let sensitivity = positive(req.sensitivity, "/sensitivity")?;
     let epsilon = positive(req.epsilon, "/epsilon")?;
@@ -409,7 +422,7 @@ pub async fn gaussian(
         backend: req.backend,
         timeout_ms: req.timeout_ms,
     };
-    release(state, who, r, move |n| {
+    release(state, who, r, form, move |n| {
         let cal = plan::calibrate_gaussian(n, sensitivity, epsilon, delta)?;
         let (snapped, sigma) = (cal.sensitivity, cal.plan.sigma());
         Ok(Calibrated {
@@ -441,6 +454,7 @@ async fn release(
     state: Arc<AppState>,
     who: Option<Extension<Tenant>>,
     r: Release,
+    form: AnswerForm,
     calibrate: impl FnOnce(usize) -> Result<Calibrated, Problem> + Send + 'static,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(r.timeout_ms)?;
@@ -491,5 +505,5 @@ async fn release(
         delta,
         privacy: charged.map(|(b, seq)| report(&b, seq)),
     };
-    Ok(job_response(encode(body).await?, &done.run))
+    answer(form, body, done.run).await
 }

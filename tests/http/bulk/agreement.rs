@@ -416,3 +416,38 @@ async fn field_vector_operations_agree_in_both_forms() {
     .await;
     assert_eq!(p["errors"][0]["path"], "/a/1");
 }
+
+#[tokio::test]
+async fn dp_releases_agree_in_both_forms() {
+    // Seeded noise, so that both forms draw the same.
+    let s = TestServer::start(&["--dp-allow-client-seed"]).await;
+    let privatize = json!({
+        "per_example_gradients": packed("f32", &[8, 16], &f32s(128, 11)),
+        "clip_norm": 1.0, "noise_multiplier": 1.1, "seed": 7,
+    });
+    agree(
+        &s,
+        "/dp/privatize",
+        &privatize,
+        packed_as_buffers(&privatize),
+    )
+    .await;
+    let f64s: Vec<u8> = (0..64)
+        .flat_map(|i| (f64::from(i) * 0.25 - 3.0).to_le_bytes())
+        .collect();
+    let laplace = json!({"values": packed("f64", &[64], &f64s), "sensitivity": 1.0, "epsilon": 0.5, "seed": 3});
+    agree(&s, "/dp/laplace", &laplace, packed_as_buffers(&laplace)).await;
+    let gaussian = json!({"values": packed("f32", &[32], &f32s(32, 12)), "sensitivity": 1.0,
+                          "epsilon": 1.0, "delta": 1e-5, "seed": 4});
+    agree(&s, "/dp/gaussian", &gaussian, packed_as_buffers(&gaussian)).await;
+    // A gradient matrix is two-dimensional in either form.
+    let flat = json!({"per_example_gradients": packed("f32", &[128], &f32s(128, 11)),
+                      "clip_norm": 1.0, "noise_multiplier": 1.1, "seed": 7});
+    let p = crate::common::problem(
+        post(&s, "/dp/privatize", packed_as_buffers(&flat), false).await,
+        422,
+        "invalid_tensor",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/per_example_gradients/shape");
+}
