@@ -225,6 +225,37 @@ pub(super) fn buffer(byte_offset: u64, byte_length: u64) -> Result<Bytes, String
     })
 }
 
+/// For an object that is either a packed array or a buffer descriptor: the described
+/// buffer's bytes, or `None` when it has neither `byte_offset` nor `byte_length` (the
+/// packed form). `packed_fields` says whether it also has the packed form's `encoding`
+/// or `data`, which a descriptor may not.
+pub(super) fn described_buffer<E: serde::de::Error>(
+    byte_offset: Option<u64>,
+    byte_length: Option<u64>,
+    packed_fields: bool,
+) -> Result<Option<Bytes>, E> {
+    match (byte_offset, byte_length) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) if packed_fields => Err(E::custom(
+            "a buffer descriptor (byte_offset, byte_length) takes no encoding or data",
+        )),
+        (Some(offset), Some(length)) => buffer(offset, length).map(Some).map_err(E::custom),
+        (None, Some(_)) => Err(E::missing_field("byte_offset")),
+        (Some(_), None) => Err(E::missing_field("byte_length")),
+    }
+}
+
+/// A bulk field whose only object form is a buffer descriptor (element vectors, points):
+/// the descriptor read from `map`, and its bytes.
+pub(super) fn descriptor_in<'de, A: serde::de::MapAccess<'de>>(
+    map: A,
+) -> Result<(BufferRef, Bytes), A::Error> {
+    use serde::Deserialize;
+    let b = BufferRef::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+    let bytes = buffer(b.byte_offset, b.byte_length).map_err(serde::de::Error::custom)?;
+    Ok((b, bytes))
+}
+
 /// How the client asked to be answered (`Accept`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AnswerForm {

@@ -426,8 +426,14 @@ impl<'de> Visitor<'de> for Outer {
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<DenseIn, A::Error> {
         let t = TensorObject::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-        match (t.byte_offset, t.byte_length) {
-            (None, None) => Ok(DenseIn::Packed(PackedTensor {
+        let packed_fields = t.encoding.is_some() || t.data.is_some();
+        match super::bulk::described_buffer(t.byte_offset, t.byte_length, packed_fields)? {
+            Some(bytes) => Ok(DenseIn::Buffer {
+                dtype: t.dtype,
+                shape: t.shape,
+                bytes,
+            }),
+            None => Ok(DenseIn::Packed(PackedTensor {
                 encoding: t
                     .encoding
                     .ok_or_else(|| A::Error::missing_field("encoding"))?,
@@ -435,20 +441,6 @@ impl<'de> Visitor<'de> for Outer {
                 shape: t.shape,
                 data: t.data.ok_or_else(|| A::Error::missing_field("data"))?,
             })),
-            (Some(offset), Some(length)) => {
-                if t.encoding.is_some() || t.data.is_some() {
-                    return Err(A::Error::custom(
-                        "a buffer descriptor (byte_offset, byte_length) takes no encoding or data",
-                    ));
-                }
-                Ok(DenseIn::Buffer {
-                    dtype: t.dtype,
-                    shape: t.shape,
-                    bytes: super::bulk::buffer(offset, length).map_err(A::Error::custom)?,
-                })
-            }
-            (None, Some(_)) => Err(A::Error::missing_field("byte_offset")),
-            (Some(_), None) => Err(A::Error::missing_field("byte_length")),
         }
     }
 }

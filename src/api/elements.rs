@@ -354,8 +354,7 @@ impl<'de> Visitor<'de> for ElementsVisitor {
     }
 
     fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Elements, A::Error> {
-        let b = wire::BufferRef::deserialize(de::value::MapAccessDeserializer::new(map))?;
-        let bytes = super::bulk::buffer(b.byte_offset, b.byte_length).map_err(de::Error::custom)?;
+        let (b, bytes) = super::bulk::descriptor_in(map)?;
         Ok(Elements::Buffer {
             dtype: b.dtype,
             shape: b.shape,

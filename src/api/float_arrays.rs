@@ -189,27 +189,26 @@ impl Buffered {
         dims: usize,
         max: usize,
     ) -> Result<(Vec<usize>, Decoded), Problem> {
-        let dtype = match self.dtype {
-            crate::wire::Dtype::F32 => Dtype::F32,
-            crate::wire::Dtype::F64 => Dtype::F64,
-            other => {
-                return Err(Problem::at(
-                    ErrorCode::InvalidRequest,
-                    format!("{path}/dtype"),
-                    format!("these values are f32 or f64, not {}", other.name()),
-                ))
-            }
-        };
+        let dtype = Dtype::try_from(self.dtype)
+            .map_err(|e| Problem::at(ErrorCode::InvalidRequest, format!("{path}/dtype"), e))?;
         let n = check_dims(&self.shape, path, dims, max)?;
         let decoded = decode_le(&self.bytes, dtype, n, &self.shape, path)?;
         Ok((self.shape.clone(), decoded))
     }
 
     fn dtype(&self) -> Option<Dtype> {
-        match self.dtype {
-            crate::wire::Dtype::F32 => Some(Dtype::F32),
-            crate::wire::Dtype::F64 => Some(Dtype::F64),
-            _ => None,
+        Dtype::try_from(self.dtype).ok()
+    }
+}
+
+impl TryFrom<crate::wire::Dtype> for Dtype {
+    type Error = String;
+
+    fn try_from(d: crate::wire::Dtype) -> Result<Self, String> {
+        match d {
+            crate::wire::Dtype::F32 => Ok(Dtype::F32),
+            crate::wire::Dtype::F64 => Ok(Dtype::F64),
+            other => Err(format!("these values are f32 or f64, not {}", other.name())),
         }
     }
 }
@@ -236,38 +235,21 @@ enum PackedOrBuffer {
 fn packed_or_buffer<'de, A: MapAccess<'de>>(map: A) -> Result<PackedOrBuffer, A::Error> {
     use serde::de::Error;
     let o = ArrayObject::deserialize(MapAccessDeserializer::new(map))?;
-    match (o.byte_offset, o.byte_length) {
-        (None, None) => Ok(PackedOrBuffer::Packed(Packed {
+    let packed_fields = o.encoding.is_some() || o.data.is_some();
+    match super::bulk::described_buffer(o.byte_offset, o.byte_length, packed_fields)? {
+        Some(bytes) => Ok(PackedOrBuffer::Buffer(Buffered {
+            dtype: o.dtype,
+            shape: o.shape,
+            bytes,
+        })),
+        None => Ok(PackedOrBuffer::Packed(Packed {
             encoding: o
                 .encoding
                 .ok_or_else(|| A::Error::missing_field("encoding"))?,
-            dtype: match o.dtype {
-                crate::wire::Dtype::F32 => Dtype::F32,
-                crate::wire::Dtype::F64 => Dtype::F64,
-                other => {
-                    return Err(A::Error::custom(format!(
-                        "dtype {}: packed values are f32 or f64",
-                        other.name()
-                    )))
-                }
-            },
+            dtype: Dtype::try_from(o.dtype).map_err(A::Error::custom)?,
             shape: o.shape,
             data: o.data.ok_or_else(|| A::Error::missing_field("data"))?,
         })),
-        (Some(offset), Some(length)) => {
-            if o.encoding.is_some() || o.data.is_some() {
-                return Err(A::Error::custom(
-                    "a buffer descriptor (byte_offset, byte_length) takes no encoding or data",
-                ));
-            }
-            Ok(PackedOrBuffer::Buffer(Buffered {
-                dtype: o.dtype,
-                shape: o.shape,
-                bytes: super::bulk::buffer(offset, length).map_err(A::Error::custom)?,
-            }))
-        }
-        (None, Some(_)) => Err(A::Error::missing_field("byte_offset")),
-        (Some(_), None) => Err(A::Error::missing_field("byte_length")),
     }
 }
 

@@ -277,8 +277,7 @@ impl<'de> Visitor<'de> for PointsVisitor {
     }
 
     fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<PointsIn, A::Error> {
-        let b = crate::wire::BufferRef::deserialize(de::value::MapAccessDeserializer::new(map))?;
-        let bytes = super::bulk::buffer(b.byte_offset, b.byte_length).map_err(de::Error::custom)?;
+        let (b, bytes) = super::bulk::descriptor_in(map)?;
         Ok(PointsIn::Buffer {
             dtype: b.dtype,
             shape: b.shape,

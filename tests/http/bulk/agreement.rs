@@ -323,98 +323,53 @@ async fn field_vector_operations_agree_in_both_forms() {
         }
     }
 
-    // A field's vector in another width is refused at its dtype; a matrix at its shape.
-    let p = crate::common::problem(
-        post(
-            &s,
-            "/zk/field_add",
-            body(
-                json!({"field": "goldilocks"}),
-                vec![
-                    Buf {
-                        at: "/a",
-                        dtype: Dtype::U32,
-                        shape: vec![1],
-                        bytes: vec![1, 0, 0, 0],
-                    },
-                    Buf {
-                        at: "/b",
-                        dtype: Dtype::U64,
-                        shape: vec![1],
-                        bytes: vec![1, 0, 0, 0, 0, 0, 0, 0],
-                    },
-                ],
-            ),
-            false,
-        )
-        .await,
-        422,
-        "invalid_request",
-    )
-    .await;
-    assert_eq!(p["errors"][0]["path"], "/a/dtype");
-    let p = crate::common::problem(
-        post(
-            &s,
-            "/zk/field_add",
-            body(
-                json!({"field": "goldilocks"}),
-                vec![
-                    Buf {
-                        at: "/a",
-                        dtype: Dtype::U64,
-                        shape: vec![1, 1],
-                        bytes: vec![1, 0, 0, 0, 0, 0, 0, 0],
-                    },
-                    Buf {
-                        at: "/b",
-                        dtype: Dtype::U64,
-                        shape: vec![1],
-                        bytes: vec![1, 0, 0, 0, 0, 0, 0, 0],
-                    },
-                ],
-            ),
-            false,
-        )
-        .await,
-        422,
-        "invalid_request",
-    )
-    .await;
-    assert_eq!(p["errors"][0]["path"], "/a/shape");
-    // A value at or above the modulus, at its index, as in JSON.
-    let p = crate::common::problem(
-        post(
-            &s,
-            "/zk/field_add",
-            body(
-                json!({"field": "goldilocks"}),
-                vec![
-                    Buf {
-                        at: "/a",
-                        dtype: Dtype::U64,
-                        shape: vec![2],
-                        bytes: [1u64, u64::MAX]
-                            .iter()
-                            .flat_map(|v| v.to_le_bytes())
-                            .collect(),
-                    },
-                    Buf {
-                        at: "/b",
-                        dtype: Dtype::U64,
-                        shape: vec![1],
-                        bytes: vec![1, 0, 0, 0, 0, 0, 0, 0],
-                    },
-                ],
-            ),
-            false,
-        )
-        .await,
-        422,
-        "invalid_field_element",
-    )
-    .await;
-    assert_eq!(p["errors"][0]["path"], "/a/1");
+    // A field's vector in another width is refused at its dtype; a matrix at its shape;
+    // a value at or above the modulus at its index, as in JSON.
+    let one = 1u64.to_le_bytes().to_vec();
+    let cases = [
+        (
+            Dtype::U32,
+            vec![1],
+            vec![1, 0, 0, 0],
+            "invalid_request",
+            "/a/dtype",
+        ),
+        (
+            Dtype::U64,
+            vec![1, 1],
+            one.clone(),
+            "invalid_request",
+            "/a/shape",
+        ),
+        (
+            Dtype::U64,
+            vec![2],
+            [1u64, u64::MAX]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+            "invalid_field_element",
+            "/a/1",
+        ),
+    ];
+    for (dtype, shape, bytes, code, path) in cases {
+        let a = Buf {
+            at: "/a",
+            dtype,
+            shape,
+            bytes,
+        };
+        let b = Buf {
+            at: "/b",
+            dtype: Dtype::U64,
+            shape: vec![1],
+            bytes: one.clone(),
+        };
+        let req = body(json!({"field": "goldilocks"}), vec![a, b]);
+        let p =
+            crate::common::problem(post(&s, "/zk/field_add", req, false).await, 422, code).await;
+        assert_eq!(p["errors"][0]["path"], path);
+    }
 }
 
 #[tokio::test]
