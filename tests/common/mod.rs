@@ -20,6 +20,9 @@ pub struct TestServer {
     pub handle: Option<JoinHandle<std::io::Result<()>>>,
 }
 
+/// Where `TestServer::shared` keeps its server's address and state.
+pub type SharedServer = std::sync::OnceLock<(String, Arc<AppState>)>;
+
 /// A fresh, empty data directory for one test server.
 pub fn temp_data_dir() -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -90,6 +93,43 @@ impl TestServer {
             client: reqwest::Client::new(),
             shutdown: Some(tx),
             handle: Some(handle),
+        }
+    }
+
+    /// A server that lives as long as the test binary, on its own thread and runtime,
+    /// started with `args` by the first caller of `slot`. For tests that only send
+    /// requests and read what no other test moves: they share one start instead of
+    /// paying one each (with `--emulate-device`, a start runs every op's self-test on
+    /// the emulated device, seconds under AddressSanitizer). Each caller gets its own
+    /// client: pooled connections belong to the runtime that opened them, and each
+    /// test has its own.
+    pub fn shared(slot: &'static SharedServer, args: &'static [&'static str]) -> Self {
+        let (url, state) = slot.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("shared-test-server".into())
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .expect("the shared server's runtime");
+                    runtime.block_on(async {
+                        let server = TestServer::start(args).await;
+                        tx.send((server.url.clone(), server.state.clone()))
+                            .expect("the first caller waits");
+                        std::future::pending::<()>().await
+                    })
+                })
+                .expect("the shared server's thread");
+            rx.recv().expect("the shared server starts")
+        });
+        Self {
+            url: url.clone(),
+            state: state.clone(),
+            client: reqwest::Client::new(),
+            shutdown: None,
+            handle: None,
         }
     }
 

@@ -13,18 +13,25 @@ use gpu_ops::ops::zk::samples::{random_elements, random_points};
 use gpu_ops::ops::zk::Field;
 use serde_json::{json, Value};
 
-async fn emulated_server() -> TestServer {
-    // The emulated device is slow (much slower under AddressSanitizer in CI): a long
-    // deadline, so these tests check answers, not speed.
-    TestServer::start(&[
-        "--backend",
-        "auto",
-        "--emulate-device",
-        "--dp-allow-client-seed",
-        "--job-timeout",
-        "600s",
-    ])
-    .await
+/// One server for every test here: they send requests and read answers, and the metrics
+/// they read are moved by no other test here (no test falls back to the CPU; one
+/// unmasks a secure-aggregation round). A start runs every op's self-test on the
+/// emulated device, which each test would otherwise repeat.
+fn emulated_server() -> TestServer {
+    static SERVER: common::SharedServer = common::SharedServer::new();
+    // The emulated device is slow (much slower under AddressSanitizer): a long deadline,
+    // so these tests check answers, not speed.
+    TestServer::shared(
+        &SERVER,
+        &[
+            "--backend",
+            "auto",
+            "--emulate-device",
+            "--dp-allow-client-seed",
+            "--job-timeout",
+            "600s",
+        ],
+    )
 }
 
 /// The same request on the emulated device (`backend: cuda`) and on the CPU: both 200,
@@ -52,7 +59,7 @@ fn strings(field: Field, n: usize, seed: u64) -> Vec<String> {
 
 #[tokio::test]
 async fn device_reports_the_emulated_device() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let device: Value = s.get("/device").await.json().await.unwrap();
     assert_eq!(device["backend"], "cuda", "{device}");
     assert_eq!(device["gpus"][0]["emulated"], true, "{device}");
@@ -64,7 +71,7 @@ async fn device_reports_the_emulated_device() {
 
 #[tokio::test]
 async fn field_ops_ntt_and_msm_on_the_emulated_device_equal_the_cpu() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     // 9 000 elements: more than the emulated device's 32 × 256 threads, so every
     // grid-stride loop wraps.
     for field in Field::ALL {
@@ -127,7 +134,7 @@ async fn field_ops_ntt_and_msm_on_the_emulated_device_equal_the_cpu() {
 
 #[tokio::test]
 async fn dp_releases_on_the_emulated_device_equal_the_cpu_bit_for_bit() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let rows: Vec<Vec<f64>> = (0..6)
         .map(|r| {
             (0..3000)
@@ -190,7 +197,7 @@ async fn rf_features_and_dataset_jobs_run_on_the_emulated_device() {
     use gpu_ops::ops::rf::generate::generate;
     use gpu_ops::ops::rf::rng::dataset_key;
     use gpu_ops::ops::rf::scenario::Scenario;
-    let s = emulated_server().await;
+    let s = emulated_server();
     let scenario = Scenario::default();
     let sample = generate(&scenario, dataset_key(8), 0);
     let bytes: Vec<u8> = sample.iq[0]
@@ -248,7 +255,7 @@ async fn rf_features_and_dataset_jobs_run_on_the_emulated_device() {
 /// the CPU's and every recording within 1e-5 of the CPU recording's RMS.
 #[tokio::test]
 async fn rf_iq_recordings_on_the_emulated_device_match_the_cpu() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let request = json!({"seed": 5, "sample_index": 2, "config": {
         "signal": {"duration_ms": 60}, "chunk_ms": 60,
         "geometry": {"receivers_min": 3, "receivers_max": 3}}});
@@ -283,7 +290,7 @@ async fn rf_iq_recordings_on_the_emulated_device_match_the_cpu() {
 /// so every sum is exact in f32 and the answers are equal to the bit.
 #[tokio::test]
 async fn matmul_runs_on_the_emulated_device() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let matrix = |rows: usize, cols: usize, salt: usize| -> Vec<Vec<f64>> {
         (0..rows)
             .map(|i| {
@@ -304,7 +311,7 @@ async fn matmul_runs_on_the_emulated_device() {
 /// the CPU's to the bit.
 #[tokio::test]
 async fn sinusoidal_embeddings_run_on_the_emulated_device() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let body = json!({"positions": [[0, 5, 9], [100, 2000, 30000]], "dim": 16, "layout": "split",
                       "out_dtype": "f16", "encoding": "base64"});
     let (dev, cpu) = both(&s, "/embeddings/sinusoidal", body).await;
@@ -317,7 +324,7 @@ async fn sinusoidal_embeddings_run_on_the_emulated_device() {
 /// the two sum in different orders, so the answers agree closely, not to the bit.
 #[tokio::test]
 async fn attention_runs_on_the_emulated_device() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let tensor = |heads: usize, len: usize, dim: usize, salt: usize| -> Value {
         let rows = |h: usize, b: usize| -> Vec<Vec<f64>> {
             (0..len)
@@ -363,7 +370,7 @@ async fn attention_runs_on_the_emulated_device() {
 /// small integers, so every sum is exact in f32 and the answers are equal to the bit.
 #[tokio::test]
 async fn conv2d_runs_on_the_emulated_device() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let grid = |a: usize, b: usize, c: usize, d: usize, salt: usize| -> Value {
         json!((0..a)
             .map(|i| (0..b)
@@ -387,7 +394,7 @@ async fn conv2d_runs_on_the_emulated_device() {
 /// within f64's rounding of each other's, the same best pairs, the powers within 1e-9.
 #[tokio::test]
 async fn beams_run_on_the_emulated_device() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let model = json!({"batch": 6, "tx_array": {"rows": 2, "columns": 4},
                        "rx_array": {"columns": 4}, "paths": 3, "seed": 9,
                        "elevation_deg": [-20, 20]});
@@ -434,7 +441,7 @@ async fn beams_run_on_the_emulated_device() {
 /// the table after its first lookup there and drops it with the table.
 #[tokio::test]
 async fn embedding_lookups_keep_their_table_on_the_emulated_device() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     let rows: Vec<Vec<f64>> = (0..40)
         .map(|r| (0..12).map(|c| (r * 12 + c) as f64 / 8.0 - 30.0).collect())
         .collect();
@@ -479,7 +486,7 @@ async fn embedding_lookups_keep_their_table_on_the_emulated_device() {
 
 #[tokio::test]
 async fn shamir_sharing_runs_on_the_emulated_device() {
-    let s = emulated_server().await;
+    let s = emulated_server();
     for field in Field::ALL {
         // Seeded (a test server), so both backends evaluate the same polynomials.
         let (dev, cpu) = both(
@@ -526,7 +533,7 @@ async fn shamir_sharing_runs_on_the_emulated_device() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn secure_aggregation_unmasks_on_the_emulated_device() {
     use gpu_ops::secagg_client::{participate, Connection, Coordinator};
-    let s = emulated_server().await;
+    let s = emulated_server();
     let mut conn = Connection::new(&s.url);
     conn.poll = std::time::Duration::from_millis(20);
     let len = 5000;
@@ -573,7 +580,7 @@ async fn secure_aggregation_unmasks_on_the_emulated_device() {
 async fn ciphertext_sums_run_on_the_emulated_device() {
     use fhe::bfv::{Encoding, Plaintext, PublicKey, SecretKey};
     use fhe_traits::{FheEncoder, FheEncrypter, Serialize};
-    let s = emulated_server().await;
+    let s = emulated_server();
     let set = gpu_ops::ops::he::ParameterSet::Bfv128N8192;
     let par = set.parameters();
     let mut rng = rand::rng();
