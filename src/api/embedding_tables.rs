@@ -7,8 +7,8 @@ use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncodin
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{
-    blocking, bulk, entropy_u64, job_timeout, json_body, AnswerForm, ApiBody, ApiJson, ApiPath,
-    AppState, IdParam,
+    blocking, bulk, entropy_u64, job_timeout, json_body, AnswerForm, ApiBody, ApiPath, AppState,
+    IdParam,
 };
 use crate::backend::BackendChoice;
 use crate::ops::linalg::{Dtype, LookupJob, Values};
@@ -94,7 +94,7 @@ fn not_found() -> Problem {
         the table cached between them. The tenant's tables together stay within \
         --max-tenant-embedding-mib (422 embedding_quota_exceeded), all tables within \
         --max-embedding-tables-mib (507 embedding_tables_full).",
-    request_body = CreateTableRequest,
+    request_body(content((CreateTableRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 201, description = "Stored", body = TableView, links(
             ("get" = (operation_id = "embedding_table_get", parameters(("id" = "$response.body#/id")))),
@@ -110,7 +110,7 @@ fn not_found() -> Problem {
 pub async fn embedding_table_create(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    ApiJson(req): ApiJson<CreateTableRequest>,
+    ApiBody(req): ApiBody<CreateTableRequest>,
 ) -> Result<Response, Problem> {
     if req.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
         return Err(Problem::at(

@@ -3,8 +3,9 @@
 use super::bounded::AtMost;
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::msm::{PointOut, PointsDoc, PointsIn};
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, blocking_if, job_response, job_timeout, AppState};
+use super::{blocking, blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::dp::NoiseKey;
 use crate::ops::mpc::feldman::{curve_of, CommitJob, ShareCheckJob, MAX_COMMITMENTS};
@@ -159,7 +160,7 @@ fn parse_x(text: &str, field: Field, path: &str) -> Result<U256, Problem> {
         coefficients are uniform from ChaCha20 under a fresh key from the OS; share i is every polynomial at \
         x_i. The server sees the secrets: this is for a dealer that may (see docs/SECURITY.md). Shares are \
         bit-identical on the CPU and CUDA backends.",
-    request_body = ShamirSplitRequest,
+    request_body(content((ShamirSplitRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The shares (and commitments)", body = ShamirSplitResponse),
         (status = 403, description = "seed_not_allowed"),
@@ -170,7 +171,8 @@ fn parse_x(text: &str, field: Field, path: &str) -> Result<U256, Problem> {
 )]
 pub async fn shamir_split(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<ShamirSplitRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<ShamirSplitRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, t, n) = (req.field, req.encoding, req.threshold, req.share_count);
@@ -242,10 +244,11 @@ pub async fn shamir_split(
                 .collect(),
             commitments: rows.map(|r| commitment_rows(r.output, m, encoding)),
         };
-        serde_json::to_vec(&body).map_err(Problem::internal)
+        // About 80 bytes a decimal 256-bit value.
+        let hint = m.saturating_mul(body.shares.len()).saturating_mul(80);
+        bulk::answer(form, &body, |b| json_body(b, hint), &run)
     };
-    let bytes = blocking_if(large, encode).await?;
-    Ok(job_response(bytes, &run))
+    blocking_if(large, encode).await
 }
 
 /// The holders' points: given (checked canonical, nonzero, distinct, n of them) or 1..n.
@@ -351,7 +354,7 @@ pub struct ShamirCombineResponse {
         share beyond them is compared with the value those predict at its point, and a share off the \
         polynomials is refused with 422 inconsistent_shares naming it and the first differing value. Fewer \
         than `threshold` shares: 422 insufficient_shares. Bit-identical on the CPU and CUDA backends.",
-    request_body = ShamirCombineRequest,
+    request_body(content((ShamirCombineRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The secrets", body = ShamirCombineResponse),
         (status = 413, description = "A share longer than --max-elements"),
@@ -361,7 +364,8 @@ pub struct ShamirCombineResponse {
 )]
 pub async fn shamir_combine(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<ShamirCombineRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<ShamirCombineRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding) = (req.field, req.encoding);
@@ -420,10 +424,10 @@ pub async fn shamir_combine(
                 encoding,
             },
         };
-        serde_json::to_vec(&body).map_err(Problem::internal)
+        let hint = body.length.saturating_mul(80);
+        bulk::answer(form, &body, |b| json_body(b, hint), &run)
     };
-    let bytes = blocking_if(large, encode).await?;
-    Ok(job_response(bytes, &run))
+    blocking_if(large, encode).await
 }
 
 /// One share and the dealer's commitments.
@@ -463,7 +467,7 @@ pub struct ShamirVerifyResponse {
         Σ_j ρ_j·y_j·G − Σ_kj ρ_j·x^k·C_kj must be the identity, one multi-scalar multiplication over the \
         commitments (the same MSM as /zk/msm, on the CPU or CUDA). A share wrong anywhere passes with \
         probability at most 1/r. Every commitment point is checked on the curve and in the subgroup.",
-    request_body = ShamirVerifyRequest,
+    request_body(content((ShamirVerifyRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "Whether the share is consistent", body = ShamirVerifyResponse),
         (status = 413, description = "More values or points than --max-elements, or rows × values over 65,536 commitments"),
@@ -473,7 +477,8 @@ pub struct ShamirVerifyResponse {
 )]
 pub async fn shamir_verify(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<ShamirVerifyRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<ShamirVerifyRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding) = (req.field, req.encoding);
@@ -559,8 +564,7 @@ pub async fn shamir_verify(
         threshold,
         length,
     };
-    let bytes = serde_json::to_vec(&body).map_err(Problem::internal)?;
-    Ok(job_response(bytes, &done.run))
+    bulk::answer(form, &body, |b| json_body(b, 256), &done.run)
 }
 
 /// The mpc domain's operations and their OpenAPI tag (`api::API_DOMAINS`).

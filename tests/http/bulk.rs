@@ -4,6 +4,7 @@
 //! its operations answer the same bits in both forms, with these helpers.
 
 mod agreement;
+mod shares_and_recordings;
 
 use crate::common::{problem, TestServer};
 use bytes::Bytes;

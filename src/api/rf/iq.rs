@@ -1,8 +1,11 @@
 //! `POST /rf/iq`: one sample's recordings, generated alone (no dataset job): every
 //! receiver's IQ as `cf32_le` (with its SigMF metadata when asked) and the sample's truth.
 
+use super::super::openapi::Binary;
 use super::super::problem::{ErrorCode, Problem};
-use super::super::{blocking, job_response, job_timeout, seed_or_drawn, AppState};
+use super::super::{
+    blocking, bulk, job_timeout, json_body, seed_or_drawn, AnswerForm, ApiBody, AppState,
+};
 use crate::backend::BackendChoice;
 use crate::datasets::sigmf;
 use crate::ops::rf::generate::{
@@ -10,6 +13,7 @@ use crate::ops::rf::generate::{
 };
 use crate::ops::rf::recordings::{Recordings, RecordingsJob};
 use crate::ops::rf::scenario::Scenario;
+use crate::wire::Dtype;
 use axum::extract::State;
 use axum::response::Response;
 use base64::Engine;
@@ -107,13 +111,29 @@ pub struct IqReceiverTruth {
 pub struct IqRecording {
     pub truth: IqReceiverTruth,
     /// `samples_per_recording` complex samples as interleaved little-endian f32 I/Q
-    /// (`cf32_le`, 8 bytes each), base64; |I + jQ|² in milliwatts.
-    pub iq: String,
+    /// (`cf32_le`, 8 bytes each), base64; |I + jQ|² in milliwatts. In a bulk answer, a
+    /// `cf32` buffer of shape `[samples_per_recording]`.
+    #[schema(value_type = String)]
+    pub iq: IqOut,
     /// With `format: sigmf`, the SigMF 1.2 metadata of `iq` (core fields, the receiver's
     /// position as `core:geolocation`, the truth under the `gpu_ops` extension).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub sigmf_meta: Option<serde_json::Value>,
+}
+
+/// A recording's `cf32_le` bytes: base64 text in JSON, a `cf32` buffer in a bulk answer.
+pub struct IqOut(bytes::Bytes);
+
+impl Serialize for IqOut {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if super::super::bulk::answering() {
+            let shape = vec![self.0.len() as u64 / 8];
+            return super::super::bulk::push_answer_buffer(Dtype::Cf32, shape, self.0.clone())
+                .serialize(s);
+        }
+        s.serialize_str(&B64.encode(&self.0))
+    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -138,7 +158,7 @@ pub struct RfIqResponse {
         shadowing, multipath, fading, oscillator offset and drift) and its noisy recording. Returns every \
         receiver's recording as base64 `cf32_le` with its truth, and with `format: sigmf` each recording's \
         SigMF metadata. No quality filter applies: every index has a sample.",
-    request_body = RfIqRequest,
+    request_body(content((RfIqRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The sample's recordings and truth", body = RfIqResponse),
         (status = 413, description = "payload_too_large: the receivers' recordings together exceed --max-elements (at /config/signal/duration_ms)"),
@@ -149,7 +169,8 @@ pub struct RfIqResponse {
 )]
 pub async fn rf_iq(
     State(state): State<Arc<AppState>>,
-    super::super::ApiJson(req): super::super::ApiJson<RfIqRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<RfIqRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     req.config.validate().map_err(|e| e.under("config"))?;
@@ -182,12 +203,12 @@ pub async fn rf_iq(
     let done = state.pool.submit(job, req.backend, timeout).await?;
     let run = done.run;
     let (format, index) = (req.format, req.sample_index);
-    let bytes = blocking(move || {
+    blocking(move || {
         let body = response(done.output, &scenario, seed, index, format)?;
-        serde_json::to_vec(&body).map_err(Problem::internal)
+        let hint = body.receivers.len() * (body.samples_per_recording * 32 / 3 + 1024);
+        bulk::answer(form, &body, |b| json_body(b, hint), &run)
     })
-    .await?;
-    Ok(job_response(bytes, &run))
+    .await
 }
 
 fn response(
@@ -214,15 +235,14 @@ fn response(
         })
         .transpose()
         .map_err(Problem::internal)?;
-    let mut bytes = Vec::new();
     let receivers = out
         .receivers
         .iter()
-        // Each recording is freed once written as base64: the answer's peak is its text
-        // and one recording, not every recording beside it.
+        // Each recording is freed once written as bytes, which are what the answer holds.
         .zip(out.iq)
         .enumerate()
         .map(|(r, (truth_rx, iq))| {
+            let mut bytes = Vec::new();
             sigmf::cf32_le_into(&iq, &mut bytes);
             let sigmf_meta = truth.as_ref().map(|t| {
                 let id = sigmf::RecordingId {
@@ -235,7 +255,7 @@ fn response(
             });
             IqRecording {
                 truth: receiver_truth(truth_rx),
-                iq: B64.encode(&bytes),
+                iq: IqOut(bytes.into()),
                 sigmf_meta,
             }
         })

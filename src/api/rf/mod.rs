@@ -2,24 +2,27 @@
 //! synchronously; and `POST /rf/iq` (`iq`), one synthetic sample's recordings.
 
 mod iq;
+mod recording;
 
 use super::float_arrays::BinaryEncoding;
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, AppState};
+use super::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::rf::{self, ExtractConfig, Extraction, Stats};
 use axum::extract::State;
 use axum::response::Response;
-use base64::Engine;
-use rustfft::num_complex::Complex32;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
 use utoipa_axum::routes;
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 const SAMPLE_RATE_RANGE: std::ops::RangeInclusive<f64> = 1e3..=1e9;
 const CHUNK_MS_MAX: f64 = 60_000.0;
+
+fn base64_text() -> BinaryEncoding {
+    BinaryEncoding::Base64
+}
 
 fn default_chunk_ms() -> f64 {
     200.0
@@ -32,15 +35,20 @@ pub struct RfFeaturesRequest {
     /// Sample rate of the recording, Hz (1 kHz to 1 GHz).
     #[schema(minimum = 1000.0, maximum = 1000000000.0)]
     pub sample_rate_hz: f64,
-    /// Interleaved little-endian f32 pairs I, Q (8 bytes per complex sample), base64.
+    /// Interleaved little-endian f32 pairs I, Q (8 bytes per complex sample), base64;
+    /// in the bulk form a `cf32` buffer of shape `[samples]`.
     /// |I + jQ|² is read as milliwatts: dBm figures are relative to that scale.
     /// At least 128 samples (1368 characters); at most --max-elements samples.
     #[schema(
+        value_type = String,
         min_length = 1368,
         pattern = "^(?:[A-Za-z0-9+/]{32})*(?:[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=|[A-Za-z0-9+/]{21}[AQgw]==)?$"
     )]
-    pub iq: String,
-    /// How `iq` is written; only `base64`.
+    pub iq: recording::IqIn,
+    /// How `iq` is written when it is text: only `base64`, the default. A bulk body may
+    /// keep it beside its buffer, which it does not describe.
+    #[serde(default = "base64_text")]
+    #[schema(default = "base64")]
     pub encoding: BinaryEncoding,
     /// Chunk length; features are computed per chunk and aggregated. A trailing part
     /// shorter than a chunk is left out (a recording shorter than one chunk is one chunk).
@@ -142,18 +150,19 @@ pub struct RfFeaturesResponse {
         frequency-correlation estimate of coherence bandwidth and delay spread with its confidence, and \
         whether a signal is present (false-alarm rate 1e-3 per chunk on noise). Each is aggregated over \
         chunks as mean / std / min / max. Pure noise reads snr_db ≈ 0 and signal_present = 0.",
-    request_body = RfFeaturesRequest,
+    request_body(content((RfFeaturesRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "Features", body = RfFeaturesResponse),
         (status = 413, description = "More samples than --max-elements"),
-        (status = 422, description = "invalid_request, invalid_tensor (iq not base64, not whole f32 pairs, non-finite), invalid_parameter (sample rate, chunk, too short, backend)"),
+        (status = 422, description = "invalid_request, invalid_tensor (iq not base64, not whole f32 pairs, non-finite; a buffer not cf32 or not one-dimensional), invalid_parameter (sample rate, chunk, too short, backend)"),
         (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn rf_features(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<RfFeaturesRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<RfFeaturesRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     if !req.sample_rate_hz.is_finite() || !SAMPLE_RATE_RANGE.contains(&req.sample_rate_hz) {
@@ -171,7 +180,7 @@ pub async fn rf_features(
         ));
     }
     let max = state.settings.config.max_elements;
-    let approx = req.iq.len() / 4 * 3 / 8;
+    let approx = req.iq.approx_samples();
     if approx > max {
         return Err(Problem::at(
             ErrorCode::PayloadTooLarge,
@@ -183,17 +192,16 @@ pub async fn rf_features(
         sample_rate_hz: req.sample_rate_hz,
         chunk_ms: req.chunk_ms,
     };
-    let text = req.iq;
-    let iq = blocking(move || decode_iq(&text)).await?;
+    let upload = req.iq;
+    let iq = blocking(move || upload.decode()).await?;
     rf::features::plan(&config, iq.len()).map_err(Problem::from)?;
     let samples = iq.len();
     let job = rf::FeaturesJob { iq, config };
     let done = state.pool.submit(job, req.backend, timeout).await?;
     let ex = done.output.map_err(Problem::from)?;
     let body = response(&ex, req.sample_rate_hz, samples, req.per_chunk);
-    let bytes =
-        serde_json::to_vec(&body).map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
-    Ok(job_response(bytes, &done.run))
+    // Features are a few numbers a chunk: a bulk answer carries them in its header.
+    bulk::answer(form, &body, |b| json_body(b, 1024), &done.run)
 }
 
 fn response(ex: &Extraction, fs: f64, samples: usize, per_chunk: bool) -> RfFeaturesResponse {
@@ -207,43 +215,6 @@ fn response(ex: &Extraction, fs: f64, samples: usize, per_chunk: bool) -> RfFeat
         features: FeatureStats::new(&ex.aggregate()),
         per_chunk: per_chunk.then(|| ex.chunks.iter().map(ChunkFeatureValues::new).collect()),
     }
-}
-
-/// Interleaved little-endian f32 I/Q; every value finite.
-fn decode_iq(text: &str) -> Result<Vec<Complex32>, Problem> {
-    let bytes = B64.decode(text).map_err(|e| {
-        Problem::at(
-            ErrorCode::InvalidTensor,
-            "/iq",
-            format!("invalid base64: {e}"),
-        )
-    })?;
-    if bytes.len() % 8 != 0 {
-        return Err(Problem::at(
-            ErrorCode::InvalidTensor,
-            "/iq",
-            format!(
-                "{} bytes is not a whole number of 8-byte I/Q pairs (two little-endian f32)",
-                bytes.len()
-            ),
-        ));
-    }
-    let f = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    let iq: Vec<Complex32> = bytes
-        .chunks_exact(8)
-        .map(|c| Complex32::new(f(&c[..4]), f(&c[4..])))
-        .collect();
-    if let Some(i) = iq
-        .iter()
-        .position(|v| !v.re.is_finite() || !v.im.is_finite())
-    {
-        return Err(Problem::at(
-            ErrorCode::InvalidTensor,
-            "/iq",
-            format!("sample {i} is not finite"),
-        ));
-    }
-    Ok(iq)
 }
 
 /// The rf domain's operations and their OpenAPI tag (`api::API_DOMAINS`).

@@ -73,7 +73,7 @@ fn untimed(mut v: Value) -> Value {
     v
 }
 
-async fn json_post(s: &TestServer, path: &str, request: &Value) -> Value {
+pub(super) async fn json_post(s: &TestServer, path: &str, request: &Value) -> Value {
     let res = s.post(path, request.clone()).send().await.unwrap();
     assert_eq!(res.status(), 200, "{path}: {:?}", res.text().await);
     res.json().await.unwrap()
@@ -82,7 +82,7 @@ async fn json_post(s: &TestServer, path: &str, request: &Value) -> Value {
 /// Sends `request` as JSON and `bulk` (the same request with buffers) both ways and
 /// checks the answers agree: as JSON, exactly; as a bulk body, each buffer is the JSON
 /// answer's packed tensor or base64 vector at the same place, and the rest is the same.
-async fn agree(s: &TestServer, path: &str, request: &Value, bulk: Vec<u8>) {
+pub(super) async fn agree(s: &TestServer, path: &str, request: &Value, bulk: Vec<u8>) {
     let want = json_post(s, path, request).await;
     let res = post(s, path, bulk.clone(), false).await;
     assert_eq!(res.status(), 200, "{path}: {:?}", res.text().await);
@@ -187,7 +187,11 @@ async fn tensor_operations_agree_in_both_forms() {
     agree(&s, "/embeddings/sinusoidal", &sinusoidal, bulk).await;
 
     let table = json!({"table": packed("f32", &[6, 4], &f32s(24, 9))});
-    let created = s.post("/embeddings/tables", table).send().await.unwrap();
+    let created = s
+        .post("/embeddings/tables", table.clone())
+        .send()
+        .await
+        .unwrap();
     assert_eq!(created.status(), 201);
     let id = created.json::<Value>().await.unwrap()["id"]
         .as_str()
@@ -214,6 +218,18 @@ async fn tensor_operations_agree_in_both_forms() {
         bulk,
     )
     .await;
+    // The same table uploaded as a buffer: a JSON view (201) and the same lookups.
+    let res = post(&s, "/embeddings/tables", packed_as_buffers(&table), true).await;
+    assert_eq!(res.status(), 201, "{:?}", res.text().await);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    let twin = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        json_post(&s, &format!("/embeddings/tables/{twin}/lookup"), &lookup).await["result"],
+        json_post(&s, &format!("/embeddings/tables/{id}/lookup"), &lookup).await["result"],
+    );
 
     let model = json!({"batch": 2, "tx_array": {"columns": 8}, "rx_array": {"rows": 2, "columns": 2},
                        "paths": 2, "seed": 42});
@@ -232,7 +248,12 @@ async fn tensor_operations_agree_in_both_forms() {
 }
 
 /// `request` with the base64 vectors at `fields` as buffers of `dtype`.
-fn vectors_as_buffers(request: &Value, fields: &[&str], dtype: Dtype, width: usize) -> Vec<u8> {
+pub(super) fn vectors_as_buffers(
+    request: &Value,
+    fields: &[&str],
+    dtype: Dtype,
+    width: usize,
+) -> Vec<u8> {
     let buffers = fields
         .iter()
         .map(|at| {
@@ -250,7 +271,7 @@ fn vectors_as_buffers(request: &Value, fields: &[&str], dtype: Dtype, width: usi
     body(request.clone(), buffers)
 }
 
-fn words(values: &[u64], width: usize) -> String {
+pub(super) fn words(values: &[u64], width: usize) -> String {
     let bytes: Vec<u8> = values
         .iter()
         .flat_map(|v| {
