@@ -35,7 +35,7 @@ const PREFIX: usize = 8;
 /// The element type of a buffer. Field elements are unsigned integers of the field's
 /// width (BabyBear `u32`, Goldilocks `u64`, BN254 and BLS12-381 scalars `u256`: 32 bytes,
 /// least significant first); complex samples are `cf32`, real then imaginary (SigMF's
-/// `cf32_le`).
+/// `cf32_le`); opaque byte strings (HE ciphertexts) are `u8`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = BulkDtype))]
 #[serde(rename_all = "lowercase")]
@@ -48,6 +48,7 @@ pub enum Dtype {
     U64,
     U256,
     Cf32,
+    U8,
 }
 
 impl Dtype {
@@ -62,12 +63,14 @@ impl Dtype {
             Dtype::U64 => "u64",
             Dtype::U256 => "u256",
             Dtype::Cf32 => "cf32",
+            Dtype::U8 => "u8",
         }
     }
 
     /// Bytes per element.
     pub fn width(self) -> u64 {
         match self {
+            Dtype::U8 => 1,
             Dtype::F16 | Dtype::Bf16 => 2,
             Dtype::F32 | Dtype::U32 => 4,
             Dtype::F64 | Dtype::U64 | Dtype::Cf32 => 8,

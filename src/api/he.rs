@@ -3,8 +3,10 @@
 //! started in dealer mode (`--he-dealer-mode`), for tests and demonstrations.
 
 use super::bounded::AtMost;
+use super::byte_strings::{ByteStringIn, ByteStringOut};
+use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, job_response, job_timeout, AppState};
+use super::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::he::params::PLAINTEXT_MODULUS;
 use crate::ops::he::{check_fresh, CiphertextSumJob, ParameterSet, SumBuilder, Unfit};
@@ -44,7 +46,11 @@ fn bytes(s: &str, path: &str) -> Result<Vec<u8>, Problem> {
 /// A ciphertext of `set` as fhe.rs decodes it, not yet checked for form (`check_fresh`,
 /// or `SumBuilder::push`, which runs it).
 fn decode_ciphertext(set: ParameterSet, s: &str, path: &str) -> Result<Ciphertext, Problem> {
-    Ciphertext::from_bytes(&bytes(s, path)?, &set.parameters()).map_err(|e| {
+    ciphertext_of(set, &bytes(s, path)?, path)
+}
+
+fn ciphertext_of(set: ParameterSet, bytes: &[u8], path: &str) -> Result<Ciphertext, Problem> {
+    Ciphertext::from_bytes(bytes, &set.parameters()).map_err(|e| {
         Problem::at(
             ErrorCode::InvalidCiphertext,
             path,
@@ -155,7 +161,9 @@ pub struct HeEncryptRequest {
 #[derive(Serialize, ToSchema)]
 pub struct HeCiphertextResponse {
     pub parameters: ParameterSet,
-    pub ciphertext: String,
+    /// Standard base64; a `u8` buffer in a bulk answer (`/he/aggregate`).
+    #[schema(value_type = String)]
+    pub ciphertext: ByteStringOut,
 }
 
 #[utoipa::path(
@@ -192,7 +200,7 @@ pub async fn he_encrypt(
         .map_err(|e| Problem::at(ErrorCode::InvalidParameter, "/public_key", e.to_string()))?;
         Ok(Json(HeCiphertextResponse {
             parameters: set,
-            ciphertext: B64.encode(ct.to_bytes()),
+            ciphertext: ByteStringOut(ct.to_bytes().into()),
         }))
     })
     .await
@@ -202,8 +210,9 @@ pub async fn he_encrypt(
 #[serde(deny_unknown_fields)]
 pub struct HeAggregateRequest {
     pub parameters: ParameterSet,
+    /// Standard base64 of each ciphertext; in the bulk form each a `u8` buffer.
     #[schema(value_type = Vec<String>, max_items = 1024)]
-    pub ciphertexts: AtMost<String, MAX_CIPHERTEXTS>,
+    pub ciphertexts: AtMost<ByteStringIn, MAX_CIPHERTEXTS>,
     /// One plaintext scalar per ciphertext (below the plaintext modulus); slot sums are
     /// Σ w·m mod 65537.
     #[schema(value_type = Option<Vec<u64>>)]
@@ -216,7 +225,7 @@ pub struct HeAggregateRequest {
 #[utoipa::path(
     post, path = "/he/aggregate", tag = "he", operation_id = "he_aggregate",
     summary = "Sum ciphertexts without any key",
-    request_body = HeAggregateRequest,
+    request_body(content((HeAggregateRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The sum", body = HeCiphertextResponse),
         (status = 422, description = "invalid_ciphertext, invalid_parameter"),
@@ -225,7 +234,8 @@ pub struct HeAggregateRequest {
 )]
 pub async fn he_aggregate(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<HeAggregateRequest>,
+    form: AnswerForm,
+    ApiBody(req): ApiBody<HeAggregateRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let set = req.parameters;
@@ -250,9 +260,10 @@ pub async fn he_aggregate(
     let job = blocking(move || {
         // One ciphertext decoded at a time, its base64 dropped once laid out.
         let mut sum = SumBuilder::new(&set.parameters(), req.ciphertexts.len());
-        for (i, text) in req.ciphertexts.into_vec().into_iter().enumerate() {
+        for (i, sent) in req.ciphertexts.into_vec().into_iter().enumerate() {
             let path = format!("/ciphertexts/{i}");
-            sum.push(decode_ciphertext(set, &text, &path)?)
+            let bytes = sent.bytes(ErrorCode::InvalidParameter, &path)?;
+            sum.push(ciphertext_of(set, &bytes, &path)?)
                 .map_err(unfit(&path))?;
         }
         Ok(sum.finish(weights))
@@ -266,18 +277,18 @@ pub async fn he_aggregate(
         .he_ciphertexts
         .with_label_values(&[set.name()])
         .inc_by(count as u64);
-    let body = blocking(move || {
+    blocking(move || {
         let par = set.parameters();
         let ct = CiphertextSumJob::to_ciphertext(&done.output, &par)
             .map_err(|e| Problem::new(ErrorCode::Internal, e))?;
-        serde_json::to_vec(&HeCiphertextResponse {
+        let body = HeCiphertextResponse {
             parameters: set,
-            ciphertext: B64.encode(ct.to_bytes()),
-        })
-        .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))
+            ciphertext: ByteStringOut(ct.to_bytes().into()),
+        };
+        let hint = body.ciphertext.0.len() / 3 * 4 + 64;
+        bulk::answer(form, &body, |b| json_body(b, hint), &run)
     })
-    .await?;
-    Ok(job_response(body, &run))
+    .await
 }
 
 #[derive(Deserialize, ToSchema)]

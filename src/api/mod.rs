@@ -8,6 +8,7 @@ pub mod beams;
 mod body_budget;
 mod bounded;
 pub mod bulk;
+mod byte_strings;
 pub mod datasets;
 mod dense_tensors;
 mod domain_errors;
@@ -399,11 +400,8 @@ pub(crate) fn json_body<T: serde::Serialize>(
     Ok(out)
 }
 
-pub(crate) fn job_response(body: Vec<u8>, done: &RunInfo) -> Response {
-    job_response_with(Body::from(body), "application/json", done)
-}
-
-/// A job's answer of media type `media`, with the run's headers.
+/// A job's answer of media type `media`, with the run's headers (every job's answer is
+/// written by `bulk::answer`, as JSON or in the bulk form).
 pub(crate) fn job_response_with(body: Body, media: &'static str, done: &RunInfo) -> Response {
     let mut res = Response::new(body);
     let h = res.headers_mut();

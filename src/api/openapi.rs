@@ -243,7 +243,7 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
     out
 }
 
-/// Where and how long a job ran, on its success answer (`job_response`).
+/// Where and how long a job ran, on its success answer (`job_response_with`).
 fn job_headers() -> Value {
     json!({
         "x-backend": {"description": "Where the job ran: cpu or cuda", "schema": {"type": "string", "enum": ["cpu", "cuda"]}},

@@ -4,6 +4,7 @@
 //! its operations answer the same bits in both forms, with these helpers.
 
 mod agreement;
+mod ciphertexts;
 mod shares_and_recordings;
 
 use crate::common::{problem, TestServer};
@@ -36,7 +37,11 @@ pub fn body(mut header: Value, buffers: Vec<Buf<'_>>) -> Vec<u8> {
         } else {
             header.pointer_mut(parent).expect("the parent exists")
         };
-        parent[key] = serde_json::to_value(descriptor).unwrap();
+        let descriptor = serde_json::to_value(descriptor).unwrap();
+        match parent {
+            Value::Array(items) => items[key.parse::<usize>().expect("an index")] = descriptor,
+            object => object[key] = descriptor,
+        }
     }
     writer.finish_to_vec(&header).unwrap()
 }

@@ -1,0 +1,89 @@
+//! Opaque byte strings (HE ciphertexts): standard base64 in JSON; in the bulk form
+//! (docs/WIRE.md) a `u8` buffer of one dimension, read and written where it lies.
+
+use super::problem::{ErrorCode, Problem};
+use crate::wire::Dtype;
+use base64::Engine;
+use bytes::Bytes;
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// A byte string as sent: text to decode, or a buffer's bytes.
+pub enum ByteStringIn {
+    Base64(String),
+    Buffer(crate::wire::BufferRef, Bytes),
+}
+
+impl<'de> Deserialize<'de> for ByteStringIn {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ByteStringVisitor)
+    }
+}
+
+struct ByteStringVisitor;
+
+impl<'de> Visitor<'de> for ByteStringVisitor {
+    type Value = ByteStringIn;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("standard base64 text, or a u8 buffer descriptor")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteStringIn, E> {
+        Ok(ByteStringIn::Base64(v.to_owned()))
+    }
+
+    fn visit_string<E: serde::de::Error>(self, v: String) -> Result<ByteStringIn, E> {
+        Ok(ByteStringIn::Base64(v))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ByteStringIn, A::Error> {
+        let (b, bytes) = super::bulk::descriptor_in(map)?;
+        Ok(ByteStringIn::Buffer(b, bytes))
+    }
+}
+
+impl ByteStringIn {
+    /// The bytes; `code` at `path` for text that is not base64, and for a buffer that is
+    /// not `u8` of one dimension at its `dtype` or `shape`.
+    pub fn bytes(&self, code: ErrorCode, path: &str) -> Result<Bytes, Problem> {
+        match self {
+            ByteStringIn::Base64(text) => B64
+                .decode(text)
+                .map(Bytes::from)
+                .map_err(|_| Problem::at(code, path, "not standard base64")),
+            ByteStringIn::Buffer(b, bytes) => {
+                if b.dtype != Dtype::U8 {
+                    return Err(Problem::at(
+                        code,
+                        format!("{path}/dtype"),
+                        format!("a byte string is u8, not {}", b.dtype.name()),
+                    ));
+                }
+                if b.shape.len() != 1 {
+                    return Err(Problem::at(
+                        code,
+                        format!("{path}/shape"),
+                        format!("a byte string has one dimension, not {}", b.shape.len()),
+                    ));
+                }
+                Ok(bytes.clone())
+            }
+        }
+    }
+}
+
+/// A byte string answered: base64 text in JSON, a `u8` buffer in a bulk answer.
+pub struct ByteStringOut(pub Bytes);
+
+impl Serialize for ByteStringOut {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if super::bulk::answering() {
+            let shape = vec![self.0.len() as u64];
+            return super::bulk::push_answer_buffer(Dtype::U8, shape, self.0.clone()).serialize(s);
+        }
+        s.serialize_str(&B64.encode(&self.0))
+    }
+}
