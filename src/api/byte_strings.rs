@@ -1,5 +1,6 @@
-//! Opaque byte strings (HE ciphertexts): standard base64 in JSON; in the bulk form
-//! (docs/WIRE.md) a `u8` buffer of one dimension, read and written where it lies.
+//! Byte strings: standard base64 in JSON; in the bulk form (docs/WIRE.md) a buffer of
+//! one dimension, read and written where it lies. An HE ciphertext is `u8`; an uploaded
+//! RF recording is `cf32`.
 
 use super::problem::{ErrorCode, Problem};
 use crate::wire::Dtype;
@@ -28,7 +29,7 @@ impl<'de> Visitor<'de> for ByteStringVisitor {
     type Value = ByteStringIn;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("standard base64 text, or a u8 buffer descriptor")
+        f.write_str("standard base64 text, or a buffer descriptor")
     }
 
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteStringIn, E> {
@@ -46,27 +47,36 @@ impl<'de> Visitor<'de> for ByteStringVisitor {
 }
 
 impl ByteStringIn {
+    /// About how many bytes it holds: what a size limit is checked against before
+    /// anything is decoded.
+    pub fn approx_bytes(&self) -> usize {
+        match self {
+            ByteStringIn::Base64(text) => text.len() / 4 * 3,
+            ByteStringIn::Buffer(_, bytes) => bytes.len(),
+        }
+    }
+
     /// The bytes; `code` at `path` for text that is not base64, and for a buffer that is
-    /// not `u8` of one dimension at its `dtype` or `shape`.
-    pub fn bytes(&self, code: ErrorCode, path: &str) -> Result<Bytes, Problem> {
+    /// not `dtype` of one dimension at its `dtype` or `shape`.
+    pub fn bytes(&self, dtype: Dtype, code: ErrorCode, path: &str) -> Result<Bytes, Problem> {
         match self {
             ByteStringIn::Base64(text) => B64
                 .decode(text)
                 .map(Bytes::from)
                 .map_err(|_| Problem::at(code, path, "not standard base64")),
             ByteStringIn::Buffer(b, bytes) => {
-                if b.dtype != Dtype::U8 {
+                if b.dtype != dtype {
                     return Err(Problem::at(
                         code,
                         format!("{path}/dtype"),
-                        format!("a byte string is u8, not {}", b.dtype.name()),
+                        format!("must be {}, not {}", dtype.name(), b.dtype.name()),
                     ));
                 }
                 if b.shape.len() != 1 {
                     return Err(Problem::at(
                         code,
                         format!("{path}/shape"),
-                        format!("a byte string has one dimension, not {}", b.shape.len()),
+                        format!("must have one dimension, not {}", b.shape.len()),
                     ));
                 }
                 Ok(bytes.clone())
@@ -75,15 +85,20 @@ impl ByteStringIn {
     }
 }
 
-/// A byte string answered: base64 text in JSON, a `u8` buffer in a bulk answer.
-pub struct ByteStringOut(pub Bytes);
+/// A byte string answered: base64 text in JSON, a buffer of `dtype` (whole elements of
+/// it) in a bulk answer.
+pub struct ByteStringOut {
+    pub dtype: Dtype,
+    pub bytes: Bytes,
+}
 
 impl Serialize for ByteStringOut {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if super::bulk::answering() {
-            let shape = vec![self.0.len() as u64];
-            return super::bulk::push_answer_buffer(Dtype::U8, shape, self.0.clone()).serialize(s);
+            let shape = vec![self.bytes.len() as u64 / self.dtype.width()];
+            return super::bulk::push_answer_buffer(self.dtype, shape, self.bytes.clone())
+                .serialize(s);
         }
-        s.serialize_str(&B64.encode(&self.0))
+        s.serialize_str(&B64.encode(&self.bytes))
     }
 }

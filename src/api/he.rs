@@ -10,6 +10,7 @@ use super::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppStat
 use crate::backend::BackendChoice;
 use crate::ops::he::params::PLAINTEXT_MODULUS;
 use crate::ops::he::{check_fresh, CiphertextSumJob, ParameterSet, SumBuilder, Unfit};
+use crate::wire::Dtype;
 use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
@@ -200,7 +201,10 @@ pub async fn he_encrypt(
         .map_err(|e| Problem::at(ErrorCode::InvalidParameter, "/public_key", e.to_string()))?;
         Ok(Json(HeCiphertextResponse {
             parameters: set,
-            ciphertext: ByteStringOut(ct.to_bytes().into()),
+            ciphertext: ByteStringOut {
+                dtype: Dtype::U8,
+                bytes: ct.to_bytes().into(),
+            },
         }))
     })
     .await
@@ -262,7 +266,7 @@ pub async fn he_aggregate(
         let mut sum = SumBuilder::new(&set.parameters(), req.ciphertexts.len());
         for (i, sent) in req.ciphertexts.into_vec().into_iter().enumerate() {
             let path = format!("/ciphertexts/{i}");
-            let bytes = sent.bytes(ErrorCode::InvalidParameter, &path)?;
+            let bytes = sent.bytes(Dtype::U8, ErrorCode::InvalidParameter, &path)?;
             sum.push(ciphertext_of(set, &bytes, &path)?)
                 .map_err(unfit(&path))?;
         }
@@ -283,9 +287,12 @@ pub async fn he_aggregate(
             .map_err(|e| Problem::new(ErrorCode::Internal, e))?;
         let body = HeCiphertextResponse {
             parameters: set,
-            ciphertext: ByteStringOut(ct.to_bytes().into()),
+            ciphertext: ByteStringOut {
+                dtype: Dtype::U8,
+                bytes: ct.to_bytes().into(),
+            },
         };
-        let hint = body.ciphertext.0.len() / 3 * 4 + 64;
+        let hint = body.ciphertext.bytes.len() / 3 * 4 + 64;
         bulk::answer(form, &body, |b| json_body(b, hint), &run)
     })
     .await

@@ -1,6 +1,7 @@
 //! `POST /rf/iq`: one sample's recordings, generated alone (no dataset job): every
 //! receiver's IQ as `cf32_le` (with its SigMF metadata when asked) and the sample's truth.
 
+use super::super::byte_strings::ByteStringOut;
 use super::super::openapi::Binary;
 use super::super::problem::{ErrorCode, Problem};
 use super::super::{
@@ -16,12 +17,9 @@ use crate::ops::rf::scenario::Scenario;
 use crate::wire::Dtype;
 use axum::extract::State;
 use axum::response::Response;
-use base64::Engine;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
-
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// How each recording is returned.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, ToSchema)]
@@ -114,26 +112,12 @@ pub struct IqRecording {
     /// (`cf32_le`, 8 bytes each), base64; |I + jQ|² in milliwatts. In a bulk answer, a
     /// `cf32` buffer of shape `[samples_per_recording]`.
     #[schema(value_type = String)]
-    pub iq: IqOut,
+    pub iq: ByteStringOut,
     /// With `format: sigmf`, the SigMF 1.2 metadata of `iq` (core fields, the receiver's
     /// position as `core:geolocation`, the truth under the `gpu_ops` extension).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub sigmf_meta: Option<serde_json::Value>,
-}
-
-/// A recording's `cf32_le` bytes: base64 text in JSON, a `cf32` buffer in a bulk answer.
-pub struct IqOut(bytes::Bytes);
-
-impl Serialize for IqOut {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if super::super::bulk::answering() {
-            let shape = vec![self.0.len() as u64 / 8];
-            return super::super::bulk::push_answer_buffer(Dtype::Cf32, shape, self.0.clone())
-                .serialize(s);
-        }
-        s.serialize_str(&B64.encode(&self.0))
-    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -255,7 +239,10 @@ fn response(
             });
             IqRecording {
                 truth: receiver_truth(truth_rx),
-                iq: IqOut(bytes.into()),
+                iq: ByteStringOut {
+                    dtype: Dtype::Cf32,
+                    bytes: bytes.into(),
+                },
                 sigmf_meta,
             }
         })

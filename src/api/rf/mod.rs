@@ -44,7 +44,7 @@ pub struct RfFeaturesRequest {
         min_length = 1368,
         pattern = "^(?:[A-Za-z0-9+/]{32})*(?:[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=|[A-Za-z0-9+/]{21}[AQgw]==)?$"
     )]
-    pub iq: recording::IqIn,
+    pub iq: super::byte_strings::ByteStringIn,
     /// How `iq` is written when it is text: only `base64`, the default. A bulk body may
     /// keep it beside its buffer, which it does not describe.
     #[serde(default = "base64_text")]
@@ -180,7 +180,7 @@ pub async fn rf_features(
         ));
     }
     let max = state.settings.config.max_elements;
-    let approx = req.iq.approx_samples();
+    let approx = recording::approx_samples(&req.iq);
     if approx > max {
         return Err(Problem::at(
             ErrorCode::PayloadTooLarge,
@@ -193,7 +193,7 @@ pub async fn rf_features(
         chunk_ms: req.chunk_ms,
     };
     let upload = req.iq;
-    let iq = blocking(move || upload.decode()).await?;
+    let iq = blocking(move || recording::decode(&upload)).await?;
     rf::features::plan(&config, iq.len()).map_err(Problem::from)?;
     let samples = iq.len();
     let job = rf::FeaturesJob { iq, config };
