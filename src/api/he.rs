@@ -50,6 +50,14 @@ fn decode_ciphertext(set: ParameterSet, s: &str, path: &str) -> Result<Ciphertex
     ciphertext_of(set, &bytes(s, path)?, path)
 }
 
+/// A ciphertext answered: base64 text, or a `u8` buffer in a bulk answer.
+fn ciphertext_out(ct: &Ciphertext) -> ByteStringOut {
+    ByteStringOut {
+        dtype: Dtype::U8,
+        bytes: ct.to_bytes().into(),
+    }
+}
+
 fn ciphertext_of(set: ParameterSet, bytes: &[u8], path: &str) -> Result<Ciphertext, Problem> {
     Ciphertext::from_bytes(bytes, &set.parameters()).map_err(|e| {
         Problem::at(
@@ -201,10 +209,7 @@ pub async fn he_encrypt(
         .map_err(|e| Problem::at(ErrorCode::InvalidParameter, "/public_key", e.to_string()))?;
         Ok(Json(HeCiphertextResponse {
             parameters: set,
-            ciphertext: ByteStringOut {
-                dtype: Dtype::U8,
-                bytes: ct.to_bytes().into(),
-            },
+            ciphertext: ciphertext_out(&ct),
         }))
     })
     .await
@@ -287,10 +292,7 @@ pub async fn he_aggregate(
             .map_err(|e| Problem::new(ErrorCode::Internal, e))?;
         let body = HeCiphertextResponse {
             parameters: set,
-            ciphertext: ByteStringOut {
-                dtype: Dtype::U8,
-                bytes: ct.to_bytes().into(),
-            },
+            ciphertext: ciphertext_out(&ct),
         };
         let hint = body.ciphertext.bytes.len() / 3 * 4 + 64;
         bulk::answer(form, &body, |b| json_body(b, hint), &run)

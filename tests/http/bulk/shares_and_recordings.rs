@@ -101,8 +101,9 @@ async fn rf_recordings_agree_in_both_forms() {
     let features = json!({"sample_rate_hz": 200_000.0, "iq": B64.encode(&iq),
                           "chunk_ms": 5.0, "per_chunk": true});
     let want = json_post(&s, "/rf/features", &features).await;
-    let buffer = |dtype, shape: Vec<u64>, bytes: Vec<u8>| {
-        let mut header = features.clone();
+    // `header` with its `iq` as a buffer.
+    let buffer_in = |header: &Value, dtype, shape: Vec<u64>, bytes: Vec<u8>| {
+        let mut header = header.clone();
         header.as_object_mut().unwrap().remove("iq");
         body(
             header,
@@ -114,6 +115,7 @@ async fn rf_recordings_agree_in_both_forms() {
             }],
         )
     };
+    let buffer = |dtype, shape, bytes| buffer_in(&features, dtype, shape, bytes);
     let res = post(
         &s,
         "/rf/features",
@@ -140,16 +142,7 @@ async fn rf_recordings_agree_in_both_forms() {
     // A bulk header may keep the JSON request's `encoding`, which names the text form.
     let mut encoded = features.clone();
     encoded["encoding"] = json!("base64");
-    encoded.as_object_mut().unwrap().remove("iq");
-    let bulk = body(
-        encoded,
-        vec![Buf {
-            at: "/iq",
-            dtype: Dtype::Cf32,
-            shape: vec![4096],
-            bytes: iq,
-        }],
-    );
+    let bulk = buffer_in(&encoded, Dtype::Cf32, vec![4096], iq);
     let res = post(&s, "/rf/features", bulk, false).await;
     assert_eq!(res.status(), 200, "{:?}", res.text().await);
     assert_eq!(res.json::<Value>().await.unwrap(), want);
