@@ -132,13 +132,46 @@ FIELD_FN int dp_bernoulli_exp_unit(dp_bits *s, u128 n, u128 m) {
     return (int)(k & 1);
 }
 
+// n / m for m >= 1, and n % m in *rem, by shift and subtract. The u128 `/` is a libcall
+// (__udivti3) that AMD's device compiler in LLVM 15 cannot legalise (HIP, issue "AMD
+// GPUs"); this is the same quotient and remainder on every compiler. Operands that fit
+// 64 bits, the common case, take the native 64-bit division.
+FIELD_FN u128 dp_divmod_u128(u128 n, u128 m, u128 *rem) {
+    if ((n >> 64) == 0 && (m >> 64) == 0) {
+        u64 a = (u64)n, b = (u64)m;
+        *rem = a % b;
+        return a / b;
+    }
+    u128 q = 0;
+    if (m <= n) {
+        // m shifted up to n's leading bit, then one quotient bit per step back down.
+        u128 d = m;
+        int shift = 0;
+        while ((d >> 127) == 0 && (d << 1) <= n) {
+            d <<= 1;
+            shift++;
+        }
+        for (; shift >= 0; shift--) {
+            q <<= 1;
+            if (n >= d) {
+                n -= d;
+                q |= 1;
+            }
+            d >>= 1;
+        }
+    }
+    *rem = n;
+    return q;
+}
+
 // Bernoulli(exp(-n/m)) for any n/m >= 0.
 FIELD_FN int dp_bernoulli_exp(dp_bits *s, u128 n, u128 m) {
-    u128 whole = n / m;
+    u128 part;
+    u128 whole = dp_divmod_u128(n, m, &part);
     for (u128 i = 0; i < whole; i++) {
         if (!dp_bernoulli_exp_unit(s, 1, 1)) return 0;
     }
-    return dp_bernoulli_exp_unit(s, n - whole * m, m);
+    return dp_bernoulli_exp_unit(s, part, m);
 }
 
 // Discrete Laplace: P(y) proportional to exp(-|y| / t), t >= 1 (CKS20 Algorithm 2, s = 1).

@@ -17,3 +17,13 @@ extern "C" void gpu_ops_host_dp_noise(int kind, const u32 *key, u32 domain, u64 
         out[i] = kind == 0 ? dp_discrete_gaussian(&bits, t, c) : dp_discrete_laplace(&bits, t);
     }
 }
+
+/* n / m and n % m (m >= 1) by the kernels' own division, each as (low, high) words. */
+extern "C" void gpu_ops_host_dp_divmod_u128(u64 n_lo, u64 n_hi, u64 m_lo, u64 m_hi, u64 *out) {
+    u128 rem;
+    u128 q = dp_divmod_u128(((u128)n_hi << 64) | n_lo, ((u128)m_hi << 64) | m_lo, &rem);
+    out[0] = (u64)q;
+    out[1] = (u64)(q >> 64);
+    out[2] = (u64)rem;
+    out[3] = (u64)(rem >> 64);
+}

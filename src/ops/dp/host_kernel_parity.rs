@@ -22,6 +22,67 @@ extern "C" {
         c: u64,
         out: *mut i64,
     );
+    fn gpu_ops_host_dp_divmod_u128(n_lo: u64, n_hi: u64, m_lo: u64, m_hi: u64, out: *mut u64);
+}
+
+/// The kernels' u128 division (`dp_divmod_u128`, written for compilers without the
+/// `__udivti3` libcall) as the host runs it.
+fn host_divmod(n: u128, m: u128) -> (u128, u128) {
+    let mut out = [0u64; 4];
+    // SAFETY: out has the 4 words the function writes.
+    unsafe {
+        gpu_ops_host_dp_divmod_u128(
+            n as u64,
+            (n >> 64) as u64,
+            m as u64,
+            (m >> 64) as u64,
+            out.as_mut_ptr(),
+        )
+    };
+    let word = |lo: u64, hi: u64| (hi as u128) << 64 | lo as u128;
+    (word(out[0], out[1]), word(out[2], out[3]))
+}
+
+#[test]
+fn the_kernels_u128_division_is_rusts() {
+    let edges = [
+        0u128,
+        1,
+        2,
+        3,
+        u64::MAX as u128 - 1,
+        u64::MAX as u128,
+        u64::MAX as u128 + 1,
+        1 << 100,
+        (1 << 127) - 1,
+        1 << 127,
+        u128::MAX - 1,
+        u128::MAX,
+    ];
+    let mut state = 0x243f_6a88_85a3_08d3u64;
+    let mut next = || {
+        // splitmix64: reproducible operands of every size.
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut cases: Vec<(u128, u128)> = Vec::new();
+    for &n in &edges {
+        for &m in edges.iter().filter(|&&m| m > 0) {
+            cases.push((n, m));
+        }
+    }
+    for _ in 0..20_000 {
+        let (a, b, c, d) = (next(), next(), next(), next());
+        let n = ((a as u128) << 64 | b as u128) >> (c % 128);
+        let m = (((d as u128) << 64 | c as u128) >> (a % 128)).max(1);
+        cases.push((n, m));
+    }
+    for (n, m) in cases {
+        assert_eq!(host_divmod(n, m), (n / m, n % m), "{n} / {m}");
+    }
 }
 
 #[test]
