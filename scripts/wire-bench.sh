@@ -21,10 +21,12 @@ venv=.venv-peer
 "$venv/bin/pip" install -q --disable-pip-version-check fastapi==0.165.0 uvicorn==0.54.0 numpy==2.3.5
 
 log="$out/server.log"
-# Limits wide enough for the largest case (2^24 Goldilocks pairs as decimal JSON).
-"$bin" --bind 127.0.0.1:0 --backend cpu --log-format json --max-body-bytes 1073741824 \
-  --max-inflight-body-bytes 4294967296 --max-elements 33554432 \
-  --max-tensor-elements 67108864 --job-timeout 600s 2>"$log" &
+# Limits wide enough for the largest cases: 2^24 Goldilocks pairs as decimal JSON, and
+# DP's 256 × 2^20 f32 gradients (a 1 GiB bulk body; its JSON forms would be 1.4–3 GB and
+# are not run).
+"$bin" --bind 127.0.0.1:0 --backend cpu --log-format json --max-body-bytes 2147483648 \
+  --max-inflight-body-bytes 8589934592 --max-elements 33554432 \
+  --max-tensor-elements 268435456 --job-timeout 600s 2>"$log" &
 server=$!
 "$venv/bin/python" -m uvicorn --app-dir benches/peer fastapi_numpy:app --host 127.0.0.1 \
   --port 18931 --log-level warning &
@@ -50,6 +52,8 @@ cases=(
   "attention attention 8,16,2048,64 base64,binary - 3"
   "field_add-2^20 field_add 1048576 json,base64,binary"
   "field_add-2^24 field_add 16777216 base64,binary - 5"
+  "msm-2^20 msm 1048576 base64,binary - 3"
+  "dp-256x2^20 dp_privatize 256,1048576 binary - 3"
 )
 for c in "${cases[@]}"; do
   read -r name op shape wires peer_too n <<<"$c"

@@ -379,14 +379,24 @@ pub async fn participate(
     let mut q: Vec<u32> = values.iter().map(|&x| quantise(x, clip, f)).collect();
     let masked = tokio::task::spawn_blocking(move || {
         apply_masks(&mut q, &terms);
-        B64.encode(q.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())
+        // The bulk form (docs/WIRE.md): the words as they lie, no base64.
+        let mut body = crate::wire::EnvelopeWriter::new();
+        let words = q.len() as u64;
+        let bytes: Vec<u8> = q.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let buffer = body.push(crate::wire::Dtype::U32, vec![words], bytes.into());
+        body.finish_to_vec(&json!({"masked": buffer}))
     })
     .await
-    .map_err(|e| ClientError::Protocol(format!("masking failed: {e}")))?;
+    .map_err(|e| ClientError::Protocol(format!("masking failed: {e}")))?
+    .map_err(|e| ClientError::Protocol(format!("the masked vector's body: {e}")))?;
     let _: Value = http
-        .post(
-            &format!("/secagg/rounds/{round}/inputs"),
-            &json!({"masked": masked}),
+        .send(
+            http.request(
+                reqwest::Method::POST,
+                &format!("/secagg/rounds/{round}/inputs"),
+            )
+            .header(reqwest::header::CONTENT_TYPE, crate::wire::MEDIA_TYPE)
+            .body(masked),
         )
         .await?;
 

@@ -341,20 +341,35 @@ fn bulk_body<H: Serialize>(body: &H) -> Result<Body, Problem> {
     Ok(Body::from_stream(stream))
 }
 
-/// A job's answer in the form asked for: `json` is the JSON answer's bytes, made only
-/// when that form was asked for.
+/// A job's answer in the form asked for, with the run's headers: `json` is the JSON
+/// answer's bytes, made only when that form was asked for.
 pub(super) fn answer<H: Serialize>(
     form: AnswerForm,
     body: &H,
     json: impl FnOnce(&H) -> Result<Vec<u8>, Problem>,
     run: &RunInfo,
 ) -> Result<Response, Problem> {
+    let mut res = reply(form, body, json)?;
+    super::add_run_headers(res.headers_mut(), run);
+    Ok(res)
+}
+
+/// An answer that is not a job's (a round's sum, a key pair) in the form asked for.
+pub(super) fn reply<H: Serialize>(
+    form: AnswerForm,
+    body: &H,
+    json: impl FnOnce(&H) -> Result<Vec<u8>, Problem>,
+) -> Result<Response, Problem> {
     let (body, media) = match form {
         AnswerForm::Json => (Body::from(json(body)?), "application/json"),
         AnswerForm::Bulk => (bulk_body(body)?, wire::MEDIA_TYPE),
     };
-    let mut res = super::job_response_with(body, media, run);
-    res.headers_mut()
-        .insert(header::VARY, header::HeaderValue::from_static("accept"));
+    let mut res = Response::new(body);
+    let headers = res.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(media),
+    );
+    headers.insert(header::VARY, header::HeaderValue::from_static("accept"));
     Ok(res)
 }

@@ -65,24 +65,36 @@ impl ByteStringIn {
                 .map(Bytes::from)
                 .map_err(|_| Problem::at(code, path, "not standard base64")),
             ByteStringIn::Buffer(b, bytes) => {
-                if b.dtype != dtype {
-                    return Err(Problem::at(
-                        code,
-                        format!("{path}/dtype"),
-                        format!("must be {}, not {}", dtype.name(), b.dtype.name()),
-                    ));
-                }
-                if b.shape.len() != 1 {
-                    return Err(Problem::at(
-                        code,
-                        format!("{path}/shape"),
-                        format!("must have one dimension, not {}", b.shape.len()),
-                    ));
-                }
+                one_dimension_of(b, dtype, code, path)?;
                 Ok(bytes.clone())
             }
         }
     }
+}
+
+/// A buffer that must hold `dtype` in one dimension: else `code` at its `dtype` or
+/// `shape`.
+pub fn one_dimension_of(
+    b: &crate::wire::BufferRef,
+    dtype: Dtype,
+    code: ErrorCode,
+    path: &str,
+) -> Result<(), Problem> {
+    if b.dtype != dtype {
+        return Err(Problem::at(
+            code,
+            format!("{path}/dtype"),
+            format!("must be {}, not {}", dtype.name(), b.dtype.name()),
+        ));
+    }
+    if b.shape.len() != 1 {
+        return Err(Problem::at(
+            code,
+            format!("{path}/shape"),
+            format!("must have one dimension, not {}", b.shape.len()),
+        ));
+    }
+    Ok(())
 }
 
 /// A byte string answered: base64 text in JSON, a buffer of `dtype` (whole elements of

@@ -4,6 +4,7 @@
 
 use super::bounded::AtMost;
 use super::byte_strings::{ByteStringIn, ByteStringOut};
+use super::integer_vectors::{U64sIn, U64sOut};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
@@ -13,8 +14,6 @@ use crate::ops::he::{check_fresh, CiphertextSumJob, ParameterSet, SumBuilder, Un
 use crate::wire::Dtype;
 use axum::extract::State;
 use axum::response::Response;
-use axum::Json;
-use base64::Engine;
 use fhe::bfv::{Ciphertext, Encoding, Plaintext, PublicKey, SecretKey};
 use fhe_traits::{
     DeserializeParametrized, FheDecoder, FheDecrypter, FheEncoder, FheEncrypter, Serialize as _,
@@ -24,7 +23,6 @@ use std::sync::Arc;
 use utoipa::ToSchema;
 use utoipa_axum::routes;
 
-const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 /// Most ciphertexts one aggregate takes.
 pub const MAX_CIPHERTEXTS: usize = 1024;
 
@@ -39,25 +37,20 @@ fn dealer_only(state: &AppState, what: &str) -> Result<(), Problem> {
     }
 }
 
-fn bytes(s: &str, path: &str) -> Result<Vec<u8>, Problem> {
-    B64.decode(s)
-        .map_err(|_| Problem::at(ErrorCode::InvalidParameter, path, "not standard base64"))
+/// Bytes answered: base64 text, or a `u8` buffer in a bulk answer.
+fn byte_string(bytes: Vec<u8>) -> ByteStringOut {
+    ByteStringOut {
+        dtype: Dtype::U8,
+        bytes: bytes.into(),
+    }
+}
+
+fn ciphertext_out(ct: &Ciphertext) -> ByteStringOut {
+    byte_string(ct.to_bytes())
 }
 
 /// A ciphertext of `set` as fhe.rs decodes it, not yet checked for form (`check_fresh`,
 /// or `SumBuilder::push`, which runs it).
-fn decode_ciphertext(set: ParameterSet, s: &str, path: &str) -> Result<Ciphertext, Problem> {
-    ciphertext_of(set, &bytes(s, path)?, path)
-}
-
-/// A ciphertext answered: base64 text, or a `u8` buffer in a bulk answer.
-fn ciphertext_out(ct: &Ciphertext) -> ByteStringOut {
-    ByteStringOut {
-        dtype: Dtype::U8,
-        bytes: ct.to_bytes().into(),
-    }
-}
-
 fn ciphertext_of(set: ParameterSet, bytes: &[u8], path: &str) -> Result<Ciphertext, Problem> {
     Ciphertext::from_bytes(bytes, &set.parameters()).map_err(|e| {
         Problem::at(
@@ -119,10 +112,13 @@ pub struct HeKeysResponse {
     pub parameters: ParameterSet,
     pub slots: usize,
     pub plaintext_modulus: u64,
-    /// fhe.rs's own serialisation, standard base64.
-    pub public_key: String,
-    /// fhe.rs's own serialisation, standard base64. Whoever holds it decrypts everything.
-    pub secret_key: String,
+    /// fhe.rs's own serialisation, standard base64; a `u8` buffer in a bulk answer.
+    #[schema(value_type = String)]
+    pub public_key: ByteStringOut,
+    /// fhe.rs's own serialisation, standard base64; a `u8` buffer in a bulk answer.
+    /// Whoever holds it decrypts everything.
+    #[schema(value_type = String)]
+    pub secret_key: ByteStringOut,
 }
 
 #[utoipa::path(
@@ -130,15 +126,16 @@ pub struct HeKeysResponse {
     summary = "A BFV key pair (dealer mode only)",
     request_body = HeKeysRequest,
     responses(
-        (status = 200, description = "Keys", body = HeKeysResponse),
+        (status = 200, description = "Keys", content((HeKeysResponse = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
         (status = 403, description = "he_dealer_mode_off"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn he_keys(
     State(state): State<Arc<AppState>>,
+    form: AnswerForm,
     super::ApiJson(req): super::ApiJson<HeKeysRequest>,
-) -> Result<Json<HeKeysResponse>, Problem> {
+) -> Result<Response, Problem> {
     dealer_only(&state, "key generation")?;
     let set = req.parameters;
     blocking(move || {
@@ -146,13 +143,15 @@ pub async fn he_keys(
         let mut rng = rand::rng();
         let sk = SecretKey::random(&par, &mut rng);
         let pk = PublicKey::new(&sk, &mut rng);
-        Ok(Json(HeKeysResponse {
+        let body = HeKeysResponse {
             parameters: set,
             slots: set.degree(),
             plaintext_modulus: PLAINTEXT_MODULUS,
-            public_key: B64.encode(pk.to_bytes()),
-            secret_key: B64.encode(sk.to_bytes()),
-        }))
+            public_key: byte_string(pk.to_bytes()),
+            secret_key: byte_string(sk.to_bytes()),
+        };
+        let hint = (body.public_key.bytes.len() + body.secret_key.bytes.len()) / 3 * 4 + 256;
+        bulk::reply(form, &body, |b| json_body(b, hint))
     })
     .await
 }
@@ -161,16 +160,19 @@ pub async fn he_keys(
 #[serde(deny_unknown_fields)]
 pub struct HeEncryptRequest {
     pub parameters: ParameterSet,
-    pub public_key: String,
+    /// Standard base64, as `/he/keys` gives it; in the bulk form a `u8` buffer.
+    #[schema(value_type = String)]
+    pub public_key: ByteStringIn,
     /// Slot values, each below the plaintext modulus; at most the set's slots (the rest
-    /// are 0).
-    pub values: Vec<u64>,
+    /// are 0). In the bulk form a `u64` buffer.
+    #[schema(value_type = Vec<u64>)]
+    pub values: U64sIn,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct HeCiphertextResponse {
     pub parameters: ParameterSet,
-    /// Standard base64; a `u8` buffer in a bulk answer (`/he/aggregate`).
+    /// Standard base64; a `u8` buffer in a bulk answer.
     #[schema(value_type = String)]
     pub ciphertext: ByteStringOut,
 }
@@ -178,7 +180,7 @@ pub struct HeCiphertextResponse {
 #[utoipa::path(
     post, path = "/he/encrypt", tag = "he", operation_id = "he_encrypt",
     summary = "Encrypt slot values under a public key (the server sees them)",
-    request_body = HeEncryptRequest,
+    request_body(content((HeEncryptRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The ciphertext", body = HeCiphertextResponse),
         (status = 422, description = "invalid_parameter"),
@@ -187,30 +189,36 @@ pub struct HeCiphertextResponse {
 )]
 pub async fn he_encrypt(
     State(_state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<HeEncryptRequest>,
-) -> Result<Json<HeCiphertextResponse>, Problem> {
+    form: AnswerForm,
+    ApiBody(req): ApiBody<HeEncryptRequest>,
+) -> Result<Response, Problem> {
     let set = req.parameters;
-    values_below_t(&req.values, set.degree(), "/values")?;
+    let values = req.values.into_values("/values")?;
+    values_below_t(&values, set.degree(), "/values")?;
     blocking(move || {
         let par = set.parameters();
-        let pk =
-            PublicKey::from_bytes(&bytes(&req.public_key, "/public_key")?, &par).map_err(|e| {
-                Problem::at(
-                    ErrorCode::InvalidParameter,
-                    "/public_key",
-                    format!("not a public key of {set:?}: {e}"),
-                )
-            })?;
-        let pt = Plaintext::try_encode(&req.values, Encoding::simd(), &par)
+        let key = req
+            .public_key
+            .bytes(Dtype::U8, ErrorCode::InvalidParameter, "/public_key")?;
+        let pk = PublicKey::from_bytes(&key, &par).map_err(|e| {
+            Problem::at(
+                ErrorCode::InvalidParameter,
+                "/public_key",
+                format!("not a public key of {set:?}: {e}"),
+            )
+        })?;
+        let pt = Plaintext::try_encode(&values, Encoding::simd(), &par)
             .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
         let ct = crate_call(ErrorCode::InvalidParameter, "/public_key", || {
             pk.try_encrypt(&pt, &mut rand::rng())
         })?
         .map_err(|e| Problem::at(ErrorCode::InvalidParameter, "/public_key", e.to_string()))?;
-        Ok(Json(HeCiphertextResponse {
+        let body = HeCiphertextResponse {
             parameters: set,
             ciphertext: ciphertext_out(&ct),
-        }))
+        };
+        let hint = body.ciphertext.bytes.len() / 3 * 4 + 64;
+        bulk::reply(form, &body, |b| json_body(b, hint))
     })
     .await
 }
@@ -304,21 +312,26 @@ pub async fn he_aggregate(
 #[serde(deny_unknown_fields)]
 pub struct HeDecryptRequest {
     pub parameters: ParameterSet,
-    pub secret_key: String,
-    pub ciphertext: String,
+    /// Standard base64, as `/he/keys` gives it; in the bulk form a `u8` buffer.
+    #[schema(value_type = String)]
+    pub secret_key: ByteStringIn,
+    /// Standard base64; in the bulk form a `u8` buffer.
+    #[schema(value_type = String)]
+    pub ciphertext: ByteStringIn,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct HeDecryptResponse {
     pub parameters: ParameterSet,
-    /// Every slot, mod the plaintext modulus.
-    pub values: Vec<u64>,
+    /// Every slot, mod the plaintext modulus; a `u64` buffer in a bulk answer.
+    #[schema(value_type = Vec<u64>)]
+    pub values: U64sOut,
 }
 
 #[utoipa::path(
     post, path = "/he/decrypt", tag = "he", operation_id = "he_decrypt",
     summary = "Decrypt with a secret key given to the server (dealer mode only)",
-    request_body = HeDecryptRequest,
+    request_body(content((HeDecryptRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The slots", body = HeDecryptResponse),
         (status = 403, description = "he_dealer_mode_off"),
@@ -328,21 +341,27 @@ pub struct HeDecryptResponse {
 )]
 pub async fn he_decrypt(
     State(state): State<Arc<AppState>>,
-    super::ApiJson(req): super::ApiJson<HeDecryptRequest>,
-) -> Result<Json<HeDecryptResponse>, Problem> {
+    form: AnswerForm,
+    ApiBody(req): ApiBody<HeDecryptRequest>,
+) -> Result<Response, Problem> {
     dealer_only(&state, "decryption")?;
     let set = req.parameters;
     blocking(move || {
         let par = set.parameters();
-        let sk =
-            SecretKey::from_bytes(&bytes(&req.secret_key, "/secret_key")?, &par).map_err(|e| {
-                Problem::at(
-                    ErrorCode::InvalidParameter,
-                    "/secret_key",
-                    format!("not a secret key of {set:?}: {e}"),
-                )
-            })?;
-        let ct = decode_ciphertext(set, &req.ciphertext, "/ciphertext")?;
+        let key = req
+            .secret_key
+            .bytes(Dtype::U8, ErrorCode::InvalidParameter, "/secret_key")?;
+        let sk = SecretKey::from_bytes(&key, &par).map_err(|e| {
+            Problem::at(
+                ErrorCode::InvalidParameter,
+                "/secret_key",
+                format!("not a secret key of {set:?}: {e}"),
+            )
+        })?;
+        let sent = req
+            .ciphertext
+            .bytes(Dtype::U8, ErrorCode::InvalidParameter, "/ciphertext")?;
+        let ct = ciphertext_of(set, &sent, "/ciphertext")?;
         check_fresh(&ct, set.moduli(), set.degree()).map_err(unfit("/ciphertext"))?;
         let pt = crate_call(ErrorCode::InvalidParameter, "/secret_key", || {
             sk.try_decrypt(&ct)
@@ -350,10 +369,12 @@ pub async fn he_decrypt(
         .map_err(|e| Problem::at(ErrorCode::InvalidCiphertext, "/ciphertext", e.to_string()))?;
         let values = Vec::<u64>::try_decode(&pt, Encoding::simd())
             .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
-        Ok(Json(HeDecryptResponse {
+        let hint = values.len() * 6 + 64;
+        let body = HeDecryptResponse {
             parameters: set,
-            values,
-        }))
+            values: U64sOut(values),
+        };
+        bulk::reply(form, &body, |b| json_body(b, hint))
     })
     .await
 }

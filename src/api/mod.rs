@@ -19,6 +19,7 @@ pub mod embeddings;
 mod extract;
 mod float_arrays;
 pub mod he;
+mod integer_vectors;
 pub mod linalg;
 pub mod mpc;
 pub mod msm;
@@ -43,9 +44,8 @@ use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::pool::{Pool, RunInfo};
 use crate::store::Store;
-use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -387,7 +387,6 @@ pub(crate) fn seed_or_drawn(seed: Option<u64>, path: &str) -> Result<u64, Proble
     }
 }
 
-/// A 200 JSON response carrying where and how long the job ran.
 /// The answer's JSON, in a buffer sized up front: a large tensor's answer would otherwise
 /// be copied at every doubling of the buffer.
 pub(crate) fn json_body<T: serde::Serialize>(
@@ -400,12 +399,9 @@ pub(crate) fn json_body<T: serde::Serialize>(
     Ok(out)
 }
 
-/// A job's answer of media type `media`, with the run's headers (every job's answer is
-/// written by `bulk::answer`, as JSON or in the bulk form).
-pub(crate) fn job_response_with(body: Body, media: &'static str, done: &RunInfo) -> Response {
-    let mut res = Response::new(body);
-    let h = res.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
+/// Where and how long a job ran, on its answer (every job's answer is written by
+/// `bulk::answer`, as JSON or in the bulk form).
+pub(crate) fn add_run_headers(h: &mut HeaderMap, done: &RunInfo) {
     h.insert("x-backend", HeaderValue::from_static(done.backend.name()));
     if let Some(d) = done.device {
         h.insert("x-device", HeaderValue::from(d));
@@ -415,5 +411,4 @@ pub(crate) fn job_response_with(body: Body, media: &'static str, done: &RunInfo)
     };
     h.insert("x-queue-time-ms", ms(done.queue_time));
     h.insert("x-compute-time-ms", ms(done.compute_time));
-    res
 }

@@ -243,7 +243,7 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
     out
 }
 
-/// Where and how long a job ran, on its success answer (`job_response_with`).
+/// Where and how long a job ran, on its success answer (`add_run_headers`).
 fn job_headers() -> Value {
     json!({
         "x-backend": {"description": "Where the job ran: cpu or cuda", "schema": {"type": "string", "enum": ["cpu", "cuda"]}},
@@ -398,36 +398,37 @@ fn takes_bulk(op: &Map<String, Value>) -> bool {
 }
 
 /// An operation that takes the bulk form (its handler declares it as a second request
-/// media type, `ApiBody`) answers in it too when `Accept` asks: both are described here,
-/// once, with the JSON schema their header follows (`x-bulk-header`).
+/// media type, `ApiBody`) answers in it too when `Accept` asks; so does one whose 200
+/// answer declares the bulk media type itself (a GET, a key pair: `bulk::reply`). Both
+/// are described here, once, with the JSON schema their header follows (`x-bulk-header`).
 fn bulk_forms(op: &mut Map<String, Value>) {
-    let Some(json_request) = op
+    let media = crate::wire::MEDIA_TYPE;
+    let json_request = op
         .get("requestBody")
         .and_then(|b| b.pointer("/content/application~1json/schema"))
-        .cloned()
-    else {
-        return;
-    };
-    let media = crate::wire::MEDIA_TYPE;
-    let Some(request) = op
+        .cloned();
+    let bulk_request = op
         .get_mut("requestBody")
         .and_then(|b| b.get_mut("content"))
-        .and_then(|c| c.get_mut(media))
-    else {
-        return;
+        .and_then(|c| c.get_mut(media));
+    let takes_bulk = match (json_request, bulk_request) {
+        (Some(json_request), Some(request)) => {
+            request["schema"] = json!({
+                "type": "string",
+                "format": "binary",
+                "description": "The bulk form (docs/WIRE.md): an 8-byte little-endian header length N, N bytes of JSON \
+                    (the JSON request, `x-bulk-header`, with any tensor or element vector replaced by a BufferRef), \
+                    then the buffers, each 64-byte aligned, tiling the rest of the body.",
+                "x-bulk-header": json_request,
+            });
+            true
+        }
+        _ => false,
     };
-    request["schema"] = json!({
-        "type": "string",
-        "format": "binary",
-        "description": "The bulk form (docs/WIRE.md): an 8-byte little-endian header length N, N bytes of JSON \
-            (the JSON request, `x-bulk-header`, with any tensor or element vector replaced by a BufferRef), \
-            then the buffers, each 64-byte aligned, tiling the rest of the body.",
-        "x-bulk-header": json_request,
-    });
     let Some(responses) = op.get_mut("responses").and_then(Value::as_object_mut) else {
         return;
     };
-    // A job's answer (200) comes in the bulk form when asked; a created resource's view
+    // The 200 answer comes in the bulk form when asked; a created resource's view
     // (201, a table's) is JSON whatever the request's form.
     for (status, response) in responses.iter_mut() {
         if status != "200" {
@@ -436,6 +437,9 @@ fn bulk_forms(op: &mut Map<String, Value>) {
         let Some(content) = response.get_mut("content").and_then(Value::as_object_mut) else {
             continue;
         };
+        if !takes_bulk && !content.contains_key(media) {
+            continue;
+        }
         let Some(json_answer) = content
             .get("application/json")
             .and_then(|c| c.get("schema"))

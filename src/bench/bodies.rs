@@ -59,6 +59,16 @@ pub const KNOWN_OPS: &[KnownOp] = &[
         path: "/zk/ntt",
         shape: "N, a power of two (Goldilocks)",
     },
+    KnownOp {
+        name: "msm",
+        path: "/zk/msm",
+        shape: "N (BN254 G1)",
+    },
+    KnownOp {
+        name: "dp_privatize",
+        path: "/dp/privatize",
+        shape: "N,D (examples, parameters)",
+    },
 ];
 
 /// How a body's bulk fields travel (`--wire`).
@@ -86,8 +96,12 @@ pub struct Rendered {
 enum Kind {
     /// f32 values: nested numbers, or `{encoding, dtype, shape, data}`.
     Tensor,
-    /// Goldilocks words: decimal strings, or one base64 string with `"encoding": "base64"`.
-    Elements,
+    /// Field elements of 8 (Goldilocks) or 32 (BN254) bytes: decimal strings, or one
+    /// base64 string with `"encoding": "base64"`.
+    Elements { width: usize },
+    /// BN254 G1 affine points, x then y in 4 words each: `{x, y}` decimal strings, or one
+    /// base64 string with `"encoding": "base64"`.
+    Points,
 }
 
 /// A bulk field of a body: its top-level name and little-endian values.
@@ -110,7 +124,7 @@ struct Built {
 impl Built {
     fn render(self, wire: Wire) -> Result<Rendered, String> {
         let mut header = self.header;
-        let elements = self.fields.iter().any(|f| f.kind == Kind::Elements);
+        let elements = self.fields.iter().any(|f| f.kind != Kind::Tensor);
         if wire != Wire::Json && (self.answer_encoding || elements) {
             header["encoding"] = json!("base64");
         }
@@ -119,7 +133,8 @@ impl Built {
             for f in self.fields {
                 let dtype = match f.kind {
                     Kind::Tensor => wire::Dtype::F32,
-                    Kind::Elements => wire::Dtype::U64,
+                    Kind::Elements { width: 32 } => wire::Dtype::U256,
+                    Kind::Elements { .. } | Kind::Points => wire::Dtype::U64,
                 };
                 let shape = f.shape.iter().map(|&d| d as u64).collect();
                 let r = writer.push(dtype, shape, bytes::Bytes::from(f.bytes));
@@ -136,12 +151,15 @@ impl Built {
                 (Kind::Tensor, Wire::Json) => nested(&f.shape, &f32_values(&f.bytes)),
                 (Kind::Tensor, _) => json!({"encoding": "base64", "dtype": "f32",
                                             "shape": f.shape, "data": B64.encode(&f.bytes)}),
-                (Kind::Elements, Wire::Json) => f
+                (Kind::Elements { width }, Wire::Json) => {
+                    f.bytes.chunks_exact(width).map(decimal).collect()
+                }
+                (Kind::Points, Wire::Json) => f
                     .bytes
-                    .chunks_exact(8)
-                    .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")).to_string())
+                    .chunks_exact(64)
+                    .map(|p| json!({"x": decimal(&p[..32]), "y": decimal(&p[32..])}))
                     .collect(),
-                (Kind::Elements, _) => json!(B64.encode(&f.bytes)),
+                (Kind::Elements { .. } | Kind::Points, _) => json!(B64.encode(&f.bytes)),
             };
         }
         Ok(Rendered {
@@ -150,6 +168,11 @@ impl Built {
             accept: None,
         })
     }
+}
+
+/// A little-endian unsigned integer in decimal.
+fn decimal(le: &[u8]) -> Value {
+    json!(num_bigint::BigUint::from_bytes_le(le).to_string())
 }
 
 fn f32_values(bytes: &[u8]) -> Vec<f32> {
@@ -198,7 +221,7 @@ fn tensor(name: &'static str, shape: &[usize], salt: u64) -> Field {
 fn elements(name: &'static str, n: usize) -> Field {
     Field {
         name,
-        kind: Kind::Elements,
+        kind: Kind::Elements { width: 8 },
         shape: vec![n],
         bytes: (0..n as u64)
             .flat_map(|i| (i * 7919 % 1_000_003).to_le_bytes())
@@ -302,6 +325,39 @@ pub fn body(
                 header: json!({"field": "goldilocks"}),
                 fields,
                 answer_encoding: true,
+            }
+        }
+        "msm" => {
+            dims(shape, &[1], op)?;
+            use crate::ops::zk::{msm::Curve, samples, Field as Zk};
+            let n = shape[0];
+            let scalars = samples::random_elements(Zk::Bn254Fr, n, 1);
+            let points = samples::random_points(Curve::Bn254G1, n, 2);
+            Built {
+                header: json!({"curve": "bn254_g1"}),
+                fields: vec![
+                    Field {
+                        name: "scalars",
+                        kind: Kind::Elements { width: 32 },
+                        shape: vec![n],
+                        bytes: scalars.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    },
+                    Field {
+                        name: "points",
+                        kind: Kind::Points,
+                        shape: vec![n, 2, 4],
+                        bytes: points.to_le_bytes(),
+                    },
+                ],
+                answer_encoding: true,
+            }
+        }
+        "dp_privatize" => {
+            dims(shape, &[2], op)?;
+            Built {
+                header: json!({"clip_norm": 1.0, "noise_multiplier": 1.0}),
+                fields: vec![tensor("per_example_gradients", shape, 1)],
+                answer_encoding: false,
             }
         }
         _ => unreachable!("every known op has a body"),

@@ -79,6 +79,8 @@ async fn a_matmul_sweep_reports_every_request_and_its_gflops() {
             ("beam_sweep", vec![2, 8, 4]),
             ("field_add", vec![64]),
             ("ntt", vec![64]),
+            ("msm", vec![32]),
+            ("dp_privatize", vec![4, 16]),
         ] {
             let mut p = plan_in(&s, op, &shape, wire);
             p.concurrency = vec![2];

@@ -139,6 +139,39 @@ async fn every_client_survives_and_the_sum_is_exact() {
     }
     assert!(outcomes.iter().all(|o| matches!(o, Outcome::Done { .. })));
     check_result(&c, &inputs, &[0, 1, 2, 3, 4], &outcomes, clip, f).await;
+    // The clients uploaded in the bulk form (`secagg_client`); the sum reads in it too,
+    // its values where the JSON answer has them.
+    let json_result = c.result().await.unwrap();
+    let res = s
+        .client
+        .get(format!("{}/secagg/rounds/{}/result", s.url, c.round))
+        .header("x-secagg-token", &c.token)
+        .header("accept", gpu_ops::wire::MEDIA_TYPE)
+        .send()
+        .await
+        .unwrap();
+    let bulk = crate::bulk::answer(res).await;
+    let (r, sum) = &bulk.buffers["/sum"];
+    assert_eq!(
+        (r.dtype, r.shape.clone()),
+        (gpu_ops::wire::Dtype::F64, vec![len as u64])
+    );
+    let want: Vec<f64> = serde_json::from_value(json_result["sum"].clone()).unwrap();
+    assert_eq!(
+        sum,
+        &want
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect::<Vec<u8>>()
+    );
+    let (r, ring) = &bulk.buffers["/ring_sum"];
+    assert_eq!(r.dtype, gpu_ops::wire::Dtype::U32);
+    assert_eq!(
+        ring,
+        &B64.decode(json_result["ring_sum"].as_str().unwrap())
+            .unwrap()
+    );
+    assert_eq!(bulk.header["clients"], json_result["clients"]);
     // The registry is the process's: other tests' rounds count too.
     assert!(
         s.metric("gpu_ops_secagg_rounds_total{event=\"finished\"}")
@@ -284,8 +317,8 @@ async fn a_masked_upload_is_indistinguishable_from_uniform() {
                     }
                     let (parts, body) = req.into_parts();
                     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-                    let v: Value = serde_json::from_slice(&bytes).unwrap();
-                    let raw = B64.decode(v["masked"].as_str().unwrap()).unwrap();
+                    // The reference client uploads in the bulk form.
+                    let raw = crate::bulk::read(&bytes).buffers["/masked"].1.clone();
                     tap.lock().unwrap().push(
                         raw.chunks_exact(4)
                             .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
@@ -769,6 +802,29 @@ async fn every_refusal_has_its_code_and_path() {
     assert_eq!(
         problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
         "/masked"
+    );
+    // In the bulk form the words are a u32 buffer: another dtype is refused at its member.
+    let as_f32 = crate::bulk::body(
+        json!({}),
+        vec![crate::bulk::Buf {
+            at: "/masked",
+            dtype: gpu_ops::wire::Dtype::F32,
+            shape: vec![8],
+            bytes: vec![0; 32],
+        }],
+    );
+    let res = s
+        .client
+        .post(format!("{}/secagg/rounds/{round}/inputs", s.url))
+        .header("x-secagg-token", &a.token)
+        .header("content-type", gpu_ops::wire::MEDIA_TYPE)
+        .body(as_f32)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/masked/dtype"
     );
     let res = s
         .client

@@ -6,10 +6,15 @@ use super::{
     aggregate_in_background, count, decode_32, new_token, presented_token, x25519_key, RoundView,
     B64,
 };
+use crate::api::byte_strings::ByteStringIn;
+use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, ApiJson, ApiPath, AppState, IdParam};
+use crate::api::{
+    blocking, bulk, json_body, AnswerForm, ApiBody, ApiJson, ApiPath, AppState, IdParam,
+};
 use crate::ops::mpc::secagg::protocol::{fr_from_bytes, SHARE_CIPHERTEXT_BYTES};
 use crate::ops::mpc::secagg::round::{Secret, Stage};
+use crate::wire::Dtype;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -215,11 +220,13 @@ pub async fn secagg_inbox(
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InputRequest {
-    /// The masked, quantised vector: `vector_length` little-endian u32 in standard base64.
+    /// The masked, quantised vector: `vector_length` little-endian u32 in standard base64;
+    /// in the bulk form a `u32` buffer.
     #[schema(
+        value_type = String,
         pattern = r"^(?:[A-Za-z0-9+/]{16})*(?:[A-Za-z0-9+/]{5}[AQgw]==|[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=)?$"
     )]
-    pub masked: String,
+    pub masked: ByteStringIn,
 }
 
 #[utoipa::path(
@@ -230,7 +237,7 @@ pub struct InputRequest {
         (the first upload is the sum until the second arrives).",
     params(("id" = String, Path, description = "Round id"),
         ("x-secagg-token" = String, Header, description = "This client's token")),
-    request_body = InputRequest,
+    request_body(content((InputRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "Accepted", body = SubmissionResponse),
         (status = 403, description = "secagg_token_invalid"),
@@ -246,23 +253,23 @@ pub async fn secagg_input(
     State(state): State<Arc<AppState>>,
     ApiPath(IdParam { id }): ApiPath<IdParam>,
     headers: HeaderMap,
-    ApiJson(req): ApiJson<InputRequest>,
-) -> Result<Json<SubmissionResponse>, Problem> {
+    form: AnswerForm,
+    ApiBody(req): ApiBody<InputRequest>,
+) -> Result<Response, Problem> {
     let token = presented_token(&headers)?;
     let store = state.store.clone();
     // Always off the async threads: the store's clients block.
     let (client_id, round) = blocking(move || {
-        let bytes = B64
-            .decode(&req.masked)
-            .ok()
-            .filter(|b| b.len() % 4 == 0)
-            .ok_or_else(|| {
-                Problem::at(
-                    ErrorCode::InvalidParameter,
-                    "/masked",
-                    "must be little-endian u32 words in standard base64",
-                )
-            })?;
+        let bytes = req
+            .masked
+            .bytes(Dtype::U32, ErrorCode::InvalidParameter, "/masked")?;
+        if bytes.len() % 4 != 0 {
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                "/masked",
+                "must be little-endian u32 words in standard base64",
+            ));
+        }
         let words: Vec<u32> = bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
@@ -271,10 +278,11 @@ pub async fn secagg_input(
     })
     .await?;
     count(&state, Stage::MaskedInput, &round);
-    Ok(Json(SubmissionResponse {
+    let body = SubmissionResponse {
         client_id,
         round: round.into(),
-    }))
+    };
+    bulk::reply(form, &body, |b| json_body(b, 1024))
 }
 
 #[derive(Deserialize, ToSchema)]

@@ -2,16 +2,19 @@
 //! sum.
 
 use super::{aggregate, new_token, presented_token, RoundView};
+use crate::api::byte_strings::ByteStringOut;
+use crate::api::float_arrays::VectorOut;
+use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, ApiJson, ApiPath, AppState, IdParam};
+use crate::api::{blocking, bulk, json_body, AnswerForm, ApiJson, ApiPath, AppState, IdParam};
 use crate::backend::BackendChoice;
 use crate::ops::mpc::secagg::protocol::dequantise;
 use crate::ops::mpc::secagg::round::{RoundConfig, Stage};
+use crate::wire::Dtype;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::Engine;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -203,10 +206,14 @@ pub struct RoundResult {
     /// in the sum.
     pub dropped: Vec<u32>,
     pub scale_bits: u32,
-    /// The sum, dequantised: each ring value read as a signed 32-bit integer over 2^f.
-    pub sum: Vec<f64>,
-    /// The sum on the ring Z/2^32, as little-endian u32 in standard base64.
-    pub ring_sum: String,
+    /// The sum, dequantised: each ring value read as a signed 32-bit integer over 2^f;
+    /// an `f64` buffer in a bulk answer.
+    #[schema(value_type = Vec<f64>)]
+    pub sum: VectorOut,
+    /// The sum on the ring Z/2^32, as little-endian u32 in standard base64; a `u32`
+    /// buffer in a bulk answer.
+    #[schema(value_type = String)]
+    pub ring_sum: ByteStringOut,
 }
 
 #[utoipa::path(
@@ -218,7 +225,7 @@ pub struct RoundResult {
     params(("id" = String, Path, description = "Round id"),
         ("x-secagg-token" = String, Header, description = "The coordinator's token")),
     responses(
-        (status = 200, description = "The sum", body = RoundResult),
+        (status = 200, description = "The sum", content((RoundResult = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
         (status = 403, description = "secagg_token_invalid"),
         (status = 404, description = "secagg_round_not_found"),
         (status = 409, description = "secagg_wrong_stage: not finished, or failed (the detail says why), or the sum being computed (Retry-After)"),
@@ -231,7 +238,8 @@ pub async fn secagg_round_result(
     State(state): State<Arc<AppState>>,
     ApiPath(IdParam { id }): ApiPath<IdParam>,
     headers: HeaderMap,
-) -> Result<Json<RoundResult>, Problem> {
+    form: AnswerForm,
+) -> Result<Response, Problem> {
     let token = presented_token(&headers)?;
     let store = state.store.clone();
     let round_id = id.clone();
@@ -263,18 +271,19 @@ pub async fn secagg_round_result(
     let sets = round.sets();
     let f = round.config.scale_bits;
     let encode = move || {
-        Ok(Json(RoundResult {
+        let hint = sum.len() * 28 + 1024;
+        let body = RoundResult {
             id: round.id,
             clients: sets.uploaded.iter().copied().collect(),
             dropped: sets.shared.difference(&sets.uploaded).copied().collect(),
             scale_bits: f,
-            sum: sum.iter().map(|&v| dequantise(v, f)).collect(),
-            ring_sum: super::B64.encode(
-                sum.iter()
-                    .flat_map(|w| w.to_le_bytes())
-                    .collect::<Vec<u8>>(),
-            ),
-        }))
+            sum: VectorOut::new(sum.iter().map(|&v| dequantise(v, f)).collect(), None),
+            ring_sum: ByteStringOut {
+                dtype: Dtype::U32,
+                bytes: sum.iter().flat_map(|w| w.to_le_bytes()).collect(),
+            },
+        };
+        bulk::reply(form, &body, |b| json_body(b, hint))
     };
     blocking(encode).await
 }

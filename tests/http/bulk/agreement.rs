@@ -82,6 +82,18 @@ pub(super) async fn json_post(s: &TestServer, path: &str, request: &Value) -> Va
 /// Sends `request` as JSON and `bulk` (the same request with buffers) both ways and
 /// checks the answers agree: as JSON, exactly; as a bulk body, each buffer is the JSON
 /// answer's packed tensor or base64 vector at the same place, and the rest is the same.
+/// JSON numbers as a buffer of `dtype` holds them.
+fn numbers_as(numbers: &[Value], dtype: Dtype) -> Vec<u8> {
+    numbers
+        .iter()
+        .flat_map(|n| match dtype {
+            Dtype::U64 => n.as_u64().unwrap().to_le_bytes().to_vec(),
+            Dtype::F64 => n.as_f64().unwrap().to_le_bytes().to_vec(),
+            other => panic!("JSON numbers answered as {other:?}"),
+        })
+        .collect()
+}
+
 pub(super) async fn agree(s: &TestServer, path: &str, request: &Value, bulk: Vec<u8>) {
     let want = json_post(s, path, request).await;
     let res = post(s, path, bulk.clone(), false).await;
@@ -102,6 +114,7 @@ pub(super) async fn agree(s: &TestServer, path: &str, request: &Value, bulk: Vec
             .unwrap_or_else(|| panic!("{path}: {at} in the JSON answer"));
         let json_bytes = match json {
             Value::String(text) => B64.decode(text).unwrap(),
+            Value::Array(numbers) => numbers_as(numbers, r.dtype),
             packed => {
                 assert_eq!(packed["dtype"], json!(r.dtype), "{path}{at}");
                 assert_eq!(packed["shape"], json!(r.shape), "{path}{at}");
