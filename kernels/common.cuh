@@ -7,7 +7,16 @@
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
-#ifdef __CUDACC__
+// A GPU compiler: NVRTC defines __CUDACC__; hipRTC and clang's HIP mode (AMD, issue "AMD
+// GPUs") define __HIP__ instead. Every device branch of every kernel tests this one name,
+// so the same source compiles for both vendors; the host build and the emulated device
+// define neither. HIP provides the CUDA intrinsics the kernels use (__umul64hi, __brev,
+// the _rn arithmetic); no kernel uses warp intrinsics or assumes a warp of 32.
+#if defined(__CUDACC__) || defined(__HIP__)
+#define GPU_OPS_DEVICE 1
+#endif
+
+#ifdef GPU_OPS_DEVICE
 #define FIELD_FN static __device__ __forceinline__
 // Big bodies called from several places (curve doubling and full additions): one copy
 // each instead of one per call site keeps NVRTC's time (run in CI) and the register
@@ -34,7 +43,7 @@ typedef unsigned long long u64;
 
 // Double arithmetic that is never fused into an FMA, so the GPU rounds exactly as the
 // CPU twin does (Rust never contracts; the host build passes -ffp-contract=off).
-#ifdef __CUDACC__
+#ifdef GPU_OPS_DEVICE
 #define DMUL(a, b) __dmul_rn((a), (b))
 #define DADD(a, b) __dadd_rn((a), (b))
 #else

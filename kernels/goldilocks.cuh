@@ -31,7 +31,7 @@ FIELD_FN u64 gl_reduce128(u64 hi, u64 lo) {
 }
 
 FIELD_FN u64 gl_mul(u64 a, u64 b) {
-#ifdef __CUDACC__
+#ifdef GPU_OPS_DEVICE
     return gl_reduce128(__umul64hi(a, b), a * b);
 #else
     unsigned __int128 p = (unsigned __int128)a * b;

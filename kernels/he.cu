@@ -10,7 +10,7 @@
 
 // The high word of a 64 × 64-bit product (the emulated device builds this file as C++).
 FIELD_FN u64 he_mul_hi(u64 a, u64 b) {
-#ifdef __CUDACC__
+#ifdef GPU_OPS_DEVICE
     return __umul64hi(a, b);
 #else
     return (u64)(((unsigned __int128)a * b) >> 64);

@@ -19,7 +19,7 @@
 #define ATT_THREADS 128
 
 // −∞ without <math.h> (NVRTC has none): the bit pattern, or the host's.
-#ifdef __CUDACC__
+#ifdef GPU_OPS_DEVICE
 #define ATT_NEG_INF __int_as_float(0xff800000)
 #else
 #define ATT_NEG_INF (-INFINITY)

@@ -12,7 +12,7 @@
 
 #include "common.cuh"
 
-#ifdef __CUDACC__
+#ifdef GPU_OPS_DEVICE
 #define FMUL(a, b) __fmul_rn((a), (b))
 #define FADD(a, b) __fadd_rn((a), (b))
 #define FSUB(a, b) __fsub_rn((a), (b))

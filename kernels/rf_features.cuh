@@ -21,13 +21,13 @@
 
 // A block's barrier on the device and on the emulated device (kernels/emu/cuda_emu.h);
 // nothing in the host build, where one "thread" does a block's work.
-#if defined(__CUDACC__) || defined(GPU_OPS_CUDA_EMU_H)
+#if defined(GPU_OPS_DEVICE) || defined(GPU_OPS_CUDA_EMU_H)
 #define RF_SYNC() __syncthreads()
 #else
 #define RF_SYNC()
 #endif
 
-#ifdef __CUDACC__
+#ifdef GPU_OPS_DEVICE
 #define RF_BITREV(j, bits) (__brev(j) >> (32 - (bits)))
 #else
 #define RF_BITREV(j, bits) rf_host_bitrev((j), (bits))

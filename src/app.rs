@@ -108,6 +108,7 @@ impl App {
         ));
         let (done_tx, discovered) = watch::channel(false);
         if cfg.backend == BackendChoice::Cpu {
+            backends.set_hip(backend::hip::not_probed("--backend cpu"));
             backends.set_gpus(Vec::new(), "CUDA not used: --backend cpu".into());
             done_tx.send_replace(true);
         } else {
@@ -153,6 +154,11 @@ impl App {
                         tracing::warn!(reason = %why, "GPU gauges will not be exported");
                     }
                 }
+                b.set_hip(if emulate {
+                    backend::hip::not_probed("--emulate-device")
+                } else {
+                    backend::hip::status()
+                });
                 b.set_gpus(gpus, reason);
                 done_tx.send_replace(true);
             });

@@ -75,6 +75,8 @@ pub struct DeviceReport {
     /// Whether a failed device job reruns on the CPU.
     pub fallback: bool,
     pub gpus: Vec<GpuReport>,
+    /// AMD GPUs: the HIP runtime found, and why none runs work here (no HIP engine yet).
+    pub hip: crate::backend::hip::HipStatus,
     pub cpu: CpuInfo,
     /// Whether API routes need a key.
     pub authentication: Authentication,
@@ -140,6 +142,7 @@ pub async fn device(State(state): State<Arc<AppState>>) -> Json<DeviceReport> {
         reason: b.reason(),
         fallback: state.settings.config.fallback,
         gpus,
+        hip: b.hip(),
         cpu: b.cpu.info.clone(),
         authentication,
         warnings: authentication

@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod device;
 pub mod emulated;
+pub mod hip;
 mod job;
 pub mod measure;
 mod nvml;
@@ -123,6 +124,8 @@ pub struct Backends {
     reason: RwLock<String>,
     next_gpu: AtomicUsize,
     probe: OnceLock<Probe>,
+    /// What discovery found for AMD GPUs (`hip::status`).
+    hip: OnceLock<hip::HipStatus>,
 }
 
 impl Backends {
@@ -135,7 +138,21 @@ impl Backends {
             reason: RwLock::new("device discovery has not finished".into()),
             next_gpu: AtomicUsize::new(0),
             probe: OnceLock::new(),
+            hip: OnceLock::new(),
         }
+    }
+
+    /// What discovery found for AMD GPUs; set once.
+    pub fn set_hip(&self, status: hip::HipStatus) {
+        let _ = self.hip.set(status);
+    }
+
+    pub fn hip(&self) -> hip::HipStatus {
+        self.hip.get().cloned().unwrap_or_else(|| hip::HipStatus {
+            runtime: None,
+            devices: 0,
+            reason: "device discovery has not finished".into(),
+        })
     }
 
     /// How retired devices are re-probed; set once, before `set_gpus`.

@@ -2,7 +2,7 @@
 //! domain's jobs against their CPU twins on it and on any GPU present (`parity`, one
 //! harness over `Job`), the server with `--emulate-device`
 //! (`emulated_http`), self-tests, quarantine and faults (`device_faults`), and every kernel
-//! through NVRTC and ptxas (`nvrtc_compile`). CI runs this binary again under AddressSanitizer
+//! through NVRTC and ptxas (`nvrtc_compile`) and through hipRTC for AMD GPUs (`hip_compile`). CI runs this binary again under AddressSanitizer
 //! and ThreadSanitizer (`.ci/run`).
 
 #[path = "../common/mod.rs"]
@@ -11,5 +11,6 @@ mod common;
 mod device_faults;
 mod emulated_device;
 mod emulated_http;
+mod hip_compile;
 mod nvrtc_compile;
 mod parity;

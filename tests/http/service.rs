@@ -35,6 +35,42 @@ async fn system_endpoints_answer() {
     assert!(docs.text().await.unwrap().contains("swagger"));
     let res = s.get("/health/live").await;
     assert!(res.headers().contains_key("x-request-id"));
+    assert_eq!(device["hip"]["reason"], "HIP not probed: --backend cpu");
+}
+
+/// Without an AMD GPU (every test machine), `/device` says why HIP runs nothing: no
+/// runtime found (most machines), or one without a device (CI, which installs Debian's
+/// ROCm for the compile check); the ops run on the CPU.
+#[tokio::test]
+async fn device_says_why_no_amd_gpu_runs_work() {
+    let s = TestServer::start(&["--backend", "auto"]).await;
+    let device: Value = s.get("/device").await.json().await.unwrap();
+    let hip = &device["hip"];
+    assert_eq!(hip["devices"], 0, "{hip}");
+    let reason = hip["reason"].as_str().unwrap();
+    match hip["runtime"].as_str() {
+        None => assert!(
+            reason.starts_with("no HIP runtime")
+                || reason.starts_with("no hipRTC")
+                || reason.contains("lacks"),
+            "{reason}"
+        ),
+        Some(runtime) => {
+            assert!(runtime.contains("libamdhip64"), "{runtime}");
+            assert!(reason.contains("reports no AMD GPU"), "{reason}");
+        }
+    }
+    assert_eq!(device["backend"], "cpu");
+    let res = s
+        .post(
+            "/zk/field_add",
+            json!({"field": "goldilocks", "a": ["1"], "b": ["2"]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["x-backend"], "cpu");
 }
 
 #[tokio::test]

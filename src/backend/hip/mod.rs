@@ -1,0 +1,244 @@
+//! AMD GPUs through HIP (issue "AMD GPUs"): the ROCm libraries found and loaded at run
+//! time, as CUDA's are, so the binary runs where no ROCm is installed; and hipRTC, which
+//! compiles the same `kernels/*.cu` for an AMD architecture (`rtc`). CI compiles every
+//! module for gfx90a and gfx1030 through it (tests/device/hip_compile.rs).
+//!
+//! What is not here yet: an engine that allocates, copies and launches on an AMD device.
+//! Until it is, a host with AMD GPUs runs every op on the CPU, and `/device` says so
+//! (`HipStatus`). No AMD GPU has run these kernels.
+
+mod rtc;
+
+pub use rtc::{compile, hiprtc_options, hiprtc_version};
+
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The HIP runtime's names: unversioned (a development install), ROCm 6 and later, ROCm 5.
+const RUNTIME_NAMES: &[&str] = &["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"];
+/// hipRTC's own library from ROCm 6; on ROCm 5 the runtime exports its functions.
+const RTC_NAMES: &[&str] = &["libhiprtc.so", "libhiprtc.so.6"];
+
+/// Runtime functions the start-up probe calls.
+const RUNTIME_SYMBOLS: &[&str] = &["hipInit", "hipGetDeviceCount", "hipRuntimeGetVersion"];
+/// hipRTC functions the compile path calls (`rtc::compile`).
+const RTC_SYMBOLS: &[&str] = &[
+    "hiprtcVersion",
+    "hiprtcCreateProgram",
+    "hiprtcCompileProgram",
+    "hiprtcGetProgramLogSize",
+    "hiprtcGetProgramLog",
+    "hiprtcGetCodeSize",
+    "hiprtcGetCode",
+    "hiprtcDestroyProgram",
+];
+
+/// What `/device` reports about AMD GPUs.
+#[derive(Clone, Debug, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HipStatus {
+    /// The HIP runtime library loaded, with its version; absent when none was found.
+    pub runtime: Option<String>,
+    /// AMD GPUs the runtime reports (0 without the runtime).
+    pub devices: u32,
+    /// Why no AMD GPU runs work here: a library missing or incomplete, no device, or no
+    /// HIP engine in this build yet.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            example = "no HIP runtime (libamdhip64.so not found in /opt/rocm/lib or the loader's path): AMD GPUs are not used"
+        )
+    )]
+    pub reason: String,
+}
+
+/// A loaded library and the path it was found at.
+pub(crate) struct Loaded {
+    pub path: String,
+    pub library: libloading::Library,
+}
+
+/// Where the ROCm libraries are looked for before the loader's own path: `$ROCM_PATH/lib`,
+/// then `/opt/rocm/lib`.
+fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(root) = std::env::var_os("ROCM_PATH") {
+        dirs.push(PathBuf::from(root).join("lib"));
+    }
+    dirs.push(PathBuf::from("/opt/rocm/lib"));
+    dirs
+}
+
+/// The first of `names` that loads, from `dirs` and then the loader's path; or what was
+/// tried.
+pub(crate) fn open_first(names: &[&str], dirs: &[PathBuf]) -> Result<Loaded, String> {
+    let candidates = dirs
+        .iter()
+        .flat_map(|d| names.iter().map(move |n| d.join(n)))
+        .chain(names.iter().map(PathBuf::from));
+    for path in candidates {
+        // SAFETY: loading runs the library's initialisers; these are the vendor's ROCm
+        // libraries, loaded as any HIP program loads them.
+        if let Ok(library) = unsafe { libloading::Library::new(&path) } {
+            return Ok(Loaded {
+                path: path.display().to_string(),
+                library,
+            });
+        }
+    }
+    let where_ = dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(format!(
+        "{} not found in {where_} or the loader's path",
+        names.join(" or ")
+    ))
+}
+
+/// The first of `symbols` that `loaded` lacks.
+pub(crate) fn missing_symbol(loaded: &Loaded, symbols: &[&str]) -> Option<String> {
+    symbols.iter().find_map(|s| {
+        // SAFETY: only looked up, never called through this type.
+        let found = unsafe { loaded.library.get::<unsafe extern "C" fn()>(s.as_bytes()) };
+        found.is_err().then(|| s.to_string())
+    })
+}
+
+/// The HIP runtime and hipRTC, each with every function this build calls.
+pub(crate) struct Libraries {
+    pub runtime: Loaded,
+    /// hipRTC's library: its own on ROCm 6 and later, the runtime's on ROCm 5 (`None`).
+    pub rtc: Option<Loaded>,
+}
+
+impl Libraries {
+    pub fn rtc(&self) -> &Loaded {
+        self.rtc.as_ref().unwrap_or(&self.runtime)
+    }
+}
+
+/// Loads the runtime and hipRTC from `runtime_names` and `rtc_names` in `dirs`: an
+/// absent or incomplete library is an error that names it, never a panic.
+pub(crate) fn load_from(
+    runtime_names: &[&str],
+    rtc_names: &[&str],
+    dirs: &[PathBuf],
+) -> Result<Libraries, String> {
+    let runtime = open_first(runtime_names, dirs).map_err(|e| format!("no HIP runtime ({e})"))?;
+    if let Some(s) = missing_symbol(&runtime, RUNTIME_SYMBOLS) {
+        return Err(format!(
+            "the HIP runtime at {} lacks {s}: not a HIP runtime this build can use",
+            runtime.path
+        ));
+    }
+    let rtc = match open_first(rtc_names, dirs) {
+        Ok(rtc) => Some(rtc),
+        Err(_) if missing_symbol(&runtime, RTC_SYMBOLS).is_none() => None,
+        Err(e) => return Err(format!("no hipRTC ({e}, nor in {})", runtime.path)),
+    };
+    let libraries = Libraries { runtime, rtc };
+    if let Some(s) = missing_symbol(libraries.rtc(), RTC_SYMBOLS) {
+        return Err(format!(
+            "hipRTC at {} lacks {s}: not a hipRTC this build can use",
+            libraries.rtc().path
+        ));
+    }
+    Ok(libraries)
+}
+
+/// The ROCm libraries of this host, loaded once.
+pub(crate) fn libraries() -> Result<&'static Libraries, &'static str> {
+    static LOADED: OnceLock<Result<Libraries, String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| load_from(RUNTIME_NAMES, RTC_NAMES, &search_dirs()))
+        .as_ref()
+        .map_err(String::as_str)
+}
+
+/// Whether hipRTC loads here (the compile check needs no AMD GPU).
+pub fn hiprtc_available() -> bool {
+    libraries().is_ok()
+}
+
+type HipInit = unsafe extern "C" fn(u32) -> i32;
+type HipGetDeviceCount = unsafe extern "C" fn(*mut i32) -> i32;
+type HipRuntimeGetVersion = unsafe extern "C" fn(*mut i32) -> i32;
+
+/// What this host has for AMD GPUs, for `/device`. Probes once: loads the libraries and,
+/// where they load, initialises the runtime and counts its devices.
+pub fn status() -> HipStatus {
+    static STATUS: OnceLock<HipStatus> = OnceLock::new();
+    STATUS.get_or_init(|| probe(libraries())).clone()
+}
+
+/// The status of a server that looks for no AMD GPU (`why`: the flag that says so).
+pub fn not_probed(why: &str) -> HipStatus {
+    HipStatus {
+        runtime: None,
+        devices: 0,
+        reason: format!("HIP not probed: {why}"),
+    }
+}
+
+fn probe(libraries: Result<&Libraries, &str>) -> HipStatus {
+    let libraries = match libraries {
+        Ok(l) => l,
+        Err(why) => {
+            return HipStatus {
+                runtime: None,
+                devices: 0,
+                reason: format!("{why}: AMD GPUs are not used"),
+            }
+        }
+    };
+    let runtime = &libraries.runtime;
+    // SAFETY: each symbol was found at load (`load_from`) and has HIP's C signature.
+    let (version, init, count) = unsafe {
+        let version = runtime
+            .library
+            .get::<HipRuntimeGetVersion>(b"hipRuntimeGetVersion")
+            .map(|f| {
+                let mut v = 0;
+                (f(&mut v) == 0).then_some(v)
+            })
+            .ok()
+            .flatten();
+        let init = runtime
+            .library
+            .get::<HipInit>(b"hipInit")
+            .map(|f| f(0))
+            .unwrap_or(-1);
+        let mut n = 0;
+        let count = runtime
+            .library
+            .get::<HipGetDeviceCount>(b"hipGetDeviceCount")
+            .map(|f| f(&mut n))
+            .unwrap_or(-1);
+        (version, init, (count == 0).then_some(n.max(0) as u32))
+    };
+    // HIP's version is major * 10^7 + minor * 10^5 + patch.
+    let version = version
+        .map(|v| format!("HIP {}.{}", v / 10_000_000, v / 100_000 % 100))
+        .unwrap_or_else(|| "HIP of unknown version".into());
+    let runtime_name = format!("{} ({version})", runtime.path);
+    // A device count means nothing from a runtime that did not initialise.
+    let devices = if init == 0 { count.unwrap_or(0) } else { 0 };
+    let reason = if init != 0 || devices == 0 {
+        format!("the HIP runtime loads but reports no AMD GPU (hipInit returned {init})")
+    } else {
+        format!(
+            "{devices} AMD GPU(s) found, but this build has no HIP engine yet: their work runs on the CPU (kernels are compile-checked for gfx90a and gfx1030 only)"
+        )
+    };
+    HipStatus {
+        runtime: Some(runtime_name),
+        devices,
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests;
