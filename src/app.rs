@@ -157,7 +157,7 @@ impl App {
                 b.set_hip(if emulate {
                     backend::hip::not_probed("--emulate-device")
                 } else {
-                    backend::hip::status()
+                    backend::hip::status(std::time::Duration::from_secs(10))
                 });
                 b.set_gpus(gpus, reason);
                 done_tx.send_replace(true);

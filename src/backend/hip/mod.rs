@@ -38,7 +38,7 @@ const RTC_SYMBOLS: &[&str] = &[
 #[derive(Clone, Debug, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HipStatus {
-    /// The HIP runtime library loaded, with its version; absent when none was found.
+    /// The HIP runtime library loaded, with its version; null when none was found.
     pub runtime: Option<String>,
     /// AMD GPUs the runtime reports (0 without the runtime).
     pub devices: u32,
@@ -70,13 +70,24 @@ fn search_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// The first of `names` that loads, from `dirs` and then the loader's path; or what was
-/// tried.
-pub(crate) fn open_first(names: &[&str], dirs: &[PathBuf]) -> Result<Loaded, String> {
-    let candidates = dirs
+/// Where libraries are looked for: these folders, then (unless a test says not to) the
+/// loader's own path.
+pub(crate) struct Search {
+    pub dirs: Vec<PathBuf>,
+    pub loader_path: bool,
+}
+
+/// The first of `names` that loads, from `search`; or what was tried.
+pub(crate) fn open_first(names: &[&str], search: &Search) -> Result<Loaded, String> {
+    let from_loader = names
+        .iter()
+        .filter(|_| search.loader_path)
+        .map(PathBuf::from);
+    let candidates = search
+        .dirs
         .iter()
         .flat_map(|d| names.iter().map(move |n| d.join(n)))
-        .chain(names.iter().map(PathBuf::from));
+        .chain(from_loader);
     for path in candidates {
         // SAFETY: loading runs the library's initialisers; these are the vendor's ROCm
         // libraries, loaded as any HIP program loads them.
@@ -87,14 +98,18 @@ pub(crate) fn open_first(names: &[&str], dirs: &[PathBuf]) -> Result<Loaded, Str
             });
         }
     }
-    let where_ = dirs
+    let mut places: Vec<String> = search
+        .dirs
         .iter()
         .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(", ");
+        .collect();
+    if search.loader_path {
+        places.push("the loader's path".into());
+    }
     Err(format!(
-        "{} not found in {where_} or the loader's path",
-        names.join(" or ")
+        "{} not found in {}",
+        names.join(" or "),
+        places.join(", ")
     ))
 }
 
@@ -125,16 +140,16 @@ impl Libraries {
 pub(crate) fn load_from(
     runtime_names: &[&str],
     rtc_names: &[&str],
-    dirs: &[PathBuf],
+    search: &Search,
 ) -> Result<Libraries, String> {
-    let runtime = open_first(runtime_names, dirs).map_err(|e| format!("no HIP runtime ({e})"))?;
+    let runtime = open_first(runtime_names, search).map_err(|e| format!("no HIP runtime ({e})"))?;
     if let Some(s) = missing_symbol(&runtime, RUNTIME_SYMBOLS) {
         return Err(format!(
             "the HIP runtime at {} lacks {s}: not a HIP runtime this build can use",
             runtime.path
         ));
     }
-    let rtc = match open_first(rtc_names, dirs) {
+    let rtc = match open_first(rtc_names, search) {
         Ok(rtc) => Some(rtc),
         Err(_) if missing_symbol(&runtime, RTC_SYMBOLS).is_none() => None,
         Err(e) => return Err(format!("no hipRTC ({e}, nor in {})", runtime.path)),
@@ -153,7 +168,13 @@ pub(crate) fn load_from(
 pub(crate) fn libraries() -> Result<&'static Libraries, &'static str> {
     static LOADED: OnceLock<Result<Libraries, String>> = OnceLock::new();
     LOADED
-        .get_or_init(|| load_from(RUNTIME_NAMES, RTC_NAMES, &search_dirs()))
+        .get_or_init(|| {
+            let search = Search {
+                dirs: search_dirs(),
+                loader_path: true,
+            };
+            load_from(RUNTIME_NAMES, RTC_NAMES, &search)
+        })
         .as_ref()
         .map_err(String::as_str)
 }
@@ -168,10 +189,28 @@ type HipGetDeviceCount = unsafe extern "C" fn(*mut i32) -> i32;
 type HipRuntimeGetVersion = unsafe extern "C" fn(*mut i32) -> i32;
 
 /// What this host has for AMD GPUs, for `/device`. Probes once: loads the libraries and,
-/// where they load, initialises the runtime and counts its devices.
-pub fn status() -> HipStatus {
+/// where they load, initialises the runtime and counts its devices, on a thread of its
+/// own: a runtime that hangs in hipInit (a broken kernel driver) costs discovery at most
+/// `wait`, and is reported as such.
+pub fn status(wait: std::time::Duration) -> HipStatus {
     static STATUS: OnceLock<HipStatus> = OnceLock::new();
-    STATUS.get_or_init(|| probe(libraries())).clone()
+    let (tx, rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("hip-probe".into())
+        .spawn(move || {
+            let _ = tx.send(STATUS.get_or_init(|| probe(libraries())).clone());
+        });
+    if let Err(e) = spawned {
+        return not_probed(&format!("no thread to probe it on ({e})"));
+    }
+    rx.recv_timeout(wait).unwrap_or_else(|_| HipStatus {
+        runtime: None,
+        devices: 0,
+        reason: format!(
+            "the HIP runtime did not answer within {} s (hipInit hung?): AMD GPUs are not used",
+            wait.as_secs()
+        ),
+    })
 }
 
 /// The status of a server that looks for no AMD GPU (`why`: the flag that says so).
@@ -217,7 +256,7 @@ fn probe(libraries: Result<&Libraries, &str>) -> HipStatus {
             .get::<HipGetDeviceCount>(b"hipGetDeviceCount")
             .map(|f| f(&mut n))
             .unwrap_or(-1);
-        (version, init, (count == 0).then_some(n.max(0) as u32))
+        (version, init, (count, n.max(0) as u32))
     };
     // HIP's version is major * 10^7 + minor * 10^5 + patch.
     let version = version
@@ -225,9 +264,12 @@ fn probe(libraries: Result<&Libraries, &str>) -> HipStatus {
         .unwrap_or_else(|| "HIP of unknown version".into());
     let runtime_name = format!("{} ({version})", runtime.path);
     // A device count means nothing from a runtime that did not initialise.
-    let devices = if init == 0 { count.unwrap_or(0) } else { 0 };
-    let reason = if init != 0 || devices == 0 {
-        format!("the HIP runtime loads but reports no AMD GPU (hipInit returned {init})")
+    let (count_rc, count) = count;
+    let devices = if init == 0 && count_rc == 0 { count } else { 0 };
+    let reason = if devices == 0 {
+        format!(
+            "the HIP runtime loads but reports no AMD GPU (hipInit returned {init}, hipGetDeviceCount {count_rc})"
+        )
     } else {
         format!(
             "{devices} AMD GPU(s) found, but this build has no HIP engine yet: their work runs on the CPU (kernels are compile-checked for gfx90a and gfx1030 only)"

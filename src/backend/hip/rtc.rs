@@ -24,21 +24,24 @@ type GetBytes = unsafe extern "C" fn(Program, *mut c_char) -> c_int;
 type DestroyProgram = unsafe extern "C" fn(*mut Program) -> c_int;
 type Version = unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int;
 
-/// NVRTC's options as clang spells them for HIP: `--fmad=false` is
-/// `-ffp-contract=off`; `--device-int128` is HIP's default. Then the architecture, and
-/// -O3 (hipRTC's own default is lower).
-pub fn hiprtc_options(nvrtc_options: &[&str], arch: &str) -> Vec<String> {
-    let mut out: Vec<String> = nvrtc_options
-        .iter()
-        .filter_map(|o| match *o {
-            "--device-int128" => None,
-            "--fmad=false" => Some("-ffp-contract=off".to_string()),
-            other => Some(other.strip_prefix('-').unwrap_or(other).to_string()),
-        })
-        .collect();
+/// NVRTC's options as clang spells them for HIP: `--std=` is `-std=`, `--fmad=false` is
+/// `-ffp-contract=off`, `--device-int128` is HIP's default, `-D` and `-I` pass as they
+/// are; an option with no known translation is an error, never a guess. Then the
+/// architecture, and -O3 (hipRTC's own default is lower).
+pub fn hiprtc_options(nvrtc_options: &[&str], arch: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for &o in nvrtc_options {
+        match o {
+            "--device-int128" => {}
+            "--fmad=false" => out.push("-ffp-contract=off".to_string()),
+            _ if o.starts_with("--std=") => out.push(o[1..].to_string()),
+            _ if o.starts_with("-D") || o.starts_with("-I") => out.push(o.to_string()),
+            _ => return Err(format!("NVRTC option {o} has no hipRTC translation")),
+        }
+    }
     out.push(format!("--offload-arch={arch}"));
     out.push("-O3".into());
-    out
+    Ok(out)
 }
 
 /// Function `name` of `lib`, as type `T` (one of the signatures above).
@@ -62,7 +65,7 @@ pub fn hiprtc_version() -> Option<(i32, i32)> {
 /// translated (`hiprtc_options`): the code object (an AMDGPU ELF), or hipRTC's log.
 pub fn compile(source: &str, arch: &str, options: &[&str]) -> Result<Vec<u8>, String> {
     let lib = &libraries().map_err(str::to_string)?.rtc().library;
-    let options: Vec<CString> = hiprtc_options(options, arch)
+    let options: Vec<CString> = hiprtc_options(options, arch)?
         .into_iter()
         .map(|o| CString::new(o).map_err(|e| e.to_string()))
         .collect::<Result<_, _>>()?;

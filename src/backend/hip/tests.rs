@@ -29,6 +29,14 @@ fn stand_in(dir: &std::path::Path, name: &str, functions: &[(&str, i32)]) {
     assert!(status.success(), "cc built {name}");
 }
 
+/// Only `dir`, not the loader's path: a real ROCm on the machine must not stand in.
+fn only(dir: &std::path::Path) -> Search {
+    Search {
+        dirs: vec![dir.to_path_buf()],
+        loader_path: false,
+    }
+}
+
 fn scratch(tag: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("gpu-ops-hip-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -51,11 +59,7 @@ fn with_rtc(runtime: &[(&'static str, i32)]) -> Vec<(&'static str, i32)> {
 #[test]
 fn a_missing_runtime_is_named_with_where_it_was_looked_for() {
     let dir = scratch("missing");
-    let Err(why) = load_from(
-        &["libgpu-ops-no-such-hip.so"],
-        RTC_NAMES,
-        std::slice::from_ref(&dir),
-    ) else {
+    let Err(why) = load_from(&["libgpu-ops-no-such-hip.so"], RTC_NAMES, &only(&dir)) else {
         panic!("a library that does not exist loaded");
     };
     assert!(why.starts_with("no HIP runtime"), "{why}");
@@ -76,22 +80,14 @@ fn a_library_that_is_not_hip_is_refused_by_the_function_it_lacks() {
     // Loads, but lacks hipRuntimeGetVersion.
     // (Each stand-in has its own name: a library once loaded is not written over.)
     stand_in(&dir, "libamdhip64-partial.so", &RUNTIME[..2]);
-    let Err(why) = load_from(
-        &["libamdhip64-partial.so"],
-        &["libhiprtc.so"],
-        std::slice::from_ref(&dir),
-    ) else {
+    let Err(why) = load_from(&["libamdhip64-partial.so"], &["libhiprtc.so"], &only(&dir)) else {
         panic!("a runtime without hipRuntimeGetVersion was taken");
     };
     assert!(why.contains("lacks hipRuntimeGetVersion"), "{why}");
 
     // A whole runtime, and neither a hipRTC library nor hipRTC's functions in it.
     stand_in(&dir, "libamdhip64.so", RUNTIME);
-    let Err(why) = load_from(
-        &["libamdhip64.so"],
-        &["libhiprtc-absent.so"],
-        std::slice::from_ref(&dir),
-    ) else {
+    let Err(why) = load_from(&["libamdhip64.so"], &["libhiprtc-absent.so"], &only(&dir)) else {
         panic!("a runtime without hipRTC was taken");
     };
     assert!(why.starts_with("no hipRTC"), "{why}");
@@ -101,11 +97,7 @@ fn a_library_that_is_not_hip_is_refused_by_the_function_it_lacks() {
     partial.retain(|s| *s != "hiprtcGetCode");
     let partial: Vec<(&str, i32)> = partial.into_iter().map(|s| (s, 0)).collect();
     stand_in(&dir, "libhiprtc.so", &partial);
-    let Err(why) = load_from(
-        &["libamdhip64.so"],
-        &["libhiprtc.so"],
-        std::slice::from_ref(&dir),
-    ) else {
+    let Err(why) = load_from(&["libamdhip64.so"], &["libhiprtc.so"], &only(&dir)) else {
         panic!("a hipRTC without hiprtcGetCode was taken");
     };
     assert!(why.contains("lacks hiprtcGetCode"), "{why}");
@@ -117,12 +109,7 @@ fn a_whole_library_set_is_probed_for_its_devices() {
     let dir = scratch("whole");
     // ROCm 5's layout: hipRTC's functions in the runtime itself.
     stand_in(&dir, "libamdhip64.so", &with_rtc(RUNTIME));
-    let libraries = load_from(
-        &["libamdhip64.so"],
-        &["libhiprtc.so"],
-        std::slice::from_ref(&dir),
-    )
-    .unwrap();
+    let libraries = load_from(&["libamdhip64.so"], &["libhiprtc.so"], &only(&dir)).unwrap();
     assert!(libraries.rtc.is_none(), "hipRTC is the runtime's");
     let status = probe(Ok(&libraries));
     assert_eq!(status.devices, 2);
@@ -139,11 +126,11 @@ fn a_whole_library_set_is_probed_for_its_devices() {
     // A runtime without a device: hipInit fails (hipErrorNoDevice).
     let no_device = [("hipInit", 100), RUNTIME[1], RUNTIME[2]];
     stand_in(&dir, "libamdhip64.so.6", &with_rtc(&no_device));
-    let libraries = load_from(&["libamdhip64.so.6"], &[], std::slice::from_ref(&dir)).unwrap();
+    let libraries = load_from(&["libamdhip64.so.6"], &[], &only(&dir)).unwrap();
     let status = probe(Ok(&libraries));
     assert_eq!(status.devices, 0);
     assert!(
-        status.reason.contains("no AMD GPU (hipInit returned 100)"),
+        status.reason.contains("no AMD GPU (hipInit returned 100, "),
         "{}",
         status.reason
     );
@@ -154,14 +141,18 @@ fn a_whole_library_set_is_probed_for_its_devices() {
 fn nvrtc_options_are_translated_to_clangs() {
     assert_eq!(
         hiprtc_options(
-            &["--std=c++17", "--device-int128", "--fmad=false"],
+            &["--std=c++17", "--device-int128", "--fmad=false", "-DX=1"],
             "gfx90a"
-        ),
+        )
+        .unwrap(),
         [
             "-std=c++17",
             "-ffp-contract=off",
+            "-DX=1",
             "--offload-arch=gfx90a",
             "-O3"
         ]
     );
+    let unknown = hiprtc_options(&["--use_fast_math"], "gfx90a").unwrap_err();
+    assert!(unknown.contains("--use_fast_math"), "{unknown}");
 }

@@ -79,9 +79,6 @@ pub(super) async fn json_post(s: &TestServer, path: &str, request: &Value) -> Va
     res.json().await.unwrap()
 }
 
-/// Sends `request` as JSON and `bulk` (the same request with buffers) both ways and
-/// checks the answers agree: as JSON, exactly; as a bulk body, each buffer is the JSON
-/// answer's packed tensor or base64 vector at the same place, and the rest is the same.
 /// JSON numbers as a buffer of `dtype` holds them.
 fn numbers_as(numbers: &[Value], dtype: Dtype) -> Vec<u8> {
     numbers
@@ -94,6 +91,10 @@ fn numbers_as(numbers: &[Value], dtype: Dtype) -> Vec<u8> {
         .collect()
 }
 
+/// Sends `request` as JSON and `bulk` (the same request with buffers) both ways and
+/// checks the answers agree: as JSON, exactly; as a bulk body, each buffer is the JSON
+/// answer's packed tensor, base64 vector or number array at the same place, and the rest
+/// is the same.
 pub(super) async fn agree(s: &TestServer, path: &str, request: &Value, bulk: Vec<u8>) {
     let want = json_post(s, path, request).await;
     let res = post(s, path, bulk.clone(), false).await;
