@@ -7,7 +7,8 @@ import struct
 import numpy as np
 
 MEDIA_TYPE = "application/vnd.gpu-ops.bulk"
-DTYPES = {"f16": "<f2", "f32": "<f4", "f64": "<f8", "u32": "<u4", "u64": "<u8"}
+DTYPES = {"f16": "<f2", "f32": "<f4", "f64": "<f8", "u8": "<u1", "u32": "<u4", "u64": "<u8",
+          "cf32": "<c8"}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
 
 

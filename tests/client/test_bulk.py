@@ -81,6 +81,37 @@ def test_field_add_takes_numpy_words_and_answers_them(client):
     assert isinstance(r, FieldVectorResponse) and [int(x) for x in r.result] == want
 
 
+def test_he_keys_ciphertexts_and_slots_travel_as_numpy_arrays(client):
+    """The dealer's calls in the bulk form: keys and ciphertexts as uint8 arrays, slots as
+    uint64; decryption gives back the slots encrypted, and the JSON form agrees."""
+    params = "bfv128_n4096"
+    resp = client.get_httpx_client().post(
+        "/he/keys", json={"parameters": params}, headers={"accept": MEDIA_TYPE})
+    assert resp.status_code == 200 and resp.headers["content-type"] == MEDIA_TYPE
+    header, keys = read_bulk(resp.content)
+    assert header["slots"] == 4096
+    assert keys["public_key"].dtype == np.uint8 and keys["secret_key"].dtype == np.uint8
+
+    values = np.arange(1000, 1300, dtype=np.uint64)
+    _, sealed = bulk_answer(client, "/he/encrypt", bulk_body(
+        {"parameters": params}, {"public_key": keys["public_key"], "values": values}))
+    ciphertext = sealed["ciphertext"]
+    assert ciphertext.dtype == np.uint8 and ciphertext.size > 0
+
+    _, opened = bulk_answer(client, "/he/decrypt", bulk_body(
+        {"parameters": params}, {"secret_key": keys["secret_key"], "ciphertext": ciphertext}))
+    slots = opened["values"]
+    assert slots.dtype == np.uint64 and slots.shape == (4096,)
+    np.testing.assert_array_equal(slots[:300], values)
+    assert not slots[300:].any()
+
+    as_json = client.get_httpx_client().post("/he/decrypt", json={
+        "parameters": params,
+        "secret_key": base64.b64encode(keys["secret_key"].tobytes()).decode(),
+        "ciphertext": base64.b64encode(ciphertext.tobytes()).decode()})
+    assert as_json.status_code == 200 and as_json.json()["values"] == slots.tolist()
+
+
 def test_a_broken_body_is_refused_with_the_member_at_fault(client):
     a = np.ones((2, 2), dtype=np.float32)
     body = bytearray(bulk_body({}, {"a": a, "b": a}))
@@ -96,4 +127,6 @@ def test_the_wire_page_shows_this_helper():
     page = (Path(__file__).resolve().parents[2] / "docs" / "WIRE.md").read_text()
     for code in (inspect.getsource(bulk.bulk_body), inspect.getsource(bulk.read_bulk)):
         assert code in page, code
-    assert 'DTYPES = {"f16": "<f2", "f32": "<f4", "f64": "<f8", "u32": "<u4", "u64": "<u8"}' in page
+    assert (
+        'DTYPES = {"f16": "<f2", "f32": "<f4", "f64": "<f8", "u8": "<u1", "u32": "<u4", "u64": "<u8",\n'
+        '          "cf32": "<c8"}') in page
