@@ -262,3 +262,55 @@ fn a_broken_kernel_is_reported_with_hiprtcs_log() {
     .unwrap_err();
     assert!(err.contains("undefined_thing"), "{err}");
 }
+
+/// Kernels that hold on both vendors: AMD's wavefronts are 64 wide (32 on RDNA), so no
+/// kernel may use a warp intrinsic or take a lane or warp from `threadIdx` with a literal
+/// 32; block-wide work synchronises with `__syncthreads` (docs/GPU.md, "AMD GPUs"). Text
+/// is checked with comments removed.
+#[test]
+fn no_kernel_assumes_a_warp_of_32() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let forbidden = [
+        "__shfl",
+        "__ballot",
+        "__any_sync",
+        "__all_sync",
+        "__activemask",
+        "__syncwarp",
+        "__match_",
+        "__reduce_",
+        "warpSize",
+        "__lanemask",
+    ];
+    let lane_of = ["% 32", "%32", "& 31", "&31", "/ 32", "/32", ">> 5", ">>5"];
+    let mut found = Vec::new();
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let ext = path.extension().and_then(|e| e.to_str());
+        if !matches!(ext, Some("cu" | "cuh")) {
+            continue;
+        }
+        files += 1;
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let at = format!("{}:{}", path.file_name().unwrap().to_string_lossy(), i + 1);
+            for f in forbidden.iter().filter(|f| code.contains(*f)) {
+                found.push(format!("{at}: {f}"));
+            }
+            if code.contains("threadIdx") && lane_of.iter().any(|p| code.contains(p)) {
+                found.push(format!(
+                    "{at}: a lane or warp from threadIdx with a literal 32: {}",
+                    code.trim()
+                ));
+            }
+        }
+    }
+    assert!(
+        files >= 20,
+        "read only {files} kernel sources from {}",
+        dir.display()
+    );
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
