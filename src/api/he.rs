@@ -14,9 +14,10 @@ use crate::ops::he::{check_fresh, CiphertextSumJob, ParameterSet, SumBuilder, Un
 use crate::wire::Dtype;
 use axum::extract::State;
 use axum::response::Response;
-use fhe::bfv::{Ciphertext, Encoding, Plaintext, PublicKey, SecretKey};
+use fhe::bfv::{BfvParameters, Ciphertext, Encoding, Plaintext, PublicKey, SecretKey};
 use fhe_traits::{
-    DeserializeParametrized, FheDecoder, FheDecrypter, FheEncoder, FheEncrypter, Serialize as _,
+    DeserializeParametrized, FheDecoder, FheDecrypter, FheEncoder, FheEncrypter, FheParametrized,
+    Serialize as _,
 };
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -47,6 +48,23 @@ fn byte_string(bytes: Vec<u8>) -> ByteStringOut {
 
 fn ciphertext_out(ct: &Ciphertext) -> ByteStringOut {
     byte_string(ct.to_bytes())
+}
+
+/// A key of `set` (`what`: "public key", "secret key") as sent at `path`, decoded by
+/// fhe.rs; 422 `invalid_parameter` at `path` when it is not one.
+fn key_of<K>(sent: &ByteStringIn, set: ParameterSet, path: &str, what: &str) -> Result<K, Problem>
+where
+    K: DeserializeParametrized + FheParametrized<Parameters = BfvParameters>,
+    K::Error: std::fmt::Display,
+{
+    let bytes = sent.bytes(Dtype::U8, ErrorCode::InvalidParameter, path)?;
+    K::from_bytes(&bytes, &set.parameters()).map_err(|e| {
+        Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            format!("not a {what} of {set:?}: {e}"),
+        )
+    })
 }
 
 /// A ciphertext of `set` as fhe.rs decodes it, not yet checked for form (`check_fresh`,
@@ -197,16 +215,7 @@ pub async fn he_encrypt(
     values_below_t(&values, set.degree(), "/values")?;
     blocking(move || {
         let par = set.parameters();
-        let key = req
-            .public_key
-            .bytes(Dtype::U8, ErrorCode::InvalidParameter, "/public_key")?;
-        let pk = PublicKey::from_bytes(&key, &par).map_err(|e| {
-            Problem::at(
-                ErrorCode::InvalidParameter,
-                "/public_key",
-                format!("not a public key of {set:?}: {e}"),
-            )
-        })?;
+        let pk: PublicKey = key_of(&req.public_key, set, "/public_key", "public key")?;
         let pt = Plaintext::try_encode(&values, Encoding::simd(), &par)
             .map_err(|e| Problem::new(ErrorCode::Internal, e.to_string()))?;
         let ct = crate_call(ErrorCode::InvalidParameter, "/public_key", || {
@@ -347,17 +356,7 @@ pub async fn he_decrypt(
     dealer_only(&state, "decryption")?;
     let set = req.parameters;
     blocking(move || {
-        let par = set.parameters();
-        let key = req
-            .secret_key
-            .bytes(Dtype::U8, ErrorCode::InvalidParameter, "/secret_key")?;
-        let sk = SecretKey::from_bytes(&key, &par).map_err(|e| {
-            Problem::at(
-                ErrorCode::InvalidParameter,
-                "/secret_key",
-                format!("not a secret key of {set:?}: {e}"),
-            )
-        })?;
+        let sk: SecretKey = key_of(&req.secret_key, set, "/secret_key", "secret key")?;
         let sent = req
             .ciphertext
             .bytes(Dtype::U8, ErrorCode::InvalidParameter, "/ciphertext")?;
