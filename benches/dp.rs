@@ -34,7 +34,7 @@ fn gradients(n: usize) -> Vec<f32> {
 
 fn job(g: Vec<f32>, rows: usize, cols: usize) -> PrivatizeJob {
     PrivatizeJob {
-        gradients: Gradients::F32(g),
+        gradients: Gradients::F32(g.into()),
         rows,
         cols,
         bounds: vec![0, cols as u64],

@@ -7,7 +7,8 @@
 # server's median compute time, one memcpy of the body and answer, and the latency over
 # (compute + that copy), the issue's aim being at most 1.25 for the bulk form.
 # Reports land in target/wire-bench/. WIRE_BENCH_CASES picks cases by name (default all);
-# WIRE_BENCH_REQUESTS is each run's request count (default 10).
+# WIRE_BENCH_REQUESTS is each run's request count (default 10). The server's peak RSS
+# over the cases run is printed after them (target/wire-bench/server-peak-rss.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${GPU_OPS_BIN:-target/release/gpu-ops}"
@@ -72,6 +73,10 @@ for c in "${cases[@]}"; do
     done
   done
 done
+
+# The server's peak resident memory over every case run (the issue's memory bound: the
+# largest body plus its answer plus a constant).
+grep VmHWM "/proc/$server/status" | tee "$out/server-peak-rss.txt" >&2
 
 python3 - "$out" <<'PY'
 import json, pathlib, sys

@@ -129,6 +129,12 @@ pub struct Config {
     /// How long a body may arrive at any rate before --min-body-rate applies, e.g. 10s.
     #[arg(long, env = "GPU_OPS_MIN_BODY_RATE_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub min_body_rate_grace: Duration,
+    /// Buffers of finished large request bodies (8 MiB and up) kept for the next ones, in
+    /// bytes in all: a kept buffer is written without the kernel first zeroing fresh
+    /// pages. A buffer unused for 10 s is freed. Default: one --max-body-bytes; 0 keeps
+    /// none.
+    #[arg(long, env = "GPU_OPS_BODY_POOL_BYTES")]
+    pub body_pool_bytes: Option<usize>,
     /// With keys, the most of --max-inflight-body-bytes one tenant's bodies may hold
     /// together, in percent; past it 503 body_budget_exhausted.
     #[arg(
@@ -317,6 +323,8 @@ pub struct Settings {
     pub cpu_threads: usize,
     /// `--max-inflight-body-bytes`, its default resolved.
     pub max_inflight_body_bytes: u64,
+    /// `--body-pool-bytes`, its default resolved.
+    pub body_pool_bytes: usize,
     /// API key -> tenant, when auth is on.
     pub api_keys: Option<HashMap<String, String>>,
 }
@@ -443,9 +451,11 @@ impl Config {
             .as_ref()
             .map(|p| load_api_keys(p))
             .transpose()?;
+        let body_pool_bytes = self.body_pool_bytes.unwrap_or(self.max_body_bytes);
         Ok(Settings {
             cpu_threads,
             max_inflight_body_bytes,
+            body_pool_bytes,
             api_keys,
             config: self,
         })

@@ -45,6 +45,8 @@ metrics! {
     queue_capacity: IntGauge = ("gpu_ops_queue_capacity", "Queue capacity (--queue-capacity)", []);
     jobs_running: IntGauge = ("gpu_ops_jobs_running", "Jobs executing now", []);
     http_body_bytes_in_flight: IntGauge = ("gpu_ops_http_body_bytes_in_flight", "Request body bytes admitted and not yet answered, against --max-inflight-body-bytes", []);
+    body_pool_bytes: IntGauge = ("gpu_ops_body_pool_bytes", "Bytes of finished request bodies' buffers kept for the next large bodies, against --body-pool-bytes", []);
+    body_pool_reused: IntCounter = ("gpu_ops_body_pool_reused_total", "Request bodies read into a kept buffer (--body-pool-bytes) rather than fresh memory", []);
     connections_open: IntGauge = ("gpu_ops_connections_open", "TCP connections open now, against --max-connections", []);
     connections_refused: IntCounterVec = ("gpu_ops_connections_refused_total", "Connections closed unserved, by reason: max_connections (accepted past --max-connections)", ["reason"]);
     tenant_requests_refused: IntCounterVec = ("gpu_ops_tenant_requests_refused_total", "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)", ["tenant", "reason"]);

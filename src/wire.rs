@@ -19,8 +19,11 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+mod array;
 #[cfg(test)]
 mod tests;
+
+pub use array::{first_non_finite, Array, LeScalar};
 
 /// The media type of a bulk body, in `Content-Type` and `Accept`.
 pub const MEDIA_TYPE: &str = "application/vnd.gpu-ops.bulk";

@@ -194,6 +194,7 @@ pub(super) async fn admit(
         declared,
         decoded: Some(decoded.clone()),
         max_bytes: config.max_body_bytes,
+        pool: Some(state.body_pool.clone()),
         max_numbers: config.max_tensor_elements.max(config.max_elements),
         min_rate: BodyRate {
             bytes_per_second: config.min_body_rate,

@@ -84,7 +84,7 @@ async fn bulk_request<T: DeserializeOwned + Send + 'static>(req: Request) -> Res
         .get::<BodyLimits>()
         .cloned()
         .unwrap_or_default();
-    let body = Bytes::from(read_body(req, &limits).await?);
+    let body = read_body(req, &limits).await?.into_bytes();
     if body.len() > INLINE_PARSE_BYTES {
         tokio::task::spawn_blocking(move || parse_bulk(body, &limits))
             .await

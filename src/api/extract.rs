@@ -5,6 +5,7 @@
 //! Large bodies are parsed off the async runtime, numbers capped as they are read
 //! (`BodyLimits`).
 
+use super::body_pool::BodyBuf;
 use super::numbers::with_number_cap;
 use super::problem::{ErrorCode, Problem};
 use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
@@ -74,6 +75,8 @@ pub struct BodyLimits {
     /// Where the parsed values are charged, with the body's charge.
     pub decoded: Option<super::body_budget::DecodedCharge>,
     pub max_bytes: usize,
+    /// Where a large body's buffer comes from and returns to (`--body-pool-bytes`).
+    pub pool: Option<std::sync::Arc<super::body_pool::BodyPool>>,
     pub max_numbers: usize,
     pub min_rate: BodyRate,
     /// Counts the bodies refused as too slow.
@@ -104,6 +107,7 @@ impl Default for BodyLimits {
             declared: None,
             decoded: None,
             max_bytes: 2 << 20,
+            pool: None,
             max_numbers: usize::MAX,
             min_rate: BodyRate::default(),
             too_slow: None,
@@ -115,7 +119,7 @@ impl Default for BodyLimits {
 /// frame and then copied whole, a large body was held twice over while it arrived. A
 /// body arriving slower than `--min-body-rate` is refused as each piece arrives (a piece
 /// that never comes is `--body-idle-timeout`'s).
-pub(super) async fn read_body(req: Request, limits: &BodyLimits) -> Result<Vec<u8>, Problem> {
+pub(super) async fn read_body(req: Request, limits: &BodyLimits) -> Result<BodyBuf, Problem> {
     let max_bytes = limits.max_bytes;
     let started = std::time::Instant::now();
     use futures_util::StreamExt;
@@ -132,7 +136,11 @@ pub(super) async fn read_body(req: Request, limits: &BodyLimits) -> Result<Vec<u
     if declared.is_some_and(|n| n > max_bytes as u64) {
         return Err(too_large());
     }
-    let mut buf = Vec::with_capacity(declared.unwrap_or(0) as usize);
+    let capacity = declared.unwrap_or(0) as usize;
+    let mut buf = match &limits.pool {
+        Some(pool) => pool.take(capacity),
+        None => BodyBuf::unpooled(capacity),
+    };
     let mut chunks = body.into_data_stream();
     while let Some(chunk) = chunks.next().await {
         let data = chunk.map_err(|e| {

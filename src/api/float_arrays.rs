@@ -5,6 +5,7 @@
 
 use super::numbers::{read_rows, Counted, Rows, RowsDefect};
 use super::problem::{ErrorCode, Problem};
+use crate::wire::{first_non_finite, Array};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use serde::de::value::MapAccessDeserializer;
@@ -46,10 +47,11 @@ pub struct Packed {
     pub data: String,
 }
 
-/// A decoded array and the dtype it arrived in.
+/// A decoded array and the dtype it arrived in; a bulk buffer's values are read in
+/// place (`wire::Array`).
 pub enum Decoded {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
+    F32(Array<f32>),
+    F64(Array<f64>),
 }
 
 impl Decoded {
@@ -66,8 +68,8 @@ impl Decoded {
 
     pub fn into_f64(self) -> Vec<f64> {
         match self {
-            Decoded::F32(v) => v.into_iter().map(f64::from).collect(),
-            Decoded::F64(v) => v,
+            Decoded::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+            Decoded::F64(v) => v.into_vec(),
         }
     }
 }
@@ -85,7 +87,13 @@ impl Packed {
         let bytes = B64
             .decode(self.data.as_bytes())
             .map_err(|e| bad(format!("{path}/data"), format!("not base64: {e}")))?;
-        let decoded = decode_le(&bytes, self.dtype, n, &self.shape, &format!("{path}/data"))?;
+        let decoded = decode_le(
+            bytes::Bytes::from(bytes),
+            self.dtype,
+            n,
+            &self.shape,
+            &format!("{path}/data"),
+        )?;
         Ok((self.shape.clone(), decoded))
     }
 
@@ -130,9 +138,10 @@ fn check_dims(shape: &[usize], path: &str, dims: usize, max: usize) -> Result<us
 }
 
 /// `n` little-endian values of `dtype` from `bytes` (which must be exactly that long),
-/// all finite; `at` names the data in refusals.
+/// all finite, read in place where they lie aligned (`wire::Array`); `at` names the data
+/// in refusals.
 fn decode_le(
-    bytes: &[u8],
+    bytes: bytes::Bytes,
     dtype: Dtype,
     n: usize,
     shape: &[usize],
@@ -150,23 +159,14 @@ fn decode_le(
             n * width
         )));
     }
+    let whole = "the length was checked to be whole values";
     let decoded = match dtype {
-        Dtype::F32 => Decoded::F32(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                .collect(),
-        ),
-        Dtype::F64 => Decoded::F64(
-            bytes
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-        ),
+        Dtype::F32 => Decoded::F32(Array::from_le_bytes(bytes).expect(whole)),
+        Dtype::F64 => Decoded::F64(Array::from_le_bytes(bytes).expect(whole)),
     };
     let first_bad = match &decoded {
-        Decoded::F32(v) => v.iter().position(|x| !x.is_finite()),
-        Decoded::F64(v) => v.iter().position(|x| !x.is_finite()),
+        Decoded::F32(v) => first_non_finite(v),
+        Decoded::F64(v) => first_non_finite(v),
     };
     if let Some(i) = first_bad {
         return Err(bad(format!("value {i} (row-major) is not finite")));
@@ -192,7 +192,7 @@ impl Buffered {
         let dtype = Dtype::try_from(self.dtype)
             .map_err(|e| Problem::at(ErrorCode::InvalidRequest, format!("{path}/dtype"), e))?;
         let n = check_dims(&self.shape, path, dims, max)?;
-        let decoded = decode_le(&self.bytes, dtype, n, &self.shape, path)?;
+        let decoded = decode_le(self.bytes.clone(), dtype, n, &self.shape, path)?;
         Ok((self.shape.clone(), decoded))
     }
 
@@ -370,7 +370,7 @@ impl Matrix {
                 let values = numbers
                     .into_values()
                     .ok_or_else(|| too_many(path, n, max))?;
-                Ok((rows, cols, Decoded::F64(values)))
+                Ok((rows, cols, Decoded::F64(values.into())))
             }
         }
     }
@@ -399,7 +399,7 @@ impl Vector {
             Vector::Numbers(v) => {
                 let n = v.count();
                 v.into_values()
-                    .map(Decoded::F64)
+                    .map(|v| Decoded::F64(v.into()))
                     .ok_or_else(|| too_many(path, n, max))
             }
         }
@@ -525,7 +525,7 @@ mod tests {
         let json = "[[1, 2], [3, 4], [5, 6]]";
         let (rows, cols, values) = matrix(json, 6).decode("/m", 6).ok().unwrap();
         assert_eq!((rows, cols), (3, 2));
-        assert!(matches!(values, Decoded::F64(v) if v == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        assert!(matches!(values, Decoded::F64(v) if *v == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
         // Past the cap nothing is stored, yet the refusal names all six values.
         let e = matrix(json, 4).decode("/m", 4).err().unwrap();
         assert_eq!(

@@ -6,6 +6,7 @@ pub mod bandwidth;
 pub mod batch_hint;
 pub mod beams;
 mod body_budget;
+mod body_pool;
 mod bounded;
 pub mod bulk;
 mod byte_strings;
@@ -74,6 +75,7 @@ pub struct AppState {
     /// `/device/bandwidth`'s last measurement and the lock of the one in progress.
     bandwidth: bandwidth::BandwidthCache,
     body_budget: body_budget::BodyBudget,
+    body_pool: Arc<body_pool::BodyPool>,
     tenant_limits: Arc<tenant_limits::TenantLimits>,
     /// The shared polls behind `/datasets/{id}/events`, and each tenant's streams.
     progress: datasets::progress::ProgressWatch,
@@ -95,6 +97,11 @@ impl AppState {
                 settings.max_inflight_body_bytes,
                 settings.config.max_body_bytes as u64,
                 settings.config.max_tenant_inflight_body_percent,
+            ),
+            body_pool: body_pool::BodyPool::new(
+                settings.body_pool_bytes,
+                metrics.body_pool_bytes.clone(),
+                metrics.body_pool_reused.clone(),
             ),
             progress: datasets::progress::ProgressWatch::new(
                 settings.config.max_tenant_event_streams,

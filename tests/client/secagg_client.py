@@ -488,11 +488,25 @@ class SecAggClient:
         resp = secagg_inbox.sync_detailed(self.round_id, client=api, x_secagg_token=self.token)
         self.open_inbox(info, _expect(resp, 200, InboxResponse))
 
-    def upload_via(self, api, values: Sequence[float]) -> RoundInfo:
+    def upload_via(self, api, values: Sequence[float], *, bulk: bool = False) -> RoundInfo:
+        """The masked vector as JSON (base64 words), or with `bulk` as a u32 array in the
+        bulk form (docs/WIRE.md), sent as the generated client's File body."""
         from gpu_ops_client.api.secagg import secagg_input
         from gpu_ops_client.models import InputRequest, SubmissionResponse
 
-        body = InputRequest.from_dict(self.input_body(self.round_via(api), values))
+        sent = self.input_body(self.round_via(api), values)
+        if bulk:
+            import io
+
+            import numpy as np
+            from gpu_ops_client.types import File
+
+            from bulk import bulk_body
+
+            words = np.array(b64_to_words(sent["masked"]), dtype=np.uint32)
+            body = File(payload=io.BytesIO(bulk_body({}, {"masked": words})))
+        else:
+            body = InputRequest.from_dict(sent)
         resp = secagg_input.sync_detailed(self.round_id, client=api, body=body,
                                           x_secagg_token=self.token)
         return RoundInfo.of(_expect(resp, 200, SubmissionResponse).round_)
@@ -554,10 +568,11 @@ class Coordinator:
 
 def run_round(api, inputs: Sequence[Sequence[float]], *, threshold: int, neighbours: int | None = None,
               clip: float = 1.0, scale_bits: int = 16, drop_after_shares: Iterable[int] = (),
-              wait_s: float = 30.0):
+              wait_s: float = 30.0, bulk: bool = False):
     """One whole round: len(inputs) clients register in order (ids 1..=n), all send their
-    shares, those not in `drop_after_shares` upload (the coordinator closes masked_input
-    when someone dropped) and reveal. Returns (coordinator, clients, result)."""
+    shares, those not in `drop_after_shares` upload (in the bulk form with `bulk`; the
+    coordinator closes masked_input when someone dropped) and reveal. Returns
+    (coordinator, clients, result)."""
     import time
 
     n = len(inputs)
@@ -575,7 +590,7 @@ def run_round(api, inputs: Sequence[Sequence[float]], *, threshold: int, neighbo
     survivors = [p for p in parties if p.id not in dropped]
     for p in survivors:
         p.read_inbox_via(api)
-        p.upload_via(api, inputs[p.id - 1])
+        p.upload_via(api, inputs[p.id - 1], bulk=bulk)
     if dropped:
         coord.advance_via(api)
     for p in survivors:

@@ -112,6 +112,26 @@ def test_he_keys_ciphertexts_and_slots_travel_as_numpy_arrays(client):
     assert as_json.status_code == 200 and as_json.json()["values"] == slots.tolist()
 
 
+def test_secagg_masked_uploads_and_the_sum_travel_as_numpy_arrays(client):
+    """A round whose clients upload their masked words as u32 arrays; the coordinator
+    reads the sum (f64) and the ring sum (u32) as arrays, with the JSON answer's values."""
+    import secagg_client as sa
+
+    inputs = [[0.25, -0.5, 0.125, 1.0], [0.5, 0.5, -0.75, -1.0], [-0.125, 0.0, 0.375, 0.5]]
+    coord, _, r = sa.run_round(client, inputs, threshold=2, clip=1.0, scale_bits=16, bulk=True)
+    assert r.clients == [1, 2, 3] and r.dropped == []
+    assert r.sum_ == [sum(col) for col in zip(*inputs)]  # exact: multiples of 1/8
+    resp = client.get_httpx_client().get(
+        f"/secagg/rounds/{coord.round_id}/result",
+        headers={"accept": MEDIA_TYPE, "x-secagg-token": coord.token})
+    assert resp.status_code == 200 and resp.headers["content-type"] == MEDIA_TYPE
+    header, arrays = read_bulk(resp.content)
+    assert header["clients"] == [1, 2, 3]
+    assert arrays["sum"].dtype == np.float64 and arrays["sum"].tolist() == r.sum_
+    assert arrays["ring_sum"].dtype == np.uint32
+    assert arrays["ring_sum"].tolist() == sa.b64_to_words(r.ring_sum)
+
+
 def test_a_broken_body_is_refused_with_the_member_at_fault(client):
     a = np.ones((2, 2), dtype=np.float32)
     body = bytearray(bulk_body({}, {"a": a, "b": a}))

@@ -448,7 +448,7 @@ fn dp_privatize_kernels_match_the_cpu_twin_bit_for_bit() {
     let clipping = Clipping::Layers(vec![(100, 0.5), (350, 1.0), (250, 2.0)]);
     let g = gradients(rows * cols, 7);
     let job = SgdPlan::new(1.1, &clipping, rows, cols).unwrap().job(
-        Gradients::F64(g.clone()),
+        Gradients::F64(g.clone().into()),
         rows,
         cols,
         rows as f64,

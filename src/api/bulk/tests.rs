@@ -130,3 +130,26 @@ fn answers_write_tensors_as_buffers_from_where_they_lie() {
     let json = serde_json::to_value(&answer).unwrap();
     assert_eq!(json["result"]["encoding"], "base64");
 }
+
+#[derive(serde::Deserialize)]
+struct Gradients {
+    a: crate::api::float_arrays::Matrix,
+}
+
+#[test]
+fn a_float_matrix_in_a_buffer_is_read_in_place_not_copied() {
+    use crate::api::float_arrays::Decoded;
+    let values: Vec<f32> = (0..256).map(|i| i as f32 / 8.0 - 3.0).collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let body = bulk(&serde_json::json!({}), &[(Dtype::F32, vec![16, 16], bytes)]);
+    let body_at = body.as_ptr() as usize..body.as_ptr() as usize + body.len();
+    let req: Gradients = parse_bulk(body.clone(), &BodyLimits::default()).unwrap();
+    let (rows, cols, decoded) = req.a.decode("/a", 256).ok().unwrap();
+    assert_eq!((rows, cols), (16, 16));
+    let Decoded::F32(g) = decoded else {
+        panic!("f32 values stay f32")
+    };
+    assert_eq!(*g, values[..]);
+    assert!(g.is_lent(), "read in place");
+    assert!(body_at.contains(&(g.as_ptr() as usize)), "inside the body");
+}

@@ -111,11 +111,9 @@ fn privatize_case(shape: &PrivatizeShape, seed: u64) -> (CaseInfo, PrivatizeJob)
         (1e150, 1e-310)
     };
     let gradients = if shape.f32 {
-        Gradients::F32(gradients((rows, cols), clip, edges, at_bound, seed, |x| {
-            x as f32
-        }))
+        Gradients::F32(gradients((rows, cols), clip, edges, at_bound, seed, |x| x as f32).into())
     } else {
-        Gradients::F64(gradients((rows, cols), clip, edges, at_bound, seed, |x| x))
+        Gradients::F64(gradients((rows, cols), clip, edges, at_bound, seed, |x| x).into())
     };
     let elem = if shape.f32 { 4 } else { 8 };
     let clipping = if shape.layers.is_empty() {

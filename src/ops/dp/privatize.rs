@@ -7,6 +7,7 @@
 use super::noise::{for_each_stream, NoiseKey, DOMAIN_GAUSSIAN};
 use super::plan::{snap, GaussianPlan};
 use crate::backend::{DeviceError, DeviceLease, Job};
+use crate::wire::Array;
 use rayon::prelude::*;
 use std::ops::Range;
 
@@ -15,9 +16,10 @@ pub const LANES: usize = 256;
 /// Opacus' guard against division by a zero norm.
 const NORM_EPS: f64 = 1e-6;
 
+/// Row-major `[rows, cols]` gradients; a bulk body's buffer is read in place.
 pub enum Gradients {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
+    F32(Array<f32>),
+    F64(Array<f64>),
 }
 
 impl Gradients {
@@ -298,7 +300,7 @@ mod tests {
         clips: Vec<f64>,
     ) -> PrivatizeJob {
         PrivatizeJob {
-            gradients: Gradients::F64(g),
+            gradients: Gradients::F64(g.into()),
             rows,
             cols,
             bounds,

@@ -27,8 +27,8 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
         let plan = GaussianPlan::new(1.1 * c, c / 1024.0 / (cols as f64).sqrt())
             .expect("a positive, finite sigma");
         for gradients in [
-            Gradients::F32(g.iter().map(|&x| x as f32).collect()),
-            Gradients::F64(g.clone()),
+            Gradients::F32(g.iter().map(|&x| x as f32).collect::<Vec<_>>().into()),
+            Gradients::F64(g.clone().into()),
         ] {
             privatize.push(PrivatizeJob {
                 gradients,

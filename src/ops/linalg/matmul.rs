@@ -133,8 +133,8 @@ impl Values {
     /// The first value that is not finite (an overflow of the output dtype).
     pub fn first_non_finite(&self) -> Option<usize> {
         match self {
-            Values::F32(v) => v.iter().position(|x| !x.is_finite()),
-            Values::F64(v) => v.iter().position(|x| !x.is_finite()),
+            Values::F32(v) => crate::wire::first_non_finite(v),
+            Values::F64(v) => crate::wire::first_non_finite(v),
         }
     }
 

@@ -51,9 +51,9 @@ fn privatize_and_mechanisms_are_bit_identical_to_the_cpu() {
                         GaussianPlan::new(1.1 * c, c / 1024.0 / (cols as f64).sqrt()).unwrap();
                     for f32_input in [true, false] {
                         let gradients = if f32_input {
-                            Gradients::F32(g.iter().map(|&x| x as f32).collect())
+                            Gradients::F32(g.iter().map(|&x| x as f32).collect::<Vec<_>>().into())
                         } else {
-                            Gradients::F64(g.clone())
+                            Gradients::F64(g.clone().into())
                         };
                         let job = PrivatizeJob {
                             gradients,
