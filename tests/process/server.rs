@@ -483,6 +483,76 @@ fn a_body_of_one_number_rows_stays_within_three_times_its_size() {
     );
 }
 
+/// A bulk DP batch's f32 gradients are read where they lie in the body (`wire::Array`):
+/// the server's peak grows by the body, the answer and a constant, not by a decoded copy
+/// of the gradients as well (which made it twice the body, docs/PERFORMANCE.md). The
+/// constant (the job's blocks of norms, the connection's reads, the answer) is held to
+/// 16 MiB: 71,397,376 bytes of growth for this 67,109,056-byte body and 1,048,960-byte
+/// answer, a constant of 3.2 MB (debug build, 2-core VM, 2026-11-29); a decoded copy
+/// would add 64 MiB.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_bulk_dp_batch_costs_its_body_and_answer_and_no_copy() {
+    use gpu_ops::wire::{Dtype, EnvelopeWriter};
+    let bulk = |rows: u64, cols: u64| {
+        let values: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| (((i % 1999) as f32) * 1e-4 - 0.1).to_le_bytes())
+            .collect();
+        let mut w = EnvelopeWriter::new();
+        let g = w.push(Dtype::F32, vec![rows, cols], bytes::Bytes::from(values));
+        let header = serde_json::json!({"clip_norm": 1.0, "noise_multiplier": 1.0,
+            "per_example_gradients": g});
+        w.finish_to_vec(&header).unwrap()
+    };
+    let (rows, cols) = (64u64, 1u64 << 18);
+    let body = bulk(rows, cols);
+    let size = body.len() as u64;
+    let data = std::env::temp_dir().join(format!("gpu-ops-bulk-dp-{}", std::process::id()));
+    let (mut child, port) = spawn_server(&data, &[]);
+    let url = format!("http://127.0.0.1:{port}/dp/privatize");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (resting, answer) = rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .unwrap();
+        let post = |body: Vec<u8>| {
+            client
+                .post(&url)
+                .header("content-type", gpu_ops::wire::MEDIA_TYPE)
+                .header("accept", gpu_ops::wire::MEDIA_TYPE)
+                .body(body)
+                .send()
+        };
+        // A small batch first (under the body pool's size), so the parser's and the
+        // job's threads are running and nothing is kept for the large one.
+        let warm = post(bulk(4, 1 << 12)).await.unwrap();
+        assert_eq!(warm.status(), 200);
+        let resting = memory_of(child.id()).1;
+        let res = post(body).await.unwrap();
+        assert_eq!(res.status(), 200);
+        (resting, res.bytes().await.unwrap().len() as u64)
+    });
+    let growth = memory_of(child.id()).0.saturating_sub(resting);
+    child.kill().unwrap();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(data);
+    eprintln!(
+        "peak RSS growth {growth} bytes for a {size}-byte bulk body and a {answer}-byte answer \
+         (constant {} bytes)",
+        growth as i64 - (size + answer) as i64
+    );
+    assert!(
+        answer >= cols * 4,
+        "the privatized gradient, f32: {answer} bytes"
+    );
+    assert!(
+        growth <= size + answer + (16 << 20),
+        "peak RSS grew {growth} bytes: over the {size}-byte body, the {answer}-byte answer \
+         and 16 MiB"
+    );
+}
+
 /// Opens a POST to `/zk/field_add` that declares `len` body bytes and sends the first
 /// few: the server admits it (charging `len`) and waits for the rest.
 fn open_upload(port: u16, key: Option<&str>, len: usize) -> std::net::TcpStream {
