@@ -127,8 +127,19 @@ impl App {
                     );
                     emulated_devices()
                 } else {
-                    backend::cuda::discover_guarded(&selection, &cache, &library)
+                    let (cuda, why) = backend::cuda::discover_guarded(&selection, &cache, &library);
+                    if cuda.is_empty() {
+                        // No usable CUDA device: AMD's, where the HIP runtime has some.
+                        let (amd, hip_why) = backend::hip::discover::discover_guarded(&library);
+                        let why = format!("{why}; {hip_why}");
+                        (amd, why)
+                    } else {
+                        (cuda, why)
+                    }
                 };
+                let amd = gpus
+                    .iter()
+                    .any(|g| g.info.vendor == backend::GpuVendor::Amd);
                 let tests = Arc::new(ops::self_tests());
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
@@ -142,6 +153,8 @@ impl App {
                 b.set_probe(backend::Probe {
                     reopen: if emulate {
                         backend::reopen_emulated()
+                    } else if amd {
+                        backend::reopen_hip(library)
                     } else {
                         backend::reopen_cuda(cache, library)
                     },
@@ -149,7 +162,7 @@ impl App {
                     backoff,
                 });
                 tracing::info!(devices = gpus.len(), reason = %reason, "device discovery finished");
-                if !gpus.is_empty() && !emulate {
+                if !gpus.is_empty() && !emulate && !amd {
                     if let Err(why) = backend::spawn_nvml_sampler(m, interval) {
                         tracing::warn!(reason = %why, "GPU gauges will not be exported");
                     }

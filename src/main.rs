@@ -166,7 +166,7 @@ fn serve(config: Config) -> ExitCode {
         };
         if require_cuda {
             app.discovery_finished().await;
-            if app.state.backends.active() != BackendKind::Cuda {
+            if app.state.backends.active() == BackendKind::Cpu {
                 return fail(&format!("--backend cuda: {}", app.state.backends.reason()));
             }
         }

@@ -246,7 +246,7 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
 /// Where and how long a job ran, on its success answer (`add_run_headers`).
 fn job_headers() -> Value {
     json!({
-        "x-backend": {"description": "Where the job ran: cpu or cuda", "schema": {"type": "string", "enum": ["cpu", "cuda"]}},
+        "x-backend": {"description": "Where the job ran: cpu, cuda (an NVIDIA GPU, or the emulated device) or hip (an AMD GPU)", "schema": {"type": "string", "enum": ["cpu", "cuda", "hip"]}},
         "x-device": {"description": "GPU ordinal, when cuda", "schema": {"type": "integer", "minimum": 0}},
         "x-queue-time-ms": {"description": "Time queued, ms", "schema": {"type": "number"}},
         "x-compute-time-ms": {"description": "Time computing, ms", "schema": {"type": "number"}},

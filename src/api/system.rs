@@ -75,7 +75,8 @@ pub struct DeviceReport {
     /// Whether a failed device job reruns on the CPU.
     pub fallback: bool,
     pub gpus: Vec<GpuReport>,
-    /// AMD GPUs: the HIP runtime found, and why none runs work here (no HIP engine yet).
+    /// AMD GPUs: the HIP runtime found, its devices, and whether the HIP engine opens
+    /// them (those it opened are in `gpus`, `vendor: amd`).
     pub hip: crate::backend::hip::HipStatus,
     pub cpu: CpuInfo,
     /// Whether API routes need a key.

@@ -20,7 +20,7 @@ use std::time::Duration;
 pub use cpu::CpuExecutor;
 pub use device::{
     best_rate, CopyBandwidth, DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element,
-    GpuDevice, GpuInfo,
+    GpuDevice, GpuInfo, GpuVendor,
 };
 pub use job::{Batchable, Job};
 pub use nvml::{driver_version as nvml_driver_version, spawn_sampler as spawn_nvml_sampler};
@@ -45,7 +45,10 @@ pub enum BackendChoice {
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
     Cpu,
+    /// An NVIDIA GPU (or the emulated device, which stands in for one).
     Cuda,
+    /// An AMD GPU, through HIP.
+    Hip,
 }
 
 impl BackendKind {
@@ -53,6 +56,7 @@ impl BackendKind {
         match self {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
+            BackendKind::Hip => "hip",
         }
     }
 }
@@ -86,6 +90,15 @@ pub fn reopen_cuda(cache: std::path::PathBuf, library: cuda::kernels::KernelLibr
         guarded("re-opening the device", || {
             cuda::reset_primary_context(dev.info.ordinal)?;
             cuda::open_device(dev.info.ordinal, &cache, &library).map(GpuDevice::into_engine)
+        })
+    })
+}
+
+/// HIP: a new engine on the same ordinal, its kernels compiled again.
+pub fn reopen_hip(library: cuda::kernels::KernelLibrary) -> Reopen {
+    Arc::new(move |dev: &GpuDevice| {
+        guarded("re-opening the device", || {
+            hip::discover::open_device(dev.info.ordinal, &library).map(GpuDevice::into_engine)
         })
     })
 }
@@ -395,11 +408,9 @@ impl Backends {
 
     /// The backend `auto` work goes to now.
     pub fn active(&self) -> BackendKind {
-        if self.healthy_gpus().next().is_some() {
-            BackendKind::Cuda
-        } else {
-            BackendKind::Cpu
-        }
+        self.healthy_gpus()
+            .next()
+            .map_or(BackendKind::Cpu, |d| d.backend_kind())
     }
 
     pub fn reason(&self) -> String {

@@ -240,7 +240,13 @@ fn open_devices(args: &CheckArgs, library: &KernelLibrary) -> (Vec<Arc<GpuDevice
         );
     }
     let cache = args.data_dir.join("kernel-cache");
-    cuda::discover_guarded(&args.devices, &cache, library)
+    let (devices, why) = cuda::discover_guarded(&args.devices, &cache, library);
+    if !devices.is_empty() {
+        return (devices, why);
+    }
+    // No usable CUDA device: AMD's, as the server would use them.
+    let (amd, hip_why) = crate::backend::hip::discover::discover_guarded(library);
+    (amd, format!("{why}; {hip_why}"))
 }
 
 /// Copy rates with ≥ 1 GiB copies on a GPU (anything smaller sits in an H100's 50 MiB L2

@@ -411,7 +411,7 @@ impl Shared {
                 if self.shadow_due() {
                     self.shadow_check(q.job.clone(), dev.clone());
                 }
-                return Ok((BackendKind::Cuda, Some(dev.info.ordinal)));
+                return Ok((dev.backend_kind(), Some(dev.info.ordinal)));
             }
             // Nobody waits for it: neither a device failure nor a reason to rerun it.
             Err(e) if e.kind == DeviceErrorKind::Abandoned => {

@@ -7,7 +7,7 @@ pub mod blaslt;
 pub mod cudnn;
 pub mod kernels;
 
-use super::device::{DeviceError, Engine, GpuDevice, GpuInfo, KernelLimits, ModuleLoad};
+use super::device::{DeviceError, Engine, GpuDevice, GpuInfo, GpuVendor, KernelLimits, ModuleLoad};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
@@ -216,6 +216,7 @@ pub fn open_device(
         .map_err(|e| format!("device {ordinal}: cannot create a stream: {e}"))?;
     let info = GpuInfo {
         ordinal,
+        vendor: GpuVendor::Nvidia,
         name: ctx.name().unwrap_or_else(|e| format!("unknown ({e})")),
         uuid: ctx
             .uuid()

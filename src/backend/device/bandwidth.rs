@@ -84,6 +84,30 @@ impl DeviceLease<'_> {
                     d2d,
                 })
             }
+            (Engine::Hip(h), Memory::Hip(ma), Memory::Hip(mb)) => {
+                // Pageable host memory only: the engine allocates no page-locked memory
+                // yet, so the pinned figures repeat the pageable ones (docs/GPU.md).
+                let h2d = rate(&mut || {
+                    // SAFETY: `pageable` holds `bytes` bytes, as does `ma`.
+                    unsafe { h.write(ma, pageable.as_ptr().cast(), bytes) }
+                })?;
+                let d2h = rate(&mut || {
+                    // SAFETY: as above.
+                    unsafe { h.read(ma, pageable.as_mut_ptr().cast(), bytes) }
+                })?;
+                let d2d = rate(&mut || {
+                    h.copy(ma, mb)?;
+                    h.synchronize()
+                })?;
+                Ok(CopyBandwidth {
+                    bytes,
+                    h2d_pageable: h2d,
+                    d2h_pageable: d2h,
+                    h2d_pinned: h2d,
+                    d2h_pinned: d2h,
+                    d2d,
+                })
+            }
             (Engine::Emulated(_), Memory::Host(ma), Memory::Host(mb)) => {
                 // Host memory is all the emulated device has: pinned and pageable are the
                 // same copy.

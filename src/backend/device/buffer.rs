@@ -3,6 +3,7 @@
 
 use super::{DeviceError, DeviceLease, Engine};
 use crate::backend::emulated::HostMemory;
+use crate::backend::hip::engine::HipMemory;
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 
 /// What a device buffer may hold: plain data with the same layout on host and device.
@@ -17,6 +18,8 @@ pub struct DeviceBuffer<T> {
 
 pub(crate) enum Memory<T> {
     Cuda(CudaSlice<T>),
+    /// An AMD device's memory: exactly the buffer's bytes.
+    Hip(HipMemory),
     /// The emulated device's memory: host memory of exactly the buffer's bytes, so
     /// AddressSanitizer sees a kernel that steps past it.
     Host(HostMemory),
@@ -37,6 +40,12 @@ impl DeviceLease<'_> {
     pub fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>, DeviceError> {
         let memory = match self.engine() {
             Engine::Cuda(c) => Memory::Cuda(c.stream.clone_htod(host)?),
+            Engine::Hip(h) => {
+                let m = h.alloc(std::mem::size_of_val(host))?;
+                // SAFETY: `host` holds exactly that many bytes; T is plain data.
+                unsafe { h.write(&m, host.as_ptr().cast(), std::mem::size_of_val(host))? };
+                Memory::Hip(m)
+            }
             Engine::Emulated(e) => {
                 let m = e.alloc(std::mem::size_of_val(host))?;
                 // SAFETY: `m` holds exactly size_of_val(host) bytes; T is plain data.
@@ -57,6 +66,11 @@ impl DeviceLease<'_> {
     ) -> Result<DeviceBuffer<T>, DeviceError> {
         let memory = match self.engine() {
             Engine::Cuda(c) => Memory::Cuda(c.stream.alloc_zeros(len)?),
+            Engine::Hip(h) => {
+                let mut m = h.alloc(len * std::mem::size_of::<T>())?;
+                h.zero(&mut m)?;
+                Memory::Hip(m)
+            }
             Engine::Emulated(e) => Memory::Host(e.alloc(len * std::mem::size_of::<T>())?),
         };
         Ok(DeviceBuffer { len, memory })
@@ -68,6 +82,20 @@ impl DeviceLease<'_> {
             (Engine::Cuda(c), Memory::Cuda(s)) => {
                 let host = c.stream.clone_dtoh(s)?;
                 c.stream.synchronize()?;
+                Ok(host)
+            }
+            (Engine::Hip(h), Memory::Hip(m)) => {
+                let mut host = Vec::<T>::with_capacity(buf.len);
+                // SAFETY: the memory holds len elements of T (written as T, or zeroed);
+                // the vector has room for them, and is filled before its length is set.
+                unsafe {
+                    h.read(
+                        m,
+                        host.as_mut_ptr().cast(),
+                        buf.len * std::mem::size_of::<T>(),
+                    )?;
+                    host.set_len(buf.len);
+                }
                 Ok(host)
             }
             (Engine::Emulated(_), Memory::Host(m)) => {
@@ -91,6 +119,7 @@ impl DeviceLease<'_> {
     ) -> Result<(), DeviceError> {
         match (self.engine(), &mut buf.memory) {
             (Engine::Cuda(c), Memory::Cuda(s)) => Ok(c.stream.memset_zeros(s)?),
+            (Engine::Hip(h), Memory::Hip(m)) => h.zero(m),
             (Engine::Emulated(_), Memory::Host(m)) => {
                 m.zero();
                 Ok(())
@@ -115,6 +144,7 @@ impl DeviceLease<'_> {
             (Engine::Cuda(c), Memory::Cuda(s), Memory::Cuda(d)) => {
                 Ok(c.stream.memcpy_dtod(s, d)?)
             }
+            (Engine::Hip(h), Memory::Hip(s), Memory::Hip(d)) => h.copy(s, d),
             (Engine::Emulated(_), Memory::Host(s), Memory::Host(d)) => {
                 d.copy_from(s);
                 Ok(())

@@ -38,6 +38,11 @@ impl GpuDevice {
         Some(total)
     }
 
+    /// Whether the clock is on (an engine without events synchronises its launches then).
+    pub(crate) fn kernel_clock_running(&self) -> bool {
+        self.clock().is_some()
+    }
+
     fn clock(&self) -> MutexGuard<'_, Option<KernelClock>> {
         self.clock.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -80,7 +85,8 @@ impl DeviceLease<'_> {
     pub(crate) fn clocked<T>(&self, work: impl FnOnce() -> T) -> T {
         let stream = match self.engine() {
             Engine::Cuda(c) => Some(&*c.stream),
-            Engine::Emulated(_) => None,
+            // Host timing, the work synchronised inside (`HipEngine` waits for reads).
+            Engine::Hip(_) | Engine::Emulated(_) => None,
         };
         self.device.clocked(stream, work)
     }

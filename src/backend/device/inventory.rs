@@ -41,6 +41,7 @@ impl GpuDevice {
     pub fn module_loads(&self) -> Vec<ModuleLoad> {
         match &*self.engine() {
             Engine::Cuda(c) => c.module_loads.clone(),
+            Engine::Hip(h) => h.module_loads.clone(),
             Engine::Emulated(_) => vec![ModuleLoad {
                 module: "all (built into this binary)".into(),
                 seconds: 0.0,
@@ -56,6 +57,7 @@ impl GpuDevice {
             .iter()
             .map(|kernel| match &*engine {
                 Engine::Cuda(c) => c.kernel_limits(kernel),
+                Engine::Hip(h) => h.kernel_limits(kernel),
                 Engine::Emulated(_) => {
                     // The emulated device enforces the source's bound itself.
                     let bound = emulated::kernel_max_threads(kernel);
@@ -76,6 +78,7 @@ impl GpuDevice {
     pub fn facts(&self) -> serde_json::Value {
         match &*self.engine() {
             Engine::Cuda(c) => c.facts(),
+            Engine::Hip(_) => serde_json::json!({ "vendor": "amd" }),
             Engine::Emulated(_) => serde_json::json!({ "emulated": true }),
         }
     }

@@ -9,6 +9,7 @@
 use super::buffer::{foreign, Memory};
 use super::{DeviceBuffer, DeviceError, DeviceLease, Engine, GpuDevice};
 use crate::backend::emulated::{self, EmulatedEngine, Fault, HostMemory};
+use crate::backend::hip::engine::HipEngine;
 use cudarc::driver::{CudaStream, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg};
 use std::ffi::c_void;
 
@@ -27,6 +28,11 @@ pub struct Launch<'a> {
 
 enum Args<'a> {
     Cuda(LaunchArgs<'a>),
+    /// One pointer per parameter to its value, as `hipModuleLaunchKernel` takes them.
+    Hip {
+        engine: &'a HipEngine,
+        pointers: Vec<*mut c_void>,
+    },
     Emulated {
         engine: &'a EmulatedEngine,
         pointers: Vec<*mut c_void>,
@@ -48,6 +54,7 @@ impl<'a, T: DeviceRepr> KernelArg<'a> for &'a T {
             Args::Cuda(l) => {
                 l.arg(self);
             }
+            Args::Hip { pointers, .. } => pointers.push(self as *const T as *mut c_void),
             Args::Emulated {
                 pointers, sizes, ..
             } => {
@@ -70,6 +77,7 @@ impl<'a, T> KernelArg<'a> for &'a DeviceBuffer<T> {
             (Args::Cuda(l), Memory::Cuda(s)) => {
                 l.arg(s);
             }
+            (Args::Hip { pointers, .. }, Memory::Hip(m)) => pointers.push(m.address_slot()),
             (
                 Args::Emulated {
                     pointers, sizes, ..
@@ -88,6 +96,8 @@ impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
             (Args::Cuda(l), Memory::Cuda(s)) => {
                 l.arg(s);
             }
+            // The stream orders every launch and copy of the device.
+            (Args::Hip { pointers, .. }, Memory::Hip(m)) => pointers.push(m.address_slot()),
             (
                 Args::Emulated {
                     pointers,
@@ -113,6 +123,16 @@ impl DeviceLease<'_> {
                 Args::Cuda(c.stream.launch_builder(c.function(name)?)),
                 c.max_threads(name),
             ),
+            Engine::Hip(h) => {
+                if !h.has_kernel(name) {
+                    return Err(DeviceError::fatal(format!("kernel {name} is not loaded")));
+                }
+                let args = Args::Hip {
+                    engine: h,
+                    pointers: Vec::new(),
+                };
+                (args, h.max_threads(name))
+            }
             Engine::Emulated(engine) => {
                 if emulated::kernel_params(name).is_none() {
                     return Err(DeviceError::fatal(format!("kernel {name} is not loaded")));
@@ -128,7 +148,7 @@ impl DeviceLease<'_> {
         };
         let stream = match self.engine() {
             Engine::Cuda(c) => Some(&*c.stream),
-            Engine::Emulated(_) => None,
+            Engine::Hip(_) | Engine::Emulated(_) => None,
         };
         Ok(Launch {
             name,
@@ -165,6 +185,26 @@ impl<'a> Launch<'a> {
                 .clocked(stream, || unsafe { l.launch(config) })
                 .map(|_| ())
                 .map_err(Into::into),
+            Args::Hip { engine, pointers } => {
+                let name = self.name;
+                device.clocked(None, || {
+                    // SAFETY: the caller's contract; every pointer lives as long as 'a.
+                    unsafe {
+                        engine.launch(
+                            name,
+                            config.grid_dim,
+                            config.block_dim,
+                            config.shared_mem_bytes,
+                            pointers,
+                        )
+                    }?;
+                    // Clocked on the host: wait for the kernel, so the time is its own.
+                    if device.kernel_clock_running() {
+                        engine.synchronize()?;
+                    }
+                    Ok(())
+                })
+            }
             Args::Emulated {
                 engine,
                 pointers,

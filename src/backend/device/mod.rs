@@ -20,6 +20,7 @@ pub use launch::Launch;
 
 use super::cuda::CudaEngine;
 use super::emulated::EmulatedEngine;
+use super::hip::engine::HipEngine;
 use super::verify::{OpState, OpStatus};
 use cudarc::driver::{result::DriverError, sys, LaunchConfig};
 use serde::Serialize;
@@ -34,14 +35,18 @@ use tables::TableCache;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuInfo {
     pub ordinal: usize,
+    /// Whose device: `nvidia` (CUDA), `amd` (HIP), or `emulated`.
+    pub vendor: GpuVendor,
     pub name: String,
     pub uuid: String,
-    /// "major.minor"; "emulated" for the emulated device.
+    /// "major.minor" on NVIDIA; the architecture (`gfx90a`) on AMD; "emulated" for the
+    /// emulated device.
     pub compute_capability: String,
     pub sm_count: u32,
     pub memory_total_bytes: u64,
-    /// Driver API version, e.g. "13.0"; empty for the emulated device.
+    /// Driver API version, e.g. "13.0"; empty on AMD and for the emulated device.
     pub cuda_version: String,
+    /// The runtime compiler's version: NVRTC's, or hipRTC's on AMD.
     pub nvrtc_version: String,
     /// What the kernels were loaded as: a cubin for the exact architecture ("sm_90"), or
     /// PTX the driver compiled ("compute_90") where no cubin could be made; "host" for the
@@ -50,6 +55,16 @@ pub struct GpuInfo {
     /// True for the emulated device (`--emulate-device`): the kernels run on the CPU
     /// under CUDA's execution model, for testing; nothing about its speed means anything.
     pub emulated: bool,
+}
+
+/// Whose device, and so which engine runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum GpuVendor {
+    Nvidia,
+    Amd,
+    Emulated,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,6 +146,7 @@ fn table_cache_bytes(device_bytes: u64) -> usize {
 /// What runs a device's work.
 pub enum Engine {
     Cuda(CudaEngine),
+    Hip(HipEngine),
     Emulated(EmulatedEngine),
 }
 
@@ -196,6 +212,7 @@ impl GpuDevice {
     pub fn emulated(ordinal: usize, memory_bytes: u64) -> Self {
         let info = GpuInfo {
             ordinal,
+            vendor: GpuVendor::Emulated,
             name: "emulated device (kernels compiled for the host)".into(),
             uuid: format!("EMU-{ordinal}"),
             compute_capability: "emulated".into(),
@@ -222,12 +239,23 @@ impl GpuDevice {
                 e.inject(kernel_prefix, fault, times);
                 Ok(())
             }
-            Engine::Cuda(_) => Err("faults are injected into the emulated device only".into()),
+            Engine::Cuda(_) | Engine::Hip(_) => {
+                Err("faults are injected into the emulated device only".into())
+            }
         }
     }
 
     pub fn is_emulated(&self) -> bool {
         self.info.emulated
+    }
+
+    /// What answers call the backend a job ran on here: `hip` on AMD, else `cuda` (the
+    /// emulated device stands in for a CUDA device).
+    pub fn backend_kind(&self) -> super::BackendKind {
+        match self.info.vendor {
+            GpuVendor::Amd => super::BackendKind::Hip,
+            GpuVendor::Nvidia | GpuVendor::Emulated => super::BackendKind::Cuda,
+        }
     }
 
     fn engine(&self) -> RwLockReadGuard<'_, Engine> {
@@ -253,7 +281,7 @@ impl GpuDevice {
     pub(crate) fn rebuilt_emulated(&self) -> Option<Engine> {
         match &*self.engine() {
             Engine::Emulated(e) => Some(Engine::Emulated(e.rebuilt())),
-            Engine::Cuda(_) => None,
+            Engine::Cuda(_) | Engine::Hip(_) => None,
         }
     }
 
@@ -355,8 +383,10 @@ impl GpuDevice {
     pub fn lease_until(&self, stop: Option<Stop>) -> Result<DeviceLease<'_>, DeviceError> {
         let guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let engine = self.engine();
-        if let Engine::Cuda(c) = &*engine {
-            c.bind_to_thread()?;
+        match &*engine {
+            Engine::Cuda(c) => c.bind_to_thread()?,
+            Engine::Hip(h) => h.bind_to_thread()?,
+            Engine::Emulated(_) => {}
         }
         let lease = DeviceLease {
             device: self,
@@ -374,12 +404,13 @@ impl GpuDevice {
         self.memory_limit.store(bytes, Ordering::Relaxed);
     }
 
-    /// `cuda:N`, or `emulated:N` for the emulated device: how answers name a device.
+    /// `cuda:N`, `hip:N`, or `emulated:N` for the emulated device: how answers name a
+    /// device.
     pub fn label(&self) -> String {
-        let kind = if self.is_emulated() {
-            "emulated"
-        } else {
-            "cuda"
+        let kind = match self.info.vendor {
+            GpuVendor::Nvidia => "cuda",
+            GpuVendor::Amd => "hip",
+            GpuVendor::Emulated => "emulated",
         };
         format!("{kind}:{}", self.info.ordinal)
     }
@@ -419,6 +450,7 @@ impl GpuDevice {
     pub fn memory(&self) -> Option<(u64, u64)> {
         match &*self.engine() {
             Engine::Cuda(c) => c.memory(),
+            Engine::Hip(h) => h.memory(),
             Engine::Emulated(e) => Some(e.memory()),
         }
     }
@@ -503,6 +535,7 @@ impl DeviceLease<'_> {
     pub fn synchronize(&self) -> Result<(), DeviceError> {
         match self.engine() {
             Engine::Cuda(c) => Ok(c.stream.synchronize()?),
+            Engine::Hip(h) => h.synchronize(),
             // Emulated launches and copies finish before they return.
             Engine::Emulated(_) => Ok(()),
         }

@@ -3,10 +3,12 @@
 //! compiles the same `kernels/*.cu` for an AMD architecture (`rtc`). CI compiles every
 //! module for gfx90a and gfx1030 through it (tests/device/hip_compile.rs).
 //!
-//! What is not here yet: an engine that allocates, copies and launches on an AMD device.
-//! Until it is, a host with AMD GPUs runs every op on the CPU, and `/device` says so
-//! (`HipStatus`). No AMD GPU has run these kernels.
+//! `engine` allocates, copies and launches on an AMD device; `discover` opens the devices
+//! when no CUDA device is usable. No AMD GPU has run this engine or these kernels yet:
+//! the self-tests that gate every device gate these too (docs/GPU.md).
 
+pub mod discover;
+pub mod engine;
 mod rtc;
 
 pub use rtc::{compile, hiprtc_options, hiprtc_version};
@@ -54,7 +56,7 @@ pub struct HipStatus {
 }
 
 /// A loaded library and the path it was found at.
-pub(crate) struct Loaded {
+pub struct Loaded {
     pub path: String,
     pub library: libloading::Library,
 }
@@ -272,7 +274,7 @@ fn probe(libraries: Result<&Libraries, &str>) -> HipStatus {
         )
     } else {
         format!(
-            "{devices} AMD GPU(s) found, but this build has no HIP engine yet: their work runs on the CPU (kernels are compile-checked for gfx90a and gfx1030 only)"
+            "{devices} AMD GPU(s) found: the HIP engine opens them when no CUDA device is usable (see gpus); no AMD GPU has run this engine in testing yet"
         )
     };
     HipStatus {

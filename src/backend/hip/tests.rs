@@ -118,7 +118,7 @@ fn a_whole_library_set_is_probed_for_its_devices() {
         "{status:?}"
     );
     assert!(
-        status.reason.contains("no HIP engine yet"),
+        status.reason.contains("the HIP engine opens them"),
         "{}",
         status.reason
     );
@@ -155,4 +155,176 @@ fn nvrtc_options_are_translated_to_clangs() {
     );
     let unknown = hiprtc_options(&["--use_fast_math"], "gfx90a").unwrap_err();
     assert!(unknown.contains("--use_fast_math"), "{unknown}");
+}
+
+/// A stand-in HIP runtime with the engine's functions: host memory for device memory,
+/// and one "kernel", `add_one(unsigned *p, unsigned n)`, run on the host from the
+/// `void**` arguments exactly as `hipModuleLaunchKernel` receives them. `omit` leaves
+/// one function out.
+fn stand_in_runtime(dir: &std::path::Path, name: &str, omit: Option<&str>) {
+    let c = r#"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+static size_t in_use = 0;
+int hipSetDevice(int d) { return d >= 0 && d < 2 ? 0 : 101; }
+int hipDeviceGetName(char *s, int len, int d) { snprintf(s, len, "Stand-in AMD GPU %d", d); return 0; }
+int hipDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 63 ? 104 : 0; return 0; }
+int hipDeviceGetPCIBusId(char *s, int len, int d) { snprintf(s, len, "0000:%02x:00.0", d + 3); return 0; }
+int hipMemGetInfo(size_t *f, size_t *t) { *t = (size_t)1 << 30; *f = *t - in_use; return 0; }
+int hipMalloc(void **p, size_t n) {
+    if (n > ((size_t)1 << 30) - in_use) return 2;
+    *p = malloc(n); in_use += n; return 0;
+}
+int hipFree(void *p) { free(p); return 0; }
+int hipMemcpyHtoDAsync(void *d, void *s, size_t n, void *st) { memcpy(d, s, n); return 0; }
+int hipMemcpyDtoHAsync(void *d, void *s, size_t n, void *st) { memcpy(d, s, n); return 0; }
+int hipMemcpyDtoDAsync(void *d, void *s, size_t n, void *st) { memcpy(d, s, n); return 0; }
+int hipMemsetAsync(void *d, int v, size_t n, void *st) { memset(d, v, n); return 0; }
+int hipStreamCreate(void **s) { *s = (void *)0x5; return 0; }
+int hipStreamDestroy(void *s) { return 0; }
+int hipStreamSynchronize(void *s) { return 0; }
+int hipModuleLoadData(void **m, const void *image) {
+    if (memcmp(image, "\177ELF", 4) != 0) return 200;
+    *m = (void *)0x7; return 0;
+}
+int hipModuleUnload(void *m) { return 0; }
+int hipModuleGetFunction(void **f, void *m, const char *name) {
+    if (strcmp(name, "add_one") != 0) return 500;
+    *f = (void *)0x9; return 0;
+}
+int hipFuncGetAttribute(int *v, int attr, void *f) { *v = attr == 0 ? 256 : attr == 4 ? 32 : 0; return 0; }
+#ifndef OMIT_hipModuleLaunchKernel
+int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                          unsigned by, unsigned bz, unsigned shared, void *stream,
+                          void **params, void **extra) {
+    unsigned *p = *(unsigned **)params[0];
+    unsigned n = *(unsigned *)params[1];
+    for (unsigned i = 0; i < n; i++) p[i] += 1;
+    return 0;
+}
+#endif
+const char *hipGetErrorString(int rc) { return rc == 2 ? "out of memory" : "stand-in error"; }
+"#;
+    let source = dir.join(format!("{name}.c"));
+    std::fs::write(&source, c).unwrap();
+    let mut cc = std::process::Command::new("cc");
+    cc.args(["-shared", "-fPIC", "-o"]).arg(dir.join(name));
+    if let Some(f) = omit {
+        cc.arg(format!("-DOMIT_{f}"));
+    }
+    let status = cc.arg(&source).status().expect("cc runs");
+    assert!(status.success(), "cc built {name}");
+}
+
+#[test]
+fn the_engine_allocates_copies_and_launches_through_the_runtime() {
+    use crate::backend::DeviceErrorKind;
+    use engine::{Api, HipEngine};
+    let dir = scratch("engine");
+    stand_in_runtime(&dir, "libamdhip64.so", None);
+    let loaded = open_first(&["libamdhip64.so"], &only(&dir)).unwrap();
+    let api = Api::load(&loaded).unwrap();
+    let entry = vec!["add_one".to_string()];
+    let code = b"\x7fELF a stand-in code object".to_vec();
+    let opened = HipEngine::open(api, 1, vec![("test", code, &entry, 0.25)]).unwrap();
+    assert_eq!(opened.name, "Stand-in AMD GPU 1");
+    assert_eq!(opened.pci_bus_id, "0000:04:00.0");
+    assert_eq!((opened.compute_units, opened.memory_total), (104, 1 << 30));
+    let e = opened.engine;
+    assert_eq!(e.module_loads.len(), 1);
+    assert!(e.module_loads[0].seconds >= 0.25);
+
+    // Up, through a launch whose arguments are read as HIP passes them, and back.
+    let host: Vec<u32> = (0..1000).collect();
+    let bytes = std::mem::size_of_val(&host[..]);
+    let m = e.alloc(bytes).unwrap();
+    // SAFETY: `host` holds `bytes` bytes.
+    unsafe { e.write(&m, host.as_ptr().cast(), bytes) }.unwrap();
+    let n = host.len() as u32;
+    let mut params = [m.address_slot(), (&n as *const u32).cast_mut().cast()];
+    // SAFETY: add_one's arguments, in order; it touches n values of the buffer.
+    unsafe { e.launch("add_one", (4, 1, 1), (256, 1, 1), 0, &mut params) }.unwrap();
+    let read = |m: &engine::HipMemory| {
+        let mut back = vec![0u32; host.len()];
+        // SAFETY: `back` has room for `bytes` bytes.
+        unsafe { e.read(m, back.as_mut_ptr().cast(), bytes) }.unwrap();
+        back
+    };
+    assert_eq!(read(&m), (1..=1000).collect::<Vec<u32>>());
+    let mut other = e.alloc(bytes).unwrap();
+    e.copy(&m, &mut other).unwrap();
+    assert_eq!(read(&other), read(&m));
+    e.zero(&mut other).unwrap();
+    assert!(read(&other).iter().all(|&x| x == 0));
+    let (free, total) = e.memory().unwrap();
+    assert_eq!(total - free, 2 * bytes as u64, "two buffers in use");
+
+    let limits = e.kernel_limits("add_one");
+    assert_eq!(
+        (limits.max_threads, limits.registers),
+        (Some(256), Some(32))
+    );
+    assert_eq!(e.max_threads("add_one"), Some(256));
+
+    // Errors keep their kinds: out of memory is the job's, an unknown kernel fatal.
+    let oom = e.alloc(2 << 30).err().unwrap();
+    assert_eq!(oom.kind, DeviceErrorKind::OutOfMemory);
+    assert!(oom.message.contains("out of memory"), "{}", oom.message);
+    // SAFETY: refused before anything is launched.
+    let missing = unsafe { e.launch("nope", (1, 1, 1), (1, 1, 1), 0, &mut []) };
+    assert_eq!(missing.unwrap_err().kind, DeviceErrorKind::Fatal);
+}
+
+#[test]
+fn a_runtime_without_an_engine_function_or_a_bad_module_is_refused_by_name() {
+    use engine::{Api, HipEngine};
+    let dir = scratch("engine-partial");
+    stand_in_runtime(&dir, "libamdhip64.so", Some("hipModuleLaunchKernel"));
+    let loaded = open_first(&["libamdhip64.so"], &only(&dir)).unwrap();
+    let Err(why) = Api::load(&loaded) else {
+        panic!("a runtime without hipModuleLaunchKernel was taken");
+    };
+    assert!(why.contains("lacks hipModuleLaunchKernel"), "{why}");
+
+    let dir = scratch("engine-module");
+    stand_in_runtime(&dir, "libamdhip64.so", None);
+    // Kept loaded while its functions are called.
+    let loaded = open_first(&["libamdhip64.so"], &only(&dir)).unwrap();
+    let api = Api::load(&loaded).unwrap();
+    let entry = vec!["add_one".to_string()];
+    let not_elf = b"not a code object".to_vec();
+    let Err(why) = HipEngine::open(api, 0, vec![("field", not_elf, &entry, 0.0)]) else {
+        panic!("a module that is not a code object loaded");
+    };
+    assert!(
+        why.contains("loading field") && why.contains("(200)"),
+        "{why}"
+    );
+    let code = b"\x7fELF".to_vec();
+    let unknown = vec!["field_add".to_string()];
+    let Err(why) = HipEngine::open(api, 0, vec![("field", code, &unknown, 0.0)]) else {
+        panic!("a kernel the module lacks was found");
+    };
+    assert!(why.contains("kernel field_add"), "{why}");
+    let Err(why) = HipEngine::open(api, 5, Vec::new()) else {
+        panic!("device 5 of 2 opened");
+    };
+    assert!(why.starts_with("AMD device 5: selecting it"), "{why}");
+}
+
+#[test]
+fn the_architecture_is_found_in_the_properties_whatever_their_layout() {
+    let mut props = vec![0u8; 4096];
+    props[..18].copy_from_slice(b"AMD Instinct MI210");
+    // A string that only contains "gfx" is not the name.
+    props[300..310].copy_from_slice(b"xgfx90a\0\0\0");
+    let at = 1000;
+    props[at..at + 21].copy_from_slice(b"gfx90a:sramecc+:xnack");
+    assert_eq!(discover::arch_in(&props).as_deref(), Some("gfx90a"));
+    let mut rdna = vec![0u8; 64];
+    rdna[8..15].copy_from_slice(b"gfx1030");
+    assert_eq!(discover::arch_in(&rdna).as_deref(), Some("gfx1030"));
+    assert_eq!(discover::arch_in(b"\0gfx\0"), None, "no name after gfx");
+    assert_eq!(discover::arch_in(&[0u8; 100]), None);
 }
