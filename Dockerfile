@@ -5,6 +5,14 @@
 # architecture), libcublasLt (matmul's library engine) and libcudnn 9 (conv2d's). CUDA 13
 # needs an NVIDIA driver >= 580 on the host. Without a GPU the same image serves
 # everything on the CPU fallback. `docker run … gpu-ops check` proves a new GPU host.
+#
+# AMD GPUs: the same binary, on a ROCm image that carries libamdhip64 and hipRTC, e.g.
+#   docker build --build-arg RUNTIME_IMAGE=rocm/dev-ubuntu-24.04:6.4 -t gpu-ops:rocm .
+#   docker run --device /dev/kfd --device /dev/dri --group-add video … gpu-ops:rocm
+# (docs/GPU.md, "AMD GPUs": no AMD GPU has run the HIP engine yet). The runtime image
+# must have glibc 2.36 or later, as the build stage's Debian 12 does.
+ARG RUNTIME_IMAGE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
+
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
@@ -15,7 +23,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked --bin gpu-ops \
  && install -D -m 0755 target/release/gpu-ops /out/gpu-ops
 
-FROM nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
+FROM ${RUNTIME_IMAGE}
 # No toolchain and no curl: the health check is the binary's own `healthcheck`.
 RUN useradd --system --uid 10001 --home-dir /data --shell /usr/sbin/nologin gpuops \
  && mkdir -p /data /keys \
