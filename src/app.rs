@@ -121,6 +121,7 @@ impl App {
             let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
             tokio::task::spawn_blocking(move || {
                 let library = ops::kernel_library();
+                let hip_compiler = backend::hip::discover::Compiler::for_this_binary(cache.clone());
                 let (gpus, reason) = if emulate {
                     tracing::warn!(
                         "--emulate-device: GPU work runs on the emulated device, for testing only"
@@ -130,9 +131,11 @@ impl App {
                     let (cuda, why) = backend::cuda::discover_guarded(&selection, &cache, &library);
                     if cuda.is_empty() {
                         // No usable CUDA device: AMD's, where the HIP runtime has some.
-                        let (amd, hip_why) = backend::hip::discover::discover_guarded(&library);
-                        let why = format!("{why}; {hip_why}");
-                        (amd, why)
+                        let (amd, hip_why) = match &hip_compiler {
+                            Ok(c) => backend::hip::discover::discover_guarded(&library, c),
+                            Err(e) => (Vec::new(), format!("AMD GPUs are not used: {e}")),
+                        };
+                        (amd, format!("{why}; {hip_why}"))
                     } else {
                         (cuda, why)
                     }
@@ -153,8 +156,8 @@ impl App {
                 b.set_probe(backend::Probe {
                     reopen: if emulate {
                         backend::reopen_emulated()
-                    } else if amd {
-                        backend::reopen_hip(library)
+                    } else if let (true, Ok(compiler)) = (amd, hip_compiler) {
+                        backend::reopen_hip(compiler, library)
                     } else {
                         backend::reopen_cuda(cache, library)
                     },

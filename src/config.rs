@@ -43,6 +43,21 @@ pub enum Command {
     /// Make an API key: 256 random bits, base64url. With --file, append "KEY TENANT" to
     /// the file (created owner-only), else print that line.
     NewKey(crate::new_key::NewKeyArgs),
+    /// Compile one kernel module for an AMD architecture with hipRTC and write its code
+    /// object: what the server runs in a child process, so that a compiler crash is one
+    /// module's error and not the server's end (docs/GPU.md, "AMD GPUs").
+    #[command(hide = true)]
+    HipCompile {
+        /// The kernel module (`field`, `ntt`, `msm`, …).
+        #[arg(long)]
+        module: String,
+        /// The architecture, e.g. gfx90a.
+        #[arg(long)]
+        arch: String,
+        /// Where the code object is written.
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
     /// Exit 0 when a server answers 200 on /health/live (container HEALTHCHECK; the
     /// runtime image has no curl).
     Healthcheck {

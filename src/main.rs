@@ -43,6 +43,13 @@ fn main() -> ExitCode {
             }
             Err(e) => fail(&format!("gpu-ops new-key: {e}")),
         },
+        Some(Command::HipCompile { module, arch, out }) => {
+            let library = gpu_ops::ops::kernel_library();
+            match gpu_ops::backend::hip::discover::compile_to_file(&library, &module, &arch, &out) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => fail(&format!("gpu-ops hip-compile: {e}")),
+            }
+        }
         Some(Command::Healthcheck { addr, path }) => match healthcheck(&addr, &path) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

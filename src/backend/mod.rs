@@ -94,11 +94,15 @@ pub fn reopen_cuda(cache: std::path::PathBuf, library: cuda::kernels::KernelLibr
     })
 }
 
-/// HIP: a new engine on the same ordinal, its kernels compiled again.
-pub fn reopen_hip(library: cuda::kernels::KernelLibrary) -> Reopen {
+/// HIP: a new engine on the same ordinal, its kernels from the cache.
+pub fn reopen_hip(
+    compiler: hip::discover::Compiler,
+    library: cuda::kernels::KernelLibrary,
+) -> Reopen {
     Arc::new(move |dev: &GpuDevice| {
         guarded("re-opening the device", || {
-            hip::discover::open_device(dev.info.ordinal, &library).map(GpuDevice::into_engine)
+            hip::discover::open_device(dev.info.ordinal, &library, &compiler)
+                .map(GpuDevice::into_engine)
         })
     })
 }

@@ -245,7 +245,11 @@ fn open_devices(args: &CheckArgs, library: &KernelLibrary) -> (Vec<Arc<GpuDevice
         return (devices, why);
     }
     // No usable CUDA device: AMD's, as the server would use them.
-    let (amd, hip_why) = crate::backend::hip::discover::discover_guarded(library);
+    use crate::backend::hip::discover::{discover_guarded, Compiler};
+    let (amd, hip_why) = match Compiler::for_this_binary(cache) {
+        Ok(c) => discover_guarded(library, &c),
+        Err(e) => (Vec::new(), format!("AMD GPUs are not used: {e}")),
+    };
     (amd, format!("{why}; {hip_why}"))
 }
 

@@ -116,16 +116,9 @@ fn readelf() -> Option<String> {
 
 #[test]
 fn every_kernel_compiles_for_amd_gpus_with_its_entry_points_and_no_spills() {
-    let required = std::env::var("REQUIRE_HIPRTC").is_ok_and(|v| v == "1");
-    let (available, readelf) = (hiprtc_available(), readelf());
-    if !available || readelf.is_none() {
-        let why = if available {
-            "llvm-readelf not found"
-        } else {
-            "hipRTC (libamdhip64) not found"
-        };
-        assert!(!required, "REQUIRE_HIPRTC=1 but {why}");
-        eprintln!("SKIP every_kernel_compiles_for_amd_gpus…: {why} (set REQUIRE_HIPRTC=1 to fail instead)");
+    let readelf = readelf();
+    let found = (readelf.is_some(), "llvm-readelf not found");
+    if !hiprtc_or_skip("every_kernel_compiles_for_amd_gpus…", Some(found)) {
         return;
     }
     let readelf = readelf.unwrap();
@@ -243,15 +236,25 @@ fn every_kernel_compiles_for_amd_gpus_with_its_entry_points_and_no_spills() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Whether `test` can run: hipRTC loads and `also` (what else it needs) is present. When
+/// not, it says why it skips, or fails under REQUIRE_HIPRTC=1.
+fn hiprtc_or_skip(test: &str, also: Option<(bool, &str)>) -> bool {
+    let why = if !hiprtc_available() {
+        "hipRTC (libamdhip64) not found"
+    } else if let Some((false, missing)) = also {
+        missing
+    } else {
+        return true;
+    };
+    let required = std::env::var("REQUIRE_HIPRTC").is_ok_and(|v| v == "1");
+    assert!(!required, "REQUIRE_HIPRTC=1 but {why}");
+    eprintln!("SKIP {test}: {why} (set REQUIRE_HIPRTC=1 to fail instead)");
+    false
+}
+
 #[test]
 fn a_broken_kernel_is_reported_with_hiprtcs_log() {
-    if !hiprtc_available() {
-        let required = std::env::var("REQUIRE_HIPRTC").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "REQUIRE_HIPRTC=1 but hipRTC (libamdhip64) not found"
-        );
-        eprintln!("SKIP a_broken_kernel_is_reported_with_hiprtcs_log: hipRTC not found");
+    if !hiprtc_or_skip("a_broken_kernel_is_reported_with_hiprtcs_log", None) {
         return;
     }
     let err = compile(
@@ -313,4 +316,77 @@ fn no_kernel_assumes_a_warp_of_32() {
         dir.display()
     );
     assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// The engine's compile path: each module compiled by `gpu-ops hip-compile` in a child
+/// process, then read from the kernel cache on the next start.
+#[test]
+fn the_engine_compiles_in_a_child_process_and_caches_the_code_object() {
+    use gpu_ops::backend::hip::discover::{code_object, Compiler};
+    if !hiprtc_or_skip("the_engine_compiles_in_a_child_process…", None) {
+        return;
+    }
+    let library = kernel_library();
+    let dir = std::env::temp_dir().join(format!("gpu-ops-hip-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let compiler = Compiler {
+        cache_dir: dir.clone(),
+        exe: env!("CARGO_BIN_EXE_gpu-ops").into(),
+    };
+    let field = library
+        .modules
+        .iter()
+        .find(|m| m.name == "field_ops")
+        .unwrap();
+    let (code, hit) = code_object(&library, field, "gfx90a", &compiler).unwrap();
+    assert!(!hit && code.starts_with(b"\x7fELF"), "a fresh code object");
+    let (again, hit) = code_object(&library, field, "gfx90a", &compiler).unwrap();
+    assert!(hit && again == code, "the cached one, the same bytes");
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let named = files[0].starts_with("field_ops-") && files[0].contains("-gfx90a-hiprtc");
+    assert!(named && files[0].ends_with(".hsaco"), "{files:?}");
+    // An architecture hipRTC does not know: the child's log is the error.
+    let err = code_object(&library, field, "gfx9999", &compiler).unwrap_err();
+    assert!(err.contains("compiling field_ops for gfx9999"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A compiler that crashes (LLVM aborting inside hipRTC) is one module's error with its
+/// last words, not the end of the process that asked.
+#[test]
+fn a_compiler_crash_is_an_error_not_the_servers_end() {
+    use gpu_ops::backend::hip::discover::{code_object, Compiler};
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("gpu-ops-hip-crash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let crasher = dir.join("crash.sh");
+    std::fs::write(
+        &crasher,
+        "#!/bin/sh\necho 'LLVM ERROR: unsupported libcall legalization' >&2\nkill -SEGV $$\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&crasher, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let library = kernel_library();
+    let ntt = library.modules.iter().find(|m| m.name == "ntt").unwrap();
+    let compiler = Compiler {
+        cache_dir: dir.join("cache"),
+        exe: crasher,
+    };
+    let err = code_object(&library, ntt, "gfx90a", &compiler).unwrap_err();
+    assert!(err.contains("compiling ntt for gfx90a"), "{err}");
+    assert!(err.contains("LLVM ERROR: unsupported libcall"), "{err}");
+    assert!(err.contains("signal"), "{err}");
+    assert!(
+        std::fs::read_dir(dir.join("cache"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "nothing cached, nothing left behind"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -206,14 +206,14 @@ pub fn cubin_cached(
 
 /// The first 8 bytes of SHA-256 over the source and the options, in hex: a module
 /// compiled with other options (`--fmad=false`) is another entry.
-fn source_key(source: &str, options: &[&str]) -> String {
+pub(crate) fn source_key(source: &str, options: &[&str]) -> String {
     let hash = Sha256::digest((source.to_string() + &options.join(" ")).as_bytes());
     hash[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes `bytes` to `path` through a temporary file (a reader never sees half a file);
 /// a failure is logged, not fatal.
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) {
+pub(crate) fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) {
     let tmp = path.with_extension("tmp");
     let written = std::fs::create_dir_all(dir)
         .and_then(|_| std::fs::write(&tmp, bytes))

@@ -2,29 +2,56 @@
 //! read, every kernel module compiled for it by hipRTC and loaded (`engine::HipEngine`).
 //! Discovery looks here when no CUDA device is usable (`App::start`).
 //!
-//! hipRTC runs LLVM in this process, and LLVM aborts the process on some internal errors
-//! rather than returning one: a module that crashes hipRTC takes the server with it at
-//! start-up (the CI compile check, tests/device/hip_compile.rs, runs every module through
-//! the same path for gfx90a and gfx1030 so that this is found before a host meets it).
-//! Code objects are not cached yet: a start compiles every module (about 35 s serially on
-//! the development VM, 2026-11-29).
+//! hipRTC runs LLVM in the process that calls it, and LLVM aborts that process on some
+//! internal errors rather than returning one (ROCm 5.2's did so on a u128 division). So
+//! the server never compiles in its own process: each module is compiled by a child,
+//! `gpu-ops hip-compile` (this same binary), whose crash is one module's error. Code
+//! objects are cached in the kernel cache as the CUDA path caches cubins, keyed by the
+//! expanded source, the options, the architecture and hipRTC's version: only the first
+//! start on a host compiles (about 35 s for every module, serially, on the development
+//! VM, 2026-11-29).
 
 use super::engine::{Api, HipEngine};
 use super::{libraries, rtc, HipGetDeviceCount, HipInit, Loaded};
-use crate::backend::cuda::kernels::KernelLibrary;
+use crate::backend::cuda::kernels::{source_key, write_atomically, KernelLibrary, KernelModule};
+use crate::backend::device::ModuleLoad;
 use crate::backend::device::{Engine, GpuDevice, GpuInfo, GpuVendor};
 use std::ffi::{c_int, c_void};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest one module's compile may take in its child process.
+const COMPILE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Where code objects are cached, and the binary whose `hip-compile` makes them.
+#[derive(Clone, Debug)]
+pub struct Compiler {
+    pub cache_dir: PathBuf,
+    /// `gpu-ops` itself (`std::env::current_exe`), in the server and `gpu-ops check`.
+    pub exe: PathBuf,
+}
+
+impl Compiler {
+    /// The kernel cache under `data_dir`, compiled by this process's own binary.
+    pub fn for_this_binary(cache_dir: PathBuf) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("no path to this binary: {e}"))?;
+        Ok(Compiler { cache_dir, exe })
+    }
+}
 
 /// `discover`, with a panic in the runtime's bindings turned into no devices and the
 /// reason, never a discovery that does not end.
-pub fn discover_guarded(library: &KernelLibrary) -> (Vec<Arc<GpuDevice>>, String) {
-    crate::backend::guarded("HIP device discovery", || Ok(discover(library)))
+pub fn discover_guarded(
+    library: &KernelLibrary,
+    compiler: &Compiler,
+) -> (Vec<Arc<GpuDevice>>, String) {
+    crate::backend::guarded("HIP device discovery", || Ok(discover(library, compiler)))
         .unwrap_or_else(|why| (Vec::new(), format!("{why}; using the CPU")))
 }
 
 /// Every AMD device that opens, and why there are none (or which were skipped).
-pub fn discover(library: &KernelLibrary) -> (Vec<Arc<GpuDevice>>, String) {
+pub fn discover(library: &KernelLibrary, compiler: &Compiler) -> (Vec<Arc<GpuDevice>>, String) {
     let libs = match libraries() {
         Ok(l) => l,
         Err(why) => return (Vec::new(), format!("{why}: AMD GPUs are not used")),
@@ -37,7 +64,7 @@ pub fn discover(library: &KernelLibrary) -> (Vec<Arc<GpuDevice>>, String) {
     let mut devices = Vec::new();
     let mut problems = Vec::new();
     for ordinal in 0..count {
-        match open_device(ordinal, library) {
+        match open_device(ordinal, library, compiler) {
             Ok(d) => devices.push(Arc::new(d)),
             Err(e) => problems.push(e),
         }
@@ -80,17 +107,23 @@ fn device_count(runtime: &Loaded) -> Result<usize, String> {
 }
 
 /// Opens AMD device `ordinal`: its architecture, the library's modules compiled for it
-/// and loaded.
-pub fn open_device(ordinal: usize, library: &KernelLibrary) -> Result<GpuDevice, String> {
+/// (or read from the cache) and loaded.
+pub fn open_device(
+    ordinal: usize,
+    library: &KernelLibrary,
+    compiler: &Compiler,
+) -> Result<GpuDevice, String> {
     let libs = libraries().map_err(str::to_string)?;
     let api = Api::load(&libs.runtime)?;
     let arch = device_arch(&libs.runtime, ordinal as c_int)
         .map_err(|e| format!("AMD device {ordinal}: {e}"))?;
     let mut modules = Vec::new();
+    let mut cache = Vec::new();
     for m in &library.modules {
-        let started = std::time::Instant::now();
-        let code = rtc::compile(&library.expand(m.source), &arch, &m.options())
-            .map_err(|e| format!("AMD device {ordinal}: compiling {} for {arch}: {e}", m.name))?;
+        let started = Instant::now();
+        let (code, hit) = code_object(library, m, &arch, compiler)
+            .map_err(|e| format!("AMD device {ordinal}: {e}"))?;
+        cache.push(if hit { "hit" } else { "miss" });
         modules.push((
             m.name,
             code,
@@ -98,7 +131,13 @@ pub fn open_device(ordinal: usize, library: &KernelLibrary) -> Result<GpuDevice,
             started.elapsed().as_secs_f64(),
         ));
     }
-    let opened = HipEngine::open(api, ordinal, modules)?;
+    let mut opened = HipEngine::open(api, ordinal, modules)?;
+    for (load, cache) in opened.engine.module_loads.iter_mut().zip(cache) {
+        *load = ModuleLoad {
+            cache,
+            ..load.clone()
+        };
+    }
     let info = GpuInfo {
         ordinal,
         vendor: GpuVendor::Amd,
@@ -152,4 +191,99 @@ pub(crate) fn arch_in(bytes: &[u8]) -> Option<String> {
         let valid = name.len() > 3 && name[3..].bytes().all(|b| b.is_ascii_alphanumeric());
         valid.then(|| name.to_string())
     })
+}
+
+/// Module `m`'s code object for `arch`: from the cache, or compiled by a child process
+/// (`gpu-ops hip-compile`) and cached; and whether it was a cache hit.
+pub fn code_object(
+    library: &KernelLibrary,
+    m: &KernelModule,
+    arch: &str,
+    compiler: &Compiler,
+) -> Result<(Vec<u8>, bool), String> {
+    let (major, minor) = rtc::hiprtc_version().unwrap_or((0, 0));
+    let key = source_key(&library.expand(m.source), &m.options());
+    let path = compiler.cache_dir.join(format!(
+        "{}-{key}-{arch}-hiprtc{major}.{minor}.hsaco",
+        m.name
+    ));
+    if let Ok(bytes) = std::fs::read(&path) {
+        return Ok((bytes, true));
+    }
+    let out = path.with_extension(format!("{}.out", std::process::id()));
+    std::fs::create_dir_all(&compiler.cache_dir)
+        .map_err(|e| format!("{}: {e}", compiler.cache_dir.display()))?;
+    let compiled = compile_in_child(&compiler.exe, m.name, arch, &out);
+    let bytes = compiled
+        .and_then(|()| std::fs::read(&out).map_err(|e| format!("reading {}: {e}", out.display())));
+    let _ = std::fs::remove_file(&out);
+    let bytes = bytes.map_err(|e| format!("compiling {} for {arch}: {e}", m.name))?;
+    write_atomically(&compiler.cache_dir, &path, &bytes);
+    Ok((bytes, false))
+}
+
+/// Runs `exe hip-compile` for one module, bounded by `COMPILE_TIMEOUT`: its exit status
+/// and last words as the error when it fails, a crash included.
+fn compile_in_child(exe: &Path, module: &str, arch: &str, out: &Path) -> Result<(), String> {
+    let mut child = std::process::Command::new(exe)
+        .args(["hip-compile", "--module", module, "--arch", arch, "--out"])
+        .arg(out)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {} hip-compile: {e}", exe.display()))?;
+    // Read as it comes, so a long log cannot fill the pipe and stall the child.
+    let stderr = child.stderr.take();
+    let said = std::thread::spawn(move || {
+        let mut said = String::new();
+        if let Some(mut err) = stderr {
+            use std::io::Read;
+            let _ = err.read_to_string(&mut said);
+        }
+        said
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait().map_err(|e| e.to_string())? {
+            Some(status) => break status,
+            None if started.elapsed() > COMPILE_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "hipRTC took over {} s; stopped",
+                    COMPILE_TIMEOUT.as_secs()
+                ));
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let said = said.join().unwrap_or_default();
+    let said = said.trim();
+    // Its last 2,000 characters: where a compile log says what failed.
+    let from = said.char_indices().rev().nth(2000).map_or(0, |(i, _)| i);
+    Err(format!(
+        "the compiler process ended with {status}: {}",
+        &said[from..]
+    ))
+}
+
+/// `gpu-ops hip-compile`: module `name` of `library` compiled for `arch` by hipRTC in
+/// this process, its code object written to `out`.
+pub fn compile_to_file(
+    library: &KernelLibrary,
+    name: &str,
+    arch: &str,
+    out: &Path,
+) -> Result<(), String> {
+    let m = library
+        .modules
+        .iter()
+        .find(|m| m.name == name)
+        .ok_or_else(|| format!("no kernel module named {name}"))?;
+    let code = rtc::compile(&library.expand(m.source), arch, &m.options())?;
+    std::fs::write(out, code).map_err(|e| format!("{}: {e}", out.display()))
 }
