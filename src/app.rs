@@ -132,7 +132,9 @@ impl App {
                     if cuda.is_empty() {
                         // No usable CUDA device: AMD's, where the HIP runtime has some.
                         let (amd, hip_why) = match &hip_compiler {
-                            Ok(c) => backend::hip::discover::discover_guarded(&library, c),
+                            Ok(c) => {
+                                backend::hip::discover::discover_guarded(&selection, &library, c)
+                            }
                             Err(e) => (Vec::new(), format!("AMD GPUs are not used: {e}")),
                         };
                         (amd, format!("{why}; {hip_why}"))

@@ -146,8 +146,8 @@ pub struct Config {
     pub min_body_rate_grace: Duration,
     /// Buffers of finished large request bodies (8 MiB and up) kept for the next ones, in
     /// bytes in all: a kept buffer is written without the kernel first zeroing fresh
-    /// pages. A buffer unused for 10 s is freed. Default: one --max-body-bytes; 0 keeps
-    /// none.
+    /// pages, and is lent only to a body at least half its size. A buffer unused for 10 s
+    /// is freed (within 15 s). Default: one --max-body-bytes; 0 keeps none.
     #[arg(long, env = "GPU_OPS_BODY_POOL_BYTES")]
     pub body_pool_bytes: Option<usize>,
     /// With keys, the most of --max-inflight-body-bytes one tenant's bodies may hold

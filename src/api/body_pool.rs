@@ -5,8 +5,11 @@
 //! on the development VM at about 2 GB/s, so a 1 GiB DP batch spent about 0.46 s zeroing
 //! its buffer, against about 13 GB/s for a copy into warm memory (docs/PERFORMANCE.md).
 //! The pool keeps the buffers of finished large bodies, up to `--body-pool-bytes` in all,
-//! and gives the next large body the smallest one that fits. A buffer unused for `IDLE`
-//! goes back to the system, so a server left idle does not keep them.
+//! and gives the next large body the smallest one that fits, if it is at most twice the
+//! body's size: a small body never holds a warm gigabyte that the in-flight budget
+//! (charged by declared length) does not see. A buffer unused for `IDLE` goes back to the
+//! system (checked every half `IDLE`, so within 1.5 × `IDLE`), so a server left idle does
+//! not keep them.
 //!
 //! A reused buffer is emptied before it is handed out, and a body is read only up to the
 //! bytes it wrote, so no request can read another's bytes; those bytes stay in memory
@@ -57,8 +60,9 @@ impl BodyPool {
         })
     }
 
-    /// An empty buffer of at least `capacity` bytes: the smallest kept one that fits, else
-    /// a new one. Either way it comes back to the pool when the body is dropped.
+    /// An empty buffer of at least `capacity` bytes: the smallest kept one that fits and
+    /// is at most twice that, else a new one. Either way it comes back to the pool when
+    /// the body is dropped.
     pub fn take(self: &Arc<Self>, capacity: usize) -> BodyBuf {
         let kept = (capacity >= POOLED_FROM).then(|| self.take_kept(capacity));
         BodyBuf {
@@ -75,7 +79,7 @@ impl BodyPool {
             .buffers
             .iter()
             .enumerate()
-            .filter(|(_, (b, _))| b.capacity() >= capacity)
+            .filter(|(_, (b, _))| (capacity..=capacity.saturating_mul(2)).contains(&b.capacity()))
             .min_by_key(|(_, (b, _))| b.capacity())
             .map(|(i, _)| i)?;
         let (buf, _) = free.buffers.swap_remove(best);
@@ -260,7 +264,14 @@ mod tests {
         assert_eq!(got.buf.capacity(), caps[2]);
         let bigger = p.take(POOLED_FROM * 5);
         assert_eq!(p.reused.get(), 1, "none fits: a new buffer");
-        drop(bigger);
+        // Left: 4× and 1×. One byte over 1× fits only the 4×, more than twice its size.
+        let small = p.take(POOLED_FROM + 1);
+        assert_eq!(
+            p.reused.get(),
+            1,
+            "a warm buffer over twice the body is not lent"
+        );
+        drop((bigger, small));
     }
 
     #[test]

@@ -94,13 +94,16 @@ pub fn reopen_cuda(cache: std::path::PathBuf, library: cuda::kernels::KernelLibr
     })
 }
 
-/// HIP: a new engine on the same ordinal, its kernels from the cache.
+/// HIP: the device reset (its allocations, modules and any sticky error gone, as CUDA's
+/// primary context is reset), then a new engine on the same ordinal, its kernels from
+/// the cache.
 pub fn reopen_hip(
     compiler: hip::discover::Compiler,
     library: cuda::kernels::KernelLibrary,
 ) -> Reopen {
     Arc::new(move |dev: &GpuDevice| {
         guarded("re-opening the device", || {
+            hip::discover::reset_device(dev.info.ordinal)?;
             hip::discover::open_device(dev.info.ordinal, &library, &compiler)
                 .map(GpuDevice::into_engine)
         })

@@ -18,13 +18,14 @@ pub struct Comparison {
     pub note: String,
 }
 
-/// The comparisons for a run of `path` answered by `backend` (`x-backend`: cpu or cuda).
+/// The comparisons for a run of `path` answered by `backend` (`x-backend`: cpu, cuda or
+/// hip; the GPU anchors are NVIDIA's, so an AMD run's ratios are across vendors).
 pub fn comparisons(path: &str, backend: &str, runs: &[Run]) -> Vec<Comparison> {
     let best = runs
         .iter()
         .filter_map(|r| r.gflops_compute)
         .fold(None, |a: Option<f64>, g| Some(a.map_or(g, |a| a.max(g))));
-    let on_gpu = backend == "cuda";
+    let on_gpu = backend == "cuda" || backend == "hip";
     let mut out = Vec::new();
     match path {
         "/nn/attention" => out.push(Comparison {

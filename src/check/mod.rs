@@ -247,7 +247,7 @@ fn open_devices(args: &CheckArgs, library: &KernelLibrary) -> (Vec<Arc<GpuDevice
     // No usable CUDA device: AMD's, as the server would use them.
     use crate::backend::hip::discover::{discover_guarded, Compiler};
     let (amd, hip_why) = match Compiler::for_this_binary(cache) {
-        Ok(c) => discover_guarded(library, &c),
+        Ok(c) => discover_guarded(&args.devices, library, &c),
         Err(e) => (Vec::new(), format!("AMD GPUs are not used: {e}")),
     };
     (amd, format!("{why}; {hip_why}"))

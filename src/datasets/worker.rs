@@ -119,7 +119,7 @@ impl Datasets {
         }
         self.metrics
             .dataset_batches
-            .with_label_values(&["cuda"])
+            .with_label_values(&[dev.backend_kind().name()])
             .inc();
         Some(records)
     }

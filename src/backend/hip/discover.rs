@@ -12,8 +12,9 @@
 //! VM, 2026-11-29).
 
 use super::engine::{Api, HipEngine};
-use super::{libraries, rtc, HipGetDeviceCount, HipInit, Loaded};
+use super::{libraries, rtc, Loaded};
 use crate::backend::cuda::kernels::{source_key, write_atomically, KernelLibrary, KernelModule};
+use crate::backend::cuda::DeviceSelection;
 use crate::backend::device::ModuleLoad;
 use crate::backend::device::{Engine, GpuDevice, GpuInfo, GpuVendor};
 use std::ffi::{c_int, c_void};
@@ -43,27 +44,43 @@ impl Compiler {
 /// `discover`, with a panic in the runtime's bindings turned into no devices and the
 /// reason, never a discovery that does not end.
 pub fn discover_guarded(
+    selection: &DeviceSelection,
     library: &KernelLibrary,
     compiler: &Compiler,
 ) -> (Vec<Arc<GpuDevice>>, String) {
-    crate::backend::guarded("HIP device discovery", || Ok(discover(library, compiler)))
-        .unwrap_or_else(|why| (Vec::new(), format!("{why}; using the CPU")))
+    crate::backend::guarded("HIP device discovery", || {
+        Ok(discover(selection, library, compiler))
+    })
+    .unwrap_or_else(|why| (Vec::new(), format!("{why}; using the CPU")))
 }
 
-/// Every AMD device that opens, and why there are none (or which were skipped).
-pub fn discover(library: &KernelLibrary, compiler: &Compiler) -> (Vec<Arc<GpuDevice>>, String) {
-    let libs = match libraries() {
-        Ok(l) => l,
-        Err(why) => return (Vec::new(), format!("{why}: AMD GPUs are not used")),
-    };
-    let count = match device_count(&libs.runtime) {
-        Ok(0) => return (Vec::new(), "the HIP runtime reports no AMD GPU".into()),
-        Ok(n) => n,
-        Err(why) => return (Vec::new(), why),
+/// Every AMD device of `selection` (`--devices`) that opens, and why there are none (or
+/// which were skipped). The runtime is first probed on a thread of its own, bounded
+/// (`hip::status`): a runtime that hangs in hipInit (a broken kernel driver) costs
+/// discovery ten seconds, never readiness.
+pub fn discover(
+    selection: &DeviceSelection,
+    library: &KernelLibrary,
+    compiler: &Compiler,
+) -> (Vec<Arc<GpuDevice>>, String) {
+    let status = super::status(Duration::from_secs(10));
+    let count = status.devices as usize;
+    if count == 0 {
+        return (Vec::new(), status.reason);
+    }
+    let ordinals: Vec<usize> = match selection {
+        DeviceSelection::All => (0..count).collect(),
+        DeviceSelection::Ordinals(o) => o.clone(),
     };
     let mut devices = Vec::new();
     let mut problems = Vec::new();
-    for ordinal in 0..count {
+    for ordinal in ordinals {
+        if ordinal >= count {
+            problems.push(format!(
+                "AMD device {ordinal} does not exist ({count} present)"
+            ));
+            continue;
+        }
         match open_device(ordinal, library, compiler) {
             Ok(d) => devices.push(Arc::new(d)),
             Err(e) => problems.push(e),
@@ -80,30 +97,10 @@ pub fn discover(library: &KernelLibrary, compiler: &Compiler) -> (Vec<Arc<GpuDev
     (devices, reason)
 }
 
-fn device_count(runtime: &Loaded) -> Result<usize, String> {
-    // SAFETY: both symbols were found at load (`load_from`) and have HIP's signatures.
-    unsafe {
-        let init = runtime
-            .library
-            .get::<HipInit>(b"hipInit")
-            .map_err(|e| e.to_string())?;
-        let rc = init(0);
-        if rc != 0 {
-            return Err(format!("hipInit returned {rc}: AMD GPUs are not used"));
-        }
-        let count = runtime
-            .library
-            .get::<HipGetDeviceCount>(b"hipGetDeviceCount")
-            .map_err(|e| e.to_string())?;
-        let mut n = 0;
-        let rc = count(&mut n);
-        if rc != 0 {
-            return Err(format!(
-                "hipGetDeviceCount returned {rc}: AMD GPUs are not used"
-            ));
-        }
-        Ok(n.max(0) as usize)
-    }
+/// Resets AMD device `ordinal` (a re-probe's fresh start; `Api::reset_device`).
+pub fn reset_device(ordinal: usize) -> Result<(), String> {
+    let libs = libraries().map_err(str::to_string)?;
+    Api::load(&libs.runtime)?.reset_device(ordinal)
 }
 
 /// Opens AMD device `ordinal`: its architecture, the library's modules compiled for it

@@ -27,31 +27,6 @@ const FUNC_MAX_THREADS: c_int = 0;
 const FUNC_LOCAL_BYTES: c_int = 3;
 const FUNC_REGISTERS: c_int = 4;
 
-/// The runtime functions the engine calls, by name: a runtime lacking one is named at
-/// start-up (`Api::load`), never met mid-job.
-pub const ENGINE_SYMBOLS: &[&str] = &[
-    "hipSetDevice",
-    "hipDeviceGetName",
-    "hipDeviceGetAttribute",
-    "hipDeviceGetPCIBusId",
-    "hipMemGetInfo",
-    "hipMalloc",
-    "hipFree",
-    "hipMemcpyHtoDAsync",
-    "hipMemcpyDtoHAsync",
-    "hipMemcpyDtoDAsync",
-    "hipMemsetAsync",
-    "hipStreamCreate",
-    "hipStreamDestroy",
-    "hipStreamSynchronize",
-    "hipModuleLoadData",
-    "hipModuleUnload",
-    "hipModuleGetFunction",
-    "hipFuncGetAttribute",
-    "hipModuleLaunchKernel",
-    "hipGetErrorString",
-];
-
 type LaunchKernel = unsafe extern "C" fn(
     Ptr,
     c_uint,
@@ -90,6 +65,7 @@ pub struct Api {
     function_attribute: unsafe extern "C" fn(*mut c_int, c_int, Ptr) -> c_int,
     launch: LaunchKernel,
     error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    device_reset: unsafe extern "C" fn() -> c_int,
 }
 
 impl Api {
@@ -127,7 +103,23 @@ impl Api {
             function_attribute: get(runtime, "hipFuncGetAttribute")?,
             launch: get(runtime, "hipModuleLaunchKernel")?,
             error_string: get(runtime, "hipGetErrorString")?,
+            device_reset: get(runtime, "hipDeviceReset")?,
         })
+    }
+
+    /// Resets device `ordinal` in this process: every allocation, module and stream on
+    /// it is gone, and a sticky error with them (a re-probe's fresh start, as the CUDA
+    /// path resets its primary context).
+    pub fn reset_device(&self, ordinal: usize) -> Result<(), String> {
+        // SAFETY: HIP's signatures.
+        let rc = unsafe {
+            match (self.set_device)(ordinal as c_int) {
+                0 => (self.device_reset)(),
+                rc => rc,
+            }
+        };
+        self.check(rc, "hipDeviceReset")
+            .map_err(|e| format!("AMD device {ordinal}: {e}"))
     }
 
     /// `rc` as a device error: out of memory, or fatal (the context may be unusable).
@@ -254,6 +246,9 @@ impl HipEngine {
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<HipMemory, DeviceError> {
+        // hipMalloc allocates on the calling thread's current device: make it this one,
+        // whatever thread holds the lease.
+        self.bind_to_thread()?;
         let mut address: Ptr = std::ptr::null_mut();
         // Never a zero-byte allocation (HIP may answer null): a buffer has an address.
         // SAFETY: HIP's signature; the out-pointer is valid.

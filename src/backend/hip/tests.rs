@@ -167,12 +167,17 @@ fn stand_in_runtime(dir: &std::path::Path, name: &str, omit: Option<&str>) {
 #include <stdlib.h>
 #include <string.h>
 static size_t in_use = 0;
-int hipSetDevice(int d) { return d >= 0 && d < 2 ? 0 : 101; }
+/* HIP's current device is per thread: allocation fails on a thread that set none. */
+static __thread int current = -1;
+static unsigned last_launch[6];
+void standin_last_launch(unsigned *out) { memcpy(out, last_launch, sizeof last_launch); }
+int hipSetDevice(int d) { if (d < 0 || d >= 2) return 101; current = d; return 0; }
 int hipDeviceGetName(char *s, int len, int d) { snprintf(s, len, "Stand-in AMD GPU %d", d); return 0; }
 int hipDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 63 ? 104 : 0; return 0; }
 int hipDeviceGetPCIBusId(char *s, int len, int d) { snprintf(s, len, "0000:%02x:00.0", d + 3); return 0; }
 int hipMemGetInfo(size_t *f, size_t *t) { *t = (size_t)1 << 30; *f = *t - in_use; return 0; }
 int hipMalloc(void **p, size_t n) {
+    if (current < 0) return 101;
     if (n > ((size_t)1 << 30) - in_use) return 2;
     *p = malloc(n); in_use += n; return 0;
 }
@@ -198,6 +203,8 @@ int hipFuncGetAttribute(int *v, int attr, void *f) { *v = attr == 0 ? 256 : attr
 int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                           unsigned by, unsigned bz, unsigned shared, void *stream,
                           void **params, void **extra) {
+    unsigned dims[6] = {gx, gy, gz, bx, by, bz};
+    memcpy(last_launch, dims, sizeof dims);
     unsigned *p = *(unsigned **)params[0];
     unsigned n = *(unsigned *)params[1];
     for (unsigned i = 0; i < n; i++) p[i] += 1;
@@ -205,6 +212,7 @@ int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsign
 }
 #endif
 const char *hipGetErrorString(int rc) { return rc == 2 ? "out of memory" : "stand-in error"; }
+int hipDeviceReset(void) { return 0; }
 "#;
     let source = dir.join(format!("{name}.c"));
     std::fs::write(&source, c).unwrap();
@@ -327,4 +335,74 @@ fn the_architecture_is_found_in_the_properties_whatever_their_layout() {
     assert_eq!(discover::arch_in(&rdna).as_deref(), Some("gfx1030"));
     assert_eq!(discover::arch_in(b"\0gfx\0"), None, "no name after gfx");
     assert_eq!(discover::arch_in(&[0u8; 100]), None);
+}
+
+#[test]
+fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
+    use crate::backend::device::{DeviceErrorKind, Engine, GpuDevice, GpuInfo, GpuVendor};
+    use crate::backend::BackendKind;
+    use engine::{Api, HipEngine};
+    let dir = scratch("lease");
+    stand_in_runtime(&dir, "libamdhip64.so", None);
+    let loaded = open_first(&["libamdhip64.so"], &only(&dir)).unwrap();
+    let api = Api::load(&loaded).unwrap();
+    let entry = vec!["add_one".to_string()];
+    let opened = HipEngine::open(api, 0, vec![("test", b"\x7fELF".to_vec(), &entry, 0.0)]).unwrap();
+    let info = GpuInfo {
+        ordinal: 0,
+        vendor: GpuVendor::Amd,
+        name: opened.name.clone(),
+        uuid: format!("HIP-{}", opened.pci_bus_id),
+        compute_capability: "gfx90a".into(),
+        sm_count: opened.compute_units,
+        memory_total_bytes: opened.memory_total,
+        cuda_version: String::new(),
+        nvrtc_version: String::new(),
+        kernel_arch: "gfx90a".into(),
+        emulated: false,
+    };
+    let dev = GpuDevice::new(info, Engine::Hip(opened.engine));
+    assert_eq!(dev.label(), "hip:0");
+    assert_eq!(dev.backend_kind(), BackendKind::Hip);
+    type LastLaunch = unsafe extern "C" fn(*mut u32);
+    // SAFETY: the stand-in's own function, with this signature.
+    let last_launch = unsafe { loaded.library.get::<LastLaunch>(b"standin_last_launch") }.unwrap();
+    // On a thread that never selected the device: the lease (and each allocation) does.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let lease = dev.lease().unwrap();
+            let mut buf = lease.upload(&[1u32, 2, 3]).unwrap();
+            let n = 3u32;
+            let config = |threads| cudarc::driver::LaunchConfig {
+                grid_dim: (2, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            {
+                let mut launch = lease.launch("add_one").unwrap();
+                launch.arg(&mut buf).arg(&n);
+                // SAFETY: add_one's arguments in order; it touches n values of the buffer.
+                unsafe { launch.launch(config(128)) }.unwrap();
+            }
+            assert_eq!(lease.download(&buf).unwrap(), [2, 3, 4]);
+            let mut dims = [0u32; 6];
+            // SAFETY: writes six unsigned ints.
+            unsafe { last_launch(dims.as_mut_ptr()) };
+            assert_eq!(dims, [2, 1, 1, 128, 1, 1], "grid then block, as configured");
+            // Over the kernel's limit (256, from the runtime): the job's error, before the
+            // runtime sees it.
+            {
+                let mut launch = lease.launch("add_one").unwrap();
+                launch.arg(&mut buf).arg(&n);
+                // SAFETY: refused before the launch.
+                let refused = unsafe { launch.launch(config(512)) }.unwrap_err();
+                assert_eq!(refused.kind, DeviceErrorKind::Unsupported, "{refused}");
+            }
+            let mut zeroed = lease.alloc_zeros::<u32>(3).unwrap();
+            lease.copy(&buf, &mut zeroed).unwrap();
+            assert_eq!(lease.download(&zeroed).unwrap(), [2, 3, 4]);
+            lease.zero(&mut zeroed).unwrap();
+            assert_eq!(lease.download(&zeroed).unwrap(), [0, 0, 0]);
+        });
+    });
 }
