@@ -167,6 +167,20 @@ impl App {
                     backoff,
                 });
                 tracing::info!(devices = gpus.len(), reason = %reason, "device discovery finished");
+                if amd {
+                    let watched = gpus
+                        .iter()
+                        .map(|g| backend::hip::smi::Watched {
+                            ordinal: g.info.ordinal,
+                            uuid: g.info.uuid.clone(),
+                            pci_bus_id: g.info.uuid.trim_start_matches("HIP-").to_string(),
+                        })
+                        .collect();
+                    if let Err(why) = backend::hip::smi::spawn_sampler(m.clone(), interval, watched)
+                    {
+                        tracing::warn!(reason = %why, "AMD GPU gauges will not be exported");
+                    }
+                }
                 if !gpus.is_empty() && !emulate && !amd {
                     if let Err(why) = backend::spawn_nvml_sampler(m, interval) {
                         tracing::warn!(reason = %why, "GPU gauges will not be exported");

@@ -62,7 +62,7 @@ metrics! {
     device_healthy: IntGaugeVec = ("gpu_ops_device_healthy", "1 while a GPU is in service, 0 after it was taken out", ["gpu", "uuid"]);
     kernel_verified: IntGaugeVec = ("gpu_ops_kernel_verified", "1 while an op passes its self-test and shadow checks on a device, 0 while it is quarantined there", ["gpu", "op"]);
     shadow_checks: IntCounterVec = ("gpu_ops_shadow_checks_total", "Device jobs recomputed on the CPU and compared, by op and outcome (agree, mismatch)", ["op", "outcome"]);
-    gpu_utilization: GaugeVec = ("gpu_ops_gpu_utilization_ratio", "GPU busy fraction over NVML's sample period (0-1)", ["gpu", "uuid"]);
+    gpu_utilization: GaugeVec = ("gpu_ops_gpu_utilization_ratio", "GPU busy fraction (0-1): NVML's over its sample period, or ROCm SMI's busy percent on AMD", ["gpu", "uuid"]);
     gpu_memory_used: GaugeVec = ("gpu_ops_gpu_memory_used_bytes", "GPU memory in use", ["gpu", "uuid"]);
     gpu_memory_total: GaugeVec = ("gpu_ops_gpu_memory_total_bytes", "GPU memory installed", ["gpu", "uuid"]);
     gpu_temperature: GaugeVec = ("gpu_ops_gpu_temperature_celsius", "GPU temperature", ["gpu", "uuid"]);

@@ -10,6 +10,7 @@
 pub mod discover;
 pub mod engine;
 mod rtc;
+pub mod smi;
 
 pub use rtc::{compile, hiprtc_options, hiprtc_version};
 

@@ -406,3 +406,67 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
         });
     });
 }
+
+#[test]
+fn rocm_smi_feeds_the_gpu_gauges_of_the_devices_it_matches_by_pci_address() {
+    use smi::{bdf_id, Watched};
+    assert_eq!(bdf_id("0000:03:00.0"), Some(0x300));
+    assert_eq!(
+        bdf_id("0001:c1:1f.7"),
+        Some((1 << 32) | (0xc1 << 8) | (0x1f << 3) | 7)
+    );
+    assert_eq!(bdf_id("not a bus id"), None);
+    let dir = scratch("smi");
+    let c = r#"
+#include <stdint.h>
+int rsmi_init(uint64_t flags) { return 0; }
+int rsmi_num_monitor_devices(uint32_t *n) { *n = 2; return 0; }
+int rsmi_dev_pci_id_get(uint32_t i, uint64_t *id) { *id = i == 0 ? 0x300 : 0x400; return 0; }
+int rsmi_dev_busy_percent_get(uint32_t i, uint32_t *p) { *p = i == 1 ? 42 : 0; return 0; }
+int rsmi_dev_memory_usage_get(uint32_t i, int type, uint64_t *b) { *b = type == 0 ? 1ull << 30 : 0; return 0; }
+int rsmi_dev_memory_total_get(uint32_t i, int type, uint64_t *b) { *b = type == 0 ? 64ull << 30 : 0; return 0; }
+int rsmi_dev_temp_metric_get(uint32_t i, uint32_t sensor, uint32_t metric, int64_t *t) { *t = 55500; return 0; }
+#ifndef OMIT_POWER
+int rsmi_dev_power_ave_get(uint32_t i, uint32_t sensor, uint64_t *uw) { *uw = 300000000; return 0; }
+#endif
+"#;
+    let source = dir.join("smi.c");
+    std::fs::write(&source, c).unwrap();
+    for (name, omit) in [
+        ("librocm_smi64.so", None),
+        ("partial.so", Some("-DOMIT_POWER")),
+    ] {
+        let mut cc = std::process::Command::new("cc");
+        cc.args(["-shared", "-fPIC", "-o"]).arg(dir.join(name));
+        cc.args(omit).arg(&source);
+        assert!(cc.status().expect("cc runs").success());
+    }
+    let loaded = open_first(&["librocm_smi64.so"], &only(&dir)).unwrap();
+    let metrics = crate::metrics::Metrics::new();
+    let watched = [
+        // SMI's device 1 (bus 04) is our ordinal 0; bus 09 is not SMI's.
+        Watched {
+            ordinal: 0,
+            uuid: "HIP-0000:04:00.0".into(),
+            pci_bus_id: "0000:04:00.0".into(),
+        },
+        Watched {
+            ordinal: 1,
+            uuid: "HIP-0000:09:00.0".into(),
+            pci_bus_id: "0000:09:00.0".into(),
+        },
+    ];
+    assert_eq!(smi::sample_once(&loaded, &watched, &metrics), Ok(1));
+    let labels = ["0", "HIP-0000:04:00.0"];
+    let gauge = |g: &prometheus::GaugeVec| g.with_label_values(&labels).get();
+    assert_eq!(gauge(&metrics.gpu_utilization), 0.42);
+    assert_eq!(gauge(&metrics.gpu_memory_used), (1u64 << 30) as f64);
+    assert_eq!(gauge(&metrics.gpu_memory_total), (64u64 << 30) as f64);
+    assert_eq!(gauge(&metrics.gpu_temperature), 55.5);
+    assert_eq!(gauge(&metrics.gpu_power), 300.0);
+    let none = smi::sample_once(&loaded, &watched[1..], &metrics).unwrap_err();
+    assert!(none.contains("knows none"), "{none}");
+    let partial = open_first(&["partial.so"], &only(&dir)).unwrap();
+    let why = smi::sample_once(&partial, &watched, &metrics).unwrap_err();
+    assert!(why.contains("lacks rsmi_dev_power_ave_get"), "{why}");
+}
