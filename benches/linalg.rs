@@ -22,7 +22,11 @@ fn job(n: usize, compute: Compute, a: Vec<f32>, b: Vec<f32>) -> MatmulJob {
         trans_a: false,
         trans_b: false,
     };
-    let operands = Operands::F32 { a, b, c: None };
+    let operands = Operands::F32 {
+        a: a.into(),
+        b: b.into(),
+        c: None,
+    };
     MatmulJob::new(shape, operands, 1.0, 1.0, compute, Dtype::F32, Dtype::F32).unwrap()
 }
 

@@ -195,7 +195,7 @@ impl DenseIn {
                 })?;
                 // The layout check made the length the shape's product × the width.
                 check_shape(&shape, &format!("{path}/shape"), max)?;
-                (shape, decode_le_bytes(&bytes, dtype), Some(dtype))
+                (shape, decode_buffer(bytes, dtype), Some(dtype))
             }
         };
         if !ranks.contains(&shape.len()) {
@@ -241,9 +241,21 @@ pub(super) fn check_shape(shape: &[usize], path: &str, max: usize) -> Result<usi
 
 fn decode_le(words: PackedWords<u32>, dtype: TensorDtype) -> Values {
     if dtype == TensorDtype::F32 && cfg!(target_endian = "little") {
-        return Values::F32(bytemuck::allocation::cast_vec(words.words));
+        return Values::F32(bytemuck::allocation::cast_vec::<u32, f32>(words.words).into());
     }
     decode_le_bytes(words.bytes(), dtype)
+}
+
+/// A bulk buffer's values: f32 read where they lie in the body (`wire::Array`), the
+/// other dtypes converted.
+fn decode_buffer(bytes: Bytes, dtype: TensorDtype) -> Values {
+    if dtype == TensorDtype::F32 {
+        // The layout check made the length a whole number of f32s.
+        if let Some(values) = crate::wire::Array::from_le_bytes(bytes.clone()) {
+            return Values::F32(values);
+        }
+    }
+    decode_le_bytes(&bytes, dtype)
 }
 
 /// Little-endian values of `dtype`; f32 on a little-endian host is one copy.
@@ -251,26 +263,29 @@ fn decode_le_bytes(bytes: &[u8], dtype: TensorDtype) -> Values {
     if dtype == TensorDtype::F32 && cfg!(target_endian = "little") {
         let mut values = vec![0f32; bytes.len() / 4];
         bytemuck::cast_slice_mut(&mut values).copy_from_slice(bytes);
-        return Values::F32(values);
+        return Values::F32(values.into());
     }
     match dtype {
         TensorDtype::F16 => Values::F32(
             bytes
                 .chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         ),
         TensorDtype::Bf16 => Values::F32(
             bytes
                 .chunks_exact(2)
                 .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         ),
         TensorDtype::F32 => Values::F32(
             bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
+                .collect::<Vec<_>>()
+                .into(),
         ),
         TensorDtype::F64 => Values::F64(
             bytes

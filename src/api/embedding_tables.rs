@@ -297,7 +297,12 @@ pub async fn embedding_table_lookup(
     let dtype = TensorDtype::from(output);
     let done = state.pool.submit(job, backend, timeout).await?;
     let body = LookupResponse {
-        result: DenseOut::new(shape.clone(), Values::F32(done.output), dtype, packed),
+        result: DenseOut::new(
+            shape.clone(),
+            Values::F32(done.output.into()),
+            dtype,
+            packed,
+        ),
         shape,
         dtype,
     };

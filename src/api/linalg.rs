@@ -292,9 +292,9 @@ fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
         }
     } else {
         Operands::F32 {
-            a: a.values.into_f32(),
-            b: b.values.into_f32(),
-            c: c.map(|c| c.values.into_f32()),
+            a: a.values.into_f32_array(),
+            b: b.values.into_f32_array(),
+            c: c.map(|c| c.values.into_f32_array()),
         }
     };
     let beta = req.beta.unwrap_or(1.0);
@@ -341,7 +341,7 @@ pub(super) fn operand(
             }
             *x = r;
         }
-        t.values = Values::F32(Values::F64(std::mem::take(values)).into_f32());
+        t.values = Values::F32(Values::F64(std::mem::take(values)).into_f32_array());
     }
     Ok(t)
 }

@@ -67,7 +67,14 @@ fn a_header_parses_as_the_json_request_with_its_buffers_lent() {
     assert_eq!(req.scale, 2.0);
     let t = req.a.decode("/a", 2..=2, 16).ok().unwrap();
     assert_eq!(t.shape, [2, 2]);
-    assert_eq!(t.values, Values::F32(values.to_vec()));
+    assert_eq!(t.values, Values::F32(values.to_vec().into()));
+    let Values::F32(lent) = &t.values else {
+        unreachable!()
+    };
+    assert!(
+        lent.is_lent(),
+        "an f32 tensor is read where it lies in the body"
+    );
     assert_eq!(t.packed, Some(TensorDtype::F32));
     // Nothing stays lent once the parse is over.
     assert!(buffer(0, 16).is_err());
@@ -111,7 +118,12 @@ fn answers_write_tensors_as_buffers_from_where_they_lie() {
     }
     let values = vec![1.0f32, 2.0, 3.0];
     let answer = Answer {
-        result: DenseOut::new(vec![3], Values::F32(values.clone()), TensorDtype::F32, true),
+        result: DenseOut::new(
+            vec![3],
+            Values::F32(values.clone().into()),
+            TensorDtype::F32,
+            true,
+        ),
         n: 3,
     };
     let body = bulk_chunks(&answer).unwrap().concat();

@@ -37,7 +37,7 @@ fn encode_each(values: impl Iterator<Item = f64>, n: usize, dtype: TensorDtype) 
 }
 
 /// f32 values seen as their little-endian bytes (on a little-endian host).
-struct LeF32(Vec<f32>);
+struct LeF32(crate::wire::Array<f32>);
 
 impl AsRef<[u8]> for LeF32 {
     fn as_ref(&self) -> &[u8] {

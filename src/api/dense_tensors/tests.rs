@@ -95,7 +95,10 @@ fn simd_base64_agrees_with_the_scalar_codec() {
 #[test]
 fn packed_f32_stays_f32_and_goes_out_unchanged() {
     let values = vec![1.5f32, -0.1, 3.4e38, f32::MIN_POSITIVE];
-    let text = B64.encode(encode_le(Values::F32(values.clone()), TensorDtype::F32));
+    let text = B64.encode(encode_le(
+        Values::F32(values.clone().into()),
+        TensorDtype::F32,
+    ));
     let t = DenseIn::Packed(PackedTensor {
         encoding: BinaryEncoding::Base64,
         dtype: TensorDtype::F32,
@@ -103,7 +106,7 @@ fn packed_f32_stays_f32_and_goes_out_unchanged() {
         data: Base64Data::new(&text),
     });
     let got = t.decode("/a", 2..=2, 10).unwrap();
-    assert_eq!(got.values, Values::F32(values));
+    assert_eq!(got.values, Values::F32(values.into()));
     let e = DenseIn::Packed(PackedTensor {
         encoding: BinaryEncoding::Base64,
         dtype: TensorDtype::F32,

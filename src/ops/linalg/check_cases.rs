@@ -165,9 +165,10 @@ fn matmul_cases(level: CheckLevel, seed: u64) -> Vec<(CaseInfo, MatmulJob)> {
             let (a_big, b_big, tiny) = operand_edges(p.compute, p.output);
             let salt = seed ^ (0x11 + 4 * i as u64);
             let operands = Operands::F32 {
-                a: mixed(s.a_len(), salt, a_big, tiny),
-                b: mixed(s.b_len(), salt ^ 1, b_big, tiny),
-                c: p.with_c.then(|| mixed(s.c_len(), salt ^ 2, a_big, tiny)),
+                a: mixed(s.a_len(), salt, a_big, tiny).into(),
+                b: mixed(s.b_len(), salt ^ 1, b_big, tiny).into(),
+                c: p.with_c
+                    .then(|| mixed(s.c_len(), salt ^ 2, a_big, tiny).into()),
             };
             // A plain product at production sizes (what PyTorch times); α and β other
             // than 1 where the quick level exercises C.

@@ -115,7 +115,7 @@ pub(crate) fn run_matmul_on(
         first += count;
     }
     job.output.round_all(&mut out);
-    Ok(Values::F32(out))
+    Ok(Values::F32(out.into()))
 }
 
 /// One launch of `matmul_f32`: `batches` entries of D (m × n each, contiguous) from A

@@ -5,6 +5,7 @@ use super::precision::{Compute, Dtype};
 use super::views::gemm_into;
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
+use crate::wire::Array;
 use gemm::Parallelism;
 use ndarray::parallel::prelude::*;
 use ndarray::{Array3, ArrayView3, ArrayViewMut3, Axis, ShapeBuilder};
@@ -110,10 +111,12 @@ impl MatmulShape {
 /// Operands: f32 (already rounded to the compute precision; C as given) or f64.
 #[derive(Clone, Debug)]
 pub enum Operands {
+    /// A bulk request's buffers are read in place (`wire::Array`) and copied only when
+    /// the compute precision rounds them.
     F32 {
-        a: Vec<f32>,
-        b: Vec<f32>,
-        c: Option<Vec<f32>>,
+        a: Array<f32>,
+        b: Array<f32>,
+        c: Option<Array<f32>>,
     },
     F64 {
         a: Vec<f64>,
@@ -125,7 +128,7 @@ pub enum Operands {
 /// D's values: f32 already rounded to the output dtype, or f64.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Values {
-    F32(Vec<f32>),
+    F32(Array<f32>),
     F64(Vec<f64>),
 }
 
@@ -152,16 +155,21 @@ impl Values {
     /// As f64 (f32 values widen exactly).
     pub fn into_f64(self) -> Vec<f64> {
         match self {
-            Values::F32(v) => v.into_iter().map(f64::from).collect(),
+            Values::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
             Values::F64(v) => v,
         }
     }
 
     /// As f32: f32 values as they are, f64 ones rounded to nearest.
     pub fn into_f32(self) -> Vec<f32> {
+        self.into_f32_array().into_vec()
+    }
+
+    /// As `into_f32`, f32 values left where they lie (a bulk body's buffer stays lent).
+    pub fn into_f32_array(self) -> Array<f32> {
         match self {
             Values::F32(v) => v,
-            Values::F64(v) => v.into_iter().map(|x| x as f32).collect(),
+            Values::F64(v) => v.into_iter().map(|x| x as f32).collect::<Vec<_>>().into(),
         }
     }
 }
@@ -197,7 +205,7 @@ impl MatmulJob {
     ) -> Result<Self, Invalid> {
         let root = FieldPath::root();
         let (a, b, c) = match &operands {
-            Operands::F32 { a, b, c } => (a.len(), b.len(), c.as_ref().map(Vec::len)),
+            Operands::F32 { a, b, c } => (a.len(), b.len(), c.as_ref().map(|c| c.len())),
             Operands::F64 { a, b, c } => (a.len(), b.len(), c.as_ref().map(Vec::len)),
         };
         for (name, got, want) in [("a", a, shape.a_len()), ("b", b, shape.b_len())]
@@ -273,7 +281,7 @@ impl MatmulJob {
                 self.gemm(d.view_mut(), a, b, self.alpha as f32, beta);
                 let mut d = into_vec(d);
                 self.output.round_all(&mut d);
-                Values::F32(d)
+                Values::F32(d.into())
             }
             Operands::F64 { a, b, c } => {
                 let mut d = self.seed(c.as_deref());
@@ -388,11 +396,13 @@ fn into_vec<T>(d: Array3<T>) -> Vec<T> {
 
 /// Rounds `v` to `compute` in place (nothing to do for f32); the first value that
 /// overflows it, if any.
-fn round_all(v: &mut [f32], compute: Compute) -> Option<usize> {
+fn round_all(v: &mut Array<f32>, compute: Compute) -> Option<usize> {
     if matches!(compute, Compute::F32 | Compute::F64) {
         return None;
     }
-    v.par_iter_mut()
+    // Rounding writes: a lent operand is copied here, once.
+    v.make_mut()
+        .par_iter_mut()
         .with_min_len(1 << 14)
         .enumerate()
         .filter_map(|(i, x)| {

@@ -70,9 +70,9 @@ fn matmul_jobs() -> Vec<MatmulJob> {
         .into_iter()
         .map(|(shape, compute, output, with_c)| {
             let operands = Operands::F32 {
-                a: values(shape.a_len(), 1),
-                b: values(shape.b_len(), 2),
-                c: with_c.then(|| values(shape.c_len(), 3)),
+                a: values(shape.a_len(), 1).into(),
+                b: values(shape.b_len(), 2).into(),
+                c: with_c.then(|| values(shape.c_len(), 3).into()),
             };
             MatmulJob::new(shape, operands, 0.75, -1.5, compute, Dtype::F32, output)
                 .expect("a valid self-test product")
@@ -151,9 +151,9 @@ pub(crate) fn blaslt_check() -> Box<dyn SelfTest> {
         .into_iter()
         .map(|(shape, compute, with_c)| {
             let operands = Operands::F32 {
-                a: values(shape.a_len(), 5),
-                b: values(shape.b_len(), 6),
-                c: with_c.then(|| values(shape.c_len(), 7)),
+                a: values(shape.a_len(), 5).into(),
+                b: values(shape.b_len(), 6).into(),
+                c: with_c.then(|| values(shape.c_len(), 7).into()),
             };
             MatmulJob::new(shape, operands, 1.25, 0.5, compute, Dtype::F32, Dtype::F32)
                 .expect("a valid self-test product")

@@ -123,15 +123,15 @@ fn matmul_is_within_the_stated_bound_of_an_f64_reference() {
                 } else {
                     let f = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<_>>();
                     Operands::F32 {
-                        a: f(&a),
-                        b: f(&b),
-                        c: c.as_deref().map(f),
+                        a: f(&a).into(),
+                        b: f(&b).into(),
+                        c: c.as_deref().map(f).map(Into::into),
                     }
                 };
                 let job = MatmulJob::new(s, operands, alpha, beta, compute, input, output)
                     .expect("a valid job");
                 let got: Vec<f64> = match job.run_cpu() {
-                    Values::F32(v) => v.into_iter().map(f64::from).collect(),
+                    Values::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
                     Values::F64(v) => v,
                 };
                 let (want, mag) = reference(&s, &a, &b, c.as_deref(), alpha, beta);
@@ -180,8 +180,8 @@ fn the_bound_is_not_vacuous() {
         MatmulJob::new(
             s,
             Operands::F32 {
-                a: vec![x],
-                b: vec![x],
+                a: vec![x].into(),
+                b: vec![x].into(),
                 c: None,
             },
             1.0,
@@ -193,16 +193,16 @@ fn the_bound_is_not_vacuous() {
         .unwrap()
         .run_cpu()
     };
-    assert_eq!(job(Compute::Bf16), Values::F32(vec![1.0]));
-    assert_eq!(job(Compute::F32), Values::F32(vec![x * x]));
+    assert_eq!(job(Compute::Bf16), Values::F32(vec![1.0].into()));
+    assert_eq!(job(Compute::F32), Values::F32(vec![x * x].into()));
 }
 
 #[test]
 fn shapes_dtypes_and_overflow_are_refused_with_their_field() {
     let s = shapes()[0];
     let ok = |a: usize| Operands::F32 {
-        a: vec![1.0; a],
-        b: vec![1.0; s.b_len()],
+        a: vec![1.0; a].into(),
+        b: vec![1.0; s.b_len()].into(),
         c: None,
     };
     let e = MatmulJob::new(s, ok(2), 1.0, 1.0, Compute::F32, Dtype::F32, Dtype::F32).unwrap_err();
@@ -210,16 +210,16 @@ fn shapes_dtypes_and_overflow_are_refused_with_their_field() {
     let e = MatmulJob::new(s, ok(3), 1.0, 1.0, Compute::F64, Dtype::F32, Dtype::F32).unwrap_err();
     assert_eq!(e.path, FieldPath::root().field("compute"));
     let big = Operands::F32 {
-        a: vec![1e6; 3],
-        b: vec![1.0; s.b_len()],
+        a: vec![1e6; 3].into(),
+        b: vec![1.0; s.b_len()].into(),
         c: None,
     };
     let e = MatmulJob::new(s, big, 1.0, 1.0, Compute::F16, Dtype::F32, Dtype::F32).unwrap_err();
     assert!(e.message.contains("overflows f16"), "{}", e.message);
     // f16 out of a product beyond 65504: the twin gives inf, which the API refuses.
     let wide = Operands::F32 {
-        a: vec![300.0; 3],
-        b: vec![300.0; s.b_len()],
+        a: vec![300.0; 3].into(),
+        b: vec![300.0; s.b_len()].into(),
         c: None,
     };
     let job = MatmulJob::new(s, wide, 1.0, 1.0, Compute::F32, Dtype::F32, Dtype::F16).unwrap();
@@ -291,4 +291,43 @@ fn sinusoidal_parameters_are_refused_with_their_field() {
         new(4, 1e4, 1e10, 0.0, &[1.0, 1e6]).path,
         FieldPath::root().field("positions").index(1)
     );
+}
+
+/// A bulk request's f32 operands (`wire::Array`, lent from the body) are not copied when
+/// the compute precision is f32, and copied once, then rounded, when it is not; the
+/// body's bytes are never written.
+#[test]
+fn f32_operands_stay_lent_unless_the_compute_precision_rounds_them() {
+    let s = shapes()[0];
+    let lent = |n: usize| {
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|i| (1.0 + i as f32 * 2f32.powi(-20)).to_le_bytes())
+            .collect();
+        crate::wire::Array::<f32>::from_le_bytes(bytes::Bytes::from(bytes)).unwrap()
+    };
+    let (a, b) = (lent(s.a_len()), lent(s.b_len()));
+    assert!(a.is_lent() && b.is_lent());
+    let job = |compute, a: &crate::wire::Array<f32>, b: &crate::wire::Array<f32>| {
+        let operands = Operands::F32 {
+            a: a.clone(),
+            b: b.clone(),
+            c: None,
+        };
+        MatmulJob::new(s, operands, 1.0, 1.0, compute, Dtype::F32, Dtype::F32).unwrap()
+    };
+    let f32_job = job(Compute::F32, &a, &b);
+    let Operands::F32 { a: ja, b: jb, .. } = &f32_job.operands else {
+        unreachable!()
+    };
+    assert!(
+        ja.is_lent() && jb.is_lent(),
+        "f32 compute reads them in place"
+    );
+    let bf16_job = job(Compute::Bf16, &a, &b);
+    let Operands::F32 { a: ra, .. } = &bf16_job.operands else {
+        unreachable!()
+    };
+    assert!(!ra.is_lent(), "rounding works on a copy");
+    assert_ne!(**ra, *a, "the copy is rounded");
+    assert_eq!(a[1], 1.0 + 2f32.powi(-20), "the body's bytes are untouched");
 }

@@ -273,8 +273,8 @@ impl AttentionJob {
                     }
                 }
                 Attended {
-                    output: Values::F32(out),
-                    weights: weights.map(Values::F32),
+                    output: Values::F32(out.into()),
+                    weights: weights.map(|w| Values::F32(w.into())),
                 }
             }
             Tensors::F64 { q, k, v } => {

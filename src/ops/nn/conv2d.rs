@@ -244,7 +244,7 @@ impl Conv2dJob {
             } => {
                 let mut out = self.convolve(input, weight, bias.as_deref(), self.relu);
                 self.output.round_all(&mut out);
-                Values::F32(out)
+                Values::F32(out.into())
             }
             ConvTensors::F64 {
                 input,

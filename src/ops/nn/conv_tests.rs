@@ -93,7 +93,7 @@ fn check(s: Conv2dShape, with_bias: bool, relu: bool, input: Dtype, output: Dtyp
     };
     let job = Conv2dJob::new(s, tensors, relu, input, output).expect("a valid job");
     let got = match job.run_cpu() {
-        Values::F32(v) => v.into_iter().map(f64::from).collect::<Vec<_>>(),
+        Values::F32(v) => v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>(),
         Values::F64(v) => v,
     };
     let want = reference(&s, &x, &w, b.as_deref(), relu);

@@ -145,8 +145,8 @@ pub fn launch_attention(
         job.output.round_all(w);
     }
     Ok(Attended {
-        output: Values::F32(out),
-        weights: weights.map(Values::F32),
+        output: Values::F32(out.into()),
+        weights: weights.map(|w| Values::F32(w.into())),
     })
 }
 
@@ -296,7 +296,7 @@ pub(crate) fn run_conv2d_on(
         out.extend(dev.download(&d_out)?);
     }
     job.output.round_all(&mut out);
-    Ok(Values::F32(out))
+    Ok(Values::F32(out.into()))
 }
 
 /// The convolution on cuDNN, images in passes that fit the memory budget beside the
@@ -365,7 +365,7 @@ pub(crate) fn run_conv2d_cudnn(
         first += count;
     }
     job.output.round_all(&mut values);
-    Ok(Values::F32(values))
+    Ok(Values::F32(values.into()))
 }
 
 /// `conv_bias_relu_f32` over `channels × positions` outputs; without a bias, `stand_in`

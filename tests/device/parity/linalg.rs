@@ -31,9 +31,9 @@ fn matmul_agrees_with_the_cpu() {
     };
     let job = |shape: MatmulShape, compute, output, with_c: bool| {
         let operands = Operands::F32 {
-            a: values(shape.a_len(), 1),
-            b: values(shape.b_len(), 2),
-            c: with_c.then(|| values(shape.c_len(), 3)),
+            a: values(shape.a_len(), 1).into(),
+            b: values(shape.b_len(), 2).into(),
+            c: with_c.then(|| values(shape.c_len(), 3).into()),
         };
         MatmulJob::new(shape, operands, 1.25, -0.5, compute, Dtype::F32, output).unwrap()
     };
