@@ -57,14 +57,10 @@ impl CudaEngine {
 
     /// Kernel `name`'s limits, as read after load.
     pub(crate) fn kernel_limits(&self, name: &str) -> KernelLimits {
-        self.limits.get(name).cloned().unwrap_or(KernelLimits {
-            kernel: name.to_string(),
-            launch_bound: None,
-            max_threads: None,
-            registers: None,
-            local_bytes: None,
-            fits: false,
-        })
+        self.limits
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| KernelLimits::unknown(name, None))
     }
 
     /// Clocks, bus width and caches as the driver reports them, and the theoretical
@@ -277,14 +273,7 @@ fn read_limits(functions: &HashMap<String, CudaFunction>) -> HashMap<String, Ker
                 },
                 Err(e) => {
                     tracing::warn!(kernel = %name, error = %e, "cannot read the kernel's attributes");
-                    KernelLimits {
-                        kernel: name.clone(),
-                        launch_bound: bound,
-                        max_threads: None,
-                        registers: None,
-                        local_bytes: None,
-                        fits: false,
-                    }
+                    KernelLimits::unknown(name, bound)
                 }
             };
             if !limits.fits {
@@ -369,6 +358,17 @@ pub enum DeviceSelection {
     Ordinals(Vec<usize>),
 }
 
+impl DeviceSelection {
+    /// The ordinals selected of `count` devices (those past it are the caller's to
+    /// refuse by name).
+    pub fn ordinals(&self, count: usize) -> Vec<usize> {
+        match self {
+            Self::All => (0..count).collect(),
+            Self::Ordinals(o) => o.clone(),
+        }
+    }
+}
+
 impl std::str::FromStr for DeviceSelection {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -426,10 +426,7 @@ pub fn discover(
             "libnvrtc not found, kernels cannot be compiled; using the CPU".into(),
         );
     }
-    let ordinals: Vec<usize> = match selection {
-        DeviceSelection::All => (0..count).collect(),
-        DeviceSelection::Ordinals(o) => o.clone(),
-    };
+    let ordinals = selection.ordinals(count);
     let mut devices = Vec::new();
     let mut problems = Vec::new();
     for ordinal in ordinals {

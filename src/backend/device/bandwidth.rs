@@ -21,6 +21,21 @@ pub struct CopyBandwidth {
     pub d2d: f64,
 }
 
+impl CopyBandwidth {
+    /// Rates from pageable copies only, which the pinned fields repeat: the engine has
+    /// no page-locked memory (HIP today), or its host memory is all one (emulated).
+    fn pageable_only(bytes: usize, h2d: f64, d2h: f64, d2d: f64) -> Self {
+        CopyBandwidth {
+            bytes,
+            h2d_pageable: h2d,
+            d2h_pageable: d2h,
+            h2d_pinned: h2d,
+            d2h_pinned: d2h,
+            d2d,
+        }
+    }
+}
+
 /// The best rate of `repeats` timed runs of `copy` (after one untimed) moving `bytes`.
 pub fn best_rate(
     bytes: usize,
@@ -99,14 +114,7 @@ impl DeviceLease<'_> {
                     h.copy(ma, mb)?;
                     h.synchronize()
                 })?;
-                Ok(CopyBandwidth {
-                    bytes,
-                    h2d_pageable: h2d,
-                    d2h_pageable: d2h,
-                    h2d_pinned: h2d,
-                    d2h_pinned: d2h,
-                    d2d,
-                })
+                Ok(CopyBandwidth::pageable_only(bytes, h2d, d2h, d2d))
             }
             (Engine::Emulated(_), Memory::Host(ma), Memory::Host(mb)) => {
                 // Host memory is all the emulated device has: pinned and pageable are the
@@ -125,14 +133,7 @@ impl DeviceLease<'_> {
                     mb.copy_from(ma);
                     Ok(())
                 })?;
-                Ok(CopyBandwidth {
-                    bytes,
-                    h2d_pageable: h2d,
-                    d2h_pageable: d2h,
-                    h2d_pinned: h2d,
-                    d2h_pinned: d2h,
-                    d2d,
-                })
+                Ok(CopyBandwidth::pageable_only(bytes, h2d, d2h, d2d))
             }
             _ => Err(super::buffer::foreign()),
         }

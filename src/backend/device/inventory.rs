@@ -36,6 +36,21 @@ pub struct KernelLimits {
     pub fits: bool,
 }
 
+impl KernelLimits {
+    /// A kernel whose attributes could not be read (`launch_bound` its declared one, if
+    /// known): nothing known to fit.
+    pub fn unknown(kernel: &str, launch_bound: Option<u32>) -> Self {
+        KernelLimits {
+            kernel: kernel.to_string(),
+            launch_bound,
+            max_threads: None,
+            registers: None,
+            local_bytes: None,
+            fits: false,
+        }
+    }
+}
+
 impl GpuDevice {
     /// Each kernel module's compile and load, in library order.
     pub fn module_loads(&self) -> Vec<ModuleLoad> {

@@ -68,10 +68,7 @@ pub fn discover(
     if count == 0 {
         return (Vec::new(), status.reason);
     }
-    let ordinals: Vec<usize> = match selection {
-        DeviceSelection::All => (0..count).collect(),
-        DeviceSelection::Ordinals(o) => o.clone(),
-    };
+    let ordinals = selection.ordinals(count);
     let mut devices = Vec::new();
     let mut problems = Vec::new();
     for ordinal in ordinals {

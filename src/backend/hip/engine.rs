@@ -374,14 +374,10 @@ impl HipEngine {
 
     /// Kernel `name`'s limits, as read after load.
     pub fn kernel_limits(&self, name: &str) -> KernelLimits {
-        self.limits.get(name).cloned().unwrap_or(KernelLimits {
-            kernel: name.to_string(),
-            launch_bound: None,
-            max_threads: None,
-            registers: None,
-            local_bytes: None,
-            fits: false,
-        })
+        self.limits
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| KernelLimits::unknown(name, None))
     }
 
     /// Opens device `ordinal` of `api`'s runtime and loads `modules` (name, code object,
