@@ -89,6 +89,10 @@ impl App {
             artifacts,
         )
         .map_err(|e| e.to_string())?;
+        let placement = Arc::new(pool::Placement::new(pool::PlacementConfig {
+            mode: cfg.placement,
+            explore_every: cfg.placement_explore_every,
+        }));
         let pool = Arc::new(Pool::start(
             PoolConfig {
                 capacity: cfg.queue_capacity,
@@ -105,6 +109,7 @@ impl App {
             },
             metrics.clone(),
             backends.clone(),
+            placement.clone(),
         ));
         let (done_tx, discovered) = watch::channel(false);
         if cfg.backend == BackendChoice::Cpu {
@@ -119,6 +124,7 @@ impl App {
             let table_cache = cfg.gpu_table_cache_mib << 20;
             let vendor_libraries = !cfg.no_cuda_libraries;
             let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
+            let calibration_budget = cfg.placement_calibration_budget;
             tokio::task::spawn_blocking(move || {
                 let library = ops::kernel_library();
                 let hip_compiler = backend::hip::discover::Compiler::for_this_binary(cache.clone());
@@ -191,8 +197,21 @@ impl App {
                 } else {
                     backend::hip::status(std::time::Duration::from_secs(10))
                 });
-                b.set_gpus(gpus, reason);
+                b.set_gpus(gpus.clone(), reason);
                 done_tx.send_replace(true);
+                // Ready: calibration runs beside the first requests, never before them.
+                if !calibration_budget.is_zero() && !gpus.is_empty() {
+                    let mut cases = ops::self_tests();
+                    cases.extend(ops::check_cases(backend::measure::CheckLevel::Quick));
+                    for g in gpus.iter().filter(|g| g.is_healthy()) {
+                        pool::placement::calibrate::calibrate(
+                            &placement,
+                            g,
+                            &cases,
+                            calibration_budget,
+                        );
+                    }
+                }
             });
         }
         let tables = Arc::new(

@@ -99,6 +99,22 @@ pub struct Config {
     /// the op on that device. Evenly spaced: 0.01 checks every 100th device job.
     #[arg(long, env = "GPU_OPS_VERIFY_FRACTION", default_value_t = 0.01)]
     pub verify_fraction: f64,
+    /// How `auto` places a job: measured (where it is predicted to finish first, from
+    /// times measured on this host, backlog counted) or threshold (the old fixed per-op
+    /// size thresholds, for comparison).
+    #[arg(long, env = "GPU_OPS_PLACEMENT", value_enum, default_value = "measured")]
+    pub placement: crate::pool::PlacementMode,
+    /// One `auto` job in this many of an op's size class runs on the side predicted
+    /// slower (at most 4× slower), so a side that slowed down and recovered wins its
+    /// work back.
+    #[arg(long, env = "GPU_OPS_PLACEMENT_EXPLORE_EVERY", default_value_t = 32)]
+    pub placement_explore_every: u64,
+    /// Time a device's placement calibration may take when it comes up (after its
+    /// self-test, once the server is ready): every op's self-test and quick check cases
+    /// timed on the device and the CPU while this lasts. 0s: none (placement learns
+    /// from the jobs it runs).
+    #[arg(long, env = "GPU_OPS_PLACEMENT_CALIBRATION_BUDGET", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub placement_calibration_budget: Duration,
     /// How long a device taken out of service waits before its first re-probe (its
     /// context rebuilt and self-test rerun); later waits double, up to 10 minutes.
     #[arg(long, env = "GPU_OPS_DEVICE_REPROBE_BACKOFF", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -390,6 +406,12 @@ impl Config {
         }
         if !(1..=32).contains(&self.max_ntt_log2) {
             return Err("--max-ntt-log2 must be 1 to 32".into());
+        }
+        if self.placement_explore_every == 0 {
+            return Err("--placement-explore-every must be at least 1".into());
+        }
+        if self.placement_calibration_budget > std::time::Duration::from_secs(120) {
+            return Err("--placement-calibration-budget must be at most 120s".into());
         }
         if !(0.0..=1.0).contains(&self.verify_fraction) {
             return Err("--verify-fraction must be between 0 and 1".into());

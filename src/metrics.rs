@@ -56,6 +56,7 @@ metrics! {
     job_queue_wait: HistogramVec = ("gpu_ops_job_queue_wait_seconds", "Time a job waited in the queue, by op and backend", ["op", "backend"], latency_buckets());
     job_compute: HistogramVec = ("gpu_ops_job_compute_seconds", "Time a job computed, by op and backend", ["op", "backend"], latency_buckets());
     jobs: IntCounterVec = ("gpu_ops_jobs_total", "Jobs by op, backend and outcome", ["op", "backend", "outcome"]);
+    placements: IntCounterVec = ("gpu_ops_placements_total", "Jobs placed, by op, backend and reason: measured (predicted to finish first there, backlog counted), explored (to measure a side predicted slower or never run at that size), forced (the request or --backend named it), only_choice (no usable device, or a shape the device refuses), prior (nothing measured of the op yet: its size threshold decided), threshold (--placement threshold)", ["op", "backend", "reason"]);
     fallbacks: IntCounterVec = ("gpu_ops_fallbacks_total", "Jobs rerun on the CPU after a device failure, by op and reason", ["op", "reason"]);
     elements: IntCounterVec = ("gpu_ops_processed_elements_total", "Input elements processed, by op and backend", ["op", "backend"]);
     bytes: IntCounterVec = ("gpu_ops_processed_bytes_total", "Input bytes processed, by op and backend", ["op", "backend"]);

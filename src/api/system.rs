@@ -79,6 +79,9 @@ pub struct DeviceReport {
     /// them (those it opened are in `gpus`, `vendor: amd`).
     pub hip: crate::backend::hip::HipStatus,
     pub cpu: CpuInfo,
+    /// How `auto` places jobs: per op and lane, what was measured on each side and the
+    /// crossover the model implies against each device.
+    pub placement: crate::pool::placement::PlacementReport,
     /// Whether API routes need a key.
     pub authentication: Authentication,
     /// What the operator should act on, such as a server open to the network.
@@ -145,6 +148,7 @@ pub async fn device(State(state): State<Arc<AppState>>) -> Json<DeviceReport> {
         gpus,
         hip: b.hip(),
         cpu: b.cpu.info.clone(),
+        placement: state.pool.placement().report(),
         authentication,
         warnings: authentication
             .warning(&state.settings)

@@ -260,6 +260,9 @@ pub enum Fault {
     /// The launch runs, then the lowest bit of the first byte of the last buffer it was
     /// passed mutably (an output) flips: a silently wrong answer.
     Corrupt,
+    /// The launch runs correctly after this many milliseconds: a device slowed by another
+    /// tenant or by throttling, for the placement tests.
+    SlowMs(u32),
 }
 
 struct Injected {

@@ -14,15 +14,23 @@ pub trait Job: Send + Sync + 'static {
     /// The op's name in metrics and logs (`field_add`, `ntt_forward`, …).
     fn name(&self) -> &'static str;
 
-    /// Work items (elements, terms, values, samples): counted in metrics and compared
-    /// with [`Job::gpu_threshold`].
+    /// Work items (elements, terms, values, samples): counted in metrics, and the size
+    /// axis of placement's cost model.
     fn size(&self) -> usize;
+
+    /// What besides the size makes one job of this op cost differently from another on
+    /// a side (the field, the dtype, a shape class): placement measures each lane apart.
+    /// "" for an op with one lane.
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("")
+    }
 
     /// Bytes of input, for the bytes-processed metric.
     fn input_bytes(&self) -> usize;
 
-    /// Under this `size` the `auto` backend keeps the job on the CPU: a device round trip
-    /// (uploads, launches, a download) costs tens of microseconds before any arithmetic.
+    /// Placement's prior, used only until anything of this op has been measured on this
+    /// host (and as the whole rule under `--placement threshold`): under this `size` the
+    /// job stays on the CPU. Written before any GPU was measured; measurements decide.
     fn gpu_threshold(&self) -> usize;
 
     /// Why `run_device` cannot take this job (a shape its kernels do not cover), if so:

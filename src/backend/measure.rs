@@ -87,6 +87,8 @@ pub struct CaseRun {
     /// `Job::size` of the case.
     pub size: usize,
     pub input_bytes: usize,
+    /// `Job::placement_lane` of the case ("" where not known).
+    pub lane: String,
     /// Agreement with the CPU twin, or where they part (or why the device failed).
     pub outcome: Result<(), String>,
     /// Each timed device run, transfers included, in milliseconds.
@@ -105,6 +107,7 @@ impl CaseRun {
             info,
             size,
             input_bytes,
+            lane: String::new(),
             outcome: Ok(()),
             device_ms: Vec::new(),
             kernel_ms: Vec::new(),
@@ -123,8 +126,10 @@ pub fn measure_job<J: Job>(
     repeats: Repeats,
     run: impl Fn(&J, &DeviceLease<'_>) -> Result<J::Output, DeviceError>,
 ) -> CaseRun {
+    let mut case = CaseRun::new(info, job.size(), job.input_bytes());
+    case.lane = job.placement_lane().into_owned();
     measure_runs(
-        CaseRun::new(info, job.size(), job.input_bytes()),
+        case,
         dev,
         repeats,
         |dev| {

@@ -82,6 +82,12 @@ pub struct OpEntry {
     pub reason: Option<String>,
     pub size: usize,
     pub input_bytes: usize,
+    /// `Job::placement_lane` (the field, dtype or shape class; "" for one lane).
+    pub lane: String,
+    /// A parity case: the side `auto` would pick for it from the report's other cases
+    /// (as if they were what the server had measured), and whether that was the faster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto: Option<AutoPick>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -136,6 +142,8 @@ impl OpEntry {
             reason,
             size: run.size,
             input_bytes: run.input_bytes,
+            lane: run.lane,
+            auto: None,
             bytes,
             flops,
             compare,
@@ -154,10 +162,36 @@ impl OpEntry {
             reason: Some(why),
             size: 0,
             input_bytes: 0,
+            lane: String::new(),
+            auto: None,
             bytes: None,
             flops: None,
             compare: None,
             timings: Timings::default(),
+        }
+    }
+}
+
+/// What placement would pick for a case (`pool::placement::replay`).
+#[derive(Clone, Debug, Serialize)]
+pub struct AutoPick {
+    /// "device" or "cpu".
+    pub picks: &'static str,
+    /// The side that was faster here.
+    pub faster: &'static str,
+    /// The slower side's time over the faster's.
+    pub ratio: f64,
+    /// What the pick rests on (None: nothing else of the op was measured, so the old
+    /// threshold rule's pick).
+    pub basis: Option<crate::pool::placement::Basis>,
+}
+
+impl AutoPick {
+    fn cell(&self) -> String {
+        if self.picks == self.faster {
+            format!("{} ✓", self.picks)
+        } else {
+            format!("{} ✗ ({:.2}× slower)", self.picks, self.ratio)
         }
     }
 }
@@ -241,6 +275,62 @@ impl Report {
             }
         }
         self.summary = s;
+        self.place();
+    }
+
+    /// Fills each parity case's `auto`: per device, every timed case teaches a model of
+    /// placement, each parity case held out in turn.
+    fn place(&mut self) {
+        use crate::pool::placement::replay::{leave_one_out, ratio, Row};
+        let devices: Vec<String> = self.devices.iter().map(|d| d.label.clone()).collect();
+        for device in devices {
+            let timed: Vec<(usize, Row)> = self
+                .ops
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.device == device && e.parity == Parity::Ok && e.size > 0)
+                .filter_map(|(i, e)| {
+                    let dev = e.timings.device_ms.as_ref()?.median;
+                    let cpu = e.timings.cpu_ms?;
+                    Some((
+                        i,
+                        Row {
+                            op: e.op.clone(),
+                            lane: e.lane.clone(),
+                            size: e.size,
+                            input_bytes: e.input_bytes,
+                            device_seconds: dev / 1e3,
+                            cpu_seconds: cpu.max(1e-4) / 1e3,
+                            held_out: e.phase == "parity",
+                        },
+                    ))
+                })
+                .collect();
+            let rows: Vec<Row> = timed.iter().map(|(_, r)| r.clone()).collect();
+            for pick in leave_one_out(&rows) {
+                let row = &rows[pick.row];
+                let side = |device: bool| if device { "device" } else { "cpu" };
+                self.ops[timed[pick.row].0].auto = Some(AutoPick {
+                    picks: side(pick.device),
+                    faster: side(row.device_seconds < row.cpu_seconds),
+                    ratio: ratio(row),
+                    basis: pick.basis,
+                });
+            }
+        }
+    }
+
+    /// Of the parity cases whose sides differ by more than 1.25×: how many `auto` would
+    /// have placed on the faster side, of how many.
+    pub fn placement_score(&self) -> (usize, usize) {
+        let decided: Vec<&AutoPick> = self
+            .ops
+            .iter()
+            .filter_map(|e| e.auto.as_ref())
+            .filter(|a| a.ratio > 1.25)
+            .collect();
+        let right = decided.iter().filter(|a| a.picks == a.faster).count();
+        (right, decided.len())
     }
 
     /// The report for people: environment, devices, then one row per case.
@@ -304,7 +394,7 @@ impl Report {
                 }
             ));
         }
-        out.push_str("\n| op | phase | case | device | parity | device ms | kernel ms | CPU ms | GB/s | GFLOP/s | of copy roofline | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("\n| op | phase | case | device | parity | device ms | kernel ms | CPU ms | GB/s | GFLOP/s | of copy roofline | auto picks | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         let num =
             |x: Option<f64>, digits: usize| x.map_or(String::new(), |v| format!("{v:.digits$}"));
         for e in &self.ops {
@@ -312,7 +402,7 @@ impl Report {
             let note = e.reason.as_deref().unwrap_or("").replace('|', "/");
             let note: String = note.chars().take(160).collect();
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {:?} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {:?} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 e.op,
                 e.phase,
                 e.case,
@@ -329,6 +419,7 @@ impl Report {
                     } else {
                         ""
                     },
+                e.auto.as_ref().map_or(String::new(), AutoPick::cell),
                 note
             ));
         }
@@ -348,6 +439,13 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+        let (right, of) = self.placement_score();
+        if of > 0 {
+            out.push_str(&format!(
+                "\nPlacement: of the {of} parity cases whose sides differ by more than 1.25×, `auto` (each predicted from the other cases) picks the faster side in {right} ({:.0} %).\n",
+                100.0 * right as f64 / of as f64
+            ));
+        }
         out
     }
 }
@@ -370,6 +468,7 @@ mod tests {
             info: CaseInfo::labelled("x").with_bytes(2e9).with_flops(4e9),
             size: 10,
             input_bytes: 80,
+            lane: String::new(),
             outcome: Err("value 3 differs".into()),
             device_ms: vec![4000.0],
             kernel_ms: vec![1000.0, 1000.0],

@@ -3,15 +3,18 @@
 //! `backend::Job`: knows no op by name, and neither HTTP nor maths.
 
 mod batch;
+pub mod placement;
 mod slot;
 
 pub use batch::{BatchConfig, BatchMode};
+pub use placement::{Placement, PlacementConfig, PlacementMode};
 
 use crate::backend::device::Stop;
 use crate::backend::{
     BackendChoice, BackendKind, Backends, Batchable, DeviceError, DeviceErrorKind, GpuDevice, Job,
 };
 use crate::metrics::Metrics;
+use placement::{Decision, Reason, Shape, Side};
 use slot::{Runnable, Slot};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -81,13 +84,14 @@ struct Queued {
 
 enum Target {
     Cpu,
-    Cuda(Arc<GpuDevice>),
+    Device(Arc<GpuDevice>),
 }
 
 struct Shared {
     config: PoolConfig,
     metrics: Arc<Metrics>,
     backends: Arc<Backends>,
+    placement: Arc<Placement>,
     depth: AtomicI64,
     paused: watch::Sender<bool>,
     /// Moving average of job compute time, for Retry-After.
@@ -111,12 +115,18 @@ struct Enqueuer {
 
 impl Pool {
     /// Starts the workers on the current Tokio runtime.
-    pub fn start(config: PoolConfig, metrics: Arc<Metrics>, backends: Arc<Backends>) -> Self {
+    pub fn start(
+        config: PoolConfig,
+        metrics: Arc<Metrics>,
+        backends: Arc<Backends>,
+        placement: Arc<Placement>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel(config.capacity);
         metrics.queue_capacity.set(config.capacity as i64);
         let shared = Arc::new(Shared {
             metrics,
             backends,
+            placement,
             depth: AtomicI64::new(0),
             paused: watch::Sender::new(false),
             avg_compute_us: AtomicU64::new(1000),
@@ -187,6 +197,11 @@ impl Pool {
             t.min(s.config.default_timeout)
         });
         Ok(Instant::now() + timeout)
+    }
+
+    /// Placement's model and choice (`/device` reports them).
+    pub fn placement(&self) -> &Arc<Placement> {
+        &self.enqueuer.shared.placement
     }
 
     /// Workers stop taking jobs until `resume`; jobs keep queueing. Used to hold work
@@ -303,28 +318,63 @@ impl Shared {
         JobError::DeviceUnavailable(format!("no usable CUDA device: {}", self.backends.reason()))
     }
 
-    fn choose(&self, job: &dyn Runnable, requested: BackendChoice) -> Result<Target, JobError> {
+    /// Where the job runs, and the decision placement books it under.
+    fn choose(
+        &self,
+        job: &dyn Runnable,
+        shape: Shape<'_>,
+        requested: BackendChoice,
+    ) -> Result<(Target, Decision), JobError> {
+        let p = &self.placement;
+        let on_cpu = |reason| (Target::Cpu, p.decided(shape, Side::Cpu, reason));
+        let on = |dev: Arc<GpuDevice>, reason| {
+            let d = p.decided(shape, Side::Device(dev.info.ordinal), reason);
+            (Target::Device(dev), d)
+        };
         match (requested, job.device_refusal()) {
-            (BackendChoice::Cpu, _) => Ok(Target::Cpu),
+            (BackendChoice::Cpu, _) => Ok(on_cpu(Reason::Forced)),
             (BackendChoice::Cuda, Some(why)) => Err(JobError::NotOnDevice(why)),
             (BackendChoice::Cuda, None) => self
                 .backends
                 .pick_gpu(job.name())
-                .map(Target::Cuda)
+                .map(|dev| on(dev, Reason::Forced))
                 .ok_or_else(|| self.no_device()),
-            (BackendChoice::Auto, Some(_)) => Ok(Target::Cpu),
-            (BackendChoice::Auto, None) if job.size() < job.gpu_threshold() => Ok(Target::Cpu),
-            (BackendChoice::Auto, None) => Ok(self
-                .backends
-                .pick_gpu(job.name())
-                .map_or(Target::Cpu, Target::Cuda)),
+            (BackendChoice::Auto, Some(_)) => Ok(on_cpu(Reason::OnlyChoice)),
+            (BackendChoice::Auto, None) if self.backends.gpus().is_empty() => Ok((
+                Target::Cpu,
+                Decision {
+                    side: Side::Cpu,
+                    reason: Reason::OnlyChoice,
+                    predicted: None,
+                },
+            )),
+            (BackendChoice::Auto, None) => {
+                let devices: Vec<Arc<GpuDevice>> =
+                    self.backends.gpus_for(job.name()).cloned().collect();
+                if devices.is_empty() {
+                    return Ok(on_cpu(Reason::OnlyChoice));
+                }
+                let ordinals: Vec<usize> = devices.iter().map(|d| d.info.ordinal).collect();
+                let decision = p.choose(shape, job.gpu_threshold(), &ordinals);
+                let target = match decision.side {
+                    Side::Cpu => Target::Cpu,
+                    Side::Device(n) => Target::Device(
+                        devices
+                            .into_iter()
+                            .find(|d| d.info.ordinal == n)
+                            .expect("placement picks among the devices it was given"),
+                    ),
+                };
+                Ok((target, decision))
+            }
         }
     }
 
-    /// Runs the job on `dev` on a blocking thread. It is dropped (`Abandoned`) if its
-    /// deadline passes or its caller leaves while it waits for the device or between its
-    /// passes.
-    async fn run_device(&self, q: &mut Queued, dev: &Arc<GpuDevice>) -> Result<(), DeviceError> {
+    /// Runs the job on `dev` on a blocking thread; the seconds it ran once it held the
+    /// device (the wait for the lease is the backlog's, not the job's). It is dropped
+    /// (`Abandoned`) if its deadline passes or its caller leaves while it waits for the
+    /// device or between its passes.
+    async fn run_device(&self, q: &mut Queued, dev: &Arc<GpuDevice>) -> Result<f64, DeviceError> {
         let abandoned = Arc::new(AtomicBool::new(false));
         let stop = Stop {
             deadline: q.deadline,
@@ -333,7 +383,9 @@ impl Shared {
         let (job, d) = (q.job.clone(), dev.clone());
         let run = tokio::task::spawn_blocking(move || {
             let lease = d.lease_until(Some(stop))?;
-            job.run_device(&lease)
+            let started = Instant::now();
+            job.run_device(&lease)?;
+            Ok(started.elapsed().as_secs_f64())
         });
         tokio::pin!(run);
         let joined = tokio::select! {
@@ -358,15 +410,26 @@ impl Shared {
     /// the comparison (`Backends::shadow_checked`: counted, a mismatch quarantines).
     fn shadow_check(&self, job: Arc<dyn Runnable>, dev: Arc<GpuDevice>) {
         let op = job.name();
+        let (lane, size, bytes) = (job.placement_lane(), job.size(), job.input_bytes());
         let Some(check) = job.shadow() else {
             return;
         };
         let (cpu, backends) = (self.backends.cpu.clone(), self.backends.clone());
+        let placement = self.placement.clone();
         tokio::spawn(async move {
-            let outcome = cpu
-                .run(check)
-                .await
-                .unwrap_or_else(|p| Err(format!("the CPU twin panicked: {p}")));
+            let outcome = match cpu.run(check).await {
+                Ok((outcome, seconds)) => {
+                    let shape = Shape {
+                        op,
+                        lane: &lane,
+                        size,
+                        bytes,
+                    };
+                    placement.observed(shape, Side::Cpu, seconds);
+                    outcome
+                }
+                Err(p) => Err(format!("the CPU twin panicked: {p}")),
+            };
             backends.shadow_checked(&dev, op, outcome);
         });
     }
@@ -396,17 +459,44 @@ impl Shared {
 
     /// Runs the job where `choose` says; on a device failure reruns it on the CPU when
     /// fallback is on. Returns the backend that produced the output, and the device.
+    /// Every run that ends is a sample for placement.
     async fn execute(&self, q: &mut Queued) -> Result<(BackendKind, Option<usize>), JobError> {
-        let dev = match self.choose(q.job.as_ref(), q.backend)? {
+        let lane = q.job.placement_lane();
+        let shape = Shape {
+            op: q.job.name(),
+            lane: &lane,
+            size: q.job.size(),
+            bytes: q.job.input_bytes(),
+        };
+        let (target, decision) = self.choose(q.job.as_ref(), shape, q.backend)?;
+        let backend = match &target {
+            Target::Cpu => BackendKind::Cpu,
+            Target::Device(dev) => dev.backend_kind(),
+        };
+        self.metrics
+            .placements
+            .with_label_values(&[shape.op, backend.name(), decision.reason.label()])
+            .inc();
+        self.placement.started(&decision);
+        let dev = match target {
             Target::Cpu => {
-                self.run_cpu(q.job.clone()).await?;
+                let started = Instant::now();
+                let result = self.run_cpu(q.job.clone()).await;
+                let ran = result
+                    .is_ok()
+                    .then(|| (Side::Cpu, started.elapsed().as_secs_f64()));
+                self.placement.finished(shape, &decision, ran);
+                result?;
                 return Ok((BackendKind::Cpu, None));
             }
-            Target::Cuda(dev) => dev,
+            Target::Device(dev) => dev,
         };
         let result = self.run_device(q, &dev).await;
+        let side = Side::Device(dev.info.ordinal);
+        self.placement
+            .finished(shape, &decision, result.as_ref().ok().map(|&s| (side, s)));
         let err = match result {
-            Ok(()) => {
+            Ok(_) => {
                 self.backends.device_succeeded(&dev);
                 if self.shadow_due() {
                     self.shadow_check(q.job.clone(), dev.clone());
@@ -424,7 +514,10 @@ impl Shared {
         if !self.config.fallback {
             return Err(JobError::DeviceFailed(err.message));
         }
+        let started = Instant::now();
         self.run_cpu(q.job.clone()).await?;
+        self.placement
+            .observed(shape, Side::Cpu, started.elapsed().as_secs_f64());
         Ok((BackendKind::Cpu, None))
     }
 }

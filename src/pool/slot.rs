@@ -6,8 +6,9 @@ use super::{Completed, JobError, RunInfo};
 use crate::backend::{DeviceError, DeviceLease, Job};
 use std::sync::{Arc, Mutex};
 
-/// A shadow check: the CPU twin's output compared with a kept copy of the device's.
-pub(super) type ShadowCheck = Box<dyn FnOnce() -> Result<(), String> + Send>;
+/// A shadow check: the CPU twin's output compared with a kept copy of the device's, and
+/// the seconds the twin took (a CPU sample for placement).
+pub(super) type ShadowCheck = Box<dyn FnOnce() -> (Result<(), String>, f64) + Send>;
 
 /// What the workers need of a job, whatever its type.
 pub(super) trait Runnable: Send + Sync {
@@ -15,6 +16,7 @@ pub(super) trait Runnable: Send + Sync {
     fn size(&self) -> usize;
     fn input_bytes(&self) -> usize;
     fn gpu_threshold(&self) -> usize;
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str>;
     fn device_refusal(&self) -> Option<String>;
     fn runs_inline(&self) -> bool;
     fn run_cpu(&self);
@@ -70,6 +72,10 @@ impl<J: Job> Runnable for Slot<J> {
         self.job.gpu_threshold()
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.job.placement_lane()
+    }
+
     fn device_refusal(&self) -> Option<String> {
         self.job.device_refusal()
     }
@@ -94,7 +100,10 @@ impl<J: Job> Runnable for Slot<J> {
             .unwrap_or_else(|e| e.into_inner())
             .clone()?;
         Some(Box::new(move || {
-            self.job.agrees(&device, &self.job.run_cpu())
+            let started = std::time::Instant::now();
+            let cpu = self.job.run_cpu();
+            let seconds = started.elapsed().as_secs_f64();
+            (self.job.agrees(&device, &cpu), seconds)
         }))
     }
 }

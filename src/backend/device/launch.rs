@@ -226,6 +226,9 @@ impl<'a> Launch<'a> {
                     )));
                 }
                 let name = self.name;
+                if let Some(Fault::SlowMs(ms)) = fault {
+                    std::thread::sleep(std::time::Duration::from_millis(u64::from(ms)));
+                }
                 // SAFETY: the caller's contract; every pointer lives as long as 'a.
                 device
                     .clocked(None, || unsafe { emulated::launch(name, config, pointers) })

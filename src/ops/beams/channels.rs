@@ -63,6 +63,10 @@ impl Job for ChannelsJob {
         "beams_channels"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.output.name().into()
+    }
+
     fn size(&self) -> usize {
         self.spec.count * self.spec.channel_len()
     }

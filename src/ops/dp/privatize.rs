@@ -257,6 +257,13 @@ impl Job for PrivatizeJob {
         "dp_privatize"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        match self.gradients {
+            Gradients::F32(_) => "f32".into(),
+            Gradients::F64(_) => "f64".into(),
+        }
+    }
+
     fn size(&self) -> usize {
         self.gradients.len()
     }

@@ -69,6 +69,10 @@ impl Job for LookupJob {
         "embeddings_lookup"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.output.name().into()
+    }
+
     fn size(&self) -> usize {
         self.ids.len() * self.dim
     }

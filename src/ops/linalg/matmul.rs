@@ -419,6 +419,12 @@ impl Job for MatmulJob {
         "matmul"
     }
 
+    /// The compute precision, and whether the product is batched.
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        let shape = if self.shape.batch > 1 { "batched" } else { "single" };
+        format!("{}/{shape}", self.compute.name()).into()
+    }
+
     fn size(&self) -> usize {
         self.shape.out_len()
     }

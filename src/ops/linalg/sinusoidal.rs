@@ -126,6 +126,10 @@ impl Job for SinusoidalJob {
         "embeddings_sinusoidal"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.output.name().into()
+    }
+
     fn size(&self) -> usize {
         self.times.len() * self.dim()
     }

@@ -265,6 +265,10 @@ impl Job for ShareJob {
         "shamir_split"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.coeffs.field().name().into()
+    }
+
     fn size(&self) -> usize {
         self.secrets * self.xs.len()
     }
@@ -394,6 +398,10 @@ impl Job for CombineJob {
 
     fn name(&self) -> &'static str {
         "shamir_combine"
+    }
+
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.weights.field().name().into()
     }
 
     fn size(&self) -> usize {

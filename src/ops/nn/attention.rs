@@ -442,6 +442,10 @@ impl Job for AttentionJob {
         "attention"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.input.name().into()
+    }
+
     /// Logits, as if none were masked.
     fn size(&self) -> usize {
         self.shape.weights_len()

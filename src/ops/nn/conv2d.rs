@@ -346,6 +346,10 @@ impl Job for Conv2dJob {
         "conv2d"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.input.name().into()
+    }
+
     fn size(&self) -> usize {
         self.shape.out_len()
     }

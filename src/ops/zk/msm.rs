@@ -339,6 +339,10 @@ impl Job for MsmJob {
         "msm"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.curve().name().into()
+    }
+
     fn size(&self) -> usize {
         self.terms()
     }

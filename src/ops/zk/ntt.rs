@@ -515,6 +515,12 @@ impl Job for NttJob {
         self.direction.name()
     }
 
+    /// The field, and whether the transforms are batched (many short ones cost unlike one long one).
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        let shape = if self.batch > 1 { "batched" } else { "single" };
+        format!("{}/{shape}", self.values.field().name()).into()
+    }
+
     fn size(&self) -> usize {
         self.values.len()
     }

@@ -254,6 +254,10 @@ impl Job for FieldPowJob {
         "field_pow"
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.base.field().name().into()
+    }
+
     fn size(&self) -> usize {
         self.len()
     }
@@ -285,6 +289,10 @@ impl Job for FieldInvJob {
 
     fn name(&self) -> &'static str {
         "field_inv"
+    }
+
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.values.field().name().into()
     }
 
     fn size(&self) -> usize {

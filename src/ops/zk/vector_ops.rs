@@ -320,6 +320,10 @@ impl Job for FieldBinaryJob {
         self.op.name()
     }
 
+    fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
+        self.field().name().into()
+    }
+
     fn size(&self) -> usize {
         self.len()
     }
