@@ -85,7 +85,8 @@ pub struct Config {
     /// Address to listen on.
     #[arg(long, env = "GPU_OPS_BIND", default_value = "127.0.0.1:8080")]
     pub bind: SocketAddr,
-    /// Backend for work: auto (CUDA when usable), cuda (required), cpu.
+    /// Backend for work: auto (each job where it is predicted to finish first, a usable
+    /// GPU or the CPU, by measurement), cuda (required), cpu.
     #[arg(long, env = "GPU_OPS_BACKEND", value_enum, default_value = "auto")]
     pub backend: BackendChoice,
     /// Rerun a job on the CPU when the device fails (true/false).

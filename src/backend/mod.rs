@@ -32,7 +32,8 @@ pub use nvml::{driver_version as nvml_driver_version, spawn_sampler as spawn_nvm
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
-    /// CUDA when a healthy device exists and the input is large enough, else the CPU.
+    /// Where the job is predicted to finish first on this host: a healthy device or the
+    /// CPU, from times measured here (`pool::placement`).
     #[default]
     Auto,
     Cuda,

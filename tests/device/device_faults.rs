@@ -30,6 +30,9 @@ async fn server(extra: &[&str]) -> TestServer {
         "600s",
         "--batching",
         "off",
+        // No calibration: its launches would take the faults these tests inject.
+        "--placement-calibration-budget",
+        "0s",
     ];
     args.extend_from_slice(extra);
     TestServer::start(&args).await

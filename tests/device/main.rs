@@ -14,3 +14,4 @@ mod emulated_http;
 mod hip_compile;
 mod nvrtc_compile;
 mod parity;
+mod placement;

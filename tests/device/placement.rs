@@ -1,0 +1,268 @@
+//! `auto` by measurement on the emulated device: jobs go where the measurements say they
+//! finish first, size class by size class; a device slowed by an injected fault loses its
+//! work within a few jobs; a CPU with a backlog sends work to the device; calibration is
+//! bounded and its failures retire nothing. (The model's rules, with exact costs, are
+//! tested in `pool::placement`; the H200 run's replay there too.)
+
+use crate::common;
+
+use common::TestServer;
+use gpu_ops::backend::emulated::Fault;
+use gpu_ops::backend::GpuDevice;
+use gpu_ops::pool::placement::{calibrate::calibrate, Placement, PlacementConfig, Shape, Side};
+use gpu_ops::ops::zk::samples::random_elements;
+use gpu_ops::ops::zk::Field;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+async fn server(extra: &[&str]) -> TestServer {
+    let mut args = vec![
+        "--backend",
+        "auto",
+        "--emulate-device",
+        "--job-timeout",
+        "600s",
+        "--batching",
+        "off",
+        "--verify-fraction",
+        "0",
+        "--placement-calibration-budget",
+        "0s",
+    ];
+    args.extend_from_slice(extra);
+    TestServer::start(&args).await
+}
+
+fn elements(n: usize, seed: u64) -> Vec<String> {
+    random_elements(Field::Goldilocks, n, seed)
+        .iter()
+        .map(|x| x.to_string())
+        .collect()
+}
+
+/// A Goldilocks multiplication of `n` elements on `backend`: where it ran and its compute
+/// time in ms.
+async fn mul(s: &TestServer, n: usize, backend: &str) -> (String, f64) {
+    let res = s
+        .post(
+            "/zk/field_mul",
+            json!({"field": "goldilocks", "a": elements(n, 1), "b": elements(n, 2), "backend": backend}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let header = |h: &str| res.headers()[h].to_str().unwrap().to_string();
+    (header("x-backend"), header("x-compute-time-ms").parse().unwrap())
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+#[tokio::test]
+async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
+    let s = server(&["--placement-explore-every", "4"]).await;
+    for n in [64, 4096, 32_768] {
+        // Both sides measured three times each (forced runs are samples too).
+        let (mut cpu, mut dev) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            cpu.push(mul(&s, n, "cpu").await.1);
+            dev.push(mul(&s, n, "cuda").await.1);
+        }
+        let mut sides = Vec::new();
+        for _ in 0..12 {
+            let (side, ms) = mul(&s, n, "auto").await;
+            match side.as_str() {
+                "cpu" => cpu.push(ms),
+                _ => dev.push(ms),
+            }
+            sides.push(side);
+        }
+        let (cpu, dev) = (median(cpu), median(dev));
+        let on_device = sides.iter().filter(|s| *s == "cuda").count();
+        // Explorations only (one in 4 at most, and the first look at a class) go to the
+        // side measured slower.
+        if cpu * 1.5 < dev {
+            assert!(on_device <= 4, "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}");
+        } else if dev * 1.5 < cpu {
+            assert!(on_device >= 8, "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}");
+        }
+    }
+    // Every placement is counted, by reason; /device shows the lane.
+    let forced = s
+        .metric(r#"gpu_ops_placements_total{backend="cuda",op="field_mul",reason="forced"}"#)
+        .await;
+    assert_eq!(forced, 9.0);
+    let measured = s
+        .metric(r#"gpu_ops_placements_total{backend="cpu",op="field_mul",reason="measured"}"#)
+        .await
+        + s.metric(r#"gpu_ops_placements_total{backend="cuda",op="field_mul",reason="measured"}"#)
+            .await;
+    assert!(measured >= 24.0, "{measured}");
+    let device: Value = s.get("/device").await.json().await.unwrap();
+    let lane = device["placement"]["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["op"] == "field_mul" && l["lane"] == "goldilocks")
+        .cloned()
+        .unwrap_or_else(|| panic!("{}", device["placement"]));
+    assert_eq!(lane["smallest_size"], 64, "{lane}");
+    assert!(!lane["crossovers"][0]["faster"].as_array().unwrap().is_empty(), "{lane}");
+    let samples: u64 = lane["measured"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["samples"].as_u64().unwrap())
+        .sum();
+    assert_eq!(samples, 3 * (6 + 12), "{lane}");
+}
+
+#[tokio::test]
+async fn a_device_slowed_by_a_fault_loses_its_work_within_a_few_jobs() {
+    let s = server(&["--placement-explore-every", "1000"]).await;
+    let n = 4096;
+    let shape = Shape {
+        op: "field_mul",
+        lane: "goldilocks",
+        size: n,
+        bytes: 16 * n,
+    };
+    let placement = s.state.pool.placement().clone();
+    // As if the device had been measured 5× faster than the CPU here.
+    for _ in 0..3 {
+        placement.observed(shape, Side::Device(0), 0.010);
+        placement.observed(shape, Side::Cpu, 0.050);
+    }
+    assert_eq!(mul(&s, n, "auto").await.0, "cuda");
+    // Now every launch of it takes 300 ms more.
+    s.state.backends.gpus()[0]
+        .inject_fault("goldilocks_mul", Fault::SlowMs(300), 1000)
+        .unwrap();
+    let mut sides = Vec::new();
+    for _ in 0..8 {
+        sides.push(mul(&s, n, "auto").await.0);
+    }
+    let moved = sides.iter().position(|s| s == "cpu").expect("the work moves");
+    assert!(moved <= 3, "{sides:?}");
+    assert!(sides[moved..].iter().all(|s| s == "cpu"), "{sides:?}");
+    assert!(s.state.backends.gpus()[0].is_healthy(), "slow is not failed");
+}
+
+#[tokio::test]
+async fn a_backlog_on_the_cpu_sends_work_to_the_device() {
+    let s = server(&["--cpu-threads", "4"]).await;
+    let n = 4096;
+    let shape = Shape {
+        op: "field_mul",
+        lane: "goldilocks",
+        size: n,
+        bytes: 16 * n,
+    };
+    let placement = s.state.pool.placement().clone();
+    // On an idle host the CPU wins this job by 4×...
+    for _ in 0..3 {
+        placement.observed(shape, Side::Device(0), 0.400);
+        placement.observed(shape, Side::Cpu, 0.100);
+    }
+    assert_eq!(mul(&s, n, "auto").await.0, "cpu");
+    // ...but with 2 s of CPU work already placed, the device finishes first.
+    let big = 1 << 17;
+    let heavy = Shape {
+        op: "field_pow",
+        lane: "goldilocks",
+        size: big,
+        bytes: 40 * big,
+    };
+    for _ in 0..3 {
+        placement.observed(heavy, Side::Cpu, 1.0);
+    }
+    let pow = |i: u64| {
+        let body = json!({
+            "field": "goldilocks",
+            "base": elements(big, i),
+            "exponent": random_elements(Field::Bn254Fr, big, i + 7).iter().map(|x| x.to_string()).collect::<Vec<_>>(),
+            "backend": "cpu",
+        });
+        s.post("/zk/field_pow", body).send()
+    };
+    let (a, b) = (pow(1), pow(2));
+    let backlogged = async {
+        // Wait until both are placed.
+        let until = Instant::now() + Duration::from_secs(60);
+        while placement.backlog(Side::Cpu) < 1.5 {
+            assert!(Instant::now() < until, "the CPU jobs were never placed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        mul(&s, n, "auto").await.0
+    };
+    let (ra, rb, side) = tokio::join!(a, b, backlogged);
+    assert_eq!(ra.unwrap().status(), 200);
+    assert_eq!(rb.unwrap().status(), 200);
+    assert_eq!(side, "cuda");
+    assert_eq!(placement.backlog(Side::Cpu), 0.0);
+}
+
+#[test]
+fn calibration_is_bounded_and_its_failures_retire_nothing() {
+    let dev = Arc::new(GpuDevice::emulated(0, 1 << 30));
+    let backends = gpu_ops::backend::Backends::new(
+        gpu_ops::backend::BackendChoice::Auto,
+        gpu_ops::backend::CpuExecutor::new(2).unwrap(),
+        Arc::new(gpu_ops::metrics::Metrics::new()),
+    );
+    let tests = gpu_ops::ops::self_tests();
+    backends.self_test(&dev, &tests);
+    assert!(dev.op_usable("field_add"));
+    // Every Goldilocks addition now fails as a lost device would.
+    dev.inject_fault(
+        "goldilocks_add",
+        Fault::Fail(gpu_ops::backend::DeviceErrorKind::Fatal),
+        u32::MAX,
+    )
+    .unwrap();
+    let placement = Placement::new(PlacementConfig::default());
+    let mut cases = gpu_ops::ops::self_tests();
+    cases.extend(gpu_ops::ops::check_cases(
+        gpu_ops::backend::measure::CheckLevel::Quick,
+    ));
+    let started = Instant::now();
+    let record = calibrate(&placement, &dev, &cases, Duration::from_millis(1500));
+    let took = started.elapsed();
+    // The budget stops it: some cases left out, and it ends within the budget and one
+    // case (none of which takes seconds here).
+    assert!(record.skipped > 0, "{record:?}");
+    assert!(record.cases > 0, "{record:?}");
+    assert!(took < Duration::from_secs(8), "{took:?}: {record:?}");
+    let error = record.error.clone().unwrap_or_default();
+    assert!(error.contains("field_add"), "{record:?}");
+    // Nothing retired or quarantined.
+    assert!(dev.is_healthy());
+    assert!(dev.op_usable("field_add"));
+    // What it measured is in the model.
+    let lanes = placement.model().lanes();
+    assert!(lanes.iter().any(|(op, _, sides)| *op == "field_sub"
+        && sides.contains(&Side::Cpu)
+        && sides.contains(&Side::Device(0))));
+    assert_eq!(placement.report().calibrations.len(), 1);
+}
+
+#[tokio::test]
+async fn a_server_calibrates_its_device_after_it_is_ready() {
+    let s = server(&["--placement-calibration-budget", "2s"]).await;
+    let until = Instant::now() + Duration::from_secs(60);
+    let calibration = loop {
+        let device: Value = s.get("/device").await.json().await.unwrap();
+        if let Some(c) = device["placement"]["calibrations"].get(0) {
+            break c.clone();
+        }
+        assert!(Instant::now() < until, "no calibration: {}", device["placement"]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(calibration["device"], 0, "{calibration}");
+    assert!(calibration["cases"].as_u64().unwrap() > 0, "{calibration}");
+    assert!(calibration.get("error").is_none(), "{calibration}");
+}
