@@ -321,6 +321,7 @@ fn the_check_proves_every_registered_op_on_the_emulated_device() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("| op | phase | case |"), "{stdout}");
+    assert!(stdout.contains("| auto picks |"), "{stdout}");
     let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let registered: Vec<&str> = report["registered_ops"]
         .as_array()
@@ -348,6 +349,10 @@ fn the_check_proves_every_registered_op_on_the_emulated_device() {
                 assert!(t["kernel_ms"]["runs"].as_u64().unwrap() >= 1, "{e}");
                 assert!(t["cpu_ms"].as_f64().is_some(), "{e}");
                 assert!(!e["case"].as_str().unwrap().is_empty(), "{e}");
+                // Where `auto` would place it, from the run's other cases.
+                let picks = e["auto"]["picks"].as_str().unwrap_or_default();
+                assert!(picks == "device" || picks == "cpu", "{e}");
+                assert!(e["auto"]["ratio"].as_f64().unwrap() >= 1.0, "{e}");
             }
         }
     }
