@@ -197,6 +197,9 @@ impl App {
                 } else {
                     backend::hip::status(std::time::Duration::from_secs(10))
                 });
+                for g in gpus.iter().filter(|g| g.is_emulated()) {
+                    placement.set_shares_host(g.info.ordinal, true);
+                }
                 b.set_gpus(gpus.clone(), reason);
                 done_tx.send_replace(true);
                 // Ready: calibration runs beside the first requests, never before them.

@@ -1,6 +1,8 @@
 //! `auto` by measurement on the emulated device: jobs go where the measurements say they
 //! finish first, size class by size class; a device slowed by an injected fault loses its
-//! work within a few jobs; a CPU with a backlog sends work to the device; calibration is
+//! work within a few jobs; a CPU with a backlog sends work to a device of its own (the
+//! emulated device, which shares the host's cores, is counted as one; see
+//! `a_device_on_the_hosts_own_cores_shares_the_cpus_backlog`); calibration is
 //! bounded and its failures retire nothing. (The model's rules, with exact costs, are
 //! tested in `pool::placement`; the H200 run's replay there too.)
 
@@ -163,6 +165,9 @@ async fn a_backlog_on_the_cpu_sends_work_to_the_device() {
         bytes: 16 * n,
     };
     let placement = s.state.pool.placement().clone();
+    // The emulated device computes on this host's cores, so its backlog is the CPU's:
+    // here it stands for a GPU, a device of its own.
+    placement.set_shares_host(0, false);
     // On an idle host the CPU wins this job by 4×...
     for _ in 0..3 {
         placement.observed(shape, Side::Device(0), 0.400);

@@ -136,6 +136,9 @@ pub struct Placement {
     backlog: Mutex<HashMap<Side, f64>>,
     classes: Mutex<HashMap<ClassKey, ClassState>>,
     calibrations: Mutex<BTreeMap<usize, CalibrationRecord>>,
+    /// Devices that compute on the host's own cores (the emulated device): their work
+    /// and the CPU pool's are one backlog, since neither adds capacity to the other.
+    shares_host: Mutex<HashSet<usize>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -153,6 +156,18 @@ impl Placement {
             backlog: Mutex::new(HashMap::new()),
             classes: Mutex::new(HashMap::new()),
             calibrations: Mutex::new(BTreeMap::new()),
+            shares_host: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Whether `device` runs on the host's cores (the emulated device does): if so its
+    /// backlog and the CPU's are counted together.
+    pub fn set_shares_host(&self, device: usize, shares: bool) {
+        let mut set = lock(&self.shares_host);
+        if shares {
+            set.insert(device);
+        } else {
+            set.remove(&device);
         }
     }
 
@@ -186,10 +201,8 @@ impl Placement {
         if estimates.iter().all(Option::is_none) {
             return by_threshold(Reason::Prior);
         }
-        let backlog = lock(&self.backlog).clone();
-        let finish = |i: usize| {
-            estimates[i].map(|e| e.seconds + backlog.get(&sides[i]).copied().unwrap_or(0.0))
-        };
+        let backlog = self.backlogs(&sides);
+        let finish = |i: usize| estimates[i].map(|e| e.seconds + backlog[i]);
         let best = (0..sides.len())
             .filter(|&i| estimates[i].is_some())
             .min_by(|&a, &b| finish(a).unwrap().total_cmp(&finish(b).unwrap()))
@@ -279,6 +292,32 @@ impl Placement {
     /// Predicted seconds of unfinished work on `side`.
     pub fn backlog(&self, side: Side) -> f64 {
         lock(&self.backlog).get(&side).copied().unwrap_or(0.0)
+    }
+
+    /// Each side's backlog as a job placed there would wait on it: the CPU and the
+    /// devices that share the host's cores wait on all of their work together.
+    fn backlogs(&self, sides: &[Side]) -> Vec<f64> {
+        let backlog = lock(&self.backlog);
+        let shares = lock(&self.shares_host);
+        let on_host = |s: &Side| match s {
+            Side::Cpu => true,
+            Side::Device(d) => shares.contains(d),
+        };
+        let host: f64 = backlog
+            .iter()
+            .filter(|(s, _)| on_host(s))
+            .map(|(_, b)| b)
+            .sum();
+        sides
+            .iter()
+            .map(|s| {
+                if on_host(s) {
+                    host
+                } else {
+                    backlog.get(s).copied().unwrap_or(0.0)
+                }
+            })
+            .collect()
     }
 
     pub fn calibrated(&self, record: CalibrationRecord) {

@@ -195,6 +195,21 @@ fn a_saturated_cpu_sends_work_to_a_device_that_loses_on_an_idle_host() {
 }
 
 #[test]
+fn a_device_on_the_hosts_own_cores_shares_the_cpus_backlog() {
+    let p = placement(1_000_000);
+    p.set_shares_host(0, true);
+    let n = 1 << 16;
+    p.observed(job(n), Side::Cpu, 0.010);
+    p.observed(job(n), GPU, 0.025);
+    for _ in 0..5 {
+        let d = p.choose(job(n), 1, &[0]);
+        p.started(&d);
+        // However much waits, the emulated device adds no capacity: the CPU stays faster.
+        assert_eq!((d.side, d.reason), (Side::Cpu, Reason::Measured));
+    }
+}
+
+#[test]
 fn of_two_devices_the_one_with_less_backlog_gets_the_job() {
     let p = placement(1_000_000);
     let n = 1 << 20;
