@@ -23,7 +23,8 @@ pub fn calibrate(
 ) -> CalibrationRecord {
     let started = Instant::now();
     let device = dev.info.ordinal;
-    let (mut cases, mut skipped, mut error) = (0, 0, None::<String>);
+    let (mut cases, mut over_budget, mut failed, mut error) = (0, 0, 0, None::<String>);
+    let mut longest = 0f64;
     let once = Repeats {
         warmup: 0,
         timed: 1,
@@ -35,9 +36,10 @@ pub fn calibrate(
             continue;
         }
         if started.elapsed() >= budget {
-            skipped += 1;
+            over_budget += 1;
             continue;
         }
+        let test_started = Instant::now();
         let runs = match dev.lease() {
             Ok(lease) if !test.applies(&lease) => continue,
             Ok(lease) => catch_unwind(AssertUnwindSafe(|| test.measure(&lease, once)))
@@ -47,17 +49,18 @@ pub fn calibrate(
         let runs = match runs {
             Ok(runs) => runs,
             Err(why) => {
-                skipped += 1;
+                failed += 1;
                 error.get_or_insert(why);
                 continue;
             }
         };
+        longest = longest.max(test_started.elapsed().as_secs_f64());
         // A test timed as a whole (no size, no CPU twin of its own) teaches nothing.
         for run in runs.iter().filter(|r| r.size > 0) {
             match record(placement, test.op(), device, run) {
                 Ok(()) => cases += 1,
                 Err(why) => {
-                    skipped += 1;
+                    failed += 1;
                     tracing::warn!(device, op = test.op(), reason = %why, "calibration case left out");
                     error.get_or_insert(format!("{}: {why}", test.op()));
                 }
@@ -71,13 +74,16 @@ pub fn calibrate(
             .map_or(0, |d| d.as_secs()),
         seconds: started.elapsed().as_secs_f64(),
         cases,
-        skipped,
+        over_budget,
+        failed,
+        longest_test_seconds: longest,
         error,
     };
     tracing::info!(
         device,
         cases = record.cases,
-        skipped = record.skipped,
+        over_budget = record.over_budget,
+        failed = record.failed,
         seconds = record.seconds,
         "placement calibration finished"
     );

@@ -112,8 +112,12 @@ pub struct CalibrationRecord {
     pub seconds: f64,
     /// Cases run on the device and on the CPU, each recorded as a sample of both.
     pub cases: usize,
-    /// Cases left out: over the time budget, or failed (their errors are logged).
-    pub skipped: usize,
+    /// Tests not started: the time budget was spent.
+    pub over_budget: usize,
+    /// Cases left out because they failed (their errors are logged).
+    pub failed: usize,
+    /// The longest test's seconds: calibration ends within its budget and this.
+    pub longest_test_seconds: f64,
     /// The first failure, if any: nothing is retired or quarantined for it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
