@@ -5,6 +5,9 @@
 //! `Job::gpu_threshold` is only the prior for an op nothing has been measured of yet,
 //! and the whole rule under `--placement threshold`.
 //!
+//! The side that has a size class keeps it until another is predicted `SWITCH_MARGIN`
+//! (10 %) faster, so noisy samples under load do not flip the class job by job.
+//!
 //! Exploration, and what it may cost (docs/ARCHITECTURE.md, "Placement"):
 //! - a side that has measured nothing of an op gets its next job of a size class, one
 //!   at a time;
@@ -73,6 +76,9 @@ impl Reason {
 
 /// A side predicted at most this many times slower than the fastest may be explored.
 pub const EXPLORE_MAX_RATIO: f64 = 4.0;
+/// How much faster (predicted finish) another side must be to take a class from the
+/// side that has it.
+pub const SWITCH_MARGIN: f64 = 1.1;
 /// A side whose last run of a class is older than this is explored whatever its
 /// prediction.
 pub const STALE_AFTER: Duration = Duration::from_secs(600);
@@ -128,6 +134,10 @@ type ClassKey = (&'static str, String, i32);
 #[derive(Default)]
 struct ClassState {
     placements: u64,
+    /// The side the last measured placement of this class chose: it keeps the class
+    /// until another is predicted `SWITCH_MARGIN` faster, so noise in the samples does
+    /// not flip every job.
+    winner: Option<Side>,
     /// Sides with an exploring job of this class in flight.
     exploring: HashSet<Side>,
 }
@@ -207,15 +217,22 @@ impl Placement {
         }
         let backlog = self.backlogs(&sides);
         let finish = |i: usize| estimates[i].map(|e| e.seconds + backlog[i]);
-        let best = (0..sides.len())
+        let fastest = (0..sides.len())
             .filter(|&i| estimates[i].is_some())
             .min_by(|&a, &b| finish(a).unwrap().total_cmp(&finish(b).unwrap()))
             .expect("a side has an estimate");
-        let best_seconds = estimates[best].map_or(0.0, |e| e.seconds);
         let key = (job.op, job.lane.to_string(), model::class_of(job.size));
         let mut classes = lock(&self.classes);
         let class = classes.entry(key).or_default();
         class.placements += 1;
+        let holder = class
+            .winner
+            .and_then(|w| sides.iter().position(|&s| s == w))
+            .filter(|&i| {
+                finish(i).is_some_and(|f| f <= SWITCH_MARGIN * finish(fastest).unwrap())
+            });
+        let best = holder.unwrap_or(fastest);
+        let best_seconds = estimates[best].map_or(0.0, |e| e.seconds);
         let explorable = |i: usize, bound: bool| {
             i != best
                 && !class.exploring.contains(&sides[i])
@@ -245,6 +262,7 @@ impl Placement {
                 predicted: estimates[i].map(|e| e.seconds),
             };
         }
+        class.winner = Some(sides[best]);
         Decision {
             side: sides[best],
             reason: Reason::Measured,

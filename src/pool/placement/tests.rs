@@ -195,6 +195,24 @@ fn a_saturated_cpu_sends_work_to_a_device_that_loses_on_an_idle_host() {
 }
 
 #[test]
+fn noise_within_a_tenth_does_not_move_a_class() {
+    let p = placement(1_000_000);
+    let n = 1 << 16;
+    p.observed(job(n), Side::Cpu, 0.010);
+    p.observed(job(n), GPU, 0.0099);
+    assert_eq!(p.choose(job(n), 1, &[0]).side, GPU);
+    // The CPU now reads 5 % faster than the device: the device keeps the class...
+    p.observed(job(n), Side::Cpu, 0.0085);
+    let d = p.choose(job(n), 1, &[0]);
+    assert_eq!((d.side, d.reason), (GPU, Reason::Measured));
+    // ...until the CPU is clearly faster.
+    for _ in 0..3 {
+        p.observed(job(n), Side::Cpu, 0.006);
+    }
+    assert_eq!(p.choose(job(n), 1, &[0]).side, Side::Cpu);
+}
+
+#[test]
 fn a_device_on_the_hosts_own_cores_shares_the_cpus_backlog() {
     let p = placement(1_000_000);
     p.set_shares_host(0, true);
