@@ -103,7 +103,12 @@ pub struct Config {
     /// How `auto` places a job: measured (where it is predicted to finish first, from
     /// times measured on this host, backlog counted) or threshold (the old fixed per-op
     /// size thresholds, for comparison).
-    #[arg(long, env = "GPU_OPS_PLACEMENT", value_enum, default_value = "measured")]
+    #[arg(
+        long,
+        env = "GPU_OPS_PLACEMENT",
+        value_enum,
+        default_value = "measured"
+    )]
     pub placement: crate::pool::PlacementMode,
     /// One `auto` job in this many of an op's size class runs on the side predicted
     /// slower (at most 4× slower), so a side that slowed down and recovered wins its

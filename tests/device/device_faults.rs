@@ -21,7 +21,8 @@ fn device_ops() -> Vec<&'static str> {
     ops
 }
 
-async fn server(extra: &[&str]) -> TestServer {
+/// A server on the emulated device, uncalibrated (the placement tests use it too).
+pub(crate) async fn server(extra: &[&str]) -> TestServer {
     let mut args = vec![
         "--backend",
         "auto",

@@ -11,29 +11,29 @@ use crate::common;
 use common::TestServer;
 use gpu_ops::backend::emulated::Fault;
 use gpu_ops::backend::GpuDevice;
-use gpu_ops::pool::placement::{calibrate::calibrate, Placement, PlacementConfig, Shape, Side};
 use gpu_ops::ops::zk::samples::random_elements;
 use gpu_ops::ops::zk::Field;
+use gpu_ops::pool::placement::{calibrate::calibrate, Placement, PlacementConfig, Shape, Side};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The emulated device's server of the fault tests (no calibration), with no shadow
+/// checks: every CPU sample here is a job's own.
 async fn server(extra: &[&str]) -> TestServer {
-    let mut args = vec![
-        "--backend",
-        "auto",
-        "--emulate-device",
-        "--job-timeout",
-        "600s",
-        "--batching",
-        "off",
-        "--verify-fraction",
-        "0",
-        "--placement-calibration-budget",
-        "0s",
-    ];
+    let mut args = vec!["--verify-fraction", "0"];
     args.extend_from_slice(extra);
-    TestServer::start(&args).await
+    crate::device_faults::server(&args).await
+}
+
+/// The model's view of a Goldilocks multiplication of `n` elements.
+fn mul_shape(n: usize) -> Shape<'static> {
+    Shape {
+        op: "field_mul",
+        lane: "goldilocks",
+        size: n,
+        bytes: 16 * n,
+    }
 }
 
 fn elements(n: usize, seed: u64) -> Vec<String> {
@@ -56,7 +56,10 @@ async fn mul(s: &TestServer, n: usize, backend: &str) -> (String, f64) {
         .unwrap();
     assert_eq!(res.status(), 200);
     let header = |h: &str| res.headers()[h].to_str().unwrap().to_string();
-    (header("x-backend"), header("x-compute-time-ms").parse().unwrap())
+    (
+        header("x-backend"),
+        header("x-compute-time-ms").parse().unwrap(),
+    )
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -88,9 +91,15 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
         // Explorations only (one in 4 at most, and the first look at a class) go to the
         // side measured slower.
         if cpu * 1.5 < dev {
-            assert!(on_device <= 4, "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}");
+            assert!(
+                on_device <= 4,
+                "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}"
+            );
         } else if dev * 1.5 < cpu {
-            assert!(on_device >= 8, "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}");
+            assert!(
+                on_device >= 8,
+                "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}"
+            );
         }
     }
     // Every placement is counted, by reason; /device shows the lane.
@@ -113,7 +122,13 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
         .cloned()
         .unwrap_or_else(|| panic!("{}", device["placement"]));
     assert_eq!(lane["smallest_size"], 64, "{lane}");
-    assert!(!lane["crossovers"][0]["faster"].as_array().unwrap().is_empty(), "{lane}");
+    assert!(
+        !lane["crossovers"][0]["faster"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{lane}"
+    );
     let samples: u64 = lane["measured"]
         .as_array()
         .unwrap()
@@ -127,12 +142,7 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
 async fn a_device_slowed_by_a_fault_loses_its_work_within_a_few_jobs() {
     let s = server(&["--placement-explore-every", "1000"]).await;
     let n = 4096;
-    let shape = Shape {
-        op: "field_mul",
-        lane: "goldilocks",
-        size: n,
-        bytes: 16 * n,
-    };
+    let shape = mul_shape(n);
     let placement = s.state.pool.placement().clone();
     // As if the device had been measured 5× faster than the CPU here.
     for _ in 0..3 {
@@ -148,22 +158,23 @@ async fn a_device_slowed_by_a_fault_loses_its_work_within_a_few_jobs() {
     for _ in 0..8 {
         sides.push(mul(&s, n, "auto").await.0);
     }
-    let moved = sides.iter().position(|s| s == "cpu").expect("the work moves");
+    let moved = sides
+        .iter()
+        .position(|s| s == "cpu")
+        .expect("the work moves");
     assert!(moved <= 3, "{sides:?}");
     assert!(sides[moved..].iter().all(|s| s == "cpu"), "{sides:?}");
-    assert!(s.state.backends.gpus()[0].is_healthy(), "slow is not failed");
+    assert!(
+        s.state.backends.gpus()[0].is_healthy(),
+        "slow is not failed"
+    );
 }
 
 #[tokio::test]
 async fn a_backlog_on_the_cpu_sends_work_to_the_device() {
     let s = server(&["--cpu-threads", "4"]).await;
     let n = 4096;
-    let shape = Shape {
-        op: "field_mul",
-        lane: "goldilocks",
-        size: n,
-        bytes: 16 * n,
-    };
+    let shape = mul_shape(n);
     let placement = s.state.pool.placement().clone();
     // The emulated device computes on this host's cores, so its backlog is the CPU's:
     // here it stands for a GPU, a device of its own.
@@ -269,7 +280,11 @@ async fn a_server_calibrates_its_device_after_it_is_ready() {
         if let Some(c) = device["placement"]["calibrations"].get(0) {
             break c.clone();
         }
-        assert!(Instant::now() < until, "no calibration: {}", device["placement"]);
+        assert!(
+            Instant::now() < until,
+            "no calibration: {}",
+            device["placement"]
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(calibration["device"], 0, "{calibration}");

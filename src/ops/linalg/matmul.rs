@@ -421,7 +421,11 @@ impl Job for MatmulJob {
 
     /// The compute precision, and whether the product is batched.
     fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
-        let shape = if self.shape.batch > 1 { "batched" } else { "single" };
+        let shape = if self.shape.batch > 1 {
+            "batched"
+        } else {
+            "single"
+        };
         format!("{}/{shape}", self.compute.name()).into()
     }
 

@@ -92,12 +92,15 @@ pub fn calibrate(
 }
 
 /// One measured case as a device sample and a CPU sample.
-fn record(placement: &Placement, op: &'static str, device: usize, run: &CaseRun) -> Result<(), String> {
+fn record(
+    placement: &Placement,
+    op: &'static str,
+    device: usize,
+    run: &CaseRun,
+) -> Result<(), String> {
     run.outcome.clone()?;
-    let (Some(dev_ms), Some(cpu_ms)) = (
-        run.device_ms.iter().copied().reduce(f64::min),
-        run.cpu_ms,
-    ) else {
+    let (Some(dev_ms), Some(cpu_ms)) = (run.device_ms.iter().copied().reduce(f64::min), run.cpu_ms)
+    else {
         return Err("the case was not timed on both sides".into());
     };
     let job = Shape {

@@ -228,9 +228,7 @@ impl Placement {
         let holder = class
             .winner
             .and_then(|w| sides.iter().position(|&s| s == w))
-            .filter(|&i| {
-                finish(i).is_some_and(|f| f <= SWITCH_MARGIN * finish(fastest).unwrap())
-            });
+            .filter(|&i| finish(i).is_some_and(|f| f <= SWITCH_MARGIN * finish(fastest).unwrap()));
         let best = holder.unwrap_or(fastest);
         let best_seconds = estimates[best].map_or(0.0, |e| e.seconds);
         let explorable = |i: usize, bound: bool| {
@@ -247,7 +245,8 @@ impl Placement {
         let periodic = || {
             (0..sides.len())
                 .filter(|&i| {
-                    let stale = estimates[i].is_some_and(|e| e.age.is_some_and(|a| a > STALE_AFTER));
+                    let stale =
+                        estimates[i].is_some_and(|e| e.age.is_some_and(|a| a > STALE_AFTER));
                     explorable(i, !stale)
                         && (stale || class.placements % self.config.explore_every == 0)
                 })

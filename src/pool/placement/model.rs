@@ -76,10 +76,7 @@ struct Curve {
 
 impl Curve {
     fn add(&mut self, x: usize, seconds: f64, now: Instant) {
-        let (lx, ly) = (
-            (x.max(1) as f64).log2(),
-            seconds.max(MIN_SECONDS).log2(),
-        );
+        let (lx, ly) = ((x.max(1) as f64).log2(), seconds.max(MIN_SECONDS).log2());
         self.classes
             .entry(class_of(x))
             .and_modify(|c| c.add(lx, ly, now))
@@ -100,11 +97,9 @@ impl Curve {
 
     fn nearest(&self, x: usize) -> Option<&Class> {
         let lx = (x.max(1) as f64).log2();
-        self.classes.values().min_by(|a, b| {
-            (a.log_size - lx)
-                .abs()
-                .total_cmp(&(b.log_size - lx).abs())
-        })
+        self.classes
+            .values()
+            .min_by(|a, b| (a.log_size - lx).abs().total_cmp(&(b.log_size - lx).abs()))
     }
 }
 
@@ -264,10 +259,8 @@ impl CostModel {
             (job.size.max(1) as f64).log2(),
             (job.bytes.max(1) as f64).log2(),
         );
-        let own_points: Vec<Option<Vec<(f64, f64)>>> = own
-            .iter()
-            .map(|e| e.map(|e| e.by_size.points()))
-            .collect();
+        let own_points: Vec<Option<Vec<(f64, f64)>>> =
+            own.iter().map(|e| e.map(|e| e.by_size.points())).collect();
         let known: Vec<usize> = (0..sides.len())
             .filter(|&i| own_points[i].is_some() || !pooled[i].is_empty())
             .collect();
@@ -306,8 +299,8 @@ impl CostModel {
                     Basis::Op | Basis::OpExtrapolated => interpolate(&pooled[i], lb)?,
                 };
                 let nearest = own[i].and_then(|e| e.by_size.nearest(job.size));
-                let class_seen = own[i]
-                    .is_some_and(|e| e.by_size.classes.contains_key(&class_of(job.size)));
+                let class_seen =
+                    own[i].is_some_and(|e| e.by_size.classes.contains_key(&class_of(job.size)));
                 Some(Estimate {
                     seconds: log_seconds.exp2(),
                     basis,

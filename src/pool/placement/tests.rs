@@ -89,11 +89,17 @@ fn auto_picks_the_side_measured_faster_size_class_by_size_class() {
         };
         let measured = sides(&decisions, Reason::Measured);
         assert!(measured.len() >= 5, "2^{k}: {decisions:?}");
-        assert!(measured.iter().all(|&s| s == faster), "2^{k}: {decisions:?}");
+        assert!(
+            measured.iter().all(|&s| s == faster),
+            "2^{k}: {decisions:?}"
+        );
         // A class never run (the odd powers) is explored on the other side once.
         let explored = sides(&decisions, Reason::Explored);
         assert!(explored.len() <= 1, "2^{k}: {decisions:?}");
-        assert!(explored.iter().all(|&s| s != faster), "2^{k}: {decisions:?}");
+        assert!(
+            explored.iter().all(|&s| s != faster),
+            "2^{k}: {decisions:?}"
+        );
     }
     // /device's crossover says the same.
     let report = p.report();
@@ -150,19 +156,31 @@ fn a_device_made_slower_loses_its_work_within_a_few_jobs_and_wins_it_back() {
     };
     // The CPU, 2.5× slower, gets only the explorations: one job in 4.
     let before = run(&p, n, 8, cost);
-    assert!(sides(&before, Reason::Measured).iter().all(|&s| s == GPU), "{before:?}");
+    assert!(
+        sides(&before, Reason::Measured).iter().all(|&s| s == GPU),
+        "{before:?}"
+    );
     assert!(sides(&before, Reason::Explored).len() <= 2, "{before:?}");
     slow.set(true);
     let during = run(&p, n, 24, cost);
     let measured = sides(&during, Reason::Measured);
     let moved = measured.iter().position(|&s| s == Side::Cpu).unwrap();
-    assert!(moved <= 4, "the device kept the work for {moved} jobs: {during:?}");
-    assert!(measured[moved..].iter().all(|&s| s == Side::Cpu), "{during:?}");
+    assert!(
+        moved <= 4,
+        "the device kept the work for {moved} jobs: {during:?}"
+    );
+    assert!(
+        measured[moved..].iter().all(|&s| s == Side::Cpu),
+        "{during:?}"
+    );
     slow.set(false);
     // Recovered: the explorations find it fast again, and it takes the work back.
     let after = run(&p, n, 40, cost);
     let measured = sides(&after, Reason::Measured);
-    let back = measured.iter().position(|&s| s == GPU).expect("the device wins back");
+    let back = measured
+        .iter()
+        .position(|&s| s == GPU)
+        .expect("the device wins back");
     assert!(back < 30, "{after:?}");
     assert!(measured[back..].iter().all(|&s| s == GPU), "{after:?}");
 }
@@ -249,8 +267,8 @@ fn h200_rows() -> Vec<(Row, String, String)> {
     let fixture =
         std::fs::read_to_string(root.join("tests/data/placement-replay-h200-2026-11-28.tsv"))
             .unwrap();
-    let check = std::fs::read_to_string(root.join("docs/gpu-runs/2026-11-28-h200/check.md"))
-        .unwrap();
+    let check =
+        std::fs::read_to_string(root.join("docs/gpu-runs/2026-11-28-h200/check.md")).unwrap();
     let rows: Vec<(Row, String, String)> = fixture
         .lines()
         .filter(|l| !l.starts_with('#'))
@@ -268,16 +286,22 @@ fn h200_rows() -> Vec<(Row, String, String)> {
                 cpu_seconds: ms(c[6]).max(0.025e-3),
                 held_out: c[1] == "parity",
             };
-            (row, c[1].to_string(), format!("| {} | {} | {} |", c[0], c[1], c[7]))
+            (
+                row,
+                c[1].to_string(),
+                format!("| {} | {} | {} |", c[0], c[1], c[7]),
+            )
         })
         .collect();
     // Every row is the report's: its op, phase and case, and its times.
     for (row, _, prefix) in &rows {
         let line = check
             .lines()
-            .find(|l| l.starts_with(prefix.as_str()) && {
-                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
-                (cells[6].parse::<f64>().unwrap() / 1e3 - row.device_seconds).abs() < 1e-9
+            .find(|l| {
+                l.starts_with(prefix.as_str()) && {
+                    let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                    (cells[6].parse::<f64>().unwrap() / 1e3 - row.device_seconds).abs() < 1e-9
+                }
             })
             .unwrap_or_else(|| panic!("no row of check.md is {prefix} at {}", row.device_seconds));
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
@@ -293,7 +317,10 @@ fn h200_rows() -> Vec<(Row, String, String)> {
 fn a_replay_of_the_h200_run_picks_the_faster_side_where_they_differ_by_more_than_a_quarter() {
     let rows: Vec<Row> = h200_rows().into_iter().map(|r| r.0).collect();
     let picks = leave_one_out(&rows);
-    let decided: Vec<_> = picks.iter().filter(|p| ratio(&rows[p.row]) > 1.25).collect();
+    let decided: Vec<_> = picks
+        .iter()
+        .filter(|p| ratio(&rows[p.row]) > 1.25)
+        .collect();
     let right = decided.iter().filter(|p| p.right(&rows[p.row])).count();
     let misses: Vec<String> = decided
         .iter()
@@ -324,7 +351,10 @@ fn a_replay_of_the_h200_run_picks_the_faster_side_where_they_differ_by_more_than
         .iter()
         .filter(|p| rows[p.row].device_seconds < rows[p.row].cpu_seconds)
         .count();
-    assert!(right > old_right + 20, "{right} against the threshold rule's {old_right}");
+    assert!(
+        right > old_right + 20,
+        "{right} against the threshold rule's {old_right}"
+    );
     assert!(share >= MIN_REPLAY_SHARE, "{share}: {misses:#?}");
 }
 
