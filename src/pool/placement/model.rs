@@ -2,10 +2,10 @@
 //! device), the times measured on this host, by size class, and a prediction for a job
 //! of any size from them.
 //!
-//! A size class is half an octave of the job's `size`. Each class keeps a moving average
-//! of the log of the seconds its jobs took (and of their log size), so one slow run moves
-//! it by a fraction and a device that slows down or recovers is followed within a few
-//! jobs. Between measured classes the time is interpolated on log-log axes (a power law
+//! A size class is half an octave of the job's `size`. Each class keeps its last five
+//! runs and takes the median of their log seconds (and the mean of their log sizes), so
+//! one run slowed by a neighbour moves nothing, and a device that slows down or recovers
+//! is followed from its third run on. Between measured classes the time is interpolated on log-log axes (a power law
 //! between neighbours); beyond them it is taken as proportional to the size, an
 //! overestimate for both sides (a fixed cost does not grow), which keeps the two sides'
 //! ratio where it was last measured.
@@ -39,9 +39,10 @@ impl Side {
 /// How far (in octaves) a measured class may be from a job's size for the prediction
 /// to count as resting on measurements near it.
 const NEAR_OCTAVES: f64 = 2.0;
-/// The weight of a new sample in its class's moving average: a class that was 10× off
-/// is within 2× after five runs.
-const NEW_SAMPLE_WEIGHT: f64 = 0.3;
+/// The runs a class remembers: its time is their median, so one run slowed by a
+/// neighbour moves nothing, and a side that really slowed down (or recovered) is
+/// followed from its third run on.
+const RECENT_RUNS: usize = 5;
 /// No time reads below this (a run the clock rounded to nothing).
 const MIN_SECONDS: f64 = 1e-7;
 
@@ -50,8 +51,11 @@ pub fn class_of(size: usize) -> i32 {
     (2.0 * (size.max(1) as f64).log2()).round() as i32
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Class {
+    /// The last `RECENT_RUNS` runs, (log2 size, log2 seconds), oldest first.
+    recent: std::collections::VecDeque<(f64, f64)>,
+    /// Their mean log size and median log seconds.
     log_size: f64,
     log_seconds: f64,
     samples: u64,
@@ -59,10 +63,31 @@ struct Class {
 }
 
 impl Class {
+    fn new(now: Instant) -> Self {
+        Self {
+            recent: std::collections::VecDeque::with_capacity(RECENT_RUNS),
+            log_size: 0.0,
+            log_seconds: 0.0,
+            samples: 0,
+            updated: now,
+        }
+    }
+
     fn add(&mut self, log_size: f64, log_seconds: f64, now: Instant) {
-        let w = NEW_SAMPLE_WEIGHT;
-        self.log_size += w * (log_size - self.log_size);
-        self.log_seconds += w * (log_seconds - self.log_seconds);
+        if self.recent.len() == RECENT_RUNS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((log_size, log_seconds));
+        let n = self.recent.len() as f64;
+        self.log_size = self.recent.iter().map(|r| r.0).sum::<f64>() / n;
+        let mut times: Vec<f64> = self.recent.iter().map(|r| r.1).collect();
+        times.sort_by(f64::total_cmp);
+        let mid = times.len() / 2;
+        self.log_seconds = if times.len() % 2 == 1 {
+            times[mid]
+        } else {
+            (times[mid - 1] + times[mid]) / 2.0
+        };
         self.samples += 1;
         self.updated = now;
     }
@@ -79,13 +104,8 @@ impl Curve {
         let (lx, ly) = ((x.max(1) as f64).log2(), seconds.max(MIN_SECONDS).log2());
         self.classes
             .entry(class_of(x))
-            .and_modify(|c| c.add(lx, ly, now))
-            .or_insert(Class {
-                log_size: lx,
-                log_seconds: ly,
-                samples: 1,
-                updated: now,
-            });
+            .or_insert_with(|| Class::new(now))
+            .add(lx, ly, now);
     }
 
     fn points(&self) -> Vec<(f64, f64)> {
@@ -425,9 +445,13 @@ mod tests {
             m.record(j, Side::Device(0), 0.010);
         }
         let e = m.predict(j, &[Side::Device(0)])[0].unwrap();
-        assert!(e.seconds > 0.005 && e.seconds < 0.010, "{e:?}");
+        assert!((e.seconds - 0.010).abs() < 1e-9, "{e:?}");
         assert_eq!(e.samples, 15);
         assert!(e.class_seen);
+        // One outlier among them moves nothing.
+        m.record(j, Side::Device(0), 1.0);
+        let e = m.predict(j, &[Side::Device(0)])[0].unwrap();
+        assert!((e.seconds - 0.010).abs() < 1e-9, "{e:?}");
     }
 
     #[test]
