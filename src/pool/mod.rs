@@ -410,7 +410,8 @@ impl Shared {
     /// the comparison (`Backends::shadow_checked`: counted, a mismatch quarantines).
     fn shadow_check(&self, job: Arc<dyn Runnable>, dev: Arc<GpuDevice>) {
         let op = job.name();
-        let (lane, size, bytes) = (job.placement_lane(), job.size(), job.input_bytes());
+        let lane = job.placement_lane();
+        let (size, bytes) = (job.size(), job.input_bytes());
         let Some(check) = job.shadow() else {
             return;
         };
@@ -462,12 +463,7 @@ impl Shared {
     /// Every run that ends is a sample for placement.
     async fn execute(&self, q: &mut Queued) -> Result<(BackendKind, Option<usize>), JobError> {
         let lane = q.job.placement_lane();
-        let shape = Shape {
-            op: q.job.name(),
-            lane: &lane,
-            size: q.job.size(),
-            bytes: q.job.input_bytes(),
-        };
+        let shape = shape_of(q.job.as_ref(), &lane);
         let (target, decision) = self.choose(q.job.as_ref(), shape, q.backend)?;
         let backend = match &target {
             Target::Cpu => BackendKind::Cpu,
@@ -519,6 +515,16 @@ impl Shared {
         self.placement
             .observed(shape, Side::Cpu, started.elapsed().as_secs_f64());
         Ok((BackendKind::Cpu, None))
+    }
+}
+
+/// A queued job as placement's model sees it; `lane` is its `placement_lane`.
+fn shape_of<'a>(job: &dyn Runnable, lane: &'a str) -> Shape<'a> {
+    Shape {
+        op: job.name(),
+        lane,
+        size: job.size(),
+        bytes: job.input_bytes(),
     }
 }
 

@@ -26,6 +26,14 @@ async fn server(extra: &[&str]) -> TestServer {
     crate::device_faults::server(&args).await
 }
 
+/// Three runs of `shape` on each side, as if measured here.
+fn seed(placement: &Placement, shape: Shape<'_>, device_seconds: f64, cpu_seconds: f64) {
+    for _ in 0..3 {
+        placement.observed(shape, Side::Device(0), device_seconds);
+        placement.observed(shape, Side::Cpu, cpu_seconds);
+    }
+}
+
 /// The model's view of a Goldilocks multiplication of `n` elements.
 fn mul_shape(n: usize) -> Shape<'static> {
     Shape {
@@ -147,10 +155,7 @@ async fn a_device_slowed_by_a_fault_loses_its_work_within_a_few_jobs() {
     let shape = mul_shape(n);
     let placement = s.state.pool.placement().clone();
     // As if the device had been measured 5× faster than the CPU here.
-    for _ in 0..3 {
-        placement.observed(shape, Side::Device(0), 0.010);
-        placement.observed(shape, Side::Cpu, 0.050);
-    }
+    seed(&placement, shape, 0.010, 0.050);
     assert_eq!(mul(&s, n, "auto").await.0, "cuda");
     // Now every launch of it takes 300 ms more.
     s.state.backends.gpus()[0]
@@ -182,10 +187,7 @@ async fn a_backlog_on_the_cpu_sends_work_to_the_device() {
     // here it stands for a GPU, a device of its own.
     placement.set_shares_host(0, false);
     // On an idle host the CPU wins this job by 4×...
-    for _ in 0..3 {
-        placement.observed(shape, Side::Device(0), 0.400);
-        placement.observed(shape, Side::Cpu, 0.100);
-    }
+    seed(&placement, shape, 0.400, 0.100);
     assert_eq!(mul(&s, n, "auto").await.0, "cpu");
     // ...but with 2 s of CPU work already placed, the device finishes first.
     let big = 1 << 17;
