@@ -89,6 +89,10 @@ pub struct CaseRun {
     pub input_bytes: usize,
     /// `Job::placement_lane` of the case ("" where not known).
     pub lane: String,
+    /// `Job::name` of the case's job: what a server's placement records it under. A
+    /// library's case (`conv2d_cudnn`) runs the job of the op it serves (`conv2d`). ""
+    /// where not known: the case's op.
+    pub job: &'static str,
     /// Agreement with the CPU twin, or where they part (or why the device failed).
     pub outcome: Result<(), String>,
     /// Each timed device run, transfers included, in milliseconds.
@@ -108,6 +112,7 @@ impl CaseRun {
             size,
             input_bytes,
             lane: String::new(),
+            job: "",
             outcome: Ok(()),
             device_ms: Vec::new(),
             kernel_ms: Vec::new(),
@@ -128,6 +133,7 @@ pub fn measure_job<J: Job>(
 ) -> CaseRun {
     let mut case = CaseRun::new(info, job.size(), job.input_bytes());
     case.lane = job.placement_lane().into_owned();
+    case.job = job.name();
     measure_runs(
         case,
         dev,

@@ -84,6 +84,9 @@ pub struct OpEntry {
     pub input_bytes: usize,
     /// `Job::placement_lane` (the field, dtype or shape class; "" for one lane).
     pub lane: String,
+    /// The op a server's placement records the case under (`Job::name`): the case's op,
+    /// or for a library's case the op it serves (`conv2d_cudnn` runs `conv2d` jobs).
+    pub job: String,
     /// A parity case: the side `auto` would pick for it from the report's other cases
     /// (as if they were what the server had measured), and whether that was the faster.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -143,6 +146,7 @@ impl OpEntry {
             size: run.size,
             input_bytes: run.input_bytes,
             lane: run.lane,
+            job: if run.job.is_empty() { op } else { run.job }.to_string(),
             auto: None,
             bytes,
             flops,
@@ -163,6 +167,7 @@ impl OpEntry {
             size: 0,
             input_bytes: 0,
             lane: String::new(),
+            job: op.to_string(),
             auto: None,
             bytes: None,
             flops: None,
@@ -295,7 +300,7 @@ impl Report {
                     Some((
                         i,
                         Row {
-                            op: e.op.clone(),
+                            op: e.job.clone(),
                             lane: e.lane.clone(),
                             size: e.size,
                             input_bytes: e.input_bytes,
@@ -469,6 +474,7 @@ mod tests {
             size: 10,
             input_bytes: 80,
             lane: String::new(),
+            job: "",
             outcome: Err("value 3 differs".into()),
             device_ms: vec![4000.0],
             kernel_ms: vec![1000.0, 1000.0],

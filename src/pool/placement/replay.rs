@@ -11,6 +11,8 @@ use std::sync::Mutex;
 /// One measured case: its device round trip and CPU twin times.
 #[derive(Clone, Debug)]
 pub struct Row {
+    /// The op placement records the case under (`Job::name`; a library's case runs the
+    /// jobs of the op it serves, so a server keeps both under one name).
     pub op: String,
     pub lane: String,
     pub size: usize,

@@ -261,7 +261,8 @@ fn of_two_devices_the_one_with_less_backlog_gets_the_job() {
 }
 
 /// The committed H200 run (docs/gpu-runs/2026-11-28-h200/check.md), with each case's
-/// lane, `Job::size` and input bytes written beside it.
+/// job (`Job::name`: what the server's placement records it under; a library's case runs
+/// the jobs of the op it serves), lane, `Job::size` and input bytes written beside it.
 fn h200_rows() -> Vec<(Row, String, String)> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let fixture =
@@ -274,22 +275,22 @@ fn h200_rows() -> Vec<(Row, String, String)> {
         .filter(|l| !l.starts_with('#'))
         .map(|l| {
             let c: Vec<&str> = l.split('\t').collect();
-            assert_eq!(c.len(), 8, "{l}");
+            assert_eq!(c.len(), 9, "{l}");
             let ms = |s: &str| s.parse::<f64>().unwrap() / 1e3;
             let row = Row {
-                op: c[0].to_string(),
-                lane: c[2].to_string(),
-                size: c[3].parse().unwrap(),
-                input_bytes: c[4].parse().unwrap(),
+                op: c[1].to_string(),
+                lane: c[3].to_string(),
+                size: c[4].parse().unwrap(),
+                input_bytes: c[5].parse().unwrap(),
                 // The report rounds CPU times to 0.1 ms: a 0.0 is under 0.05.
-                device_seconds: ms(c[5]),
-                cpu_seconds: ms(c[6]).max(0.025e-3),
-                held_out: c[1] == "parity",
+                device_seconds: ms(c[6]),
+                cpu_seconds: ms(c[7]).max(0.025e-3),
+                held_out: c[2] == "parity",
             };
             (
                 row,
-                c[1].to_string(),
-                format!("| {} | {} | {} |", c[0], c[1], c[7]),
+                c[2].to_string(),
+                format!("| {} | {} | {} |", c[0], c[2], c[8]),
             )
         })
         .collect();
@@ -360,4 +361,4 @@ fn a_replay_of_the_h200_run_picks_the_faster_side_where_they_differ_by_more_than
 
 /// What the replay must reach (the issue asks 0.90; docs/PERFORMANCE.md says what this
 /// model reaches and which cases it misses).
-const MIN_REPLAY_SHARE: f64 = 0.89;
+const MIN_REPLAY_SHARE: f64 = 0.90;
