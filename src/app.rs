@@ -92,6 +92,7 @@ impl App {
         let placement = Arc::new(pool::Placement::new(pool::PlacementConfig {
             mode: cfg.placement,
             explore_every: cfg.placement_explore_every,
+            cpu_slots: settings.cpu_threads,
         }));
         let pool = Arc::new(Pool::start(
             PoolConfig {

@@ -88,6 +88,9 @@ pub struct PlacementConfig {
     pub mode: PlacementMode,
     /// One job in this many of a size class explores the side predicted slower.
     pub explore_every: u64,
+    /// Jobs the CPU pool runs at once (its workers): the CPU's backlog is waited out that
+    /// many at a time. A device's lease is exclusive, so its backlog is waited out whole.
+    pub cpu_slots: usize,
 }
 
 impl Default for PlacementConfig {
@@ -95,6 +98,7 @@ impl Default for PlacementConfig {
         Self {
             mode: PlacementMode::Measured,
             explore_every: 32,
+            cpu_slots: 1,
         }
     }
 }
@@ -151,7 +155,7 @@ pub struct Placement {
     classes: Mutex<HashMap<ClassKey, ClassState>>,
     calibrations: Mutex<BTreeMap<usize, CalibrationRecord>>,
     /// Devices that compute on the host's own cores (the emulated device): their work
-    /// and the CPU pool's are one backlog, since neither adds capacity to the other.
+    /// counts in the CPU pool's backlog, since it adds no capacity (`backlogs`).
     shares_host: Mutex<HashSet<usize>>,
 }
 
@@ -164,6 +168,7 @@ impl Placement {
         Self {
             config: PlacementConfig {
                 explore_every: config.explore_every.max(1),
+                cpu_slots: config.cpu_slots.max(1),
                 ..config
             },
             model: CostModel::new(),
@@ -175,7 +180,7 @@ impl Placement {
     }
 
     /// Whether `device` runs on the host's cores (the emulated device does): if so its
-    /// backlog and the CPU's are counted together.
+    /// backlog counts in the CPU's too (`backlogs`).
     pub fn set_shares_host(&self, device: usize, shares: bool) {
         let mut set = lock(&self.shares_host);
         if shares {
@@ -315,8 +320,13 @@ impl Placement {
         lock(&self.backlog).get(&side).copied().unwrap_or(0.0)
     }
 
-    /// Each side's backlog as a job placed there would wait on it: the CPU and the
-    /// devices that share the host's cores wait on all of their work together.
+    /// Each side's backlog as a job placed there would wait on it. The CPU pool runs
+    /// `cpu_slots` jobs at once, and a CPU job's measured time is its wall time among the
+    /// others it ran beside, so its backlog is waited out `cpu_slots` at a time. A
+    /// device's lease is exclusive: a job there waits for all of the device's backlog.
+    /// A device on the host's own cores (the emulated device) adds no cores: a CPU job
+    /// waits on the device's work too, and a job there waits for whichever is longer,
+    /// the device's own queue or the host's.
     fn backlogs(&self, sides: &[Side]) -> Vec<f64> {
         let backlog = lock(&self.backlog);
         let shares = lock(&self.shares_host);
@@ -329,13 +339,15 @@ impl Placement {
             .filter(|(s, _)| on_host(s))
             .map(|(_, b)| b)
             .sum();
+        let host_wait = host / self.config.cpu_slots as f64;
         sides
             .iter()
             .map(|s| {
-                if on_host(s) {
-                    host
-                } else {
-                    backlog.get(s).copied().unwrap_or(0.0)
+                let own = backlog.get(s).copied().unwrap_or(0.0);
+                match s {
+                    Side::Cpu => host_wait,
+                    Side::Device(_) if on_host(s) => own.max(host_wait),
+                    Side::Device(_) => own,
                 }
             })
             .collect()

@@ -16,6 +16,7 @@ fn placement(explore_every: u64) -> Placement {
     Placement::new(PlacementConfig {
         mode: PlacementMode::Measured,
         explore_every,
+        cpu_slots: 1,
     })
 }
 
@@ -57,6 +58,7 @@ fn threshold_mode_keeps_the_old_rule_whatever_was_measured() {
     let p = Placement::new(PlacementConfig {
         mode: PlacementMode::Threshold,
         explore_every: 32,
+        cpu_slots: 1,
     });
     p.observed(job(1 << 20), GPU, 1.0);
     p.observed(job(1 << 20), Side::Cpu, 0.001);
@@ -243,6 +245,52 @@ fn a_device_on_the_hosts_own_cores_shares_the_cpus_backlog() {
         // However much waits, the emulated device adds no capacity: the CPU stays faster.
         assert_eq!((d.side, d.reason), (Side::Cpu, Reason::Measured));
     }
+}
+
+/// Books `n` jobs of `size` without finishing any; returns the sides they went to.
+fn queue(p: &Placement, size: usize, n: usize) -> Vec<Side> {
+    (0..n)
+        .map(|_| {
+            let d = p.choose(job(size), 1, &[0]);
+            p.started(&d);
+            d.side
+        })
+        .collect()
+}
+
+#[test]
+fn a_cpu_pool_that_runs_four_at_once_waits_out_its_backlog_four_at_a_time() {
+    let p = Placement::new(PlacementConfig {
+        cpu_slots: 4,
+        explore_every: 1_000_000,
+        ..PlacementConfig::default()
+    });
+    let n = 1 << 16;
+    p.observed(job(n), Side::Cpu, 0.010);
+    p.observed(job(n), GPU, 0.015);
+    // Counted whole, the CPU's backlog would send the second job to the device (10 ms
+    // waiting + 10 > 15); four at a time, the first three wait at most 5 ms.
+    assert_eq!(queue(&p, n, 3), [Side::Cpu; 3]);
+    let after = queue(&p, n, 4);
+    assert!(after.contains(&GPU), "{after:?}");
+}
+
+#[test]
+fn a_device_on_the_hosts_cores_that_is_faster_per_job_still_runs_one_job_at_a_time() {
+    let p = Placement::new(PlacementConfig {
+        cpu_slots: 2,
+        explore_every: 1_000_000,
+        ..PlacementConfig::default()
+    });
+    p.set_shares_host(0, true);
+    let n = 1 << 16;
+    p.observed(job(n), Side::Cpu, 0.012);
+    p.observed(job(n), GPU, 0.010);
+    // Its lease is exclusive: a second job there waits for the first, while the CPU's
+    // two workers take one each (counted as one backlog, every job went to the device).
+    let sides = queue(&p, n, 8);
+    let on_device = sides.iter().filter(|s| **s == GPU).count();
+    assert!(sides[0] == GPU && on_device <= 4, "{sides:?}");
 }
 
 #[test]
