@@ -1,33 +1,98 @@
-//! `cargo bench --bench linalg`: CPU matmul GFLOP/s at 1024³ and 2048³ (f32 compute, and
-//! tf32/f16/bf16 compute against it), beside NumPy's `a @ b` (its BLAS, usually OpenBLAS)
-//! on the same cores in the same run when a Python with NumPy is found (BENCH_PYTHON,
-//! default python3). Then fused CPU attention at B·H = 32, S = 2048, D = 64 beside
-//! NumPy's unfused attention of the same maths. Best of BENCH_LINALG_REPEATS (default 3)
-//! runs each.
+//! `cargo bench --bench linalg`: CPU matrix products at 1024³ and 2048³ (f32 and f64,
+//! the tf32/f16/bf16 compute types, a batched bf16 product), beside NumPy's `a @ b` on
+//! the same cores in the same run when a Python with NumPy is found (BENCH_PYTHON,
+//! default python3), its BLAS kernel named (threadpoolctl, where installed). NumPy runs
+//! without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, which force OpenBLAS onto older
+//! kernels (this project's development machines set both); only its process loses them.
+//! Then conv2d on the three ResNet-50 shapes of `gpu-ops check` against our own product
+//! of the same work (the im2col product's m × k × n, batched), fused CPU attention at
+//! B 1, H 8, S 1024, D 64 beside NumPy's unfused attention of the same maths, and the beam
+//! sweep. Best of BENCH_LINALG_REPEATS (default 3) runs each. The kernels gemm picked are
+//! the host's widest (`cpu_kernels()`); built without the `avx512` feature, AVX-512 hosts
+//! run the AVX2 ones.
 
 use gpu_ops::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands};
 use std::process::Command;
 use std::time::Instant;
 
-/// The job as the service builds it from decoded operands: rounded to `compute`.
-fn job(n: usize, compute: Compute, a: Vec<f32>, b: Vec<f32>) -> MatmulJob {
-    let shape = MatmulShape {
-        batch: 1,
-        m: n,
+/// A product as the service builds it from decoded operands: f32 ones rounded to
+/// `compute`.
+fn product(shape: MatmulShape, compute: Compute, operands: Operands) -> MatmulJob {
+    let dtype = match operands {
+        Operands::F32 { .. } => Dtype::F32,
+        Operands::F64 { .. } => Dtype::F64,
+    };
+    MatmulJob::new(shape, operands, 1.0, 1.0, compute, dtype, dtype).unwrap()
+}
+
+/// An m × k by k × n product, `batch` of them (A shared by the batch when `shared_a`).
+fn shape(batch: usize, m: usize, k: usize, n: usize, shared_a: bool) -> MatmulShape {
+    MatmulShape {
+        batch,
+        m,
         n,
-        k: n,
-        a_batched: false,
-        b_batched: false,
+        k,
+        a_batched: batch > 1 && !shared_a,
+        b_batched: batch > 1,
         c_batched: false,
         trans_a: false,
         trans_b: false,
-    };
-    let operands = Operands::F32 {
-        a: a.into(),
-        b: b.into(),
-        c: None,
-    };
-    MatmulJob::new(shape, operands, 1.0, 1.0, compute, Dtype::F32, Dtype::F32).unwrap()
+    }
+}
+
+fn values(len: usize, salt: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 2654435761 + salt) % 1000) as f32 / 500.0 - 1.0)
+        .collect()
+}
+
+/// The best time of a product's CPU twin (from fresh operands each run).
+fn product_seconds(repeats: usize, shape: MatmulShape, compute: Compute) -> f64 {
+    let a_len = if shape.a_batched { shape.batch } else { 1 } * shape.m * shape.k;
+    let b_len = if shape.b_batched { shape.batch } else { 1 } * shape.k * shape.n;
+    let (a, b) = (values(a_len, 1), values(b_len, 2));
+    best_seconds(
+        repeats,
+        || {
+            if compute == Compute::F64 {
+                Operands::F64 {
+                    a: a.iter().map(|&x| f64::from(x)).collect(),
+                    b: b.iter().map(|&x| f64::from(x)).collect(),
+                    c: None,
+                }
+            } else {
+                Operands::F32 {
+                    a: a.clone().into(),
+                    b: b.clone().into(),
+                    c: None,
+                }
+            }
+        },
+        |operands| {
+            let job = product(shape, compute, operands);
+            let out = job.run_cpu();
+            (job, out)
+        },
+    )
+}
+
+/// Which of gemm's kernels this host runs (it picks the widest the CPU has, at run time).
+fn cpu_kernels() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
+            return "AVX-512";
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            return "AVX2 + FMA";
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        return "NEON";
+    }
+    #[allow(unreachable_code)]
+    "scalar"
 }
 
 /// The best time of `f` on a fresh `setup()` each run; setting up and dropping what `f`
@@ -50,13 +115,18 @@ fn best_seconds<T, R>(
         .fold(f64::INFINITY, f64::min)
 }
 
-/// NumPy's best time for an n³ f32 product, or why there is none.
-fn numpy_seconds(n: usize, repeats: usize) -> Result<f64, String> {
+/// NumPy's best time for `batch` n³ products of `dtype` (float32, float64).
+fn numpy_seconds(batch: usize, n: usize, dtype: &str, repeats: usize) -> Result<f64, String> {
+    let dims = if batch > 1 {
+        format!("({batch}, {n}, {n})")
+    } else {
+        format!("({n}, {n})")
+    };
     numpy_best(
         &format!(
             "rng = np.random.default_rng(1)\n\
-             a = rng.random(({n}, {n}), dtype=np.float32)\n\
-             b = rng.random(({n}, {n}), dtype=np.float32)\n\
+             a = rng.random({dims}, dtype=np.{dtype})\n\
+             b = rng.random({dims}, dtype=np.{dtype})\n\
              run = lambda: a @ b\n"
         ),
         repeats,
@@ -108,6 +178,34 @@ fn numpy_sweep_seconds(b: usize, nt: usize, nr: usize, repeats: usize) -> Result
     )
 }
 
+/// A Python for the NumPy side, without the variables that pin OpenBLAS to older
+/// kernels than the host's (the module's doc says why).
+fn numpy_command(python: &str) -> Command {
+    let mut command = Command::new(python);
+    command
+        .env_remove("OPENBLAS_CORETYPE")
+        .env_remove("OPENBLAS_L2_SIZE");
+    command
+}
+
+/// NumPy's version and its BLAS's library, kernel and threads (threadpoolctl), or why
+/// not known.
+fn numpy_kernel() -> String {
+    let python = std::env::var("BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import numpy as np\n\
+        try:\n\
+        \x20   import threadpoolctl\n\
+        \x20   info = ', '.join(f\"{i['internal_api']} {i.get('version')} {i.get('architecture')} kernel, {i['num_threads']} threads\" for i in threadpoolctl.threadpool_info())\n\
+        except ImportError:\n\
+        \x20   info = 'BLAS kernel not known: no threadpoolctl'\n\
+        print(f'NumPy {np.__version__}: {info}')";
+    match numpy_command(&python).args(["-c", script]).output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        Ok(_) => format!("{python} has no NumPy"),
+        Err(e) => format!("{python}: {e}"),
+    }
+}
+
 /// Runs `setup` (which defines `run`) in BENCH_PYTHON (default python3) and reports the
 /// best of `repeats` timed calls of `run()` after one warm-up, or why there is none.
 fn numpy_best(setup: &str, repeats: usize) -> Result<f64, String> {
@@ -118,7 +216,7 @@ fn numpy_best(setup: &str, repeats: usize) -> Result<f64, String> {
          best = min((lambda t: (run(), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range({repeats}))\n\
          print(best)"
     );
-    let out = Command::new(&python)
+    let out = numpy_command(&python)
         .args(["-c", &script])
         .output()
         .map_err(|e| format!("{python}: {e}"))?;
@@ -140,12 +238,12 @@ fn numpy_best(setup: &str, repeats: usize) -> Result<f64, String> {
 /// CPU attention at B·H = `heads`, S = S_kv = `s`, D = `d`, against NumPy's.
 fn attention_rows(repeats: usize) {
     use gpu_ops::ops::nn::{AttentionJob, AttentionShape, Tensors};
-    println!("\n# gpu-ops attention benchmark (CPU, fused, f32)\n");
+    println!("\n# gpu-ops attention benchmark (CPU, fused, f32, B 1)\n");
     println!(
         "| B·H | S | D | causal | ours | GFLOP/s | NumPy (unfused, not causal) | ours / NumPy |"
     );
     println!("|---|---|---|---|---|---|---|---|");
-    let (heads, s, d) = (32usize, 2048usize, 64usize);
+    let (heads, s, d) = (8usize, 1024usize, 64usize);
     let numpy = numpy_attention_seconds(heads, s, d, repeats);
     let shape = AttentionShape {
         batch: 1,
@@ -210,35 +308,49 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let threads = rayon::current_num_threads();
-    println!("# gpu-ops matmul benchmark (CPU, {threads} threads, best of {repeats})\n");
-    println!("| n³ | compute | ours | GFLOP/s | NumPy f32 | ours / NumPy |");
+    println!(
+        "# gpu-ops matmul benchmark (CPU, {threads} threads, gemm's {} kernels, best of {repeats})\n",
+        cpu_kernels()
+    );
+    println!("{}\n", numpy_kernel());
+    println!("| product | compute | ours | GFLOP/s | NumPy | ours / NumPy |");
     println!("|---|---|---|---|---|---|");
-    for n in [1024usize, 2048] {
-        let flops = 2.0 * (n as f64).powi(3);
-        let numpy = numpy_seconds(n, repeats);
-        let values = |salt: usize| -> Vec<f32> {
-            (0..n * n)
-                .map(|i| ((i * 2654435761 + salt) % 1000) as f32 / 500.0 - 1.0)
-                .collect()
-        };
-        let (a, b) = (values(1), values(2));
-        for compute in [Compute::F32, Compute::Tf32, Compute::F16, Compute::Bf16] {
-            let ours = best_seconds(
-                repeats,
-                || (a.clone(), b.clone()),
-                |(a, b)| {
-                    let job = job(n, compute, a, b);
-                    let out = job.run_cpu();
-                    (job, out)
-                },
-            );
-            let (np, ratio) = match (&numpy, compute) {
-                (Ok(t), Compute::F32) => (format!("{:.1} ms", t * 1e3), format!("{:.2}", ours / t)),
-                (Err(why), Compute::F32) => (why.clone(), "-".into()),
-                _ => ("".into(), "".into()),
+    let mut cases: Vec<(usize, usize, Vec<Compute>)> = [1024usize, 2048]
+        .into_iter()
+        .map(|n| {
+            let computes = vec![
+                Compute::F32,
+                Compute::F64,
+                Compute::Tf32,
+                Compute::F16,
+                Compute::Bf16,
+            ];
+            (1, n, computes)
+        })
+        .collect();
+    cases.push((16, 512, vec![Compute::Bf16, Compute::F32]));
+    for (batch, n, computes) in cases {
+        let flops = 2.0 * batch as f64 * (n as f64).powi(3);
+        for compute in computes {
+            let ours = product_seconds(repeats, shape(batch, n, n, n, false), compute);
+            // NumPy has no bf16 product: the f32 and f64 rows have its figure.
+            let numpy = match compute {
+                Compute::F32 => Some(numpy_seconds(batch, n, "float32", repeats)),
+                Compute::F64 => Some(numpy_seconds(batch, n, "float64", repeats)),
+                _ => None,
+            };
+            let (np, ratio) = match numpy {
+                Some(Ok(t)) => (format!("{:.1} ms", t * 1e3), format!("{:.2}", ours / t)),
+                Some(Err(why)) => (why, "-".into()),
+                None => ("".into(), "".into()),
+            };
+            let label = if batch > 1 {
+                format!("{batch} × {n}³")
+            } else {
+                format!("{n}³")
             };
             println!(
-                "| {n} | {} | {:.1} ms | {:.1} | {np} | {ratio} |",
+                "| {label} | {} | {:.1} ms | {:.1} | {np} | {ratio} |",
                 compute.name(),
                 ours * 1e3,
                 flops / ours / 1e9
@@ -248,12 +360,73 @@ fn main() {
     println!(
         "\nEach row times the job as the worker runs it, from decoded operands: rounded to the"
     );
-    println!(
-        "compute precision (O(n²); nothing for f32), the f32 product (O(n³)), D rounded to the"
-    );
-    println!("output dtype. The GPU path has no figure until a session has a GPU.");
+    println!("compute precision (O(n²); nothing for f32 and f64), the product (O(n³)), D rounded");
+    println!("to the output dtype. The GPU path has no figure until a session has a GPU.");
+    conv_rows(repeats);
     attention_rows(repeats);
     sweep_rows(repeats);
+}
+
+/// conv2d (f32, bias + ReLU as the check has them) on ResNet-50's shapes at N 32, and
+/// our own f32 product of the same work: per image, the im2col product (O × C·KH·KW)
+/// by (C·KH·KW × OH·OW), the weights shared by the batch.
+fn conv_rows(repeats: usize) {
+    use gpu_ops::ops::nn::{Conv2dJob, Conv2dShape, ConvTensors};
+    println!("\n# gpu-ops conv2d benchmark (CPU, f32, N 32)\n");
+    println!(
+        "| layer | ours | GFLOP/s | our product of the same work | GFLOP/s | conv / product |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let layers = [
+        ("conv1 7×7/2 3→64 224²", 3, 224, 64, 7, 2, 3, true),
+        ("stage 3 3×3 128→128 28²", 128, 28, 128, 3, 1, 1, true),
+        ("stage 3 1×1 512→128 28²", 512, 28, 128, 1, 1, 0, false),
+    ];
+    let batch = 32;
+    for (label, channels, size, out_channels, kernel, stride, pad, bias_relu) in layers {
+        let shape = Conv2dShape {
+            batch,
+            channels,
+            height: size,
+            width: size,
+            out_channels,
+            kernel_h: kernel,
+            kernel_w: kernel,
+            stride: (stride, stride),
+            padding: [pad; 4],
+            dilation: (1, 1),
+            groups: 1,
+        };
+        let input = values(shape.input_len(), 1);
+        let weight = values(shape.weight_len(), 2);
+        let bias = bias_relu.then(|| values(out_channels, 3));
+        let ours = best_seconds(
+            repeats,
+            || ConvTensors::F32 {
+                input: input.clone(),
+                weight: weight.clone(),
+                bias: bias.clone(),
+            },
+            |tensors| {
+                let job =
+                    Conv2dJob::new(shape, tensors, bias_relu, Dtype::F32, Dtype::F32).unwrap();
+                let out = job.run_cpu();
+                (job, out)
+            },
+        );
+        let (m, k, n) = (out_channels, shape.window(), shape.positions());
+        let flops = 2.0 * (batch * m * k * n) as f64;
+        let product = product_seconds(repeats, self::shape(batch, m, k, n, true), Compute::F32);
+        println!(
+            "| {label} | {:.1} ms | {:.1} | {batch} × {m}×{k}×{n}: {:.1} ms | {:.1} | {:.0} % |",
+            ours * 1e3,
+            flops / ours / 1e9,
+            product * 1e3,
+            flops / product / 1e9,
+            100.0 * product / ours
+        );
+    }
+    println!("\nGFLOP/s counts 2·N·O·C·KH·KW·OH·OW; ours includes the bias and ReLU pass.");
 }
 
 /// A beam sweep of uploaded channels with DFT codebooks (the job as the worker runs it,

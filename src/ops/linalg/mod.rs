@@ -30,4 +30,6 @@ pub const DOMAIN: super::Domain = super::Domain {
 };
 
 #[cfg(test)]
+mod kernel_paths;
+#[cfg(test)]
 mod tests;
