@@ -110,30 +110,52 @@ impl Conv2dShape {
 
     /// Fills `cols` (`window() × count`, row-major) with image `image`'s windows for
     /// output positions `first … first + count − 1` of group `g`; zeros in the padding.
+    /// Walks the positions an output row at a time, so the row's input row is found once
+    /// and each value costs one bounds test.
     fn im2col<T: Real>(&self, image: &[T], g: usize, first: usize, count: usize, cols: &mut [T]) {
         let (_, out_w) = self.out();
         let (kh, kw) = (self.kernel_h, self.kernel_w);
         let [top, _, left, _] = self.padding;
+        let (sh, sw) = self.stride;
         for c in 0..self.group_in() {
             let plane = &image[(g * self.group_in() + c) * self.height * self.width..]
                 [..self.height * self.width];
             for i in 0..kh {
                 for j in 0..kw {
                     let row = &mut cols[((c * kh + i) * kw + j) * count..][..count];
-                    for (slot, p) in row.iter_mut().zip(first..) {
+                    let shift = j * self.dilation.1;
+                    let mut done = 0;
+                    while done < count {
+                        let p = first + done;
                         let (oh, ow) = (p / out_w, p % out_w);
-                        let y = (oh * self.stride.0 + i * self.dilation.0).checked_sub(top);
-                        let x = (ow * self.stride.1 + j * self.dilation.1).checked_sub(left);
-                        *slot = match (y, x) {
-                            (Some(y), Some(x)) if y < self.height && x < self.width => {
-                                plane[y * self.width + x]
+                        let run = (out_w - ow).min(count - done);
+                        let dst = &mut row[done..done + run];
+                        let y = (oh * sh + i * self.dilation.0)
+                            .checked_sub(top)
+                            .filter(|&y| y < self.height);
+                        match y {
+                            None => dst.fill(T::ZERO),
+                            Some(y) => {
+                                let src = &plane[y * self.width..][..self.width];
+                                for (slot, o) in dst.iter_mut().zip(ow..) {
+                                    // x = o·stride + j·dilation − left, when in the image.
+                                    let x = (o * sw + shift).wrapping_sub(left);
+                                    *slot = if x < self.width { src[x] } else { T::ZERO };
+                                }
                             }
-                            _ => T::ZERO,
-                        };
+                        }
+                        done += run;
                     }
                 }
             }
         }
+    }
+
+    /// A 1×1 kernel with stride 1 and no padding (dilation moves nothing then): each
+    /// image's channels of a group are already its window columns (`C/G × H·W`), so no
+    /// im2col is needed.
+    fn pointwise(&self) -> bool {
+        self.kernel_h == 1 && self.kernel_w == 1 && self.stride == (1, 1) && self.padding == [0; 4]
     }
 }
 
@@ -275,23 +297,34 @@ impl Conv2dJob {
         } else {
             Parallelism::None
         };
-        let run = |task: usize, out: &mut [T]| {
+        // `cols`: one buffer of window columns per rayon job, reused by its tasks.
+        let run = |cols: &mut Vec<T>, task: usize, out: &mut [T]| {
             let (n, g) = (task / s.groups, task % s.groups);
             let image =
                 &input[n * s.channels * s.height * s.width..][..s.channels * s.height * s.width];
             let w = ArrayView2::from_shape((og, k), &weight[g * og * k..][..og * k])
                 .expect("the group's og × k weights");
-            let mut cols = vec![T::ZERO; k * chunk];
-            for first in (0..p).step_by(chunk) {
-                let count = chunk.min(p - first);
-                let cols = &mut cols[..k * count];
-                s.im2col(image, g, first, count, cols);
-                // W_g (og × k) · cols (k × count) into columns `first..` of this
-                // task's og × p block.
-                let cols = ArrayView2::from_shape((k, count), &*cols).expect("k × count");
-                let mut block = ArrayViewMut2::from_shape((og, p), &mut *out).expect("og × p");
-                let dst = block.slice_mut(s![.., first..first + count]);
-                gemm_into(dst, w, cols, T::ONE, None, false, parallelism);
+            if s.pointwise() {
+                let cols = ArrayView2::from_shape((k, p), &image[g * k * p..][..k * p])
+                    .expect("the group's C/G × H·W channels");
+                let block = ArrayViewMut2::from_shape((og, p), &mut *out).expect("og × p");
+                gemm_into(block, w, cols, T::ONE, None, false, parallelism);
+            } else {
+                // im2col writes every value it hands gemm: the buffer is only grown.
+                if cols.len() < k * chunk {
+                    cols.resize(k * chunk, T::ZERO);
+                }
+                for first in (0..p).step_by(chunk) {
+                    let count = chunk.min(p - first);
+                    let cols = &mut cols[..k * count];
+                    s.im2col(image, g, first, count, cols);
+                    // W_g (og × k) · cols (k × count) into columns `first..` of this
+                    // task's og × p block.
+                    let cols = ArrayView2::from_shape((k, count), &*cols).expect("k × count");
+                    let mut block = ArrayViewMut2::from_shape((og, p), &mut *out).expect("og × p");
+                    let dst = block.slice_mut(s![.., first..first + count]);
+                    gemm_into(dst, w, cols, T::ONE, None, false, parallelism);
+                }
             }
             for (o, row) in out.chunks_mut(p).enumerate() {
                 let b = bias.map_or(T::ZERO, |b| b[g * og + o]);
@@ -302,13 +335,14 @@ impl Conv2dJob {
             }
         };
         if tasks < threads {
+            let mut cols = Vec::new();
             out.chunks_mut(og * p)
                 .enumerate()
-                .for_each(|(t, o)| run(t, o));
+                .for_each(|(t, o)| run(&mut cols, t, o));
         } else {
             out.par_chunks_mut(og * p)
                 .enumerate()
-                .for_each(|(t, o)| run(t, o));
+                .for_each_init(Vec::new, |cols, (t, o)| run(cols, t, o));
         }
         out
     }

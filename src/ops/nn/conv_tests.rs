@@ -135,6 +135,24 @@ fn convolution_matches_the_f64_reference_across_groups_strides_and_padding() {
             false,
             false,
         ),
+        // A 1 × 1 kernel, stride 1, no padding: the channels are the window columns (no
+        // im2col), grouped and not; dilation moves nothing there.
+        (
+            shape((2, 6, 5, 7), (4, 1, 1, 2), (1, 1), [0; 4], (3, 2)),
+            true,
+            true,
+        ),
+        (
+            shape((1, 8, 9, 9), (3, 1, 1, 1), (1, 1), [0; 4], (1, 1)),
+            false,
+            false,
+        ),
+        // 1 × 1 with a stride: im2col again.
+        (
+            shape((1, 4, 9, 9), (3, 1, 1, 1), (2, 2), [0; 4], (1, 1)),
+            true,
+            false,
+        ),
         // The kernel exactly the padded input: one output position.
         (
             shape((2, 2, 3, 4), (3, 5, 6, 1), (1, 1), [1, 1, 1, 1], (1, 1)),
