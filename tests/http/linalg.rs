@@ -19,14 +19,29 @@ async fn nested_operands_multiply_with_transposes_batches_and_c() {
     let res = matmul(&s, json!({"a": [[1, 2], [3, 4]], "b": [[5, 6], [7, 8]]})).await;
     assert_eq!(res.status(), 200);
     assert_eq!(res.headers()["x-backend"], "cpu");
-    assert!(res.headers().contains_key("x-compute-time-ms"));
+    let compute_ms: f64 = res.headers()["x-compute-time-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let body: Value = res.json().await.unwrap();
     assert_eq!(body["result"], json!([[19.0, 22.0], [43.0, 50.0]]));
     assert_eq!(body["shape"], json!([2, 2]));
     assert_eq!(body["dtype"], "f32");
     assert_eq!(body["compute"], "f32");
     assert_eq!(body["flops"], 16.0);
-    assert!(body["gflops_per_second"].as_f64().unwrap() >= 0.0);
+    // The rate is the flops over the compute time the header prints to 0.001 ms (0 where
+    // the clock saw none).
+    let gflops = body["gflops_per_second"].as_f64().unwrap();
+    if gflops > 0.0 {
+        let implied_ms = 16.0 / gflops / 1e6;
+        assert!(
+            (implied_ms - compute_ms).abs() <= 0.0005 + 1e-9,
+            "{gflops} GFLOP/s is {implied_ms} ms of compute; the header says {compute_ms}"
+        );
+    } else {
+        assert_eq!(compute_ms, 0.0, "{body}");
+    }
 
     // A batch of two against a broadcast Bᵀ, plus beta·C.
     let body: Value = matmul(
