@@ -8,10 +8,10 @@
 //! of the same work (the im2col product's m × k × n, batched), fused CPU attention at
 //! B 1, H 8, S 1024, D 64 beside NumPy's unfused attention of the same maths, and the beam
 //! sweep. Best of BENCH_LINALG_REPEATS (default 3) runs each. The kernels gemm picked are
-//! the host's widest (`cpu_kernels()`); built without the `avx512` feature, AVX-512 hosts
+//! the host's widest (`ops::linalg::cpu_kernels`); built without the `avx512` feature, AVX-512 hosts
 //! run the AVX2 ones.
 
-use gpu_ops::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands};
+use gpu_ops::ops::linalg::{cpu_kernels, Compute, Dtype, MatmulJob, MatmulShape, Operands};
 use std::process::Command;
 use std::time::Instant;
 
@@ -74,25 +74,6 @@ fn product_seconds(repeats: usize, shape: MatmulShape, compute: Compute) -> f64 
             (job, out)
         },
     )
-}
-
-/// Which of gemm's kernels this host runs (it picks the widest the CPU has, at run time).
-fn cpu_kernels() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
-            return "AVX-512";
-        }
-        if std::arch::is_x86_feature_detected!("fma") {
-            return "AVX2 + FMA";
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        return "NEON";
-    }
-    #[allow(unreachable_code)]
-    "scalar"
 }
 
 /// The best time of `f` on a fresh `setup()` each run; setting up and dropping what `f`

@@ -6,30 +6,11 @@
 //! operands rounded to the compute type by the `half` crate, none of it shared with the
 //! code under test.
 
+use super::views::cpu_kernels as kernels;
 use super::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
 
 /// What the child runs; its presence tells the test it is the child.
 const CHILD: &str = "GPU_OPS_KERNEL_PATH_CHILD";
-
-/// The kernels gemm uses in this process (its own rule: AVX-512 where compiled in and
-/// the CPU has AVX-512F, then FMA).
-fn kernels() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
-            return "avx512";
-        }
-        if std::arch::is_x86_feature_detected!("fma") {
-            return "avx2";
-        }
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        return "neon";
-    }
-    #[allow(unreachable_code)]
-    "scalar"
-}
 
 fn spread(len: usize, salt: u64) -> Vec<f32> {
     (0..len as u64)

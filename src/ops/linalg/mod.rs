@@ -18,6 +18,7 @@ pub use lookup::LookupJob;
 pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};
 pub use precision::{Compute, Dtype};
 pub use sinusoidal::{Layout, SinusoidalJob};
+pub use views::cpu_kernels;
 
 /// What the linalg domain registers (`ops::DOMAINS`).
 pub const DOMAIN: super::Domain = super::Domain {

@@ -62,6 +62,27 @@ pub fn gemm_into<T: Copy + 'static>(
     }
 }
 
+/// The kernels gemm runs in this process, by its own rule: AVX-512 where this crate's
+/// `avx512` feature compiled them in and the CPU has AVX-512F, then AVX2 with FMA, NEON,
+/// scalar ("avx512", "avx2", "neon", "scalar").
+pub fn cpu_kernels() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if cfg!(feature = "avx512") && std::arch::is_x86_feature_detected!("avx512f") {
+            return "avx512";
+        }
+        if std::arch::is_x86_feature_detected!("fma") {
+            return "avx2";
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        return "neon";
+    }
+    #[allow(unreachable_code)]
+    "scalar"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
