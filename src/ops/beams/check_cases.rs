@@ -354,12 +354,4 @@ mod tests {
         );
         assert_eq!(sweeps[1].1.size(), 1_024 * 256 * 32);
     }
-
-    /// `gpu-ops check --level quick` for these ops on the emulated device: every case
-    /// agrees; prints each case's time.
-    #[test]
-    #[ignore = "seconds on the emulated device: cargo test --lib beams::check_cases -- --ignored --nocapture"]
-    fn quick_level_agrees_on_the_emulated_device() {
-        crate::ops::testing::measure_on_emulated("beams", check_cases(CheckLevel::Quick));
-    }
 }

@@ -342,12 +342,4 @@ mod tests {
             assert!(cases.iter().all(|(_, j)| j.size() == 1 << 24));
         }
     }
-
-    /// `gpu-ops check --level quick` for these ops on the emulated device: every case
-    /// agrees; prints each case's time.
-    #[test]
-    #[ignore = "a few seconds on the emulated device: cargo test --lib dp::check_cases -- --ignored --nocapture"]
-    fn quick_level_agrees_on_the_emulated_device() {
-        crate::ops::testing::measure_on_emulated("dp", check_cases(CheckLevel::Quick));
-    }
 }

@@ -2,7 +2,7 @@
 //! GPU, and DP-SGD gradient privatization.
 
 pub mod accountant;
-mod chacha;
+pub(crate) mod chacha;
 pub(crate) mod check_cases;
 mod gpu;
 

@@ -199,12 +199,4 @@ mod tests {
             "bfv128_n16384 (n = 16384, L = 9): 128 ciphertexts, plain sum"
         );
     }
-
-    /// `gpu-ops check --level quick` for this op on the emulated device: every case
-    /// agrees; prints each case's time.
-    #[test]
-    #[ignore = "seconds on the emulated device: cargo test --lib he::check_cases -- --ignored --nocapture"]
-    fn quick_level_agrees_on_the_emulated_device() {
-        crate::ops::testing::measure_on_emulated("he", check_cases(CheckLevel::Quick));
-    }
 }

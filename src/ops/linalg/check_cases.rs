@@ -312,6 +312,7 @@ pub(crate) fn check_cases(level: CheckLevel) -> Vec<Box<dyn SelfTest>> {
 mod tests {
     use super::*;
     use crate::backend::Job;
+    use crate::ops::linalg::tests::rounded;
 
     const SEED: u64 = 0x5eed;
 
@@ -332,24 +333,62 @@ mod tests {
         }
     }
 
+    /// Each quick case's CPU answer is held, by the job's own `agrees`, to an answer
+    /// computed here without the code under test (the naive product of `tests.rs`, the
+    /// sines and cosines laid out from the API's definition, the table rows read by id),
+    /// and `agrees` refuses that answer with one value made wrong: so a case of the check
+    /// can tell a right device from a wrong one.
     #[test]
-    fn quick_cases_agree_with_their_own_cpu_answers() {
+    fn quick_cases_agree_with_an_independent_answer_and_refuse_a_wrong_one() {
         let level = CheckLevel::Quick;
         for (info, job) in matmul_cases(level, SEED) {
             assert_eq!(job.name(), "matmul");
-            let cpu = job.run_cpu();
-            job.agrees(&cpu, &cpu).expect(&info.label);
-            assert_eq!(cpu.first_non_finite(), None, "{}", info.label);
+            super::super::tests::holds_to_the_naive_product(&job, &info.label);
         }
         for (info, job) in sinusoidal_cases(level, SEED) {
             assert_eq!(job.name(), "embeddings_sinusoidal");
+            let (dim, half) = (job.dim(), job.frequencies.len());
+            for (i, &f) in job.frequencies.iter().enumerate() {
+                let want = 10_000f64.powf(-2.0 * i as f64 / dim as f64);
+                assert!(
+                    (f - want).abs() <= 4.0 * f64::EPSILON * want,
+                    "{}",
+                    info.label
+                );
+            }
+            let mut want = vec![0.0; job.times.len() * dim];
+            for (r, &t) in job.times.iter().enumerate() {
+                for (i, &f) in job.frequencies.iter().enumerate() {
+                    let (sine, cosine) = match job.layout {
+                        Layout::Interleaved => (r * dim + 2 * i, r * dim + 2 * i + 1),
+                        Layout::Split => (r * dim + i, r * dim + half + i),
+                    };
+                    want[sine] = rounded((t * f).sin(), job.output);
+                    want[cosine] = rounded((t * f).cos(), job.output);
+                }
+            }
             let cpu = job.run_cpu();
-            job.agrees(&cpu, &cpu).expect(&info.label);
+            job.agrees(&want, &cpu).expect(&info.label);
+            // Row 0 (position 0) with its first sine and cosine swapped: 1 and 0.
+            let cosine = if job.layout == Layout::Split { half } else { 1 };
+            want.swap(0, cosine);
+            assert!(job.agrees(&want, &cpu).is_err(), "{}", info.label);
         }
         for (info, job) in lookup_cases(level, SEED) {
             assert_eq!(job.name(), "embeddings_lookup");
+            let d = job.dim;
+            let mut want: Vec<f32> = job
+                .ids
+                .iter()
+                .flat_map(|&id| &job.table[id as usize * d..(id as usize + 1) * d])
+                .map(|&x| rounded(f64::from(x), job.output) as f32)
+                .collect();
             let cpu = job.run_cpu();
-            job.agrees(&cpu, &cpu).expect(&info.label);
+            job.agrees(&want, &cpu).expect(&info.label);
+            // Row 1 read in place of row 0 (an off-by-one id).
+            let next = job.table[job.ids[0] as usize * d + d];
+            want[0] = rounded(f64::from(next), job.output) as f32;
+            assert!(job.agrees(&want, &cpu).is_err(), "{}", info.label);
         }
     }
 

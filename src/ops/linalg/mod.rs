@@ -33,4 +33,4 @@ pub const DOMAIN: super::Domain = super::Domain {
 #[cfg(test)]
 mod kernel_paths;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

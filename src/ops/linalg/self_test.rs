@@ -125,6 +125,18 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
 /// held to the CPU twin. `ops::self_tests` runs it last, so the kernels' own self-tests
 /// (matmul, conv2d) run on our kernel, before cuBLASLt may take their products.
 pub(crate) fn blaslt_check() -> Box<dyn SelfTest> {
+    Box::new(LibraryCheck {
+        op: MATMUL_BLASLT_OP,
+        serves: &["matmul", "conv2d"],
+        jobs: blaslt_jobs(),
+        opened: |dev| dev.has_blaslt(),
+        run: |job, dev| run_matmul_on(job, dev, MatmulEngine::BlasLt),
+        infos: Vec::new(),
+    })
+}
+
+/// cuBLASLt's cases: the layout-mapping shapes, then every matmul case.
+fn blaslt_jobs() -> Vec<MatmulJob> {
     let shape = |batch, m, n, k, trans_a, trans_b, c_batched| MatmulShape {
         batch,
         m,
@@ -160,30 +172,21 @@ pub(crate) fn blaslt_check() -> Box<dyn SelfTest> {
         })
         .collect();
     jobs.extend(matmul_jobs());
-    Box::new(LibraryCheck {
-        op: MATMUL_BLASLT_OP,
-        serves: &["matmul", "conv2d"],
-        jobs,
-        opened: |dev| dev.has_blaslt(),
-        run: |job, dev| run_matmul_on(job, dev, MatmulEngine::BlasLt),
-        infos: Vec::new(),
-    })
+    jobs
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Job;
 
     #[test]
-    fn the_cublaslt_cases_are_valid_products_that_agree_with_themselves() {
+    fn the_cublaslt_cases_agree_with_a_naive_product_and_refuse_a_wrong_one() {
         let check = blaslt_check();
         assert_eq!(check.op(), MATMUL_BLASLT_OP);
-        // Building them checked every shape; each case must also agree with its own CPU
-        // answer (the check compares against nothing looser than that).
-        for job in matmul_jobs() {
-            let cpu = job.run_cpu();
-            job.agrees(&cpu, &cpu).expect("a case agrees with itself");
+        // Building them checked every shape; each case's CPU answer must also be the
+        // naive product's, by the job's own `agrees`, which must refuse a wrong value.
+        for (i, job) in blaslt_jobs().iter().enumerate() {
+            crate::ops::linalg::tests::holds_to_the_naive_product(job, &format!("case {i}"));
         }
     }
 }

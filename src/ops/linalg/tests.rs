@@ -3,6 +3,7 @@
 //! broadcast.
 
 use super::*;
+use crate::backend::Job;
 use crate::ops::FieldPath;
 
 use crate::ops::testing::spread_values as values;
@@ -16,8 +17,11 @@ fn in_dtype(v: &[f64], dtype: Dtype) -> Vec<f64> {
         .collect()
 }
 
-/// D in f64 from the inputs as given, and Σ|α·a·b| + |β·c| per value.
-fn reference(
+/// D in f64 from the inputs as given, and Σ|α·a·b| + |β·c| per value. The layouts are
+/// spelled out here from the API's definition (A is m×k, or k×m stored when transposed;
+/// B is k×n, or n×k; an unbatched operand is one matrix shared by every batch element),
+/// not taken from `MatmulShape`'s strides, which `run_cpu` and the launchers use.
+pub(crate) fn reference(
     s: &MatmulShape,
     a: &[f64],
     b: &[f64],
@@ -25,28 +29,102 @@ fn reference(
     alpha: f64,
     beta: f64,
 ) -> (Vec<f64>, Vec<f64>) {
-    let (sa, sb) = (s.a_strides(), s.b_strides());
-    let mut d = vec![0.0; s.out_len()];
-    let mut mag = vec![0.0; s.out_len()];
+    let (m, n, k) = (s.m, s.n, s.k);
+    let a_at = |e: usize, i: usize, p: usize| {
+        let matrix = if s.a_batched {
+            &a[e * m * k..][..m * k]
+        } else {
+            &a[..m * k]
+        };
+        if s.trans_a {
+            matrix[p * m + i]
+        } else {
+            matrix[i * k + p]
+        }
+    };
+    let b_at = |e: usize, p: usize, j: usize| {
+        let matrix = if s.b_batched {
+            &b[e * k * n..][..k * n]
+        } else {
+            &b[..k * n]
+        };
+        if s.trans_b {
+            matrix[j * k + p]
+        } else {
+            matrix[p * n + j]
+        }
+    };
+    let c_at = |e: usize, i: usize, j: usize| {
+        c.map_or(0.0, |c| {
+            let matrix = if s.c_batched {
+                &c[e * m * n..][..m * n]
+            } else {
+                &c[..m * n]
+            };
+            matrix[i * n + j]
+        })
+    };
+    let mut d = vec![0.0; s.batch * m * n];
+    let mut mag = vec![0.0; s.batch * m * n];
     for e in 0..s.batch {
-        for i in 0..s.m {
-            for j in 0..s.n {
+        for i in 0..m {
+            for j in 0..n {
                 let (mut sum, mut abs) = (0.0, 0.0);
-                for p in 0..s.k {
-                    let x = a[e * sa.batch + i * sa.row + p * sa.col];
-                    let y = b[e * sb.batch + p * sb.row + j * sb.col];
-                    sum += x * y;
-                    abs += (x * y).abs();
+                for p in 0..k {
+                    let xy = a_at(e, i, p) * b_at(e, p, j);
+                    sum += xy;
+                    abs += xy.abs();
                 }
-                let o = (e * s.m + i) * s.n + j;
-                let cv = c.map_or(0.0, |c| c[e * s.c_batch_stride() + i * s.n + j]);
+                let o = (e * m + i) * n + j;
+                let cv = c_at(e, i, j);
                 d[o] = alpha * sum + beta * cv;
-                mag[o] = (alpha * abs).abs();
-                mag[o] += (beta * cv).abs();
+                mag[o] = (alpha * abs).abs() + (beta * cv).abs();
             }
         }
     }
     (d, mag)
+}
+
+/// `x` rounded once from f64 to `output`, by the `half` crate (not `Dtype`'s rounding).
+pub(crate) fn rounded(x: f64, output: Dtype) -> f64 {
+    match output {
+        Dtype::F16 => half::f16::from_f64(x).to_f64(),
+        Dtype::Bf16 => half::bf16::from_f64(x).to_f64(),
+        Dtype::F32 => f64::from(x as f32),
+        Dtype::F64 => x,
+    }
+}
+
+/// The job's CPU answer is finite and, by the job's own `agrees`, the naive product of
+/// its operands (as the job holds them: rounded to the compute type) rounded once to the
+/// output dtype; and `agrees` refuses that product with one value made wrong. For the
+/// check's and the self-tests' cases: each must tell a right device from a wrong one.
+pub(crate) fn holds_to_the_naive_product(job: &MatmulJob, label: &str) {
+    let Operands::F32 { a, b, c } = &job.operands else {
+        panic!("{label}: f32 operands expected");
+    };
+    let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    let c = c.as_deref().map(wide);
+    let (d, _) = reference(
+        &job.shape,
+        &wide(a),
+        &wide(b),
+        c.as_deref(),
+        job.alpha,
+        job.beta,
+    );
+    let mut want: Vec<f32> = d.iter().map(|&x| rounded(x, job.output) as f32).collect();
+    let cpu = job.run_cpu();
+    assert_eq!(cpu.first_non_finite(), None, "{label}");
+    job.agrees(&Values::F32(want.clone().into()), &cpu)
+        .expect(label);
+    // Off by three tolerances and one (a tolerance may be large where |A|·|B| is).
+    let i = want.len() / 2;
+    want[i] += (3.0 * job.tolerance()[i] + 1.0) as f32;
+    assert!(
+        job.agrees(&Values::F32(want.into()), &cpu).is_err(),
+        "{label}: a wrong value is accepted"
+    );
 }
 
 fn shapes() -> Vec<MatmulShape> {

@@ -290,23 +290,22 @@ mod tests {
         }
     }
 
+    /// Each quick case's CPU answer is held, by the job's own `agrees`, to the naive f64
+    /// reference of `tests.rs` / `conv_tests.rs`, and `agrees` refuses it with one value
+    /// made wrong: a case of the check can tell a right device from a wrong one.
     #[test]
-    fn quick_cases_agree_with_their_own_cpu_answers() {
+    fn quick_cases_agree_with_the_naive_reference_and_refuse_a_wrong_answer() {
         let level = CheckLevel::Quick;
         for (info, job) in attention_cases(level, SEED) {
             assert_eq!(job.name(), "attention");
-            let cpu = job.run_cpu();
-            job.agrees(&cpu, &cpu).expect(&info.label);
-            assert_eq!(cpu.output.first_non_finite(), None, "{}", info.label);
+            super::super::tests::holds_to_the_reference(&job, &info.label);
         }
         for (info, job) in conv_cases(level, SEED) {
             assert_eq!(job.name(), "conv2d");
             // cuDNN pads both sides of an axis alike: every case must be one it takes.
             let [top, bottom, left, right] = job.shape.padding;
             assert!(top == bottom && left == right, "{}", info.label);
-            let cpu = job.run_cpu();
-            job.agrees(&cpu, &cpu).expect(&info.label);
-            assert_eq!(cpu.first_non_finite(), None, "{}", info.label);
+            super::super::conv_tests::holds_to_the_reference(&job, &info.label);
         }
     }
 

@@ -3,6 +3,7 @@
 //! uneven and odd padding, bias and ReLU, each dtype.
 
 use super::*;
+use crate::backend::Job;
 use crate::ops::linalg::{Dtype, Values};
 use crate::ops::FieldPath;
 
@@ -44,6 +45,42 @@ fn reference(s: &Conv2dShape, x: &[f64], w: &[f64], bias: Option<&[f64]>, relu: 
         }
     }
     out
+}
+
+/// The job's CPU answer is finite and, by the job's own `agrees`, the naive reference's
+/// (rounded once to the output dtype by the `half` crate); and `agrees` refuses it with
+/// one value made wrong. For the check's cases.
+pub(crate) fn holds_to_the_reference(job: &Conv2dJob, label: &str) {
+    let ConvTensors::F32 {
+        input,
+        weight,
+        bias,
+    } = &job.tensors
+    else {
+        panic!("{label}: f32 tensors expected");
+    };
+    let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    let bias = bias.as_deref().map(wide);
+    let exact = reference(
+        &job.shape,
+        &wide(input),
+        &wide(weight),
+        bias.as_deref(),
+        job.relu,
+    );
+    let once = crate::ops::linalg::tests::rounded;
+    let mut want: Vec<f32> = exact.iter().map(|&x| once(x, job.output) as f32).collect();
+    let cpu = job.run_cpu();
+    assert_eq!(cpu.first_non_finite(), None, "{label}");
+    job.agrees(&Values::F32(want.clone().into()), &cpu)
+        .expect(label);
+    // Off by three tolerances and one (a tolerance may be large where |A|·|B| is).
+    let i = want.len() / 2;
+    want[i] += (3.0 * job.tolerance()[i] + 1.0) as f32;
+    assert!(
+        job.agrees(&Values::F32(want.into()), &cpu).is_err(),
+        "{label}: a wrong value is accepted"
+    );
 }
 
 fn shape(

@@ -4,6 +4,7 @@
 //! logits, and the weights.
 
 use super::*;
+use crate::backend::Job;
 use crate::ops::linalg::{Dtype, Values};
 use crate::ops::FieldPath;
 
@@ -68,6 +69,52 @@ fn reference(
         }
     }
     (out, weights)
+}
+
+/// The job's CPU answer is finite and, by the job's own `agrees`, the naive reference's
+/// (rounded once to the output dtype by the `half` crate); and `agrees` refuses that
+/// answer with one output value made wrong. For the check's cases: each must tell a
+/// right device from a wrong one.
+pub(crate) fn holds_to_the_reference(job: &AttentionJob, label: &str) {
+    let Tensors::F32 { q, k, v } = &job.tensors else {
+        panic!("{label}: f32 tensors expected");
+    };
+    let wide = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    let (out, weights) = reference(
+        &job.shape,
+        (&wide(q), &wide(k), &wide(v)),
+        job.scale,
+        job.causal,
+        &job.key_lengths,
+    );
+    let narrow = |v: &[f64]| -> Values {
+        let once = crate::ops::linalg::tests::rounded;
+        Values::F32(
+            v.iter()
+                .map(|&x| once(x, job.output) as f32)
+                .collect::<Vec<_>>()
+                .into(),
+        )
+    };
+    let mut want = Attended {
+        output: narrow(&out),
+        weights: job.weights.then(|| narrow(&weights)),
+    };
+    let cpu = job.run_cpu();
+    assert_eq!(cpu.output.first_non_finite(), None, "{label}");
+    job.agrees(&want, &cpu).expect(label);
+    let Values::F32(values) = &want.output else {
+        unreachable!()
+    };
+    let mut wrong = values.to_vec();
+    // Off by three tolerances and one.
+    let i = wrong.len() / 2;
+    wrong[i] += (3.0 * job.tolerance().0[i] + 1.0) as f32;
+    want.output = Values::F32(wrong.into());
+    assert!(
+        job.agrees(&want, &cpu).is_err(),
+        "{label}: a wrong value is accepted"
+    );
 }
 
 fn rounded(v: &[f64], dtype: Dtype) -> Vec<f64> {

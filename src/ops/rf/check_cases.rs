@@ -336,14 +336,6 @@ mod tests {
         assert_eq!(batches[1].size(), 16 * 64 * 100_000);
     }
 
-    /// `gpu-ops check --level quick` for these ops on the emulated device: every case
-    /// agrees; prints each case's time.
-    #[test]
-    #[ignore = "seconds on the emulated device: cargo test --lib rf::check_cases -- --ignored --nocapture"]
-    fn quick_level_agrees_on_the_emulated_device() {
-        crate::ops::testing::measure_on_emulated("rf", check_cases(CheckLevel::Quick));
-    }
-
     /// The generator's near receivers record up to ~115 dB over the floor, where the f32
     /// transforms' rounding moves it by hundredths of a dB (the finding of the first
     /// fresh-seed checks, 2026-11-27): over 40 seeds of the quick case, every chunk of the
