@@ -102,7 +102,10 @@ mod tests {
     #[test]
     fn large_blocks_are_advised_and_small_ones_are_not() {
         if !thp_available() {
-            eprintln!("SKIP: this kernel has no transparent huge pages");
+            gpu_ops::skips::skip(
+                "huge_pages::tests::large_blocks_are_advised_and_small_ones_are_not",
+                "this kernel has no transparent huge pages",
+            );
             return;
         }
         let large = Layout::from_size_align(ADVISED_BYTES, 8).unwrap();

@@ -26,6 +26,7 @@ pub mod pool;
 pub mod secagg_client;
 #[cfg(feature = "openapi")]
 mod serve;
+pub mod skips;
 pub mod store;
 pub mod tables;
 pub mod wire;

@@ -5,7 +5,10 @@ package generated from openapi/openapi.json.
 GPU_OPS_BIN names the server binary (default target/debug/gpu-ops) and GPU_OPS_CLIENT_DIR
 the directory holding the generated package `gpu_ops_client` (default target/python-client),
 both relative to the repository root; scripts/client-check.sh sets both. A missing binary or
-client fails the run with a message saying how to make it: nothing is skipped.
+client fails the run with a message saying how to make it: nothing is skipped. Should a
+test skip all the same, the hook below appends `SKIP <test>: <why>` to the file
+GPU_OPS_SKIP_LOG names, which CI compares with the README's list of tests allowed to skip
+(scripts/check_skips.py), as the Rust tests' skips are (gpu_ops::skips).
 """
 
 import collections
@@ -31,6 +34,16 @@ API_KEY = "client-roundtrip-key-0001"
 TENANT = "roundtrip"
 START_TIMEOUT_S = 60
 HTTP_TIMEOUT = httpx.Timeout(60.0)
+
+
+def pytest_runtest_logreport(report):
+    """Every skipped test, to the skip log."""
+    log = os.environ.get("GPU_OPS_SKIP_LOG")
+    if not (report.skipped and log):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"SKIP tests/client/{report.nodeid.split('tests/client/')[-1]}: {reason}\n")
 
 
 class ServerProcess:

@@ -34,10 +34,11 @@ pub fn cluster() -> Option<&'static Cluster> {
     match CLUSTER.get_or_init(start) {
         Ok(c) => Some(c),
         Err(why) => {
-            if std::env::var("REQUIRE_POSTGRES").is_ok_and(|v| v == "1") {
-                panic!("REQUIRE_POSTGRES=1 but no PostgreSQL: {why}");
-            }
-            eprintln!("skipped: no PostgreSQL for this test ({why})");
+            gpu_ops::skips::skip_unless_required(
+                &gpu_ops::skips::current_test(),
+                &format!("no PostgreSQL ({why})"),
+                "REQUIRE_POSTGRES",
+            );
             None
         }
     }

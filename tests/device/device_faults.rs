@@ -296,7 +296,10 @@ async fn a_job_whose_deadline_passes_while_it_waits_for_the_device_never_runs_th
 #[test]
 fn the_check_proves_every_registered_op_on_the_emulated_device() {
     if gpu_ops::backend::emulated::sanitizer() != "none" {
-        eprintln!("SKIP: the check's sizes are for the plain build (the sanitizer runs cover the same launchers)");
+        gpu_ops::skips::skip(
+            "device_faults::the_check_proves_every_registered_op_on_the_emulated_device",
+            "the check's sizes are for the plain build (the sanitizer runs cover the same launchers)",
+        );
         return;
     }
     let dir = std::path::PathBuf::from(common::temp_data_dir());

@@ -84,15 +84,23 @@ fn ptx_of(module: &str, arch: &str) -> &'static str {
         .unwrap_or_else(|e| panic!("{module} for {arch}: {e}"))
 }
 
+/// Whether libnvrtc loads; when not, `test` says it skips, or fails under
+/// REQUIRE_NVRTC=1 (CI).
+fn nvrtc_or_skip(test: &str) -> bool {
+    if nvrtc_available() {
+        return true;
+    }
+    gpu_ops::skips::skip_unless_required(
+        &format!("nvrtc_compile::{test}"),
+        "libnvrtc cannot be loaded (is LD_LIBRARY_PATH set?)",
+        "REQUIRE_NVRTC",
+    );
+    false
+}
+
 #[test]
 fn every_kernel_compiles_for_every_shipped_architecture() {
-    if !nvrtc_available() {
-        let required = std::env::var("REQUIRE_NVRTC").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "REQUIRE_NVRTC=1 but libnvrtc cannot be loaded (is LD_LIBRARY_PATH set?)"
-        );
-        eprintln!("SKIP every_kernel_compiles_for_every_shipped_architecture: libnvrtc not found (set REQUIRE_NVRTC=1 to fail instead)");
+    if !nvrtc_or_skip("every_kernel_compiles_for_every_shipped_architecture") {
         return;
     }
     eprintln!("NVRTC {:?}", nvrtc_version());
@@ -139,12 +147,7 @@ fn every_kernel_compiles_for_every_shipped_architecture() {
 /// contraction allowed) is another entry.
 #[test]
 fn cubins_are_compiled_for_the_exact_architecture_and_cached() {
-    if !nvrtc_available() {
-        let required = std::env::var("REQUIRE_NVRTC").is_ok_and(|v| v == "1");
-        assert!(!required, "REQUIRE_NVRTC=1 but libnvrtc cannot be loaded");
-        eprintln!(
-            "SKIP cubins_are_compiled_for_the_exact_architecture_and_cached: libnvrtc not found"
-        );
+    if !nvrtc_or_skip("cubins_are_compiled_for_the_exact_architecture_and_cached") {
         return;
     }
     let library = kernel_library();
@@ -199,8 +202,7 @@ fn cubins_are_compiled_for_the_exact_architecture_and_cached() {
 
 #[test]
 fn a_broken_kernel_is_reported_with_the_compiler_log() {
-    if !nvrtc_available() {
-        eprintln!("SKIP a_broken_kernel_is_reported_with_the_compiler_log: libnvrtc not found");
+    if !nvrtc_or_skip("a_broken_kernel_is_reported_with_the_compiler_log") {
         return;
     }
     let err = compile(
@@ -314,13 +316,12 @@ fn ptxas_report(log: &str) -> std::collections::BTreeMap<String, Resources> {
 #[test]
 fn every_kernel_fits_sm80_and_sm90_without_spills() {
     let ptxas = std::env::var("PTXAS").ok().filter(|p| !p.is_empty());
-    let required = std::env::var("REQUIRE_PTXAS").is_ok_and(|v| v == "1");
     let (Some(ptxas), true) = (ptxas, nvrtc_available()) else {
-        assert!(
-            !required,
-            "REQUIRE_PTXAS=1 but PTXAS is unset or libnvrtc is missing"
+        gpu_ops::skips::skip_unless_required(
+            "nvrtc_compile::every_kernel_fits_sm80_and_sm90_without_spills",
+            "needs PTXAS and libnvrtc",
+            "REQUIRE_PTXAS",
         );
-        eprintln!("SKIP every_kernel_fits_sm80_and_sm90_without_spills: needs PTXAS and libnvrtc (set REQUIRE_PTXAS=1 to fail instead)");
         return;
     };
     let library = kernel_library();
@@ -494,10 +495,7 @@ fn fma_lines(ptx: &str) -> std::collections::BTreeMap<usize, usize> {
 /// math function (libdevice's own FMAs, the same on every device).
 #[test]
 fn exact_modules_have_no_contracted_fma() {
-    if !nvrtc_available() {
-        let required = std::env::var("REQUIRE_NVRTC").is_ok_and(|v| v == "1");
-        assert!(!required, "REQUIRE_NVRTC=1 but libnvrtc cannot be loaded");
-        eprintln!("SKIP exact_modules_have_no_contracted_fma: libnvrtc not found");
+    if !nvrtc_or_skip("exact_modules_have_no_contracted_fma") {
         return;
     }
     let library = kernel_library();
@@ -533,8 +531,7 @@ fn exact_modules_have_no_contracted_fma() {
 /// and stays a product and a sum, each rounded, with an exact module's.
 #[test]
 fn fmad_false_keeps_a_product_and_a_sum_apart() {
-    if !nvrtc_available() {
-        eprintln!("SKIP fmad_false_keeps_a_product_and_a_sum_apart: libnvrtc not found");
+    if !nvrtc_or_skip("fmad_false_keeps_a_product_and_a_sum_apart") {
         return;
     }
     let library = kernel_library();

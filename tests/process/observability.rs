@@ -80,12 +80,10 @@ fn grafana_to_promql(expr: &str) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn dashboard_and_alert_queries_work_against_a_real_prometheus() {
     let Some(bin) = prometheus_bin() else {
-        assert!(
-            std::env::var("REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
-            "REQUIRE_PROMETHEUS=1 but no prometheus on PATH or PROMETHEUS_BIN"
-        );
-        eprintln!(
-            "SKIP: no prometheus binary (install Debian's `prometheus` or set PROMETHEUS_BIN)"
+        gpu_ops::skips::skip_unless_required(
+            "observability::dashboard_and_alert_queries_work_against_a_real_prometheus",
+            "no prometheus binary (install Debian's `prometheus` or set PROMETHEUS_BIN)",
+            "REQUIRE_PROMETHEUS",
         );
         return;
     };
