@@ -327,3 +327,66 @@ async fn every_refusal_names_its_field() {
         [json!(5), json!(6), json!(0)]
     );
 }
+
+/// For every parameter set, with keys, encryption and decryption all done by fhe.rs in
+/// the test (the service's own /he/keys, /he/encrypt and /he/decrypt play no part): the
+/// sums /he/aggregate answers, plain and weighted, decrypt to the slot sums mod t
+/// computed naively here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_parameter_set_sums_to_what_fhe_rs_decrypts() {
+    use base64::engine::general_purpose::STANDARD as B64;
+    use base64::Engine;
+    use fhe::bfv::{Ciphertext, Encoding, Plaintext, PublicKey, SecretKey};
+    use fhe_traits::{
+        DeserializeParametrized, FheDecoder, FheDecrypter, FheEncoder, FheEncrypter, Serialize,
+    };
+    // An n = 16384 ciphertext is 2 × 9 × 16384 residues of 8 bytes, about 3.2 MB in
+    // base64: three of them are far below the default --max-body-bytes of 256 MiB.
+    let s = TestServer::start(&[]).await;
+    let mut rng = rand::rng();
+    for set in gpu_ops::ops::he::ParameterSet::ALL {
+        let par = set.parameters();
+        let (n, t) = (par.degree(), par.plaintext());
+        assert_eq!(t, 65537, "{}", set.name());
+        let sk = SecretKey::random(&par, &mut rng);
+        let pk = PublicKey::new(&sk, &mut rng);
+        // Three vectors: one filling every slot with values up to t − 1, one short (the
+        // rest of its slots are 0), one of t − 1 everywhere it is set, so sums wrap mod t.
+        let values: Vec<Vec<u64>> = vec![
+            (0..n as u64).map(|i| (i * 7919 + 12_345) % t).collect(),
+            (0..100u64).map(|i| (i * i * 31 + 5) % t).collect(),
+            vec![t - 1; n / 2],
+        ];
+        let cts: Vec<String> = values
+            .iter()
+            .map(|v| {
+                let pt = Plaintext::try_encode(v.as_slice(), Encoding::simd(), &par).unwrap();
+                B64.encode(pk.try_encrypt(&pt, &mut rng).unwrap().to_bytes())
+            })
+            .collect();
+        for weights in [None, Some(vec![65536u64, 0, 40_000]), Some(vec![1, 2, 3])] {
+            let mut body = json!({"parameters": set.name(), "ciphertexts": cts});
+            if let Some(w) = &weights {
+                body["weights"] = json!(w);
+            }
+            let sum = post(&s, "/he/aggregate", body).await;
+            assert_eq!(sum["parameters"], set.name());
+            let bytes = B64.decode(sum["ciphertext"].as_str().unwrap()).unwrap();
+            let ct = Ciphertext::from_bytes(&bytes, &par).unwrap();
+            let pt = sk.try_decrypt(&ct).unwrap();
+            let got = Vec::<u64>::try_decode(&pt, Encoding::simd()).unwrap();
+            assert_eq!(got.len(), n, "{}", set.name());
+            for (i, &slot) in got.iter().enumerate() {
+                let want = values
+                    .iter()
+                    .enumerate()
+                    .map(|(k, v)| {
+                        weights.as_ref().map_or(1, |w| w[k]) * v.get(i).copied().unwrap_or(0)
+                    })
+                    .sum::<u64>()
+                    % t;
+                assert_eq!(slot, want, "{} weights {weights:?}: slot {i}", set.name());
+            }
+        }
+    }
+}

@@ -10,8 +10,7 @@ use base64::Engine;
 use common::{problem, TestServer};
 use gpu_ops::ops::mpc::secagg::masks::apply_masks;
 use gpu_ops::ops::mpc::secagg::protocol::{
-    fr_bytes, mask_public, quantise, random_fr, self_mask_commitment, share_secret, Fr,
-    ShareMessage,
+    fr_bytes, mask_public, random_fr, self_mask_commitment, share_secret, Fr, ShareMessage,
 };
 use gpu_ops::secagg_client::{participate, Connection, Coordinator, DropBefore, Outcome};
 use serde_json::{json, Value};
@@ -28,25 +27,129 @@ fn conn(url: &str) -> Connection {
     c
 }
 
-/// Deterministic test vectors in ±1.2 (some beyond a clip of 1).
+/// Deterministic test vectors. The first 24 values are the hard cases of the
+/// quantisation, each with the same sign for every client so that no rounding error of
+/// one client cancels another's: ties (k + ½)·2^−f for each f the rounds here use
+/// (10, 12, 16), with k even and odd, where round-half-to-even, round-half-up and
+/// round-half-toward-zero each differ from half away from zero; the clip exactly; the
+/// next f32 past a clip of 1; and values past a clip of 1 and 2, up to 10^6 (whose
+/// unclamped fixed point overflows 32 bits). Then values in ±1.2 (some past a clip of 1).
 fn values(client: usize, len: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| (((client * 7919 + i * 104_729) % 2401) as f32 / 1000.0) - 1.2)
-        .collect()
+    let mut v = Vec::new();
+    let k = 2 * client as u32 + 2;
+    for f in [10, 12, 16] {
+        for odd in [0, 1] {
+            let tie = (f64::from(k + odd) + 0.5) / f64::from(1u32 << f);
+            v.extend([tie as f32, -tie as f32]);
+        }
+    }
+    let past_one = f32::from_bits(1f32.to_bits() + 1);
+    v.extend([1.0, -1.0, 2.0, -2.0, past_one, -past_one]);
+    v.extend([1.5, -1.5, 2.5, -2.5, 1e6, -1e6]);
+    assert!(len >= v.len(), "vectors hold the {} hard cases", v.len());
+    v.extend(
+        (v.len()..len).map(|i| (((client * 7919 + i * 104_729) % 2401) as f32 / 1000.0) - 1.2),
+    );
+    v
 }
 
-/// The exact sum the round must answer: the clients' quantised values, summed.
+/// The test's own quantisation, from docs/SECAGG.md: q = round_half_away_from_zero(
+/// clamp(x, −clip, clip) · 2^f) as a two's-complement 32-bit ring element. Written apart
+/// from the code's: the clamped value (x, exact in f64, or the clip) is taken apart into
+/// its integer significand m and exponent e, and m · 2^(e+f) is rounded with integer
+/// shifts: ⌊(|m| + 2^(s−1)) / 2^s⌋ with the sign put back, s = −(e + f).
+fn ring_quantise(x: f32, clip: f64, f: u32) -> u32 {
+    let x = f64::from(x);
+    // Comparisons of f64 values are exact, and so is f32 → f64.
+    let c = if x > clip {
+        clip
+    } else if x < -clip {
+        -clip
+    } else {
+        x
+    };
+    let bits = c.to_bits();
+    let negative = bits >> 63 == 1;
+    let field = ((bits >> 52) & 0x7ff) as i32;
+    let fraction = bits & ((1u64 << 52) - 1);
+    let (m, e) = if field == 0 {
+        (fraction, -1074)
+    } else {
+        (fraction | (1u64 << 52), field - 1075)
+    };
+    let e = e + f as i32;
+    let magnitude: u64 = if e >= 0 {
+        m << e
+    } else if -e > 60 {
+        0 // m < 2^53 ≤ 2^(s−1): below one half
+    } else {
+        let s = -e as u32;
+        (m + (1u64 << (s - 1))) >> s
+    };
+    let q = if negative {
+        -(magnitude as i64)
+    } else {
+        magnitude as i64
+    };
+    // Two's complement mod 2^32.
+    q.rem_euclid(1i64 << 32) as u32
+}
+
+#[test]
+fn the_tests_quantisation_rounds_half_away_from_zero_and_clamps() {
+    let cases: [(f32, f64, u32, i32); 14] = [
+        (0.5, 1.0, 0, 1),
+        (-0.5, 1.0, 0, -1),
+        (2.5 / 1024.0, 1.0, 10, 3),
+        (-2.5 / 1024.0, 1.0, 10, -3),
+        (3.5 / 65536.0, 1.0, 16, 4),
+        (-3.5 / 65536.0, 1.0, 16, -4),
+        (0.49999997, 1.0, 0, 0),
+        (1.2, 1.0, 16, 65536),
+        (-1e6, 1.0, 16, -65536),
+        (-1e6, 2.0, 10, -2048),
+        (1e-40, 1.0, 24, 0),
+        // clip · 2^f itself a tie: round(0.75 · 2) = 2, round(−1.5) = −2.
+        (5.0, 0.75, 1, 2),
+        (-5.0, 0.75, 1, -2),
+        (0.1, 1.0, 16, 6554), // 0.1f32 · 2^16 = 6553.6000…
+    ];
+    for (x, clip, f, want) in cases {
+        assert_eq!(
+            ring_quantise(x, clip, f) as i32,
+            want,
+            "x {x} clip {clip} f {f}"
+        );
+    }
+}
+
+/// The exact sum the round must answer: the clients' quantised values summed on the ring
+/// Z/2^32, each read as a signed 32-bit integer and divided by 2^f.
 fn expected_sum(inputs: &[Vec<f32>], clip: f64, f: u32) -> Vec<f64> {
     let len = inputs[0].len();
     (0..len)
         .map(|i| {
-            let q: i64 = inputs
-                .iter()
-                .map(|v| i64::from(quantise(v[i], clip, f) as i32))
-                .sum();
-            q as f64 / f64::from(1u32 << f)
+            let ring = inputs.iter().fold(0u32, |acc, v| {
+                acc.wrapping_add(ring_quantise(v[i], clip, f))
+            });
+            f64::from(ring as i32) / f64::from(1u32 << f)
         })
         .collect()
+}
+
+/// Checks `got` against `expected_sum`, naming the first value that differs and its
+/// inputs; returns the expected sum.
+fn assert_exact_sum(got: &[f64], inputs: &[Vec<f32>], clip: f64, f: u32) -> Vec<f64> {
+    let want = expected_sum(inputs, clip, f);
+    assert_eq!(got.len(), want.len(), "the sum's length");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let xs: Vec<f32> = inputs.iter().map(|v| v[i]).collect();
+        assert_eq!(
+            g, w,
+            "the unmasked sum is exact: value {i}, inputs {xs:?}, clip {clip}, f {f}"
+        );
+    }
+    want
 }
 
 /// Runs one client per entry of `plan` (its drop point, or none) against the servers in
@@ -114,9 +217,8 @@ async fn check_result(
     let got_ids: Vec<u32> = serde_json::from_value(result["clients"].clone()).unwrap();
     assert_eq!(got_ids, want_ids, "the sum holds exactly the survivors");
     let kept: Vec<Vec<f32>> = survivors.iter().map(|&i| inputs[i].clone()).collect();
-    let want = expected_sum(&kept, clip, f);
     let got: Vec<f64> = serde_json::from_value(result["sum"].clone()).unwrap();
-    assert_eq!(got, want, "the unmasked sum is exact");
+    let want = assert_exact_sum(&got, &kept, clip, f);
     let ring = B64.decode(result["ring_sum"].as_str().unwrap()).unwrap();
     assert_eq!(ring.len(), 4 * want.len());
 }
@@ -356,7 +458,10 @@ async fn a_masked_upload_is_indistinguishable_from_uniform() {
         }
     }
     // The test has power: the same vector unmasked fails it by far.
-    let plain: Vec<u32> = inputs[0].iter().map(|&x| quantise(x, 1.0, 8)).collect();
+    let plain: Vec<u32> = inputs[0]
+        .iter()
+        .map(|&x| ring_quantise(x, 1.0, 8))
+        .collect();
     assert!(chi_square(&plain, 0) > 1e6);
     let sum: Vec<f64> = serde_json::from_value(c.result().await.unwrap()["sum"].clone()).unwrap();
     assert!(sum.iter().all(|&v| v == 0.75));
@@ -911,7 +1016,7 @@ async fn the_cli_client_takes_part_in_a_round() {
     ids.sort();
     assert_eq!(ids, [1, 2, 3]);
     let sum: Vec<f64> = serde_json::from_value(c.result().await.unwrap()["sum"].clone()).unwrap();
-    assert_eq!(sum, expected_sum(&inputs, 1.0, 16));
+    assert_exact_sum(&sum, &inputs, 1.0, 16);
     // A file that is not a JSON array of numbers is refused before anything is sent.
     let bad = dir.join("bad.json");
     std::fs::write(&bad, "{\"not\": \"an array\"}").unwrap();
