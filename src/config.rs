@@ -351,6 +351,11 @@ pub struct Config {
     /// How often GPU gauges are sampled from NVML.
     #[arg(long, env = "GPU_OPS_DEVICE_SAMPLE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub device_sample_interval: Duration,
+    /// Shortest time between two `/device/bandwidth` measurements: a `refresh=true`
+    /// sooner than this after the last one answers that one, so refreshes cannot keep the
+    /// devices leased. 0s: every refresh measures again.
+    #[arg(long, env = "GPU_OPS_BANDWIDTH_MIN_REFRESH", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub bandwidth_min_refresh: Duration,
 }
 
 /// A validated configuration, ready to serve with.

@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use utoipa::{IntoParams, ToSchema};
 
 /// Bytes each host copy moves: large enough that a copy's fixed cost is noise
@@ -25,8 +25,8 @@ const REPEATS: usize = 5;
 #[into_params(parameter_in = Query)]
 pub struct BandwidthQuery {
     /// Measure again instead of answering the cached figures (unless the last measurement
-    /// is under 5 s old). Each device is leased for the measurement (well under a second
-    /// on a GPU): jobs wait for it.
+    /// is younger than the server's `--bandwidth-min-refresh`, 5 s by default). Each device
+    /// is leased for the measurement (well under a second on a GPU): jobs wait for it.
     #[serde(default)]
     pub refresh: bool,
 }
@@ -34,7 +34,7 @@ pub struct BandwidthQuery {
 /// GB/s are 10^9 bytes per second.
 #[derive(Clone, Serialize, ToSchema)]
 pub struct BandwidthReport {
-    /// When the figures were measured (RFC 3339, UTC).
+    /// When the figures were measured (RFC 3339, UTC, to the microsecond).
     pub measured_at: String,
     /// Host memory to host memory (one thread's memcpy between two buffers).
     pub host_memcpy_gb_per_s: f64,
@@ -80,11 +80,11 @@ pub async fn bandwidth(
         return Ok(Json(report));
     }
     // One measurement at a time: who waited for one gets its result, and a refresh within
-    // MIN_REFRESH of the last measurement gets that one, so refreshes cannot keep the
-    // devices leased.
+    // --bandwidth-min-refresh of the last measurement gets that one, so refreshes cannot
+    // keep the devices leased.
     let _measuring = cache.measuring.lock().await;
     if let Some((report, at)) = cache.last() {
-        if !q.refresh || at.elapsed() < MIN_REFRESH {
+        if !q.refresh || at.elapsed() < state.settings.config.bandwidth_min_refresh {
             return Ok(Json(report));
         }
     }
@@ -93,9 +93,6 @@ pub async fn bandwidth(
     *cache.last.write().unwrap_or_else(|e| e.into_inner()) = Some((report.clone(), Instant::now()));
     Ok(Json(report))
 }
-
-/// The shortest time between two measurements.
-const MIN_REFRESH: Duration = Duration::from_secs(5);
 
 /// The last report, readable while the next is measured.
 #[derive(Default)]
@@ -146,7 +143,8 @@ fn measure(state: &AppState) -> Result<BandwidthReport, Problem> {
     })
     .map_err(failed)?;
     Ok(BandwidthReport {
-        measured_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        // Microseconds: two measurements (each many copies long) never share a time.
+        measured_at: humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string(),
         host_memcpy_gb_per_s: host / 1e9,
         host_bytes: COPY_BYTES as u64,
         gpus,

@@ -109,3 +109,14 @@ fn connection_limits_are_checked() {
     assert_eq!(s.config.header_read_timeout, Duration::from_secs(10));
     assert_eq!(s.config.max_connections, 4096);
 }
+
+#[test]
+fn bandwidth_min_refresh_defaults_to_5s_and_takes_0s() {
+    let s = parse(&[]).unwrap();
+    assert_eq!(s.config.bandwidth_min_refresh, Duration::from_secs(5));
+    let s = parse(&["--bandwidth-min-refresh", "0s"]).unwrap();
+    assert_eq!(s.config.bandwidth_min_refresh, Duration::ZERO);
+    let s = parse(&["--bandwidth-min-refresh", "1h"]).unwrap();
+    assert_eq!(s.config.bandwidth_min_refresh, Duration::from_secs(3600));
+    assert!(parse(&["--bandwidth-min-refresh", "soon"]).is_err());
+}

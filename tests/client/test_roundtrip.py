@@ -1244,6 +1244,30 @@ def test_matmul(client):
     assert r.flops == 32.0 and r.gflops_per_second >= 0.0
 
 
+def test_matmul_every_transpose_is_the_naive_product(client):
+    # op(A)·op(B) for each transpose pair, 3×4 by 4×2, held to a triple loop over explicit
+    # indices; small integers, so f32 is exact and any wrong index shows.
+    m, k, n = 3, 4, 2
+
+    def matrix(salt, rows, cols):
+        return [[float((r * 7 + c * 3 + salt * 5) % 11 - 5) for c in range(cols)]
+                for r in range(rows)]
+
+    def op(x, transposed, r, c):
+        return x[c][r] if transposed else x[r][c]
+
+    for ta in (False, True):
+        for tb in (False, True):
+            a = matrix(1, k, m) if ta else matrix(1, m, k)
+            b = matrix(2, n, k) if tb else matrix(2, k, n)
+            body = MatmulRequest(a=a, b=b, transpose_a=ta, transpose_b=tb)
+            r = ok(matmul.sync_detailed(client=client, body=body), 200, MatmulResponse)
+            want = [[sum(op(a, ta, i, p) * op(b, tb, p, j) for p in range(k)) for j in range(n)]
+                    for i in range(m)]
+            assert r.shape == [m, n], (ta, tb)
+            assert r.result == want, (ta, tb, r.result)
+
+
 @refusal("matmul", 422, "invalid_tensor", "/b/shape")
 def refuse_matmul(c: Ctx):  # op(A) is 1 × 2, op(B) 3 × 1: the inner dimensions differ
     body = MatmulRequest(a=[[1.0, 2.0]], b=[[1.0], [2.0], [3.0]])

@@ -72,6 +72,58 @@ async fn nested_operands_multiply_with_transposes_batches_and_c() {
     assert_eq!(body["compute"], "f64");
 }
 
+/// op(X)[r][c] of a nested matrix: X itself, or X stored transposed.
+fn op(x: &[Vec<f64>], transposed: bool, r: usize, c: usize) -> f64 {
+    if transposed {
+        x[c][r]
+    } else {
+        x[r][c]
+    }
+}
+
+/// Every transpose combination, on a 3×4·4×2 product in a batch of two against a
+/// broadcast B, with C: the answer is held to a triple loop over explicit indices written
+/// here. Small integers, so every product and sum is exact in f32 and any wrong index
+/// shows.
+#[tokio::test]
+async fn every_transpose_combination_is_the_naive_product() {
+    let s = TestServer::start(&[]).await;
+    let (m, k, n) = (3usize, 4usize, 2usize);
+    let entry = |salt: usize, r: usize, c: usize| ((r * 7 + c * 3 + salt * 5) % 11) as f64 - 5.0;
+    let matrix = |salt: usize, rows: usize, cols: usize| -> Vec<Vec<f64>> {
+        (0..rows)
+            .map(|r| (0..cols).map(|c| entry(salt, r, c)).collect())
+            .collect()
+    };
+    for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+        // Stored as the request holds them: A is k×m when transposed, B n×k.
+        let a: Vec<Vec<Vec<f64>>> = (0..2)
+            .map(|e| if ta { matrix(e, k, m) } else { matrix(e, m, k) })
+            .collect();
+        let b = if tb { matrix(7, n, k) } else { matrix(7, k, n) };
+        let c = matrix(9, m, n);
+        let body = json!({"a": a, "b": b, "c": c, "alpha": 2, "beta": -1,
+                          "transpose_a": ta, "transpose_b": tb});
+        let res = matmul(&s, body).await;
+        assert_eq!(res.status(), 200, "ta={ta} tb={tb}");
+        let got: Value = res.json().await.unwrap();
+        assert_eq!(got["shape"], json!([2, m, n]), "ta={ta} tb={tb}");
+        for (e, a) in a.iter().enumerate() {
+            for i in 0..m {
+                for j in 0..n {
+                    let sum: f64 = (0..k).map(|p| op(a, ta, i, p) * op(&b, tb, p, j)).sum();
+                    let want = 2.0 * sum - c[i][j];
+                    assert_eq!(
+                        got["result"][e][i][j].as_f64(),
+                        Some(want),
+                        "ta={ta} tb={tb} D[{e}][{i}][{j}]: {got}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn packed_half_precision_operands_answer_packed() {
     let s = TestServer::start(&[]).await;

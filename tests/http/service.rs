@@ -561,23 +561,67 @@ async fn openapi_document_matches_the_committed_file() {
     }
 }
 
+/// Polls `done` every 10 ms until it holds; panics naming `what` after `limit`, a
+/// liveness deadline for a state that must come, not a bound on how soon.
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::test]
 async fn graceful_shutdown_drains_an_in_flight_job() {
-    let mut s = TestServer::start(&["--shutdown-grace", "10s"]).await;
+    // A grace far past the liveness deadline below: the server stops because it drained,
+    // never because the grace ran out.
+    let mut s = TestServer::start(&["--shutdown-grace", "10m"]).await;
     s.state.pool.pause();
     let in_flight = tokio::spawn(s.post("/zk/field_mul", small_job()).send());
-    // The paused worker holds the job; it has not finished.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!in_flight.is_finished());
+    // The server has the request: its body is admitted and not yet answered. Past that
+    // point shutdown lets it finish (the pool closes only once every connection is done).
+    let held = &s.state.metrics.http_body_bytes_in_flight;
+    wait_until(
+        "the request reached the server",
+        Duration::from_secs(30),
+        || held.get() > 0,
+    )
+    .await;
     s.trigger_shutdown();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(s.state.is_shutting_down());
+    wait_until("shutdown began", Duration::from_secs(30), || {
+        s.state.is_shutting_down()
+    })
+    .await;
+    // The server accepts nothing more: shutdown is past its listener, waiting on the
+    // connection.
+    let addr = s.url.trim_start_matches("http://").to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(&addr).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still accepting 30 s into shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The paused pool holds the job through the shutdown; it has not finished, and the
+    // server has not stopped without it.
+    assert!(!in_flight.is_finished());
+    assert!(
+        !s.handle.as_ref().unwrap().is_finished(),
+        "the server stopped with a job in flight"
+    );
     s.state.pool.resume();
     let res = in_flight.await.unwrap().unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(res.json::<Value>().await.unwrap()["result"], json!(["2"]));
-    let served = tokio::time::timeout(Duration::from_secs(5), s.handle.take().unwrap()).await;
-    assert!(served.expect("server stopped in time").unwrap().is_ok());
+    let served = tokio::time::timeout(Duration::from_secs(60), s.handle.take().unwrap()).await;
+    assert!(served
+        .expect("server stopped once drained")
+        .unwrap()
+        .is_ok());
 }
 
 #[test]

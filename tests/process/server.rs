@@ -347,14 +347,27 @@ fn a_server_on_the_network_without_keys_refuses_to_start() {
     assert!(warning.contains("--allow-unauthenticated"), "{warning}");
 }
 
+/// Whether `s` is still open and silent: nothing to read yet, neither an answer nor
+/// the end of the stream.
+fn still_open(s: &std::net::TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 1];
+    let open = matches!(s.peek(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    s.set_nonblocking(false).unwrap();
+    open
+}
+
 /// Slow headers (slowloris): 200 connections that send half a request line, and one
-/// that sends nothing, are all closed by the server within 5 s under
-/// `--header-read-timeout 2s`, while a well-behaved request is answered meanwhile.
+/// that sends nothing, are all closed by the server under `--header-read-timeout`,
+/// and a well-behaved request is answered meanwhile, while they are all still open.
 #[test]
 fn connections_that_never_finish_their_headers_are_closed() {
     use std::io::Write;
+    // Room for 201 connections and a request before any of them times out, however
+    // loaded the machine.
+    let timeout = Duration::from_secs(10);
     let data = std::env::temp_dir().join(format!("gpu-ops-slow-{}", std::process::id()));
-    let (mut child, port) = spawn_server(&data, &["--header-read-timeout", "2s"]);
+    let (mut child, port) = spawn_server(&data, &["--header-read-timeout", "10s"]);
     let opened = Instant::now();
     let mut slow: Vec<std::net::TcpStream> = (0..200)
         .map(|_| {
@@ -364,10 +377,11 @@ fn connections_that_never_finish_their_headers_are_closed() {
         })
         .collect();
     slow.push(std::net::TcpStream::connect(("127.0.0.1", port)).unwrap());
-    let answered = Instant::now();
     let (status, _) = raw_get(port, "/health/live");
-    let answered = answered.elapsed();
-    let deadline = opened + Duration::from_secs(5);
+    // Answered while every slow connection is still held, not after they were closed.
+    let held = slow.iter().filter(|s| still_open(s)).count();
+    // Liveness only: the timeout and then some; the server closes them at the timeout.
+    let deadline = opened + timeout + Duration::from_secs(30);
     let open = slow
         .iter_mut()
         .map(|s| closed_by(s, deadline))
@@ -377,11 +391,16 @@ fn connections_that_never_finish_their_headers_are_closed() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&data);
     assert_eq!(status, 200);
-    assert!(
-        answered < Duration::from_secs(2),
-        "answered in {answered:?}"
+    assert_eq!(
+        held, 201,
+        "only {held} of 201 slow connections were still open when the request was answered"
     );
-    assert_eq!(open, 0, "{open} of 201 connections still open after 5 s");
+    assert_eq!(
+        open,
+        0,
+        "{open} of 201 connections still open {:?} after they opened",
+        deadline - opened
+    );
 }
 
 /// `--max-connections`: a connection past the cap is closed at once and counted, and the
@@ -579,7 +598,7 @@ fn answer(s: &mut std::net::TcpStream) -> String {
 }
 
 /// A body trickled slower than --min-body-rate is answered 408 and its connection
-/// closed once the grace has passed, and the server serves on.
+/// closed once the grace has passed (not before), and the server serves on.
 #[test]
 fn a_body_slower_than_the_minimum_rate_is_refused_and_closed() {
     use std::io::Write;
@@ -588,18 +607,27 @@ fn a_body_slower_than_the_minimum_rate_is_refused_and_closed() {
         &data,
         &["--min-body-rate", "1000", "--min-body-rate-grace", "1s"],
     );
-    let mut s = open_upload(port, None, 100_000);
+    // Before connecting: the server's grace cannot start earlier than this.
     let started = Instant::now();
+    let mut s = open_upload(port, None, 100_000);
     s.set_nonblocking(true).unwrap();
-    // A byte each 200 ms: 5 bytes/s, far under 1000.
-    while started.elapsed() < Duration::from_secs(8) {
+    // A byte each 200 ms: 5 bytes/s, far under 1000, until the server answers or closes
+    // (the 100 000 bytes would take hours). The deadline is liveness only.
+    let deadline = started + Duration::from_secs(120);
+    loop {
+        let mut peek = [0u8; 1];
+        match s.peek(&mut peek) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            _ => break,
+        }
         if s.write_all(b" ").is_err() {
             break;
         }
-        let mut peek = [0u8; 1];
-        if matches!(s.peek(&mut peek), Ok(n) if n > 0) {
-            break;
-        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer to a 5 bytes/s body in {:?}",
+            deadline - started
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     s.set_nonblocking(false).unwrap();
@@ -608,10 +636,10 @@ fn a_body_slower_than_the_minimum_rate_is_refused_and_closed() {
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("body_too_slow"), "{text}");
     assert!(
-        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
-        "{took:?}"
+        took >= Duration::from_secs(1),
+        "refused after {took:?}, within the 1 s grace"
     );
-    assert!(closed_by(&mut s, Instant::now() + Duration::from_secs(2)));
+    assert!(closed_by(&mut s, Instant::now() + Duration::from_secs(30)));
     assert_eq!(raw_get(port, "/health/ready").0, 200);
     child.kill().unwrap();
     let _ = child.wait();

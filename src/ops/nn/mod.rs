@@ -62,3 +62,5 @@ pub const DOMAIN: super::Domain = super::Domain {
 mod conv_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tolerance_tests;
