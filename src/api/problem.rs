@@ -187,8 +187,13 @@ impl Problem {
         if self.code == ErrorCode::Unauthorized {
             h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if self.code == ErrorCode::BodyTooSlow {
-            // The rest of the body is not read: the connection cannot carry another request.
+        if matches!(
+            self.code,
+            ErrorCode::BodyTooSlow | ErrorCode::PayloadTooLarge
+        ) {
+            // The rest of the body may be unread (a 413 is answered by the declared length,
+            // before the body is read): the connection cannot carry another request, and
+            // a client told so does not send its next one on a connection being closed.
             h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         res.extensions_mut().insert(Arc::new(self.clone()));

@@ -534,9 +534,10 @@ async fn worker(s: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Queued
         let Some(mut job) = rx.lock().await.recv().await else {
             break;
         };
-        s.set_depth(s.depth.fetch_sub(1, Ordering::SeqCst) - 1);
-        // A paused worker holds the job it took, as a busy one would.
+        // A paused worker holds the job it took, as a busy one would; the job still
+        // waits, so it counts in the queue's depth until the worker goes on.
         let _ = paused.wait_for(|p| !*p).await;
+        s.set_depth(s.depth.fetch_sub(1, Ordering::SeqCst) - 1);
         let op = job.job.name();
         if Instant::now() >= job.deadline {
             s.metrics
