@@ -162,6 +162,22 @@ fn generic_fft_planners(root: &std::path::Path) -> Vec<String> {
     lines_where(root, files, |code| code.contains("FftPlanner"))
 }
 
+/// Where an engine's own crate may be named: cudarc in the CUDA engine's folder, and in
+/// `gpu-ops check`'s library report, which asks cudarc for the names it loads. Everything
+/// else speaks to devices through `backend::device` (docs/ARCHITECTURE.md, "Devices").
+const CUDARC_ALLOWED: &[&str] = &["backend/cuda", "check/environment.rs"];
+
+/// Every line under `src` outside `CUDARC_ALLOWED` whose code names cudarc, as `file:line`.
+fn cudarc_outside_its_engine(src: &std::path::Path) -> Vec<String> {
+    // This file names cudarc as the text it looks for.
+    let mut allowed: Vec<_> = CUDARC_ALLOWED.iter().map(|a| src.join(a)).collect();
+    allowed.push(src.join("layering.rs"));
+    let files = sources(src)
+        .into_iter()
+        .filter(|f| !allowed.iter().any(|a| f.starts_with(a)));
+    lines_where(src, files, |code| code.contains("cudarc"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +233,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ungated_schemas(&dir), ["backend/x.rs:4"]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn only_the_cuda_engine_names_cudarc() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        assert_eq!(cudarc_outside_its_engine(&src), Vec::<String>::new());
+        let dir = std::env::temp_dir().join(format!("gpu-ops-cudarc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("backend/cuda")).unwrap();
+        std::fs::create_dir_all(dir.join("ops/zk")).unwrap();
+        std::fs::write(dir.join("backend/cuda/x.rs"), "use cudarc::driver::sys;\n").unwrap();
+        std::fs::write(
+            dir.join("ops/zk/gpu.rs"),
+            "// cudarc in a comment\nuse cudarc::driver::LaunchConfig;\n",
+        )
+        .unwrap();
+        assert_eq!(cudarc_outside_its_engine(&dir), ["ops/zk/gpu.rs:2"]);
         let _ = std::fs::remove_dir_all(dir);
     }
 

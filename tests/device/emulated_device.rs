@@ -5,7 +5,7 @@
 //! kernels launched through it give the CPU twins' answers bit for bit. It refuses a block
 //! above a kernel's `__launch_bounds__`, as a device does.
 
-use cudarc::driver::LaunchConfig;
+use gpu_ops::backend::device::LaunchConfig;
 use gpu_ops::backend::device::{DeviceErrorKind, GpuDevice};
 use gpu_ops::backend::emulated::{self, LaunchErrorKind};
 use gpu_ops::ops::dp::plan::{calibrate_gaussian, calibrate_laplace};

@@ -7,11 +7,13 @@
 //! column-major is `Xᵀ`, so `D = op(A)·op(B)` is computed as `Dᵀ = op(B)ᵀ·op(A)ᵀ`: B is
 //! cuBLASLt's first operand, A its second, and `D`'s buffer comes out row-major.
 
+use super::device_engine::CudaMemory;
 use super::CudaEngine;
-use crate::backend::device::{DeviceBuffer, DeviceError, DeviceLease, Engine, Memory};
+use crate::backend::device::engine::{own, own_mut};
+use crate::backend::device::{DeviceBuffer, DeviceError, DeviceLease};
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, DevicePtr};
 use std::ffi::{c_int, c_void};
 use std::mem::size_of;
 
@@ -187,6 +189,13 @@ fn failed(e: CublasError) -> DeviceError {
 }
 
 impl DeviceLease<'_> {
+    /// Whether cuBLASLt opened on this device and the operator allows it (its self-test
+    /// is a separate question: `GpuDevice::op_verified`).
+    pub fn has_blaslt(&self) -> bool {
+        let engine = self.engine().as_any().downcast_ref::<CudaEngine>();
+        engine.is_some_and(|c| c.blaslt.is_some()) && self.device.vendor_libraries_allowed()
+    }
+
     /// Runs `p` on cuBLASLt: `d` holds `p.batches` row-major m × n entries, contiguous,
     /// and is read as C when `p.beta` is not 0. Unsupported on the emulated device and
     /// where the library did not open.
@@ -197,7 +206,7 @@ impl DeviceLease<'_> {
         b: &DeviceBuffer<f32>,
         d: &mut DeviceBuffer<f32>,
     ) -> Result<(), DeviceError> {
-        let Engine::Cuda(engine) = self.engine() else {
+        let Some(engine) = self.engine().as_any().downcast_ref::<CudaEngine>() else {
             return Err(DeviceError::unsupported(
                 "cuBLASLt runs on a CUDA device only",
             ));
@@ -207,11 +216,11 @@ impl DeviceLease<'_> {
                 "cuBLASLt did not open on this device",
             ));
         };
-        let (Memory::Cuda(a), Memory::Cuda(b), Memory::Cuda(d)) =
-            (&a.memory, &b.memory, &mut d.memory)
-        else {
-            return Err(DeviceError::fatal("a buffer of another engine"));
-        };
+        let (a, b, d) = (
+            own::<CudaMemory>(&*a.memory)?,
+            own::<CudaMemory>(&*b.memory)?,
+            own_mut::<CudaMemory>(&mut *d.memory)?,
+        );
         if p.batches > c_int::MAX as usize {
             return Err(DeviceError::unsupported(
                 "over 2^31 batch entries in one pass",
@@ -227,9 +236,9 @@ fn run(
     engine: &CudaEngine,
     blas: &BlasLt,
     p: &RowMajorProduct,
-    a: &CudaSlice<f32>,
-    b: &CudaSlice<f32>,
-    d: &mut CudaSlice<f32>,
+    a: &CudaMemory,
+    b: &CudaMemory,
+    d: &mut CudaMemory,
 ) -> Result<(), CublasError> {
     let (m, n, k, batches) = (p.m, p.n, p.k, p.batches);
     // cuBLASLt's first operand is op(B)ᵀ (n × k). B stored k × n row-major is n × k
@@ -289,9 +298,7 @@ fn run(
         lt::get_matmul_algo_heuristic(blas.handle, desc.0, first.0, second.0, out.0, out.0, pref.0)?
     };
     let stream = &engine.stream;
-    let (a_ptr, _a_sync) = a.device_ptr(stream);
-    let (b_ptr, _b_sync) = b.device_ptr(stream);
-    let (d_ptr, _d_sync) = d.device_ptr_mut(stream);
+    let (a_ptr, b_ptr, d_ptr) = (a.address(), b.address(), d.address());
     let (w_ptr, _w_sync) = blas.workspace.device_ptr(stream);
     // SAFETY: B and A hold `batches` entries through their strides (0: one entry, read
     // by all), D holds batches·m·n values and is C as well (same layout, as cuBLASLt

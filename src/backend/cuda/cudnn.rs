@@ -9,10 +9,10 @@
 //! the CPU and im2col. cuDNN's heuristic may pick FFT or Winograd, whose rounding spreads
 //! across a tile and breaks the per-value bound where a window's sum is near zero.
 
+use super::device_engine::CudaMemory;
 use super::CudaEngine;
-use crate::backend::device::{
-    DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Engine, Memory,
-};
+use crate::backend::device::engine::{own, own_mut, EngineMemory};
+use crate::backend::device::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease};
 use cudarc::cudnn::{result, result::CudnnError, sys, ConvForward, Cudnn};
 use std::ffi::c_int;
 use std::sync::Arc;
@@ -96,6 +96,12 @@ fn failed(e: CudnnError) -> DeviceError {
     }
 }
 
+/// An allocation shorter than the f32 values its buffer says it holds: never, as buffers
+/// are allocated at their length; refused rather than read past.
+fn too_short() -> DeviceError {
+    DeviceError::fatal("a device buffer shorter than its length")
+}
+
 fn int(x: usize) -> Result<c_int, DeviceError> {
     c_int::try_from(x).map_err(|_| DeviceError::unsupported("a dimension over 2^31 for cuDNN"))
 }
@@ -104,8 +110,8 @@ impl DeviceLease<'_> {
     /// Whether cuDNN opened on this device and the operator allows it (its self-test is
     /// `GpuDevice::op_verified(CONV2D_CUDNN_OP)`).
     pub fn has_cudnn(&self) -> bool {
-        let opened = matches!(self.engine(), Engine::Cuda(c) if c.cudnn.is_some());
-        opened && self.device.vendor_libraries_allowed()
+        let engine = self.engine().as_any().downcast_ref::<CudaEngine>();
+        engine.is_some_and(|c| c.cudnn.is_some()) && self.device.vendor_libraries_allowed()
     }
 
     /// `y = conv(x, w)` for `g`: x holds batch·C·H·W values, w O·(C/groups)·KH·KW, y
@@ -117,7 +123,7 @@ impl DeviceLease<'_> {
         w: &DeviceBuffer<f32>,
         y: &mut DeviceBuffer<f32>,
     ) -> Result<(), DeviceError> {
-        let Engine::Cuda(engine) = self.engine() else {
+        let Some(engine) = self.engine().as_any().downcast_ref::<CudaEngine>() else {
             return Err(DeviceError::unsupported("cuDNN runs on a CUDA device only"));
         };
         let Some(conv) = engine.cudnn.as_ref() else {
@@ -125,10 +131,21 @@ impl DeviceLease<'_> {
                 "cuDNN did not open on this device",
             ));
         };
-        let (Memory::Cuda(x), Memory::Cuda(w), Memory::Cuda(y)) =
-            (&x.memory, &w.memory, &mut y.memory)
-        else {
-            return Err(DeviceError::fatal("a buffer of another engine"));
+        let (x, w, y) = (
+            own::<CudaMemory>(&*x.memory)?,
+            own::<CudaMemory>(&*w.memory)?,
+            own_mut::<CudaMemory>(&mut *y.memory)?,
+        );
+        // The f32 views of the byte allocations cuDNN's typed calls take.
+        let f32s = |m: &CudaMemory| m.bytes() / std::mem::size_of::<f32>();
+        let (nx, nw, ny) = (f32s(x), f32s(w), f32s(y));
+        // SAFETY: each allocation holds exactly that many f32 values (its buffer's).
+        let (x, w, mut y) = unsafe {
+            (
+                x.slice.transmute::<f32>(nx).ok_or_else(too_short)?,
+                w.slice.transmute::<f32>(nw).ok_or_else(too_short)?,
+                y.slice.transmute_mut::<f32>(ny).ok_or_else(too_short)?,
+            )
         };
         engine.bind_to_thread()?;
         let h = &conv.handle;
@@ -208,7 +225,7 @@ impl DeviceLease<'_> {
             // SAFETY: the descriptors describe exactly these buffers (NCHW f32, the
             // lengths above), and the workspace is the size cuDNN asked for.
             let launched = self.clocked(|| unsafe {
-                op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), x, w, y)
+                op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), &x, &w, &mut y)
             });
             match launched.map_err(failed) {
                 Err(e) if e.kind == DeviceErrorKind::Unsupported => refusal = e,

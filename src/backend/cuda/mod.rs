@@ -5,10 +5,13 @@
 pub mod attributes;
 pub mod blaslt;
 pub mod cudnn;
+mod device_engine;
 pub mod kernels;
 
-use super::device::{DeviceError, Engine, GpuDevice, GpuInfo, GpuVendor, KernelLimits, ModuleLoad};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
+use super::device::{
+    DeviceError, DeviceErrorKind, GpuDevice, GpuInfo, GpuVendor, KernelLimits, ModuleLoad,
+};
+use cudarc::driver::{result::DriverError, sys, CudaContext, CudaFunction, CudaStream};
 use cudarc::nvrtc::Ptx;
 use std::collections::HashMap;
 use std::path::Path;
@@ -31,15 +34,6 @@ pub struct CudaEngine {
 }
 
 impl CudaEngine {
-    /// `len` elements of page-locked host memory (default flags, as bandwidthTest uses).
-    pub(crate) fn pinned_host<T: cudarc::driver::DeviceRepr>(
-        &self,
-        len: usize,
-    ) -> Result<cudarc::driver::PinnedHostSlice<T>, DeviceError> {
-        // SAFETY: the memory is written (by a copy) before anything reads it.
-        Ok(unsafe { self.ctx.alloc_pinned_with_flags::<T>(len, 0) }?)
-    }
-
     pub(crate) fn bind_to_thread(&self) -> Result<(), DeviceError> {
         Ok(self.ctx.bind_to_thread()?)
     }
@@ -48,11 +42,6 @@ impl CudaEngine {
         self.functions
             .get(name)
             .ok_or_else(|| DeviceError::fatal(format!("kernel {name} is not loaded")))
-    }
-
-    /// The most threads a block of kernel `name` may have here, where known.
-    pub(crate) fn max_threads(&self, name: &str) -> Option<u32> {
-        self.limits.get(name).and_then(|l| l.max_threads)
     }
 
     /// Kernel `name`'s limits, as read after load.
@@ -92,6 +81,22 @@ impl CudaEngine {
             .mem_get_info()
             .ok()
             .map(|(f, t)| (f as u64, t as u64))
+    }
+}
+
+/// A driver error as a device error: out of memory as such (the device is fine), anything
+/// else fatal (the context may be unusable).
+impl From<DriverError> for DeviceError {
+    fn from(e: DriverError) -> Self {
+        let kind = if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            DeviceErrorKind::OutOfMemory
+        } else {
+            DeviceErrorKind::Fatal
+        };
+        Self {
+            kind,
+            message: format!("CUDA: {e}"),
+        }
     }
 }
 
@@ -251,7 +256,7 @@ pub fn open_device(
             tracing::warn!(device = ordinal, reason = %why, "no cuDNN; conv2d runs on im2col")
         }
     }
-    Ok(GpuDevice::new(info, Engine::Cuda(engine)))
+    Ok(GpuDevice::new(info, Box::new(engine)))
 }
 
 /// Each loaded kernel's limits, read once after load: a launch above a kernel's limit is

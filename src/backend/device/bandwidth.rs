@@ -4,8 +4,8 @@
 //! each the best of a few timed copies after one untimed, each timed to its completion.
 //! On the emulated device every copy is a host memcpy: its figures describe this host.
 
-use super::buffer::Memory;
-use super::{DeviceError, DeviceLease, Engine};
+use super::engine::{DeviceEngine, EngineMemory};
+use super::{DeviceError, DeviceLease};
 use std::time::Instant;
 
 /// Bytes per second (10^9 bytes = 1 GB) of each copy.
@@ -65,77 +65,46 @@ impl DeviceLease<'_> {
         let mut pageable = vec![1u32; len];
         let mut a = self.alloc_zeros::<u32>(len)?;
         let mut b = self.alloc_zeros::<u32>(len)?;
-        let rate =
-            |copy: &mut dyn FnMut() -> Result<(), DeviceError>| best_rate(bytes, repeats, copy);
-        match (self.engine(), &mut a.memory, &mut b.memory) {
-            (Engine::Cuda(c), Memory::Cuda(da), Memory::Cuda(db)) => {
-                let mut pinned = c.pinned_host::<u32>(len)?;
-                let h2d_pageable = rate(&mut || {
-                    c.stream.memcpy_htod(&pageable, da)?;
-                    Ok(c.stream.synchronize()?)
-                })?;
-                let d2h_pageable = rate(&mut || {
-                    c.stream.memcpy_dtoh(&*da, &mut pageable)?;
-                    Ok(c.stream.synchronize()?)
-                })?;
-                let h2d_pinned = rate(&mut || {
-                    c.stream.memcpy_htod(&pinned, da)?;
-                    Ok(c.stream.synchronize()?)
-                })?;
-                let d2h_pinned = rate(&mut || {
-                    c.stream.memcpy_dtoh(&*da, &mut pinned)?;
-                    Ok(c.stream.synchronize()?)
-                })?;
-                let d2d = rate(&mut || {
-                    c.stream.memcpy_dtod(&*da, db)?;
-                    Ok(c.stream.synchronize()?)
-                })?;
-                Ok(CopyBandwidth {
-                    bytes,
-                    h2d_pageable,
-                    d2h_pageable,
-                    h2d_pinned,
-                    d2h_pinned,
-                    d2d,
-                })
-            }
-            (Engine::Hip(h), Memory::Hip(ma), Memory::Hip(mb)) => {
-                // Pageable host memory only: the engine allocates no page-locked memory
-                // yet, so the pinned figures repeat the pageable ones (docs/GPU.md).
-                let h2d = rate(&mut || {
-                    // SAFETY: `pageable` holds `bytes` bytes, as does `ma`.
-                    unsafe { h.write(ma, pageable.as_ptr().cast(), bytes) }
-                })?;
-                let d2h = rate(&mut || {
-                    // SAFETY: as above.
-                    unsafe { h.read(ma, pageable.as_mut_ptr().cast(), bytes) }
-                })?;
-                let d2d = rate(&mut || {
-                    h.copy(ma, mb)?;
-                    h.synchronize()
-                })?;
-                Ok(CopyBandwidth::pageable_only(bytes, h2d, d2h, d2d))
-            }
-            (Engine::Emulated(_), Memory::Host(ma), Memory::Host(mb)) => {
-                // Host memory is all the emulated device has: pinned and pageable are the
-                // same copy.
-                let h2d = rate(&mut || {
-                    // SAFETY: `pageable` holds `bytes` bytes, as does `ma`.
-                    unsafe { ma.write(pageable.as_ptr().cast(), bytes) };
-                    Ok(())
-                })?;
-                let d2h = rate(&mut || {
-                    // SAFETY: as above.
-                    unsafe { ma.read(pageable.as_mut_ptr().cast(), bytes) };
-                    Ok(())
-                })?;
-                let d2d = rate(&mut || {
-                    mb.copy_from(ma);
-                    Ok(())
-                })?;
-                Ok(CopyBandwidth::pageable_only(bytes, h2d, d2h, d2d))
-            }
-            _ => Err(super::buffer::foreign()),
-        }
+        let (a, b) = (&mut *a.memory, &mut *b.memory);
+        let engine = self.engine();
+        let (h2d, d2h) = copy_rates(engine, a, pageable.as_mut_ptr().cast(), bytes, repeats)?;
+        let d2d = best_rate(bytes, repeats, || {
+            engine.copy(a, b)?;
+            engine.synchronize()
+        })?;
+        let Some(mut pinned) = engine.pinned_host(bytes)? else {
+            // No page-locked memory (HIP today), or host memory is all one (emulated).
+            return Ok(CopyBandwidth::pageable_only(bytes, h2d, d2h, d2d));
+        };
+        let (h2d_pinned, d2h_pinned) = copy_rates(engine, a, pinned.as_mut_ptr()?, bytes, repeats)?;
+        Ok(CopyBandwidth {
+            bytes,
+            h2d_pageable: h2d,
+            d2h_pageable: d2h,
+            h2d_pinned,
+            d2h_pinned,
+            d2d,
+        })
     }
+}
+
+/// The best host→device and device→host rates between `host` and `device`, each copy
+/// timed to its completion.
+fn copy_rates(
+    engine: &dyn DeviceEngine,
+    device: &mut dyn EngineMemory,
+    host: *mut u8,
+    bytes: usize,
+    repeats: usize,
+) -> Result<(f64, f64), DeviceError> {
+    let h2d = best_rate(bytes, repeats, || {
+        // SAFETY: `host` and `device` each hold `bytes` bytes; `device` is the engine's.
+        unsafe { engine.write(device, host, bytes)? };
+        engine.synchronize()
+    })?;
+    // SAFETY: as above; a read returns when the bytes are on the host.
+    let d2h = best_rate(bytes, repeats, || unsafe {
+        engine.read(device, host, bytes)
+    })?;
+    Ok((h2d, d2h))
 }

@@ -1,28 +1,49 @@
-//! Device memory: a typed buffer on either engine, and the lease's allocate, copy-in,
-//! copy-out, zero and device-to-device copy.
+//! Device memory: a typed buffer over an engine's allocation, and the lease's allocate,
+//! copy-in, copy-out, zero and device-to-device copy. The engines deal in bytes; the
+//! element type is checked here, once.
 
-use super::{DeviceError, DeviceLease, Engine};
-use crate::backend::emulated::HostMemory;
-use crate::backend::hip::engine::HipMemory;
-use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
+use super::engine::{foreign, EngineMemory};
+use super::{DeviceError, DeviceLease};
+use std::marker::PhantomData;
 
-/// What a device buffer may hold: plain data with the same layout on host and device.
-pub trait Element: DeviceRepr + Copy + Send + Sync + Unpin + 'static {}
-impl<T: DeviceRepr + Copy + Send + Sync + Unpin + 'static> Element for T {}
+/// What a device buffer (or a kernel's scalar argument) may hold: plain data with the
+/// same layout on host and device, copied by copying its bytes.
+///
+/// # Safety
+/// The type must have no padding a kernel could read as data, no pointers into host
+/// memory, and the all-zero bytes must be a valid value (a zeroed buffer holds zeros).
+pub unsafe trait Element: Copy + Send + Sync + Unpin + 'static {}
+
+macro_rules! plain {
+    ($($t:ty),*) => { $(
+        // SAFETY: a primitive number: no padding, zero is a value.
+        unsafe impl Element for $t {}
+    )* };
+}
+plain!(
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    i8,
+    i16,
+    i32,
+    i64,
+    isize,
+    f32,
+    f64,
+    half::f16,
+    half::bf16
+);
+// SAFETY: an array of plain data is plain data.
+unsafe impl<T: Element, const N: usize> Element for [T; N] {}
 
 /// `len` elements of `T` in device memory, freed when dropped.
 pub struct DeviceBuffer<T> {
     len: usize,
-    pub(crate) memory: Memory<T>,
-}
-
-pub(crate) enum Memory<T> {
-    Cuda(CudaSlice<T>),
-    /// An AMD device's memory: exactly the buffer's bytes.
-    Hip(HipMemory),
-    /// The emulated device's memory: host memory of exactly the buffer's bytes, so
-    /// AddressSanitizer sees a kernel that steps past it.
-    Host(HostMemory),
+    pub(crate) memory: Box<dyn EngineMemory>,
+    _element: PhantomData<T>,
 }
 
 impl<T> DeviceBuffer<T> {
@@ -35,97 +56,62 @@ impl<T> DeviceBuffer<T> {
     }
 }
 
+impl<T: Element> DeviceBuffer<T> {
+    fn bytes(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+}
+
 impl DeviceLease<'_> {
     /// A copy of `host` on the device.
     pub fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>, DeviceError> {
-        let memory = match self.engine() {
-            Engine::Cuda(c) => Memory::Cuda(c.stream.clone_htod(host)?),
-            Engine::Hip(h) => {
-                let m = h.alloc(std::mem::size_of_val(host))?;
-                // SAFETY: `host` holds exactly that many bytes; T is plain data.
-                unsafe { h.write(&m, host.as_ptr().cast(), std::mem::size_of_val(host))? };
-                Memory::Hip(m)
-            }
-            Engine::Emulated(e) => {
-                let m = e.alloc(std::mem::size_of_val(host))?;
-                // SAFETY: `m` holds exactly size_of_val(host) bytes; T is plain data.
-                unsafe { m.write(host.as_ptr().cast(), std::mem::size_of_val(host)) };
-                Memory::Host(m)
-            }
+        let bytes = std::mem::size_of_val(host);
+        let mut memory = self.engine().alloc(bytes)?;
+        // SAFETY: `host` holds exactly `bytes` bytes of plain data, as does the memory.
+        unsafe {
+            self.engine()
+                .write(&mut *memory, host.as_ptr().cast(), bytes)?
         };
         Ok(DeviceBuffer {
             len: host.len(),
             memory,
+            _element: PhantomData,
         })
     }
 
     /// `len` zeroed elements on the device.
-    pub fn alloc_zeros<T: Element + ValidAsZeroBits>(
-        &self,
-        len: usize,
-    ) -> Result<DeviceBuffer<T>, DeviceError> {
-        let memory = match self.engine() {
-            Engine::Cuda(c) => Memory::Cuda(c.stream.alloc_zeros(len)?),
-            Engine::Hip(h) => {
-                let mut m = h.alloc(len * std::mem::size_of::<T>())?;
-                h.zero(&mut m)?;
-                Memory::Hip(m)
-            }
-            Engine::Emulated(e) => Memory::Host(e.alloc(len * std::mem::size_of::<T>())?),
-        };
-        Ok(DeviceBuffer { len, memory })
+    pub fn alloc_zeros<T: Element>(&self, len: usize) -> Result<DeviceBuffer<T>, DeviceError> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| DeviceError::out_of_memory(format!("{len} elements")))?;
+        let mut memory = self.engine().alloc(bytes)?;
+        self.engine().zero(&mut *memory)?;
+        Ok(DeviceBuffer {
+            len,
+            memory,
+            _element: PhantomData,
+        })
     }
 
     /// The buffer's contents, once the work queued before has finished.
     pub fn download<T: Element>(&self, buf: &DeviceBuffer<T>) -> Result<Vec<T>, DeviceError> {
-        match (self.engine(), &buf.memory) {
-            (Engine::Cuda(c), Memory::Cuda(s)) => {
-                let host = c.stream.clone_dtoh(s)?;
-                c.stream.synchronize()?;
-                Ok(host)
-            }
-            (Engine::Hip(h), Memory::Hip(m)) => {
-                let mut host = Vec::<T>::with_capacity(buf.len);
-                // SAFETY: the memory holds len elements of T (written as T, or zeroed);
-                // the vector has room for them, and is filled before its length is set.
-                unsafe {
-                    h.read(
-                        m,
-                        host.as_mut_ptr().cast(),
-                        buf.len * std::mem::size_of::<T>(),
-                    )?;
-                    host.set_len(buf.len);
-                }
-                Ok(host)
-            }
-            (Engine::Emulated(_), Memory::Host(m)) => {
-                let mut host = Vec::<T>::with_capacity(buf.len);
-                // SAFETY: the memory holds len elements of T, written as T (or zeroed,
-                // which the buffer's T allows); the vector has room for them.
-                unsafe {
-                    m.read(host.as_mut_ptr().cast(), buf.len * std::mem::size_of::<T>());
-                    host.set_len(buf.len);
-                }
-                Ok(host)
-            }
-            _ => Err(foreign()),
+        if !self.engine().owns(&*buf.memory) {
+            return Err(foreign());
         }
+        let mut host = Vec::<T>::with_capacity(buf.len);
+        // SAFETY: the memory holds len elements of T (written as T, or zeroed, which T
+        // allows); the vector has room for them and is filled before its length is set.
+        unsafe {
+            self.engine()
+                .read(&*buf.memory, host.as_mut_ptr().cast(), buf.bytes())?;
+            host.set_len(buf.len);
+        }
+        Ok(host)
     }
 
     /// Zeroes the buffer.
-    pub fn zero<T: Element + ValidAsZeroBits>(
-        &self,
-        buf: &mut DeviceBuffer<T>,
-    ) -> Result<(), DeviceError> {
-        match (self.engine(), &mut buf.memory) {
-            (Engine::Cuda(c), Memory::Cuda(s)) => Ok(c.stream.memset_zeros(s)?),
-            (Engine::Hip(h), Memory::Hip(m)) => h.zero(m),
-            (Engine::Emulated(_), Memory::Host(m)) => {
-                m.zero();
-                Ok(())
-            }
-            _ => Err(foreign()),
-        }
+    pub fn zero<T: Element>(&self, buf: &mut DeviceBuffer<T>) -> Result<(), DeviceError> {
+        self.engine().zero(&mut *buf.memory)
     }
 
     /// Copies `src` into `dst` on the device; both hold the same number of elements.
@@ -140,21 +126,6 @@ impl DeviceLease<'_> {
                 src.len, dst.len
             )));
         }
-        match (self.engine(), &src.memory, &mut dst.memory) {
-            (Engine::Cuda(c), Memory::Cuda(s), Memory::Cuda(d)) => {
-                Ok(c.stream.memcpy_dtod(s, d)?)
-            }
-            (Engine::Hip(h), Memory::Hip(s), Memory::Hip(d)) => h.copy(s, d),
-            (Engine::Emulated(_), Memory::Host(s), Memory::Host(d)) => {
-                d.copy_from(s);
-                Ok(())
-            }
-            _ => Err(foreign()),
-        }
+        self.engine().copy(&*src.memory, &mut *dst.memory)
     }
-}
-
-/// A buffer handed to an engine that did not allocate it.
-pub(super) fn foreign() -> DeviceError {
-    DeviceError::fatal("a buffer of another device reached this one")
 }

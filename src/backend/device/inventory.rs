@@ -2,8 +2,7 @@
 //! compiled and loaded, each kernel's limits against its declared launch bound, and the
 //! clocks, bus and caches the driver reports.
 
-use super::{Engine, GpuDevice};
-use crate::backend::emulated;
+use super::GpuDevice;
 use serde::Serialize;
 
 /// One kernel module's compile and load on a device.
@@ -54,47 +53,17 @@ impl KernelLimits {
 impl GpuDevice {
     /// Each kernel module's compile and load, in library order.
     pub fn module_loads(&self) -> Vec<ModuleLoad> {
-        match &*self.engine() {
-            Engine::Cuda(c) => c.module_loads.clone(),
-            Engine::Hip(h) => h.module_loads.clone(),
-            Engine::Emulated(_) => vec![ModuleLoad {
-                module: "all (built into this binary)".into(),
-                seconds: 0.0,
-                cache: "host",
-            }],
-        }
+        self.engine().module_loads()
     }
 
     /// The limits of each of `kernels` (the library's entry points), in that order.
     pub fn kernel_limits(&self, kernels: &[String]) -> Vec<KernelLimits> {
         let engine = self.engine();
-        kernels
-            .iter()
-            .map(|kernel| match &*engine {
-                Engine::Cuda(c) => c.kernel_limits(kernel),
-                Engine::Hip(h) => h.kernel_limits(kernel),
-                Engine::Emulated(_) => {
-                    // The emulated device enforces the source's bound itself.
-                    let bound = emulated::kernel_max_threads(kernel);
-                    KernelLimits {
-                        kernel: kernel.clone(),
-                        launch_bound: bound,
-                        max_threads: bound,
-                        registers: None,
-                        local_bytes: None,
-                        fits: bound.is_some(),
-                    }
-                }
-            })
-            .collect()
+        kernels.iter().map(|k| engine.kernel_limits(k)).collect()
     }
 
     /// Clocks, bus width, caches and the theoretical memory bandwidth they imply.
     pub fn facts(&self) -> serde_json::Value {
-        match &*self.engine() {
-            Engine::Cuda(c) => c.facts(),
-            Engine::Hip(_) => serde_json::json!({ "vendor": "amd" }),
-            Engine::Emulated(_) => serde_json::json!({ "emulated": true }),
-        }
+        self.engine().facts()
     }
 }

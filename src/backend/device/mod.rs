@@ -1,28 +1,27 @@
 //! The device interface every launcher speaks: a leased device allocates, copies in and
 //! out, launches a kernel by name (grid, block, shared bytes, arguments as the driver takes
-//! them), synchronises, and frees what it allocated when the buffer drops. Two engines
-//! implement it: CUDA through cudarc (`backend::cuda`) and the emulated device
-//! (`backend::emulated`), which runs the same `kernels/*.cu` compiled for the host. So
-//! every launcher, pass and cache runs in CI without a GPU, exactly as it would on one.
+//! them), synchronises, and frees what it allocated when the buffer drops. Three engines
+//! implement `DeviceEngine` (`engine.rs`), each in its own folder: CUDA through cudarc
+//! (`backend::cuda`), HIP (`backend::hip`) and the emulated device (`backend::emulated`),
+//! which runs the same `kernels/*.cu` compiled for the host. So every launcher, pass and
+//! cache runs in CI without a GPU, exactly as it would on one.
 
 mod bandwidth;
 mod buffer;
 mod clock;
+pub mod engine;
 mod inventory;
 mod launch;
 mod tables;
 
 pub use bandwidth::{best_rate, CopyBandwidth};
-pub(crate) use buffer::Memory;
 pub use buffer::{DeviceBuffer, Element};
+pub use engine::{DeviceEngine, Engine, LaunchConfig};
 pub use inventory::{KernelLimits, ModuleLoad};
 pub use launch::Launch;
 
-use super::cuda::CudaEngine;
 use super::emulated::EmulatedEngine;
-use super::hip::engine::HipEngine;
 use super::verify::{OpState, OpStatus};
-use cudarc::driver::{result::DriverError, sys, LaunchConfig};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -120,20 +119,6 @@ impl DeviceError {
     }
 }
 
-impl From<DriverError> for DeviceError {
-    fn from(e: DriverError) -> Self {
-        let kind = if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            DeviceErrorKind::OutOfMemory
-        } else {
-            DeviceErrorKind::Fatal
-        };
-        Self {
-            kind,
-            message: format!("CUDA: {e}"),
-        }
-    }
-}
-
 /// Device memory kept for cached constant tables (NTT twiddles and scale factors): an
 /// eighth of the device, at least 512 MiB and at most 4 GiB, never over a quarter. A
 /// 2^24 BN254 inverse or coset NTT needs 768 MiB of them (256 MiB of twiddles, 512 MiB
@@ -141,13 +126,6 @@ impl From<DriverError> for DeviceError {
 fn table_cache_bytes(device_bytes: u64) -> usize {
     const MIB: u64 = 1 << 20;
     ((device_bytes / 8).clamp(512 * MIB, 4096 * MIB)).min(device_bytes / 4) as usize
-}
-
-/// What runs a device's work.
-pub enum Engine {
-    Cuda(CudaEngine),
-    Hip(HipEngine),
-    Emulated(EmulatedEngine),
 }
 
 /// One device: its engine, its health, the lock that gives it to one job at a time, and
@@ -223,7 +201,7 @@ impl GpuDevice {
             kernel_arch: "host".into(),
             emulated: true,
         };
-        Self::new(info, Engine::Emulated(EmulatedEngine::new(memory_bytes)))
+        Self::new(info, Box::new(EmulatedEngine::new(memory_bytes)))
     }
 
     /// Injects `fault` into the next `times` launches of kernels named `kernel_prefix…`;
@@ -234,14 +212,12 @@ impl GpuDevice {
         fault: super::emulated::Fault,
         times: u32,
     ) -> Result<(), String> {
-        match &*self.engine() {
-            Engine::Emulated(e) => {
+        match self.engine().as_any().downcast_ref::<EmulatedEngine>() {
+            Some(e) => {
                 e.inject(kernel_prefix, fault, times);
                 Ok(())
             }
-            Engine::Cuda(_) | Engine::Hip(_) => {
-                Err("faults are injected into the emulated device only".into())
-            }
+            None => Err("faults are injected into the emulated device only".into()),
         }
     }
 
@@ -279,10 +255,9 @@ impl GpuDevice {
 
     /// A fresh emulated engine of the same size, keeping the faults still to inject.
     pub(crate) fn rebuilt_emulated(&self) -> Option<Engine> {
-        match &*self.engine() {
-            Engine::Emulated(e) => Some(Engine::Emulated(e.rebuilt())),
-            Engine::Cuda(_) | Engine::Hip(_) => None,
-        }
+        let engine = self.engine();
+        let emulated = engine.as_any().downcast_ref::<EmulatedEngine>()?;
+        Some(Box::new(emulated.rebuilt()))
     }
 
     /// Whether a re-probe is scheduled or running; sets it.
@@ -383,11 +358,7 @@ impl GpuDevice {
     pub fn lease_until(&self, stop: Option<Stop>) -> Result<DeviceLease<'_>, DeviceError> {
         let guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         let engine = self.engine();
-        match &*engine {
-            Engine::Cuda(c) => c.bind_to_thread()?,
-            Engine::Hip(h) => h.bind_to_thread()?,
-            Engine::Emulated(_) => {}
-        }
+        engine.bind_to_thread()?;
         let lease = DeviceLease {
             device: self,
             engine,
@@ -448,11 +419,7 @@ impl GpuDevice {
 
     /// (free, total) bytes now.
     pub fn memory(&self) -> Option<(u64, u64)> {
-        match &*self.engine() {
-            Engine::Cuda(c) => c.memory(),
-            Engine::Hip(h) => h.memory(),
-            Engine::Emulated(e) => Some(e.memory()),
-        }
+        self.engine().memory()
     }
 }
 
@@ -476,15 +443,8 @@ impl DeviceLease<'_> {
         })
     }
 
-    pub(crate) fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    /// Whether cuBLASLt opened on this device and the operator allows it (its self-test
-    /// is a separate question: `GpuDevice::op_verified`).
-    pub fn has_blaslt(&self) -> bool {
-        let opened = matches!(self.engine(), Engine::Cuda(c) if c.blaslt.is_some());
-        opened && self.device.vendor_libraries_allowed()
+    pub(crate) fn engine(&self) -> &dyn DeviceEngine {
+        &**self.engine
     }
 
     /// Bytes this job may allocate: `GpuDevice::memory_budget` now.
@@ -533,12 +493,7 @@ impl DeviceLease<'_> {
 
     /// Waits for the device's queued work (copies back are already synchronous).
     pub fn synchronize(&self) -> Result<(), DeviceError> {
-        match self.engine() {
-            Engine::Cuda(c) => Ok(c.stream.synchronize()?),
-            Engine::Hip(h) => h.synchronize(),
-            // Emulated launches and copies finish before they return.
-            Engine::Emulated(_) => Ok(()),
-        }
+        self.engine().synchronize()
     }
 }
 

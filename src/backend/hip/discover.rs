@@ -16,7 +16,7 @@ use super::{libraries, rtc, Loaded};
 use crate::backend::cuda::kernels::{source_key, write_atomically, KernelLibrary, KernelModule};
 use crate::backend::cuda::DeviceSelection;
 use crate::backend::device::ModuleLoad;
-use crate::backend::device::{Engine, GpuDevice, GpuInfo, GpuVendor};
+use crate::backend::device::{GpuDevice, GpuInfo, GpuVendor};
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -147,7 +147,7 @@ pub fn open_device(
         kernel_arch: arch,
         emulated: false,
     };
-    Ok(GpuDevice::new(info, Engine::Hip(opened.engine)))
+    Ok(GpuDevice::new(info, Box::new(opened.engine)))
 }
 
 /// The device's architecture (`gfx90a`), from `hipGetDeviceProperties`' `gcnArchName`.

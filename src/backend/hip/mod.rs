@@ -7,6 +7,7 @@
 //! when no CUDA device is usable. No AMD GPU has run this engine or these kernels yet:
 //! the self-tests that gate every device gate these too (docs/GPU.md).
 
+mod device_engine;
 pub mod discover;
 pub mod engine;
 mod rtc;

@@ -339,7 +339,7 @@ fn the_architecture_is_found_in_the_properties_whatever_their_layout() {
 
 #[test]
 fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
-    use crate::backend::device::{DeviceErrorKind, Engine, GpuDevice, GpuInfo, GpuVendor};
+    use crate::backend::device::{DeviceErrorKind, GpuDevice, GpuInfo, GpuVendor};
     use crate::backend::BackendKind;
     use engine::{Api, HipEngine};
     let dir = scratch("lease");
@@ -361,7 +361,7 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
         kernel_arch: "gfx90a".into(),
         emulated: false,
     };
-    let dev = GpuDevice::new(info, Engine::Hip(opened.engine));
+    let dev = GpuDevice::new(info, Box::new(opened.engine));
     assert_eq!(dev.label(), "hip:0");
     assert_eq!(dev.backend_kind(), BackendKind::Hip);
     type LastLaunch = unsafe extern "C" fn(*mut u32);
@@ -373,7 +373,7 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
             let lease = dev.lease().unwrap();
             let mut buf = lease.upload(&[1u32, 2, 3]).unwrap();
             let n = 3u32;
-            let config = |threads| cudarc::driver::LaunchConfig {
+            let config = |threads| crate::backend::device::LaunchConfig {
                 grid_dim: (2, 1, 1),
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
@@ -403,6 +403,25 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
             assert_eq!(lease.download(&zeroed).unwrap(), [2, 3, 4]);
             lease.zero(&mut zeroed).unwrap();
             assert_eq!(lease.download(&zeroed).unwrap(), [0, 0, 0]);
+            // A buffer handed to another engine is refused there, never read as its own.
+            let emulated = GpuDevice::emulated(1, 1 << 20);
+            let other = emulated.lease().unwrap();
+            let foreign = |e: crate::backend::device::DeviceError| {
+                assert!(e.message.contains("another device"), "{e}");
+            };
+            foreign(other.download(&buf).unwrap_err());
+            let mut theirs = other.upload(&[7u32, 8, 9]).unwrap();
+            foreign(other.copy(&buf, &mut theirs).unwrap_err());
+            foreign(lease.copy(&theirs, &mut zeroed).unwrap_err());
+            foreign(other.zero(&mut zeroed).unwrap_err());
+            {
+                let mut launch = other.launch("goldilocks_add").unwrap();
+                launch.arg(&mut buf).arg(&n);
+                // SAFETY: refused before the launch.
+                foreign(unsafe { launch.launch(config(32)) }.unwrap_err());
+            }
+            assert_eq!(other.download(&theirs).unwrap(), [7, 8, 9]);
+            assert_eq!(lease.download(&buf).unwrap(), [2, 3, 4]);
         });
     });
 }

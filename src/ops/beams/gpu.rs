@@ -11,9 +11,9 @@ use super::geometry::{ChannelSpec, PATH_WORDS};
 use super::sweep::{BestPair, Channels, SweepJob, Swept};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
+use crate::backend::device::LaunchConfig;
 use crate::backend::{DeviceError, DeviceLease};
 use crate::ops::linalg::Dtype;
-use cudarc::driver::LaunchConfig;
 
 const KERNEL_NAMES: &[&str] = &[
     "beam_steering_f64",

@@ -9,8 +9,8 @@ use super::Compute;
 use crate::backend::cuda::blaslt::{BlasCompute, RowMajorProduct, MATMUL_BLASLT_OP};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
+use crate::backend::device::LaunchConfig;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
-use cudarc::driver::LaunchConfig;
 
 const KERNEL_NAMES: &[&str] = &["matmul_f32", "sinusoidal_f64", "embedding_gather_f32"];
 

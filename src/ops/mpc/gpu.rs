@@ -7,7 +7,6 @@ use super::shamir::{CombineJob, ShareJob};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Element};
 use crate::ops::zk::{from_u64, words, Field, FieldVec, Words};
-use cudarc::driver::ValidAsZeroBits;
 use std::borrow::Cow;
 
 fn kernel_name(field: Field, kernel: &str) -> String {
@@ -115,7 +114,7 @@ fn run(
 /// Runs in passes over the secrets, as many per pass as the device's memory budget
 /// allows; a pass's rows are gathered into one contiguous upload and its output rows
 /// scattered back.
-fn launch_rows<T: Element + ValidAsZeroBits + Default>(
+fn launch_rows<T: Element + Default>(
     dev: &DeviceLease<'_>,
     kernel: &str,
     rows: &[T],

@@ -9,9 +9,9 @@ use super::conv2d::{Conv2dJob, ConvTensors};
 use crate::backend::cuda::cudnn::{ConvGeometry, CONV2D_CUDNN_OP};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
+use crate::backend::device::LaunchConfig;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use crate::ops::linalg::{matmul_pass, Compute, MatmulEngine, MatmulPass, Strides, Values};
-use cudarc::driver::LaunchConfig;
 
 const KERNEL_NAMES: &[&str] = &[
     "attention_f32",

@@ -11,9 +11,9 @@ use super::generate::{SamplePlan, WaveDraft};
 use super::multipath::padded_len;
 use super::waveform::{Audio, WaveSpec};
 use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::device::LaunchConfig;
 use crate::backend::DeviceLease;
 use crate::backend::{DeviceBuffer, DeviceError};
-use cudarc::driver::LaunchConfig;
 use rustfft::num_complex::Complex32;
 
 /// Every kernel `kernels/rf.cu` must provide.
@@ -60,8 +60,9 @@ pub struct RfReceiver {
     pub noise_sigma: f64,
 }
 
-// SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields).
-unsafe impl cudarc::driver::DeviceRepr for RfReceiver {}
+// SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields: no
+// padding); all zeros is a value.
+unsafe impl crate::backend::device::Element for RfReceiver {}
 
 /// `struct rf_wave` of `kernels/rf_waveform.cuh`: one waveform for `rf_waveform` to
 /// synthesise, its pairs in the batch's `wave_params`.
@@ -84,8 +85,9 @@ pub struct RfWave {
     pub syllable_phase: f64,
 }
 
-// SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields).
-unsafe impl cudarc::driver::DeviceRepr for RfWave {}
+// SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields: no
+// padding); all zeros is a value.
+unsafe impl crate::backend::device::Element for RfWave {}
 
 impl RfWave {
     /// `spec` padded by `lead`, written from index `out` of the waveform arrays; its
@@ -222,8 +224,9 @@ pub struct RfChunk {
     pub len: u64,
 }
 
-// SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields).
-unsafe impl cudarc::driver::DeviceRepr for RfChunk {}
+// SAFETY: plain old data with the C struct's layout (#[repr(C)], 8-byte fields: no
+// padding); all zeros is a value.
+unsafe impl crate::backend::device::Element for RfChunk {}
 
 impl RfChunk {
     /// The chunk's samples out of the batch's interleaved recordings.

@@ -3,9 +3,9 @@
 use super::ntt::{self, Direction, NttJob, Order};
 use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec};
 use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::device::LaunchConfig;
 use crate::backend::DeviceLease;
 use crate::backend::{DeviceBuffer, DeviceError, Element};
-use cudarc::driver::{LaunchConfig, ValidAsZeroBits};
 
 /// The `extern "C"` name of the kernel for `op` over `field`; the device loads and the
 /// launcher calls kernels by this one rule.
@@ -115,7 +115,7 @@ pub fn launch_field_pow(job: &FieldPowJob, dev: &DeviceLease<'_>) -> Result<Fiel
 
 /// The binary and pow kernels' shape: (x, y, out, n, y_stride), out as long as x. Runs
 /// in passes of as many elements as the device's memory budget allows.
-fn launch_pair<T: Element + ValidAsZeroBits>(
+fn launch_pair<T: Element>(
     dev: &DeviceLease<'_>,
     kernel: &str,
     x: &[T],
@@ -179,7 +179,7 @@ pub fn launch_field_inv(job: &FieldInvJob, dev: &DeviceLease<'_>) -> Result<Fiel
     }
 }
 
-fn launch_inv<T: Element + ValidAsZeroBits>(
+fn launch_inv<T: Element>(
     dev: &DeviceLease<'_>,
     kernel: &str,
     x: &[T],
@@ -289,7 +289,7 @@ fn u32_words(v: &FieldVec) -> &[u32] {
 
 /// A table on the device; one zero word for an empty one (n = 1 has no twiddles) keeps
 /// every buffer non-empty.
-fn upload_table<T: Element + ValidAsZeroBits>(
+fn upload_table<T: Element>(
     dev: &DeviceLease<'_>,
     words: &[T],
 ) -> Result<DeviceBuffer<T>, DeviceError> {
@@ -312,7 +312,7 @@ pub fn tile_plan(n: usize, element_bytes: usize) -> (u32, u32) {
     (tile.trailing_zeros(), (tile / 2).clamp(1, 512) as u32)
 }
 
-fn ntt_steps<T: Element + ValidAsZeroBits>(
+fn ntt_steps<T: Element>(
     dev: &DeviceLease<'_>,
     job: &NttJob,
     x: &[T],

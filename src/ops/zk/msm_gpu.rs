@@ -5,12 +5,12 @@
 use super::msm::{MsmJob, Points};
 use super::FieldVec;
 use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::device::LaunchConfig;
 use crate::backend::DeviceLease;
 use crate::backend::{DeviceBuffer, DeviceError};
 use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
 use ark_ec::{AffineRepr, CurveGroup};
 use ark_ff::{AdditiveGroup, BigInt, Zero};
-use cudarc::driver::LaunchConfig;
 
 /// Window size and reduction layout for `n` points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,0 +1,175 @@
+//! The one trait every device engine implements: CUDA (`backend::cuda`), HIP
+//! (`backend::hip`) and the emulated device (`backend::emulated`), each in its own folder.
+//! Launchers never see an engine: they speak to a `DeviceLease` (buffers, copies,
+//! launches), which speaks to its device's engine through this trait only. A fourth engine
+//! implements it and nothing else changes.
+//!
+//! The interface is bytes and addresses, as a driver's is: memory of a length, copies of
+//! byte ranges, launches of a kernel by name with one pointer per parameter. Typing
+//! (`DeviceBuffer<T>`, `Element`) lives above it, once, in `buffer.rs` and `launch.rs`.
+
+use super::{DeviceError, KernelLimits, ModuleLoad};
+use std::any::Any;
+use std::ffi::c_void;
+
+/// A grid of blocks: how many blocks in each dimension, threads per block, and dynamic
+/// shared memory per block, as `cuLaunchKernel` and `hipModuleLaunchKernel` take them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid_dim: (u32, u32, u32),
+    pub block_dim: (u32, u32, u32),
+    pub shared_mem_bytes: u32,
+}
+
+/// One allocation of an engine: `bytes()` bytes at a device address, freed when dropped.
+pub trait EngineMemory: Send + Sync + 'static {
+    fn bytes(&self) -> usize;
+
+    /// Where the device address is kept: a launch's argument for this buffer is a pointer
+    /// to it (the address is pointer-sized on every engine).
+    fn address_slot(&self) -> *mut c_void;
+
+    fn as_any(&self) -> &dyn Any;
+
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A kernel launch's arguments as drivers take them: one pointer per parameter, to the
+/// parameter's value (for a buffer, to its device address), with each value's size.
+#[derive(Default)]
+pub struct KernelArgs {
+    pub pointers: Vec<*mut c_void>,
+    pub sizes: Vec<usize>,
+    /// The address slot of the last buffer passed mutably (an output), where the emulated
+    /// device's `Fault::Corrupt` lands.
+    pub last_output: Option<*mut c_void>,
+}
+
+/// A point in a device's work queue that the device stamps with its clock when it gets
+/// there (a CUDA event): `gpu-ops check` times kernels apart from copies with pairs.
+pub trait Timestamp: Send + 'static {
+    /// Milliseconds from `start` to this one, once the device has reached both.
+    fn ms_since(&self, start: &dyn Timestamp) -> Option<f64>;
+
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Page-locked host memory of an engine (copies from and to it run at the bus's speed).
+pub trait PinnedHost: Send + 'static {
+    fn as_mut_ptr(&mut self) -> Result<*mut u8, DeviceError>;
+}
+
+/// What runs a device's work. Every method is called by the device's lease holder; work
+/// is queued in order on the engine's stream unless the method says it waits.
+pub trait DeviceEngine: Send + Sync + 'static {
+    /// Makes the device current on the calling thread (CUDA's context, HIP's device).
+    fn bind_to_thread(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    /// (free, total) bytes now, where the engine can tell.
+    fn memory(&self) -> Option<(u64, u64)>;
+
+    /// `bytes` of device memory (never a zero-byte allocation: every buffer has an
+    /// address). Its contents are unspecified.
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError>;
+
+    /// Whether `memory` is this kind of engine's: a buffer from elsewhere is refused.
+    fn owns(&self, memory: &dyn EngineMemory) -> bool;
+
+    /// Copies `bytes` host bytes at `src` into `dst`. Pageable `src` may be reused when this
+    /// returns (the driver has staged it); page-locked `src` must live until the engine is
+    /// next synchronised.
+    ///
+    /// # Safety
+    /// `src` must be valid for `bytes` reads, `bytes` at most `dst.bytes()`, and `dst` this
+    /// engine's (`owns`).
+    unsafe fn write(
+        &self,
+        dst: &mut dyn EngineMemory,
+        src: *const u8,
+        bytes: usize,
+    ) -> Result<(), DeviceError>;
+
+    /// Copies `bytes` of `src` out to `dst` once the work queued before has finished, and
+    /// returns when they are there.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `bytes` writes, `bytes` at most `src.bytes()`, and `src`
+    /// this engine's.
+    unsafe fn read(
+        &self,
+        src: &dyn EngineMemory,
+        dst: *mut u8,
+        bytes: usize,
+    ) -> Result<(), DeviceError>;
+
+    /// Zeroes all of `memory` (this engine's).
+    fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError>;
+
+    /// Copies the first `min(src, dst)` bytes of `src` into `dst`, both this engine's.
+    fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError>;
+
+    /// Waits for all the work queued so far.
+    fn synchronize(&self) -> Result<(), DeviceError>;
+
+    /// Whether kernel `name` is loaded.
+    fn has_kernel(&self, name: &str) -> bool;
+
+    /// Kernel `name`'s limits as this engine knows them.
+    fn kernel_limits(&self, name: &str) -> KernelLimits;
+
+    /// Queues kernel `name` (the emulated device runs it to completion).
+    ///
+    /// # Safety
+    /// `args` must be the kernel's parameters in order and type, every buffer among them
+    /// this engine's, and every index the kernel computes for `config` inside its buffers,
+    /// as for `cuLaunchKernel`.
+    unsafe fn launch(
+        &self,
+        name: &str,
+        config: LaunchConfig,
+        args: &mut KernelArgs,
+    ) -> Result<(), DeviceError>;
+
+    /// A timestamp queued on the stream, where the engine has device clocks (CUDA
+    /// events); `None` times the work on the host after synchronising.
+    fn timestamp(&self) -> Option<Box<dyn Timestamp>> {
+        None
+    }
+
+    /// `bytes` of page-locked host memory, where the engine has it.
+    fn pinned_host(&self, _bytes: usize) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
+        Ok(None)
+    }
+
+    /// Each kernel module's compile and load, in library order.
+    fn module_loads(&self) -> Vec<ModuleLoad>;
+
+    /// Clocks, bus width, caches as the driver reports them (`gpu-ops check`).
+    fn facts(&self) -> serde_json::Value;
+
+    /// The engine itself, for what only one engine has (cuBLASLt and cuDNN on CUDA,
+    /// injected faults on the emulated device).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A device's engine, whichever it is.
+pub type Engine = Box<dyn DeviceEngine>;
+
+/// `memory` as an engine's own kind `M`, or the refusal of a buffer from another engine.
+pub(crate) fn own<M: EngineMemory>(memory: &dyn EngineMemory) -> Result<&M, DeviceError> {
+    memory.as_any().downcast_ref::<M>().ok_or_else(foreign)
+}
+
+/// As `own`, mutably.
+pub(crate) fn own_mut<M: EngineMemory>(
+    memory: &mut dyn EngineMemory,
+) -> Result<&mut M, DeviceError> {
+    memory.as_any_mut().downcast_mut::<M>().ok_or_else(foreign)
+}
+
+/// A buffer handed to an engine that did not allocate it.
+pub(crate) fn foreign() -> DeviceError {
+    DeviceError::fatal("a buffer of another device reached this one")
+}

@@ -1,0 +1,334 @@
+//! The emulated device's engine: memory accounting against a pretend size, host memory
+//! for device memory, launches run to completion by the runtime in `mod.rs`, and the
+//! faults tests inject.
+
+use super::super::device::engine::{
+    own, own_mut, DeviceEngine, EngineMemory, KernelArgs, LaunchConfig,
+};
+use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
+use std::alloc::Layout;
+use std::any::Any;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The emulated device's memory accounting: allocations past its pretend size fail as
+/// out of memory, so launchers' passes and chunks run as they would on a small GPU.
+pub struct EmulatedEngine {
+    total: usize,
+    in_use: Arc<AtomicUsize>,
+    faults: Mutex<Vec<Injected>>,
+}
+
+/// A fault the emulated device injects into launches: how tests show that the
+/// self-test, the shadow checks and the fault policy catch a device gone wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The launch fails with this kind of error (`Fatal`: as a lost device would).
+    Fail(DeviceErrorKind),
+    /// The launch runs, then the lowest bit of the first byte of the last buffer it was
+    /// passed mutably (an output) flips: a silently wrong answer.
+    Corrupt,
+    /// The launch runs correctly after this many milliseconds: a device slowed by another
+    /// tenant or by throttling, for the placement tests.
+    SlowMs(u32),
+}
+
+struct Injected {
+    kernel_prefix: String,
+    fault: Fault,
+    remaining: u32,
+}
+
+impl EmulatedEngine {
+    /// Multiprocessors the emulated device reports: launches that fill the device
+    /// (`DeviceLease::launch_config`) get 32 blocks, so grid-stride loops wrap at small
+    /// sizes.
+    pub const SM_COUNT: u32 = 1;
+
+    pub fn new(total_bytes: u64) -> Self {
+        Self {
+            total: total_bytes as usize,
+            in_use: Arc::new(AtomicUsize::new(0)),
+            faults: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A fresh engine of the same size (a re-probe's rebuilt context) that keeps the
+    /// faults still to inject, so tests can make a re-probe fail.
+    pub fn rebuilt(&self) -> Self {
+        let engine = Self::new(self.total as u64);
+        *engine.fault_list() = std::mem::take(&mut *self.fault_list());
+        engine
+    }
+
+    /// Injects `fault` into the next `times` launches of kernels whose names start with
+    /// `kernel_prefix` ("" for every kernel).
+    pub fn inject(&self, kernel_prefix: &str, fault: Fault, times: u32) {
+        self.fault_list().push(Injected {
+            kernel_prefix: kernel_prefix.to_string(),
+            fault,
+            remaining: times,
+        });
+    }
+
+    /// The fault this launch of `kernel` gets, if any (counted off).
+    pub(crate) fn take_fault(&self, kernel: &str) -> Option<Fault> {
+        let mut faults = self.fault_list();
+        let i = faults
+            .iter()
+            .position(|f| f.remaining > 0 && kernel.starts_with(&f.kernel_prefix))?;
+        faults[i].remaining -= 1;
+        let fault = faults[i].fault;
+        faults.retain(|f| f.remaining > 0);
+        Some(fault)
+    }
+
+    fn fault_list(&self) -> std::sync::MutexGuard<'_, Vec<Injected>> {
+        self.faults.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// (free, total) bytes.
+    pub fn memory(&self) -> (u64, u64) {
+        let used = self.in_use.load(Ordering::Relaxed);
+        (self.total.saturating_sub(used) as u64, self.total as u64)
+    }
+
+    /// `bytes` of zeroed device memory, or out of memory past the device's size.
+    pub fn alloc(&self, bytes: usize) -> Result<HostMemory, DeviceError> {
+        let before = self.in_use.fetch_add(bytes, Ordering::Relaxed);
+        if before + bytes > self.total {
+            self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(DeviceError::out_of_memory(format!(
+                "emulated device: {bytes} bytes requested, {} of {} free",
+                self.total.saturating_sub(before),
+                self.total
+            )));
+        }
+        // 256-byte aligned as cudaMalloc's; never zero-sized, as the allocator needs.
+        let layout = Layout::from_size_align(bytes.max(1), 256)
+            .map_err(|e| DeviceError::out_of_memory(format!("emulated device: {e}")))?;
+        // SAFETY: the layout's size is nonzero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            self.in_use.fetch_sub(bytes, Ordering::Relaxed);
+            return Err(DeviceError::out_of_memory(format!(
+                "emulated device: the host refused {bytes} bytes"
+            )));
+        }
+        Ok(HostMemory {
+            address: ptr.cast(),
+            bytes,
+            layout,
+            in_use: self.in_use.clone(),
+        })
+    }
+}
+
+/// One emulated device allocation: host memory of exactly the requested bytes (plus the
+/// allocator's rounding for zero), freed on drop.
+pub struct HostMemory {
+    /// Kernels receive a pointer to this field: the buffer's device address.
+    address: *mut c_void,
+    bytes: usize,
+    layout: Layout,
+    in_use: Arc<AtomicUsize>,
+}
+
+// SAFETY: the memory is owned by this value alone; access is ordered by the device lease.
+unsafe impl Send for HostMemory {}
+// SAFETY: shared references only read the address; kernels write through it only inside
+// a launch, which holds the device's lease.
+unsafe impl Sync for HostMemory {}
+
+impl HostMemory {
+    /// The buffer's device address (a host pointer).
+    pub fn address(&self) -> *mut c_void {
+        self.address
+    }
+
+    /// Where a launch's argument pointer for this buffer points: at its address.
+    pub fn address_slot(&self) -> *mut c_void {
+        &self.address as *const *mut c_void as *mut c_void
+    }
+
+    /// Copies `bytes` (at most the allocation's) from `src` in.
+    ///
+    /// # Safety
+    /// `src` must be valid for `bytes` reads.
+    pub unsafe fn write(&self, src: *const u8, bytes: usize) {
+        let n = bytes.min(self.bytes);
+        // SAFETY: both ranges hold n bytes and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src, self.address.cast::<u8>(), n) };
+    }
+
+    /// Copies `bytes` (at most the allocation's) out to `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `bytes` writes.
+    pub unsafe fn read(&self, dst: *mut u8, bytes: usize) {
+        let n = bytes.min(self.bytes);
+        // SAFETY: both ranges hold n bytes and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.address.cast::<u8>(), dst, n) };
+    }
+
+    pub fn zero(&mut self) {
+        // SAFETY: the allocation holds `bytes` bytes.
+        unsafe { std::ptr::write_bytes(self.address.cast::<u8>(), 0, self.bytes) };
+    }
+
+    pub fn copy_from(&mut self, src: &HostMemory) {
+        let n = self.bytes.min(src.bytes);
+        // SAFETY: both allocations hold at least n bytes; two buffers never overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.address.cast::<u8>(), self.address.cast::<u8>(), n)
+        };
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in EmulatedEngine::alloc.
+        unsafe { std::alloc::dealloc(self.address.cast(), self.layout) };
+        self.in_use.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+impl EngineMemory for HostMemory {
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn address_slot(&self) -> *mut c_void {
+        HostMemory::address_slot(self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl DeviceEngine for EmulatedEngine {
+    fn memory(&self) -> Option<(u64, u64)> {
+        Some(EmulatedEngine::memory(self))
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError> {
+        Ok(Box::new(EmulatedEngine::alloc(self, bytes)?))
+    }
+
+    fn owns(&self, memory: &dyn EngineMemory) -> bool {
+        memory.as_any().is::<HostMemory>()
+    }
+
+    unsafe fn write(
+        &self,
+        dst: &mut dyn EngineMemory,
+        src: *const u8,
+        bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: the caller's contract.
+        unsafe { own::<HostMemory>(dst)?.write(src, bytes) };
+        Ok(())
+    }
+
+    unsafe fn read(
+        &self,
+        src: &dyn EngineMemory,
+        dst: *mut u8,
+        bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: the caller's contract.
+        unsafe { own::<HostMemory>(src)?.read(dst, bytes) };
+        Ok(())
+    }
+
+    fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError> {
+        own_mut::<HostMemory>(memory)?.zero();
+        Ok(())
+    }
+
+    fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError> {
+        own_mut::<HostMemory>(dst)?.copy_from(own::<HostMemory>(src)?);
+        Ok(())
+    }
+
+    /// Launches and copies finish before they return: nothing is ever queued.
+    fn synchronize(&self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    fn has_kernel(&self, name: &str) -> bool {
+        super::kernel_params(name).is_some()
+    }
+
+    /// The source's `__launch_bounds__`, which the runtime enforces itself.
+    fn kernel_limits(&self, name: &str) -> KernelLimits {
+        let bound = super::kernel_max_threads(name);
+        KernelLimits {
+            kernel: name.to_string(),
+            launch_bound: bound,
+            max_threads: bound,
+            registers: None,
+            local_bytes: None,
+            fits: bound.is_some(),
+        }
+    }
+
+    unsafe fn launch(
+        &self,
+        name: &str,
+        config: LaunchConfig,
+        args: &mut KernelArgs,
+    ) -> Result<(), DeviceError> {
+        let fault = self.take_fault(name);
+        if let Some(Fault::Fail(kind)) = fault {
+            return Err(DeviceError {
+                kind,
+                message: format!("emulated device: a fault injected into {name}"),
+            });
+        }
+        let expected = super::kernel_params(name).unwrap_or_default();
+        if expected.len() == args.sizes.len() && expected != args.sizes {
+            return Err(DeviceError::fatal(format!(
+                "emulated device: {name} takes arguments of {expected:?} bytes, the launch passed {:?}",
+                args.sizes
+            )));
+        }
+        if let Some(Fault::SlowMs(ms)) = fault {
+            std::thread::sleep(std::time::Duration::from_millis(u64::from(ms)));
+        }
+        // SAFETY: the caller's contract.
+        unsafe { super::launch(name, config, &mut args.pointers) }
+            .map_err(|e| DeviceError::fatal(format!("emulated device: {e}")))?;
+        if let (Some(Fault::Corrupt), Some(slot)) = (fault, args.last_output) {
+            // SAFETY: the slot holds a live buffer's address (the launch borrows it), and a
+            // buffer holds at least one byte (the allocator rounds zero up).
+            unsafe {
+                let out = *slot.cast::<*mut u8>();
+                *out ^= 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn module_loads(&self) -> Vec<ModuleLoad> {
+        vec![ModuleLoad {
+            module: "all (built into this binary)".into(),
+            seconds: 0.0,
+            cache: "host",
+        }]
+    }
+
+    fn facts(&self) -> serde_json::Value {
+        serde_json::json!({ "emulated": true })
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
