@@ -229,7 +229,7 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
   fi
 
   # The server as an operator runs it, with a few requests and its gauges.
-  local port=18080 url="http://127.0.0.1:18080" serve_flags=(--backend cuda)
+  local port=18080 url="http://127.0.0.1:18080" serve_flags=(--backend gpu)
   [ "$emulate" = 1 ] && serve_flags=(--emulate-device --backend auto)
   "$bin" serve --bind "127.0.0.1:$port" --data-dir "$work/data" --device-sample-interval 1s \
     "${serve_flags[@]}" > "$logs/server.log" 2>&1 &
@@ -242,7 +242,7 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
   {
     echo "## GET /device"; http "$url/device"
     echo "## GET /device/bandwidth"; http "$url/device/bandwidth"
-    echo "## POST /zk/field_mul (backend cuda)"
+    echo "## POST /zk/field_mul (backend gpu)"
     http "$url/zk/field_mul" '{"field":"bn254_fr","a":["2","3"],"b":["5"],"backend":"cuda"}'
     sleep 2
     echo "## gauges"; http "$url/metrics" | grep -E '^gpu_ops_(gpu_|device_healthy|kernel_verified|jobs_total|fallbacks)'

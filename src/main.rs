@@ -166,15 +166,15 @@ fn serve(config: Config) -> ExitCode {
     };
     let code = runtime.block_on(async move {
         let bind = settings.config.bind;
-        let require_cuda = settings.config.backend == BackendChoice::Cuda;
+        let require_gpu = settings.config.backend == BackendChoice::Gpu;
         let app = match gpu_ops::App::start(settings) {
             Ok(app) => app,
             Err(e) => return fail(&e),
         };
-        if require_cuda {
+        if require_gpu {
             app.discovery_finished().await;
             if app.state.backends.active() == BackendKind::Cpu {
-                return fail(&format!("--backend cuda: {}", app.state.backends.reason()));
+                return fail(&format!("--backend gpu: {}", app.state.backends.reason()));
             }
         }
         let shutdown = shutdown_signal();

@@ -248,7 +248,7 @@ pub struct ChannelsResponse {
         (status = 200, description = "The channels", body = ChannelsResponse),
         (status = 413, description = "The answer over --max-tensor-elements"),
         (status = 422, description = "invalid_parameter (arrays, paths, angle ranges, batch, first_channel)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -423,7 +423,7 @@ pub struct SweepResponse {
         (status = 413, description = "Channels or the power grid over --max-tensor-elements"),
         (status = 422, description = "invalid_tensor (channels or beams: shape, not finite), invalid_parameter \
             (model, arrays, codebooks, snr_db, both or neither of model and channels, powers that could overflow)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]

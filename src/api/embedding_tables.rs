@@ -259,7 +259,7 @@ pub struct LookupResponse {
         (status = 404, description = "embedding_table_not_found"),
         (status = 413, description = "The answer over --max-tensor-elements"),
         (status = 422, description = "invalid_tensor (ids not JSON integers from 0 to V − 1, rank)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]

@@ -283,7 +283,7 @@ impl ToSchema for PositionsDoc {}
         (status = 413, description = "The answer over --max-tensor-elements"),
         (status = 422, description = "invalid_tensor (positions not integers from 0 to 2^32, rank), \
             invalid_parameter (dim, base, scale, offset, both or neither of num_positions and positions)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]

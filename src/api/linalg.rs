@@ -183,9 +183,9 @@ fn shape_of(
         (status = 200, description = "The product", body = MatmulResponse),
         (status = 413, description = "An operand or D over --max-tensor-elements, or more than 2^40 flops"),
         (status = 422, description = "invalid_tensor (rank, ragged, non-finite, base64, shapes that do not \
-            chain), invalid_parameter (dtype, compute, beta without c, backend cuda with f64), \
+            chain), invalid_parameter (dtype, compute, beta without c, backend gpu with f64), \
             result_not_finite (D overflows out_dtype)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]

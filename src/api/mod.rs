@@ -2,6 +2,7 @@
 //! Knows nothing about devices.
 
 mod auth;
+mod backend_choice;
 pub mod bandwidth;
 pub mod batch_hint;
 pub mod beams;

@@ -26,17 +26,22 @@ pub use job::{Batchable, Job};
 pub use nvml::{driver_version as nvml_driver_version, spawn_sampler as spawn_nvml_sampler};
 
 /// Where a job may run, as the server is configured (`--backend`) or a request asks.
+/// Its schema is written by hand (`api::backend_choice`): it lists `cuda`, the name `gpu`
+/// had before AMD devices had an engine, which is still accepted.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
 )]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum BackendChoice {
     /// Where the job is predicted to finish first on this host: a healthy device or the
     /// CPU, from times measured here (`pool::placement`).
     #[default]
     Auto,
-    Cuda,
+    /// A GPU of any vendor (NVIDIA through CUDA, AMD through HIP, or the emulated
+    /// device); refused where none is usable. `cuda` is the same choice.
+    #[serde(alias = "cuda")]
+    #[value(alias = "cuda")]
+    Gpu,
     Cpu,
 }
 

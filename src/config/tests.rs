@@ -17,6 +17,19 @@ fn defaults_are_valid() {
 }
 
 #[test]
+fn backend_gpu_is_any_gpu_and_cuda_its_old_name() {
+    use crate::backend::BackendChoice;
+    for (value, choice) in [
+        ("auto", BackendChoice::Auto),
+        ("gpu", BackendChoice::Gpu),
+        ("cuda", BackendChoice::Gpu),
+        ("cpu", BackendChoice::Cpu),
+    ] {
+        assert_eq!(parse(&["--backend", value]).unwrap().config.backend, choice);
+    }
+}
+
+#[test]
 fn invalid_values_are_refused_with_the_flag_named() {
     assert!(parse(&["--queue-capacity", "0"])
         .unwrap_err()

@@ -184,7 +184,7 @@ impl Pool {
         timeout: Option<Duration>,
     ) -> Result<Instant, JobError> {
         let s = &self.enqueuer.shared;
-        if backend == BackendChoice::Cuda {
+        if backend == BackendChoice::Gpu {
             if let Some(why) = job.device_refusal() {
                 return Err(JobError::NotOnDevice(why));
             }
@@ -315,7 +315,7 @@ impl Shared {
     }
 
     fn no_device(&self) -> JobError {
-        JobError::DeviceUnavailable(format!("no usable CUDA device: {}", self.backends.reason()))
+        JobError::DeviceUnavailable(format!("no usable GPU: {}", self.backends.reason()))
     }
 
     /// Where the job runs, and the decision placement books it under.
@@ -333,8 +333,8 @@ impl Shared {
         };
         match (requested, job.device_refusal()) {
             (BackendChoice::Cpu, _) => Ok(on_cpu(Reason::Forced)),
-            (BackendChoice::Cuda, Some(why)) => Err(JobError::NotOnDevice(why)),
-            (BackendChoice::Cuda, None) => self
+            (BackendChoice::Gpu, Some(why)) => Err(JobError::NotOnDevice(why)),
+            (BackendChoice::Gpu, None) => self
                 .backends
                 .pick_gpu(job.name())
                 .map(|dev| on(dev, Reason::Forced))

@@ -34,16 +34,17 @@ fn emulated_server() -> TestServer {
     )
 }
 
-/// The same request on the emulated device (`backend: cuda`) and on the CPU: both 200,
-/// `x-backend` saying where each ran; returns (device, cpu) bodies.
+/// The same request on the emulated device (`backend: gpu`) and on the CPU: both 200,
+/// `x-backend` saying where each ran (`cuda`: the emulated device stands in for an NVIDIA
+/// one); returns (device, cpu) bodies.
 async fn both(s: &TestServer, path: &str, body: Value) -> (Value, Value) {
     let mut out = Vec::new();
-    for backend in ["cuda", "cpu"] {
+    for (backend, ran_on) in [("gpu", "cuda"), ("cpu", "cpu")] {
         let mut b = body.clone();
         b["backend"] = json!(backend);
         let res = s.post(path, b).send().await.unwrap();
         assert_eq!(res.status(), 200, "{path} on {backend}");
-        assert_eq!(res.headers()["x-backend"], backend, "{path}");
+        assert_eq!(res.headers()["x-backend"], ran_on, "{path}");
         out.push(res.json::<Value>().await.unwrap());
     }
     let cpu = out.pop().unwrap();
@@ -63,6 +64,9 @@ async fn device_reports_the_emulated_device() {
     let device: Value = s.get("/device").await.json().await.unwrap();
     assert_eq!(device["backend"], "cuda", "{device}");
     assert_eq!(device["gpus"][0]["emulated"], true, "{device}");
+    // Neither runtime compiler ran: the kernels are built into the binary.
+    assert_eq!(device["gpus"][0]["nvrtc_version"], "", "{device}");
+    assert_eq!(device["gpus"][0]["hiprtc_version"], "", "{device}");
     assert!(
         device["reason"].as_str().unwrap().contains("emulated"),
         "{device}"

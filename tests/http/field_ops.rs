@@ -280,18 +280,24 @@ async fn bodies_over_the_limit_get_413() {
 }
 
 #[tokio::test]
-async fn forcing_cuda_without_a_device_is_503_device_unavailable() {
+async fn forcing_a_gpu_without_one_is_503_device_unavailable() {
     let s = TestServer::start(&[]).await;
-    let res = s
-        .post(
-            "/zk/field_mul",
-            json!({"field": "goldilocks", "a": ["2"], "b": ["3"], "backend": "cuda"}),
-        )
-        .send()
-        .await
-        .unwrap();
-    let body = problem(res, 503, "device_unavailable").await;
-    assert!(body["detail"].as_str().unwrap().contains("CUDA"));
+    // `cuda`, the old name, is the same choice as `gpu`.
+    for backend in ["gpu", "cuda"] {
+        let res = s
+            .post(
+                "/zk/field_mul",
+                json!({"field": "goldilocks", "a": ["2"], "b": ["3"], "backend": backend}),
+            )
+            .send()
+            .await
+            .unwrap();
+        let body = problem(res, 503, "device_unavailable").await;
+        assert!(
+            body["detail"].as_str().unwrap().contains("no usable GPU"),
+            "{body}"
+        );
+    }
     let res = s
         .post(
             "/zk/field_mul",

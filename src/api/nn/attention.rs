@@ -98,9 +98,9 @@ pub struct AttentionResponse {
             flops, or more than 2^22 weights"),
         (status = 422, description = "invalid_tensor (rank, ragged, non-finite, base64, shapes that do not \
             agree, heads that do not divide, a head dimension over 256), invalid_parameter (dtype, scale, \
-            key_lengths, logits or weighted sums that could overflow, backend cuda with f64), result_not_finite (the output \
+            key_lengths, logits or weighted sums that could overflow, backend gpu with f64), result_not_finite (the output \
             overflows out_dtype)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]

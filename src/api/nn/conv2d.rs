@@ -108,9 +108,9 @@ pub struct Conv2dResponse {
         (status = 413, description = "An input or the output over --max-tensor-elements, or more than 2^40 flops"),
         (status = 422, description = "invalid_tensor (rank, ragged, non-finite, base64, a weight whose \
             channels do not match the input's), invalid_parameter (dtype, stride, padding, dilation, groups, \
-            bias, a kernel larger than the padded input, backend cuda with f64), result_not_finite (the \
+            bias, a kernel larger than the padded input, backend gpu with f64), result_not_finite (the \
             output overflows out_dtype)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]

@@ -147,7 +147,7 @@ pub struct RfIqResponse {
         (status = 200, description = "The sample's recordings and truth", body = RfIqResponse),
         (status = 413, description = "payload_too_large: the receivers' recordings together exceed --max-elements (at /config/signal/duration_ms)"),
         (status = 422, description = "invalid_request, invalid_parameter (a config field by its path, seed, sample_index, timeout_ms)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]

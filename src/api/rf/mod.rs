@@ -155,7 +155,7 @@ pub struct RfFeaturesResponse {
         (status = 200, description = "Features", body = RfFeaturesResponse),
         (status = 413, description = "More samples than --max-elements"),
         (status = 422, description = "invalid_request, invalid_tensor (iq not base64, not whole f32 pairs, non-finite; a buffer not cf32 or not one-dimensional), invalid_parameter (sample rate, chunk, too short, backend)"),
-        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend cuda without a device)"),
+        (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
 )]

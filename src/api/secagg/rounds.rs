@@ -78,7 +78,7 @@ pub struct CreateRoundResponse {
                 ("advance" = (operation_id = "secagg_round_advance", parameters(("id" = "$response.body#/id"), ("header.x-secagg-token" = "$response.body#/coordinator_token")))),
                 ("result" = (operation_id = "secagg_round_result", parameters(("id" = "$response.body#/id"), ("header.x-secagg-token" = "$response.body#/coordinator_token")))))),
         (status = 422, description = "invalid_request, invalid_parameter (clients, threshold, neighbours, vector_length, clip or scale_bits out of range, or an unmasking beyond 2^34 key-stream words)"),
-        (status = 503, description = "storage_unavailable; device_unavailable (backend cuda and no usable device)"),
+        (status = 503, description = "storage_unavailable; device_unavailable (backend gpu and no usable GPU)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -100,13 +100,13 @@ pub async fn secagg_round_create(
     };
     config.validate(state.settings.config.max_elements)?;
     // A round outlives requests: one that could never be unmasked is refused now.
-    if req.backend == BackendChoice::Cuda
+    if req.backend == BackendChoice::Gpu
         && state.backends.gpus_for("secagg_unmask").next().is_none()
     {
         return Err(Problem::new(
             ErrorCode::DeviceUnavailable,
             format!(
-                "backend cuda: no usable CUDA device for the unmasking ({})",
+                "backend gpu: no usable GPU for the unmasking ({})",
                 state.backends.reason()
             ),
         ));

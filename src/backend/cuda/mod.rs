@@ -232,6 +232,7 @@ pub fn open_device(
         nvrtc_version: kernels::nvrtc_version()
             .map(|(a, b)| format!("{a}.{b}"))
             .unwrap_or_default(),
+        hiprtc_version: String::new(),
         kernel_arch: arch,
         emulated: false,
     };

@@ -45,8 +45,10 @@ pub struct GpuInfo {
     pub memory_total_bytes: u64,
     /// Driver API version, e.g. "13.0"; empty on AMD and for the emulated device.
     pub cuda_version: String,
-    /// The runtime compiler's version: NVRTC's, or hipRTC's on AMD.
+    /// NVRTC's version on NVIDIA ("13.0"); empty elsewhere.
     pub nvrtc_version: String,
+    /// hipRTC's version on AMD ("6.2"); empty elsewhere.
+    pub hiprtc_version: String,
     /// What the kernels were loaded as: a cubin for the exact architecture ("sm_90"), or
     /// PTX the driver compiled ("compute_90") where no cubin could be made; "host" for the
     /// emulated device.
@@ -198,6 +200,7 @@ impl GpuDevice {
             memory_total_bytes: memory_bytes,
             cuda_version: String::new(),
             nvrtc_version: String::new(),
+            hiprtc_version: String::new(),
             kernel_arch: "host".into(),
             emulated: true,
         };

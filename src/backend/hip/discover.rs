@@ -141,7 +141,8 @@ pub fn open_device(
         sm_count: opened.compute_units,
         memory_total_bytes: opened.memory_total,
         cuda_version: String::new(),
-        nvrtc_version: rtc::hiprtc_version()
+        nvrtc_version: String::new(),
+        hiprtc_version: rtc::hiprtc_version()
             .map(|(a, b)| format!("{a}.{b}"))
             .unwrap_or_default(),
         kernel_arch: arch,

@@ -358,6 +358,7 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
         memory_total_bytes: opened.memory_total,
         cuda_version: String::new(),
         nvrtc_version: String::new(),
+        hiprtc_version: String::new(),
         kernel_arch: "gfx90a".into(),
         emulated: false,
     };
