@@ -217,9 +217,9 @@ impl DeviceLease<'_> {
             ));
         };
         let (a, b, d) = (
-            own::<CudaMemory>(&*a.memory)?,
-            own::<CudaMemory>(&*b.memory)?,
-            own_mut::<CudaMemory>(&mut *d.memory)?,
+            own::<CudaMemory>(engine.id, &*a.memory)?,
+            own::<CudaMemory>(engine.id, &*b.memory)?,
+            own_mut::<CudaMemory>(engine.id, &mut *d.memory)?,
         );
         if p.batches > c_int::MAX as usize {
             return Err(DeviceError::unsupported(

@@ -132,9 +132,9 @@ impl DeviceLease<'_> {
             ));
         };
         let (x, w, y) = (
-            own::<CudaMemory>(&*x.memory)?,
-            own::<CudaMemory>(&*w.memory)?,
-            own_mut::<CudaMemory>(&mut *y.memory)?,
+            own::<CudaMemory>(engine.id, &*x.memory)?,
+            own::<CudaMemory>(engine.id, &*w.memory)?,
+            own_mut::<CudaMemory>(engine.id, &mut *y.memory)?,
         );
         // The f32 views of the byte allocations cuDNN's typed calls take.
         let f32s = |m: &CudaMemory| m.bytes() / std::mem::size_of::<f32>();
@@ -142,9 +142,11 @@ impl DeviceLease<'_> {
         // SAFETY: each allocation holds exactly that many f32 values (its buffer's).
         let (x, w, mut y) = unsafe {
             (
-                x.slice.transmute::<f32>(nx).ok_or_else(too_short)?,
-                w.slice.transmute::<f32>(nw).ok_or_else(too_short)?,
-                y.slice.transmute_mut::<f32>(ny).ok_or_else(too_short)?,
+                x.slice().transmute::<f32>(nx).ok_or_else(too_short)?,
+                w.slice().transmute::<f32>(nw).ok_or_else(too_short)?,
+                y.slice_mut()
+                    .transmute_mut::<f32>(ny)
+                    .ok_or_else(too_short)?,
             )
         };
         engine.bind_to_thread()?;

@@ -6,7 +6,8 @@
 
 use super::CudaEngine;
 use crate::backend::device::engine::{
-    own, own_mut, DeviceEngine, EngineMemory, KernelArgs, LaunchConfig, PinnedHost, Timestamp,
+    own, own_mut, DeviceEngine, EngineId, EngineMemory, KernelArgs, LaunchConfig, PinnedHost,
+    Timestamp,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use cudarc::driver::{
@@ -20,18 +21,33 @@ pub(crate) struct CudaMemory {
     /// Kernels receive a pointer to this field: the allocation's device address.
     address: sys::CUdeviceptr,
     bytes: usize,
-    pub(crate) slice: CudaSlice<u8>,
+    engine: EngineId,
+    /// Never replaced: `address` is its address.
+    slice: CudaSlice<u8>,
 }
 
 impl CudaMemory {
     pub(crate) fn address(&self) -> sys::CUdeviceptr {
         self.address
     }
+
+    /// The allocation as cudarc holds it (cuDNN's typed views are made from it).
+    pub(crate) fn slice(&self) -> &CudaSlice<u8> {
+        &self.slice
+    }
+
+    pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
+        &mut self.slice
+    }
 }
 
 impl EngineMemory for CudaMemory {
     fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    fn engine_id(&self) -> EngineId {
+        self.engine
     }
 
     fn address_slot(&self) -> *mut c_void {
@@ -87,12 +103,13 @@ impl DeviceEngine for CudaEngine {
         Ok(Box::new(CudaMemory {
             address,
             bytes,
+            engine: self.id,
             slice,
         }))
     }
 
-    fn owns(&self, memory: &dyn EngineMemory) -> bool {
-        memory.as_any().is::<CudaMemory>()
+    fn id(&self) -> EngineId {
+        self.id
     }
 
     unsafe fn write(
@@ -101,7 +118,7 @@ impl DeviceEngine for CudaEngine {
         src: *const u8,
         bytes: usize,
     ) -> Result<(), DeviceError> {
-        let dst = own::<CudaMemory>(dst)?;
+        let dst = own::<CudaMemory>(self.id(), dst)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: the caller's contract: `src` holds `bytes` bytes, `dst` at least as many.
         unsafe {
@@ -117,18 +134,24 @@ impl DeviceEngine for CudaEngine {
         dst: *mut u8,
         bytes: usize,
     ) -> Result<(), DeviceError> {
-        let src = own::<CudaMemory>(src)?;
+        let src = own::<CudaMemory>(self.id(), src)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: the caller's contract: `dst` has room for `bytes` bytes, `src` holds them.
+        // A raw pointer, not a slice: `dst` may be a vector's spare (uninitialised) room.
         unsafe {
-            let dst = std::slice::from_raw_parts_mut(dst, bytes.min(src.bytes));
-            result::memcpy_dtoh_async(dst, src.address, self.stream.cu_stream())?;
-        }
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.cast(),
+                src.address,
+                bytes.min(src.bytes),
+                self.stream.cu_stream(),
+            )
+            .result()?
+        };
         Ok(self.stream.synchronize()?)
     }
 
     fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        let m = own_mut::<CudaMemory>(memory)?;
+        let m = own_mut::<CudaMemory>(self.id(), memory)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: the allocation holds `bytes` bytes (at least one).
         unsafe { result::memset_d8_async(m.address, 0, m.bytes, self.stream.cu_stream())? };
@@ -136,7 +159,10 @@ impl DeviceEngine for CudaEngine {
     }
 
     fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        let (src, dst) = (own::<CudaMemory>(src)?, own_mut::<CudaMemory>(dst)?);
+        let (src, dst) = (
+            own::<CudaMemory>(self.id(), src)?,
+            own_mut::<CudaMemory>(self.id(), dst)?,
+        );
         self.ctx.bind_to_thread()?;
         let bytes = src.bytes.min(dst.bytes);
         // SAFETY: both allocations hold at least `bytes` bytes; two never overlap.

@@ -8,6 +8,7 @@ pub mod cudnn;
 mod device_engine;
 pub mod kernels;
 
+use super::device::engine::EngineId;
 use super::device::{
     DeviceError, DeviceErrorKind, GpuDevice, GpuInfo, GpuVendor, KernelLimits, ModuleLoad,
 };
@@ -19,6 +20,8 @@ use std::sync::Arc;
 
 /// A CUDA device's engine: its context, one stream, and the loaded kernels.
 pub struct CudaEngine {
+    /// What this context's allocations carry (`DeviceEngine::owns`).
+    pub(crate) id: EngineId,
     ctx: Arc<CudaContext>,
     pub(crate) stream: Arc<CudaStream>,
     functions: HashMap<String, CudaFunction>,
@@ -237,6 +240,7 @@ pub fn open_device(
         emulated: false,
     };
     let mut engine = CudaEngine {
+        id: EngineId::fresh(),
         ctx,
         stream,
         functions,

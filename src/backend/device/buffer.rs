@@ -10,8 +10,9 @@ use std::marker::PhantomData;
 /// same layout on host and device, copied by copying its bytes.
 ///
 /// # Safety
-/// The type must have no padding a kernel could read as data, no pointers into host
-/// memory, and the all-zero bytes must be a valid value (a zeroed buffer holds zeros).
+/// Every bit pattern must be a valid value (a download builds values from whatever bytes
+/// a kernel wrote, and a zeroed buffer holds zeros): no `bool`, no enum, no reference. The
+/// type must have no padding a kernel could read as data and no pointers into host memory.
 pub unsafe trait Element: Copy + Send + Sync + Unpin + 'static {}
 
 macro_rules! plain {
@@ -84,8 +85,7 @@ impl DeviceLease<'_> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| DeviceError::out_of_memory(format!("{len} elements")))?;
-        let mut memory = self.engine().alloc(bytes)?;
-        self.engine().zero(&mut *memory)?;
+        let memory = self.engine().alloc_zeroed(bytes)?;
         Ok(DeviceBuffer {
             len,
             memory,

@@ -61,11 +61,17 @@ impl GpuDevice {
                 out
             }
             None => {
+                // Work queued before (copies, zeroing) is not this stretch's.
+                if let Err(e) = engine.synchronize() {
+                    tracing::warn!(error = %e, "kernel clock: the device failed before a clocked call");
+                }
                 let started = Instant::now();
                 let out = work();
-                // A failure to synchronise shows again in the job's next copy, where it is
-                // handled; the clock only loses this stretch.
-                let _ = engine.synchronize();
+                // A failure here shows again in the job's next copy, where it is handled as
+                // the job's error; the clock only loses this stretch.
+                if let Err(e) = engine.synchronize() {
+                    tracing::warn!(error = %e, "kernel clock: the device failed in a clocked call");
+                }
                 if let Some(clock) = self.clock().as_mut() {
                     clock.host_ms += started.elapsed().as_secs_f64() * 1e3;
                 }

@@ -21,9 +21,24 @@ pub struct LaunchConfig {
     pub shared_mem_bytes: u32,
 }
 
+/// Which engine an allocation belongs to: one number per engine made in this process, so
+/// two devices of the same kind (or a device and its rebuilt context) are told apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EngineId(u64);
+
+impl EngineId {
+    pub fn fresh() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        EngineId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 /// One allocation of an engine: `bytes()` bytes at a device address, freed when dropped.
 pub trait EngineMemory: Send + Sync + 'static {
     fn bytes(&self) -> usize;
+
+    /// The engine that allocated it.
+    fn engine_id(&self) -> EngineId;
 
     /// Where the device address is kept: a launch's argument for this buffer is a pointer
     /// to it (the address is pointer-sized on every engine).
@@ -74,8 +89,23 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// address). Its contents are unspecified.
     fn alloc(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError>;
 
-    /// Whether `memory` is this kind of engine's: a buffer from elsewhere is refused.
-    fn owns(&self, memory: &dyn EngineMemory) -> bool;
+    /// `bytes` of zeroed device memory: `alloc` then `zero`, unless the engine's
+    /// allocations come zeroed.
+    fn alloc_zeroed(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError> {
+        let mut memory = self.alloc(bytes)?;
+        self.zero(&mut *memory)?;
+        Ok(memory)
+    }
+
+    /// Whether `memory` was allocated by this engine (this device, this context): a
+    /// buffer of another device is refused, even one of the same kind.
+    fn owns(&self, memory: &dyn EngineMemory) -> bool {
+        memory.engine_id() == self.id()
+    }
+
+    /// This engine's identity, unique in the process (`EngineId::fresh`): what each of
+    /// its allocations carries.
+    fn id(&self) -> EngineId;
 
     /// Copies `bytes` host bytes at `src` into `dst`. Pageable `src` may be reused when this
     /// returns (the driver has staged it); page-locked `src` must live until the engine is
@@ -157,15 +187,26 @@ pub trait DeviceEngine: Send + Sync + 'static {
 /// A device's engine, whichever it is.
 pub type Engine = Box<dyn DeviceEngine>;
 
-/// `memory` as an engine's own kind `M`, or the refusal of a buffer from another engine.
-pub(crate) fn own<M: EngineMemory>(memory: &dyn EngineMemory) -> Result<&M, DeviceError> {
+/// `memory` as engine `id`'s own kind `M`, or the refusal of a buffer from another engine
+/// (another kind, or another device of the same kind).
+pub(crate) fn own<M: EngineMemory>(
+    id: EngineId,
+    memory: &dyn EngineMemory,
+) -> Result<&M, DeviceError> {
+    if memory.engine_id() != id {
+        return Err(foreign());
+    }
     memory.as_any().downcast_ref::<M>().ok_or_else(foreign)
 }
 
 /// As `own`, mutably.
 pub(crate) fn own_mut<M: EngineMemory>(
+    id: EngineId,
     memory: &mut dyn EngineMemory,
 ) -> Result<&mut M, DeviceError> {
+    if memory.engine_id() != id {
+        return Err(foreign());
+    }
     memory.as_any_mut().downcast_mut::<M>().ok_or_else(foreign)
 }
 

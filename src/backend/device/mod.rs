@@ -504,6 +504,44 @@ impl DeviceLease<'_> {
 mod tests {
     use super::*;
 
+    /// A buffer is its device's: another device of the same kind refuses it (two GPUs of
+    /// one host are two contexts), as does the same device's rebuilt engine.
+    #[test]
+    fn a_buffer_of_another_device_of_the_same_kind_is_refused() {
+        let (a, b) = (
+            GpuDevice::emulated(0, 1 << 20),
+            GpuDevice::emulated(1, 1 << 20),
+        );
+        let (la, lb) = (a.lease().unwrap(), b.lease().unwrap());
+        let mut on_a = la.upload(&[1u32, 2, 3]).unwrap();
+        let mut on_b = lb.alloc_zeros::<u32>(3).unwrap();
+        let refused = |r: Result<(), DeviceError>| {
+            let e = r.unwrap_err();
+            assert!(e.message.contains("another device"), "{e}");
+        };
+        refused(lb.download(&on_a).map(|_| ()));
+        refused(lb.copy(&on_a, &mut on_b));
+        refused(lb.zero(&mut on_a));
+        assert_eq!(la.download(&on_a).unwrap(), [1, 2, 3]);
+        assert_eq!(lb.download(&on_b).unwrap(), [0, 0, 0]);
+        let mut out = la.alloc_zeros::<u64>(3).unwrap();
+        let (n, stride) = (3u64, 1u64);
+        {
+            let mut launch = la.launch("goldilocks_add").unwrap();
+            launch
+                .arg(&on_a)
+                .arg(&on_b)
+                .arg(&mut out)
+                .arg(&n)
+                .arg(&stride);
+            // SAFETY: refused before it runs: `on_b` is the other device's.
+            refused(unsafe { launch.launch(la.launch_config(3)) });
+        }
+        drop((la, lb));
+        b.replace_engine(b.rebuilt_emulated().unwrap());
+        refused(b.lease().unwrap().download(&on_b).map(|_| ()));
+    }
+
     /// A 2^24 BN254 inverse coset NTT's tables, alternately used as calls would use them,
     /// stay cached on every device size we expect (8 GiB and up).
     #[test]

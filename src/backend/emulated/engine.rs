@@ -3,7 +3,7 @@
 //! faults tests inject.
 
 use super::super::device::engine::{
-    own, own_mut, DeviceEngine, EngineMemory, KernelArgs, LaunchConfig,
+    own, own_mut, DeviceEngine, EngineId, EngineMemory, KernelArgs, LaunchConfig,
 };
 use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
 use std::alloc::Layout;
@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 /// The emulated device's memory accounting: allocations past its pretend size fail as
 /// out of memory, so launchers' passes and chunks run as they would on a small GPU.
 pub struct EmulatedEngine {
+    /// What this engine's allocations carry (`DeviceEngine::owns`).
+    id: EngineId,
     total: usize,
     in_use: Arc<AtomicUsize>,
     faults: Mutex<Vec<Injected>>,
@@ -48,6 +50,7 @@ impl EmulatedEngine {
 
     pub fn new(total_bytes: u64) -> Self {
         Self {
+            id: EngineId::fresh(),
             total: total_bytes as usize,
             in_use: Arc::new(AtomicUsize::new(0)),
             faults: Mutex::new(Vec::new()),
@@ -119,6 +122,7 @@ impl EmulatedEngine {
         Ok(HostMemory {
             address: ptr.cast(),
             bytes,
+            engine: self.id,
             layout,
             in_use: self.in_use.clone(),
         })
@@ -131,6 +135,7 @@ pub struct HostMemory {
     /// Kernels receive a pointer to this field: the buffer's device address.
     address: *mut c_void,
     bytes: usize,
+    engine: EngineId,
     layout: Layout,
     in_use: Arc<AtomicUsize>,
 }
@@ -199,6 +204,10 @@ impl EngineMemory for HostMemory {
         self.bytes
     }
 
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
     fn address_slot(&self) -> *mut c_void {
         HostMemory::address_slot(self)
     }
@@ -221,8 +230,13 @@ impl DeviceEngine for EmulatedEngine {
         Ok(Box::new(EmulatedEngine::alloc(self, bytes)?))
     }
 
-    fn owns(&self, memory: &dyn EngineMemory) -> bool {
-        memory.as_any().is::<HostMemory>()
+    /// Its allocations come zeroed (`alloc_zeroed` of the host allocator).
+    fn alloc_zeroed(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError> {
+        DeviceEngine::alloc(self, bytes)
+    }
+
+    fn id(&self) -> EngineId {
+        self.id
     }
 
     unsafe fn write(
@@ -232,7 +246,7 @@ impl DeviceEngine for EmulatedEngine {
         bytes: usize,
     ) -> Result<(), DeviceError> {
         // SAFETY: the caller's contract.
-        unsafe { own::<HostMemory>(dst)?.write(src, bytes) };
+        unsafe { own::<HostMemory>(self.id(), dst)?.write(src, bytes) };
         Ok(())
     }
 
@@ -243,17 +257,17 @@ impl DeviceEngine for EmulatedEngine {
         bytes: usize,
     ) -> Result<(), DeviceError> {
         // SAFETY: the caller's contract.
-        unsafe { own::<HostMemory>(src)?.read(dst, bytes) };
+        unsafe { own::<HostMemory>(self.id(), src)?.read(dst, bytes) };
         Ok(())
     }
 
     fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        own_mut::<HostMemory>(memory)?.zero();
+        own_mut::<HostMemory>(self.id(), memory)?.zero();
         Ok(())
     }
 
     fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        own_mut::<HostMemory>(dst)?.copy_from(own::<HostMemory>(src)?);
+        own_mut::<HostMemory>(self.id(), dst)?.copy_from(own::<HostMemory>(self.id(), src)?);
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 
 use super::engine::{HipEngine, HipMemory};
 use crate::backend::device::engine::{
-    own, own_mut, DeviceEngine, EngineMemory, KernelArgs, LaunchConfig,
+    own, own_mut, DeviceEngine, EngineId, EngineMemory, KernelArgs, LaunchConfig,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use std::any::Any;
@@ -12,6 +12,10 @@ use std::ffi::c_void;
 impl EngineMemory for HipMemory {
     fn bytes(&self) -> usize {
         HipMemory::bytes(self)
+    }
+
+    fn engine_id(&self) -> EngineId {
+        self.engine
     }
 
     fn address_slot(&self) -> *mut c_void {
@@ -40,8 +44,8 @@ impl DeviceEngine for HipEngine {
         Ok(Box::new(HipEngine::alloc(self, bytes)?))
     }
 
-    fn owns(&self, memory: &dyn EngineMemory) -> bool {
-        memory.as_any().is::<HipMemory>()
+    fn id(&self) -> EngineId {
+        self.id
     }
 
     unsafe fn write(
@@ -51,7 +55,7 @@ impl DeviceEngine for HipEngine {
         bytes: usize,
     ) -> Result<(), DeviceError> {
         // SAFETY: the caller's contract.
-        unsafe { HipEngine::write(self, own::<HipMemory>(dst)?, src.cast(), bytes) }
+        unsafe { HipEngine::write(self, own::<HipMemory>(self.id(), dst)?, src.cast(), bytes) }
     }
 
     unsafe fn read(
@@ -61,15 +65,19 @@ impl DeviceEngine for HipEngine {
         bytes: usize,
     ) -> Result<(), DeviceError> {
         // SAFETY: the caller's contract.
-        unsafe { HipEngine::read(self, own::<HipMemory>(src)?, dst.cast(), bytes) }
+        unsafe { HipEngine::read(self, own::<HipMemory>(self.id(), src)?, dst.cast(), bytes) }
     }
 
     fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        HipEngine::zero(self, own_mut::<HipMemory>(memory)?)
+        HipEngine::zero(self, own_mut::<HipMemory>(self.id(), memory)?)
     }
 
     fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        HipEngine::copy(self, own::<HipMemory>(src)?, own_mut::<HipMemory>(dst)?)
+        HipEngine::copy(
+            self,
+            own::<HipMemory>(self.id(), src)?,
+            own_mut::<HipMemory>(self.id(), dst)?,
+        )
     }
 
     fn synchronize(&self) -> Result<(), DeviceError> {

@@ -12,6 +12,7 @@
 //! answer too.
 
 use super::Loaded;
+use crate::backend::device::engine::EngineId;
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
@@ -169,6 +170,7 @@ pub struct HipMemory {
     /// argument.
     address: Ptr,
     bytes: usize,
+    pub(crate) engine: EngineId,
     free: unsafe extern "C" fn(Ptr) -> c_int,
 }
 
@@ -198,6 +200,8 @@ impl Drop for HipMemory {
 /// One AMD device's engine: the runtime, the device's ordinal, one stream and the loaded
 /// kernels.
 pub struct HipEngine {
+    /// What this engine's allocations carry (`DeviceEngine::owns`).
+    pub(crate) id: EngineId,
     api: Api,
     ordinal: c_int,
     stream: Ptr,
@@ -257,6 +261,7 @@ impl HipEngine {
         Ok(HipMemory {
             address,
             bytes,
+            engine: self.id,
             free: self.api.free,
         })
     }
@@ -400,6 +405,7 @@ impl HipEngine {
         )
         .map_err(|e| fail("creating a stream", e))?;
         let mut engine = HipEngine {
+            id: EngineId::fresh(),
             api,
             ordinal: device,
             stream,
