@@ -122,6 +122,7 @@ impl App {
             let (selection, cache) = (cfg.devices.clone(), cfg.data_dir.join("kernel-cache"));
             let interval = cfg.device_sample_interval;
             let memory_limit = cfg.gpu_memory_limit_mib << 20;
+            let jobs_per_device = cfg.gpu_jobs_per_device;
             let table_cache = cfg.gpu_table_cache_mib << 20;
             let vendor_libraries = !cfg.no_cuda_libraries;
             let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
@@ -155,6 +156,7 @@ impl App {
                 let tests = Arc::new(ops::self_tests());
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
+                    g.set_jobs_per_device(jobs_per_device);
                     g.set_vendor_libraries_allowed(vendor_libraries);
                     if table_cache > 0 {
                         g.set_table_cache_limit(table_cache as usize);

@@ -196,11 +196,15 @@ pub struct Config {
     /// Largest NTT size as a power of two (also capped by each field's two-adicity).
     #[arg(long, env = "GPU_OPS_MAX_NTT_LOG2", default_value_t = 24)]
     pub max_ntt_log2: u32,
-    /// Device memory one GPU job may use, in MiB; larger work (field vectors, NTT
-    /// batches, MSM points) runs in passes that fit. 0: half the memory free when the job
-    /// starts.
+    /// Device memory the jobs on one GPU may use together, in MiB, shared among them by
+    /// reservation; larger work (field vectors, NTT batches, MSM points) runs in passes
+    /// that fit its share. 0: half the memory free when a job starts on the idle device.
     #[arg(long, env = "GPU_OPS_GPU_MEMORY_LIMIT_MIB", default_value_t = 0)]
     pub gpu_memory_limit_mib: u64,
+    /// Jobs one GPU runs at once, each on its own stream with its share of the device's
+    /// job memory; more wait for a lease (`gpu_ops_device_lease_waits_total`).
+    #[arg(long, env = "GPU_OPS_GPU_JOBS_PER_DEVICE", default_value_t = crate::backend::device::DEFAULT_JOBS_PER_DEVICE, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub gpu_jobs_per_device: usize,
     /// Device memory each GPU keeps for cached tables (NTT twiddles, resident embedding
     /// tables), least recently used out, in MiB. 0: an eighth of the device, at least
     /// 512 MiB, at most 4 GiB, never over a quarter.

@@ -61,6 +61,8 @@ metrics! {
     elements: IntCounterVec = ("gpu_ops_processed_elements_total", "Input elements processed, by op and backend", ["op", "backend"]);
     bytes: IntCounterVec = ("gpu_ops_processed_bytes_total", "Input bytes processed, by op and backend", ["op", "backend"]);
     device_healthy: IntGaugeVec = ("gpu_ops_device_healthy", "1 while a GPU is in service, 0 after it was taken out", ["gpu", "uuid"]);
+    device_jobs_running: IntGaugeVec = ("gpu_ops_device_jobs_running", "Jobs holding a lease on a device now (a stream and a share of its job memory), against --gpu-jobs-per-device", ["gpu"]);
+    device_lease_waits: IntCounterVec = ("gpu_ops_device_lease_waits_total", "Device jobs that waited for a lease: every one of --gpu-jobs-per-device held, or less than the job's share of the device's job memory unreserved", ["gpu"]);
     kernel_verified: IntGaugeVec = ("gpu_ops_kernel_verified", "1 while an op passes its self-test and shadow checks on a device, 0 while it is quarantined there", ["gpu", "op"]);
     shadow_checks: IntCounterVec = ("gpu_ops_shadow_checks_total", "Device jobs recomputed on the CPU and compared, by op and outcome (agree, mismatch)", ["op", "outcome"]);
     gpu_utilization: GaugeVec = ("gpu_ops_gpu_utilization_ratio", "GPU busy fraction (0-1): NVML's over its sample period, or ROCm SMI's busy percent on AMD", ["gpu", "uuid"]);

@@ -3,20 +3,20 @@
 //! `backend::Job`: knows no op by name, and neither HTTP nor maths.
 
 mod batch;
+mod device_run;
 pub mod placement;
 mod slot;
 
 pub use batch::{BatchConfig, BatchMode};
 pub use placement::{Placement, PlacementConfig, PlacementMode};
 
-use crate::backend::device::Stop;
 use crate::backend::{
-    BackendChoice, BackendKind, Backends, Batchable, DeviceError, DeviceErrorKind, GpuDevice, Job,
+    BackendChoice, BackendKind, Backends, Batchable, DeviceErrorKind, GpuDevice, Job,
 };
 use crate::metrics::Metrics;
 use placement::{Decision, Reason, Shape, Side};
 use slot::{Runnable, Slot};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -368,71 +368,6 @@ impl Shared {
                 Ok((target, decision))
             }
         }
-    }
-
-    /// Runs the job on `dev` on a blocking thread; the seconds it ran once it held the
-    /// device (the wait for the lease is the backlog's, not the job's). It is dropped
-    /// (`Abandoned`) if its deadline passes or its caller leaves while it waits for the
-    /// device or between its passes.
-    async fn run_device(&self, q: &mut Queued, dev: &Arc<GpuDevice>) -> Result<f64, DeviceError> {
-        let abandoned = Arc::new(AtomicBool::new(false));
-        let stop = Stop {
-            deadline: q.deadline,
-            abandoned: abandoned.clone(),
-        };
-        let (job, d) = (q.job.clone(), dev.clone());
-        let run = tokio::task::spawn_blocking(move || {
-            let lease = d.lease_until(Some(stop))?;
-            let started = Instant::now();
-            job.run_device(&lease)?;
-            Ok(started.elapsed().as_secs_f64())
-        });
-        tokio::pin!(run);
-        let joined = tokio::select! {
-            r = &mut run => r,
-            _ = q.reply.closed() => {
-                abandoned.store(true, Ordering::Relaxed);
-                run.await
-            }
-        };
-        joined.unwrap_or_else(|e| Err(DeviceError::fatal(format!("device job panicked: {e}"))))
-    }
-
-    /// Whether this device job is one of the `--verify-fraction` shadow-checked: the
-    /// k-th job is when ⌊k·f⌋ steps up, so checks are evenly spaced (every job at 1).
-    fn shadow_due(&self) -> bool {
-        let f = self.config.verify_fraction;
-        let k = self.device_jobs.fetch_add(1, Ordering::Relaxed) as f64;
-        ((k + 1.0) * f).floor() > (k * f).floor()
-    }
-
-    /// Recomputes `job` on the CPU after its caller has the device's output, and reports
-    /// the comparison (`Backends::shadow_checked`: counted, a mismatch quarantines).
-    fn shadow_check(&self, job: Arc<dyn Runnable>, dev: Arc<GpuDevice>) {
-        let op = job.name();
-        let lane = job.placement_lane();
-        let (size, bytes) = (job.size(), job.input_bytes());
-        let Some(check) = job.shadow() else {
-            return;
-        };
-        let (cpu, backends) = (self.backends.cpu.clone(), self.backends.clone());
-        let placement = self.placement.clone();
-        tokio::spawn(async move {
-            let outcome = match cpu.run(check).await {
-                Ok((outcome, seconds)) => {
-                    let shape = Shape {
-                        op,
-                        lane: &lane,
-                        size,
-                        bytes,
-                    };
-                    placement.observed(shape, Side::Cpu, seconds);
-                    outcome
-                }
-                Err(p) => Err(format!("the CPU twin panicked: {p}")),
-            };
-            backends.shadow_checked(&dev, op, outcome);
-        });
     }
 
     async fn run_cpu(&self, job: Arc<dyn Runnable>) -> Result<(), JobError> {

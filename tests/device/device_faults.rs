@@ -418,3 +418,47 @@ fn the_check_fails_and_names_the_op_whose_device_answer_is_wrong() {
         .iter()
         .any(|e| e.op == "field_mul" && e.reason.is_none()));
 }
+
+/// With one job per device, a device job arriving while another holds the device waits
+/// for the lease (it is not refused, nor sent elsewhere: it was asked for the device),
+/// runs once the lease ends, and is counted; the gauge is back at 0 afterwards.
+#[tokio::test]
+async fn a_device_job_beyond_the_jobs_per_device_waits_for_a_lease() {
+    let s = server(&["--gpu-jobs-per-device", "1"]).await;
+    let dev = device(&s);
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (held, holding) = tokio::sync::oneshot::channel();
+    let holder = {
+        let dev = dev.clone();
+        std::thread::spawn(move || {
+            let lease = dev.lease_for(None, 1).unwrap();
+            held.send(()).unwrap();
+            released.recv().unwrap();
+            drop(lease);
+        })
+    };
+    holding.await.unwrap();
+    let unblock = async {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while dev.jobs_waiting() == 0 {
+            assert!(
+                std::time::Instant::now() < until,
+                "the job never asked for the device"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        release.send(()).unwrap();
+    };
+    let (answer, ()) = tokio::join!(goldilocks(&s, "field_add", "gpu"), unblock);
+    assert_eq!(answer, (200, "cuda".into()));
+    holder.join().unwrap();
+    assert_eq!(
+        s.metric("gpu_ops_device_lease_waits_total{gpu=\"0\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        s.metric("gpu_ops_device_jobs_running{gpu=\"0\"}").await,
+        0.0
+    );
+}

@@ -237,13 +237,16 @@ fn calibration_is_bounded_and_its_failures_retire_nothing() {
     let tests = gpu_ops::ops::self_tests();
     backends.self_test(&dev, &tests);
     assert!(dev.op_usable("field_add"));
-    // Every Goldilocks addition now fails as a lost device would.
+    // Every Goldilocks addition now fails as a lost device would, and every other launch
+    // takes 20 ms: the cases' launches take several times the budget on any host, so
+    // the budget, not the host's speed, is what stops the calibration.
     dev.inject_fault(
         "goldilocks_add",
         Fault::Fail(gpu_ops::backend::DeviceErrorKind::Fatal),
         u32::MAX,
     )
     .unwrap();
+    dev.inject_fault("", Fault::SlowMs(20), u32::MAX).unwrap();
     let placement = Placement::new(PlacementConfig::default());
     let mut cases = gpu_ops::ops::self_tests();
     cases.extend(gpu_ops::ops::check_cases(

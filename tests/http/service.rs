@@ -500,6 +500,9 @@ async fn metric_names_are_present_after_traffic() {
     for (name, _) in gpu_ops::metrics::NAMES.iter().filter(|(n, _)| {
         !n.starts_with("gpu_ops_gpu_")
             && *n != "gpu_ops_device_healthy"
+            // A device job makes these (tests/device/device_faults.rs).
+            && *n != "gpu_ops_device_jobs_running"
+            && *n != "gpu_ops_device_lease_waits_total"
             && *n != "gpu_ops_fallbacks_total"
             // A device's self-test and shadow checks make these (tests/device/device_faults.rs).
             && *n != "gpu_ops_kernel_verified"

@@ -55,8 +55,8 @@ pub struct BlasLt {
     workspace: CudaSlice<u8>,
 }
 
-// SAFETY: the handle is used by one job at a time (the device lease serialises jobs), and
-// cuBLASLt handles may move between threads.
+// SAFETY: the handle is used by one thread at a time (under `CudaEngine::library_lock`),
+// and cuBLASLt handles may move between threads.
 unsafe impl Send for BlasLt {}
 unsafe impl Sync for BlasLt {}
 
@@ -227,7 +227,8 @@ impl DeviceLease<'_> {
             ));
         }
         engine.bind_to_thread()?;
-        self.clocked(|| run(engine, blas, p, a, b, d))
+        let _handle = engine.library_lock();
+        self.clocked(|| engine.on_library_stream(self.stream(), |_| run(engine, blas, p, a, b, d)))?
             .map_err(failed)
     }
 }

@@ -38,13 +38,13 @@ pub struct ConvGeometry {
     pub groups: usize,
 }
 
-/// A cuDNN handle on one device, on the engine's stream.
+/// A cuDNN handle on one device, on the engine's library stream.
 pub struct CudnnConv {
     handle: Arc<Cudnn>,
 }
 
-// SAFETY: the handle is used by one job at a time (the device lease serialises jobs) and
-// always on the engine's stream; cuDNN handles may move between threads.
+// SAFETY: the handle is used by one thread at a time (under `CudaEngine::library_lock`)
+// and always on the engine's library stream; cuDNN handles may move between threads.
 unsafe impl Send for CudnnConv {}
 unsafe impl Sync for CudnnConv {}
 
@@ -150,6 +150,7 @@ impl DeviceLease<'_> {
             )
         };
         engine.bind_to_thread()?;
+        let _handle = engine.library_lock();
         let h = &conv.handle;
         let nchw = sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
         let x_desc = h
@@ -226,9 +227,11 @@ impl DeviceLease<'_> {
             let mut workspace = engine.stream.alloc_zeros::<u8>(bytes.max(1))?;
             // SAFETY: the descriptors describe exactly these buffers (NCHW f32, the
             // lengths above), and the workspace is the size cuDNN asked for.
-            let launched = self.clocked(|| unsafe {
-                op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), &x, &w, &mut y)
-            });
+            let launched = self.clocked(|| {
+                engine.on_library_stream(self.stream(), |_| unsafe {
+                    op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), &x, &w, &mut y)
+                })
+            })?;
             match launched.map_err(failed) {
                 Err(e) if e.kind == DeviceErrorKind::Unsupported => refusal = e,
                 done => return done,

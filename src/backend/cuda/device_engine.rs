@@ -1,20 +1,27 @@
-//! The CUDA engine behind the device interface: driver calls on the engine's one stream.
-//! Memory is a byte allocation (`CudaSlice<u8>`, freed by cudarc on its stream) with its
-//! device address kept beside it, the address a launch's argument points at. cudarc's
-//! cross-stream event tracking is off for these contexts (`open_device`), so raw launches
-//! and copies are ordered by the stream alone, exactly as cudarc's own calls were.
+//! The CUDA engine behind the device interface: driver calls on the lease's stream (a
+//! non-blocking CUDA stream), ordered across streams by events. cudarc's cross-stream
+//! event tracking is off for these contexts (`open_device`): our own events order what
+//! crosses streams, and the emulated device checks that they do (`backend::emulated`).
+//!
+//! Memory is allocated and freed synchronously (`cuMemAlloc`, `cuMemFree`), not on a
+//! stream: a buffer's last use may be queued on any lease's stream (a cached table is
+//! used by many), and `cuMemFree` waits for the device's work on it where a stream-ordered
+//! free would wait only for its own stream's. Each allocation keeps its device address,
+//! the address a launch's argument points at, and a cudarc view of it that cuDNN's typed
+//! calls take.
 
 use super::CudaEngine;
 use crate::backend::device::engine::{
-    own, own_mut, DeviceEngine, EngineId, EngineMemory, KernelArgs, LaunchConfig, PinnedHost,
-    Timestamp,
+    foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId, EngineMemory,
+    EngineStream, KernelArgs, LaunchConfig, PinnedHost, Timestamp,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use cudarc::driver::{
-    result, sys, sys::CUevent_flags, CudaEvent, CudaSlice, DevicePtr, PinnedHostSlice,
+    result, sys, sys::CUevent_flags, CudaContext, CudaEvent, CudaSlice, CudaStream, PinnedHostSlice,
 };
 use std::any::Any;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// One allocation on a CUDA device.
 pub(crate) struct CudaMemory {
@@ -22,8 +29,9 @@ pub(crate) struct CudaMemory {
     address: sys::CUdeviceptr,
     bytes: usize,
     engine: EngineId,
-    /// Never replaced: `address` is its address.
-    slice: CudaSlice<u8>,
+    /// cudarc's view of the allocation, which never frees it (taken back in `drop`).
+    slice: Option<CudaSlice<u8>>,
+    ctx: Arc<CudaContext>,
 }
 
 impl CudaMemory {
@@ -31,13 +39,93 @@ impl CudaMemory {
         self.address
     }
 
-    /// The allocation as cudarc holds it (cuDNN's typed views are made from it).
+    /// The allocation as cudarc views it (cuDNN's typed views are made from it).
     pub(crate) fn slice(&self) -> &CudaSlice<u8> {
-        &self.slice
+        self.slice
+            .as_ref()
+            .expect("held until the allocation is freed")
     }
 
     pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
-        &mut self.slice
+        self.slice
+            .as_mut()
+            .expect("held until the allocation is freed")
+    }
+}
+
+impl Drop for CudaMemory {
+    fn drop(&mut self) {
+        if let Some(view) = self.slice.take() {
+            // The view gives the address back without freeing it; cuMemFree waits for
+            // the work queued on it, on any stream.
+            let address = view.leak();
+            let freed = self.ctx.bind_to_thread().and_then(|()| {
+                // SAFETY: allocated by cuMemAlloc in `alloc`, freed once, here.
+                unsafe { result::free_sync(address) }
+            });
+            if let Err(e) = freed {
+                tracing::warn!(error = %e, "cuMemFree failed; the context is likely lost");
+            }
+        }
+    }
+}
+
+/// One lease's stream on a CUDA device.
+pub(crate) struct CudaLeaseStream {
+    engine: EngineId,
+    pub(crate) stream: Arc<CudaStream>,
+}
+
+impl EngineStream for CudaLeaseStream {
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// An event without timing, for ordering one stream after another.
+struct CudaOrderEvent {
+    engine: EngineId,
+    event: CudaEvent,
+}
+
+impl EngineEvent for CudaOrderEvent {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl CudaEngine {
+    fn lease_stream<'s>(
+        &self,
+        stream: &'s dyn EngineStream,
+    ) -> Result<&'s CudaStream, DeviceError> {
+        Ok(&own_stream::<CudaLeaseStream>(self.id, stream)?.stream)
+    }
+
+    /// Held around each use of a vendor library's handle (descriptors, queries, calls):
+    /// the handles and workspaces are the engine's, shared by every lease, and a handle
+    /// is not to be used by two threads at once.
+    pub(crate) fn library_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.library_calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs `call` (a cuBLASLt or cuDNN call, under `library_lock`) on the engine's
+    /// library stream, after the work queued on `lease` so far and before the work queued
+    /// there next.
+    pub(crate) fn on_library_stream<T>(
+        &self,
+        lease: &dyn EngineStream,
+        call: impl FnOnce(&Arc<CudaStream>) -> T,
+    ) -> Result<T, DeviceError> {
+        let lease = self.lease_stream(lease)?;
+        self.stream.join(lease)?;
+        let out = call(&self.stream);
+        lease.join(&self.stream)?;
+        Ok(out)
     }
 }
 
@@ -96,15 +184,19 @@ impl DeviceEngine for CudaEngine {
     }
 
     fn alloc(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError> {
+        self.ctx.bind_to_thread()?;
         // SAFETY: the contents are unspecified until written, as the trait says; a byte
-        // allocation has no invalid values.
-        let slice = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }?;
-        let address = slice.device_ptr(&self.stream).0;
+        // allocation has no invalid values. Never zero bytes: every buffer has an address.
+        let address = unsafe { result::malloc_sync(bytes.max(1)) }?;
+        // SAFETY: `address` is a live allocation of that many bytes; the view never frees
+        // it (`CudaMemory::drop` takes it back first).
+        let slice = unsafe { self.stream.upgrade_device_ptr::<u8>(address, bytes.max(1)) };
         Ok(Box::new(CudaMemory {
             address,
             bytes,
             engine: self.id,
-            slice,
+            slice: Some(slice),
+            ctx: self.ctx.clone(),
         }))
     }
 
@@ -112,29 +204,63 @@ impl DeviceEngine for CudaEngine {
         self.id
     }
 
+    fn new_stream(&self) -> Result<Box<dyn EngineStream>, DeviceError> {
+        Ok(Box::new(CudaLeaseStream {
+            engine: self.id,
+            stream: self.ctx.new_stream()?,
+        }))
+    }
+
+    fn record(&self, stream: &dyn EngineStream) -> Result<Box<dyn EngineEvent>, DeviceError> {
+        let event = self
+            .lease_stream(stream)?
+            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
+        Ok(Box::new(CudaOrderEvent {
+            engine: self.id,
+            event,
+        }))
+    }
+
+    fn wait(&self, stream: &dyn EngineStream, event: &dyn EngineEvent) -> Result<(), DeviceError> {
+        let event = event
+            .as_any()
+            .downcast_ref::<CudaOrderEvent>()
+            .filter(|e| e.engine == self.id)
+            .ok_or_else(foreign_event)?;
+        Ok(self.lease_stream(stream)?.wait(&event.event)?)
+    }
+
     unsafe fn write(
         &self,
+        stream: &dyn EngineStream,
         dst: &mut dyn EngineMemory,
         src: *const u8,
         bytes: usize,
     ) -> Result<(), DeviceError> {
-        let dst = own::<CudaMemory>(self.id(), dst)?;
+        let (stream, dst) = (
+            self.lease_stream(stream)?,
+            own::<CudaMemory>(self.id(), dst)?,
+        );
         self.ctx.bind_to_thread()?;
         // SAFETY: the caller's contract: `src` holds `bytes` bytes, `dst` at least as many.
         unsafe {
             let src = std::slice::from_raw_parts(src, bytes.min(dst.bytes));
-            result::memcpy_htod_async(dst.address, src, self.stream.cu_stream())?;
+            result::memcpy_htod_async(dst.address, src, stream.cu_stream())?;
         }
         Ok(())
     }
 
     unsafe fn read(
         &self,
+        stream: &dyn EngineStream,
         src: &dyn EngineMemory,
         dst: *mut u8,
         bytes: usize,
     ) -> Result<(), DeviceError> {
-        let src = own::<CudaMemory>(self.id(), src)?;
+        let (stream, src) = (
+            self.lease_stream(stream)?,
+            own::<CudaMemory>(self.id(), src)?,
+        );
         self.ctx.bind_to_thread()?;
         // SAFETY: the caller's contract: `dst` has room for `bytes` bytes, `src` holds them.
         // A raw pointer, not a slice: `dst` may be a vector's spare (uninitialised) room.
@@ -143,22 +269,33 @@ impl DeviceEngine for CudaEngine {
                 dst.cast(),
                 src.address,
                 bytes.min(src.bytes),
-                self.stream.cu_stream(),
+                stream.cu_stream(),
             )
             .result()?
         };
-        Ok(self.stream.synchronize()?)
+        Ok(stream.synchronize()?)
     }
 
-    fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError> {
+    fn zero(
+        &self,
+        stream: &dyn EngineStream,
+        memory: &mut dyn EngineMemory,
+    ) -> Result<(), DeviceError> {
+        let stream = self.lease_stream(stream)?;
         let m = own_mut::<CudaMemory>(self.id(), memory)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: the allocation holds `bytes` bytes (at least one).
-        unsafe { result::memset_d8_async(m.address, 0, m.bytes, self.stream.cu_stream())? };
+        unsafe { result::memset_d8_async(m.address, 0, m.bytes, stream.cu_stream())? };
         Ok(())
     }
 
-    fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError> {
+    fn copy(
+        &self,
+        stream: &dyn EngineStream,
+        src: &dyn EngineMemory,
+        dst: &mut dyn EngineMemory,
+    ) -> Result<(), DeviceError> {
+        let stream = self.lease_stream(stream)?;
         let (src, dst) = (
             own::<CudaMemory>(self.id(), src)?,
             own_mut::<CudaMemory>(self.id(), dst)?,
@@ -166,14 +303,12 @@ impl DeviceEngine for CudaEngine {
         self.ctx.bind_to_thread()?;
         let bytes = src.bytes.min(dst.bytes);
         // SAFETY: both allocations hold at least `bytes` bytes; two never overlap.
-        unsafe {
-            result::memcpy_dtod_async(dst.address, src.address, bytes, self.stream.cu_stream())?
-        };
+        unsafe { result::memcpy_dtod_async(dst.address, src.address, bytes, stream.cu_stream())? };
         Ok(())
     }
 
-    fn synchronize(&self) -> Result<(), DeviceError> {
-        Ok(self.stream.synchronize()?)
+    fn synchronize(&self, stream: &dyn EngineStream) -> Result<(), DeviceError> {
+        Ok(self.lease_stream(stream)?.synchronize()?)
     }
 
     fn has_kernel(&self, name: &str) -> bool {
@@ -186,10 +321,12 @@ impl DeviceEngine for CudaEngine {
 
     unsafe fn launch(
         &self,
+        stream: &dyn EngineStream,
         name: &str,
         config: LaunchConfig,
-        args: &mut KernelArgs,
+        args: &mut KernelArgs<'_>,
     ) -> Result<(), DeviceError> {
+        let stream = self.lease_stream(stream)?;
         let function = self.function(name)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: the caller's contract; the function belongs to this context.
@@ -199,16 +336,17 @@ impl DeviceEngine for CudaEngine {
                 config.grid_dim,
                 config.block_dim,
                 config.shared_mem_bytes,
-                self.stream.cu_stream(),
+                stream.cu_stream(),
                 &mut args.pointers,
             )?
         };
         Ok(())
     }
 
-    fn timestamp(&self) -> Option<Box<dyn Timestamp>> {
+    fn timestamp(&self, stream: &dyn EngineStream) -> Option<Box<dyn Timestamp>> {
         let event = self
-            .stream
+            .lease_stream(stream)
+            .ok()?
             .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .ok()?;
         Some(Box::new(CudaStamp(event)))

@@ -18,12 +18,16 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-/// A CUDA device's engine: its context, one stream, and the loaded kernels.
+/// A CUDA device's engine: its context, the loaded kernels, and the vendor libraries with
+/// the stream they run on (leases bring their own streams for everything else).
 pub struct CudaEngine {
-    /// What this context's allocations carry (`DeviceEngine::owns`).
+    /// What this context's allocations and streams carry (`DeviceEngine::owns`).
     pub(crate) id: EngineId,
     ctx: Arc<CudaContext>,
+    /// cuBLASLt's and cuDNN's stream (`on_library_stream`).
     pub(crate) stream: Arc<CudaStream>,
+    /// Held for each library call: one at a time (`library_lock`).
+    library_calls: std::sync::Mutex<()>,
     functions: HashMap<String, CudaFunction>,
     /// Each kernel's attributes against its declared launch bound.
     limits: HashMap<String, KernelLimits>,
@@ -158,9 +162,10 @@ pub fn open_device(
 ) -> Result<GpuDevice, String> {
     let ctx = CudaContext::new(ordinal)
         .map_err(|e| format!("device {ordinal}: cannot create a context: {e}"))?;
-    // One stream does all of a device's work, in order, so cudarc's cross-stream event
-    // tracking (two events per allocation, one per launch argument) buys nothing and
-    // skews every timing. SAFETY: only `stream` below ever uses this context's buffers.
+    // Our own events order the work that crosses streams (`device_engine.rs`, checked on
+    // the emulated device), so cudarc's tracking (two events per allocation, one per
+    // launch argument) would only add cost and skew every timing. SAFETY: every buffer of
+    // this context is used by the engine's calls alone, which order streams themselves.
     unsafe { ctx.disable_event_tracking() };
     let (major, minor) = ctx.compute_capability().map_err(|e| e.to_string())?;
     let sm = format!("sm_{major}{minor}");
@@ -243,6 +248,7 @@ pub fn open_device(
         id: EngineId::fresh(),
         ctx,
         stream,
+        library_calls: Default::default(),
         functions,
         limits,
         module_loads,

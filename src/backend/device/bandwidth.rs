@@ -4,7 +4,7 @@
 //! each the best of a few timed copies after one untimed, each timed to its completion.
 //! On the emulated device every copy is a host memcpy: its figures describe this host.
 
-use super::engine::{DeviceEngine, EngineMemory};
+use super::engine::EngineMemory;
 use super::{DeviceError, DeviceLease};
 use std::time::Instant;
 
@@ -66,17 +66,17 @@ impl DeviceLease<'_> {
         let mut a = self.alloc_zeros::<u32>(len)?;
         let mut b = self.alloc_zeros::<u32>(len)?;
         let (a, b) = (&mut *a.memory, &mut *b.memory);
-        let engine = self.engine();
-        let (h2d, d2h) = copy_rates(engine, a, pageable.as_mut_ptr().cast(), bytes, repeats)?;
+        let (engine, stream) = (self.engine(), self.stream());
+        let (h2d, d2h) = copy_rates(self, a, pageable.as_mut_ptr().cast(), bytes, repeats)?;
         let d2d = best_rate(bytes, repeats, || {
-            engine.copy(a, b)?;
-            engine.synchronize()
+            engine.copy(stream, a, b)?;
+            engine.synchronize(stream)
         })?;
         let Some(mut pinned) = engine.pinned_host(bytes)? else {
             // No page-locked memory (HIP today), or host memory is all one (emulated).
             return Ok(CopyBandwidth::pageable_only(bytes, h2d, d2h, d2d));
         };
-        let (h2d_pinned, d2h_pinned) = copy_rates(engine, a, pinned.as_mut_ptr()?, bytes, repeats)?;
+        let (h2d_pinned, d2h_pinned) = copy_rates(self, a, pinned.as_mut_ptr()?, bytes, repeats)?;
         Ok(CopyBandwidth {
             bytes,
             h2d_pageable: h2d,
@@ -91,20 +91,21 @@ impl DeviceLease<'_> {
 /// The best host→device and device→host rates between `host` and `device`, each copy
 /// timed to its completion.
 fn copy_rates(
-    engine: &dyn DeviceEngine,
+    lease: &DeviceLease<'_>,
     device: &mut dyn EngineMemory,
     host: *mut u8,
     bytes: usize,
     repeats: usize,
 ) -> Result<(f64, f64), DeviceError> {
+    let (engine, stream) = (lease.engine(), lease.stream());
     let h2d = best_rate(bytes, repeats, || {
         // SAFETY: `host` and `device` each hold `bytes` bytes; `device` is the engine's.
-        unsafe { engine.write(device, host, bytes)? };
-        engine.synchronize()
+        unsafe { engine.write(stream, device, host, bytes)? };
+        engine.synchronize(stream)
     })?;
     // SAFETY: as above; a read returns when the bytes are on the host.
     let d2h = best_rate(bytes, repeats, || unsafe {
-        engine.read(device, host, bytes)
+        engine.read(stream, device, host, bytes)
     })?;
     Ok((h2d, d2h))
 }

@@ -71,7 +71,7 @@ impl DeviceLease<'_> {
         // SAFETY: `host` holds exactly `bytes` bytes of plain data, as does the memory.
         unsafe {
             self.engine()
-                .write(&mut *memory, host.as_ptr().cast(), bytes)?
+                .write(self.stream(), &mut *memory, host.as_ptr().cast(), bytes)?
         };
         Ok(DeviceBuffer {
             len: host.len(),
@@ -85,7 +85,7 @@ impl DeviceLease<'_> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| DeviceError::out_of_memory(format!("{len} elements")))?;
-        let memory = self.engine().alloc_zeroed(bytes)?;
+        let memory = self.engine().alloc_zeroed(self.stream(), bytes)?;
         Ok(DeviceBuffer {
             len,
             memory,
@@ -102,8 +102,12 @@ impl DeviceLease<'_> {
         // SAFETY: the memory holds len elements of T (written as T, or zeroed, which T
         // allows); the vector has room for them and is filled before its length is set.
         unsafe {
-            self.engine()
-                .read(&*buf.memory, host.as_mut_ptr().cast(), buf.bytes())?;
+            self.engine().read(
+                self.stream(),
+                &*buf.memory,
+                host.as_mut_ptr().cast(),
+                buf.bytes(),
+            )?;
             host.set_len(buf.len);
         }
         Ok(host)
@@ -111,7 +115,7 @@ impl DeviceLease<'_> {
 
     /// Zeroes the buffer.
     pub fn zero<T: Element>(&self, buf: &mut DeviceBuffer<T>) -> Result<(), DeviceError> {
-        self.engine().zero(&mut *buf.memory)
+        self.engine().zero(self.stream(), &mut *buf.memory)
     }
 
     /// Copies `src` into `dst` on the device; both hold the same number of elements.
@@ -126,6 +130,7 @@ impl DeviceLease<'_> {
                 src.len, dst.len
             )));
         }
-        self.engine().copy(&*src.memory, &mut *dst.memory)
+        self.engine()
+            .copy(self.stream(), &*src.memory, &mut *dst.memory)
     }
 }

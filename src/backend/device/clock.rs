@@ -5,7 +5,7 @@
 //! stream synchronised after each clocked call. Off (the server's case), a launch pays one
 //! uncontended lock and nothing else.
 
-use super::engine::{DeviceEngine, Timestamp};
+use super::engine::{DeviceEngine, EngineStream, Timestamp};
 use super::{DeviceLease, GpuDevice};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
@@ -44,17 +44,22 @@ impl GpuDevice {
         self.clock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `work` (one launch or one library call on `engine`), clocked when the clock
-    /// is on: between two device timestamps where the engine has them, else on the host
-    /// with the engine synchronised after it, so the time is the work's own.
-    fn clocked<T>(&self, engine: &dyn DeviceEngine, work: impl FnOnce() -> T) -> T {
+    /// Runs `work` (one launch or one library call on `engine`'s `stream`), clocked when
+    /// the clock is on: between two device timestamps where the engine has them, else on
+    /// the host with the stream synchronised after it, so the time is the work's own.
+    fn clocked<T>(
+        &self,
+        engine: &dyn DeviceEngine,
+        stream: &dyn EngineStream,
+        work: impl FnOnce() -> T,
+    ) -> T {
         if self.clock().is_none() {
             return work();
         }
-        match engine.timestamp() {
+        match engine.timestamp(stream) {
             Some(start) => {
                 let out = work();
-                let end = engine.timestamp();
+                let end = engine.timestamp(stream);
                 if let (Some(end), Some(clock)) = (end, self.clock().as_mut()) {
                     clock.stamps.push((start, end));
                 }
@@ -62,14 +67,14 @@ impl GpuDevice {
             }
             None => {
                 // Work queued before (copies, zeroing) is not this stretch's.
-                if let Err(e) = engine.synchronize() {
+                if let Err(e) = engine.synchronize(stream) {
                     tracing::warn!(error = %e, "kernel clock: the device failed before a clocked call");
                 }
                 let started = Instant::now();
                 let out = work();
                 // A failure here shows again in the job's next copy, where it is handled as
                 // the job's error; the clock only loses this stretch.
-                if let Err(e) = engine.synchronize() {
+                if let Err(e) = engine.synchronize(stream) {
                     tracing::warn!(error = %e, "kernel clock: the device failed in a clocked call");
                 }
                 if let Some(clock) = self.clock().as_mut() {
@@ -82,9 +87,9 @@ impl GpuDevice {
 }
 
 impl DeviceLease<'_> {
-    /// Runs `work` (one launch or one library call on the device's stream), clocked when
+    /// Runs `work` (one launch or one library call on the lease's stream), clocked when
     /// the device's clock is on.
     pub(crate) fn clocked<T>(&self, work: impl FnOnce() -> T) -> T {
-        self.device.clocked(self.engine(), work)
+        self.device.clocked(self.engine(), self.stream(), work)
     }
 }

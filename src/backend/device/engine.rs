@@ -7,6 +7,13 @@
 //! The interface is bytes and addresses, as a driver's is: memory of a length, copies of
 //! byte ranges, launches of a kernel by name with one pointer per parameter. Typing
 //! (`DeviceBuffer<T>`, `Element`) lives above it, once, in `buffer.rs` and `launch.rs`.
+//!
+//! Work is queued on streams (`EngineStream`): each lease of a device holds one, so
+//! several jobs run on a device at once, each in its own order. Work of two streams is
+//! ordered only by an event one records and the other waits for (`record`, `wait`), or
+//! by the host having waited for the first (`synchronize`, `read`). The emulated device
+//! checks exactly that on every buffer each queued operation touches
+//! (`backend::emulated::order`), so a missing event fails a test in CI.
 
 use super::{DeviceError, KernelLimits, ModuleLoad};
 use std::any::Any;
@@ -52,12 +59,30 @@ pub trait EngineMemory: Send + Sync + 'static {
 /// A kernel launch's arguments as drivers take them: one pointer per parameter, to the
 /// parameter's value (for a buffer, to its device address), with each value's size.
 #[derive(Default)]
-pub struct KernelArgs {
+pub struct KernelArgs<'a> {
     pub pointers: Vec<*mut c_void>,
     pub sizes: Vec<usize>,
     /// The address slot of the last buffer passed mutably (an output), where the emulated
     /// device's `Fault::Corrupt` lands.
     pub last_output: Option<*mut c_void>,
+    /// Each buffer argument and whether the kernel may write it (passed mutably): what
+    /// the emulated device's order check reads.
+    pub buffers: Vec<(&'a dyn EngineMemory, bool)>,
+}
+
+/// One of an engine's queues of work (a CUDA or HIP stream, the emulated device's
+/// ordered stream): what a lease runs its work on. Destroyed when dropped.
+pub trait EngineStream: Send + Sync + 'static {
+    /// The engine that made it: a stream of another engine is refused.
+    fn engine_id(&self) -> EngineId;
+
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A point in one stream's work (an event without timing) that another stream can wait
+/// for.
+pub trait EngineEvent: Send + Sync + 'static {
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// A point in a device's work queue that the device stamps with its clock when it gets
@@ -74,8 +99,9 @@ pub trait PinnedHost: Send + 'static {
     fn as_mut_ptr(&mut self) -> Result<*mut u8, DeviceError>;
 }
 
-/// What runs a device's work. Every method is called by the device's lease holder; work
-/// is queued in order on the engine's stream unless the method says it waits.
+/// What runs a device's work. Work is queued in order on the stream it is given (a lease's)
+/// unless the method says it waits; streams are used by one thread at a time, the engine
+/// by many at once.
 pub trait DeviceEngine: Send + Sync + 'static {
     /// Makes the device current on the calling thread (CUDA's context, HIP's device).
     fn bind_to_thread(&self) -> Result<(), DeviceError> {
@@ -89,11 +115,15 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// address). Its contents are unspecified.
     fn alloc(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError>;
 
-    /// `bytes` of zeroed device memory: `alloc` then `zero`, unless the engine's
-    /// allocations come zeroed.
-    fn alloc_zeroed(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError> {
+    /// `bytes` of zeroed device memory: `alloc` then `zero` on `stream`, unless the
+    /// engine's allocations come zeroed.
+    fn alloc_zeroed(
+        &self,
+        stream: &dyn EngineStream,
+        bytes: usize,
+    ) -> Result<Box<dyn EngineMemory>, DeviceError> {
         let mut memory = self.alloc(bytes)?;
-        self.zero(&mut *memory)?;
+        self.zero(stream, &mut *memory)?;
         Ok(memory)
     }
 
@@ -104,8 +134,17 @@ pub trait DeviceEngine: Send + Sync + 'static {
     }
 
     /// This engine's identity, unique in the process (`EngineId::fresh`): what each of
-    /// its allocations carries.
+    /// its allocations and streams carries.
     fn id(&self) -> EngineId;
+
+    /// A new stream, unordered with respect to every other (CUDA's non-blocking kind).
+    fn new_stream(&self) -> Result<Box<dyn EngineStream>, DeviceError>;
+
+    /// An event at the end of the work queued on `stream` so far.
+    fn record(&self, stream: &dyn EngineStream) -> Result<Box<dyn EngineEvent>, DeviceError>;
+
+    /// Makes the work queued on `stream` from now on wait for `event`.
+    fn wait(&self, stream: &dyn EngineStream, event: &dyn EngineEvent) -> Result<(), DeviceError>;
 
     /// Copies `bytes` host bytes at `src` into `dst`. Pageable `src` may be reused when this
     /// returns (the driver has staged it); page-locked `src` must live until the engine is
@@ -116,32 +155,43 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// engine's (`owns`).
     unsafe fn write(
         &self,
+        stream: &dyn EngineStream,
         dst: &mut dyn EngineMemory,
         src: *const u8,
         bytes: usize,
     ) -> Result<(), DeviceError>;
 
-    /// Copies `bytes` of `src` out to `dst` once the work queued before has finished, and
-    /// returns when they are there.
+    /// Copies `bytes` of `src` out to `dst` once the work queued on `stream` before has
+    /// finished, and returns when they are there.
     ///
     /// # Safety
     /// `dst` must be valid for `bytes` writes, `bytes` at most `src.bytes()`, and `src`
     /// this engine's.
     unsafe fn read(
         &self,
+        stream: &dyn EngineStream,
         src: &dyn EngineMemory,
         dst: *mut u8,
         bytes: usize,
     ) -> Result<(), DeviceError>;
 
     /// Zeroes all of `memory` (this engine's).
-    fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError>;
+    fn zero(
+        &self,
+        stream: &dyn EngineStream,
+        memory: &mut dyn EngineMemory,
+    ) -> Result<(), DeviceError>;
 
     /// Copies the first `min(src, dst)` bytes of `src` into `dst`, both this engine's.
-    fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError>;
+    fn copy(
+        &self,
+        stream: &dyn EngineStream,
+        src: &dyn EngineMemory,
+        dst: &mut dyn EngineMemory,
+    ) -> Result<(), DeviceError>;
 
-    /// Waits for all the work queued so far.
-    fn synchronize(&self) -> Result<(), DeviceError>;
+    /// Waits for all the work queued on `stream` so far.
+    fn synchronize(&self, stream: &dyn EngineStream) -> Result<(), DeviceError>;
 
     /// Whether kernel `name` is loaded.
     fn has_kernel(&self, name: &str) -> bool;
@@ -149,7 +199,7 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// Kernel `name`'s limits as this engine knows them.
     fn kernel_limits(&self, name: &str) -> KernelLimits;
 
-    /// Queues kernel `name` (the emulated device runs it to completion).
+    /// Queues kernel `name` on `stream` (the emulated device runs it to completion).
     ///
     /// # Safety
     /// `args` must be the kernel's parameters in order and type, every buffer among them
@@ -157,14 +207,15 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// as for `cuLaunchKernel`.
     unsafe fn launch(
         &self,
+        stream: &dyn EngineStream,
         name: &str,
         config: LaunchConfig,
-        args: &mut KernelArgs,
+        args: &mut KernelArgs<'_>,
     ) -> Result<(), DeviceError>;
 
-    /// A timestamp queued on the stream, where the engine has device clocks (CUDA
-    /// events); `None` times the work on the host after synchronising.
-    fn timestamp(&self) -> Option<Box<dyn Timestamp>> {
+    /// A timestamp queued on `stream`, where the engine has device clocks (CUDA events);
+    /// `None` times the work on the host after synchronising.
+    fn timestamp(&self, _stream: &dyn EngineStream) -> Option<Box<dyn Timestamp>> {
         None
     }
 
@@ -208,6 +259,23 @@ pub(crate) fn own_mut<M: EngineMemory>(
         return Err(foreign());
     }
     memory.as_any_mut().downcast_mut::<M>().ok_or_else(foreign)
+}
+
+/// `stream` as engine `id`'s own kind `S`, or the refusal of another engine's stream.
+pub(crate) fn own_stream<S: EngineStream>(
+    id: EngineId,
+    stream: &dyn EngineStream,
+) -> Result<&S, DeviceError> {
+    let refused = || DeviceError::fatal("a stream of another device reached this one");
+    if stream.engine_id() != id {
+        return Err(refused());
+    }
+    stream.as_any().downcast_ref::<S>().ok_or_else(refused)
+}
+
+/// An event of another engine, refused.
+pub(crate) fn foreign_event() -> DeviceError {
+    DeviceError::fatal("an event of another device reached this one")
 }
 
 /// A buffer handed to an engine that did not allocate it.

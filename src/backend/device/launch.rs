@@ -14,7 +14,7 @@ use std::marker::PhantomData;
 /// One launch being put together: `lease.launch(name)?.arg(..)…`, then `launch(config)`.
 pub struct Launch<'a> {
     name: &'a str,
-    args: KernelArgs,
+    args: KernelArgs<'a>,
     /// The most threads a block of this kernel may have, where the engine knows it.
     max_threads: Option<u32>,
     lease: &'a DeviceLease<'a>,
@@ -38,13 +38,13 @@ impl<'a, T: Element> KernelArg<'a> for &'a T {
 
 impl<'a, T> KernelArg<'a> for &'a DeviceBuffer<T> {
     fn push(self, launch: &mut Launch<'a>) {
-        launch.push_buffer(&*self.memory);
+        launch.push_buffer(&*self.memory, false);
     }
 }
 
 impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
     fn push(self, launch: &mut Launch<'a>) {
-        let slot = launch.push_buffer(&*self.memory);
+        let slot = launch.push_buffer(&*self.memory, true);
         launch.args.last_output = Some(slot);
     }
 }
@@ -74,8 +74,13 @@ impl<'a> Launch<'a> {
     }
 
     /// A buffer's argument: a pointer to where its device address is kept.
-    fn push_buffer(&mut self, memory: &dyn super::engine::EngineMemory) -> *mut c_void {
+    fn push_buffer(
+        &mut self,
+        memory: &'a dyn super::engine::EngineMemory,
+        writes: bool,
+    ) -> *mut c_void {
         self.foreign |= !self.engine().owns(memory);
+        self.args.buffers.push((memory, writes));
         let slot = memory.address_slot();
         self.args.pointers.push(slot);
         self.args.sizes.push(std::mem::size_of::<*mut c_void>());
@@ -98,9 +103,10 @@ impl<'a> Launch<'a> {
         }
         self.within_bounds(&config)?;
         let (engine, name, args) = (self.engine(), self.name, &mut self.args);
+        let stream = self.lease.stream();
         // SAFETY: the caller's contract; every pointer lives as long as 'a.
         self.lease
-            .clocked(|| unsafe { engine.launch(name, config, args) })
+            .clocked(|| unsafe { engine.launch(stream, name, config, args) })
     }
 
     /// Refuses a block of more threads than the kernel allows, before the device sees it.

@@ -1,6 +1,8 @@
 //! The device interface every launcher speaks: a leased device allocates, copies in and
 //! out, launches a kernel by name (grid, block, shared bytes, arguments as the driver takes
-//! them), synchronises, and frees what it allocated when the buffer drops. Three engines
+//! them), synchronises, and frees what it allocated when the buffer drops. A lease is a
+//! stream and a share of the device's job memory (`lease.rs`), so several jobs run on one
+//! device at once. Three engines
 //! implement `DeviceEngine` (`engine.rs`), each in its own folder: CUDA through cudarc
 //! (`backend::cuda`), HIP (`backend::hip`) and the emulated device (`backend::emulated`),
 //! which runs the same `kernels/*.cu` compiled for the host. So every launcher, pass and
@@ -12,21 +14,22 @@ mod clock;
 pub mod engine;
 mod inventory;
 mod launch;
+mod lease;
 mod tables;
 
 pub use bandwidth::{best_rate, CopyBandwidth};
 pub use buffer::{DeviceBuffer, Element};
-pub use engine::{DeviceEngine, Engine, LaunchConfig};
+pub use engine::{DeviceEngine, Engine, EngineEvent, EngineStream, LaunchConfig};
 pub use inventory::{KernelLimits, ModuleLoad};
 pub use launch::Launch;
+pub use lease::{DeviceLease, Event, Stop, DEFAULT_JOBS_PER_DEVICE};
 
 use super::emulated::EmulatedEngine;
 use super::verify::{OpState, OpStatus};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use tables::TableCache;
 
 /// What `/device` reports for one device.
@@ -130,8 +133,8 @@ fn table_cache_bytes(device_bytes: u64) -> usize {
     ((device_bytes / 8).clamp(512 * MIB, 4096 * MIB)).min(device_bytes / 4) as usize
 }
 
-/// One device: its engine, its health, the lock that gives it to one job at a time, and
-/// the constant tables kept on it between jobs.
+/// One device: its engine, its health, the leases that share it between jobs, and the
+/// constant tables kept on it between jobs.
 pub struct GpuDevice {
     pub info: GpuInfo,
     /// Replaced when a re-probe rebuilds the context (`replace_engine`).
@@ -140,9 +143,16 @@ pub struct GpuDevice {
     /// Device failures in a row (any kind but `Abandoned`); reset by a success.
     failures_in_row: AtomicU32,
     reprobing: AtomicBool,
-    /// One job at a time per device; the stream orders its work.
-    busy: Mutex<()>,
-    /// `--gpu-memory-limit-mib` in bytes; 0: half the memory free when a job starts.
+    /// The leases held now, their memory and the streams kept for the next (`lease.rs`).
+    slots: Mutex<lease::Slots>,
+    /// Signalled when a lease ends.
+    slot_freed: Condvar,
+    /// `--gpu-jobs-per-device`: leases at once.
+    jobs_per_device: AtomicUsize,
+    /// Leases that had to wait for a slot or for memory, since start.
+    lease_waits: AtomicU64,
+    /// `--gpu-memory-limit-mib` in bytes, for the device's jobs together; 0: half the
+    /// memory free when a job starts on the idle device.
     memory_limit: AtomicU64,
     tables: Mutex<TableCache>,
     /// Each self-tested op's state, by op name.
@@ -151,23 +161,6 @@ pub struct GpuDevice {
     vendor_libraries: AtomicBool,
     /// `gpu-ops check`'s kernel clock (`clock.rs`); off in the server.
     clock: clock::ClockSlot,
-}
-
-/// Held while a job uses the device.
-pub struct DeviceLease<'a> {
-    pub device: &'a GpuDevice,
-    engine: RwLockReadGuard<'a, Engine>,
-    /// When the job stops being wanted: its deadline, and its caller leaving.
-    stop: Option<Stop>,
-    _guard: MutexGuard<'a, ()>,
-}
-
-/// What ends a job's claim on the device before it finishes.
-#[derive(Clone)]
-pub struct Stop {
-    pub deadline: Instant,
-    /// Set when the caller has gone (its request dropped).
-    pub abandoned: Arc<AtomicBool>,
 }
 
 impl GpuDevice {
@@ -179,7 +172,10 @@ impl GpuDevice {
             healthy: AtomicBool::new(true),
             failures_in_row: AtomicU32::new(0),
             reprobing: AtomicBool::new(false),
-            busy: Mutex::new(()),
+            slots: Mutex::new(lease::Slots::default()),
+            slot_freed: Condvar::new(),
+            jobs_per_device: AtomicUsize::new(DEFAULT_JOBS_PER_DEVICE),
+            lease_waits: AtomicU64::new(0),
             memory_limit: AtomicU64::new(0),
             ops: Mutex::new(BTreeMap::new()),
             vendor_libraries: AtomicBool::new(true),
@@ -241,13 +237,15 @@ impl GpuDevice {
         self.engine.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A re-probe's fresh engine (a rebuilt context): waits for the running job, drops
-    /// every cached table of the old one, and forgets the ops' states for the self-test
-    /// to record again.
+    /// A re-probe's fresh engine (a rebuilt context): waits for the running jobs (each
+    /// holds the engine's read lock), drops every cached table and kept stream of the old
+    /// one, and forgets the ops' states for the self-test to record again.
     pub(crate) fn replace_engine(&self, engine: Engine) {
-        let _busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.engine.write().unwrap_or_else(|e| e.into_inner());
         self.table_cache().clear();
-        *self.engine.write().unwrap_or_else(|e| e.into_inner()) = engine;
+        self.slot_table().idle_streams.clear();
+        *current = engine;
+        drop(current);
         self.op_table().clear();
     }
 
@@ -351,29 +349,8 @@ impl GpuDevice {
         self.ops.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Blocks until the device is free. Call from a blocking thread, not the runtime.
-    pub fn lease(&self) -> Result<DeviceLease<'_>, DeviceError> {
-        self.lease_until(None)
-    }
-
-    /// As `lease`, for a job that `stop` may end: refused as `Abandoned` if it ended
-    /// while the job waited for the device.
-    pub fn lease_until(&self, stop: Option<Stop>) -> Result<DeviceLease<'_>, DeviceError> {
-        let guard = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        let engine = self.engine();
-        engine.bind_to_thread()?;
-        let lease = DeviceLease {
-            device: self,
-            engine,
-            stop,
-            _guard: guard,
-        };
-        lease.still_wanted()?;
-        Ok(lease)
-    }
-
-    /// The most device memory one job may use (`--gpu-memory-limit-mib`, 0 for half of
-    /// the memory free when the job starts).
+    /// The device memory its jobs may use together (`--gpu-memory-limit-mib`, 0 for half
+    /// of the memory free when a job starts on the idle device).
     pub fn set_memory_limit(&self, bytes: u64) {
         self.memory_limit.store(bytes, Ordering::Relaxed);
     }
@@ -409,9 +386,9 @@ impl GpuDevice {
         self.tables.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Bytes one job may allocate now: `--gpu-memory-limit-mib` but never more than is
-    /// free, or without a limit half of what is free (the other half is headroom for the
-    /// driver, the table cache and other jobs' buffers).
+    /// Bytes the device's jobs may allocate together, as the idle device would give them
+    /// now: `--gpu-memory-limit-mib` but never more than is free, or without a limit half
+    /// of what is free (the other half is headroom for the driver and the table cache).
     pub fn memory_budget(&self) -> usize {
         let free = self.memory().map_or(usize::MAX, |(f, _)| f as usize);
         match self.memory_limit.load(Ordering::Relaxed) as usize {
@@ -423,80 +400,6 @@ impl GpuDevice {
     /// (free, total) bytes now.
     pub fn memory(&self) -> Option<(u64, u64)> {
         self.engine().memory()
-    }
-}
-
-impl DeviceLease<'_> {
-    /// `Abandoned` once the job's deadline has passed or its caller has gone: launchers
-    /// call it between passes, so work nobody waits for stops holding the device.
-    pub fn still_wanted(&self) -> Result<(), DeviceError> {
-        let Some(stop) = &self.stop else {
-            return Ok(());
-        };
-        let why = if stop.abandoned.load(Ordering::Relaxed) {
-            "its caller has gone"
-        } else if Instant::now() >= stop.deadline {
-            "its deadline has passed"
-        } else {
-            return Ok(());
-        };
-        Err(DeviceError {
-            kind: DeviceErrorKind::Abandoned,
-            message: format!("the job was dropped on the device: {why}"),
-        })
-    }
-
-    pub(crate) fn engine(&self) -> &dyn DeviceEngine {
-        &**self.engine
-    }
-
-    /// Bytes this job may allocate: `GpuDevice::memory_budget` now.
-    pub fn memory_budget(&self) -> usize {
-        self.device.memory_budget()
-    }
-
-    /// How many of `items` items of `per_item` bytes fit in one pass beside `fixed`
-    /// bytes, within the budget; at least one.
-    pub fn items_per_pass(&self, items: usize, per_item: usize, fixed: usize) -> usize {
-        let room = self.memory_budget().saturating_sub(fixed);
-        (room / per_item.max(1)).clamp(1, items.max(1))
-    }
-
-    /// The cached device table under `key`, or the one `make` uploads (then cached).
-    pub fn cached_table<T: Element>(
-        &self,
-        key: &str,
-        make: impl FnOnce() -> Result<DeviceBuffer<T>, DeviceError>,
-    ) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
-        let found = self.tables().get(key);
-        if let Some(t) = found.and_then(|t| t.downcast::<DeviceBuffer<T>>().ok()) {
-            return Ok(t);
-        }
-        let table = Arc::new(make()?);
-        let bytes = table.len() * std::mem::size_of::<T>();
-        self.tables().insert(key.to_string(), table.clone(), bytes);
-        Ok(table)
-    }
-
-    fn tables(&self) -> MutexGuard<'_, TableCache> {
-        self.device.table_cache()
-    }
-
-    /// A grid-stride launch over `n` items: enough blocks to fill the device, no more.
-    pub fn launch_config(&self, n: usize) -> LaunchConfig {
-        const THREADS: u32 = 256;
-        let wanted = n.div_ceil(THREADS as usize).max(1);
-        let cap = (self.device.info.sm_count.max(1) * 32) as usize;
-        LaunchConfig {
-            grid_dim: (wanted.min(cap) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        }
-    }
-
-    /// Waits for the device's queued work (copies back are already synchronous).
-    pub fn synchronize(&self) -> Result<(), DeviceError> {
-        self.engine().synchronize()
     }
 }
 
@@ -556,7 +459,7 @@ mod tests {
             for _ in 0..3 {
                 for (key, bytes) in [("tw", twiddles), ("scale", scale)] {
                     if cache.get(key).is_none() {
-                        cache.insert(key.into(), Arc::new(0u8), bytes);
+                        cache.insert(key.into(), std::sync::Arc::new(0u8), bytes);
                     }
                 }
             }

@@ -1,15 +1,18 @@
 //! The emulated device's engine: memory accounting against a pretend size, host memory
-//! for device memory, launches run to completion by the runtime in `mod.rs`, and the
-//! faults tests inject.
+//! for device memory, launches run to completion by the runtime in `mod.rs`, streams and
+//! events whose order every operation is checked against (`order.rs`), and the faults
+//! tests inject.
 
 use super::super::device::engine::{
-    own, own_mut, DeviceEngine, EngineId, EngineMemory, KernelArgs, LaunchConfig,
+    foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId, EngineMemory,
+    EngineStream, KernelArgs, LaunchConfig,
 };
 use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
+use super::order::{AccessLog, EmulatedEvent, EmulatedStream, HostOrder, Touch};
 use std::alloc::Layout;
 use std::any::Any;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The emulated device's memory accounting: allocations past its pretend size fail as
@@ -20,6 +23,9 @@ pub struct EmulatedEngine {
     total: usize,
     in_use: Arc<AtomicUsize>,
     faults: Mutex<Vec<Injected>>,
+    /// Streams made so far: the next one's number.
+    streams: AtomicU64,
+    order: HostOrder,
 }
 
 /// A fault the emulated device injects into launches: how tests show that the
@@ -54,6 +60,8 @@ impl EmulatedEngine {
             total: total_bytes as usize,
             in_use: Arc::new(AtomicUsize::new(0)),
             faults: Mutex::new(Vec::new()),
+            streams: AtomicU64::new(0),
+            order: HostOrder::default(),
         }
     }
 
@@ -125,6 +133,7 @@ impl EmulatedEngine {
             engine: self.id,
             layout,
             in_use: self.in_use.clone(),
+            log: Mutex::new(AccessLog::default()),
         })
     }
 }
@@ -138,15 +147,25 @@ pub struct HostMemory {
     engine: EngineId,
     layout: Layout,
     in_use: Arc<AtomicUsize>,
+    /// Which streams touched it last (`order.rs`).
+    log: Mutex<AccessLog>,
 }
 
-// SAFETY: the memory is owned by this value alone; access is ordered by the device lease.
+// SAFETY: the memory is owned by this value alone; access is ordered by the streams that
+// use it, and that order is checked (`order.rs`).
 unsafe impl Send for HostMemory {}
 // SAFETY: shared references only read the address; kernels write through it only inside
-// a launch, which holds the device's lease.
+// a launch of a buffer passed mutably, ordered as above.
 unsafe impl Sync for HostMemory {}
 
 impl HostMemory {
+    fn touch(&self, writes: bool) -> Touch<'_> {
+        Touch {
+            log: &self.log,
+            writes,
+        }
+    }
+
     /// The buffer's device address (a host pointer).
     pub fn address(&self) -> *mut c_void {
         self.address
@@ -231,7 +250,11 @@ impl DeviceEngine for EmulatedEngine {
     }
 
     /// Its allocations come zeroed (`alloc_zeroed` of the host allocator).
-    fn alloc_zeroed(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError> {
+    fn alloc_zeroed(
+        &self,
+        _stream: &dyn EngineStream,
+        bytes: usize,
+    ) -> Result<Box<dyn EngineMemory>, DeviceError> {
         DeviceEngine::alloc(self, bytes)
     }
 
@@ -239,40 +262,97 @@ impl DeviceEngine for EmulatedEngine {
         self.id
     }
 
+    fn new_stream(&self) -> Result<Box<dyn EngineStream>, DeviceError> {
+        let number = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
+        Ok(Box::new(EmulatedStream::new(self.id, number)))
+    }
+
+    fn record(&self, stream: &dyn EngineStream) -> Result<Box<dyn EngineEvent>, DeviceError> {
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        Ok(Box::new(self.order.record(self.id, stream)))
+    }
+
+    fn wait(&self, stream: &dyn EngineStream, event: &dyn EngineEvent) -> Result<(), DeviceError> {
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        let event = event
+            .as_any()
+            .downcast_ref::<EmulatedEvent>()
+            .filter(|e| e.engine == self.id)
+            .ok_or_else(foreign_event)?;
+        self.order.wait(stream, event);
+        Ok(())
+    }
+
     unsafe fn write(
         &self,
+        stream: &dyn EngineStream,
         dst: &mut dyn EngineMemory,
         src: *const u8,
         bytes: usize,
     ) -> Result<(), DeviceError> {
+        let dst = own::<HostMemory>(self.id(), dst)?;
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        self.order
+            .operation(stream, "an upload", &[dst.touch(true)])?;
         // SAFETY: the caller's contract.
-        unsafe { own::<HostMemory>(self.id(), dst)?.write(src, bytes) };
+        unsafe { dst.write(src, bytes) };
         Ok(())
     }
 
+    /// Waits for the stream, as a download does on a GPU.
     unsafe fn read(
         &self,
+        stream: &dyn EngineStream,
         src: &dyn EngineMemory,
         dst: *mut u8,
         bytes: usize,
     ) -> Result<(), DeviceError> {
+        let src = own::<HostMemory>(self.id(), src)?;
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        self.order
+            .operation(stream, "a download", &[src.touch(false)])?;
         // SAFETY: the caller's contract.
-        unsafe { own::<HostMemory>(self.id(), src)?.read(dst, bytes) };
+        unsafe { src.read(dst, bytes) };
+        self.order.waited_for(stream);
         Ok(())
     }
 
-    fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        own_mut::<HostMemory>(self.id(), memory)?.zero();
+    fn zero(
+        &self,
+        stream: &dyn EngineStream,
+        memory: &mut dyn EngineMemory,
+    ) -> Result<(), DeviceError> {
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        let memory = own_mut::<HostMemory>(self.id(), memory)?;
+        self.order
+            .operation(stream, "a memset", &[memory.touch(true)])?;
+        memory.zero();
         Ok(())
     }
 
-    fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        own_mut::<HostMemory>(self.id(), dst)?.copy_from(own::<HostMemory>(self.id(), src)?);
+    fn copy(
+        &self,
+        stream: &dyn EngineStream,
+        src: &dyn EngineMemory,
+        dst: &mut dyn EngineMemory,
+    ) -> Result<(), DeviceError> {
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        let src = own::<HostMemory>(self.id(), src)?;
+        let dst = own_mut::<HostMemory>(self.id(), dst)?;
+        self.order.operation(
+            stream,
+            "a device copy",
+            &[src.touch(false), dst.touch(true)],
+        )?;
+        dst.copy_from(src);
         Ok(())
     }
 
-    /// Launches and copies finish before they return: nothing is ever queued.
-    fn synchronize(&self) -> Result<(), DeviceError> {
+    /// Launches and copies finish before they return; what a GPU would still be running
+    /// is now known to the host as finished (`order.rs`).
+    fn synchronize(&self, stream: &dyn EngineStream) -> Result<(), DeviceError> {
+        self.order
+            .waited_for(own_stream::<EmulatedStream>(self.id, stream)?);
         Ok(())
     }
 
@@ -295,10 +375,19 @@ impl DeviceEngine for EmulatedEngine {
 
     unsafe fn launch(
         &self,
+        stream: &dyn EngineStream,
         name: &str,
         config: LaunchConfig,
-        args: &mut KernelArgs,
+        args: &mut KernelArgs<'_>,
     ) -> Result<(), DeviceError> {
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        let touches = args
+            .buffers
+            .iter()
+            .map(|&(memory, writes)| Ok(own::<HostMemory>(self.id, memory)?.touch(writes)))
+            .collect::<Result<Vec<_>, DeviceError>>()?;
+        self.order
+            .operation(stream, &format!("kernel {name}"), &touches)?;
         let fault = self.take_fault(name);
         if let Some(Fault::Fail(kind)) = fault {
             return Err(DeviceError {

@@ -241,4 +241,5 @@ pub unsafe fn launch(
 }
 
 mod engine;
+mod order;
 pub use engine::{EmulatedEngine, Fault, HostMemory};

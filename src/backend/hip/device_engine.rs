@@ -1,9 +1,10 @@
 //! The HIP engine behind the device interface: each method the engine's own call of the
-//! same name, on its one stream.
+//! same name, on the lease's stream.
 
-use super::engine::{HipEngine, HipMemory};
+use super::engine::{HipEngine, HipEvent, HipMemory, HipStream};
 use crate::backend::device::engine::{
-    own, own_mut, DeviceEngine, EngineId, EngineMemory, KernelArgs, LaunchConfig,
+    foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId, EngineMemory,
+    EngineStream, KernelArgs, LaunchConfig,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use std::any::Any;
@@ -31,6 +32,28 @@ impl EngineMemory for HipMemory {
     }
 }
 
+impl EngineStream for HipStream {
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl EngineEvent for HipEvent {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl HipEngine {
+    fn stream<'s>(&self, stream: &'s dyn EngineStream) -> Result<&'s HipStream, DeviceError> {
+        own_stream::<HipStream>(self.id, stream)
+    }
+}
+
 impl DeviceEngine for HipEngine {
     fn bind_to_thread(&self) -> Result<(), DeviceError> {
         HipEngine::bind_to_thread(self)
@@ -48,40 +71,72 @@ impl DeviceEngine for HipEngine {
         self.id
     }
 
+    fn new_stream(&self) -> Result<Box<dyn EngineStream>, DeviceError> {
+        Ok(Box::new(HipEngine::new_stream(self)?))
+    }
+
+    fn record(&self, stream: &dyn EngineStream) -> Result<Box<dyn EngineEvent>, DeviceError> {
+        Ok(Box::new(HipEngine::record(self, self.stream(stream)?)?))
+    }
+
+    fn wait(&self, stream: &dyn EngineStream, event: &dyn EngineEvent) -> Result<(), DeviceError> {
+        let event = event
+            .as_any()
+            .downcast_ref::<HipEvent>()
+            .filter(|e| e.engine == self.id)
+            .ok_or_else(foreign_event)?;
+        HipEngine::wait(self, self.stream(stream)?, event)
+    }
+
     unsafe fn write(
         &self,
+        stream: &dyn EngineStream,
         dst: &mut dyn EngineMemory,
         src: *const u8,
         bytes: usize,
     ) -> Result<(), DeviceError> {
+        let (stream, dst) = (self.stream(stream)?, own::<HipMemory>(self.id(), dst)?);
         // SAFETY: the caller's contract.
-        unsafe { HipEngine::write(self, own::<HipMemory>(self.id(), dst)?, src.cast(), bytes) }
+        unsafe { HipEngine::write(self, stream, dst, src.cast(), bytes) }
     }
 
     unsafe fn read(
         &self,
+        stream: &dyn EngineStream,
         src: &dyn EngineMemory,
         dst: *mut u8,
         bytes: usize,
     ) -> Result<(), DeviceError> {
+        let (stream, src) = (self.stream(stream)?, own::<HipMemory>(self.id(), src)?);
         // SAFETY: the caller's contract.
-        unsafe { HipEngine::read(self, own::<HipMemory>(self.id(), src)?, dst.cast(), bytes) }
+        unsafe { HipEngine::read(self, stream, src, dst.cast(), bytes) }
     }
 
-    fn zero(&self, memory: &mut dyn EngineMemory) -> Result<(), DeviceError> {
-        HipEngine::zero(self, own_mut::<HipMemory>(self.id(), memory)?)
+    fn zero(
+        &self,
+        stream: &dyn EngineStream,
+        memory: &mut dyn EngineMemory,
+    ) -> Result<(), DeviceError> {
+        let stream = self.stream(stream)?;
+        HipEngine::zero(self, stream, own_mut::<HipMemory>(self.id(), memory)?)
     }
 
-    fn copy(&self, src: &dyn EngineMemory, dst: &mut dyn EngineMemory) -> Result<(), DeviceError> {
+    fn copy(
+        &self,
+        stream: &dyn EngineStream,
+        src: &dyn EngineMemory,
+        dst: &mut dyn EngineMemory,
+    ) -> Result<(), DeviceError> {
         HipEngine::copy(
             self,
+            self.stream(stream)?,
             own::<HipMemory>(self.id(), src)?,
             own_mut::<HipMemory>(self.id(), dst)?,
         )
     }
 
-    fn synchronize(&self) -> Result<(), DeviceError> {
-        HipEngine::synchronize(self)
+    fn synchronize(&self, stream: &dyn EngineStream) -> Result<(), DeviceError> {
+        HipEngine::synchronize(self, self.stream(stream)?)
     }
 
     fn has_kernel(&self, name: &str) -> bool {
@@ -94,14 +149,17 @@ impl DeviceEngine for HipEngine {
 
     unsafe fn launch(
         &self,
+        stream: &dyn EngineStream,
         name: &str,
         config: LaunchConfig,
-        args: &mut KernelArgs,
+        args: &mut KernelArgs<'_>,
     ) -> Result<(), DeviceError> {
+        let stream = self.stream(stream)?;
         // SAFETY: the caller's contract.
         unsafe {
             HipEngine::launch(
                 self,
+                stream,
                 name,
                 config.grid_dim,
                 config.block_dim,

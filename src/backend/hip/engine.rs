@@ -6,10 +6,10 @@
 //! functions whose signatures ROCm 5 and 6 share are used (no `hipDeviceProp_t` field
 //! is read by offset: the struct changed between them).
 //!
-//! All of a device's work is on one stream, under the device's lease (one job at a time),
-//! as the CUDA engine's is. No AMD GPU has run this engine yet; the self-tests and shadow
-//! checks that stand between any engine and an answer stand between this one and an
-//! answer too.
+//! Work is queued on streams, one per lease (`HipStream`), ordered across streams by
+//! events, as the CUDA engine's is. No AMD GPU has run this engine yet; the self-tests
+//! and shadow checks that stand between any engine and an answer stand between this one
+//! and an answer too.
 
 use super::Loaded;
 use crate::backend::device::engine::EngineId;
@@ -17,7 +17,7 @@ use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
-type Ptr = *mut c_void;
+pub(crate) type Ptr = *mut c_void;
 
 /// `hipErrorOutOfMemory` (the same value on ROCm 5 and 6).
 const OUT_OF_MEMORY: c_int = 2;
@@ -60,6 +60,10 @@ pub struct Api {
     stream_create: unsafe extern "C" fn(*mut Ptr) -> c_int,
     stream_destroy: unsafe extern "C" fn(Ptr) -> c_int,
     stream_synchronize: unsafe extern "C" fn(Ptr) -> c_int,
+    stream_wait_event: unsafe extern "C" fn(Ptr, Ptr, c_uint) -> c_int,
+    event_create: unsafe extern "C" fn(*mut Ptr, c_uint) -> c_int,
+    event_record: unsafe extern "C" fn(Ptr, Ptr) -> c_int,
+    event_destroy: unsafe extern "C" fn(Ptr) -> c_int,
     module_load: unsafe extern "C" fn(*mut Ptr, *const c_void) -> c_int,
     module_unload: unsafe extern "C" fn(Ptr) -> c_int,
     module_function: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> c_int,
@@ -98,6 +102,10 @@ impl Api {
             stream_create: get(runtime, "hipStreamCreate")?,
             stream_destroy: get(runtime, "hipStreamDestroy")?,
             stream_synchronize: get(runtime, "hipStreamSynchronize")?,
+            stream_wait_event: get(runtime, "hipStreamWaitEvent")?,
+            event_create: get(runtime, "hipEventCreateWithFlags")?,
+            event_record: get(runtime, "hipEventRecord")?,
+            event_destroy: get(runtime, "hipEventDestroy")?,
             module_load: get(runtime, "hipModuleLoadData")?,
             module_unload: get(runtime, "hipModuleUnload")?,
             module_function: get(runtime, "hipModuleGetFunction")?,
@@ -197,23 +205,21 @@ impl Drop for HipMemory {
     }
 }
 
-/// One AMD device's engine: the runtime, the device's ordinal, one stream and the loaded
-/// kernels.
+/// One AMD device's engine: the runtime, the device's ordinal and the loaded kernels.
 pub struct HipEngine {
-    /// What this engine's allocations carry (`DeviceEngine::owns`).
+    /// What this engine's allocations and streams carry (`DeviceEngine::owns`).
     pub(crate) id: EngineId,
     api: Api,
     ordinal: c_int,
-    stream: Ptr,
     modules: Vec<Ptr>,
     functions: HashMap<String, Ptr>,
     limits: HashMap<String, KernelLimits>,
     pub module_loads: Vec<ModuleLoad>,
 }
 
-// SAFETY: the stream, modules and functions are runtime handles valid on any thread once
-// the device is current there (`bind_to_thread`, on every lease); one job at a time uses
-// them.
+// SAFETY: the modules and functions are runtime handles valid on any thread once the
+// device is current there (`bind_to_thread`, on every lease); HIP's calls on them are
+// thread-safe, and each stream is used by its lease's thread alone.
 unsafe impl Send for HipEngine {}
 unsafe impl Sync for HipEngine {}
 
@@ -222,7 +228,6 @@ impl Drop for HipEngine {
         // SAFETY: handles this engine created, released once.
         unsafe {
             (self.api.set_device)(self.ordinal);
-            (self.api.stream_destroy)(self.stream);
             for &m in &self.modules {
                 (self.api.module_unload)(m);
             }
@@ -266,6 +271,47 @@ impl HipEngine {
         })
     }
 
+    /// A new stream on this device, destroyed when dropped.
+    pub fn new_stream(&self) -> Result<HipStream, DeviceError> {
+        self.bind_to_thread()?;
+        let mut handle: Ptr = std::ptr::null_mut();
+        // SAFETY: HIP's signature; the out-pointer is valid.
+        let rc = unsafe { (self.api.stream_create)(&mut handle) };
+        self.api.check(rc, "hipStreamCreate")?;
+        Ok(HipStream {
+            engine: self.id,
+            handle,
+            api: self.api,
+            ordinal: self.ordinal,
+        })
+    }
+
+    /// An event at the end of `stream`'s work so far, destroyed when dropped.
+    pub fn record(&self, stream: &HipStream) -> Result<HipEvent, DeviceError> {
+        /// `hipEventDisableTiming`: an event for ordering only is cheaper.
+        const DISABLE_TIMING: c_uint = 2;
+        let mut handle: Ptr = std::ptr::null_mut();
+        // SAFETY: HIP's signatures; the out-pointer is valid, the stream this device's.
+        let rc = unsafe { (self.api.event_create)(&mut handle, DISABLE_TIMING) };
+        self.api.check(rc, "hipEventCreateWithFlags")?;
+        let event = HipEvent {
+            engine: self.id,
+            handle,
+            api: self.api,
+        };
+        // SAFETY: as above.
+        let rc = unsafe { (self.api.event_record)(handle, stream.handle) };
+        self.api.check(rc, "hipEventRecord")?;
+        Ok(event)
+    }
+
+    /// `stream`'s later work waits for `event`.
+    pub fn wait(&self, stream: &HipStream, event: &HipEvent) -> Result<(), DeviceError> {
+        // SAFETY: HIP's signature; both handles are live and this device's.
+        let rc = unsafe { (self.api.stream_wait_event)(stream.handle, event.handle, 0) };
+        self.api.check(rc, "hipStreamWaitEvent")
+    }
+
     /// Copies `bytes` host bytes at `src` into `dst` and waits: the host memory may go
     /// as soon as this returns.
     ///
@@ -273,15 +319,16 @@ impl HipEngine {
     /// `src` must hold `bytes` readable bytes, at most `dst.bytes()`.
     pub unsafe fn write(
         &self,
+        stream: &HipStream,
         dst: &HipMemory,
         src: *const c_void,
         bytes: usize,
     ) -> Result<(), DeviceError> {
         debug_assert!(bytes <= dst.bytes);
         // SAFETY: the caller's contract; HIP's signature.
-        let rc = unsafe { (self.api.htod)(dst.address, src.cast_mut(), bytes, self.stream) };
+        let rc = unsafe { (self.api.htod)(dst.address, src.cast_mut(), bytes, stream.handle) };
         self.api.check(rc, "hipMemcpyHtoDAsync")?;
-        self.synchronize()
+        self.synchronize(stream)
     }
 
     /// Copies `bytes` bytes of `src` to host memory at `dst`, after the work before it.
@@ -290,33 +337,39 @@ impl HipEngine {
     /// `dst` must have room for `bytes` bytes, at most `src.bytes()`.
     pub unsafe fn read(
         &self,
+        stream: &HipStream,
         src: &HipMemory,
         dst: *mut c_void,
         bytes: usize,
     ) -> Result<(), DeviceError> {
         debug_assert!(bytes <= src.bytes);
         // SAFETY: the caller's contract; HIP's signature.
-        let rc = unsafe { (self.api.dtoh)(dst, src.address, bytes, self.stream) };
+        let rc = unsafe { (self.api.dtoh)(dst, src.address, bytes, stream.handle) };
         self.api.check(rc, "hipMemcpyDtoHAsync")?;
-        self.synchronize()
+        self.synchronize(stream)
     }
 
-    pub fn zero(&self, m: &mut HipMemory) -> Result<(), DeviceError> {
+    pub fn zero(&self, stream: &HipStream, m: &mut HipMemory) -> Result<(), DeviceError> {
         // SAFETY: `m` holds `bytes` bytes; HIP's signature.
-        let rc = unsafe { (self.api.memset)(m.address, 0, m.bytes, self.stream) };
+        let rc = unsafe { (self.api.memset)(m.address, 0, m.bytes, stream.handle) };
         self.api.check(rc, "hipMemsetAsync")
     }
 
-    pub fn copy(&self, src: &HipMemory, dst: &mut HipMemory) -> Result<(), DeviceError> {
+    pub fn copy(
+        &self,
+        stream: &HipStream,
+        src: &HipMemory,
+        dst: &mut HipMemory,
+    ) -> Result<(), DeviceError> {
         let bytes = src.bytes.min(dst.bytes);
         // SAFETY: both hold at least `bytes` bytes; HIP's signature.
-        let rc = unsafe { (self.api.dtod)(dst.address, src.address, bytes, self.stream) };
+        let rc = unsafe { (self.api.dtod)(dst.address, src.address, bytes, stream.handle) };
         self.api.check(rc, "hipMemcpyDtoDAsync")
     }
 
-    pub fn synchronize(&self) -> Result<(), DeviceError> {
+    pub fn synchronize(&self, stream: &HipStream) -> Result<(), DeviceError> {
         // SAFETY: HIP's signature; the stream is this engine's.
-        let rc = unsafe { (self.api.stream_synchronize)(self.stream) };
+        let rc = unsafe { (self.api.stream_synchronize)(stream.handle) };
         self.api.check(rc, "hipStreamSynchronize")
     }
 
@@ -332,6 +385,7 @@ impl HipEngine {
     /// must keep inside its buffers, as for `hipModuleLaunchKernel`.
     pub unsafe fn launch(
         &self,
+        stream: &HipStream,
         name: &str,
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
@@ -353,7 +407,7 @@ impl HipEngine {
                 block.1,
                 block.2,
                 shared_bytes,
-                self.stream,
+                stream.handle,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
@@ -397,18 +451,10 @@ impl HipEngine {
         // SAFETY: HIP's signature.
         api.check(unsafe { (api.set_device)(device) }, "hipSetDevice")
             .map_err(|e| fail("selecting it", e))?;
-        let mut stream: Ptr = std::ptr::null_mut();
-        // SAFETY: HIP's signature; the out-pointer is valid.
-        api.check(
-            unsafe { (api.stream_create)(&mut stream) },
-            "hipStreamCreate",
-        )
-        .map_err(|e| fail("creating a stream", e))?;
         let mut engine = HipEngine {
             id: EngineId::fresh(),
             api,
             ordinal: device,
-            stream,
             modules: Vec::new(),
             functions: HashMap::new(),
             limits: HashMap::new(),
@@ -471,5 +517,46 @@ fn limits_of(api: &Api, name: &str, f: Ptr) -> KernelLimits {
         registers: attribute(FUNC_REGISTERS),
         local_bytes: attribute(FUNC_LOCAL_BYTES),
         fits: bound.zip(max_threads).is_some_and(|(b, m)| b <= m),
+    }
+}
+
+/// A stream of one AMD device, destroyed when dropped.
+pub struct HipStream {
+    pub(crate) engine: EngineId,
+    handle: Ptr,
+    api: Api,
+    ordinal: c_int,
+}
+
+// SAFETY: a runtime handle, valid on any thread where its device is current; a lease's
+// thread alone queues work on it.
+unsafe impl Send for HipStream {}
+unsafe impl Sync for HipStream {}
+
+impl Drop for HipStream {
+    fn drop(&mut self) {
+        // SAFETY: created by hipStreamCreate on this device, destroyed once.
+        unsafe {
+            (self.api.set_device)(self.ordinal);
+            (self.api.stream_destroy)(self.handle);
+        }
+    }
+}
+
+/// An event of one AMD device, destroyed when dropped.
+pub struct HipEvent {
+    pub(crate) engine: EngineId,
+    handle: Ptr,
+    api: Api,
+}
+
+// SAFETY: a runtime handle, valid on any thread.
+unsafe impl Send for HipEvent {}
+unsafe impl Sync for HipEvent {}
+
+impl Drop for HipEvent {
+    fn drop(&mut self) {
+        // SAFETY: created by hipEventCreateWithFlags, destroyed once.
+        unsafe { (self.api.event_destroy)(self.handle) };
     }
 }

@@ -189,6 +189,10 @@ int hipMemsetAsync(void *d, int v, size_t n, void *st) { memset(d, v, n); return
 int hipStreamCreate(void **s) { *s = (void *)0x5; return 0; }
 int hipStreamDestroy(void *s) { return 0; }
 int hipStreamSynchronize(void *s) { return 0; }
+int hipStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
+int hipEventCreateWithFlags(void **e, unsigned flags) { *e = (void *)0x6; return 0; }
+int hipEventRecord(void *e, void *s) { return 0; }
+int hipEventDestroy(void *e) { return 0; }
 int hipModuleLoadData(void **m, const void *image) {
     if (memcmp(image, "\177ELF", 4) != 0) return 200;
     *m = (void *)0x7; return 0;
@@ -247,23 +251,29 @@ fn the_engine_allocates_copies_and_launches_through_the_runtime() {
     let host: Vec<u32> = (0..1000).collect();
     let bytes = std::mem::size_of_val(&host[..]);
     let m = e.alloc(bytes).unwrap();
+    let stream = e.new_stream().unwrap();
     // SAFETY: `host` holds `bytes` bytes.
-    unsafe { e.write(&m, host.as_ptr().cast(), bytes) }.unwrap();
+    unsafe { e.write(&stream, &m, host.as_ptr().cast(), bytes) }.unwrap();
     let n = host.len() as u32;
     let mut params = [m.address_slot(), (&n as *const u32).cast_mut().cast()];
     // SAFETY: add_one's arguments, in order; it touches n values of the buffer.
-    unsafe { e.launch("add_one", (4, 1, 1), (256, 1, 1), 0, &mut params) }.unwrap();
+    unsafe { e.launch(&stream, "add_one", (4, 1, 1), (256, 1, 1), 0, &mut params) }.unwrap();
     let read = |m: &engine::HipMemory| {
         let mut back = vec![0u32; host.len()];
         // SAFETY: `back` has room for `bytes` bytes.
-        unsafe { e.read(m, back.as_mut_ptr().cast(), bytes) }.unwrap();
+        unsafe { e.read(&stream, m, back.as_mut_ptr().cast(), bytes) }.unwrap();
         back
     };
     assert_eq!(read(&m), (1..=1000).collect::<Vec<u32>>());
     let mut other = e.alloc(bytes).unwrap();
-    e.copy(&m, &mut other).unwrap();
+    e.copy(&stream, &m, &mut other).unwrap();
     assert_eq!(read(&other), read(&m));
-    e.zero(&mut other).unwrap();
+    e.zero(&stream, &mut other).unwrap();
+    // Events order a second stream after the first.
+    let second = e.new_stream().unwrap();
+    let done = e.record(&stream).unwrap();
+    e.wait(&second, &done).unwrap();
+    e.synchronize(&second).unwrap();
     assert!(read(&other).iter().all(|&x| x == 0));
     let (free, total) = e.memory().unwrap();
     assert_eq!(total - free, 2 * bytes as u64, "two buffers in use");
@@ -280,7 +290,7 @@ fn the_engine_allocates_copies_and_launches_through_the_runtime() {
     assert_eq!(oom.kind, DeviceErrorKind::OutOfMemory);
     assert!(oom.message.contains("out of memory"), "{}", oom.message);
     // SAFETY: refused before anything is launched.
-    let missing = unsafe { e.launch("nope", (1, 1, 1), (1, 1, 1), 0, &mut []) };
+    let missing = unsafe { e.launch(&stream, "nope", (1, 1, 1), (1, 1, 1), 0, &mut []) };
     assert_eq!(missing.unwrap_err().kind, DeviceErrorKind::Fatal);
 }
 

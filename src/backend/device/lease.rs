@@ -1,0 +1,450 @@
+//! Leases: how jobs share a device. A lease is one stream of the device's engine and a
+//! share of its job memory, so up to `--gpu-jobs-per-device` jobs run on a device at once,
+//! each in its own order, while their copies and kernels interleave on the device.
+//!
+//! Memory: the device's job memory (`GpuDevice::memory_budget`, read when a job starts on
+//! the idle device and kept while any job runs) is shared by reservation. A job asks for
+//! what it expects to use; it is given that, clamped between a fair share (the job memory
+//! over the jobs per device) and all of it, and never more than is unreserved. A job that
+//! cannot have at least its fair share (or what it asked, if less) waits for a lease to
+//! end. Launchers size their passes to their lease's share (`memory_budget`,
+//! `items_per_pass`), so jobs side by side never ask the device for more than it has.
+
+use super::engine::{DeviceEngine, EngineEvent, EngineStream, LaunchConfig};
+use super::tables::TableCache;
+use super::{DeviceBuffer, DeviceError, DeviceErrorKind, Element, Engine, GpuDevice};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, MutexGuard, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+/// `--gpu-jobs-per-device`'s default: enough streams that one job's copies overlap
+/// another's kernels, few enough that each keeps a large share of the memory.
+pub const DEFAULT_JOBS_PER_DEVICE: usize = 4;
+
+/// A device's leases now.
+#[derive(Default)]
+pub(super) struct Slots {
+    /// Leases held.
+    active: usize,
+    /// Jobs waiting for a lease.
+    waiting: usize,
+    /// Bytes the held leases reserved.
+    reserved: usize,
+    /// The job memory they share: read when a lease starts on the idle device.
+    pool: usize,
+    /// Streams of the current engine no lease holds, kept for the next.
+    pub(super) idle_streams: Vec<Box<dyn EngineStream>>,
+}
+
+/// Held while a job uses the device: its stream and its share of the memory.
+pub struct DeviceLease<'a> {
+    pub device: &'a GpuDevice,
+    engine: RwLockReadGuard<'a, Engine>,
+    /// Taken back into the device's idle streams when the lease ends.
+    stream: Option<Box<dyn EngineStream>>,
+    reserved: usize,
+    /// When the job stops being wanted: its deadline, and its caller leaving.
+    stop: Option<Stop>,
+    waited: bool,
+}
+
+/// What ends a job's claim on the device before it finishes.
+#[derive(Clone)]
+pub struct Stop {
+    pub deadline: Instant,
+    /// Set when the caller has gone (its request dropped).
+    pub abandoned: Arc<AtomicBool>,
+}
+
+/// A point in one lease's work another lease (or a later use) can wait for.
+pub struct Event(Box<dyn EngineEvent>);
+
+/// A table kept on the device, with the event that ends its upload: a job on another
+/// stream waits for it before its first use.
+struct Cached<T> {
+    table: Arc<DeviceBuffer<T>>,
+    ready: Event,
+}
+
+/// How often a job waiting for a lease looks at its deadline and its caller.
+const WAIT_CHECK: Duration = Duration::from_millis(20);
+
+impl GpuDevice {
+    /// A lease for work that wants the whole job memory (the check, calibration, tests):
+    /// blocks until no other lease holds more than its fair share. Call from a blocking
+    /// thread, not the runtime.
+    pub fn lease(&self) -> Result<DeviceLease<'_>, DeviceError> {
+        self.lease_for(None, usize::MAX)
+    }
+
+    /// As `lease`, for a job that `stop` may end: refused as `Abandoned` if it ended
+    /// while the job waited.
+    pub fn lease_until(&self, stop: Option<Stop>) -> Result<DeviceLease<'_>, DeviceError> {
+        self.lease_for(stop, usize::MAX)
+    }
+
+    /// A lease for a job that expects to use `wanted` bytes of device memory (see the
+    /// module's note for what it is given).
+    pub fn lease_for(
+        &self,
+        stop: Option<Stop>,
+        wanted: usize,
+    ) -> Result<DeviceLease<'_>, DeviceError> {
+        let mut waited = false;
+        let mut slots = self.slot_table();
+        let (reserved, stream) = loop {
+            if slots.active == 0 {
+                slots.pool = self.memory_budget();
+            }
+            let jobs = self.jobs_per_device();
+            let fair = slots.pool / jobs;
+            let unreserved = slots.pool.saturating_sub(slots.reserved);
+            let least = wanted.min(fair);
+            if slots.active == 0 || (slots.active < jobs && unreserved >= least) {
+                let share = wanted.clamp(fair, slots.pool).min(unreserved);
+                slots.active += 1;
+                slots.reserved += share;
+                break (share, slots.idle_streams.pop());
+            }
+            waited = true;
+            slots.waiting += 1;
+            slots = self
+                .slot_freed
+                .wait_timeout(slots, WAIT_CHECK)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            slots.waiting -= 1;
+            if let Some(stop) = &stop {
+                if let Err(e) = stop.check() {
+                    self.lease_waits.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        };
+        drop(slots);
+        if waited {
+            self.lease_waits.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut lease = DeviceLease {
+            device: self,
+            engine: self.engine(),
+            stream: None,
+            reserved,
+            stop,
+            waited,
+        };
+        let stream = {
+            let engine = lease.engine();
+            engine.bind_to_thread()?;
+            // A kept stream of an engine a re-probe replaced meanwhile is dropped.
+            match stream {
+                Some(s) if s.engine_id() == engine.id() => s,
+                _ => engine.new_stream()?,
+            }
+        };
+        lease.stream = Some(stream);
+        lease.still_wanted()?;
+        Ok(lease)
+    }
+
+    /// `--gpu-jobs-per-device`: how many jobs may hold this device at once (at least 1).
+    pub fn set_jobs_per_device(&self, jobs: usize) {
+        self.jobs_per_device.store(jobs.max(1), Ordering::Relaxed);
+        self.slot_freed.notify_all();
+    }
+
+    pub fn jobs_per_device(&self) -> usize {
+        self.jobs_per_device.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Leases held now.
+    pub fn jobs_running(&self) -> usize {
+        self.slot_table().active
+    }
+
+    /// Jobs waiting for a lease now.
+    pub fn jobs_waiting(&self) -> usize {
+        self.slot_table().waiting
+    }
+
+    /// Leases that waited for a slot or for memory, since start.
+    pub fn lease_waits(&self) -> u64 {
+        self.lease_waits.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn slot_table(&self) -> MutexGuard<'_, Slots> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Stop {
+    /// `Abandoned` once the deadline has passed or the caller has gone.
+    fn check(&self) -> Result<(), DeviceError> {
+        let why = if self.abandoned.load(Ordering::Relaxed) {
+            "its caller has gone"
+        } else if Instant::now() >= self.deadline {
+            "its deadline has passed"
+        } else {
+            return Ok(());
+        };
+        Err(DeviceError {
+            kind: DeviceErrorKind::Abandoned,
+            message: format!("the job was dropped on the device: {why}"),
+        })
+    }
+}
+
+impl Drop for DeviceLease<'_> {
+    fn drop(&mut self) {
+        let mut slots = self.device.slot_table();
+        slots.active -= 1;
+        slots.reserved -= self.reserved;
+        // The engine is still the current one: this lease holds its read lock.
+        if let Some(stream) = self.stream.take() {
+            slots.idle_streams.push(stream);
+        }
+        drop(slots);
+        self.device.slot_freed.notify_all();
+    }
+}
+
+impl DeviceLease<'_> {
+    /// `Abandoned` once the job's deadline has passed or its caller has gone: launchers
+    /// call it between passes, so work nobody waits for stops holding the device.
+    pub fn still_wanted(&self) -> Result<(), DeviceError> {
+        self.stop.as_ref().map_or(Ok(()), Stop::check)
+    }
+
+    pub(crate) fn engine(&self) -> &dyn DeviceEngine {
+        &**self.engine
+    }
+
+    /// The lease's stream: all of its work is queued here, in order.
+    pub(crate) fn stream(&self) -> &dyn EngineStream {
+        self.stream
+            .as_deref()
+            .expect("a lease holds its stream until it ends")
+    }
+
+    /// Whether this lease waited for another to end.
+    pub fn waited(&self) -> bool {
+        self.waited
+    }
+
+    /// Bytes this job may allocate: its share of the device's job memory.
+    pub fn memory_budget(&self) -> usize {
+        self.reserved
+    }
+
+    /// How many of `items` items of `per_item` bytes fit in one pass beside `fixed`
+    /// bytes, within the budget; at least one.
+    pub fn items_per_pass(&self, items: usize, per_item: usize, fixed: usize) -> usize {
+        let room = self.memory_budget().saturating_sub(fixed);
+        (room / per_item.max(1)).clamp(1, items.max(1))
+    }
+
+    /// An event at the end of the work queued on this lease's stream so far.
+    pub fn record(&self) -> Result<Event, DeviceError> {
+        Ok(Event(self.engine().record(self.stream())?))
+    }
+
+    /// Makes this lease's later work wait for `event` (of this device).
+    pub fn wait(&self, event: &Event) -> Result<(), DeviceError> {
+        self.engine().wait(self.stream(), &*event.0)
+    }
+
+    /// The cached device table under `key`, or the one `make` uploads (then cached). A
+    /// table another job uploaded is used only after its upload (an event), which may
+    /// still be in flight on that job's stream.
+    pub fn cached_table<T: Element>(
+        &self,
+        key: &str,
+        make: impl FnOnce() -> Result<DeviceBuffer<T>, DeviceError>,
+    ) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
+        let found = self.tables().get(key);
+        if let Some(t) = found.and_then(|t| t.downcast::<Cached<T>>().ok()) {
+            self.wait(&t.ready)?;
+            return Ok(t.table.clone());
+        }
+        let table = Arc::new(make()?);
+        let bytes = table.len() * std::mem::size_of::<T>();
+        let cached = Cached {
+            table: table.clone(),
+            ready: self.record()?,
+        };
+        self.tables()
+            .insert(key.to_string(), Arc::new(cached), bytes);
+        Ok(table)
+    }
+
+    fn tables(&self) -> MutexGuard<'_, TableCache> {
+        self.device.table_cache()
+    }
+
+    /// A grid-stride launch over `n` items: enough blocks to fill the device, no more.
+    pub fn launch_config(&self, n: usize) -> LaunchConfig {
+        const THREADS: u32 = 256;
+        let wanted = n.div_ceil(THREADS as usize).max(1);
+        let cap = (self.device.info.sm_count.max(1) * 32) as usize;
+        LaunchConfig {
+            grid_dim: (wanted.min(cap) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// Waits for the work queued on this lease's stream (copies back are already
+    /// synchronous).
+    pub fn synchronize(&self) -> Result<(), DeviceError> {
+        self.engine().synchronize(self.stream())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::mpsc;
+
+    const KIB: usize = 1 << 10;
+
+    /// Up to `--gpu-jobs-per-device` leases at once, each on its own stream; one more
+    /// waits until a lease ends, and is counted as having waited.
+    #[test]
+    fn jobs_share_a_device_up_to_its_jobs_per_device() {
+        let dev = GpuDevice::emulated(0, 1 << 20);
+        dev.set_jobs_per_device(2);
+        let (a, b) = (
+            dev.lease_for(None, 1).unwrap(),
+            dev.lease_for(None, 1).unwrap(),
+        );
+        assert_eq!(dev.jobs_running(), 2);
+        assert!(!a.waited() && !b.waited());
+        assert_ne!(
+            a.stream() as *const dyn EngineStream as *const u8,
+            b.stream() as *const dyn EngineStream as *const u8,
+            "each lease has a stream of its own"
+        );
+        std::thread::scope(|s| {
+            let (tx, rx) = mpsc::channel();
+            let dev = &dev;
+            s.spawn(move || {
+                let third = dev.lease_for(None, 1).unwrap();
+                tx.send(third.waited()).unwrap();
+            });
+            assert!(
+                rx.recv_timeout(Duration::from_millis(100)).is_err(),
+                "a third lease was granted beside two"
+            );
+            drop(a);
+            assert!(rx.recv().unwrap(), "the third lease waited");
+        });
+        assert_eq!(dev.lease_waits(), 1);
+        drop(b);
+        assert_eq!(dev.jobs_running(), 0);
+    }
+
+    /// The job memory is shared by reservation: a share is what was asked, at least the
+    /// fair share and at most what is unreserved, never more than the whole; a job that
+    /// cannot have its least waits until enough is released.
+    #[test]
+    fn memory_is_reserved_in_shares_that_never_pass_the_whole() {
+        let dev = GpuDevice::emulated(0, 4 << 20);
+        dev.set_memory_limit(1 << 20);
+        dev.set_jobs_per_device(4);
+        let small = dev.lease_for(None, 100).unwrap();
+        assert_eq!(small.memory_budget(), 256 * KIB, "raised to the fair share");
+        let large = dev.lease_for(None, 10 << 20).unwrap();
+        assert_eq!(large.memory_budget(), 768 * KIB, "what was left");
+        std::thread::scope(|s| {
+            let (tx, rx) = mpsc::channel();
+            let dev = &dev;
+            s.spawn(move || {
+                let next = dev.lease_for(None, 64 * KIB).unwrap();
+                tx.send(next.memory_budget()).unwrap();
+            });
+            assert!(
+                rx.recv_timeout(Duration::from_millis(100)).is_err(),
+                "a lease was granted with nothing unreserved"
+            );
+            drop(small);
+            assert_eq!(rx.recv().unwrap(), 256 * KIB);
+        });
+        drop(large);
+        // Alone, a job that asks for everything gets all of it, as before leases shared.
+        assert_eq!(dev.lease().unwrap().memory_budget(), 1 << 20);
+    }
+
+    /// Two leases' jobs run on one device at the same time: each waits, holding its
+    /// lease, until both hold theirs (an exclusive lease would never get there).
+    #[test]
+    fn two_jobs_hold_one_device_at_the_same_time() {
+        let dev = GpuDevice::emulated(0, 1 << 20);
+        let holding = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let lease = dev.lease_for(None, 1024).unwrap();
+                    let buf = lease.upload(&[1u64, 2, 3]).unwrap();
+                    holding.fetch_add(1, Ordering::SeqCst);
+                    let deadline = Instant::now() + Duration::from_secs(20);
+                    while holding.load(Ordering::SeqCst) < 2 {
+                        assert!(
+                            Instant::now() < deadline,
+                            "the other job never got the device"
+                        );
+                        std::thread::yield_now();
+                    }
+                    assert_eq!(lease.download(&buf).unwrap(), [1, 2, 3]);
+                });
+            }
+        });
+    }
+
+    /// Adds `a` and `b` into a fresh buffer on `lease`'s stream.
+    fn add(
+        lease: &DeviceLease<'_>,
+        a: &DeviceBuffer<u64>,
+        b: &DeviceBuffer<u64>,
+    ) -> Result<DeviceBuffer<u64>, DeviceError> {
+        let mut out = lease.alloc_zeros::<u64>(a.len())?;
+        let (n, stride) = (a.len() as u64, 1u32);
+        let mut launch = lease.launch("goldilocks_add")?;
+        launch.arg(a).arg(b).arg(&mut out).arg(&n).arg(&stride);
+        // SAFETY: goldilocks_add's parameters in order; every buffer holds n values.
+        unsafe { launch.launch(lease.launch_config(a.len()))? };
+        drop(launch);
+        Ok(out)
+    }
+
+    /// A buffer one lease uploaded is used on another's stream only after an event (or a
+    /// host wait) orders the two: without one the emulated device refuses the launch,
+    /// as a GPU could have run it before the upload landed. A cached table carries its
+    /// upload's event, so a second job uses it safely.
+    #[test]
+    fn work_across_two_leases_streams_needs_an_event() {
+        let dev = GpuDevice::emulated(0, 1 << 20);
+        let (a, b) = (
+            dev.lease_for(None, 1).unwrap(),
+            dev.lease_for(None, 1).unwrap(),
+        );
+        let x = a.upload(&[1u64, 2, 3]).unwrap();
+        let y = b.upload(&[10u64, 20, 30]).unwrap();
+        let refused = add(&b, &x, &y)
+            .err()
+            .expect("an unordered use was let through");
+        assert!(refused.message.contains("no event"), "{refused}");
+        b.wait(&a.record().unwrap()).unwrap();
+        let sum = add(&b, &x, &y).unwrap();
+        assert_eq!(b.download(&sum).unwrap(), [11, 22, 33]);
+
+        // A table made on A and taken from the cache on B.
+        let table = a.cached_table("t", || a.upload(&[5u64, 6, 7])).unwrap();
+        let again = b
+            .cached_table::<u64>("t", || panic!("cached already"))
+            .unwrap();
+        assert!(Arc::ptr_eq(&table, &again));
+        let sum = add(&b, &again, &y).unwrap();
+        assert_eq!(b.download(&sum).unwrap(), [15, 26, 37]);
+    }
+}

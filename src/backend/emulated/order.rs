@@ -1,0 +1,285 @@
+//! The emulated device's streams and events, and the order check they exist for.
+//!
+//! The emulated device runs each queued operation when it is queued, so its own results
+//! never race. A GPU runs two streams' work in any order the events allow, so a launcher
+//! that forgets an event works here and fails there. This module closes the gap: each
+//! stream keeps a vector clock (one counter per stream: how much of that stream's work is
+//! known to come before its next operation), every operation ticks its stream's counter
+//! and is recorded on each buffer it touches, and an operation that touches a buffer
+//! another stream wrote (or, to write it, read) without an event or a host wait between
+//! them is refused as a device error: the race a GPU could run. Recording an event takes
+//! a copy of its stream's clock; waiting for it joins that copy into the waiting stream's.
+//!
+//! The host counts as well. When the host has waited for a stream (`synchronize`, a
+//! download), that stream's work up to then is finished, and so ordered before anything
+//! any thread queues afterwards: the engine's host clock joins the stream's, and every
+//! later operation of any stream starts from it.
+
+use crate::backend::device::engine::{EngineEvent, EngineId, EngineStream};
+use crate::backend::device::DeviceError;
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// How much of each stream's work (by stream number) is ordered before a point.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VectorClock(BTreeMap<u64, u64>);
+
+impl VectorClock {
+    fn get(&self, stream: u64) -> u64 {
+        self.0.get(&stream).copied().unwrap_or(0)
+    }
+
+    fn join(&mut self, other: &VectorClock) {
+        for (&s, &t) in &other.0 {
+            let mine = self.0.entry(s).or_insert(0);
+            *mine = (*mine).max(t);
+        }
+    }
+
+    /// Whether operation `at` is ordered before this point.
+    fn covers(&self, at: Stamp) -> bool {
+        self.get(at.stream) >= at.tick
+    }
+}
+
+/// One operation: the `tick`-th of stream `stream`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    stream: u64,
+    tick: u64,
+}
+
+/// An emulated stream: its number and its clock.
+pub struct EmulatedStream {
+    engine: EngineId,
+    number: u64,
+    clock: Mutex<VectorClock>,
+}
+
+impl EmulatedStream {
+    pub(super) fn new(engine: EngineId, number: u64) -> Self {
+        Self {
+            engine,
+            number,
+            clock: Mutex::new(VectorClock::default()),
+        }
+    }
+
+    fn clock(&self) -> std::sync::MutexGuard<'_, VectorClock> {
+        self.clock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl EngineStream for EmulatedStream {
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// An emulated event: the clock of its stream when it was recorded.
+pub struct EmulatedEvent {
+    pub(super) engine: EngineId,
+    clock: VectorClock,
+}
+
+impl EngineEvent for EmulatedEvent {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// The engine's side of the check: what the host has seen finish.
+#[derive(Default)]
+pub struct HostOrder {
+    finished: Mutex<VectorClock>,
+}
+
+/// Who last touched a buffer: its last write, and the reads since, one per stream.
+#[derive(Default)]
+pub struct AccessLog {
+    write: Option<Stamp>,
+    reads: Vec<Stamp>,
+}
+
+/// One buffer an operation touches, and how.
+pub struct Touch<'a> {
+    pub log: &'a Mutex<AccessLog>,
+    pub writes: bool,
+}
+
+impl HostOrder {
+    /// Checks and records one operation (`what`, for the refusal) of `stream` that
+    /// touches `buffers`: refused if any touch races with another stream's.
+    pub fn operation(
+        &self,
+        stream: &EmulatedStream,
+        what: &str,
+        buffers: &[Touch<'_>],
+    ) -> Result<(), DeviceError> {
+        let mut clock = stream.clock();
+        clock.join(&self.host());
+        let tick = clock.get(stream.number) + 1;
+        clock.0.insert(stream.number, tick);
+        let now = Stamp {
+            stream: stream.number,
+            tick,
+        };
+        // One lock per buffer (a buffer passed twice is one touch, a write if either is),
+        // taken in address order so two operations never wait for each other; every
+        // touch is checked before any is recorded, so a refused operation leaves no trace.
+        let mut touches: Vec<(&Mutex<AccessLog>, bool)> =
+            buffers.iter().map(|t| (t.log, t.writes)).collect();
+        touches.sort_by_key(|(log, _)| *log as *const Mutex<AccessLog> as usize);
+        touches.dedup_by(|later, kept| {
+            let same = std::ptr::eq(later.0, kept.0);
+            kept.1 |= same && later.1;
+            same
+        });
+        let mut logs: Vec<_> = touches
+            .into_iter()
+            .map(|(log, writes)| (log.lock().unwrap_or_else(|e| e.into_inner()), writes))
+            .collect();
+        for (log, writes) in &logs {
+            let earlier = log
+                .write
+                .iter()
+                .chain(if *writes { &log.reads[..] } else { &[] });
+            if let Some(other) = earlier.copied().find(|&e| !clock.covers(e)) {
+                let (kind, mine) = match (Some(other) == log.write, *writes) {
+                    (true, false) => ("a write", "reads"),
+                    (true, true) => ("a write", "writes"),
+                    (false, _) => ("a read", "writes"),
+                };
+                return Err(DeviceError::fatal(format!(
+                    "emulated device: {what} on stream {} {mine} a buffer that {kind} on stream {} \
+                     may still be using: no event or host wait orders them, so a GPU could run \
+                     them in either order",
+                    stream.number, other.stream
+                )));
+            }
+        }
+        for (log, writes) in &mut logs {
+            if *writes {
+                log.write = Some(now);
+                log.reads.clear();
+            } else {
+                log.reads.retain(|r| r.stream != now.stream);
+                log.reads.push(now);
+            }
+        }
+        Ok(())
+    }
+
+    /// The host has waited for all of `stream`'s work so far.
+    pub fn waited_for(&self, stream: &EmulatedStream) {
+        let clock = stream.clock().clone();
+        self.host_mut().join(&clock);
+    }
+
+    /// An event at `stream`'s current point.
+    pub fn record(&self, engine: EngineId, stream: &EmulatedStream) -> EmulatedEvent {
+        EmulatedEvent {
+            engine,
+            clock: stream.clock().clone(),
+        }
+    }
+
+    /// `stream`'s later work comes after `event`'s point.
+    pub fn wait(&self, stream: &EmulatedStream, event: &EmulatedEvent) {
+        stream.clock().join(&event.clock);
+    }
+
+    fn host(&self) -> VectorClock {
+        self.host_mut().clone()
+    }
+
+    fn host_mut(&self) -> std::sync::MutexGuard<'_, VectorClock> {
+        self.finished.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(log: &Mutex<AccessLog>, writes: bool) -> [Touch<'_>; 1] {
+        [Touch { log, writes }]
+    }
+
+    /// The rules on one buffer and two streams: reads after reads never race; a read after
+    /// another stream's write races until an event or a host wait orders them; a write
+    /// after another stream's read races likewise.
+    #[test]
+    fn two_streams_are_ordered_only_by_events_and_host_waits() {
+        let (order, id) = (HostOrder::default(), EngineId::fresh());
+        let (a, b) = (EmulatedStream::new(id, 1), EmulatedStream::new(id, 2));
+        let buffer = Mutex::new(AccessLog::default());
+        order
+            .operation(&a, "upload", &touch(&buffer, true))
+            .unwrap();
+        let refused = order.operation(&b, "kernel", &touch(&buffer, false));
+        assert!(refused.unwrap_err().message.contains("a write on stream 1"));
+        let event = order.record(id, &a);
+        order.wait(&b, &event);
+        order
+            .operation(&b, "kernel", &touch(&buffer, false))
+            .unwrap();
+        order
+            .operation(&a, "kernel", &touch(&buffer, false))
+            .unwrap();
+        // A writes while B's read is unordered: refused; after a host wait for B, fine.
+        let refused = order.operation(&a, "zero", &touch(&buffer, true));
+        assert!(refused.unwrap_err().message.contains("a read on stream 2"));
+        order.waited_for(&b);
+        order.operation(&a, "zero", &touch(&buffer, true)).unwrap();
+        // The same stream is always in order with itself, and one buffer passed twice
+        // is one touch.
+        order
+            .operation(&a, "kernel", &touch(&buffer, true))
+            .unwrap();
+        let twice = [
+            Touch {
+                log: &buffer,
+                writes: false,
+            },
+            Touch {
+                log: &buffer,
+                writes: true,
+            },
+        ];
+        order.operation(&a, "kernel", &twice).unwrap();
+        assert!(order
+            .operation(&b, "kernel", &touch(&buffer, false))
+            .is_err());
+    }
+
+    /// A refused operation records nothing: the buffer's log is as before it.
+    #[test]
+    fn a_refused_operation_leaves_no_trace() {
+        let (order, id) = (HostOrder::default(), EngineId::fresh());
+        let (a, b) = (EmulatedStream::new(id, 1), EmulatedStream::new(id, 2));
+        let (x, y) = (
+            Mutex::new(AccessLog::default()),
+            Mutex::new(AccessLog::default()),
+        );
+        order.operation(&a, "upload", &touch(&x, true)).unwrap();
+        let both = [
+            Touch {
+                log: &y,
+                writes: true,
+            },
+            Touch {
+                log: &x,
+                writes: false,
+            },
+        ];
+        assert!(order.operation(&b, "kernel", &both).is_err());
+        // y was not recorded as written by B, so A may write it unordered with B.
+        order.operation(&a, "zero", &touch(&y, true)).unwrap();
+    }
+}

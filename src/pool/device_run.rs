@@ -1,0 +1,102 @@
+//! A job's run on a device: its lease, its shadow check.
+
+use super::placement::{Shape, Side};
+use super::slot::Runnable;
+use super::{Queued, Shared};
+use crate::backend::device::Stop;
+use crate::backend::{DeviceError, GpuDevice};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The device memory a job asks its lease for, per byte of its input: room for the input,
+/// an output as large and scratch besides. A job given less runs in more passes; one given
+/// more leaves it to the jobs beside it (`backend::device::lease`).
+const DEVICE_BYTES_PER_INPUT_BYTE: usize = 4;
+
+impl Shared {
+    /// Runs the job on `dev` on a blocking thread, on a lease of its own (a stream and a
+    /// share of the device's memory, beside other jobs'); the seconds it ran once it held
+    /// the lease (the wait for it is the backlog's, not the job's). It is dropped
+    /// (`Abandoned`) if its deadline passes or its caller leaves while it waits for the
+    /// device or between its passes.
+    pub(super) async fn run_device(
+        &self,
+        q: &mut Queued,
+        dev: &Arc<GpuDevice>,
+    ) -> Result<f64, DeviceError> {
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let stop = Stop {
+            deadline: q.deadline,
+            abandoned: abandoned.clone(),
+        };
+        let (job, d, metrics) = (q.job.clone(), dev.clone(), self.metrics.clone());
+        let run = tokio::task::spawn_blocking(move || {
+            let label = d.info.ordinal.to_string();
+            let running = metrics.device_jobs_running.with_label_values(&[&label]);
+            let wanted = job
+                .input_bytes()
+                .saturating_mul(DEVICE_BYTES_PER_INPUT_BYTE);
+            let lease = d.lease_for(Some(stop), wanted);
+            running.set(d.jobs_running() as i64);
+            let lease = lease?;
+            // Exported from the device's first job on, at 0 until a job waits.
+            let waits = metrics.device_lease_waits.with_label_values(&[&label]);
+            if lease.waited() {
+                waits.inc();
+            }
+            let started = Instant::now();
+            let outcome = job.run_device(&lease);
+            drop(lease);
+            running.set(d.jobs_running() as i64);
+            outcome?;
+            Ok(started.elapsed().as_secs_f64())
+        });
+        tokio::pin!(run);
+        let joined = tokio::select! {
+            r = &mut run => r,
+            _ = q.reply.closed() => {
+                abandoned.store(true, Ordering::Relaxed);
+                run.await
+            }
+        };
+        joined.unwrap_or_else(|e| Err(DeviceError::fatal(format!("device job panicked: {e}"))))
+    }
+
+    /// Whether this device job is one of the `--verify-fraction` shadow-checked: the
+    /// k-th job is when ⌊k·f⌋ steps up, so checks are evenly spaced (every job at 1).
+    pub(super) fn shadow_due(&self) -> bool {
+        let f = self.config.verify_fraction;
+        let k = self.device_jobs.fetch_add(1, Ordering::Relaxed) as f64;
+        ((k + 1.0) * f).floor() > (k * f).floor()
+    }
+
+    /// Recomputes `job` on the CPU after its caller has the device's output, and reports
+    /// the comparison (`Backends::shadow_checked`: counted, a mismatch quarantines).
+    pub(super) fn shadow_check(&self, job: Arc<dyn Runnable>, dev: Arc<GpuDevice>) {
+        let op = job.name();
+        let lane = job.placement_lane();
+        let (size, bytes) = (job.size(), job.input_bytes());
+        let Some(check) = job.shadow() else {
+            return;
+        };
+        let (cpu, backends) = (self.backends.cpu.clone(), self.backends.clone());
+        let placement = self.placement.clone();
+        tokio::spawn(async move {
+            let outcome = match cpu.run(check).await {
+                Ok((outcome, seconds)) => {
+                    let shape = Shape {
+                        op,
+                        lane: &lane,
+                        size,
+                        bytes,
+                    };
+                    placement.observed(shape, Side::Cpu, seconds);
+                    outcome
+                }
+                Err(p) => Err(format!("the CPU twin panicked: {p}")),
+            };
+            backends.shadow_checked(&dev, op, outcome);
+        });
+    }
+}
