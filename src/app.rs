@@ -123,6 +123,9 @@ impl App {
             let interval = cfg.device_sample_interval;
             let memory_limit = cfg.gpu_memory_limit_mib << 20;
             let jobs_per_device = cfg.gpu_jobs_per_device;
+            let staging = backend::device::StagingBudget::new(
+                cfg.gpu_staging_mib.saturating_mul(1 << 20) as usize,
+            );
             let table_cache = cfg.gpu_table_cache_mib << 20;
             let vendor_libraries = !cfg.no_cuda_libraries;
             let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
@@ -157,6 +160,7 @@ impl App {
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
                     g.set_jobs_per_device(jobs_per_device);
+                    g.share_staging(staging.clone());
                     g.set_vendor_libraries_allowed(vendor_libraries);
                     if table_cache > 0 {
                         g.set_table_cache_limit(table_cache as usize);

@@ -205,6 +205,12 @@ pub struct Config {
     /// job memory; more wait for a lease (`gpu_ops_device_lease_waits_total`).
     #[arg(long, env = "GPU_OPS_GPU_JOBS_PER_DEVICE", default_value_t = crate::backend::device::DEFAULT_JOBS_PER_DEVICE, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub gpu_jobs_per_device: usize,
+    /// Page-locked host memory all GPUs together may hold for staging copies, in MiB, in
+    /// buffers of 8 MiB kept for reuse; a chunked device job takes two (its lanes). A job
+    /// that finds none runs on pageable copies, at a fraction of the bus's speed
+    /// (`gpu_ops_staging_fallbacks_total`). 0: no staging.
+    #[arg(long, env = "GPU_OPS_GPU_STAGING_MIB", default_value_t = crate::backend::device::DEFAULT_STAGING_MIB)]
+    pub gpu_staging_mib: u64,
     /// Device memory each GPU keeps for cached tables (NTT twiddles, resident embedding
     /// tables), least recently used out, in MiB. 0: an eighth of the device, at least
     /// 512 MiB, at most 4 GiB, never over a quarter.

@@ -47,6 +47,7 @@ metrics! {
     http_body_bytes_in_flight: IntGauge = ("gpu_ops_http_body_bytes_in_flight", "Request body bytes admitted and not yet answered, against --max-inflight-body-bytes", []);
     body_pool_bytes: IntGauge = ("gpu_ops_body_pool_bytes", "Bytes of finished request bodies' buffers kept for the next large bodies, against --body-pool-bytes", []);
     body_pool_reused: IntCounter = ("gpu_ops_body_pool_reused_total", "Request bodies read into a kept buffer (--body-pool-bytes) rather than fresh memory", []);
+    staging_bytes: IntGauge = ("gpu_ops_staging_bytes", "Page-locked host memory the devices hold for staging copies (in use or kept for reuse), against --gpu-staging-mib", []);
     connections_open: IntGauge = ("gpu_ops_connections_open", "TCP connections open now, against --max-connections", []);
     connections_refused: IntCounterVec = ("gpu_ops_connections_refused_total", "Connections closed unserved, by reason: max_connections (accepted past --max-connections)", ["reason"]);
     tenant_requests_refused: IntCounterVec = ("gpu_ops_tenant_requests_refused_total", "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)", ["tenant", "reason"]);
@@ -63,6 +64,8 @@ metrics! {
     device_healthy: IntGaugeVec = ("gpu_ops_device_healthy", "1 while a GPU is in service, 0 after it was taken out", ["gpu", "uuid"]);
     device_jobs_running: IntGaugeVec = ("gpu_ops_device_jobs_running", "Jobs holding a lease on a device now (a stream and a share of its job memory), against --gpu-jobs-per-device", ["gpu"]);
     device_lease_waits: IntCounterVec = ("gpu_ops_device_lease_waits_total", "Device jobs that waited for a lease: every one of --gpu-jobs-per-device held, or less than the job's share of the device's job memory unreserved", ["gpu"]);
+    device_copy_bytes: IntCounterVec = ("gpu_ops_device_copy_bytes_total", "Host bytes device jobs copied to and from their devices, by direction (to_device, from_device) and host memory (page_locked: through a staging buffer; pageable)", ["gpu", "direction", "host_memory"]);
+    staging_fallbacks: IntCounterVec = ("gpu_ops_staging_fallbacks_total", "Chunked device jobs that found no page-locked staging buffer (the engine has none, or --gpu-staging-mib was spent) and ran on pageable copies", ["gpu"]);
     kernel_verified: IntGaugeVec = ("gpu_ops_kernel_verified", "1 while an op passes its self-test and shadow checks on a device, 0 while it is quarantined there", ["gpu", "op"]);
     shadow_checks: IntCounterVec = ("gpu_ops_shadow_checks_total", "Device jobs recomputed on the CPU and compared, by op and outcome (agree, mismatch)", ["op", "outcome"]);
     gpu_utilization: GaugeVec = ("gpu_ops_gpu_utilization_ratio", "GPU busy fraction (0-1): NVML's over its sample period, or ROCm SMI's busy percent on AMD", ["gpu", "uuid"]);

@@ -3,8 +3,9 @@
 use super::placement::{Shape, Side};
 use super::slot::Runnable;
 use super::{Queued, Shared};
-use crate::backend::device::Stop;
+use crate::backend::device::{CopyCounts, Stop};
 use crate::backend::{DeviceError, GpuDevice};
+use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -13,6 +14,24 @@ use std::time::Instant;
 /// an output as large and scratch besides. A job given less runs in more passes; one given
 /// more leaves it to the jobs beside it (`backend::device::lease`).
 const DEVICE_BYTES_PER_INPUT_BYTE: usize = 4;
+
+/// Adds a finished lease's copies to the device's counters.
+fn count_copies(metrics: &Metrics, gpu: &str, copies: &CopyCounts) {
+    let bytes = [
+        ("to_device", "page_locked", &copies.staged_to_device),
+        ("from_device", "page_locked", &copies.staged_from_device),
+        ("to_device", "pageable", &copies.pageable_to_device),
+        ("from_device", "pageable", &copies.pageable_from_device),
+    ];
+    for (direction, memory, counter) in bytes {
+        metrics
+            .device_copy_bytes
+            .with_label_values(&[gpu, direction, memory])
+            .inc_by(CopyCounts::get(counter));
+    }
+    let fallbacks = metrics.staging_fallbacks.with_label_values(&[gpu]);
+    fallbacks.inc_by(CopyCounts::get(&copies.staging_fallbacks));
+}
 
 impl Shared {
     /// Runs the job on `dev` on a blocking thread, on a lease of its own (a stream and a
@@ -47,7 +66,9 @@ impl Shared {
             }
             let started = Instant::now();
             let outcome = job.run_device(&lease);
+            count_copies(&metrics, &label, lease.copies());
             drop(lease);
+            metrics.staging_bytes.set(d.staging_bytes() as i64);
             running.set(d.jobs_running() as i64);
             outcome?;
             Ok(started.elapsed().as_secs_f64())

@@ -462,3 +462,57 @@ async fn a_device_job_beyond_the_jobs_per_device_waits_for_a_lease() {
         0.0
     );
 }
+
+/// Host bytes `gpu 0`'s device jobs copied `direction` through `host_memory`, so far.
+async fn copied(s: &TestServer, direction: &str, host_memory: &str) -> f64 {
+    s.metrics()
+        .await
+        .lines()
+        .filter(|l| {
+            l.starts_with("gpu_ops_device_copy_bytes_total{")
+                && l.contains("gpu=\"0\"")
+                && l.contains(&format!("direction=\"{direction}\""))
+                && l.contains(&format!("host_memory=\"{host_memory}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A field op on the device stages its operands through page-locked buffers, each byte
+/// once (three Goldilocks pairs in, three sums out: 48 and 24 bytes), and keeps the
+/// buffers; with `--gpu-staging-mib 0` the same job copies from pageable memory, counted
+/// as a fallback.
+#[tokio::test]
+async fn device_field_jobs_copy_through_page_locked_staging_unless_it_is_off() {
+    for (flags, memory, fallbacks) in [
+        (&[][..], "page_locked", 0.0),
+        (&["--gpu-staging-mib", "0"][..], "pageable", 1.0),
+    ] {
+        let s = server(flags).await;
+        let (to, from) = (
+            copied(&s, "to_device", memory).await,
+            copied(&s, "from_device", memory).await,
+        );
+        assert_eq!(
+            goldilocks(&s, "field_add", "gpu").await,
+            (200, "cuda".into())
+        );
+        assert_eq!(copied(&s, "to_device", memory).await - to, 48.0, "{memory}");
+        assert_eq!(
+            copied(&s, "from_device", memory).await - from,
+            24.0,
+            "{memory}"
+        );
+        assert_eq!(
+            s.metric("gpu_ops_staging_fallbacks_total{gpu=\"0\"}").await,
+            fallbacks
+        );
+        let held = s.metric("gpu_ops_staging_bytes").await;
+        let kept = if fallbacks == 0.0 {
+            16.0 * 1048576.0
+        } else {
+            0.0
+        };
+        assert_eq!(held, kept, "{memory}");
+    }
+}

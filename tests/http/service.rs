@@ -503,6 +503,8 @@ async fn metric_names_are_present_after_traffic() {
             // A device job makes these (tests/device/device_faults.rs).
             && *n != "gpu_ops_device_jobs_running"
             && *n != "gpu_ops_device_lease_waits_total"
+            && *n != "gpu_ops_device_copy_bytes_total"
+            && *n != "gpu_ops_staging_fallbacks_total"
             && *n != "gpu_ops_fallbacks_total"
             // A device's self-test and shadow checks make these (tests/device/device_faults.rs).
             && *n != "gpu_ops_kernel_verified"

@@ -12,8 +12,8 @@
 
 use super::CudaEngine;
 use crate::backend::device::engine::{
-    foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId, EngineMemory,
-    EngineStream, KernelArgs, LaunchConfig, PinnedHost, Timestamp,
+    foreign, foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId,
+    EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost, Timestamp,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use cudarc::driver::{
@@ -165,12 +165,57 @@ impl Timestamp for CudaStamp {
     }
 }
 
-/// Page-locked host memory of the engine's context.
-struct CudaPinned(PinnedHostSlice<u8>);
+/// Page-locked host memory of the engine's context. Its address is read once: cudarc's
+/// accessors wait for an event of its own copies, which we never make (ours are ordered
+/// by the lease's streams).
+struct CudaPinned {
+    slice: PinnedHostSlice<u8>,
+    address: *mut u8,
+    engine: EngineId,
+}
+
+// SAFETY: the address is of memory this value owns (freed with `slice`); who may touch it
+// when is the streams' order, as for any pinned buffer.
+unsafe impl Send for CudaPinned {}
+
+impl CudaPinned {
+    fn within(&self, range: &std::ops::Range<usize>) -> Result<*mut u8, DeviceError> {
+        if range.start > range.end || range.end > self.slice.num_bytes() {
+            return Err(DeviceError::fatal(format!(
+                "page-locked copy of bytes {range:?} of a buffer of {}",
+                self.slice.num_bytes()
+            )));
+        }
+        // SAFETY: inside the allocation (checked above).
+        Ok(unsafe { self.address.add(range.start) })
+    }
+}
 
 impl PinnedHost for CudaPinned {
-    fn as_mut_ptr(&mut self) -> Result<*mut u8, DeviceError> {
-        Ok(self.0.as_mut_ptr()?)
+    fn as_mut_ptr(&self) -> *mut u8 {
+        self.address
+    }
+
+    fn bytes(&self) -> usize {
+        self.slice.num_bytes()
+    }
+
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl CudaEngine {
+    fn own_pinned<'p>(&self, pinned: &'p dyn PinnedHost) -> Result<&'p CudaPinned, DeviceError> {
+        pinned
+            .as_any()
+            .downcast_ref::<CudaPinned>()
+            .filter(|p| p.engine == self.id)
+            .ok_or_else(foreign)
     }
 }
 
@@ -276,6 +321,59 @@ impl DeviceEngine for CudaEngine {
         Ok(stream.synchronize()?)
     }
 
+    unsafe fn upload_pinned(
+        &self,
+        stream: &dyn EngineStream,
+        dst: &mut dyn EngineMemory,
+        src: &dyn PinnedHost,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        let (stream, dst) = (
+            self.lease_stream(stream)?,
+            own::<CudaMemory>(self.id(), dst)?,
+        );
+        let from = self.own_pinned(src)?.within(&range)?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the range is inside the pinned buffer (checked), `dst` holds at least as
+        // many bytes (min); the caller keeps the host off the range until the stream passes.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                dst.address,
+                from.cast(),
+                range.len().min(dst.bytes),
+                stream.cu_stream(),
+            )
+            .result()?
+        };
+        Ok(())
+    }
+
+    unsafe fn download_pinned(
+        &self,
+        stream: &dyn EngineStream,
+        src: &dyn EngineMemory,
+        dst: &dyn PinnedHost,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        let (stream, src) = (
+            self.lease_stream(stream)?,
+            own::<CudaMemory>(self.id(), src)?,
+        );
+        let to = self.own_pinned(dst)?.within(&range)?;
+        self.ctx.bind_to_thread()?;
+        // SAFETY: as in `upload_pinned`; queued, not waited for.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                to.cast(),
+                src.address,
+                range.len().min(src.bytes),
+                stream.cu_stream(),
+            )
+            .result()?
+        };
+        Ok(())
+    }
+
     fn zero(
         &self,
         stream: &dyn EngineStream,
@@ -355,8 +453,13 @@ impl DeviceEngine for CudaEngine {
     fn pinned_host(&self, bytes: usize) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
         // Default flags, as bandwidthTest uses. SAFETY: the memory is written (by a copy)
         // before anything reads it.
-        let slice = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }?;
-        Ok(Some(Box::new(CudaPinned(slice))))
+        let mut slice = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }?;
+        let address = slice.as_mut_ptr()?;
+        Ok(Some(Box::new(CudaPinned {
+            slice,
+            address,
+            engine: self.id,
+        })))
     }
 
     fn module_loads(&self) -> Vec<ModuleLoad> {

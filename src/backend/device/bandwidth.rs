@@ -72,11 +72,11 @@ impl DeviceLease<'_> {
             engine.copy(stream, a, b)?;
             engine.synchronize(stream)
         })?;
-        let Some(mut pinned) = engine.pinned_host(bytes)? else {
-            // No page-locked memory (HIP today), or host memory is all one (emulated).
+        let Some(pinned) = engine.pinned_host(bytes)? else {
+            // No page-locked memory (HIP today).
             return Ok(CopyBandwidth::pageable_only(bytes, h2d, d2h, d2d));
         };
-        let (h2d_pinned, d2h_pinned) = copy_rates(self, a, pinned.as_mut_ptr()?, bytes, repeats)?;
+        let (h2d_pinned, d2h_pinned) = copy_rates(self, a, pinned.as_mut_ptr(), bytes, repeats)?;
         Ok(CopyBandwidth {
             bytes,
             h2d_pageable: h2d,

@@ -3,7 +3,7 @@
 //! element type is checked here, once.
 
 use super::engine::{foreign, EngineMemory};
-use super::{DeviceError, DeviceLease};
+use super::{CopyCounts, DeviceError, DeviceLease};
 use std::marker::PhantomData;
 
 /// What a device buffer (or a kernel's scalar argument) may hold: plain data with the
@@ -73,6 +73,7 @@ impl DeviceLease<'_> {
             self.engine()
                 .write(self.stream(), &mut *memory, host.as_ptr().cast(), bytes)?
         };
+        CopyCounts::add(&self.copies.pageable_to_device, bytes);
         Ok(DeviceBuffer {
             len: host.len(),
             memory,
@@ -95,22 +96,36 @@ impl DeviceLease<'_> {
 
     /// The buffer's contents, once the work queued before has finished.
     pub fn download<T: Element>(&self, buf: &DeviceBuffer<T>) -> Result<Vec<T>, DeviceError> {
+        let mut host = Vec::new();
+        self.download_into(buf, &mut host)?;
+        Ok(host)
+    }
+
+    /// Appends the buffer's contents to `host`, once the work queued before has finished:
+    /// copied straight into the vector's room, touched once.
+    pub fn download_into<T: Element>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        host: &mut Vec<T>,
+    ) -> Result<(), DeviceError> {
         if !self.engine().owns(&*buf.memory) {
             return Err(foreign());
         }
-        let mut host = Vec::<T>::with_capacity(buf.len);
+        host.reserve(buf.len);
         // SAFETY: the memory holds len elements of T (written as T, or zeroed, which T
-        // allows); the vector has room for them and is filled before its length is set.
+        // allows); the vector has room for them past its length, filled before the
+        // length takes them in.
         unsafe {
             self.engine().read(
                 self.stream(),
                 &*buf.memory,
-                host.as_mut_ptr().cast(),
+                host.as_mut_ptr().add(host.len()).cast(),
                 buf.bytes(),
             )?;
-            host.set_len(buf.len);
+            host.set_len(host.len() + buf.len);
         }
-        Ok(host)
+        CopyCounts::add(&self.copies.pageable_from_device, buf.bytes());
+        Ok(())
     }
 
     /// Zeroes the buffer.

@@ -94,9 +94,27 @@ pub trait Timestamp: Send + 'static {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// Page-locked host memory of an engine (copies from and to it run at the bus's speed).
+/// Page-locked host memory of an engine: copies from and to it run at the bus's speed,
+/// and they are queued like kernels (`upload_pinned`, `download_pinned`), so the host may
+/// touch it only once the stream has passed them (a `synchronize`, or an event the host
+/// waited for).
 pub trait PinnedHost: Send + 'static {
-    fn as_mut_ptr(&mut self) -> Result<*mut u8, DeviceError>;
+    /// Where it starts; valid for `bytes()` bytes until it is dropped.
+    fn as_mut_ptr(&self) -> *mut u8;
+
+    fn bytes(&self) -> usize;
+
+    /// The engine whose copies may use it.
+    fn engine_id(&self) -> EngineId;
+
+    /// Whether the host may read (or, `writes`, write) it now: no copy queued on it that
+    /// the host has not waited for. The emulated device checks it (`order.rs`); the GPU
+    /// engines have no way to and trust the caller, who synchronised.
+    fn host_access(&self, _writes: bool) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// What runs a device's work. Work is queued in order on the stream it is given (a lease's)
@@ -161,6 +179,43 @@ pub trait DeviceEngine: Send + Sync + 'static {
         bytes: usize,
     ) -> Result<(), DeviceError>;
 
+    /// Queues a copy of `src`'s bytes `range` into the start of `dst`: unlike `write`, it
+    /// returns at once and reads `src` while the stream runs. Where the engine has no
+    /// page-locked memory of its own this is `write` (the default).
+    ///
+    /// # Safety
+    /// `range` must lie inside `src` and hold at most `dst.bytes()` bytes, both this
+    /// engine's; the host must not write `src`'s range until the stream has passed the copy.
+    unsafe fn upload_pinned(
+        &self,
+        stream: &dyn EngineStream,
+        dst: &mut dyn EngineMemory,
+        src: &dyn PinnedHost,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: the caller's contract; the range is inside the allocation.
+        unsafe { self.write(stream, dst, src.as_mut_ptr().add(range.start), range.len()) }
+    }
+
+    /// Queues a copy of the first `range.len()` bytes of `src` into `dst`'s `range`: it
+    /// returns at once, and the bytes are there once the host has waited for the stream.
+    /// The default is `read`, which waits.
+    ///
+    /// # Safety
+    /// `range` must lie inside `dst` and `src` hold at least as many bytes, both this
+    /// engine's; the host must not touch `dst`'s range until the stream has passed the
+    /// copy.
+    unsafe fn download_pinned(
+        &self,
+        stream: &dyn EngineStream,
+        src: &dyn EngineMemory,
+        dst: &dyn PinnedHost,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: the caller's contract; the range is inside the allocation.
+        unsafe { self.read(stream, src, dst.as_mut_ptr().add(range.start), range.len()) }
+    }
+
     /// Copies `bytes` of `src` out to `dst` once the work queued on `stream` before has
     /// finished, and returns when they are there.
     ///
@@ -219,7 +274,8 @@ pub trait DeviceEngine: Send + Sync + 'static {
         None
     }
 
-    /// `bytes` of page-locked host memory, where the engine has it.
+    /// `bytes` of page-locked host memory for this engine's copies, where it has it (HIP
+    /// has none yet: its copies stay pageable).
     fn pinned_host(&self, _bytes: usize) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
         Ok(None)
     }

@@ -13,8 +13,8 @@
 use super::engine::{DeviceEngine, EngineEvent, EngineStream, LaunchConfig};
 use super::tables::TableCache;
 use super::{DeviceBuffer, DeviceError, DeviceErrorKind, Element, Engine, GpuDevice};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, MutexGuard, RwLockReadGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, MutexGuard, OnceLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 /// `--gpu-jobs-per-device`'s default: enough streams that one job's copies overlap
@@ -42,6 +42,12 @@ pub struct DeviceLease<'a> {
     engine: RwLockReadGuard<'a, Engine>,
     /// Taken back into the device's idle streams when the lease ends.
     stream: Option<Box<dyn EngineStream>>,
+    /// A second stream, for a chunked job's other lane (`pipeline.rs`); made on first use.
+    second: OnceLock<Box<dyn EngineStream>>,
+    /// Which stream the lease's work goes to now: 0 its own, 1 the second (`on_lane`).
+    lane: AtomicUsize,
+    /// The host bytes its copies moved, by kind.
+    pub(super) copies: CopyCounts,
     reserved: usize,
     /// When the job stops being wanted: its deadline, and its caller leaving.
     stop: Option<Stop>,
@@ -54,6 +60,27 @@ pub struct Stop {
     pub deadline: Instant,
     /// Set when the caller has gone (its request dropped).
     pub abandoned: Arc<AtomicBool>,
+}
+
+/// The host bytes a lease's copies moved: through page-locked staging or straight from
+/// pageable memory, and the chunked jobs that found no staging buffer.
+#[derive(Default, Debug)]
+pub struct CopyCounts {
+    pub staged_to_device: AtomicU64,
+    pub staged_from_device: AtomicU64,
+    pub pageable_to_device: AtomicU64,
+    pub pageable_from_device: AtomicU64,
+    pub staging_fallbacks: AtomicU64,
+}
+
+impl CopyCounts {
+    pub(super) fn add(counter: &AtomicU64, bytes: usize) {
+        counter.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
 }
 
 /// A point in one lease's work another lease (or a later use) can wait for.
@@ -129,6 +156,9 @@ impl GpuDevice {
             device: self,
             engine: self.engine(),
             stream: None,
+            second: OnceLock::new(),
+            lane: AtomicUsize::new(0),
+            copies: CopyCounts::default(),
             reserved,
             stop,
             waited,
@@ -200,9 +230,8 @@ impl Drop for DeviceLease<'_> {
         slots.active -= 1;
         slots.reserved -= self.reserved;
         // The engine is still the current one: this lease holds its read lock.
-        if let Some(stream) = self.stream.take() {
-            slots.idle_streams.push(stream);
-        }
+        slots.idle_streams.extend(self.stream.take());
+        slots.idle_streams.extend(self.second.take());
         drop(slots);
         self.device.slot_freed.notify_all();
     }
@@ -219,11 +248,50 @@ impl DeviceLease<'_> {
         &**self.engine
     }
 
-    /// The lease's stream: all of its work is queued here, in order.
+    /// The stream the lease's work is queued on now, in order: its own, or within
+    /// `on_lane(1, ..)` its second.
     pub(crate) fn stream(&self) -> &dyn EngineStream {
-        self.stream
-            .as_deref()
-            .expect("a lease holds its stream until it ends")
+        match self.second.get() {
+            Some(second) if self.lane.load(Ordering::Relaxed) == 1 => &**second,
+            _ => self
+                .stream
+                .as_deref()
+                .expect("a lease holds its stream until it ends"),
+        }
+    }
+
+    /// Runs `work` with the lease's work queued on lane `lane` (0: its own stream, 1: a
+    /// second, taken from the device's idle streams or made): what a chunked job's two
+    /// lanes overlap on. Work of the two lanes is ordered only by events and host waits.
+    pub(crate) fn on_lane<R>(
+        &self,
+        lane: usize,
+        work: impl FnOnce() -> R,
+    ) -> Result<R, DeviceError> {
+        if lane == 1 && self.second.get().is_none() {
+            let engine = self.engine();
+            let kept = self.device.slot_table().idle_streams.pop();
+            let stream = match kept {
+                Some(s) if s.engine_id() == engine.id() => s,
+                _ => engine.new_stream()?,
+            };
+            let _ = self.second.set(stream);
+        }
+        let before = self.lane.swap(lane.min(1), Ordering::Relaxed);
+        let out = work();
+        self.lane.store(before, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Whether a chunked job used the lease's second lane.
+    #[cfg(test)]
+    pub(super) fn used_second_lane(&self) -> bool {
+        self.second.get().is_some()
+    }
+
+    /// The host bytes this lease's copies moved so far.
+    pub fn copies(&self) -> &CopyCounts {
+        &self.copies
     }
 
     /// Whether this lease waited for another to end.

@@ -15,6 +15,8 @@ pub mod engine;
 mod inventory;
 mod launch;
 mod lease;
+mod pipeline;
+mod staging;
 mod tables;
 
 pub use bandwidth::{best_rate, CopyBandwidth};
@@ -22,7 +24,9 @@ pub use buffer::{DeviceBuffer, Element};
 pub use engine::{DeviceEngine, Engine, EngineEvent, EngineStream, LaunchConfig};
 pub use inventory::{KernelLimits, ModuleLoad};
 pub use launch::Launch;
-pub use lease::{DeviceLease, Event, Stop, DEFAULT_JOBS_PER_DEVICE};
+pub use lease::{CopyCounts, DeviceLease, Event, Stop, DEFAULT_JOBS_PER_DEVICE};
+pub use pipeline::Operand;
+pub use staging::{StagingBudget, DEFAULT_STAGING_MIB, STAGING_BUFFER_BYTES};
 
 use super::emulated::EmulatedEngine;
 use super::verify::{OpState, OpStatus};
@@ -155,6 +159,9 @@ pub struct GpuDevice {
     /// memory free when a job starts on the idle device.
     memory_limit: AtomicU64,
     tables: Mutex<TableCache>,
+    /// Page-locked buffers kept for the device's copies, and the budget they count
+    /// against (`staging.rs`).
+    staging: staging::Staging,
     /// Each self-tested op's state, by op name.
     ops: Mutex<BTreeMap<String, OpStatus>>,
     /// False under `--no-cuda-libraries`.
@@ -177,6 +184,7 @@ impl GpuDevice {
             jobs_per_device: AtomicUsize::new(DEFAULT_JOBS_PER_DEVICE),
             lease_waits: AtomicU64::new(0),
             memory_limit: AtomicU64::new(0),
+            staging: Default::default(),
             ops: Mutex::new(BTreeMap::new()),
             vendor_libraries: AtomicBool::new(true),
             clock: Default::default(),
@@ -238,12 +246,14 @@ impl GpuDevice {
     }
 
     /// A re-probe's fresh engine (a rebuilt context): waits for the running jobs (each
-    /// holds the engine's read lock), drops every cached table and kept stream of the old
-    /// one, and forgets the ops' states for the self-test to record again.
+    /// holds the engine's read lock), drops every cached table, kept stream and staging
+    /// buffer of the old one, and forgets the ops' states for the self-test to record
+    /// again.
     pub(crate) fn replace_engine(&self, engine: Engine) {
         let mut current = self.engine.write().unwrap_or_else(|e| e.into_inner());
         self.table_cache().clear();
         self.slot_table().idle_streams.clear();
+        self.clear_staging();
         *current = engine;
         drop(current);
         self.op_table().clear();

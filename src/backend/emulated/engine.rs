@@ -4,11 +4,12 @@
 //! tests inject.
 
 use super::super::device::engine::{
-    foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId, EngineMemory,
-    EngineStream, KernelArgs, LaunchConfig,
+    foreign, foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId,
+    EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
 use super::order::{AccessLog, EmulatedEvent, EmulatedStream, HostOrder, Touch};
+use super::pinned::EmulatedPinned;
 use std::alloc::Layout;
 use std::any::Any;
 use std::ffi::c_void;
@@ -25,7 +26,8 @@ pub struct EmulatedEngine {
     faults: Mutex<Vec<Injected>>,
     /// Streams made so far: the next one's number.
     streams: AtomicU64,
-    order: HostOrder,
+    /// Shared with its page-locked buffers, whose host touches it checks.
+    order: Arc<HostOrder>,
 }
 
 /// A fault the emulated device injects into launches: how tests show that the
@@ -61,7 +63,7 @@ impl EmulatedEngine {
             in_use: Arc::new(AtomicUsize::new(0)),
             faults: Mutex::new(Vec::new()),
             streams: AtomicU64::new(0),
-            order: HostOrder::default(),
+            order: Arc::new(HostOrder::default()),
         }
     }
 
@@ -240,6 +242,19 @@ impl EngineMemory for HostMemory {
     }
 }
 
+impl EmulatedEngine {
+    fn own_pinned<'p>(
+        &self,
+        pinned: &'p dyn PinnedHost,
+    ) -> Result<&'p EmulatedPinned, DeviceError> {
+        pinned
+            .as_any()
+            .downcast_ref::<EmulatedPinned>()
+            .filter(|p| p.engine_id() == self.id)
+            .ok_or_else(foreign)
+    }
+}
+
 impl DeviceEngine for EmulatedEngine {
     fn memory(&self) -> Option<(u64, u64)> {
         Some(EmulatedEngine::memory(self))
@@ -296,6 +311,51 @@ impl DeviceEngine for EmulatedEngine {
             .operation(stream, "an upload", &[dst.touch(true)])?;
         // SAFETY: the caller's contract.
         unsafe { dst.write(src, bytes) };
+        Ok(())
+    }
+
+    /// Queued as on a GPU: the source counts as read by the stream until the host waits.
+    unsafe fn upload_pinned(
+        &self,
+        stream: &dyn EngineStream,
+        dst: &mut dyn EngineMemory,
+        src: &dyn PinnedHost,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        let dst = own::<HostMemory>(self.id(), dst)?;
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        let src = self.own_pinned(src)?;
+        let from = src.within(&range)?;
+        self.order.operation(
+            stream,
+            "an upload from page-locked memory",
+            &[dst.touch(true), src.touch(false)],
+        )?;
+        // SAFETY: the range is inside the pinned buffer; `write` copies at most dst's bytes.
+        unsafe { dst.write(from, range.len()) };
+        Ok(())
+    }
+
+    /// Queued as on a GPU: the bytes count as in flight until the host waits for the
+    /// stream, and reading them before is refused (`PinnedHost::host_access`).
+    unsafe fn download_pinned(
+        &self,
+        stream: &dyn EngineStream,
+        src: &dyn EngineMemory,
+        dst: &dyn PinnedHost,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        let src = own::<HostMemory>(self.id(), src)?;
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        let dst = self.own_pinned(dst)?;
+        let to = dst.within(&range)?;
+        self.order.operation(
+            stream,
+            "a download to page-locked memory",
+            &[src.touch(false), dst.touch(true)],
+        )?;
+        // SAFETY: the range is inside the pinned buffer; `read` copies at most src's bytes.
+        unsafe { src.read(to, range.len()) };
         Ok(())
     }
 
@@ -417,6 +477,12 @@ impl DeviceEngine for EmulatedEngine {
             }
         }
         Ok(())
+    }
+
+    /// Host memory whose copies are queued and checked like a GPU's (`pinned.rs`).
+    fn pinned_host(&self, bytes: usize) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
+        let pinned = EmulatedPinned::new(self.id, self.order.clone(), bytes)?;
+        Ok(Some(Box::new(pinned)))
     }
 
     fn module_loads(&self) -> Vec<ModuleLoad> {

@@ -242,4 +242,5 @@ pub unsafe fn launch(
 
 mod engine;
 mod order;
+mod pinned;
 pub use engine::{EmulatedEngine, Fault, HostMemory};

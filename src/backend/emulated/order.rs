@@ -198,6 +198,36 @@ impl HostOrder {
         self.host_mut().clone()
     }
 
+    /// Whether the host may read (`writes`: write) page-locked memory whose copies `log`
+    /// records: every copy that writes it (and, to write it, every one that reads it)
+    /// must be one the host has waited for. Host touches are not recorded: a copy the host
+    /// queues afterwards comes after them in the host's own order.
+    pub fn host_access(&self, log: &Mutex<AccessLog>, writes: bool) -> Result<(), DeviceError> {
+        let log = log.lock().unwrap_or_else(|e| e.into_inner());
+        let host = self.host();
+        let reads: &[Stamp] = if writes { &log.reads } else { &[] };
+        let Some(other) = log
+            .write
+            .iter()
+            .chain(reads)
+            .copied()
+            .find(|&e| !host.covers(e))
+        else {
+            return Ok(());
+        };
+        let (kind, mine) = match (Some(other) == log.write, writes) {
+            (true, false) => ("a download", "reads"),
+            (true, true) => ("a download", "writes"),
+            (false, _) => ("an upload", "writes"),
+        };
+        Err(DeviceError::fatal(format!(
+            "emulated device: the host {mine} page-locked memory that {kind} on stream {} may \
+             still be using: no host wait (synchronize) orders them, so on a GPU the bytes \
+             could be half copied",
+            other.stream
+        )))
+    }
+
     fn host_mut(&self) -> std::sync::MutexGuard<'_, VectorClock> {
         self.finished.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -256,6 +286,33 @@ mod tests {
         assert!(order
             .operation(&b, "kernel", &touch(&buffer, false))
             .is_err());
+    }
+
+    /// The host touches page-locked memory only after waiting for the copies on it: a
+    /// download's bytes are read after a host wait, an upload's source rewritten likewise.
+    #[test]
+    fn the_host_waits_for_copies_on_page_locked_memory() {
+        let (order, id) = (HostOrder::default(), EngineId::fresh());
+        let a = EmulatedStream::new(id, 1);
+        let pinned = Mutex::new(AccessLog::default());
+        order.host_access(&pinned, true).unwrap();
+        order
+            .operation(&a, "upload", &touch(&pinned, false))
+            .unwrap();
+        order.host_access(&pinned, false).unwrap();
+        let refused = order.host_access(&pinned, true).unwrap_err();
+        assert!(
+            refused.message.contains("an upload on stream 1"),
+            "{refused}"
+        );
+        order
+            .operation(&a, "download", &touch(&pinned, true))
+            .unwrap();
+        let refused = order.host_access(&pinned, false).unwrap_err();
+        assert!(refused.message.contains("no host wait"), "{refused}");
+        order.waited_for(&a);
+        order.host_access(&pinned, false).unwrap();
+        order.host_access(&pinned, true).unwrap();
     }
 
     /// A refused operation records nothing: the buffer's log is as before it.

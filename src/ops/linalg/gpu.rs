@@ -9,7 +9,7 @@ use super::Compute;
 use crate::backend::cuda::blaslt::{BlasCompute, RowMajorProduct, MATMUL_BLASLT_OP};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
-use crate::backend::device::LaunchConfig;
+use crate::backend::device::{LaunchConfig, Operand};
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 
 const KERNEL_NAMES: &[&str] = &["matmul_f32", "sinusoidal_f64", "embedding_gather_f32"];
@@ -283,28 +283,26 @@ pub fn launch_sinusoidal(
 }
 
 /// Rows of the job's table: the table from the device's cache (uploaded on a miss), the
-/// ids in passes that fit the budget beside it.
+/// ids streamed in chunks beside it (`DeviceLease::stream_items`), rows staged back.
 pub fn launch_lookup(job: &LookupJob, dev: &DeviceLease<'_>) -> Result<Vec<f32>, DeviceError> {
     let table = dev.cached_table(&job.key, || dev.upload(&job.table))?;
     let dim = job.dim;
-    let per_row = 4 * (dim + 1);
-    let rows_per_pass = (dev.memory_budget() / per_row).clamp(1, job.ids.len().max(1));
-    let mut out = Vec::with_capacity(job.ids.len() * dim);
-    for ids in job.ids.chunks(rows_per_pass) {
-        dev.still_wanted()?;
-        let d_ids = dev.upload(ids)?;
-        let mut d_out = dev.alloc_zeros::<f32>(ids.len() * dim)?;
-        let (rows, dim64) = (ids.len() as u64, dim as u64);
+    let ids = [Operand {
+        data: &job.ids,
+        per_item: 1,
+    }];
+    let mut out = dev.stream_items(job.ids.len(), &ids, dim, 0, |d_ids, d_out, rows| {
+        let (rows, dim64) = (rows as u64, dim as u64);
         let mut l = dev.launch("embedding_gather_f32")?;
         l.arg(table.as_ref())
             .arg(&dim64)
-            .arg(&d_ids)
+            .arg(&d_ids[0])
             .arg(&rows)
-            .arg(&mut d_out);
-        // SAFETY: every id is below the table's rows (checked by the job); rows·dim out.
-        unsafe { l.launch(dev.launch_config(ids.len() * dim)) }?;
-        out.extend(dev.download(&d_out)?);
-    }
+            .arg(d_out);
+        // SAFETY: every id is below the table's rows (checked by the job); rows·dim out,
+        // within the output buffer.
+        unsafe { l.launch(dev.launch_config(rows as usize * dim)) }
+    })?;
     job.round(&mut out);
     Ok(out)
 }

@@ -3,7 +3,7 @@
 use super::ntt::{self, Direction, NttJob, Order};
 use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::device::LaunchConfig;
+use crate::backend::device::{LaunchConfig, Operand};
 use crate::backend::DeviceLease;
 use crate::backend::{DeviceBuffer, DeviceError, Element};
 
@@ -67,54 +67,64 @@ fn mixed() -> DeviceError {
     DeviceError::fatal("mixed fields reached the launcher")
 }
 
+/// The kernels take each field's elements as they are held: a 256-bit element as
+/// `[u64; 4]` (read as eight little-endian u32 limbs), so the answer needs no repacking.
 pub fn launch_field_binary(
     job: &FieldBinaryJob,
     dev: &DeviceLease<'_>,
 ) -> Result<FieldVec, DeviceError> {
     let name = kernel_name(job.field(), job.op());
-    let (a, b) = job.inputs();
-    let stride = u32::from(!job.is_broadcast());
-    match (words(a), words(b)) {
-        (Words::U64(x), Words::U64(y)) => Ok(from_u64(
-            job.field(),
-            launch_pair(dev, &name, x, y, job.len(), stride)?,
-        )),
-        (Words::U32(x), Words::U32(y)) => Ok(FieldVec::BabyBear(launch_pair(
-            dev,
-            &name,
-            x,
-            y,
-            job.len(),
-            stride,
-        )?)),
-        _ => Err(mixed()),
-    }
+    let (n, stride) = (job.len(), u32::from(!job.is_broadcast()));
+    Ok(match job.inputs() {
+        (FieldVec::Bn254Fr(x), FieldVec::Bn254Fr(y)) => {
+            FieldVec::Bn254Fr(launch_pair(dev, &name, x, y, n, stride)?)
+        }
+        (FieldVec::Bls12_381Fr(x), FieldVec::Bls12_381Fr(y)) => {
+            FieldVec::Bls12_381Fr(launch_pair(dev, &name, x, y, n, stride)?)
+        }
+        (FieldVec::Goldilocks(x), FieldVec::Goldilocks(y)) => {
+            FieldVec::Goldilocks(launch_pair(dev, &name, x, y, n, stride)?)
+        }
+        (FieldVec::BabyBear(x), FieldVec::BabyBear(y)) => {
+            FieldVec::BabyBear(launch_pair(dev, &name, x, y, n, stride)?)
+        }
+        _ => return Err(mixed()),
+    })
 }
 
 pub fn launch_field_pow(job: &FieldPowJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
     let field = job.base().field();
     let name = format!("{}_pow", field.name());
-    let stride = u32::from(!job.is_broadcast());
-    let exps: Vec<u64> = job.exponents().iter().flat_map(|e| e.0).collect();
-    match words(job.base()) {
-        Words::U64(base) => Ok(from_u64(
-            field,
-            launch_pair(dev, &name, base, &exps, job.len(), stride)?,
-        )),
-        Words::U32(base) => {
-            // Eight little-endian u32 limbs per exponent.
-            let limbs: Vec<u32> = exps
-                .iter()
-                .flat_map(|w| [*w as u32, (*w >> 32) as u32])
-                .collect();
-            let out = launch_pair(dev, &name, base, &limbs, job.len(), stride)?;
-            Ok(FieldVec::BabyBear(out))
+    let (n, stride) = (job.len(), u32::from(!job.is_broadcast()));
+    // Each exponent is 256 bits: one element's worth on the 256-bit fields, four u64
+    // words beside a Goldilocks base, eight little-endian u32 limbs beside a BabyBear one.
+    let exps = || job.exponents().iter().map(|e| e.0);
+    Ok(match job.base() {
+        FieldVec::Bn254Fr(base) => {
+            let exps: Vec<[u64; 4]> = exps().collect();
+            FieldVec::Bn254Fr(launch_pair(dev, &name, base, &exps, n, stride)?)
         }
-    }
+        FieldVec::Bls12_381Fr(base) => {
+            let exps: Vec<[u64; 4]> = exps().collect();
+            FieldVec::Bls12_381Fr(launch_pair(dev, &name, base, &exps, n, stride)?)
+        }
+        FieldVec::Goldilocks(base) => {
+            let exps: Vec<u64> = exps().flatten().collect();
+            FieldVec::Goldilocks(launch_pair(dev, &name, base, &exps, n, stride)?)
+        }
+        FieldVec::BabyBear(base) => {
+            let limbs: Vec<u32> = exps()
+                .flatten()
+                .flat_map(|w| [w as u32, (w >> 32) as u32])
+                .collect();
+            FieldVec::BabyBear(launch_pair(dev, &name, base, &limbs, n, stride)?)
+        }
+    })
 }
 
-/// The binary and pow kernels' shape: (x, y, out, n, y_stride), out as long as x. Runs
-/// in passes of as many elements as the device's memory budget allows.
+/// The binary and pow kernels' shape: (x, y, out, n, y_stride), out as long as x, y
+/// broadcast when its stride is 0. Streamed in chunks (`DeviceLease::stream_items`): x
+/// and a full y staged chunk by chunk, a broadcast y uploaded once.
 fn launch_pair<T: Element>(
     dev: &DeviceLease<'_>,
     kernel: &str,
@@ -123,45 +133,34 @@ fn launch_pair<T: Element>(
     n: usize,
     y_stride: u32,
 ) -> Result<Vec<T>, DeviceError> {
-    let size = std::mem::size_of::<T>();
     let wx = x.len() / n.max(1);
     let broadcast = y_stride == 0;
-    let wy = if broadcast { 0 } else { y.len() / n.max(1) };
-    let fixed = if broadcast {
-        std::mem::size_of_val(y)
-    } else {
-        0
-    };
-    let per_pass = dev.items_per_pass(n, (2 * wx + wy) * size, fixed);
     let dy_all = broadcast.then(|| dev.upload(y)).transpose()?;
-    let mut host = Vec::with_capacity(x.len());
-    for start in (0..n).step_by(per_pass) {
-        dev.still_wanted()?;
-        let m = per_pass.min(n - start);
-        let dx = dev.upload(&x[start * wx..(start + m) * wx])?;
-        let dy_pass;
-        let dy = match &dy_all {
-            Some(all) => all,
-            None => {
-                dy_pass = dev.upload(&y[start * wy..(start + m) * wy])?;
-                &dy_pass
-            }
-        };
-        let mut out: DeviceBuffer<T> = dev.alloc_zeros(m * wx)?;
+    let mut inputs = vec![Operand {
+        data: x,
+        per_item: wx,
+    }];
+    if !broadcast {
+        inputs.push(Operand {
+            data: y,
+            per_item: y.len() / n.max(1),
+        });
+    }
+    let fixed = dy_all.as_ref().map_or(0, |_| std::mem::size_of_val(y));
+    dev.stream_items(n, &inputs, wx, fixed, |ins, out, m| {
+        let dy = dy_all.as_ref().unwrap_or_else(|| &ins[1]);
         let m64 = m as u64;
         let mut launch = dev.launch(kernel)?;
         launch
-            .arg(&dx)
+            .arg(&ins[0])
             .arg(dy)
-            .arg(&mut out)
+            .arg(out)
             .arg(&m64)
             .arg(&y_stride);
         // SAFETY: the kernel reads m elements of x, m (or 1, stride 0) of y, and writes m
-        // of out; the buffers hold exactly those words.
-        unsafe { launch.launch(dev.launch_config(m)) }?;
-        host.extend(dev.download(&out)?);
-    }
-    Ok(host)
+        // of out; the buffers hold at least those words.
+        unsafe { launch.launch(dev.launch_config(m)) }
+    })
 }
 
 /// Elements per thread in the inversion kernel: enough threads to fill the device, at
@@ -171,12 +170,14 @@ fn inv_chunk(n: usize, threads: usize) -> u64 {
 }
 
 pub fn launch_field_inv(job: &FieldInvJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
-    let field = job.values().field();
-    let name = format!("{}_inv", field.name());
-    match words(job.values()) {
-        Words::U64(x) => Ok(from_u64(field, launch_inv(dev, &name, x, job.len())?)),
-        Words::U32(x) => Ok(FieldVec::BabyBear(launch_inv(dev, &name, x, job.len())?)),
-    }
+    let name = format!("{}_inv", job.values().field().name());
+    let n = job.len();
+    Ok(match job.values() {
+        FieldVec::Bn254Fr(x) => FieldVec::Bn254Fr(launch_inv(dev, &name, x, n)?),
+        FieldVec::Bls12_381Fr(x) => FieldVec::Bls12_381Fr(launch_inv(dev, &name, x, n)?),
+        FieldVec::Goldilocks(x) => FieldVec::Goldilocks(launch_inv(dev, &name, x, n)?),
+        FieldVec::BabyBear(x) => FieldVec::BabyBear(launch_inv(dev, &name, x, n)?),
+    })
 }
 
 fn launch_inv<T: Element>(
@@ -186,23 +187,20 @@ fn launch_inv<T: Element>(
     n: usize,
 ) -> Result<Vec<T>, DeviceError> {
     let w = x.len() / n.max(1);
-    let per_pass = dev.items_per_pass(n, 2 * w * std::mem::size_of::<T>(), 0);
-    let mut host = Vec::with_capacity(x.len());
-    for start in (0..n).step_by(per_pass) {
-        dev.still_wanted()?;
-        let m = per_pass.min(n - start);
-        let din = dev.upload(&x[start * w..(start + m) * w])?;
-        let mut out: DeviceBuffer<T> = dev.alloc_zeros(m * w)?;
+    let inputs = [Operand {
+        data: x,
+        per_item: w,
+    }];
+    dev.stream_items(n, &inputs, w, 0, |ins, out, m| {
         let config = dev.launch_config(m);
         let threads = (config.grid_dim.0 * config.block_dim.0) as usize;
         let (m64, chunk) = (m as u64, inv_chunk(m, threads));
         let mut launch = dev.launch(kernel)?;
-        launch.arg(&din).arg(&mut out).arg(&m64).arg(&chunk);
-        // SAFETY: in and out hold m elements; each chunk writes only its own range.
-        unsafe { launch.launch(config) }?;
-        host.extend(dev.download(&out)?);
-    }
-    Ok(host)
+        launch.arg(&ins[0]).arg(out).arg(&m64).arg(&chunk);
+        // SAFETY: in and out hold at least m elements; each chunk writes only its own
+        // range.
+        unsafe { launch.launch(config) }
+    })
 }
 
 /// `kernels/ntt.cu`: the NTT's four kernels for every field.
@@ -389,7 +387,7 @@ fn ntt_steps<T: Element>(
         if job.output_order == Order::BitReversed {
             permute(&mut dx)?;
         }
-        host.extend(dev.download(&dx)?);
+        dev.download_into(&dx, &mut host)?;
     }
     Ok(host)
 }
