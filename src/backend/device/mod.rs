@@ -228,6 +228,18 @@ impl GpuDevice {
         }
     }
 
+    /// The emulated device's seconds in copies, memsets and launches so far (`None` on a
+    /// GPU): a device job's time less this is its host side (`benches/device_path.rs`).
+    pub fn emulated_engine_seconds(&self) -> Option<f64> {
+        let engine = self.engine();
+        Some(
+            engine
+                .as_any()
+                .downcast_ref::<EmulatedEngine>()?
+                .busy_seconds(),
+        )
+    }
+
     pub fn is_emulated(&self) -> bool {
         self.info.emulated
     }

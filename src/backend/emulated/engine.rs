@@ -28,6 +28,9 @@ pub struct EmulatedEngine {
     streams: AtomicU64,
     /// Shared with its page-locked buffers, whose host touches it checks.
     order: Arc<HostOrder>,
+    /// Nanoseconds spent in its copies, memsets and launches: what a GPU's copy engines
+    /// and SMs would do, so the rest of a device job's time is its host side.
+    busy_ns: AtomicU64,
 }
 
 /// A fault the emulated device injects into launches: how tests show that the
@@ -64,6 +67,7 @@ impl EmulatedEngine {
             faults: Mutex::new(Vec::new()),
             streams: AtomicU64::new(0),
             order: Arc::new(HostOrder::default()),
+            busy_ns: AtomicU64::new(0),
         }
     }
 
@@ -95,6 +99,20 @@ impl EmulatedEngine {
         let fault = faults[i].fault;
         faults.retain(|f| f.remaining > 0);
         Some(fault)
+    }
+
+    /// Seconds spent in copies, memsets and launches since the engine was made.
+    pub fn busy_seconds(&self) -> f64 {
+        self.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    /// Runs one copy, memset or launch, its time counted as the engine's.
+    fn busy<R>(&self, work: impl FnOnce() -> R) -> R {
+        let started = std::time::Instant::now();
+        let out = work();
+        let ns = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
+        out
     }
 
     fn fault_list(&self) -> std::sync::MutexGuard<'_, Vec<Injected>> {
@@ -310,7 +328,7 @@ impl DeviceEngine for EmulatedEngine {
         self.order
             .operation(stream, "an upload", &[dst.touch(true)])?;
         // SAFETY: the caller's contract.
-        unsafe { dst.write(src, bytes) };
+        self.busy(|| unsafe { dst.write(src, bytes) });
         Ok(())
     }
 
@@ -332,7 +350,7 @@ impl DeviceEngine for EmulatedEngine {
             &[dst.touch(true), src.touch(false)],
         )?;
         // SAFETY: the range is inside the pinned buffer; `write` copies at most dst's bytes.
-        unsafe { dst.write(from, range.len()) };
+        self.busy(|| unsafe { dst.write(from, range.len()) });
         Ok(())
     }
 
@@ -355,7 +373,7 @@ impl DeviceEngine for EmulatedEngine {
             &[src.touch(false), dst.touch(true)],
         )?;
         // SAFETY: the range is inside the pinned buffer; `read` copies at most src's bytes.
-        unsafe { src.read(to, range.len()) };
+        self.busy(|| unsafe { src.read(to, range.len()) });
         Ok(())
     }
 
@@ -372,7 +390,7 @@ impl DeviceEngine for EmulatedEngine {
         self.order
             .operation(stream, "a download", &[src.touch(false)])?;
         // SAFETY: the caller's contract.
-        unsafe { src.read(dst, bytes) };
+        self.busy(|| unsafe { src.read(dst, bytes) });
         self.order.waited_for(stream);
         Ok(())
     }
@@ -386,7 +404,7 @@ impl DeviceEngine for EmulatedEngine {
         let memory = own_mut::<HostMemory>(self.id(), memory)?;
         self.order
             .operation(stream, "a memset", &[memory.touch(true)])?;
-        memory.zero();
+        self.busy(|| memory.zero());
         Ok(())
     }
 
@@ -404,7 +422,7 @@ impl DeviceEngine for EmulatedEngine {
             "a device copy",
             &[src.touch(false), dst.touch(true)],
         )?;
-        dst.copy_from(src);
+        self.busy(|| dst.copy_from(src));
         Ok(())
     }
 
@@ -466,7 +484,7 @@ impl DeviceEngine for EmulatedEngine {
             std::thread::sleep(std::time::Duration::from_millis(u64::from(ms)));
         }
         // SAFETY: the caller's contract.
-        unsafe { super::launch(name, config, &mut args.pointers) }
+        self.busy(|| unsafe { super::launch(name, config, &mut args.pointers) })
             .map_err(|e| DeviceError::fatal(format!("emulated device: {e}")))?;
         if let (Some(Fault::Corrupt), Some(slot)) = (fault, args.last_output) {
             // SAFETY: the slot holds a live buffer's address (the launch borrows it), and a
