@@ -23,7 +23,7 @@ pub struct CopyBandwidth {
 
 impl CopyBandwidth {
     /// Rates from pageable copies only, which the pinned fields repeat: the engine has
-    /// no page-locked memory (HIP today), or its host memory is all one (emulated).
+    /// no page-locked memory.
     fn pageable_only(bytes: usize, h2d: f64, d2h: f64, d2d: f64) -> Self {
         CopyBandwidth {
             bytes,
@@ -73,7 +73,7 @@ impl DeviceLease<'_> {
             engine.synchronize(stream)
         })?;
         let Some(pinned) = engine.pinned_host(bytes)? else {
-            // No page-locked memory (HIP today).
+            // An engine without page-locked memory.
             return Ok(CopyBandwidth::pageable_only(bytes, h2d, d2h, d2d));
         };
         let (h2d_pinned, d2h_pinned) = copy_rates(self, a, pinned.as_mut_ptr(), bytes, repeats)?;

@@ -274,8 +274,8 @@ pub trait DeviceEngine: Send + Sync + 'static {
         None
     }
 
-    /// `bytes` of page-locked host memory for this engine's copies, where it has it (HIP
-    /// has none yet: its copies stay pageable).
+    /// `bytes` of page-locked host memory for this engine's copies, where it has it
+    /// (`cuMemHostAlloc`, `hipHostMalloc`, the emulated device's checked stand-in).
     fn pinned_host(&self, _bytes: usize) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
         Ok(None)
     }

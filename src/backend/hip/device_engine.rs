@@ -2,9 +2,10 @@
 //! same name, on the lease's stream.
 
 use super::engine::{HipEngine, HipEvent, HipMemory, HipStream};
+use super::pinned::HipPinned;
 use crate::backend::device::engine::{
-    foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId, EngineMemory,
-    EngineStream, KernelArgs, LaunchConfig,
+    foreign, foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId,
+    EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use std::any::Any;
@@ -51,6 +52,14 @@ impl EngineEvent for HipEvent {
 impl HipEngine {
     fn stream<'s>(&self, stream: &'s dyn EngineStream) -> Result<&'s HipStream, DeviceError> {
         own_stream::<HipStream>(self.id, stream)
+    }
+
+    fn own_pinned<'p>(&self, pinned: &'p dyn PinnedHost) -> Result<&'p HipPinned, DeviceError> {
+        pinned
+            .as_any()
+            .downcast_ref::<HipPinned>()
+            .filter(|p| p.engine_id() == self.id)
+            .ok_or_else(foreign)
     }
 }
 
@@ -112,6 +121,32 @@ impl DeviceEngine for HipEngine {
         unsafe { HipEngine::read(self, stream, src, dst.cast(), bytes) }
     }
 
+    unsafe fn upload_pinned(
+        &self,
+        stream: &dyn EngineStream,
+        dst: &mut dyn EngineMemory,
+        src: &dyn PinnedHost,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        let (stream, dst) = (self.stream(stream)?, own::<HipMemory>(self.id(), dst)?);
+        let from = self.own_pinned(src)?.within(&range)?;
+        // SAFETY: the range is inside the pinned buffer (checked); the caller's contract.
+        unsafe { HipEngine::upload_queued(self, stream, dst, from, range.len()) }
+    }
+
+    unsafe fn download_pinned(
+        &self,
+        stream: &dyn EngineStream,
+        src: &dyn EngineMemory,
+        dst: &dyn PinnedHost,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DeviceError> {
+        let (stream, src) = (self.stream(stream)?, own::<HipMemory>(self.id(), src)?);
+        let to = self.own_pinned(dst)?.within(&range)?;
+        // SAFETY: as in `upload_pinned`.
+        unsafe { HipEngine::download_queued(self, stream, src, to, range.len()) }
+    }
+
     fn zero(
         &self,
         stream: &dyn EngineStream,
@@ -167,6 +202,11 @@ impl DeviceEngine for HipEngine {
                 &mut args.pointers,
             )
         }
+    }
+
+    /// `hipHostMalloc`'d memory (`pinned.rs`).
+    fn pinned_host(&self, bytes: usize) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
+        Ok(Some(Box::new(HipEngine::pinned_host(self, bytes)?)))
     }
 
     fn module_loads(&self) -> Vec<ModuleLoad> {

@@ -53,8 +53,10 @@ pub struct Api {
     mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> c_int,
     malloc: unsafe extern "C" fn(*mut Ptr, usize) -> c_int,
     free: unsafe extern "C" fn(Ptr) -> c_int,
-    htod: unsafe extern "C" fn(Ptr, Ptr, usize, Ptr) -> c_int,
-    dtoh: unsafe extern "C" fn(Ptr, Ptr, usize, Ptr) -> c_int,
+    pub(super) htod: unsafe extern "C" fn(Ptr, Ptr, usize, Ptr) -> c_int,
+    pub(super) dtoh: unsafe extern "C" fn(Ptr, Ptr, usize, Ptr) -> c_int,
+    pub(super) host_malloc: unsafe extern "C" fn(*mut Ptr, usize, c_uint) -> c_int,
+    pub(super) host_free: unsafe extern "C" fn(Ptr) -> c_int,
     dtod: unsafe extern "C" fn(Ptr, Ptr, usize, Ptr) -> c_int,
     memset: unsafe extern "C" fn(Ptr, c_int, usize, Ptr) -> c_int,
     stream_create: unsafe extern "C" fn(*mut Ptr) -> c_int,
@@ -98,6 +100,8 @@ impl Api {
             htod: get(runtime, "hipMemcpyHtoDAsync")?,
             dtoh: get(runtime, "hipMemcpyDtoHAsync")?,
             dtod: get(runtime, "hipMemcpyDtoDAsync")?,
+            host_malloc: get(runtime, "hipHostMalloc")?,
+            host_free: get(runtime, "hipHostFree")?,
             memset: get(runtime, "hipMemsetAsync")?,
             stream_create: get(runtime, "hipStreamCreate")?,
             stream_destroy: get(runtime, "hipStreamDestroy")?,
@@ -132,7 +136,7 @@ impl Api {
     }
 
     /// `rc` as a device error: out of memory, or fatal (the context may be unusable).
-    fn check(&self, rc: c_int, what: &str) -> Result<(), DeviceError> {
+    pub(super) fn check(&self, rc: c_int, what: &str) -> Result<(), DeviceError> {
         if rc == 0 {
             return Ok(());
         }
@@ -176,8 +180,8 @@ impl Api {
 pub struct HipMemory {
     /// The device address; launches pass a pointer to this field, as HIP takes a buffer
     /// argument.
-    address: Ptr,
-    bytes: usize,
+    pub(super) address: Ptr,
+    pub(super) bytes: usize,
     pub(crate) engine: EngineId,
     free: unsafe extern "C" fn(Ptr) -> c_int,
 }
@@ -209,7 +213,7 @@ impl Drop for HipMemory {
 pub struct HipEngine {
     /// What this engine's allocations and streams carry (`DeviceEngine::owns`).
     pub(crate) id: EngineId,
-    api: Api,
+    pub(super) api: Api,
     ordinal: c_int,
     modules: Vec<Ptr>,
     functions: HashMap<String, Ptr>,
@@ -523,7 +527,7 @@ fn limits_of(api: &Api, name: &str, f: Ptr) -> KernelLimits {
 /// A stream of one AMD device, destroyed when dropped.
 pub struct HipStream {
     pub(crate) engine: EngineId,
-    handle: Ptr,
+    pub(super) handle: Ptr,
     api: Api,
     ordinal: c_int,
 }

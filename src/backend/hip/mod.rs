@@ -10,6 +10,7 @@
 mod device_engine;
 pub mod discover;
 pub mod engine;
+mod pinned;
 mod rtc;
 pub mod smi;
 

@@ -186,6 +186,8 @@ int hipMemcpyHtoDAsync(void *d, void *s, size_t n, void *st) { memcpy(d, s, n); 
 int hipMemcpyDtoHAsync(void *d, void *s, size_t n, void *st) { memcpy(d, s, n); return 0; }
 int hipMemcpyDtoDAsync(void *d, void *s, size_t n, void *st) { memcpy(d, s, n); return 0; }
 int hipMemsetAsync(void *d, int v, size_t n, void *st) { memset(d, v, n); return 0; }
+int hipHostMalloc(void **p, size_t n, unsigned flags) { *p = malloc(n); return *p ? 0 : 2; }
+int hipHostFree(void *p) { free(p); return 0; }
 int hipStreamCreate(void **s) { *s = (void *)0x5; return 0; }
 int hipStreamDestroy(void *s) { return 0; }
 int hipStreamSynchronize(void *s) { return 0; }
@@ -414,6 +416,37 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
             assert_eq!(lease.download(&zeroed).unwrap(), [2, 3, 4]);
             lease.zero(&mut zeroed).unwrap();
             assert_eq!(lease.download(&zeroed).unwrap(), [0, 0, 0]);
+            // Page-locked staging: queued copies from and into hipHostMalloc'd memory,
+            // there once the stream is waited for; a range past the buffer is refused.
+            let (engine, stream) = (lease.engine(), lease.stream());
+            let pinned = engine
+                .pinned_host(64)
+                .unwrap()
+                .expect("HIP has page-locked memory");
+            let words = [5u32, 6, 7];
+            // SAFETY: 12 bytes into a 64-byte buffer no copy uses yet.
+            unsafe {
+                std::ptr::copy_nonoverlapping(words.as_ptr().cast(), pinned.as_mut_ptr(), 12)
+            };
+            // SAFETY: both ranges inside the pinned buffer and the 12-byte device buffer;
+            // the host reads the result only after the stream is waited for.
+            unsafe {
+                engine
+                    .upload_pinned(stream, &mut *zeroed.memory, &*pinned, 0..12)
+                    .unwrap();
+                engine
+                    .download_pinned(stream, &*zeroed.memory, &*pinned, 16..28)
+                    .unwrap();
+            }
+            lease.synchronize().unwrap();
+            // SAFETY: 12 bytes the download wrote, aligned for u32, the copy finished.
+            let back =
+                unsafe { std::slice::from_raw_parts(pinned.as_mut_ptr().add(16).cast::<u32>(), 3) };
+            assert_eq!(back, words);
+            // SAFETY: refused before any copy.
+            let past =
+                unsafe { engine.upload_pinned(stream, &mut *zeroed.memory, &*pinned, 60..72) };
+            assert!(past.is_err());
             // A buffer handed to another engine is refused there, never read as its own.
             let emulated = GpuDevice::emulated(1, 1 << 20);
             let other = emulated.lease().unwrap();

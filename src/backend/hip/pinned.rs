@@ -1,0 +1,113 @@
+//! Page-locked host memory on AMD (`hipHostMalloc`): a HIP device's staging buffers
+//! (`backend::device::staging`), so its chunked jobs' copies are queued on their lanes and
+//! run at the bus's speed, as on CUDA. Only the stand-in runtime of `tests.rs` has run
+//! these calls; no AMD GPU has.
+
+use super::engine::{HipEngine, HipMemory, HipStream, Ptr};
+use crate::backend::device::engine::{EngineId, PinnedHost};
+use crate::backend::device::DeviceError;
+use std::any::Any;
+use std::ffi::c_int;
+use std::ops::Range;
+
+pub struct HipPinned {
+    address: Ptr,
+    bytes: usize,
+    engine: EngineId,
+    free: unsafe extern "C" fn(Ptr) -> c_int,
+}
+
+// SAFETY: host memory this value owns; who touches it when is the streams' order.
+unsafe impl Send for HipPinned {}
+
+impl Drop for HipPinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by hipHostMalloc and freed once, here.
+        unsafe { (self.free)(self.address) };
+    }
+}
+
+impl PinnedHost for HipPinned {
+    fn as_mut_ptr(&self) -> *mut u8 {
+        self.address.cast()
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl HipPinned {
+    /// The address of `range`, refused unless it lies inside the buffer.
+    pub(super) fn within(&self, range: &Range<usize>) -> Result<Ptr, DeviceError> {
+        if range.start > range.end || range.end > self.bytes {
+            return Err(DeviceError::fatal(format!(
+                "page-locked copy of bytes {range:?} of a buffer of {}",
+                self.bytes
+            )));
+        }
+        // SAFETY: inside the allocation (checked above).
+        Ok(unsafe { self.address.cast::<u8>().add(range.start).cast() })
+    }
+}
+
+impl HipEngine {
+    /// `bytes` of page-locked host memory (default flags: usable by every device).
+    pub fn pinned_host(&self, bytes: usize) -> Result<HipPinned, DeviceError> {
+        self.bind_to_thread()?;
+        let mut address: Ptr = std::ptr::null_mut();
+        // SAFETY: HIP's signature; the out-pointer is valid; never zero bytes.
+        let rc = unsafe { (self.api.host_malloc)(&mut address, bytes.max(1), 0) };
+        self.api.check(rc, "hipHostMalloc")?;
+        Ok(HipPinned {
+            address,
+            bytes,
+            engine: self.id,
+            free: self.api.host_free,
+        })
+    }
+
+    /// Queues a copy of `bytes` from page-locked `src` into `dst`; returns at once.
+    ///
+    /// # Safety
+    /// `src` must be page-locked host memory of `bytes` bytes left alone until the stream
+    /// has passed the copy; `bytes` at most `dst.bytes`.
+    pub unsafe fn upload_queued(
+        &self,
+        stream: &HipStream,
+        dst: &HipMemory,
+        src: Ptr,
+        bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let bytes = bytes.min(dst.bytes);
+        // SAFETY: the caller's contract; HIP's signature.
+        let rc = unsafe { (self.api.htod)(dst.address, src, bytes, stream.handle) };
+        self.api.check(rc, "hipMemcpyHtoDAsync")
+    }
+
+    /// Queues a copy of `bytes` of `src` into page-locked `dst`; returns at once.
+    ///
+    /// # Safety
+    /// As `upload_queued`, with `dst` the page-locked side, untouched until the stream has
+    /// passed the copy.
+    pub unsafe fn download_queued(
+        &self,
+        stream: &HipStream,
+        src: &HipMemory,
+        dst: Ptr,
+        bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let bytes = bytes.min(src.bytes);
+        // SAFETY: the caller's contract; HIP's signature.
+        let rc = unsafe { (self.api.dtoh)(dst, src.address, bytes, stream.handle) };
+        self.api.check(rc, "hipMemcpyDtoHAsync")
+    }
+}
