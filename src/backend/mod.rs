@@ -94,6 +94,8 @@ pub type Reopen = Arc<dyn Fn(&GpuDevice) -> Result<device::Engine, String> + Sen
 pub fn reopen_cuda(cache: std::path::PathBuf, library: cuda::kernels::KernelLibrary) -> Reopen {
     Arc::new(move |dev: &GpuDevice| {
         guarded("re-opening the device", || {
+            // Page-locked buffers are freed while their context exists.
+            dev.release_staging();
             cuda::reset_primary_context(dev.info.ordinal)?;
             cuda::open_device(dev.info.ordinal, &cache, &library).map(GpuDevice::into_engine)
         })
@@ -109,6 +111,7 @@ pub fn reopen_hip(
 ) -> Reopen {
     Arc::new(move |dev: &GpuDevice| {
         guarded("re-opening the device", || {
+            dev.release_staging();
             hip::discover::reset_device(dev.info.ordinal)?;
             hip::discover::open_device(dev.info.ordinal, &library, &compiler)
                 .map(GpuDevice::into_engine)

@@ -277,10 +277,15 @@ impl DeviceLease<'_> {
             };
             let _ = self.second.set(stream);
         }
-        let before = self.lane.swap(lane.min(1), Ordering::Relaxed);
-        let out = work();
-        self.lane.store(before, Ordering::Relaxed);
-        Ok(out)
+        /// Puts the lane back however `work` ends, a panic included.
+        struct Restore<'l>(&'l AtomicUsize, usize);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.store(self.1, Ordering::Relaxed);
+            }
+        }
+        let _restore = Restore(&self.lane, self.lane.swap(lane.min(1), Ordering::Relaxed));
+        Ok(work())
     }
 
     /// Whether a chunked job used the lease's second lane.

@@ -265,7 +265,7 @@ impl GpuDevice {
         let mut current = self.engine.write().unwrap_or_else(|e| e.into_inner());
         self.table_cache().clear();
         self.slot_table().idle_streams.clear();
-        self.clear_staging();
+        self.forget_staging(current.id());
         *current = engine;
         drop(current);
         self.op_table().clear();

@@ -10,8 +10,8 @@
 //! them chunk after chunk in its own stream's order; the host touches a lane's staging
 //! buffer only after waiting for that lane's stream. The emulated device checks both
 //! (`backend::emulated::order`): a lane that skipped its wait fails a test in CI. Where
-//! no staging buffer is to be had (HIP, `--gpu-staging-mib 0`, the budget spent) the job
-//! runs in passes on pageable copies, counted as a fallback.
+//! no staging buffer is to be had (`--gpu-staging-mib 0`, the budget spent, page-locked
+//! memory refused) the job runs in passes on pageable copies, counted as a fallback.
 
 use super::lease::CopyCounts;
 use super::staging::{StagingBuffer, STAGING_BUFFER_BYTES};
@@ -32,8 +32,8 @@ const REGION_ALIGN: usize = 256;
 
 /// One lane: its staging buffer, its device buffers, and the chunk queued on it that the
 /// host has not collected (its output's bytes in staging).
-struct Lane<'d, T, U> {
-    staging: StagingBuffer<'d>,
+struct Lane<T, U> {
+    staging: StagingBuffer,
     inputs: Vec<DeviceBuffer<T>>,
     output: DeviceBuffer<U>,
     pending: Option<Range<usize>>,
@@ -43,7 +43,7 @@ struct Lane<'d, T, U> {
 /// before its staging buffer goes back for reuse (or, if the wait fails, is freed).
 struct Lanes<'l, 'd, T, U> {
     lease: &'l DeviceLease<'d>,
-    lanes: Vec<Lane<'d, T, U>>,
+    lanes: Vec<Lane<T, U>>,
 }
 
 impl<T: Element, U: Element> Lanes<'_, '_, T, U> {
@@ -331,6 +331,29 @@ mod tests {
         assert_eq!(add(&lease, &x, &y).unwrap(), sum);
         assert!(!lease.used_second_lane(), "one buffer, one lane");
         assert_eq!(count(&lease.copies().staged_from_device), 8 * ITEMS as u64);
+    }
+
+    /// Devices share one budget: a device that finds it spent frees another's idle
+    /// buffers rather than run on pageable copies, and the budget is never passed.
+    #[test]
+    fn a_device_short_of_staging_frees_another_devices_idle_buffers() {
+        let budget = StagingBudget::new(2 * STAGING_BUFFER_BYTES);
+        let devices = [
+            GpuDevice::emulated(0, 1 << 20),
+            GpuDevice::emulated(1, 1 << 20),
+        ];
+        let (x, y) = operands();
+        for dev in &devices {
+            dev.set_memory_limit(24 * 200);
+            dev.share_staging(budget.clone());
+        }
+        for dev in devices.iter().chain(&devices) {
+            let lease = dev.lease().unwrap();
+            add(&lease, &x, &y).unwrap();
+            assert!(lease.used_second_lane(), "two buffers, two lanes");
+            assert_eq!(count(&lease.copies().staging_fallbacks), 0);
+            assert_eq!(budget.held(), 2 * STAGING_BUFFER_BYTES);
+        }
     }
 
     /// The emulated device refuses a host read of a staging buffer that a download may

@@ -8,10 +8,11 @@
 //! a millisecond on CUDA), and a job that finds none runs on pageable copies instead,
 //! counted (`gpu_ops_staging_fallbacks_total`).
 //!
-//! Buffers are of one size, so a kept one serves any job; each belongs to the engine
-//! that made it (its context's), so a device keeps its own and a re-probe drops them.
+//! Buffers are of one size, so a kept one serves any job of the engine that made it (its
+//! context's); a device short of room frees another engine's idle one, and a re-probe
+//! frees its device's before the reset.
 
-use super::engine::{DeviceEngine, PinnedHost};
+use super::engine::{DeviceEngine, EngineId, PinnedHost};
 use super::{DeviceError, Element, GpuDevice};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,10 +26,14 @@ pub const STAGING_BUFFER_BYTES: usize = 8 << 20;
 /// `--gpu-staging-mib`'s default: 32 buffers, two each for sixteen jobs at once.
 pub const DEFAULT_STAGING_MIB: u64 = 256;
 
-/// The page-locked bytes all devices may hold together, and what they hold now.
+/// The page-locked bytes all devices may hold together, what they hold now, and the
+/// buffers no job holds, kept for reuse by the engine that made them. Kept buffers are
+/// shared: a device that finds the budget spent frees another engine's idle one, so no
+/// device keeps staging the others need.
 pub struct StagingBudget {
     limit: usize,
     held: AtomicUsize,
+    kept: Mutex<Vec<Box<dyn PinnedHost>>>,
 }
 
 impl StagingBudget {
@@ -36,6 +41,7 @@ impl StagingBudget {
         Arc::new(Self {
             limit: limit_bytes,
             held: AtomicUsize::new(0),
+            kept: Mutex::new(Vec::new()),
         })
     }
 
@@ -54,30 +60,74 @@ impl StagingBudget {
     }
 
     fn release(&self) {
-        self.held.fetch_sub(STAGING_BUFFER_BYTES, Ordering::Relaxed);
+        let _ = self
+            .held
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+                Some(held.saturating_sub(STAGING_BUFFER_BYTES))
+            });
+    }
+
+    /// A kept buffer of `engine`'s.
+    fn take_kept(&self, engine: EngineId) -> Option<Box<dyn PinnedHost>> {
+        let mut kept = lock(&self.kept);
+        let i = kept.iter().position(|b| b.engine_id() == engine)?;
+        Some(kept.swap_remove(i))
+    }
+
+    /// Room for a new buffer for `engine`: claimed, or made by freeing another engine's
+    /// idle buffer.
+    fn claim_for(&self, engine: EngineId) -> bool {
+        loop {
+            if self.claim() {
+                return true;
+            }
+            let evicted = {
+                let mut kept = lock(&self.kept);
+                match kept.iter().position(|b| b.engine_id() != engine) {
+                    Some(i) => kept.swap_remove(i),
+                    None => return false,
+                }
+            };
+            drop(evicted);
+            self.release();
+        }
+    }
+
+    /// Frees `engine`'s kept buffers (its context is about to go).
+    fn forget(&self, engine: EngineId) {
+        let theirs: Vec<_> = {
+            let mut kept = lock(&self.kept);
+            let (theirs, others) = std::mem::take(&mut *kept)
+                .into_iter()
+                .partition(|b| b.engine_id() == engine);
+            *kept = others;
+            theirs
+        };
+        for buffer in theirs {
+            drop(buffer);
+            self.release();
+        }
     }
 }
 
-/// A device's staging: the budget it shares, and the buffers it keeps for reuse.
+/// A device's staging: the budget its buffers count against.
 pub(super) struct Staging {
     budget: Mutex<Arc<StagingBudget>>,
-    kept: Mutex<Vec<Box<dyn PinnedHost>>>,
 }
 
 impl Default for Staging {
     fn default() -> Self {
         Self {
             budget: Mutex::new(StagingBudget::new(DEFAULT_STAGING_MIB as usize * (1 << 20))),
-            kept: Mutex::new(Vec::new()),
         }
     }
 }
 
 /// One staging buffer, lent to a job; kept for the next when dropped, unless a copy may
 /// still be using it.
-pub struct StagingBuffer<'a> {
+pub struct StagingBuffer {
     pinned: Option<Box<dyn PinnedHost>>,
-    device: &'a GpuDevice,
+    /// The budget it was claimed from, and is given back to.
     budget: Arc<StagingBudget>,
     /// A copy on it may still be in flight (its stream's wait failed): never reused.
     poisoned: bool,
@@ -86,10 +136,11 @@ pub struct StagingBuffer<'a> {
 impl GpuDevice {
     /// `--gpu-staging-mib`: the budget this device's staging buffers count against,
     /// shared with every other device given the same one. Buffers kept under the old
-    /// budget are freed.
+    /// budget for this device are freed; a buffer lent meanwhile goes back to the budget
+    /// it came from.
     pub fn share_staging(&self, budget: Arc<StagingBudget>) {
-        self.clear_staging();
-        *lock(&self.staging.budget) = budget;
+        let old = std::mem::replace(&mut *lock(&self.staging.budget), budget);
+        old.forget(self.engine().id());
     }
 
     /// Page-locked bytes held now by every device sharing this one's budget.
@@ -97,35 +148,32 @@ impl GpuDevice {
         lock(&self.staging.budget).held()
     }
 
-    /// Frees the kept buffers (a re-probe's new engine cannot use the old one's).
-    pub(super) fn clear_staging(&self) {
-        let kept = std::mem::take(&mut *lock(&self.staging.kept));
-        let budget = lock(&self.staging.budget).clone();
-        for _ in kept {
-            budget.release();
-        }
+    /// Frees the buffers kept for `engine`, before its context goes (a re-probe).
+    pub(super) fn forget_staging(&self, engine: EngineId) {
+        lock(&self.staging.budget).clone().forget(engine);
+    }
+
+    /// Frees the buffers kept for the current engine: a re-probe calls it before it
+    /// resets the device, while their context still exists.
+    pub(crate) fn release_staging(&self) {
+        let id = self.engine().id();
+        self.forget_staging(id);
     }
 
     /// A staging buffer for `engine`'s copies: a kept one, or a new one if the budget has
-    /// room and the engine has page-locked memory; `None` otherwise.
-    pub(super) fn take_staging(&self, engine: &dyn DeviceEngine) -> Option<StagingBuffer<'_>> {
+    /// room (freeing another engine's idle one if need be) and the engine has page-locked
+    /// memory; `None` otherwise.
+    pub(super) fn take_staging(&self, engine: &dyn DeviceEngine) -> Option<StagingBuffer> {
         let budget = lock(&self.staging.budget).clone();
         let lend = |pinned| StagingBuffer {
             pinned: Some(pinned),
-            device: self,
             budget: budget.clone(),
             poisoned: false,
         };
-        loop {
-            let Some(kept) = lock(&self.staging.kept).pop() else {
-                break;
-            };
-            if kept.engine_id() == engine.id() {
-                return Some(lend(kept));
-            }
-            budget.release();
+        if let Some(kept) = budget.take_kept(engine.id()) {
+            return Some(lend(kept));
         }
-        if !budget.claim() {
+        if !budget.claim_for(engine.id()) {
             return None;
         }
         match engine.pinned_host(STAGING_BUFFER_BYTES) {
@@ -148,7 +196,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl StagingBuffer<'_> {
+impl StagingBuffer {
     pub(super) fn pinned(&self) -> &dyn PinnedHost {
         self.pinned.as_deref().expect("held until dropped")
     }
@@ -204,25 +252,25 @@ impl StagingBuffer<'_> {
     }
 }
 
-impl Drop for StagingBuffer<'_> {
+impl Drop for StagingBuffer {
     fn drop(&mut self) {
         let Some(pinned) = self.pinned.take() else {
             return;
         };
-        // One the host may not touch yet would be lent to a job that writes it at once.
-        if self.poisoned || pinned.host_access(true).is_err() {
-            tracing::warn!(
-                device = self.device.info.ordinal,
-                "a staging buffer was given back with a copy possibly in flight; freed, not kept"
-            );
+        if self.poisoned {
             self.budget.release();
             return;
         }
-        let same_budget = Arc::ptr_eq(&lock(&self.device.staging.budget), &self.budget);
-        if same_budget {
-            lock(&self.device.staging.kept).push(pinned);
-        } else {
+        // One the host may not touch yet would be lent to a job that writes it at once:
+        // a launcher's bug, which the emulated device finds (GPU engines cannot tell).
+        if let Err(e) = pinned.host_access(true) {
+            if cfg!(debug_assertions) && !std::thread::panicking() {
+                panic!("a staging buffer was given back with a copy in flight: {e}");
+            }
+            tracing::error!(error = %e, "a staging buffer was given back with a copy in flight; freed, not kept");
             self.budget.release();
+            return;
         }
+        lock(&self.budget.kept).push(pinned);
     }
 }
