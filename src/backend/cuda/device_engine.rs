@@ -12,7 +12,7 @@
 
 use super::CudaEngine;
 use crate::backend::device::engine::{
-    foreign, foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId,
+    foreign_event, own, own_mut, own_pinned, own_stream, DeviceEngine, EngineEvent, EngineId,
     EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost, Timestamp,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
@@ -178,19 +178,6 @@ struct CudaPinned {
 // when is the streams' order, as for any pinned buffer.
 unsafe impl Send for CudaPinned {}
 
-impl CudaPinned {
-    fn within(&self, range: &std::ops::Range<usize>) -> Result<*mut u8, DeviceError> {
-        if range.start > range.end || range.end > self.slice.num_bytes() {
-            return Err(DeviceError::fatal(format!(
-                "page-locked copy of bytes {range:?} of a buffer of {}",
-                self.slice.num_bytes()
-            )));
-        }
-        // SAFETY: inside the allocation (checked above).
-        Ok(unsafe { self.address.add(range.start) })
-    }
-}
-
 impl PinnedHost for CudaPinned {
     fn as_mut_ptr(&self) -> *mut u8 {
         self.address
@@ -206,16 +193,6 @@ impl PinnedHost for CudaPinned {
 
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-impl CudaEngine {
-    fn own_pinned<'p>(&self, pinned: &'p dyn PinnedHost) -> Result<&'p CudaPinned, DeviceError> {
-        pinned
-            .as_any()
-            .downcast_ref::<CudaPinned>()
-            .filter(|p| p.engine == self.id)
-            .ok_or_else(foreign)
     }
 }
 
@@ -332,7 +309,7 @@ impl DeviceEngine for CudaEngine {
             self.lease_stream(stream)?,
             own::<CudaMemory>(self.id(), dst)?,
         );
-        let from = self.own_pinned(src)?.within(&range)?;
+        let from = own_pinned::<CudaPinned>(self.id, src)?.range_address(&range)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: the range is inside the pinned buffer (checked), `dst` holds at least as
         // many bytes (min); the caller keeps the host off the range until the stream passes.
@@ -359,7 +336,7 @@ impl DeviceEngine for CudaEngine {
             self.lease_stream(stream)?,
             own::<CudaMemory>(self.id(), src)?,
         );
-        let to = self.own_pinned(dst)?.within(&range)?;
+        let to = own_pinned::<CudaPinned>(self.id, dst)?.range_address(&range)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: as in `upload_pinned`; queued, not waited for.
         unsafe {

@@ -114,6 +114,18 @@ pub trait PinnedHost: Send + 'static {
         Ok(())
     }
 
+    /// Where `range` of it starts, refused unless the range lies inside it.
+    fn range_address(&self, range: &std::ops::Range<usize>) -> Result<*mut u8, DeviceError> {
+        if range.start > range.end || range.end > self.bytes() {
+            return Err(DeviceError::fatal(format!(
+                "page-locked bytes {range:?} of a buffer of {}",
+                self.bytes()
+            )));
+        }
+        // SAFETY: inside the allocation (checked above).
+        Ok(unsafe { self.as_mut_ptr().add(range.start) })
+    }
+
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -327,6 +339,17 @@ pub(crate) fn own_stream<S: EngineStream>(
         return Err(refused());
     }
     stream.as_any().downcast_ref::<S>().ok_or_else(refused)
+}
+
+/// `pinned` as engine `id`'s own kind `P`, or the refusal of another engine's memory.
+pub(crate) fn own_pinned<P: PinnedHost>(
+    id: EngineId,
+    pinned: &dyn PinnedHost,
+) -> Result<&P, DeviceError> {
+    if pinned.engine_id() != id {
+        return Err(foreign());
+    }
+    pinned.as_any().downcast_ref::<P>().ok_or_else(foreign)
 }
 
 /// An event of another engine, refused.

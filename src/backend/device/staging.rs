@@ -208,15 +208,12 @@ impl StagingBuffer {
 
     /// `range`, refused unless it lies inside the buffer and starts aligned for `T`.
     fn checked<T>(&self, range: &Range<usize>) -> Result<*mut u8, DeviceError> {
-        let inside = range.start <= range.end && range.end <= self.pinned().bytes();
-        if !inside || range.start % std::mem::align_of::<T>() != 0 {
+        if range.start % std::mem::align_of::<T>() != 0 {
             return Err(DeviceError::fatal(format!(
-                "staging bytes {range:?} of a buffer of {}",
-                self.pinned().bytes()
+                "staging bytes {range:?} are not aligned for their elements"
             )));
         }
-        // SAFETY: inside the allocation (checked above).
-        Ok(unsafe { self.pinned().as_mut_ptr().add(range.start) })
+        self.pinned().range_address(range)
     }
 
     /// Copies `src` in at byte `at`: the range it now fills. The host may write only once

@@ -4,7 +4,7 @@
 //! tests inject.
 
 use super::super::device::engine::{
-    foreign, foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId,
+    foreign_event, own, own_mut, own_pinned, own_stream, DeviceEngine, EngineEvent, EngineId,
     EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
@@ -260,19 +260,6 @@ impl EngineMemory for HostMemory {
     }
 }
 
-impl EmulatedEngine {
-    fn own_pinned<'p>(
-        &self,
-        pinned: &'p dyn PinnedHost,
-    ) -> Result<&'p EmulatedPinned, DeviceError> {
-        pinned
-            .as_any()
-            .downcast_ref::<EmulatedPinned>()
-            .filter(|p| p.engine_id() == self.id)
-            .ok_or_else(foreign)
-    }
-}
-
 impl DeviceEngine for EmulatedEngine {
     fn memory(&self) -> Option<(u64, u64)> {
         Some(EmulatedEngine::memory(self))
@@ -342,8 +329,8 @@ impl DeviceEngine for EmulatedEngine {
     ) -> Result<(), DeviceError> {
         let dst = own::<HostMemory>(self.id(), dst)?;
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
-        let src = self.own_pinned(src)?;
-        let from = src.within(&range)?;
+        let src = own_pinned::<EmulatedPinned>(self.id, src)?;
+        let from = src.range_address(&range)?;
         self.order.operation(
             stream,
             "an upload from page-locked memory",
@@ -365,8 +352,8 @@ impl DeviceEngine for EmulatedEngine {
     ) -> Result<(), DeviceError> {
         let src = own::<HostMemory>(self.id(), src)?;
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
-        let dst = self.own_pinned(dst)?;
-        let to = dst.within(&range)?;
+        let dst = own_pinned::<EmulatedPinned>(self.id, dst)?;
+        let to = dst.range_address(&range)?;
         self.order.operation(
             stream,
             "a download to page-locked memory",

@@ -9,7 +9,6 @@ use crate::backend::device::engine::{EngineId, PinnedHost};
 use crate::backend::device::DeviceError;
 use std::alloc::Layout;
 use std::any::Any;
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 pub struct EmulatedPinned {
@@ -57,18 +56,6 @@ impl EmulatedPinned {
             log: &self.log,
             writes,
         }
-    }
-
-    /// The address of `range`, refused unless it lies inside the buffer.
-    pub(super) fn within(&self, range: &Range<usize>) -> Result<*mut u8, DeviceError> {
-        if range.start > range.end || range.end > self.bytes {
-            return Err(DeviceError::fatal(format!(
-                "emulated device: a page-locked copy of bytes {range:?} of a buffer of {}",
-                self.bytes
-            )));
-        }
-        // SAFETY: inside the allocation (checked above).
-        Ok(unsafe { self.address.add(range.start) })
     }
 }
 

@@ -4,7 +4,7 @@
 use super::engine::{HipEngine, HipEvent, HipMemory, HipStream};
 use super::pinned::HipPinned;
 use crate::backend::device::engine::{
-    foreign, foreign_event, own, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId,
+    foreign_event, own, own_mut, own_pinned, own_stream, DeviceEngine, EngineEvent, EngineId,
     EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
@@ -52,14 +52,6 @@ impl EngineEvent for HipEvent {
 impl HipEngine {
     fn stream<'s>(&self, stream: &'s dyn EngineStream) -> Result<&'s HipStream, DeviceError> {
         own_stream::<HipStream>(self.id, stream)
-    }
-
-    fn own_pinned<'p>(&self, pinned: &'p dyn PinnedHost) -> Result<&'p HipPinned, DeviceError> {
-        pinned
-            .as_any()
-            .downcast_ref::<HipPinned>()
-            .filter(|p| p.engine_id() == self.id)
-            .ok_or_else(foreign)
     }
 }
 
@@ -129,9 +121,9 @@ impl DeviceEngine for HipEngine {
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
         let (stream, dst) = (self.stream(stream)?, own::<HipMemory>(self.id(), dst)?);
-        let from = self.own_pinned(src)?.within(&range)?;
+        let from = own_pinned::<HipPinned>(self.id, src)?.range_address(&range)?;
         // SAFETY: the range is inside the pinned buffer (checked); the caller's contract.
-        unsafe { HipEngine::upload_queued(self, stream, dst, from, range.len()) }
+        unsafe { HipEngine::upload_queued(self, stream, dst, from.cast(), range.len()) }
     }
 
     unsafe fn download_pinned(
@@ -142,9 +134,9 @@ impl DeviceEngine for HipEngine {
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
         let (stream, src) = (self.stream(stream)?, own::<HipMemory>(self.id(), src)?);
-        let to = self.own_pinned(dst)?.within(&range)?;
+        let to = own_pinned::<HipPinned>(self.id, dst)?.range_address(&range)?;
         // SAFETY: as in `upload_pinned`.
-        unsafe { HipEngine::download_queued(self, stream, src, to, range.len()) }
+        unsafe { HipEngine::download_queued(self, stream, src, to.cast(), range.len()) }
     }
 
     fn zero(

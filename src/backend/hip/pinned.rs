@@ -8,7 +8,6 @@ use crate::backend::device::engine::{EngineId, PinnedHost};
 use crate::backend::device::DeviceError;
 use std::any::Any;
 use std::ffi::c_int;
-use std::ops::Range;
 
 pub struct HipPinned {
     address: Ptr,
@@ -42,20 +41,6 @@ impl PinnedHost for HipPinned {
 
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-impl HipPinned {
-    /// The address of `range`, refused unless it lies inside the buffer.
-    pub(super) fn within(&self, range: &Range<usize>) -> Result<Ptr, DeviceError> {
-        if range.start > range.end || range.end > self.bytes {
-            return Err(DeviceError::fatal(format!(
-                "page-locked copy of bytes {range:?} of a buffer of {}",
-                self.bytes
-            )));
-        }
-        // SAFETY: inside the allocation (checked above).
-        Ok(unsafe { self.address.cast::<u8>().add(range.start).cast() })
     }
 }
 
