@@ -3,26 +3,39 @@
 //!
 //! 1. The host side of a round trip: a job's time on its lease less the emulated
 //!    engine's own time in copies, memsets and launches (what a GPU's copy engines and
-//!    SMs would do). Each case runs with page-locked staging in chunks on two lanes, and
-//!    with staging off (`StagingBudget` 0: single-lane passes on pageable copies), in the
-//!    same process, with the host bytes each moved. On the emulated device a staged copy
-//!    is two memcpys (host → staging by the job, staging → device by the engine) where a
-//!    pageable one is one, so the staged host side includes a copy a GPU's driver would
-//!    otherwise make itself, slower, from pageable memory.
+//!    SMs would do). Each case runs with page-locked staging (field ops and lookups in
+//!    chunks on two lanes, the others' large copies in staged pieces), and with staging
+//!    off (`StagingBudget` 0: pageable copies, field ops and lookups in single-lane
+//!    passes), in the same process, with the host bytes each moved. On the emulated
+//!    device a staged copy is two memcpys (host → staging by the job, staging → device by
+//!    the engine) where a pageable one is one, so the staged host side includes a copy a
+//!    GPU's driver would otherwise make itself, slower, from pageable memory.
 //! 2. Several jobs at once: the same field additions from 8 threads on one emulated
 //!    device, `--gpu-jobs-per-device` 1 against 4.
 //!
-//! Env: BENCH_FIELD_LOG2 (default 22), BENCH_LOOKUP_ROWS (65536), BENCH_LOOKUP_DIM (512),
-//! BENCH_REPEATS (3).
+//! The cases are issue 57's six, at its sizes by default: field_add and NTT (forward, on
+//! a coset) over bn254_fr at 2^22, DP privatize of 256 × 2^20 f32, MSM of 2^20 BN254
+//! points, Shamir split of 2^20 bn254_fr secrets 3 of 5, an embeddings lookup of 65 536
+//! ids × 512 f32. Env: BENCH_FIELD_LOG2 (22), BENCH_NTT_LOG2 (22), BENCH_DP_ROWS (256),
+//! BENCH_DP_LOG2 (20), BENCH_MSM_LOG2 (20), BENCH_SHAMIR_LOG2 (20), BENCH_LOOKUP_ROWS
+//! (65536), BENCH_LOOKUP_DIM (512), BENCH_REPEATS (3), BENCH_CASES (all: a comma list of
+//! field_add, ntt, privatize, msm, shamir, lookup).
 
 mod common;
 
 use common::{env, median};
 use gpu_ops::backend::device::{CopyCounts, DeviceLease, StagingBudget, DEFAULT_STAGING_MIB};
 use gpu_ops::backend::GpuDevice;
+use gpu_ops::ops::dp::{launch_privatize, GaussianPlan, Gradients, NoiseKey, PrivatizeJob};
 use gpu_ops::ops::linalg::{launch_lookup, Dtype, LookupJob};
-use gpu_ops::ops::zk::samples::random_elements;
-use gpu_ops::ops::zk::{launch_field_binary, Field, FieldBinaryJob, FieldOp, FieldVec};
+use gpu_ops::ops::mpc::launch_share;
+use gpu_ops::ops::mpc::shamir::{dealer_coefficients, ShareJob};
+use gpu_ops::ops::zk::msm::{Curve, MsmJob};
+use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
+use gpu_ops::ops::zk::samples::{random_elements, random_points};
+use gpu_ops::ops::zk::{
+    launch_field_binary, launch_msm, launch_ntt, Field, FieldBinaryJob, FieldOp, FieldVec, U256,
+};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,52 +104,137 @@ fn field_add(field: Field, n: usize, seed: u64) -> FieldBinaryJob {
     FieldBinaryJob::new(FieldOp::Add, vec(seed), vec(seed + 1)).unwrap()
 }
 
+/// Issue 57's cases the run asks for (`BENCH_CASES`), each built once.
+fn cases() -> Vec<(String, Job<'static>)> {
+    let wanted = std::env::var("BENCH_CASES").unwrap_or_default();
+    let wants = |name: &str| wanted.is_empty() || wanted.split(',').any(|w| w.trim() == name);
+    let mut cases: Vec<(String, Job<'static>)> = Vec::new();
+    if wants("field_add") {
+        let log_n = env("BENCH_FIELD_LOG2", 22);
+        let add = field_add(Field::Bn254Fr, 1 << log_n, 7);
+        cases.push((
+            format!("field_add bn254_fr 2^{log_n}"),
+            Box::new(move |lease| {
+                std::hint::black_box(launch_field_binary(&add, lease).unwrap());
+            }),
+        ));
+    }
+    if wants("ntt") {
+        let log_n = env("BENCH_NTT_LOG2", 22);
+        let field = Field::Bn254Fr;
+        let values =
+            FieldVec::from_integers(field, &random_elements(field, 1 << log_n, 3)).unwrap();
+        let ntt = NttJob::new(
+            Direction::Forward,
+            values,
+            1,
+            Order::Natural,
+            Order::Natural,
+            Some(U256::from_u64(5)),
+            32,
+        )
+        .unwrap();
+        cases.push((
+            format!("NTT bn254_fr 2^{log_n}, coset"),
+            Box::new(move |lease| {
+                std::hint::black_box(launch_ntt(&ntt, lease).unwrap());
+            }),
+        ));
+    }
+    if wants("privatize") {
+        let (rows, log_cols) = (env("BENCH_DP_ROWS", 256), env("BENCH_DP_LOG2", 20));
+        let cols = 1usize << log_cols;
+        let g: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i as u64).wrapping_mul(0x9E37_79B9) % 2001) as f32 * 1e-6 - 1e-3)
+            .collect();
+        let job = PrivatizeJob {
+            gradients: Gradients::F32(g.into()),
+            rows,
+            cols,
+            bounds: vec![0, cols as u64],
+            clip_norms: vec![1.0],
+            plan: GaussianPlan::new(1.1, 1.0 / 1024.0 / (cols as f64).sqrt()).unwrap(),
+            divisor: rows as f64,
+            key: NoiseKey::from_seed(1),
+        };
+        cases.push((
+            format!("DP privatize {rows} × 2^{log_cols} f32"),
+            Box::new(move |lease| {
+                std::hint::black_box(launch_privatize(&job, lease).unwrap());
+            }),
+        ));
+    }
+    if wants("msm") {
+        let log_n = env("BENCH_MSM_LOG2", 20);
+        let n = 1usize << log_n;
+        let curve = Curve::Bn254G1;
+        let scalars = random_elements(curve.scalar_field(), n, 77);
+        let job = MsmJob::new(
+            random_points(curve, n, 5),
+            vec![FieldVec::from_integers(curve.scalar_field(), &scalars).unwrap()],
+        )
+        .unwrap();
+        cases.push((
+            format!("MSM bn254_g1 2^{log_n}"),
+            Box::new(move |lease| {
+                std::hint::black_box(launch_msm(&job, lease).unwrap());
+            }),
+        ));
+    }
+    if wants("shamir") {
+        let log_m = env("BENCH_SHAMIR_LOG2", 20);
+        let (field, m) = (Field::Bn254Fr, 1usize << log_m);
+        let secrets = FieldVec::from_integers(field, &random_elements(field, m, 1)).unwrap();
+        let xs: Vec<U256> = (1..=5).map(U256::from_u64).collect();
+        let coeffs = dealer_coefficients(&secrets, 3, &NoiseKey::derive(b"bench", 1));
+        let job = ShareJob::new(
+            Arc::new(coeffs),
+            m,
+            FieldVec::from_integers(field, &xs).unwrap(),
+        );
+        cases.push((
+            format!("Shamir split bn254_fr 2^{log_m}, 3 of 5"),
+            Box::new(move |lease| {
+                std::hint::black_box(launch_share(&job, lease).unwrap());
+            }),
+        ));
+    }
+    if wants("lookup") {
+        let (rows, dim) = (
+            env("BENCH_LOOKUP_ROWS", 65536),
+            env("BENCH_LOOKUP_DIM", 512),
+        );
+        let vocab = 4096;
+        let table: Arc<Vec<f32>> = Arc::new((0..vocab * dim).map(|i| i as f32 * 0.5).collect());
+        let ids: Vec<u32> = (0..rows as u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) % vocab as u32)
+            .collect();
+        let lookup = LookupJob::new("bench".into(), table, dim, ids, Dtype::F32).unwrap();
+        cases.push((
+            format!("embeddings lookup {rows} × {dim} f32 (table cached)"),
+            Box::new(move |lease| {
+                std::hint::black_box(launch_lookup(&lookup, lease).unwrap());
+            }),
+        ));
+    }
+    cases
+}
+
 fn main() {
     let repeats = env("BENCH_REPEATS", 3);
-    let log_n = env("BENCH_FIELD_LOG2", 22);
-    let (rows, dim) = (
-        env("BENCH_LOOKUP_ROWS", 65536),
-        env("BENCH_LOOKUP_DIM", 512),
-    );
     println!("# Device round trips on the emulated device (host side = time on the lease less the engine's copies and kernels)\n");
     println!("| case | copies | round trip ms | engine ms | host side ms | host MB staged | host MB pageable |");
     println!("|---|---|---|---|---|---|---|");
-
-    let add = field_add(Field::Bn254Fr, 1 << log_n, 7);
-    let vocab = 4096;
-    let table: Arc<Vec<f32>> = Arc::new((0..vocab * dim).map(|i| i as f32 * 0.5).collect());
-    let ids: Vec<u32> = (0..rows as u32)
-        .map(|i| i.wrapping_mul(2_654_435_761) % vocab as u32)
-        .collect();
-    let lookup = LookupJob::new("bench".into(), table, dim, ids, Dtype::F32).unwrap();
-    let cases: [(String, Job<'_>); 2] = [
-        (
-            format!("field_add bn254_fr 2^{log_n}"),
-            Box::new(|lease: &DeviceLease<'_>| {
-                std::hint::black_box(launch_field_binary(&add, lease).unwrap());
-            }),
-        ),
-        (
-            format!("embeddings lookup {rows} × {dim} f32 (table cached)"),
-            Box::new(|lease: &DeviceLease<'_>| {
-                std::hint::black_box(launch_lookup(&lookup, lease).unwrap());
-            }),
-        ),
-    ];
-    for (label, job) in &cases {
+    for (label, job) in &cases() {
         for staging in [true, false] {
-            let dev = GpuDevice::emulated(0, 8 * GIB);
+            let dev = GpuDevice::emulated(0, 16 * GIB);
             if !staging {
                 dev.share_staging(StagingBudget::new(0));
             }
             let (run, host) = measure(&dev, repeats, job.as_ref());
             println!(
                 "| {label} | {} | {} | {} | {} | {} | {} |",
-                if staging {
-                    "page-locked, 2 lanes"
-                } else {
-                    "pageable, 1 lane"
-                },
+                if staging { "page-locked" } else { "pageable" },
                 ms(run.wall),
                 ms(run.engine),
                 ms(host),
@@ -145,7 +243,6 @@ fn main() {
             );
         }
     }
-
     println!("\n# 8 field_add goldilocks 2^20 jobs from 8 threads on one emulated device\n");
     println!("| --gpu-jobs-per-device | wall ms (median of {repeats}) | ratio to 1 |");
     println!("|---|---|---|");

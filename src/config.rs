@@ -206,8 +206,9 @@ pub struct Config {
     #[arg(long, env = "GPU_OPS_GPU_JOBS_PER_DEVICE", default_value_t = crate::backend::device::DEFAULT_JOBS_PER_DEVICE, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
     pub gpu_jobs_per_device: usize,
     /// Page-locked host memory all GPUs together may hold for staging copies, in MiB, in
-    /// buffers of 8 MiB kept for reuse; a chunked device job takes two (its lanes). A job
-    /// that finds none runs on pageable copies, at a fraction of the bus's speed
+    /// buffers of 8 MiB kept for reuse; a chunked device job takes two (its lanes), as
+    /// does any other device copy of 1 MiB or more. A job or copy that finds none runs on
+    /// pageable copies, at a fraction of the bus's speed
     /// (`gpu_ops_staging_fallbacks_total`). 0: no staging.
     #[arg(long, env = "GPU_OPS_GPU_STAGING_MIB", default_value_t = crate::backend::device::DEFAULT_STAGING_MIB)]
     pub gpu_staging_mib: u64,

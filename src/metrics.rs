@@ -65,7 +65,7 @@ metrics! {
     device_jobs_running: IntGaugeVec = ("gpu_ops_device_jobs_running", "Jobs holding a lease on a device now (a stream and a share of its job memory), against --gpu-jobs-per-device", ["gpu"]);
     device_lease_waits: IntCounterVec = ("gpu_ops_device_lease_waits_total", "Device jobs that waited for a lease: every one of --gpu-jobs-per-device held, or less than the job's share of the device's job memory unreserved", ["gpu"]);
     device_copy_bytes: IntCounterVec = ("gpu_ops_device_copy_bytes_total", "Host bytes device jobs copied to and from their devices, by direction (to_device, from_device) and host memory (page_locked: through a staging buffer; pageable)", ["gpu", "direction", "host_memory"]);
-    staging_fallbacks: IntCounterVec = ("gpu_ops_staging_fallbacks_total", "Chunked device jobs that found no page-locked staging buffer (the engine has none, or --gpu-staging-mib was spent) and ran on pageable copies", ["gpu"]);
+    staging_fallbacks: IntCounterVec = ("gpu_ops_staging_fallbacks_total", "Chunked device jobs and device copies of 1 MiB or more that found no page-locked staging buffer (the engine has none, or --gpu-staging-mib was spent) and ran on pageable copies", ["gpu"]);
     kernel_verified: IntGaugeVec = ("gpu_ops_kernel_verified", "1 while an op passes its self-test and shadow checks on a device, 0 while it is quarantined there", ["gpu", "op"]);
     shadow_checks: IntCounterVec = ("gpu_ops_shadow_checks_total", "Device jobs recomputed on the CPU and compared, by op and outcome (agree, mismatch)", ["op", "outcome"]);
     gpu_utilization: GaugeVec = ("gpu_ops_gpu_utilization_ratio", "GPU busy fraction (0-1): NVML's over its sample period, or ROCm SMI's busy percent on AMD", ["gpu", "uuid"]);

@@ -12,8 +12,8 @@
 
 use super::CudaEngine;
 use crate::backend::device::engine::{
-    foreign_event, own, own_mut, own_pinned, own_stream, DeviceEngine, EngineEvent, EngineId,
-    EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost, Timestamp,
+    foreign_event, own, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
+    EngineId, EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost, Timestamp,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use cudarc::driver::{
@@ -252,6 +252,16 @@ impl DeviceEngine for CudaEngine {
         Ok(self.lease_stream(stream)?.wait(&event.event)?)
     }
 
+    fn host_wait(&self, event: &dyn EngineEvent) -> Result<(), DeviceError> {
+        let event = event
+            .as_any()
+            .downcast_ref::<CudaOrderEvent>()
+            .filter(|e| e.engine == self.id)
+            .ok_or_else(foreign_event)?;
+        self.ctx.bind_to_thread()?;
+        Ok(event.event.synchronize()?)
+    }
+
     unsafe fn write(
         &self,
         stream: &dyn EngineStream,
@@ -302,6 +312,7 @@ impl DeviceEngine for CudaEngine {
         &self,
         stream: &dyn EngineStream,
         dst: &mut dyn EngineMemory,
+        at: usize,
         src: &dyn PinnedHost,
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
@@ -310,14 +321,16 @@ impl DeviceEngine for CudaEngine {
             own::<CudaMemory>(self.id(), dst)?,
         );
         let from = own_pinned::<CudaPinned>(self.id, src)?.range_address(&range)?;
+        let room = room_from(at, dst.bytes)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: the range is inside the pinned buffer (checked), `dst` holds at least as
-        // many bytes (min); the caller keeps the host off the range until the stream passes.
+        // many bytes from `at` (min); the caller keeps the host off the range until the
+        // stream passes.
         unsafe {
             sys::cuMemcpyHtoDAsync_v2(
-                dst.address,
+                dst.address + at as u64,
                 from.cast(),
-                range.len().min(dst.bytes),
+                range.len().min(room),
                 stream.cu_stream(),
             )
             .result()?
@@ -329,6 +342,7 @@ impl DeviceEngine for CudaEngine {
         &self,
         stream: &dyn EngineStream,
         src: &dyn EngineMemory,
+        at: usize,
         dst: &dyn PinnedHost,
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
@@ -337,13 +351,14 @@ impl DeviceEngine for CudaEngine {
             own::<CudaMemory>(self.id(), src)?,
         );
         let to = own_pinned::<CudaPinned>(self.id, dst)?.range_address(&range)?;
+        let room = room_from(at, src.bytes)?;
         self.ctx.bind_to_thread()?;
         // SAFETY: as in `upload_pinned`; queued, not waited for.
         unsafe {
             sys::cuMemcpyDtoHAsync_v2(
                 to.cast(),
-                src.address,
-                range.len().min(src.bytes),
+                src.address + at as u64,
+                range.len().min(room),
                 stream.cu_stream(),
             )
             .result()?

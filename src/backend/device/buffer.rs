@@ -58,14 +58,33 @@ impl<T> DeviceBuffer<T> {
 }
 
 impl<T: Element> DeviceBuffer<T> {
-    fn bytes(&self) -> usize {
+    pub(super) fn bytes(&self) -> usize {
         self.len * std::mem::size_of::<T>()
+    }
+
+    /// `len` elements in `memory`, which holds at least their bytes.
+    pub(super) fn over(memory: Box<dyn EngineMemory>, len: usize) -> Self {
+        debug_assert!(memory.bytes() >= len * std::mem::size_of::<T>());
+        Self {
+            len,
+            memory,
+            _element: PhantomData,
+        }
     }
 }
 
 impl DeviceLease<'_> {
-    /// A copy of `host` on the device.
+    /// A copy of `host` on the device: through page-locked staging where it is large
+    /// enough and staging is to be had (`staged.rs`), from pageable memory otherwise.
     pub fn upload<T: Element>(&self, host: &[T]) -> Result<DeviceBuffer<T>, DeviceError> {
+        self.upload_staged(host)
+    }
+
+    /// A copy of `host` on the device, from pageable memory (the driver stages it).
+    pub(super) fn upload_pageable<T: Element>(
+        &self,
+        host: &[T],
+    ) -> Result<DeviceBuffer<T>, DeviceError> {
         let bytes = std::mem::size_of_val(host);
         let mut memory = self.engine().alloc(bytes)?;
         // SAFETY: `host` holds exactly `bytes` bytes of plain data, as does the memory.
@@ -102,8 +121,18 @@ impl DeviceLease<'_> {
     }
 
     /// Appends the buffer's contents to `host`, once the work queued before has finished:
-    /// copied straight into the vector's room, touched once.
+    /// through page-locked staging where it is large enough and staging is to be had
+    /// (`staged.rs`), otherwise straight into the vector's room; touched once either way.
     pub fn download_into<T: Element>(
+        &self,
+        buf: &DeviceBuffer<T>,
+        host: &mut Vec<T>,
+    ) -> Result<(), DeviceError> {
+        self.download_staged_into(buf, host)
+    }
+
+    /// `download_into` from pageable memory: copied straight into the vector's room.
+    pub(super) fn download_pageable_into<T: Element>(
         &self,
         buf: &DeviceBuffer<T>,
         host: &mut Vec<T>,

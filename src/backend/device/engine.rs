@@ -176,6 +176,11 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// Makes the work queued on `stream` from now on wait for `event`.
     fn wait(&self, stream: &dyn EngineStream, event: &dyn EngineEvent) -> Result<(), DeviceError>;
 
+    /// Blocks the host until the work before `event` has finished (`cuEventSynchronize`):
+    /// unlike `synchronize`, later work on the stream may still be running, so a job can
+    /// refill one staging buffer while the copy from the other is under way.
+    fn host_wait(&self, event: &dyn EngineEvent) -> Result<(), DeviceError>;
+
     /// Copies `bytes` host bytes at `src` into `dst`. Pageable `src` may be reused when this
     /// returns (the driver has staged it); page-locked `src` must live until the engine is
     /// next synchronised.
@@ -191,39 +196,48 @@ pub trait DeviceEngine: Send + Sync + 'static {
         bytes: usize,
     ) -> Result<(), DeviceError>;
 
-    /// Queues a copy of `src`'s bytes `range` into the start of `dst`: unlike `write`, it
-    /// returns at once and reads `src` while the stream runs. Where the engine has no
-    /// page-locked memory of its own this is `write` (the default).
+    /// Queues a copy of `src`'s bytes `range` into `dst` from byte `at` on (as many as
+    /// fit): unlike `write`, it returns at once and reads `src` while the stream runs.
+    /// `at` past the end of `dst` is refused. Where the engine has no page-locked memory
+    /// of its own this is `write` (the default), which copies only to the start.
     ///
     /// # Safety
-    /// `range` must lie inside `src` and hold at most `dst.bytes()` bytes, both this
-    /// engine's; the host must not write `src`'s range until the stream has passed the copy.
+    /// `range` must lie inside `src`, both this engine's; the host must not write `src`'s
+    /// range until the stream has passed the copy.
     unsafe fn upload_pinned(
         &self,
         stream: &dyn EngineStream,
         dst: &mut dyn EngineMemory,
+        at: usize,
         src: &dyn PinnedHost,
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
+        if at != 0 {
+            return Err(no_offset_copies());
+        }
         // SAFETY: the caller's contract; the range is inside the allocation.
         unsafe { self.write(stream, dst, src.as_mut_ptr().add(range.start), range.len()) }
     }
 
-    /// Queues a copy of the first `range.len()` bytes of `src` into `dst`'s `range`: it
-    /// returns at once, and the bytes are there once the host has waited for the stream.
-    /// The default is `read`, which waits.
+    /// Queues a copy of `src`'s bytes from `at` on (as many as `range` holds, or as
+    /// remain) into `dst`'s `range`: it returns at once, and the bytes are there once the
+    /// host has waited for the stream. `at` past the end of `src` is refused. The default
+    /// is `read`, which waits and copies only from the start.
     ///
     /// # Safety
-    /// `range` must lie inside `dst` and `src` hold at least as many bytes, both this
-    /// engine's; the host must not touch `dst`'s range until the stream has passed the
-    /// copy.
+    /// `range` must lie inside `dst`, both this engine's; the host must not touch `dst`'s
+    /// range until the stream has passed the copy.
     unsafe fn download_pinned(
         &self,
         stream: &dyn EngineStream,
         src: &dyn EngineMemory,
+        at: usize,
         dst: &dyn PinnedHost,
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
+        if at != 0 {
+            return Err(no_offset_copies());
+        }
         // SAFETY: the caller's contract; the range is inside the allocation.
         unsafe { self.read(stream, src, dst.as_mut_ptr().add(range.start), range.len()) }
     }
@@ -360,4 +374,19 @@ pub(crate) fn foreign_event() -> DeviceError {
 /// A buffer handed to an engine that did not allocate it.
 pub(crate) fn foreign() -> DeviceError {
     DeviceError::fatal("a buffer of another device reached this one")
+}
+
+/// The bytes a device buffer of `bytes` holds from byte `at` on, or the refusal of an
+/// offset past its end: the bound of every copy at an offset.
+pub(crate) fn room_from(at: usize, bytes: usize) -> Result<usize, DeviceError> {
+    bytes.checked_sub(at).ok_or_else(|| {
+        DeviceError::fatal(format!(
+            "a copy at byte {at} of a device buffer of {bytes} bytes"
+        ))
+    })
+}
+
+/// The default copies' refusal of an offset.
+fn no_offset_copies() -> DeviceError {
+    DeviceError::fatal("this engine copies page-locked memory only to a buffer's start")
 }

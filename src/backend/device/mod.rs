@@ -16,6 +16,7 @@ mod inventory;
 mod launch;
 mod lease;
 mod pipeline;
+mod staged;
 mod staging;
 mod tables;
 
@@ -26,6 +27,7 @@ pub use inventory::{KernelLimits, ModuleLoad};
 pub use launch::Launch;
 pub use lease::{CopyCounts, DeviceLease, Event, Stop, DEFAULT_JOBS_PER_DEVICE};
 pub use pipeline::Operand;
+pub use staged::STAGED_COPY_MIN_BYTES;
 pub use staging::{StagingBudget, DEFAULT_STAGING_MIB, STAGING_BUFFER_BYTES};
 
 use super::emulated::EmulatedEngine;

@@ -179,6 +179,7 @@ impl DeviceLease<'_> {
                         engine.upload_pinned(
                             stream,
                             &mut *buf.memory,
+                            0,
                             lane.staging.pinned(),
                             range.clone(),
                         )?
@@ -190,6 +191,7 @@ impl DeviceLease<'_> {
                     engine.download_pinned(
                         stream,
                         &*lane.output.memory,
+                        0,
                         lane.staging.pinned(),
                         result.clone(),
                     )
@@ -221,11 +223,13 @@ impl DeviceLease<'_> {
             let m = per_pass.min(items - first);
             let device_inputs = inputs
                 .iter()
-                .map(|o| self.upload(&o.data[first * o.per_item..(first + m) * o.per_item]))
+                .map(|o| {
+                    self.upload_pageable(&o.data[first * o.per_item..(first + m) * o.per_item])
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             let mut output = self.alloc_zeros::<U>(m * out_per_item)?;
             kernel(&device_inputs, &mut output, m)?;
-            self.download_into(&output, &mut out)?;
+            self.download_pageable_into(&output, &mut out)?;
         }
         Ok(out)
     }
@@ -368,13 +372,15 @@ mod tests {
         let mut buf = lease.alloc_zeros::<u64>(3).unwrap();
         let (engine, stream) = (lease.engine(), lease.stream());
         // SAFETY: 24 bytes inside the staging buffer and the device buffer.
-        unsafe { engine.upload_pinned(stream, &mut *buf.memory, staging.pinned(), range.clone()) }
-            .unwrap();
+        unsafe {
+            engine.upload_pinned(stream, &mut *buf.memory, 0, staging.pinned(), range.clone())
+        }
+        .unwrap();
         let refused = staging.fill(0, &[1u64]).unwrap_err();
         assert!(refused.message.contains("no host wait"), "{refused}");
         let back = 64..88;
         // SAFETY: as above.
-        unsafe { engine.download_pinned(stream, &*buf.memory, staging.pinned(), back.clone()) }
+        unsafe { engine.download_pinned(stream, &*buf.memory, 0, staging.pinned(), back.clone()) }
             .unwrap();
         let mut out = Vec::<u64>::new();
         let refused = staging.append_to(back.clone(), &mut out).unwrap_err();

@@ -4,8 +4,8 @@
 //! tests inject.
 
 use super::super::device::engine::{
-    foreign_event, own, own_mut, own_pinned, own_stream, DeviceEngine, EngineEvent, EngineId,
-    EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
+    foreign_event, own, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
+    EngineId, EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
 use super::order::{AccessLog, EmulatedEvent, EmulatedStream, HostOrder, Touch};
@@ -196,24 +196,26 @@ impl HostMemory {
         &self.address as *const *mut c_void as *mut c_void
     }
 
-    /// Copies `bytes` (at most the allocation's) from `src` in.
+    /// Copies `bytes` (at most what the allocation holds from byte `at`) from `src` in,
+    /// from byte `at` on.
     ///
     /// # Safety
-    /// `src` must be valid for `bytes` reads.
-    pub unsafe fn write(&self, src: *const u8, bytes: usize) {
-        let n = bytes.min(self.bytes);
+    /// `src` must be valid for `bytes` reads, and `at` at most the allocation's bytes.
+    pub unsafe fn write(&self, at: usize, src: *const u8, bytes: usize) {
+        let n = bytes.min(self.bytes - at);
         // SAFETY: both ranges hold n bytes and do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src, self.address.cast::<u8>(), n) };
+        unsafe { std::ptr::copy_nonoverlapping(src, self.address.cast::<u8>().add(at), n) };
     }
 
-    /// Copies `bytes` (at most the allocation's) out to `dst`.
+    /// Copies `bytes` (at most what the allocation holds from byte `at`) out to `dst`,
+    /// from byte `at` on.
     ///
     /// # Safety
-    /// `dst` must be valid for `bytes` writes.
-    pub unsafe fn read(&self, dst: *mut u8, bytes: usize) {
-        let n = bytes.min(self.bytes);
+    /// `dst` must be valid for `bytes` writes, and `at` at most the allocation's bytes.
+    pub unsafe fn read(&self, at: usize, dst: *mut u8, bytes: usize) {
+        let n = bytes.min(self.bytes - at);
         // SAFETY: both ranges hold n bytes and do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(self.address.cast::<u8>(), dst, n) };
+        unsafe { std::ptr::copy_nonoverlapping(self.address.cast::<u8>().add(at), dst, n) };
     }
 
     pub fn zero(&mut self) {
@@ -303,6 +305,18 @@ impl DeviceEngine for EmulatedEngine {
         Ok(())
     }
 
+    /// Its work runs when queued, so the wait is the order check's: the host has now
+    /// seen everything before the event finish.
+    fn host_wait(&self, event: &dyn EngineEvent) -> Result<(), DeviceError> {
+        let event = event
+            .as_any()
+            .downcast_ref::<EmulatedEvent>()
+            .filter(|e| e.engine == self.id)
+            .ok_or_else(foreign_event)?;
+        self.order.waited_for_event(event);
+        Ok(())
+    }
+
     unsafe fn write(
         &self,
         stream: &dyn EngineStream,
@@ -315,7 +329,7 @@ impl DeviceEngine for EmulatedEngine {
         self.order
             .operation(stream, "an upload", &[dst.touch(true)])?;
         // SAFETY: the caller's contract.
-        self.busy(|| unsafe { dst.write(src, bytes) });
+        self.busy(|| unsafe { dst.write(0, src, bytes) });
         Ok(())
     }
 
@@ -324,6 +338,7 @@ impl DeviceEngine for EmulatedEngine {
         &self,
         stream: &dyn EngineStream,
         dst: &mut dyn EngineMemory,
+        at: usize,
         src: &dyn PinnedHost,
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
@@ -331,13 +346,15 @@ impl DeviceEngine for EmulatedEngine {
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
         let src = own_pinned::<EmulatedPinned>(self.id, src)?;
         let from = src.range_address(&range)?;
+        room_from(at, dst.bytes)?;
         self.order.operation(
             stream,
             "an upload from page-locked memory",
             &[dst.touch(true), src.touch(false)],
         )?;
-        // SAFETY: the range is inside the pinned buffer; `write` copies at most dst's bytes.
-        self.busy(|| unsafe { dst.write(from, range.len()) });
+        // SAFETY: the range is inside the pinned buffer, `at` inside dst (checked); `write`
+        // copies at most what dst holds from there.
+        self.busy(|| unsafe { dst.write(at, from, range.len()) });
         Ok(())
     }
 
@@ -347,6 +364,7 @@ impl DeviceEngine for EmulatedEngine {
         &self,
         stream: &dyn EngineStream,
         src: &dyn EngineMemory,
+        at: usize,
         dst: &dyn PinnedHost,
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
@@ -354,13 +372,15 @@ impl DeviceEngine for EmulatedEngine {
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
         let dst = own_pinned::<EmulatedPinned>(self.id, dst)?;
         let to = dst.range_address(&range)?;
+        room_from(at, src.bytes)?;
         self.order.operation(
             stream,
             "a download to page-locked memory",
             &[src.touch(false), dst.touch(true)],
         )?;
-        // SAFETY: the range is inside the pinned buffer; `read` copies at most src's bytes.
-        self.busy(|| unsafe { src.read(to, range.len()) });
+        // SAFETY: the range is inside the pinned buffer, `at` inside src (checked); `read`
+        // copies at most what src holds from there.
+        self.busy(|| unsafe { src.read(at, to, range.len()) });
         Ok(())
     }
 
@@ -377,7 +397,7 @@ impl DeviceEngine for EmulatedEngine {
         self.order
             .operation(stream, "a download", &[src.touch(false)])?;
         // SAFETY: the caller's contract.
-        self.busy(|| unsafe { src.read(dst, bytes) });
+        self.busy(|| unsafe { src.read(0, dst, bytes) });
         self.order.waited_for(stream);
         Ok(())
     }

@@ -181,6 +181,11 @@ impl HostOrder {
         self.host_mut().join(&clock);
     }
 
+    /// The host has waited for `event`: its stream's work up to the event is finished.
+    pub fn waited_for_event(&self, event: &EmulatedEvent) {
+        self.host_mut().join(&event.clock);
+    }
+
     /// An event at `stream`'s current point.
     pub fn record(&self, engine: EngineId, stream: &EmulatedStream) -> EmulatedEvent {
         EmulatedEvent {

@@ -4,8 +4,8 @@
 use super::engine::{HipEngine, HipEvent, HipMemory, HipStream};
 use super::pinned::HipPinned;
 use crate::backend::device::engine::{
-    foreign_event, own, own_mut, own_pinned, own_stream, DeviceEngine, EngineEvent, EngineId,
-    EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
+    foreign_event, own, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
+    EngineId, EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use std::any::Any;
@@ -89,6 +89,15 @@ impl DeviceEngine for HipEngine {
         HipEngine::wait(self, self.stream(stream)?, event)
     }
 
+    fn host_wait(&self, event: &dyn EngineEvent) -> Result<(), DeviceError> {
+        let event = event
+            .as_any()
+            .downcast_ref::<HipEvent>()
+            .filter(|e| e.engine == self.id)
+            .ok_or_else(foreign_event)?;
+        HipEngine::host_wait(self, event)
+    }
+
     unsafe fn write(
         &self,
         stream: &dyn EngineStream,
@@ -117,26 +126,31 @@ impl DeviceEngine for HipEngine {
         &self,
         stream: &dyn EngineStream,
         dst: &mut dyn EngineMemory,
+        at: usize,
         src: &dyn PinnedHost,
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
         let (stream, dst) = (self.stream(stream)?, own::<HipMemory>(self.id(), dst)?);
         let from = own_pinned::<HipPinned>(self.id, src)?.range_address(&range)?;
-        // SAFETY: the range is inside the pinned buffer (checked); the caller's contract.
-        unsafe { HipEngine::upload_queued(self, stream, dst, from.cast(), range.len()) }
+        room_from(at, dst.bytes)?;
+        // SAFETY: the range is inside the pinned buffer and `at` inside dst (checked); the
+        // caller's contract.
+        unsafe { HipEngine::upload_queued(self, stream, dst, at, from.cast(), range.len()) }
     }
 
     unsafe fn download_pinned(
         &self,
         stream: &dyn EngineStream,
         src: &dyn EngineMemory,
+        at: usize,
         dst: &dyn PinnedHost,
         range: std::ops::Range<usize>,
     ) -> Result<(), DeviceError> {
         let (stream, src) = (self.stream(stream)?, own::<HipMemory>(self.id(), src)?);
         let to = own_pinned::<HipPinned>(self.id, dst)?.range_address(&range)?;
+        room_from(at, src.bytes)?;
         // SAFETY: as in `upload_pinned`.
-        unsafe { HipEngine::download_queued(self, stream, src, to.cast(), range.len()) }
+        unsafe { HipEngine::download_queued(self, stream, src, at, to.cast(), range.len()) }
     }
 
     fn zero(

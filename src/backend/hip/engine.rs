@@ -65,6 +65,7 @@ pub struct Api {
     stream_wait_event: unsafe extern "C" fn(Ptr, Ptr, c_uint) -> c_int,
     event_create: unsafe extern "C" fn(*mut Ptr, c_uint) -> c_int,
     event_record: unsafe extern "C" fn(Ptr, Ptr) -> c_int,
+    event_synchronize: unsafe extern "C" fn(Ptr) -> c_int,
     event_destroy: unsafe extern "C" fn(Ptr) -> c_int,
     module_load: unsafe extern "C" fn(*mut Ptr, *const c_void) -> c_int,
     module_unload: unsafe extern "C" fn(Ptr) -> c_int,
@@ -109,6 +110,7 @@ impl Api {
             stream_wait_event: get(runtime, "hipStreamWaitEvent")?,
             event_create: get(runtime, "hipEventCreateWithFlags")?,
             event_record: get(runtime, "hipEventRecord")?,
+            event_synchronize: get(runtime, "hipEventSynchronize")?,
             event_destroy: get(runtime, "hipEventDestroy")?,
             module_load: get(runtime, "hipModuleLoadData")?,
             module_unload: get(runtime, "hipModuleUnload")?,
@@ -307,6 +309,13 @@ impl HipEngine {
         let rc = unsafe { (self.api.event_record)(handle, stream.handle) };
         self.api.check(rc, "hipEventRecord")?;
         Ok(event)
+    }
+
+    /// Blocks the host until the work before `event` has finished.
+    pub fn host_wait(&self, event: &HipEvent) -> Result<(), DeviceError> {
+        // SAFETY: HIP's signature; the handle is live and this device's.
+        let rc = unsafe { (self.api.event_synchronize)(event.handle) };
+        self.api.check(rc, "hipEventSynchronize")
     }
 
     /// `stream`'s later work waits for `event`.

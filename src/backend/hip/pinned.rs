@@ -60,25 +60,30 @@ impl HipEngine {
         })
     }
 
-    /// Queues a copy of `bytes` from page-locked `src` into `dst`; returns at once.
+    /// Queues a copy of `bytes` from page-locked `src` into `dst` from byte `at` on (as
+    /// many as fit); returns at once.
     ///
     /// # Safety
     /// `src` must be page-locked host memory of `bytes` bytes left alone until the stream
-    /// has passed the copy; `bytes` at most `dst.bytes`.
+    /// has passed the copy; `at` at most `dst.bytes`.
     pub unsafe fn upload_queued(
         &self,
         stream: &HipStream,
         dst: &HipMemory,
+        at: usize,
         src: Ptr,
         bytes: usize,
     ) -> Result<(), DeviceError> {
-        let bytes = bytes.min(dst.bytes);
-        // SAFETY: the caller's contract; HIP's signature.
-        let rc = unsafe { (self.api.htod)(dst.address, src, bytes, stream.handle) };
+        let bytes = bytes.min(dst.bytes - at);
+        // SAFETY: the caller's contract; HIP's signature; `at` is inside the allocation.
+        let to = unsafe { dst.address.cast::<u8>().add(at) }.cast();
+        // SAFETY: as above.
+        let rc = unsafe { (self.api.htod)(to, src, bytes, stream.handle) };
         self.api.check(rc, "hipMemcpyHtoDAsync")
     }
 
-    /// Queues a copy of `bytes` of `src` into page-locked `dst`; returns at once.
+    /// Queues a copy of `bytes` of `src` from byte `at` on (as many as remain) into
+    /// page-locked `dst`; returns at once.
     ///
     /// # Safety
     /// As `upload_queued`, with `dst` the page-locked side, untouched until the stream has
@@ -87,12 +92,15 @@ impl HipEngine {
         &self,
         stream: &HipStream,
         src: &HipMemory,
+        at: usize,
         dst: Ptr,
         bytes: usize,
     ) -> Result<(), DeviceError> {
-        let bytes = bytes.min(src.bytes);
-        // SAFETY: the caller's contract; HIP's signature.
-        let rc = unsafe { (self.api.dtoh)(dst, src.address, bytes, stream.handle) };
+        let bytes = bytes.min(src.bytes - at);
+        // SAFETY: the caller's contract; HIP's signature; `at` is inside the allocation.
+        let from = unsafe { src.address.cast::<u8>().add(at) }.cast();
+        // SAFETY: as above.
+        let rc = unsafe { (self.api.dtoh)(dst, from, bytes, stream.handle) };
         self.api.check(rc, "hipMemcpyDtoHAsync")
     }
 }

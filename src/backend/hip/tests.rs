@@ -194,6 +194,7 @@ int hipStreamSynchronize(void *s) { return 0; }
 int hipStreamWaitEvent(void *s, void *e, unsigned flags) { return 0; }
 int hipEventCreateWithFlags(void **e, unsigned flags) { *e = (void *)0x6; return 0; }
 int hipEventRecord(void *e, void *s) { return 0; }
+int hipEventSynchronize(void *e) { return 0; }
 int hipEventDestroy(void *e) { return 0; }
 int hipModuleLoadData(void **m, const void *image) {
     if (memcmp(image, "\177ELF", 4) != 0) return 200;
@@ -432,10 +433,10 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
             // the host reads the result only after the stream is waited for.
             unsafe {
                 engine
-                    .upload_pinned(stream, &mut *zeroed.memory, &*pinned, 0..12)
+                    .upload_pinned(stream, &mut *zeroed.memory, 0, &*pinned, 0..12)
                     .unwrap();
                 engine
-                    .download_pinned(stream, &*zeroed.memory, &*pinned, 16..28)
+                    .download_pinned(stream, &*zeroed.memory, 0, &*pinned, 16..28)
                     .unwrap();
             }
             lease.synchronize().unwrap();
@@ -445,7 +446,7 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
             assert_eq!(back, words);
             // SAFETY: refused before any copy.
             let past =
-                unsafe { engine.upload_pinned(stream, &mut *zeroed.memory, &*pinned, 60..72) };
+                unsafe { engine.upload_pinned(stream, &mut *zeroed.memory, 0, &*pinned, 60..72) };
             assert!(past.is_err());
             // A buffer handed to another engine is refused there, never read as its own.
             let emulated = GpuDevice::emulated(1, 1 << 20);
