@@ -50,10 +50,14 @@ pub(crate) fn words(v: &FieldVec) -> Words<'_> {
 }
 
 pub(crate) fn from_u64(field: Field, out: Vec<u64>) -> FieldVec {
+    // The downloaded words are already the elements' layout: the vector is taken over as
+    // it is, with no pass over it, unless its capacity is not whole elements.
     let limbs = |out: Vec<u64>| -> Vec<[u64; 4]> {
-        out.chunks_exact(4)
-            .map(|c| [c[0], c[1], c[2], c[3]])
-            .collect()
+        bytemuck::allocation::try_cast_vec(out).unwrap_or_else(|(_, out)| {
+            out.chunks_exact(4)
+                .map(|c| [c[0], c[1], c[2], c[3]])
+                .collect()
+        })
     };
     match field {
         Field::Bn254Fr => FieldVec::Bn254Fr(limbs(out)),
@@ -390,4 +394,33 @@ fn ntt_steps<T: Element>(
         dev.download_into(&dx, &mut host)?;
     }
     Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Downloaded words become 256-bit elements in place: the same allocation, in order.
+    #[test]
+    fn downloaded_words_become_elements_without_a_copy() {
+        let mut words: Vec<u64> = Vec::with_capacity(8);
+        words.extend(1..=8);
+        let at = words.as_ptr();
+        let FieldVec::Bn254Fr(elements) = from_u64(Field::Bn254Fr, words) else {
+            unreachable!()
+        };
+        assert_eq!(elements, [[1, 2, 3, 4], [5, 6, 7, 8]]);
+        assert_eq!(
+            elements.as_ptr().cast::<u64>(),
+            at,
+            "taken over, not copied"
+        );
+        // A capacity that is not whole elements is copied, still right.
+        let mut odd: Vec<u64> = Vec::with_capacity(9);
+        odd.extend(1..=8);
+        let FieldVec::Bls12_381Fr(elements) = from_u64(Field::Bls12_381Fr, odd) else {
+            unreachable!()
+        };
+        assert_eq!(elements, [[1, 2, 3, 4], [5, 6, 7, 8]]);
+    }
 }
