@@ -23,10 +23,10 @@
 
 mod common;
 
-use common::{env, median};
+use common::{dp_gradients, env, median, privatize_job};
 use gpu_ops::backend::device::{CopyCounts, DeviceLease, StagingBudget, DEFAULT_STAGING_MIB};
 use gpu_ops::backend::GpuDevice;
-use gpu_ops::ops::dp::{launch_privatize, GaussianPlan, Gradients, NoiseKey, PrivatizeJob};
+use gpu_ops::ops::dp::{launch_privatize, NoiseKey};
 use gpu_ops::ops::linalg::{launch_lookup, Dtype, LookupJob};
 use gpu_ops::ops::mpc::launch_share;
 use gpu_ops::ops::mpc::shamir::{dealer_coefficients, ShareJob};
@@ -144,19 +144,7 @@ fn cases() -> Vec<(String, Job<'static>)> {
     if wants("privatize") {
         let (rows, log_cols) = (env("BENCH_DP_ROWS", 256), env("BENCH_DP_LOG2", 20));
         let cols = 1usize << log_cols;
-        let g: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i as u64).wrapping_mul(0x9E37_79B9) % 2001) as f32 * 1e-6 - 1e-3)
-            .collect();
-        let job = PrivatizeJob {
-            gradients: Gradients::F32(g.into()),
-            rows,
-            cols,
-            bounds: vec![0, cols as u64],
-            clip_norms: vec![1.0],
-            plan: GaussianPlan::new(1.1, 1.0 / 1024.0 / (cols as f64).sqrt()).unwrap(),
-            divisor: rows as f64,
-            key: NoiseKey::from_seed(1),
-        };
+        let job = privatize_job(dp_gradients(rows * cols), rows, cols);
         cases.push((
             format!("DP privatize {rows} × 2^{log_cols} f32"),
             Box::new(move |lease| {

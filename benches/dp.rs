@@ -6,8 +6,8 @@
 mod common;
 
 use base64::Engine;
-use common::{env, time};
-use gpu_ops::ops::dp::plan::{calibrate_gaussian, GaussianPlan};
+use common::{dp_gradients as gradients, env, privatize_job as job, time};
+use gpu_ops::ops::dp::plan::calibrate_gaussian;
 use gpu_ops::ops::dp::{Gradients, Mechanism, NoiseJob, NoiseKey, PrivatizeJob};
 use rayon::prelude::*;
 use std::time::{Duration, Instant};
@@ -18,31 +18,6 @@ fn ms(d: Duration) -> String {
 
 fn gbps(bytes: usize, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64() / 1e9
-}
-
-fn gradients(n: usize) -> Vec<f32> {
-    let mut s = 0x2545_f491_4f6c_dd1du64;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            ((s >> 40) as f32 / (1u32 << 24) as f32 - 0.5) * 2e-3
-        })
-        .collect()
-}
-
-fn job(g: Vec<f32>, rows: usize, cols: usize) -> PrivatizeJob {
-    PrivatizeJob {
-        gradients: Gradients::F32(g.into()),
-        rows,
-        cols,
-        bounds: vec![0, cols as u64],
-        clip_norms: vec![1.0],
-        plan: GaussianPlan::new(1.1, 1.0 / 1024.0 / (cols as f64).sqrt()).unwrap(),
-        divisor: rows as f64,
-        key: NoiseKey::from_seed(1),
-    }
 }
 
 fn main() {

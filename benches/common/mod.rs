@@ -2,6 +2,7 @@
 //! loopback port.
 #![allow(dead_code)]
 
+use gpu_ops::ops::dp::{GaussianPlan, Gradients, NoiseKey, PrivatizeJob};
 use std::time::{Duration, Instant};
 
 pub fn env(name: &str, default: usize) -> usize {
@@ -49,4 +50,31 @@ pub async fn serve(args: &[&str]) -> String {
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(app.serve(listener, std::future::pending()));
     url
+}
+
+/// `n` gradient values in ±1e-3 from a fixed xorshift stream: DP's benchmark inputs.
+pub fn dp_gradients(n: usize) -> Vec<f32> {
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u32 << 24) as f32 - 0.5) * 2e-3
+        })
+        .collect()
+}
+
+/// A privatize job over `rows` × `cols` f32 gradients: one clipping group, σ = 1.1.
+pub fn privatize_job(g: Vec<f32>, rows: usize, cols: usize) -> PrivatizeJob {
+    PrivatizeJob {
+        gradients: Gradients::F32(g.into()),
+        rows,
+        cols,
+        bounds: vec![0, cols as u64],
+        clip_norms: vec![1.0],
+        plan: GaussianPlan::new(1.1, 1.0 / 1024.0 / (cols as f64).sqrt()).unwrap(),
+        divisor: rows as f64,
+        key: NoiseKey::from_seed(1),
+    }
 }

@@ -8,7 +8,7 @@ use crate::backend::{DeviceError, GpuDevice};
 use crate::metrics::Metrics;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The device memory a job asks its lease for, per byte of its input: room for the input,
 /// an output as large and scratch besides. A job given less runs in more passes; one given
@@ -35,10 +35,12 @@ fn count_copies(metrics: &Metrics, gpu: &str, copies: &CopyCounts) {
 
 impl Shared {
     /// Runs the job on `dev` on a blocking thread, on a lease of its own (a stream and a
-    /// share of the device's memory, beside other jobs'); the seconds it ran once it held
-    /// the lease (the wait for it is the backlog's, not the job's). It is dropped
-    /// (`Abandoned`) if its deadline passes or its caller leaves while it waits for the
-    /// device or between its passes.
+    /// share of the device's memory, beside other jobs'); returns the seconds from the
+    /// hand-off to the blocking thread to the job's end, less only a wait for another
+    /// job's lease (that wait is the backlog's, not the job's). A placement sample then
+    /// covers what a caller waits for on this path (the hop, the lease, the staging), as
+    /// the CPU side's covers its pool's hop. It is dropped (`Abandoned`) if its deadline
+    /// passes or its caller leaves while it waits for the device or between its passes.
     pub(super) async fn run_device(
         &self,
         q: &mut Queued,
@@ -50,13 +52,19 @@ impl Shared {
             abandoned: abandoned.clone(),
         };
         let (job, d, metrics) = (q.job.clone(), dev.clone(), self.metrics.clone());
+        let handed_off = Instant::now();
         let run = tokio::task::spawn_blocking(move || {
             let label = d.info.ordinal.to_string();
             let running = metrics.device_jobs_running.with_label_values(&[&label]);
             let wanted = job
                 .input_bytes()
                 .saturating_mul(DEVICE_BYTES_PER_INPUT_BYTE);
+            let asked = Instant::now();
             let lease = d.lease_for(Some(stop), wanted);
+            let waited_for = match &lease {
+                Ok(l) if l.waited() => asked.elapsed(),
+                _ => Duration::ZERO,
+            };
             running.set(d.jobs_running() as i64);
             let lease = lease?;
             // Exported from the device's first job on, at 0 until a job waits.
@@ -64,14 +72,13 @@ impl Shared {
             if lease.waited() {
                 waits.inc();
             }
-            let started = Instant::now();
             let outcome = job.run_device(&lease);
             count_copies(&metrics, &label, lease.copies());
             drop(lease);
             metrics.staging_bytes.set(d.staging_bytes() as i64);
             running.set(d.jobs_running() as i64);
             outcome?;
-            Ok(started.elapsed().as_secs_f64())
+            Ok(waited_for)
         });
         tokio::pin!(run);
         let joined = tokio::select! {
@@ -81,7 +88,12 @@ impl Shared {
                 run.await
             }
         };
-        joined.unwrap_or_else(|e| Err(DeviceError::fatal(format!("device job panicked: {e}"))))
+        let waited_for = joined
+            .unwrap_or_else(|e| Err(DeviceError::fatal(format!("device job panicked: {e}"))))?;
+        Ok(handed_off
+            .elapsed()
+            .saturating_sub(waited_for)
+            .as_secs_f64())
     }
 
     /// Whether this device job is one of the `--verify-fraction` shadow-checked: the

@@ -96,6 +96,9 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
         }
         let (cpu, dev) = (median(cpu), median(dev));
         let on_device = sides.iter().filter(|s| *s == "cuda").count();
+        // The model's own view, for a failure's message.
+        let view: Value = s.get("/device").await.json().await.unwrap();
+        let view = &view["placement"];
         // Explorations only (one in 4 at most, and the first look at a class) go to the
         // side measured slower.
         // Only where the two differ clearly: this machine's timings under CI's load
@@ -103,12 +106,12 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
         if cpu * 3.0 < dev {
             assert!(
                 on_device <= 4,
-                "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}"
+                "{n} elements: CPU {cpu} ms, device {dev} ms: {sides:?}; placement: {view}"
             );
         } else if dev * 3.0 < cpu {
             assert!(
                 on_device >= 8,
-                "2^{n}: CPU {cpu} ms, device {dev} ms: {sides:?}"
+                "{n} elements: CPU {cpu} ms, device {dev} ms: {sides:?}; placement: {view}"
             );
         }
     }

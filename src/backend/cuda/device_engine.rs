@@ -12,7 +12,7 @@
 
 use super::CudaEngine;
 use crate::backend::device::engine::{
-    foreign_event, own, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
+    own, own_event, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
     EngineId, EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost, Timestamp,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
@@ -93,6 +93,10 @@ struct CudaOrderEvent {
 }
 
 impl EngineEvent for CudaOrderEvent {
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -244,20 +248,12 @@ impl DeviceEngine for CudaEngine {
     }
 
     fn wait(&self, stream: &dyn EngineStream, event: &dyn EngineEvent) -> Result<(), DeviceError> {
-        let event = event
-            .as_any()
-            .downcast_ref::<CudaOrderEvent>()
-            .filter(|e| e.engine == self.id)
-            .ok_or_else(foreign_event)?;
+        let event = own_event::<CudaOrderEvent>(self.id, event)?;
         Ok(self.lease_stream(stream)?.wait(&event.event)?)
     }
 
     fn host_wait(&self, event: &dyn EngineEvent) -> Result<(), DeviceError> {
-        let event = event
-            .as_any()
-            .downcast_ref::<CudaOrderEvent>()
-            .filter(|e| e.engine == self.id)
-            .ok_or_else(foreign_event)?;
+        let event = own_event::<CudaOrderEvent>(self.id, event)?;
         self.ctx.bind_to_thread()?;
         Ok(event.event.synchronize()?)
     }

@@ -82,6 +82,9 @@ pub trait EngineStream: Send + Sync + 'static {
 /// A point in one stream's work (an event without timing) that another stream can wait
 /// for.
 pub trait EngineEvent: Send + Sync + 'static {
+    /// The engine that recorded it: an event of another engine is refused.
+    fn engine_id(&self) -> EngineId;
+
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -366,9 +369,16 @@ pub(crate) fn own_pinned<P: PinnedHost>(
     pinned.as_any().downcast_ref::<P>().ok_or_else(foreign)
 }
 
-/// An event of another engine, refused.
-pub(crate) fn foreign_event() -> DeviceError {
-    DeviceError::fatal("an event of another device reached this one")
+/// `event` as engine `id`'s own kind `E`, or the refusal of another engine's event.
+pub(crate) fn own_event<E: EngineEvent>(
+    id: EngineId,
+    event: &dyn EngineEvent,
+) -> Result<&E, DeviceError> {
+    let refused = || DeviceError::fatal("an event of another device reached this one");
+    if event.engine_id() != id {
+        return Err(refused());
+    }
+    event.as_any().downcast_ref::<E>().ok_or_else(refused)
 }
 
 /// A buffer handed to an engine that did not allocate it.

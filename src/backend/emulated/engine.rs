@@ -4,7 +4,7 @@
 //! tests inject.
 
 use super::super::device::engine::{
-    foreign_event, own, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
+    own, own_event, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
     EngineId, EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
@@ -296,11 +296,7 @@ impl DeviceEngine for EmulatedEngine {
 
     fn wait(&self, stream: &dyn EngineStream, event: &dyn EngineEvent) -> Result<(), DeviceError> {
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
-        let event = event
-            .as_any()
-            .downcast_ref::<EmulatedEvent>()
-            .filter(|e| e.engine == self.id)
-            .ok_or_else(foreign_event)?;
+        let event = own_event::<EmulatedEvent>(self.id, event)?;
         self.order.wait(stream, event);
         Ok(())
     }
@@ -308,11 +304,7 @@ impl DeviceEngine for EmulatedEngine {
     /// Its work runs when queued, so the wait is the order check's: the host has now
     /// seen everything before the event finish.
     fn host_wait(&self, event: &dyn EngineEvent) -> Result<(), DeviceError> {
-        let event = event
-            .as_any()
-            .downcast_ref::<EmulatedEvent>()
-            .filter(|e| e.engine == self.id)
-            .ok_or_else(foreign_event)?;
+        let event = own_event::<EmulatedEvent>(self.id, event)?;
         self.order.waited_for_event(event);
         Ok(())
     }

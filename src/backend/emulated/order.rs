@@ -88,6 +88,10 @@ pub struct EmulatedEvent {
 }
 
 impl EngineEvent for EmulatedEvent {
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -4,7 +4,7 @@
 use super::engine::{HipEngine, HipEvent, HipMemory, HipStream};
 use super::pinned::HipPinned;
 use crate::backend::device::engine::{
-    foreign_event, own, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
+    own, own_event, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
     EngineId, EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
@@ -44,6 +44,10 @@ impl EngineStream for HipStream {
 }
 
 impl EngineEvent for HipEvent {
+    fn engine_id(&self) -> EngineId {
+        self.engine
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }
@@ -81,20 +85,12 @@ impl DeviceEngine for HipEngine {
     }
 
     fn wait(&self, stream: &dyn EngineStream, event: &dyn EngineEvent) -> Result<(), DeviceError> {
-        let event = event
-            .as_any()
-            .downcast_ref::<HipEvent>()
-            .filter(|e| e.engine == self.id)
-            .ok_or_else(foreign_event)?;
+        let event = own_event::<HipEvent>(self.id, event)?;
         HipEngine::wait(self, self.stream(stream)?, event)
     }
 
     fn host_wait(&self, event: &dyn EngineEvent) -> Result<(), DeviceError> {
-        let event = event
-            .as_any()
-            .downcast_ref::<HipEvent>()
-            .filter(|e| e.engine == self.id)
-            .ok_or_else(foreign_event)?;
+        let event = own_event::<HipEvent>(self.id, event)?;
         HipEngine::host_wait(self, event)
     }
 
