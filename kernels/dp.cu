@@ -68,30 +68,33 @@ DP_SQ_NORMS_KERNEL(dp_sq_norms_f64, double)
 DP_CLIP_SUM_NOISE_KERNEL(dp_clip_sum_noise_f32, float)
 DP_CLIP_SUM_NOISE_KERNEL(dp_clip_sum_noise_f64, double)
 
-// Mechanisms: out[i] = (round(x[i] / grid) + noise_i) * grid.
+// Mechanisms: out[i] = (round(x[i] / grid) + noise_(first + i)) * grid, for a chunk of n
+// values starting at index `first` of the whole release (ops/dp/gpu.rs streams it in
+// chunks): each value's noise is drawn from its index in the whole, so the answer does not
+// depend on how it was cut.
 extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
-    dp_gaussian_release(const double *x, u64 n, const u32 *key, double inv_grid, double grid,
-                        u64 t, u64 c, double *out) {
+    dp_gaussian_release(const double *x, u64 n, u64 first, const u32 *key, double inv_grid,
+                        double grid, u64 t, u64 c, double *out) {
     u32 k[8];
     for (int i = 0; i < 8; i++) k[i] = key[i];
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         dp_bits bits;
-        dp_bits_init(&bits, k, DP_DOMAIN_GAUSSIAN, i);
+        dp_bits_init(&bits, k, DP_DOMAIN_GAUSSIAN, first + i);
         i64 noise = dp_discrete_gaussian(&bits, t, c);
         out[i] = dp_release((i64)rint(DMUL(x[i], inv_grid)), noise, grid);
     }
 }
 
 extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
-    dp_laplace_release(const double *x, u64 n, const u32 *key, double inv_grid, double grid,
-                       u64 t, double *out) {
+    dp_laplace_release(const double *x, u64 n, u64 first, const u32 *key, double inv_grid,
+                       double grid, u64 t, double *out) {
     u32 k[8];
     for (int i = 0; i < 8; i++) k[i] = key[i];
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
          i += (u64)gridDim.x * blockDim.x) {
         dp_bits bits;
-        dp_bits_init(&bits, k, DP_DOMAIN_LAPLACE, i);
+        dp_bits_init(&bits, k, DP_DOMAIN_LAPLACE, first + i);
         i64 noise = dp_discrete_laplace(&bits, t);
         out[i] = dp_release((i64)rint(DMUL(x[i], inv_grid)), noise, grid);
     }

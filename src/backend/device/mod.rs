@@ -26,7 +26,7 @@ pub use engine::{DeviceEngine, Engine, EngineEvent, EngineStream, LaunchConfig};
 pub use inventory::{KernelLimits, ModuleLoad};
 pub use launch::Launch;
 pub use lease::{CopyCounts, DeviceLease, Event, Stop, DEFAULT_JOBS_PER_DEVICE};
-pub use pipeline::Operand;
+pub use pipeline::{Chunk, Operand};
 pub use staged::STAGED_COPY_MIN_BYTES;
 pub use staging::{StagingBudget, DEFAULT_STAGING_MIB, STAGING_BUFFER_BYTES};
 

@@ -18,10 +18,82 @@ use super::staging::{StagingBuffer, STAGING_BUFFER_BYTES};
 use super::{DeviceBuffer, DeviceError, DeviceLease, Element};
 use std::ops::Range;
 
-/// One input of a streaming job: `per_item` elements of `data` for each item.
+/// One input of a streaming job: `per_item` elements for each item, read from a slice
+/// or written by the launcher straight into the chunk's staging (an input that is not
+/// one slice on the host, such as a ciphertext's rows, is then still copied once).
 pub struct Operand<'a, T> {
-    pub data: &'a [T],
-    pub per_item: usize,
+    source: Source<'a, T>,
+    per_item: usize,
+}
+
+/// Writes the elements of the items in the range into the slice (exactly their length).
+type WriteItems<'a, T> = &'a (dyn Fn(Range<usize>, &mut [T]) + Sync);
+
+enum Source<'a, T> {
+    Slice(&'a [T]),
+    Written(WriteItems<'a, T>),
+}
+
+impl<'a, T: Element> Operand<'a, T> {
+    /// `per_item` elements of `data` for each item.
+    pub fn slice(data: &'a [T], per_item: usize) -> Self {
+        Operand {
+            source: Source::Slice(data),
+            per_item,
+        }
+    }
+
+    /// `per_item` elements for each item, written by `write(items, into)`.
+    pub fn written(per_item: usize, write: WriteItems<'a, T>) -> Self {
+        Operand {
+            source: Source::Written(write),
+            per_item,
+        }
+    }
+
+    /// The elements of `items` into `into`, of exactly their length.
+    fn write(&self, items: Range<usize>, into: &mut [T]) {
+        match self.source {
+            Source::Slice(data) => {
+                into.copy_from_slice(&data[items.start * self.per_item..items.end * self.per_item])
+            }
+            Source::Written(write) => write(items, into),
+        }
+    }
+
+    /// The elements of `items` in a new vector, for a pageable upload.
+    fn to_vec(&self, items: Range<usize>) -> Vec<T> {
+        match self.source {
+            Source::Slice(data) => {
+                data[items.start * self.per_item..items.end * self.per_item].to_vec()
+            }
+            Source::Written(write) => {
+                // SAFETY: every bit pattern, zero included, is an Element (its contract).
+                let mut v = vec![unsafe { std::mem::zeroed::<T>() }; items.len() * self.per_item];
+                write(items, &mut v);
+                v
+            }
+        }
+    }
+}
+
+/// The chunk a streaming job's kernel is called for: its items, and the lane (0 or 1)
+/// whose stream it is queued on, so a reduction can keep one partial result per lane.
+#[derive(Clone, Debug)]
+pub struct Chunk {
+    pub items: Range<usize>,
+    pub lane: usize,
+}
+
+impl Chunk {
+    /// Items in the chunk.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
 }
 
 /// Lanes a chunked job overlaps on.
@@ -82,12 +154,15 @@ fn align_up(bytes: usize) -> usize {
 }
 
 impl DeviceLease<'_> {
-    /// Runs a streaming job over `items` items: `kernel(inputs, output, m)` computes `m`
-    /// items from device buffers holding each operand's `m * per_item` elements into
-    /// `m * out_per_item` of output (the buffers may be longer). `fixed` is what the job
-    /// keeps on the device besides (a broadcast operand, tables), for the memory budget.
-    /// The kernel is queued on whichever lane's stream is current when it is called
-    /// (`launch` uses it), and must not wait on the host.
+    /// Runs a streaming job over `items` items: `kernel(inputs, output, chunk)` computes
+    /// the chunk's `m` items from device buffers holding each operand's `m * per_item`
+    /// elements into `m * out_per_item` of output (the buffers may be longer). `fixed` is
+    /// what the job keeps on the device besides (a broadcast operand, tables, a
+    /// reduction's partial results), for the memory budget. The kernel is queued on the
+    /// chunk's lane's stream, current when it is called (`launch` uses it), and must not
+    /// wait on the host. A reduction passes `out_per_item` 0 and accumulates into its own
+    /// buffer per lane: nothing is downloaded per chunk, and its lanes' work has all
+    /// finished when this returns.
     pub fn stream_items<T: Element, U: Element>(
         &self,
         items: usize,
@@ -97,7 +172,7 @@ impl DeviceLease<'_> {
         mut kernel: impl FnMut(
             &[DeviceBuffer<T>],
             &mut DeviceBuffer<U>,
-            usize,
+            Chunk,
         ) -> Result<(), DeviceError>,
     ) -> Result<Vec<U>, DeviceError> {
         let (t, u) = (std::mem::size_of::<T>(), std::mem::size_of::<U>());
@@ -141,7 +216,9 @@ impl DeviceLease<'_> {
                         .iter()
                         .map(|o| self.alloc_zeros::<T>(chunk * o.per_item))
                         .collect::<Result<_, _>>()?,
-                    output: self.alloc_zeros::<U>(chunk * out_per_item)?,
+                    // One element at least: an allocation of none is refused by some
+                    // drivers; a reduction's is never read.
+                    output: self.alloc_zeros::<U>((chunk * out_per_item).max(1))?,
                     pending: None,
                 })
             })??;
@@ -160,7 +237,9 @@ impl DeviceLease<'_> {
             for o in inputs {
                 let range = lane
                     .staging
-                    .fill(at, &o.data[first * o.per_item..(first + m) * o.per_item])?;
+                    .fill_with(at, m * o.per_item, |into: &mut [T]| {
+                        o.write(first..first + m, into)
+                    })?;
                 at = align_up(range.end);
                 CopyCounts::add(&self.copies.staged_to_device, range.len());
                 staged.push(range);
@@ -185,7 +264,11 @@ impl DeviceLease<'_> {
                         )?
                     };
                 }
-                kernel(&lane.inputs, &mut lane.output, m)?;
+                let items = first..first + m;
+                kernel(&lane.inputs, &mut lane.output, Chunk { items, lane: i })?;
+                if result.is_empty() {
+                    return Ok(());
+                }
                 // SAFETY: as above; the output buffer holds at least m * out_per_item.
                 unsafe {
                     engine.download_pinned(
@@ -214,22 +297,26 @@ impl DeviceLease<'_> {
         mut kernel: impl FnMut(
             &[DeviceBuffer<T>],
             &mut DeviceBuffer<U>,
-            usize,
+            Chunk,
         ) -> Result<(), DeviceError>,
         mut out: Vec<U>,
     ) -> Result<Vec<U>, DeviceError> {
         for first in (0..items).step_by(per_pass.max(1)) {
             self.still_wanted()?;
             let m = per_pass.min(items - first);
+            let items = first..first + m;
             let device_inputs = inputs
                 .iter()
-                .map(|o| {
-                    self.upload_pageable(&o.data[first * o.per_item..(first + m) * o.per_item])
-                })
+                .map(|o| self.upload_pageable(&o.to_vec(items.clone())))
                 .collect::<Result<Vec<_>, _>>()?;
-            let mut output = self.alloc_zeros::<U>(m * out_per_item)?;
-            kernel(&device_inputs, &mut output, m)?;
-            self.download_pageable_into(&output, &mut out)?;
+            let mut output = self.alloc_zeros::<U>((m * out_per_item).max(1))?;
+            kernel(&device_inputs, &mut output, Chunk { items, lane: 0 })?;
+            if out_per_item > 0 {
+                self.download_pageable_into(&output, &mut out)?;
+            } else {
+                // A reduction's lanes have all finished when the job returns.
+                self.synchronize()?;
+            }
         }
         Ok(out)
     }
@@ -252,18 +339,10 @@ mod tests {
     /// x + y over Goldilocks on `lease`, streamed (values far below the modulus, so the
     /// sum is the integers').
     fn add(lease: &DeviceLease<'_>, x: &[u64], y: &[u64]) -> Result<Vec<u64>, DeviceError> {
-        let inputs = [
-            Operand {
-                data: x,
-                per_item: 1,
-            },
-            Operand {
-                data: y,
-                per_item: 1,
-            },
-        ];
-        lease.stream_items(x.len(), &inputs, 1, 0, |ins, out, m| {
-            let (n, stride) = (m as u64, 1u32);
+        let inputs = [Operand::slice(x, 1), Operand::slice(y, 1)];
+        lease.stream_items(x.len(), &inputs, 1, 0, |ins, out, chunk| {
+            let (m, stride) = (chunk.len(), 1u32);
+            let n = m as u64;
             let mut launch = lease.launch("goldilocks_add")?;
             launch
                 .arg(&ins[0])

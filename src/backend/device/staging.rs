@@ -223,12 +223,24 @@ impl StagingBuffer {
         at: usize,
         src: &[T],
     ) -> Result<Range<usize>, DeviceError> {
-        let range = at..at + std::mem::size_of_val(src);
+        self.fill_with(at, src.len(), |into: &mut [T]| into.copy_from_slice(src))
+    }
+
+    /// Lets `write` fill `len` elements of `T` from byte `at`, as `fill` copies them in: the
+    /// range they now fill.
+    pub(super) fn fill_with<T: Element>(
+        &mut self,
+        at: usize,
+        len: usize,
+        write: impl FnOnce(&mut [T]),
+    ) -> Result<Range<usize>, DeviceError> {
+        let range = at..at + len * std::mem::size_of::<T>();
         let to = self.checked::<T>(&range)?;
         self.pinned().host_access(true)?;
-        // SAFETY: the range is inside the buffer and no copy uses it (checked above, or
-        // the caller synchronised); `src` is plain data of exactly that many bytes.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().cast::<u8>(), to, range.len()) };
+        // SAFETY: the range is inside the buffer, aligned for T, and no copy uses it
+        // (checked above, or the caller synchronised); every bit pattern is a T
+        // (`Element`), so the slice is valid before `write` fills it.
+        write(unsafe { std::slice::from_raw_parts_mut(to.cast::<T>(), len) });
         Ok(range)
     }
 

@@ -4,6 +4,7 @@
 use super::privatize::{clip_factors, clip_stats, Gradients, PrivatizeJob, Privatized, LANES};
 use super::release::{Mechanism, NoiseJob};
 use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::device::Operand;
 use crate::backend::DeviceLease;
 use crate::backend::{DeviceBuffer, DeviceError, Element};
 
@@ -110,12 +111,12 @@ pub fn privatize_resident<T: GradientElement>(
     })
 }
 
+/// The release streamed in chunks (`DeviceLease::stream_items`): each chunk's values
+/// staged in, released with the noise of their indices in the whole, staged back, on two
+/// lanes so one chunk's copies overlap another's kernel.
 pub fn launch_noise(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
-    let n = job.len() as u64;
-    let dx = dev.upload(&job.values)?;
     let key = job.key.words();
     let dkey = dev.upload(&key)?;
-    let mut dout: DeviceBuffer<f64> = dev.alloc_zeros(job.len())?;
     let grid = job.mechanism.grid();
     let inv_grid = 1.0 / grid;
     // The Gaussian kernel takes one more scale parameter (c) before the output.
@@ -123,19 +124,25 @@ pub fn launch_noise(job: &NoiseJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>, D
         Mechanism::Gaussian(p) => ("dp_gaussian_release", p.t, Some(p.c)),
         Mechanism::Laplace(p) => ("dp_laplace_release", p.t, None),
     };
-    let mut launch = dev.launch(kernel)?;
-    launch
-        .arg(&dx)
-        .arg(&n)
-        .arg(&dkey)
-        .arg(&inv_grid)
-        .arg(&grid)
-        .arg(&t);
-    if let Some(c) = &c {
-        launch.arg(c);
-    }
-    launch.arg(&mut dout);
-    // SAFETY: x and out have n elements, key 8 words; the arguments match the kernel's.
-    unsafe { launch.launch(dev.launch_config(job.len())) }?;
-    dev.download(&dout)
+    let values = [Operand::slice(&job.values, 1)];
+    let fixed = std::mem::size_of_val(&key);
+    dev.stream_items(job.len(), &values, 1, fixed, |dx, dout, chunk| {
+        let (n, first) = (chunk.len() as u64, chunk.items.start as u64);
+        let mut launch = dev.launch(kernel)?;
+        launch
+            .arg(&dx[0])
+            .arg(&n)
+            .arg(&first)
+            .arg(&dkey)
+            .arg(&inv_grid)
+            .arg(&grid)
+            .arg(&t);
+        if let Some(c) = &c {
+            launch.arg(c);
+        }
+        launch.arg(dout);
+        // SAFETY: x and out hold at least n elements, key 8 words; the arguments match
+        // the kernel's parameters in order.
+        unsafe { launch.launch(dev.launch_config(chunk.len())) }
+    })
 }

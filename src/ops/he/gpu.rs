@@ -2,7 +2,8 @@
 
 use super::sum::{shoup, CiphertextSumJob};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::{DeviceError, DeviceLease};
+use crate::backend::device::Operand;
+use crate::backend::{DeviceBuffer, DeviceError, DeviceLease};
 
 const SUM_KERNEL: &str = "he_ciphertext_sum";
 
@@ -16,58 +17,70 @@ pub fn kernel_module() -> KernelModule {
     }
 }
 
-/// Uploads the ciphertexts in passes of as many as fit, summing each pass into the
-/// running result with the previous pass's sum as its first "ciphertext" (weight 1).
+/// The ciphertexts streamed in chunks (`DeviceLease::stream_items`, as a reduction):
+/// each chunk's rows written by the host straight into page-locked staging, uploaded and
+/// added onto its lane's running sum while the other lane's chunk is copied; then lane
+/// 1's sum is folded into lane 0's on the device and that one ciphertext downloaded.
+/// The weights (1 where the request gave none, and one more 1 for the fold) and their
+/// Shoup quotients are uploaded once.
 pub fn launch_sum(job: &CiphertextSumJob, dev: &DeviceLease<'_>) -> Result<Vec<u64>, DeviceError> {
-    let per_ct = job.per_ciphertext();
+    let (per_ct, count) = (job.per_ciphertext(), job.count());
+    let mut weights = job
+        .weights()
+        .map_or_else(|| vec![1u64; count], <[u64]>::to_vec);
+    weights.push(1);
+    // Shoup's quotient of each weight for each modulus, [weight][level].
+    let shoup: Vec<u64> = weights
+        .iter()
+        .flat_map(|&w| job.moduli().iter().map(move |&q| shoup(w, q)))
+        .collect();
     let d_moduli = dev.upload(job.moduli())?;
-    let levels = job.moduli().len() as u32;
-    let degree = job.degree() as u64;
-    let per_pass = dev
-        .items_per_pass(job.count(), per_ct * 8, 2 * per_ct * 8)
-        .max(1);
-    let mut running: Option<Vec<u64>> = None;
-    for start in (0..job.count()).step_by(per_pass) {
-        dev.still_wanted()?;
-        let len = per_pass.min(job.count() - start);
-        let mut rows = Vec::with_capacity((len + 1) * per_ct);
-        let mut weights = Vec::with_capacity(len + 1);
-        if let Some(prev) = &running {
-            rows.extend_from_slice(prev);
-            weights.push(1u64);
-        }
-        job.write_rows(start..start + len, &mut rows);
-        match job.weights() {
-            Some(w) => weights.extend_from_slice(&w[start..start + len]),
-            None => weights.extend(std::iter::repeat_n(1u64, len)),
-        }
-        let count = weights.len() as u32;
-        // Shoup's quotient of each weight for each modulus, [count][levels].
-        let shoup: Vec<u64> = weights
-            .iter()
-            .flat_map(|&w| job.moduli().iter().map(move |&q| shoup(w, q)))
-            .collect();
-        let d_rows = dev.upload(&rows)?;
-        let d_weights = dev.upload(&weights)?;
-        let d_shoup = dev.upload(&shoup)?;
-        let mut d_out = dev.alloc_zeros::<u64>(per_ct)?;
-        let per = per_ct as u64;
+    let d_weights = dev.upload(&weights)?;
+    let d_shoup = dev.upload(&shoup)?;
+    // Zeroed on this lane before the stream starts, so both lanes' sums start from zero.
+    let mut sums = [
+        dev.alloc_zeros::<u64>(per_ct)?,
+        dev.alloc_zeros::<u64>(per_ct)?,
+    ];
+    let fixed = 8 * (job.moduli().len() + weights.len() + shoup.len() + 2 * per_ct);
+    let write = |items: std::ops::Range<usize>, into: &mut [u64]| job.write_rows(items, into);
+    let rows = [Operand::written(per_ct, &write)];
+    let add = |rows: &DeviceBuffer<u64>,
+               sum: &mut DeviceBuffer<u64>,
+               count: usize,
+               first: usize|
+     -> Result<(), DeviceError> {
+        let (per, count, first) = (per_ct as u64, count as u32, first as u64);
+        let (levels, degree) = (job.moduli().len() as u32, job.degree() as u64);
         let mut launch = dev.launch(SUM_KERNEL)?;
         launch
-            .arg(&d_rows)
+            .arg(rows)
             .arg(&d_moduli)
             .arg(&d_weights)
             .arg(&d_shoup)
-            .arg(&mut d_out)
+            .arg(sum)
             .arg(&per)
             .arg(&count)
+            .arg(&first)
             .arg(&levels)
             .arg(&degree);
-        // SAFETY: the kernel reads `count` × per_ct residues, `levels` moduli, `count`
-        // weights and `count` × `levels` quotients, and writes per_ct residues; the
-        // buffers hold exactly those.
-        unsafe { launch.launch(dev.launch_config(per_ct)) }?;
-        running = Some(dev.download(&d_out)?);
-    }
-    Ok(running.unwrap_or_else(|| vec![0; per_ct]))
+        // SAFETY: the kernel reads `count` × per_ct residues of `rows`, `levels` moduli,
+        // weights first..first + count and their quotients (`first + count` is at most
+        // the weights' length), and adds onto per_ct residues of `sum`; the buffers hold
+        // at least those.
+        unsafe { launch.launch(dev.launch_config(per_ct)) }
+    };
+    dev.stream_items::<u64, u64>(count, &rows, 0, fixed, |d_rows, _, chunk| {
+        add(
+            &d_rows[0],
+            &mut sums[chunk.lane],
+            chunk.len(),
+            chunk.items.start,
+        )
+    })?;
+    // Both lanes have finished (the reduction's contract): lane 1's sum is one more
+    // ciphertext of weight 1 (the last weight) for lane 0's.
+    let [sum, other] = &mut sums;
+    add(other, sum, 1, count)?;
+    dev.download(sum)
 }

@@ -127,13 +127,13 @@ impl CiphertextSumJob {
         &all[(row % levels) * n..(row % levels + 1) * n]
     }
 
-    /// Ciphertexts `range`, ciphertext after ciphertext, appended to `out`: the kernel's
-    /// layout.
-    pub fn write_rows(&self, range: std::ops::Range<usize>, out: &mut Vec<u64>) {
-        for k in range {
-            for row in 0..2 * self.moduli.len() {
-                out.extend_from_slice(self.residues(k, row));
-            }
+    /// Ciphertexts `range`, ciphertext after ciphertext, into `out` (of exactly their
+    /// `per_ciphertext` residues each): the kernel's layout.
+    pub fn write_rows(&self, range: std::ops::Range<usize>, out: &mut [u64]) {
+        let n = self.degree;
+        let rows = range.flat_map(|k| (0..2 * self.moduli.len()).map(move |row| (k, row)));
+        for ((k, row), into) in rows.zip(out.chunks_exact_mut(n)) {
+            into.copy_from_slice(self.residues(k, row));
         }
     }
 

@@ -287,12 +287,9 @@ pub fn launch_sinusoidal(
 pub fn launch_lookup(job: &LookupJob, dev: &DeviceLease<'_>) -> Result<Vec<f32>, DeviceError> {
     let table = dev.cached_table(&job.key, || dev.upload(&job.table))?;
     let dim = job.dim;
-    let ids = [Operand {
-        data: &job.ids,
-        per_item: 1,
-    }];
-    let mut out = dev.stream_items(job.ids.len(), &ids, dim, 0, |d_ids, d_out, rows| {
-        let (rows, dim64) = (rows as u64, dim as u64);
+    let ids = [Operand::slice(&job.ids, 1)];
+    let mut out = dev.stream_items(job.ids.len(), &ids, dim, 0, |d_ids, d_out, chunk| {
+        let (rows, dim64) = (chunk.len() as u64, dim as u64);
         let mut l = dev.launch("embedding_gather_f32")?;
         l.arg(table.as_ref())
             .arg(&dim64)

@@ -140,18 +140,13 @@ fn launch_pair<T: Element>(
     let wx = x.len() / n.max(1);
     let broadcast = y_stride == 0;
     let dy_all = broadcast.then(|| dev.upload(y)).transpose()?;
-    let mut inputs = vec![Operand {
-        data: x,
-        per_item: wx,
-    }];
+    let mut inputs = vec![Operand::slice(x, wx)];
     if !broadcast {
-        inputs.push(Operand {
-            data: y,
-            per_item: y.len() / n.max(1),
-        });
+        inputs.push(Operand::slice(y, y.len() / n.max(1)));
     }
     let fixed = dy_all.as_ref().map_or(0, |_| std::mem::size_of_val(y));
-    dev.stream_items(n, &inputs, wx, fixed, |ins, out, m| {
+    dev.stream_items(n, &inputs, wx, fixed, |ins, out, chunk| {
+        let m = chunk.len();
         let dy = dy_all.as_ref().unwrap_or_else(|| &ins[1]);
         let m64 = m as u64;
         let mut launch = dev.launch(kernel)?;
@@ -191,11 +186,9 @@ fn launch_inv<T: Element>(
     n: usize,
 ) -> Result<Vec<T>, DeviceError> {
     let w = x.len() / n.max(1);
-    let inputs = [Operand {
-        data: x,
-        per_item: w,
-    }];
-    dev.stream_items(n, &inputs, w, 0, |ins, out, m| {
+    let inputs = [Operand::slice(x, w)];
+    dev.stream_items(n, &inputs, w, 0, |ins, out, chunk| {
+        let m = chunk.len();
         let config = dev.launch_config(m);
         let threads = (config.grid_dim.0 * config.block_dim.0) as usize;
         let (m64, chunk) = (m as u64, inv_chunk(m, threads));
