@@ -314,7 +314,8 @@ impl DeviceLease<'_> {
             if out_per_item > 0 {
                 self.download_pageable_into(&output, &mut out)?;
             } else {
-                // A reduction's lanes have all finished when the job returns.
+                // A reduction downloads nothing: wait as a download would, before this
+                // pass's buffers are freed, so its work has finished when the job returns.
                 self.synchronize()?;
             }
         }
