@@ -20,7 +20,8 @@ use std::ops::Range;
 
 /// One input of a streaming job: `per_item` elements for each item, read from a slice
 /// or written by the launcher straight into the chunk's staging (an input that is not
-/// one slice on the host, such as a ciphertext's rows, is then still copied once).
+/// one slice on the host, such as a ciphertext's rows, is then still copied once), or
+/// device room for the kernel's intermediates that is never copied (`scratch`).
 pub struct Operand<'a, T> {
     source: Source<'a, T>,
     per_item: usize,
@@ -32,6 +33,7 @@ type WriteItems<'a, T> = &'a (dyn Fn(Range<usize>, &mut [T]) + Sync);
 enum Source<'a, T> {
     Slice(&'a [T]),
     Written(WriteItems<'a, T>),
+    Scratch,
 }
 
 impl<'a, T: Element> Operand<'a, T> {
@@ -51,6 +53,21 @@ impl<'a, T: Element> Operand<'a, T> {
         }
     }
 
+    /// `per_item` elements of device memory for each item of a chunk, for the kernel's
+    /// own intermediates: counted in the memory budget, zeroed once per lane, never
+    /// copied to or from the host.
+    pub fn scratch(per_item: usize) -> Self {
+        Operand {
+            source: Source::Scratch,
+            per_item,
+        }
+    }
+
+    /// Whether the operand is copied to the device.
+    fn is_staged(&self) -> bool {
+        !matches!(self.source, Source::Scratch)
+    }
+
     /// The elements of `items` into `into`, of exactly their length.
     fn write(&self, items: Range<usize>, into: &mut [T]) {
         match self.source {
@@ -58,21 +75,27 @@ impl<'a, T: Element> Operand<'a, T> {
                 into.copy_from_slice(&data[items.start * self.per_item..items.end * self.per_item])
             }
             Source::Written(write) => write(items, into),
+            Source::Scratch => unreachable!("scratch is not staged"),
         }
     }
 
-    /// The elements of `items` in a new vector, for a pageable upload.
-    fn to_vec(&self, items: Range<usize>) -> Vec<T> {
+    /// The operand of `items` on the device by a pageable upload (scratch: allocated).
+    fn to_device(
+        &self,
+        lease: &DeviceLease<'_>,
+        items: Range<usize>,
+    ) -> Result<DeviceBuffer<T>, DeviceError> {
         match self.source {
             Source::Slice(data) => {
-                data[items.start * self.per_item..items.end * self.per_item].to_vec()
+                lease.upload_pageable(&data[items.start * self.per_item..items.end * self.per_item])
             }
             Source::Written(write) => {
                 // SAFETY: every bit pattern, zero included, is an Element (its contract).
                 let mut v = vec![unsafe { std::mem::zeroed::<T>() }; items.len() * self.per_item];
                 write(items, &mut v);
-                v
+                lease.upload_pageable(&v)
             }
+            Source::Scratch => lease.alloc_zeros(items.len() * self.per_item),
         }
     }
 }
@@ -103,12 +126,54 @@ const LANES: usize = 2;
 const REGION_ALIGN: usize = 256;
 
 /// One lane: its staging buffer, its device buffers, and the chunk queued on it that the
-/// host has not collected (its output's bytes in staging).
+/// host has not collected (its items, and its output's bytes in staging).
 struct Lane<T, U> {
     staging: StagingBuffer,
     inputs: Vec<DeviceBuffer<T>>,
     output: DeviceBuffer<U>,
-    pending: Option<Range<usize>>,
+    pending: Option<(Range<usize>, Range<usize>)>,
+}
+
+/// Where a streaming job's output goes: appended to one vector, or handed chunk by chunk
+/// (its items, their output elements) to the launcher, which puts them where its answer's
+/// layout wants them; either way each byte is copied once out of staging.
+enum Sink<'s, U> {
+    Append(Vec<U>),
+    Each(&'s mut dyn FnMut(Range<usize>, &[U])),
+}
+
+impl<U: Element> Sink<'_, U> {
+    /// A chunk's output from `range` of its lane's staging buffer (its copy finished).
+    fn staged(
+        &mut self,
+        items: Range<usize>,
+        staging: &StagingBuffer,
+        range: Range<usize>,
+    ) -> Result<(), DeviceError> {
+        match self {
+            Sink::Append(out) => staging.append_to(range, out),
+            Sink::Each(deliver) => staging.read_with(range, |from: &[U]| deliver(items, from)),
+        }
+    }
+
+    /// A pass's output from pageable device memory.
+    fn pageable(
+        &mut self,
+        lease: &DeviceLease<'_>,
+        items: Range<usize>,
+        output: &DeviceBuffer<U>,
+    ) -> Result<(), DeviceError> {
+        match self {
+            Sink::Append(out) => lease.download_pageable_into(output, out),
+            Sink::Each(deliver) => {
+                // The fallback path: one more host copy, through a vector of the pass.
+                let mut part = Vec::new();
+                lease.download_pageable_into(output, &mut part)?;
+                deliver(items, &part);
+                Ok(())
+            }
+        }
+    }
 }
 
 /// The lanes of one job; on an early return, each lane with work in flight is waited for
@@ -119,10 +184,10 @@ struct Lanes<'l, 'd, T, U> {
 }
 
 impl<T: Element, U: Element> Lanes<'_, '_, T, U> {
-    /// Waits for lane `i`'s queued chunk and appends its output to `out`.
-    fn collect(&mut self, i: usize, out: &mut Vec<U>) -> Result<(), DeviceError> {
+    /// Waits for lane `i`'s queued chunk and hands its output to `out`.
+    fn collect(&mut self, i: usize, out: &mut Sink<'_, U>) -> Result<(), DeviceError> {
         let lane = &mut self.lanes[i];
-        let Some(range) = lane.pending.take() else {
+        let Some((items, range)) = lane.pending.take() else {
             return Ok(());
         };
         if let Err(e) = self.lease.on_lane(i, || self.lease.synchronize())? {
@@ -130,7 +195,7 @@ impl<T: Element, U: Element> Lanes<'_, '_, T, U> {
             return Err(e);
         }
         let bytes = range.len();
-        lane.staging.append_to(range, out)?;
+        out.staged(items, &lane.staging, range)?;
         CopyCounts::add(&self.lease.copies.staged_from_device, bytes);
         Ok(())
     }
@@ -169,19 +234,67 @@ impl DeviceLease<'_> {
         inputs: &[Operand<'_, T>],
         out_per_item: usize,
         fixed: usize,
-        mut kernel: impl FnMut(
-            &[DeviceBuffer<T>],
+        kernel: impl FnMut(
+            &mut [DeviceBuffer<T>],
             &mut DeviceBuffer<U>,
             Chunk,
         ) -> Result<(), DeviceError>,
     ) -> Result<Vec<U>, DeviceError> {
+        let out = Sink::Append(Vec::with_capacity(items * out_per_item));
+        match self.stream_into(items, inputs, out_per_item, fixed, kernel, out)? {
+            Sink::Append(out) => Ok(out),
+            Sink::Each(_) => unreachable!("the sink it was given"),
+        }
+    }
+
+    /// `stream_items` with each chunk's output handed to `deliver(items, elements)`, in
+    /// the items' order, straight from staging: for an answer laid out otherwise than one
+    /// vector item after item (rows of items, as Shamir's shares are).
+    pub fn stream_items_to<T: Element, U: Element>(
+        &self,
+        items: usize,
+        inputs: &[Operand<'_, T>],
+        out_per_item: usize,
+        fixed: usize,
+        kernel: impl FnMut(
+            &mut [DeviceBuffer<T>],
+            &mut DeviceBuffer<U>,
+            Chunk,
+        ) -> Result<(), DeviceError>,
+        deliver: &mut dyn FnMut(Range<usize>, &[U]),
+    ) -> Result<(), DeviceError> {
+        self.stream_into(
+            items,
+            inputs,
+            out_per_item,
+            fixed,
+            kernel,
+            Sink::Each(deliver),
+        )?;
+        Ok(())
+    }
+
+    fn stream_into<'s, T: Element, U: Element>(
+        &self,
+        items: usize,
+        inputs: &[Operand<'_, T>],
+        out_per_item: usize,
+        fixed: usize,
+        mut kernel: impl FnMut(
+            &mut [DeviceBuffer<T>],
+            &mut DeviceBuffer<U>,
+            Chunk,
+        ) -> Result<(), DeviceError>,
+        mut out: Sink<'s, U>,
+    ) -> Result<Sink<'s, U>, DeviceError> {
         let (t, u) = (std::mem::size_of::<T>(), std::mem::size_of::<U>());
-        let per_item: usize =
-            inputs.iter().map(|o| o.per_item * t).sum::<usize>() + out_per_item * u;
-        let per_pass = self.items_per_pass(items, per_item, fixed);
+        let bytes = |staged_only: bool| {
+            let ins = inputs.iter().filter(|o| !staged_only || o.is_staged());
+            ins.map(|o| o.per_item * t).sum::<usize>() + out_per_item * u
+        };
+        let per_pass = self.items_per_pass(items, bytes(false), fixed);
         let room = STAGING_BUFFER_BYTES.saturating_sub((inputs.len() + 1) * REGION_ALIGN);
-        let chunk = (per_pass / LANES).min(room / per_item.max(1));
-        let mut out = Vec::with_capacity(items * out_per_item);
+        let chunk = (per_pass / LANES).min(room / bytes(true).max(1));
         if items == 0 {
             return Ok(out);
         }
@@ -235,6 +348,10 @@ impl DeviceLease<'_> {
             let mut at = 0;
             let mut staged = Vec::with_capacity(inputs.len());
             for o in inputs {
+                if !o.is_staged() {
+                    staged.push(None);
+                    continue;
+                }
                 let range = lane
                     .staging
                     .fill_with(at, m * o.per_item, |into: &mut [T]| {
@@ -242,15 +359,16 @@ impl DeviceLease<'_> {
                     })?;
                 at = align_up(range.end);
                 CopyCounts::add(&self.copies.staged_to_device, range.len());
-                staged.push(range);
+                staged.push(Some(range));
             }
             let result = at..at + m * out_per_item * u;
             // Pending from here: whatever is queued below is waited for before the
             // staging buffer is touched or lent again.
-            lane.pending = Some(result.clone());
+            lane.pending = Some((first..first + m, result.clone()));
             self.on_lane(i, || -> Result<(), DeviceError> {
                 let (engine, stream) = (self.engine(), self.stream());
                 for (buf, range) in lane.inputs.iter_mut().zip(&staged) {
+                    let Some(range) = range else { continue };
                     // SAFETY: the range is inside the staging buffer and no longer than
                     // the device buffer (chunk * per_item elements); the host leaves it
                     // until this lane is waited for (`collect`, `Lanes::drop`).
@@ -265,7 +383,7 @@ impl DeviceLease<'_> {
                     };
                 }
                 let items = first..first + m;
-                kernel(&lane.inputs, &mut lane.output, Chunk { items, lane: i })?;
+                kernel(&mut lane.inputs, &mut lane.output, Chunk { items, lane: i })?;
                 if result.is_empty() {
                     return Ok(());
                 }
@@ -288,31 +406,38 @@ impl DeviceLease<'_> {
     }
 
     /// The job in passes of `per_pass` items on pageable copies, one lane.
-    fn pageable_passes<T: Element, U: Element>(
+    fn pageable_passes<'s, T: Element, U: Element>(
         &self,
         items: usize,
         inputs: &[Operand<'_, T>],
         out_per_item: usize,
         per_pass: usize,
         mut kernel: impl FnMut(
-            &[DeviceBuffer<T>],
+            &mut [DeviceBuffer<T>],
             &mut DeviceBuffer<U>,
             Chunk,
         ) -> Result<(), DeviceError>,
-        mut out: Vec<U>,
-    ) -> Result<Vec<U>, DeviceError> {
+        mut out: Sink<'s, U>,
+    ) -> Result<Sink<'s, U>, DeviceError> {
         for first in (0..items).step_by(per_pass.max(1)) {
             self.still_wanted()?;
             let m = per_pass.min(items - first);
             let items = first..first + m;
-            let device_inputs = inputs
+            let mut device_inputs = inputs
                 .iter()
-                .map(|o| self.upload_pageable(&o.to_vec(items.clone())))
+                .map(|o| o.to_device(self, items.clone()))
                 .collect::<Result<Vec<_>, _>>()?;
             let mut output = self.alloc_zeros::<U>((m * out_per_item).max(1))?;
-            kernel(&device_inputs, &mut output, Chunk { items, lane: 0 })?;
+            kernel(
+                &mut device_inputs,
+                &mut output,
+                Chunk {
+                    items: items.clone(),
+                    lane: 0,
+                },
+            )?;
             if out_per_item > 0 {
-                self.download_pageable_into(&output, &mut out)?;
+                out.pageable(self, items, &output)?;
             } else {
                 // A reduction downloads nothing: wait as a download would, before this
                 // pass's buffers are freed, so its work has finished when the job returns.
@@ -390,6 +515,46 @@ mod tests {
         let lease = dev.lease().unwrap();
         add(&lease, &x, &y).unwrap();
         assert_eq!(dev.staging_bytes(), 2 * STAGING_BUFFER_BYTES);
+    }
+
+    /// A scratch operand takes device room but is never copied, and `stream_items_to`
+    /// hands the chunks over in order, each with its items: x + scratch (zeros) is x.
+    #[test]
+    fn scratch_is_not_copied_and_chunks_are_delivered_in_order() {
+        let dev = GpuDevice::emulated(0, 1 << 20);
+        // 24 bytes an item (input, scratch, output): passes of 200, chunks of 100.
+        dev.set_memory_limit(24 * 200);
+        let lease = dev.lease().unwrap();
+        let (x, _) = operands();
+        let inputs = [Operand::slice(&x, 1), Operand::scratch(1)];
+        let (mut got, mut chunks) = (Vec::new(), Vec::new());
+        let kernel = |ins: &mut [DeviceBuffer<u64>], out: &mut DeviceBuffer<u64>, c: Chunk| {
+            let (n, stride) = (c.len() as u64, 1u32);
+            let mut launch = lease.launch("goldilocks_add")?;
+            launch
+                .arg(&ins[0])
+                .arg(&ins[1])
+                .arg(out)
+                .arg(&n)
+                .arg(&stride);
+            // SAFETY: goldilocks_add's parameters in order; each buffer holds at least n.
+            unsafe { launch.launch(lease.launch_config(c.len())) }
+        };
+        lease
+            .stream_items_to(ITEMS, &inputs, 1, 0, kernel, &mut |items, out: &[u64]| {
+                assert_eq!(out.len(), items.len());
+                chunks.push(items);
+                got.extend_from_slice(out);
+            })
+            .unwrap();
+        assert_eq!(got, x);
+        let starts: Vec<usize> = chunks.iter().map(|c| c.start).collect();
+        assert_eq!(starts, (0..ITEMS).step_by(100).collect::<Vec<_>>());
+        assert!(chunks.iter().all(|c| c.len() == 100));
+        let c = lease.copies();
+        assert_eq!(count(&c.staged_to_device), 8 * ITEMS as u64, "x only");
+        assert_eq!(count(&c.staged_from_device), 8 * ITEMS as u64);
+        assert!(lease.used_second_lane());
     }
 
     /// With no staging budget the same job runs on pageable copies, each byte copied

@@ -251,13 +251,24 @@ impl StagingBuffer {
         range: Range<usize>,
         out: &mut Vec<T>,
     ) -> Result<(), DeviceError> {
+        self.read_with(range, |from: &[T]| out.extend_from_slice(from))
+    }
+
+    /// Lets `read` see the elements of `T` in `range`, once the download into them has
+    /// finished, as `append_to` copies them out.
+    pub(super) fn read_with<T: Element, R>(
+        &self,
+        range: Range<usize>,
+        read: impl FnOnce(&[T]) -> R,
+    ) -> Result<R, DeviceError> {
         let from = self.checked::<T>(&range)?;
         self.pinned().host_access(false)?;
         let len = range.len() / std::mem::size_of::<T>().max(1);
         // SAFETY: the range is inside the buffer, aligned for T and finished (above);
         // every bit pattern is a T (`Element`).
-        out.extend_from_slice(unsafe { std::slice::from_raw_parts(from.cast::<T>(), len) });
-        Ok(())
+        Ok(read(unsafe {
+            std::slice::from_raw_parts(from.cast::<T>(), len)
+        }))
     }
 }
 

@@ -10,8 +10,7 @@ use super::channels::ChannelsJob;
 use super::geometry::{ChannelSpec, PATH_WORDS};
 use super::sweep::{BestPair, Channels, SweepJob, Swept};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::device::DeviceBuffer;
-use crate::backend::device::LaunchConfig;
+use crate::backend::device::{DeviceBuffer, LaunchConfig, Operand};
 use crate::backend::{DeviceError, DeviceLease};
 use crate::ops::linalg::Dtype;
 
@@ -49,48 +48,72 @@ fn form_on_device(
     words: &[f64],
 ) -> Result<DeviceBuffer<f64>, DeviceError> {
     let (nr, nt) = (spec.rx.elements(), spec.tx.elements());
-    let total = words.len() / PATH_WORDS;
-    let count = total / spec.paths;
+    let count = words.len() / (PATH_WORDS * spec.paths);
     let d_words = dev.upload(words)?;
-    let mut rx = dev.alloc_zeros::<f64>(2 * total * nr)?;
-    let mut tx = dev.alloc_zeros::<f64>(2 * total * nt)?;
+    let mut rx = dev.alloc_zeros::<f64>(2 * count * spec.paths * nr)?;
+    let mut tx = dev.alloc_zeros::<f64>(2 * count * spec.paths * nt)?;
+    let mut h = dev.alloc_zeros::<f64>(2 * count * nr * nt)?;
+    form_into(dev, spec, count, &d_words, [&mut rx, &mut tx], &mut h)?;
+    Ok(h)
+}
+
+/// Queues the two kernels that form `count` channels from their path words on the
+/// device into `h`, through the steering phasors `rx` and `tx` (buffers at least as
+/// long as the channels need).
+fn form_into(
+    dev: &DeviceLease<'_>,
+    spec: &ChannelSpec,
+    count: usize,
+    d_words: &DeviceBuffer<f64>,
+    [rx, tx]: [&mut DeviceBuffer<f64>; 2],
+    h: &mut DeviceBuffer<f64>,
+) -> Result<(), DeviceError> {
+    let (nr, nt) = (spec.rx.elements(), spec.tx.elements());
+    let total = count * spec.paths;
     let (total64, rx_cols, nr64) = (total as u64, spec.rx.columns as u64, nr as u64);
     let (tx_cols, nt64) = (spec.tx.columns as u64, nt as u64);
     let mut l = dev.launch("beam_steering_f64")?;
-    l.arg(&d_words)
+    l.arg(d_words)
         .arg(&total64)
         .arg(&rx_cols)
         .arg(&nr64)
         .arg(&tx_cols)
         .arg(&nt64)
-        .arg(&mut rx)
-        .arg(&mut tx);
+        .arg(&mut *rx)
+        .arg(&mut *tx);
     // SAFETY: `total` paths of PATH_WORDS words in; total·nr and total·nt phasors out.
     unsafe { l.launch(dev.launch_config(total * (nr + nt))) }?;
-    let mut h = dev.alloc_zeros::<f64>(2 * count * nr * nt)?;
     let (count64, paths) = (count as u64, spec.paths as u64);
     let mut l = dev.launch("beam_channels_f64")?;
-    l.arg(&rx)
-        .arg(&tx)
+    l.arg(&*rx)
+        .arg(&*tx)
         .arg(&count64)
         .arg(&paths)
         .arg(&nr64)
         .arg(&nt64)
-        .arg(&mut h);
+        .arg(h);
     // SAFETY: count·paths phasors of each array in; count·nr·nt complex values out.
-    unsafe { l.launch(dev.launch_config(count * nr * nt)) }?;
-    Ok(h)
+    unsafe { l.launch(dev.launch_config(count * nr * nt)) }
 }
 
+/// The channels streamed in chunks on two lanes (`DeviceLease::stream_items`): each
+/// chunk's path words staged and uploaded, its channels formed through the lane's own
+/// phasor scratch, and downloaded while the other lane's chunk is formed.
 pub fn launch_channels(job: &ChannelsJob, dev: &DeviceLease<'_>) -> Result<Vec<f64>, DeviceError> {
     let spec = &job.spec;
-    let per_pass = (dev.memory_budget() / generated_bytes(spec).max(1)).clamp(1, spec.count.max(1));
-    let mut out = Vec::with_capacity(2 * spec.count * spec.channel_len());
-    for words in job.words.chunks(per_pass * PATH_WORDS * spec.paths) {
-        dev.still_wanted()?;
-        let h = form_on_device(dev, spec, words)?;
-        out.extend(dev.download(&h)?);
-    }
+    let (nr, nt) = (spec.rx.elements(), spec.tx.elements());
+    let inputs = [
+        Operand::slice(&job.words, PATH_WORDS * spec.paths),
+        Operand::scratch(2 * spec.paths * nr),
+        Operand::scratch(2 * spec.paths * nt),
+    ];
+    let mut out = dev.stream_items(spec.count, &inputs, 2 * nr * nt, 0, |ins, h, chunk| {
+        let [words, rx, tx] = ins else {
+            unreachable!("the three operands above")
+        };
+        // Each lane's scratch is its own, reused chunk after chunk in its stream's order.
+        form_into(dev, spec, chunk.len(), words, [rx, tx], h)
+    })?;
     job.round(&mut out);
     Ok(out)
 }

@@ -5,9 +5,9 @@ use super::scalar::mont;
 use super::secagg::UnmaskJob;
 use super::shamir::{CombineJob, ShareJob};
 use crate::backend::cuda::kernels::KernelModule;
+use crate::backend::device::{Chunk, Operand};
 use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Element};
 use crate::ops::zk::{from_u64, words, Field, FieldVec, Words};
-use std::borrow::Cow;
 
 fn kernel_name(field: Field, kernel: &str) -> String {
     format!("{}_shamir_{kernel}", field.name())
@@ -55,15 +55,31 @@ fn montgomery_operand(v: &FieldVec) -> FieldVec {
 pub fn launch_share(job: &ShareJob, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
     let points = job.points();
     let name = kernel_name(points.field(), "eval");
+    let rows_in = job.threshold();
     let m = job.secrets();
+    let coeffs = job.coefficients();
     let shape = Shape {
         m,
-        rows_in: job.threshold(),
+        rows_in,
         rows_out: points.len(),
     };
     let small = montgomery_operand(points);
-    let out = run(dev, &name, job.coefficients(), &small, shape)?;
-    Ok(out.split(&vec![m; shape.rows_out]))
+    match (words(coeffs), words(&small)) {
+        (Words::U64(c), Words::U64(s)) => {
+            let rows: Vec<&[u64]> = c.chunks_exact((c.len() / rows_in).max(1)).collect();
+            let out = launch_rows(dev, &name, &rows, s, shape)?;
+            Ok(out
+                .into_iter()
+                .map(|r| from_u64(coeffs.field(), r))
+                .collect())
+        }
+        (Words::U32(c), Words::U32(s)) => {
+            let rows: Vec<&[u32]> = c.chunks_exact((c.len() / rows_in).max(1)).collect();
+            let out = launch_rows(dev, &name, &rows, s, shape)?;
+            Ok(out.into_iter().map(FieldVec::BabyBear).collect())
+        }
+        _ => Err(DeviceError::fatal("mixed fields reached the launcher")),
+    }
 }
 
 pub fn launch_combine(
@@ -71,16 +87,39 @@ pub fn launch_combine(
     dev: &DeviceLease<'_>,
 ) -> Result<Vec<FieldVec>, DeviceError> {
     let used = job.used();
-    let name = kernel_name(used[0].field(), "combine");
-    let m = job.secrets();
+    let field = used[0].field();
+    let name = kernel_name(field, "combine");
     let shape = Shape {
-        m,
+        m: job.secrets(),
         rows_in: used.len(),
         rows_out: job.weights().len() / used.len(),
     };
-    let rows = FieldVec::concat(&used[0], &used[1..]);
-    let out = run(dev, &name, &rows, &montgomery_operand(job.weights()), shape)?;
-    Ok(out.split(&vec![m; shape.rows_out]))
+    let small = montgomery_operand(job.weights());
+    let mixed = || DeviceError::fatal("mixed fields reached the launcher");
+    match words(&small) {
+        Words::U64(s) => {
+            let rows = used
+                .iter()
+                .map(|r| match words(r) {
+                    Words::U64(w) => Ok(w),
+                    Words::U32(_) => Err(mixed()),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let out = launch_rows(dev, &name, &rows, s, shape)?;
+            Ok(out.into_iter().map(|r| from_u64(field, r)).collect())
+        }
+        Words::U32(s) => {
+            let rows = used
+                .iter()
+                .map(|r| match words(r) {
+                    Words::U32(w) => Ok(w),
+                    Words::U64(_) => Err(mixed()),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let out = launch_rows(dev, &name, &rows, s, shape)?;
+            Ok(out.into_iter().map(FieldVec::BabyBear).collect())
+        }
+    }
 }
 
 /// Both kernels' shape: `rows_in` rows of `m` elements in, a small operand, `rows_out`
@@ -92,106 +131,67 @@ struct Shape {
     rows_out: usize,
 }
 
-fn run(
+/// Streams the secrets in chunks of columns on two lanes (`DeviceLease::stream_items_to`):
+/// each chunk's columns of every input row are written straight into its staging as
+/// `rows_in` rows of the chunk's length (the layout the kernel reads, with `m` the
+/// chunk's length), and its `rows_out` output rows are appended to the answer's rows as
+/// they come back. Each input and output word is copied once on the host.
+fn launch_rows<T: Element>(
     dev: &DeviceLease<'_>,
     kernel: &str,
-    rows: &FieldVec,
-    small: &FieldVec,
-    shape: Shape,
-) -> Result<FieldVec, DeviceError> {
-    match (words(rows), words(small)) {
-        (Words::U64(r), Words::U64(s)) => Ok(from_u64(
-            rows.field(),
-            launch_rows(dev, kernel, r, s, shape)?,
-        )),
-        (Words::U32(r), Words::U32(s)) => {
-            Ok(FieldVec::BabyBear(launch_rows(dev, kernel, r, s, shape)?))
-        }
-        _ => Err(DeviceError::fatal("mixed fields reached the launcher")),
-    }
-}
-
-/// Runs in passes over the secrets, as many per pass as the device's memory budget
-/// allows; a pass's rows are gathered into one contiguous upload and its output rows
-/// scattered back.
-fn launch_rows<T: Element + Default>(
-    dev: &DeviceLease<'_>,
-    kernel: &str,
-    rows: &[T],
+    rows: &[&[T]],
     small: &[T],
     shape: Shape,
-) -> Result<Vec<T>, DeviceError> {
+) -> Result<Vec<Vec<T>>, DeviceError> {
     let Shape {
         m,
         rows_in,
         rows_out,
     } = shape;
-    let w = rows.len() / (rows_in * m);
-    let size = std::mem::size_of::<T>();
-    let per_pass = dev.items_per_pass(
-        m,
-        (rows_in + rows_out) * w * size,
-        std::mem::size_of_val(small),
-    );
+    let w = rows.first().map_or(0, |r| r.len() / m.max(1));
+    let mut out: Vec<Vec<T>> = (0..rows_out).map(|_| Vec::with_capacity(m * w)).collect();
+    if m == 0 {
+        return Ok(out);
+    }
+    // Uploaded before the first chunk: both lanes' kernels read it.
     let d_small = dev.upload(small)?;
-    let mut host = Vec::new();
+    let columns = |items: std::ops::Range<usize>, into: &mut [T]| {
+        let len = items.len() * w;
+        for (row, to) in rows.iter().zip(into.chunks_exact_mut(len)) {
+            to.copy_from_slice(&row[items.start * w..items.end * w]);
+        }
+    };
+    let inputs = [Operand::written(rows_in * w, &columns)];
     let (a, b) = (rows_in as u32, rows_out as u32);
-    for start in (0..m).step_by(per_pass) {
-        dev.still_wanted()?;
-        let len = per_pass.min(m - start);
-        let input = gather(rows, rows_in, m * w, start * w, len * w);
-        let d_in = dev.upload(&input)?;
-        let mut d_out: DeviceBuffer<T> = dev.alloc_zeros(rows_out * len * w)?;
-        let len64 = len as u64;
+    let kernel = |d_in: &mut [DeviceBuffer<T>], d_out: &mut DeviceBuffer<T>, chunk: Chunk| {
+        let len64 = chunk.len() as u64;
         let mut launch = dev.launch(kernel)?;
         launch
-            .arg(&d_in)
+            .arg(&d_in[0])
             .arg(&d_small)
-            .arg(&mut d_out)
+            .arg(d_out)
             .arg(&len64)
             .arg(&a)
             .arg(&b);
-        // SAFETY: the kernel reads rows_in rows of len elements and rows_in × rows_out
-        // (or rows_out) small elements, and writes rows_out rows of len; the buffers hold
-        // exactly those words.
-        unsafe { launch.launch(dev.launch_config(len)) }?;
-        let out = dev.download(&d_out)?;
-        if len == m {
-            // One pass: its rows are the answer's, already in place.
-            return Ok(out);
-        }
-        if host.is_empty() {
-            host = vec![T::default(); rows_out * m * w];
-        }
-        for (r, part) in out.chunks_exact(len * w).enumerate() {
-            let at = r * m * w + start * w;
-            host[at..at + len * w].copy_from_slice(part);
-        }
-    }
-    Ok(host)
-}
-
-/// Columns `[start, start + len)` of every `row_len`-word row, one row after the other;
-/// the rows themselves when that is all of them.
-fn gather<T: Copy>(
-    rows: &[T],
-    count: usize,
-    row_len: usize,
-    start: usize,
-    len: usize,
-) -> Cow<'_, [T]> {
-    if start == 0 && len == row_len {
-        return Cow::Borrowed(rows);
-    }
-    Cow::Owned(
-        (0..count)
-            .flat_map(|r| {
-                rows[r * row_len + start..r * row_len + start + len]
-                    .iter()
-                    .copied()
-            })
-            .collect(),
-    )
+        // SAFETY: the kernel reads rows_in rows of the chunk's len elements and
+        // rows_in × rows_out (or rows_out) small elements, and writes rows_out rows of
+        // len; the buffers hold at least those words.
+        unsafe { launch.launch(dev.launch_config(chunk.len())) }
+    };
+    let fixed = std::mem::size_of_val(small);
+    dev.stream_items_to(
+        m,
+        &inputs,
+        rows_out * w,
+        fixed,
+        kernel,
+        &mut |items, from: &[T]| {
+            for (row, part) in out.iter_mut().zip(from.chunks_exact(items.len() * w)) {
+                row.extend_from_slice(part);
+            }
+        },
+    )?;
+    Ok(out)
 }
 
 /// Unmasking: the sum uploaded once, the masks' keys and signs, then one launch per group

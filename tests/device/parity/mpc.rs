@@ -62,6 +62,31 @@ fn shamir_split_and_combine_are_bit_identical_to_the_cpu() {
     );
 }
 
+/// In chunks of about 500 secrets on two lanes: each chunk's columns of every input row
+/// are staged as the kernel reads them, and its output rows land at their place in every
+/// share (a chunk's rows appended whole, or to the wrong share, fail it).
+#[test]
+fn shamir_in_chunks_is_bit_identical_to_the_cpu() {
+    on_every_device("shamir_in_chunks_is_bit_identical_to_the_cpu", |d| {
+        for field in Field::ALL {
+            let (secrets, xs) = shamir_inputs(field, 3000);
+            let (share, combine) = shamir_jobs(secrets.clone(), &xs);
+            // At most eight rows a secret (three in, five out): passes of about 1 000,
+            // chunks of about 500.
+            let bytes = 8 * field.byte_width() * 1000 + 4096;
+            d.in_passes(bytes as u64, |d| {
+                d.check(format!("split {field:?} in chunks"), &share);
+                let case = format!("combine {field:?} in chunks");
+                if let Some(rows) = d.check(&case, &combine) {
+                    if combine.finish(rows).ok() != Some(secrets) {
+                        d.fail(case, "the device's rows do not recover the secrets");
+                    }
+                }
+            });
+        }
+    });
+}
+
 /// Mask terms with distinct keys, every third subtracted.
 fn unmask_job(len: usize, terms: usize) -> UnmaskJob {
     let sum: Vec<u32> = (0..len as u32)
