@@ -15,6 +15,7 @@ pub mod engine;
 mod inventory;
 mod launch;
 mod lease;
+mod operand;
 mod pipeline;
 mod staged;
 mod staging;
