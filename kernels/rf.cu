@@ -44,11 +44,12 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
 
 // The Welch and envelope sums of a batch of chunks (of the recordings rf_receive wrote,
 // still on the device): one block of RF_REDUCE_THREADS threads per chunk, 8·seg bytes of
-// dynamic shared memory. Out: seg bin sums per chunk, and 4 numbers per chunk (Σ|x|²,
-// Σ|x|, max |x|², sign changes).
+// dynamic shared memory. Out: one record of seg + 4 doubles per chunk, its seg bin sums
+// then its 4 envelope numbers (Σ|x|², Σ|x|, max |x|², sign changes): one buffer, so a
+// chunk of chunks' answers comes back in one copy.
 extern "C" __global__ void __launch_bounds__(RF_REDUCE_THREADS)
     rf_chunk_reduce(const float *rec, const rf_chunk *chunks, const float *window,
-                    const float *tw, u32 seg, u32 bits, double *bins, double *env) {
+                    const float *tw, u32 seg, u32 bits, double *out) {
     extern __shared__ float rf_segment[];
     __shared__ double power[RF_REDUCE_THREADS], magnitude[RF_REDUCE_THREADS];
     __shared__ float peak[RF_REDUCE_THREADS];
@@ -56,7 +57,7 @@ extern "C" __global__ void __launch_bounds__(RF_REDUCE_THREADS)
     const rf_chunk c = chunks[blockIdx.x];
     u32 tid = threadIdx.x;
     rf_chunk_bins(rec, c, window, tw, seg, bits, rf_segment, rf_segment + seg,
-                  bins + (u64)blockIdx.x * seg, tid, blockDim.x);
+                  out + (u64)blockIdx.x * (seg + 4), tid, blockDim.x);
     rf_envelope e = rf_envelope_part(rec, c, tid, blockDim.x);
     power[tid] = e.power_sum;
     magnitude[tid] = e.magnitude_sum;
@@ -73,10 +74,10 @@ extern "C" __global__ void __launch_bounds__(RF_REDUCE_THREADS)
         __syncthreads();
     }
     if (tid == 0) {
-        double *out = env + 4 * (u64)blockIdx.x;
-        out[0] = power[0];
-        out[1] = magnitude[0];
-        out[2] = (double)peak[0];
-        out[3] = (double)crossings[0];
+        double *env = out + (u64)blockIdx.x * (seg + 4) + seg;
+        env[0] = power[0];
+        env[1] = magnitude[0];
+        env[2] = (double)peak[0];
+        env[3] = (double)crossings[0];
     }
 }

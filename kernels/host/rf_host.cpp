@@ -25,17 +25,17 @@ extern "C" void gpu_ops_host_rf_receive(const rf_receiver *receivers, size_t cou
 // sample order rather than the device's tree.
 extern "C" void gpu_ops_host_rf_chunk_reduce(const float *rec, const rf_chunk *chunks,
                                              size_t count, const float *window,
-                                             const float *tw, u32 seg, u32 bits, double *bins,
-                                             double *env) {
+                                             const float *tw, u32 seg, u32 bits, double *out) {
     std::vector<float> re(seg), im(seg);
     for (size_t i = 0; i < count; i++) {
         rf_chunk_bins(rec, chunks[i], window, tw, seg, bits, re.data(), im.data(),
-                      bins + i * seg, 0, 1);
+                      out + i * (seg + 4), 0, 1);
         rf_envelope e = rf_envelope_part(rec, chunks[i], 0, 1);
-        env[4 * i] = e.power_sum;
-        env[4 * i + 1] = e.magnitude_sum;
-        env[4 * i + 2] = (double)e.power_max;
-        env[4 * i + 3] = (double)e.crossings;
+        double *env = out + i * (seg + 4) + seg;
+        env[0] = e.power_sum;
+        env[1] = e.magnitude_sum;
+        env[2] = (double)e.power_max;
+        env[3] = (double)e.crossings;
     }
 }
 

@@ -11,7 +11,7 @@ use super::generate::{SamplePlan, WaveDraft};
 use super::multipath::padded_len;
 use super::waveform::{Audio, WaveSpec};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::device::LaunchConfig;
+use crate::backend::device::{LaunchConfig, Operand};
 use crate::backend::DeviceLease;
 use crate::backend::{DeviceBuffer, DeviceError};
 use rustfft::num_complex::Complex32;
@@ -273,20 +273,27 @@ pub fn twiddles(seg: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `rf_chunk_reduce`'s outputs (seg bin sums and 4 envelope numbers per chunk) as sums.
-pub fn chunk_sums(chunks: &[RfChunk], seg: usize, bins: &[f64], env: &[f64]) -> Vec<ChunkSums> {
+/// `rf_chunk_reduce`'s output (one record a chunk: seg bin sums, then 4 envelope
+/// numbers) as sums.
+pub fn chunk_sums(chunks: &[RfChunk], seg: usize, records: &[f64]) -> Vec<ChunkSums> {
     chunks
         .iter()
-        .enumerate()
-        .map(|(i, c)| ChunkSums {
-            power_sum: env[4 * i],
-            magnitude_sum: env[4 * i + 1],
-            power_max: env[4 * i + 2],
-            crossings: env[4 * i + 3] as u64,
-            bins: bins[i * seg..(i + 1) * seg].to_vec(),
-            segments: c.len as usize / seg,
-        })
+        .zip(records.chunks_exact(seg + 4))
+        .map(|(c, record)| record_sums(c, seg, record))
         .collect()
+}
+
+/// One chunk's record of `rf_chunk_reduce` as its sums.
+fn record_sums(c: &RfChunk, seg: usize, record: &[f64]) -> ChunkSums {
+    let env = &record[seg..];
+    ChunkSums {
+        power_sum: env[0],
+        magnitude_sum: env[1],
+        power_max: env[2],
+        crossings: env[3] as u64,
+        bins: record[..seg].to_vec(),
+        segments: c.len as usize / seg,
+    }
 }
 
 /// The kernel's interleaved output as recordings, per sample per receiver.
@@ -338,7 +345,10 @@ pub fn launch_receive_and_reduce(
 
 /// One uploaded recording's chunk sums (`/rf/features` on the device): whole chunks of
 /// `chunk` samples, as `features::extract` cuts them (`features::plan` gives `chunk` and
-/// `seg`).
+/// `seg`). Streamed in chunks on two lanes (`DeviceLease::stream_items`), an item being
+/// one feature chunk: its samples staged straight from the recording (complex samples are
+/// the interleaved floats the kernel reads) and its record of sums staged back, while the
+/// other lane's chunks are reduced.
 pub fn launch_recording_sums(
     iq: &[Complex32],
     chunk: usize,
@@ -347,12 +357,31 @@ pub fn launch_recording_sums(
 ) -> Result<Vec<ChunkSums>, DeviceError> {
     check_segment(chunk, seg)?;
     let chunks: Vec<RfChunk> = recording_chunks(0, iq.len() as u64, chunk).collect();
-    if chunks.is_empty() {
+    let Some(size) = chunks.first().map(|c| c.len as usize) else {
         return Ok(Vec::new());
+    };
+    check_grid(chunks.len())?;
+    let floats: &[f32] = bytemuck::cast_slice(iq);
+    // Feature chunk i starts at i · size in the recording, and a lane's buffer starts at
+    // its first item, so its j-th item starts at j · size there: the recording's own
+    // table of chunks serves every launch (its first `count` entries).
+    let fixed = std::mem::size_of_val(chunks.as_slice()) + 8 * seg;
+    let tables = ReduceTables::upload(&chunks, seg, dev)?;
+    let inputs = [Operand::slice(floats, 2 * size)];
+    let records = dev.stream_items(chunks.len(), &inputs, seg + 4, fixed, |ins, out, c| {
+        tables.launch(&ins[0], c.len(), out, dev)
+    })?;
+    Ok(chunk_sums(&chunks, seg, &records))
+}
+
+/// Whether one launch of `rf_chunk_reduce` (a block per chunk) takes `count` chunks.
+fn check_grid(count: usize) -> Result<(), DeviceError> {
+    if count > i32::MAX as usize {
+        return Err(DeviceError::unsupported(format!(
+            "{count} chunks in one batch; the grid takes 2^31 − 1"
+        )));
     }
-    let interleaved: Vec<f32> = iq.iter().flat_map(|c| [c.re, c.im]).collect();
-    let recording = dev.upload(&interleaved)?;
-    reduce_on_device(&recording, &chunks, seg, dev)
+    Ok(())
 }
 
 /// Whether `rf_chunk_reduce` takes this shape.
@@ -373,42 +402,63 @@ fn reduce_on_device(
     seg: usize,
     dev: &DeviceLease<'_>,
 ) -> Result<Vec<ChunkSums>, DeviceError> {
-    if chunks.len() > i32::MAX as usize {
-        return Err(DeviceError::unsupported(format!(
-            "{} chunks in one batch; the grid takes 2^31 − 1",
-            chunks.len()
-        )));
+    check_grid(chunks.len())?;
+    let tables = ReduceTables::upload(chunks, seg, dev)?;
+    let mut records = dev.alloc_zeros::<f64>(chunks.len() * (seg + 4))?;
+    tables.launch(recordings, chunks.len(), &mut records, dev)?;
+    Ok(chunk_sums(chunks, seg, &dev.download(&records)?))
+}
+
+/// What `rf_chunk_reduce` reads besides the recordings: the chunks (where each starts in
+/// them), the Hann window and the FFT's twiddles, on the device.
+struct ReduceTables {
+    chunks: DeviceBuffer<RfChunk>,
+    window: DeviceBuffer<f32>,
+    twiddles: DeviceBuffer<f32>,
+    seg: u32,
+}
+
+impl ReduceTables {
+    fn upload(chunks: &[RfChunk], seg: usize, dev: &DeviceLease<'_>) -> Result<Self, DeviceError> {
+        Ok(ReduceTables {
+            chunks: dev.upload(chunks)?,
+            window: dev.upload(&super::features::hann(seg))?,
+            twiddles: dev.upload(&twiddles(seg))?,
+            seg: seg as u32,
+        })
     }
-    let window: Vec<f32> = super::features::hann(seg);
-    let d_chunks = dev.upload(chunks)?;
-    let d_window = dev.upload(&window)?;
-    let d_tw = dev.upload(&twiddles(seg))?;
-    let mut bins = dev.alloc_zeros::<f64>(chunks.len() * seg)?;
-    let mut env = dev.alloc_zeros::<f64>(4 * chunks.len())?;
-    let (seg32, bits) = (seg as u32, seg.trailing_zeros());
-    let config = LaunchConfig {
-        grid_dim: (chunks.len() as u32, 1, 1),
-        block_dim: (REDUCE_THREADS, 1, 1),
-        shared_mem_bytes: 8 * seg32,
-    };
-    let mut launch = dev.launch("rf_chunk_reduce")?;
-    launch
-        .arg(recordings)
-        .arg(&d_chunks)
-        .arg(&d_window)
-        .arg(&d_tw)
-        .arg(&seg32)
-        .arg(&bits)
-        .arg(&mut bins)
-        .arg(&mut env);
-    // SAFETY: every chunk lies inside `recordings` (made by chunks_of or recording_chunks
-    // over what they were cut from), window holds seg floats and tw seg/2 pairs, bins seg
-    // doubles and env 4 per chunk; the shared memory holds the 2·seg floats a segment
-    // needs, and check_segment keeps seg within MAX_REDUCE_SEGMENT, the default limit.
-    unsafe { launch.launch(config) }?;
-    let bins = dev.download(&bins)?;
-    let env = dev.download(&env)?;
-    Ok(chunk_sums(chunks, seg, &bins, &env))
+
+    /// Reduces the first `count` chunks into `out` (`seg + 4` doubles each).
+    fn launch(
+        &self,
+        recordings: &DeviceBuffer<f32>,
+        count: usize,
+        out: &mut DeviceBuffer<f64>,
+        dev: &DeviceLease<'_>,
+    ) -> Result<(), DeviceError> {
+        let (seg, bits) = (self.seg, self.seg.trailing_zeros());
+        let config = LaunchConfig {
+            grid_dim: (count as u32, 1, 1),
+            block_dim: (REDUCE_THREADS, 1, 1),
+            shared_mem_bytes: 8 * seg,
+        };
+        let mut launch = dev.launch("rf_chunk_reduce")?;
+        launch
+            .arg(recordings)
+            .arg(&self.chunks)
+            .arg(&self.window)
+            .arg(&self.twiddles)
+            .arg(&seg)
+            .arg(&bits)
+            .arg(out);
+        // SAFETY: each of the first `count` chunks lies inside `recordings` (made by
+        // chunks_of or recording_chunks over what they were cut from, or, streamed, over
+        // a lane's buffer of `count` chunks); window holds seg floats and tw seg/2 pairs,
+        // out seg + 4 doubles per chunk; the shared memory holds the 2·seg floats a
+        // segment needs, and check_segment keeps seg within MAX_REDUCE_SEGMENT, the
+        // default limit; count ≤ 2^31 − 1 (check_grid).
+        unsafe { launch.launch(config) }
+    }
 }
 
 /// The batch's waveforms synthesised by `rf_waveform` (a batch from `pack_drafts`),

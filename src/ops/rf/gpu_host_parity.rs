@@ -42,8 +42,7 @@ extern "C" {
         tw: *const f32,
         seg: u32,
         bits: u32,
-        bins: *mut f64,
-        env: *mut f64,
+        out: *mut f64,
     );
 }
 
@@ -54,10 +53,9 @@ fn host_reduce(rec: &[f32], chunks: &[RfChunk], seg: usize) -> Vec<ChunkSums> {
         .all(|c| 2 * (c.start + c.len) as usize <= rec.len()));
     let window = features::hann(seg);
     let tw = twiddles(seg);
-    let mut bins = vec![f64::NAN; chunks.len() * seg];
-    let mut env = vec![f64::NAN; 4 * chunks.len()];
+    let mut records = vec![f64::NAN; chunks.len() * (seg + 4)];
     // SAFETY: every chunk lies inside rec (asserted), window holds seg floats and tw seg/2
-    // pairs, bins seg doubles per chunk and env 4 per chunk.
+    // pairs, records seg + 4 doubles per chunk.
     unsafe {
         gpu_ops_host_rf_chunk_reduce(
             rec.as_ptr(),
@@ -67,11 +65,10 @@ fn host_reduce(rec: &[f32], chunks: &[RfChunk], seg: usize) -> Vec<ChunkSums> {
             tw.as_ptr(),
             seg as u32,
             seg.trailing_zeros(),
-            bins.as_mut_ptr(),
-            env.as_mut_ptr(),
+            records.as_mut_ptr(),
         )
     };
-    sums_of(chunks, seg, &bins, &env)
+    sums_of(chunks, seg, &records)
 }
 
 /// `rf_waveform`'s arithmetic on the host: fills a `pack_drafts` batch's waveform arrays.

@@ -5,7 +5,9 @@
 
 use super::{on_every_device, Device};
 use gpu_ops::backend::Job;
-use gpu_ops::ops::rf::features::{self, chunk_sums, extract, extract_from_sums, FEATURE_NAMES};
+use gpu_ops::ops::rf::features::{
+    self, chunk_sums, extract, extract_from_sums, Extraction, FEATURE_NAMES,
+};
 use gpu_ops::ops::rf::generate::{draft, generate, plan, receive};
 use gpu_ops::ops::rf::gpu::{
     chunks_of, launch_receive, launch_receive_and_reduce, launch_waveforms, pack, pack_drafts,
@@ -229,16 +231,30 @@ fn rf_features_of_an_upload_match_the_cpu() {
     };
     assert!(job.device_refusal().is_none());
     let want = job.run_cpu().unwrap();
+    // About three feature chunks a pass under this limit (each chunk's samples in and
+    // its record of at most 4 100 sums out, the tables besides): the stream's chunks
+    // hold one or two, on two lanes.
+    let size = (job.config.sample_rate_hz * job.config.chunk_ms / 1e3) as usize;
+    let limited = 3 * (8 * size + 8 * 4100) + (64 << 10);
     on_every_device("rf_features_of_an_upload_match_the_cpu", |d| {
-        // The job's own agreement (the service's shadow checks), then every feature of
-        // every chunk within the tolerance, which is stricter on the noise floor.
-        let Some(got) = d.check("upload", &job) else {
+        check_upload(d, &job, &want, "upload");
+        d.in_passes(limited as u64, |d| {
+            check_upload(d, &job, &want, "upload in chunks")
+        });
+    });
+}
+
+/// The job's own agreement (the service's shadow checks), then every feature of every
+/// chunk within the tolerance, which is stricter on the noise floor.
+fn check_upload(d: &Device, job: &FeaturesJob, want: &Extraction, case: &str) {
+    {
+        let Some(got) = d.check(case, job) else {
             return;
         };
         let got = got.expect("the CPU extracted, so the device did");
         if got.chunks.len() != want.chunks.len() {
             return d.fail(
-                "upload",
+                case,
                 format!(
                     "{} chunks, {} expected",
                     got.chunks.len(),
@@ -249,9 +265,9 @@ fn rf_features_of_an_upload_match_the_cpu() {
         for (i, (g, w)) in got.chunks.iter().zip(&want.chunks).enumerate() {
             for (name, (a, b)) in FEATURE_NAMES.iter().zip(g.iter().zip(w)) {
                 if !feature_close(name, *a, *b) {
-                    d.fail(format!("upload chunk {i}"), format!("{name}: {a} vs {b}"));
+                    d.fail(format!("{case}: chunk {i}"), format!("{name}: {a} vs {b}"));
                 }
             }
         }
-    });
+    }
 }
