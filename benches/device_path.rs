@@ -3,10 +3,10 @@
 //!
 //! 1. The host side of a round trip: a job's time on its lease less the emulated
 //!    engine's own time in copies, memsets and launches (what a GPU's copy engines and
-//!    SMs would do). Each case runs with page-locked staging (field ops and lookups in
-//!    chunks on two lanes, the others' large copies in staged pieces), and with staging
-//!    off (`StagingBudget` 0: pageable copies, field ops and lookups in single-lane
-//!    passes), in the same process, with the host bytes each moved. On the emulated
+//!    SMs would do). Each case runs with page-locked staging (field ops, Shamir and
+//!    lookups in chunks on two lanes, the others' large copies in staged pieces), and
+//!    with staging off (`StagingBudget` 0: pageable copies, the chunked ones in
+//!    single-lane passes), in the same process, with the host bytes each moved. On the emulated
 //!    device a staged copy is two memcpys (host → staging by the job, staging → device by
 //!    the engine) where a pageable one is one, so the staged host side includes a copy a
 //!    GPU's driver would otherwise make itself, slower, from pageable memory.
