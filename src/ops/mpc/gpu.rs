@@ -54,32 +54,18 @@ fn montgomery_operand(v: &FieldVec) -> FieldVec {
 
 pub fn launch_share(job: &ShareJob, dev: &DeviceLease<'_>) -> Result<Vec<FieldVec>, DeviceError> {
     let points = job.points();
-    let name = kernel_name(points.field(), "eval");
-    let rows_in = job.threshold();
-    let m = job.secrets();
-    let coeffs = job.coefficients();
     let shape = Shape {
-        m,
-        rows_in,
+        m: job.secrets(),
+        rows_in: job.threshold(),
         rows_out: points.len(),
     };
-    let small = montgomery_operand(points);
-    match (words(coeffs), words(&small)) {
-        (Words::U64(c), Words::U64(s)) => {
-            let rows: Vec<&[u64]> = c.chunks_exact((c.len() / rows_in).max(1)).collect();
-            let out = launch_rows(dev, &name, &rows, s, shape)?;
-            Ok(out
-                .into_iter()
-                .map(|r| from_u64(coeffs.field(), r))
-                .collect())
-        }
-        (Words::U32(c), Words::U32(s)) => {
-            let rows: Vec<&[u32]> = c.chunks_exact((c.len() / rows_in).max(1)).collect();
-            let out = launch_rows(dev, &name, &rows, s, shape)?;
-            Ok(out.into_iter().map(FieldVec::BabyBear).collect())
-        }
-        _ => Err(DeviceError::fatal("mixed fields reached the launcher")),
-    }
+    let coeffs = job.coefficients();
+    // The coefficients are one vector of `threshold` rows.
+    let rows = Rows {
+        vecs: std::slice::from_ref(coeffs),
+        per_vec: shape.rows_in,
+    };
+    run(dev, "eval", rows, &montgomery_operand(points), shape)
 }
 
 pub fn launch_combine(
@@ -87,38 +73,96 @@ pub fn launch_combine(
     dev: &DeviceLease<'_>,
 ) -> Result<Vec<FieldVec>, DeviceError> {
     let used = job.used();
-    let field = used[0].field();
-    let name = kernel_name(field, "combine");
     let shape = Shape {
         m: job.secrets(),
         rows_in: used.len(),
         rows_out: job.weights().len() / used.len(),
     };
-    let small = montgomery_operand(job.weights());
+    let rows = Rows {
+        vecs: used,
+        per_vec: 1,
+    };
+    run(
+        dev,
+        "combine",
+        rows,
+        &montgomery_operand(job.weights()),
+        shape,
+    )
+}
+
+/// A kernel's input rows: each vector cut into `per_vec` rows of the same length.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    vecs: &'a [FieldVec],
+    per_vec: usize,
+}
+
+/// Runs kernel `kernel` of the rows' field in the field's words: u32 for BabyBear, u64
+/// (a 256-bit element's four limbs) otherwise.
+fn run(
+    dev: &DeviceLease<'_>,
+    kernel: &str,
+    rows: Rows<'_>,
+    small: &FieldVec,
+    shape: Shape,
+) -> Result<Vec<FieldVec>, DeviceError> {
+    match small.field() {
+        Field::BabyBear => run_in::<u32>(dev, kernel, rows, small, shape),
+        _ => run_in::<u64>(dev, kernel, rows, small, shape),
+    }
+}
+
+fn run_in<T: Word>(
+    dev: &DeviceLease<'_>,
+    kernel: &str,
+    rows: Rows<'_>,
+    small: &FieldVec,
+    shape: Shape,
+) -> Result<Vec<FieldVec>, DeviceError> {
+    let field = small.field();
     let mixed = || DeviceError::fatal("mixed fields reached the launcher");
-    match words(&small) {
-        Words::U64(s) => {
-            let rows = used
-                .iter()
-                .map(|r| match words(r) {
-                    Words::U64(w) => Ok(w),
-                    Words::U32(_) => Err(mixed()),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let out = launch_rows(dev, &name, &rows, s, shape)?;
-            Ok(out.into_iter().map(|r| from_u64(field, r)).collect())
+    let mut input = Vec::with_capacity(shape.rows_in);
+    for v in rows.vecs {
+        let words = T::of(v).filter(|_| v.field() == field).ok_or_else(mixed)?;
+        input.extend(words.chunks_exact((words.len() / rows.per_vec).max(1)));
+    }
+    let small = T::of(small).ok_or_else(mixed)?;
+    let out = launch_rows(dev, &kernel_name(field, kernel), &input, small, shape)?;
+    Ok(out.into_iter().map(|r| T::field_vec(field, r)).collect())
+}
+
+/// The word a field's kernels work in.
+trait Word: Element {
+    /// The vector's words, if they are of this type.
+    fn of(v: &FieldVec) -> Option<&[Self]>;
+    /// Words of this type as a vector of `field`, taken over without a pass.
+    fn field_vec(field: Field, words: Vec<Self>) -> FieldVec;
+}
+
+impl Word for u64 {
+    fn of(v: &FieldVec) -> Option<&[u64]> {
+        match words(v) {
+            Words::U64(w) => Some(w),
+            Words::U32(_) => None,
         }
-        Words::U32(s) => {
-            let rows = used
-                .iter()
-                .map(|r| match words(r) {
-                    Words::U32(w) => Ok(w),
-                    Words::U64(_) => Err(mixed()),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let out = launch_rows(dev, &name, &rows, s, shape)?;
-            Ok(out.into_iter().map(FieldVec::BabyBear).collect())
+    }
+
+    fn field_vec(field: Field, words: Vec<u64>) -> FieldVec {
+        from_u64(field, words)
+    }
+}
+
+impl Word for u32 {
+    fn of(v: &FieldVec) -> Option<&[u32]> {
+        match words(v) {
+            Words::U32(w) => Some(w),
+            Words::U64(_) => None,
         }
+    }
+
+    fn field_vec(_: Field, words: Vec<u32>) -> FieldVec {
+        FieldVec::BabyBear(words)
     }
 }
 
