@@ -8,7 +8,7 @@ use crate::metrics::Metrics;
 use crate::pool::{Pool, PoolConfig};
 use crate::serve;
 use crate::store::{self, Store};
-use crate::{datasets, ops, pool, tables, EMULATED_DEVICE_BYTES};
+use crate::{arrays, datasets, ops, pool, tables, EMULATED_DEVICE_BYTES};
 use std::future::Future;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -232,13 +232,37 @@ impl App {
             )?
             .with_tenant_table_cap(cfg.max_tenant_embedding_tables),
         );
+        let arrays = Arc::new(arrays::Arrays::open(
+            cfg.data_dir.join("arrays"),
+            arrays::ArrayLimits {
+                tenant_bytes: cfg.max_tenant_array_mib << 20,
+                tenant_count: cfg.max_tenant_arrays,
+                server_bytes: cfg.max_arrays_mib << 20,
+            },
+            arrays::ArrayMetrics {
+                bytes: metrics.array_bytes.clone(),
+                count: metrics.arrays.clone(),
+                refused: metrics.arrays_refused.clone(),
+                expired: metrics.arrays_expired.clone(),
+                uses: metrics.array_uses.clone(),
+            },
+        )?);
+        // Expiry is exact without the sweep (an expired array is refused at once); the
+        // sweep frees its memory and files within a few seconds of its deadline.
+        arrays::spawn_expiry(&arrays, std::time::Duration::from_secs(5));
         store::spawn_round_expiry(
             &store,
             cfg.secagg_round_ttl,
             metrics.secagg_rounds_expired.clone(),
         );
         let state = Arc::new(AppState::new(
-            settings, metrics, pool, backends, store, datasets, tables,
+            settings,
+            metrics,
+            pool,
+            backends,
+            store,
+            datasets,
+            api::Resident { tables, arrays },
         ));
         Ok(Self { state, discovered })
     }

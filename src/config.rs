@@ -236,6 +236,25 @@ pub struct Config {
     /// on disk under --data-dir).
     #[arg(long, env = "GPU_OPS_MAX_EMBEDDING_TABLES_MIB", default_value_t = 4096)]
     pub max_embedding_tables_mib: u64,
+    /// Most MiB one tenant's resident arrays (`/arrays`) may take together; more gets
+    /// 422 array_quota_exceeded.
+    #[arg(long, env = "GPU_OPS_MAX_TENANT_ARRAY_MIB", default_value_t = 1024)]
+    pub max_tenant_array_mib: u64,
+    /// Most resident arrays one tenant may hold, however small; more gets 422
+    /// array_quota_exceeded.
+    #[arg(long, env = "GPU_OPS_MAX_TENANT_ARRAYS", default_value_t = 1000)]
+    pub max_tenant_arrays: usize,
+    /// Most MiB all resident arrays may take (each is held in host memory and on disk
+    /// under --data-dir); more gets 507 arrays_full.
+    #[arg(long, env = "GPU_OPS_MAX_ARRAYS_MIB", default_value_t = 4096)]
+    pub max_arrays_mib: u64,
+    /// How long a resident array lives when its upload names no `ttl_seconds`, e.g. 24h.
+    #[arg(long, env = "GPU_OPS_ARRAY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub array_ttl: Duration,
+    /// The longest `ttl_seconds` an upload may ask for, e.g. 30days; longer gets 422
+    /// invalid_parameter.
+    #[arg(long, env = "GPU_OPS_MAX_ARRAY_TTL", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub max_array_ttl: Duration,
     /// Synthetic dataset jobs that may wait behind the running one; more gets 503.
     #[arg(long, env = "GPU_OPS_MAX_DATASET_JOBS", default_value_t = 16)]
     pub max_dataset_jobs: usize,
@@ -472,6 +491,9 @@ impl Config {
         }
         if !(1..=100).contains(&self.max_tenant_inflight_body_percent) {
             return Err("--max-tenant-inflight-body-percent must be 1 to 100".into());
+        }
+        if self.array_ttl < Duration::from_secs(1) || self.array_ttl > self.max_array_ttl {
+            return Err("--array-ttl must be at least 1s and at most --max-array-ttl".into());
         }
         if self.secagg_round_ttl < Duration::from_secs(1) {
             return Err("--secagg-round-ttl must be at least 1s".into());

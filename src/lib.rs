@@ -10,6 +10,7 @@
 
 #[cfg(feature = "openapi")]
 pub mod api;
+pub mod arrays;
 #[cfg(feature = "openapi")]
 mod app;
 pub mod backend;

@@ -255,6 +255,21 @@ impl From<crate::tables::TableError> for Problem {
     }
 }
 
+/// A resident array the store refused.
+impl From<crate::arrays::ArrayError> for Problem {
+    fn from(e: crate::arrays::ArrayError) -> Self {
+        use crate::arrays::ArrayError;
+        let code = match e {
+            ArrayError::QuotaExceeded { .. } | ArrayError::TooMany { .. } => {
+                ErrorCode::ArrayQuotaExceeded
+            }
+            ArrayError::Full { .. } => ErrorCode::ArraysFull,
+            ArrayError::Io(_) => ErrorCode::Internal,
+        };
+        Problem::new(code, e.to_string())
+    }
+}
+
 /// Secure-aggregation rounds: the state machine's refusals.
 impl From<RoundError> for Problem {
     fn from(e: RoundError) -> Self {

@@ -2,6 +2,7 @@
 //! base64 string of little-endian fixed-width values. Strings are parsed while the JSON
 //! is read (no allocation per element) and bad ones are collected with their index.
 
+use super::array_operands::{object_operand, ArrayRefDoc, ArrayScope, ObjectOperand};
 use super::numbers::number_cap;
 use super::packed::{base64_json_string, PackedWords};
 use super::problem::{ErrorCode, FieldIssue, Problem};
@@ -41,6 +42,9 @@ pub enum ElementsDoc {
     Strings(Vec<String>),
     /// base64 of little-endian fixed-width canonical values (with `"encoding": "base64"`).
     Base64(String),
+    /// A resident array of this field's elements (`POST /arrays`), used without another
+    /// check; an exponent takes elements of any field, as integers.
+    Array(ArrayRefDoc),
 }
 
 /// An element vector as received, before the field is known: strings already parsed,
@@ -65,6 +69,8 @@ pub enum Elements {
         shape: Vec<u64>,
         bytes: Bytes,
     },
+    /// `{"array": id}`: a resident array's elements (`api::array_operands`).
+    Array(String),
 }
 
 /// The buffer dtype of `field`'s elements: its width, unsigned (docs/WIRE.md).
@@ -160,8 +166,14 @@ impl Elements {
         encoding: Encoding,
         path: &str,
         max_elements: usize,
+        arrays: &ArrayScope,
     ) -> Result<Vec<U256>, Problem> {
         match (self, encoding) {
+            // A resident array of elements of any field: its canonical integers.
+            (Elements::Array(id), _) => {
+                let v = arrays.any_field_elements(&id, path)?;
+                Ok((0..v.len()).map(|i| v.get(i)).collect())
+            }
             (
                 Elements::Buffer {
                     dtype,
@@ -220,7 +232,7 @@ impl Elements {
             }
             // Malformed strings and encoding mismatches: the same answers as for elements.
             (elements, _) => elements
-                .decode(Field::Bn254Fr, encoding, path, max_elements)
+                .decode_inline(Field::Bn254Fr, encoding, path, max_elements)
                 .and_then(|_| {
                     Err(Problem::new(
                         ErrorCode::Internal,
@@ -230,9 +242,27 @@ impl Elements {
         }
     }
 
-    /// Validates against `field`: well-formed, canonical, within `max_elements`.
-    /// `path` is the JSON pointer of this vector in the request.
+    /// Validates against `field`: well-formed, canonical, within `max_elements`; or the
+    /// elements of the resident array it names, which must be of `field` (checked when
+    /// the array was made, so not again). `path` is the JSON pointer of this vector in the
+    /// request.
     pub fn decode(
+        self,
+        field: Field,
+        encoding: Encoding,
+        path: &str,
+        max_elements: usize,
+        arrays: &ArrayScope,
+    ) -> Result<FieldVec, Problem> {
+        match self {
+            // A copy: the ops own their operands (and write results over them).
+            Elements::Array(id) => Ok(FieldVec::clone(&*arrays.field_elements(&id, field, path)?)),
+            data => data.decode_inline(field, encoding, path, max_elements),
+        }
+    }
+
+    /// `decode` of elements the request carries.
+    fn decode_inline(
         self,
         field: Field,
         encoding: Encoding,
@@ -240,6 +270,13 @@ impl Elements {
         max_elements: usize,
     ) -> Result<FieldVec, Problem> {
         let vec = match (self, encoding) {
+            (Elements::Array(_), _) => {
+                return Err(Problem::at(
+                    ErrorCode::InvalidRequest,
+                    format!("{path}/array"),
+                    "this operand takes its values in the request, not from a resident array",
+                ))
+            }
             (Elements::Buffer { dtype, shape, bytes }, _) => {
                 let what = format!("{} elements", field.name());
                 let bytes = buffer_bytes((dtype, shape, bytes), field_dtype(field), &what, path, max_elements)?;
@@ -293,6 +330,7 @@ impl Elements {
             Elements::Strings { values, .. } => values.len(),
             Elements::Base64 { text_bytes, .. } => *text_bytes,
             Elements::Buffer { bytes, .. } => bytes.len(),
+            Elements::Array(_) => 0,
         }
     }
 }
@@ -354,11 +392,13 @@ impl<'de> Visitor<'de> for ElementsVisitor {
     }
 
     fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Elements, A::Error> {
-        let (b, bytes) = super::bulk::descriptor_in(map)?;
-        Ok(Elements::Buffer {
-            dtype: b.dtype,
-            shape: b.shape,
-            bytes,
+        Ok(match object_operand(map)? {
+            ObjectOperand::Array(id) => Elements::Array(id),
+            ObjectOperand::Buffer(b, bytes) => Elements::Buffer {
+                dtype: b.dtype,
+                shape: b.shape,
+                bytes,
+            },
         })
     }
 

@@ -1,6 +1,8 @@
 //! HTTP only: routes, extractors, problem+json, middleware and the OpenAPI document.
 //! Knows nothing about devices.
 
+mod array_operands;
+pub mod arrays;
 mod auth;
 mod backend_choice;
 pub mod bandwidth;
@@ -73,6 +75,7 @@ pub struct AppState {
     pub store: Arc<Store>,
     pub datasets: Arc<crate::datasets::Datasets>,
     pub tables: Arc<crate::tables::EmbeddingTables>,
+    pub arrays: Arc<crate::arrays::Arrays>,
     /// `/device/bandwidth`'s last measurement and the lock of the one in progress.
     bandwidth: bandwidth::BandwidthCache,
     body_budget: body_budget::BodyBudget,
@@ -83,6 +86,12 @@ pub struct AppState {
     shutting_down: AtomicBool,
 }
 
+/// What tenants keep between requests: embedding tables and resident arrays.
+pub struct Resident {
+    pub tables: Arc<crate::tables::EmbeddingTables>,
+    pub arrays: Arc<crate::arrays::Arrays>,
+}
+
 impl AppState {
     pub fn new(
         settings: Settings,
@@ -91,8 +100,9 @@ impl AppState {
         backends: Arc<Backends>,
         store: Arc<Store>,
         datasets: Arc<crate::datasets::Datasets>,
-        tables: Arc<crate::tables::EmbeddingTables>,
+        resident: Resident,
     ) -> Self {
+        let Resident { tables, arrays } = resident;
         Self {
             body_budget: body_budget::BodyBudget::new(
                 settings.max_inflight_body_bytes,
@@ -119,6 +129,7 @@ impl AppState {
             store,
             datasets,
             tables,
+            arrays,
             bandwidth: bandwidth::BandwidthCache::default(),
             shutting_down: AtomicBool::new(false),
         }
@@ -198,6 +209,7 @@ pub(crate) struct ApiDomain {
 /// (and its `mod`).
 pub(crate) const API_DOMAINS: &[ApiDomain] = &[
     system::API,
+    arrays::API,
     zk::API,
     mpc::API,
     he::API,

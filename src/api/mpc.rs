@@ -1,6 +1,7 @@
 //! `/mpc/shamir/*`: Shamir secret sharing of field vectors, with Feldman commitments.
 
 use super::bounded::AtMost;
+use super::array_operands::ArrayScope;
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::msm::{PointOut, PointsDoc, PointsIn};
 use super::openapi::Binary;
@@ -172,6 +173,7 @@ fn parse_x(text: &str, field: Field, path: &str) -> Result<U256, Problem> {
 pub async fn shamir_split(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
+    arrays: ArrayScope,
     ApiBody(req): ApiBody<ShamirSplitRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
@@ -185,7 +187,9 @@ pub async fn shamir_split(
     let large = req.secrets.approx_len() > INLINE_ELEMENTS;
     let commitments = req.commitments;
     let build = move || -> Result<(ShareJob, Option<CommitJob>), Problem> {
-        let secrets = req.secrets.decode(field, encoding, "/secrets", max)?;
+        let secrets = req
+            .secrets
+            .decode(field, encoding, "/secrets", max, &arrays)?;
         if secrets.is_empty() {
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
@@ -365,6 +369,7 @@ pub struct ShamirCombineResponse {
 pub async fn shamir_combine(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
+    arrays: ArrayScope,
     ApiBody(req): ApiBody<ShamirCombineRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
@@ -390,6 +395,7 @@ pub async fn shamir_combine(
                 encoding,
                 &format!("/shares/{i}/values"),
                 max,
+                &arrays,
             )?);
         }
         Ok(CombineJob::new(threshold, &xs, values)?)
@@ -478,6 +484,7 @@ pub struct ShamirVerifyResponse {
 pub async fn shamir_verify(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
+    arrays: ArrayScope,
     ApiBody(req): ApiBody<ShamirVerifyRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
@@ -496,7 +503,7 @@ pub async fn shamir_verify(
         let values = req
             .share
             .values
-            .decode(field, encoding, "/share/values", max)?;
+            .decode(field, encoding, "/share/values", max, &arrays)?;
         if values.is_empty() {
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
@@ -526,7 +533,7 @@ pub async fn shamir_verify(
         let mut rows = Vec::with_capacity(req.commitments.len());
         for (k, row) in req.commitments.iter().enumerate() {
             let path = format!("/commitments/{k}");
-            let points = row.decode(curve, encoding, max, &path)?;
+            let points = row.decode(curve, encoding, max, &path, &arrays)?;
             if points.len() != values.len() {
                 return Err(Problem::at(
                     ErrorCode::InvalidParameter,
@@ -538,7 +545,7 @@ pub async fn shamir_verify(
                     ),
                 ));
             }
-            rows.push(points);
+            rows.push(Arc::unwrap_or_clone(points));
         }
         let (t, m) = (rows.len(), values.len());
         // Drawn now that the share is fixed: the weights must be unknown to whoever made it.

@@ -1,5 +1,6 @@
 //! `POST /zk/msm`: multi-scalar multiplication over G1 of BN254 and BLS12-381.
 
+use super::array_operands::{object_operand, ArrayRefDoc, ArrayScope, ObjectOperand};
 use super::bounded::AtMost;
 use super::domain_errors::{invalid_points, msm_shape};
 use super::elements::{Elements, ElementsDoc, Encoding};
@@ -79,6 +80,8 @@ pub enum PointsDoc {
     /// fixed-width (32 bytes for bn254_g1, 48 for bls12_381_g1); all zero bytes for the
     /// identity (Ethereum's convention: (0, 0) is on neither curve).
     Base64(String),
+    /// A resident array of points of this curve (`POST /arrays`), used without another check.
+    Array(ArrayRefDoc),
 }
 
 /// Documentation form of one result point: an `{x, y}` object (or `null`) or one base64
@@ -122,6 +125,9 @@ pub enum PointsIn {
         shape: Vec<u64>,
         bytes: bytes::Bytes,
     },
+    /// `{"array": id}`: a resident array's points (`api::array_operands`), checked when
+    /// the array was made.
+    Array(String),
 }
 
 #[derive(Deserialize)]
@@ -137,11 +143,27 @@ impl PointsIn {
             PointsIn::List(v) => v.len(),
             PointsIn::Base64(s) => s.len() / 4 * 3 / (2 * curve.coordinate_bytes()),
             PointsIn::Buffer { bytes, .. } => bytes.len() / (2 * curve.coordinate_bytes()),
+            PointsIn::Array(_) => 0,
         }
     }
 
-    /// The points, checked; `path` is the pointer of this list in the request.
+    /// The points, checked, or those of the resident array named (shared, not copied);
+    /// `path` is the pointer of this list in the request.
     pub(super) fn decode(
+        &self,
+        curve: Curve,
+        encoding: Encoding,
+        max: usize,
+        path: &str,
+        arrays: &ArrayScope,
+    ) -> Result<Arc<Points>, Problem> {
+        if let PointsIn::Array(id) = self {
+            return arrays.points(id, curve, path);
+        }
+        self.decode_inline(curve, encoding, max, path).map(Arc::new)
+    }
+
+    fn decode_inline(
         &self,
         curve: Curve,
         encoding: Encoding,
@@ -206,6 +228,7 @@ impl PointsIn {
                     "with \"encoding\": \"base64\" send one base64 string",
                 ))
             }
+            (PointsIn::Array(_), _) => unreachable!("decode resolves arrays"),
         };
         checked.map_err(|e| invalid_points(e, path))
     }
@@ -277,11 +300,13 @@ impl<'de> Visitor<'de> for PointsVisitor {
     }
 
     fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<PointsIn, A::Error> {
-        let (b, bytes) = super::bulk::descriptor_in(map)?;
-        Ok(PointsIn::Buffer {
-            dtype: b.dtype,
-            shape: b.shape,
-            bytes,
+        Ok(match object_operand(map)? {
+            ObjectOperand::Array(id) => PointsIn::Array(id),
+            ObjectOperand::Buffer(b, bytes) => PointsIn::Buffer {
+                dtype: b.dtype,
+                shape: b.shape,
+                bytes,
+            },
         })
     }
 
@@ -357,6 +382,7 @@ impl Serialize for PointOut {
 pub async fn msm(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
+    arrays: ArrayScope,
     ApiBody(req): ApiBody<MsmRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
@@ -365,8 +391,13 @@ pub async fn msm(
     let max = state.settings.config.max_elements;
     let large = req.points.approx_len(curve) > INLINE_POINTS;
     let build = move || -> Result<MsmJob, Problem> {
-        let scalars = decode_scalars(req.scalars, req.scalar_batch, curve, encoding, max)?;
-        let points = req.points.decode(curve, encoding, max, "/points")?;
+        let scalars = decode_scalars(
+            req.scalars,
+            req.scalar_batch,
+            (curve, encoding, max),
+            &arrays,
+        )?;
+        let points = req.points.decode(curve, encoding, max, "/points", &arrays)?;
         MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))
     };
     let job = blocking_if(large, build).await?;
@@ -395,13 +426,12 @@ pub async fn msm(
 fn decode_scalars(
     scalars: Option<Elements>,
     scalar_batch: Option<AtMost<Elements, MAX_SCALAR_VECTORS>>,
-    curve: Curve,
-    encoding: Encoding,
-    max: usize,
+    (curve, encoding, max): (Curve, Encoding, usize),
+    arrays: &ArrayScope,
 ) -> Result<Vec<FieldVec>, Problem> {
     let field = curve.scalar_field();
     let vectors = match (scalars, scalar_batch) {
-        (Some(s), None) => vec![s.decode(field, encoding, "/scalars", max)?],
+        (Some(s), None) => vec![s.decode(field, encoding, "/scalars", max, arrays)?],
         (None, Some(batch)) => {
             if batch.len() > MAX_SCALAR_VECTORS {
                 return Err(Problem::at(
@@ -422,7 +452,10 @@ fn decode_scalars(
                 .into_vec()
                 .into_iter()
                 .enumerate()
-                .map(|(k, s)| s.decode(field, encoding, &format!("/scalar_batch/{k}"), max))
+                .map(|(k, s)| {
+                    let path = format!("/scalar_batch/{k}");
+                    s.decode(field, encoding, &path, max, arrays)
+                })
                 .collect::<Result<_, _>>()?
         }
         (Some(_), Some(_)) => {

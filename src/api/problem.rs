@@ -40,6 +40,7 @@ error_codes! {
     BudgetNotFound = ("budget_not_found", 404, "No such privacy budget for this tenant"),
     DatasetNotFound = ("dataset_not_found", 404, "No such dataset for this tenant"),
     EmbeddingTableNotFound = ("embedding_table_not_found", 404, "No such embedding table for this tenant"),
+    ArrayNotFound = ("array_not_found", 404, "No such resident array for this tenant (or it has expired)"),
     SampleNotFound = ("sample_not_found", 404, "No such sample or receiver recording in this dataset"),
     MethodNotAllowed = ("method_not_allowed", 405, "Method not allowed on this resource"),
     BudgetExhausted = ("budget_exhausted", 409, "The release would exceed the privacy budget; nothing was released"),
@@ -70,6 +71,9 @@ error_codes! {
     DatasetSampleTooLarge = ("dataset_sample_too_large", 422, "One sample of the dataset would not fit --dataset-memory-mib"),
     DatasetWorkTooLarge = ("dataset_work_too_large", 422, "The dataset alone asks for more than --max-tenant-dataset-work"),
     EmbeddingQuotaExceeded = ("embedding_quota_exceeded", 422, "The tenant's embedding tables would exceed --max-tenant-embedding-mib"),
+    ArrayQuotaExceeded = ("array_quota_exceeded", 422, "The tenant's resident arrays would exceed --max-tenant-array-mib or --max-tenant-arrays"),
+    UnknownArray = ("unknown_array", 422, "An operand names no resident array of this tenant (or one that has expired)"),
+    ArrayMismatch = ("array_mismatch", 422, "An operand names a resident array of another kind, field or curve than the operand takes"),
     TenantRateLimited = ("tenant_rate_limited", 429, "The tenant's requests are over --tenant-requests-per-second; retry after Retry-After"),
     TenantConcurrencyLimited = ("tenant_concurrency_limited", 429, "The tenant has --tenant-max-concurrent-requests requests in flight; retry after Retry-After"),
     TenantDatasetQueueFull = ("tenant_dataset_queue_full", 429, "The tenant has --max-tenant-queued-datasets dataset jobs waiting; retry after Retry-After"),
@@ -86,6 +90,7 @@ error_codes! {
     DeadlineExceeded = ("deadline_exceeded", 504, "The job's deadline passed"),
     InsufficientStorage = ("insufficient_storage", 507, "Not enough free disk space under --data-dir for the dataset"),
     EmbeddingTablesFull = ("embedding_tables_full", 507, "All embedding tables together would exceed --max-embedding-tables-mib"),
+    ArraysFull = ("arrays_full", 507, "All resident arrays together would exceed --max-arrays-mib"),
     HttpError = ("http_error", 400, "The request was refused"),
 }
 

@@ -1,5 +1,6 @@
 //! `/zk/*`: prime-field vector operations.
 
+use super::array_operands::ArrayScope;
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
@@ -87,9 +88,10 @@ macro_rules! field_route {
         pub async fn $fn(
             State(state): State<Arc<AppState>>,
             form: AnswerForm,
+            arrays: ArrayScope,
             ApiBody(req): ApiBody<FieldBinaryRequest>,
         ) -> Result<Response, Problem> {
-            field_binary(state, $op, req, form).await
+            field_binary(state, $op, req, form, arrays).await
         }
     };
 }
@@ -106,14 +108,15 @@ async fn field_binary(
     op: FieldOp,
     req: FieldBinaryRequest,
     form: AnswerForm,
+    arrays: ArrayScope,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.a.approx_len() > INLINE_ELEMENTS;
     let build = move || -> Result<FieldBinaryJob, Problem> {
-        let a = req.a.decode(field, encoding, "/a", max)?;
-        let b = req.b.decode(field, encoding, "/b", max)?;
+        let a = req.a.decode(field, encoding, "/a", max, &arrays)?;
+        let b = req.b.decode(field, encoding, "/b", max, &arrays)?;
         Ok(FieldBinaryJob::new(op, a, b)?)
     };
     let job = blocking_if(large, build).await?;
@@ -174,6 +177,7 @@ pub struct FieldInvRequest {
 pub async fn field_pow(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
+    arrays: ArrayScope,
     ApiBody(req): ApiBody<FieldPowRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
@@ -181,8 +185,10 @@ pub async fn field_pow(
     let max = state.settings.config.max_elements;
     let large = req.base.approx_len() > INLINE_ELEMENTS;
     let build = move || -> Result<FieldPowJob, Problem> {
-        let base = req.base.decode(field, encoding, "/base", max)?;
-        let exponents = req.exponent.decode_integers(encoding, "/exponent", max)?;
+        let base = req.base.decode(field, encoding, "/base", max, &arrays)?;
+        let exponents = req
+            .exponent
+            .decode_integers(encoding, "/exponent", max, &arrays)?;
         FieldPowJob::new(base, exponents).map_err(Problem::from)
     };
     let job = blocking_if(large, build).await?;
@@ -206,6 +212,7 @@ pub async fn field_pow(
 pub async fn field_inv(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
+    arrays: ArrayScope,
     ApiBody(req): ApiBody<FieldInvRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
@@ -213,7 +220,7 @@ pub async fn field_inv(
     let max = state.settings.config.max_elements;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
     let build = move || -> Result<FieldInvJob, Problem> {
-        let values = req.values.decode(field, encoding, "/values", max)?;
+        let values = req.values.decode(field, encoding, "/values", max, &arrays)?;
         Ok(FieldInvJob::new(values)?)
     };
     let job = blocking_if(large, build).await?;
@@ -285,9 +292,10 @@ macro_rules! ntt_route {
         pub async fn $fn(
             State(state): State<Arc<AppState>>,
             form: AnswerForm,
+            arrays: ArrayScope,
             ApiBody(req): ApiBody<NttRequest>,
         ) -> Result<Response, Problem> {
-            transform(state, $dir, req, form).await
+            transform(state, $dir, req, form, arrays).await
         }
     };
 }
@@ -315,6 +323,7 @@ async fn transform(
     direction: Direction,
     req: NttRequest,
     form: AnswerForm,
+    arrays: ArrayScope,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
@@ -322,11 +331,11 @@ async fn transform(
     let max_log2 = state.settings.config.max_ntt_log2;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
     let build = move || -> Result<NttJob, Problem> {
-        let values = req.values.decode(field, encoding, "/values", max)?;
+        let values = req.values.decode(field, encoding, "/values", max, &arrays)?;
         let shift = match req.coset_shift {
             None => None,
             Some(s) => {
-                let v = s.decode(field, encoding, "/coset_shift", 16)?;
+                let v = s.decode(field, encoding, "/coset_shift", 16, &arrays)?;
                 if v.len() != 1 {
                     return Err(Problem::at(
                         ErrorCode::InvalidParameter,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::array_operands::ArrayScope;
 
 fn elements(json: &str) -> Elements {
     serde_json::from_str(json).unwrap()
@@ -8,7 +9,7 @@ fn elements(json: &str) -> Elements {
 fn collects_every_bad_element_with_its_index() {
     let e = elements(r#"["1", "x", 5, "0x10", ""]"#);
     let p = e
-        .decode(Field::Goldilocks, Encoding::Decimal, "/a", 100)
+        .decode_inline(Field::Goldilocks, Encoding::Decimal, "/a", 100)
         .unwrap_err();
     assert_eq!(p.code, ErrorCode::InvalidFieldElement);
     let paths: Vec<_> = p.errors.iter().map(|e| e.path.as_str()).collect();
@@ -31,7 +32,7 @@ fn elements_past_the_parse_cap_are_counted_and_refused() {
         "{e:?}"
     );
     let p = e
-        .decode(Field::Bn254Fr, Encoding::Decimal, "/a", 2)
+        .decode_inline(Field::Bn254Fr, Encoding::Decimal, "/a", 2)
         .unwrap_err();
     assert_eq!(
         (p.code, p.errors[0].path.as_str()),
@@ -41,7 +42,7 @@ fn elements_past_the_parse_cap_are_counted_and_refused() {
     // At the cap exactly, every value is kept.
     let e = with_number_cap(4, || elements(text)).0;
     let v = e
-        .decode(Field::Bn254Fr, Encoding::Decimal, "/a", 4)
+        .decode_inline(Field::Bn254Fr, Encoding::Decimal, "/a", 4)
         .unwrap();
     assert_eq!(v.len(), 4);
 }
@@ -50,7 +51,7 @@ fn elements_past_the_parse_cap_are_counted_and_refused() {
 fn non_canonical_values_name_their_index() {
     let e = elements(r#"["0", "18446744069414584321"]"#);
     let p = e
-        .decode(Field::Goldilocks, Encoding::Decimal, "/b", 100)
+        .decode_inline(Field::Goldilocks, Encoding::Decimal, "/b", 100)
         .unwrap_err();
     assert_eq!(p.errors[0].path, "/b/1");
 }
@@ -65,18 +66,18 @@ fn base64_round_trips_and_must_match_the_encoding() {
     .unwrap();
     let e = || elements(&text);
     assert_eq!(
-        e().decode(Field::Goldilocks, Encoding::Base64, "/a", 100)
+        e().decode_inline(Field::Goldilocks, Encoding::Base64, "/a", 100)
             .unwrap(),
         v
     );
     assert_eq!(
-        e().decode(Field::Goldilocks, Encoding::Decimal, "/a", 100)
+        e().decode_inline(Field::Goldilocks, Encoding::Decimal, "/a", 100)
             .unwrap_err()
             .code,
         ErrorCode::InvalidRequest
     );
     assert_eq!(
-        e().decode(Field::Goldilocks, Encoding::Base64, "/a", 2)
+        e().decode_inline(Field::Goldilocks, Encoding::Base64, "/a", 2)
             .unwrap_err()
             .code,
         ErrorCode::PayloadTooLarge
@@ -84,14 +85,14 @@ fn base64_round_trips_and_must_match_the_encoding() {
     // The size check comes first, as the text's length gives it.
     assert_eq!(
         elements(r#""AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA!""#)
-            .decode(Field::Goldilocks, Encoding::Base64, "/a", 2)
+            .decode_inline(Field::Goldilocks, Encoding::Base64, "/a", 2)
             .unwrap_err()
             .code,
         ErrorCode::PayloadTooLarge
     );
     let bad = elements(r#""not base64!""#);
     assert_eq!(
-        bad.decode(Field::Goldilocks, Encoding::Base64, "/a", 100)
+        bad.decode_inline(Field::Goldilocks, Encoding::Base64, "/a", 100)
             .unwrap_err()
             .errors[0]
             .path,
@@ -116,7 +117,7 @@ fn narrow_and_wide_integers_decode_alike() {
     ];
     for text in &texts {
         let ints = elements(text)
-            .decode_integers(Encoding::Decimal, "/x", 100)
+            .decode_integers(Encoding::Decimal, "/x", 100, &ArrayScope::empty("ints"))
             .unwrap();
         // Each value as the general parser reads it alone: the word path must agree.
         let strings: Vec<String> = serde_json::from_str(text).unwrap();
@@ -129,7 +130,7 @@ fn narrow_and_wide_integers_decode_alike() {
             Field::Bls12_381Fr,
         ] {
             let want = FieldVec::from_integers(field, &ints).map_err(|e| e.index);
-            let got = elements(text).decode(field, Encoding::Decimal, "/x", 100);
+            let got = elements(text).decode_inline(field, Encoding::Decimal, "/x", 100);
             match (want, got) {
                 (Ok(w), Ok(g)) => assert_eq!(g, w, "{text} in {field:?}"),
                 (Err(i), Err(p)) => assert_eq!(p.errors[0].path, format!("/x/{i}"), "{text}"),
@@ -168,7 +169,7 @@ fn every_field_round_trips_and_the_size_hint_bounds_the_answer() {
                 text.len() <= out.json_size_hint(),
                 "{field:?} {encoding:?}: {text}"
             );
-            let back = elements(&text).decode(field, encoding, "/a", 100).unwrap();
+            let back = elements(&text).decode_inline(field, encoding, "/a", 100).unwrap();
             assert_eq!(back, v, "{field:?} {encoding:?}");
         }
     }

@@ -121,15 +121,18 @@ fn generator_unfriendly_shapes_are_gone() {
 }
 
 #[test]
-fn element_vectors_are_bare_arrays_or_strings() {
+fn element_vectors_are_bare_arrays_or_strings_or_name_an_array() {
     let doc = document();
-    let shapes: Vec<&str> = doc["components"]["schemas"]["ElementsDoc"]["oneOf"]
+    let shapes: Vec<String> = doc["components"]["schemas"]["ElementsDoc"]["oneOf"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| s["type"].as_str().unwrap())
+        .map(|s| s["type"].as_str().or(s["$ref"].as_str()).unwrap().to_string())
         .collect();
-    assert_eq!(shapes, ["array", "string"]);
+    assert_eq!(shapes, ["array", "string", "#/components/schemas/ArrayRefDoc"]);
+    let reference = &doc["components"]["schemas"]["ArrayRefDoc"];
+    assert_eq!(reference["required"], serde_json::json!(["array"]));
+    assert_eq!(reference["properties"].as_object().unwrap().len(), 1);
 }
 
 #[test]

@@ -231,7 +231,8 @@ where
 /// One point set and one or more scalar vectors over it (a batch).
 #[derive(Clone, Debug)]
 pub struct MsmJob {
-    points: Points,
+    /// Shared with a resident array's points when the request named one: never copied.
+    points: std::sync::Arc<Points>,
     scalars: Vec<FieldVec>,
 }
 
@@ -255,7 +256,11 @@ pub enum MsmShape {
 }
 
 impl MsmJob {
-    pub fn new(points: Points, scalars: Vec<FieldVec>) -> Result<Self, MsmShape> {
+    pub fn new(
+        points: impl Into<std::sync::Arc<Points>>,
+        scalars: Vec<FieldVec>,
+    ) -> Result<Self, MsmShape> {
+        let points = points.into();
         if points.is_empty() {
             return Err(MsmShape::NoPoints);
         }
@@ -305,7 +310,7 @@ impl MsmJob {
 
     /// One result per scalar vector, as a point vector of the job's curve.
     pub fn run_cpu(&self) -> Points {
-        match &self.points {
+        match &*self.points {
             Points::Bn254G1(p) => Points::Bn254G1(self.each_batch(|s| msm_cpu(p, s))),
             Points::Bls12_381G1(p) => Points::Bls12_381G1(self.each_batch(|s| msm_cpu(p, s))),
         }

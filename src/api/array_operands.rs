@@ -1,0 +1,169 @@
+//! Operands that name a resident array (`{"array": "arr_…"}`) instead of carrying data,
+//! in a JSON body and in a bulk body's header alike, and their resolution against the
+//! requesting tenant's arrays (`ArrayScope`): a missing or expired array is 422
+//! unknown_array, one of another kind, field or curve 422 array_mismatch, both at the
+//! operand's `/array`.
+
+use super::auth::Tenant;
+use super::problem::{ErrorCode, Problem};
+use super::AppState;
+use crate::arrays::{ArrayData, Arrays, ResidentArray};
+use crate::ops::zk::msm::{Curve, Points};
+use crate::ops::zk::{Field, FieldVec};
+use crate::wire::{BufferRef, Dtype};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use bytes::Bytes;
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// Documentation form of an operand that names a resident array.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct ArrayRefDoc {
+    /// The id `POST /arrays` answered: the array's values stand here, as if sent.
+    #[schema(example = "arr_5f0c3a9e1d2b4c6a8e7f9012")]
+    array: String,
+}
+
+/// An operand's object form: a bulk body's buffer, or a resident array's id.
+pub(super) enum ObjectOperand {
+    Buffer(BufferRef, Bytes),
+    Array(String),
+}
+
+/// Either object form's fields, told apart by which are present.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OperandFields {
+    array: Option<String>,
+    dtype: Option<Dtype>,
+    shape: Option<Vec<u64>>,
+    byte_offset: Option<u64>,
+    byte_length: Option<u64>,
+}
+
+/// Reads an operand's object form from `map`: `{"array": id}`, or a buffer descriptor
+/// (whose bytes come from the bulk body being parsed).
+pub(super) fn object_operand<'de, A: serde::de::MapAccess<'de>>(
+    map: A,
+) -> Result<ObjectOperand, A::Error> {
+    use serde::de::Error;
+    let f = OperandFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+    if let Some(id) = f.array {
+        if f.dtype.is_some() || f.shape.is_some() || f.byte_offset.is_some() || f.byte_length.is_some() {
+            return Err(A::Error::custom(
+                "an array reference takes only `array`, no buffer descriptor fields",
+            ));
+        }
+        return Ok(ObjectOperand::Array(id));
+    }
+    let b = BufferRef {
+        dtype: f.dtype.ok_or_else(|| A::Error::missing_field("dtype"))?,
+        shape: f.shape.ok_or_else(|| A::Error::missing_field("shape"))?,
+        byte_offset: f.byte_offset.ok_or_else(|| A::Error::missing_field("byte_offset"))?,
+        byte_length: f.byte_length.ok_or_else(|| A::Error::missing_field("byte_length"))?,
+    };
+    let bytes = super::bulk::buffer(b.byte_offset, b.byte_length).map_err(A::Error::custom)?;
+    Ok(ObjectOperand::Buffer(b, bytes))
+}
+
+/// The requesting tenant's arrays, as operands resolve against them.
+#[derive(Clone)]
+pub struct ArrayScope {
+    arrays: Arc<Arrays>,
+    tenant: String,
+}
+
+impl FromRequestParts<Arc<AppState>> for ArrayScope {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, Problem> {
+        let tenant = parts
+            .extensions
+            .get::<Tenant>()
+            .map_or_else(String::new, |Tenant(t)| t.clone());
+        Ok(ArrayScope {
+            arrays: state.arrays.clone(),
+            tenant,
+        })
+    }
+}
+
+impl ArrayScope {
+    pub(super) fn new(arrays: Arc<Arrays>, tenant: String) -> Self {
+        Self { arrays, tenant }
+    }
+
+    /// A scope over an empty store of its own, for unit tests of the decoders.
+    #[cfg(test)]
+    pub(super) fn empty(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("gpu-ops-scope-{}-{name}", std::process::id()));
+        let limits = crate::arrays::ArrayLimits {
+            tenant_bytes: 1 << 20,
+            tenant_count: 10,
+            server_bytes: 1 << 20,
+        };
+        let arrays = Arrays::open(dir, limits, crate::arrays::ArrayMetrics::unregistered());
+        Self::new(Arc::new(arrays.expect("a scratch directory")), String::new())
+    }
+
+    /// The array `id` names for the operand at `path`.
+    fn resolve(&self, id: &str, path: &str) -> Result<Arc<ResidentArray>, Problem> {
+        self.arrays.use_operand(&self.tenant, id).ok_or_else(|| {
+            Problem::at(
+                ErrorCode::UnknownArray,
+                format!("{path}/array"),
+                format!("{id:.40}: no resident array of this tenant has this id (it may have expired)"),
+            )
+        })
+    }
+
+    /// The elements of `field` the array `id` holds.
+    pub(super) fn field_elements(
+        &self,
+        id: &str,
+        field: Field,
+        path: &str,
+    ) -> Result<Arc<FieldVec>, Problem> {
+        let a = self.resolve(id, path)?;
+        match &a.data {
+            ArrayData::FieldElements(v) if v.field() == field => Ok(v.clone()),
+            _ => Err(mismatch(&a, &format!("{} elements", field.name()), path)),
+        }
+    }
+
+    /// The elements, of whichever field, the array `id` holds (as plain integers).
+    pub(super) fn any_field_elements(&self, id: &str, path: &str) -> Result<Arc<FieldVec>, Problem> {
+        let a = self.resolve(id, path)?;
+        match &a.data {
+            ArrayData::FieldElements(v) => Ok(v.clone()),
+            _ => Err(mismatch(&a, "field elements", path)),
+        }
+    }
+
+    /// The points of `curve` the array `id` holds.
+    pub(super) fn points(&self, id: &str, curve: Curve, path: &str) -> Result<Arc<Points>, Problem> {
+        let a = self.resolve(id, path)?;
+        match &a.data {
+            ArrayData::Points(p) if p.curve() == curve => Ok(p.clone()),
+            _ => Err(mismatch(&a, &format!("{} points", curve.name()), path)),
+        }
+    }
+}
+
+/// What an array holds, in words.
+pub(super) fn describe(a: &ResidentArray) -> String {
+    match &a.data {
+        ArrayData::FieldElements(v) => format!("{} {} elements", v.len(), v.field().name()),
+        ArrayData::Points(p) => format!("{} {} points", p.len(), p.curve().name()),
+    }
+}
+
+fn mismatch(a: &ResidentArray, want: &str, path: &str) -> Problem {
+    Problem::at(
+        ErrorCode::ArrayMismatch,
+        format!("{path}/array"),
+        format!("{} holds {}; this operand takes {want}", a.meta.id, describe(a)),
+    )
+}

@@ -1,0 +1,403 @@
+//! `/arrays`: resident arrays. Upload an operand once, then name it from any op as
+//! `{"array": "arr_…"}` (`api::array_operands`) instead of sending it again.
+
+use super::array_operands::ArrayScope;
+use super::auth::{tenant, Tenant};
+use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
+use super::extract::ApiQuery;
+use super::msm::{PointOut, PointOutDoc, PointsDoc, PointsIn};
+use super::openapi::Binary;
+use super::problem::{ErrorCode, Problem};
+use super::{blocking, bulk, entropy_u64, json_body, AnswerForm, ApiBody, ApiPath, AppState, IdParam};
+use crate::arrays::{now_ms, ArrayData, ArrayKind, ArrayMeta, ResidentArray};
+use crate::ops::zk::msm::{Curve, Points};
+use crate::ops::zk::Field;
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::{Deserialize, Serialize, Serializer};
+use std::sync::Arc;
+use utoipa::{IntoParams, ToSchema};
+
+/// An array to keep. Field elements give `field` and `values`; points give `curve` and
+/// `points`. Both take the operands' own forms and checks (`encoding`, the bulk form's
+/// buffers), and may copy another resident array (`{"array": …}`).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"kind": "points", "curve": "bn254_g1", "points": [{"x": "1", "y": "2"}, null],
+    "name": "srs", "ttl_seconds": 86400}))]
+pub struct CreateArrayRequest {
+    pub kind: ArrayKind,
+    /// With `kind` field_elements: the elements' field.
+    pub field: Option<Field>,
+    /// With `kind` points: the points' curve.
+    pub curve: Option<Curve>,
+    /// With `kind` field_elements: canonical elements, as any op's element operand; at
+    /// most --max-elements.
+    #[schema(value_type = Option<ElementsDoc>)]
+    pub values: Option<Elements>,
+    /// With `kind` points: affine points as `/zk/msm` takes them, each checked on the
+    /// curve (and, for BLS12-381, in the subgroup) here, once; at most --max-elements.
+    #[schema(value_type = Option<PointsDoc>)]
+    pub points: Option<PointsIn>,
+    /// How `values` or `points` are written.
+    #[serde(default)]
+    pub encoding: Encoding,
+    /// A label for people; at most 200 characters.
+    #[schema(max_length = 200)]
+    pub name: Option<String>,
+    /// Seconds the array lives, from now: 1 to --max-array-ttl; --array-ttl when absent.
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ArrayView {
+    #[schema(example = "arr_5f0c3a9e1d2b4c6a8e7f9012")]
+    pub id: String,
+    pub name: Option<String>,
+    pub kind: ArrayKind,
+    /// Set for field elements.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<Field>,
+    /// Set for points.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub curve: Option<Curve>,
+    /// Elements or points.
+    pub length: usize,
+    /// Bytes in the wire form (what the quotas count): the field's width per element,
+    /// x ‖ y per point.
+    pub size_bytes: u64,
+    pub created_at: String,
+    /// After this instant the array is gone (refused at once, deleted within seconds).
+    pub expires_at: String,
+    /// Where copies are held: `host` (parsed, in memory) and `disk` (under --data-dir).
+    pub held: Vec<&'static str>,
+    /// `GET` here for the values.
+    pub data_url: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ArrayList {
+    pub arrays: Vec<ArrayView>,
+}
+
+fn view(a: &ResidentArray) -> ArrayView {
+    ArrayView {
+        id: a.meta.id.clone(),
+        name: a.meta.name.clone(),
+        kind: a.meta.kind,
+        field: a.meta.field,
+        curve: a.meta.curve,
+        length: a.meta.len,
+        size_bytes: a.bytes(),
+        created_at: a.meta.created_at.clone(),
+        expires_at: a.expires_at(),
+        held: vec!["host", "disk"],
+        data_url: format!("/arrays/{}/data", a.meta.id),
+    }
+}
+
+fn not_found() -> Problem {
+    Problem::new(
+        ErrorCode::ArrayNotFound,
+        "no such resident array for this tenant (it may have expired)",
+    )
+}
+
+/// `field` set for field elements and `curve` for points, the other absent: the
+/// operand the kind takes, and its path.
+fn kind_fields(req: &CreateArrayRequest) -> Result<(), Problem> {
+    let misplaced = |path: &str, why: &str| Problem::at(ErrorCode::InvalidRequest, path, why.to_string());
+    match req.kind {
+        ArrayKind::FieldElements => {
+            if req.curve.is_some() || req.points.is_some() {
+                return Err(misplaced("/curve", "field_elements take field and values, not curve or points"));
+            }
+            if req.field.is_none() {
+                return Err(misplaced("/field", "give the elements' field"));
+            }
+            if req.values.is_none() {
+                return Err(misplaced("/values", "give the elements"));
+            }
+        }
+        ArrayKind::Points => {
+            if req.field.is_some() || req.values.is_some() {
+                return Err(misplaced("/field", "points take curve and points, not field or values"));
+            }
+            if req.curve.is_none() {
+                return Err(misplaced("/curve", "give the points' curve"));
+            }
+            if req.points.is_none() {
+                return Err(misplaced("/points", "give the points"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The time to live asked for, within --max-array-ttl, in milliseconds.
+fn ttl_ms(state: &AppState, asked: Option<u64>) -> Result<u64, Problem> {
+    let cfg = &state.settings.config;
+    let max = cfg.max_array_ttl.as_secs().max(1);
+    match asked {
+        None => Ok(cfg.array_ttl.as_millis() as u64),
+        Some(s) if (1..=max).contains(&s) => Ok(s * 1000),
+        Some(_) => Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/ttl_seconds",
+            format!("1 to {max} seconds (--max-array-ttl)"),
+        )),
+    }
+}
+
+#[utoipa::path(
+    post, path = "/arrays", tag = "arrays", operation_id = "array_create",
+    summary = "Keep an operand for later requests",
+    description = "Validates the values once (canonical field elements; points on their curve and, for \
+        BLS12-381, in the prime-order subgroup), keeps them parsed in host memory and on disk under \
+        --data-dir (a restart keeps arrays that have not expired), and answers their id. Any operand of \
+        /zk and /mpc may then be `{\"array\": id}` in place of its values, in JSON and in a bulk header: \
+        the op uses the stored values without parsing or checking them again. The tenant's arrays stay \
+        within --max-tenant-array-mib and --max-tenant-arrays (422 array_quota_exceeded), all arrays \
+        within --max-arrays-mib (507 arrays_full); each lives `ttl_seconds` (--array-ttl by default).",
+    request_body(content((CreateArrayRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
+    responses(
+        (status = 201, description = "Stored", body = ArrayView, links(
+            ("get" = (operation_id = "array_get", parameters(("id" = "$response.body#/id")))),
+            ("data" = (operation_id = "array_data", parameters(("id" = "$response.body#/id")))),
+            ("delete" = (operation_id = "array_delete", parameters(("id" = "$response.body#/id")))),
+        )),
+        (status = 413, description = "More values or points than --max-elements"),
+        (status = 422, description = "invalid_request (kind and its fields), invalid_field_element, invalid_point, invalid_parameter (name, ttl_seconds, no values), unknown_array, array_mismatch, array_quota_exceeded"),
+        (status = 507, description = "arrays_full"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn array_create(
+    State(state): State<Arc<AppState>>,
+    who: Option<Extension<Tenant>>,
+    arrays: ArrayScope,
+    ApiBody(req): ApiBody<CreateArrayRequest>,
+) -> Result<Response, Problem> {
+    if req.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
+        return Err(Problem::at(ErrorCode::InvalidParameter, "/name", "at most 200 characters"));
+    }
+    kind_fields(&req)?;
+    let ttl = ttl_ms(&state, req.ttl_seconds)?;
+    let max = state.settings.config.max_elements;
+    let (st, tenant) = (state.clone(), tenant(&who));
+    let array = blocking(move || {
+        let (data, path) = match (req.field, req.values, req.curve, req.points) {
+            (Some(field), Some(values), None, None) => {
+                let v = values.decode(field, req.encoding, "/values", max, &arrays)?;
+                (ArrayData::FieldElements(Arc::new(v)), "/values")
+            }
+            (None, None, Some(curve), Some(points)) => {
+                let p = points.decode(curve, req.encoding, max, "/points", &arrays)?;
+                (ArrayData::Points(p), "/points")
+            }
+            _ => unreachable!("kind_fields checked the kind's fields"),
+        };
+        if data.is_empty() {
+            return Err(Problem::at(ErrorCode::InvalidParameter, path, "give at least one value"));
+        }
+        let now = now_ms();
+        let meta = ArrayMeta {
+            id: format!("arr_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32),
+            tenant,
+            name: req.name,
+            kind: data.kind(),
+            field: data.field(),
+            curve: data.curve(),
+            len: data.len(),
+            created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            expires_at_ms: now.saturating_add(ttl),
+        };
+        Ok(st.arrays.add(meta, data)?)
+    })
+    .await?;
+    let v = view(&array);
+    let location = HeaderValue::from_str(&format!("/arrays/{}", v.id)).expect("ascii id");
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(v)).into_response())
+}
+
+#[utoipa::path(
+    get, path = "/arrays", tag = "arrays", operation_id = "array_list",
+    summary = "This tenant's resident arrays, by id",
+    responses((status = 200, description = "The arrays that have not expired", body = ArrayList)),
+    security((), ("bearer" = []))
+)]
+pub async fn array_list(
+    State(state): State<Arc<AppState>>,
+    who: Option<Extension<Tenant>>,
+) -> Json<ArrayList> {
+    let arrays = state.arrays.list(&tenant(&who));
+    Json(ArrayList {
+        arrays: arrays.iter().map(|a| view(a)).collect(),
+    })
+}
+
+#[utoipa::path(
+    get, path = "/arrays/{id}", tag = "arrays", operation_id = "array_get",
+    summary = "A resident array's kind, length and expiry",
+    params(("id" = String, Path, description = "Array id")),
+    responses(
+        (status = 200, description = "The array", body = ArrayView),
+        (status = 404, description = "array_not_found (also for another tenant's array, or an expired one)"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn array_get(
+    State(state): State<Arc<AppState>>,
+    who: Option<Extension<Tenant>>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
+) -> Result<Json<ArrayView>, Problem> {
+    let a = state.arrays.get(&tenant(&who), &id).ok_or_else(not_found)?;
+    Ok(Json(view(&a)))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ArrayDataQuery {
+    /// How the values are written in a JSON answer (decimal by default); a bulk answer
+    /// (`Accept: application/vnd.gpu-ops.bulk`) carries them as one buffer.
+    #[param(inline)]
+    pub encoding: Option<Encoding>,
+}
+
+/// A resident array's values.
+#[derive(Serialize, ToSchema)]
+pub struct ArrayDataResponse {
+    pub id: String,
+    pub kind: ArrayKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<Field>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub curve: Option<Curve>,
+    pub encoding: Encoding,
+    /// Field elements, as an op answers them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<ElementsDoc>)]
+    pub values: Option<ElementsOut>,
+    /// Points as `/zk/msm` takes them: `{x, y}` objects (`null` for the identity), one
+    /// base64 string, or in a bulk answer one u64 buffer shaped `[n, 2, words]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<PointOutDoc>>)]
+    pub points: Option<PointsOut>,
+}
+
+/// Points written as `/zk/msm` reads them.
+pub struct PointsOut {
+    points: Arc<Points>,
+    encoding: Encoding,
+}
+
+impl Serialize for PointsOut {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let p = &self.points;
+        if bulk::answering() {
+            let words = (p.curve().coordinate_bytes() / 8) as u64;
+            let shape = vec![p.len() as u64, 2, words];
+            let bytes = bytes::Bytes::from(p.to_le_bytes());
+            return bulk::push_answer_buffer(crate::wire::Dtype::U64, shape, bytes).serialize(s);
+        }
+        if self.encoding == Encoding::Base64 {
+            return super::packed::base64_json_string(&p.to_le_bytes()).serialize(s);
+        }
+        let mut seq = s.serialize_seq(Some(p.len()))?;
+        for i in 0..p.len() {
+            seq.serialize_element(&PointOut::of(p, i, self.encoding))?;
+        }
+        seq.end()
+    }
+}
+
+#[utoipa::path(
+    get, path = "/arrays/{id}/data", tag = "arrays", operation_id = "array_data",
+    summary = "A resident array's values",
+    description = "The values as stored, in JSON (`encoding`) or, with `Accept: application/vnd.gpu-ops.bulk`, \
+        as one buffer of the bulk form: field elements in their field's dtype, points as u64 words `[n, 2, w]`.",
+    params(("id" = String, Path, description = "Array id"), ArrayDataQuery),
+    responses(
+        (status = 200, description = "The values", body = ArrayDataResponse,
+            content((ArrayDataResponse = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
+        (status = 404, description = "array_not_found"),
+        (status = 422, description = "invalid_parameter (encoding)"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn array_data(
+    State(state): State<Arc<AppState>>,
+    who: Option<Extension<Tenant>>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
+    ApiQuery(q): ApiQuery<ArrayDataQuery>,
+    form: AnswerForm,
+) -> Result<Response, Problem> {
+    let a = state.arrays.get(&tenant(&who), &id).ok_or_else(not_found)?;
+    let encoding = q.encoding.unwrap_or_default();
+    blocking(move || {
+        let (values, points) = match &a.data {
+            ArrayData::FieldElements(v) => {
+                let values = (**v).clone();
+                (Some(ElementsOut { values, encoding }), None)
+            }
+            ArrayData::Points(p) => {
+                let points = p.clone();
+                (None, Some(PointsOut { points, encoding }))
+            }
+        };
+        let hint = values.as_ref().map_or(256, ElementsOut::json_size_hint);
+        let body = ArrayDataResponse {
+            id: a.meta.id.clone(),
+            kind: a.meta.kind,
+            field: a.meta.field,
+            curve: a.meta.curve,
+            encoding,
+            values,
+            points,
+        };
+        bulk::reply(form, &body, |b| json_body(b, hint))
+    })
+    .await
+}
+
+#[utoipa::path(
+    delete, path = "/arrays/{id}", tag = "arrays", operation_id = "array_delete",
+    summary = "Delete a resident array and its files",
+    description = "Requests that named the array before it was deleted finish with its values; later ones \
+        get 422 unknown_array.",
+    params(("id" = String, Path, description = "Array id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "array_not_found"),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn array_delete(
+    State(state): State<Arc<AppState>>,
+    who: Option<Extension<Tenant>>,
+    ApiPath(IdParam { id }): ApiPath<IdParam>,
+) -> Result<StatusCode, Problem> {
+    let (st, t) = (state.clone(), tenant(&who));
+    let removed = blocking(move || Ok(st.arrays.remove(&t, &id)?)).await?;
+    removed.ok_or_else(not_found)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The arrays domain's operations and their OpenAPI tag (`api::API_DOMAINS`).
+pub(super) const API: super::ApiDomain = super::ApiDomain {
+    tag: "arrays",
+    description: "Resident arrays: operands uploaded once and named by id from any op",
+    keyed: true,
+    operations,
+};
+
+fn operations() -> super::Operations {
+    utoipa_axum::router::OpenApiRouter::default()
+        .routes(utoipa_axum::routes!(array_create, array_list))
+        .routes(utoipa_axum::routes!(array_get, array_delete))
+        .routes(utoipa_axum::routes!(array_data))
+}

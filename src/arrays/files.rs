@@ -1,0 +1,125 @@
+//! Arrays on disk: `<id>.bin` (the values' little-endian bytes, the wire's form) then
+//! `<id>.json` (the metadata, whose presence commits the array), each written through a
+//! temporary file synced before its rename, then the directory synced, so an array
+//! answered 201 survives a crash, and one cut short leaves no metadata.
+
+use super::{ArrayData, ArrayError, ArrayKind, ArrayMeta, ResidentArray};
+use crate::ops::zk::msm::Points;
+use crate::ops::zk::FieldVec;
+use std::path::Path;
+use std::sync::Arc;
+
+fn io(what: &Path, e: std::io::Error) -> ArrayError {
+    ArrayError::Io(format!("{}: {e}", what.display()))
+}
+
+fn values_bytes(data: &ArrayData) -> std::borrow::Cow<'_, [u8]> {
+    match data {
+        ArrayData::FieldElements(v) => v.le_bytes(),
+        ArrayData::Points(p) => std::borrow::Cow::Owned(p.to_le_bytes()),
+    }
+}
+
+pub(super) fn write(dir: &Path, array: &ResidentArray) -> Result<(), ArrayError> {
+    let meta = serde_json::to_vec(&array.meta).expect("metadata serializes");
+    let id = &array.meta.id;
+    let values = values_bytes(&array.data);
+    let result = [("bin", &values[..]), ("json", &meta[..])]
+        .into_iter()
+        .try_for_each(|(ext, bytes)| {
+            let path = dir.join(format!("{id}.{ext}"));
+            let tmp = path.with_extension(format!("{ext}.tmp"));
+            let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+            std::io::Write::write_all(&mut f, bytes).map_err(|e| io(&tmp, e))?;
+            f.sync_all().map_err(|e| io(&tmp, e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+        })
+        .and_then(|()| sync_dir(dir));
+    if result.is_err() {
+        for ext in ["json", "bin", "json.tmp", "bin.tmp"] {
+            let _ = std::fs::remove_file(dir.join(format!("{id}.{ext}")));
+        }
+    }
+    result
+}
+
+fn sync_dir(dir: &Path) -> Result<(), ArrayError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| io(dir, e))
+}
+
+/// The metadata first: a crash between the two leaves values no array claims, which the
+/// next load deletes.
+pub(super) fn remove(dir: &Path, id: &str) -> Result<(), ArrayError> {
+    for ext in ["json", "bin"] {
+        let path = dir.join(format!("{id}.{ext}"));
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&path, e)),
+        }
+    }
+    Ok(())
+}
+
+/// Every committed array under `dir` (created if missing) that has not expired at
+/// `now_ms`. Expired arrays and values without metadata are deleted; an array whose
+/// files disagree is skipped with a warning and left for an operator to look at.
+pub(super) fn load_all(dir: &Path, now_ms: u64) -> Result<Vec<ResidentArray>, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    let mut out = Vec::new();
+    for path in &paths {
+        let ext = path.extension().and_then(|x| x.to_str()).unwrap_or("");
+        let id = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        match ext {
+            "json" => match load(path, now_ms) {
+                Ok(Some(a)) => out.push(a),
+                Ok(None) => {
+                    if let Err(e) = remove(dir, id) {
+                        tracing::warn!(array = %id, error = %e, "expired array's files not removed");
+                    }
+                }
+                Err(e) => tracing::warn!("resident array {} skipped: {e}", path.display()),
+            },
+            // Values whose metadata never committed (a crash mid-write), and temporaries.
+            "bin" if !path.with_extension("json").exists() => {
+                let _ = std::fs::remove_file(path);
+            }
+            "tmp" => {
+                let _ = std::fs::remove_file(path);
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// The array `meta_path` commits, `None` when it has expired.
+fn load(meta_path: &Path, now_ms: u64) -> Result<Option<ResidentArray>, String> {
+    let meta: ArrayMeta =
+        serde_json::from_slice(&std::fs::read(meta_path).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    if now_ms >= meta.expires_at_ms {
+        return Ok(None);
+    }
+    let bytes = std::fs::read(meta_path.with_extension("bin")).map_err(|e| e.to_string())?;
+    // Checked again as on upload: a file changed on disk is never served unchecked.
+    let data = match (meta.kind, meta.field, meta.curve) {
+        (ArrayKind::FieldElements, Some(field), None) => ArrayData::FieldElements(Arc::new(
+            FieldVec::from_le_bytes(field, &bytes).map_err(|e| e.message)?,
+        )),
+        (ArrayKind::Points, None, Some(curve)) => ArrayData::Points(Arc::new(
+            Points::from_le_bytes(curve, &bytes).map_err(|e| {
+                format!("{} bad points, first {:?}", e.count, e.listed.first())
+            })?,
+        )),
+        _ => return Err("the metadata's kind, field and curve disagree".into()),
+    };
+    if data.len() != meta.len {
+        return Err(format!("{} values for a length of {}", data.len(), meta.len));
+    }
+    Ok(Some(ResidentArray { meta, data }))
+}

@@ -1,0 +1,451 @@
+//! Resident arrays: operands a tenant uploaded once (`POST /arrays`) and names from any
+//! op by id instead of sending them again. Each is validated once, when it is made (a
+//! point on its curve and, for BLS12-381, in the prime-order subgroup; a field element
+//! canonical), and kept parsed in host memory, so a use costs neither a parse nor a check.
+//! A copy on disk under `<data-dir>/arrays/` (`<id>.bin`, the values' little-endian
+//! bytes, then `<id>.json`, whose presence commits the array) survives a restart.
+//!
+//! Bounded like everything a tenant stores: its arrays' bytes (`--max-tenant-array-mib`)
+//! and count (`--max-tenant-arrays`), all arrays' bytes (`--max-arrays-mib`), and a time
+//! to live (`--array-ttl` by default, at most `--max-array-ttl`), after which an array is
+//! gone: refused at once, its memory and files freed by the next sweep.
+
+mod files;
+
+use crate::ops::zk::msm::{Curve, Points};
+use crate::ops::zk::{Field, FieldVec};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+/// What an array holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ArrayKind {
+    /// Canonical elements of one field.
+    FieldElements,
+    /// Affine points of one curve, checked.
+    Points,
+}
+
+impl ArrayKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ArrayKind::FieldElements => "field_elements",
+            ArrayKind::Points => "points",
+        }
+    }
+}
+
+/// An array's values, parsed and checked.
+#[derive(Clone, Debug)]
+pub enum ArrayData {
+    FieldElements(Arc<FieldVec>),
+    Points(Arc<Points>),
+}
+
+impl ArrayData {
+    pub fn kind(&self) -> ArrayKind {
+        match self {
+            ArrayData::FieldElements(_) => ArrayKind::FieldElements,
+            ArrayData::Points(_) => ArrayKind::Points,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            ArrayData::FieldElements(v) => v.len(),
+            ArrayData::Points(p) => p.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The field of its elements, or of its points' coordinates' scalars: `None` for points.
+    pub fn field(&self) -> Option<Field> {
+        match self {
+            ArrayData::FieldElements(v) => Some(v.field()),
+            ArrayData::Points(_) => None,
+        }
+    }
+
+    pub fn curve(&self) -> Option<Curve> {
+        match self {
+            ArrayData::FieldElements(_) => None,
+            ArrayData::Points(p) => Some(p.curve()),
+        }
+    }
+
+    /// The bytes of its wire and disk form (what the quotas count): a field element's
+    /// fixed width, or x ‖ y of a point.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            ArrayData::FieldElements(v) => v.byte_len() as u64,
+            ArrayData::Points(p) => (2 * p.curve().coordinate_bytes() * p.len()) as u64,
+        }
+    }
+}
+
+/// An array's description, as stored beside its values.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ArrayMeta {
+    pub id: String,
+    pub tenant: String,
+    pub name: Option<String>,
+    pub kind: ArrayKind,
+    /// Set for field elements.
+    pub field: Option<Field>,
+    /// Set for points.
+    pub curve: Option<Curve>,
+    pub len: usize,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// Milliseconds since the Unix epoch; the array is gone from then on.
+    pub expires_at_ms: u64,
+}
+
+#[derive(Debug)]
+pub struct ResidentArray {
+    pub meta: ArrayMeta,
+    pub data: ArrayData,
+}
+
+impl ResidentArray {
+    pub fn bytes(&self) -> u64 {
+        self.data.bytes()
+    }
+
+    pub fn expired(&self, now_ms: u64) -> bool {
+        now_ms >= self.meta.expires_at_ms
+    }
+
+    /// When it expires, RFC 3339 with milliseconds.
+    pub fn expires_at(&self) -> String {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.meta.expires_at_ms);
+        humantime::format_rfc3339_millis(at).to_string()
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum ArrayError {
+    /// The tenant's arrays would pass its byte quota.
+    QuotaExceeded { need: u64, used: u64, quota: u64 },
+    /// The tenant holds `--max-tenant-arrays` arrays already.
+    TooMany { count: usize, cap: usize },
+    /// All arrays would pass the server's cap.
+    Full { need: u64, used: u64, cap: u64 },
+    Io(String),
+}
+
+impl ArrayError {
+    /// The refusal's label in `gpu_ops_arrays_refused_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ArrayError::QuotaExceeded { .. } => "tenant_bytes",
+            ArrayError::TooMany { .. } => "tenant_count",
+            ArrayError::Full { .. } => "server_bytes",
+            ArrayError::Io(_) => "io",
+        }
+    }
+}
+
+impl std::fmt::Display for ArrayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ArrayError::QuotaExceeded { need, used, quota } => write!(
+                f,
+                "the array takes {need} bytes; the tenant's arrays take {used} of {quota} (--max-tenant-array-mib)"
+            ),
+            ArrayError::TooMany { count, cap } => write!(
+                f,
+                "the tenant has {count} arrays of at most {cap} (--max-tenant-arrays); delete one first"
+            ),
+            ArrayError::Full { need, used, cap } => write!(
+                f,
+                "the array takes {need} bytes; all arrays take {used} of {cap} (--max-arrays-mib)"
+            ),
+            ArrayError::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// The limits of `Arrays`, from the flags.
+#[derive(Clone, Copy, Debug)]
+pub struct ArrayLimits {
+    pub tenant_bytes: u64,
+    pub tenant_count: usize,
+    pub server_bytes: u64,
+}
+
+/// What the arrays export (registered by `Metrics`; fresh ones in unit tests).
+#[derive(Clone)]
+pub struct ArrayMetrics {
+    /// Bytes held, by tier (`host`, `disk`).
+    pub bytes: prometheus::IntGaugeVec,
+    pub count: prometheus::IntGauge,
+    /// Refusals by reason (`ArrayError::reason`).
+    pub refused: prometheus::IntCounterVec,
+    pub expired: prometheus::IntCounter,
+    /// Operands that named an array, by kind.
+    pub uses: prometheus::IntCounterVec,
+}
+
+impl ArrayMetrics {
+    /// Unregistered metrics, for tests of the store alone.
+    pub fn unregistered() -> Self {
+        use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+        let opts = |n: &str| Opts::new(n, n);
+        Self {
+            bytes: IntGaugeVec::new(opts("b"), &["tier"]).expect("metric"),
+            count: IntGauge::with_opts(opts("c")).expect("metric"),
+            refused: IntCounterVec::new(opts("r"), &["reason"]).expect("metric"),
+            expired: IntCounter::with_opts(opts("e")).expect("metric"),
+            uses: IntCounterVec::new(opts("u"), &["kind"]).expect("metric"),
+        }
+    }
+}
+
+/// Every tenant's arrays.
+pub struct Arrays {
+    dir: PathBuf,
+    limits: ArrayLimits,
+    metrics: ArrayMetrics,
+    catalog: RwLock<Catalog>,
+}
+
+/// The committed arrays, and the bytes of arrays being written (by id: tenant, bytes),
+/// which count against the quotas until they commit or fail.
+#[derive(Default)]
+struct Catalog {
+    arrays: BTreeMap<String, Arc<ResidentArray>>,
+    writing: BTreeMap<String, (String, u64)>,
+}
+
+impl Catalog {
+    /// Bytes held or being written: the tenant's, or everyone's.
+    fn used(&self, tenant: Option<&str>) -> u64 {
+        let mine = |t: &str| tenant.is_none_or(|want| want == t);
+        let kept: u64 = self
+            .arrays
+            .values()
+            .filter(|a| mine(&a.meta.tenant))
+            .map(|a| a.bytes())
+            .sum();
+        let writing: u64 = self
+            .writing
+            .values()
+            .filter(|(t, _)| mine(t))
+            .map(|(_, b)| b)
+            .sum();
+        kept + writing
+    }
+
+    fn count(&self, tenant: &str) -> usize {
+        let kept = self.arrays.values().filter(|a| a.meta.tenant == tenant);
+        let writing = self.writing.values().filter(|(t, _)| t == tenant);
+        kept.count() + writing.count()
+    }
+}
+
+impl Arrays {
+    /// The arrays under `dir` (created if missing). Expired arrays' files are deleted; an
+    /// array whose files do not agree, or whose values no longer pass their checks, is
+    /// skipped with a warning, never served.
+    pub fn open(dir: PathBuf, limits: ArrayLimits, metrics: ArrayMetrics) -> Result<Self, String> {
+        let loaded = files::load_all(&dir, now_ms())?;
+        let mut catalog = Catalog::default();
+        for a in loaded {
+            catalog.arrays.insert(a.meta.id.clone(), Arc::new(a));
+        }
+        let arrays = Self {
+            dir,
+            limits,
+            metrics,
+            catalog: RwLock::new(catalog),
+        };
+        arrays.export(&arrays.read());
+        Ok(arrays)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Catalog> {
+        self.catalog.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write_lock(&self) -> std::sync::RwLockWriteGuard<'_, Catalog> {
+        self.catalog.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the gauges from the catalog (host and disk hold the same committed arrays).
+    fn export(&self, catalog: &Catalog) {
+        let bytes: u64 = catalog.arrays.values().map(|a| a.bytes()).sum();
+        for tier in ["host", "disk"] {
+            self.metrics.bytes.with_label_values(&[tier]).set(bytes as i64);
+        }
+        self.metrics.count.set(catalog.arrays.len() as i64);
+    }
+
+    /// Stores an array under `meta.id`, within the tenant's quotas and the server's cap.
+    pub fn add(&self, meta: ArrayMeta, data: ArrayData) -> Result<Arc<ResidentArray>, ArrayError> {
+        let array = ResidentArray { meta, data };
+        let result = self.reserve_and_write(array);
+        if let Err(e) = &result {
+            self.metrics.refused.with_label_values(&[e.reason()]).inc();
+        }
+        result
+    }
+
+    fn reserve_and_write(&self, array: ResidentArray) -> Result<Arc<ResidentArray>, ArrayError> {
+        let need = array.bytes();
+        let (id, tenant) = (array.meta.id.clone(), array.meta.tenant.clone());
+        // Reserve the room first, so two uploads cannot both fit in the room of one; write
+        // the files without the lock, so uses never wait for a disk.
+        {
+            let mut catalog = self.write_lock();
+            self.drop_expired(&mut catalog, now_ms());
+            let count = catalog.count(&tenant);
+            if count >= self.limits.tenant_count {
+                return Err(ArrayError::TooMany {
+                    count,
+                    cap: self.limits.tenant_count,
+                });
+            }
+            let used = catalog.used(Some(&tenant));
+            if used + need > self.limits.tenant_bytes {
+                return Err(ArrayError::QuotaExceeded {
+                    need,
+                    used,
+                    quota: self.limits.tenant_bytes,
+                });
+            }
+            let all = catalog.used(None);
+            if all + need > self.limits.server_bytes {
+                return Err(ArrayError::Full {
+                    need,
+                    used: all,
+                    cap: self.limits.server_bytes,
+                });
+            }
+            catalog.writing.insert(id.clone(), (tenant, need));
+        }
+        let written = files::write(&self.dir, &array);
+        let mut catalog = self.write_lock();
+        catalog.writing.remove(&id);
+        written?;
+        let array = Arc::new(array);
+        catalog.arrays.insert(id, array.clone());
+        self.export(&catalog);
+        Ok(array)
+    }
+
+    /// The tenant's array `id`, unless it has expired.
+    pub fn get(&self, tenant: &str, id: &str) -> Option<Arc<ResidentArray>> {
+        let now = now_ms();
+        self.read()
+            .arrays
+            .get(id)
+            .filter(|a| a.meta.tenant == tenant && !a.expired(now))
+            .cloned()
+    }
+
+    /// The tenant's array `id` as an operand: counted in `gpu_ops_array_uses_total`.
+    pub fn use_operand(&self, tenant: &str, id: &str) -> Option<Arc<ResidentArray>> {
+        let a = self.get(tenant, id)?;
+        self.metrics
+            .uses
+            .with_label_values(&[a.meta.kind.name()])
+            .inc();
+        Some(a)
+    }
+
+    /// The tenant's arrays that have not expired, by id.
+    pub fn list(&self, tenant: &str) -> Vec<Arc<ResidentArray>> {
+        let now = now_ms();
+        self.read()
+            .arrays
+            .values()
+            .filter(|a| a.meta.tenant == tenant && !a.expired(now))
+            .cloned()
+            .collect()
+    }
+
+    /// Removes the tenant's array `id` and its files; `None` when there is none.
+    pub fn remove(&self, tenant: &str, id: &str) -> Result<Option<Arc<ResidentArray>>, ArrayError> {
+        let mut catalog = self.write_lock();
+        let now = now_ms();
+        if catalog
+            .arrays
+            .get(id)
+            .is_none_or(|a| a.meta.tenant != tenant || a.expired(now))
+        {
+            return Ok(None);
+        }
+        files::remove(&self.dir, id)?;
+        let removed = catalog.arrays.remove(id);
+        self.export(&catalog);
+        Ok(removed)
+    }
+
+    /// Deletes every array expired at `now_ms` with its files; how many.
+    pub fn sweep(&self, now_ms: u64) -> usize {
+        let mut catalog = self.write_lock();
+        self.drop_expired(&mut catalog, now_ms)
+    }
+
+    fn drop_expired(&self, catalog: &mut Catalog, now_ms: u64) -> usize {
+        let expired: Vec<String> = catalog
+            .arrays
+            .values()
+            .filter(|a| a.expired(now_ms))
+            .map(|a| a.meta.id.clone())
+            .collect();
+        let mut dropped = 0;
+        for id in expired {
+            // Files that cannot be removed now keep their entry for the next sweep; the
+            // array is refused meanwhile (expired), and on a restart deleted at load.
+            match files::remove(&self.dir, &id) {
+                Ok(()) => {
+                    catalog.arrays.remove(&id);
+                    dropped += 1;
+                }
+                Err(e) => tracing::warn!(array = %id, error = %e, "expired array kept until its files can be removed"),
+            }
+        }
+        if dropped > 0 {
+            self.metrics.expired.inc_by(dropped as u64);
+            self.export(catalog);
+        }
+        dropped
+    }
+}
+
+/// Sweeps expired arrays every `every` while `arrays` lives.
+pub fn spawn_expiry(arrays: &Arc<Arrays>, every: std::time::Duration) {
+    let arrays = Arc::downgrade(arrays);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(arrays) = arrays.upgrade() else { return };
+            match tokio::task::spawn_blocking(move || arrays.sweep(now_ms())).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(arrays = n, "expired resident arrays deleted"),
+                Err(e) => tracing::warn!(error = %e, "array expiry task failed"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests;

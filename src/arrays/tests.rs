@@ -1,0 +1,167 @@
+use super::*;
+use crate::ops::zk::msm::RawPoint;
+use num_bigint::BigUint;
+
+/// A fresh directory of this test's own.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gpu-ops-arrays-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+const ROOMY: ArrayLimits = ArrayLimits {
+    tenant_bytes: 1 << 20,
+    tenant_count: 100,
+    server_bytes: 1 << 20,
+};
+
+fn open(dir: &std::path::Path, limits: ArrayLimits) -> Arrays {
+    Arrays::open(dir.to_path_buf(), limits, ArrayMetrics::unregistered()).unwrap()
+}
+
+fn goldilocks(id: &str, tenant: &str, values: Vec<u64>, expires_at_ms: u64) -> (ArrayMeta, ArrayData) {
+    let v = FieldVec::from_words(Field::Goldilocks, values).unwrap();
+    let meta = ArrayMeta {
+        id: id.into(),
+        tenant: tenant.into(),
+        name: None,
+        kind: ArrayKind::FieldElements,
+        field: Some(Field::Goldilocks),
+        curve: None,
+        len: v.len(),
+        created_at: "2026-12-03T00:00:00Z".into(),
+        expires_at_ms,
+    };
+    (meta, ArrayData::FieldElements(Arc::new(v)))
+}
+
+const LATER: u64 = u64::MAX;
+
+#[test]
+fn arrays_survive_a_reopen_checked_and_stay_with_their_tenant() {
+    let dir = scratch("reopen");
+    let a = open(&dir, ROOMY);
+    let (m, d) = goldilocks("arr_a", "alice", vec![1, 2, 0xffff_ffff_0000_0000], LATER);
+    a.add(m, d).unwrap();
+    // The BN254 generator (1, 2) and the identity.
+    let raw: Vec<RawPoint> = vec![Some((BigUint::from(1u8), BigUint::from(2u8))), None];
+    let points = Points::validate(Curve::Bn254G1, &raw).unwrap();
+    let meta = ArrayMeta {
+        id: "arr_p".into(),
+        tenant: "bob".into(),
+        name: Some("srs".into()),
+        kind: ArrayKind::Points,
+        field: None,
+        curve: Some(Curve::Bn254G1),
+        len: 2,
+        created_at: "2026-12-03T00:00:00Z".into(),
+        expires_at_ms: LATER,
+    };
+    a.add(meta.clone(), ArrayData::Points(Arc::new(points.clone())))
+        .unwrap();
+
+    let again = open(&dir, ROOMY);
+    let got = again.get("alice", "arr_a").unwrap();
+    let ArrayData::FieldElements(v) = &got.data else {
+        panic!("kind changed")
+    };
+    assert_eq!(v.to_le_bytes(), FieldVec::from_words(Field::Goldilocks, vec![1, 2, 0xffff_ffff_0000_0000]).unwrap().to_le_bytes());
+    let p = again.get("bob", "arr_p").unwrap();
+    assert_eq!(p.meta, meta);
+    assert!(matches!(&p.data, ArrayData::Points(q) if **q == points));
+    assert!(again.get("bob", "arr_a").is_none(), "another tenant's array");
+    assert!(again.remove("bob", "arr_a").unwrap().is_none());
+    assert!(again.remove("alice", "arr_a").unwrap().is_some());
+    assert!(open(&dir, ROOMY).get("alice", "arr_a").is_none());
+}
+
+#[test]
+fn files_changed_on_disk_are_checked_again_and_never_served() {
+    let dir = scratch("tampered");
+    let a = open(&dir, ROOMY);
+    let (m, d) = goldilocks("arr_t", "t", vec![5, 6], LATER);
+    a.add(m, d).unwrap();
+    // The modulus itself is not a canonical element.
+    let mut bytes = std::fs::read(dir.join("arr_t.bin")).unwrap();
+    bytes[8..16].copy_from_slice(&0xffff_ffff_0000_0001u64.to_le_bytes());
+    std::fs::write(dir.join("arr_t.bin"), &bytes).unwrap();
+    // Values without metadata (a crash mid-write) are deleted at load.
+    std::fs::write(dir.join("arr_orphan.bin"), [0u8; 8]).unwrap();
+    let again = open(&dir, ROOMY);
+    assert!(again.get("t", "arr_t").is_none());
+    assert!(!dir.join("arr_orphan.bin").exists());
+}
+
+#[test]
+fn quotas_and_the_cap_refuse_what_would_pass_them_and_count_refusals() {
+    let dir = scratch("quota");
+    let limits = ArrayLimits {
+        tenant_bytes: 40,
+        tenant_count: 2,
+        server_bytes: 64,
+    };
+    let a = open(&dir, limits);
+    let (m, d) = goldilocks("arr_1", "a", vec![0; 4], LATER);
+    a.add(m, d).unwrap();
+    let (m, d) = goldilocks("arr_2", "a", vec![0; 2], LATER);
+    assert_eq!(
+        a.add(m, d).unwrap_err(),
+        ArrayError::QuotaExceeded {
+            need: 16,
+            used: 32,
+            quota: 40
+        }
+    );
+    let (m, d) = goldilocks("arr_3", "b", vec![0; 4], LATER);
+    a.add(m, d).unwrap();
+    let (m, d) = goldilocks("arr_4", "c", vec![0; 1], LATER);
+    assert_eq!(
+        a.add(m, d).unwrap_err(),
+        ArrayError::Full {
+            need: 8,
+            used: 64,
+            cap: 64
+        }
+    );
+    let (m, d) = goldilocks("arr_5", "a", vec![], LATER);
+    a.add(m, d).unwrap();
+    let (m, d) = goldilocks("arr_6", "a", vec![], LATER);
+    assert_eq!(a.add(m, d).unwrap_err(), ArrayError::TooMany { count: 2, cap: 2 });
+    let refused = |r: &str| a.metrics.refused.with_label_values(&[r]).get();
+    assert_eq!(
+        (refused("tenant_bytes"), refused("server_bytes"), refused("tenant_count")),
+        (1, 1, 1)
+    );
+    assert_eq!(a.metrics.bytes.with_label_values(&["host"]).get(), 64);
+    assert_eq!(a.metrics.count.get(), 3);
+    // A deletion makes room.
+    a.remove("a", "arr_1").unwrap();
+    let (m, d) = goldilocks("arr_4", "c", vec![0; 1], LATER);
+    a.add(m, d).unwrap();
+}
+
+#[test]
+fn an_expired_array_is_refused_at_once_and_its_files_go_with_the_sweep() {
+    let dir = scratch("expiry");
+    let a = open(&dir, ROOMY);
+    let soon = now_ms() + 60_000;
+    let (m, d) = goldilocks("arr_old", "t", vec![1], soon);
+    a.add(m, d).unwrap();
+    let (m, d) = goldilocks("arr_new", "t", vec![2], LATER);
+    a.add(m, d).unwrap();
+    assert_eq!(a.sweep(soon - 1), 0);
+    assert!(dir.join("arr_old.json").exists());
+    assert_eq!(a.sweep(soon), 1);
+    assert!(!dir.join("arr_old.json").exists() && !dir.join("arr_old.bin").exists());
+    assert_eq!(a.metrics.expired.get(), 1);
+    assert_eq!(a.list("t").len(), 1);
+
+    // Already expired when stored (a clock behind the deadline), or at a restart: gone.
+    let (m, d) = goldilocks("arr_past", "t", vec![3], 1);
+    a.add(m, d).unwrap();
+    assert!(a.get("t", "arr_past").is_none());
+    assert!(a.list("t").iter().all(|x| x.meta.id != "arr_past"));
+    let again = open(&dir, ROOMY);
+    assert!(!dir.join("arr_past.json").exists());
+    assert_eq!(again.list("t").len(), 1);
+}
