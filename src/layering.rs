@@ -6,10 +6,22 @@
 
 /// A folder (or file) under `src/`, and the top-level modules it may not name.
 const FORBIDDEN: &[(&str, &[&str])] = &[
-    ("backend", &["ops", "api", "store", "datasets", "tables", "arrays"]),
-    ("pool", &["ops", "api", "store", "datasets", "tables", "arrays"]),
-    ("metrics.rs", &["ops", "api", "store", "datasets", "tables", "arrays"]),
-    ("ops", &["api", "store", "pool", "datasets", "tables", "arrays"]),
+    (
+        "backend",
+        &["ops", "api", "store", "datasets", "tables", "arrays"],
+    ),
+    (
+        "pool",
+        &["ops", "api", "store", "datasets", "tables", "arrays"],
+    ),
+    (
+        "metrics.rs",
+        &["ops", "api", "store", "datasets", "tables", "arrays"],
+    ),
+    (
+        "ops",
+        &["api", "store", "pool", "datasets", "tables", "arrays"],
+    ),
 ];
 
 /// Every `crate::<module>` a source text names, in `use crate::x`, `use crate::{x, y}`

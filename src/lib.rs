@@ -10,9 +10,9 @@
 
 #[cfg(feature = "openapi")]
 pub mod api;
-pub mod arrays;
 #[cfg(feature = "openapi")]
 mod app;
+pub mod arrays;
 pub mod backend;
 pub mod bench;
 pub mod check;

@@ -20,6 +20,7 @@ use std::sync::Arc;
 /// Documentation form of an operand that names a resident array.
 #[derive(utoipa::ToSchema)]
 #[allow(dead_code)]
+#[serde(deny_unknown_fields)]
 pub struct ArrayRefDoc {
     /// The id `POST /arrays` answered: the array's values stand here, as if sent.
     #[schema(example = "arr_5f0c3a9e1d2b4c6a8e7f9012")]
@@ -51,7 +52,11 @@ pub(super) fn object_operand<'de, A: serde::de::MapAccess<'de>>(
     use serde::de::Error;
     let f = OperandFields::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
     if let Some(id) = f.array {
-        if f.dtype.is_some() || f.shape.is_some() || f.byte_offset.is_some() || f.byte_length.is_some() {
+        if f.dtype.is_some()
+            || f.shape.is_some()
+            || f.byte_offset.is_some()
+            || f.byte_length.is_some()
+        {
             return Err(A::Error::custom(
                 "an array reference takes only `array`, no buffer descriptor fields",
             ));
@@ -61,8 +66,12 @@ pub(super) fn object_operand<'de, A: serde::de::MapAccess<'de>>(
     let b = BufferRef {
         dtype: f.dtype.ok_or_else(|| A::Error::missing_field("dtype"))?,
         shape: f.shape.ok_or_else(|| A::Error::missing_field("shape"))?,
-        byte_offset: f.byte_offset.ok_or_else(|| A::Error::missing_field("byte_offset"))?,
-        byte_length: f.byte_length.ok_or_else(|| A::Error::missing_field("byte_length"))?,
+        byte_offset: f
+            .byte_offset
+            .ok_or_else(|| A::Error::missing_field("byte_offset"))?,
+        byte_length: f
+            .byte_length
+            .ok_or_else(|| A::Error::missing_field("byte_length"))?,
     };
     let bytes = super::bulk::buffer(b.byte_offset, b.byte_length).map_err(A::Error::custom)?;
     Ok(ObjectOperand::Buffer(b, bytes))
@@ -83,10 +92,7 @@ impl FromRequestParts<Arc<AppState>> for ArrayScope {
             .extensions
             .get::<Tenant>()
             .map_or_else(String::new, |Tenant(t)| t.clone());
-        Ok(ArrayScope {
-            arrays: state.arrays.clone(),
-            tenant,
-        })
+        Ok(ArrayScope::new(state.arrays.clone(), tenant))
     }
 }
 
@@ -105,7 +111,10 @@ impl ArrayScope {
             server_bytes: 1 << 20,
         };
         let arrays = Arrays::open(dir, limits, crate::arrays::ArrayMetrics::unregistered());
-        Self::new(Arc::new(arrays.expect("a scratch directory")), String::new())
+        Self::new(
+            Arc::new(arrays.expect("a scratch directory")),
+            String::new(),
+        )
     }
 
     /// The array `id` names for the operand at `path`.
@@ -114,7 +123,9 @@ impl ArrayScope {
             Problem::at(
                 ErrorCode::UnknownArray,
                 format!("{path}/array"),
-                format!("{id:.40}: no resident array of this tenant has this id (it may have expired)"),
+                format!(
+                    "{id:.40}: no resident array of this tenant has this id (it may have expired)"
+                ),
             )
         })
     }
@@ -134,7 +145,11 @@ impl ArrayScope {
     }
 
     /// The elements, of whichever field, the array `id` holds (as plain integers).
-    pub(super) fn any_field_elements(&self, id: &str, path: &str) -> Result<Arc<FieldVec>, Problem> {
+    pub(super) fn any_field_elements(
+        &self,
+        id: &str,
+        path: &str,
+    ) -> Result<Arc<FieldVec>, Problem> {
         let a = self.resolve(id, path)?;
         match &a.data {
             ArrayData::FieldElements(v) => Ok(v.clone()),
@@ -143,7 +158,12 @@ impl ArrayScope {
     }
 
     /// The points of `curve` the array `id` holds.
-    pub(super) fn points(&self, id: &str, curve: Curve, path: &str) -> Result<Arc<Points>, Problem> {
+    pub(super) fn points(
+        &self,
+        id: &str,
+        curve: Curve,
+        path: &str,
+    ) -> Result<Arc<Points>, Problem> {
         let a = self.resolve(id, path)?;
         match &a.data {
             ArrayData::Points(p) if p.curve() == curve => Ok(p.clone()),
@@ -164,6 +184,10 @@ fn mismatch(a: &ResidentArray, want: &str, path: &str) -> Problem {
     Problem::at(
         ErrorCode::ArrayMismatch,
         format!("{path}/array"),
-        format!("{} holds {}; this operand takes {want}", a.meta.id, describe(a)),
+        format!(
+            "{} holds {}; this operand takes {want}",
+            a.meta.id,
+            describe(a)
+        ),
     )
 }

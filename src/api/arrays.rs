@@ -8,7 +8,9 @@ use super::extract::ApiQuery;
 use super::msm::{PointOut, PointOutDoc, PointsDoc, PointsIn};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, bulk, entropy_u64, json_body, AnswerForm, ApiBody, ApiPath, AppState, IdParam};
+use super::{
+    blocking, bulk, entropy_u64, json_body, AnswerForm, ApiBody, ApiPath, AppState, IdParam,
+};
 use crate::arrays::{now_ms, ArrayData, ArrayKind, ArrayMeta, ResidentArray};
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::Field;
@@ -109,11 +111,15 @@ fn not_found() -> Problem {
 /// `field` set for field elements and `curve` for points, the other absent: the
 /// operand the kind takes, and its path.
 fn kind_fields(req: &CreateArrayRequest) -> Result<(), Problem> {
-    let misplaced = |path: &str, why: &str| Problem::at(ErrorCode::InvalidRequest, path, why.to_string());
+    let misplaced =
+        |path: &str, why: &str| Problem::at(ErrorCode::InvalidRequest, path, why.to_string());
     match req.kind {
         ArrayKind::FieldElements => {
             if req.curve.is_some() || req.points.is_some() {
-                return Err(misplaced("/curve", "field_elements take field and values, not curve or points"));
+                return Err(misplaced(
+                    "/curve",
+                    "field_elements take field and values, not curve or points",
+                ));
             }
             if req.field.is_none() {
                 return Err(misplaced("/field", "give the elements' field"));
@@ -124,7 +130,10 @@ fn kind_fields(req: &CreateArrayRequest) -> Result<(), Problem> {
         }
         ArrayKind::Points => {
             if req.field.is_some() || req.values.is_some() {
-                return Err(misplaced("/field", "points take curve and points, not field or values"));
+                return Err(misplaced(
+                    "/field",
+                    "points take curve and points, not field or values",
+                ));
             }
             if req.curve.is_none() {
                 return Err(misplaced("/curve", "give the points' curve"));
@@ -182,7 +191,11 @@ pub async fn array_create(
     ApiBody(req): ApiBody<CreateArrayRequest>,
 ) -> Result<Response, Problem> {
     if req.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
-        return Err(Problem::at(ErrorCode::InvalidParameter, "/name", "at most 200 characters"));
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/name",
+            "at most 200 characters",
+        ));
     }
     kind_fields(&req)?;
     let ttl = ttl_ms(&state, req.ttl_seconds)?;
@@ -201,7 +214,11 @@ pub async fn array_create(
             _ => unreachable!("kind_fields checked the kind's fields"),
         };
         if data.is_empty() {
-            return Err(Problem::at(ErrorCode::InvalidParameter, path, "give at least one value"));
+            return Err(Problem::at(
+                ErrorCode::InvalidParameter,
+                path,
+                "give at least one value",
+            ));
         }
         let now = now_ms();
         let meta = ArrayMeta {

@@ -1,7 +1,7 @@
 //! `/mpc/shamir/*`: Shamir secret sharing of field vectors, with Feldman commitments.
 
-use super::bounded::AtMost;
 use super::array_operands::ArrayScope;
+use super::bounded::AtMost;
 use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
 use super::msm::{PointOut, PointsDoc, PointsIn};
 use super::openapi::Binary;

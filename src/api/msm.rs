@@ -397,7 +397,9 @@ pub async fn msm(
             (curve, encoding, max),
             &arrays,
         )?;
-        let points = req.points.decode(curve, encoding, max, "/points", &arrays)?;
+        let points = req
+            .points
+            .decode(curve, encoding, max, "/points", &arrays)?;
         MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))
     };
     let job = blocking_if(large, build).await?;

@@ -220,7 +220,9 @@ pub async fn field_inv(
     let max = state.settings.config.max_elements;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
     let build = move || -> Result<FieldInvJob, Problem> {
-        let values = req.values.decode(field, encoding, "/values", max, &arrays)?;
+        let values = req
+            .values
+            .decode(field, encoding, "/values", max, &arrays)?;
         Ok(FieldInvJob::new(values)?)
     };
     let job = blocking_if(large, build).await?;
@@ -331,7 +333,9 @@ async fn transform(
     let max_log2 = state.settings.config.max_ntt_log2;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
     let build = move || -> Result<NttJob, Problem> {
-        let values = req.values.decode(field, encoding, "/values", max, &arrays)?;
+        let values = req
+            .values
+            .decode(field, encoding, "/values", max, &arrays)?;
         let shift = match req.coset_shift {
             None => None,
             Some(s) => {

@@ -112,14 +112,17 @@ fn load(meta_path: &Path, now_ms: u64) -> Result<Option<ResidentArray>, String> 
             FieldVec::from_le_bytes(field, &bytes).map_err(|e| e.message)?,
         )),
         (ArrayKind::Points, None, Some(curve)) => ArrayData::Points(Arc::new(
-            Points::from_le_bytes(curve, &bytes).map_err(|e| {
-                format!("{} bad points, first {:?}", e.count, e.listed.first())
-            })?,
+            Points::from_le_bytes(curve, &bytes)
+                .map_err(|e| format!("{} bad points, first {:?}", e.count, e.listed.first()))?,
         )),
         _ => return Err("the metadata's kind, field and curve disagree".into()),
     };
     if data.len() != meta.len {
-        return Err(format!("{} values for a length of {}", data.len(), meta.len));
+        return Err(format!(
+            "{} values for a length of {}",
+            data.len(),
+            meta.len
+        ));
     }
     Ok(Some(ResidentArray { meta, data }))
 }

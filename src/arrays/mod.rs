@@ -140,11 +140,22 @@ pub fn now_ms() -> u64 {
 #[derive(Debug, PartialEq, Eq)]
 pub enum ArrayError {
     /// The tenant's arrays would pass its byte quota.
-    QuotaExceeded { need: u64, used: u64, quota: u64 },
+    QuotaExceeded {
+        need: u64,
+        used: u64,
+        quota: u64,
+    },
     /// The tenant holds `--max-tenant-arrays` arrays already.
-    TooMany { count: usize, cap: usize },
+    TooMany {
+        count: usize,
+        cap: usize,
+    },
     /// All arrays would pass the server's cap.
-    Full { need: u64, used: u64, cap: u64 },
+    Full {
+        need: u64,
+        used: u64,
+        cap: u64,
+    },
     Io(String),
 }
 
@@ -290,7 +301,10 @@ impl Arrays {
     fn export(&self, catalog: &Catalog) {
         let bytes: u64 = catalog.arrays.values().map(|a| a.bytes()).sum();
         for tier in ["host", "disk"] {
-            self.metrics.bytes.with_label_values(&[tier]).set(bytes as i64);
+            self.metrics
+                .bytes
+                .with_label_values(&[tier])
+                .set(bytes as i64);
         }
         self.metrics.count.set(catalog.arrays.len() as i64);
     }
@@ -418,7 +432,9 @@ impl Arrays {
                     catalog.arrays.remove(&id);
                     dropped += 1;
                 }
-                Err(e) => tracing::warn!(array = %id, error = %e, "expired array kept until its files can be removed"),
+                Err(e) => {
+                    tracing::warn!(array = %id, error = %e, "expired array kept until its files can be removed")
+                }
             }
         }
         if dropped > 0 {
@@ -437,7 +453,9 @@ pub fn spawn_expiry(arrays: &Arc<Arrays>, every: std::time::Duration) {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let Some(arrays) = arrays.upgrade() else { return };
+            let Some(arrays) = arrays.upgrade() else {
+                return;
+            };
             match tokio::task::spawn_blocking(move || arrays.sweep(now_ms())).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(arrays = n, "expired resident arrays deleted"),

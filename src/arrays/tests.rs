@@ -19,7 +19,12 @@ fn open(dir: &std::path::Path, limits: ArrayLimits) -> Arrays {
     Arrays::open(dir.to_path_buf(), limits, ArrayMetrics::unregistered()).unwrap()
 }
 
-fn goldilocks(id: &str, tenant: &str, values: Vec<u64>, expires_at_ms: u64) -> (ArrayMeta, ArrayData) {
+fn goldilocks(
+    id: &str,
+    tenant: &str,
+    values: Vec<u64>,
+    expires_at_ms: u64,
+) -> (ArrayMeta, ArrayData) {
     let v = FieldVec::from_words(Field::Goldilocks, values).unwrap();
     let meta = ArrayMeta {
         id: id.into(),
@@ -65,11 +70,19 @@ fn arrays_survive_a_reopen_checked_and_stay_with_their_tenant() {
     let ArrayData::FieldElements(v) = &got.data else {
         panic!("kind changed")
     };
-    assert_eq!(v.to_le_bytes(), FieldVec::from_words(Field::Goldilocks, vec![1, 2, 0xffff_ffff_0000_0000]).unwrap().to_le_bytes());
+    assert_eq!(
+        v.to_le_bytes(),
+        FieldVec::from_words(Field::Goldilocks, vec![1, 2, 0xffff_ffff_0000_0000])
+            .unwrap()
+            .to_le_bytes()
+    );
     let p = again.get("bob", "arr_p").unwrap();
     assert_eq!(p.meta, meta);
     assert!(matches!(&p.data, ArrayData::Points(q) if **q == points));
-    assert!(again.get("bob", "arr_a").is_none(), "another tenant's array");
+    assert!(
+        again.get("bob", "arr_a").is_none(),
+        "another tenant's array"
+    );
     assert!(again.remove("bob", "arr_a").unwrap().is_none());
     assert!(again.remove("alice", "arr_a").unwrap().is_some());
     assert!(open(&dir, ROOMY).get("alice", "arr_a").is_none());
@@ -126,10 +139,17 @@ fn quotas_and_the_cap_refuse_what_would_pass_them_and_count_refusals() {
     let (m, d) = goldilocks("arr_5", "a", vec![], LATER);
     a.add(m, d).unwrap();
     let (m, d) = goldilocks("arr_6", "a", vec![], LATER);
-    assert_eq!(a.add(m, d).unwrap_err(), ArrayError::TooMany { count: 2, cap: 2 });
+    assert_eq!(
+        a.add(m, d).unwrap_err(),
+        ArrayError::TooMany { count: 2, cap: 2 }
+    );
     let refused = |r: &str| a.metrics.refused.with_label_values(&[r]).get();
     assert_eq!(
-        (refused("tenant_bytes"), refused("server_bytes"), refused("tenant_count")),
+        (
+            refused("tenant_bytes"),
+            refused("server_bytes"),
+            refused("tenant_count")
+        ),
         (1, 1, 1)
     );
     assert_eq!(a.metrics.bytes.with_label_values(&["host"]).get(), 64);

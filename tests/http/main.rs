@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod arrays;
 mod beams;
 mod bench_cli;
 mod bulk;

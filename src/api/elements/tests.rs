@@ -169,7 +169,9 @@ fn every_field_round_trips_and_the_size_hint_bounds_the_answer() {
                 text.len() <= out.json_size_hint(),
                 "{field:?} {encoding:?}: {text}"
             );
-            let back = elements(&text).decode_inline(field, encoding, "/a", 100).unwrap();
+            let back = elements(&text)
+                .decode_inline(field, encoding, "/a", 100)
+                .unwrap();
             assert_eq!(back, v, "{field:?} {encoding:?}");
         }
     }

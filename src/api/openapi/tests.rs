@@ -127,9 +127,18 @@ fn element_vectors_are_bare_arrays_or_strings_or_name_an_array() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| s["type"].as_str().or(s["$ref"].as_str()).unwrap().to_string())
+        .map(|s| {
+            s["type"]
+                .as_str()
+                .or(s["$ref"].as_str())
+                .unwrap()
+                .to_string()
+        })
         .collect();
-    assert_eq!(shapes, ["array", "string", "#/components/schemas/ArrayRefDoc"]);
+    assert_eq!(
+        shapes,
+        ["array", "string", "#/components/schemas/ArrayRefDoc"]
+    );
     let reference = &doc["components"]["schemas"]["ArrayRefDoc"];
     assert_eq!(reference["required"], serde_json::json!(["array"]));
     assert_eq!(reference["properties"].as_object().unwrap().len(), 1);
