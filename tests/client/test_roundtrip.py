@@ -49,6 +49,13 @@ try:
         dp_laplace,
         dp_privatize,
     )
+    from gpu_ops_client.api.arrays import (
+        array_create,
+        array_data,
+        array_delete,
+        array_get,
+        array_list,
+    )
     from gpu_ops_client.api.beams import beam_channels, beam_sweep
     from gpu_ops_client.api.embeddings import (
         embedding_table_create,
@@ -94,6 +101,12 @@ try:
     )
     from gpu_ops_client.models import (
         AffinePointDoc,
+        ArrayDataResponse,
+        ArrayKind,
+        ArrayList,
+        ArrayRefDoc,
+        ArrayView,
+        CreateArrayRequest,
         HeAggregateRequest,
         HeCiphertextResponse,
         HeDecryptRequest,
@@ -599,6 +612,65 @@ def test_msm(client):
 def refuse_msm(c: Ctx):  # (1, 3) is not on y² = x³ + 3
     body = MsmRequest(curve=Curve.BN254_G1, scalars=["2"], points=[AffinePointDoc(x="1", y="3")])
     return msm.sync_detailed(client=c.client, body=body)
+
+
+# ---------------------------------------------------------------------------------------
+# arrays: operands kept for later requests.
+
+
+@roundtrip("array_create", "array_get", "array_list", "array_data", "array_delete")
+def test_arrays(client):
+    # Keep the BN254 generator and the identity, sum over them by id, read them back.
+    generator = AffinePointDoc(x=str(BN254_G[0]), y=str(BN254_G[1]))
+    body = CreateArrayRequest(kind=ArrayKind.POINTS, curve=Curve.BN254_G1, points=[generator, None],
+                              name="srs", ttl_seconds=600)
+    a = ok(array_create.sync_detailed(client=client, body=body), 201, ArrayView)
+    assert (a.kind, a.curve, a.length, a.size_bytes, a.held) == (
+        ArrayKind.POINTS, Curve.BN254_G1, 2, 128, ["host", "disk"])
+    assert a.data_url == f"/arrays/{a.id}/data"
+    listed = ok(array_list.sync_detailed(client=client), 200, ArrayList)
+    assert a.id in [x.id for x in listed.arrays]
+    got = ok(array_get.sync_detailed(a.id, client=client), 200, ArrayView)
+    assert (got.name, got.expires_at) == ("srs", a.expires_at)
+    r = ok(msm.sync_detailed(client=client, body=MsmRequest(
+        curve=Curve.BN254_G1, scalars=["2", "5"], points=ArrayRefDoc(array=a.id))), 200, MsmResponse)
+    assert (int(r.result.x), int(r.result.y)) == BN254_2G
+    data = ok(array_data.sync_detailed(a.id, client=client, encoding=Encoding.HEX), 200, ArrayDataResponse)
+    assert data.points[1] is None and (data.points[0].x, data.points[0].y) == ("0x1", "0x2")
+    # Field elements name any element operand.
+    e = ok(array_create.sync_detailed(client=client, body=CreateArrayRequest(
+        kind=ArrayKind.FIELD_ELEMENTS, field=Field.GOLDILOCKS, values=["3", "4"])), 201, ArrayView)
+    r = ok(field_mul.sync_detailed(client=client, body=FieldBinaryRequest(
+        field=Field.GOLDILOCKS, a=ArrayRefDoc(array=e.id), b=["5"])), 200, FieldVectorResponse)
+    assert r.result == ["15", "20"]
+    for x in (a, e):
+        assert array_delete.sync_detailed(x.id, client=client).status_code == 204
+
+
+@refusal("array_create", 422, "invalid_point", "/points/0")
+def refuse_array_create(c: Ctx):  # (1, 3) is not on y² = x³ + 3
+    body = CreateArrayRequest(kind=ArrayKind.POINTS, curve=Curve.BN254_G1, points=[AffinePointDoc(x="1", y="3")])
+    return array_create.sync_detailed(client=c.client, body=body)
+
+
+@refusal("array_list", 401, "unauthorized")
+def refuse_array_list(c: Ctx):  # no API key
+    return array_list.sync_detailed(client=c.anon)
+
+
+@refusal("array_get", 404, "array_not_found")
+def refuse_array_get(c: Ctx):
+    return array_get.sync_detailed("arr_missing", client=c.client)
+
+
+@refusal("array_data", 404, "array_not_found")
+def refuse_array_data(c: Ctx):
+    return array_data.sync_detailed("arr_missing", client=c.client)
+
+
+@refusal("array_delete", 404, "array_not_found")
+def refuse_array_delete(c: Ctx):
+    return array_delete.sync_detailed("arr_missing", client=c.client)
 
 
 # ---------------------------------------------------------------------------------------
