@@ -188,6 +188,9 @@ impl Metrics {
         for tier in ["host", "disk"] {
             m.array_bytes.with_label_values(&[tier]);
         }
+        for kind in ["field_elements", "points"] {
+            m.array_uses.with_label_values(&[kind]);
+        }
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::new(

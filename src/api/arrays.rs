@@ -3,9 +3,9 @@
 
 use super::array_operands::ArrayScope;
 use super::auth::{tenant, Tenant};
-use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
+use super::elements::{Elements, ElementsDoc, ElementsOut, ElementsOutDoc, Encoding};
 use super::extract::ApiQuery;
-use super::msm::{PointOut, PointOutDoc, PointsDoc, PointsIn};
+use super::msm::{AffinePointDoc, PointOut, PointsDoc, PointsIn};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{
@@ -278,8 +278,9 @@ pub async fn array_get(
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ArrayDataQuery {
-    /// How the values are written in a JSON answer (decimal by default); a bulk answer
-    /// (`Accept: application/vnd.gpu-ops.bulk`) carries them as one buffer.
+    /// How the values are written in a JSON answer (decimal by default, also when
+    /// empty); a bulk answer (`Accept: application/vnd.gpu-ops.bulk`) carries them as one
+    /// buffer.
     #[param(inline)]
     pub encoding: Option<Encoding>,
 }
@@ -296,13 +297,25 @@ pub struct ArrayDataResponse {
     pub encoding: Encoding,
     /// Field elements, as an op answers them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<ElementsDoc>)]
+    #[schema(value_type = Option<ElementsOutDoc>)]
     pub values: Option<ElementsOut>,
     /// Points as `/zk/msm` takes them: `{x, y}` objects (`null` for the identity), one
     /// base64 string, or in a bulk answer one u64 buffer shaped `[n, 2, words]`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Vec<PointOutDoc>>)]
+    #[schema(value_type = Option<PointsOutDoc>)]
     pub points: Option<PointsOut>,
+}
+
+/// Documentation form of points in an answer.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+#[serde(untagged)]
+pub enum PointsOutDoc {
+    /// `{x, y}` objects in `encoding` (decimal or hex), `null` for the identity.
+    List(Vec<Option<AffinePointDoc>>),
+    /// With `"encoding": "base64"`: x ‖ y per point, little-endian, all zero for the
+    /// identity.
+    Base64(String),
 }
 
 /// Points written as `/zk/msm` reads them.

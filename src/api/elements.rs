@@ -47,6 +47,19 @@ pub enum ElementsDoc {
     Array(ArrayRefDoc),
 }
 
+/// Documentation form of an element vector in an answer: a bare array of strings or one
+/// bare base64 string (in a bulk answer, a buffer descriptor).
+#[derive(ToSchema)]
+#[allow(dead_code)]
+#[serde(untagged)]
+#[schema(example = json!(["1", "42"]))]
+pub enum ElementsOutDoc {
+    /// Decimal, or `0x` hex with `"encoding": "hex"`.
+    Strings(Vec<String>),
+    /// With `"encoding": "base64"`: little-endian fixed-width values.
+    Base64(String),
+}
+
 /// An element vector as received, before the field is known: strings already parsed,
 /// base64 already decoded (a bad one kept, to be refused with its path once decoded).
 #[derive(Debug)]

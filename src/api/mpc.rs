@@ -2,7 +2,7 @@
 
 use super::array_operands::ArrayScope;
 use super::bounded::AtMost;
-use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
+use super::elements::{Elements, ElementsDoc, ElementsOut, ElementsOutDoc, Encoding};
 use super::msm::{PointOut, PointsDoc, PointsIn};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
@@ -70,7 +70,7 @@ pub struct ShareOut {
     /// Decimal, or `0x` hex with `"encoding": "hex"`.
     #[schema(value_type = String, example = "1")]
     pub x: String,
-    #[schema(value_type = ElementsDoc)]
+    #[schema(value_type = ElementsOutDoc)]
     pub values: ElementsOut,
 }
 
@@ -347,7 +347,7 @@ pub struct ShamirCombineResponse {
     pub shares_used: usize,
     /// Further shares, each found on the same polynomials.
     pub shares_checked: usize,
-    #[schema(value_type = ElementsDoc)]
+    #[schema(value_type = ElementsOutDoc)]
     pub secrets: ElementsOut,
 }
 

@@ -87,6 +87,7 @@ pub fn document() -> Value {
         bulk_forms(op);
         add_shared_problems(op, &jobs);
         binary_answers(op);
+        empty_optional_queries(op);
     }
     for_each_object(&mut doc, &mut bare_defaulted_ref);
     for_each_object(&mut doc, &mut camel_case_links);
@@ -94,6 +95,20 @@ pub fn document() -> Value {
         describe_events(&mut doc, operation, events, data);
     }
     doc
+}
+
+/// `ApiQuery` reads an empty query value (`?encoding=`) as the parameter's absence: for
+/// an optional parameter that is its default, which `allowEmptyValue` says.
+fn empty_optional_queries(op: &mut serde_json::Map<String, Value>) {
+    let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for p in params {
+        let optional = p.get("required").and_then(Value::as_bool) != Some(true);
+        if p.get("in").and_then(Value::as_str) == Some("query") && optional {
+            p["allowEmptyValue"] = json!(true);
+        }
+    }
 }
 
 /// Server-sent event streams: (operation id, event names, the schema of each event's data).

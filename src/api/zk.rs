@@ -1,7 +1,7 @@
 //! `/zk/*`: prime-field vector operations.
 
 use super::array_operands::ArrayScope;
-use super::elements::{Elements, ElementsDoc, ElementsOut, Encoding};
+use super::elements::{Elements, ElementsDoc, ElementsOut, ElementsOutDoc, Encoding};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking_if, bulk, job_timeout, AnswerForm, ApiBody, AppState};
@@ -47,7 +47,7 @@ pub struct FieldVectorResponse {
     pub encoding: Encoding,
     pub length: usize,
     /// Canonical results, in `encoding`.
-    #[schema(value_type = ElementsDoc)]
+    #[schema(value_type = ElementsOutDoc)]
     pub result: ElementsOut,
 }
 
