@@ -117,6 +117,11 @@ impl ArrayScope {
         )
     }
 
+    /// The store and the tenant it stands for.
+    pub(super) fn parts(&self) -> (&Arrays, &str) {
+        (&self.arrays, &self.tenant)
+    }
+
     /// The array `id` names for the operand at `path`.
     fn resolve(&self, id: &str, path: &str) -> Result<Arc<ResidentArray>, Problem> {
         self.arrays.use_operand(&self.tenant, id).ok_or_else(|| {

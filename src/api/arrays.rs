@@ -85,7 +85,7 @@ pub struct ArrayList {
     pub arrays: Vec<ArrayView>,
 }
 
-fn view(a: &ResidentArray) -> ArrayView {
+pub(super) fn view(a: &ResidentArray) -> ArrayView {
     ArrayView {
         id: a.meta.id.clone(),
         name: a.meta.name.clone(),
@@ -146,8 +146,8 @@ fn kind_fields(req: &CreateArrayRequest) -> Result<(), Problem> {
     Ok(())
 }
 
-/// The time to live asked for, within --max-array-ttl, in milliseconds.
-fn ttl_ms(state: &AppState, asked: Option<u64>) -> Result<u64, Problem> {
+/// The time to live asked for at `path`, within --max-array-ttl, in milliseconds.
+pub(super) fn ttl_ms(state: &AppState, asked: Option<u64>, path: &str) -> Result<u64, Problem> {
     let cfg = &state.settings.config;
     let max = cfg.max_array_ttl.as_secs().max(1);
     match asked {
@@ -155,10 +155,45 @@ fn ttl_ms(state: &AppState, asked: Option<u64>) -> Result<u64, Problem> {
         Some(s) if (1..=max).contains(&s) => Ok(s * 1000),
         Some(_) => Err(Problem::at(
             ErrorCode::InvalidParameter,
-            "/ttl_seconds",
+            path,
             format!("1 to {max} seconds (--max-array-ttl)"),
         )),
     }
+}
+
+/// A label of at most 200 characters, at `path`.
+pub(super) fn check_name(name: &Option<String>, path: &str) -> Result<(), Problem> {
+    if name.as_ref().is_some_and(|n| n.chars().count() > 200) {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            path,
+            "at most 200 characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Stores `data` as a new array of `tenant`'s, living `ttl` milliseconds from now: an
+/// upload's and a kept result's way in. Blocks on the disk.
+pub(super) fn store(
+    arrays: &crate::arrays::Arrays,
+    tenant: String,
+    name: Option<String>,
+    ttl: u64,
+    data: ArrayData,
+) -> Result<Arc<ResidentArray>, Problem> {
+    let meta = ArrayMeta {
+        id: format!("arr_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32),
+        tenant,
+        name,
+        kind: data.kind(),
+        field: data.field(),
+        curve: data.curve(),
+        len: data.len(),
+        created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        expires_at_ms: now_ms().saturating_add(ttl),
+    };
+    Ok(arrays.add(meta, data)?)
 }
 
 #[utoipa::path(
@@ -190,15 +225,9 @@ pub async fn array_create(
     arrays: ArrayScope,
     ApiBody(req): ApiBody<CreateArrayRequest>,
 ) -> Result<Response, Problem> {
-    if req.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
-        return Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/name",
-            "at most 200 characters",
-        ));
-    }
+    check_name(&req.name, "/name")?;
     kind_fields(&req)?;
-    let ttl = ttl_ms(&state, req.ttl_seconds)?;
+    let ttl = ttl_ms(&state, req.ttl_seconds, "/ttl_seconds")?;
     let max = state.settings.config.max_elements;
     let (st, tenant) = (state.clone(), tenant(&who));
     let array = blocking(move || {
@@ -220,19 +249,7 @@ pub async fn array_create(
                 "give at least one value",
             ));
         }
-        let now = now_ms();
-        let meta = ArrayMeta {
-            id: format!("arr_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32),
-            tenant,
-            name: req.name,
-            kind: data.kind(),
-            field: data.field(),
-            curve: data.curve(),
-            len: data.len(),
-            created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            expires_at_ms: now.saturating_add(ttl),
-        };
-        Ok(st.arrays.add(meta, data)?)
+        store(&st.arrays, tenant, req.name, ttl, data)
     })
     .await?;
     let v = view(&array);

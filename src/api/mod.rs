@@ -24,6 +24,7 @@ mod extract;
 mod float_arrays;
 pub mod he;
 mod integer_vectors;
+mod kept_results;
 pub mod linalg;
 pub mod mpc;
 pub mod msm;

@@ -1,7 +1,9 @@
 //! `/zk/*`: prime-field vector operations.
 
 use super::array_operands::ArrayScope;
+use super::arrays::ArrayView;
 use super::elements::{Elements, ElementsDoc, ElementsOut, ElementsOutDoc, Encoding};
+use super::kept_results::{self, Keep, KeepPlan};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking_if, bulk, job_timeout, AnswerForm, ApiBody, AppState};
@@ -36,6 +38,9 @@ pub struct FieldBinaryRequest {
     #[serde(default)]
     pub backend: BackendChoice,
     /// A deadline shorter than the server's `--job-timeout`, in milliseconds.
+    /// Keep the result as a resident array (`kept` in the answer), for the next op to
+    /// name as `{"array": id}`.
+    pub keep: Option<Keep>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -46,26 +51,38 @@ pub struct FieldVectorResponse {
     pub field: Field,
     pub encoding: Encoding,
     pub length: usize,
-    /// Canonical results, in `encoding`.
-    #[schema(value_type = ElementsOutDoc)]
-    pub result: ElementsOut,
+    /// Canonical results, in `encoding`; absent when `keep.with_data` was false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<ElementsOutDoc>)]
+    pub result: Option<ElementsOut>,
+    /// The resident array the result was kept as, when the request asked to `keep` it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<ArrayView>,
 }
 
 impl FieldVectorResponse {
     /// What `Serialize` writes, with the vector written straight into a buffer sized up
     /// front (`ElementsOut::write_json`).
     fn to_json(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(128 + self.result.json_size_hint());
+        let hint = self.result.as_ref().map_or(0, ElementsOut::json_size_hint);
+        let mut out = Vec::with_capacity(512 + hint);
         let field = serde_json::to_string(&self.field).expect("an enum");
         let encoding = serde_json::to_string(&self.encoding).expect("an enum");
         out.extend_from_slice(
             format!(
-                "{{\"field\":{field},\"encoding\":{encoding},\"length\":{},\"result\":",
+                "{{\"field\":{field},\"encoding\":{encoding},\"length\":{}",
                 self.length
             )
             .as_bytes(),
         );
-        self.result.write_json(&mut out);
+        if let Some(result) = &self.result {
+            out.extend_from_slice(b",\"result\":");
+            result.write_json(&mut out);
+        }
+        if let Some(kept) = &self.kept {
+            out.extend_from_slice(b",\"kept\":");
+            serde_json::to_writer(&mut out, kept).expect("a view serializes");
+        }
         out.push(b'}');
         out
     }
@@ -106,11 +123,12 @@ const INLINE_ELEMENTS: usize = 16 * 1024;
 async fn field_binary(
     state: Arc<AppState>,
     op: FieldOp,
-    req: FieldBinaryRequest,
+    mut req: FieldBinaryRequest,
     form: AnswerForm,
     arrays: ArrayScope,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    let keep = kept_results::plan(req.keep.take(), &state, &arrays)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.a.approx_len() > INLINE_ELEMENTS;
@@ -121,7 +139,7 @@ async fn field_binary(
     };
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit_batched(job, backend, timeout).await?;
-    answer(done, field, encoding, large, form).await
+    answer(done, (field, encoding), large, form, keep).await
 }
 
 /// `base[i] ^ exponent[i]` over one prime field.
@@ -141,6 +159,9 @@ pub struct FieldPowRequest {
     pub encoding: Encoding,
     #[serde(default)]
     pub backend: BackendChoice,
+    /// Keep the result as a resident array (`kept` in the answer), for the next op to
+    /// name as `{"array": id}`.
+    pub keep: Option<Keep>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -158,6 +179,9 @@ pub struct FieldInvRequest {
     pub encoding: Encoding,
     #[serde(default)]
     pub backend: BackendChoice,
+    /// Keep the result as a resident array (`kept` in the answer), for the next op to
+    /// name as `{"array": id}`.
+    pub keep: Option<Keep>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -178,9 +202,10 @@ pub async fn field_pow(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
     arrays: ArrayScope,
-    ApiBody(req): ApiBody<FieldPowRequest>,
+    ApiBody(mut req): ApiBody<FieldPowRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    let keep = kept_results::plan(req.keep.take(), &state, &arrays)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.base.approx_len() > INLINE_ELEMENTS;
@@ -193,7 +218,7 @@ pub async fn field_pow(
     };
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
-    answer(done, field, encoding, large, form).await
+    answer(done, (field, encoding), large, form, keep).await
 }
 
 #[utoipa::path(
@@ -213,9 +238,10 @@ pub async fn field_inv(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
     arrays: ArrayScope,
-    ApiBody(req): ApiBody<FieldInvRequest>,
+    ApiBody(mut req): ApiBody<FieldInvRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    let keep = kept_results::plan(req.keep.take(), &state, &arrays)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
@@ -227,26 +253,47 @@ pub async fn field_inv(
     };
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
-    answer(done, field, encoding, large, form).await
+    answer(done, (field, encoding), large, form, keep).await
 }
 
-/// Answers a job's field vector in `encoding`, or as a buffer in the bulk form.
+/// Answers a job's field vector in `encoding`, or as a buffer in the bulk form; kept as
+/// a resident array first when the request asked (`keep`).
 async fn answer(
     done: Completed<FieldVec>,
-    field: Field,
-    encoding: Encoding,
+    (field, encoding): (Field, Encoding),
     large: bool,
     form: AnswerForm,
+    keep: Option<KeepPlan>,
 ) -> Result<Response, Problem> {
     let (values, run) = (done.output, done.run);
-    let body = FieldVectorResponse {
-        field,
-        encoding,
-        length: values.len(),
-        result: ElementsOut { values, encoding },
+    let length = values.len();
+    let keeping = keep.is_some();
+    let encode = move || {
+        let (result, kept) = match keep {
+            None => (Some(ElementsOut { values, encoding }), None),
+            Some(plan) => {
+                let with_data = plan.with_data;
+                let values = Arc::new(values);
+                let kept = plan.keep_elements(values.clone())?;
+                // The answer's copy, only when asked for.
+                let result = with_data.then(|| ElementsOut {
+                    values: Arc::unwrap_or_clone(values),
+                    encoding,
+                });
+                (result, Some(kept))
+            }
+        };
+        let body = FieldVectorResponse {
+            field,
+            encoding,
+            length,
+            result,
+            kept,
+        };
+        bulk::answer(form, &body, |b| Ok(b.to_json()), &run)
     };
-    let encode = move || bulk::answer(form, &body, |b| Ok(b.to_json()), &run);
-    blocking_if(large, encode).await
+    // Keeping writes the array's files: never on the runtime's threads.
+    blocking_if(large || keeping, encode).await
 }
 
 /// A batch of equal-size polynomials to transform.
@@ -274,6 +321,9 @@ pub struct NttRequest {
     pub encoding: Encoding,
     #[serde(default)]
     pub backend: BackendChoice,
+    /// Keep the result as a resident array (`kept` in the answer), for the next op to
+    /// name as `{"array": id}`.
+    pub keep: Option<Keep>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -323,11 +373,12 @@ ntt_route!(
 async fn transform(
     state: Arc<AppState>,
     direction: Direction,
-    req: NttRequest,
+    mut req: NttRequest,
     form: AnswerForm,
     arrays: ArrayScope,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    let keep = kept_results::plan(req.keep.take(), &state, &arrays)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let max_log2 = state.settings.config.max_ntt_log2;
@@ -364,7 +415,7 @@ async fn transform(
     };
     let job = blocking_if(large, build).await?;
     let done = state.pool.submit(job, backend, timeout).await?;
-    answer(done, field, encoding, large, form).await
+    answer(done, (field, encoding), large, form, keep).await
 }
 
 /// The zk domain's operations and their OpenAPI tag (`api::API_DOMAINS`).

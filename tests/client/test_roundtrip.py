@@ -107,6 +107,7 @@ try:
         ArrayRefDoc,
         ArrayView,
         CreateArrayRequest,
+        Keep,
         HeAggregateRequest,
         HeCiphertextResponse,
         HeDecryptRequest,
@@ -643,6 +644,14 @@ def test_arrays(client):
     r = ok(field_mul.sync_detailed(client=client, body=FieldBinaryRequest(
         field=Field.GOLDILOCKS, a=ArrayRefDoc(array=e.id), b=["5"])), 200, FieldVectorResponse)
     assert r.result == ["15", "20"]
+    # A result kept without its values, named by the next op.
+    r = ok(field_mul.sync_detailed(client=client, body=FieldBinaryRequest(
+        field=Field.GOLDILOCKS, a=ArrayRefDoc(array=e.id), b=["2"], keep=Keep(with_data=False))),
+        200, FieldVectorResponse)
+    assert not r.result and isinstance(r.kept, ArrayView) and r.kept.length == 2
+    r = ok(field_add.sync_detailed(client=client, body=FieldBinaryRequest(
+        field=Field.GOLDILOCKS, a=ArrayRefDoc(array=r.kept.id), b=["1"])), 200, FieldVectorResponse)
+    assert r.result == ["7", "9"]
     for x in (a, e):
         assert array_delete.sync_detailed(x.id, client=client).status_code == 204
 

@@ -685,3 +685,108 @@ async fn an_expired_array_is_refused_at_once_and_swept_with_its_files() {
         1
     );
 }
+
+/// A polynomial product as NTT → multiply → inverse NTT, each step's result kept on the
+/// server and named by the next: the same coefficients as the chain with every vector
+/// sent back and forth, and no values in the answers until the last.
+#[tokio::test]
+async fn a_chain_of_kept_results_gives_the_chain_of_sent_ones() {
+    let s = TestServer::start(&[]).await;
+    let field = Field::Bn254Fr;
+    // Two polynomials of degree < 4, padded to 8 coefficients: their product fits.
+    let pad = |seed| {
+        let mut v = decimals(&random_elements(field, 4, seed));
+        v.extend(["0".to_string(), "0".into(), "0".into(), "0".into()]);
+        v
+    };
+    let (f, g) = (pad(1), pad(2));
+    let post = |path: &'static str, body: Value| {
+        let s = &s;
+        async move { json_of(s.post(path, body).send().await.unwrap()).await }
+    };
+    let nf = post("/zk/ntt", json!({"field": "bn254_fr", "values": f})).await;
+    let ng = post("/zk/ntt", json!({"field": "bn254_fr", "values": g})).await;
+    let prod = post(
+        "/zk/field_mul",
+        json!({"field": "bn254_fr", "a": nf["result"], "b": ng["result"]}),
+    )
+    .await;
+    let want = post(
+        "/zk/intt",
+        json!({"field": "bn254_fr", "values": prod["result"]}),
+    )
+    .await;
+
+    let quiet = json!({"with_data": false});
+    let kf = post(
+        "/zk/ntt",
+        json!({"field": "bn254_fr", "values": f, "keep": quiet}),
+    )
+    .await;
+    assert!(kf.get("result").is_none(), "{kf}");
+    assert_eq!(
+        (
+            &kf["kept"]["kind"],
+            &kf["kept"]["field"],
+            &kf["kept"]["length"]
+        ),
+        (&json!("field_elements"), &json!("bn254_fr"), &json!(8))
+    );
+    let kg = post(
+        "/zk/ntt",
+        json!({"field": "bn254_fr", "values": g, "keep": quiet}),
+    )
+    .await;
+    let (idf, idg) = (
+        kf["kept"]["id"].as_str().unwrap(),
+        kg["kept"]["id"].as_str().unwrap(),
+    );
+    let kp = post(
+        "/zk/field_mul",
+        json!({"field": "bn254_fr", "a": {"array": idf}, "b": {"array": idg}, "keep": {"name": "product"}}),
+    )
+    .await;
+    // With data by default: the values and the array both.
+    assert_eq!(kp["result"], prod["result"]);
+    assert_eq!(kp["kept"]["name"], "product");
+    let idp = kp["kept"]["id"].as_str().unwrap();
+    let got = post(
+        "/zk/intt",
+        json!({"field": "bn254_fr", "values": {"array": idp}}),
+    )
+    .await;
+    assert_eq!(got, want);
+    let data = json_of(s.get(&format!("/arrays/{idf}/data")).await).await;
+    assert_eq!(data["values"], nf["result"]);
+
+    // The keep's own fields are checked before the job, at their paths.
+    let res = s
+        .post(
+            "/zk/ntt",
+            json!({"field": "bn254_fr", "values": f, "keep": {"ttl_seconds": 0}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 422, "invalid_parameter").await;
+    assert_eq!(p["errors"][0]["path"], "/keep/ttl_seconds");
+}
+
+/// A kept result counts against the tenant's quota like an upload: past it, 422 and
+/// nothing kept.
+#[tokio::test]
+async fn a_kept_result_past_the_quota_is_refused() {
+    let s = TestServer::start(&["--max-tenant-arrays", "1"]).await;
+    let keep = json!({"field": "goldilocks", "a": ["1", "2"], "b": ["3"], "keep": {}});
+    let first = json_of(s.post("/zk/field_add", keep.clone()).send().await.unwrap()).await;
+    assert_eq!(first["result"], json!(["4", "5"]));
+    let res = s.post("/zk/field_add", keep).send().await.unwrap();
+    problem(res, 422, "array_quota_exceeded").await;
+    assert_eq!(
+        json_of(s.get("/arrays").await).await["arrays"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}

@@ -1,0 +1,71 @@
+//! Results that stay: an op asked to `keep` its result stores it as a new resident array
+//! of the requesting tenant's (`api::arrays`) and answers its id, with or without the
+//! values, so the next op of a chain names it (`{"array": id}`) instead of the client
+//! sending it back. Within the same quotas as uploads; checked before the job runs
+//! (name, time to live), stored after (a result past the quota is 422
+//! array_quota_exceeded, and nothing is kept).
+
+use super::array_operands::ArrayScope;
+use super::arrays::{check_name, store, ttl_ms, view, ArrayView};
+use super::problem::Problem;
+use super::AppState;
+use crate::arrays::ArrayData;
+use crate::ops::zk::FieldVec;
+use serde::Deserialize;
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// Keep the result as a resident array.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"ttl_seconds": 600, "with_data": false}))]
+pub struct Keep {
+    /// A label for people; at most 200 characters.
+    #[schema(max_length = 200)]
+    pub name: Option<String>,
+    /// Seconds the array lives, from now: 1 to --max-array-ttl; --array-ttl when absent.
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
+    pub ttl_seconds: Option<u64>,
+    /// Whether the answer carries the values too (the default); with false it carries
+    /// only `kept`, and the values stay on the server.
+    #[serde(default = "yes")]
+    pub with_data: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A `keep` checked before its job runs.
+pub(super) struct KeepPlan {
+    name: Option<String>,
+    ttl: u64,
+    pub with_data: bool,
+    scope: ArrayScope,
+}
+
+/// Checks `keep` (at `/keep`) against the flags; `None` when the request keeps nothing.
+pub(super) fn plan(
+    keep: Option<Keep>,
+    state: &AppState,
+    scope: &ArrayScope,
+) -> Result<Option<KeepPlan>, Problem> {
+    let Some(k) = keep else { return Ok(None) };
+    check_name(&k.name, "/keep/name")?;
+    Ok(Some(KeepPlan {
+        ttl: ttl_ms(state, k.ttl_seconds, "/keep/ttl_seconds")?,
+        name: k.name,
+        with_data: k.with_data,
+        scope: scope.clone(),
+    }))
+}
+
+impl KeepPlan {
+    /// Stores `values` for the tenant; what the answer says of it. Blocks on the disk.
+    pub(super) fn keep_elements(self, values: Arc<FieldVec>) -> Result<ArrayView, Problem> {
+        let (arrays, tenant) = self.scope.parts();
+        let data = ArrayData::FieldElements(values);
+        let kept = store(arrays, tenant.to_string(), self.name, self.ttl, data)?;
+        Ok(view(&kept))
+    }
+}
