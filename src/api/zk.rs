@@ -3,6 +3,7 @@
 use super::array_operands::ArrayScope;
 use super::arrays::ArrayView;
 use super::elements::{Elements, ElementsDoc, ElementsOut, ElementsOutDoc, Encoding};
+use super::extract::ObjectOnly;
 use super::kept_results::{self, Keep, KeepPlan};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
@@ -40,7 +41,8 @@ pub struct FieldBinaryRequest {
     /// A deadline shorter than the server's `--job-timeout`, in milliseconds.
     /// Keep the result as a resident array (`kept` in the answer), for the next op to
     /// name as `{"array": id}`.
-    pub keep: Option<Keep>,
+    #[schema(value_type = Option<Keep>)]
+    pub keep: Option<ObjectOnly<Keep>>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -128,7 +130,7 @@ async fn field_binary(
     arrays: ArrayScope,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
-    let keep = kept_results::plan(req.keep.take(), &state, &arrays)?;
+    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.a.approx_len() > INLINE_ELEMENTS;
@@ -161,7 +163,8 @@ pub struct FieldPowRequest {
     pub backend: BackendChoice,
     /// Keep the result as a resident array (`kept` in the answer), for the next op to
     /// name as `{"array": id}`.
-    pub keep: Option<Keep>,
+    #[schema(value_type = Option<Keep>)]
+    pub keep: Option<ObjectOnly<Keep>>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -181,7 +184,8 @@ pub struct FieldInvRequest {
     pub backend: BackendChoice,
     /// Keep the result as a resident array (`kept` in the answer), for the next op to
     /// name as `{"array": id}`.
-    pub keep: Option<Keep>,
+    #[schema(value_type = Option<Keep>)]
+    pub keep: Option<ObjectOnly<Keep>>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -205,7 +209,7 @@ pub async fn field_pow(
     ApiBody(mut req): ApiBody<FieldPowRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
-    let keep = kept_results::plan(req.keep.take(), &state, &arrays)?;
+    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.base.approx_len() > INLINE_ELEMENTS;
@@ -241,7 +245,7 @@ pub async fn field_inv(
     ApiBody(mut req): ApiBody<FieldInvRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
-    let keep = kept_results::plan(req.keep.take(), &state, &arrays)?;
+    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
@@ -323,7 +327,8 @@ pub struct NttRequest {
     pub backend: BackendChoice,
     /// Keep the result as a resident array (`kept` in the answer), for the next op to
     /// name as `{"array": id}`.
-    pub keep: Option<Keep>,
+    #[schema(value_type = Option<Keep>)]
+    pub keep: Option<ObjectOnly<Keep>>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -378,7 +383,7 @@ async fn transform(
     arrays: ArrayScope,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
-    let keep = kept_results::plan(req.keep.take(), &state, &arrays)?;
+    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let max_log2 = state.settings.config.max_ntt_log2;
