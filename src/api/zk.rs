@@ -453,16 +453,36 @@ mod tests {
         for encoding in [Encoding::Decimal, Encoding::Hex, Encoding::Base64] {
             let values =
                 FieldVec::from_integers(Field::BabyBear, &[U256::from_u64(3), U256::ZERO]).unwrap();
-            let body = FieldVectorResponse {
-                field: Field::BabyBear,
-                encoding,
-                length: values.len(),
-                result: ElementsOut { values, encoding },
+            let kept = || ArrayView {
+                id: "arr_1".into(),
+                name: Some("a \"name\"".into()),
+                kind: crate::arrays::ArrayKind::FieldElements,
+                field: Some(Field::BabyBear),
+                curve: None,
+                length: 2,
+                size_bytes: 8,
+                created_at: "2026-12-03T00:00:00Z".into(),
+                expires_at: "2026-12-04T00:00:00.000Z".into(),
+                held: vec!["host", "disk"],
+                data_url: "/arrays/arr_1/data".into(),
             };
-            assert_eq!(
-                String::from_utf8(body.to_json()).unwrap(),
-                serde_json::to_string(&body).unwrap()
-            );
+            // Without keep; kept with the values; kept without them.
+            for (with_values, keep) in [(true, false), (true, true), (false, true)] {
+                let body = FieldVectorResponse {
+                    field: Field::BabyBear,
+                    encoding,
+                    length: values.len(),
+                    result: with_values.then(|| ElementsOut {
+                        values: values.clone(),
+                        encoding,
+                    }),
+                    kept: keep.then(kept),
+                };
+                assert_eq!(
+                    String::from_utf8(body.to_json()).unwrap(),
+                    serde_json::to_string(&body).unwrap()
+                );
+            }
         }
     }
 }
