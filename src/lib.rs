@@ -18,6 +18,7 @@ pub mod bench;
 pub mod check;
 pub mod config;
 pub mod datasets;
+mod durable;
 #[cfg(test)]
 mod layering;
 pub mod metrics;

@@ -1,7 +1,7 @@
 //! Arrays on disk: `<id>.bin` (the values' little-endian bytes, the wire's form) then
-//! `<id>.json` (the metadata, whose presence commits the array), each written through a
-//! temporary file synced before its rename, then the directory synced, so an array
-//! answered 201 survives a crash, and one cut short leaves no metadata.
+//! `<id>.json` (the metadata, whose presence commits the array), written whole
+//! (`crate::durable`), so an array answered 201 survives a crash, and one cut short
+//! leaves no metadata.
 
 use super::{ArrayData, ArrayError, ArrayKind, ArrayMeta, ResidentArray};
 use crate::ops::zk::msm::Points;
@@ -22,45 +22,15 @@ fn values_bytes(data: &ArrayData) -> std::borrow::Cow<'_, [u8]> {
 
 pub(super) fn write(dir: &Path, array: &ResidentArray) -> Result<(), ArrayError> {
     let meta = serde_json::to_vec(&array.meta).expect("metadata serializes");
-    let id = &array.meta.id;
     let values = values_bytes(&array.data);
-    let result = [("bin", &values[..]), ("json", &meta[..])]
-        .into_iter()
-        .try_for_each(|(ext, bytes)| {
-            let path = dir.join(format!("{id}.{ext}"));
-            let tmp = path.with_extension(format!("{ext}.tmp"));
-            let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
-            std::io::Write::write_all(&mut f, bytes).map_err(|e| io(&tmp, e))?;
-            f.sync_all().map_err(|e| io(&tmp, e))?;
-            std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
-        })
-        .and_then(|()| sync_dir(dir));
-    if result.is_err() {
-        for ext in ["json", "bin", "json.tmp", "bin.tmp"] {
-            let _ = std::fs::remove_file(dir.join(format!("{id}.{ext}")));
-        }
-    }
-    result
-}
-
-fn sync_dir(dir: &Path) -> Result<(), ArrayError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io(dir, e))
+    let parts: [(&str, &[u8]); 2] = [("bin", &values), ("json", &meta)];
+    crate::durable::write_parts(dir, &array.meta.id, &parts).map_err(|(p, e)| io(&p, e))
 }
 
 /// The metadata first: a crash between the two leaves values no array claims, which the
 /// next load deletes.
 pub(super) fn remove(dir: &Path, id: &str) -> Result<(), ArrayError> {
-    for ext in ["json", "bin"] {
-        let path = dir.join(format!("{id}.{ext}"));
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(&path, e)),
-        }
-    }
-    Ok(())
+    crate::durable::remove_parts(dir, id, &["json", "bin"]).map_err(|(p, e)| io(&p, e))
 }
 
 /// Every committed array under `dir` (created if missing) that has not expired at

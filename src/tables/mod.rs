@@ -221,34 +221,13 @@ impl EmbeddingTables {
         Ok(table)
     }
 
-    /// The values, then the metadata that commits them, each through a temporary file
-    /// synced before its rename, then the directory synced: a 201 survives a crash. On
-    /// failure nothing of the table is left.
+    /// The values, then the metadata that commits them, written whole
+    /// (`crate::durable`): a 201 survives a crash. On failure nothing of the table is left.
     fn write(&self, table: &EmbeddingTable) -> Result<(), TableError> {
         let values: Vec<u8> = table.values.iter().flat_map(|x| x.to_le_bytes()).collect();
         let meta = serde_json::to_vec(&table.meta).expect("metadata serializes");
-        let id = &table.meta.id;
-        let result = [("f32", values), ("json", meta)]
-            .into_iter()
-            .try_for_each(|(ext, bytes)| {
-                let path = self.dir.join(format!("{id}.{ext}"));
-                let tmp = path.with_extension(format!("{ext}.tmp"));
-                let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
-                std::io::Write::write_all(&mut f, &bytes).map_err(|e| io(&tmp, e))?;
-                f.sync_all().map_err(|e| io(&tmp, e))?;
-                std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
-            })
-            .and_then(|()| {
-                std::fs::File::open(&self.dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(|e| io(&self.dir, e))
-            });
-        if result.is_err() {
-            for ext in ["json", "f32", "json.tmp", "f32.tmp"] {
-                let _ = std::fs::remove_file(self.dir.join(format!("{id}.{ext}")));
-            }
-        }
-        result
+        let parts: [(&str, &[u8]); 2] = [("f32", &values), ("json", &meta)];
+        crate::durable::write_parts(&self.dir, &table.meta.id, &parts).map_err(|(p, e)| io(&p, e))
     }
 
     /// The tenant's table `id`.
@@ -285,14 +264,8 @@ impl EmbeddingTables {
             return Ok(None);
         }
         // The metadata first: a crash between the two leaves values no table claims.
-        for ext in ["json", "f32"] {
-            let path = self.dir.join(format!("{id}.{ext}"));
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io(&path, e)),
-            }
-        }
+        crate::durable::remove_parts(&self.dir, id, &["json", "f32"])
+            .map_err(|(p, e)| io(&p, e))?;
         Ok(catalog.tables.remove(id))
     }
 }
