@@ -238,6 +238,7 @@ impl App {
                 tenant_bytes: cfg.max_tenant_array_mib << 20,
                 tenant_count: cfg.max_tenant_arrays,
                 server_bytes: cfg.max_arrays_mib << 20,
+                server_count: cfg.max_arrays,
             },
             arrays::ArrayMetrics {
                 bytes: metrics.array_bytes.clone(),

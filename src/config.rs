@@ -248,6 +248,10 @@ pub struct Config {
     /// under --data-dir); more gets 507 arrays_full.
     #[arg(long, env = "GPU_OPS_MAX_ARRAYS_MIB", default_value_t = 4096)]
     pub max_arrays_mib: u64,
+    /// Most resident arrays all tenants may hold together, however small (each keeps
+    /// its metadata in memory and two files under --data-dir); more gets 507 arrays_full.
+    #[arg(long, env = "GPU_OPS_MAX_ARRAYS", default_value_t = 100_000)]
+    pub max_arrays: usize,
     /// How long a resident array lives when its upload names no `ttl_seconds`, e.g. 24h.
     #[arg(long, env = "GPU_OPS_ARRAY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub array_ttl: Duration,

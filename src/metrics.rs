@@ -55,9 +55,9 @@ metrics! {
     secagg_rounds_expired: IntCounter = ("gpu_ops_secagg_rounds_expired_total", "Secure-aggregation rounds deleted, with all they stored, after --secagg-round-ttl without a change", []);
     array_bytes: IntGaugeVec = ("gpu_ops_array_bytes", "Bytes of resident arrays held, by tier: host (parsed, in memory), disk (under --data-dir); against --max-arrays-mib", ["tier"]);
     arrays: IntGauge = ("gpu_ops_arrays", "Resident arrays held, all tenants", []);
-    arrays_refused: IntCounterVec = ("gpu_ops_arrays_refused_total", "Array uploads refused, by reason: tenant_bytes (--max-tenant-array-mib), tenant_count (--max-tenant-arrays), server_bytes (--max-arrays-mib), io (the disk)", ["reason"]);
+    arrays_refused: IntCounterVec = ("gpu_ops_arrays_refused_total", "Array uploads refused, by reason: tenant_bytes (--max-tenant-array-mib), tenant_count (--max-tenant-arrays), server_bytes (--max-arrays-mib), server_count (--max-arrays), io (the disk)", ["reason"]);
     arrays_expired: IntCounter = ("gpu_ops_arrays_expired_total", "Resident arrays deleted, with their files, after their time to live", []);
-    array_uses: IntCounterVec = ("gpu_ops_array_uses_total", "Operands that named a resident array instead of carrying data, by kind (field_elements, points)", ["kind"]);
+    array_uses: IntCounterVec = ("gpu_ops_array_uses_total", "Operands that named a resident array instead of carrying data, by kind (field_elements, points, tensor)", ["kind"]);
     cpu_inline_jobs: IntCounterVec = ("gpu_ops_cpu_inline_jobs_total", "CPU jobs small enough to run on the queue's worker task rather than the compute threads, by op", ["op"]);
     job_queue_wait: HistogramVec = ("gpu_ops_job_queue_wait_seconds", "Time a job waited in the queue, by op and backend", ["op", "backend"], latency_buckets());
     job_compute: HistogramVec = ("gpu_ops_job_compute_seconds", "Time a job computed, by op and backend", ["op", "backend"], latency_buckets());
@@ -182,13 +182,19 @@ impl Metrics {
         ] {
             m.dataset_submissions_refused.with_label_values(&[code]);
         }
-        for reason in ["tenant_bytes", "tenant_count", "server_bytes", "io"] {
+        for reason in [
+            "tenant_bytes",
+            "tenant_count",
+            "server_bytes",
+            "server_count",
+            "io",
+        ] {
             m.arrays_refused.with_label_values(&[reason]);
         }
         for tier in ["host", "disk"] {
             m.array_bytes.with_label_values(&[tier]);
         }
-        for kind in ["field_elements", "points"] {
+        for kind in ["field_elements", "points", "tensor"] {
             m.array_uses.with_label_values(&[kind]);
         }
         #[cfg(target_os = "linux")]

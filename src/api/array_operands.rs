@@ -7,7 +7,7 @@
 use super::auth::Tenant;
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
-use crate::arrays::{ArrayData, Arrays, ResidentArray};
+use crate::arrays::{ArrayData, Arrays, ResidentArray, Tensor};
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
 use crate::wire::{BufferRef, Dtype};
@@ -109,6 +109,7 @@ impl ArrayScope {
             tenant_bytes: 1 << 20,
             tenant_count: 10,
             server_bytes: 1 << 20,
+            server_count: 10,
         };
         let arrays = Arrays::open(dir, limits, crate::arrays::ArrayMetrics::unregistered());
         Self::new(
@@ -162,6 +163,15 @@ impl ArrayScope {
         }
     }
 
+    /// The tensor the array `id` holds (its dtype and shape are the caller's to check).
+    pub(super) fn tensor(&self, id: &str, path: &str) -> Result<Arc<Tensor>, Problem> {
+        let a = self.resolve(id, path)?;
+        match &a.data {
+            ArrayData::Tensor(t) => Ok(t.clone()),
+            _ => Err(mismatch(&a, "a tensor", path)),
+        }
+    }
+
     /// The points of `curve` the array `id` holds.
     pub(super) fn points(
         &self,
@@ -182,10 +192,11 @@ pub(super) fn describe(a: &ResidentArray) -> String {
     match &a.data {
         ArrayData::FieldElements(v) => format!("{} {} elements", v.len(), v.field().name()),
         ArrayData::Points(p) => format!("{} {} points", p.len(), p.curve().name()),
+        ArrayData::Tensor(t) => format!("a {} tensor shaped {:?}", t.dtype.name(), t.shape),
     }
 }
 
-fn mismatch(a: &ResidentArray, want: &str, path: &str) -> Problem {
+pub(super) fn mismatch(a: &ResidentArray, want: &str, path: &str) -> Problem {
     Problem::at(
         ErrorCode::ArrayMismatch,
         format!("{path}/array"),

@@ -3,6 +3,7 @@
 
 use super::array_operands::ArrayScope;
 use super::auth::{tenant, Tenant};
+use super::dense_tensors::{DenseAnyDoc, DenseAnyOutDoc, DenseIn, DenseOut, TensorDtype};
 use super::elements::{Elements, ElementsDoc, ElementsOut, ElementsOutDoc, Encoding};
 use super::extract::ApiQuery;
 use super::msm::{AffinePointDoc, PointOut, PointsDoc, PointsIn};
@@ -11,7 +12,7 @@ use super::problem::{ErrorCode, Problem};
 use super::{
     blocking, bulk, entropy_u64, json_body, AnswerForm, ApiBody, ApiPath, AppState, IdParam,
 };
-use crate::arrays::{now_ms, ArrayData, ArrayKind, ArrayMeta, ResidentArray};
+use crate::arrays::{now_ms, ArrayData, ArrayKind, ArrayMeta, ResidentArray, Tensor};
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::Field;
 use axum::extract::State;
@@ -23,8 +24,9 @@ use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
 /// An array to keep. Field elements give `field` and `values`; points give `curve` and
-/// `points`. Both take the operands' own forms and checks (`encoding`, the bulk form's
-/// buffers), and may copy another resident array (`{"array": …}`).
+/// `points`; a tensor gives `tensor` (and `dtype` for nested numbers). Each takes the
+/// operands' own forms and checks (`encoding`, packed tensors, the bulk form's buffers),
+/// and may copy another resident array (`{"array": …}`).
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"kind": "points", "curve": "bn254_g1", "points": [{"x": "1", "y": "2"}, null],
@@ -43,6 +45,13 @@ pub struct CreateArrayRequest {
     /// curve (and, for BLS12-381, in the subgroup) here, once; at most --max-elements.
     #[schema(value_type = Option<PointsDoc>)]
     pub points: Option<PointsIn>,
+    /// With `kind` tensor: rank 1 to 4, as the tensor ops take their operands (nested
+    /// numbers, packed, a bulk buffer), every value finite; at most --max-tensor-elements.
+    #[schema(value_type = Option<DenseAnyDoc>)]
+    pub tensor: Option<DenseIn>,
+    /// With `kind` tensor: its dtype. A packed tensor states its own (this must agree);
+    /// nested numbers are rounded to it. Default: the packed tensor's, else f32.
+    pub dtype: Option<TensorDtype>,
     /// How `values` or `points` are written.
     #[serde(default)]
     pub encoding: Encoding,
@@ -66,10 +75,17 @@ pub struct ArrayView {
     /// Set for points.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub curve: Option<Curve>,
-    /// Elements or points.
+    /// Set for tensors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<TensorDtype>,
+    /// Set for tensors.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<usize>>,
+    /// Elements, points, or a tensor's values.
     pub length: usize,
-    /// Bytes in the wire form (what the quotas count): the field's width per element,
-    /// x ‖ y per point.
+    /// Bytes the quotas count: the field's width per element, x ‖ y per point (their
+    /// wire form), 4 per f16, bf16 or f32 value and 8 per f64 (as held in memory: halves
+    /// are held widened to f32, and stored on disk as halves).
     pub size_bytes: u64,
     pub created_at: String,
     /// After this instant the array is gone (refused at once, deleted within seconds).
@@ -92,6 +108,8 @@ pub(super) fn view(a: &ResidentArray) -> ArrayView {
         kind: a.meta.kind,
         field: a.meta.field,
         curve: a.meta.curve,
+        dtype: a.meta.dtype.map(TensorDtype::from),
+        shape: a.meta.shape.clone(),
         length: a.meta.len,
         size_bytes: a.bytes(),
         created_at: a.meta.created_at.clone(),
@@ -108,40 +126,33 @@ fn not_found() -> Problem {
     )
 }
 
-/// `field` set for field elements and `curve` for points, the other absent: the
-/// operand the kind takes, and its path.
+/// The fields the kind takes, each present (`dtype` is optional), and no other kind's:
+/// the first that is wrong, by its path.
 fn kind_fields(req: &CreateArrayRequest) -> Result<(), Problem> {
-    let misplaced =
-        |path: &str, why: &str| Problem::at(ErrorCode::InvalidRequest, path, why.to_string());
-    match req.kind {
-        ArrayKind::FieldElements => {
-            if req.curve.is_some() || req.points.is_some() {
-                return Err(misplaced(
-                    "/curve",
-                    "field_elements take field and values, not curve or points",
-                ));
-            }
-            if req.field.is_none() {
-                return Err(misplaced("/field", "give the elements' field"));
-            }
-            if req.values.is_none() {
-                return Err(misplaced("/values", "give the elements"));
-            }
-        }
-        ArrayKind::Points => {
-            if req.field.is_some() || req.values.is_some() {
-                return Err(misplaced(
-                    "/field",
-                    "points take curve and points, not field or values",
-                ));
-            }
-            if req.curve.is_none() {
-                return Err(misplaced("/curve", "give the points' curve"));
-            }
-            if req.points.is_none() {
-                return Err(misplaced("/points", "give the points"));
-            }
-        }
+    let given = [
+        ("/field", req.field.is_some()),
+        ("/values", req.values.is_some()),
+        ("/curve", req.curve.is_some()),
+        ("/points", req.points.is_some()),
+        ("/tensor", req.tensor.is_some()),
+        ("/dtype", req.dtype.is_some()),
+    ];
+    let (takes, words): (&[&str], _) = match req.kind {
+        ArrayKind::FieldElements => (&["/field", "/values"], "field and values"),
+        ArrayKind::Points => (&["/curve", "/points"], "curve and points"),
+        ArrayKind::Tensor => (&["/tensor", "/dtype"], "tensor (and dtype)"),
+    };
+    let misplaced = |path: &str, why: String| Problem::at(ErrorCode::InvalidRequest, path, why);
+    if let Some((path, _)) = given.iter().find(|(p, on)| *on && !takes.contains(p)) {
+        let kind = req.kind.name();
+        return Err(misplaced(
+            path,
+            format!("{kind} take {words}, not {}", &path[1..]),
+        ));
+    }
+    let absent = |p: &str| given.iter().any(|(g, on)| *g == p && !on);
+    if let Some(path) = takes.iter().find(|&&p| p != "/dtype" && absent(p)) {
+        return Err(misplaced(path, format!("give the array's {}", &path[1..])));
     }
     Ok(())
 }
@@ -182,17 +193,8 @@ pub(super) fn store(
     ttl: u64,
     data: ArrayData,
 ) -> Result<Arc<ResidentArray>, Problem> {
-    let meta = ArrayMeta {
-        id: format!("arr_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32),
-        tenant,
-        name,
-        kind: data.kind(),
-        field: data.field(),
-        curve: data.curve(),
-        len: data.len(),
-        created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        expires_at_ms: now_ms().saturating_add(ttl),
-    };
+    let id = format!("arr_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32);
+    let meta = ArrayMeta::describe(&data, id, tenant, name, now_ms().saturating_add(ttl));
     Ok(arrays.add(meta, data)?)
 }
 
@@ -202,10 +204,11 @@ pub(super) fn store(
     description = "Validates the values once (canonical field elements; points on their curve and, for \
         BLS12-381, in the prime-order subgroup), keeps them parsed in host memory and on disk under \
         --data-dir (a restart keeps arrays that have not expired), and answers their id. Any operand of \
-        /zk and /mpc may then be `{\"array\": id}` in place of its values, in JSON and in a bulk header: \
-        the op uses the stored values without parsing or checking them again. The tenant's arrays stay \
+        /zk and /mpc, and any tensor operand of /linalg, /nn, /beams and /embeddings/tables, may then be \
+        `{\"array\": id}` in place of its values, in JSON and in a bulk header: the op uses the stored \
+        values without parsing or checking them again. The tenant's arrays stay \
         within --max-tenant-array-mib and --max-tenant-arrays (422 array_quota_exceeded), all arrays \
-        within --max-arrays-mib (507 arrays_full); each lives `ttl_seconds` (--array-ttl by default).",
+        within --max-arrays-mib and --max-arrays (507 arrays_full); each lives `ttl_seconds` (--array-ttl by default).",
     request_body(content((CreateArrayRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 201, description = "Stored", body = ArrayView, links(
@@ -213,8 +216,8 @@ pub(super) fn store(
             ("data" = (operation_id = "array_data", parameters(("id" = "$response.body#/id")))),
             ("delete" = (operation_id = "array_delete", parameters(("id" = "$response.body#/id")))),
         )),
-        (status = 413, description = "More values or points than --max-elements"),
-        (status = 422, description = "invalid_request (kind and its fields), invalid_field_element, invalid_point, invalid_parameter (name, ttl_seconds, no values), unknown_array, array_mismatch, array_quota_exceeded"),
+        (status = 413, description = "More values or points than --max-elements, a tensor of more values than --max-tensor-elements"),
+        (status = 422, description = "invalid_request (kind and its fields), invalid_field_element, invalid_point, invalid_tensor (rank, ragged, non-finite, base64, a value that overflows dtype), invalid_parameter (name, ttl_seconds, no values, a packed tensor's dtype that is not `dtype`), unknown_array, array_mismatch, array_quota_exceeded"),
         (status = 507, description = "arrays_full"),
     ),
     security((), ("bearer" = []))
@@ -223,22 +226,30 @@ pub async fn array_create(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
     arrays: ArrayScope,
-    ApiBody(req): ApiBody<CreateArrayRequest>,
+    ApiBody(mut req): ApiBody<CreateArrayRequest>,
 ) -> Result<Response, Problem> {
     check_name(&req.name, "/name")?;
     kind_fields(&req)?;
     let ttl = ttl_ms(&state, req.ttl_seconds, "/ttl_seconds")?;
+    DenseIn::resolve_some(&mut req.tensor, &arrays, "/tensor")?;
     let max = state.settings.config.max_elements;
+    let max_tensor = state.settings.config.max_tensor_elements;
     let (st, tenant) = (state.clone(), tenant(&who));
     let array = blocking(move || {
-        let (data, path) = match (req.field, req.values, req.curve, req.points) {
-            (Some(field), Some(values), None, None) => {
+        let (data, path) = match (req.field, req.values, req.curve, req.points, req.tensor) {
+            (Some(field), Some(values), None, None, None) => {
                 let v = values.decode(field, req.encoding, "/values", max, &arrays)?;
                 (ArrayData::FieldElements(Arc::new(v)), "/values")
             }
-            (None, None, Some(curve), Some(points)) => {
+            (None, None, Some(curve), Some(points), None) => {
                 let p = points.decode(curve, req.encoding, max, "/points", &arrays)?;
                 (ArrayData::Points(p), "/points")
+            }
+            (None, None, None, None, Some(t)) => {
+                let dtype = req.dtype.or(t.packed_dtype()).unwrap_or(TensorDtype::F32);
+                let t = super::linalg::operand(t, "/tensor", dtype, 1..=4, max_tensor)?;
+                let tensor = Tensor::new(dtype.into(), t.shape, t.values);
+                (ArrayData::Tensor(Arc::new(tensor)), "/tensor")
             }
             _ => unreachable!("kind_fields checked the kind's fields"),
         };
@@ -296,8 +307,8 @@ pub async fn array_get(
 #[into_params(parameter_in = Query)]
 pub struct ArrayDataQuery {
     /// How the values are written in a JSON answer (decimal by default, also when
-    /// empty); a bulk answer (`Accept: application/vnd.gpu-ops.bulk`) carries them as one
-    /// buffer.
+    /// empty; a tensor: decimal as nested numbers, base64 packed in its dtype); a bulk
+    /// answer (`Accept: application/vnd.gpu-ops.bulk`) carries them as one buffer.
     #[param(inline)]
     pub encoding: Option<Encoding>,
 }
@@ -321,6 +332,15 @@ pub struct ArrayDataResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<PointsOutDoc>)]
     pub points: Option<PointsOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<TensorDtype>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<usize>>,
+    /// A tensor: nested numbers, or packed in its dtype (`encoding` base64); in a bulk
+    /// answer one buffer of its dtype.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<DenseAnyOutDoc>)]
+    pub tensor: Option<DenseOut>,
 }
 
 /// Documentation form of points in an answer.
@@ -366,13 +386,14 @@ impl Serialize for PointsOut {
     get, path = "/arrays/{id}/data", tag = "arrays", operation_id = "array_data",
     summary = "A resident array's values",
     description = "The values as stored, in JSON (`encoding`) or, with `Accept: application/vnd.gpu-ops.bulk`, \
-        as one buffer of the bulk form: field elements in their field's dtype, points as u64 words `[n, 2, w]`.",
+        as one buffer of the bulk form: field elements in their field's dtype, points as u64 words `[n, 2, w]`, \
+        a tensor in its dtype and shape.",
     params(("id" = String, Path, description = "Array id"), ArrayDataQuery),
     responses(
         (status = 200, description = "The values", body = ArrayDataResponse,
             content((ArrayDataResponse = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
         (status = 404, description = "array_not_found"),
-        (status = 422, description = "invalid_parameter (encoding)"),
+        (status = 422, description = "invalid_parameter (encoding: hex for a tensor)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -385,18 +406,36 @@ pub async fn array_data(
 ) -> Result<Response, Problem> {
     let a = state.arrays.get(&tenant(&who), &id).ok_or_else(not_found)?;
     let encoding = q.encoding.unwrap_or_default();
+    if matches!(a.data, ArrayData::Tensor(_)) && encoding == Encoding::Hex {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/encoding",
+            "a tensor reads back as decimal (nested numbers) or base64 (packed)",
+        ));
+    }
     blocking(move || {
-        let (values, points) = match &a.data {
+        let (mut values, mut points, mut tensor) = (None, None, None);
+        match &a.data {
             ArrayData::FieldElements(v) => {
-                let values = (**v).clone();
-                (Some(ElementsOut { values, encoding }), None)
+                values = Some(ElementsOut {
+                    values: (**v).clone(),
+                    encoding,
+                })
             }
             ArrayData::Points(p) => {
-                let points = p.clone();
-                (None, Some(PointsOut { points, encoding }))
+                points = Some(PointsOut {
+                    points: p.clone(),
+                    encoding,
+                })
+            }
+            ArrayData::Tensor(t) => {
+                let (shape, values) = (t.shape.clone(), t.values.clone());
+                let packed = encoding == Encoding::Base64;
+                tensor = Some(DenseOut::new(shape, values, t.dtype.into(), packed))
             }
         };
-        let hint = values.as_ref().map_or(256, ElementsOut::json_size_hint);
+        let hint = values.as_ref().map_or(256, ElementsOut::json_size_hint)
+            + tensor.as_ref().map_or(0, DenseOut::json_bytes_hint);
         let body = ArrayDataResponse {
             id: a.meta.id.clone(),
             kind: a.meta.kind,
@@ -405,6 +444,9 @@ pub async fn array_data(
             encoding,
             values,
             points,
+            dtype: a.meta.dtype.map(TensorDtype::from),
+            shape: a.meta.shape.clone(),
+            tensor,
         };
         bulk::reply(form, &body, |b| json_body(b, hint))
     })

@@ -1,7 +1,9 @@
 //! `/beams/channels` and `/beams/sweep`: geometric multipath channels, and the sweep of
 //! beam codebooks over them.
 
-use super::dense_tensors::{Dense3Doc, Dense4Doc, DenseIn, DenseOut, TensorDtype};
+use super::dense_tensors::{
+    Dense3Doc, Dense3OutDoc, Dense4Doc, Dense4OutDoc, DenseIn, DenseOut, TensorDtype,
+};
 use super::domain_errors::pointer;
 use super::embeddings::OutputEncoding;
 use super::extract::ObjectOnly;
@@ -198,13 +200,13 @@ pub struct ChannelsRequest {
 #[derive(Serialize, ToSchema)]
 pub struct DrawnPaths {
     /// α_l (re, im), before the 1/√L.
-    #[schema(value_type = Dense3Doc)]
+    #[schema(value_type = Dense3OutDoc)]
     pub gain: DenseOut,
     /// (azimuth, elevation) in degrees at the transmitter.
-    #[schema(value_type = Dense3Doc)]
+    #[schema(value_type = Dense3OutDoc)]
     pub departure_deg: DenseOut,
     /// (azimuth, elevation) in degrees at the receiver.
-    #[schema(value_type = Dense3Doc)]
+    #[schema(value_type = Dense3OutDoc)]
     pub arrival_deg: DenseOut,
 }
 
@@ -226,7 +228,7 @@ impl DrawnPaths {
 #[derive(Serialize, ToSchema)]
 pub struct ChannelsResponse {
     /// `[B, N_r, N_t, 2]`: (re, im) pairs, nested or packed in `dtype`.
-    #[schema(value_type = Dense4Doc)]
+    #[schema(value_type = Dense4OutDoc)]
     pub channels: DenseOut,
     pub shape: Vec<usize>,
     pub dtype: TensorDtype,
@@ -396,7 +398,7 @@ pub struct SweepResponse {
     pub best: BestPairs,
     /// `[B, K_r, K_t]` powers, with `return_grid`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Dense3Doc>)]
+    #[schema(value_type = Option<Dense3OutDoc>)]
     pub grid: Option<DenseOut>,
     pub rx_beams: usize,
     pub tx_beams: usize,
@@ -430,9 +432,17 @@ pub struct SweepResponse {
 pub async fn beam_sweep(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<SweepRequest>,
+    arrays: super::array_operands::ArrayScope,
+    ApiBody(mut req): ApiBody<SweepRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    DenseIn::resolve_some(&mut req.channels, &arrays, "/channels")?;
+    for (book, path) in [
+        (&mut req.tx_codebook.0, "/tx_codebook/beams"),
+        (&mut req.rx_codebook.0, "/rx_codebook/beams"),
+    ] {
+        DenseIn::resolve_some(&mut book.beams, &arrays, path)?;
+    }
     let max = state.settings.config.max_tensor_elements;
     let (backend, encoding, out_dtype) = (req.backend, req.encoding, req.out_dtype);
     let (job, seed, noise_seed) = blocking(move || sweep_job(req, max)).await?;

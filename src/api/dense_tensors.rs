@@ -4,14 +4,17 @@
 //! form of the request's first operand. DP's f32/f64 vectors and matrices are
 //! `float_arrays`.
 
+use super::array_operands::ArrayScope;
 use super::float_arrays::{too_many, BinaryEncoding};
 use super::numbers::Counted;
 use super::packed::PackedWords;
 use super::problem::{ErrorCode, Problem};
+use crate::arrays::Tensor;
 use crate::ops::linalg::{Dtype, Values};
 use bytes::Bytes;
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
+use std::sync::Arc;
 use utoipa::ToSchema;
 
 /// Deepest nesting the tensor operations take.
@@ -108,6 +111,10 @@ pub enum DenseIn {
         shape: Vec<usize>,
         bytes: Bytes,
     },
+    /// `{"array": id}`: a resident tensor, named; `resolve` finds it.
+    Array(String),
+    /// A resident tensor, found: its values were checked when it was made.
+    Resident(Arc<Tensor>),
 }
 
 impl TryFrom<crate::wire::Dtype> for TensorDtype {
@@ -144,8 +151,35 @@ impl DenseIn {
         match self {
             DenseIn::Packed(p) => Some(p.dtype),
             DenseIn::Buffer { dtype, .. } => TensorDtype::try_from(*dtype).ok(),
-            DenseIn::Nested { .. } => None,
+            DenseIn::Resident(t) => Some(t.dtype.into()),
+            DenseIn::Nested { .. } | DenseIn::Array(_) => None,
         }
+    }
+
+    /// Whether an answer in this operand's form is packed: it is when the operand came
+    /// packed (or as a bulk buffer); nested numbers and resident tensors answer nested.
+    pub fn answers_packed(&self) -> bool {
+        matches!(self, DenseIn::Packed(_) | DenseIn::Buffer { .. })
+    }
+
+    /// A named operand at `path` replaced by the tenant's resident tensor (422
+    /// unknown_array, or array_mismatch for an array of another kind, at `{path}/array`);
+    /// any other form left as it is. Every handler that takes a dense operand resolves it
+    /// before reading its dtype.
+    pub fn resolve(&mut self, scope: &ArrayScope, path: &str) -> Result<(), Problem> {
+        if let DenseIn::Array(id) = self {
+            *self = DenseIn::Resident(scope.tensor(id, path)?);
+        }
+        Ok(())
+    }
+
+    /// `resolve` for an optional operand.
+    pub fn resolve_some(
+        t: &mut Option<DenseIn>,
+        scope: &ArrayScope,
+        path: &str,
+    ) -> Result<(), Problem> {
+        t.as_mut().map_or(Ok(()), |t| t.resolve(scope, path))
     }
 
     /// Decodes and checks the rank is in `ranks`, at most `max` values, all finite.
@@ -156,7 +190,32 @@ impl DenseIn {
         max: usize,
     ) -> Result<DenseValues, Problem> {
         let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
+        let resident = matches!(self, DenseIn::Resident(_));
         let (shape, values, packed) = match self {
+            DenseIn::Resident(t) => {
+                if !ranks.contains(&t.shape.len()) {
+                    return Err(Problem::at(
+                        ErrorCode::ArrayMismatch,
+                        format!("{path}/array"),
+                        format!(
+                            "the array is shaped {:?}; this operand takes rank {} to {}",
+                            t.shape,
+                            ranks.start(),
+                            ranks.end()
+                        ),
+                    ));
+                }
+                (t.shape.clone(), t.values.clone(), Some(t.dtype.into()))
+            }
+            // Only operands whose handler resolves them take arrays (integer ids and
+            // positions do not: a resident tensor holds floats).
+            DenseIn::Array(_) => {
+                return Err(Problem::at(
+                    ErrorCode::InvalidRequest,
+                    format!("{path}/array"),
+                    "this operand does not take a resident array",
+                ))
+            }
             DenseIn::Nested { shape, values } => {
                 let n = shape.iter().fold(1usize, |a, &d| a.saturating_mul(d));
                 if n != values.len() {
@@ -212,7 +271,8 @@ impl DenseIn {
         if values.len() > max {
             return Err(too_many(path, values.len(), max));
         }
-        if let Some(i) = values.first_non_finite() {
+        // A resident tensor was checked when it was made.
+        if let Some(i) = values.first_non_finite().filter(|_| !resident) {
             return Err(bad(
                 path.into(),
                 format!("value {i} (row-major) is not finite"),
@@ -260,40 +320,7 @@ fn decode_buffer(bytes: Bytes, dtype: TensorDtype) -> Values {
 
 /// Little-endian values of `dtype`; f32 on a little-endian host is one copy.
 fn decode_le_bytes(bytes: &[u8], dtype: TensorDtype) -> Values {
-    if dtype == TensorDtype::F32 && cfg!(target_endian = "little") {
-        let mut values = vec![0f32; bytes.len() / 4];
-        bytemuck::cast_slice_mut(&mut values).copy_from_slice(bytes);
-        return Values::F32(values.into());
-    }
-    match dtype {
-        TensorDtype::F16 => Values::F32(
-            bytes
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect::<Vec<_>>()
-                .into(),
-        ),
-        TensorDtype::Bf16 => Values::F32(
-            bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect::<Vec<_>>()
-                .into(),
-        ),
-        TensorDtype::F32 => Values::F32(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect::<Vec<_>>()
-                .into(),
-        ),
-        TensorDtype::F64 => Values::F64(
-            bytes
-                .chunks_exact(8)
-                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-                .collect(),
-        ),
-    }
+    Values::from_le_bytes(bytes, Dtype::from(dtype))
 }
 
 // ------------------------------------------------------------------- nested arrays
@@ -395,16 +422,18 @@ impl<'de> Visitor<'de> for Level<'_> {
     }
 }
 
-/// A tensor object: packed (`encoding`, `data`) or, in a bulk body, a buffer descriptor
-/// (`byte_offset`, `byte_length`); which one is decided once it is read.
+/// A tensor object: packed (`encoding`, `data`), in a bulk body a buffer descriptor
+/// (`byte_offset`, `byte_length`), or a resident array's id (`array`); which one is
+/// decided once it is read.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TensorObject {
+    array: Option<String>,
     encoding: Option<BinaryEncoding>,
     /// Any buffer dtype: a buffer's is checked where the tensor is decoded (integer ids
     /// and positions take `u32` and `u64`), a packed tensor's here.
-    dtype: crate::wire::Dtype,
-    shape: Vec<usize>,
+    dtype: Option<crate::wire::Dtype>,
+    shape: Option<Vec<usize>>,
     data: Option<Base64Data>,
     byte_offset: Option<u64>,
     byte_length: Option<u64>,
@@ -442,18 +471,29 @@ impl<'de> Visitor<'de> for Outer {
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<DenseIn, A::Error> {
         let t = TensorObject::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
         let packed_fields = t.encoding.is_some() || t.data.is_some();
+        if let Some(id) = t.array {
+            let described = t.dtype.is_some() || t.shape.is_some();
+            if packed_fields || described || t.byte_offset.is_some() || t.byte_length.is_some() {
+                return Err(A::Error::custom(
+                    "an array reference takes only `array`: the array states its dtype and shape",
+                ));
+            }
+            return Ok(DenseIn::Array(id));
+        }
+        let dtype = t.dtype.ok_or_else(|| A::Error::missing_field("dtype"))?;
+        let shape = t.shape.ok_or_else(|| A::Error::missing_field("shape"))?;
         match super::bulk::described_buffer(t.byte_offset, t.byte_length, packed_fields)? {
             Some(bytes) => Ok(DenseIn::Buffer {
-                dtype: t.dtype,
-                shape: t.shape,
+                dtype,
+                shape,
                 bytes,
             }),
             None => Ok(DenseIn::Packed(PackedTensor {
                 encoding: t
                     .encoding
                     .ok_or_else(|| A::Error::missing_field("encoding"))?,
-                dtype: TensorDtype::try_from(t.dtype).map_err(A::Error::custom)?,
-                shape: t.shape,
+                dtype: TensorDtype::try_from(dtype).map_err(A::Error::custom)?,
+                shape,
                 data: t.data.ok_or_else(|| A::Error::missing_field("data"))?,
             })),
         }
@@ -466,89 +506,8 @@ impl<'de> Deserialize<'de> for DenseIn {
     }
 }
 
-/// Nested arrays of numbers of each rank in `ranks` (rectangular, which JSON Schema
-/// cannot state), or packed.
-fn nested_or_packed(ranks: &[usize]) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-    use utoipa::openapi::schema::{
-        ArrayBuilder, KnownFormat, ObjectBuilder, OneOfBuilder, Ref, Schema, SchemaFormat, Type,
-    };
-    use utoipa::openapi::RefOr;
-    let number: RefOr<Schema> = ObjectBuilder::new()
-        .schema_type(Type::Number)
-        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double)))
-        .into();
-    let nested = |rank: usize| {
-        (0..rank).fold(number.clone(), |inner, _| {
-            ArrayBuilder::new().items(inner).min_items(Some(1)).into()
-        })
-    };
-    ranks
-        .iter()
-        .fold(OneOfBuilder::new(), |one_of, &rank| {
-            one_of.item(nested(rank))
-        })
-        .item(Ref::from_schema_name("PackedTensor"))
-        .into()
-}
-
-fn packed_tensor_schema(
-    schemas: &mut Vec<(
-        String,
-        utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-    )>,
-) {
-    use utoipa::PartialSchema;
-    schemas.push((PackedTensor::name().into(), PackedTensor::schema()));
-    <PackedTensor as ToSchema>::schemas(schemas);
-}
-
-/// A schema for `DenseIn` / `DenseOut` of the given ranks: nested arrays of numbers of
-/// each rank, or packed.
-macro_rules! dense_doc {
-    ($(#[$doc:meta])* $name:ident, $ranks:expr) => {
-        $(#[$doc])*
-        pub struct $name;
-
-        impl utoipa::PartialSchema for $name {
-            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-                nested_or_packed(&$ranks)
-            }
-        }
-
-        impl ToSchema for $name {
-            fn schemas(
-                schemas: &mut Vec<(
-                    String,
-                    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-                )>,
-            ) {
-                packed_tensor_schema(schemas);
-            }
-        }
-    };
-}
-
-dense_doc!(
-    /// Matrices: nested arrays of rank 2 or 3, or packed. The operations that take them
-    /// take exactly these ranks.
-    DenseDoc,
-    [2, 3]
-);
-dense_doc!(
-    /// Rank 2: an embedding table's `[V, D]`.
-    Dense2Doc,
-    [2]
-);
-dense_doc!(
-    /// Rank 3: a codebook's `[K, N, 2]` complex beams, or drawn paths' `[B, L, 2]`.
-    Dense3Doc,
-    [3]
-);
-dense_doc!(
-    /// Rank 4: attention's `[B, H, S, D]`, or channels' `[B, N_r, N_t, 2]` complex values.
-    Dense4Doc,
-    [4]
-);
+mod docs;
+pub use docs::*;
 
 mod answers;
 pub use answers::DenseOut;

@@ -263,7 +263,7 @@ impl From<crate::arrays::ArrayError> for Problem {
             ArrayError::QuotaExceeded { .. } | ArrayError::TooMany { .. } => {
                 ErrorCode::ArrayQuotaExceeded
             }
-            ArrayError::Full { .. } => ErrorCode::ArraysFull,
+            ArrayError::Full { .. } | ArrayError::FullCount { .. } => ErrorCode::ArraysFull,
             ArrayError::Io(_) => ErrorCode::Internal,
         };
         Problem::new(code, e.to_string())

@@ -2,7 +2,7 @@
 //! a device keeps the table cached between lookups.
 
 use super::auth::{tenant, Tenant};
-use super::dense_tensors::{Dense2Doc, DenseDoc, DenseIn, DenseOut, TensorDtype};
+use super::dense_tensors::{Dense2Doc, DenseIn, DenseOut, DenseOutDoc, TensorDtype};
 use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncoding, PositionsDoc};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
@@ -110,8 +110,10 @@ fn not_found() -> Problem {
 pub async fn embedding_table_create(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-    ApiBody(req): ApiBody<CreateTableRequest>,
+    arrays: super::array_operands::ArrayScope,
+    ApiBody(mut req): ApiBody<CreateTableRequest>,
 ) -> Result<Response, Problem> {
+    req.table.resolve(&arrays, "/table")?;
     if req.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
         return Err(Problem::at(
             ErrorCode::InvalidParameter,
@@ -240,7 +242,7 @@ pub struct LookupRequest {
 #[derive(Serialize, ToSchema)]
 pub struct LookupResponse {
     /// `[S, D]` or `[B, S, D]`.
-    #[schema(value_type = DenseDoc)]
+    #[schema(value_type = DenseOutDoc)]
     pub result: DenseOut,
     pub shape: Vec<usize>,
     pub dtype: TensorDtype,

@@ -1,7 +1,7 @@
 //! `/embeddings/sinusoidal`: the sinusoidal position table, or its rows for a batch of
 //! positions.
 
-use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, TensorDtype};
+use super::dense_tensors::{DenseIn, DenseOut, DenseOutDoc, TensorDtype};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
@@ -109,7 +109,7 @@ pub struct SinusoidalRequest {
 #[derive(Serialize, ToSchema)]
 pub struct SinusoidalResponse {
     /// `[num_positions, dim]`, `[S, dim]` or `[B, S, dim]`.
-    #[schema(value_type = DenseDoc)]
+    #[schema(value_type = DenseOutDoc)]
     pub result: DenseOut,
     pub shape: Vec<usize>,
     pub dtype: TensorDtype,

@@ -9,7 +9,8 @@ use super::array_operands::ArrayScope;
 use super::arrays::{check_name, store, ttl_ms, view, ArrayView};
 use super::problem::Problem;
 use super::AppState;
-use crate::arrays::ArrayData;
+use crate::arrays::{ArrayData, Tensor};
+use crate::ops::linalg::{Dtype, Values};
 use crate::ops::zk::FieldVec;
 use serde::Deserialize;
 use std::sync::Arc;
@@ -63,9 +64,31 @@ pub(super) fn plan(
 impl KeepPlan {
     /// Stores `values` for the tenant; what the answer says of it. Blocks on the disk.
     pub(super) fn keep_elements(self, values: Arc<FieldVec>) -> Result<ArrayView, Problem> {
+        self.keep(ArrayData::FieldElements(values))
+    }
+
+    fn keep(self, data: ArrayData) -> Result<ArrayView, Problem> {
         let (arrays, tenant) = self.scope.parts();
-        let data = ArrayData::FieldElements(values);
         let kept = store(arrays, tenant.to_string(), self.name, self.ttl, data)?;
         Ok(view(&kept))
     }
+}
+
+/// A tensor result (finite, representable in `dtype`) and what was kept of it: with no
+/// plan the values as they are; with one, kept first as a resident tensor (the answer's
+/// values shared with it, not copied), and left out of the answer unless `with_data`.
+/// Blocks on the disk when keeping.
+pub(super) fn keep_tensor(
+    keep: Option<KeepPlan>,
+    dtype: Dtype,
+    shape: &[usize],
+    values: Values,
+) -> Result<(Option<Values>, Option<ArrayView>), Problem> {
+    let Some(plan) = keep else {
+        return Ok((Some(values), None));
+    };
+    let with_data = plan.with_data;
+    let tensor = Arc::new(Tensor::new(dtype, shape.to_vec(), values));
+    let view = plan.keep(ArrayData::Tensor(tensor.clone()))?;
+    Ok((with_data.then(|| tensor.values.clone()), Some(view)))
 }

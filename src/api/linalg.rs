@@ -1,9 +1,13 @@
 //! `/linalg/matmul`: batched matrix multiply on the CPU (`gemm` crate) or the device.
 
-use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, DenseValues, TensorDtype};
+use super::array_operands::ArrayScope;
+use super::arrays::ArrayView;
+use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, DenseOutDoc, DenseValues, TensorDtype};
+use super::extract::ObjectOnly;
+use super::kept_results::{self, Keep};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
-use super::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
+use super::{blocking, blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
 use axum::extract::State;
@@ -81,6 +85,10 @@ pub struct MatmulRequest {
     pub out_dtype: Option<TensorDtype>,
     #[serde(default)]
     pub backend: BackendChoice,
+    /// Keep D as a resident tensor (`kept` in the answer), for the next op to name as
+    /// `{"array": id}`.
+    #[schema(value_type = Option<Keep>)]
+    pub keep: Option<ObjectOnly<Keep>>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -88,9 +96,11 @@ pub struct MatmulRequest {
 #[derive(Serialize, ToSchema)]
 pub struct MatmulResponse {
     /// D, `[M, N]` or `[B, M, N]` (rank 3 when any operand has a batch), in the form of
-    /// `a` (nested numbers, or packed in `dtype`).
-    #[schema(value_type = DenseDoc)]
-    pub result: DenseOut,
+    /// `a` (nested numbers, also for a resident `a`, or packed in `dtype`); absent when
+    /// `keep.with_data` was false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<DenseOutDoc>)]
+    pub result: Option<DenseOut>,
     pub shape: Vec<usize>,
     pub dtype: TensorDtype,
     pub compute: ComputeType,
@@ -98,6 +108,9 @@ pub struct MatmulResponse {
     pub flops: f64,
     /// `flops` over the compute time (`x-compute-time-ms`).
     pub gflops_per_second: f64,
+    /// The resident tensor D was kept as, when the request asked to `keep` it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<ArrayView>,
 }
 
 /// Batch (if rank 3) and the two matrix dimensions of an operand's shape.
@@ -192,12 +205,17 @@ fn shape_of(
 pub async fn matmul(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<MatmulRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<MatmulRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    req.a.resolve(&arrays, "/a")?;
+    req.b.resolve(&arrays, "/b")?;
+    DenseIn::resolve_some(&mut req.c, &arrays, "/c")?;
+    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
     let backend = req.backend;
-    let packed = req.a.packed_dtype().is_some();
+    let packed = req.a.answers_packed();
     let job = blocking(move || build_job(req, max)).await?;
     let (shape, flops) = (job.shape, job.shape.flops());
     let (out_dtype, compute) = (job.output, job.compute);
@@ -216,20 +234,24 @@ pub async fn matmul(
         vec![shape.m, shape.n]
     };
     let dtype = TensorDtype::from(out_dtype);
-    let body = MatmulResponse {
-        result: DenseOut::new(out_shape.clone(), values, dtype, packed),
-        shape: out_shape,
-        dtype,
-        compute: compute_type(compute),
-        flops,
-        gflops_per_second: gflops_per_second(flops, done.run.compute_time),
+    let rate = gflops_per_second(flops, done.run.compute_time);
+    let keeping = keep.is_some();
+    let encode = move || {
+        let (values, kept) = kept_results::keep_tensor(keep, out_dtype, &out_shape, values)?;
+        let body = MatmulResponse {
+            result: values.map(|v| DenseOut::new(out_shape.clone(), v, dtype, packed)),
+            shape: out_shape,
+            dtype,
+            compute: compute_type(compute),
+            flops,
+            gflops_per_second: rate,
+            kept,
+        };
+        let hint = body.result.as_ref().map_or(256, DenseOut::json_bytes_hint);
+        bulk::answer(form, &body, |b| json_body(b, hint), &done.run)
     };
-    bulk::answer(
-        form,
-        &body,
-        |b| json_body(b, b.result.json_bytes_hint()),
-        &done.run,
-    )
+    // Keeping writes the tensor's files: never on the runtime's threads.
+    blocking_if(keeping, encode).await
 }
 
 /// Decodes the operands and checks everything the job needs (on a blocking thread: the
@@ -313,6 +335,18 @@ pub(super) fn operand(
     max: usize,
 ) -> Result<DenseValues, Problem> {
     if let Some(own) = t.packed_dtype().filter(|&own| own != dtype) {
+        if let DenseIn::Resident(r) = &t {
+            return Err(Problem::at(
+                ErrorCode::ArrayMismatch,
+                format!("{path}/array"),
+                format!(
+                    "the array is a {} tensor shaped {:?} where the operands are {} (dtype, or a's)",
+                    r.dtype.name(),
+                    r.shape,
+                    Dtype::from(dtype).name()
+                ),
+            ));
+        }
         return Err(Problem::at(
             ErrorCode::InvalidParameter,
             format!("{path}/dtype"),

@@ -73,7 +73,7 @@ error_codes! {
     EmbeddingQuotaExceeded = ("embedding_quota_exceeded", 422, "The tenant's embedding tables would exceed --max-tenant-embedding-mib"),
     ArrayQuotaExceeded = ("array_quota_exceeded", 422, "The tenant's resident arrays would exceed --max-tenant-array-mib or --max-tenant-arrays"),
     UnknownArray = ("unknown_array", 422, "An operand names no resident array of this tenant (or one that has expired)"),
-    ArrayMismatch = ("array_mismatch", 422, "An operand names a resident array of another kind, field or curve than the operand takes"),
+    ArrayMismatch = ("array_mismatch", 422, "An operand names a resident array of another kind, field, curve, dtype or rank than the operand takes"),
     TenantRateLimited = ("tenant_rate_limited", 429, "The tenant's requests are over --tenant-requests-per-second; retry after Retry-After"),
     TenantConcurrencyLimited = ("tenant_concurrency_limited", 429, "The tenant has --tenant-max-concurrent-requests requests in flight; retry after Retry-After"),
     TenantDatasetQueueFull = ("tenant_dataset_queue_full", 429, "The tenant has --max-tenant-queued-datasets dataset jobs waiting; retry after Retry-After"),
@@ -90,7 +90,7 @@ error_codes! {
     DeadlineExceeded = ("deadline_exceeded", 504, "The job's deadline passed"),
     InsufficientStorage = ("insufficient_storage", 507, "Not enough free disk space under --data-dir for the dataset"),
     EmbeddingTablesFull = ("embedding_tables_full", 507, "All embedding tables together would exceed --max-embedding-tables-mib"),
-    ArraysFull = ("arrays_full", 507, "All resident arrays together would exceed --max-arrays-mib"),
+    ArraysFull = ("arrays_full", 507, "All resident arrays together would exceed --max-arrays-mib or --max-arrays"),
     HttpError = ("http_error", 400, "The request was refused"),
 }
 

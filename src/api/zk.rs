@@ -459,6 +459,8 @@ mod tests {
                 kind: crate::arrays::ArrayKind::FieldElements,
                 field: Some(Field::BabyBear),
                 curve: None,
+                dtype: None,
+                shape: None,
                 length: 2,
                 size_bytes: 8,
                 created_at: "2026-12-03T00:00:00Z".into(),

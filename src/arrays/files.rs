@@ -3,7 +3,8 @@
 //! (`crate::durable`), so an array answered 201 survives a crash, and one cut short
 //! leaves no metadata.
 
-use super::{ArrayData, ArrayError, ArrayKind, ArrayMeta, ResidentArray};
+use super::{ArrayData, ArrayError, ArrayKind, ArrayMeta, ResidentArray, Tensor};
+use crate::ops::linalg::{Dtype, Values};
 use crate::ops::zk::msm::Points;
 use crate::ops::zk::FieldVec;
 use std::path::Path;
@@ -17,6 +18,7 @@ fn values_bytes(data: &ArrayData) -> std::borrow::Cow<'_, [u8]> {
     match data {
         ArrayData::FieldElements(v) => v.le_bytes(),
         ArrayData::Points(p) => std::borrow::Cow::Owned(p.to_le_bytes()),
+        ArrayData::Tensor(t) => t.values.le_bytes(t.dtype),
     }
 }
 
@@ -77,15 +79,18 @@ fn load(meta_path: &Path, now_ms: u64) -> Result<Option<ResidentArray>, String> 
     }
     let bytes = std::fs::read(meta_path.with_extension("bin")).map_err(|e| e.to_string())?;
     // Checked again as on upload: a file changed on disk is never served unchecked.
-    let data = match (meta.kind, meta.field, meta.curve) {
-        (ArrayKind::FieldElements, Some(field), None) => ArrayData::FieldElements(Arc::new(
-            FieldVec::from_le_bytes(field, &bytes).map_err(|e| e.message)?,
-        )),
-        (ArrayKind::Points, None, Some(curve)) => ArrayData::Points(Arc::new(
+    let data = match (meta.kind, meta.field, meta.curve, meta.dtype, &meta.shape) {
+        (ArrayKind::FieldElements, Some(field), None, None, None) => ArrayData::FieldElements(
+            Arc::new(FieldVec::from_le_bytes(field, &bytes).map_err(|e| e.message)?),
+        ),
+        (ArrayKind::Points, None, Some(curve), None, None) => ArrayData::Points(Arc::new(
             Points::from_le_bytes(curve, &bytes)
                 .map_err(|e| format!("{} bad points, first {:?}", e.count, e.listed.first()))?,
         )),
-        _ => return Err("the metadata's kind, field and curve disagree".into()),
+        (ArrayKind::Tensor, None, None, Some(dtype), Some(shape)) => {
+            ArrayData::Tensor(Arc::new(tensor(dtype, shape, &bytes)?))
+        }
+        _ => return Err("the metadata's kind, field, curve, dtype and shape disagree".into()),
     };
     if data.len() != meta.len {
         return Err(format!(
@@ -95,4 +100,22 @@ fn load(meta_path: &Path, now_ms: u64) -> Result<Option<ResidentArray>, String> 
         ));
     }
     Ok(Some(ResidentArray { meta, data }))
+}
+
+/// A tensor's values from its file, checked as an upload is: the shape's product of
+/// `dtype` values, every one finite.
+fn tensor(dtype: Dtype, shape: &[usize], bytes: &[u8]) -> Result<Tensor, String> {
+    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+    if shape.is_empty() || n.and_then(|n| n.checked_mul(dtype.bytes())) != Some(bytes.len()) {
+        return Err(format!(
+            "{} bytes for shape {shape:?} of {}",
+            bytes.len(),
+            dtype.name()
+        ));
+    }
+    let values = Values::from_le_bytes(bytes, dtype);
+    if let Some(i) = values.first_non_finite() {
+        return Err(format!("value {i} is not finite"));
+    }
+    Ok(Tensor::new(dtype, shape.to_vec(), values))
 }

@@ -1,17 +1,20 @@
 //! Resident arrays: operands a tenant uploaded once (`POST /arrays`) and names from any
 //! op by id instead of sending them again. Each is validated once, when it is made (a
 //! point on its curve and, for BLS12-381, in the prime-order subgroup; a field element
-//! canonical), and kept parsed in host memory, so a use costs neither a parse nor a check.
+//! canonical; a tensor's values finite in its dtype), and kept parsed in host memory, so
+//! a use costs neither a parse nor a check.
 //! A copy on disk under `<data-dir>/arrays/` (`<id>.bin`, the values' little-endian
 //! bytes, then `<id>.json`, whose presence commits the array) survives a restart.
 //!
 //! Bounded like everything a tenant stores: its arrays' bytes (`--max-tenant-array-mib`)
-//! and count (`--max-tenant-arrays`), all arrays' bytes (`--max-arrays-mib`), and a time
+//! and count (`--max-tenant-arrays`), all arrays' bytes (`--max-arrays-mib`) and count
+//! (`--max-arrays`), and a time
 //! to live (`--array-ttl` by default, at most `--max-array-ttl`), after which an array is
 //! gone: refused at once, its memory and files freed by the next sweep.
 
 mod files;
 
+use crate::ops::linalg::{Dtype, Values};
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
 use serde::{Deserialize, Serialize};
@@ -28,6 +31,8 @@ pub enum ArrayKind {
     FieldElements,
     /// Affine points of one curve, checked.
     Points,
+    /// A dense tensor of rank 1 to 4 in f16, bf16, f32 or f64.
+    Tensor,
 }
 
 impl ArrayKind {
@@ -35,7 +40,43 @@ impl ArrayKind {
         match self {
             ArrayKind::FieldElements => "field_elements",
             ArrayKind::Points => "points",
+            ArrayKind::Tensor => "tensor",
         }
+    }
+}
+
+/// A dense tensor kept as an array: f16, bf16 and f32 values held as f32 (exactly: the
+/// halves widen without rounding), f64 as f64; f32 values shared, so an op that names
+/// the tensor reads them in place rather than copying them.
+#[derive(Debug)]
+pub struct Tensor {
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub values: Values,
+}
+
+impl Tensor {
+    /// `values`, already representable in `dtype`, finite, `shape`'s product of them;
+    /// held as f64 for f64, else as f32.
+    pub fn new(dtype: Dtype, shape: Vec<usize>, values: Values) -> Self {
+        let values = match dtype {
+            Dtype::F64 => Values::F64(values.into_f64()),
+            _ => Values::F32(values.into_f32_array().shared()),
+        };
+        Self {
+            dtype,
+            shape,
+            values,
+        }
+    }
+
+    /// Bytes its values take in host memory: 4 per f16, bf16 or f32 value, 8 per f64.
+    pub fn held_bytes(&self) -> u64 {
+        let width = match self.values {
+            Values::F32(_) => 4,
+            Values::F64(_) => 8,
+        };
+        (width * self.values.len()) as u64
     }
 }
 
@@ -44,6 +85,7 @@ impl ArrayKind {
 pub enum ArrayData {
     FieldElements(Arc<FieldVec>),
     Points(Arc<Points>),
+    Tensor(Arc<Tensor>),
 }
 
 impl ArrayData {
@@ -51,6 +93,7 @@ impl ArrayData {
         match self {
             ArrayData::FieldElements(_) => ArrayKind::FieldElements,
             ArrayData::Points(_) => ArrayKind::Points,
+            ArrayData::Tensor(_) => ArrayKind::Tensor,
         }
     }
 
@@ -58,6 +101,7 @@ impl ArrayData {
         match self {
             ArrayData::FieldElements(v) => v.len(),
             ArrayData::Points(p) => p.len(),
+            ArrayData::Tensor(t) => t.values.len(),
         }
     }
 
@@ -65,27 +109,44 @@ impl ArrayData {
         self.len() == 0
     }
 
-    /// The field of its elements, or of its points' coordinates' scalars: `None` for points.
+    /// The field of its elements; `None` for other kinds.
     pub fn field(&self) -> Option<Field> {
         match self {
             ArrayData::FieldElements(v) => Some(v.field()),
-            ArrayData::Points(_) => None,
+            _ => None,
         }
     }
 
     pub fn curve(&self) -> Option<Curve> {
         match self {
-            ArrayData::FieldElements(_) => None,
             ArrayData::Points(p) => Some(p.curve()),
+            _ => None,
         }
     }
 
-    /// The bytes of its wire and disk form (what the quotas count): a field element's
-    /// fixed width, or x ‖ y of a point.
+    /// A tensor's dtype.
+    pub fn dtype(&self) -> Option<Dtype> {
+        match self {
+            ArrayData::Tensor(t) => Some(t.dtype),
+            _ => None,
+        }
+    }
+
+    /// A tensor's shape.
+    pub fn shape(&self) -> Option<Vec<usize>> {
+        match self {
+            ArrayData::Tensor(t) => Some(t.shape.clone()),
+            _ => None,
+        }
+    }
+
+    /// The bytes the quotas count: a field element's fixed width, x ‖ y of a point (the
+    /// wire and disk form), a tensor's values as held in memory (`Tensor::held_bytes`).
     pub fn bytes(&self) -> u64 {
         match self {
             ArrayData::FieldElements(v) => v.byte_len() as u64,
             ArrayData::Points(p) => (2 * p.curve().coordinate_bytes() * p.len()) as u64,
+            ArrayData::Tensor(t) => t.held_bytes(),
         }
     }
 }
@@ -101,11 +162,41 @@ pub struct ArrayMeta {
     pub field: Option<Field>,
     /// Set for points.
     pub curve: Option<Curve>,
+    /// Set for tensors (absent from arrays stored before tensors were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<Dtype>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<usize>>,
     pub len: usize,
     /// RFC 3339, UTC.
     pub created_at: String,
     /// Milliseconds since the Unix epoch; the array is gone from then on.
     pub expires_at_ms: u64,
+}
+
+impl ArrayMeta {
+    /// The description of `data`, made now, expiring at `expires_at_ms`.
+    pub fn describe(
+        data: &ArrayData,
+        id: String,
+        tenant: String,
+        name: Option<String>,
+        expires_at_ms: u64,
+    ) -> Self {
+        Self {
+            id,
+            tenant,
+            name,
+            kind: data.kind(),
+            field: data.field(),
+            curve: data.curve(),
+            dtype: data.dtype(),
+            shape: data.shape(),
+            len: data.len(),
+            created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            expires_at_ms,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -156,6 +247,11 @@ pub enum ArrayError {
         used: u64,
         cap: u64,
     },
+    /// All tenants hold `--max-arrays` arrays already.
+    FullCount {
+        count: usize,
+        cap: usize,
+    },
     Io(String),
 }
 
@@ -166,6 +262,7 @@ impl ArrayError {
             ArrayError::QuotaExceeded { .. } => "tenant_bytes",
             ArrayError::TooMany { .. } => "tenant_count",
             ArrayError::Full { .. } => "server_bytes",
+            ArrayError::FullCount { .. } => "server_count",
             ArrayError::Io(_) => "io",
         }
     }
@@ -186,6 +283,10 @@ impl std::fmt::Display for ArrayError {
                 f,
                 "the array takes {need} bytes; all arrays take {used} of {cap} (--max-arrays-mib)"
             ),
+            ArrayError::FullCount { count, cap } => write!(
+                f,
+                "the server holds {count} arrays of at most {cap} (--max-arrays)"
+            ),
             ArrayError::Io(e) => write!(f, "{e}"),
         }
     }
@@ -197,6 +298,7 @@ pub struct ArrayLimits {
     pub tenant_bytes: u64,
     pub tenant_count: usize,
     pub server_bytes: u64,
+    pub server_count: usize,
 }
 
 /// What the arrays export (registered by `Metrics`; fresh ones in unit tests).
@@ -266,6 +368,11 @@ impl Catalog {
         let kept = self.arrays.values().filter(|a| a.meta.tenant == tenant);
         let writing = self.writing.values().filter(|(t, _)| t == tenant);
         kept.count() + writing.count()
+    }
+
+    /// Arrays held or being written, everyone's.
+    fn count_all(&self) -> usize {
+        self.arrays.len() + self.writing.len()
     }
 }
 
@@ -348,6 +455,13 @@ impl Arrays {
                     need,
                     used: all,
                     cap: self.limits.server_bytes,
+                });
+            }
+            let all = catalog.count_all();
+            if all >= self.limits.server_count {
+                return Err(ArrayError::FullCount {
+                    count: all,
+                    cap: self.limits.server_count,
                 });
             }
             catalog.writing.insert(id.clone(), (tenant, need));

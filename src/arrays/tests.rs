@@ -13,6 +13,7 @@ const ROOMY: ArrayLimits = ArrayLimits {
     tenant_bytes: 1 << 20,
     tenant_count: 100,
     server_bytes: 1 << 20,
+    server_count: 100,
 };
 
 fn open(dir: &std::path::Path, limits: ArrayLimits) -> Arrays {
@@ -33,6 +34,8 @@ fn goldilocks(
         kind: ArrayKind::FieldElements,
         field: Some(Field::Goldilocks),
         curve: None,
+        dtype: None,
+        shape: None,
         len: v.len(),
         created_at: "2026-12-03T00:00:00Z".into(),
         expires_at_ms,
@@ -58,6 +61,8 @@ fn arrays_survive_a_reopen_checked_and_stay_with_their_tenant() {
         kind: ArrayKind::Points,
         field: None,
         curve: Some(Curve::Bn254G1),
+        dtype: None,
+        shape: None,
         len: 2,
         created_at: "2026-12-03T00:00:00Z".into(),
         expires_at_ms: LATER,
@@ -88,6 +93,67 @@ fn arrays_survive_a_reopen_checked_and_stay_with_their_tenant() {
     assert!(open(&dir, ROOMY).get("alice", "arr_a").is_none());
 }
 
+/// A tensor of `dtype` shaped `shape`, values 0.5, 1.5, … (exact in every dtype).
+fn tensor(id: &str, dtype: Dtype, shape: Vec<usize>) -> (ArrayMeta, ArrayData) {
+    let n: usize = shape.iter().product();
+    let halves = (0..n).map(|i| i as f64 + 0.5);
+    let values = match dtype {
+        Dtype::F64 => Values::F64(halves.collect()),
+        _ => Values::F32(halves.map(|x| x as f32).collect::<Vec<_>>().into()),
+    };
+    let data = ArrayData::Tensor(Arc::new(Tensor::new(dtype, shape, values)));
+    let meta = ArrayMeta::describe(&data, id.into(), "t".into(), None, LATER);
+    (meta, data)
+}
+
+#[test]
+fn tensors_of_every_dtype_survive_a_reopen_and_count_what_memory_holds() {
+    let dir = scratch("tensors");
+    let a = open(&dir, ROOMY);
+    let cases = [
+        ("arr_h", Dtype::F16, vec![3], 12),
+        ("arr_b", Dtype::Bf16, vec![2, 1, 2], 16),
+        ("arr_s", Dtype::F32, vec![2, 3], 24),
+        ("arr_d", Dtype::F64, vec![1, 1, 1, 5], 40),
+    ];
+    for (id, dtype, shape, held) in &cases {
+        let (m, d) = tensor(id, *dtype, shape.clone());
+        assert_eq!(a.add(m, d).unwrap().bytes(), *held, "{id}");
+    }
+    // On disk each takes its dtype's width: halves are written as halves.
+    assert_eq!(std::fs::metadata(dir.join("arr_h.bin")).unwrap().len(), 6);
+    let again = open(&dir, ROOMY);
+    for (id, dtype, shape, _) in cases {
+        let got = again.get("t", id).unwrap();
+        let ArrayData::Tensor(t) = &got.data else {
+            panic!("kind changed")
+        };
+        let (want_meta, want) = tensor(id, dtype, shape.clone());
+        let ArrayData::Tensor(want) = want else {
+            unreachable!()
+        };
+        assert_eq!(
+            (t.dtype, &t.shape, &t.values),
+            (dtype, &shape, &want.values)
+        );
+        assert_eq!(
+            (got.meta.dtype, &got.meta.shape),
+            (want_meta.dtype, &want_meta.shape)
+        );
+    }
+    // A value changed on disk to an infinity is never served.
+    std::fs::write(
+        dir.join("arr_s.bin"),
+        [f32::INFINITY.to_le_bytes(); 6].concat(),
+    )
+    .unwrap();
+    std::fs::write(dir.join("arr_d.bin"), [0u8; 8]).unwrap();
+    let tampered = open(&dir, ROOMY);
+    assert!(tampered.get("t", "arr_s").is_none(), "not finite");
+    assert!(tampered.get("t", "arr_d").is_none(), "short");
+    assert!(tampered.get("t", "arr_h").is_some());
+}
+
 #[test]
 fn files_changed_on_disk_are_checked_again_and_never_served() {
     let dir = scratch("tampered");
@@ -112,6 +178,7 @@ fn quotas_and_the_cap_refuse_what_would_pass_them_and_count_refusals() {
         tenant_bytes: 40,
         tenant_count: 2,
         server_bytes: 64,
+        server_count: 100,
     };
     let a = open(&dir, limits);
     let (m, d) = goldilocks("arr_1", "a", vec![0; 4], LATER);
@@ -158,6 +225,33 @@ fn quotas_and_the_cap_refuse_what_would_pass_them_and_count_refusals() {
     a.remove("a", "arr_1").unwrap();
     let (m, d) = goldilocks("arr_4", "c", vec![0; 1], LATER);
     a.add(m, d).unwrap();
+}
+
+#[test]
+fn the_server_count_cap_holds_across_tenants_and_a_deletion_makes_room() {
+    let dir = scratch("server-count");
+    let limits = ArrayLimits {
+        server_count: 2,
+        ..ROOMY
+    };
+    let a = open(&dir, limits);
+    for (id, tenant) in [("arr_1", "a"), ("arr_2", "b")] {
+        let (m, d) = goldilocks(id, tenant, vec![1], LATER);
+        a.add(m, d).unwrap();
+    }
+    let (m, d) = goldilocks("arr_3", "c", vec![1], LATER);
+    assert_eq!(
+        a.add(m, d).unwrap_err(),
+        ArrayError::FullCount { count: 2, cap: 2 }
+    );
+    assert_eq!(
+        a.metrics.refused.with_label_values(&["server_count"]).get(),
+        1
+    );
+    a.remove("b", "arr_2").unwrap();
+    let (m, d) = goldilocks("arr_3", "c", vec![1], LATER);
+    a.add(m, d).unwrap();
+    assert_eq!(a.metrics.count.get(), 2);
 }
 
 #[test]

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use std::marker::PhantomData;
 
 /// A value that an [`Array`] can lend from little-endian bytes.
-pub trait LeScalar: bytemuck::Pod {
+pub trait LeScalar: bytemuck::Pod + Send {
     /// The value whose little-endian bytes `self`'s native bytes are.
     fn decode_le(self) -> Self;
     /// Not an infinity or a NaN (integers always are finite).
@@ -88,6 +88,18 @@ impl<T: LeScalar> Array<T> {
         Some(Array::from(values))
     }
 
+    /// The same values, held so that clones share them rather than copy them (an
+    /// owned vector becomes bytes lent to every clone): how a resident tensor is kept,
+    /// so each op that names it reads it in place. A big-endian host keeps it owned.
+    pub fn shared(self) -> Self {
+        match self.held {
+            Held::Owned(v) if cfg!(target_endian = "little") => Array {
+                held: Held::Lent(Bytes::from_owner(LeBytes(v)), PhantomData),
+            },
+            held => Array { held },
+        }
+    }
+
     /// Whether the values are read in place from the bytes they arrived in.
     pub fn is_lent(&self) -> bool {
         matches!(self.held, Held::Lent(..))
@@ -109,6 +121,15 @@ impl<T: LeScalar> Array<T> {
             Held::Owned(v) => v,
             Held::Lent(..) => self.to_vec(),
         }
+    }
+}
+
+/// A vector seen as its native bytes (little-endian where `shared` makes one).
+struct LeBytes<T>(Vec<T>);
+
+impl<T: LeScalar> AsRef<[u8]> for LeBytes<T> {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.0)
     }
 }
 
@@ -214,6 +235,20 @@ mod tests {
         assert_eq!(&bytes[8..16], &2.0f64.to_le_bytes());
         assert_eq!(a.into_vec(), vec![1.0, 20.0, 3.0]);
         assert_eq!(shared.into_vec(), values.to_vec());
+    }
+
+    #[test]
+    fn a_shared_array_s_clones_read_one_copy() {
+        let a = Array::from(vec![1.0f32, 2.5, -3.0]).shared();
+        let b = a.clone();
+        assert_eq!(&*b, &[1.0, 2.5, -3.0]);
+        if cfg!(target_endian = "little") {
+            assert!(a.is_lent());
+            assert_eq!(a.as_ptr(), b.as_ptr(), "a clone is not a copy");
+        }
+        let mut c = b.clone();
+        c.make_mut()[0] = 9.0;
+        assert_eq!(&*a, &[1.0, 2.5, -3.0], "writing to a clone copies it first");
     }
 
     #[test]

@@ -790,3 +790,23 @@ async fn a_kept_result_past_the_quota_is_refused() {
         1
     );
 }
+
+/// Past --max-arrays, an upload of any tenant is 507 arrays_full, counted by reason.
+#[tokio::test]
+async fn the_server_wide_array_count_is_capped() {
+    let s = TestServer::start(&["--max-arrays", "1"]).await;
+    let upload = json!({"kind": "field_elements", "field": "goldilocks", "values": ["7"]});
+    let res = s.post("/arrays", upload.clone()).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    let res = s.post("/arrays", upload).send().await.unwrap();
+    let p = problem(res, 507, "arrays_full").await;
+    assert!(
+        p["detail"].as_str().unwrap().contains("--max-arrays"),
+        "{p}"
+    );
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("gpu_ops_arrays_refused_total{reason=\"server_count\"} 1"),
+        "{metrics}"
+    );
+}

@@ -24,3 +24,4 @@ mod nn;
 mod rf;
 mod secagg;
 mod service;
+mod tensor_arrays;

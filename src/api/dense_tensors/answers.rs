@@ -17,23 +17,8 @@ pub fn encode_le(values: Values, dtype: TensorDtype) -> Bytes {
         Values::F32(v) if dtype == TensorDtype::F32 && cfg!(target_endian = "little") => {
             Bytes::from_owner(LeF32(v))
         }
-        Values::F32(v) => encode_each(v.iter().map(|&x| f64::from(x)), v.len(), dtype),
-        Values::F64(v) => encode_each(v.iter().copied(), v.len(), dtype),
+        other => Bytes::from(other.le_bytes(Dtype::from(dtype)).into_owned()),
     }
-}
-
-/// `n` values, each rounded to `dtype` and written little-endian.
-fn encode_each(values: impl Iterator<Item = f64>, n: usize, dtype: TensorDtype) -> Bytes {
-    let mut out = Vec::with_capacity(n * Dtype::from(dtype).bytes());
-    for x in values {
-        match dtype {
-            TensorDtype::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
-            TensorDtype::Bf16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
-            TensorDtype::F32 => out.extend((x as f32).to_le_bytes()),
-            TensorDtype::F64 => out.extend(x.to_le_bytes()),
-        }
-    }
-    Bytes::from(out)
 }
 
 /// f32 values seen as their little-endian bytes (on a little-endian host).
@@ -152,7 +137,7 @@ impl Serialize for DenseOut {
                 } => (
                     *dtype,
                     shape,
-                    encode_each(values.iter().copied(), values.len(), *dtype),
+                    Bytes::from(Values::f64_le_bytes(values, (*dtype).into())),
                 ),
             };
             let shape = shape.iter().map(|&d| d as u64).collect();

@@ -1,10 +1,18 @@
 //! `/nn/attention`: fused scaled dot-product attention on the CPU or the device.
 
-use crate::api::dense_tensors::{Dense4Doc, DenseIn, DenseOut, DenseValues, TensorDtype};
+use crate::api::array_operands::ArrayScope;
+use crate::api::arrays::ArrayView;
+use crate::api::dense_tensors::{
+    Dense4Doc, Dense4OutDoc, DenseIn, DenseOut, DenseValues, TensorDtype,
+};
+use crate::api::extract::ObjectOnly;
+use crate::api::kept_results::{self, Keep};
 use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
 use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
+use crate::api::{
+    blocking, blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState,
+};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::Dtype;
 use crate::ops::nn::{AttentionJob, AttentionShape, Tensors, MAX_HEAD_DIM};
@@ -62,26 +70,36 @@ pub struct AttentionRequest {
     pub out_dtype: Option<TensorDtype>,
     #[serde(default)]
     pub backend: BackendChoice,
+    /// Keep the output (not the weights) as a resident tensor (`kept` in the answer), for
+    /// the next op to name as `{"array": id}`.
+    #[schema(value_type = Option<Keep>)]
+    pub keep: Option<ObjectOnly<Keep>>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct AttentionResponse {
-    /// `[B, H, S, D_v]`, in the form of `q` (nested numbers, or packed in `dtype`).
-    #[schema(value_type = Dense4Doc)]
-    pub output: DenseOut,
+    /// `[B, H, S, D_v]`, in the form of `q` (nested numbers, also for a
+    /// resident `q`, or packed in `dtype`);
+    /// absent when `keep.with_data` was false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Dense4OutDoc>)]
+    pub output: Option<DenseOut>,
     pub shape: Vec<usize>,
     /// `[B, H, S, S_kv]`, rows summing to 1 (0 for a query that sees no key); only with
     /// `return_weights`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Dense4Doc>)]
+    #[schema(value_type = Option<Dense4OutDoc>)]
     pub weights: Option<DenseOut>,
     pub dtype: TensorDtype,
     /// 2·B·H·S·S_kv·(D + D_v), as if nothing were masked.
     pub flops: f64,
     /// `flops` over the compute time (`x-compute-time-ms`).
     pub gflops_per_second: f64,
+    /// The resident tensor the output was kept as, when the request asked to `keep` it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<ArrayView>,
 }
 
 #[utoipa::path(
@@ -107,12 +125,17 @@ pub struct AttentionResponse {
 pub async fn attention(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<AttentionRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<AttentionRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    req.q.resolve(&arrays, "/q")?;
+    req.k.resolve(&arrays, "/k")?;
+    req.v.resolve(&arrays, "/v")?;
+    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
     let backend = req.backend;
-    let packed = req.q.packed_dtype().is_some();
+    let packed = req.q.answers_packed();
     let job = blocking(move || build_job(req, max)).await?;
     let (shape, out_dtype) = (job.shape, job.output);
     let done = state.pool.submit(job, backend, timeout).await?;
@@ -130,29 +153,28 @@ pub async fn attention(
     let s = shape;
     let out_shape = vec![s.batch, s.heads, s.queries, s.value_dim];
     let weights_shape = vec![s.batch, s.heads, s.queries, s.keys];
-    let body = AttentionResponse {
-        output: DenseOut::new(out_shape.clone(), done.output.output, dtype, packed),
-        shape: out_shape,
-        weights: done
-            .output
-            .weights
-            .map(|w| DenseOut::new(weights_shape, w, dtype, packed)),
-        dtype,
-        flops: s.flops(),
-        gflops_per_second: gflops_per_second(s.flops(), done.run.compute_time),
+    let rate = gflops_per_second(s.flops(), done.run.compute_time);
+    let keeping = keep.is_some();
+    let encode = move || {
+        let (output, weights) = (done.output.output, done.output.weights);
+        let (output, kept) = kept_results::keep_tensor(keep, out_dtype, &out_shape, output)?;
+        let body = AttentionResponse {
+            output: output.map(|o| DenseOut::new(out_shape.clone(), o, dtype, packed)),
+            shape: out_shape,
+            weights: weights.map(|w| DenseOut::new(weights_shape, w, dtype, packed)),
+            dtype,
+            flops: s.flops(),
+            gflops_per_second: rate,
+            kept,
+        };
+        let hint = [&body.output, &body.weights]
+            .iter()
+            .filter_map(|t| t.as_ref().map(DenseOut::json_bytes_hint))
+            .sum();
+        bulk::answer(form, &body, |b| json_body(b, hint), &done.run)
     };
-    bulk::answer(
-        form,
-        &body,
-        |body| {
-            json_body(
-                body,
-                body.output.json_bytes_hint()
-                    + body.weights.as_ref().map_or(0, DenseOut::json_bytes_hint),
-            )
-        },
-        &done.run,
-    )
+    // Keeping writes the tensor's files: never on the runtime's threads.
+    blocking_if(keeping, encode).await
 }
 
 fn mismatch(path: &str, message: String) -> Problem {

@@ -1,10 +1,16 @@
 //! `/nn/conv2d`: batched 2-D convolution on the CPU (im2col on `gemm`) or the device.
 
-use crate::api::dense_tensors::{Dense4Doc, DenseIn, DenseOut, TensorDtype};
+use crate::api::array_operands::ArrayScope;
+use crate::api::arrays::ArrayView;
+use crate::api::dense_tensors::{Dense4Doc, Dense4OutDoc, DenseIn, DenseOut, TensorDtype};
+use crate::api::extract::ObjectOnly;
+use crate::api::kept_results::{self, Keep};
 use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
 use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
-use crate::api::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
+use crate::api::{
+    blocking, blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState,
+};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::Dtype;
 use crate::ops::nn::{Conv2dJob, Conv2dShape, ConvTensors};
@@ -73,6 +79,10 @@ pub struct Conv2dRequest {
     pub out_dtype: Option<TensorDtype>,
     #[serde(default)]
     pub backend: BackendChoice,
+    /// Keep the output as a resident tensor (`kept` in the answer), for the next op to
+    /// name as `{"array": id}`.
+    #[schema(value_type = Option<Keep>)]
+    pub keep: Option<ObjectOnly<Keep>>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -84,15 +94,19 @@ fn one() -> usize {
 #[derive(Serialize, ToSchema)]
 pub struct Conv2dResponse {
     /// `[N, O, OH, OW]` (nhwc: `[N, OH, OW, O]`), in the form of `input` (nested
-    /// numbers, or packed in `dtype`).
-    #[schema(value_type = Dense4Doc)]
-    pub result: DenseOut,
+    /// numbers, also for a resident `input`, or packed in `dtype`); absent when `keep.with_data` was false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Dense4OutDoc>)]
+    pub result: Option<DenseOut>,
     pub shape: Vec<usize>,
     pub dtype: TensorDtype,
     /// 2·N·O·OH·OW·(C/groups)·KH·KW.
     pub flops: f64,
     /// `flops` over the compute time (`x-compute-time-ms`).
     pub gflops_per_second: f64,
+    /// The resident tensor the output was kept as, when the request asked to `keep` it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<ArrayView>,
 }
 
 #[utoipa::path(
@@ -117,13 +131,17 @@ pub struct Conv2dResponse {
 pub async fn conv2d(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<Conv2dRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<Conv2dRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    req.input.resolve(&arrays, "/input")?;
+    req.weight.resolve(&arrays, "/weight")?;
+    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
     let backend = req.backend;
     let layout = req.layout;
-    let packed = req.input.packed_dtype().is_some();
+    let packed = req.input.answers_packed();
     let job = blocking(move || build_job(req, max)).await?;
     let (s, out_dtype) = (job.shape, job.output);
     let done = state.pool.submit(job, backend, timeout).await?;
@@ -147,19 +165,23 @@ pub async fn conv2d(
         ),
     };
     let dtype = TensorDtype::from(out_dtype);
-    let body = Conv2dResponse {
-        result: DenseOut::new(shape.clone(), values, dtype, packed),
-        shape,
-        dtype,
-        flops: s.flops(),
-        gflops_per_second: gflops_per_second(s.flops(), done.run.compute_time),
+    let rate = gflops_per_second(s.flops(), done.run.compute_time);
+    let keeping = keep.is_some();
+    let encode = move || {
+        let (values, kept) = kept_results::keep_tensor(keep, out_dtype, &shape, values.into())?;
+        let body = Conv2dResponse {
+            result: values.map(|v| DenseOut::new(shape.clone(), v, dtype, packed)),
+            shape,
+            dtype,
+            flops: s.flops(),
+            gflops_per_second: rate,
+            kept,
+        };
+        let hint = body.result.as_ref().map_or(256, DenseOut::json_bytes_hint);
+        bulk::answer(form, &body, |b| json_body(b, hint), &done.run)
     };
-    bulk::answer(
-        form,
-        &body,
-        |body| json_body(body, body.result.json_bytes_hint()),
-        &done.run,
-    )
+    // Keeping writes the tensor's files: never on the runtime's threads.
+    blocking_if(keeping, encode).await
 }
 
 /// `[N, A, B]` → `[N, B, A]`: NCHW ↔ NHWC, the spatial axes taken as one.

@@ -174,6 +174,80 @@ impl Values {
     }
 }
 
+impl Values {
+    /// Little-endian values of `dtype` (a whole number of them): f16, bf16 and f32
+    /// become f32 (exactly), f64 stays f64. f32 on a little-endian host is one copy.
+    pub fn from_le_bytes(bytes: &[u8], dtype: Dtype) -> Values {
+        if dtype == Dtype::F32 && cfg!(target_endian = "little") {
+            let mut values = vec![0f32; bytes.len() / 4];
+            bytemuck::cast_slice_mut(&mut values).copy_from_slice(bytes);
+            return Values::F32(values.into());
+        }
+        let halves = |from: fn([u8; 2]) -> f32| {
+            let v: Vec<f32> = bytes.chunks_exact(2).map(|c| from([c[0], c[1]])).collect();
+            Values::F32(v.into())
+        };
+        match dtype {
+            Dtype::F16 => halves(|b| half::f16::from_le_bytes(b).to_f32()),
+            Dtype::Bf16 => halves(|b| half::bf16::from_le_bytes(b).to_f32()),
+            Dtype::F32 => Values::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
+            Dtype::F64 => Values::F64(
+                bytes
+                    .chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The values (representable in `dtype`) as little-endian bytes of `dtype`:
+    /// borrowed where they already lie so (f32 as f32, f64 as f64, on a little-endian
+    /// host), else each rounded and written.
+    pub fn le_bytes(&self, dtype: Dtype) -> std::borrow::Cow<'_, [u8]> {
+        use std::borrow::Cow;
+        let little = cfg!(target_endian = "little");
+        match self {
+            Values::F32(v) if dtype == Dtype::F32 && little => {
+                Cow::Borrowed(bytemuck::cast_slice(v))
+            }
+            Values::F64(v) if dtype == Dtype::F64 && little => {
+                Cow::Borrowed(bytemuck::cast_slice(v))
+            }
+            Values::F32(v) => {
+                Cow::Owned(encode_each(v.iter().map(|&x| f64::from(x)), v.len(), dtype))
+            }
+            Values::F64(v) => Cow::Owned(encode_each(v.iter().copied(), v.len(), dtype)),
+        }
+    }
+}
+
+impl Values {
+    /// f64 values, each rounded to `dtype` and written little-endian.
+    pub fn f64_le_bytes(values: &[f64], dtype: Dtype) -> Vec<u8> {
+        encode_each(values.iter().copied(), values.len(), dtype)
+    }
+}
+
+/// `n` values, each rounded to `dtype` and written little-endian.
+fn encode_each(values: impl Iterator<Item = f64>, n: usize, dtype: Dtype) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * dtype.bytes());
+    for x in values {
+        match dtype {
+            Dtype::F16 => out.extend(half::f16::from_f64(x).to_le_bytes()),
+            Dtype::Bf16 => out.extend(half::bf16::from_f64(x).to_le_bytes()),
+            Dtype::F32 => out.extend((x as f32).to_le_bytes()),
+            Dtype::F64 => out.extend(x.to_le_bytes()),
+        }
+    }
+    out
+}
+
 impl From<Vec<f64>> for Values {
     fn from(v: Vec<f64>) -> Self {
         Values::F64(v)

@@ -2,8 +2,9 @@
 
 use half::{bf16, f16};
 
-/// A tensor's element type on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A tensor's element type on the wire (and in a resident tensor's metadata).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Dtype {
     F16,
     Bf16,

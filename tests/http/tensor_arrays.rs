@@ -1,0 +1,476 @@
+//! Resident tensors (`POST /arrays` with `kind: "tensor"`): each tensor operand of the
+//! tensor ops that names one (`{"array": id}`, in JSON and in a bulk header) answers as
+//! if its values were sent, kept results chain, and a tensor that does not fit is
+//! refused at the operand's `/array`.
+
+use crate::bulk::{body, f32_bytes, post, Buf};
+use crate::common::{problem, TestServer};
+use base64::Engine;
+use serde_json::{json, Value};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+async fn created(s: &TestServer, body: Value) -> Value {
+    let res = s.post("/arrays", body).send().await.unwrap();
+    assert_eq!(res.status(), 201, "{:?}", res.text().await);
+    res.json().await.unwrap()
+}
+
+async fn ok(s: &TestServer, path: &str, body: Value) -> Value {
+    let res = s.post(path, body).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{path}: {:?}", res.text().await);
+    res.json().await.unwrap()
+}
+
+/// Deterministic values that are exact in f16: multiples of 1/8 in [-2, 2).
+fn eighths(n: usize, seed: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| ((i * 7 + seed * 13) % 32) as f64 / 8.0 - 2.0)
+        .collect()
+}
+
+/// `values` nested as `shape` (row-major).
+fn nest(values: &[f64], shape: &[usize]) -> Value {
+    match shape {
+        [] => unreachable!("rank at least 1"),
+        [_] => json!(values),
+        [n, rest @ ..] => {
+            let step = values.len() / n;
+            Value::Array(values.chunks(step).map(|c| nest(c, rest)).collect())
+        }
+    }
+}
+
+fn tensor(s: &[usize], seed: usize) -> Value {
+    nest(&eighths(s.iter().product(), seed), s)
+}
+
+#[tokio::test]
+async fn a_resident_tensor_stands_for_any_tensor_operand() {
+    let s = TestServer::start(&[]).await;
+    let (a, b) = (tensor(&[3, 4], 1), tensor(&[4, 2], 2));
+    let made = created(&s, json!({"kind": "tensor", "tensor": a, "name": "w"})).await;
+    assert_eq!(
+        (
+            &made["kind"],
+            &made["dtype"],
+            &made["shape"],
+            &made["length"],
+            &made["size_bytes"]
+        ),
+        (
+            &json!("tensor"),
+            &json!("f32"),
+            &json!([3, 4]),
+            &json!(12),
+            &json!(48)
+        ),
+        "{made}"
+    );
+    let id = made["id"].as_str().unwrap();
+    let sent = ok(&s, "/linalg/matmul", json!({"a": a, "b": b})).await;
+    let named = ok(&s, "/linalg/matmul", json!({"a": {"array": id}, "b": b})).await;
+    assert_eq!(named["result"], sent["result"]);
+
+    // In a bulk header, beside a buffer: the same product.
+    let b_values: Vec<f32> = eighths(8, 2).iter().map(|&x| x as f32).collect();
+    let bulk = body(
+        json!({"a": {"array": id}}),
+        vec![Buf {
+            at: "/b",
+            dtype: gpu_ops::wire::Dtype::F32,
+            shape: vec![4, 2],
+            bytes: f32_bytes(&b_values),
+        }],
+    );
+    let res = post(&s, "/linalg/matmul", bulk, false).await;
+    assert_eq!(res.status(), 200);
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v["result"], sent["result"]);
+
+    // conv2d's weight, attention's keys and values, an embedding table, a sweep's
+    // channels: each the same as sent.
+    let (x, w) = (tensor(&[1, 2, 4, 4], 3), tensor(&[3, 2, 3, 3], 4));
+    let wid = created(&s, json!({"kind": "tensor", "tensor": w})).await["id"].clone();
+    let sent = ok(
+        &s,
+        "/nn/conv2d",
+        json!({"input": x, "weight": w, "padding": [1, 1]}),
+    )
+    .await;
+    let named = ok(
+        &s,
+        "/nn/conv2d",
+        json!({"input": x, "weight": {"array": wid}, "padding": [1, 1]}),
+    )
+    .await;
+    assert_eq!(named["result"], sent["result"]);
+
+    let (q, k, v) = (
+        tensor(&[1, 2, 3, 4], 5),
+        tensor(&[1, 1, 5, 4], 6),
+        tensor(&[1, 1, 5, 4], 7),
+    );
+    let kid = created(&s, json!({"kind": "tensor", "tensor": k})).await["id"].clone();
+    let vid = created(&s, json!({"kind": "tensor", "tensor": v})).await["id"].clone();
+    let sent = ok(
+        &s,
+        "/nn/attention",
+        json!({"q": q, "k": k, "v": v, "causal": true}),
+    )
+    .await;
+    let named = ok(
+        &s,
+        "/nn/attention",
+        json!({"q": q, "k": {"array": kid}, "v": {"array": vid}, "causal": true}),
+    )
+    .await;
+    assert_eq!(named["output"], sent["output"]);
+
+    let table = tensor(&[5, 3], 8);
+    let tid = created(&s, json!({"kind": "tensor", "tensor": table})).await["id"].clone();
+    let res = s
+        .post("/embeddings/tables", json!({"table": {"array": tid}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201, "{:?}", res.text().await);
+    let t: Value = res.json().await.unwrap();
+    let rows = ok(
+        &s,
+        &format!("/embeddings/tables/{}/lookup", t["id"].as_str().unwrap()),
+        json!({"ids": [4, 0]}),
+    )
+    .await;
+    assert_eq!(rows["result"], json!([table[4], table[0]]));
+
+    let channels = tensor(&[2, 2, 3, 2], 9);
+    let cid = created(&s, json!({"kind": "tensor", "tensor": channels})).await["id"].clone();
+    let sent = ok(&s, "/beams/sweep", json!({"channels": channels})).await;
+    let named = ok(&s, "/beams/sweep", json!({"channels": {"array": cid}})).await;
+    assert_eq!(named["best"], sent["best"]);
+
+    assert_eq!(
+        s.metric("gpu_ops_array_uses_total{kind=\"tensor\"}").await,
+        7.0
+    );
+}
+
+#[tokio::test]
+async fn a_tensor_is_kept_in_its_dtype_and_reads_back_in_every_form() {
+    let s = TestServer::start(&[]).await;
+    // 0.1 is not an f16: nested numbers are rounded to the dtype once, when kept.
+    let made = created(
+        &s,
+        json!({"kind": "tensor", "dtype": "f16", "tensor": [[0.1, 2.0, -3.5]]}),
+    )
+    .await;
+    assert_eq!(
+        (&made["dtype"], &made["size_bytes"]),
+        (&json!("f16"), &json!(12))
+    );
+    let id = made["id"].as_str().unwrap();
+    let f16 = half::f16::from_f64(0.1).to_f64();
+    let v = ok_get(&s, &format!("/arrays/{id}/data")).await;
+    assert_eq!(
+        (&v["kind"], &v["shape"], &v["tensor"]),
+        (&json!("tensor"), &json!([1, 3]), &json!([[f16, 2.0, -3.5]]))
+    );
+    let le: Vec<u8> = [f16, 2.0, -3.5]
+        .iter()
+        .flat_map(|&x| half::f16::from_f64(x).to_le_bytes())
+        .collect();
+    let v = ok_get(&s, &format!("/arrays/{id}/data?encoding=base64")).await;
+    assert_eq!(
+        v["tensor"],
+        json!({"encoding": "base64", "dtype": "f16", "shape": [1, 3], "data": B64.encode(&le)})
+    );
+    let res = s
+        .client
+        .get(format!("{}/arrays/{id}/data", s.url))
+        .header("accept", gpu_ops::wire::MEDIA_TYPE)
+        .send()
+        .await
+        .unwrap();
+    let got = crate::bulk::answer(res).await;
+    let (b, bytes) = &got.buffers["/tensor"];
+    assert_eq!(
+        (b.dtype, &b.shape, bytes),
+        (gpu_ops::wire::Dtype::F16, &vec![1, 3], &le)
+    );
+    let res = s.get(&format!("/arrays/{id}/data?encoding=hex")).await;
+    assert_eq!(
+        problem(res, 422, "invalid_parameter").await["errors"][0]["path"],
+        "/encoding"
+    );
+
+    // Packed and bulk uploads state their dtype; a copy of another array keeps it.
+    let packed = json!({"encoding": "base64", "dtype": "bf16", "shape": [2], "data": B64.encode([half::bf16::from_f32(1.5).to_le_bytes(), half::bf16::from_f32(-4.0).to_le_bytes()].concat())});
+    let made = created(&s, json!({"kind": "tensor", "tensor": packed})).await;
+    assert_eq!(
+        (&made["dtype"], &made["shape"]),
+        (&json!("bf16"), &json!([2]))
+    );
+    let copy = created(
+        &s,
+        json!({"kind": "tensor", "tensor": {"array": made["id"]}}),
+    )
+    .await;
+    assert_eq!(
+        (&copy["dtype"], &copy["shape"]),
+        (&json!("bf16"), &json!([2]))
+    );
+    let bulk = body(
+        json!({"kind": "tensor"}),
+        vec![Buf {
+            at: "/tensor",
+            dtype: gpu_ops::wire::Dtype::F64,
+            shape: vec![2, 1],
+            bytes: [0.25f64.to_le_bytes(), 1e300f64.to_le_bytes()].concat(),
+        }],
+    );
+    let res = post(&s, "/arrays", bulk, false).await;
+    assert_eq!(res.status(), 201);
+    let made: Value = res.json().await.unwrap();
+    assert_eq!(
+        (&made["dtype"], &made["size_bytes"]),
+        (&json!("f64"), &json!(16))
+    );
+    let v = ok_get(
+        &s,
+        &format!("/arrays/{}/data", made["id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(v["tensor"], json!([[0.25], [1e300]]));
+}
+
+async fn ok_get(s: &TestServer, path: &str) -> Value {
+    let res = s.get(path).await;
+    assert_eq!(res.status(), 200, "{path}: {:?}", res.text().await);
+    res.json().await.unwrap()
+}
+
+#[tokio::test]
+async fn kept_tensors_chain_as_the_sent_ones_do() {
+    let s = TestServer::start(&[]).await;
+    let (a, b, c) = (tensor(&[2, 3], 1), tensor(&[3, 4], 2), tensor(&[4, 2], 3));
+    let ab = ok(&s, "/linalg/matmul", json!({"a": a, "b": b})).await;
+    let want = ok(&s, "/linalg/matmul", json!({"a": ab["result"], "b": c})).await;
+    let kept = ok(
+        &s,
+        "/linalg/matmul",
+        json!({"a": a, "b": b, "keep": {"with_data": false, "name": "ab"}}),
+    )
+    .await;
+    assert!(kept.get("result").is_none(), "{kept}");
+    assert_eq!(
+        (
+            &kept["kept"]["kind"],
+            &kept["kept"]["shape"],
+            &kept["kept"]["name"]
+        ),
+        (&json!("tensor"), &json!([2, 4]), &json!("ab"))
+    );
+    let id = kept["kept"]["id"].as_str().unwrap();
+    let got = ok(&s, "/linalg/matmul", json!({"a": {"array": id}, "b": c})).await;
+    assert_eq!(got["result"], want["result"]);
+    assert_eq!(
+        ok_get(&s, &format!("/arrays/{id}/data")).await["tensor"],
+        ab["result"]
+    );
+
+    // A convolution's output kept with its data, then attended over.
+    let (x, w) = (tensor(&[1, 1, 4, 4], 4), tensor(&[1, 1, 3, 3], 5));
+    let conv = ok(
+        &s,
+        "/nn/conv2d",
+        json!({"input": x, "weight": w, "padding": [1, 1], "dtype": "f64", "keep": {}}),
+    )
+    .await;
+    assert_eq!(
+        (&conv["kept"]["dtype"], &conv["kept"]["shape"]),
+        (&json!("f64"), &json!([1, 1, 4, 4]))
+    );
+    let sent = ok(
+        &s,
+        "/nn/attention",
+        json!({"q": conv["result"], "k": conv["result"], "v": conv["result"], "dtype": "f64"}),
+    )
+    .await;
+    let cid = &conv["kept"]["id"];
+    let named = ok(
+        &s,
+        "/nn/attention",
+        json!({"q": {"array": cid}, "k": {"array": cid}, "v": {"array": cid}, "keep": {}}),
+    )
+    .await;
+    assert_eq!(named["output"], sent["output"]);
+    assert_eq!(named["kept"]["shape"], json!([1, 1, 4, 4]));
+}
+
+#[tokio::test]
+async fn tensors_that_do_not_fit_are_refused_at_the_operand() {
+    let s = TestServer::start(&[]).await;
+    let refused =
+        |body: Value, path: &'static str, status: u16, code: &'static str, at: &'static str| {
+            let s = &s;
+            async move {
+                let res = s.post(path, body.clone()).send().await.unwrap();
+                let p = problem(res, status, code).await;
+                assert_eq!(p["errors"][0]["path"], at, "{body} → {p}");
+            }
+        };
+    let row = created(&s, json!({"kind": "tensor", "tensor": [1.0, 2.0]})).await["id"].clone();
+    let half = created(
+        &s,
+        json!({"kind": "tensor", "dtype": "f16", "tensor": [[1.0, 2.0], [3.0, 4.0]]}),
+    )
+    .await["id"]
+        .clone();
+    let field = created(
+        &s,
+        json!({"kind": "field_elements", "field": "goldilocks", "values": ["1"]}),
+    )
+    .await["id"]
+        .clone();
+    let m = json!([[1.0, 2.0], [3.0, 4.0]]);
+    refused(
+        json!({"a": {"array": "arr_none"}, "b": m}),
+        "/linalg/matmul",
+        422,
+        "unknown_array",
+        "/a/array",
+    )
+    .await;
+    refused(
+        json!({"a": m, "b": {"array": field}}),
+        "/linalg/matmul",
+        422,
+        "array_mismatch",
+        "/b/array",
+    )
+    .await;
+    refused(
+        json!({"a": {"array": row}, "b": m}),
+        "/linalg/matmul",
+        422,
+        "array_mismatch",
+        "/a/array",
+    )
+    .await;
+    refused(
+        json!({"a": m, "b": {"array": half}}),
+        "/linalg/matmul",
+        422,
+        "array_mismatch",
+        "/b/array",
+    )
+    .await;
+    refused(
+        json!({"q": {"array": half}, "k": m, "v": m}),
+        "/nn/attention",
+        422,
+        "array_mismatch",
+        "/q/array",
+    )
+    .await;
+    refused(
+        json!({"field": "goldilocks", "a": {"array": row}, "b": ["1"]}),
+        "/zk/field_add",
+        422,
+        "array_mismatch",
+        "/a/array",
+    )
+    .await;
+    // A reference is `array` alone.
+    refused(
+        json!({"a": {"array": row, "dtype": "f32"}, "b": m}),
+        "/linalg/matmul",
+        422,
+        "invalid_request",
+        "/a",
+    )
+    .await;
+    // Uploads: the kind's own fields, values that fit the dtype.
+    refused(
+        json!({"kind": "tensor", "field": "goldilocks", "tensor": m}),
+        "/arrays",
+        422,
+        "invalid_request",
+        "/field",
+    )
+    .await;
+    refused(
+        json!({"kind": "tensor", "dtype": "f32"}),
+        "/arrays",
+        422,
+        "invalid_request",
+        "/tensor",
+    )
+    .await;
+    refused(
+        json!({"kind": "field_elements", "field": "goldilocks", "values": ["1"], "dtype": "f32"}),
+        "/arrays",
+        422,
+        "invalid_request",
+        "/dtype",
+    )
+    .await;
+    refused(
+        json!({"kind": "tensor", "dtype": "f16", "tensor": [1e6]}),
+        "/arrays",
+        422,
+        "invalid_tensor",
+        "/tensor",
+    )
+    .await;
+    refused(
+        json!({"kind": "tensor", "tensor": [[[[[1.0]]]]]}),
+        "/arrays",
+        422,
+        "invalid_request",
+        "/tensor/0/0/0/0",
+    )
+    .await;
+    let packed = json!({"encoding": "base64", "dtype": "f32", "shape": [1], "data": B64.encode(1f32.to_le_bytes())});
+    refused(
+        json!({"kind": "tensor", "dtype": "f64", "tensor": packed}),
+        "/arrays",
+        422,
+        "invalid_parameter",
+        "/tensor/dtype",
+    )
+    .await;
+    let s2 = TestServer::start(&["--max-tensor-elements", "4"]).await;
+    let res = s2
+        .post(
+            "/arrays",
+            json!({"kind": "tensor", "tensor": [1, 2, 3, 4, 5]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 413);
+}
+
+/// Integer ids are not floats: a lookup's ids cannot name a resident tensor.
+#[tokio::test]
+async fn a_lookup_s_ids_do_not_take_an_array() {
+    let s = TestServer::start(&[]).await;
+    let res = s
+        .post("/embeddings/tables", json!({"table": [[1.0], [2.0]]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let t: Value = res.json().await.unwrap();
+    let ids = created(&s, json!({"kind": "tensor", "tensor": [1.0]})).await["id"].clone();
+    let path = format!("/embeddings/tables/{}/lookup", t["id"].as_str().unwrap());
+    let res = s
+        .post(&path, json!({"ids": {"array": ids}}))
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 422, "invalid_request").await;
+    assert_eq!(p["errors"][0]["path"], "/ids/array");
+}
