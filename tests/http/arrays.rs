@@ -223,14 +223,7 @@ async fn an_arrays_data_reads_back_in_every_form() {
         .collect();
     let v = json_of(s.get(&format!("/arrays/{id}/data?encoding=base64")).await).await;
     assert_eq!(v["values"], json!(B64.encode(&le)));
-    let res = s
-        .client
-        .get(format!("{}/arrays/{id}/data", s.url))
-        .header("accept", gpu_ops::wire::MEDIA_TYPE)
-        .send()
-        .await
-        .unwrap();
-    let got = crate::bulk::answer(res).await;
+    let got = crate::bulk::get_answer(&s, &format!("/arrays/{id}/data")).await;
     let (b, bytes) = &got.buffers["/values"];
     assert_eq!(
         (b.dtype, &b.shape, bytes),
@@ -247,14 +240,7 @@ async fn an_arrays_data_reads_back_in_every_form() {
     assert_eq!(v["points"], json!(point_json(&points)));
     let v = json_of(s.get(&format!("/arrays/{id}/data?encoding=base64")).await).await;
     assert_eq!(v["points"], json!(B64.encode(points.to_le_bytes())));
-    let res = s
-        .client
-        .get(format!("{}/arrays/{id}/data", s.url))
-        .header("accept", gpu_ops::wire::MEDIA_TYPE)
-        .send()
-        .await
-        .unwrap();
-    let got = crate::bulk::answer(res).await;
+    let got = crate::bulk::get_answer(&s, &format!("/arrays/{id}/data")).await;
     let (b, bytes) = &got.buffers["/points"];
     assert_eq!(
         (b.dtype, &b.shape, bytes),

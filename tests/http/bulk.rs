@@ -86,6 +86,18 @@ pub async fn answer(res: reqwest::Response) -> Answer {
     read(&bytes)
 }
 
+/// `GET path` asking for a bulk answer, split and checked.
+pub async fn get_answer(s: &TestServer, path: &str) -> Answer {
+    let res = s
+        .client
+        .get(format!("{}{path}", s.url))
+        .header("accept", wire::MEDIA_TYPE)
+        .send()
+        .await
+        .unwrap();
+    answer(res).await
+}
+
 /// Splits and checks a bulk body as a client would.
 pub fn read(bytes: &[u8]) -> Answer {
     let envelope = wire::split(bytes).unwrap();

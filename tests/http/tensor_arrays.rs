@@ -185,14 +185,7 @@ async fn a_tensor_is_kept_in_its_dtype_and_reads_back_in_every_form() {
         v["tensor"],
         json!({"encoding": "base64", "dtype": "f16", "shape": [1, 3], "data": B64.encode(&le)})
     );
-    let res = s
-        .client
-        .get(format!("{}/arrays/{id}/data", s.url))
-        .header("accept", gpu_ops::wire::MEDIA_TYPE)
-        .send()
-        .await
-        .unwrap();
-    let got = crate::bulk::answer(res).await;
+    let got = crate::bulk::get_answer(&s, &format!("/arrays/{id}/data")).await;
     let (b, bytes) = &got.buffers["/tensor"];
     assert_eq!(
         (b.dtype, &b.shape, bytes),
