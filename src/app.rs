@@ -248,6 +248,16 @@ impl App {
                 uses: metrics.array_uses.clone(),
             },
         )?);
+        // A deleted or expired array's device copies go with it.
+        let (devices, m) = (Arc::downgrade(&backends), metrics.clone());
+        arrays.on_removed(move |id| {
+            if let Some(backends) = devices.upgrade() {
+                for g in backends.gpus() {
+                    g.forget_table(&crate::arrays::device_key(id));
+                    pool::export_device_cache(&m, g);
+                }
+            }
+        });
         // Expiry is exact without the sweep (an expired array is refused at once); the
         // sweep frees its memory and files within a few seconds of its deadline.
         arrays::spawn_expiry(&arrays, std::time::Duration::from_secs(5));

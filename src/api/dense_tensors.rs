@@ -166,11 +166,15 @@ impl DenseIn {
     /// unknown_array, or array_mismatch for an array of another kind, at `{path}/array`);
     /// any other form left as it is. Every handler that takes a dense operand resolves it
     /// before reading its dtype.
-    pub fn resolve(&mut self, scope: &ArrayScope, path: &str) -> Result<(), Problem> {
-        if let DenseIn::Array(id) = self {
-            *self = DenseIn::Resident(scope.tensor(id, path)?);
-        }
-        Ok(())
+    /// The key a device keeps its copy under when it names an array
+    /// (`arrays::device_key`).
+    pub fn resolve(&mut self, scope: &ArrayScope, path: &str) -> Result<Option<String>, Problem> {
+        let DenseIn::Array(id) = self else {
+            return Ok(None);
+        };
+        let key = crate::arrays::device_key(id);
+        *self = DenseIn::Resident(scope.tensor(id, path)?);
+        Ok(Some(key))
     }
 
     /// `resolve` for an optional operand.
@@ -178,8 +182,8 @@ impl DenseIn {
         t: &mut Option<DenseIn>,
         scope: &ArrayScope,
         path: &str,
-    ) -> Result<(), Problem> {
-        t.as_mut().map_or(Ok(()), |t| t.resolve(scope, path))
+    ) -> Result<Option<String>, Problem> {
+        t.as_mut().map_or(Ok(None), |t| t.resolve(scope, path))
     }
 
     /// Decodes and checks the rank is in `ranks`, at most `max` values, all finite.

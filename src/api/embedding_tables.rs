@@ -217,6 +217,7 @@ pub async fn embedding_table_delete(
     let key = table.device_key();
     for g in state.backends.gpus() {
         g.forget_table(&key);
+        crate::pool::export_device_cache(&state.metrics, g);
     }
     Ok(StatusCode::NO_CONTENT)
 }

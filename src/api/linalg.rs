@@ -209,14 +209,17 @@ pub async fn matmul(
     ApiBody(mut req): ApiBody<MatmulRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
-    req.a.resolve(&arrays, "/a")?;
-    req.b.resolve(&arrays, "/b")?;
-    DenseIn::resolve_some(&mut req.c, &arrays, "/c")?;
+    // Resident operands stay on a device after their first upload there.
+    let device_keys = [
+        req.a.resolve(&arrays, "/a")?,
+        req.b.resolve(&arrays, "/b")?,
+        DenseIn::resolve_some(&mut req.c, &arrays, "/c")?,
+    ];
     let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
     let backend = req.backend;
     let packed = req.a.answers_packed();
-    let job = blocking(move || build_job(req, max)).await?;
+    let job = blocking(move || Ok(build_job(req, max)?.with_device_keys(device_keys))).await?;
     let (shape, flops) = (job.shape, job.shape.flops());
     let (out_dtype, compute) = (job.output, job.compute);
     let done = state.pool.submit(job, backend, timeout).await?;

@@ -390,6 +390,11 @@ pub async fn msm(
     let batched = req.scalar_batch.is_some();
     let max = state.settings.config.max_elements;
     let large = req.points.approx_len(curve) > INLINE_POINTS;
+    // Resident points stay on a device after their first upload there.
+    let device_key = match &req.points {
+        PointsIn::Array(id) => Some(crate::arrays::device_key(id)),
+        _ => None,
+    };
     let build = move || -> Result<MsmJob, Problem> {
         let scalars = decode_scalars(
             req.scalars,
@@ -400,7 +405,11 @@ pub async fn msm(
         let points = req
             .points
             .decode(curve, encoding, max, "/points", &arrays)?;
-        MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))
+        let job = MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))?;
+        Ok(match device_key {
+            Some(key) => job.with_device_key(key),
+            None => job,
+        })
     };
     let job = blocking_if(large, build).await?;
     let n_points = job.points().len();

@@ -13,8 +13,11 @@
 //! gone: refused at once, its memory and files freed by the next sweep.
 
 mod files;
+mod tensor;
 
-use crate::ops::linalg::{Dtype, Values};
+pub use tensor::Tensor;
+
+use crate::ops::linalg::Dtype;
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
 use serde::{Deserialize, Serialize};
@@ -42,41 +45,6 @@ impl ArrayKind {
             ArrayKind::Points => "points",
             ArrayKind::Tensor => "tensor",
         }
-    }
-}
-
-/// A dense tensor kept as an array: f16, bf16 and f32 values held as f32 (exactly: the
-/// halves widen without rounding), f64 as f64; f32 values shared, so an op that names
-/// the tensor reads them in place rather than copying them.
-#[derive(Debug)]
-pub struct Tensor {
-    pub dtype: Dtype,
-    pub shape: Vec<usize>,
-    pub values: Values,
-}
-
-impl Tensor {
-    /// `values`, already representable in `dtype`, finite, `shape`'s product of them;
-    /// held as f64 for f64, else as f32.
-    pub fn new(dtype: Dtype, shape: Vec<usize>, values: Values) -> Self {
-        let values = match dtype {
-            Dtype::F64 => Values::F64(values.into_f64()),
-            _ => Values::F32(values.into_f32_array().shared()),
-        };
-        Self {
-            dtype,
-            shape,
-            values,
-        }
-    }
-
-    /// Bytes its values take in host memory: 4 per f16, bf16 or f32 value, 8 per f64.
-    pub fn held_bytes(&self) -> u64 {
-        let width = match self.values {
-            Values::F32(_) => 4,
-            Values::F64(_) => 8,
-        };
-        (width * self.values.len()) as u64
     }
 }
 
@@ -221,6 +189,13 @@ impl ResidentArray {
     }
 }
 
+/// The key under which a device keeps its copy of array `id` (`GpuDevice::forget_table`
+/// drops it when the array goes). Array ids are never reused, so a copy cannot outlive
+/// its array's values under the same key.
+pub fn device_key(id: &str) -> String {
+    format!("array/{id}")
+}
+
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -335,7 +310,12 @@ pub struct Arrays {
     limits: ArrayLimits,
     metrics: ArrayMetrics,
     catalog: RwLock<Catalog>,
+    /// Called with each array's id once it is deleted or expired (`on_removed`).
+    removed: std::sync::OnceLock<RemovalHook>,
 }
+
+/// What else must go when an array goes: its copies on the devices.
+type RemovalHook = Box<dyn Fn(&str) + Send + Sync>;
 
 /// The committed arrays, and the bytes of arrays being written (by id: tenant, bytes),
 /// which count against the quotas until they commit or fail.
@@ -391,9 +371,22 @@ impl Arrays {
             limits,
             metrics,
             catalog: RwLock::new(catalog),
+            removed: std::sync::OnceLock::new(),
         };
         arrays.export(&arrays.read());
         Ok(arrays)
+    }
+
+    /// Calls `hook` with the id of every array deleted or expired from now on (set once;
+    /// a second hook is ignored): how the devices drop their copies.
+    pub fn on_removed(&self, hook: impl Fn(&str) + Send + Sync + 'static) {
+        let _ = self.removed.set(Box::new(hook));
+    }
+
+    fn removed(&self, id: &str) {
+        if let Some(hook) = self.removed.get() {
+            hook(id);
+        }
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Catalog> {
@@ -521,6 +514,7 @@ impl Arrays {
         files::remove(&self.dir, id)?;
         let removed = catalog.arrays.remove(id);
         self.export(&catalog);
+        self.removed(id);
         Ok(removed)
     }
 
@@ -544,6 +538,7 @@ impl Arrays {
             match files::remove(&self.dir, &id) {
                 Ok(()) => {
                     catalog.arrays.remove(&id);
+                    self.removed(&id);
                     dropped += 1;
                 }
                 Err(e) => {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::ops::linalg::Values;
 use crate::ops::zk::msm::RawPoint;
 use num_bigint::BigUint;
 

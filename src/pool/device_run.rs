@@ -33,6 +33,30 @@ fn count_copies(metrics: &Metrics, gpu: &str, copies: &CopyCounts) {
     fallbacks.inc_by(CopyCounts::get(&copies.staging_fallbacks));
 }
 
+/// Exports `dev`'s cache of copies kept between jobs (its bytes by kind, and its lookups
+/// as increments of the totals it keeps).
+pub(crate) fn export_device_cache(metrics: &Metrics, dev: &GpuDevice) {
+    let gpu = dev.info.ordinal.to_string();
+    dev.with_cache_counts(|kind, counts| {
+        let labels = [gpu.as_str(), kind.name()];
+        metrics
+            .device_cache_bytes
+            .with_label_values(&labels)
+            .set(counts.bytes as i64);
+        let results = [
+            ("hit", counts.hits),
+            ("miss", counts.misses),
+            ("evicted", counts.evictions),
+        ];
+        for (result, total) in results {
+            let counter = metrics
+                .device_cache_lookups
+                .with_label_values(&[labels[0], labels[1], result]);
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+    });
+}
+
 impl Shared {
     /// Runs the job on `dev` on a blocking thread, on a lease of its own (a stream and a
     /// share of the device's memory, beside other jobs'); returns the seconds from the
@@ -75,6 +99,7 @@ impl Shared {
             let outcome = job.run_device(&lease);
             count_copies(&metrics, &label, lease.copies());
             drop(lease);
+            export_device_cache(&metrics, &d);
             metrics.staging_bytes.set(d.staging_bytes() as i64);
             running.set(d.jobs_running() as i64);
             outcome?;

@@ -8,6 +8,7 @@ pub mod placement;
 mod slot;
 
 pub use batch::{BatchConfig, BatchMode};
+pub(crate) use device_run::export_device_cache;
 pub use placement::{Placement, PlacementConfig, PlacementMode};
 
 use crate::backend::{

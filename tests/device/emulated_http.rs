@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 /// they read are moved by no other test here (no test falls back to the CPU; one
 /// unmasks a secure-aggregation round). A start runs every op's self-test on the
 /// emulated device, which each test would otherwise repeat.
-fn emulated_server() -> TestServer {
+pub(super) fn emulated_server() -> TestServer {
     static SERVER: common::SharedServer = common::SharedServer::new();
     // The emulated device is slow (much slower under AddressSanitizer): a long deadline,
     // so these tests check answers, not speed.
@@ -37,7 +37,7 @@ fn emulated_server() -> TestServer {
 /// The same request on the emulated device (`backend: gpu`) and on the CPU: both 200,
 /// `x-backend` saying where each ran (`cuda`: the emulated device stands in for an NVIDIA
 /// one); returns (device, cpu) bodies.
-async fn both(s: &TestServer, path: &str, body: Value) -> (Value, Value) {
+pub(super) async fn both(s: &TestServer, path: &str, body: Value) -> (Value, Value) {
     let mut out = Vec::new();
     for (backend, ran_on) in [("gpu", "cuda"), ("cpu", "cpu")] {
         let mut b = body.clone();
@@ -51,7 +51,7 @@ async fn both(s: &TestServer, path: &str, body: Value) -> (Value, Value) {
     (out.pop().unwrap(), cpu)
 }
 
-fn strings(field: Field, n: usize, seed: u64) -> Vec<String> {
+pub(super) fn strings(field: Field, n: usize, seed: u64) -> Vec<String> {
     random_elements(field, n, seed)
         .iter()
         .map(|x| x.to_string())

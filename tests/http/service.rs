@@ -506,6 +506,9 @@ async fn metric_names_are_present_after_traffic() {
             && *n != "gpu_ops_device_copy_bytes_total"
             && *n != "gpu_ops_staging_fallbacks_total"
             && *n != "gpu_ops_fallbacks_total"
+            // So do these (tests/device/resident_arrays.rs).
+            && *n != "gpu_ops_device_cache_bytes"
+            && *n != "gpu_ops_device_cache_total"
             // A device's self-test and shadow checks make these (tests/device/device_faults.rs).
             && *n != "gpu_ops_kernel_verified"
             && *n != "gpu_ops_shadow_checks_total"

@@ -38,6 +38,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use tables::TableCache;
+pub use tables::{CacheCounts, CacheKind};
 
 /// What `/device` reports for one device.
 #[derive(Clone, Debug, Serialize)]
@@ -405,6 +406,15 @@ impl GpuDevice {
     /// Whether a table under `key` is cached here now.
     pub fn holds_table(&self, key: &str) -> bool {
         self.table_cache().contains(key)
+    }
+
+    /// Calls `f` with each kind's share of the cache, under the cache's lock: counters
+    /// exported from these totals (as increments) cannot be counted twice by two callers.
+    pub fn with_cache_counts(&self, mut f: impl FnMut(CacheKind, CacheCounts)) {
+        let cache = self.table_cache();
+        for kind in CacheKind::ALL {
+            f(kind, cache.counts(kind));
+        }
     }
 
     fn table_cache(&self) -> MutexGuard<'_, TableCache> {

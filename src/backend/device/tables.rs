@@ -5,11 +5,50 @@ use std::any::Any;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+/// What a cached entry is, for the metrics: a resident array's copy (keys
+/// `array/…`, `arrays::device_key`) or a table the ops keep (NTT twiddles and scale
+/// factors, embedding tables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheKind {
+    Array,
+    Table,
+}
+
+impl CacheKind {
+    pub const ALL: [CacheKind; 2] = [CacheKind::Array, CacheKind::Table];
+
+    fn of(key: &str) -> Self {
+        if key.starts_with("array/") {
+            CacheKind::Array
+        } else {
+            CacheKind::Table
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheKind::Array => "array",
+            CacheKind::Table => "table",
+        }
+    }
+}
+
+/// One kind's share of the cache: bytes held now, and lookups and evictions since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    pub bytes: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
 /// Tables by key, least recently used first out once their bytes pass the cap. Values
 /// are `Arc<DeviceBuffer<T>>` behind `Any`.
 pub(super) struct TableCache {
     cap_bytes: usize,
     bytes: usize,
+    /// By `CacheKind`, in `CacheKind::ALL`'s order.
+    counts: [CacheCounts; 2],
     tick: u64,
     entries: HashMap<String, (Arc<dyn Any + Send + Sync>, usize, u64)>,
     /// Keys whose source was deleted: a job that looked its table up before the delete
@@ -26,6 +65,7 @@ impl TableCache {
         Self {
             cap_bytes,
             bytes: 0,
+            counts: Default::default(),
             tick: 0,
             entries: HashMap::new(),
             forgotten: HashSet::new(),
@@ -36,15 +76,37 @@ impl TableCache {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.bytes = 0;
+        for c in &mut self.counts {
+            c.bytes = 0;
+        }
+    }
+
+    /// `kind`'s bytes held and lookups so far.
+    pub fn counts(&self, kind: CacheKind) -> CacheCounts {
+        self.counts[kind as usize]
+    }
+
+    fn count(&mut self, key: &str) -> &mut CacheCounts {
+        &mut self.counts[CacheKind::of(key) as usize]
     }
 
     pub fn contains(&self, key: &str) -> bool {
         self.entries.contains_key(key)
     }
 
-    /// Removes `key` for good: later inserts under it are ignored.
+    /// Removes `key` and every key under it (`key/…`: the forms one source is kept in)
+    /// for good: later inserts under them are ignored.
     pub fn forget(&mut self, key: &str) {
-        self.remove(key);
+        let under = format!("{key}/");
+        let gone: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|k| k.as_str() == key || k.starts_with(&under))
+            .cloned()
+            .collect();
+        for k in gone {
+            self.remove(&k);
+        }
         if self.forgotten.insert(key.to_string()) {
             self.forgotten_order.push_back(key.to_string());
             if self.forgotten_order.len() > FORGOTTEN_KEPT {
@@ -55,9 +117,16 @@ impl TableCache {
         }
     }
 
+    /// Whether `key`, or a key it is under (`a` for `a/b`), was forgotten.
+    fn is_forgotten(&self, key: &str) -> bool {
+        let prefixes = key.match_indices('/').map(|(i, _)| &key[..i]);
+        self.forgotten.contains(key) || prefixes.into_iter().any(|p| self.forgotten.contains(p))
+    }
+
     pub fn remove(&mut self, key: &str) {
         if let Some((_, b, _)) = self.entries.remove(key) {
             self.bytes -= b;
+            self.count(key).bytes -= b;
         }
     }
 
@@ -79,28 +148,34 @@ impl TableCache {
                 break;
             };
             self.remove(&oldest);
+            self.count(&oldest).evictions += 1;
         }
     }
 
     pub fn get(&mut self, key: &str) -> Option<Arc<dyn Any + Send + Sync>> {
         self.tick += 1;
         let tick = self.tick;
-        self.entries.get_mut(key).map(|e| {
+        let found = self.entries.get_mut(key).map(|e| {
             e.2 = tick;
             e.0.clone()
-        })
+        });
+        let counts = self.count(key);
+        match found {
+            Some(_) => counts.hits += 1,
+            None => counts.misses += 1,
+        }
+        found
     }
 
     pub fn insert(&mut self, key: String, value: Arc<dyn Any + Send + Sync>, bytes: usize) {
-        if let Some((_, old, _)) = self.entries.remove(&key) {
-            self.bytes -= old;
-        }
-        if bytes > self.cap_bytes || self.forgotten.contains(&key) {
+        self.remove(&key);
+        if bytes > self.cap_bytes || self.is_forgotten(&key) {
             return;
         }
         self.evict_until(bytes);
         self.tick += 1;
         self.bytes += bytes;
+        self.count(&key).bytes += bytes;
         self.entries.insert(key, (value, bytes, self.tick));
     }
 }
@@ -146,5 +221,39 @@ mod tests {
         c.insert("d".into(), value(7), 10);
         assert!(!c.contains("d"));
         assert_eq!(c.bytes, 0);
+    }
+
+    #[test]
+    fn table_cache_counts_arrays_and_tables_apart() {
+        let mut c = TableCache::new(100);
+        c.insert("array/arr_1".into(), value(1), 60);
+        c.insert("ntt/twiddles".into(), value(2), 30);
+        assert!(c.get("array/arr_1").is_some());
+        assert!(c.get("array/arr_2").is_none());
+        assert!(c.get("ntt/twiddles").is_some());
+        let arrays = c.counts(CacheKind::Array);
+        assert_eq!((arrays.bytes, arrays.hits, arrays.misses), (60, 1, 1));
+        let tables = c.counts(CacheKind::Table);
+        assert_eq!((tables.bytes, tables.hits, tables.misses), (30, 1, 0));
+        // A third entry evicts the least recently used (the array, looked up first).
+        c.insert("emb/t".into(), value(3), 50);
+        let arrays = c.counts(CacheKind::Array);
+        assert_eq!((arrays.bytes, arrays.evictions), (0, 1));
+        assert_eq!(c.counts(CacheKind::Table).bytes, 80);
+        assert_eq!(c.counts(CacheKind::Table).evictions, 0);
+        // Forgetting a key takes the forms kept under it, now and later.
+        c.insert("array/arr_3/f16".into(), value(4), 5);
+        c.insert("array/arr_3x".into(), value(5), 5);
+        c.forget("array/arr_3");
+        assert!(!c.contains("array/arr_3/f16") && c.contains("array/arr_3x"));
+        c.insert("array/arr_3/bf16".into(), value(6), 5);
+        assert!(!c.contains("array/arr_3/bf16"));
+        c.remove("array/arr_3x");
+        // Removing by hand is no eviction; clearing keeps the lookups counted.
+        c.remove("emb/t");
+        assert_eq!(c.counts(CacheKind::Table).bytes, 30);
+        c.clear();
+        let tables = c.counts(CacheKind::Table);
+        assert_eq!((tables.bytes, tables.hits, tables.evictions), (0, 1, 0));
     }
 }

@@ -11,6 +11,7 @@ use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
 use crate::backend::device::{LaunchConfig, Operand};
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
+use std::sync::Arc;
 
 const KERNEL_NAMES: &[&str] = &["matmul_f32", "sinusoidal_f64", "embedding_gather_f32"];
 
@@ -70,12 +71,25 @@ pub(crate) fn run_matmul_on(
     let (entry_bytes, shared_bytes) = s.device_bytes(c.is_some());
     let budget = dev.memory_budget().saturating_sub(shared_bytes);
     let per_pass = (budget / entry_bytes.max(1)).clamp(1, s.batch);
-    // Broadcast operands are uploaded once; batched ones per pass.
-    let a_all = (!s.a_batched).then(|| dev.upload(a)).transpose()?;
-    let b_all = (!s.b_batched).then(|| dev.upload(b)).transpose()?;
+    // An operand is uploaded once when it is broadcast or the batch fits one pass (from
+    // the device's cache when it is a resident array's: `MatmulJob::device_keys`), else
+    // per pass.
+    let one_pass = per_pass >= s.batch;
+    let whole = |v: &[f32], batched: bool, key: &Option<String>| {
+        if batched && !one_pass {
+            return Ok(None);
+        }
+        Ok::<_, DeviceError>(Some(match key {
+            Some(key) => dev.cached_table(key, || dev.upload(v))?,
+            None => Arc::new(dev.upload(v)?),
+        }))
+    };
+    let [key_a, key_b, key_c] = &job.device_keys;
+    let a_all = whole(a, s.a_batched, key_a)?;
+    let b_all = whole(b, s.b_batched, key_b)?;
     let c_all = match c {
-        Some(c) if !s.c_batched => Some(dev.upload(c)?),
-        _ => None,
+        Some(c) => whole(c, s.c_batched, key_c)?,
+        None => None,
     };
     let mut out = Vec::with_capacity(s.out_len());
     let mut first = 0;
@@ -83,7 +97,7 @@ pub(crate) fn run_matmul_on(
         dev.still_wanted()?;
         let count = per_pass.min(s.batch - first);
         let slice = |v: &[f32], batched: bool, len: usize| -> Result<_, DeviceError> {
-            Ok(if batched {
+            Ok(if batched && !one_pass {
                 Some(dev.upload(&v[first * len..(first + count) * len])?)
             } else {
                 None
@@ -95,8 +109,8 @@ pub(crate) fn run_matmul_on(
             Some(c) => slice(c, s.c_batched, s.m * s.n)?,
             None => None,
         };
-        let d_a = a_pass.as_ref().or(a_all.as_ref()).expect("A uploaded");
-        let d_b = b_pass.as_ref().or(b_all.as_ref()).expect("B uploaded");
+        let d_a = a_pass.as_ref().or(a_all.as_deref()).expect("A uploaded");
+        let d_b = b_pass.as_ref().or(b_all.as_deref()).expect("B uploaded");
         let mut d = dev.alloc_zeros::<f32>(count * s.m * s.n)?;
         let pass = MatmulPass {
             m: s.m,
@@ -109,7 +123,7 @@ pub(crate) fn run_matmul_on(
             beta: job.beta as f32,
             batches: count,
         };
-        let d_c = c_pass.as_ref().or(c_all.as_ref());
+        let d_c = c_pass.as_ref().or(c_all.as_deref());
         matmul_pass(dev, engine, job.compute, &pass, d_a, d_b, d_c, &mut d)?;
         out.extend(dev.download(&d)?);
         first += count;

@@ -263,6 +263,10 @@ pub struct MatmulJob {
     pub compute: Compute,
     pub input: Dtype,
     pub output: Dtype,
+    /// A, B and C's keys in a device's cache when they are resident arrays' (rounded
+    /// to the compute precision, so the key names it): uploaded once per device, kept
+    /// between jobs (`with_device_keys`).
+    pub device_keys: [Option<String>; 3],
 }
 
 impl MatmulJob {
@@ -335,7 +339,17 @@ impl MatmulJob {
             compute,
             input,
             output,
+            device_keys: Default::default(),
         })
+    }
+
+    /// Marks A, B and C (those `Some`) as resident arrays' (`arrays::device_key`): a
+    /// device keeps each operand's upload, as rounded to this job's compute precision,
+    /// and a later product over it uploads only the rest. f64 products run on the CPU.
+    pub fn with_device_keys(mut self, keys: [Option<String>; 3]) -> Self {
+        let compute = self.compute.name();
+        self.device_keys = keys.map(|k| k.map(|k| format!("{k}/{compute}")));
+        self
     }
 
     pub fn has_c(&self) -> bool {
@@ -447,6 +461,7 @@ impl MatmulJob {
             input: Dtype::F64,
             output: Dtype::F64,
             shape: self.shape,
+            device_keys: Default::default(),
         };
         let Values::F64(magnitude) = wide.run_cpu() else {
             unreachable!("an f64 job answers in f64")

@@ -234,6 +234,9 @@ pub struct MsmJob {
     /// Shared with a resident array's points when the request named one: never copied.
     points: std::sync::Arc<Points>,
     scalars: Vec<FieldVec>,
+    /// Set when the points are a resident array's: the key under which a device keeps
+    /// their upload between jobs (`with_device_key`).
+    device_key: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -283,7 +286,25 @@ impl MsmJob {
                 });
             }
         }
-        Ok(Self { points, scalars })
+        Ok(Self {
+            points,
+            scalars,
+            device_key: None,
+        })
+    }
+
+    /// Marks the points as a resident array's, kept on a device under `key` after their
+    /// first upload there (`DeviceLease::cached_table`, under `--gpu-table-cache-mib`),
+    /// so a later MSM over them uploads only its scalars. The key must name these points
+    /// and nothing else for as long as any device may hold it.
+    pub fn with_device_key(mut self, key: String) -> Self {
+        self.device_key = Some(key);
+        self
+    }
+
+    /// The key a device keeps these points under, when they are a resident array's.
+    pub fn device_key(&self) -> Option<&str> {
+        self.device_key.as_deref()
     }
 
     pub fn curve(&self) -> Curve {

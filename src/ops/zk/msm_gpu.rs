@@ -255,10 +255,11 @@ fn run_job(
     max_chunk: usize,
     work: Option<&mut BucketWork>,
 ) -> Result<Points, DeviceError> {
+    let (scalars, key) = (job.scalars(), job.device_key());
     Ok(match job.points() {
-        Points::Bn254G1(p) => Points::Bn254G1(run_curve(dev, p, job.scalars(), max_chunk, work)?),
+        Points::Bn254G1(p) => Points::Bn254G1(run_curve(dev, p, scalars, key, max_chunk, work)?),
         Points::Bls12_381G1(p) => {
-            Points::Bls12_381G1(run_curve(dev, p, job.scalars(), max_chunk, work)?)
+            Points::Bls12_381G1(run_curve(dev, p, scalars, key, max_chunk, work)?)
         }
     })
 }
@@ -287,10 +288,14 @@ fn chunk_len<P: DeviceCurve>(dev: &DeviceLease<'_>, n: usize) -> usize {
     len
 }
 
+/// `key`: the points are a resident array's, kept on the device under it when they fit
+/// one pass (the usual case; points run in chunks only past the job's memory budget, and
+/// those chunks are uploaded each time).
 fn run_curve<P: DeviceCurve>(
     dev: &DeviceLease<'_>,
     points: &[Affine<P>],
     scalars: &[FieldVec],
+    key: Option<&str>,
     max_chunk: usize,
     mut work: Option<&mut BucketWork>,
 ) -> Result<Vec<Affine<P>>, DeviceError> {
@@ -301,8 +306,15 @@ fn run_curve<P: DeviceCurve>(
     let chunk = chunk_len::<P>(dev, keep.len()).min(max_chunk).max(1);
     for part in keep.chunks(chunk) {
         let plan = MsmPlan::new(part.len(), P::SCALAR_BITS);
-        let chosen: Vec<Affine<P>> = part.iter().map(|&i| points[i]).collect();
-        let mut launcher = Launcher::<P>::new(dev, plan, &point_words(&chosen))?;
+        let upload = || {
+            let chosen: Vec<Affine<P>> = part.iter().map(|&i| points[i]).collect();
+            dev.upload(&point_words(&chosen))
+        };
+        let words = match key.filter(|_| part.len() == keep.len()) {
+            Some(key) => dev.cached_table(key, upload)?,
+            None => std::sync::Arc::new(upload()?),
+        };
+        let mut launcher = Launcher::<P>::new(dev, plan, words)?;
         for (sum, s) in sums.iter_mut().zip(scalars) {
             dev.still_wanted()?;
             *sum += launcher.run(&scalar_words(s, part))?;
@@ -320,7 +332,9 @@ struct Launcher<'a, P: DeviceCurve> {
     dev: &'a DeviceLease<'a>,
     plan: MsmPlan,
     n: usize,
-    points: DeviceBuffer<u32>,
+    /// The chunk's points (x then y, Montgomery words), maybe a resident array's cached
+    /// upload shared with other jobs: only read.
+    points: std::sync::Arc<DeviceBuffer<u32>>,
     digits: DeviceBuffer<u32>,
     counts: DeviceBuffer<u32>,
     offsets: DeviceBuffer<u32>,
@@ -336,8 +350,12 @@ struct Launcher<'a, P: DeviceCurve> {
 }
 
 impl<'a, P: DeviceCurve> Launcher<'a, P> {
-    fn new(dev: &'a DeviceLease<'a>, plan: MsmPlan, words: &[u32]) -> Result<Self, DeviceError> {
-        let n = words.len() / (2 * P::LIMBS);
+    fn new(
+        dev: &'a DeviceLease<'a>,
+        plan: MsmPlan,
+        points: std::sync::Arc<DeviceBuffer<u32>>,
+    ) -> Result<Self, DeviceError> {
+        let n = points.len() / (2 * P::LIMBS);
         let terms = plan.terms(n);
         let (first, second) = plan.slot_buffers(terms);
         let point_words = 4 * P::LIMBS;
@@ -348,7 +366,7 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
             dev,
             plan,
             n,
-            points: dev.upload(words)?,
+            points,
             digits: dev.alloc_zeros(terms)?,
             counts: dev.alloc_zeros(plan.buckets())?,
             offsets: dev.alloc_zeros(plan.buckets())?,
@@ -434,7 +452,7 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         let [(first_keys, first_vals), (second_keys, second_vals)] = slots;
         let name = format!("{}_msm_buckets", P::PREFIX);
         let mut l = dev.launch(&name)?;
-        l.arg(&*points)
+        l.arg(&**points)
             .arg(&*entries)
             .arg(&*offsets)
             .arg(&*counts)

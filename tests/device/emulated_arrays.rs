@@ -1,0 +1,131 @@
+//! Resident arrays on the emulated device: an MSM over a resident array's points, and a
+//! product over a resident weight matrix, upload the array on their first run there and
+//! reuse the device's copy after (a cache hit, no upload), with the CPU's answers every
+//! time; deleting the array drops the copy.
+
+use super::emulated_http::{both, emulated_server, strings};
+use gpu_ops::ops::zk::msm::Curve;
+use gpu_ops::ops::zk::samples::random_points;
+use serde_json::{json, Value};
+
+/// `gpu_ops_device_cache_total` for resident arrays on the emulated device (`gpu` 0):
+/// only this test makes array copies there.
+fn array_lookups(s: &crate::common::TestServer, result: &str) -> u64 {
+    s.state
+        .metrics
+        .device_cache_lookups
+        .with_label_values(&["0", "array", result])
+        .get()
+}
+
+/// One test, so the counters of array copies move for one use at a time.
+#[tokio::test]
+async fn resident_arrays_stay_on_the_emulated_device() {
+    let s = emulated_server();
+    msm_points_stay(&s).await;
+    matmul_weights_stay(&s).await;
+}
+
+async fn created(s: &crate::common::TestServer, body: Value) -> String {
+    let res = s.post("/arrays", body).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    let made: Value = res.json().await.unwrap();
+    made["id"].as_str().unwrap().to_string()
+}
+
+/// Deletes array `id`; its copy under `key` leaves the device.
+async fn delete_drops_the_copy(s: &crate::common::TestServer, id: &str, key: &str) {
+    let gpus = s.state.backends.gpus();
+    assert!(gpus[0].holds_table(key), "{key}");
+    let text = s.metrics().await;
+    assert!(
+        text.contains(r#"gpu_ops_device_cache_bytes{gpu="0",kind="array"}"#),
+        "{text}"
+    );
+    let deleted = s.delete(&format!("/arrays/{id}")).send().await.unwrap();
+    assert_eq!(deleted.status(), 204);
+    assert!(!gpus[0].holds_table(key), "{key}");
+    let held = s
+        .state
+        .metrics
+        .device_cache_bytes
+        .with_label_values(&["0", "array"])
+        .get();
+    assert_eq!(held, 0, "{key}: the deleted array's copy is gone");
+}
+
+async fn msm_points_stay(s: &crate::common::TestServer) {
+    for (i, curve) in [Curve::Bn254G1, Curve::Bls12_381G1].into_iter().enumerate() {
+        let points = random_points(curve, 600, 21 + i as u64);
+        // An identity among them: the launcher leaves it out of the upload it keeps.
+        let mut json_points: Vec<Value> = (0..points.len())
+            .map(|i| {
+                let (x, y) = points.coordinates(i).expect("random points are finite");
+                json!({"x": x.to_string(), "y": y.to_string()})
+            })
+            .collect();
+        json_points[17] = Value::Null;
+        let id = created(
+            s,
+            json!({"kind": "points", "curve": curve.name(), "points": json_points}),
+        )
+        .await;
+        let key = gpu_ops::arrays::device_key(&id);
+        let (misses, hits) = (array_lookups(s, "miss"), array_lookups(s, "hit"));
+        for (round, seed) in [31u64, 32].into_iter().enumerate() {
+            let scalars = strings(curve.scalar_field(), 600, seed + 10 * i as u64);
+            let (dev, cpu) = both(
+                s,
+                "/zk/msm",
+                json!({"curve": curve.name(), "points": {"array": id}, "scalars": scalars}),
+            )
+            .await;
+            assert_eq!(dev, cpu, "msm {curve:?} round {round}");
+            if round == 0 {
+                // The inline points give the same sum: the kept copy is these points.
+                let inline = both(
+                    s,
+                    "/zk/msm",
+                    json!({"curve": curve.name(), "points": json_points, "scalars": scalars}),
+                )
+                .await
+                .0;
+                assert_eq!(dev, inline, "msm {curve:?}");
+            }
+            // One upload, on the first device run; every later one a hit.
+            assert_eq!(array_lookups(s, "miss"), misses + 1, "round {round}");
+            assert_eq!(array_lookups(s, "hit"), hits + round as u64);
+        }
+        delete_drops_the_copy(s, &id, &key).await;
+    }
+}
+
+/// B `[K, N]` resident, A sent each time: the product on the device equals the CPU's,
+/// and only the first upload of B happens.
+async fn matmul_weights_stay(s: &crate::common::TestServer) {
+    let (m, k, n) = (5, 40, 24);
+    let matrix = |rows: usize, cols: usize, seed: usize| -> Vec<Vec<f64>> {
+        (0..rows)
+            .map(|r| {
+                let at = |c: usize| ((r * 31 + c * 7 + seed) % 97) as f64 / 16.0 - 3.0;
+                (0..cols).map(at).collect()
+            })
+            .collect()
+    };
+    let weights = matrix(k, n, 1);
+    let id = created(s, json!({"kind": "tensor", "tensor": weights})).await;
+    let key = format!("{}/f32", gpu_ops::arrays::device_key(&id));
+    let (misses, hits) = (array_lookups(s, "miss"), array_lookups(s, "hit"));
+    for round in 0..2u64 {
+        let a = matrix(m, k, 2 + round as usize);
+        let (dev, cpu) = both(s, "/linalg/matmul", json!({"a": a, "b": {"array": id}})).await;
+        assert_eq!(dev["result"], cpu["result"], "round {round}");
+        let inline = both(s, "/linalg/matmul", json!({"a": a, "b": weights}))
+            .await
+            .0;
+        assert_eq!(dev["result"], inline["result"], "round {round}");
+        assert_eq!(array_lookups(s, "miss"), misses + 1, "round {round}");
+        assert_eq!(array_lookups(s, "hit"), hits + round);
+    }
+    delete_drops_the_copy(s, &id, &key).await;
+}
