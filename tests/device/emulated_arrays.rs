@@ -1,5 +1,5 @@
-//! Resident arrays on the emulated device: an MSM over a resident array's points, and a
-//! product over a resident weight matrix, upload the array on their first run there and
+//! Resident arrays on the emulated device: an MSM over a resident array's points, a
+//! product over a resident weight matrix and a convolution over resident weights upload the array on their first run there and
 //! reuse the device's copy after (a cache hit, no upload), with the CPU's answers every
 //! time; deleting the array drops the copy.
 
@@ -24,6 +24,7 @@ async fn resident_arrays_stay_on_the_emulated_device() {
     let s = emulated_server();
     msm_points_stay(&s).await;
     matmul_weights_stay(&s).await;
+    conv2d_weights_stay(&s).await;
 }
 
 async fn created(s: &crate::common::TestServer, body: Value) -> String {
@@ -127,5 +128,44 @@ async fn matmul_weights_stay(s: &crate::common::TestServer) {
         assert_eq!(array_lookups(s, "miss"), misses + 1, "round {round}");
         assert_eq!(array_lookups(s, "hit"), hits + round);
     }
+    delete_drops_the_copy(s, &id, &key).await;
+}
+
+/// Convolution weights `[O, C/g, KH, KW]` resident, images sent each time: equal to the
+/// CPU's and to the same weights sent inline; one upload of the weights, then hits.
+async fn conv2d_weights_stay(s: &crate::common::TestServer) {
+    let grid = |dims: [usize; 4], salt: usize| -> Value {
+        let [a, b, c, d] = dims;
+        json!((0..a)
+            .map(|i| (0..b)
+                .map(|j| (0..c)
+                    .map(|k| (0..d)
+                        .map(|l| ((i * 7 + j * 5 + k * 3 + l + salt) % 9) as f64 - 4.0)
+                        .collect::<Vec<_>>())
+                    .collect::<Vec<_>>())
+                .collect::<Vec<_>>())
+            .collect::<Vec<_>>())
+    };
+    let weights = grid([6, 2, 3, 2], 2);
+    let id = created(s, json!({"kind": "tensor", "tensor": weights})).await;
+    let (misses, hits) = (array_lookups(s, "miss"), array_lookups(s, "hit"));
+    for round in 0..2 {
+        let body = |weight: Value| {
+            json!({"input": grid([2, 4, 9, 10], round), "weight": weight, "groups": 2,
+                   "padding": [1, 1, 0, 0], "bias": [1, -2, 3, 0, 0.5, -0.5],
+                   "relu": true})
+        };
+        let (dev, cpu) = both(s, "/nn/conv2d", body(json!({"array": id}))).await;
+        assert_eq!(dev["result"], cpu["result"], "round {round}");
+        let inline = both(s, "/nn/conv2d", body(weights.clone())).await.0;
+        assert_eq!(dev["result"], inline["result"], "round {round}");
+        assert_eq!(array_lookups(s, "miss"), misses + 1, "round {round}");
+        assert_eq!(
+            array_lookups(s, "hit"),
+            hits + round as u64,
+            "round {round}"
+        );
+    }
+    let key = format!("{}/f32", gpu_ops::arrays::device_key(&id));
     delete_drops_the_copy(s, &id, &key).await;
 }

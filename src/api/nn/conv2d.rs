@@ -136,13 +136,15 @@ pub async fn conv2d(
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     req.input.resolve(&arrays, "/input")?;
-    req.weight.resolve(&arrays, "/weight")?;
+    let weight_key = req.weight.resolve(&arrays, "/weight")?;
     let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
     let backend = req.backend;
     let layout = req.layout;
     let packed = req.input.answers_packed();
-    let job = blocking(move || build_job(req, max)).await?;
+    let job = blocking(move || build_job(req, max))
+        .await?
+        .with_weight_key(weight_key);
     let (s, out_dtype) = (job.shape, job.output);
     let done = state.pool.submit(job, backend, timeout).await?;
     if let Some(i) = done.output.first_non_finite() {

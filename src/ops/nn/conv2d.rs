@@ -181,6 +181,9 @@ pub struct Conv2dJob {
     pub relu: bool,
     pub input: Dtype,
     pub output: Dtype,
+    /// Where a device keeps the weights between jobs: the resident array's device key and
+    /// the dtype they were rounded to (`with_weight_key`); `None` uploads them each job.
+    pub weight_key: Option<String>,
 }
 
 impl Conv2dJob {
@@ -253,7 +256,16 @@ impl Conv2dJob {
             relu,
             input,
             output,
+            weight_key: None,
         })
+    }
+
+    /// Keeps the weights on a device under a resident array's `key` (its
+    /// `arrays::device_key`), suffixed with the job's input dtype as matmul's keys are
+    /// with their compute type: the device copy is the weights in that dtype, as f32.
+    pub fn with_weight_key(mut self, key: Option<String>) -> Self {
+        self.weight_key = key.map(|k| format!("{k}/{}", self.input.name()));
+        self
     }
 
     /// The CPU twin, then the output dtype's rounding.

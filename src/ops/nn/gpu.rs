@@ -12,6 +12,7 @@ use crate::backend::device::DeviceBuffer;
 use crate::backend::device::LaunchConfig;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use crate::ops::linalg::{matmul_pass, Compute, MatmulEngine, MatmulPass, Strides, Values};
+use std::sync::Arc;
 
 const KERNEL_NAMES: &[&str] = &[
     "attention_f32",
@@ -173,6 +174,19 @@ fn f32_tensors(job: &Conv2dJob) -> Result<F32Conv<'_>, DeviceError> {
     }
 }
 
+/// The weights on the device: the cached copy of a resident array's weights (uploaded on
+/// the first use), else a fresh upload for this job.
+fn weights_on(
+    job: &Conv2dJob,
+    dev: &DeviceLease<'_>,
+    weight: &[f32],
+) -> Result<Arc<DeviceBuffer<f32>>, DeviceError> {
+    match &job.weight_key {
+        Some(key) => dev.cached_table(key, || dev.upload(weight)),
+        None => Ok(Arc::new(dev.upload(weight)?)),
+    }
+}
+
 /// Which code runs a device's convolutions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ConvEngine {
@@ -220,7 +234,7 @@ pub(crate) fn run_conv2d_on(
     let (p, k, og) = (s.positions(), s.window(), s.group_out());
     let image_len = s.channels * s.height * s.width;
     let engine = MatmulEngine::for_device(dev);
-    let d_weight = dev.upload(weight)?;
+    let d_weight = weights_on(job, dev, weight)?;
     let d_bias = bias.as_ref().map(|b| dev.upload(b)).transpose()?;
     let pass = MatmulPass {
         m: og,
@@ -320,7 +334,7 @@ pub(crate) fn run_conv2d_cudnn(
     let p = out.0 * out.1;
     let image_len = s.channels * s.height * s.width;
     let out_len = s.out_channels * p;
-    let d_weight = dev.upload(weight)?;
+    let d_weight = weights_on(job, dev, weight)?;
     // Each image's input, output and bias copy; the weights held once.
     let per_image = 4 * (image_len + out_len + s.out_channels);
     let per_pass = dev.items_per_pass(s.batch, per_image, 4 * weight.len());
