@@ -7,7 +7,7 @@
 use super::auth::Tenant;
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
-use crate::arrays::{ArrayData, Arrays, ResidentArray, Tensor};
+use crate::arrays::{ArrayData, Arrays, Recording, ResidentArray, Tensor};
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
 use crate::wire::{BufferRef, Dtype};
@@ -172,6 +172,15 @@ impl ArrayScope {
         }
     }
 
+    /// The IQ recording the array `id` holds.
+    pub(super) fn recording(&self, id: &str, path: &str) -> Result<Arc<Recording>, Problem> {
+        let a = self.resolve(id, path)?;
+        match &a.data {
+            ArrayData::Recording(r) => Ok(r.clone()),
+            _ => Err(mismatch(&a, "a recording", path)),
+        }
+    }
+
     /// The points of `curve` the array `id` holds.
     pub(super) fn points(
         &self,
@@ -193,6 +202,7 @@ pub(super) fn describe(a: &ResidentArray) -> String {
         ArrayData::FieldElements(v) => format!("{} {} elements", v.len(), v.field().name()),
         ArrayData::Points(p) => format!("{} {} points", p.len(), p.curve().name()),
         ArrayData::Tensor(t) => format!("a {} tensor shaped {:?}", t.dtype.name(), t.shape),
+        ArrayData::Recording(r) => format!("a recording of {} samples", r.len()),
     }
 }
 

@@ -9,6 +9,7 @@ use super::extract::ApiQuery;
 use super::msm::{AffinePointDoc, PointOut, PointsDoc, PointsIn};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
+use super::rf::recording::{RecordingDoc, RecordingIn};
 use super::{
     blocking, bulk, entropy_u64, json_body, AnswerForm, ApiBody, ApiPath, AppState, IdParam,
 };
@@ -24,7 +25,8 @@ use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
 /// An array to keep. Field elements give `field` and `values`; points give `curve` and
-/// `points`; a tensor gives `tensor` (and `dtype` for nested numbers). Each takes the
+/// `points`; a tensor gives `tensor` (and `dtype` for nested numbers); a recording gives
+/// `iq`. Each takes the
 /// operands' own forms and checks (`encoding`, packed tensors, the bulk form's buffers),
 /// and may copy another resident array (`{"array": …}`).
 #[derive(Deserialize, ToSchema)]
@@ -52,6 +54,11 @@ pub struct CreateArrayRequest {
     /// With `kind` tensor: its dtype. A packed tensor states its own (this must agree);
     /// nested numbers are rounded to it. Default: the packed tensor's, else f32.
     pub dtype: Option<TensorDtype>,
+    /// With `kind` recording: complex samples as `/rf/features` takes them (base64 of
+    /// interleaved little-endian f32 I/Q, a `cf32` buffer of one dimension in the bulk
+    /// form), every value finite; at most --max-elements samples.
+    #[schema(value_type = Option<RecordingDoc>)]
+    pub iq: Option<RecordingIn>,
     /// How `values` or `points` are written.
     #[serde(default)]
     pub encoding: Encoding,
@@ -81,11 +88,11 @@ pub struct ArrayView {
     /// Set for tensors.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shape: Option<Vec<usize>>,
-    /// Elements, points, or a tensor's values.
+    /// Elements, points, a tensor's values, or a recording's complex samples.
     pub length: usize,
     /// Bytes the quotas count: the field's width per element, x ‖ y per point (their
     /// wire form), 4 per f16, bf16 or f32 value and 8 per f64 (as held in memory: halves
-    /// are held widened to f32, and stored on disk as halves).
+    /// are held widened to f32, and stored on disk as halves), 8 per complex sample.
     pub size_bytes: u64,
     pub created_at: String,
     /// After this instant the array is gone (refused at once, deleted within seconds).
@@ -136,11 +143,13 @@ fn kind_fields(req: &CreateArrayRequest) -> Result<(), Problem> {
         ("/points", req.points.is_some()),
         ("/tensor", req.tensor.is_some()),
         ("/dtype", req.dtype.is_some()),
+        ("/iq", req.iq.is_some()),
     ];
     let (takes, words): (&[&str], _) = match req.kind {
         ArrayKind::FieldElements => (&["/field", "/values"], "field and values"),
         ArrayKind::Points => (&["/curve", "/points"], "curve and points"),
         ArrayKind::Tensor => (&["/tensor", "/dtype"], "tensor (and dtype)"),
+        ArrayKind::Recording => (&["/iq"], "iq"),
     };
     let misplaced = |path: &str, why: String| Problem::at(ErrorCode::InvalidRequest, path, why);
     if let Some((path, _)) = given.iter().find(|(p, on)| *on && !takes.contains(p)) {
@@ -202,9 +211,10 @@ pub(super) fn store(
     post, path = "/arrays", tag = "arrays", operation_id = "array_create",
     summary = "Keep an operand for later requests",
     description = "Validates the values once (canonical field elements; points on their curve and, for \
-        BLS12-381, in the prime-order subgroup), keeps them parsed in host memory and on disk under \
+        BLS12-381, in the prime-order subgroup; tensor values and recording samples finite), keeps them parsed in host memory and on disk under \
         --data-dir (a restart keeps arrays that have not expired), and answers their id. Any operand of \
-        /zk and /mpc, and any tensor operand of /linalg, /nn, /beams and /embeddings/tables, may then be \
+        /zk and /mpc, any tensor operand of /linalg, /nn, /beams and /embeddings/tables, and the recording of \
+        /rf/features, may then be \
         `{\"array\": id}` in place of its values, in JSON and in a bulk header: the op uses the stored \
         values without parsing or checking them again. The tenant's arrays stay \
         within --max-tenant-array-mib and --max-tenant-arrays (422 array_quota_exceeded), all arrays \
@@ -216,8 +226,8 @@ pub(super) fn store(
             ("data" = (operation_id = "array_data", parameters(("id" = "$response.body#/id")))),
             ("delete" = (operation_id = "array_delete", parameters(("id" = "$response.body#/id")))),
         )),
-        (status = 413, description = "More values or points than --max-elements, a tensor of more values than --max-tensor-elements"),
-        (status = 422, description = "invalid_request (kind and its fields), invalid_field_element, invalid_point, invalid_tensor (rank, ragged, non-finite, base64, a value that overflows dtype), invalid_parameter (name, ttl_seconds, no values, a packed tensor's dtype that is not `dtype`), unknown_array, array_mismatch, array_quota_exceeded"),
+        (status = 413, description = "More values, points or samples than --max-elements, a tensor of more values than --max-tensor-elements"),
+        (status = 422, description = "invalid_request (kind and its fields), invalid_field_element, invalid_point, invalid_tensor (rank, ragged, non-finite, base64, a value that overflows dtype; a recording not whole cf32 samples, non-finite, a buffer not cf32 or not one-dimensional), invalid_parameter (name, ttl_seconds, no values, a packed tensor's dtype that is not `dtype`), unknown_array, array_mismatch, array_quota_exceeded"),
         (status = 507, description = "arrays_full"),
     ),
     security((), ("bearer" = []))
@@ -232,24 +242,44 @@ pub async fn array_create(
     kind_fields(&req)?;
     let ttl = ttl_ms(&state, req.ttl_seconds, "/ttl_seconds")?;
     DenseIn::resolve_some(&mut req.tensor, &arrays, "/tensor")?;
+    if let Some(iq) = &mut req.iq {
+        iq.resolve(&arrays, "/iq")?;
+        let samples = iq.approx_samples();
+        if samples > state.settings.config.max_elements {
+            return Err(Problem::at(
+                ErrorCode::PayloadTooLarge,
+                "/iq",
+                format!(
+                    "{samples} samples is more than the server's limit of {} (--max-elements)",
+                    state.settings.config.max_elements
+                ),
+            ));
+        }
+    }
     let max = state.settings.config.max_elements;
     let max_tensor = state.settings.config.max_tensor_elements;
     let (st, tenant) = (state.clone(), tenant(&who));
     let array = blocking(move || {
-        let (data, path) = match (req.field, req.values, req.curve, req.points, req.tensor) {
-            (Some(field), Some(values), None, None, None) => {
+        let given = (
+            req.field, req.values, req.curve, req.points, req.tensor, req.iq,
+        );
+        let (data, path) = match given {
+            (Some(field), Some(values), None, None, None, None) => {
                 let v = values.decode(field, req.encoding, "/values", max, &arrays)?;
                 (ArrayData::FieldElements(Arc::new(v)), "/values")
             }
-            (None, None, Some(curve), Some(points), None) => {
+            (None, None, Some(curve), Some(points), None, None) => {
                 let p = points.decode(curve, req.encoding, max, "/points", &arrays)?;
                 (ArrayData::Points(p), "/points")
             }
-            (None, None, None, None, Some(t)) => {
+            (None, None, None, None, Some(t), None) => {
                 let dtype = req.dtype.or(t.packed_dtype()).unwrap_or(TensorDtype::F32);
                 let t = super::linalg::operand(t, "/tensor", dtype, 1..=4, max_tensor)?;
                 let tensor = Tensor::new(dtype.into(), t.shape, t.values);
                 (ArrayData::Tensor(Arc::new(tensor)), "/tensor")
+            }
+            (None, None, None, None, None, Some(iq)) => {
+                (ArrayData::Recording(iq.decode("/iq")?), "/iq")
             }
             _ => unreachable!("kind_fields checked the kind's fields"),
         };
@@ -307,7 +337,8 @@ pub async fn array_get(
 #[into_params(parameter_in = Query)]
 pub struct ArrayDataQuery {
     /// How the values are written in a JSON answer (decimal by default, also when
-    /// empty; a tensor: decimal as nested numbers, base64 packed in its dtype); a bulk
+    /// empty; a tensor: decimal as nested numbers, base64 packed in its dtype; a
+    /// recording: base64 only, its default); a bulk
     /// answer (`Accept: application/vnd.gpu-ops.bulk`) carries them as one buffer.
     #[param(inline)]
     pub encoding: Option<Encoding>,
@@ -341,6 +372,11 @@ pub struct ArrayDataResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<DenseAnyOutDoc>)]
     pub tensor: Option<DenseOut>,
+    /// A recording: base64 of its interleaved little-endian f32 I/Q (`cf32_le`), as
+    /// `/rf/iq` answers one; in a bulk answer one `cf32` buffer `[samples]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub iq: Option<super::byte_strings::ByteStringOut>,
 }
 
 /// Documentation form of points in an answer.
@@ -387,13 +423,13 @@ impl Serialize for PointsOut {
     summary = "A resident array's values",
     description = "The values as stored, in JSON (`encoding`) or, with `Accept: application/vnd.gpu-ops.bulk`, \
         as one buffer of the bulk form: field elements in their field's dtype, points as u64 words `[n, 2, w]`, \
-        a tensor in its dtype and shape.",
+        a tensor in its dtype and shape, a recording as cf32 `[samples]`.",
     params(("id" = String, Path, description = "Array id"), ArrayDataQuery),
     responses(
         (status = 200, description = "The values", body = ArrayDataResponse,
             content((ArrayDataResponse = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
         (status = 404, description = "array_not_found"),
-        (status = 422, description = "invalid_parameter (encoding: hex for a tensor)"),
+        (status = 422, description = "invalid_parameter (encoding: hex for a tensor; other than base64 for a recording)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -413,8 +449,22 @@ pub async fn array_data(
             "a tensor reads back as decimal (nested numbers) or base64 (packed)",
         ));
     }
+    let recording = matches!(a.data, ArrayData::Recording(_));
+    if recording && q.encoding.is_some_and(|e| e != Encoding::Base64) {
+        return Err(Problem::at(
+            ErrorCode::InvalidParameter,
+            "/encoding",
+            "a recording reads back as base64 (cf32_le), the default for it",
+        ));
+    }
+    // A recording is base64 whatever the default for other kinds.
+    let encoding = if recording {
+        Encoding::Base64
+    } else {
+        encoding
+    };
     blocking(move || {
-        let (mut values, mut points, mut tensor) = (None, None, None);
+        let (mut values, mut points, mut tensor, mut iq) = (None, None, None, None);
         match &a.data {
             ArrayData::FieldElements(v) => {
                 values = Some(ElementsOut {
@@ -433,9 +483,16 @@ pub async fn array_data(
                 let packed = encoding == Encoding::Base64;
                 tensor = Some(DenseOut::new(shape, values, t.dtype.into(), packed))
             }
+            ArrayData::Recording(r) => {
+                iq = Some(super::byte_strings::ByteStringOut {
+                    dtype: crate::wire::Dtype::Cf32,
+                    bytes: r.le_bytes(),
+                })
+            }
         };
         let hint = values.as_ref().map_or(256, ElementsOut::json_size_hint)
-            + tensor.as_ref().map_or(0, DenseOut::json_bytes_hint);
+            + tensor.as_ref().map_or(0, DenseOut::json_bytes_hint)
+            + iq.as_ref().map_or(0, |b| b.bytes.len() / 3 * 4 + 4);
         let body = ArrayDataResponse {
             id: a.meta.id.clone(),
             kind: a.meta.kind,
@@ -447,6 +504,7 @@ pub async fn array_data(
             dtype: a.meta.dtype.map(TensorDtype::from),
             shape: a.meta.shape.clone(),
             tensor,
+            iq,
         };
         bulk::reply(form, &body, |b| json_body(b, hint))
     })

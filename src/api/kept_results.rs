@@ -9,7 +9,7 @@ use super::array_operands::ArrayScope;
 use super::arrays::{check_name, store, ttl_ms, view, ArrayView};
 use super::problem::Problem;
 use super::AppState;
-use crate::arrays::{ArrayData, Tensor};
+use crate::arrays::{ArrayData, Recording, Tensor};
 use crate::ops::linalg::{Dtype, Values};
 use crate::ops::zk::FieldVec;
 use serde::Deserialize;
@@ -65,6 +65,37 @@ impl KeepPlan {
     /// Stores `values` for the tenant; what the answer says of it. Blocks on the disk.
     pub(super) fn keep_elements(self, values: Arc<FieldVec>) -> Result<ArrayView, Problem> {
         self.keep(ArrayData::FieldElements(values))
+    }
+
+    /// Stores each recording as an array of its own (one name and time to live for all);
+    /// all or none: past a quota the ones already stored are removed again.
+    pub(super) fn keep_recordings(
+        self,
+        recordings: Vec<Arc<Recording>>,
+    ) -> Result<Vec<ArrayView>, Problem> {
+        let (arrays, tenant) = self.scope.parts();
+        let mut kept = Vec::with_capacity(recordings.len());
+        for r in recordings {
+            let data = ArrayData::Recording(r);
+            match store(
+                arrays,
+                tenant.to_string(),
+                self.name.clone(),
+                self.ttl,
+                data,
+            ) {
+                Ok(a) => kept.push(view(&a)),
+                Err(e) => {
+                    for v in &kept {
+                        if let Err(undo) = arrays.remove(tenant, &v.id) {
+                            tracing::warn!(array = %v.id, error = %undo, "a kept recording not removed after a refusal");
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(kept)
     }
 
     fn keep(self, data: ArrayData) -> Result<ArrayView, Problem> {

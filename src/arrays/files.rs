@@ -3,7 +3,7 @@
 //! (`crate::durable`), so an array answered 201 survives a crash, and one cut short
 //! leaves no metadata.
 
-use super::{ArrayData, ArrayError, ArrayKind, ArrayMeta, ResidentArray, Tensor};
+use super::{ArrayData, ArrayError, ArrayKind, ArrayMeta, Recording, ResidentArray, Tensor};
 use crate::ops::linalg::{Dtype, Values};
 use crate::ops::zk::msm::Points;
 use crate::ops::zk::FieldVec;
@@ -19,6 +19,7 @@ fn values_bytes(data: &ArrayData) -> std::borrow::Cow<'_, [u8]> {
         ArrayData::FieldElements(v) => v.le_bytes(),
         ArrayData::Points(p) => std::borrow::Cow::Owned(p.to_le_bytes()),
         ArrayData::Tensor(t) => t.values.le_bytes(t.dtype),
+        ArrayData::Recording(r) => std::borrow::Cow::Borrowed(r.as_le_bytes()),
     }
 }
 
@@ -90,6 +91,9 @@ fn load(meta_path: &Path, now_ms: u64) -> Result<Option<ResidentArray>, String> 
         (ArrayKind::Tensor, None, None, Some(dtype), Some(shape)) => {
             ArrayData::Tensor(Arc::new(tensor(dtype, shape, &bytes)?))
         }
+        (ArrayKind::Recording, None, None, None, None) => ArrayData::Recording(Arc::new(
+            Recording::from_le_bytes(bytes.into()).map_err(|e| e.to_string())?,
+        )),
         _ => return Err("the metadata's kind, field, curve, dtype and shape disagree".into()),
     };
     if data.len() != meta.len {

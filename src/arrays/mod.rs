@@ -13,8 +13,10 @@
 //! gone: refused at once, its memory and files freed by the next sweep.
 
 mod files;
+mod recording;
 mod tensor;
 
+pub use recording::{Recording, RecordingDefect};
 pub use tensor::Tensor;
 
 use crate::ops::linalg::Dtype;
@@ -36,6 +38,8 @@ pub enum ArrayKind {
     Points,
     /// A dense tensor of rank 1 to 4 in f16, bf16, f32 or f64.
     Tensor,
+    /// An IQ recording: complex samples, interleaved little-endian f32 (`cf32_le`).
+    Recording,
 }
 
 impl ArrayKind {
@@ -44,6 +48,7 @@ impl ArrayKind {
             ArrayKind::FieldElements => "field_elements",
             ArrayKind::Points => "points",
             ArrayKind::Tensor => "tensor",
+            ArrayKind::Recording => "recording",
         }
     }
 }
@@ -54,6 +59,7 @@ pub enum ArrayData {
     FieldElements(Arc<FieldVec>),
     Points(Arc<Points>),
     Tensor(Arc<Tensor>),
+    Recording(Arc<Recording>),
 }
 
 impl ArrayData {
@@ -62,6 +68,7 @@ impl ArrayData {
             ArrayData::FieldElements(_) => ArrayKind::FieldElements,
             ArrayData::Points(_) => ArrayKind::Points,
             ArrayData::Tensor(_) => ArrayKind::Tensor,
+            ArrayData::Recording(_) => ArrayKind::Recording,
         }
     }
 
@@ -70,6 +77,7 @@ impl ArrayData {
             ArrayData::FieldElements(v) => v.len(),
             ArrayData::Points(p) => p.len(),
             ArrayData::Tensor(t) => t.values.len(),
+            ArrayData::Recording(r) => r.len(),
         }
     }
 
@@ -109,12 +117,14 @@ impl ArrayData {
     }
 
     /// The bytes the quotas count: a field element's fixed width, x ‖ y of a point (the
-    /// wire and disk form), a tensor's values as held in memory (`Tensor::held_bytes`).
+    /// wire and disk form), a tensor's values as held in memory (`Tensor::held_bytes`),
+    /// 8 per complex sample of a recording.
     pub fn bytes(&self) -> u64 {
         match self {
             ArrayData::FieldElements(v) => v.byte_len() as u64,
             ArrayData::Points(p) => (2 * p.curve().coordinate_bytes() * p.len()) as u64,
             ArrayData::Tensor(t) => t.held_bytes(),
+            ArrayData::Recording(r) => 8 * r.len() as u64,
         }
     }
 }

@@ -156,6 +156,37 @@ fn tensors_of_every_dtype_survive_a_reopen_and_count_what_memory_holds() {
 }
 
 #[test]
+fn recordings_survive_a_reopen_and_are_checked_again() {
+    use rustfft::num_complex::Complex32;
+    let dir = scratch("recordings");
+    let a = open(&dir, ROOMY);
+    let samples: Vec<Complex32> = (0..5)
+        .map(|i| Complex32::new(i as f32 - 2.5, 0.25 * i as f32))
+        .collect();
+    let data = ArrayData::Recording(Arc::new(Recording::from_samples(&samples)));
+    for id in ["arr_r", "arr_q"] {
+        let meta = ArrayMeta::describe(&data, id.into(), "t".into(), None, LATER);
+        assert_eq!(a.add(meta, data.clone()).unwrap().bytes(), 40);
+    }
+    assert_eq!(std::fs::metadata(dir.join("arr_r.bin")).unwrap().len(), 40);
+    let again = open(&dir, ROOMY);
+    let got = again.get("t", "arr_r").unwrap();
+    let ArrayData::Recording(r) = &got.data else {
+        panic!("kind changed")
+    };
+    assert_eq!((got.meta.kind, got.meta.len), (ArrayKind::Recording, 5));
+    assert_eq!(r.samples(), samples);
+    // A sample changed on disk to a NaN, or a cut file, is never served.
+    let mut bytes = std::fs::read(dir.join("arr_r.bin")).unwrap();
+    bytes[20..24].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(dir.join("arr_r.bin"), bytes).unwrap();
+    std::fs::write(dir.join("arr_q.bin"), [0u8; 36]).unwrap();
+    let tampered = open(&dir, ROOMY);
+    assert!(tampered.get("t", "arr_r").is_none(), "not finite");
+    assert!(tampered.get("t", "arr_q").is_none(), "not whole samples");
+}
+
+#[test]
 fn files_changed_on_disk_are_checked_again_and_never_served() {
     let dir = scratch("tampered");
     let a = open(&dir, ROOMY);

@@ -8,6 +8,8 @@ pub mod placement;
 mod slot;
 
 pub use batch::{BatchConfig, BatchMode};
+// Used by the service (app, api), which is built with the `openapi` feature only.
+#[cfg(feature = "openapi")]
 pub(crate) use device_run::export_device_cache;
 pub use placement::{Placement, PlacementConfig, PlacementMode};
 

@@ -21,6 +21,7 @@ mod linalg;
 mod mpc;
 mod msm;
 mod nn;
+mod recording_arrays;
 mod rf;
 mod secagg;
 mod service;

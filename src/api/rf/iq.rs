@@ -1,12 +1,17 @@
 //! `POST /rf/iq`: one sample's recordings, generated alone (no dataset job): every
 //! receiver's IQ as `cf32_le` (with its SigMF metadata when asked) and the sample's truth.
 
+use super::super::array_operands::ArrayScope;
+use super::super::arrays::ArrayView;
 use super::super::byte_strings::ByteStringOut;
+use super::super::extract::ObjectOnly;
+use super::super::kept_results::{self, Keep, KeepPlan};
 use super::super::openapi::Binary;
 use super::super::problem::{ErrorCode, Problem};
 use super::super::{
     blocking, bulk, job_timeout, json_body, seed_or_drawn, AnswerForm, ApiBody, AppState,
 };
+use crate::arrays::Recording;
 use crate::backend::BackendChoice;
 use crate::datasets::sigmf;
 use crate::ops::rf::generate::{
@@ -61,6 +66,10 @@ pub struct RfIqRequest {
     /// within 1e-5 of the CPU recording's RMS; the truth is the CPU's either way.
     #[serde(default)]
     pub backend: BackendChoice,
+    /// Keep each receiver's recording as a resident recording (`kept` in each receiver),
+    /// for `/rf/features` to name as `{"array": id}`: all of them or, past a quota, none.
+    #[schema(value_type = Option<Keep>)]
+    pub keep: Option<ObjectOnly<Keep>>,
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -110,14 +119,19 @@ pub struct IqRecording {
     pub truth: IqReceiverTruth,
     /// `samples_per_recording` complex samples as interleaved little-endian f32 I/Q
     /// (`cf32_le`, 8 bytes each), base64; |I + jQ|² in milliwatts. In a bulk answer, a
-    /// `cf32` buffer of shape `[samples_per_recording]`.
-    #[schema(value_type = String)]
-    pub iq: ByteStringOut,
+    /// `cf32` buffer of shape `[samples_per_recording]`. Absent when `keep.with_data`
+    /// was false.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub iq: Option<ByteStringOut>,
     /// With `format: sigmf`, the SigMF 1.2 metadata of `iq` (core fields, the receiver's
     /// position as `core:geolocation`, the truth under the `gpu_ops` extension).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub sigmf_meta: Option<serde_json::Value>,
+    /// The resident recording this one was kept as, when the request asked to `keep`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept: Option<ArrayView>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -146,17 +160,20 @@ pub struct RfIqResponse {
     responses(
         (status = 200, description = "The sample's recordings and truth", body = RfIqResponse),
         (status = 413, description = "payload_too_large: the receivers' recordings together exceed --max-elements (at /config/signal/duration_ms)"),
-        (status = 422, description = "invalid_request, invalid_parameter (a config field by its path, seed, sample_index, timeout_ms)"),
+        (status = 422, description = "invalid_request, invalid_parameter (a config field by its path, seed, sample_index, timeout_ms, keep/name, keep/ttl_seconds), array_quota_exceeded (keep: nothing kept)"),
         (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
+        (status = 507, description = "arrays_full (keep: nothing kept)"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn rf_iq(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<RfIqRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<RfIqRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     req.config.validate().map_err(|e| e.under("config"))?;
     let seed = seed_or_drawn(req.seed, "/seed")?;
     if req.sample_index > i64::MAX as u64 {
@@ -188,7 +205,7 @@ pub async fn rf_iq(
     let run = done.run;
     let (format, index) = (req.format, req.sample_index);
     blocking(move || {
-        let body = response(done.output, &scenario, seed, index, format)?;
+        let body = response(done.output, &scenario, seed, index, format, keep)?;
         let hint = body.receivers.len() * (body.samples_per_recording * 32 / 3 + 1024);
         bulk::answer(form, &body, |b| json_body(b, hint), &run)
     })
@@ -201,6 +218,7 @@ fn response(
     seed: u64,
     sample_index: u64,
     format: RecordingFormat,
+    keep: Option<KeepPlan>,
 ) -> Result<RfIqResponse, Problem> {
     /// The truth as a dataset stores it, which the SigMF metadata reads.
     #[derive(Serialize)]
@@ -219,7 +237,7 @@ fn response(
         })
         .transpose()
         .map_err(Problem::internal)?;
-    let receivers = out
+    let mut receivers: Vec<IqRecording> = out
         .receivers
         .iter()
         // Each recording is freed once written as bytes, which are what the answer holds.
@@ -239,14 +257,18 @@ fn response(
             });
             IqRecording {
                 truth: receiver_truth(truth_rx),
-                iq: ByteStringOut {
+                iq: Some(ByteStringOut {
                     dtype: Dtype::Cf32,
                     bytes: bytes.into(),
-                },
+                }),
                 sigmf_meta,
+                kept: None,
             }
         })
         .collect();
+    if let Some(plan) = keep {
+        keep_recordings(plan, &mut receivers)?;
+    }
     Ok(RfIqResponse {
         seed,
         sample_index,
@@ -257,6 +279,33 @@ fn response(
         transmitter: transmitter(&out.tx),
         receivers,
     })
+}
+
+/// Keeps every receiver's recording (its answer's bytes, shared) and says so in its
+/// entry; without `with_data` the entries lose their `iq`.
+fn keep_recordings(plan: KeepPlan, receivers: &mut [IqRecording]) -> Result<(), Problem> {
+    let with_data = plan.with_data;
+    let recordings = receivers
+        .iter()
+        .map(|r| {
+            let bytes =
+                r.iq.as_ref()
+                    .expect("every recording is answered")
+                    .bytes
+                    .clone();
+            // A generated recording is finite; checked anyway, as every array is.
+            Recording::from_le_bytes(bytes)
+                .map(Arc::new)
+                .map_err(Problem::internal)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (r, view) in receivers.iter_mut().zip(plan.keep_recordings(recordings)?) {
+        r.kept = Some(view);
+        if !with_data {
+            r.iq = None;
+        }
+    }
+    Ok(())
 }
 
 fn transmitter(t: &TxTruth) -> IqTransmitter {

@@ -2,8 +2,9 @@
 //! synchronously; and `POST /rf/iq` (`iq`), one synthetic sample's recordings.
 
 mod iq;
-mod recording;
+pub(super) mod recording;
 
+use super::array_operands::ArrayScope;
 use super::float_arrays::BinaryEncoding;
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
@@ -36,15 +37,12 @@ pub struct RfFeaturesRequest {
     #[schema(minimum = 1000.0, maximum = 1000000000.0)]
     pub sample_rate_hz: f64,
     /// Interleaved little-endian f32 pairs I, Q (8 bytes per complex sample), base64;
-    /// in the bulk form a `cf32` buffer of shape `[samples]`.
+    /// in the bulk form a `cf32` buffer of shape `[samples]`; or a resident recording
+    /// (`POST /arrays` kind recording, or `/rf/iq`'s `keep`) as `{"array": id}`.
     /// |I + jQ|² is read as milliwatts: dBm figures are relative to that scale.
     /// At least 128 samples (1368 characters); at most --max-elements samples.
-    #[schema(
-        value_type = String,
-        min_length = 1368,
-        pattern = "^(?:[A-Za-z0-9+/]{32})*(?:[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=|[A-Za-z0-9+/]{21}[AQgw]==)?$"
-    )]
-    pub iq: super::byte_strings::ByteStringIn,
+    #[schema(value_type = recording::FeaturesRecordingDoc)]
+    pub iq: recording::RecordingIn,
     /// How `iq` is written when it is text: only `base64`, the default. A bulk body may
     /// keep it beside its buffer, which it does not describe.
     #[serde(default = "base64_text")]
@@ -154,7 +152,7 @@ pub struct RfFeaturesResponse {
     responses(
         (status = 200, description = "Features", body = RfFeaturesResponse),
         (status = 413, description = "More samples than --max-elements"),
-        (status = 422, description = "invalid_request, invalid_tensor (iq not base64, not whole f32 pairs, non-finite; a buffer not cf32 or not one-dimensional), invalid_parameter (sample rate, chunk, too short, backend)"),
+        (status = 422, description = "invalid_request, invalid_tensor (iq not base64, not whole f32 pairs, non-finite; a buffer not cf32 or not one-dimensional), invalid_parameter (sample rate, chunk, too short, backend), unknown_array, array_mismatch (iq/array names no recording)"),
         (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
@@ -162,9 +160,11 @@ pub struct RfFeaturesResponse {
 pub async fn rf_features(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<RfFeaturesRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<RfFeaturesRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    req.iq.resolve(&arrays, "/iq")?;
     if !req.sample_rate_hz.is_finite() || !SAMPLE_RATE_RANGE.contains(&req.sample_rate_hz) {
         return Err(Problem::at(
             ErrorCode::InvalidParameter,
@@ -180,7 +180,7 @@ pub async fn rf_features(
         ));
     }
     let max = state.settings.config.max_elements;
-    let approx = recording::approx_samples(&req.iq);
+    let approx = req.iq.approx_samples();
     if approx > max {
         return Err(Problem::at(
             ErrorCode::PayloadTooLarge,
@@ -193,7 +193,7 @@ pub async fn rf_features(
         chunk_ms: req.chunk_ms,
     };
     let upload = req.iq;
-    let iq = blocking(move || recording::decode(&upload)).await?;
+    let iq = blocking(move || upload.decode("/iq").map(|r| r.samples())).await?;
     rf::features::plan(&config, iq.len()).map_err(Problem::from)?;
     let samples = iq.len();
     let job = rf::FeaturesJob { iq, config };
