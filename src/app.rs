@@ -86,7 +86,7 @@ impl App {
                 memory_budget: cfg.dataset_memory_mib << 20,
             },
             backends.clone(),
-            artifacts,
+            artifacts.clone(),
         )
         .map_err(|e| e.to_string())?;
         let placement = Arc::new(pool::Placement::new(pool::PlacementConfig {
@@ -232,22 +232,35 @@ impl App {
             )?
             .with_tenant_table_cap(cfg.max_tenant_embedding_tables),
         );
-        let arrays = Arc::new(arrays::Arrays::open(
-            cfg.data_dir.join("arrays"),
-            arrays::ArrayLimits {
-                tenant_bytes: cfg.max_tenant_array_mib << 20,
-                tenant_count: cfg.max_tenant_arrays,
-                server_bytes: cfg.max_arrays_mib << 20,
-                server_count: cfg.max_arrays,
-            },
-            arrays::ArrayMetrics {
-                bytes: metrics.array_bytes.clone(),
-                count: metrics.arrays.clone(),
-                refused: metrics.arrays_refused.clone(),
-                expired: metrics.arrays_expired.clone(),
-                uses: metrics.array_uses.clone(),
-            },
-        )?);
+        let array_limits = arrays::ArrayLimits {
+            tenant_bytes: cfg.max_tenant_array_mib << 20,
+            tenant_count: cfg.max_tenant_arrays,
+            server_bytes: cfg.max_arrays_mib << 20,
+            server_count: cfg.max_arrays,
+        };
+        let array_metrics = arrays::ArrayMetrics {
+            bytes: metrics.array_bytes.clone(),
+            count: metrics.arrays.clone(),
+            refused: metrics.arrays_refused.clone(),
+            expired: metrics.arrays_expired.clone(),
+            uses: metrics.array_uses.clone(),
+        };
+        let array_dir = cfg.data_dir.join("arrays");
+        // Arrays are shared by replicas exactly when datasets are: their catalog in the
+        // shared database, their values in the artifact store.
+        let arrays = Arc::new(match artifacts.filter(|_| store.arrays_shared()) {
+            Some(objects) => arrays::Arrays::open_shared(
+                array_dir,
+                array_limits,
+                array_metrics,
+                arrays::Shared {
+                    store: store.clone(),
+                    objects,
+                },
+            ),
+            None => arrays::Arrays::open(array_dir, array_limits, array_metrics)?,
+        });
+        tracing::info!(shared = store.arrays_shared(), "resident arrays opened");
         // A deleted or expired array's device copies go with it.
         let (devices, m) = (Arc::downgrade(&backends), metrics.clone());
         arrays.on_removed(move |id| {

@@ -322,7 +322,8 @@ pub struct Config {
     pub database_url: String,
     /// Where finished dataset files are kept: empty for --data-dir, or
     /// `s3://bucket[/prefix]` in S3-compatible object storage (endpoint, region and
-    /// credentials from the AWS_* variables), where every replica can serve them.
+    /// credentials from the AWS_* variables), where every replica can serve them. With
+    /// --database-url too, resident arrays are shared there as well.
     #[arg(long, env = "GPU_OPS_ARTIFACT_STORE", default_value = "")]
     pub artifact_store: String,
     /// How long a replica's claim on a running dataset job lasts without renewal (it

@@ -53,11 +53,11 @@ metrics! {
     tenant_requests_refused: IntCounterVec = ("gpu_ops_tenant_requests_refused_total", "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)", ["tenant", "reason"]);
     http_bodies_refused: IntCounterVec = ("gpu_ops_http_bodies_refused_total", "Request bodies refused, by reason: inflight_budget (--max-inflight-body-bytes), tenant_share (--max-tenant-inflight-body-percent), too_slow (--min-body-rate), decoded (the body's parsed values would pass --max-inflight-body-bytes)", ["reason"]);
     secagg_rounds_expired: IntCounter = ("gpu_ops_secagg_rounds_expired_total", "Secure-aggregation rounds deleted, with all they stored, after --secagg-round-ttl without a change", []);
-    array_bytes: IntGaugeVec = ("gpu_ops_array_bytes", "Bytes of resident arrays held, by tier: host (parsed, in memory), disk (under --data-dir); against --max-arrays-mib", ["tier"]);
-    arrays: IntGauge = ("gpu_ops_arrays", "Resident arrays held, all tenants", []);
-    arrays_refused: IntCounterVec = ("gpu_ops_arrays_refused_total", "Array uploads refused, by reason: tenant_bytes (--max-tenant-array-mib), tenant_count (--max-tenant-arrays), server_bytes (--max-arrays-mib), server_count (--max-arrays), io (the disk)", ["reason"]);
-    arrays_expired: IntCounter = ("gpu_ops_arrays_expired_total", "Resident arrays deleted, with their files, after their time to live", []);
-    array_uses: IntCounterVec = ("gpu_ops_array_uses_total", "Operands that named a resident array instead of carrying data, by kind (field_elements, points, tensor)", ["kind"]);
+    array_bytes: IntGaugeVec = ("gpu_ops_array_bytes", "Bytes of resident arrays held, by tier: host (parsed, in this replica's memory), disk (under --data-dir), object_store (all replicas' arrays in the artifact store, when they share them); against --max-arrays-mib", ["tier"]);
+    arrays: IntGauge = ("gpu_ops_arrays", "Resident arrays held, all tenants (of all replicas, when they share them)", []);
+    arrays_refused: IntCounterVec = ("gpu_ops_arrays_refused_total", "Array uploads refused, by reason: tenant_bytes (--max-tenant-array-mib), tenant_count (--max-tenant-arrays), server_bytes (--max-arrays-mib), server_count (--max-arrays), io (the disk or the artifact store), storage (the shared catalog)", ["reason"]);
+    arrays_expired: IntCounter = ("gpu_ops_arrays_expired_total", "Resident arrays deleted, with their files (or objects), after their time to live", []);
+    array_uses: IntCounterVec = ("gpu_ops_array_uses_total", "Operands that named a resident array instead of carrying data, by kind (field_elements, points, tensor, recording)", ["kind"]);
     cpu_inline_jobs: IntCounterVec = ("gpu_ops_cpu_inline_jobs_total", "CPU jobs small enough to run on the queue's worker task rather than the compute threads, by op", ["op"]);
     job_queue_wait: HistogramVec = ("gpu_ops_job_queue_wait_seconds", "Time a job waited in the queue, by op and backend", ["op", "backend"], latency_buckets());
     job_compute: HistogramVec = ("gpu_ops_job_compute_seconds", "Time a job computed, by op and backend", ["op", "backend"], latency_buckets());
@@ -190,13 +190,14 @@ impl Metrics {
             "server_bytes",
             "server_count",
             "io",
+            "storage",
         ] {
             m.arrays_refused.with_label_values(&[reason]);
         }
-        for tier in ["host", "disk"] {
+        for tier in ["host", "disk", "object_store"] {
             m.array_bytes.with_label_values(&[tier]);
         }
-        for kind in ["field_elements", "points", "tensor"] {
+        for kind in ["field_elements", "points", "tensor", "recording"] {
             m.array_uses.with_label_values(&[kind]);
         }
         #[cfg(target_os = "linux")]

@@ -125,7 +125,7 @@ impl ArrayScope {
 
     /// The array `id` names for the operand at `path`.
     fn resolve(&self, id: &str, path: &str) -> Result<Arc<ResidentArray>, Problem> {
-        self.arrays.use_operand(&self.tenant, id).ok_or_else(|| {
+        self.arrays.use_operand(&self.tenant, id)?.ok_or_else(|| {
             Problem::at(
                 ErrorCode::UnknownArray,
                 format!("{path}/array"),

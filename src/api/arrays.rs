@@ -13,7 +13,7 @@ use super::rf::recording::{RecordingDoc, RecordingIn};
 use super::{
     blocking, bulk, entropy_u64, json_body, AnswerForm, ApiBody, ApiPath, AppState, IdParam,
 };
-use crate::arrays::{now_ms, ArrayData, ArrayKind, ArrayMeta, ResidentArray, Tensor};
+use crate::arrays::{now_ms, ArrayData, ArrayKind, ArrayMeta, Listing, Tensor};
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::Field;
 use axum::extract::State;
@@ -97,7 +97,9 @@ pub struct ArrayView {
     pub created_at: String,
     /// After this instant the array is gone (refused at once, deleted within seconds).
     pub expires_at: String,
-    /// Where copies are held: `host` (parsed, in memory) and `disk` (under --data-dir).
+    /// Where copies are held: `host` (parsed, in this replica's memory), `disk` (under
+    /// --data-dir), `object_store` (in the artifact store, when replicas share arrays:
+    /// --database-url with --artifact-store).
     pub held: Vec<&'static str>,
     /// `GET` here for the values.
     pub data_url: String,
@@ -108,21 +110,22 @@ pub struct ArrayList {
     pub arrays: Vec<ArrayView>,
 }
 
-pub(super) fn view(a: &ResidentArray) -> ArrayView {
+pub(super) fn view(a: Listing) -> ArrayView {
+    let Listing { meta, bytes, held } = a;
     ArrayView {
-        id: a.meta.id.clone(),
-        name: a.meta.name.clone(),
-        kind: a.meta.kind,
-        field: a.meta.field,
-        curve: a.meta.curve,
-        dtype: a.meta.dtype.map(TensorDtype::from),
-        shape: a.meta.shape.clone(),
-        length: a.meta.len,
-        size_bytes: a.bytes(),
-        created_at: a.meta.created_at.clone(),
-        expires_at: a.expires_at(),
-        held: vec!["host", "disk"],
-        data_url: format!("/arrays/{}/data", a.meta.id),
+        expires_at: meta.expires_at(),
+        data_url: format!("/arrays/{}/data", meta.id),
+        id: meta.id,
+        name: meta.name,
+        kind: meta.kind,
+        field: meta.field,
+        curve: meta.curve,
+        dtype: meta.dtype.map(TensorDtype::from),
+        shape: meta.shape,
+        length: meta.len,
+        size_bytes: bytes,
+        created_at: meta.created_at,
+        held: held.to_vec(),
     }
 }
 
@@ -194,17 +197,19 @@ pub(super) fn check_name(name: &Option<String>, path: &str) -> Result<(), Proble
 }
 
 /// Stores `data` as a new array of `tenant`'s, living `ttl` milliseconds from now: an
-/// upload's and a kept result's way in. Blocks on the disk.
+/// upload's and a kept result's way in; what the answer says of it. Blocks on the disk
+/// (or the shared catalog and the artifact store).
 pub(super) fn store(
     arrays: &crate::arrays::Arrays,
     tenant: String,
     name: Option<String>,
     ttl: u64,
     data: ArrayData,
-) -> Result<Arc<ResidentArray>, Problem> {
+) -> Result<ArrayView, Problem> {
     let id = format!("arr_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32);
     let meta = ArrayMeta::describe(&data, id, tenant, name, now_ms().saturating_add(ttl));
-    Ok(arrays.add(meta, data)?)
+    let array = arrays.add(meta, data)?;
+    Ok(view(arrays.listing(&array)))
 }
 
 #[utoipa::path(
@@ -212,7 +217,8 @@ pub(super) fn store(
     summary = "Keep an operand for later requests",
     description = "Validates the values once (canonical field elements; points on their curve and, for \
         BLS12-381, in the prime-order subgroup; tensor values and recording samples finite), keeps them parsed in host memory and on disk under \
-        --data-dir (a restart keeps arrays that have not expired), and answers their id. Any operand of \
+        --data-dir (a restart keeps arrays that have not expired; when replicas share arrays, --database-url \
+        with --artifact-store, in the artifact store instead, and every replica serves them), and answers their id. Any operand of \
         /zk and /mpc, any tensor operand of /linalg, /nn, /beams and /embeddings/tables, and the recording of \
         /rf/features, may then be \
         `{\"array\": id}` in place of its values, in JSON and in a bulk header: the op uses the stored \
@@ -259,7 +265,7 @@ pub async fn array_create(
     let max = state.settings.config.max_elements;
     let max_tensor = state.settings.config.max_tensor_elements;
     let (st, tenant) = (state.clone(), tenant(&who));
-    let array = blocking(move || {
+    let v = blocking(move || {
         let given = (
             req.field, req.values, req.curve, req.points, req.tensor, req.iq,
         );
@@ -293,7 +299,6 @@ pub async fn array_create(
         store(&st.arrays, tenant, req.name, ttl, data)
     })
     .await?;
-    let v = view(&array);
     let location = HeaderValue::from_str(&format!("/arrays/{}", v.id)).expect("ascii id");
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(v)).into_response())
 }
@@ -307,11 +312,11 @@ pub async fn array_create(
 pub async fn array_list(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-) -> Json<ArrayList> {
-    let arrays = state.arrays.list(&tenant(&who));
-    Json(ArrayList {
-        arrays: arrays.iter().map(|a| view(a)).collect(),
-    })
+) -> Result<Json<ArrayList>, Problem> {
+    let arrays = state.arrays.list(&tenant(&who))?;
+    Ok(Json(ArrayList {
+        arrays: arrays.into_iter().map(view).collect(),
+    }))
 }
 
 #[utoipa::path(
@@ -329,8 +334,11 @@ pub async fn array_get(
     who: Option<Extension<Tenant>>,
     ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Json<ArrayView>, Problem> {
-    let a = state.arrays.get(&tenant(&who), &id).ok_or_else(not_found)?;
-    Ok(Json(view(&a)))
+    let a = state
+        .arrays
+        .get(&tenant(&who), &id)?
+        .ok_or_else(not_found)?;
+    Ok(Json(view(state.arrays.listing(&a))))
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -440,7 +448,10 @@ pub async fn array_data(
     ApiQuery(q): ApiQuery<ArrayDataQuery>,
     form: AnswerForm,
 ) -> Result<Response, Problem> {
-    let a = state.arrays.get(&tenant(&who), &id).ok_or_else(not_found)?;
+    let a = state
+        .arrays
+        .get(&tenant(&who), &id)?
+        .ok_or_else(not_found)?;
     let encoding = q.encoding.unwrap_or_default();
     if matches!(a.data, ArrayData::Tensor(_)) && encoding == Encoding::Hex {
         return Err(Problem::at(
@@ -530,7 +541,9 @@ pub async fn array_delete(
 ) -> Result<StatusCode, Problem> {
     let (st, t) = (state.clone(), tenant(&who));
     let removed = blocking(move || Ok(st.arrays.remove(&t, &id)?)).await?;
-    removed.ok_or_else(not_found)?;
+    if !removed {
+        return Err(not_found());
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

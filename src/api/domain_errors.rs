@@ -265,6 +265,14 @@ impl From<crate::arrays::ArrayError> for Problem {
             }
             ArrayError::Full { .. } | ArrayError::FullCount { .. } => ErrorCode::ArraysFull,
             ArrayError::Io(_) => ErrorCode::Internal,
+            ArrayError::Storage { unavailable, .. } => {
+                if unavailable {
+                    let mut p = Problem::new(ErrorCode::StorageUnavailable, e.to_string());
+                    p.retry_after_secs = Some(1);
+                    return p;
+                }
+                ErrorCode::Internal
+            }
         };
         Problem::new(code, e.to_string())
     }

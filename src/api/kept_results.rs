@@ -6,7 +6,7 @@
 //! array_quota_exceeded, and nothing is kept).
 
 use super::array_operands::ArrayScope;
-use super::arrays::{check_name, store, ttl_ms, view, ArrayView};
+use super::arrays::{check_name, store, ttl_ms, ArrayView};
 use super::problem::Problem;
 use super::AppState;
 use crate::arrays::{ArrayData, Recording, Tensor};
@@ -84,7 +84,7 @@ impl KeepPlan {
                 self.ttl,
                 data,
             ) {
-                Ok(a) => kept.push(view(&a)),
+                Ok(v) => kept.push(v),
                 Err(e) => {
                     for v in &kept {
                         if let Err(undo) = arrays.remove(tenant, &v.id) {
@@ -100,8 +100,7 @@ impl KeepPlan {
 
     fn keep(self, data: ArrayData) -> Result<ArrayView, Problem> {
         let (arrays, tenant) = self.scope.parts();
-        let kept = store(arrays, tenant.to_string(), self.name, self.ttl, data)?;
-        Ok(view(&kept))
+        store(arrays, tenant.to_string(), self.name, self.ttl, data)
     }
 }
 

@@ -83,9 +83,10 @@ pub fn document() -> Value {
     let mut doc = serde_json::to_value(super::operations_openapi(base))
         .expect("the OpenAPI document serialises");
     let jobs = job_requests(&doc);
+    let naming = array_requests(&doc);
     for op in operations_mut(&mut doc) {
         bulk_forms(op);
-        add_shared_problems(op, &jobs);
+        add_shared_problems(op, &jobs, &naming);
         binary_answers(op);
         empty_optional_queries(op);
     }
@@ -185,14 +186,63 @@ fn job_requests(doc: &Value) -> HashSet<String> {
 
 /// A job operation: its request schema has a deadline.
 fn is_job(op: &Map<String, Value>, jobs: &HashSet<String>) -> bool {
+    request_schema(op).is_some_and(|r| jobs.contains(r))
+}
+
+fn request_schema(op: &Map<String, Value>) -> Option<&str> {
     op.get("requestBody")
         .and_then(|b| b.pointer("/content/application~1json/schema/$ref"))
         .and_then(Value::as_str)
-        .is_some_and(|r| jobs.contains(r))
+}
+
+/// Every `$ref` inside `v`.
+fn refs_in<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(r) = m.get("$ref").and_then(Value::as_str) {
+                out.push(r);
+            }
+            m.values().for_each(|x| refs_in(x, out));
+        }
+        Value::Array(a) => a.iter().for_each(|x| refs_in(x, out)),
+        _ => {}
+    }
+}
+
+/// The request schemas that may name a resident array (`ArrayRefDoc`) or keep a result
+/// (`Keep`), directly or through the schemas they refer to: where arrays are shared by
+/// replicas, such a request reads or writes the shared catalog.
+fn array_requests(doc: &Value) -> HashSet<String> {
+    let schemas = doc
+        .pointer("/components/schemas")
+        .and_then(Value::as_object);
+    let refs: Vec<(String, Vec<&str>)> = schemas
+        .into_iter()
+        .flatten()
+        .map(|(name, s)| {
+            let mut out = Vec::new();
+            refs_in(s, &mut out);
+            (format!("#/components/schemas/{name}"), out)
+        })
+        .collect();
+    let mut found: HashSet<String> = ["ArrayRefDoc", "Keep"]
+        .map(|n| format!("#/components/schemas/{n}"))
+        .into();
+    loop {
+        let more: Vec<String> = refs
+            .iter()
+            .filter(|(name, r)| !found.contains(name) && r.iter().any(|x| found.contains(*x)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if more.is_empty() {
+            return found;
+        }
+        found.extend(more);
+    }
 }
 
 /// What an operation's shape says it can return, beyond its own declarations.
-fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCode>)> {
+fn shared_problems(op: &Map<String, Value>, job: bool, naming: bool) -> Vec<(u16, Vec<ErrorCode>)> {
     let secured = op
         .get("security")
         .and_then(Value::as_array)
@@ -234,13 +284,13 @@ fn shared_problems(op: &Map<String, Value>, job: bool) -> Vec<(u16, Vec<ErrorCod
     if !unprocessable.is_empty() {
         out.push((422, unprocessable));
     }
-    // The dataset catalog may live in the shared database (`--database-url` with
-    // `--artifact-store`), which can be out of reach.
+    // The dataset and array catalogs may live in the shared database (`--database-url`
+    // with `--artifact-store`), which can be out of reach; so may a request's array.
     let catalog = op
         .get("tags")
         .and_then(Value::as_array)
-        .is_some_and(|t| t.iter().any(|t| t == "datasets"));
-    if catalog {
+        .is_some_and(|t| t.iter().any(|t| t == "datasets" || t == "arrays"));
+    if catalog || naming {
         out.push((503, vec![ErrorCode::StorageUnavailable]));
     }
     if job {
@@ -271,14 +321,19 @@ fn job_headers() -> Value {
 
 /// Adds the shared problem responses to `op`, merging into what the handler declared:
 /// its description is kept and the codes it did not name are appended.
-fn add_shared_problems(op: &mut Map<String, Value>, jobs: &HashSet<String>) {
+fn add_shared_problems(
+    op: &mut Map<String, Value>,
+    jobs: &HashSet<String>,
+    naming: &HashSet<String>,
+) {
     let job = is_job(op, jobs);
+    let names_arrays = request_schema(op).is_some_and(|r| naming.contains(r));
     if job {
         if let Some(ok) = op.get_mut("responses").and_then(|r| r.get_mut("200")) {
             ok["headers"] = job_headers();
         }
     }
-    for (status, codes) in shared_problems(op, job) {
+    for (status, codes) in shared_problems(op, job, names_arrays) {
         let responses = op
             .entry("responses")
             .or_insert_with(|| json!({}))

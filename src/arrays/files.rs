@@ -14,7 +14,8 @@ fn io(what: &Path, e: std::io::Error) -> ArrayError {
     ArrayError::Io(format!("{}: {e}", what.display()))
 }
 
-fn values_bytes(data: &ArrayData) -> std::borrow::Cow<'_, [u8]> {
+/// The values' disk (and artifact store) form.
+pub(super) fn values_bytes(data: &ArrayData) -> std::borrow::Cow<'_, [u8]> {
     match data {
         ArrayData::FieldElements(v) => v.le_bytes(),
         ArrayData::Points(p) => std::borrow::Cow::Owned(p.to_le_bytes()),
@@ -79,20 +80,26 @@ fn load(meta_path: &Path, now_ms: u64) -> Result<Option<ResidentArray>, String> 
         return Ok(None);
     }
     let bytes = std::fs::read(meta_path.with_extension("bin")).map_err(|e| e.to_string())?;
-    // Checked again as on upload: a file changed on disk is never served unchecked.
+    let data = decode(&meta, &bytes.into())?;
+    Ok(Some(ResidentArray { meta, data }))
+}
+
+/// The values `meta` describes, from their stored form, checked again as on upload: a
+/// file changed on disk (or an object in the store) is never served unchecked.
+pub(super) fn decode(meta: &ArrayMeta, bytes: &bytes::Bytes) -> Result<ArrayData, String> {
     let data = match (meta.kind, meta.field, meta.curve, meta.dtype, &meta.shape) {
         (ArrayKind::FieldElements, Some(field), None, None, None) => ArrayData::FieldElements(
-            Arc::new(FieldVec::from_le_bytes(field, &bytes).map_err(|e| e.message)?),
+            Arc::new(FieldVec::from_le_bytes(field, &bytes[..]).map_err(|e| e.message)?),
         ),
         (ArrayKind::Points, None, Some(curve), None, None) => ArrayData::Points(Arc::new(
-            Points::from_le_bytes(curve, &bytes)
+            Points::from_le_bytes(curve, &bytes[..])
                 .map_err(|e| format!("{} bad points, first {:?}", e.count, e.listed.first()))?,
         )),
         (ArrayKind::Tensor, None, None, Some(dtype), Some(shape)) => {
-            ArrayData::Tensor(Arc::new(tensor(dtype, shape, &bytes)?))
+            ArrayData::Tensor(Arc::new(tensor(dtype, shape, &bytes[..])?))
         }
         (ArrayKind::Recording, None, None, None, None) => ArrayData::Recording(Arc::new(
-            Recording::from_le_bytes(bytes.into()).map_err(|e| e.to_string())?,
+            Recording::from_le_bytes(bytes.clone()).map_err(|e| e.to_string())?,
         )),
         _ => return Err("the metadata's kind, field, curve, dtype and shape disagree".into()),
     };
@@ -103,7 +110,7 @@ fn load(meta_path: &Path, now_ms: u64) -> Result<Option<ResidentArray>, String> 
             meta.len
         ));
     }
-    Ok(Some(ResidentArray { meta, data }))
+    Ok(data)
 }
 
 /// A tensor's values from its file, checked as an upload is: the shape's product of

@@ -12,18 +12,24 @@
 //! to live (`--array-ttl` by default, at most `--max-array-ttl`), after which an array is
 //! gone: refused at once, its memory and files freed by the next sweep.
 
+mod accounting;
+mod errors;
 mod files;
 mod recording;
+mod shared;
 mod tensor;
 
+use accounting::Catalog;
+pub use accounting::{ArrayLimits, ArrayMetrics};
+pub use errors::ArrayError;
 pub use recording::{Recording, RecordingDefect};
+pub use shared::Shared;
 pub use tensor::Tensor;
 
 use crate::ops::linalg::Dtype;
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
@@ -194,9 +200,26 @@ impl ResidentArray {
 
     /// When it expires, RFC 3339 with milliseconds.
     pub fn expires_at(&self) -> String {
-        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.meta.expires_at_ms);
+        self.meta.expires_at()
+    }
+}
+
+impl ArrayMeta {
+    /// When it expires, RFC 3339 with milliseconds.
+    pub fn expires_at(&self) -> String {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.expires_at_ms);
         humantime::format_rfc3339_millis(at).to_string()
     }
+}
+
+/// An array as a listing shows it: its description, the bytes it counts, and where
+/// copies of it are held (`host`: parsed in this replica's memory; `disk`: under
+/// `--data-dir`; `object_store`: in the shared artifact store).
+#[derive(Clone, Debug)]
+pub struct Listing {
+    pub meta: ArrayMeta,
+    pub bytes: u64,
+    pub held: &'static [&'static str],
 }
 
 /// The key under which a device keeps its copy of array `id` (`GpuDevice::forget_table`
@@ -213,107 +236,6 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-#[derive(Debug, PartialEq, Eq)]
-pub enum ArrayError {
-    /// The tenant's arrays would pass its byte quota.
-    QuotaExceeded {
-        need: u64,
-        used: u64,
-        quota: u64,
-    },
-    /// The tenant holds `--max-tenant-arrays` arrays already.
-    TooMany {
-        count: usize,
-        cap: usize,
-    },
-    /// All arrays would pass the server's cap.
-    Full {
-        need: u64,
-        used: u64,
-        cap: u64,
-    },
-    /// All tenants hold `--max-arrays` arrays already.
-    FullCount {
-        count: usize,
-        cap: usize,
-    },
-    Io(String),
-}
-
-impl ArrayError {
-    /// The refusal's label in `gpu_ops_arrays_refused_total`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            ArrayError::QuotaExceeded { .. } => "tenant_bytes",
-            ArrayError::TooMany { .. } => "tenant_count",
-            ArrayError::Full { .. } => "server_bytes",
-            ArrayError::FullCount { .. } => "server_count",
-            ArrayError::Io(_) => "io",
-        }
-    }
-}
-
-impl std::fmt::Display for ArrayError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ArrayError::QuotaExceeded { need, used, quota } => write!(
-                f,
-                "the array takes {need} bytes; the tenant's arrays take {used} of {quota} (--max-tenant-array-mib)"
-            ),
-            ArrayError::TooMany { count, cap } => write!(
-                f,
-                "the tenant has {count} arrays of at most {cap} (--max-tenant-arrays); delete one first"
-            ),
-            ArrayError::Full { need, used, cap } => write!(
-                f,
-                "the array takes {need} bytes; all arrays take {used} of {cap} (--max-arrays-mib)"
-            ),
-            ArrayError::FullCount { count, cap } => write!(
-                f,
-                "the server holds {count} arrays of at most {cap} (--max-arrays)"
-            ),
-            ArrayError::Io(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-/// The limits of `Arrays`, from the flags.
-#[derive(Clone, Copy, Debug)]
-pub struct ArrayLimits {
-    pub tenant_bytes: u64,
-    pub tenant_count: usize,
-    pub server_bytes: u64,
-    pub server_count: usize,
-}
-
-/// What the arrays export (registered by `Metrics`; fresh ones in unit tests).
-#[derive(Clone)]
-pub struct ArrayMetrics {
-    /// Bytes held, by tier (`host`, `disk`).
-    pub bytes: prometheus::IntGaugeVec,
-    pub count: prometheus::IntGauge,
-    /// Refusals by reason (`ArrayError::reason`).
-    pub refused: prometheus::IntCounterVec,
-    pub expired: prometheus::IntCounter,
-    /// Operands that named an array, by kind.
-    pub uses: prometheus::IntCounterVec,
-}
-
-impl ArrayMetrics {
-    /// Unregistered metrics, for tests of the store alone.
-    pub fn unregistered() -> Self {
-        use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
-        let opts = |n: &str| Opts::new(n, n);
-        Self {
-            bytes: IntGaugeVec::new(opts("b"), &["tier"]).expect("metric"),
-            count: IntGauge::with_opts(opts("c")).expect("metric"),
-            refused: IntCounterVec::new(opts("r"), &["reason"]).expect("metric"),
-            expired: IntCounter::with_opts(opts("e")).expect("metric"),
-            uses: IntCounterVec::new(opts("u"), &["kind"]).expect("metric"),
-        }
-    }
-}
-
 /// Every tenant's arrays.
 pub struct Arrays {
     dir: PathBuf,
@@ -322,49 +244,13 @@ pub struct Arrays {
     catalog: RwLock<Catalog>,
     /// Called with each array's id once it is deleted or expired (`on_removed`).
     removed: std::sync::OnceLock<RemovalHook>,
+    /// Set when replicas share the arrays: `catalog` is then this replica's cache of
+    /// arrays read or made here, and the shared catalog and the artifact store hold them.
+    shared: Option<Shared>,
 }
 
 /// What else must go when an array goes: its copies on the devices.
 type RemovalHook = Box<dyn Fn(&str) + Send + Sync>;
-
-/// The committed arrays, and the bytes of arrays being written (by id: tenant, bytes),
-/// which count against the quotas until they commit or fail.
-#[derive(Default)]
-struct Catalog {
-    arrays: BTreeMap<String, Arc<ResidentArray>>,
-    writing: BTreeMap<String, (String, u64)>,
-}
-
-impl Catalog {
-    /// Bytes held or being written: the tenant's, or everyone's.
-    fn used(&self, tenant: Option<&str>) -> u64 {
-        let mine = |t: &str| tenant.is_none_or(|want| want == t);
-        let kept: u64 = self
-            .arrays
-            .values()
-            .filter(|a| mine(&a.meta.tenant))
-            .map(|a| a.bytes())
-            .sum();
-        let writing: u64 = self
-            .writing
-            .values()
-            .filter(|(t, _)| mine(t))
-            .map(|(_, b)| b)
-            .sum();
-        kept + writing
-    }
-
-    fn count(&self, tenant: &str) -> usize {
-        let kept = self.arrays.values().filter(|a| a.meta.tenant == tenant);
-        let writing = self.writing.values().filter(|(t, _)| t == tenant);
-        kept.count() + writing.count()
-    }
-
-    /// Arrays held or being written, everyone's.
-    fn count_all(&self) -> usize {
-        self.arrays.len() + self.writing.len()
-    }
-}
 
 impl Arrays {
     /// The arrays under `dir` (created if missing). Expired arrays' files are deleted; an
@@ -382,9 +268,59 @@ impl Arrays {
             metrics,
             catalog: RwLock::new(catalog),
             removed: std::sync::OnceLock::new(),
+            shared: None,
         };
         arrays.export(&arrays.read());
         Ok(arrays)
+    }
+
+    /// Arrays shared by replicas: the catalog in the shared database, the values in the
+    /// artifact store, read into this replica's memory on first use. Arrays a replica
+    /// kept under `dir` before sharing was turned on are not served (a warning says so).
+    pub fn open_shared(
+        dir: PathBuf,
+        limits: ArrayLimits,
+        metrics: ArrayMetrics,
+        shared: Shared,
+    ) -> Self {
+        let unshared = std::fs::read_dir(&dir).map_or(0, |d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+                .count()
+        });
+        if unshared > 0 {
+            tracing::warn!(
+                arrays = unshared,
+                dir = %dir.display(),
+                "resident arrays kept on this replica's disk are not served while arrays are shared"
+            );
+        }
+        let arrays = Self {
+            dir,
+            limits,
+            metrics,
+            catalog: RwLock::new(Catalog::default()),
+            removed: std::sync::OnceLock::new(),
+            shared: Some(shared),
+        };
+        arrays.export(&arrays.read());
+        if let Some(shared) = &arrays.shared {
+            arrays.export_shared(shared);
+        }
+        arrays
+    }
+
+    /// Where copies of `a` are held.
+    pub fn listing(&self, a: &ResidentArray) -> Listing {
+        Listing {
+            meta: a.meta.clone(),
+            bytes: a.bytes(),
+            held: if self.shared.is_some() {
+                &["host", "object_store"]
+            } else {
+                &["host", "disk"]
+            },
+        }
     }
 
     /// Calls `hook` with the id of every array deleted or expired from now on (set once;
@@ -407,22 +343,26 @@ impl Arrays {
         self.catalog.write().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Sets the gauges from the catalog (host and disk hold the same committed arrays).
+    /// Sets the gauges from the catalog (host and disk hold the same committed arrays;
+    /// shared, the host holds what this replica has read, and `export_shared` sets the
+    /// rest).
     fn export(&self, catalog: &Catalog) {
         let bytes: u64 = catalog.arrays.values().map(|a| a.bytes()).sum();
-        for tier in ["host", "disk"] {
-            self.metrics
-                .bytes
-                .with_label_values(&[tier])
-                .set(bytes as i64);
+        let gauge = |tier: &str| self.metrics.bytes.with_label_values(&[tier]);
+        gauge("host").set(bytes as i64);
+        if self.shared.is_none() {
+            gauge("disk").set(bytes as i64);
+            self.metrics.count.set(catalog.arrays.len() as i64);
         }
-        self.metrics.count.set(catalog.arrays.len() as i64);
     }
 
     /// Stores an array under `meta.id`, within the tenant's quotas and the server's cap.
     pub fn add(&self, meta: ArrayMeta, data: ArrayData) -> Result<Arc<ResidentArray>, ArrayError> {
         let array = ResidentArray { meta, data };
-        let result = self.reserve_and_write(array);
+        let result = match &self.shared {
+            Some(shared) => self.add_shared(shared, array),
+            None => self.reserve_and_write(array),
+        };
         if let Err(e) = &result {
             self.metrics.refused.with_label_values(&[e.reason()]).inc();
         }
@@ -479,9 +419,18 @@ impl Arrays {
         Ok(array)
     }
 
-    /// The tenant's array `id`, unless it has expired.
-    pub fn get(&self, tenant: &str, id: &str) -> Option<Arc<ResidentArray>> {
-        let now = now_ms();
+    /// The tenant's array `id`, unless it has expired. Shared, the shared catalog is
+    /// asked each time (an array deleted through another replica is gone here too), and
+    /// the values are read from the artifact store on this replica's first use; this
+    /// blocks, and may be called from an async task (`shared::off_runtime`).
+    pub fn get(&self, tenant: &str, id: &str) -> Result<Option<Arc<ResidentArray>>, ArrayError> {
+        if let Some(shared) = &self.shared {
+            return self.get_shared(shared, tenant, id);
+        }
+        Ok(self.cached(tenant, id, now_ms()))
+    }
+
+    fn cached(&self, tenant: &str, id: &str, now: u64) -> Option<Arc<ResidentArray>> {
         self.read()
             .arrays
             .get(id)
@@ -490,28 +439,41 @@ impl Arrays {
     }
 
     /// The tenant's array `id` as an operand: counted in `gpu_ops_array_uses_total`.
-    pub fn use_operand(&self, tenant: &str, id: &str) -> Option<Arc<ResidentArray>> {
-        let a = self.get(tenant, id)?;
-        self.metrics
-            .uses
-            .with_label_values(&[a.meta.kind.name()])
-            .inc();
-        Some(a)
+    pub fn use_operand(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<Arc<ResidentArray>>, ArrayError> {
+        let found = self.get(tenant, id)?;
+        if let Some(a) = &found {
+            self.metrics
+                .uses
+                .with_label_values(&[a.meta.kind.name()])
+                .inc();
+        }
+        Ok(found)
     }
 
     /// The tenant's arrays that have not expired, by id.
-    pub fn list(&self, tenant: &str) -> Vec<Arc<ResidentArray>> {
+    pub fn list(&self, tenant: &str) -> Result<Vec<Listing>, ArrayError> {
+        if let Some(shared) = &self.shared {
+            return self.list_shared(shared, tenant);
+        }
         let now = now_ms();
-        self.read()
+        Ok(self
+            .read()
             .arrays
             .values()
             .filter(|a| a.meta.tenant == tenant && !a.expired(now))
-            .cloned()
-            .collect()
+            .map(|a| self.listing(a))
+            .collect())
     }
 
-    /// Removes the tenant's array `id` and its files; `None` when there is none.
-    pub fn remove(&self, tenant: &str, id: &str) -> Result<Option<Arc<ResidentArray>>, ArrayError> {
+    /// Removes the tenant's array `id` and its files; false when there is none.
+    pub fn remove(&self, tenant: &str, id: &str) -> Result<bool, ArrayError> {
+        if let Some(shared) = &self.shared {
+            return self.remove_shared(shared, tenant, id);
+        }
         let mut catalog = self.write_lock();
         let now = now_ms();
         if catalog
@@ -519,17 +481,20 @@ impl Arrays {
             .get(id)
             .is_none_or(|a| a.meta.tenant != tenant || a.expired(now))
         {
-            return Ok(None);
+            return Ok(false);
         }
         files::remove(&self.dir, id)?;
-        let removed = catalog.arrays.remove(id);
+        catalog.arrays.remove(id);
         self.export(&catalog);
         self.removed(id);
-        Ok(removed)
+        Ok(true)
     }
 
     /// Deletes every array expired at `now_ms` with its files; how many.
     pub fn sweep(&self, now_ms: u64) -> usize {
+        if let Some(shared) = &self.shared {
+            return self.sweep_shared(shared, now_ms);
+        }
         let mut catalog = self.write_lock();
         self.drop_expired(&mut catalog, now_ms)
     }

@@ -369,6 +369,40 @@ impl ObjectArtifacts {
     }
 }
 
+/// Resident arrays' values (`arrays::shared`): one object each, `arrays/<id>.bin`, put
+/// whole (an array is at most `--max-tenant-array-mib`), read whole.
+impl ObjectArtifacts {
+    fn array_key(&self, id: &str) -> ObjectPath {
+        self.prefix.child("arrays").child(format!("{id}.bin"))
+    }
+
+    pub fn put_array(&self, id: &str, values: Bytes) -> Result<(), ArtifactError> {
+        let key = self.array_key(id);
+        self.block_on(self.store.put(&key, PutPayload::from(values)))
+            .map(drop)
+            .map_err(|e| self.object_error(&key, e))
+    }
+
+    /// The array's values; `None` when there is no such object.
+    pub fn get_array(&self, id: &str) -> Result<Option<Bytes>, ArtifactError> {
+        let key = self.array_key(id);
+        match self.block_on(async { self.store.get(&key).await?.bytes().await }) {
+            Ok(b) => Ok(Some(b)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.object_error(&key, e)),
+        }
+    }
+
+    /// Deletes the array's object (none is not an error).
+    pub fn delete_array(&self, id: &str) -> Result<(), ArtifactError> {
+        let key = self.array_key(id);
+        match self.block_on(self.store.delete(&key)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.object_error(&key, e)),
+        }
+    }
+}
+
 /// One dataset's objects, read by range.
 pub struct ObjectFiles<'a> {
     store: &'a ObjectArtifacts,

@@ -243,6 +243,34 @@ ALTER TABLE datasets ADD COLUMN work BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX datasets_by_tenant_status ON datasets (tenant, status, queue_seq);
 ",
     },
+    Migration {
+        version: 5,
+        name: "the catalog of resident arrays shared by replicas",
+        sql: "
+CREATE TABLE arrays (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    committed INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX arrays_by_tenant ON arrays (tenant, expires_at_ms);
+CREATE INDEX arrays_by_expiry ON arrays (expires_at_ms);
+",
+        postgres: "
+CREATE TABLE arrays (
+    id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    meta TEXT NOT NULL,
+    bytes BIGINT NOT NULL,
+    expires_at_ms BIGINT NOT NULL,
+    committed BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX arrays_by_tenant ON arrays (tenant, expires_at_ms);
+CREATE INDEX arrays_by_expiry ON arrays (expires_at_ms);
+",
+    },
 ];
 
 /// The version this build writes.

@@ -5,6 +5,7 @@
 //! embedded file, per replica, unless finished files are shared too (`--artifact-store`):
 //! then they are in PostgreSQL with the budgets.
 
+mod arrays;
 mod budgets;
 mod datasets;
 mod engine;
@@ -12,6 +13,7 @@ mod migrations;
 mod secagg;
 pub use secagg::spawn_round_expiry;
 
+pub use arrays::ArrayRow;
 pub use budgets::{Budget, BudgetError, Charge, ChargeRecord, NewBudget};
 pub use datasets::{
     ClaimedDataset, Counts, DatasetRow, DatasetStatus, Lease, NewDataset, QueueCaps, QueueRefusal,
