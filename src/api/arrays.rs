@@ -219,7 +219,7 @@ pub(super) fn store(
         BLS12-381, in the prime-order subgroup; tensor values and recording samples finite), keeps them parsed in host memory and on disk under \
         --data-dir (a restart keeps arrays that have not expired; when replicas share arrays, --database-url \
         with --artifact-store, in the artifact store instead, and every replica serves them), and answers their id. Any operand of \
-        /zk and /mpc, any tensor operand of /linalg, /nn, /beams and /embeddings/tables, and the recording of \
+        /zk and /mpc, any tensor operand of /linalg, /nn, /beams and /embeddings/tables, the gradients and values of /dp, and the recording of \
         /rf/features, may then be \
         `{\"array\": id}` in place of its values, in JSON and in a bulk header: the op uses the stored \
         values without parsing or checking them again. The tenant's arrays stay \

@@ -3,14 +3,18 @@
 //! come back in the form (and dtype) the request used. The tensor ops' rank 1–4 tensors,
 //! with half precisions, are `dense_tensors`.
 
+use super::array_operands::ArrayScope;
 use super::numbers::{read_rows, Counted, Rows, RowsDefect};
 use super::problem::{ErrorCode, Problem};
+use crate::arrays::Tensor;
+use crate::ops::linalg::Values;
 use crate::wire::{first_non_finite, Array};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
+use std::sync::Arc;
 use utoipa::ToSchema;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
@@ -214,40 +218,53 @@ impl TryFrom<crate::wire::Dtype> for Dtype {
 }
 
 /// A packed array's object: base64 (`encoding`, `data`) or, in a bulk body, a buffer
-/// descriptor (`byte_offset`, `byte_length`).
+/// descriptor (`byte_offset`, `byte_length`); or `{"array": id}`, a resident tensor.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ArrayObject {
+    array: Option<String>,
     encoding: Option<BinaryEncoding>,
-    dtype: crate::wire::Dtype,
-    shape: Vec<usize>,
+    dtype: Option<crate::wire::Dtype>,
+    shape: Option<Vec<usize>>,
     data: Option<String>,
     byte_offset: Option<u64>,
     byte_length: Option<u64>,
 }
 
-/// Either form of an array object.
+/// Each form of an array object.
 enum PackedOrBuffer {
     Packed(Packed),
     Buffer(Buffered),
+    Array(String),
 }
 
 fn packed_or_buffer<'de, A: MapAccess<'de>>(map: A) -> Result<PackedOrBuffer, A::Error> {
     use serde::de::Error;
     let o = ArrayObject::deserialize(MapAccessDeserializer::new(map))?;
     let packed_fields = o.encoding.is_some() || o.data.is_some();
+    if let Some(id) = o.array {
+        let described = o.shape.is_some() || o.dtype.is_some() || o.byte_offset.is_some();
+        if packed_fields || described || o.byte_length.is_some() {
+            return Err(A::Error::custom(
+                "an array reference takes only `array`, no packed or buffer fields",
+            ));
+        }
+        return Ok(PackedOrBuffer::Array(id));
+    }
+    let dtype = o.dtype.ok_or_else(|| A::Error::missing_field("dtype"))?;
+    let shape = o.shape.ok_or_else(|| A::Error::missing_field("shape"))?;
     match super::bulk::described_buffer(o.byte_offset, o.byte_length, packed_fields)? {
         Some(bytes) => Ok(PackedOrBuffer::Buffer(Buffered {
-            dtype: o.dtype,
-            shape: o.shape,
+            dtype,
+            shape,
             bytes,
         })),
         None => Ok(PackedOrBuffer::Packed(Packed {
             encoding: o
                 .encoding
                 .ok_or_else(|| A::Error::missing_field("encoding"))?,
-            dtype: Dtype::try_from(o.dtype).map_err(A::Error::custom)?,
-            shape: o.shape,
+            dtype: Dtype::try_from(dtype).map_err(A::Error::custom)?,
+            shape,
             data: o.data.ok_or_else(|| A::Error::missing_field("data"))?,
         })),
     }
@@ -269,6 +286,9 @@ pub enum Matrix {
     Nested(Rows),
     Packed(Packed),
     Buffer(Buffered),
+    /// `{"array": id}`: a resident tensor of rank 2, named; `resolve` finds it.
+    Array(String),
+    Resident(Arc<Tensor>),
 }
 
 /// A vector: a JSON array of numbers (counted as it arrives), `Packed` with a
@@ -277,6 +297,9 @@ pub enum Vector {
     Numbers(Counted),
     Packed(Packed),
     Buffer(Buffered),
+    /// `{"array": id}`: a resident tensor of rank 1, named; `resolve` finds it.
+    Array(String),
+    Resident(Arc<Tensor>),
 }
 
 /// Deserialize for a type that is a JSON array (read by `$read`) or a packed object.
@@ -297,6 +320,7 @@ macro_rules! array_or_packed {
                         Ok(match packed_or_buffer(map)? {
                             PackedOrBuffer::Packed(p) => $ty::Packed(p),
                             PackedOrBuffer::Buffer(b) => $ty::Buffer(b),
+                            PackedOrBuffer::Array(id) => $ty::Array(id),
                         })
                     }
                 }
@@ -310,7 +334,7 @@ array_or_packed!(
     Matrix,
     Nested,
     read_rows,
-    "an array of arrays of numbers, or {encoding, dtype, shape, data}"
+    "an array of arrays of numbers, {encoding, dtype, shape, data}, or {array}"
 );
 array_or_packed!(
     Vector,
@@ -319,23 +343,37 @@ array_or_packed!(
         let mut numbers = Counted::new();
         numbers.read_array(seq).map(|_| numbers)
     },
-    "an array of numbers, or {encoding, dtype, shape, data}"
+    "an array of numbers, {encoding, dtype, shape, data}, or {array}"
 );
 
 impl Matrix {
     /// The dtype of a packed matrix, which the answer is written in; None for nested
-    /// JSON numbers.
+    /// JSON numbers and resident tensors (answered as numbers).
     pub fn packed_dtype(&self) -> Option<Dtype> {
         match self {
             Matrix::Packed(p) => Some(p.dtype),
             Matrix::Buffer(b) => b.dtype(),
-            Matrix::Nested(_) => None,
+            Matrix::Nested(_) | Matrix::Array(_) | Matrix::Resident(_) => None,
         }
+    }
+
+    /// A named matrix replaced by the tenant's resident tensor (422 unknown_array, or
+    /// array_mismatch for another kind, at `{path}/array`); other forms left as they are.
+    pub fn resolve(&mut self, scope: &ArrayScope, path: &str) -> Result<(), Problem> {
+        if let Matrix::Array(id) = self {
+            *self = Matrix::Resident(scope.tensor(id, path)?);
+        }
+        Ok(())
     }
 
     /// (rows, cols, row-major values).
     pub fn decode(self, path: &str, max: usize) -> Result<(usize, usize, Decoded), Problem> {
         match self {
+            Matrix::Array(_) => Err(unresolved(path)),
+            Matrix::Resident(t) => {
+                let values = resident(&t, path, 2, max)?;
+                Ok((t.shape[0], t.shape[1], values))
+            }
             Matrix::Packed(p) => {
                 let (shape, values) = p.decode(path, 2, max)?;
                 Ok((shape[0], shape[1], values))
@@ -382,12 +420,22 @@ impl Vector {
         match self {
             Vector::Packed(p) => Some(p.dtype),
             Vector::Buffer(b) => b.dtype(),
-            Vector::Numbers(_) => None,
+            Vector::Numbers(_) | Vector::Array(_) | Vector::Resident(_) => None,
         }
+    }
+
+    /// As `Matrix::resolve`.
+    pub fn resolve(&mut self, scope: &ArrayScope, path: &str) -> Result<(), Problem> {
+        if let Vector::Array(id) = self {
+            *self = Vector::Resident(scope.tensor(id, path)?);
+        }
+        Ok(())
     }
 
     pub fn decode(self, path: &str, max: usize) -> Result<Decoded, Problem> {
         match self {
+            Vector::Array(_) => Err(unresolved(path)),
+            Vector::Resident(t) => resident(&t, path, 1, max),
             Vector::Packed(p) => Ok(p.decode(path, 1, max)?.1),
             Vector::Buffer(b) => Ok(b.decode(path, 1, max)?.1),
             Vector::Numbers(v) if v.count() == 0 => Err(Problem::at(
@@ -408,6 +456,38 @@ impl Vector {
     pub fn is_packed(&self) -> bool {
         matches!(self, Vector::Packed(_) | Vector::Buffer(_))
     }
+}
+
+/// A named operand its handler did not resolve (none does so today; a refusal rather
+/// than a panic if one ever forgets).
+fn unresolved(path: &str) -> Problem {
+    Problem::at(
+        ErrorCode::InvalidRequest,
+        format!("{path}/array"),
+        "this operand does not take a resident array",
+    )
+}
+
+/// A resident tensor's values as an operand of rank `dims`: shared, not copied, for
+/// f32 (and the halves, held as f32); checked finite when it was made.
+fn resident(t: &Tensor, path: &str, dims: usize, max: usize) -> Result<Decoded, Problem> {
+    if t.shape.len() != dims {
+        return Err(Problem::at(
+            ErrorCode::ArrayMismatch,
+            format!("{path}/array"),
+            format!(
+                "the array is shaped {:?}; this operand takes rank {dims}",
+                t.shape
+            ),
+        ));
+    }
+    if t.values.len() > max {
+        return Err(too_many(path, t.values.len(), max));
+    }
+    Ok(match &t.values {
+        Values::F32(v) => Decoded::F32(v.clone()),
+        Values::F64(v) => Decoded::F64(v.clone().into()),
+    })
 }
 
 /// An answer vector in the request's form: numbers, or packed in the request's dtype;
@@ -449,67 +529,8 @@ impl Serialize for VectorOut {
     }
 }
 
-/// Schema of `Matrix` for the OpenAPI document: rows of numbers (at least one row and
-/// one column; all rows as long as the first, which JSON Schema cannot state), or packed.
-pub struct MatrixDoc;
-
-/// Schema of `Vector` / `VectorOut` for the OpenAPI document: at least one number, or
-/// packed.
-pub struct VectorDoc;
-
-/// A JSON array of at least one number (f64).
-fn numbers() -> utoipa::openapi::schema::ArrayBuilder {
-    use utoipa::openapi::schema::{ArrayBuilder, KnownFormat, ObjectBuilder, SchemaFormat, Type};
-    ArrayBuilder::new()
-        .items(
-            ObjectBuilder::new()
-                .schema_type(Type::Number)
-                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Double))),
-        )
-        .min_items(Some(1))
-}
-
-/// `oneOf` the bare array and a `Packed` reference (the wire forms are untagged).
-fn array_or_packed(
-    array: utoipa::openapi::schema::ArrayBuilder,
-) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-    use utoipa::openapi::schema::{OneOfBuilder, Ref};
-    OneOfBuilder::new()
-        .item(array)
-        .item(Ref::from_schema_name("Packed"))
-        .into()
-}
-
-impl utoipa::PartialSchema for MatrixDoc {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        array_or_packed(
-            utoipa::openapi::schema::ArrayBuilder::new()
-                .items(numbers())
-                .min_items(Some(1)),
-        )
-    }
-}
-
-impl utoipa::PartialSchema for VectorDoc {
-    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        array_or_packed(numbers())
-    }
-}
-
-macro_rules! packed_doc_schema {
-    ($($doc:ident),*) => {$(
-        impl ToSchema for $doc {
-            fn schemas(
-                schemas: &mut Vec<(String, utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>)>,
-            ) {
-                use utoipa::PartialSchema;
-                schemas.push((Packed::name().into(), Packed::schema()));
-                <Packed as ToSchema>::schemas(schemas);
-            }
-        }
-    )*};
-}
-packed_doc_schema!(MatrixDoc, VectorDoc);
+mod docs;
+pub use docs::{MatrixDoc, VectorDoc, VectorOutDoc};
 
 #[cfg(test)]
 mod tests {

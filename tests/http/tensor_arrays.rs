@@ -467,3 +467,75 @@ async fn a_lookup_s_ids_do_not_take_an_array() {
     let p = problem(res, 422, "invalid_request").await;
     assert_eq!(p["errors"][0]["path"], "/ids/array");
 }
+
+/// The DP releases' operands name resident tensors too: privatize's gradients (rank 2),
+/// laplace's and gaussian's values (rank 1), the same release (same seed) as with the
+/// values sent as numbers; another rank or an unknown array is refused at `…/array`.
+#[tokio::test]
+async fn dp_releases_take_resident_tensors() {
+    let s = TestServer::start(&["--dp-allow-client-seed"]).await;
+    let grads = tensor(&[4, 3], 5);
+    let g = created(
+        &s,
+        json!({"kind": "tensor", "tensor": grads, "dtype": "f64"}),
+    )
+    .await;
+    let step = |grads: Value| json!({"per_example_gradients": grads, "clip_norm": 1.0, "noise_multiplier": 1.1, "seed": 9});
+    let sent = ok(&s, "/dp/privatize", step(grads.clone())).await;
+    let named = ok(&s, "/dp/privatize", step(json!({"array": g["id"]}))).await;
+    assert_eq!(named["gradient"], sent["gradient"], "{named}");
+    assert_eq!(named["fraction_clipped"], sent["fraction_clipped"]);
+
+    let values = tensor(&[6], 3);
+    let v = created(
+        &s,
+        json!({"kind": "tensor", "tensor": values, "dtype": "f64"}),
+    )
+    .await;
+    for (path, extra) in [
+        ("/dp/laplace", json!({"epsilon": 0.5})),
+        ("/dp/gaussian", json!({"epsilon": 0.5, "delta": 1e-6})),
+    ] {
+        let body = |values: Value| {
+            let mut b = json!({"values": values, "sensitivity": 1.0, "seed": 4});
+            b.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            b
+        };
+        let sent = ok(&s, path, body(values.clone())).await;
+        let named = ok(&s, path, body(json!({"array": v["id"]}))).await;
+        assert_eq!(named["values"], sent["values"], "{path}");
+        // A matrix where a vector goes, and a vector where a matrix goes.
+        let res = s
+            .post(path, body(json!({"array": g["id"]})))
+            .send()
+            .await
+            .unwrap();
+        let p = problem(res, 422, "array_mismatch").await;
+        assert_eq!(p["errors"][0]["path"], "/values/array");
+    }
+    let res = s
+        .post("/dp/privatize", step(json!({"array": v["id"]})))
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 422, "array_mismatch").await;
+    assert_eq!(p["errors"][0]["path"], "/per_example_gradients/array");
+    let res = s
+        .post(
+            "/dp/laplace",
+            json!({"values": {"array": "arr_none"}, "sensitivity": 1.0, "epsilon": 1.0}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let p = problem(res, 422, "unknown_array").await;
+    assert_eq!(p["errors"][0]["path"], "/values/array");
+    let res = s
+        .post("/dp/laplace", json!({"values": {"array": v["id"], "dtype": "f32"}, "sensitivity": 1.0, "epsilon": 1.0}))
+        .send()
+        .await
+        .unwrap();
+    problem(res, 422, "invalid_request").await;
+}

@@ -4,8 +4,11 @@
 use super::{
     charge, noise_key, open_unit, positive, report, run_charged, sample_rate, PrivacyReport,
 };
+use crate::api::array_operands::ArrayScope;
 use crate::api::auth::{tenant, Tenant};
-use crate::api::float_arrays::{Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut};
+use crate::api::float_arrays::{
+    Decoded, Matrix, MatrixDoc, Vector, VectorDoc, VectorOut, VectorOutDoc,
+};
 use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
@@ -48,7 +51,8 @@ pub struct LayerClip {
 #[schema(example = json!({"per_example_gradients": [[0.5, -1.0, 2.0], [3.0, 0.0, -4.0]],
     "clip_norm": 1.0, "noise_multiplier": 1.1, "expected_batch_size": 2}))]
 pub struct PrivatizeRequest {
-    /// `[B, D]`: one row per example. At most --max-tensor-elements values.
+    /// `[B, D]`: one row per example. At most --max-tensor-elements values. Or
+    /// `{"array": id}`, a resident tensor of rank 2 (answered as numbers).
     #[schema(value_type = MatrixDoc)]
     pub per_example_gradients: Matrix,
     /// Flat clipping: every example's whole gradient to this L2 norm. Give this or `layers`.
@@ -162,7 +166,7 @@ impl NoiseInfo {
 #[derive(Serialize, ToSchema)]
 pub struct PrivatizeResponse {
     /// The noised (mean or sum) gradient, `[D]`, in the request's form and dtype.
-    #[schema(value_type = VectorDoc)]
+    #[schema(value_type = VectorOutDoc)]
     pub gradient: VectorOut,
     /// Fraction of (example, layer) gradients whose norm exceeded the clip norm.
     pub fraction_clipped: f64,
@@ -191,7 +195,7 @@ pub struct PrivatizeResponse {
         (status = 409, description = "budget_exhausted: nothing was released"),
         (status = 503, description = "storage_unavailable: the budget database (--database-url) cannot be reached; nothing was released, retry after Retry-After"),
         (status = 413, description = "Too many values"),
-        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor"),
+        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor, unknown_array, array_mismatch"),
     ),
     security((), ("bearer" = []))
 )]
@@ -199,8 +203,11 @@ pub async fn privatize(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<PrivatizeRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<PrivatizeRequest>,
 ) -> Result<Response, Problem> {
+    req.per_example_gradients
+        .resolve(&arrays, "/per_example_gradients")?;
     let timeout = job_timeout(req.timeout_ms)?;
     check_noise_multiplier(req.noise_multiplier)?;
     let q = req.accounted_sample_rate()?;
@@ -272,7 +279,8 @@ async fn answer(
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"values": [10.0, 20.5, 3.0], "sensitivity": 1.0, "epsilon": 0.5}))]
 pub struct LaplaceRequest {
-    /// At most --max-elements values.
+    /// At most --max-elements values. Or `{"array": id}`, a resident tensor of rank 1
+    /// (answered as numbers).
     #[schema(value_type = VectorDoc)]
     pub values: Vector,
     /// L1 sensitivity of the whole vector.
@@ -294,7 +302,8 @@ pub struct LaplaceRequest {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"values": [10.0, 20.5, 3.0], "sensitivity": 1.0, "epsilon": 1.0, "delta": 1e-5}))]
 pub struct GaussianRequest {
-    /// At most --max-elements values.
+    /// At most --max-elements values. Or `{"array": id}`, a resident tensor of rank 1
+    /// (answered as numbers).
     #[schema(value_type = VectorDoc)]
     pub values: Vector,
     /// L2 sensitivity of the whole vector.
@@ -316,7 +325,7 @@ pub struct GaussianRequest {
 #[derive(Serialize, ToSchema)]
 pub struct MechanismResponse {
     /// The released values, in the request's form and dtype.
-    #[schema(value_type = VectorDoc)]
+    #[schema(value_type = VectorOutDoc)]
     pub values: VectorOut,
     pub noise: NoiseInfo,
     /// The ε this release actually costs (at most the one asked).
@@ -347,7 +356,7 @@ struct Release {
         (status = 409, description = "budget_exhausted: nothing was released"),
         (status = 503, description = "storage_unavailable: the budget database (--database-url) cannot be reached; nothing was released, retry after Retry-After"),
         (status = 413, description = "Too many values"),
-        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor"),
+        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor, unknown_array, array_mismatch"),
     ),
     security((), ("bearer" = []))
 )]
@@ -355,8 +364,10 @@ pub async fn laplace(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<LaplaceRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<LaplaceRequest>,
 ) -> Result<Response, Problem> {
+    req.values.resolve(&arrays, "/values")?;
     let sensitivity = positive(req.sensitivity, "/sensitivity")?;
     let epsilon = positive(req.epsilon, "/epsilon")?;
     let r = Release {
@@ -402,7 +413,7 @@ pub async fn laplace(
         (status = 409, description = "budget_exhausted: nothing was released"),
         (status = 503, description = "storage_unavailable: the budget database (--database-url) cannot be reached; nothing was released, retry after Retry-After"),
         (status = 413, description = "Too many values"),
-        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor"),
+        (status = 422, description = "invalid_request, invalid_parameter, invalid_tensor, unknown_array, array_mismatch"),
     ),
     security((), ("bearer" = []))
 )]
@@ -410,8 +421,10 @@ pub async fn gaussian(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<GaussianRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<GaussianRequest>,
 ) -> Result<Response, Problem> {
+    req.values.resolve(&arrays, "/values")?;
     let sensitivity = positive(req.sensitivity, "/sensitivity")?;
     let epsilon = positive(req.epsilon, "/epsilon")?;
     let delta = open_unit(req.delta, "/delta")?;
