@@ -3,9 +3,14 @@
 //! in every request's bulk body against one whose points name a resident array; a
 //! polynomial product (NTT, NTT, multiply, inverse NTT) whose vectors go back and forth
 //! against one whose intermediates stay on the server (`keep`). Medians of BENCH_RUNS
-//! (default 5) after one warm-up.
-//! Env: BENCH_MSM_LOG2 (comma-separated, default "16,18"), BENCH_CHAIN_LOG2 (default 20).
+//! (default 5) after one warm-up. Then the caps filled (`caps`): memory, files and a
+//! restart's load time with many arrays.
+//! Env: BENCH_CASES (comma-separated of msm, chain, caps; default all), BENCH_MSM_LOG2
+//! (comma-separated, default "16,18"), BENCH_CHAIN_LOG2 (default 20), BENCH_CAP_ARRAYS
+//! (default 10000), BENCH_CAP_MIB (default 256).
 
+#[path = "arrays/caps.rs"]
+mod caps;
 mod common;
 
 use common::{env, median, ms};
@@ -68,11 +73,35 @@ fn main() {
 }
 
 async fn run() {
+    let cases = std::env::var("BENCH_CASES").unwrap_or_else(|_| "msm,chain,caps".into());
+    let case = |name: &str| cases.split(',').any(|c| c.trim() == name);
+    if case("msm") || case("chain") {
+        msm_and_chain(case("msm"), case("chain")).await;
+    }
+    if case("caps") {
+        caps::run(
+            env("BENCH_CAP_ARRAYS", 10_000),
+            env("BENCH_CAP_MIB", 256) as u64,
+        )
+        .await;
+    }
+}
+
+async fn msm_and_chain(msm: bool, chain: bool) {
     let runs = env("BENCH_RUNS", 5);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let url = common::serve(&["--backend", "cpu", "--max-elements", "16777216"]).await;
     let client = reqwest::Client::new();
     println!("# gpu-ops benchmark: resident arrays over HTTP, CPU backend, {threads} threads\n");
+    if msm {
+        msm_cases(&client, &url, runs).await;
+    }
+    if chain {
+        chain_case(&client, &url, runs).await;
+    }
+}
+
+async fn msm_cases(client: &reqwest::Client, url: &str, runs: usize) {
     println!("## MSM in the bulk form: points sent each call against a resident array\n");
     println!(
         "| curve | points | points sent (body) | resident array (body) | ratio | upload once |"
@@ -100,8 +129,7 @@ async fn run() {
             let header = json!({"curve": curve.name()});
             let sent = bulk(header.clone(), vec![scalar_buf(), point_buf()]);
             let msm = format!("{url}/zk/msm");
-            let (t_sent, want) =
-                timed(runs, || post(&client, &msm, MEDIA_TYPE, sent.clone())).await;
+            let (t_sent, want) = timed(runs, || post(client, &msm, MEDIA_TYPE, sent.clone())).await;
             let t = Instant::now();
             let upload = bulk(
                 json!({"kind": "points", "curve": curve.name()}),
@@ -125,7 +153,7 @@ async fn run() {
                 vec![scalar_buf()],
             );
             let (t_named, got) =
-                timed(runs, || post(&client, &msm, MEDIA_TYPE, named.clone())).await;
+                timed(runs, || post(client, &msm, MEDIA_TYPE, named.clone())).await;
             assert_eq!(got, want, "the same sum");
             println!(
                 "| {} | 2^{log2} | {} ({:.1} MB) | {} ({:.1} MB) | {:.2}× | {} |",
@@ -140,7 +168,9 @@ async fn run() {
             let _ = client.delete(format!("{url}/arrays/{id}")).send().await;
         }
     }
+}
 
+async fn chain_case(client: &reqwest::Client, url: &str, runs: usize) {
     let log2 = env("BENCH_CHAIN_LOG2", 20);
     let n = 1usize << log2;
     println!("\n## Polynomial product, bn254_fr, 2^{log2} coefficients: NTT, NTT, multiply, inverse NTT (base64 JSON)\n");
@@ -159,20 +189,20 @@ async fn run() {
     let sent_chain = || async {
         let base =
             |values: &Value| json!({"field": "bn254_fr", "encoding": "base64", "values": values});
-        let nf = post(&client, &ntt, json, j(base(&json!(f64s)))).await;
-        let ng = post(&client, &ntt, json, j(base(&json!(g64s)))).await;
-        let p = post(&client, &mul, json, j(json!({"field": "bn254_fr", "encoding": "base64", "a": nf["result"], "b": ng["result"]}))).await;
-        post(&client, &intt, json, j(base(&p["result"]))).await["result"].clone()
+        let nf = post(client, &ntt, json, j(base(&json!(f64s)))).await;
+        let ng = post(client, &ntt, json, j(base(&json!(g64s)))).await;
+        let p = post(client, &mul, json, j(json!({"field": "bn254_fr", "encoding": "base64", "a": nf["result"], "b": ng["result"]}))).await;
+        post(client, &intt, json, j(base(&p["result"]))).await["result"].clone()
     };
     let kept_chain = || async {
         let keep = json!({"ttl_seconds": 60, "with_data": false});
         let base = |values: Value| json!({"field": "bn254_fr", "encoding": "base64", "values": values, "keep": keep});
-        let nf = post(&client, &ntt, json, j(base(json!(f64s)))).await;
-        let ng = post(&client, &ntt, json, j(base(json!(g64s)))).await;
+        let nf = post(client, &ntt, json, j(base(json!(f64s)))).await;
+        let ng = post(client, &ntt, json, j(base(json!(g64s)))).await;
         let id = |v: &Value| json!({"array": v["kept"]["id"]});
-        let p = post(&client, &mul, json, j(json!({"field": "bn254_fr", "encoding": "base64", "a": id(&nf), "b": id(&ng), "keep": keep}))).await;
+        let p = post(client, &mul, json, j(json!({"field": "bn254_fr", "encoding": "base64", "a": id(&nf), "b": id(&ng), "keep": keep}))).await;
         let out = post(
-            &client,
+            client,
             &intt,
             json,
             j(json!({"field": "bn254_fr", "encoding": "base64", "values": id(&p)})),
