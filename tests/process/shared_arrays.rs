@@ -168,3 +168,69 @@ fn arrays_made_through_one_replica_are_served_kept_and_deleted_through_another()
         assert!(expired >= 1.0, "{expired}");
     });
 }
+
+/// The shared catalog goes away under a replica: whatever names, lists or makes an array
+/// is answered 503 `storage_unavailable` with Retry-After, and the replica keeps serving
+/// what needs no array.
+#[test]
+fn a_lost_catalog_is_a_503_for_arrays_not_a_crash() {
+    let Some(db) = pg::fresh_database() else {
+        return;
+    };
+    let Some((store, bucket)) = s3::fresh_bucket() else {
+        return;
+    };
+    let target = format!("s3://{bucket}");
+    let replica = Replica::start(
+        &["--database-url", &db, "--artifact-store", &target],
+        &store.env(),
+    );
+    rt().block_on(async {
+        let made = ok(
+            &replica.url,
+            "/arrays",
+            json!({"kind": "field_elements", "field": "goldilocks", "values": values()}),
+        )
+        .await;
+        let id = made["id"].as_str().unwrap().to_string();
+        let name = db.rsplit('/').next().unwrap().to_string();
+        let admin = pg::cluster().unwrap().url("postgres");
+        pg::with_client(&admin, move |c| {
+            c.batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                .unwrap()
+        });
+        let named = json!({"field": "goldilocks", "values": {"array": id}});
+        let res = reqwest::Client::new()
+            .post(format!("{}/zk/ntt", replica.url))
+            .json(&named)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 503);
+        assert_eq!(res.headers()["retry-after"], "1");
+        let p: Value = res.json().await.unwrap();
+        assert_eq!(p["code"], "storage_unavailable", "{p}");
+        for (status, what) in [
+            (get(&replica.url, "/arrays").await.0, "a listing"),
+            (
+                get(&replica.url, &format!("/arrays/{id}")).await.0,
+                "a read",
+            ),
+            (
+                post(
+                    &replica.url,
+                    "/arrays",
+                    json!({"kind": "field_elements", "field": "goldilocks", "values": ["1"]}),
+                )
+                .await
+                .0,
+                "an upload",
+            ),
+        ] {
+            assert_eq!(status, 503, "{what}");
+        }
+        let sent = json!({"field": "goldilocks", "values": values()});
+        assert_eq!(post(&replica.url, "/zk/ntt", sent).await.0, 200);
+        assert_eq!(get(&replica.url, "/health/live").await.0, 200);
+    });
+}
