@@ -172,6 +172,15 @@ impl ArrayScope {
         }
     }
 
+    /// The bytes the array `id` holds.
+    pub(super) fn bytes(&self, id: &str, path: &str) -> Result<bytes::Bytes, Problem> {
+        let a = self.resolve(id, path)?;
+        match &a.data {
+            ArrayData::Bytes(b) => Ok(b.clone()),
+            _ => Err(mismatch(&a, "bytes", path)),
+        }
+    }
+
     /// The IQ recording the array `id` holds.
     pub(super) fn recording(&self, id: &str, path: &str) -> Result<Arc<Recording>, Problem> {
         let a = self.resolve(id, path)?;
@@ -203,6 +212,7 @@ pub(super) fn describe(a: &ResidentArray) -> String {
         ArrayData::Points(p) => format!("{} {} points", p.len(), p.curve().name()),
         ArrayData::Tensor(t) => format!("a {} tensor shaped {:?}", t.dtype.name(), t.shape),
         ArrayData::Recording(r) => format!("a recording of {} samples", r.len()),
+        ArrayData::Bytes(b) => format!("{} bytes", b.len()),
     }
 }
 

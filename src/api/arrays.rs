@@ -3,6 +3,7 @@
 
 use super::array_operands::ArrayScope;
 use super::auth::{tenant, Tenant};
+use super::byte_strings::{ByteStringDoc, ByteStringIn, ByteStringOut};
 use super::dense_tensors::{DenseAnyDoc, DenseAnyOutDoc, DenseIn, DenseOut, TensorDtype};
 use super::elements::{Elements, ElementsDoc, ElementsOut, ElementsOutDoc, Encoding};
 use super::extract::ApiQuery;
@@ -26,7 +27,7 @@ use utoipa::{IntoParams, ToSchema};
 
 /// An array to keep. Field elements give `field` and `values`; points give `curve` and
 /// `points`; a tensor gives `tensor` (and `dtype` for nested numbers); a recording gives
-/// `iq`. Each takes the
+/// `iq`; bytes give `bytes`. Each takes the
 /// operands' own forms and checks (`encoding`, packed tensors, the bulk form's buffers),
 /// and may copy another resident array (`{"array": …}`).
 #[derive(Deserialize, ToSchema)]
@@ -59,6 +60,11 @@ pub struct CreateArrayRequest {
     /// form), every value finite; at most --max-elements samples.
     #[schema(value_type = Option<RecordingDoc>)]
     pub iq: Option<RecordingIn>,
+    /// With `kind` bytes: standard base64 (a `u8` buffer of one dimension in the bulk
+    /// form), kept as sent: an HE public key, secret key or ciphertext, for `/he/…` to
+    /// name.
+    #[schema(value_type = Option<ByteStringDoc>)]
+    pub bytes: Option<ByteStringIn>,
     /// How `values` or `points` are written.
     #[serde(default)]
     pub encoding: Encoding,
@@ -147,12 +153,14 @@ fn kind_fields(req: &CreateArrayRequest) -> Result<(), Problem> {
         ("/tensor", req.tensor.is_some()),
         ("/dtype", req.dtype.is_some()),
         ("/iq", req.iq.is_some()),
+        ("/bytes", req.bytes.is_some()),
     ];
     let (takes, words): (&[&str], _) = match req.kind {
         ArrayKind::FieldElements => (&["/field", "/values"], "field and values"),
         ArrayKind::Points => (&["/curve", "/points"], "curve and points"),
         ArrayKind::Tensor => (&["/tensor", "/dtype"], "tensor (and dtype)"),
         ArrayKind::Recording => (&["/iq"], "iq"),
+        ArrayKind::Bytes => (&["/bytes"], "bytes"),
     };
     let misplaced = |path: &str, why: String| Problem::at(ErrorCode::InvalidRequest, path, why);
     if let Some((path, _)) = given.iter().find(|(p, on)| *on && !takes.contains(p)) {
@@ -219,7 +227,7 @@ pub(super) fn store(
         BLS12-381, in the prime-order subgroup; tensor values and recording samples finite), keeps them parsed in host memory and on disk under \
         --data-dir (a restart keeps arrays that have not expired; when replicas share arrays, --database-url \
         with --artifact-store, in the artifact store instead, and every replica serves them), and answers their id. Any operand of \
-        /zk and /mpc, any tensor operand of /linalg, /nn, /beams and /embeddings/tables, the gradients and values of /dp, and the recording of \
+        /zk and /mpc, any tensor operand of /linalg, /nn, /beams and /embeddings/tables, the gradients and values of /dp, the keys and ciphertexts of /he (kind bytes), and the recording of \
         /rf/features, may then be \
         `{\"array\": id}` in place of its values, in JSON and in a bulk header: the op uses the stored \
         values without parsing or checking them again. The tenant's arrays stay \
@@ -262,6 +270,9 @@ pub async fn array_create(
             ));
         }
     }
+    if let Some(b) = &mut req.bytes {
+        b.resolve(&arrays, "/bytes")?;
+    }
     let max = state.settings.config.max_elements;
     let max_tensor = state.settings.config.max_tensor_elements;
     let (st, tenant) = (state.clone(), tenant(&who));
@@ -269,25 +280,31 @@ pub async fn array_create(
         let given = (
             req.field, req.values, req.curve, req.points, req.tensor, req.iq,
         );
-        let (data, path) = match given {
-            (Some(field), Some(values), None, None, None, None) => {
-                let v = values.decode(field, req.encoding, "/values", max, &arrays)?;
-                (ArrayData::FieldElements(Arc::new(v)), "/values")
+        let (data, path) = match (given, req.bytes) {
+            (_, Some(b)) => {
+                let b = b.bytes(crate::wire::Dtype::U8, ErrorCode::InvalidRequest, "/bytes")?;
+                (ArrayData::Bytes(b), "/bytes")
             }
-            (None, None, Some(curve), Some(points), None, None) => {
-                let p = points.decode(curve, req.encoding, max, "/points", &arrays)?;
-                (ArrayData::Points(p), "/points")
-            }
-            (None, None, None, None, Some(t), None) => {
-                let dtype = req.dtype.or(t.packed_dtype()).unwrap_or(TensorDtype::F32);
-                let t = super::linalg::operand(t, "/tensor", dtype, 1..=4, max_tensor)?;
-                let tensor = Tensor::new(dtype.into(), t.shape, t.values);
-                (ArrayData::Tensor(Arc::new(tensor)), "/tensor")
-            }
-            (None, None, None, None, None, Some(iq)) => {
-                (ArrayData::Recording(iq.decode("/iq")?), "/iq")
-            }
-            _ => unreachable!("kind_fields checked the kind's fields"),
+            (given, None) => match given {
+                (Some(field), Some(values), None, None, None, None) => {
+                    let v = values.decode(field, req.encoding, "/values", max, &arrays)?;
+                    (ArrayData::FieldElements(Arc::new(v)), "/values")
+                }
+                (None, None, Some(curve), Some(points), None, None) => {
+                    let p = points.decode(curve, req.encoding, max, "/points", &arrays)?;
+                    (ArrayData::Points(p), "/points")
+                }
+                (None, None, None, None, Some(t), None) => {
+                    let dtype = req.dtype.or(t.packed_dtype()).unwrap_or(TensorDtype::F32);
+                    let t = super::linalg::operand(t, "/tensor", dtype, 1..=4, max_tensor)?;
+                    let tensor = Tensor::new(dtype.into(), t.shape, t.values);
+                    (ArrayData::Tensor(Arc::new(tensor)), "/tensor")
+                }
+                (None, None, None, None, None, Some(iq)) => {
+                    (ArrayData::Recording(iq.decode("/iq")?), "/iq")
+                }
+                _ => unreachable!("kind_fields checked the kind's fields"),
+            },
         };
         if data.is_empty() {
             return Err(Problem::at(
@@ -384,7 +401,11 @@ pub struct ArrayDataResponse {
     /// `/rf/iq` answers one; in a bulk answer one `cf32` buffer `[samples]`.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>)]
-    pub iq: Option<super::byte_strings::ByteStringOut>,
+    pub iq: Option<ByteStringOut>,
+    /// Bytes: base64; in a bulk answer one `u8` buffer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub bytes: Option<ByteStringOut>,
 }
 
 /// Documentation form of points in an answer.
@@ -431,7 +452,7 @@ impl Serialize for PointsOut {
     summary = "A resident array's values",
     description = "The values as stored, in JSON (`encoding`) or, with `Accept: application/vnd.gpu-ops.bulk`, \
         as one buffer of the bulk form: field elements in their field's dtype, points as u64 words `[n, 2, w]`, \
-        a tensor in its dtype and shape, a recording as cf32 `[samples]`.",
+        a tensor in its dtype and shape, a recording as cf32 `[samples]`, bytes as u8 `[length]`.",
     params(("id" = String, Path, description = "Array id"), ArrayDataQuery),
     responses(
         (status = 200, description = "The values", body = ArrayDataResponse,
@@ -460,15 +481,15 @@ pub async fn array_data(
             "a tensor reads back as decimal (nested numbers) or base64 (packed)",
         ));
     }
-    let recording = matches!(a.data, ArrayData::Recording(_));
+    let recording = matches!(a.data, ArrayData::Recording(_) | ArrayData::Bytes(_));
     if recording && q.encoding.is_some_and(|e| e != Encoding::Base64) {
         return Err(Problem::at(
             ErrorCode::InvalidParameter,
             "/encoding",
-            "a recording reads back as base64 (cf32_le), the default for it",
+            "a recording (cf32_le) or bytes read back as base64, the default for them",
         ));
     }
-    // A recording is base64 whatever the default for other kinds.
+    // Recordings and bytes are base64 whatever the default for other kinds.
     let encoding = if recording {
         Encoding::Base64
     } else {
@@ -476,6 +497,7 @@ pub async fn array_data(
     };
     blocking(move || {
         let (mut values, mut points, mut tensor, mut iq) = (None, None, None, None);
+        let mut bytes = None;
         match &a.data {
             ArrayData::FieldElements(v) => {
                 values = Some(ElementsOut {
@@ -495,15 +517,23 @@ pub async fn array_data(
                 tensor = Some(DenseOut::new(shape, values, t.dtype.into(), packed))
             }
             ArrayData::Recording(r) => {
-                iq = Some(super::byte_strings::ByteStringOut {
+                iq = Some(ByteStringOut {
                     dtype: crate::wire::Dtype::Cf32,
                     bytes: r.le_bytes(),
                 })
             }
+            ArrayData::Bytes(b) => {
+                bytes = Some(ByteStringOut {
+                    dtype: crate::wire::Dtype::U8,
+                    bytes: b.clone(),
+                })
+            }
         };
+        let base64 = |b: &ByteStringOut| b.bytes.len() / 3 * 4 + 4;
         let hint = values.as_ref().map_or(256, ElementsOut::json_size_hint)
             + tensor.as_ref().map_or(0, DenseOut::json_bytes_hint)
-            + iq.as_ref().map_or(0, |b| b.bytes.len() / 3 * 4 + 4);
+            + iq.as_ref().map_or(0, base64)
+            + bytes.as_ref().map_or(0, base64);
         let body = ArrayDataResponse {
             id: a.meta.id.clone(),
             kind: a.meta.kind,
@@ -516,6 +546,7 @@ pub async fn array_data(
             shape: a.meta.shape.clone(),
             tensor,
             iq,
+            bytes,
         };
         bulk::reply(form, &body, |b| json_body(b, hint))
     })

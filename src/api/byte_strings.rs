@@ -11,10 +11,13 @@ use serde::{Deserialize, Serialize};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-/// A byte string as sent: text to decode, or a buffer's bytes.
+/// A byte string as sent: text to decode, or a buffer's bytes; or `{"array": id}`, a
+/// resident array of kind bytes, which the handler resolves (`resolve`).
 pub enum ByteStringIn {
     Base64(String),
     Buffer(crate::wire::BufferRef, Bytes),
+    Array(String),
+    Resident(Bytes),
 }
 
 impl<'de> Deserialize<'de> for ByteStringIn {
@@ -29,7 +32,7 @@ impl<'de> Visitor<'de> for ByteStringVisitor {
     type Value = ByteStringIn;
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("standard base64 text, or a buffer descriptor")
+        f.write_str("standard base64 text, a buffer descriptor, or {array}")
     }
 
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<ByteStringIn, E> {
@@ -41,8 +44,11 @@ impl<'de> Visitor<'de> for ByteStringVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ByteStringIn, A::Error> {
-        let (b, bytes) = super::bulk::descriptor_in(map)?;
-        Ok(ByteStringIn::Buffer(b, bytes))
+        use super::array_operands::{object_operand, ObjectOperand};
+        Ok(match object_operand(map)? {
+            ObjectOperand::Array(id) => ByteStringIn::Array(id),
+            ObjectOperand::Buffer(b, bytes) => ByteStringIn::Buffer(b, bytes),
+        })
     }
 }
 
@@ -52,8 +58,22 @@ impl ByteStringIn {
     pub fn approx_bytes(&self) -> usize {
         match self {
             ByteStringIn::Base64(text) => text.len() / 4 * 3,
-            ByteStringIn::Buffer(_, bytes) => bytes.len(),
+            ByteStringIn::Buffer(_, bytes) | ByteStringIn::Resident(bytes) => bytes.len(),
+            ByteStringIn::Array(_) => 0,
         }
+    }
+
+    /// A named byte string replaced by the tenant's resident bytes (422 unknown_array,
+    /// or array_mismatch for another kind, at `{path}/array`).
+    pub fn resolve(
+        &mut self,
+        scope: &super::array_operands::ArrayScope,
+        path: &str,
+    ) -> Result<(), Problem> {
+        if let ByteStringIn::Array(id) = self {
+            *self = ByteStringIn::Resident(scope.bytes(id, path)?);
+        }
+        Ok(())
     }
 
     /// The bytes; `code` at `path` for text that is not base64, and for a buffer that is
@@ -68,6 +88,12 @@ impl ByteStringIn {
                 one_dimension_of(b, dtype, code, path)?;
                 Ok(bytes.clone())
             }
+            ByteStringIn::Resident(bytes) => Ok(bytes.clone()),
+            ByteStringIn::Array(_) => Err(Problem::at(
+                ErrorCode::InvalidRequest,
+                format!("{path}/array"),
+                "this operand does not take a resident array",
+            )),
         }
     }
 }
@@ -95,6 +121,37 @@ pub fn one_dimension_of(
         ));
     }
     Ok(())
+}
+
+/// Schema of an HE byte string operand: standard base64 text (in the bulk form a `u8`
+/// buffer), or a resident array of kind bytes.
+pub struct ByteStringDoc;
+
+impl utoipa::PartialSchema for ByteStringDoc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Ref, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some("Standard base64 with padding")),
+            )
+            .item(Ref::from_schema_name("ArrayRefDoc"))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for ByteStringDoc {
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        use super::array_operands::ArrayRefDoc;
+        use utoipa::PartialSchema;
+        schemas.push((ArrayRefDoc::name().into(), ArrayRefDoc::schema()));
+    }
 }
 
 /// A byte string answered: base64 text in JSON, a buffer of `dtype` (whole elements of

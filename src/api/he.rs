@@ -2,8 +2,9 @@
 //! aggregator sums ciphertexts it cannot read; keys and decryption exist only on servers
 //! started in dealer mode (`--he-dealer-mode`), for tests and demonstrations.
 
+use super::array_operands::ArrayScope;
 use super::bounded::AtMost;
-use super::byte_strings::{ByteStringIn, ByteStringOut};
+use super::byte_strings::{ByteStringDoc, ByteStringIn, ByteStringOut};
 use super::integer_vectors::{U64sIn, U64sOut};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
@@ -178,8 +179,9 @@ pub async fn he_keys(
 #[serde(deny_unknown_fields)]
 pub struct HeEncryptRequest {
     pub parameters: ParameterSet,
-    /// Standard base64, as `/he/keys` gives it; in the bulk form a `u8` buffer.
-    #[schema(value_type = String)]
+    /// Standard base64, as `/he/keys` gives it; in the bulk form a `u8` buffer; or
+    /// `{"array": id}`, a resident array of kind bytes.
+    #[schema(value_type = ByteStringDoc)]
     pub public_key: ByteStringIn,
     /// Slot values, each below the plaintext modulus; at most the set's slots (the rest
     /// are 0). In the bulk form a `u64` buffer.
@@ -201,15 +203,17 @@ pub struct HeCiphertextResponse {
     request_body(content((HeEncryptRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The ciphertext", body = HeCiphertextResponse),
-        (status = 422, description = "invalid_parameter"),
+        (status = 422, description = "invalid_parameter, unknown_array, array_mismatch"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn he_encrypt(
     State(_state): State<Arc<AppState>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<HeEncryptRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<HeEncryptRequest>,
 ) -> Result<Response, Problem> {
+    req.public_key.resolve(&arrays, "/public_key")?;
     let set = req.parameters;
     let values = req.values.into_values("/values")?;
     values_below_t(&values, set.degree(), "/values")?;
@@ -236,8 +240,9 @@ pub async fn he_encrypt(
 #[serde(deny_unknown_fields)]
 pub struct HeAggregateRequest {
     pub parameters: ParameterSet,
-    /// Standard base64 of each ciphertext; in the bulk form each a `u8` buffer.
-    #[schema(value_type = Vec<String>, max_items = 1024)]
+    /// Standard base64 of each ciphertext; in the bulk form each a `u8` buffer; each may
+    /// be `{"array": id}`, a resident array of kind bytes.
+    #[schema(value_type = Vec<ByteStringDoc>, max_items = 1024)]
     pub ciphertexts: AtMost<ByteStringIn, MAX_CIPHERTEXTS>,
     /// One plaintext scalar per ciphertext (below the plaintext modulus); slot sums are
     /// Σ w·m mod 65537.
@@ -254,13 +259,14 @@ pub struct HeAggregateRequest {
     request_body(content((HeAggregateRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The sum", body = HeCiphertextResponse),
-        (status = 422, description = "invalid_ciphertext, invalid_parameter"),
+        (status = 422, description = "invalid_ciphertext, invalid_parameter, unknown_array, array_mismatch"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn he_aggregate(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
+    arrays: ArrayScope,
     ApiBody(req): ApiBody<HeAggregateRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
@@ -286,8 +292,9 @@ pub async fn he_aggregate(
     let job = blocking(move || {
         // One ciphertext decoded at a time, its base64 dropped once laid out.
         let mut sum = SumBuilder::new(&set.parameters(), req.ciphertexts.len());
-        for (i, sent) in req.ciphertexts.into_vec().into_iter().enumerate() {
+        for (i, mut sent) in req.ciphertexts.into_vec().into_iter().enumerate() {
             let path = format!("/ciphertexts/{i}");
+            sent.resolve(&arrays, &path)?;
             let bytes = sent.bytes(Dtype::U8, ErrorCode::InvalidParameter, &path)?;
             sum.push(ciphertext_of(set, &bytes, &path)?)
                 .map_err(unfit(&path))?;
@@ -321,11 +328,12 @@ pub async fn he_aggregate(
 #[serde(deny_unknown_fields)]
 pub struct HeDecryptRequest {
     pub parameters: ParameterSet,
-    /// Standard base64, as `/he/keys` gives it; in the bulk form a `u8` buffer.
-    #[schema(value_type = String)]
+    /// Standard base64, as `/he/keys` gives it; in the bulk form a `u8` buffer; or
+    /// `{"array": id}`, a resident array of kind bytes.
+    #[schema(value_type = ByteStringDoc)]
     pub secret_key: ByteStringIn,
-    /// Standard base64; in the bulk form a `u8` buffer.
-    #[schema(value_type = String)]
+    /// Standard base64; in the bulk form a `u8` buffer; or `{"array": id}`.
+    #[schema(value_type = ByteStringDoc)]
     pub ciphertext: ByteStringIn,
 }
 
@@ -344,16 +352,19 @@ pub struct HeDecryptResponse {
     responses(
         (status = 200, description = "The slots", body = HeDecryptResponse),
         (status = 403, description = "he_dealer_mode_off"),
-        (status = 422, description = "invalid_ciphertext, invalid_parameter"),
+        (status = 422, description = "invalid_ciphertext, invalid_parameter, unknown_array, array_mismatch"),
     ),
     security((), ("bearer" = []))
 )]
 pub async fn he_decrypt(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<HeDecryptRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<HeDecryptRequest>,
 ) -> Result<Response, Problem> {
     dealer_only(&state, "decryption")?;
+    req.secret_key.resolve(&arrays, "/secret_key")?;
+    req.ciphertext.resolve(&arrays, "/ciphertext")?;
     let set = req.parameters;
     blocking(move || {
         let sk: SecretKey = key_of(&req.secret_key, set, "/secret_key", "secret key")?;

@@ -21,6 +21,7 @@ pub(super) fn values_bytes(data: &ArrayData) -> std::borrow::Cow<'_, [u8]> {
         ArrayData::Points(p) => std::borrow::Cow::Owned(p.to_le_bytes()),
         ArrayData::Tensor(t) => t.values.le_bytes(t.dtype),
         ArrayData::Recording(r) => std::borrow::Cow::Borrowed(r.as_le_bytes()),
+        ArrayData::Bytes(b) => std::borrow::Cow::Borrowed(&b[..]),
     }
 }
 
@@ -101,6 +102,7 @@ pub(super) fn decode(meta: &ArrayMeta, bytes: &bytes::Bytes) -> Result<ArrayData
         (ArrayKind::Recording, None, None, None, None) => ArrayData::Recording(Arc::new(
             Recording::from_le_bytes(bytes.clone()).map_err(|e| e.to_string())?,
         )),
+        (ArrayKind::Bytes, None, None, None, None) => ArrayData::Bytes(bytes.clone()),
         _ => return Err("the metadata's kind, field, curve, dtype and shape disagree".into()),
     };
     if data.len() != meta.len {

@@ -46,6 +46,8 @@ pub enum ArrayKind {
     Tensor,
     /// An IQ recording: complex samples, interleaved little-endian f32 (`cf32_le`).
     Recording,
+    /// Bytes, as they were sent: an HE public key, secret key or ciphertext.
+    Bytes,
 }
 
 impl ArrayKind {
@@ -55,6 +57,7 @@ impl ArrayKind {
             ArrayKind::Points => "points",
             ArrayKind::Tensor => "tensor",
             ArrayKind::Recording => "recording",
+            ArrayKind::Bytes => "bytes",
         }
     }
 }
@@ -66,6 +69,7 @@ pub enum ArrayData {
     Points(Arc<Points>),
     Tensor(Arc<Tensor>),
     Recording(Arc<Recording>),
+    Bytes(bytes::Bytes),
 }
 
 impl ArrayData {
@@ -75,6 +79,7 @@ impl ArrayData {
             ArrayData::Points(_) => ArrayKind::Points,
             ArrayData::Tensor(_) => ArrayKind::Tensor,
             ArrayData::Recording(_) => ArrayKind::Recording,
+            ArrayData::Bytes(_) => ArrayKind::Bytes,
         }
     }
 
@@ -84,6 +89,7 @@ impl ArrayData {
             ArrayData::Points(p) => p.len(),
             ArrayData::Tensor(t) => t.values.len(),
             ArrayData::Recording(r) => r.len(),
+            ArrayData::Bytes(b) => b.len(),
         }
     }
 
@@ -124,13 +130,14 @@ impl ArrayData {
 
     /// The bytes the quotas count: a field element's fixed width, x ‖ y of a point (the
     /// wire and disk form), a tensor's values as held in memory (`Tensor::held_bytes`),
-    /// 8 per complex sample of a recording.
+    /// 8 per complex sample of a recording, bytes as they are.
     pub fn bytes(&self) -> u64 {
         match self {
             ArrayData::FieldElements(v) => v.byte_len() as u64,
             ArrayData::Points(p) => (2 * p.curve().coordinate_bytes() * p.len()) as u64,
             ArrayData::Tensor(t) => t.held_bytes(),
             ArrayData::Recording(r) => 8 * r.len() as u64,
+            ArrayData::Bytes(b) => b.len() as u64,
         }
     }
 }

@@ -190,6 +190,23 @@ fn recordings_survive_a_reopen_and_are_checked_again() {
 }
 
 #[test]
+fn bytes_survive_a_reopen_as_sent_and_a_length_that_disagrees_is_not_served() {
+    let dir = scratch("bytes");
+    let a = open(&dir, ROOMY);
+    let data = ArrayData::Bytes(bytes::Bytes::from_static(b"\x00\x01key\xff"));
+    for id in ["arr_k", "arr_c"] {
+        let meta = ArrayMeta::describe(&data, id.into(), "t".into(), None, LATER);
+        assert_eq!(a.add(meta, data.clone()).unwrap().bytes(), 6);
+    }
+    let again = open(&dir, ROOMY);
+    let got = again.get("t", "arr_k").unwrap().unwrap();
+    assert_eq!((got.meta.kind, got.meta.len), (ArrayKind::Bytes, 6));
+    assert!(matches!(&got.data, ArrayData::Bytes(b) if &b[..] == b"\x00\x01key\xff"));
+    std::fs::write(dir.join("arr_c.bin"), b"short").unwrap();
+    assert!(open(&dir, ROOMY).get("t", "arr_c").unwrap().is_none());
+}
+
+#[test]
 fn files_changed_on_disk_are_checked_again_and_never_served() {
     let dir = scratch("tampered");
     let a = open(&dir, ROOMY);

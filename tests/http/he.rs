@@ -390,3 +390,107 @@ async fn every_parameter_set_sums_to_what_fhe_rs_decrypts() {
         }
     }
 }
+
+/// Keys and ciphertexts kept as arrays of kind bytes: named by `/he/encrypt`,
+/// `/he/aggregate` and `/he/decrypt` as if sent, read back as sent, and refused at the
+/// operand's `…/array` when they are of another kind or unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_ciphertexts_are_kept_as_bytes_and_named() {
+    let s = TestServer::start(&["--he-dealer-mode"]).await;
+    let set = "bfv128_n4096";
+    let keys = post(&s, "/he/keys", json!({"parameters": set})).await;
+    let keep = |b: &Value| {
+        let s = &s;
+        let b = b.clone();
+        async move {
+            let res = s
+                .post("/arrays", json!({"kind": "bytes", "bytes": b}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 201);
+            let v: Value = res.json().await.unwrap();
+            assert_eq!(v["kind"], "bytes");
+            v["id"].as_str().unwrap().to_string()
+        }
+    };
+    let (pk, sk) = (
+        keep(&keys["public_key"]).await,
+        keep(&keys["secret_key"]).await,
+    );
+    let read: Value = s
+        .get(&format!("/arrays/{pk}/data"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(read["bytes"], keys["public_key"], "read back as sent");
+    let (a, b): (Vec<u64>, Vec<u64>) = ((0..50).collect(), (0..50).map(|i| 3 * i + 1).collect());
+    let named = post(
+        &s,
+        "/he/encrypt",
+        json!({"parameters": set, "public_key": {"array": pk}, "values": a}),
+    )
+    .await;
+    let sent = post(
+        &s,
+        "/he/encrypt",
+        json!({"parameters": set, "public_key": keys["public_key"], "values": b}),
+    )
+    .await;
+    let ct = keep(&named["ciphertext"]).await;
+    let sum = post(
+        &s,
+        "/he/aggregate",
+        json!({"parameters": set, "ciphertexts": [{"array": ct}, sent["ciphertext"]]}),
+    )
+    .await;
+    let out = post(
+        &s,
+        "/he/decrypt",
+        json!({"parameters": set, "secret_key": {"array": sk}, "ciphertext": sum["ciphertext"]}),
+    )
+    .await;
+    let want: Vec<u64> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+    assert_eq!(
+        out["values"].as_array().unwrap()[..50],
+        json!(want).as_array().unwrap()[..]
+    );
+
+    let tensor = s
+        .post("/arrays", json!({"kind": "tensor", "tensor": [1.0]}))
+        .send()
+        .await
+        .unwrap();
+    let tensor: Value = tensor.json().await.unwrap();
+    for (path, body, code, at) in [
+        (
+            "/he/encrypt",
+            json!({"parameters": set, "public_key": {"array": tensor["id"]}, "values": [1]}),
+            "array_mismatch",
+            "/public_key/array",
+        ),
+        (
+            "/he/aggregate",
+            json!({"parameters": set, "ciphertexts": [sent["ciphertext"], {"array": "arr_none"}]}),
+            "unknown_array",
+            "/ciphertexts/1/array",
+        ),
+        (
+            "/he/decrypt",
+            json!({"parameters": set, "secret_key": {"array": pk}, "ciphertext": {"array": tensor["id"]}}),
+            "array_mismatch",
+            "/ciphertext/array",
+        ),
+        (
+            "/arrays",
+            json!({"kind": "bytes", "bytes": "AAAA", "values": ["1"]}),
+            "invalid_request",
+            "/values",
+        ),
+    ] {
+        let res = s.post(path, body).send().await.unwrap();
+        let p = problem(res, 422, code).await;
+        assert_eq!(p["errors"][0]["path"], at, "{path}");
+    }
+}
