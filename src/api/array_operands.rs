@@ -44,6 +44,26 @@ struct OperandFields {
     byte_length: Option<u64>,
 }
 
+/// `ToSchema` for a documentation type whose schema refers to `ArrayRefDoc`: registers
+/// that schema with it.
+macro_rules! names_array_ref {
+    ($name:ty) => {
+        impl utoipa::ToSchema for $name {
+            fn schemas(
+                schemas: &mut Vec<(
+                    String,
+                    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+                )>,
+            ) {
+                use crate::api::array_operands::ArrayRefDoc;
+                use utoipa::PartialSchema;
+                schemas.push((ArrayRefDoc::name().into(), ArrayRefDoc::schema()));
+            }
+        }
+    };
+}
+pub(crate) use names_array_ref;
+
 /// Reads an operand's object form from `map`: `{"array": id}`, or a buffer descriptor
 /// (whose bytes come from the bulk body being parsed).
 pub(super) fn object_operand<'de, A: serde::de::MapAccess<'de>>(

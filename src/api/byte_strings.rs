@@ -141,18 +141,7 @@ impl utoipa::PartialSchema for ByteStringDoc {
     }
 }
 
-impl utoipa::ToSchema for ByteStringDoc {
-    fn schemas(
-        schemas: &mut Vec<(
-            String,
-            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-        )>,
-    ) {
-        use super::array_operands::ArrayRefDoc;
-        use utoipa::PartialSchema;
-        schemas.push((ArrayRefDoc::name().into(), ArrayRefDoc::schema()));
-    }
-}
+super::array_operands::names_array_ref!(ByteStringDoc);
 
 /// A byte string answered: base64 text in JSON, a buffer of `dtype` (whole elements of
 /// it) in a bulk answer.

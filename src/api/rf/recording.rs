@@ -119,18 +119,7 @@ macro_rules! recording_doc {
             }
         }
 
-        impl utoipa::ToSchema for $name {
-            fn schemas(
-                schemas: &mut Vec<(
-                    String,
-                    utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
-                )>,
-            ) {
-                use crate::api::array_operands::ArrayRefDoc;
-                use utoipa::PartialSchema;
-                schemas.push((ArrayRefDoc::name().into(), ArrayRefDoc::schema()));
-            }
-        }
+        crate::api::array_operands::names_array_ref!($name);
     };
 }
 
