@@ -212,6 +212,11 @@ pub struct Config {
     /// (`gpu_ops_staging_fallbacks_total`). 0: no staging.
     #[arg(long, env = "GPU_OPS_GPU_STAGING_MIB", default_value_t = crate::backend::device::DEFAULT_STAGING_MIB)]
     pub gpu_staging_mib: u64,
+    /// Page-locked host memory in MiB for bulk bodies of 1 MiB or more on a GPU host, so a
+    /// device job copies operands read in place straight from the body; past it bodies
+    /// are pageable (`gpu_ops_pinned_body_fallbacks_total`). 0: none.
+    #[arg(long, env = "GPU_OPS_GPU_PINNED_BODY_MIB", default_value_t = crate::backend::device::DEFAULT_PINNED_BODY_MIB)]
+    pub gpu_pinned_body_mib: u64,
     /// Device memory each GPU keeps for cached tables (NTT twiddles, resident embedding
     /// tables), least recently used out, in MiB. 0: an eighth of the device, at least
     /// 512 MiB, at most 4 GiB, never over a quarter.

@@ -15,8 +15,18 @@
 //! bytes it wrote, so no request can read another's bytes; those bytes stay in memory
 //! until overwritten or given back, as any freed allocation's do.
 
+//!
+//! On a host with a GPU a large body in the bulk form is read into page-locked memory
+//! instead (`page_locked.rs`, `--gpu-pinned-body-mib`), so a device job copies its
+//! operands straight from it.
+
+mod page_locked;
+
+pub use page_locked::{PageLocked, PAGE_LOCKED_FROM};
+
+use crate::backend::device::PinnedBlock;
 use prometheus::{IntCounter, IntGauge};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 /// Buffers from this size up are pooled. Below it glibc's own free lists keep and reuse
@@ -30,14 +40,91 @@ pub struct BodyPool {
     free: Mutex<Free>,
     held: IntGauge,
     reused: IntCounter,
+    /// Where bulk bodies bound for a device are read, on a host with a GPU.
+    page_locked: Option<PageLocked>,
 }
 
 #[derive(Default)]
 struct Free {
-    buffers: Vec<(Vec<u8>, Instant)>,
-    bytes: usize,
+    pageable: Kept<Vec<u8>>,
+    page_locked: Kept<PinnedBlock>,
     /// Whether the thread that frees idle buffers runs (started with the first one kept).
     trimming: bool,
+}
+
+/// A buffer the pool can keep, by its size in bytes.
+trait Buffer {
+    fn size(&self) -> usize;
+}
+
+impl Buffer for Vec<u8> {
+    fn size(&self) -> usize {
+        self.capacity()
+    }
+}
+
+impl Buffer for PinnedBlock {
+    fn size(&self) -> usize {
+        self.capacity()
+    }
+}
+
+/// Buffers kept for reuse, each with when it was given back.
+struct Kept<B> {
+    buffers: Vec<(B, Instant)>,
+    bytes: usize,
+}
+
+impl<B> Default for Kept<B> {
+    fn default() -> Self {
+        Self {
+            buffers: Vec::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<B: Buffer> Kept<B> {
+    /// The smallest kept buffer among the `usable` that fits `capacity` and is at most
+    /// twice that: a small body never holds a large warm buffer.
+    fn take(&mut self, capacity: usize, usable: impl Fn(&B) -> bool) -> Option<B> {
+        let best = self
+            .buffers
+            .iter()
+            .enumerate()
+            .filter(|(_, (b, _))| usable(b))
+            .filter(|(_, (b, _))| (capacity..=capacity.saturating_mul(2)).contains(&b.size()))
+            .min_by_key(|(_, (b, _))| b.size())
+            .map(|(i, _)| i)?;
+        let (buf, _) = self.buffers.swap_remove(best);
+        self.bytes -= buf.size();
+        Some(buf)
+    }
+
+    /// The buffer kept longest, to free for room.
+    fn take_oldest(&mut self) -> Option<B> {
+        let oldest = (self.buffers.iter().enumerate())
+            .min_by_key(|(_, (_, since))| *since)
+            .map(|(i, _)| i)?;
+        let (buf, _) = self.buffers.swap_remove(oldest);
+        self.bytes -= buf.size();
+        Some(buf)
+    }
+
+    fn keep(&mut self, buf: B) {
+        self.bytes += buf.size();
+        self.buffers.push((buf, Instant::now()));
+    }
+
+    /// The buffers unused since before `now - IDLE`, taken out.
+    fn trim(&mut self, now: Instant) -> Vec<B> {
+        let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.buffers)
+            .into_iter()
+            .partition(|(_, since)| now.duration_since(*since) >= IDLE);
+        self.buffers = kept;
+        self.bytes = self.buffers.iter().map(|(b, _)| b.size()).sum();
+        old.into_iter().map(|(b, _)| b).collect()
+    }
 }
 
 impl std::fmt::Debug for BodyPool {
@@ -50,13 +137,20 @@ impl std::fmt::Debug for BodyPool {
 
 impl BodyPool {
     /// A pool of at most `max_bytes` (0: none kept); `held` shows the bytes it keeps and
-    /// `reused` counts the bodies read into a kept buffer.
-    pub fn new(max_bytes: usize, held: IntGauge, reused: IntCounter) -> Arc<Self> {
+    /// `reused` counts the bodies read into a kept buffer. `page_locked`: where bulk
+    /// bodies for a device go, if anywhere.
+    pub fn new(
+        max_bytes: usize,
+        held: IntGauge,
+        reused: IntCounter,
+        page_locked: Option<PageLocked>,
+    ) -> Arc<Self> {
         Arc::new(BodyPool {
             max_bytes,
             free: Mutex::new(Free::default()),
             held,
             reused,
+            page_locked,
         })
     }
 
@@ -64,46 +158,50 @@ impl BodyPool {
     /// is at most twice that, else a new one. Either way it comes back to the pool when
     /// the body is dropped.
     pub fn take(self: &Arc<Self>, capacity: usize) -> BodyBuf {
-        let kept = (capacity >= POOLED_FROM).then(|| self.take_kept(capacity));
+        let kept = (capacity >= POOLED_FROM).then(|| {
+            let mut free = self.lock_free();
+            let buf = free.pageable.take(capacity, |_| true)?;
+            self.held.set(free.pageable.bytes as i64);
+            self.reused.inc();
+            Some(buf)
+        });
         BodyBuf {
-            buf: kept
-                .flatten()
-                .unwrap_or_else(|| Vec::with_capacity(capacity)),
+            memory: Memory::Pageable(
+                kept.flatten()
+                    .unwrap_or_else(|| Vec::with_capacity(capacity)),
+            ),
             pool: Some(self.clone()),
         }
     }
 
-    fn take_kept(&self, capacity: usize) -> Option<Vec<u8>> {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let best = free
-            .buffers
-            .iter()
-            .enumerate()
-            .filter(|(_, (b, _))| (capacity..=capacity.saturating_mul(2)).contains(&b.capacity()))
-            .min_by_key(|(_, (b, _))| b.capacity())
-            .map(|(i, _)| i)?;
-        let (buf, _) = free.buffers.swap_remove(best);
-        free.bytes -= buf.capacity();
-        self.held.set(free.bytes as i64);
-        self.reused.inc();
-        Some(buf)
+    fn lock_free(&self) -> MutexGuard<'_, Free> {
+        self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps `buf` if it is large and fits under the limit; otherwise it is freed.
-    fn give_back(self: &Arc<Self>, mut buf: Vec<u8>) {
+    fn give_back(self: &Arc<Self>, memory: Memory) {
+        let buf = match memory {
+            Memory::Pageable(buf) => buf,
+            Memory::PageLocked { block, .. } => return self.give_back_page_locked(block),
+        };
         let size = buf.capacity();
         if size < POOLED_FROM {
             return;
         }
+        let mut buf = buf;
         buf.clear();
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.bytes + size > self.max_bytes {
+        let mut free = self.lock_free();
+        if free.pageable.bytes + size > self.max_bytes {
             drop(free);
             return; // freed here, outside the lock
         }
-        free.buffers.push((buf, Instant::now()));
-        free.bytes += size;
-        self.held.set(free.bytes as i64);
+        free.pageable.keep(buf);
+        self.held.set(free.pageable.bytes as i64);
+        self.start_trimming(&mut free);
+    }
+
+    /// Starts the thread that frees idle buffers, once.
+    fn start_trimming(self: &Arc<Self>, free: &mut Free) {
         if !free.trimming {
             free.trimming = true;
             start_trimming(Arc::downgrade(self));
@@ -112,21 +210,22 @@ impl BodyPool {
 
     /// Frees the buffers unused since before `now - IDLE`; how many.
     pub fn trim(&self, now: Instant) -> usize {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut free.buffers)
-            .into_iter()
-            .partition(|(_, since)| now.duration_since(*since) >= IDLE);
-        free.buffers = kept;
-        free.bytes = free.buffers.iter().map(|(b, _)| b.capacity()).sum();
-        self.held.set(free.bytes as i64);
+        let mut free = self.lock_free();
+        let old = free.pageable.trim(now);
+        self.held.set(free.pageable.bytes as i64);
+        let old_blocks = free.page_locked.trim(now);
         drop(free);
-        old.len() // freed here, outside the lock
+        let freed = old.len() + old_blocks.len();
+        if let Some(p) = &self.page_locked {
+            p.release(old_blocks); // freed here, outside the lock
+        }
+        freed
     }
 
     /// Bytes kept now.
     #[cfg(test)]
     fn kept_bytes(&self) -> usize {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).bytes
+        self.lock_free().pageable.bytes
     }
 }
 
@@ -148,9 +247,19 @@ fn start_trimming(pool: Weak<BodyPool>) {
     }
 }
 
+/// Where a body's bytes are.
+enum Memory {
+    Pageable(Vec<u8>),
+    /// A registered block and the bytes written to it so far.
+    PageLocked {
+        block: PinnedBlock,
+        len: usize,
+    },
+}
+
 /// A request body's buffer; back to its pool (if any) when dropped.
 pub struct BodyBuf {
-    buf: Vec<u8>,
+    memory: Memory,
     pool: Option<Arc<BodyPool>>,
 }
 
@@ -158,13 +267,51 @@ impl BodyBuf {
     /// A buffer of no pool.
     pub fn unpooled(capacity: usize) -> Self {
         BodyBuf {
-            buf: Vec::with_capacity(capacity),
+            memory: Memory::Pageable(Vec::with_capacity(capacity)),
             pool: None,
         }
     }
 
     pub fn extend_from_slice(&mut self, bytes: &[u8]) {
-        self.buf.extend_from_slice(bytes);
+        match &mut self.memory {
+            Memory::Pageable(buf) => buf.extend_from_slice(bytes),
+            Memory::PageLocked { block, len } if *len + bytes.len() <= block.capacity() => {
+                // SAFETY: inside the block (checked); its owner writes it before any
+                // copy reads it (`take_page_locked` checked the last one finished).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        bytes.as_ptr(),
+                        block.as_mut_ptr().add(*len),
+                        bytes.len(),
+                    )
+                };
+                *len += bytes.len();
+            }
+            Memory::PageLocked { .. } => {
+                // More than the declared length (which hyper enforces): pageable.
+                let mut buf = Vec::with_capacity(self.len() + bytes.len());
+                buf.extend_from_slice(self);
+                buf.extend_from_slice(bytes);
+                let old = std::mem::replace(&mut self.memory, Memory::Pageable(buf));
+                if let Some(pool) = &self.pool {
+                    pool.give_back(old);
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        match &self.memory {
+            Memory::Pageable(buf) => buf.capacity(),
+            Memory::PageLocked { block, .. } => block.capacity(),
+        }
+    }
+
+    /// Whether the bytes are in page-locked memory.
+    #[cfg(test)]
+    pub fn is_page_locked(&self) -> bool {
+        matches!(self.memory, Memory::PageLocked { .. })
     }
 
     /// The body as `Bytes` whose slices keep the buffer until the last one is dropped.
@@ -177,20 +324,28 @@ impl std::ops::Deref for BodyBuf {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.buf
+        match &self.memory {
+            Memory::Pageable(buf) => buf,
+            // SAFETY: the first `len` bytes of the block, written by `extend_from_slice`
+            // (and zeroed before); the block lives as long as `self`.
+            Memory::PageLocked { block, len } => unsafe {
+                std::slice::from_raw_parts(block.as_ptr(), *len)
+            },
+        }
     }
 }
 
 impl AsRef<[u8]> for BodyBuf {
     fn as_ref(&self) -> &[u8] {
-        &self.buf
+        self
     }
 }
 
 impl Drop for BodyBuf {
     fn drop(&mut self) {
         if let Some(pool) = self.pool.take() {
-            pool.give_back(std::mem::take(&mut self.buf));
+            let memory = std::mem::replace(&mut self.memory, Memory::Pageable(Vec::new()));
+            pool.give_back(memory);
         }
     }
 }
@@ -204,6 +359,7 @@ mod tests {
             max,
             IntGauge::new("held", "held").unwrap(),
             IntCounter::new("reused", "reused").unwrap(),
+            None,
         )
     }
 
@@ -258,10 +414,10 @@ mod tests {
         let p = pool(1 << 30);
         let sizes = [POOLED_FROM * 4, POOLED_FROM, POOLED_FROM * 2];
         let bufs: Vec<BodyBuf> = sizes.iter().map(|&n| p.take(n)).collect();
-        let caps: Vec<usize> = bufs.iter().map(|b| b.buf.capacity()).collect();
+        let caps: Vec<usize> = bufs.iter().map(|b| b.capacity()).collect();
         drop(bufs);
         let got = p.take(POOLED_FROM + 1);
-        assert_eq!(got.buf.capacity(), caps[2]);
+        assert_eq!(got.capacity(), caps[2]);
         let bigger = p.take(POOLED_FROM * 5);
         assert_eq!(p.reused.get(), 1, "none fits: a new buffer");
         // Left: 4× and 1×. One byte over 1× fits only the 4×, more than twice its size.

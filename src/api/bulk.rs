@@ -84,7 +84,7 @@ async fn bulk_request<T: DeserializeOwned + Send + 'static>(req: Request) -> Res
         .get::<BodyLimits>()
         .cloned()
         .unwrap_or_default();
-    let body = read_body(req, &limits).await?.into_bytes();
+    let body = read_body(req, &limits, true).await?.into_bytes();
     if body.len() > INLINE_PARSE_BYTES {
         tokio::task::spawn_blocking(move || parse_bulk(body, &limits))
             .await

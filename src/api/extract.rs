@@ -45,7 +45,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Send + 'static> FromRequest<S> for Ap
             .cloned()
             .unwrap_or_default();
         let cap = limits.max_numbers;
-        let bytes = read_body(req, &limits).await?;
+        let bytes = read_body(req, &limits, false).await?;
         let (parsed, stored) = if bytes.len() > INLINE_PARSE_BYTES {
             tokio::task::spawn_blocking(move || with_number_cap(cap, || parse(&bytes)))
                 .await
@@ -119,7 +119,15 @@ impl Default for BodyLimits {
 /// frame and then copied whole, a large body was held twice over while it arrived. A
 /// body arriving slower than `--min-body-rate` is refused as each piece arrives (a piece
 /// that never comes is `--body-idle-timeout`'s).
-pub(super) async fn read_body(req: Request, limits: &BodyLimits) -> Result<BodyBuf, Problem> {
+///
+/// `for_device`: the body's buffers may be read in place by a device job (the bulk
+/// form), so on a host with a GPU a large one is read into page-locked memory
+/// (`body_pool::page_locked`).
+pub(super) async fn read_body(
+    req: Request,
+    limits: &BodyLimits,
+    for_device: bool,
+) -> Result<BodyBuf, Problem> {
     let max_bytes = limits.max_bytes;
     let started = std::time::Instant::now();
     use futures_util::StreamExt;
@@ -138,6 +146,13 @@ pub(super) async fn read_body(req: Request, limits: &BodyLimits) -> Result<BodyB
     }
     let capacity = declared.unwrap_or(0) as usize;
     let mut buf = match &limits.pool {
+        Some(pool) if for_device && capacity >= super::body_pool::PAGE_LOCKED_FROM => {
+            // Registering a new block pins its pages: not on the runtime's threads.
+            let pool = pool.clone();
+            tokio::task::spawn_blocking(move || pool.take_page_locked(capacity))
+                .await
+                .map_err(|e| Problem::new(ErrorCode::Internal, format!("body buffer: {e}")))?
+        }
         Some(pool) => pool.take(capacity),
         None => BodyBuf::unpooled(capacity),
     };

@@ -114,6 +114,14 @@ impl AppState {
                 settings.body_pool_bytes,
                 metrics.body_pool_bytes.clone(),
                 metrics.body_pool_reused.clone(),
+                (settings.config.gpu_pinned_body_mib > 0).then(|| {
+                    body_pool::PageLocked::new(
+                        backends.clone(),
+                        settings.config.gpu_pinned_body_mib.saturating_mul(1 << 20) as usize,
+                        metrics.pinned_body_bytes.clone(),
+                        metrics.pinned_body_fallbacks.clone(),
+                    )
+                }),
             ),
             progress: datasets::progress::ProgressWatch::new(
                 settings.config.max_tenant_event_streams,

@@ -128,6 +128,17 @@ impl ArrayData {
         }
     }
 
+    /// The same values in memory of their own, none lent from a request body's (see
+    /// `wire::Array::detached`; tensors are detached as they are made): what an array
+    /// keeps.
+    fn detached(self) -> Self {
+        match self {
+            ArrayData::Recording(r) => ArrayData::Recording(Arc::new(r.detached())),
+            ArrayData::Bytes(b) => ArrayData::Bytes(bytes::Bytes::copy_from_slice(&b)),
+            other => other,
+        }
+    }
+
     /// The bytes the quotas count: a field element's fixed width, x ‖ y of a point (the
     /// wire and disk form), a tensor's values as held in memory (`Tensor::held_bytes`),
     /// 8 per complex sample of a recording, bytes as they are.
@@ -365,7 +376,10 @@ impl Arrays {
 
     /// Stores an array under `meta.id`, within the tenant's quotas and the server's cap.
     pub fn add(&self, meta: ArrayMeta, data: ArrayData) -> Result<Arc<ResidentArray>, ArrayError> {
-        let array = ResidentArray { meta, data };
+        let array = ResidentArray {
+            meta,
+            data: data.detached(),
+        };
         let result = match &self.shared {
             Some(shared) => self.add_shared(shared, array),
             None => self.reserve_and_write(array),

@@ -48,6 +48,14 @@ impl Recording {
         Ok(Self { bytes })
     }
 
+    /// The same samples in bytes of their own, not lent from a request body's (see
+    /// `wire::Array::detached`).
+    pub fn detached(&self) -> Self {
+        Self {
+            bytes: Bytes::copy_from_slice(&self.bytes),
+        }
+    }
+
     /// Samples already finite (a result this server produced).
     pub fn from_samples(samples: &[Complex32]) -> Self {
         let mut bytes = Vec::with_capacity(8 * samples.len());

@@ -18,7 +18,8 @@ impl Tensor {
     pub fn new(dtype: Dtype, shape: Vec<usize>, values: Values) -> Self {
         let values = match dtype {
             Dtype::F64 => Values::F64(values.into_f64()),
-            _ => Values::F32(values.into_f32_array().shared()),
+            // Detached from the request body first: kept, it would hold the whole body.
+            _ => Values::F32(values.into_f32_array().detached().shared()),
         };
         Self {
             dtype,

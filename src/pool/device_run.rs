@@ -20,6 +20,7 @@ fn count_copies(metrics: &Metrics, gpu: &str, copies: &CopyCounts) {
     let bytes = [
         ("to_device", "page_locked", &copies.staged_to_device),
         ("from_device", "page_locked", &copies.staged_from_device),
+        ("to_device", "request_body", &copies.body_to_device),
         ("to_device", "pageable", &copies.pageable_to_device),
         ("from_device", "pageable", &copies.pageable_from_device),
     ];

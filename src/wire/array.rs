@@ -100,6 +100,17 @@ impl<T: LeScalar> Array<T> {
         }
     }
 
+    /// The values in memory of their own: a lent array, read in place from a request
+    /// body, is copied out once, so keeping it keeps neither the rest of the body nor
+    /// its buffer (a pooled one, or a page-locked one counted against
+    /// `--gpu-pinned-body-mib`).
+    pub fn detached(self) -> Self {
+        match self.held {
+            Held::Lent(..) => Array::from(self.to_vec()),
+            held => Array { held },
+        }
+    }
+
     /// Whether the values are read in place from the bytes they arrived in.
     pub fn is_lent(&self) -> bool {
         matches!(self.held, Held::Lent(..))

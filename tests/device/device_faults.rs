@@ -478,6 +478,65 @@ async fn copied(s: &TestServer, direction: &str, host_memory: &str) -> f64 {
         .sum()
 }
 
+/// A bulk body bound for the device is read into page-locked memory, and the gradients
+/// DP privatize reads in place from it go to the device straight from there: each byte
+/// touched once on the host (as it arrives), no staging buffer. With
+/// `--gpu-pinned-body-mib 0` the same request stages them.
+#[tokio::test]
+async fn bulk_gradients_go_to_the_device_straight_from_a_page_locked_body() {
+    use gpu_ops::wire::{Dtype, EnvelopeWriter};
+    let (rows, cols) = (64usize, 8192usize);
+    let gradient_bytes = 4.0 * (rows * cols) as f64;
+    let gradients: Vec<u8> = (0..rows * cols)
+        .flat_map(|i| ((i % 97) as f32 * 0.01 - 0.4).to_le_bytes())
+        .collect();
+    let mut header = json!({"clip_norm": 1.0, "noise_multiplier": 1.1, "backend": "gpu"});
+    let mut writer = EnvelopeWriter::new();
+    let shape = vec![rows as u64, cols as u64];
+    let descriptor = writer.push(Dtype::F32, shape, bytes::Bytes::from(gradients));
+    header["per_example_gradients"] = serde_json::to_value(descriptor).unwrap();
+    let body = writer.finish_to_vec(&header).unwrap();
+    for (flags, memory) in [
+        (&[][..], "request_body"),
+        (&["--gpu-pinned-body-mib", "0"][..], "page_locked"),
+    ] {
+        let s = server(flags).await;
+        let (before, staged_before) = (
+            copied(&s, "to_device", memory).await,
+            copied(&s, "to_device", "page_locked").await,
+        );
+        let res = reqwest::Client::new()
+            .post(format!("{}/dp/privatize", s.url))
+            .header("content-type", gpu_ops::wire::MEDIA_TYPE)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{flags:?}");
+        assert_eq!(res.headers()["x-backend"], "cuda");
+        let moved = copied(&s, "to_device", memory).await - before;
+        assert!(
+            (gradient_bytes..gradient_bytes + 4096.0).contains(&moved),
+            "{memory}: {moved} bytes, the gradients are {gradient_bytes}"
+        );
+        let pinned = s.metric("gpu_ops_pinned_body_bytes").await;
+        if memory == "request_body" {
+            let staged = copied(&s, "to_device", "page_locked").await - staged_before;
+            assert!(
+                staged < 4096.0,
+                "the gradients were staged too: {staged} bytes"
+            );
+            assert!(
+                pinned >= gradient_bytes,
+                "the body's block is kept: {pinned}"
+            );
+        } else {
+            assert_eq!(pinned, 0.0);
+        }
+        assert_eq!(s.metric("gpu_ops_pinned_body_fallbacks_total").await, 0.0);
+    }
+}
+
 /// A field op on the device stages its operands through page-locked buffers, each byte
 /// once (three Goldilocks pairs in, three sums out: 48 and 24 bytes), and keeps the
 /// buffers; with `--gpu-staging-mib 0` the same job copies from pageable memory, counted

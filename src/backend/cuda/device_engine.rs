@@ -169,18 +169,41 @@ impl Timestamp for CudaStamp {
     }
 }
 
-/// Page-locked host memory of the engine's context. Its address is read once: cudarc's
+/// Page-locked host memory of the engine's context: allocated by it (`pinned_host`), or
+/// the caller's registered in it (`register_host`). Its address is read once: cudarc's
 /// accessors wait for an event of its own copies, which we never make (ours are ordered
 /// by the lease's streams).
 struct CudaPinned {
-    slice: PinnedHostSlice<u8>,
+    memory: HostMemory,
     address: *mut u8,
+    bytes: usize,
     engine: EngineId,
 }
 
-// SAFETY: the address is of memory this value owns (freed with `slice`); who may touch it
-// when is the streams' order, as for any pinned buffer.
+enum HostMemory {
+    /// `cuMemHostAlloc`'d: freed with the slice.
+    Allocated(#[allow(dead_code)] PinnedHostSlice<u8>),
+    /// The caller's, registered in this context: unregistered on drop, never freed here.
+    Registered(Arc<CudaContext>),
+}
+
+// SAFETY: the address is of memory this value owns or the caller keeps alive for it
+// (`register_host`); who may touch it when is the streams' order, as for any pinned
+// buffer.
 unsafe impl Send for CudaPinned {}
+
+impl Drop for CudaPinned {
+    fn drop(&mut self) {
+        if let HostMemory::Registered(ctx) = &self.memory {
+            // After a reset of the context the registration is gone already and this
+            // fails; the bytes are the caller's either way.
+            if ctx.bind_to_thread().is_ok() {
+                // SAFETY: the address was registered in this context by `register_host`.
+                let _ = unsafe { sys::cuMemHostUnregister(self.address.cast()) };
+            }
+        }
+    }
+}
 
 impl PinnedHost for CudaPinned {
     fn as_mut_ptr(&self) -> *mut u8 {
@@ -188,7 +211,7 @@ impl PinnedHost for CudaPinned {
     }
 
     fn bytes(&self) -> usize {
-        self.slice.num_bytes()
+        self.bytes
     }
 
     fn engine_id(&self) -> EngineId {
@@ -444,8 +467,26 @@ impl DeviceEngine for CudaEngine {
         let mut slice = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(bytes.max(1), 0) }?;
         let address = slice.as_mut_ptr()?;
         Ok(Some(Box::new(CudaPinned {
-            slice,
+            bytes: slice.num_bytes(),
+            memory: HostMemory::Allocated(slice),
             address,
+            engine: self.id,
+        })))
+    }
+
+    unsafe fn register_host(
+        &self,
+        address: *mut u8,
+        bytes: usize,
+    ) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
+        self.ctx.bind_to_thread()?;
+        // Default flags: copies of this context only (the lease's engine is checked on
+        // every copy). SAFETY: the caller's contract; the range is unregistered on drop.
+        unsafe { sys::cuMemHostRegister_v2(address.cast(), bytes.max(1), 0) }.result()?;
+        Ok(Some(Box::new(CudaPinned {
+            memory: HostMemory::Registered(self.ctx.clone()),
+            address,
+            bytes,
             engine: self.id,
         })))
     }

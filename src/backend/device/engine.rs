@@ -309,6 +309,24 @@ pub trait DeviceEngine: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// `bytes` of host memory at `address`, which the caller owns, page-locked for this
+    /// engine's copies (`cuMemHostRegister`): copies from and to the handle run at the
+    /// bus's speed, as from `pinned_host`'s, and dropping it unregisters the range. The
+    /// memory stays the caller's whatever becomes of the engine: a re-probe's reset drops
+    /// the registration, never the bytes, so a request body read into it stays valid
+    /// (`pinned_body.rs`). `None` where the engine cannot (HIP, so far: its bodies stay
+    /// pageable and are staged).
+    ///
+    /// # Safety
+    /// `address` must be valid for `bytes` bytes and outlive the handle.
+    unsafe fn register_host(
+        &self,
+        _address: *mut u8,
+        _bytes: usize,
+    ) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
+        Ok(None)
+    }
+
     /// Each kernel module's compile and load, in library order.
     fn module_loads(&self) -> Vec<ModuleLoad>;
 

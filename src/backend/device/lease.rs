@@ -62,11 +62,13 @@ pub struct Stop {
     pub abandoned: Arc<AtomicBool>,
 }
 
-/// The host bytes a lease's copies moved: through page-locked staging or straight from
-/// pageable memory, and the chunked jobs that found no staging buffer.
+/// The host bytes a lease's copies moved: through page-locked staging, straight from a
+/// request body already in page-locked memory, or straight from pageable memory; and the
+/// chunked jobs that found no staging buffer.
 #[derive(Default, Debug)]
 pub struct CopyCounts {
     pub staged_to_device: AtomicU64,
+    pub body_to_device: AtomicU64,
     pub staged_from_device: AtomicU64,
     pub pageable_to_device: AtomicU64,
     pub pageable_from_device: AtomicU64,

@@ -16,6 +16,7 @@ mod inventory;
 mod launch;
 mod lease;
 mod operand;
+mod pinned_body;
 mod pipeline;
 mod staged;
 mod staging;
@@ -23,10 +24,11 @@ mod tables;
 
 pub use bandwidth::{best_rate, CopyBandwidth};
 pub use buffer::{DeviceBuffer, Element};
-pub use engine::{DeviceEngine, Engine, EngineEvent, EngineStream, LaunchConfig};
+pub use engine::{DeviceEngine, Engine, EngineEvent, EngineId, EngineStream, LaunchConfig};
 pub use inventory::{KernelLimits, ModuleLoad};
 pub use launch::Launch;
 pub use lease::{CopyCounts, DeviceLease, Event, Stop, DEFAULT_JOBS_PER_DEVICE};
+pub use pinned_body::{PinnedBlock, DEFAULT_PINNED_BODY_MIB};
 pub use pipeline::{Chunk, Operand};
 pub use staged::STAGED_COPY_MIN_BYTES;
 pub use staging::{StagingBudget, DEFAULT_STAGING_MIB, STAGING_BUFFER_BYTES};
@@ -259,6 +261,11 @@ impl GpuDevice {
 
     fn engine(&self) -> RwLockReadGuard<'_, Engine> {
         self.engine.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Its engine's identity now (a re-probe gives it a new one).
+    pub fn engine_id(&self) -> EngineId {
+        self.engine().id()
     }
 
     /// A re-probe's fresh engine (a rebuilt context): waits for the running jobs (each

@@ -13,6 +13,7 @@
 
 use super::engine::EngineEvent;
 use super::lease::CopyCounts;
+use super::pinned_body::{self, Registration};
 use super::staging::{StagingBuffer, STAGING_BUFFER_BYTES};
 use super::{DeviceBuffer, DeviceError, DeviceLease, Element};
 use std::ops::Range;
@@ -127,6 +128,12 @@ impl DeviceLease<'_> {
         host: &[T],
     ) -> Result<DeviceBuffer<T>, DeviceError> {
         let bytes = std::mem::size_of_val(host);
+        if bytes >= STAGED_COPY_MIN_BYTES {
+            let at = host.as_ptr().cast::<u8>();
+            if let Some((body, range)) = pinned_body::registered_at(at, bytes, self.engine().id()) {
+                return self.upload_in_place(&body, range, host.len());
+            }
+        }
         let Some(mut slots) = self.staging_for(bytes) else {
             return self.upload_pageable(host);
         };
@@ -161,6 +168,38 @@ impl DeviceLease<'_> {
             slots.settle(i)?;
         }
         Ok(DeviceBuffer::over(memory, host.len()))
+    }
+
+    /// `len` elements uploaded straight from `range` of a request body already in
+    /// page-locked memory of this engine's (`pinned_body.rs`): one queued copy at the
+    /// bus's speed, no staging. The host waits for it before returning, so the body may
+    /// go as soon as the caller's slice of it does.
+    fn upload_in_place<T: Element>(
+        &self,
+        body: &Registration,
+        range: Range<usize>,
+        len: usize,
+    ) -> Result<DeviceBuffer<T>, DeviceError> {
+        let bytes = range.len();
+        let mut memory = self.engine().alloc(bytes)?;
+        let pinned = body.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the range lies inside the registered block (the registry's lookup),
+        // which the caller's slice of it keeps alive; the device memory holds `bytes`; the
+        // host only reads the block until the copy is waited for, below.
+        let queued = unsafe {
+            self.engine()
+                .upload_pinned(self.stream(), &mut *memory, 0, &**pinned, range)
+        };
+        let waited =
+            (self.engine().record(self.stream())).and_then(|done| self.engine().host_wait(&*done));
+        if queued.is_err() || waited.is_err() {
+            // Whatever was queued has finished or failed before the body may go.
+            let _ = self.synchronize();
+        }
+        queued?;
+        waited?;
+        CopyCounts::add(&self.copies.body_to_device, bytes);
+        Ok(DeviceBuffer::over(memory, len))
     }
 
     /// Appends `buf`'s contents to `host` once the work queued before has finished,

@@ -502,6 +502,17 @@ impl DeviceEngine for EmulatedEngine {
         Ok(Some(Box::new(pinned)))
     }
 
+    unsafe fn register_host(
+        &self,
+        address: *mut u8,
+        bytes: usize,
+    ) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
+        // SAFETY: the caller's contract.
+        let pinned =
+            unsafe { EmulatedPinned::registered(self.id, self.order.clone(), address, bytes) };
+        Ok(Some(Box::new(pinned)))
+    }
+
     fn module_loads(&self) -> Vec<ModuleLoad> {
         vec![ModuleLoad {
             module: "all (built into this binary)".into(),

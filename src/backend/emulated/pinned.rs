@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 
 pub struct EmulatedPinned {
     address: *mut u8,
-    layout: Layout,
+    /// How it was allocated, where this value owns it; `None` for the caller's memory
+    /// registered with the device (`register_host`), which it never frees.
+    layout: Option<Layout>,
     bytes: usize,
     engine: EngineId,
     log: Mutex<AccessLog>,
@@ -43,12 +45,33 @@ impl EmulatedPinned {
         }
         Ok(Self {
             address,
-            layout,
+            layout: Some(layout),
             bytes,
             engine,
             log: Mutex::new(AccessLog::default()),
             order,
         })
+    }
+
+    /// The caller's `bytes` at `address`, registered as page-locked: copies from and to
+    /// it are queued and checked as for the device's own.
+    ///
+    /// # Safety
+    /// `address` must be valid for `bytes` bytes and outlive the value.
+    pub(super) unsafe fn registered(
+        engine: EngineId,
+        order: Arc<HostOrder>,
+        address: *mut u8,
+        bytes: usize,
+    ) -> Self {
+        Self {
+            address,
+            layout: None,
+            bytes,
+            engine,
+            log: Mutex::new(AccessLog::default()),
+            order,
+        }
     }
 
     pub(super) fn touch(&self, writes: bool) -> Touch<'_> {
@@ -61,8 +84,10 @@ impl EmulatedPinned {
 
 impl Drop for EmulatedPinned {
     fn drop(&mut self) {
-        // SAFETY: allocated with this layout in `new`.
-        unsafe { std::alloc::dealloc(self.address, self.layout) };
+        if let Some(layout) = self.layout {
+            // SAFETY: allocated with this layout in `new`.
+            unsafe { std::alloc::dealloc(self.address, layout) };
+        }
     }
 }
 
