@@ -39,7 +39,7 @@ impl App {
         let mut store = Store::open_with(&cfg.data_dir, &database)?;
         // Datasets are shared when both their catalog and their files can be.
         if store.is_shared() && !cfg.artifact_store.is_empty() {
-            store = store.with_catalog_in_shared_engine();
+            store = store.with_catalog_in_shared_database();
         }
         let store = Arc::new(store);
         tracing::info!(

@@ -55,13 +55,13 @@ pub fn probe() -> Environment {
         ),
         library(
             "cublasLt",
-            "matmul's library engine",
+            "matmul's vendor library",
             cuda::blaslt::library_available(),
             cuda::blaslt::library_version(),
         ),
         library(
             "cudnn",
-            "conv2d's library engine",
+            "conv2d's vendor library",
             cuda::cudnn::library_available(),
             cuda::cudnn::library_version(),
         ),

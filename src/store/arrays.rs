@@ -11,8 +11,8 @@
 //! (SQLite's write transaction already excludes every other writer), so two replicas
 //! reserving at once cannot both fit in the room of one.
 
-use super::engine::DbError;
-use super::engine::{Param, Row, Tx};
+use super::database::DbError;
+use super::database::{Param, Row, Tx};
 use super::{Store, StoreError};
 use crate::arrays::{ArrayError, ArrayLimits};
 

@@ -6,7 +6,7 @@
 //! A replica killed mid-charge never committed it: its transaction rolls back with its
 //! connection, and the lock passes on.
 
-use super::engine::{DbError, Param, Row, Tx};
+use super::database::{DbError, Param, Row, Tx};
 use super::{now, Store, StoreError};
 use crate::ops::dp::accountant;
 use serde_json::Value;

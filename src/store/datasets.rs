@@ -4,7 +4,7 @@
 //! every write a worker makes is fenced by its owner id and attempt number, so a worker
 //! that lost its lease changes nothing.
 
-use super::engine::{Param, Row, Tx};
+use super::database::{Param, Row, Tx};
 use super::{now, Store, StoreError};
 use serde::Serialize;
 
@@ -242,7 +242,7 @@ fn counts_params(c: &Counts) -> [Param<'static>; 5] {
     ]
 }
 
-/// Milliseconds since the Unix epoch: leases are compared as numbers on both engines.
+/// Milliseconds since the Unix epoch: leases are compared as numbers on both databases.
 /// Replicas' clocks must agree to well within a lease (NTP does).
 fn now_ms() -> i64 {
     std::time::SystemTime::now()

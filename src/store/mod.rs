@@ -1,4 +1,4 @@
-//! Persistence. Privacy budgets and their ledger live in the *shared* engine: the embedded
+//! Persistence. Privacy budgets and their ledger live in the *shared* database: the embedded
 //! SQLite file under `--data-dir` by default (WAL, full synchronous commits, so what a
 //! response reports as written survives a crash), or PostgreSQL with `--database-url`,
 //! so that every replica charges one budget. The dataset catalog and its queue are in the
@@ -7,8 +7,8 @@
 
 mod arrays;
 mod budgets;
+mod database;
 mod datasets;
-mod engine;
 mod migrations;
 mod secagg;
 pub use secagg::spawn_round_expiry;
@@ -21,17 +21,17 @@ pub use datasets::{
 };
 pub use secagg::{AggregationInputs, MemberRecord, Reveal, RoundError, RoundRecord};
 
-use engine::{DbError, Engine};
+use database::{Database, DbError};
 use rusqlite::Connection;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 pub struct Store {
     /// Where budgets live: `local` again, or PostgreSQL.
-    shared: Engine,
+    shared: Database,
     /// Where the dataset catalog and its queue live: the embedded file, or the shared
-    /// engine (`with_catalog_in_shared_engine`).
-    catalog: Engine,
+    /// database (`with_catalog_in_shared_database`).
+    catalog: Database,
     path: PathBuf,
 }
 
@@ -94,7 +94,7 @@ impl Store {
         Self::open_with(dir, &DatabaseUrl::Embedded)
     }
 
-    /// Opens the embedded file in `dir` and the shared engine `db` names, migrating both.
+    /// Opens the embedded file in `dir` and the shared database `db` names, migrating both.
     pub fn open_with(dir: &Path, db: &DatabaseUrl) -> Result<Self, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("--data-dir {}: {e}", dir.display()))?;
         let path = dir.join("gpu-ops.sqlite3");
@@ -108,29 +108,29 @@ impl Store {
         migrations::migrate(&mut conn).map_err(|e| format!("{}: {e}", path.display()))?;
         let local = Arc::new(Mutex::new(conn));
         let shared = match db {
-            DatabaseUrl::Embedded => Engine::Sqlite(local.clone()),
+            DatabaseUrl::Embedded => Database::Sqlite(local.clone()),
             DatabaseUrl::Postgres {
                 url,
                 max_connections,
             } => {
-                let engine = Engine::connect_postgres(url, *max_connections)?;
-                engine
+                let postgres = Database::connect_postgres(url, *max_connections)?;
+                postgres
                     .migrate_postgres()
                     .map_err(|e| format!("{}: {e}", db.redacted()))?;
-                engine
+                postgres
             }
         };
         Ok(Self {
-            catalog: Engine::Sqlite(local),
+            catalog: Database::Sqlite(local),
             shared,
             path,
         })
     }
 
-    /// Moves the dataset catalog and its queue into the shared engine, for replicas whose
+    /// Moves the dataset catalog and its queue into the shared database, for replicas whose
     /// finished files are shared too (`--artifact-store`): any replica's worker may then
     /// run any job, and any replica serve it.
-    pub fn with_catalog_in_shared_engine(mut self) -> Self {
+    pub fn with_catalog_in_shared_database(mut self) -> Self {
         self.catalog = self.shared.share();
         self
     }
@@ -155,7 +155,7 @@ impl Store {
     }
 }
 
-/// Storage that could not be read or written: which part, and the engine's message.
+/// Storage that could not be read or written: which part, and the database's message.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{part}: {message}")]
 pub struct StoreError {

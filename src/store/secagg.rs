@@ -1,4 +1,4 @@
-//! Secure-aggregation rounds in the shared engine, so a restart (or another replica)
+//! Secure-aggregation rounds in the shared database, so a restart (or another replica)
 //! resumes a round where it stood. Each request is one transaction that locks the
 //! round's row, checks the request against the state machine of
 //! `ops::mpc::secagg::round`, writes it, and closes the stage when every client expected
@@ -6,7 +6,7 @@
 //! the same transaction that records the upload, so the sum holds each survivor exactly
 //! once; no upload is kept on its own (the first is the sum until the second arrives).
 
-use super::engine::{DbError, Param, Row, Tx};
+use super::database::{DbError, Param, Row, Tx};
 use super::{now, Store, StoreError};
 use crate::ops::invalid::Invalid;
 use crate::ops::mpc::secagg::masks::add_into;

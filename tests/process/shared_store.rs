@@ -400,7 +400,7 @@ fn two_catalogs(engine: &str) -> Option<(Store, Store)> {
             let open = |sub: &str| {
                 Store::open_with(&dir.join(sub), &db)
                     .unwrap()
-                    .with_catalog_in_shared_engine()
+                    .with_catalog_in_shared_database()
             };
             Some((open("a"), open("b")))
         }

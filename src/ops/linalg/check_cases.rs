@@ -13,10 +13,10 @@
 //! at 2048³ and scaled by 8): a 4096³ product's twin (f32 `gemm`) takes about 6.7 CPU-s
 //! and the tolerance `Job::agrees` builds (the product of |A|·|B| in f64) about 15, so
 //! about 1.4 s on 16 cores; the four cubes and the batched product (half a cube), on
-//! both engines, about 13 s. The embeddings' twins took 0.8 CPU-s (sinusoidal) and
+//! both providers, about 13 s. The embeddings' twins took 0.8 CPU-s (sinusoidal) and
 //! 0.15–0.4 (lookups) each, their checks under 0.1 s: well under a second in all.
 
-use super::{run_matmul_on, MatmulEngine};
+use super::{run_matmul_on, MatmulProvider};
 use super::{Compute, Dtype, Layout, LookupJob, MatmulJob, MatmulShape, Operands, SinusoidalJob};
 use crate::backend::cuda::blaslt::MATMUL_BLASLT_OP;
 use crate::backend::measure::{case_seed, mixed_values as mixed, CaseInfo, CheckLevel};
@@ -291,7 +291,7 @@ fn blaslt_cases(cases: &[(CaseInfo, MatmulJob)]) -> Box<dyn SelfTest> {
         serves: &["matmul", "conv2d"],
         jobs,
         opened: |dev| dev.has_blaslt(),
-        run: |job, dev| run_matmul_on(job, dev, MatmulEngine::BlasLt),
+        run: |job, dev| run_matmul_on(job, dev, MatmulProvider::BlasLt),
         infos,
     })
 }

@@ -32,33 +32,33 @@ pub fn kernel_module() -> KernelModule {
 
 /// Which code forms a device's products.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MatmulEngine {
+pub(crate) enum MatmulProvider {
     /// Our `matmul_f32` kernel (every device, the emulated one included).
     Kernel,
     /// cuBLASLt, for the passes it takes (others stay on the kernel).
     BlasLt,
 }
 
-impl MatmulEngine {
+impl MatmulProvider {
     /// cuBLASLt where this device has it, its self-test passed, and the operator left it
     /// on; our kernel otherwise.
     pub(crate) fn for_device(dev: &DeviceLease<'_>) -> Self {
         if dev.has_blaslt() && dev.device.op_verified(MATMUL_BLASLT_OP) {
-            MatmulEngine::BlasLt
+            MatmulProvider::BlasLt
         } else {
-            MatmulEngine::Kernel
+            MatmulProvider::Kernel
         }
     }
 }
 
 pub fn launch_matmul(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
-    run_matmul_on(job, dev, MatmulEngine::for_device(dev))
+    run_matmul_on(job, dev, MatmulProvider::for_device(dev))
 }
 
 pub(crate) fn run_matmul_on(
     job: &MatmulJob,
     dev: &DeviceLease<'_>,
-    engine: MatmulEngine,
+    provider: MatmulProvider,
 ) -> Result<Values, DeviceError> {
     let Operands::F32 { a, b, c } = &job.operands else {
         return Err(DeviceError {
@@ -124,7 +124,7 @@ pub(crate) fn run_matmul_on(
             batches: count,
         };
         let d_c = c_pass.as_ref().or(c_all.as_deref());
-        matmul_pass(dev, engine, job.compute, &pass, d_a, d_b, d_c, &mut d)?;
+        matmul_pass(dev, provider, job.compute, &pass, d_a, d_b, d_c, &mut d)?;
         out.extend(dev.download(&d)?);
         first += count;
     }
@@ -147,7 +147,7 @@ pub(crate) struct MatmulPass {
     pub batches: usize,
 }
 
-/// One pass on `engine`. cuBLASLt takes C as D's starting value, so it runs where C is
+/// One pass by `provider`. cuBLASLt takes C as D's starting value, so it runs where C is
 /// absent or can be copied into D whole (batched, or a single entry); a pass it cannot
 /// take, whose operand strides are not plain row-major, or that cuBLASLt refuses (no
 /// algorithm for it), runs on our kernel. Our kernel reads C, not D, and writes all of
@@ -155,7 +155,7 @@ pub(crate) struct MatmulPass {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_pass(
     dev: &DeviceLease<'_>,
-    engine: MatmulEngine,
+    provider: MatmulProvider,
     compute: Compute,
     pass: &MatmulPass,
     a: &DeviceBuffer<f32>,
@@ -163,9 +163,9 @@ pub(crate) fn matmul_pass(
     c: Option<&DeviceBuffer<f32>>,
     d: &mut DeviceBuffer<f32>,
 ) -> Result<(), DeviceError> {
-    let product = match engine {
-        MatmulEngine::BlasLt => blaslt_product(pass, compute),
-        MatmulEngine::Kernel => None,
+    let product = match provider {
+        MatmulProvider::BlasLt => blaslt_product(pass, compute),
+        MatmulProvider::Kernel => None,
     };
     let whole_c = pass.batches == 1 || pass.c_batch == pass.m * pass.n;
     let c_fits = c.is_none_or(|c| c.len() == d.len() && whole_c);

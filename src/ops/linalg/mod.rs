@@ -13,7 +13,7 @@ pub mod sinusoidal;
 pub(crate) mod views;
 
 pub use gpu::{kernel_module, launch_lookup, launch_matmul, launch_sinusoidal};
-pub(crate) use gpu::{matmul_pass, run_matmul_on, MatmulEngine, MatmulPass};
+pub(crate) use gpu::{matmul_pass, run_matmul_on, MatmulPass, MatmulProvider};
 pub use lookup::LookupJob;
 pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};
 pub use precision::{Compute, Dtype};

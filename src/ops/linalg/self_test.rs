@@ -3,7 +3,7 @@
 //! embeddings in both layouts past one grid stride, with large and fractional positions;
 //! table lookups.
 
-use super::{run_matmul_on, MatmulEngine};
+use super::{run_matmul_on, MatmulProvider};
 use super::{Compute, Dtype, Layout, LookupJob, MatmulJob, MatmulShape, Operands, SinusoidalJob};
 use crate::backend::cuda::blaslt::MATMUL_BLASLT_OP;
 use crate::backend::verify::{JobCheck, LibraryCheck, SelfTest};
@@ -130,7 +130,7 @@ pub(crate) fn blaslt_check() -> Box<dyn SelfTest> {
         serves: &["matmul", "conv2d"],
         jobs: blaslt_jobs(),
         opened: |dev| dev.has_blaslt(),
-        run: |job, dev| run_matmul_on(job, dev, MatmulEngine::BlasLt),
+        run: |job, dev| run_matmul_on(job, dev, MatmulProvider::BlasLt),
         infos: Vec::new(),
     })
 }

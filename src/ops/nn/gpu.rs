@@ -11,7 +11,7 @@ use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
 use crate::backend::device::LaunchConfig;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
-use crate::ops::linalg::{matmul_pass, Compute, MatmulEngine, MatmulPass, Strides, Values};
+use crate::ops::linalg::{matmul_pass, Compute, MatmulPass, MatmulProvider, Strides, Values};
 use std::sync::Arc;
 
 const KERNEL_NAMES: &[&str] = &[
@@ -189,34 +189,34 @@ fn weights_on(
 
 /// Which code runs a device's convolutions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ConvEngine {
-    /// `conv_im2col_f32`, the product engine, then bias and ReLU (every device).
+pub(crate) enum ConvProvider {
+    /// `conv_im2col_f32`, the product (`MatmulProvider`), then bias and ReLU (every device).
     Im2col,
     /// cuDNN for the convolution, then our bias and ReLU; im2col for what it refuses.
     Cudnn,
 }
 
-impl ConvEngine {
+impl ConvProvider {
     /// cuDNN where this device has it, its self-test passed, and the operator left it on.
     pub(crate) fn for_device(dev: &DeviceLease<'_>) -> Self {
         if dev.has_cudnn() && dev.device.op_verified(CONV2D_CUDNN_OP) {
-            ConvEngine::Cudnn
+            ConvProvider::Cudnn
         } else {
-            ConvEngine::Im2col
+            ConvProvider::Im2col
         }
     }
 }
 
 pub fn launch_conv2d(job: &Conv2dJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
-    run_conv2d_on(job, dev, ConvEngine::for_device(dev))
+    run_conv2d_on(job, dev, ConvProvider::for_device(dev))
 }
 
 pub(crate) fn run_conv2d_on(
     job: &Conv2dJob,
     dev: &DeviceLease<'_>,
-    engine: ConvEngine,
+    provider: ConvProvider,
 ) -> Result<Values, DeviceError> {
-    if engine == ConvEngine::Cudnn {
+    if provider == ConvProvider::Cudnn {
         match run_conv2d_cudnn(job, dev) {
             Err(e) if e.kind == DeviceErrorKind::Unsupported => {
                 tracing::warn!(reason = %e.message, "cuDNN declined a convolution; im2col runs it");
@@ -233,7 +233,7 @@ pub(crate) fn run_conv2d_on(
     let (out_h, out_w) = s.out_size().expect("the job checked the output size");
     let (p, k, og) = (s.positions(), s.window(), s.group_out());
     let image_len = s.channels * s.height * s.width;
-    let engine = MatmulEngine::for_device(dev);
+    let provider = MatmulProvider::for_device(dev);
     let d_weight = weights_on(job, dev, weight)?;
     let d_bias = bias.as_ref().map(|b| dev.upload(b)).transpose()?;
     let pass = MatmulPass {
@@ -288,7 +288,7 @@ pub(crate) fn run_conv2d_on(
         let mut d_out = dev.alloc_zeros::<f32>(s.out_channels * p)?;
         matmul_pass(
             dev,
-            engine,
+            provider,
             Compute::F32,
             &pass,
             &d_weight,

@@ -1,4 +1,4 @@
-//! The shared array catalog on the embedded engine (the same SQL runs on PostgreSQL in
+//! The shared array catalog on the embedded database (the same SQL runs on PostgreSQL in
 //! tests/process/shared_arrays.rs): reservations within the quotas, commits, retiring,
 //! and what a sweep finds.
 

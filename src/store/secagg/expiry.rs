@@ -1,7 +1,7 @@
 //! Rounds left behind: every round not changed for `--secagg-round-ttl` is deleted with
 //! its members, sealed messages and revealed shares, by a sweep on a timer.
 
-use super::super::engine::{DbError, Param};
+use super::super::database::{DbError, Param};
 use super::{RoundError, PART};
 use crate::store::Store;
 

@@ -1,8 +1,8 @@
-//! The two database engines behind the store, with one way to run a transaction on
+//! The two databases behind the store, with one way to run a transaction on
 //! either: the embedded SQLite file (the default) and PostgreSQL (`--database-url
 //! postgres://…`, shared by replicas). Store code writes its SQL once, with SQLite's
 //! `?N` placeholders (rewritten to `$N` for PostgreSQL), binds `Param`s and reads
-//! `Row`s, so what a charge or a claim means is written once and the engines only lock,
+//! `Row`s, so what a charge or a claim means is written once and the databases only lock,
 //! read and write.
 //!
 //! Both clients are synchronous. The store is called from blocking threads (the API's
@@ -23,7 +23,7 @@ pub(super) type PgPool = r2d2::Pool<PostgresConnectionManager<NoTls>>;
 /// 503 `storage_unavailable`.
 const PG_CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 
-pub(super) enum Engine {
+pub(super) enum Database {
     Sqlite(Arc<Mutex<Connection>>),
     /// In an `Option` only so that `Drop` can move it to a plain thread.
     Postgres(Option<PgPool>),
@@ -40,7 +40,7 @@ pub(super) enum Param<'a> {
     Blob(&'a [u8]),
 }
 
-/// One cell read back; integers and floats as the engines store them.
+/// One cell read back; integers and floats as the databases store them.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Cell {
     Null,
@@ -53,7 +53,7 @@ pub(super) enum Cell {
 #[derive(Debug)]
 pub(super) struct Row(Vec<Cell>);
 
-/// An engine's error, and whether it means "cannot reach the database" (503, retry)
+/// A database's error, and whether it means "cannot reach the database" (503, retry)
 /// rather than "the statement failed" (500).
 #[derive(Debug)]
 pub(super) struct DbError {
@@ -156,14 +156,14 @@ impl Row {
     }
 }
 
-/// An open transaction on either engine. Dropped without `commit`, it rolls back.
+/// An open transaction on either database. Dropped without `commit`, it rolls back.
 pub(super) enum Tx<'c> {
     Sqlite(rusqlite::Transaction<'c>),
     Postgres(postgres::Transaction<'c>),
 }
 
 impl Tx<'_> {
-    /// `FOR UPDATE` where the engine locks rows; SQLite's write transaction already holds
+    /// `FOR UPDATE` where the database locks rows; SQLite's write transaction already holds
     /// the database's one write lock from its first statement.
     pub fn lock_rows(&self) -> &'static str {
         match self {
@@ -172,7 +172,7 @@ impl Tx<'_> {
         }
     }
 
-    /// `FOR UPDATE SKIP LOCKED` where the engine has it: claimers at once take different
+    /// `FOR UPDATE SKIP LOCKED` where the database has it: claimers at once take different
     /// rows instead of queueing on one.
     pub fn skip_locked(&self) -> &'static str {
         match self {
@@ -320,7 +320,7 @@ pub(super) fn postgres_sql(sql: &str) -> String {
     sql.replace('?', "$")
 }
 
-impl Engine {
+impl Database {
     /// Connects a pool to `url` (a `postgres://` or `postgresql://` URL) and checks one
     /// connection out, on a plain thread (see the module's note).
     pub fn connect_postgres(url: &str, max_connections: u32) -> Result<Self, String> {
@@ -346,7 +346,7 @@ impl Engine {
                     .connection_timeout(PG_CHECKOUT_TIMEOUT)
                     .build(manager)
                     .map_err(|e| format!("--database-url: cannot connect: {e}"))?;
-                Ok(Engine::Postgres(Some(pool)))
+                Ok(Database::Postgres(Some(pool)))
             })
             .join()
             .unwrap_or_else(|_| Err("--database-url: the connection thread panicked".into()))
@@ -356,7 +356,7 @@ impl Engine {
     /// Applies PostgreSQL's migrations (a no-op on SQLite, which `Store::open` migrates),
     /// on a plain thread.
     pub fn migrate_postgres(&self) -> Result<u32, String> {
-        let Engine::Postgres(Some(pool)) = self else {
+        let Database::Postgres(Some(pool)) = self else {
             return Ok(super::migrations::latest());
         };
         std::thread::scope(|s| {
@@ -370,15 +370,15 @@ impl Engine {
     }
 
     /// Another handle on the same database (the same connection or pool).
-    pub fn share(&self) -> Engine {
+    pub fn share(&self) -> Database {
         match self {
-            Engine::Sqlite(conn) => Engine::Sqlite(conn.clone()),
-            Engine::Postgres(pool) => Engine::Postgres(pool.clone()),
+            Database::Sqlite(conn) => Database::Sqlite(conn.clone()),
+            Database::Postgres(pool) => Database::Postgres(pool.clone()),
         }
     }
 
     pub fn is_postgres(&self) -> bool {
-        matches!(self, Engine::Postgres(_))
+        matches!(self, Database::Postgres(_))
     }
 
     /// Runs `f` in a transaction that takes the write lock (SQLite: IMMEDIATE; PostgreSQL:
@@ -409,7 +409,7 @@ impl Engine {
     ) -> Result<T, E> {
         let fail = |e: DbError| E::from(StoreError::from_db(part, e));
         match self {
-            Engine::Sqlite(conn) => {
+            Database::Sqlite(conn) => {
                 let mut conn = conn.lock().unwrap_or_else(|e| e.into_inner());
                 let tx = conn
                     .transaction_with_behavior(behavior)
@@ -419,7 +419,7 @@ impl Engine {
                 tx.commit().map_err(fail)?;
                 Ok(out)
             }
-            Engine::Postgres(pool) => {
+            Database::Postgres(pool) => {
                 let pool = pool.as_ref().expect("the pool lives until drop");
                 let mut client = pool.get().map_err(|e| {
                     fail(DbError {
@@ -446,9 +446,9 @@ impl Engine {
     }
 }
 
-impl Drop for Engine {
+impl Drop for Database {
     fn drop(&mut self) {
-        if let Engine::Postgres(pool) = self {
+        if let Database::Postgres(pool) = self {
             if let Some(pool) = pool.take() {
                 // Each connection owns a runtime, which may not be dropped on an async
                 // thread; a plain one may drop it anywhere.
@@ -472,23 +472,22 @@ mod tests {
 
     #[test]
     fn sqlite_rows_read_back_typed_and_a_failed_closure_rolls_back() {
-        let engine = Engine::Sqlite(Arc::new(Mutex::new(Connection::open_in_memory().unwrap())));
-        engine
-            .write("test", |tx| {
-                tx.exec("CREATE TABLE t (a TEXT, b INTEGER, c REAL)", &[])?;
-                tx.exec(
-                    "INSERT INTO t VALUES (?1, ?2, ?3)",
-                    &[Param::Text("x"), Param::I64(-3), Param::OptF64(None)],
-                )?;
-                Ok::<_, StoreError>(())
-            })
-            .unwrap();
-        let refused: Result<(), StoreError> = engine.write("test", |tx| {
+        let db = Database::Sqlite(Arc::new(Mutex::new(Connection::open_in_memory().unwrap())));
+        db.write("test", |tx| {
+            tx.exec("CREATE TABLE t (a TEXT, b INTEGER, c REAL)", &[])?;
+            tx.exec(
+                "INSERT INTO t VALUES (?1, ?2, ?3)",
+                &[Param::Text("x"), Param::I64(-3), Param::OptF64(None)],
+            )?;
+            Ok::<_, StoreError>(())
+        })
+        .unwrap();
+        let refused: Result<(), StoreError> = db.write("test", |tx| {
             tx.exec("INSERT INTO t VALUES ('y', 1, 1.5)", &[])?;
             Err(StoreError::new("test", "refused"))
         });
         assert!(refused.is_err());
-        let rows = engine
+        let rows = db
             .read("test", |tx| {
                 Ok::<_, StoreError>(tx.query("SELECT a, b, c FROM t", &[])?)
             })
