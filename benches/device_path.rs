@@ -2,14 +2,17 @@
 //! emulated device, and whether jobs share a device.
 //!
 //! 1. The host side of a round trip: a job's time on its lease less the emulated
-//!    engine's own time in copies, memsets and launches (what a GPU's copy engines and
-//!    SMs would do). Each case runs with page-locked staging (field ops, Shamir and
+//!    engine's own time in allocations, copies, memsets and launches (what a GPU's
+//!    allocator, copy engines and SMs would do). Each case runs with page-locked staging (field ops, Shamir and
 //!    lookups in chunks on two lanes, the others' large copies in staged pieces), and
 //!    with staging off (`StagingBudget` 0: pageable copies, the chunked ones in
 //!    single-lane passes), in the same process, with the host bytes each moved. On the emulated
 //!    device a staged copy is two memcpys (host → staging by the job, staging → device by
 //!    the engine) where a pageable one is one, so the staged host side includes a copy a
 //!    GPU's driver would otherwise make itself, slower, from pageable memory.
+//!    DP privatize runs a third time with its gradients read in place from a request
+//!    body in page-locked memory (`backend::device::PinnedBlock`, as a bulk body is read
+//!    on a GPU host): the upload is one copy straight from it, no staging.
 //! 2. Several jobs at once: the same field additions from 8 threads on one emulated
 //!    device, `--gpu-jobs-per-device` 1 against 4.
 //!
@@ -24,9 +27,11 @@
 mod common;
 
 use common::{dp_gradients, env, median, privatize_job};
-use gpu_ops::backend::device::{CopyCounts, DeviceLease, StagingBudget, DEFAULT_STAGING_MIB};
+use gpu_ops::backend::device::{
+    CopyCounts, DeviceLease, PinnedBlock, StagingBudget, DEFAULT_STAGING_MIB,
+};
 use gpu_ops::backend::GpuDevice;
-use gpu_ops::ops::dp::{launch_privatize, NoiseKey};
+use gpu_ops::ops::dp::{launch_privatize, NoiseKey, PrivatizeJob};
 use gpu_ops::ops::linalg::{launch_lookup, Dtype, LookupJob};
 use gpu_ops::ops::mpc::launch_share;
 use gpu_ops::ops::mpc::shamir::{dealer_coefficients, ShareJob};
@@ -36,6 +41,7 @@ use gpu_ops::ops::zk::samples::{random_elements, random_points};
 use gpu_ops::ops::zk::{
     launch_field_binary, launch_msm, launch_ntt, Field, FieldBinaryJob, FieldOp, FieldVec, U256,
 };
+use gpu_ops::wire::Array;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +56,7 @@ struct Run {
     engine: Duration,
     staged: u64,
     pageable: u64,
+    from_body: u64,
 }
 
 fn run_once(dev: &GpuDevice, job: &dyn Fn(&DeviceLease<'_>)) -> Run {
@@ -65,6 +72,7 @@ fn run_once(dev: &GpuDevice, job: &dyn Fn(&DeviceLease<'_>)) -> Run {
         engine: Duration::from_secs_f64(engine),
         staged: CopyCounts::get(&c.staged_to_device) + CopyCounts::get(&c.staged_from_device),
         pageable: CopyCounts::get(&c.pageable_to_device) + CopyCounts::get(&c.pageable_from_device),
+        from_body: CopyCounts::get(&c.body_to_device),
     }
 }
 
@@ -86,6 +94,7 @@ fn measure(dev: &GpuDevice, repeats: usize, job: &dyn Fn(&DeviceLease<'_>)) -> (
             engine,
             staged: last.staged,
             pageable: last.pageable,
+            from_body: last.from_body,
         },
         host,
     )
@@ -104,10 +113,45 @@ fn field_add(field: Field, n: usize, seed: u64) -> FieldBinaryJob {
     FieldBinaryJob::new(FieldOp::Add, vec(seed), vec(seed + 1)).unwrap()
 }
 
+/// Whether the run asks for case `name` (`BENCH_CASES`; empty: all).
+fn wanted(name: &str) -> bool {
+    let wanted = std::env::var("BENCH_CASES").unwrap_or_default();
+    wanted.is_empty() || wanted.split(',').any(|w| w.trim() == name)
+}
+
+/// A request body's bytes in a block registered with a device, as a bulk body is read.
+struct PageLockedBody(PinnedBlock, usize);
+
+impl AsRef<[u8]> for PageLockedBody {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the first `len` bytes of the block, written when it was made.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr(), self.1) }
+    }
+}
+
+/// The privatize case on a fresh device, its gradients in a page-locked body of that
+/// device's.
+fn privatize_from_a_page_locked_body() -> (String, GpuDevice, PrivatizeJob) {
+    let (rows, log_cols) = (env("BENCH_DP_ROWS", 256), env("BENCH_DP_LOG2", 20));
+    let cols = 1usize << log_cols;
+    let dev = GpuDevice::emulated(0, 16 * GIB);
+    let bytes: Vec<u8> = dp_gradients(rows * cols)
+        .iter()
+        .flat_map(|g| g.to_le_bytes())
+        .collect();
+    let mut block = PinnedBlock::new(&dev, bytes.len()).unwrap().unwrap();
+    // SAFETY: the block holds at least `bytes.len()` bytes, and no copy reads it yet.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), block.as_mut_ptr(), bytes.len()) };
+    let body = bytes::Bytes::from_owner(PageLockedBody(block, bytes.len()));
+    let gradients = Array::<f32>::from_le_bytes(body).unwrap();
+    assert!(gradients.is_lent(), "read in place");
+    let label = format!("DP privatize {rows} × 2^{log_cols} f32");
+    (label, dev, privatize_job(gradients, rows, cols))
+}
+
 /// Issue 57's cases the run asks for (`BENCH_CASES`), each built once.
 fn cases() -> Vec<(String, Job<'static>)> {
-    let wanted = std::env::var("BENCH_CASES").unwrap_or_default();
-    let wants = |name: &str| wanted.is_empty() || wanted.split(',').any(|w| w.trim() == name);
+    let wants = wanted;
     let mut cases: Vec<(String, Job<'static>)> = Vec::new();
     if wants("field_add") {
         let log_n = env("BENCH_FIELD_LOG2", 22);
@@ -211,25 +255,35 @@ fn cases() -> Vec<(String, Job<'static>)> {
 fn main() {
     let repeats = env("BENCH_REPEATS", 3);
     println!("# Device round trips on the emulated device (host side = time on the lease less the engine's copies and kernels)\n");
-    println!("| case | copies | round trip ms | engine ms | host side ms | host MB staged | host MB pageable |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| case | copies | round trip ms | engine ms | host side ms | host MB staged | host MB pageable | host MB from the body |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let row = |label: &str, copies: &str, (run, host): (Run, Duration)| {
+        println!(
+            "| {label} | {copies} | {} | {} | {} | {} | {} | {} |",
+            ms(run.wall),
+            ms(run.engine),
+            ms(host),
+            mb(run.staged),
+            mb(run.pageable),
+            mb(run.from_body),
+        );
+    };
     for (label, job) in &cases() {
         for staging in [true, false] {
             let dev = GpuDevice::emulated(0, 16 * GIB);
             if !staging {
                 dev.share_staging(StagingBudget::new(0));
             }
-            let (run, host) = measure(&dev, repeats, job.as_ref());
-            println!(
-                "| {label} | {} | {} | {} | {} | {} | {} |",
-                if staging { "page-locked" } else { "pageable" },
-                ms(run.wall),
-                ms(run.engine),
-                ms(host),
-                mb(run.staged),
-                mb(run.pageable),
-            );
+            let copies = if staging { "page-locked" } else { "pageable" };
+            row(label, copies, measure(&dev, repeats, job.as_ref()));
         }
+    }
+    if wanted("privatize") {
+        let (label, dev, job) = privatize_from_a_page_locked_body();
+        let run = measure(&dev, repeats, &|lease: &DeviceLease<'_>| {
+            std::hint::black_box(launch_privatize(&job, lease).unwrap());
+        });
+        row(&label, "page-locked body", run);
     }
     println!("\n# 8 field_add goldilocks 2^20 jobs from 8 threads on one emulated device\n");
     println!("| --gpu-jobs-per-device | wall ms (median of {repeats}) | ratio to 1 |");

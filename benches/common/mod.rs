@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use gpu_ops::ops::dp::{GaussianPlan, Gradients, NoiseKey, PrivatizeJob};
+use gpu_ops::wire::Array;
 use std::time::{Duration, Instant};
 
 pub fn env(name: &str, default: usize) -> usize {
@@ -66,7 +67,7 @@ pub fn dp_gradients(n: usize) -> Vec<f32> {
 }
 
 /// A privatize job over `rows` × `cols` f32 gradients: one clipping group, σ = 1.1.
-pub fn privatize_job(g: Vec<f32>, rows: usize, cols: usize) -> PrivatizeJob {
+pub fn privatize_job(g: impl Into<Array<f32>>, rows: usize, cols: usize) -> PrivatizeJob {
     PrivatizeJob {
         gradients: Gradients::F32(g.into()),
         rows,

@@ -234,7 +234,7 @@ impl GpuDevice {
         }
     }
 
-    /// The emulated device's seconds in copies, memsets and launches so far (`None` on a
+    /// The emulated device's seconds in allocations, copies, memsets and launches so far (`None` on a
     /// GPU): a device job's time less this is its host side (`benches/device_path.rs`).
     pub fn emulated_engine_seconds(&self) -> Option<f64> {
         let engine = self.engine();

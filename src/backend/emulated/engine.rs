@@ -28,8 +28,9 @@ pub struct EmulatedEngine {
     streams: AtomicU64,
     /// Shared with its page-locked buffers, whose host touches it checks.
     order: Arc<HostOrder>,
-    /// Nanoseconds spent in its copies, memsets and launches: what a GPU's copy engines
-    /// and SMs would do, so the rest of a device job's time is its host side.
+    /// Nanoseconds spent in its allocations, copies, memsets and launches: what a GPU's
+    /// allocator, copy engines and SMs would do, so the rest of a device job's time is
+    /// its host side.
     busy_ns: AtomicU64,
 }
 
@@ -101,7 +102,7 @@ impl EmulatedEngine {
         Some(fault)
     }
 
-    /// Seconds spent in copies, memsets and launches since the engine was made.
+    /// Seconds spent in allocations, copies, memsets and launches since the engine was made.
     pub fn busy_seconds(&self) -> f64 {
         self.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
@@ -139,8 +140,10 @@ impl EmulatedEngine {
         // 256-byte aligned as cudaMalloc's; never zero-sized, as the allocator needs.
         let layout = Layout::from_size_align(bytes.max(1), 256)
             .map_err(|e| DeviceError::out_of_memory(format!("emulated device: {e}")))?;
-        // SAFETY: the layout's size is nonzero.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        // SAFETY: the layout's size is nonzero. Counted as the engine's time: zeroing
+        // (and faulting in) the host pages that stand for device memory is the emulated
+        // device's own work, which a GPU's allocator does not do.
+        let ptr = self.busy(|| unsafe { std::alloc::alloc_zeroed(layout) });
         if ptr.is_null() {
             self.in_use.fetch_sub(bytes, Ordering::Relaxed);
             return Err(DeviceError::out_of_memory(format!(
