@@ -49,7 +49,7 @@ metrics! {
     body_pool_reused: IntCounter = ("gpu_ops_body_pool_reused_total", "Request bodies read into a kept buffer (--body-pool-bytes) rather than fresh memory", []);
     staging_bytes: IntGauge = ("gpu_ops_staging_bytes", "Page-locked host memory the devices hold for staging copies (in use or kept for reuse), against --gpu-staging-mib", []);
     pinned_body_bytes: IntGauge = ("gpu_ops_pinned_body_bytes", "Page-locked host memory request bodies in the bulk form are read into on a host with a GPU (in use or kept for reuse), against --gpu-pinned-body-mib", []);
-    pinned_body_fallbacks: IntCounter = ("gpu_ops_pinned_body_fallbacks_total", "Bulk request bodies of 1 MiB or more on a host with a GPU read into pageable memory because --gpu-pinned-body-mib was spent or the registration failed", []);
+    pinned_body_fallbacks: IntCounter = ("gpu_ops_pinned_body_fallbacks_total", "Bulk request bodies declaring 1 MiB or more on a host with a GPU read into pageable memory because --gpu-pinned-body-mib was spent or the registration failed", []);
     connections_open: IntGauge = ("gpu_ops_connections_open", "TCP connections open now, against --max-connections", []);
     connections_refused: IntCounterVec = ("gpu_ops_connections_refused_total", "Connections closed unserved, by reason: max_connections (accepted past --max-connections)", ["reason"]);
     tenant_requests_refused: IntCounterVec = ("gpu_ops_tenant_requests_refused_total", "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)", ["tenant", "reason"]);

@@ -23,7 +23,7 @@ mod array;
 #[cfg(test)]
 mod tests;
 
-pub use array::{first_non_finite, Array, LeScalar};
+pub use array::{first_non_finite, owned_bytes, Array, LeScalar};
 
 /// The media type of a bulk body, in `Content-Type` and `Accept`.
 pub const MEDIA_TYPE: &str = "application/vnd.gpu-ops.bulk";

@@ -14,7 +14,6 @@
 //! A reused buffer is emptied before it is handed out, and a body is read only up to the
 //! bytes it wrote, so no request can read another's bytes; those bytes stay in memory
 //! until overwritten or given back, as any freed allocation's do.
-
 //!
 //! On a host with a GPU a large body in the bulk form is read into page-locked memory
 //! instead (`page_locked.rs`, `--gpu-pinned-body-mib`), so a device job copies its

@@ -133,8 +133,8 @@ impl ArrayData {
     /// keeps.
     fn detached(self) -> Self {
         match self {
-            ArrayData::Recording(r) => ArrayData::Recording(Arc::new(r.detached())),
-            ArrayData::Bytes(b) => ArrayData::Bytes(bytes::Bytes::copy_from_slice(&b)),
+            ArrayData::Recording(r) => ArrayData::Recording(r.detached()),
+            ArrayData::Bytes(b) => ArrayData::Bytes(crate::wire::owned_bytes(b)),
             other => other,
         }
     }

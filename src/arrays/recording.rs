@@ -48,12 +48,14 @@ impl Recording {
         Ok(Self { bytes })
     }
 
-    /// The same samples in bytes of their own, not lent from a request body's (see
-    /// `wire::Array::detached`).
-    pub fn detached(&self) -> Self {
-        Self {
-            bytes: Bytes::copy_from_slice(&self.bytes),
-        }
+    /// The same samples in bytes of their own, not lent from a request body's
+    /// (`wire::owned_bytes`).
+    pub fn detached(self: std::sync::Arc<Self>) -> std::sync::Arc<Self> {
+        let bytes = match std::sync::Arc::try_unwrap(self) {
+            Ok(r) => crate::wire::owned_bytes(r.bytes),
+            Err(shared) => Bytes::copy_from_slice(&shared.bytes),
+        };
+        std::sync::Arc::new(Self { bytes })
     }
 
     /// Samples already finite (a result this server produced).

@@ -66,6 +66,16 @@ enum Held<T> {
     Lent(Bytes, PhantomData<T>),
 }
 
+/// `bytes` in memory of their own: kept as they are when nothing else holds their
+/// memory (a vector's), copied out when they are a slice of something larger that others
+/// share (a request body's), so keeping them keeps nothing more (`Array::detached`).
+pub fn owned_bytes(bytes: Bytes) -> Bytes {
+    match bytes.try_into_mut() {
+        Ok(unique) => unique.freeze(),
+        Err(shared) => Bytes::copy_from_slice(&shared),
+    }
+}
+
 impl<T: LeScalar> Array<T> {
     /// `bytes` as little-endian values of `T`, lent when they can be read in place,
     /// else copied; `None` when their length is not a whole number of values.

@@ -526,10 +526,21 @@ async fn bulk_gradients_go_to_the_device_straight_from_a_page_locked_body() {
                 staged < 4096.0,
                 "the gradients were staged too: {staged} bytes"
             );
-            assert!(
-                pinned >= gradient_bytes,
-                "the body's block is kept: {pinned}"
-            );
+            assert!(pinned >= gradient_bytes, "the body's block: {pinned}");
+            // The block comes back to the pool and serves the next body.
+            let reused = s.metric("gpu_ops_body_pool_reused_total").await;
+            let res = reqwest::Client::new()
+                .post(format!("{}/dp/privatize", s.url))
+                .header("content-type", gpu_ops::wire::MEDIA_TYPE)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 200);
+            let reused_now = s.metric("gpu_ops_body_pool_reused_total").await;
+            assert_eq!(reused_now, reused + 1.0, "the kept block");
+            let pinned_now = s.metric("gpu_ops_pinned_body_bytes").await;
+            assert_eq!(pinned_now, pinned, "no new block");
         } else {
             assert_eq!(pinned, 0.0);
         }

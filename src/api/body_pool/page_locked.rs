@@ -110,6 +110,9 @@ impl BodyPool {
             return None;
         }
         let device = p.backends.healthy_gpus().next()?.clone();
+        if !device.registers_host() {
+            return None; // as on a host without a GPU (HIP, so far)
+        }
         let engine = device.engine_id();
         let kept = (self.lock_free().page_locked).take(capacity, |b| b.engine_id() == engine);
         if let Some(block) = kept {
@@ -126,6 +129,10 @@ impl BodyPool {
             }
         }
         let size = PinnedBlock::size_for(capacity);
+        if size > p.limit {
+            p.fallbacks.inc(); // no room even with every kept block freed
+            return None;
+        }
         while !p.claim(size) {
             let oldest = self.lock_free().page_locked.take_oldest();
             match oldest {
@@ -153,15 +160,13 @@ impl BodyPool {
         }
     }
 
-    /// Keeps a page-locked block for the next body, unless its engine has been replaced
-    /// (a re-probe), when no upload can use it.
+    /// Keeps a page-locked block for the next body. Runs where a body is dropped, often
+    /// on the runtime, so it asks no device anything (its engine's lock waits out a
+    /// re-probe): a block of a replaced engine is kept too, never lent again (lending
+    /// matches the engine) and freed within `IDLE`, or sooner for room.
     pub(super) fn give_back_page_locked(self: &Arc<Self>, block: PinnedBlock) {
-        let Some(p) = &self.page_locked else {
+        if self.page_locked.is_none() {
             return;
-        };
-        let engine = block.engine_id();
-        if !p.backends.gpus().iter().any(|g| g.engine_id() == engine) {
-            return p.release(vec![block]);
         }
         let mut free = self.lock_free();
         free.page_locked.keep(block);
@@ -259,6 +264,29 @@ mod tests {
         assert_eq!(p.trim(Instant::now()), 0);
         assert_eq!(p.trim(Instant::now() + IDLE), 1);
         assert_eq!(side(&p).gauge.get(), 0);
+    }
+
+    /// A block of an engine a re-probe replaced is kept (giving back asks no device) but
+    /// never lent again: the next body gets a block of the new engine. A body larger than
+    /// the whole limit is pageable at once, the kept blocks left alone.
+    #[test]
+    fn a_block_of_a_replaced_engine_is_not_lent_again() {
+        let p = pool(8 << 20, true);
+        let device = side(&p).backends.gpus()[0].clone();
+        let old = device.engine_id();
+        let body = filled(&p, 2 << 20, 1);
+        device.replace_engine(device.rebuilt_emulated().unwrap());
+        drop(body);
+        assert_eq!(side(&p).gauge.get(), 2 << 20, "kept");
+        let next = filled(&p, 2 << 20, 2);
+        assert!(next.is_page_locked());
+        assert_eq!(p.reused.get(), 0, "not the old engine's block");
+        assert_ne!(device.engine_id(), old);
+        assert_eq!(side(&p).gauge.get(), 4 << 20);
+        drop(next);
+        assert!(!filled(&p, 9 << 20, 3).is_page_locked());
+        assert_eq!(side(&p).fallbacks.get(), 1);
+        assert_eq!(side(&p).gauge.get(), 4 << 20, "the kept blocks stay");
     }
 
     /// A body longer than its declared length (which hyper refuses before this) moves to

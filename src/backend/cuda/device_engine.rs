@@ -194,12 +194,22 @@ unsafe impl Send for CudaPinned {}
 
 impl Drop for CudaPinned {
     fn drop(&mut self) {
-        if let HostMemory::Registered(ctx) = &self.memory {
-            // After a reset of the context the registration is gone already and this
-            // fails; the bytes are the caller's either way.
-            if ctx.bind_to_thread().is_ok() {
-                // SAFETY: the address was registered in this context by `register_host`.
-                let _ = unsafe { sys::cuMemHostUnregister(self.address.cast()) };
+        let HostMemory::Registered(ctx) = &self.memory else {
+            return;
+        };
+        // The context made current directly: `bind_to_thread` would first return (and
+        // clear) an error some other call left, and skip the unregister. SAFETY: the
+        // context is alive (held by `ctx`); the address was registered in it by
+        // `register_host`.
+        let rc = unsafe {
+            result::ctx::set_current(ctx.cu_ctx())
+                .and_then(|()| sys::cuMemHostUnregister(self.address.cast()).result())
+        };
+        // After a reset of the context the registration is gone already: the bytes are
+        // the caller's either way, and no later copy can reach them through it.
+        if let Err(e) = rc {
+            if e.0 != sys::CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED {
+                tracing::error!(error = %e, "unregistering page-locked host memory failed");
             }
         }
     }
@@ -472,6 +482,10 @@ impl DeviceEngine for CudaEngine {
             address,
             engine: self.id,
         })))
+    }
+
+    fn registers_host(&self) -> bool {
+        true
     }
 
     unsafe fn register_host(

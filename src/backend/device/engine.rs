@@ -309,6 +309,12 @@ pub trait DeviceEngine: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether `register_host` can page-lock the caller's memory (so asking costs
+    /// nothing where it cannot).
+    fn registers_host(&self) -> bool {
+        false
+    }
+
     /// `bytes` of host memory at `address`, which the caller owns, page-locked for this
     /// engine's copies (`cuMemHostRegister`): copies from and to the handle run at the
     /// bus's speed, as from `pinned_host`'s, and dropping it unregisters the range. The

@@ -268,6 +268,11 @@ impl GpuDevice {
         self.engine().id()
     }
 
+    /// Whether its engine page-locks host memory it is given (`register_host`).
+    pub fn registers_host(&self) -> bool {
+        self.engine().registers_host()
+    }
+
     /// A re-probe's fresh engine (a rebuilt context): waits for the running jobs (each
     /// holds the engine's read lock), drops every cached table, kept stream and staging
     /// buffer of the old one, and forgets the ops' states for the self-test to record
