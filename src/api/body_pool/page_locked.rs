@@ -111,7 +111,7 @@ impl BodyPool {
         }
         let device = p.backends.healthy_gpus().next()?.clone();
         if !device.registers_host() {
-            return None; // as on a host without a GPU (HIP, so far)
+            return None; // as on a host without a GPU
         }
         let engine = device.engine_id();
         let kept = (self.lock_free().page_locked).take(capacity, |b| b.engine_id() == engine);

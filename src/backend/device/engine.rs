@@ -320,8 +320,8 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// bus's speed, as from `pinned_host`'s, and dropping it unregisters the range. The
     /// memory stays the caller's whatever becomes of the engine: a re-probe's reset drops
     /// the registration, never the bytes, so a request body read into it stays valid
-    /// (`pinned_body.rs`). `None` where the engine cannot (HIP, so far: its bodies stay
-    /// pageable and are staged).
+    /// (`pinned_body.rs`). `None` where the engine cannot (`registers_host`): its bodies
+    /// stay pageable and are staged.
     ///
     /// # Safety
     /// `address` must be valid for `bytes` bytes and outlive the handle.

@@ -211,6 +211,21 @@ impl DeviceEngine for HipEngine {
         Ok(Some(Box::new(HipEngine::pinned_host(self, bytes)?)))
     }
 
+    fn registers_host(&self) -> bool {
+        true
+    }
+
+    /// `hipHostRegister` (`pinned.rs`).
+    unsafe fn register_host(
+        &self,
+        address: *mut u8,
+        bytes: usize,
+    ) -> Result<Option<Box<dyn PinnedHost>>, DeviceError> {
+        // SAFETY: the caller's contract.
+        let pinned = unsafe { HipEngine::register_host(self, address.cast(), bytes) }?;
+        Ok(Some(Box::new(pinned)))
+    }
+
     fn module_loads(&self) -> Vec<ModuleLoad> {
         self.module_loads.clone()
     }

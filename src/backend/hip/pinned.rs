@@ -1,7 +1,8 @@
-//! Page-locked host memory on AMD (`hipHostMalloc`): a HIP device's staging buffers
+//! Page-locked host memory on AMD: `hipHostMalloc`'d for a HIP device's staging buffers
 //! (`backend::device::staging`), so its chunked jobs' copies are queued on their lanes and
-//! run at the bus's speed, as on CUDA. Only the stand-in runtime of `tests.rs` has run
-//! these calls; no AMD GPU has.
+//! run at the bus's speed, as on CUDA; and the caller's memory `hipHostRegister`ed for
+//! request bodies (`backend::device::pinned_body`). Only the stand-in runtime of
+//! `tests.rs` has run these calls; no AMD GPU has.
 
 use super::engine::{HipEngine, HipMemory, HipStream, Ptr};
 use crate::backend::device::engine::{EngineId, PinnedHost};
@@ -13,6 +14,7 @@ pub struct HipPinned {
     address: Ptr,
     bytes: usize,
     engine: EngineId,
+    /// `hipHostFree` for memory HIP allocated, `hipHostUnregister` for the caller's.
     free: unsafe extern "C" fn(Ptr) -> c_int,
 }
 
@@ -21,7 +23,8 @@ unsafe impl Send for HipPinned {}
 
 impl Drop for HipPinned {
     fn drop(&mut self) {
-        // SAFETY: allocated by hipHostMalloc and freed once, here.
+        // SAFETY: allocated by hipHostMalloc and freed once, or registered by
+        // hipHostRegister and unregistered once, here (an error after a reset is moot).
         unsafe { (self.free)(self.address) };
     }
 }
@@ -45,6 +48,29 @@ impl PinnedHost for HipPinned {
 }
 
 impl HipEngine {
+    /// The caller's `bytes` at `address` registered as page-locked (default flags);
+    /// unregistered, never freed, when the value drops. A device reset drops the
+    /// registration and leaves the bytes, which are the caller's.
+    ///
+    /// # Safety
+    /// `address` must be valid for `bytes` bytes and outlive the value.
+    pub unsafe fn register_host(
+        &self,
+        address: Ptr,
+        bytes: usize,
+    ) -> Result<HipPinned, DeviceError> {
+        self.bind_to_thread()?;
+        // SAFETY: HIP's signature; the caller's contract for the range.
+        let rc = unsafe { (self.api.host_register)(address, bytes.max(1), 0) };
+        self.api.check(rc, "hipHostRegister")?;
+        Ok(HipPinned {
+            address,
+            bytes,
+            engine: self.id,
+            free: self.api.host_unregister,
+        })
+    }
+
     /// `bytes` of page-locked host memory (default flags: usable by every device).
     pub fn pinned_host(&self, bytes: usize) -> Result<HipPinned, DeviceError> {
         self.bind_to_thread()?;

@@ -188,6 +188,10 @@ int hipMemcpyDtoDAsync(void *d, void *s, size_t n, void *st) { memcpy(d, s, n); 
 int hipMemsetAsync(void *d, int v, size_t n, void *st) { memset(d, v, n); return 0; }
 int hipHostMalloc(void **p, size_t n, unsigned flags) { *p = malloc(n); return *p ? 0 : 2; }
 int hipHostFree(void *p) { free(p); return 0; }
+static int registered_ranges;
+int hipHostRegister(void *p, size_t n, unsigned flags) { registered_ranges++; return 0; }
+int hipHostUnregister(void *p) { registered_ranges--; return 0; }
+int standin_registered_ranges(void) { return registered_ranges; }
 int hipStreamCreate(void **s) { *s = (void *)0x5; return 0; }
 int hipStreamDestroy(void *s) { return 0; }
 int hipStreamSynchronize(void *s) { return 0; }
@@ -381,6 +385,14 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
     type LastLaunch = unsafe extern "C" fn(*mut u32);
     // SAFETY: the stand-in's own function, with this signature.
     let last_launch = unsafe { loaded.library.get::<LastLaunch>(b"standin_last_launch") }.unwrap();
+    type RegisteredRanges = unsafe extern "C" fn() -> i32;
+    // SAFETY: the stand-in's own function, with this signature.
+    let registered_ranges = unsafe {
+        loaded
+            .library
+            .get::<RegisteredRanges>(b"standin_registered_ranges")
+    }
+    .unwrap();
     // On a thread that never selected the device: the lease (and each allocation) does.
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -448,6 +460,30 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
             let past =
                 unsafe { engine.upload_pinned(stream, &mut *zeroed.memory, 0, &*pinned, 60..72) };
             assert!(past.is_err());
+            // The caller's memory registered (a request body's block): copies queue from
+            // it as from hipHostMalloc'd memory, and dropping it unregisters the range.
+            let mut body = vec![0u32, 9, 8, 7];
+            // SAFETY: the vector outlives the registration, dropped first below.
+            let registered = unsafe { engine.register_host(body.as_mut_ptr().cast(), 16) }
+                .unwrap()
+                .expect("HIP registers host memory");
+            assert!(engine.registers_host());
+            // SAFETY: the stand-in's own function, with this signature.
+            let ranges = unsafe { registered_ranges() };
+            assert_eq!(ranges, 1);
+            // SAFETY: bytes 4..16 of the registered vector into the 12-byte buffer; read
+            // back after the stream is waited for.
+            unsafe {
+                engine
+                    .upload_pinned(stream, &mut *zeroed.memory, 0, &*registered, 4..16)
+                    .unwrap()
+            };
+            lease.synchronize().unwrap();
+            assert_eq!(lease.download(&zeroed).unwrap(), [9, 8, 7]);
+            drop(registered);
+            // SAFETY: as above.
+            assert_eq!(unsafe { registered_ranges() }, 0, "unregistered on drop");
+            drop(body);
             // A buffer handed to another engine is refused there, never read as its own.
             let emulated = GpuDevice::emulated(1, 1 << 20);
             let other = emulated.lease().unwrap();
