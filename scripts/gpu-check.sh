@@ -141,7 +141,9 @@ try:
 except urllib.error.HTTPError as e:
     status, headers, body = e.code, e.headers, e.read()
 print(status, {k: v for k, v in headers.items() if k.startswith("x-")})
-print(body.decode(errors="replace")[:4000])
+# /metrics whole (its gauges and counters are grepped); other answers cut short.
+text = body.decode(errors="replace")
+print(text if url.endswith("/metrics") else text[:4000])
 EOF
 }
 
@@ -229,8 +231,12 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
   fi
 
   # The server as an operator runs it, with a few requests and its gauges.
-  local port=18080 url="http://127.0.0.1:18080" serve_flags=(--backend gpu)
-  [ "$emulate" = 1 ] && serve_flags=(--emulate-device --backend auto)
+  # Limits for issue 57's privatize case below: a 1 GiB bulk body, read into page-locked
+  # memory (--gpu-pinned-body-mib), 2^28 gradients.
+  local port=18080 url="http://127.0.0.1:18080" serve_flags=(--backend gpu
+    --max-body-bytes 2147483648 --max-inflight-body-bytes 8589934592
+    --max-elements 33554432 --max-tensor-elements 268435456 --gpu-pinned-body-mib 2048)
+  [ "$emulate" = 1 ] && serve_flags=(--emulate-device --backend auto "${serve_flags[@]:2}")
   "$bin" serve --bind "127.0.0.1:$port" --data-dir "$work/data" --device-sample-interval 1s \
     "${serve_flags[@]}" > "$logs/server.log" 2>&1 &
   server_pid=$!
@@ -255,6 +261,18 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
       --backend "$backend" \
       --duration "$dur" --warmup 1s >> "$out/bench.md" 2>> "$logs/bench.log"
   done
+  # Issue 57's privatize aim end to end (round trip <= 30 ms on the device): 256 x 2^20
+  # f32 gradients in the bulk form, their body page-locked, on the device and on the CPU
+  # of the same host, one request at a time.
+  local dp_shape="256,1048576"
+  [ "$emulate" = 1 ] && dp_shape="16,65536"
+  for side in "$backend" cpu; do
+    step "bench dp_privatize ($side)" 60 "$bin" bench --url "$url" --op dp_privatize \
+      --shape "$dp_shape" --wire binary --backend "$side" --concurrency 1 \
+      --duration 5s --warmup 1s >> "$out/bench.md" 2>> "$logs/bench.log"
+  done
+  { echo "## copies after the benches"; http "$url/metrics" |
+    grep -E '^gpu_ops_(device_copy_bytes_total|pinned_body|staging_)'; } >> "$out/server.txt" 2>&1
   kill -TERM "$server_pid" 2>/dev/null
   timeout 20 tail --pid="$server_pid" -f /dev/null 2>/dev/null || kill -9 "$server_pid" 2>/dev/null
   server_pid=""
