@@ -501,17 +501,18 @@ async fn bulk_gradients_go_to_the_device_straight_from_a_page_locked_body() {
         (&["--gpu-pinned-body-mib", "0"][..], "page_locked"),
     ] {
         let s = server(flags).await;
+        let privatize = || {
+            reqwest::Client::new()
+                .post(format!("{}/dp/privatize", s.url))
+                .header("content-type", gpu_ops::wire::MEDIA_TYPE)
+                .body(body.clone())
+                .send()
+        };
         let (before, staged_before) = (
             copied(&s, "to_device", memory).await,
             copied(&s, "to_device", "page_locked").await,
         );
-        let res = reqwest::Client::new()
-            .post(format!("{}/dp/privatize", s.url))
-            .header("content-type", gpu_ops::wire::MEDIA_TYPE)
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
+        let res = privatize().await.unwrap();
         assert_eq!(res.status(), 200, "{flags:?}");
         assert_eq!(res.headers()["x-backend"], "cuda");
         let moved = copied(&s, "to_device", memory).await - before;
@@ -529,14 +530,7 @@ async fn bulk_gradients_go_to_the_device_straight_from_a_page_locked_body() {
             assert!(pinned >= gradient_bytes, "the body's block: {pinned}");
             // The block comes back to the pool and serves the next body.
             let reused = s.metric("gpu_ops_body_pool_reused_total").await;
-            let res = reqwest::Client::new()
-                .post(format!("{}/dp/privatize", s.url))
-                .header("content-type", gpu_ops::wire::MEDIA_TYPE)
-                .body(body.clone())
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(res.status(), 200);
+            assert_eq!(privatize().await.unwrap().status(), 200);
             let reused_now = s.metric("gpu_ops_body_pool_reused_total").await;
             assert_eq!(reused_now, reused + 1.0, "the kept block");
             let pinned_now = s.metric("gpu_ops_pinned_body_bytes").await;
