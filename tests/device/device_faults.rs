@@ -542,6 +542,46 @@ async fn bulk_gradients_go_to_the_device_straight_from_a_page_locked_body() {
     }
 }
 
+/// Matmul's f32 operands, read in place from a bulk body, go to the device straight from
+/// its page-locked block too: both 1 MiB operands as `request_body` bytes, none staged.
+#[tokio::test]
+async fn bulk_matmul_operands_go_to_the_device_straight_from_a_page_locked_body() {
+    use gpu_ops::wire::{Dtype, EnvelopeWriter};
+    let (m, k, n) = (256u64, 1024u64, 256u64);
+    let values = |len: u64, seed: u64| -> bytes::Bytes {
+        (0..len)
+            .flat_map(|i| (((i * seed) % 89) as f32 * 0.125 - 5.0).to_le_bytes())
+            .collect::<Vec<u8>>()
+            .into()
+    };
+    let mut header = json!({"backend": "gpu"});
+    let mut writer = EnvelopeWriter::new();
+    let a = writer.push(Dtype::F32, vec![m, k], values(m * k, 7));
+    let b = writer.push(Dtype::F32, vec![k, n], values(k * n, 11));
+    header["a"] = serde_json::to_value(a).unwrap();
+    header["b"] = serde_json::to_value(b).unwrap();
+    let body = writer.finish_to_vec(&header).unwrap();
+    let s = server(&[]).await;
+    let (before, staged_before) = (
+        copied(&s, "to_device", "request_body").await,
+        copied(&s, "to_device", "page_locked").await,
+    );
+    let res = reqwest::Client::new()
+        .post(format!("{}/linalg/matmul", s.url))
+        .header("content-type", gpu_ops::wire::MEDIA_TYPE)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{:?}", res.text().await);
+    assert_eq!(res.headers()["x-backend"], "cuda");
+    let operands = 4.0 * (m * k + k * n) as f64;
+    let moved = copied(&s, "to_device", "request_body").await - before;
+    assert_eq!(moved, operands, "both operands straight from the body");
+    let staged = copied(&s, "to_device", "page_locked").await - staged_before;
+    assert_eq!(staged, 0.0, "nothing staged on the way in");
+}
+
 /// A field op on the device stages its operands through page-locked buffers, each byte
 /// once (three Goldilocks pairs in, three sums out: 48 and 24 bytes), and keeps the
 /// buffers; with `--gpu-staging-mib 0` the same job copies from pageable memory, counted
