@@ -179,7 +179,7 @@ impl BodyPool {
 
     /// Keeps `buf` if it is large and fits under the limit; otherwise it is freed.
     fn give_back(self: &Arc<Self>, memory: Memory) {
-        let buf = match memory {
+        let mut buf = match memory {
             Memory::Pageable(buf) => buf,
             Memory::PageLocked { block, .. } => return self.give_back_page_locked(block),
         };
@@ -187,7 +187,6 @@ impl BodyPool {
         if size < POOLED_FROM {
             return;
         }
-        let mut buf = buf;
         buf.clear();
         let mut free = self.lock_free();
         if free.pageable.bytes + size > self.max_bytes {
@@ -325,8 +324,8 @@ impl std::ops::Deref for BodyBuf {
     fn deref(&self) -> &[u8] {
         match &self.memory {
             Memory::Pageable(buf) => buf,
-            // SAFETY: the first `len` bytes of the block, written by `extend_from_slice`
-            // (and zeroed before); the block lives as long as `self`.
+            // SAFETY: the first `len` bytes of the block, written by `extend_from_slice`;
+            // the block lives as long as `self`.
             Memory::PageLocked { block, len } => unsafe {
                 std::slice::from_raw_parts(block.as_ptr(), *len)
             },

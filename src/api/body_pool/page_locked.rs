@@ -76,7 +76,7 @@ impl PageLocked {
     }
 
     /// Frees `blocks` and their room.
-    pub(super) fn release(&self, blocks: Vec<PinnedBlock>) {
+    pub(super) fn release(&self, blocks: impl IntoIterator<Item = PinnedBlock>) {
         for block in blocks {
             let bytes = block.capacity();
             drop(block);
@@ -110,9 +110,6 @@ impl BodyPool {
             return None;
         }
         let device = p.backends.healthy_gpus().next()?.clone();
-        if !device.registers_host() {
-            return None; // as on a host without a GPU
-        }
         let engine = device.engine_id();
         let kept = (self.lock_free().page_locked).take(capacity, |b| b.engine_id() == engine);
         if let Some(block) = kept {
@@ -124,7 +121,7 @@ impl BodyPool {
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "a kept page-locked body had a copy in flight; freed");
-                    p.release(vec![block]);
+                    p.release([block]);
                 }
             }
         }
@@ -136,7 +133,7 @@ impl BodyPool {
         while !p.claim(size) {
             let oldest = self.lock_free().page_locked.take_oldest();
             match oldest {
-                Some(block) => p.release(vec![block]),
+                Some(block) => p.release([block]),
                 None => {
                     p.fallbacks.inc();
                     return None;
@@ -145,7 +142,7 @@ impl BodyPool {
         }
         match PinnedBlock::new(&device, capacity) {
             Ok(Some(block)) => Some(block),
-            // The engine registers no host memory (HIP): pageable, as on a host without.
+            // The engine registers no host memory: pageable, as on a host without a GPU.
             Ok(None) => {
                 p.unclaim(size);
                 None

@@ -484,10 +484,6 @@ impl DeviceEngine for CudaEngine {
         })))
     }
 
-    fn registers_host(&self) -> bool {
-        true
-    }
-
     unsafe fn register_host(
         &self,
         address: *mut u8,

@@ -309,19 +309,13 @@ pub trait DeviceEngine: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Whether `register_host` can page-lock the caller's memory (so asking costs
-    /// nothing where it cannot).
-    fn registers_host(&self) -> bool {
-        false
-    }
-
     /// `bytes` of host memory at `address`, which the caller owns, page-locked for this
     /// engine's copies (`cuMemHostRegister`): copies from and to the handle run at the
     /// bus's speed, as from `pinned_host`'s, and dropping it unregisters the range. The
     /// memory stays the caller's whatever becomes of the engine: a re-probe's reset drops
     /// the registration, never the bytes, so a request body read into it stays valid
-    /// (`pinned_body.rs`). `None` where the engine cannot (`registers_host`): its bodies
-    /// stay pageable and are staged.
+    /// (`pinned_body.rs`). `None` where the engine cannot: its bodies stay pageable and
+    /// are staged.
     ///
     /// # Safety
     /// `address` must be valid for `bytes` bytes and outlive the handle.

@@ -234,8 +234,9 @@ impl GpuDevice {
         }
     }
 
-    /// The emulated device's seconds in allocations, copies, memsets and launches so far (`None` on a
-    /// GPU): a device job's time less this is its host side (`benches/device_path.rs`).
+    /// The emulated device's seconds in allocations, copies, memsets and launches so far
+    /// (`None` on a GPU): a device job's time less this is its host side
+    /// (`benches/device_path.rs`).
     pub fn emulated_engine_seconds(&self) -> Option<f64> {
         let engine = self.engine();
         Some(
@@ -266,11 +267,6 @@ impl GpuDevice {
     /// Its engine's identity now (a re-probe gives it a new one).
     pub fn engine_id(&self) -> EngineId {
         self.engine().id()
-    }
-
-    /// Whether its engine page-locks host memory it is given (`register_host`).
-    pub fn registers_host(&self) -> bool {
-        self.engine().registers_host()
     }
 
     /// A re-probe's fresh engine (a rebuilt context): waits for the running jobs (each

@@ -505,10 +505,6 @@ impl DeviceEngine for EmulatedEngine {
         Ok(Some(Box::new(pinned)))
     }
 
-    fn registers_host(&self) -> bool {
-        true
-    }
-
     unsafe fn register_host(
         &self,
         address: *mut u8,

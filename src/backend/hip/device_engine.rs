@@ -211,10 +211,6 @@ impl DeviceEngine for HipEngine {
         Ok(Some(Box::new(HipEngine::pinned_host(self, bytes)?)))
     }
 
-    fn registers_host(&self) -> bool {
-        true
-    }
-
     /// `hipHostRegister` (`pinned.rs`).
     unsafe fn register_host(
         &self,
