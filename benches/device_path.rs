@@ -1,9 +1,11 @@
 //! `cargo bench --bench device_path`: where a device job's round trip goes on the
 //! emulated device, and whether jobs share a device.
 //!
-//! 1. The host side of a round trip: a job's time on its lease less the emulated
-//!    engine's own time in allocations, copies, memsets and launches (what a GPU's
-//!    allocator, copy engines and SMs would do). Each case runs with page-locked staging (field ops, Shamir and
+//! 1. The host side of a round trip: a job's time on its lease less the time it spent
+//!    waiting for the emulated engine (in allocations and host waits), whose streams run
+//!    the copies, memsets and launches on threads of their own (what a GPU's allocator,
+//!    copy engines and SMs would do); the engine's own time, summed over its streams, is
+//!    shown beside it. Each case runs with page-locked staging (field ops, Shamir and
 //!    lookups in chunks on two lanes, the others' large copies in staged pieces), and
 //!    with staging off (`StagingBudget` 0: pageable copies, the chunked ones in
 //!    single-lane passes), in the same process, with the host bytes each moved. On the emulated
@@ -50,10 +52,12 @@ const GIB: u64 = 1 << 30;
 /// A device job run on a lease.
 type Job<'j> = Box<dyn Fn(&DeviceLease<'_>) + 'j>;
 
-/// One run of a job on a fresh lease: wall time, the engine's part, the host bytes.
+/// One run of a job on a fresh lease: wall time, the engine's work (summed over its
+/// streams), the time the job waited for the engine, the host bytes.
 struct Run {
     wall: Duration,
     engine: Duration,
+    waited: Duration,
     staged: u64,
     pageable: u64,
     from_body: u64,
@@ -62,14 +66,17 @@ struct Run {
 fn run_once(dev: &GpuDevice, job: &dyn Fn(&DeviceLease<'_>)) -> Run {
     let lease = dev.lease().unwrap();
     let engine_before = dev.emulated_engine_seconds().unwrap();
+    let waited_before = dev.emulated_waiting_seconds().unwrap();
     let started = Instant::now();
     job(&lease);
     let wall = started.elapsed();
     let engine = dev.emulated_engine_seconds().unwrap() - engine_before;
+    let waited = dev.emulated_waiting_seconds().unwrap() - waited_before;
     let c = lease.copies();
     Run {
         wall,
         engine: Duration::from_secs_f64(engine),
+        waited: Duration::from_secs_f64(waited),
         staged: CopyCounts::get(&c.staged_to_device) + CopyCounts::get(&c.staged_from_device),
         pageable: CopyCounts::get(&c.pageable_to_device) + CopyCounts::get(&c.pageable_from_device),
         from_body: CopyCounts::get(&c.body_to_device),
@@ -82,16 +89,18 @@ fn measure(dev: &GpuDevice, repeats: usize, job: &dyn Fn(&DeviceLease<'_>)) -> (
     let runs: Vec<Run> = (0..repeats).map(|_| run_once(dev, job)).collect();
     let host = median(
         runs.iter()
-            .map(|r| r.wall.saturating_sub(r.engine))
+            .map(|r| r.wall.saturating_sub(r.waited))
             .collect(),
     );
     let wall = median(runs.iter().map(|r| r.wall).collect());
     let engine = median(runs.iter().map(|r| r.engine).collect());
+    let waited = median(runs.iter().map(|r| r.waited).collect());
     let last = runs.last().unwrap();
     (
         Run {
             wall,
             engine,
+            waited,
             staged: last.staged,
             pageable: last.pageable,
             from_body: last.from_body,
@@ -254,14 +263,15 @@ fn cases() -> Vec<(String, Job<'static>)> {
 
 fn main() {
     let repeats = env("BENCH_REPEATS", 3);
-    println!("# Device round trips on the emulated device (host side = time on the lease less the engine's copies and kernels)\n");
-    println!("| case | copies | round trip ms | engine ms | host side ms | host MB staged | host MB pageable | host MB from the body |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("# Device round trips on the emulated device (host side = time on the lease less its waits for the engine)\n");
+    println!("| case | copies | round trip ms | engine work ms (all streams) | waiting for the engine ms | host side ms | host MB staged | host MB pageable | host MB from the body |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let row = |label: &str, copies: &str, (run, host): (Run, Duration)| {
         println!(
-            "| {label} | {copies} | {} | {} | {} | {} | {} | {} |",
+            "| {label} | {copies} | {} | {} | {} | {} | {} | {} | {} |",
             ms(run.wall),
             ms(run.engine),
+            ms(run.waited),
             ms(host),
             mb(run.staged),
             mb(run.pageable),

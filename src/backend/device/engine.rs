@@ -283,7 +283,7 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// Kernel `name`'s limits as this engine knows them.
     fn kernel_limits(&self, name: &str) -> KernelLimits;
 
-    /// Queues kernel `name` on `stream` (the emulated device runs it to completion).
+    /// Queues kernel `name` on `stream`.
     ///
     /// # Safety
     /// `args` must be the kernel's parameters in order and type, every buffer among them

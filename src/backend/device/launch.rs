@@ -91,7 +91,7 @@ impl<'a> Launch<'a> {
         self.lease.engine()
     }
 
-    /// Queues the kernel (CUDA, HIP) or runs it to completion (emulated).
+    /// Queues the kernel on the lease's stream.
     ///
     /// # Safety
     /// The arguments must be the kernel's parameters in order and type, and every index

@@ -234,9 +234,8 @@ impl GpuDevice {
         }
     }
 
-    /// The emulated device's seconds in allocations, copies, memsets and launches so far
-    /// (`None` on a GPU): a device job's time less this is its host side
-    /// (`benches/device_path.rs`).
+    /// The emulated device's seconds in allocations, copies, memsets and launches so far,
+    /// summed over its streams (`None` on a GPU).
     pub fn emulated_engine_seconds(&self) -> Option<f64> {
         let engine = self.engine();
         Some(
@@ -244,6 +243,19 @@ impl GpuDevice {
                 .as_any()
                 .downcast_ref::<EmulatedEngine>()?
                 .busy_seconds(),
+        )
+    }
+
+    /// The seconds callers spent waiting for the emulated device so far (allocations and
+    /// host waits; `None` on a GPU): a device job's time less this is its host side,
+    /// whatever its streams ran meanwhile (`benches/device_path.rs`).
+    pub fn emulated_waiting_seconds(&self) -> Option<f64> {
+        let engine = self.engine();
+        Some(
+            engine
+                .as_any()
+                .downcast_ref::<EmulatedEngine>()?
+                .waiting_seconds(),
         )
     }
 

@@ -1,7 +1,7 @@
 //! The emulated device's engine: memory accounting against a pretend size, host memory
-//! for device memory, launches run to completion by the runtime in `mod.rs`, streams and
-//! events whose order every operation is checked against (`order.rs`), and the faults
-//! tests inject.
+//! for device memory, launches run by the runtime in `mod.rs` on their stream's thread,
+//! streams and events whose order every operation is checked against (`order.rs`) and
+//! that run beside the host and each other (`queue.rs`), and the faults tests inject.
 
 use super::super::device::engine::{
     own, own_event, own_mut, own_pinned, own_stream, room_from, DeviceEngine, EngineEvent,
@@ -10,6 +10,7 @@ use super::super::device::engine::{
 use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
 use super::order::{AccessLog, EmulatedEvent, EmulatedStream, HostOrder, Touch};
 use super::pinned::EmulatedPinned;
+use super::queue::{Address, Work};
 use std::alloc::Layout;
 use std::any::Any;
 use std::ffi::c_void;
@@ -30,8 +31,11 @@ pub struct EmulatedEngine {
     order: Arc<HostOrder>,
     /// Nanoseconds spent in its allocations, copies, memsets and launches: what a GPU's
     /// allocator, copy engines and SMs would do, so the rest of a device job's time is
-    /// its host side.
-    busy_ns: AtomicU64,
+    /// its host side. Shared with the work queued on its streams' threads.
+    busy_ns: Arc<AtomicU64>,
+    /// Nanoseconds callers spent in it waiting: in allocations and host waits. With
+    /// streams on threads of their own, a job's time less this is its host side.
+    waiting_ns: AtomicU64,
 }
 
 /// A fault the emulated device injects into launches: how tests show that the
@@ -68,7 +72,8 @@ impl EmulatedEngine {
             faults: Mutex::new(Vec::new()),
             streams: AtomicU64::new(0),
             order: Arc::new(HostOrder::default()),
-            busy_ns: AtomicU64::new(0),
+            busy_ns: Arc::new(AtomicU64::new(0)),
+            waiting_ns: AtomicU64::new(0),
         }
     }
 
@@ -102,18 +107,30 @@ impl EmulatedEngine {
         Some(fault)
     }
 
-    /// Seconds spent in allocations, copies, memsets and launches since the engine was made.
+    /// Seconds spent in allocations, copies, memsets and launches since the engine was
+    /// made, summed over its streams' threads (work of two streams that ran at once
+    /// counts twice).
     pub fn busy_seconds(&self) -> f64 {
         self.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
-    /// Runs one copy, memset or launch, its time counted as the engine's.
-    fn busy<R>(&self, work: impl FnOnce() -> R) -> R {
-        let started = std::time::Instant::now();
-        let out = work();
-        let ns = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
-        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
-        out
+    /// Seconds callers spent waiting for it (allocations, host waits) since it was made.
+    pub fn waiting_seconds(&self) -> f64 {
+        self.waiting_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    /// Queued work that copies `bytes` from `from` to `to` on the stream's thread, its time
+    /// counted as the engine's.
+    fn copy_work(&self, from: Address, to: Address, bytes: usize) -> Work {
+        let busy = self.busy_ns.clone();
+        Box::new(move || {
+            // SAFETY: the caller checked both ranges hold `bytes` bytes, and the engine's
+            // contracts keep them alive and untouched by the host until this has run.
+            timed(&busy, || unsafe {
+                std::ptr::copy_nonoverlapping(from.ptr(), to.ptr(), bytes)
+            });
+            Ok(())
+        })
     }
 
     fn fault_list(&self) -> std::sync::MutexGuard<'_, Vec<Injected>> {
@@ -143,7 +160,11 @@ impl EmulatedEngine {
         // SAFETY: the layout's size is nonzero. Counted as the engine's time: zeroing
         // (and faulting in) the host pages that stand for device memory is the emulated
         // device's own work, which a GPU's allocator does not do.
-        let ptr = self.busy(|| unsafe { std::alloc::alloc_zeroed(layout) });
+        let ptr = timed(&self.waiting_ns, || {
+            timed(&self.busy_ns, || unsafe {
+                std::alloc::alloc_zeroed(layout)
+            })
+        });
         if ptr.is_null() {
             self.in_use.fetch_sub(bytes, Ordering::Relaxed);
             return Err(DeviceError::out_of_memory(format!(
@@ -199,44 +220,23 @@ impl HostMemory {
         &self.address as *const *mut c_void as *mut c_void
     }
 
-    /// Copies `bytes` (at most what the allocation holds from byte `at`) from `src` in,
-    /// from byte `at` on.
-    ///
-    /// # Safety
-    /// `src` must be valid for `bytes` reads, and `at` at most the allocation's bytes.
-    pub unsafe fn write(&self, at: usize, src: *const u8, bytes: usize) {
-        let n = bytes.min(self.bytes - at);
-        // SAFETY: both ranges hold n bytes and do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(src, self.address.cast::<u8>().add(at), n) };
-    }
-
-    /// Copies `bytes` (at most what the allocation holds from byte `at`) out to `dst`,
-    /// from byte `at` on.
-    ///
-    /// # Safety
-    /// `dst` must be valid for `bytes` writes, and `at` at most the allocation's bytes.
-    pub unsafe fn read(&self, at: usize, dst: *mut u8, bytes: usize) {
-        let n = bytes.min(self.bytes - at);
-        // SAFETY: both ranges hold n bytes and do not overlap.
-        unsafe { std::ptr::copy_nonoverlapping(self.address.cast::<u8>().add(at), dst, n) };
-    }
-
-    pub fn zero(&mut self) {
-        // SAFETY: the allocation holds `bytes` bytes.
-        unsafe { std::ptr::write_bytes(self.address.cast::<u8>(), 0, self.bytes) };
-    }
-
-    pub fn copy_from(&mut self, src: &HostMemory) {
-        let n = self.bytes.min(src.bytes);
-        // SAFETY: both allocations hold at least n bytes; two buffers never overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.address.cast::<u8>(), self.address.cast::<u8>(), n)
-        };
+    /// Where byte `at` is (at most the allocation's bytes), and how many bytes of up to
+    /// `bytes` fit from there.
+    fn span(&self, at: usize, bytes: usize) -> (Address, usize) {
+        let at = at.min(self.bytes);
+        // SAFETY: `at` is at most the allocation's length.
+        let address = unsafe { self.address.cast::<u8>().add(at) };
+        (Address(address), bytes.min(self.bytes - at))
     }
 }
 
 impl Drop for HostMemory {
+    /// Waits for the work queued on it first, as `cuMemFree` does.
     fn drop(&mut self) {
+        self.log
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .wait_for_users();
         // SAFETY: allocated with this layout in EmulatedEngine::alloc.
         unsafe { std::alloc::dealloc(self.address.cast(), self.layout) };
         self.in_use.fetch_sub(self.bytes, Ordering::Relaxed);
@@ -289,7 +289,7 @@ impl DeviceEngine for EmulatedEngine {
 
     fn new_stream(&self) -> Result<Box<dyn EngineStream>, DeviceError> {
         let number = self.streams.fetch_add(1, Ordering::Relaxed) + 1;
-        Ok(Box::new(EmulatedStream::new(self.id, number)))
+        Ok(Box::new(EmulatedStream::new(self.id, number)?))
     }
 
     fn record(&self, stream: &dyn EngineStream) -> Result<Box<dyn EngineEvent>, DeviceError> {
@@ -304,14 +304,18 @@ impl DeviceEngine for EmulatedEngine {
         Ok(())
     }
 
-    /// Its work runs when queued, so the wait is the order check's: the host has now
-    /// seen everything before the event finish.
+    /// Blocks until the event's stream has run everything before it; the host has then
+    /// seen it finish, for the order check too.
     fn host_wait(&self, event: &dyn EngineEvent) -> Result<(), DeviceError> {
         let event = own_event::<EmulatedEvent>(self.id, event)?;
+        // Failed or not, the work before the event has finished (a failure skips the rest).
+        let waited = timed(&self.waiting_ns, || event.host_wait());
         self.order.waited_for_event(event);
-        Ok(())
+        waited
     }
 
+    /// Returns once the stream has copied `src` (a pageable source may be reused then):
+    /// the wait a driver's pageable copy makes.
     unsafe fn write(
         &self,
         stream: &dyn EngineStream,
@@ -321,11 +325,12 @@ impl DeviceEngine for EmulatedEngine {
     ) -> Result<(), DeviceError> {
         let dst = own::<HostMemory>(self.id(), dst)?;
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
-        self.order
-            .operation(stream, "an upload", &[dst.touch(true)])?;
-        // SAFETY: the caller's contract.
-        self.busy(|| unsafe { dst.write(0, src, bytes) });
-        Ok(())
+        let (to, n) = dst.span(0, bytes);
+        let work = self.copy_work(Address(src.cast_mut()), to, n);
+        let ticket = self
+            .order
+            .operation(stream, "an upload", &[dst.touch(true)], work)?;
+        timed(&self.waiting_ns, || stream.queue().host_wait(ticket))
     }
 
     /// Queued as on a GPU: the source counts as read by the stream until the host waits.
@@ -342,14 +347,16 @@ impl DeviceEngine for EmulatedEngine {
         let src = own_pinned::<EmulatedPinned>(self.id, src)?;
         let from = src.range_address(&range)?;
         room_from(at, dst.bytes)?;
+        // The range is inside the pinned buffer, `at` inside dst (checked); at most what
+        // dst holds from there is copied.
+        let (to, n) = dst.span(at, range.len());
+        let work = self.copy_work(Address(from), to, n);
         self.order.operation(
             stream,
             "an upload from page-locked memory",
             &[dst.touch(true), src.touch(false)],
+            work,
         )?;
-        // SAFETY: the range is inside the pinned buffer, `at` inside dst (checked); `write`
-        // copies at most what dst holds from there.
-        self.busy(|| unsafe { dst.write(at, from, range.len()) });
         Ok(())
     }
 
@@ -368,14 +375,16 @@ impl DeviceEngine for EmulatedEngine {
         let dst = own_pinned::<EmulatedPinned>(self.id, dst)?;
         let to = dst.range_address(&range)?;
         room_from(at, src.bytes)?;
+        // The range is inside the pinned buffer, `at` inside src (checked); at most what
+        // src holds from there is copied.
+        let (from, n) = src.span(at, range.len());
+        let work = self.copy_work(from, Address(to), n);
         self.order.operation(
             stream,
             "a download to page-locked memory",
             &[src.touch(false), dst.touch(true)],
+            work,
         )?;
-        // SAFETY: the range is inside the pinned buffer, `at` inside src (checked); `read`
-        // copies at most what src holds from there.
-        self.busy(|| unsafe { src.read(at, to, range.len()) });
         Ok(())
     }
 
@@ -389,12 +398,13 @@ impl DeviceEngine for EmulatedEngine {
     ) -> Result<(), DeviceError> {
         let src = own::<HostMemory>(self.id(), src)?;
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        let (from, n) = src.span(0, bytes);
+        let work = self.copy_work(from, Address(dst), n);
         self.order
-            .operation(stream, "a download", &[src.touch(false)])?;
-        // SAFETY: the caller's contract.
-        self.busy(|| unsafe { src.read(0, dst, bytes) });
+            .operation(stream, "a download", &[src.touch(false)], work)?;
+        let waited = timed(&self.waiting_ns, || stream.host_wait());
         self.order.waited_for(stream);
-        Ok(())
+        waited
     }
 
     fn zero(
@@ -404,9 +414,15 @@ impl DeviceEngine for EmulatedEngine {
     ) -> Result<(), DeviceError> {
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
         let memory = own_mut::<HostMemory>(self.id(), memory)?;
+        let (at, n) = memory.span(0, memory.bytes);
+        let busy = self.busy_ns.clone();
+        let work: Work = Box::new(move || {
+            // SAFETY: the allocation holds n bytes from `at`, alive until this has run.
+            timed(&busy, || unsafe { std::ptr::write_bytes(at.ptr(), 0, n) });
+            Ok(())
+        });
         self.order
-            .operation(stream, "a memset", &[memory.touch(true)])?;
-        self.busy(|| memory.zero());
+            .operation(stream, "a memset", &[memory.touch(true)], work)?;
         Ok(())
     }
 
@@ -419,21 +435,25 @@ impl DeviceEngine for EmulatedEngine {
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
         let src = own::<HostMemory>(self.id(), src)?;
         let dst = own_mut::<HostMemory>(self.id(), dst)?;
+        let (from, n) = src.span(0, dst.bytes);
+        // Two allocations never overlap.
+        let work = self.copy_work(from, dst.span(0, n).0, n);
         self.order.operation(
             stream,
             "a device copy",
             &[src.touch(false), dst.touch(true)],
+            work,
         )?;
-        self.busy(|| dst.copy_from(src));
         Ok(())
     }
 
-    /// Launches and copies finish before they return; what a GPU would still be running
-    /// is now known to the host as finished (`order.rs`).
+    /// Blocks until the stream's thread has run everything queued on it; the host has
+    /// then seen it finish, for the order check too.
     fn synchronize(&self, stream: &dyn EngineStream) -> Result<(), DeviceError> {
-        self.order
-            .waited_for(own_stream::<EmulatedStream>(self.id, stream)?);
-        Ok(())
+        let stream = own_stream::<EmulatedStream>(self.id, stream)?;
+        let waited = timed(&self.waiting_ns, || stream.host_wait());
+        self.order.waited_for(stream);
+        waited
     }
 
     fn has_kernel(&self, name: &str) -> bool {
@@ -466,15 +486,9 @@ impl DeviceEngine for EmulatedEngine {
             .iter()
             .map(|&(memory, writes)| Ok(own::<HostMemory>(self.id, memory)?.touch(writes)))
             .collect::<Result<Vec<_>, DeviceError>>()?;
-        self.order
-            .operation(stream, &format!("kernel {name}"), &touches)?;
-        let fault = self.take_fault(name);
-        if let Some(Fault::Fail(kind)) = fault {
-            return Err(DeviceError {
-                kind,
-                message: format!("emulated device: a fault injected into {name}"),
-            });
-        }
+        // What a driver checks when the launch is queued, refused then; what goes wrong
+        // while it runs (a barrier not every thread reached) reaches the stream's next
+        // host wait.
         let expected = super::kernel_params(name).unwrap_or_default();
         if expected.len() == args.sizes.len() && expected != args.sizes {
             return Err(DeviceError::fatal(format!(
@@ -482,20 +496,67 @@ impl DeviceEngine for EmulatedEngine {
                 args.sizes
             )));
         }
-        if let Some(Fault::SlowMs(ms)) = fault {
-            std::thread::sleep(std::time::Duration::from_millis(u64::from(ms)));
+        if args.pointers.len() != args.sizes.len() {
+            return Err(DeviceError::fatal(format!(
+                "emulated device: {name}'s launch passed {} arguments and {} sizes",
+                args.pointers.len(),
+                args.sizes.len()
+            )));
         }
-        // SAFETY: the caller's contract.
-        self.busy(|| unsafe { super::launch(name, config, &mut args.pointers) })
-            .map_err(|e| DeviceError::fatal(format!("emulated device: {e}")))?;
-        if let (Some(Fault::Corrupt), Some(slot)) = (fault, args.last_output) {
-            // SAFETY: the slot holds a live buffer's address (the launch borrows it), and a
-            // buffer holds at least one byte (the allocator rounds zero up).
+        let fault = self.take_fault(name);
+        if let Some(Fault::Fail(kind)) = fault {
+            return Err(DeviceError {
+                kind,
+                message: format!("emulated device: a fault injected into {name}"),
+            });
+        }
+        // The arguments' values are taken now, as the driver takes them: the caller's
+        // may be gone by the time the stream runs the kernel.
+        let mut values: Vec<Vec<u128>> = Vec::with_capacity(args.sizes.len());
+        for (&pointer, &size) in args.pointers.iter().zip(&args.sizes) {
+            let mut value = vec![0u128; size.div_ceil(16).max(1)];
+            // SAFETY: the caller's contract: each pointer is to a value of its size.
             unsafe {
-                let out = *slot.cast::<*mut u8>();
-                *out ^= 1;
-            }
+                std::ptr::copy_nonoverlapping(
+                    pointer.cast::<u8>(),
+                    value.as_mut_ptr().cast::<u8>(),
+                    size,
+                )
+            };
+            values.push(value);
         }
+        let corrupt = match (fault, args.last_output) {
+            // SAFETY: the slot holds a live buffer's address (the launch borrows it), and
+            // a buffer holds at least one byte (the allocator rounds zero up).
+            (Some(Fault::Corrupt), Some(slot)) => Some(Address(unsafe { *slot.cast::<*mut u8>() })),
+            _ => None,
+        };
+        let slow_ms = match fault {
+            Some(Fault::SlowMs(ms)) => u64::from(ms),
+            _ => 0,
+        };
+        let (kernel, busy) = (name.to_string(), self.busy_ns.clone());
+        let work: Work = Box::new(move || {
+            let mut values = values;
+            if slow_ms > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(slow_ms));
+            }
+            let mut pointers: Vec<*mut c_void> =
+                values.iter_mut().map(|v| v.as_mut_ptr().cast()).collect();
+            // SAFETY: the caller's contract; the buffers the arguments name wait for this
+            // work before they are freed (`queue::Users`).
+            timed(&busy, || unsafe {
+                super::launch(&kernel, config, &mut pointers)
+            })
+            .map_err(|e| DeviceError::fatal(format!("emulated device: {e}")))?;
+            if let Some(out) = corrupt {
+                // SAFETY: as above: a live buffer of at least one byte.
+                unsafe { *out.ptr() ^= 1 };
+            }
+            Ok(())
+        });
+        self.order
+            .operation(stream, &format!("kernel {name}"), &touches, work)?;
         Ok(())
     }
 
@@ -531,4 +592,13 @@ impl DeviceEngine for EmulatedEngine {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// Runs `work`, its time added to `busy`'s nanoseconds.
+fn timed<R>(busy: &AtomicU64, work: impl FnOnce() -> R) -> R {
+    let started = std::time::Instant::now();
+    let out = work();
+    let ns = started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+    busy.fetch_add(ns, Ordering::Relaxed);
+    out
 }

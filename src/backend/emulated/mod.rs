@@ -30,6 +30,7 @@ type MaxThreadsFn = unsafe extern "C" fn(*const c_char) -> c_long;
 type CountFn = unsafe extern "C" fn() -> usize;
 type NameFn = unsafe extern "C" fn(usize) -> *const c_char;
 type SanitizerFn = unsafe extern "C" fn() -> *const c_char;
+type SyncFn = unsafe extern "C" fn(*mut c_void);
 
 // The plain build, linked in (build.rs).
 extern "C" {
@@ -48,6 +49,8 @@ extern "C" {
     fn emu_kernel_count() -> usize;
     fn emu_kernel_name(i: usize) -> *const c_char;
     fn emu_sanitizer() -> *const c_char;
+    fn emu_sync_release(addr: *mut c_void);
+    fn emu_sync_acquire(addr: *mut c_void);
 }
 
 /// The emulated device's entry points: the plain build linked in, or the build under a
@@ -61,6 +64,8 @@ struct Runtime {
     count: CountFn,
     name: NameFn,
     sanitizer: SanitizerFn,
+    sync_release: SyncFn,
+    sync_acquire: SyncFn,
     /// Kept open for the process's life: the entry points point into it.
     _library: Option<libloading::Library>,
 }
@@ -77,6 +82,8 @@ fn runtime() -> &'static Runtime {
                 count: emu_kernel_count,
                 name: emu_kernel_name,
                 sanitizer: emu_sanitizer,
+                sync_release: emu_sync_release,
+                sync_acquire: emu_sync_acquire,
                 _library: None,
             },
             "address" | "thread" => checked_runtime(&wanted).unwrap_or_else(|why| {
@@ -108,6 +115,8 @@ fn checked_runtime(sanitizer: &str) -> Result<Runtime, String> {
         count: entry_point(&library, &path, "emu_kernel_count")?,
         name: entry_point(&library, &path, "emu_kernel_name")?,
         sanitizer: entry_point(&library, &path, "emu_sanitizer")?,
+        sync_release: entry_point(&library, &path, "emu_sync_release")?,
+        sync_acquire: entry_point(&library, &path, "emu_sync_acquire")?,
         _library: Some(library),
     })
 }
@@ -132,6 +141,20 @@ pub fn sanitizer() -> &'static str {
     unsafe { std::ffi::CStr::from_ptr((runtime().sanitizer)()) }
         .to_str()
         .unwrap_or("none")
+}
+
+/// Tells ThreadSanitizer (in its checked build; a no-op otherwise) that what this thread
+/// did so far happens before what any thread does after `sync_acquire(addr)`: the order
+/// the streams' queues make with Rust's futex-based locks, which it cannot see.
+pub(super) fn sync_release<T>(addr: &T) {
+    // SAFETY: the function only reads the address as a key.
+    unsafe { (runtime().sync_release)(addr as *const T as *mut c_void) }
+}
+
+/// The other half of `sync_release`.
+pub(super) fn sync_acquire<T>(addr: &T) {
+    // SAFETY: as above.
+    unsafe { (runtime().sync_acquire)(addr as *const T as *mut c_void) }
 }
 
 /// Why an emulated launch failed.
@@ -243,4 +266,7 @@ pub unsafe fn launch(
 mod engine;
 mod order;
 mod pinned;
+mod queue;
+#[cfg(test)]
+mod tests;
 pub use engine::{EmulatedEngine, Fault, HostMemory};

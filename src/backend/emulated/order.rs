@@ -1,8 +1,9 @@
 //! The emulated device's streams and events, and the order check they exist for.
 //!
-//! The emulated device runs each queued operation when it is queued, so its own results
-//! never race. A GPU runs two streams' work in any order the events allow, so a launcher
-//! that forgets an event works here and fails there. This module closes the gap: each
+//! Each emulated stream runs its work on a thread of its own (`queue.rs`), so a launcher
+//! that forgets an event can race here as on a GPU, but only when the timing is unlucky.
+//! A GPU runs two streams' work in any order the events allow; this module refuses every
+//! operation whose order the streams do not promise, on every run: each
 //! stream keeps a vector clock (one counter per stream: how much of that stream's work is
 //! known to come before its next operation), every operation ticks its stream's counter
 //! and is recorded on each buffer it touches, and an operation that touches a buffer
@@ -14,12 +15,17 @@
 //! download), that stream's work up to then is finished, and so ordered before anything
 //! any thread queues afterwards: the engine's host clock joins the stream's, and every
 //! later operation of any stream starts from it.
+//!
+//! An operation that passes is queued on its stream's thread (`queue.rs`), where it runs
+//! beside the host and the other streams; each buffer's log keeps the queued work still
+//! using it, which the buffer waits for when it is freed.
 
+use super::queue::{Queue, Users, Work, Worker};
 use crate::backend::device::engine::{EngineEvent, EngineId, EngineStream};
 use crate::backend::device::DeviceError;
 use std::any::Any;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// How much of each stream's work (by stream number) is ordered before a point.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -50,20 +56,32 @@ pub struct Stamp {
     tick: u64,
 }
 
-/// An emulated stream: its number and its clock.
+/// An emulated stream: its number, its clock, and the thread its work runs on.
 pub struct EmulatedStream {
     engine: EngineId,
     number: u64,
     clock: Mutex<VectorClock>,
+    worker: Worker,
 }
 
 impl EmulatedStream {
-    pub(super) fn new(engine: EngineId, number: u64) -> Self {
-        Self {
+    pub(super) fn new(engine: EngineId, number: u64) -> Result<Self, DeviceError> {
+        Ok(Self {
             engine,
             number,
             clock: Mutex::new(VectorClock::default()),
-        }
+            worker: Worker::start(format!("emu-stream-{number}"))?,
+        })
+    }
+
+    pub(super) fn queue(&self) -> &Arc<Queue> {
+        &self.worker.queue
+    }
+
+    /// Blocks the host until all the work queued so far has finished; the failure it
+    /// has not yet been told of, if any.
+    pub(super) fn host_wait(&self) -> Result<(), DeviceError> {
+        self.queue().host_wait(self.queue().queued())
     }
 
     fn clock(&self) -> std::sync::MutexGuard<'_, VectorClock> {
@@ -81,10 +99,21 @@ impl EngineStream for EmulatedStream {
     }
 }
 
-/// An emulated event: the clock of its stream when it was recorded.
+/// An emulated event: the clock of its stream when it was recorded, and the point in
+/// its stream's queue.
 pub struct EmulatedEvent {
     pub(super) engine: EngineId,
     clock: VectorClock,
+    queue: Arc<Queue>,
+    ticket: u64,
+}
+
+impl EmulatedEvent {
+    /// Blocks the host until the work before the event has finished; the stream's
+    /// failure the host has not yet been told of, if any.
+    pub(super) fn host_wait(&self) -> Result<(), DeviceError> {
+        self.queue.host_wait(self.ticket)
+    }
 }
 
 impl EngineEvent for EmulatedEvent {
@@ -103,11 +132,20 @@ pub struct HostOrder {
     finished: Mutex<VectorClock>,
 }
 
-/// Who last touched a buffer: its last write, and the reads since, one per stream.
+/// Who last touched a buffer: its last write, and the reads since, one per stream; and
+/// the queued work that may still be using it.
 #[derive(Default)]
 pub struct AccessLog {
     write: Option<Stamp>,
     reads: Vec<Stamp>,
+    users: Users,
+}
+
+impl AccessLog {
+    /// Blocks until no queued work uses the buffer any more: before it is freed.
+    pub fn wait_for_users(&mut self) {
+        self.users.wait_all();
+    }
 }
 
 /// One buffer an operation touches, and how.
@@ -117,14 +155,16 @@ pub struct Touch<'a> {
 }
 
 impl HostOrder {
-    /// Checks and records one operation (`what`, for the refusal) of `stream` that
-    /// touches `buffers`: refused if any touch races with another stream's.
+    /// Checks one operation (`what`, for the refusal) of `stream` that touches `buffers`,
+    /// and queues its `work` on the stream: refused if any touch races with another
+    /// stream's. Its ticket in the stream's queue.
     pub fn operation(
         &self,
         stream: &EmulatedStream,
         what: &str,
         buffers: &[Touch<'_>],
-    ) -> Result<(), DeviceError> {
+        work: Work,
+    ) -> Result<u64, DeviceError> {
         let mut clock = stream.clock();
         clock.join(&self.host());
         let tick = clock.get(stream.number) + 1;
@@ -167,7 +207,10 @@ impl HostOrder {
                 )));
             }
         }
+        // Queued while the buffers' logs are held, so the work and its record go together.
+        let ticket = stream.queue().push(work);
         for (log, writes) in &mut logs {
+            log.users.note(stream.queue(), ticket);
             if *writes {
                 log.write = Some(now);
                 log.reads.clear();
@@ -176,7 +219,7 @@ impl HostOrder {
                 log.reads.push(now);
             }
         }
-        Ok(())
+        Ok(ticket)
     }
 
     /// The host has waited for all of `stream`'s work so far.
@@ -195,12 +238,22 @@ impl HostOrder {
         EmulatedEvent {
             engine,
             clock: stream.clock().clone(),
+            queue: stream.queue().clone(),
+            ticket: stream.queue().queued(),
         }
     }
 
-    /// `stream`'s later work comes after `event`'s point.
+    /// `stream`'s later work comes after `event`'s point: in the check, and on the
+    /// stream's thread, which waits there for the event's stream to get to it.
     pub fn wait(&self, stream: &EmulatedStream, event: &EmulatedEvent) {
         stream.clock().join(&event.clock);
+        if !Arc::ptr_eq(stream.queue(), &event.queue) {
+            let (queue, ticket) = (event.queue.clone(), event.ticket);
+            stream.queue().push(Box::new(move || {
+                queue.wait_for(ticket);
+                Ok(())
+            }));
+        }
     }
 
     fn host(&self) -> VectorClock {
@@ -246,6 +299,10 @@ impl HostOrder {
 mod tests {
     use super::*;
 
+    fn nothing() -> Work {
+        Box::new(|| Ok(()))
+    }
+
     fn touch(log: &Mutex<AccessLog>, writes: bool) -> [Touch<'_>; 1] {
         [Touch { log, writes }]
     }
@@ -256,30 +313,35 @@ mod tests {
     #[test]
     fn two_streams_are_ordered_only_by_events_and_host_waits() {
         let (order, id) = (HostOrder::default(), EngineId::fresh());
-        let (a, b) = (EmulatedStream::new(id, 1), EmulatedStream::new(id, 2));
+        let (a, b) = (
+            EmulatedStream::new(id, 1).unwrap(),
+            EmulatedStream::new(id, 2).unwrap(),
+        );
         let buffer = Mutex::new(AccessLog::default());
         order
-            .operation(&a, "upload", &touch(&buffer, true))
+            .operation(&a, "upload", &touch(&buffer, true), nothing())
             .unwrap();
-        let refused = order.operation(&b, "kernel", &touch(&buffer, false));
+        let refused = order.operation(&b, "kernel", &touch(&buffer, false), nothing());
         assert!(refused.unwrap_err().message.contains("a write on stream 1"));
         let event = order.record(id, &a);
         order.wait(&b, &event);
         order
-            .operation(&b, "kernel", &touch(&buffer, false))
+            .operation(&b, "kernel", &touch(&buffer, false), nothing())
             .unwrap();
         order
-            .operation(&a, "kernel", &touch(&buffer, false))
+            .operation(&a, "kernel", &touch(&buffer, false), nothing())
             .unwrap();
         // A writes while B's read is unordered: refused; after a host wait for B, fine.
-        let refused = order.operation(&a, "zero", &touch(&buffer, true));
+        let refused = order.operation(&a, "zero", &touch(&buffer, true), nothing());
         assert!(refused.unwrap_err().message.contains("a read on stream 2"));
         order.waited_for(&b);
-        order.operation(&a, "zero", &touch(&buffer, true)).unwrap();
+        order
+            .operation(&a, "zero", &touch(&buffer, true), nothing())
+            .unwrap();
         // The same stream is always in order with itself, and one buffer passed twice
         // is one touch.
         order
-            .operation(&a, "kernel", &touch(&buffer, true))
+            .operation(&a, "kernel", &touch(&buffer, true), nothing())
             .unwrap();
         let twice = [
             Touch {
@@ -291,9 +353,9 @@ mod tests {
                 writes: true,
             },
         ];
-        order.operation(&a, "kernel", &twice).unwrap();
+        order.operation(&a, "kernel", &twice, nothing()).unwrap();
         assert!(order
-            .operation(&b, "kernel", &touch(&buffer, false))
+            .operation(&b, "kernel", &touch(&buffer, false), nothing())
             .is_err());
     }
 
@@ -302,11 +364,11 @@ mod tests {
     #[test]
     fn the_host_waits_for_copies_on_page_locked_memory() {
         let (order, id) = (HostOrder::default(), EngineId::fresh());
-        let a = EmulatedStream::new(id, 1);
+        let a = EmulatedStream::new(id, 1).unwrap();
         let pinned = Mutex::new(AccessLog::default());
         order.host_access(&pinned, true).unwrap();
         order
-            .operation(&a, "upload", &touch(&pinned, false))
+            .operation(&a, "upload", &touch(&pinned, false), nothing())
             .unwrap();
         order.host_access(&pinned, false).unwrap();
         let refused = order.host_access(&pinned, true).unwrap_err();
@@ -315,7 +377,7 @@ mod tests {
             "{refused}"
         );
         order
-            .operation(&a, "download", &touch(&pinned, true))
+            .operation(&a, "download", &touch(&pinned, true), nothing())
             .unwrap();
         let refused = order.host_access(&pinned, false).unwrap_err();
         assert!(refused.message.contains("no host wait"), "{refused}");
@@ -328,12 +390,17 @@ mod tests {
     #[test]
     fn a_refused_operation_leaves_no_trace() {
         let (order, id) = (HostOrder::default(), EngineId::fresh());
-        let (a, b) = (EmulatedStream::new(id, 1), EmulatedStream::new(id, 2));
+        let (a, b) = (
+            EmulatedStream::new(id, 1).unwrap(),
+            EmulatedStream::new(id, 2).unwrap(),
+        );
         let (x, y) = (
             Mutex::new(AccessLog::default()),
             Mutex::new(AccessLog::default()),
         );
-        order.operation(&a, "upload", &touch(&x, true)).unwrap();
+        order
+            .operation(&a, "upload", &touch(&x, true), nothing())
+            .unwrap();
         let both = [
             Touch {
                 log: &y,
@@ -344,8 +411,10 @@ mod tests {
                 writes: false,
             },
         ];
-        assert!(order.operation(&b, "kernel", &both).is_err());
+        assert!(order.operation(&b, "kernel", &both, nothing()).is_err());
         // y was not recorded as written by B, so A may write it unordered with B.
-        order.operation(&a, "zero", &touch(&y, true)).unwrap();
+        order
+            .operation(&a, "zero", &touch(&y, true), nothing())
+            .unwrap();
     }
 }

@@ -2,7 +2,9 @@
 //! touch as a GPU's DMA engines would, queued on a stream and finished only once the host
 //! has waited for it. Every copy to or from it is recorded in its access log, and every
 //! host touch (`PinnedHost::host_access`) is checked against what the host has waited for
-//! (`order.rs`), so staging that reads a download before synchronising fails here.
+//! (`order.rs`), so staging that reads a download before synchronising fails here. The
+//! copies run on the streams' threads (`queue.rs`), so such a read would also race with
+//! the copy still writing.
 
 use super::order::{AccessLog, HostOrder, Touch};
 use crate::backend::device::engine::{EngineId, PinnedHost};
@@ -83,7 +85,13 @@ impl EmulatedPinned {
 }
 
 impl Drop for EmulatedPinned {
+    /// Waits for the copies queued on it first, as `cuMemFreeHost` and
+    /// `cuMemHostUnregister` do.
     fn drop(&mut self) {
+        self.log
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .wait_for_users();
         if let Some(layout) = self.layout {
             // SAFETY: allocated with this layout in `new`.
             unsafe { std::alloc::dealloc(self.address, layout) };
