@@ -237,26 +237,19 @@ impl GpuDevice {
     /// The emulated device's seconds in allocations, copies, memsets and launches so far,
     /// summed over its streams (`None` on a GPU).
     pub fn emulated_engine_seconds(&self) -> Option<f64> {
-        let engine = self.engine();
-        Some(
-            engine
-                .as_any()
-                .downcast_ref::<EmulatedEngine>()?
-                .busy_seconds(),
-        )
+        self.on_emulated(EmulatedEngine::busy_seconds)
     }
 
     /// The seconds callers spent waiting for the emulated device so far (allocations and
     /// host waits; `None` on a GPU): a device job's time less this is its host side,
     /// whatever its streams ran meanwhile (`benches/device_path.rs`).
     pub fn emulated_waiting_seconds(&self) -> Option<f64> {
+        self.on_emulated(EmulatedEngine::waiting_seconds)
+    }
+
+    fn on_emulated<R>(&self, read: impl FnOnce(&EmulatedEngine) -> R) -> Option<R> {
         let engine = self.engine();
-        Some(
-            engine
-                .as_any()
-                .downcast_ref::<EmulatedEngine>()?
-                .waiting_seconds(),
-        )
+        engine.as_any().downcast_ref::<EmulatedEngine>().map(read)
     }
 
     pub fn is_emulated(&self) -> bool {
