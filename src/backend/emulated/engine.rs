@@ -8,7 +8,8 @@ use super::super::device::engine::{
     EngineId, EngineMemory, EngineStream, KernelArgs, LaunchConfig, PinnedHost,
 };
 use super::super::device::{DeviceError, DeviceErrorKind, KernelLimits, ModuleLoad};
-use super::order::{AccessLog, EmulatedEvent, EmulatedStream, HostOrder, Touch};
+use super::memory::HostMemory;
+use super::order::{AccessLog, EmulatedEvent, EmulatedStream, HostOrder};
 use super::pinned::EmulatedPinned;
 use super::queue::{Address, Work};
 use std::alloc::Layout;
@@ -179,89 +180,6 @@ impl EmulatedEngine {
             in_use: self.in_use.clone(),
             log: Mutex::new(AccessLog::default()),
         })
-    }
-}
-
-/// One emulated device allocation: host memory of exactly the requested bytes (plus the
-/// allocator's rounding for zero), freed on drop.
-pub struct HostMemory {
-    /// Kernels receive a pointer to this field: the buffer's device address.
-    address: *mut c_void,
-    bytes: usize,
-    engine: EngineId,
-    layout: Layout,
-    in_use: Arc<AtomicUsize>,
-    /// Which streams touched it last (`order.rs`).
-    log: Mutex<AccessLog>,
-}
-
-// SAFETY: the memory is owned by this value alone; access is ordered by the streams that
-// use it, and that order is checked (`order.rs`).
-unsafe impl Send for HostMemory {}
-// SAFETY: shared references only read the address; kernels write through it only inside
-// a launch of a buffer passed mutably, ordered as above.
-unsafe impl Sync for HostMemory {}
-
-impl HostMemory {
-    fn touch(&self, writes: bool) -> Touch<'_> {
-        Touch {
-            log: &self.log,
-            writes,
-        }
-    }
-
-    /// The buffer's device address (a host pointer).
-    pub fn address(&self) -> *mut c_void {
-        self.address
-    }
-
-    /// Where a launch's argument pointer for this buffer points: at its address.
-    pub fn address_slot(&self) -> *mut c_void {
-        &self.address as *const *mut c_void as *mut c_void
-    }
-
-    /// Where byte `at` is (at most the allocation's bytes), and how many bytes of up to
-    /// `bytes` fit from there.
-    fn span(&self, at: usize, bytes: usize) -> (Address, usize) {
-        let at = at.min(self.bytes);
-        // SAFETY: `at` is at most the allocation's length.
-        let address = unsafe { self.address.cast::<u8>().add(at) };
-        (Address(address), bytes.min(self.bytes - at))
-    }
-}
-
-impl Drop for HostMemory {
-    /// Waits for the work queued on it first, as `cuMemFree` does.
-    fn drop(&mut self) {
-        self.log
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .wait_for_users();
-        // SAFETY: allocated with this layout in EmulatedEngine::alloc.
-        unsafe { std::alloc::dealloc(self.address.cast(), self.layout) };
-        self.in_use.fetch_sub(self.bytes, Ordering::Relaxed);
-    }
-}
-
-impl EngineMemory for HostMemory {
-    fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    fn engine_id(&self) -> EngineId {
-        self.engine
-    }
-
-    fn address_slot(&self) -> *mut c_void {
-        HostMemory::address_slot(self)
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
     }
 }
 

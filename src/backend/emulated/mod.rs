@@ -264,9 +264,11 @@ pub unsafe fn launch(
 }
 
 mod engine;
+mod memory;
 mod order;
 mod pinned;
 mod queue;
 #[cfg(test)]
 mod tests;
-pub use engine::{EmulatedEngine, Fault, HostMemory};
+pub use engine::{EmulatedEngine, Fault};
+pub use memory::HostMemory;
