@@ -2,7 +2,7 @@
 //! which kernels and the streams' copies reach by address, and which waits for the work
 //! queued on it before it is freed.
 
-use super::order::{AccessLog, Touch};
+use super::order::{wait_for_users, AccessLog, Touch};
 use super::queue::Address;
 use crate::backend::device::engine::{EngineId, EngineMemory};
 use std::alloc::Layout;
@@ -62,10 +62,7 @@ impl HostMemory {
 impl Drop for HostMemory {
     /// Waits for the work queued on it first, as `cuMemFree` does.
     fn drop(&mut self) {
-        self.log
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .wait_for_users();
+        wait_for_users(&mut self.log);
         // SAFETY: allocated with this layout in EmulatedEngine::alloc.
         unsafe { std::alloc::dealloc(self.address.cast(), self.layout) };
         self.in_use.fetch_sub(self.bytes, Ordering::Relaxed);

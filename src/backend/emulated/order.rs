@@ -141,11 +141,12 @@ pub struct AccessLog {
     users: Users,
 }
 
-impl AccessLog {
-    /// Blocks until no queued work uses the buffer any more: before it is freed.
-    pub fn wait_for_users(&mut self) {
-        self.users.wait_all();
-    }
+/// Blocks until no queued work uses the buffer whose log this is: before it is freed.
+pub fn wait_for_users(log: &mut Mutex<AccessLog>) {
+    log.get_mut()
+        .unwrap_or_else(|e| e.into_inner())
+        .users
+        .wait_all();
 }
 
 /// One buffer an operation touches, and how.

@@ -6,7 +6,7 @@
 //! copies run on the streams' threads (`queue.rs`), so such a read would also race with
 //! the copy still writing.
 
-use super::order::{AccessLog, HostOrder, Touch};
+use super::order::{wait_for_users, AccessLog, HostOrder, Touch};
 use crate::backend::device::engine::{EngineId, PinnedHost};
 use crate::backend::device::DeviceError;
 use std::alloc::Layout;
@@ -88,10 +88,7 @@ impl Drop for EmulatedPinned {
     /// Waits for the copies queued on it first, as `cuMemFreeHost` and
     /// `cuMemHostUnregister` do.
     fn drop(&mut self) {
-        self.log
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .wait_for_users();
+        wait_for_users(&mut self.log);
         if let Some(layout) = self.layout {
             // SAFETY: allocated with this layout in `new`.
             unsafe { std::alloc::dealloc(self.address, layout) };
