@@ -200,10 +200,10 @@ fn emulated_units(out: &Path) -> Vec<PathBuf> {
     units
 }
 
-/// The source with its shared memory made host memory: a `__shared__` array becomes a
-/// function static (blocks run one at a time, so the statics are the block's shared
-/// memory), and `extern __shared__ T name[];` a pointer to the launch's dynamic shared
-/// memory. Nothing else changes.
+/// The source with its shared memory made host memory: a `__shared__` array becomes an
+/// `EMU_SHARED` function static (cuda_emu.h: of thread storage, and a host thread runs one
+/// block at a time, so the statics are the block's shared memory), and `extern __shared__
+/// T name[];` a pointer to the launch's dynamic shared memory. Nothing else changes.
 fn host_shared_memory(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
@@ -225,7 +225,7 @@ fn host_shared_memory(source: &str) -> String {
         rest = &rest[end + "[];".len()..];
     }
     out.push_str(rest);
-    out.replace("__shared__", "static")
+    out.replace("__shared__", "EMU_SHARED")
 }
 
 /// The kernels of a module's unit preprocessed with GPU_OPS_EMU_SCAN, where cuda_emu.h

@@ -1,7 +1,8 @@
 // The CUDA execution model for kernels compiled for the host (the emulated device). A
 // kernel source is included after this header with three textual changes made by build.rs:
-// `__shared__` arrays become `static` (one block runs at a time, so a function's statics
-// are the block's shared memory), `extern __shared__ T name[];` becomes a pointer to the
+// `__shared__` arrays become `EMU_SHARED` (below: a host thread runs one block at a time,
+// so a function's statics of thread storage are the block's shared memory), `extern
+// __shared__ T name[];` becomes a pointer to the
 // launch's dynamic shared memory, and nothing else. Every GPU thread of a block runs on its
 // own fiber, run in turn between barriers, so `__syncthreads` is a real barrier. __CUDACC__ stays undefined: the
 // headers take their host paths for intrinsics (the same ones the host parity tests check).
@@ -13,6 +14,21 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+
+// A `__shared__` array: a function static of thread storage, each host thread running its
+// own launches (kernels/emu/runtime.cpp). Under AddressSanitizer, which puts redzones
+// around statics but not around thread-locals, a process-wide static (launches then take
+// turns), so a kernel that indexes past a shared array is still caught.
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_SHARED static
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define EMU_SHARED static
+#endif
+#endif
+#ifndef EMU_SHARED
+#define EMU_SHARED static thread_local
+#endif
 
 struct dim3 {
     unsigned x, y, z;

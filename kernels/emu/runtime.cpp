@@ -1,10 +1,14 @@
 // The emulated device's launch: a grid of blocks run one after another; each block's
 // threads are fibers on the launching host thread, run in turn until each
 // reaches a barrier or returns, so `__syncthreads` is a real barrier and a missing one
-// shows as a wrong answer every time, not now and then. Launches are serialised
-// process-wide: the blocks' `__shared__` arrays are function statics. A barrier that not
-// every live thread of the block reaches (one returns, or waits at another barrier, while
-// others wait) fails the launch.
+// shows as a wrong answer every time, not now and then. Each host thread runs its own
+// launches, with its own block state, fiber stacks and `__shared__` arrays (function
+// statics of thread storage, `EMU_SHARED` in cuda_emu.h), so launches of two streams
+// (each stream a thread) run at once, as two streams' kernels can on a GPU; under
+// AddressSanitizer, which checks the bounds of statics but not of thread-locals, the
+// arrays stay process-wide and launches take turns. A barrier that not every live thread
+// of the block reaches (one returns, or waits at another barrier, while others wait)
+// fails the launch.
 #include "cuda_emu.h"
 
 #include <sys/mman.h>
@@ -184,7 +188,7 @@ struct Block {
     char start_sync = 0, end_sync = 0, barrier_sync[2] = {0, 0};
 };
 
-Block block;
+thread_local Block block;
 
 const emu_kernel *find(const char *name) {
     for (size_t m = 0; m < emu_module_count; m++)
@@ -193,19 +197,39 @@ const emu_kernel *find(const char *name) {
     return nullptr;
 }
 
+#ifdef EMU_ASAN
+// The `__shared__` arrays are process-wide under AddressSanitizer (above).
 std::mutex launches;
+#endif
 
 void set_error(char *err, size_t len, const std::string &message) {
     if (err && len) std::snprintf(err, len, "%s", message.c_str());
 }
 
-// Stacks (and ThreadSanitizer fibers) are made once and reused by every later block and
-// launch.
-std::vector<unsigned char *> stacks;
-std::vector<void *> tsan_fibers;
+// A host thread's fiber stacks (and ThreadSanitizer fibers), made once and reused by
+// every later block and launch of the thread, unmapped when it ends (a stream's thread
+// ends with its stream).
+struct Stacks {
+    std::vector<unsigned char *> stacks;
+    std::vector<void *> tsan_fibers;
+
+    ~Stacks() {
+        const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        for (size_t i = 0; i < stacks.size(); i++) {
+            EMU_UNPOISON_STACK(stacks[i], STACK_BYTES);
+            munmap(stacks[i] - page, STACK_BYTES + page);
+#ifdef EMU_TSAN
+            __tsan_destroy_fiber(tsan_fibers[i]);
+#endif
+        }
+    }
+};
+thread_local Stacks thread_stacks;
 
 bool ensure_stacks(unsigned threads) {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    std::vector<unsigned char *> &stacks = thread_stacks.stacks;
+    std::vector<void *> &tsan_fibers = thread_stacks.tsan_fibers;
     while (stacks.size() < threads) {
         void *m = mmap(nullptr, STACK_BYTES + page, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
@@ -260,8 +284,8 @@ bool run_block(unsigned threads, dim3 bd) {
     block.fibers.assign(threads, Fiber{});
     for (unsigned t = 0; t < threads; t++) {
         Fiber &f = block.fibers[t];
-        f.stack = stacks[t];
-        f.tsan = tsan_fibers[t];
+        f.stack = thread_stacks.stacks[t];
+        f.tsan = thread_stacks.tsan_fibers[t];
         f.index = dim3{t % bd.x, t / bd.x % bd.y, t / bd.x / bd.y};
         make_context(f.context, f.stack, STACK_BYTES, fiber_main);
     }
@@ -409,7 +433,9 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block_di
                                     "kernel gets without opting in");
         return EMU_BAD_LAUNCH;
     }
+#ifdef EMU_ASAN
     std::lock_guard<std::mutex> serial(launches);
+#endif
 #ifdef EMU_TSAN
     block.scheduler_tsan = __tsan_get_current_fiber();
 #endif
