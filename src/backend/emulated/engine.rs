@@ -120,17 +120,22 @@ impl EmulatedEngine {
         self.waiting_ns.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
-    /// Queued work that copies `bytes` from `from` to `to` on the stream's thread, its time
-    /// counted as the engine's.
-    fn copy_work(&self, from: Address, to: Address, bytes: usize) -> Work {
+    /// Queued work that runs `run` on the stream's thread, its time counted as the
+    /// engine's.
+    fn timed_work(&self, run: impl FnOnce() + Send + 'static) -> Work {
         let busy = self.busy_ns.clone();
         Box::new(move || {
-            // SAFETY: the caller checked both ranges hold `bytes` bytes, and the engine's
-            // contracts keep them alive and untouched by the host until this has run.
-            timed(&busy, || unsafe {
-                std::ptr::copy_nonoverlapping(from.ptr(), to.ptr(), bytes)
-            });
+            timed(&busy, run);
             Ok(())
+        })
+    }
+
+    /// Queued work that copies `bytes` from `from` to `to`.
+    fn copy_work(&self, from: Address, to: Address, bytes: usize) -> Work {
+        // SAFETY: the caller checked both ranges hold `bytes` bytes, and the engine's
+        // contracts keep them alive and untouched by the host until this has run.
+        self.timed_work(move || unsafe {
+            std::ptr::copy_nonoverlapping(from.ptr(), to.ptr(), bytes)
         })
     }
 
@@ -333,12 +338,8 @@ impl DeviceEngine for EmulatedEngine {
         let stream = own_stream::<EmulatedStream>(self.id, stream)?;
         let memory = own_mut::<HostMemory>(self.id(), memory)?;
         let (at, n) = memory.span(0, memory.bytes);
-        let busy = self.busy_ns.clone();
-        let work: Work = Box::new(move || {
-            // SAFETY: the allocation holds n bytes from `at`, alive until this has run.
-            timed(&busy, || unsafe { std::ptr::write_bytes(at.ptr(), 0, n) });
-            Ok(())
-        });
+        // SAFETY: the allocation holds n bytes from `at`, alive until this has run.
+        let work = self.timed_work(move || unsafe { std::ptr::write_bytes(at.ptr(), 0, n) });
         self.order
             .operation(stream, "a memset", &[memory.touch(true)], work)?;
         Ok(())
