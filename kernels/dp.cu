@@ -1,7 +1,10 @@
-// DP-SGD privatization and noise mechanisms. Two passes over the [rows, cols] gradients:
-// per-(row, layer) squared norms, then clip + column sum + snap + noise per column.
-// Every floating operation is in a fixed order with no FMA contraction, so the CPU twin
-// (src/ops/dp/privatize.rs) reproduces each result bit for bit.
+// DP-SGD privatization and noise mechanisms. The [rows, cols] gradients are cut into
+// chunks of rows (ops/dp/gpu.rs streams them on two lanes); each chunk is read twice
+// while it is on the device: once for its per-(row, layer) squared norms and clip factors,
+// once to add its clipped rows to the column sums. When every chunk is in, the sums are
+// snapped, noised and scaled once. Every floating operation is in a fixed order with no
+// FMA contraction, so the CPU twin (src/ops/dp/privatize.rs) reproduces each result bit
+// for bit however the batch was cut.
 #include "dp_noise.cuh"
 
 // The squared-norm kernels run with exactly DP_LANES threads per block: lane j sums
@@ -9,10 +12,22 @@
 // launcher asserts DeviceLease::launch_config's block is DP_LANES; every other kernel here
 // is a grid-stride loop over those blocks.
 #define DP_LANES 256
+// Opacus' guard against division by a zero norm (NORM_EPS in privatize.rs).
+#define DP_NORM_EPS 1e-6
 
+// min(1, C / (sqrt(s) + eps)): each step correctly rounded (a double sqrt is, on every
+// engine), so the factor is the CPU twin's `clip_factors` to the bit.
+static __device__ __forceinline__ double dp_clip_factor(double clip, double sq) {
+    return fmin(__ddiv_rn(clip, DADD(sqrt(sq), DP_NORM_EPS)), 1.0);
+}
+
+// A chunk of `rows` rows whose first is row `first` of the batch: sq[item] is the chunk's
+// (row, layer) squared norm, factors[first * layers + item] its clip factor (factors
+// spans the batch, so each chunk writes its own part).
 #define DP_SQ_NORMS_KERNEL(NAME, T)                                                       \
     extern "C" __global__ void __launch_bounds__(DP_LANES)                                \
-        NAME(const T *g, u64 rows, u64 cols, const u64 *bounds, u32 layers, double *out) { \
+        NAME(const T *g, u64 rows, u64 cols, const u64 *bounds, u32 layers,               \
+             const double *clip, u64 first, double *sq, double *factors) {                \
         __shared__ double lanes[DP_LANES];                                                \
         for (u64 item = blockIdx.x; item < rows * layers; item += gridDim.x) {            \
             u64 row = item / layers;                                                      \
@@ -30,7 +45,10 @@
                     lanes[threadIdx.x] = DADD(lanes[threadIdx.x], lanes[threadIdx.x + s]); \
                 __syncthreads();                                                          \
             }                                                                             \
-            if (threadIdx.x == 0) out[item] = lanes[0];                                   \
+            if (threadIdx.x == 0) {                                                       \
+                sq[item] = lanes[0];                                                      \
+                factors[first * layers + item] = dp_clip_factor(clip[layer], lanes[0]);   \
+            }                                                                             \
             __syncthreads();                                                              \
         }                                                                                 \
     }
@@ -38,15 +56,14 @@
 DP_SQ_NORMS_KERNEL(dp_sq_norms_f32, float)
 DP_SQ_NORMS_KERNEL(dp_sq_norms_f64, double)
 
-// One thread per column: sum the clipped rows in row order, snap the sum to the grid,
-// add discrete Gaussian noise from the column's own stream, divide for `mean`.
-#define DP_CLIP_SUM_NOISE_KERNEL(NAME, T)                                                 \
+// One thread per column: the chunk's rows, each scaled by its layer's clip factor, added
+// to the column's running sum in row order. Chunks must run in row order (their launcher
+// orders them across lanes with events).
+#define DP_CLIP_SUM_KERNEL(NAME, T)                                                       \
     extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
         NAME(const T *g, u64 rows, u64 cols, const u64 *bounds, u32 layers,               \
-             const double *factors, const u32 *key, double inv_grid, double grid, u64 t,  \
-             u64 c, double divisor, double *out) {                                        \
-        u32 k[8];                                                                         \
-        for (int i = 0; i < 8; i++) k[i] = key[i];                                        \
+             const double *factors, u64 first, double *sums) {                            \
+        const double *f = factors + first * layers;                                       \
         for (u64 d = blockIdx.x * (u64)blockDim.x + threadIdx.x; d < cols;                 \
              d += (u64)gridDim.x * blockDim.x) {                                          \
             u32 lo = 0, hi = layers;                                                      \
@@ -54,19 +71,32 @@ DP_SQ_NORMS_KERNEL(dp_sq_norms_f64, double)
                 u32 mid = (lo + hi) / 2;                                                  \
                 if (bounds[mid] <= d) lo = mid; else hi = mid;                            \
             }                                                                             \
-            double acc = 0.0;                                                             \
+            double acc = sums[d];                                                         \
             for (u64 b = 0; b < rows; b++)                                                \
-                acc = DADD(acc, DMUL((double)g[b * cols + d], factors[b * layers + lo])); \
-            i64 snapped = (i64)rint(DMUL(acc, inv_grid));                                 \
-            dp_bits bits;                                                                 \
-            dp_bits_init(&bits, k, DP_DOMAIN_GAUSSIAN, d);                                \
-            i64 noise = dp_discrete_gaussian(&bits, t, c);                                \
-            out[d] = __ddiv_rn(dp_release(snapped, noise, grid), divisor);                \
+                acc = DADD(acc, DMUL((double)g[b * cols + d], f[b * layers + lo]));       \
+            sums[d] = acc;                                                                \
         }                                                                                 \
     }
 
-DP_CLIP_SUM_NOISE_KERNEL(dp_clip_sum_noise_f32, float)
-DP_CLIP_SUM_NOISE_KERNEL(dp_clip_sum_noise_f64, double)
+DP_CLIP_SUM_KERNEL(dp_clip_sum_f32, float)
+DP_CLIP_SUM_KERNEL(dp_clip_sum_f64, double)
+
+// Each column's sum snapped to the grid, with discrete Gaussian noise from the column's
+// own stream, divided for `mean`.
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    dp_snap_noise(const double *sums, u64 cols, const u32 *key, double inv_grid,
+                  double grid, u64 t, u64 c, double divisor, double *out) {
+    u32 k[8];
+    for (int i = 0; i < 8; i++) k[i] = key[i];
+    for (u64 d = blockIdx.x * (u64)blockDim.x + threadIdx.x; d < cols;
+         d += (u64)gridDim.x * blockDim.x) {
+        i64 snapped = (i64)rint(DMUL(sums[d], inv_grid));
+        dp_bits bits;
+        dp_bits_init(&bits, k, DP_DOMAIN_GAUSSIAN, d);
+        i64 noise = dp_discrete_gaussian(&bits, t, c);
+        out[d] = __ddiv_rn(dp_release(snapped, noise, grid), divisor);
+    }
+}
 
 // Mechanisms: out[i] = (round(x[i] / grid) + noise_(first + i)) * grid, for a chunk of n
 // values starting at index `first` of the whole release (ops/dp/gpu.rs streams it in

@@ -456,32 +456,53 @@ fn dp_privatize_kernels_match_the_cpu_twin_bit_for_bit() {
     );
     let want = job.run_cpu();
 
+    // Two chunks of rows, 25 then 15, as the launcher streams them: each chunk's norms
+    // and factors, then its clipped rows into the running column sums.
     let layers = job.layers();
     let mut sq = vec![0f64; rows * layers];
-    let (mut pg, mut pb, mut ps) = (g.as_ptr(), job.bounds.as_ptr(), sq.as_mut_ptr());
-    let (mut rows_v, mut cols_v, mut layers_v) = (rows as u64, cols as u64, layers as u32);
-    // SAFETY: g holds rows × cols values, bounds layers + 1, sq rows × layers; one block of
-    // exactly 256 threads per (row, layer), as the launcher runs it.
-    unsafe {
-        emulated::launch(
-            "dp_sq_norms_f64",
-            config(16, 256, 0),
-            args![pg, rows_v, cols_v, pb, layers_v, ps],
-        )
-        .unwrap()
-    };
-    let factors = clip_factors(&sq, &job.clip_norms);
+    let mut factors = vec![0f64; rows * layers];
+    let mut sums = vec![0f64; cols];
+    let (mut cols_v, mut layers_v) = (cols as u64, layers as u32);
+    let (mut pb, mut pc) = (job.bounds.as_ptr(), job.clip_norms.as_ptr());
+    let (mut pf, mut psum) = (factors.as_mut_ptr(), sums.as_mut_ptr());
+    for chunk in [0..25usize, 25..rows] {
+        let mut pg = g[chunk.start * cols..].as_ptr();
+        let mut ps = sq[chunk.start * layers..].as_mut_ptr();
+        let (mut n, mut first) = (chunk.len() as u64, chunk.start as u64);
+        // SAFETY: pg holds the chunk's n × cols values, bounds layers + 1, clip layers,
+        // ps the chunk's n × layers, factors rows × layers, sums cols; one block of
+        // exactly 256 threads per (row, layer), as the launcher runs it.
+        unsafe {
+            emulated::launch(
+                "dp_sq_norms_f64",
+                config(16, 256, 0),
+                args![pg, n, cols_v, pb, layers_v, pc, first, ps, pf],
+            )
+            .unwrap();
+            emulated::launch(
+                "dp_clip_sum_f64",
+                config(2, 128, 0),
+                args![pg, n, cols_v, pb, layers_v, pf, first, psum],
+            )
+            .unwrap();
+        }
+    }
+    assert_eq!(
+        factors,
+        clip_factors(&sq, &job.clip_norms),
+        "the CPU's factors"
+    );
     let key = job.key.words();
     let mut out = vec![0f64; cols];
-    let (mut pf, mut pk, mut po) = (factors.as_ptr(), key.as_ptr(), out.as_mut_ptr());
+    let (mut psum, mut pk, mut po) = (sums.as_ptr(), key.as_ptr(), out.as_mut_ptr());
     let (mut inv_grid, mut grid) = (1.0 / job.plan.grid, job.plan.grid);
     let (mut t, mut c, mut divisor) = (job.plan.t, job.plan.c, job.divisor);
-    // SAFETY: as above; factors rows × layers, key 8 words, out cols.
+    // SAFETY: sums and out hold cols, key 8 words.
     unsafe {
         emulated::launch(
-            "dp_clip_sum_noise_f64",
+            "dp_snap_noise",
             config(2, 128, 0),
-            args![pg, rows_v, cols_v, pb, layers_v, pf, pk, inv_grid, grid, t, c, divisor, po],
+            args![psum, cols_v, pk, inv_grid, grid, t, c, divisor, po],
         )
         .unwrap()
     };

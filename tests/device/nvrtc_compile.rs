@@ -394,12 +394,7 @@ fn exact_modules_compile_without_fma_contraction_and_matmuls_with() {
             .unwrap_or_else(|| panic!("no module has {kernel}"));
         (m.exact_floats, m.options())
     };
-    for kernel in [
-        "dp_clip_sum_noise_f64",
-        "rf_receive",
-        "bn254_fr_mul",
-        "msm_scan",
-    ] {
+    for kernel in ["dp_clip_sum_f64", "rf_receive", "bn254_fr_mul", "msm_scan"] {
         let (exact, options) = options(kernel);
         assert!(
             exact && options.contains(&"--fmad=false"),

@@ -1,6 +1,7 @@
 //! A streaming job's operands (`DeviceLease::stream_items`): what each chunk's kernel
 //! reads, and where the host gets it from.
 
+use super::pinned_body::{self, Registration};
 use super::{DeviceBuffer, DeviceError, DeviceLease, Element};
 use std::ops::Range;
 
@@ -52,6 +53,20 @@ impl<'a, T: Element> Operand<'a, T> {
     /// Whether the operand is copied to the device.
     pub(super) fn is_staged(&self) -> bool {
         !matches!(self.source, Source::Scratch)
+    }
+
+    /// Where a slice operand lies, whole, in a request body already page-locked for this
+    /// lease's engine (`pinned_body.rs`): its chunks are then uploaded straight from the
+    /// body, with no staging copy. `None` for any other operand.
+    pub(super) fn in_pinned_body(
+        &self,
+        lease: &DeviceLease<'_>,
+    ) -> Option<(Registration, Range<usize>)> {
+        let Source::Slice(data) = self.source else {
+            return None;
+        };
+        let bytes = std::mem::size_of_val(data);
+        pinned_body::registered_at(data.as_ptr().cast(), bytes, lease.engine().id())
     }
 
     /// The elements of `items` into `into`, of exactly their length.

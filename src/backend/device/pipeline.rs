@@ -12,6 +12,10 @@
 //! (`backend::emulated::order`): a lane that skipped its wait fails a test in CI. Where
 //! no staging buffer is to be had (`--gpu-staging-mib 0`, the budget spent, page-locked
 //! memory refused) the job runs in passes on pageable copies, counted as a fallback.
+//!
+//! An input that already lies in a page-locked request body (`pinned_body.rs`: a bulk
+//! body on a host with a GPU, its f32 or f64 buffer read in place) is not staged: each
+//! chunk is uploaded straight from the body, and the host touches none of its bytes.
 
 use super::lease::CopyCounts;
 pub use super::operand::Operand;
@@ -207,13 +211,23 @@ impl DeviceLease<'_> {
         mut out: Sink<'s, U>,
     ) -> Result<Sink<'s, U>, DeviceError> {
         let (t, u) = (std::mem::size_of::<T>(), std::mem::size_of::<U>());
-        let bytes = |staged_only: bool| {
-            let ins = inputs.iter().filter(|o| !staged_only || o.is_staged());
-            ins.map(|o| o.per_item * t).sum::<usize>() + out_per_item * u
+        // An operand already in a page-locked request body is uploaded from the body,
+        // chunk by chunk: the host never touches its bytes.
+        let bodies: Vec<_> = inputs.iter().map(|o| o.in_pinned_body(self)).collect();
+        let needs_staging = |j: usize| inputs[j].is_staged() && bodies[j].is_none();
+        let input_bytes = |keep: &dyn Fn(usize) -> bool| -> usize {
+            let kept = (0..inputs.len()).filter(|&j| keep(j));
+            kept.map(|j| inputs[j].per_item * t).sum()
         };
-        let per_pass = self.items_per_pass(items, bytes(false), fixed);
+        let per_pass = self.items_per_pass(items, input_bytes(&|_| true) + out_per_item * u, fixed);
         let room = STAGING_BUFFER_BYTES.saturating_sub((inputs.len() + 1) * REGION_ALIGN);
-        let chunk = (per_pass / LANES).min(room / bytes(true).max(1));
+        let staged_bytes = input_bytes(&needs_staging) + out_per_item * u;
+        // Chunks read from a body are kept to a staging buffer's size as well, so there
+        // are enough of them for one lane's copies to overlap the other's kernels.
+        let body_bytes = input_bytes(&|j| bodies[j].is_some());
+        let chunk = (per_pass / LANES)
+            .min(room / staged_bytes.max(1))
+            .min((STAGING_BUFFER_BYTES / body_bytes.max(1)).max(1));
         if items == 0 {
             return Ok(out);
         }
@@ -266,8 +280,8 @@ impl DeviceLease<'_> {
             let lane = &mut lanes.lanes[i];
             let mut at = 0;
             let mut staged = Vec::with_capacity(inputs.len());
-            for o in inputs {
-                if !o.is_staged() {
+            for (j, o) in inputs.iter().enumerate() {
+                if !needs_staging(j) {
                     staged.push(None);
                     continue;
                 }
@@ -286,20 +300,40 @@ impl DeviceLease<'_> {
             lane.pending = Some((first..first + m, result.clone()));
             self.on_lane(i, || -> Result<(), DeviceError> {
                 let (engine, stream) = (self.engine(), self.stream());
-                for (buf, range) in lane.inputs.iter_mut().zip(&staged) {
-                    let Some(range) = range else { continue };
-                    // SAFETY: the range is inside the staging buffer and no longer than
-                    // the device buffer (chunk * per_item elements); the host leaves it
-                    // until this lane is waited for (`collect`, `Lanes::drop`).
-                    unsafe {
-                        engine.upload_pinned(
-                            stream,
-                            &mut *buf.memory,
-                            0,
-                            lane.staging.pinned(),
-                            range.clone(),
-                        )?
-                    };
+                for (j, (buf, range)) in lane.inputs.iter_mut().zip(&staged).enumerate() {
+                    if let Some(range) = range {
+                        // SAFETY: the range is inside the staging buffer and no longer
+                        // than the device buffer (chunk * per_item elements); the host
+                        // leaves it until this lane is waited for (`collect`,
+                        // `Lanes::drop`).
+                        unsafe {
+                            engine.upload_pinned(
+                                stream,
+                                &mut *buf.memory,
+                                0,
+                                lane.staging.pinned(),
+                                range.clone(),
+                            )?
+                        };
+                    } else if let Some((body, at)) = &bodies[j] {
+                        let per_item = inputs[j].per_item * t;
+                        let from = at.start + first * per_item..at.start + (first + m) * per_item;
+                        let pinned = body.lock().unwrap_or_else(|e| e.into_inner());
+                        // SAFETY: the items lie inside the operand's range of the
+                        // registered block, which the caller's slice keeps alive past this
+                        // call; the host only reads the block, and every lane is waited
+                        // for before this returns (`collect`, `Lanes::drop`).
+                        unsafe {
+                            engine.upload_pinned(
+                                stream,
+                                &mut *buf.memory,
+                                0,
+                                &**pinned,
+                                from.clone(),
+                            )?
+                        };
+                        CopyCounts::add(&self.copies.body_to_device, from.len());
+                    }
                 }
                 let items = first..first + m;
                 kernel(&mut lane.inputs, &mut lane.output, Chunk { items, lane: i })?;
@@ -368,189 +402,4 @@ impl DeviceLease<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::device::{GpuDevice, StagingBudget};
-
-    const ITEMS: usize = 1000;
-
-    fn operands() -> (Vec<u64>, Vec<u64>) {
-        (
-            (0..ITEMS as u64).collect(),
-            (0..ITEMS as u64).map(|i| 3 * i + 1).collect(),
-        )
-    }
-
-    /// x + y over Goldilocks on `lease`, streamed (values far below the modulus, so the
-    /// sum is the integers').
-    fn add(lease: &DeviceLease<'_>, x: &[u64], y: &[u64]) -> Result<Vec<u64>, DeviceError> {
-        let inputs = [Operand::slice(x, 1), Operand::slice(y, 1)];
-        lease.stream_items(x.len(), &inputs, 1, 0, |ins, out, chunk| {
-            let (m, stride) = (chunk.len(), 1u32);
-            let n = m as u64;
-            let mut launch = lease.launch("goldilocks_add")?;
-            launch
-                .arg(&ins[0])
-                .arg(&ins[1])
-                .arg(out)
-                .arg(&n)
-                .arg(&stride);
-            // SAFETY: goldilocks_add's parameters in order; each buffer holds at least m.
-            unsafe { launch.launch(lease.launch_config(m)) }
-        })
-    }
-
-    fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
-        CopyCounts::get(c)
-    }
-
-    /// The copy-counting check: a streamed job over several chunks on two lanes moves
-    /// every input byte into staging once and every output byte out of it once, with no
-    /// pageable copy, and its answer is exact.
-    #[test]
-    fn a_streamed_job_stages_each_byte_once_on_two_lanes() {
-        let dev = GpuDevice::emulated(0, 1 << 20);
-        // 24 bytes an item (two inputs, one output): passes of 200, chunks of 100, ten.
-        dev.set_memory_limit(24 * 200);
-        let lease = dev.lease().unwrap();
-        let (x, y) = operands();
-        let sum = add(&lease, &x, &y).unwrap();
-        assert_eq!(
-            sum,
-            (0..ITEMS as u64).map(|i| 4 * i + 1).collect::<Vec<_>>()
-        );
-        let c = lease.copies();
-        assert_eq!(count(&c.staged_to_device), 2 * 8 * ITEMS as u64);
-        assert_eq!(count(&c.staged_from_device), 8 * ITEMS as u64);
-        assert_eq!(
-            count(&c.pageable_to_device) + count(&c.pageable_from_device),
-            0
-        );
-        assert_eq!(count(&c.staging_fallbacks), 0);
-        assert!(lease.used_second_lane(), "the second lane was used");
-        drop(lease);
-        assert_eq!(dev.staging_bytes(), 2 * STAGING_BUFFER_BYTES, "both kept");
-        // The next job reuses them: no more page-locked memory.
-        let lease = dev.lease().unwrap();
-        add(&lease, &x, &y).unwrap();
-        assert_eq!(dev.staging_bytes(), 2 * STAGING_BUFFER_BYTES);
-    }
-
-    /// A scratch operand takes device room but is never copied, and `stream_items_to`
-    /// hands the chunks over in order, each with its items: x + scratch (zeros) is x.
-    #[test]
-    fn scratch_is_not_copied_and_chunks_are_delivered_in_order() {
-        let dev = GpuDevice::emulated(0, 1 << 20);
-        // 24 bytes an item (input, scratch, output): passes of 200, chunks of 100.
-        dev.set_memory_limit(24 * 200);
-        let lease = dev.lease().unwrap();
-        let (x, _) = operands();
-        let inputs = [Operand::slice(&x, 1), Operand::scratch(1)];
-        let (mut got, mut chunks) = (Vec::new(), Vec::new());
-        let kernel = |ins: &mut [DeviceBuffer<u64>], out: &mut DeviceBuffer<u64>, c: Chunk| {
-            let (n, stride) = (c.len() as u64, 1u32);
-            let mut launch = lease.launch("goldilocks_add")?;
-            launch
-                .arg(&ins[0])
-                .arg(&ins[1])
-                .arg(out)
-                .arg(&n)
-                .arg(&stride);
-            // SAFETY: goldilocks_add's parameters in order; each buffer holds at least n.
-            unsafe { launch.launch(lease.launch_config(c.len())) }
-        };
-        lease
-            .stream_items_to(ITEMS, &inputs, 1, 0, kernel, &mut |items, out: &[u64]| {
-                assert_eq!(out.len(), items.len());
-                chunks.push(items);
-                got.extend_from_slice(out);
-            })
-            .unwrap();
-        assert_eq!(got, x);
-        let starts: Vec<usize> = chunks.iter().map(|c| c.start).collect();
-        assert_eq!(starts, (0..ITEMS).step_by(100).collect::<Vec<_>>());
-        assert!(chunks.iter().all(|c| c.len() == 100));
-        let c = lease.copies();
-        assert_eq!(count(&c.staged_to_device), 8 * ITEMS as u64, "x only");
-        assert_eq!(count(&c.staged_from_device), 8 * ITEMS as u64);
-        assert!(lease.used_second_lane());
-    }
-
-    /// With no staging budget the same job runs on pageable copies, each byte copied
-    /// once, counted as a fallback, and gives the same answer; with room for one buffer
-    /// it runs on one lane.
-    #[test]
-    fn without_staging_a_streamed_job_runs_pageable_and_is_counted() {
-        let dev = GpuDevice::emulated(0, 1 << 20);
-        dev.set_memory_limit(24 * 200);
-        dev.share_staging(StagingBudget::new(0));
-        let (x, y) = operands();
-        let lease = dev.lease().unwrap();
-        let sum = add(&lease, &x, &y).unwrap();
-        let c = lease.copies();
-        assert_eq!(count(&c.pageable_to_device), 2 * 8 * ITEMS as u64);
-        assert_eq!(count(&c.pageable_from_device), 8 * ITEMS as u64);
-        assert_eq!(count(&c.staged_to_device), 0);
-        assert_eq!(count(&c.staging_fallbacks), 1);
-        drop(lease);
-
-        dev.share_staging(StagingBudget::new(STAGING_BUFFER_BYTES));
-        let lease = dev.lease().unwrap();
-        assert_eq!(add(&lease, &x, &y).unwrap(), sum);
-        assert!(!lease.used_second_lane(), "one buffer, one lane");
-        assert_eq!(count(&lease.copies().staged_from_device), 8 * ITEMS as u64);
-    }
-
-    /// Devices share one budget: a device that finds it spent frees another's idle
-    /// buffers rather than run on pageable copies, and the budget is never passed.
-    #[test]
-    fn a_device_short_of_staging_frees_another_devices_idle_buffers() {
-        let budget = StagingBudget::new(2 * STAGING_BUFFER_BYTES);
-        let devices = [
-            GpuDevice::emulated(0, 1 << 20),
-            GpuDevice::emulated(1, 1 << 20),
-        ];
-        let (x, y) = operands();
-        for dev in &devices {
-            dev.set_memory_limit(24 * 200);
-            dev.share_staging(budget.clone());
-        }
-        for dev in devices.iter().chain(&devices) {
-            let lease = dev.lease().unwrap();
-            add(&lease, &x, &y).unwrap();
-            assert!(lease.used_second_lane(), "two buffers, two lanes");
-            assert_eq!(count(&lease.copies().staging_fallbacks), 0);
-            assert_eq!(budget.held(), 2 * STAGING_BUFFER_BYTES);
-        }
-    }
-
-    /// The emulated device refuses a host read of a staging buffer that a download may
-    /// still be writing, and a rewrite that an upload may still be reading: what a
-    /// forgotten wait would do on a GPU.
-    #[test]
-    fn staging_touched_before_its_copies_finish_is_refused() {
-        let dev = GpuDevice::emulated(0, 1 << 20);
-        let lease = dev.lease().unwrap();
-        let mut staging = dev.take_staging(lease.engine()).unwrap();
-        let range = staging.fill(0, &[7u64, 8, 9]).unwrap();
-        let mut buf = lease.alloc_zeros::<u64>(3).unwrap();
-        let (engine, stream) = (lease.engine(), lease.stream());
-        // SAFETY: 24 bytes inside the staging buffer and the device buffer.
-        unsafe {
-            engine.upload_pinned(stream, &mut *buf.memory, 0, staging.pinned(), range.clone())
-        }
-        .unwrap();
-        let refused = staging.fill(0, &[1u64]).unwrap_err();
-        assert!(refused.message.contains("no host wait"), "{refused}");
-        let back = 64..88;
-        // SAFETY: as above.
-        unsafe { engine.download_pinned(stream, &*buf.memory, 0, staging.pinned(), back.clone()) }
-            .unwrap();
-        let mut out = Vec::<u64>::new();
-        let refused = staging.append_to(back.clone(), &mut out).unwrap_err();
-        assert!(refused.message.contains("a download"), "{refused}");
-        lease.synchronize().unwrap();
-        staging.append_to(back, &mut out).unwrap();
-        assert_eq!(out, [7, 8, 9]);
-    }
-}
+mod tests;

@@ -1,10 +1,14 @@
-//! GPU launchers for `kernels/dp.cu`. Clip factors are computed on the host from the
-//! device's squared norms with the CPU twin's own function, so both backends clip alike.
+//! GPU launchers for `kernels/dp.cu`. The batch's rows are streamed in chunks on two
+//! lanes: each chunk's norms and clip factors, then its clipped rows added to the column
+//! sums, while the next chunk is uploaded on the other lane. A chunk's kernels wait for
+//! the previous chunk's, so the sums are added in row order, as the CPU twin adds them.
+//! The clip factors are computed on the device with each step correctly rounded, so they
+//! equal the twin's to the bit.
 
-use super::privatize::{clip_factors, clip_stats, Gradients, PrivatizeJob, Privatized, LANES};
+use super::privatize::{clip_stats, Gradients, PrivatizeJob, Privatized, LANES};
 use super::release::{Mechanism, NoiseJob};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::device::Operand;
+use crate::backend::device::{Event, Operand};
 use crate::backend::DeviceLease;
 use crate::backend::{DeviceBuffer, DeviceError, Element};
 
@@ -12,13 +16,15 @@ use crate::backend::{DeviceBuffer, DeviceError, Element};
 const KERNEL_NAMES: &[&str] = &[
     "dp_sq_norms_f32",
     "dp_sq_norms_f64",
-    "dp_clip_sum_noise_f32",
-    "dp_clip_sum_noise_f64",
+    "dp_clip_sum_f32",
+    "dp_clip_sum_f64",
+    "dp_snap_noise",
     "dp_gaussian_release",
     "dp_laplace_release",
 ];
 
-/// `kernels/dp.cu`: gradient norms, clip-sum-noise and the noise releases.
+/// `kernels/dp.cu`: gradient norms and clip factors, clipped column sums, snapping and
+/// noise, and the noise releases.
 pub fn kernel_module() -> KernelModule {
     KernelModule {
         name: "dp",
@@ -26,16 +32,6 @@ pub fn kernel_module() -> KernelModule {
         entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
         // Privatized gradients and releases are checked bit for bit (`verify::same_bits`).
         exact_floats: true,
-    }
-}
-
-pub fn launch_privatize(
-    job: &PrivatizeJob,
-    dev: &DeviceLease<'_>,
-) -> Result<Privatized, DeviceError> {
-    match &job.gradients {
-        Gradients::F32(g) => privatize_resident(job, &dev.upload(g)?, dev),
-        Gradients::F64(g) => privatize_resident(job, &dev.upload(g)?, dev),
     }
 }
 
@@ -52,63 +48,164 @@ impl GradientElement for f64 {
     const DTYPE: &'static str = "f64";
 }
 
-/// Privatizes gradients already on the device (`job.gradients` is not read): the two
-/// kernel passes plus the small norm, factor and result copies. Benchmarks time this to
+/// What every chunk of one batch shares on the device: the layer bounds and clip norms,
+/// the clip factors of the whole batch (each chunk writes its rows'), the column sums.
+/// The kernels that write them are given them mutably, so the emulated device's order
+/// check sees two lanes' writes and refuses any the events do not order.
+struct Batch<'j> {
+    job: &'j PrivatizeJob,
+    bounds: DeviceBuffer<u64>,
+    clip: DeviceBuffer<f64>,
+    factors: DeviceBuffer<f64>,
+    sums: DeviceBuffer<f64>,
+}
+
+impl<'j> Batch<'j> {
+    fn new(job: &'j PrivatizeJob, dev: &DeviceLease<'_>) -> Result<Self, DeviceError> {
+        Ok(Batch {
+            job,
+            bounds: dev.upload(&job.bounds)?,
+            clip: dev.upload(&job.clip_norms)?,
+            factors: dev.alloc_zeros(job.rows * job.layers())?,
+            sums: dev.alloc_zeros(job.cols)?,
+        })
+    }
+
+    /// Device bytes it holds besides the chunks, for the memory budget.
+    fn bytes(job: &PrivatizeJob) -> usize {
+        8 * (job.bounds.len() + job.clip_norms.len() + job.rows * job.layers() + job.cols)
+    }
+
+    /// Queues chunk `rows` (from row `first`, held in `g`) on the current stream, after
+    /// `previous` (the end of the chunk before it, on either lane): its squared norms
+    /// into `sq` and its clip factors, then its clipped rows into the column sums.
+    fn chunk<T: GradientElement>(
+        &mut self,
+        dev: &DeviceLease<'_>,
+        g: &DeviceBuffer<T>,
+        rows: std::ops::Range<usize>,
+        sq: &mut DeviceBuffer<f64>,
+        previous: Option<&Event>,
+    ) -> Result<(), DeviceError> {
+        let (dtype, job) = (T::DTYPE, self.job);
+        let (n, first) = (rows.len() as u64, rows.start as u64);
+        let (cols, layers) = (job.cols as u64, job.layers() as u32);
+        let (norms, sum) = (
+            format!("dp_sq_norms_{dtype}"),
+            format!("dp_clip_sum_{dtype}"),
+        );
+        // The chunk's kernels follow the previous chunk's (the other lane's) in row order;
+        // only its upload, queued before this wait, runs beside them.
+        if let Some(previous) = previous {
+            dev.wait(previous)?;
+        }
+        let mut launch = dev.launch(&norms)?;
+        launch
+            .arg(g)
+            .arg(&n)
+            .arg(&cols)
+            .arg(&self.bounds)
+            .arg(&layers)
+            .arg(&self.clip)
+            .arg(&first)
+            .arg(sq)
+            .arg(&mut self.factors);
+        // The reduction needs exactly LANES threads per block; one block per (row, layer).
+        let config = dev.launch_config(rows.len() * job.layers() * LANES);
+        assert_eq!(config.block_dim.0 as usize, LANES);
+        // SAFETY: g holds the chunk's n × cols values, bounds layers + 1 (the last = cols),
+        // clip layers, sq n × layers, factors the batch's rows × layers, first + n ≤ rows.
+        unsafe { launch.launch(config) }?;
+        let mut launch = dev.launch(&sum)?;
+        launch
+            .arg(g)
+            .arg(&n)
+            .arg(&cols)
+            .arg(&self.bounds)
+            .arg(&layers)
+            .arg(&self.factors)
+            .arg(&first)
+            .arg(&mut self.sums);
+        // SAFETY: as above; sums holds cols.
+        unsafe { launch.launch(dev.launch_config(job.cols)) }
+    }
+
+    /// The column sums snapped, noised and scaled, once every chunk's sums have finished
+    /// (the caller has waited for them), and the answer downloaded.
+    fn finish(self, dev: &DeviceLease<'_>, sq: &[f64]) -> Result<Privatized, DeviceError> {
+        let job = self.job;
+        let key = job.key.words();
+        let dkey = dev.upload(&key)?;
+        let mut out: DeviceBuffer<f64> = dev.alloc_zeros(job.cols)?;
+        let (grid, inv_grid, cols) = (job.plan.grid, 1.0 / job.plan.grid, job.cols as u64);
+        let mut launch = dev.launch("dp_snap_noise")?;
+        launch
+            .arg(&self.sums)
+            .arg(&cols)
+            .arg(&dkey)
+            .arg(&inv_grid)
+            .arg(&grid)
+            .arg(&job.plan.t)
+            .arg(&job.plan.c)
+            .arg(&job.divisor)
+            .arg(&mut out);
+        // SAFETY: sums and out hold cols, key 8 words.
+        unsafe { launch.launch(dev.launch_config(job.cols)) }?;
+        Ok(Privatized {
+            gradient: dev.download(&out)?,
+            stats: clip_stats(sq, &job.clip_norms),
+        })
+    }
+}
+
+/// The batch streamed in chunks of rows on two lanes (`DeviceLease::stream_items`, the
+/// rows' squared norms its output): a chunk's upload (from the request body where it lies
+/// in page-locked memory) overlaps the other lane's kernels.
+pub fn launch_privatize(
+    job: &PrivatizeJob,
+    dev: &DeviceLease<'_>,
+) -> Result<Privatized, DeviceError> {
+    match &job.gradients {
+        Gradients::F32(g) => privatize_streamed(job, g, dev),
+        Gradients::F64(g) => privatize_streamed(job, g, dev),
+    }
+}
+
+fn privatize_streamed<T: GradientElement>(
+    job: &PrivatizeJob,
+    g: &[T],
+    dev: &DeviceLease<'_>,
+) -> Result<Privatized, DeviceError> {
+    let mut batch = Batch::new(job, dev)?;
+    let rows = [Operand::slice(g, job.cols)];
+    let mut previous: Option<Event> = None;
+    let sq = dev.stream_items(
+        job.rows,
+        &rows,
+        job.layers(),
+        Batch::bytes(job),
+        |g, sq, chunk| {
+            batch.chunk(dev, &g[0], chunk.items, sq, previous.as_ref())?;
+            previous = Some(dev.record()?);
+            Ok(())
+        },
+    )?;
+    batch.finish(dev, &sq)
+}
+
+/// Privatizes gradients already on the device (`job.gradients` is not read), as one
+/// chunk: the two kernel passes, the snap and the small copies. Benchmarks time this to
 /// measure device bandwidth without the upload.
 pub fn privatize_resident<T: GradientElement>(
     job: &PrivatizeJob,
     dg: &DeviceBuffer<T>,
     dev: &DeviceLease<'_>,
 ) -> Result<Privatized, DeviceError> {
-    let dtype = T::DTYPE;
-    let (rows, cols, layers) = (job.rows as u64, job.cols as u64, job.layers() as u32);
-    let dbounds = dev.upload(&job.bounds)?;
+    let mut batch = Batch::new(job, dev)?;
     let mut dsq: DeviceBuffer<f64> = dev.alloc_zeros(job.rows * job.layers())?;
-    let norms = format!("dp_sq_norms_{dtype}");
-    let mut launch = dev.launch(&norms)?;
-    launch
-        .arg(dg)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&dbounds)
-        .arg(&layers)
-        .arg(&mut dsq);
-    // The reduction needs exactly LANES threads per block; one block per (row, layer).
-    let config = dev.launch_config(job.rows * job.layers() * LANES);
-    assert_eq!(config.block_dim.0 as usize, LANES);
-    // SAFETY: g has rows*cols elements, bounds layers+1 (the last = cols), sq rows*layers.
-    unsafe { launch.launch(config) }?;
+    batch.chunk(dev, dg, 0..job.rows, &mut dsq, None)?;
     let sq = dev.download(&dsq)?;
-
-    let factors = clip_factors(&sq, &job.clip_norms);
-    let dfactors = dev.upload(&factors)?;
-    let key = job.key.words();
-    let dkey = dev.upload(&key)?;
-    let mut dout: DeviceBuffer<f64> = dev.alloc_zeros(job.cols)?;
-    let (grid, inv_grid) = (job.plan.grid, 1.0 / job.plan.grid);
-    let sum = format!("dp_clip_sum_noise_{dtype}");
-    let mut launch = dev.launch(&sum)?;
-    launch
-        .arg(dg)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&dbounds)
-        .arg(&layers)
-        .arg(&dfactors)
-        .arg(&dkey)
-        .arg(&inv_grid)
-        .arg(&grid)
-        .arg(&job.plan.t)
-        .arg(&job.plan.c)
-        .arg(&job.divisor)
-        .arg(&mut dout);
-    // SAFETY: as above; factors has rows*layers entries, key 8 words, out cols.
-    unsafe { launch.launch(dev.launch_config(job.cols)) }?;
-    let gradient = dev.download(&dout)?;
-    Ok(Privatized {
-        gradient,
-        stats: clip_stats(&sq, &job.clip_norms),
-    })
+    batch.finish(dev, &sq)
 }
 
 /// The release streamed in chunks (`DeviceLease::stream_items`): each chunk's values

@@ -73,6 +73,23 @@ fn privatize_and_mechanisms_are_bit_identical_to_the_cpu() {
                     }
                 }
             }
+            // With room for about ten rows of 700 f64 (and the batch's factors and sums),
+            // 40 rows run in chunks of about five on two lanes: each chunk's sums wait
+            // for the previous chunk's, so the column sums keep the CPU's row order.
+            let (rows, cols) = (40, 700);
+            let job = PrivatizeJob {
+                gradients: Gradients::F64(gradients(rows, cols).into()),
+                rows,
+                cols,
+                bounds: vec![0, 100, cols as u64],
+                clip_norms: vec![0.5, 2.0],
+                plan: GaussianPlan::new(2.2, 1.0 / 4096.0).unwrap(),
+                divisor: 1.0,
+                key,
+            };
+            d.in_passes(8 * (3 + 2 + 80 + 700) + 10 * 8 * (700 + 2), |d| {
+                d.check("privatize 40x700 in chunks", &job);
+            });
             for n in d.sizes(&[1usize, 1000, 300_000], &[1, 1000, 9000]) {
                 check_releases(d, key, n, "");
             }
