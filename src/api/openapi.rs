@@ -311,7 +311,7 @@ fn shared_problems(op: &Map<String, Value>, job: bool, naming: bool) -> Vec<(u16
 /// Where and how long a job ran, on its success answer (`add_run_headers`).
 fn job_headers() -> Value {
     json!({
-        "x-backend": {"description": "Where the job ran: cpu, cuda (an NVIDIA GPU, or the emulated device) or hip (an AMD GPU)", "schema": {"type": "string", "enum": ["cpu", "cuda", "hip"]}},
+        "x-backend": {"description": "Where the job ran: cpu, cuda (an NVIDIA GPU), hip (an AMD GPU) or emulated (the emulated device, a test stand-in for a GPU that runs on the host's CPU)", "schema": {"type": "string", "enum": ["cpu", "cuda", "hip", "emulated"]}},
         "x-device": {"description": "GPU ordinal, when cuda", "schema": {"type": "integer", "minimum": 0}},
         "x-queue-time-ms": {"description": "Time queued, ms", "schema": {"type": "number"}},
         "x-compute-time-ms": {"description": "Time computing, ms", "schema": {"type": "number"}},

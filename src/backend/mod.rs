@@ -51,10 +51,13 @@ pub enum BackendChoice {
 #[serde(rename_all = "snake_case")]
 pub enum BackendKind {
     Cpu,
-    /// An NVIDIA GPU (or the emulated device, which stands in for one).
+    /// An NVIDIA GPU, through CUDA.
     Cuda,
     /// An AMD GPU, through HIP.
     Hip,
+    /// The emulated device: the kernels compiled for the host and run on its CPU under
+    /// an emulation of CUDA's streams and blocks (CI's stand-in for a GPU, docs/GPU.md).
+    Emulated,
 }
 
 impl BackendKind {
@@ -63,6 +66,7 @@ impl BackendKind {
             BackendKind::Cpu => "cpu",
             BackendKind::Cuda => "cuda",
             BackendKind::Hip => "hip",
+            BackendKind::Emulated => "emulated",
         }
     }
 }

@@ -18,8 +18,9 @@ pub struct Comparison {
     pub note: String,
 }
 
-/// The comparisons for a run of `path` answered by `backend` (`x-backend`: cpu, cuda or
-/// hip; the GPU anchors are NVIDIA's, so an AMD run's ratios are across vendors).
+/// The comparisons for a run of `path` answered by `backend` (`x-backend`: cpu, cuda,
+/// hip or emulated; the GPU anchors are NVIDIA's, so an AMD run's ratios are across
+/// vendors, and an emulated run, on the host's CPU, is given none).
 pub fn comparisons(path: &str, backend: &str, runs: &[Run]) -> Vec<Comparison> {
     let best = runs
         .iter()

@@ -144,7 +144,7 @@ async fn a_self_test_failure_quarantines_that_op_on_that_device_only() {
     problem(res, 503, "device_unavailable").await;
     assert_eq!(
         goldilocks(&s, "field_mul", "cuda").await,
-        (200, "cuda".into())
+        (200, "emulated".into())
     );
 }
 
@@ -154,7 +154,7 @@ async fn a_shadow_check_catches_a_wrong_answer_and_quarantines_the_op() {
     let dev = device(&s);
     assert_eq!(
         goldilocks(&s, "field_mul", "cuda").await,
-        (200, "cuda".into())
+        (200, "emulated".into())
     );
     let agree = "gpu_ops_shadow_checks_total{op=\"field_mul\",outcome=\"agree\"}";
     assert_eq!(s.wait_for_metric(agree, 1.0).await, 1.0);
@@ -163,7 +163,7 @@ async fn a_shadow_check_catches_a_wrong_answer_and_quarantines_the_op() {
         .unwrap();
     assert_eq!(
         goldilocks(&s, "field_mul", "cuda").await,
-        (200, "cuda".into())
+        (200, "emulated".into())
     );
     let mismatch = "gpu_ops_shadow_checks_total{op=\"field_mul\",outcome=\"mismatch\"}";
     assert_eq!(s.wait_for_metric(mismatch, 1.0).await, 1.0);
@@ -179,7 +179,7 @@ async fn a_shadow_check_catches_a_wrong_answer_and_quarantines_the_op() {
     );
     assert_eq!(
         goldilocks(&s, "field_sub", "cuda").await,
-        (200, "cuda".into())
+        (200, "emulated".into())
     );
 }
 
@@ -206,7 +206,7 @@ async fn a_lost_device_is_retired_its_job_rerun_on_the_cpu_and_a_reprobe_brings_
     assert_eq!(s.metric("gpu_ops_device_healthy{gpu=\"0\"").await, 1.0);
     assert_eq!(
         goldilocks(&s, "field_add", "cuda").await,
-        (200, "cuda".into())
+        (200, "emulated".into())
     );
 }
 
@@ -229,7 +229,7 @@ async fn job_specific_errors_move_the_job_and_three_in_a_row_retire_the_device()
     // A success ends the streak; three failures in a row end the device's service.
     assert_eq!(
         goldilocks(&s, "field_sub", "cuda").await,
-        (200, "cuda".into())
+        (200, "emulated".into())
     );
     dev.inject_fault("goldilocks_sub", oom, 3).unwrap();
     for _ in 0..3 {
@@ -450,7 +450,7 @@ async fn a_device_job_beyond_the_jobs_per_device_waits_for_a_lease() {
         release.send(()).unwrap();
     };
     let (answer, ()) = tokio::join!(goldilocks(&s, "field_add", "gpu"), unblock);
-    assert_eq!(answer, (200, "cuda".into()));
+    assert_eq!(answer, (200, "emulated".into()));
     holder.join().unwrap();
     assert_eq!(
         s.metric("gpu_ops_device_lease_waits_total{gpu=\"0\"}")
@@ -514,7 +514,7 @@ async fn bulk_gradients_go_to_the_device_straight_from_a_page_locked_body() {
         );
         let res = privatize().await.unwrap();
         assert_eq!(res.status(), 200, "{flags:?}");
-        assert_eq!(res.headers()["x-backend"], "cuda");
+        assert_eq!(res.headers()["x-backend"], "emulated");
         let moved = copied(&s, "to_device", memory).await - before;
         assert!(
             (gradient_bytes..gradient_bytes + 4096.0).contains(&moved),
@@ -574,7 +574,7 @@ async fn bulk_matmul_operands_go_to_the_device_straight_from_a_page_locked_body(
         .await
         .unwrap();
     assert_eq!(res.status(), 200, "{:?}", res.text().await);
-    assert_eq!(res.headers()["x-backend"], "cuda");
+    assert_eq!(res.headers()["x-backend"], "emulated");
     let operands = 4.0 * (m * k + k * n) as f64;
     let moved = copied(&s, "to_device", "request_body").await - before;
     assert_eq!(moved, operands, "both operands straight from the body");
@@ -599,7 +599,7 @@ async fn device_field_jobs_copy_through_page_locked_staging_unless_it_is_off() {
         );
         assert_eq!(
             goldilocks(&s, "field_add", "gpu").await,
-            (200, "cuda".into())
+            (200, "emulated".into())
         );
         assert_eq!(copied(&s, "to_device", memory).await - to, 48.0, "{memory}");
         assert_eq!(

@@ -39,7 +39,7 @@ pub(super) fn emulated_server() -> TestServer {
 /// one); returns (device, cpu) bodies.
 pub(super) async fn both(s: &TestServer, path: &str, body: Value) -> (Value, Value) {
     let mut out = Vec::new();
-    for (backend, ran_on) in [("gpu", "cuda"), ("cpu", "cpu")] {
+    for (backend, ran_on) in [("gpu", "emulated"), ("cpu", "cpu")] {
         let mut b = body.clone();
         b["backend"] = json!(backend);
         let res = s.post(path, b).send().await.unwrap();
@@ -62,7 +62,7 @@ pub(super) fn strings(field: Field, n: usize, seed: u64) -> Vec<String> {
 async fn device_reports_the_emulated_device() {
     let s = emulated_server();
     let device: Value = s.get("/device").await.json().await.unwrap();
-    assert_eq!(device["backend"], "cuda", "{device}");
+    assert_eq!(device["backend"], "emulated", "{device}");
     assert_eq!(device["gpus"][0]["emulated"], true, "{device}");
     // Neither runtime compiler ran: the kernels are built into the binary.
     assert_eq!(device["gpus"][0]["nvrtc_version"], "", "{device}");
@@ -243,7 +243,7 @@ async fn rf_features_and_dataset_jobs_run_on_the_emulated_device() {
     }
     assert_eq!(state["status"], "completed", "{state}");
     assert!(
-        s.metric("gpu_ops_dataset_batches_total{backend=\"cuda\"}")
+        s.metric("gpu_ops_dataset_batches_total{backend=\"emulated\"}")
             .await
             >= 1.0,
         "the dataset ran on the device"
@@ -572,7 +572,7 @@ async fn secure_aggregation_unmasks_on_the_emulated_device() {
         let want: f64 = inputs.iter().map(|v| f64::from(v[i])).sum();
         assert_eq!(*got, want, "value {i}");
     }
-    let on_device = r#"gpu_ops_jobs_total{backend="cuda",op="secagg_unmask",outcome="ok"}"#;
+    let on_device = r#"gpu_ops_jobs_total{backend="emulated",op="secagg_unmask",outcome="ok"}"#;
     assert_eq!(
         s.metric(on_device).await,
         1.0,

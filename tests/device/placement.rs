@@ -95,7 +95,7 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
             sides.push(side);
         }
         let (cpu, dev) = (median(cpu), median(dev));
-        let on_device = sides.iter().filter(|s| *s == "cuda").count();
+        let on_device = sides.iter().filter(|s| *s == "emulated").count();
         // The model's own view, for a failure's message.
         let view: Value = s.get("/device").await.json().await.unwrap();
         let view = &view["placement"];
@@ -117,14 +117,16 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
     }
     // Every placement is counted, by reason; /device shows the lane.
     let forced = s
-        .metric(r#"gpu_ops_placements_total{backend="cuda",op="field_mul",reason="forced"}"#)
+        .metric(r#"gpu_ops_placements_total{backend="emulated",op="field_mul",reason="forced"}"#)
         .await;
     assert_eq!(forced, 9.0);
     let measured = s
         .metric(r#"gpu_ops_placements_total{backend="cpu",op="field_mul",reason="measured"}"#)
         .await
-        + s.metric(r#"gpu_ops_placements_total{backend="cuda",op="field_mul",reason="measured"}"#)
-            .await;
+        + s.metric(
+            r#"gpu_ops_placements_total{backend="emulated",op="field_mul",reason="measured"}"#,
+        )
+        .await;
     assert!(measured >= 24.0, "{measured}");
     let device: Value = s.get("/device").await.json().await.unwrap();
     let lane = device["placement"]["lanes"]
@@ -159,7 +161,7 @@ async fn a_device_slowed_by_a_fault_loses_its_work_within_a_few_jobs() {
     let placement = s.state.pool.placement().clone();
     // As if the device had been measured 5× faster than the CPU here.
     seed(&placement, shape, 0.010, 0.050);
-    assert_eq!(mul(&s, n, "auto").await.0, "cuda");
+    assert_eq!(mul(&s, n, "auto").await.0, "emulated");
     // Now every launch of it takes 300 ms more.
     s.state.backends.gpus()[0]
         .inject_fault("goldilocks_mul", Fault::SlowMs(300), 1000)
@@ -225,7 +227,7 @@ async fn a_backlog_on_the_cpu_sends_work_to_the_device() {
     let (ra, rb, side) = tokio::join!(a, b, backlogged);
     assert_eq!(ra.unwrap().status(), 200);
     assert_eq!(rb.unwrap().status(), 200);
-    assert_eq!(side, "cuda");
+    assert_eq!(side, "emulated");
     assert_eq!(placement.backlog(Side::Cpu), 0.0);
 }
 

@@ -260,8 +260,9 @@ impl GpuDevice {
     /// emulated device stands in for a CUDA device).
     pub fn backend_kind(&self) -> super::BackendKind {
         match self.info.vendor {
+            GpuVendor::Nvidia => super::BackendKind::Cuda,
             GpuVendor::Amd => super::BackendKind::Hip,
-            GpuVendor::Nvidia | GpuVendor::Emulated => super::BackendKind::Cuda,
+            GpuVendor::Emulated => super::BackendKind::Emulated,
         }
     }
 
