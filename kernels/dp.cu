@@ -1,17 +1,21 @@
 // DP-SGD privatization and noise mechanisms. The [rows, cols] gradients are cut into
 // chunks of rows (ops/dp/gpu.rs streams them on two lanes); each chunk is read twice
-// while it is on the device: once for its per-(row, layer) squared norms and clip factors,
-// once to add its clipped rows to the column sums. When every chunk is in, the sums are
-// snapped, noised and scaled once. Every floating operation is in a fixed order with no
-// FMA contraction, so the CPU twin (src/ops/dp/privatize.rs) reproduces each result bit
-// for bit however the batch was cut.
+// while it is on the device: once for its squared norms (partial sums per segment of a
+// layer, then folded per (row, layer) with the clip factor), once to add its clipped
+// rows to the column sums. When every chunk is in, the sums are snapped, noised and
+// scaled once. Every floating operation is in a fixed order with no FMA contraction, so
+// the CPU twin (src/ops/dp/privatize.rs) reproduces each result bit for bit however the
+// batch was cut.
 #include "dp_noise.cuh"
 
-// The squared-norm kernels run with exactly DP_LANES threads per block: lane j sums
-// elements j, j + DP_LANES, ... of its layer, then the lanes are added as a tree. Their
+// The partial-norm kernels run with exactly DP_LANES threads per block: lane j sums
+// elements j, j + DP_LANES, ... of its segment, then the lanes are added as a tree. Their
 // launcher asserts DeviceLease::launch_config's block is DP_LANES; every other kernel here
 // is a grid-stride loop over those blocks.
 #define DP_LANES 256
+// Columns of one segment (SEGMENT in privatize.rs): a wide layer is cut into segments,
+// one block each, so a chunk of a few wide rows still gives the device many blocks.
+#define DP_SEGMENT 4096
 // Opacus' guard against division by a zero norm (NORM_EPS in privatize.rs).
 #define DP_NORM_EPS 1e-6
 
@@ -21,20 +25,35 @@ static __device__ __forceinline__ double dp_clip_factor(double clip, double sq) 
     return fmin(__ddiv_rn(clip, DADD(sqrt(sq), DP_NORM_EPS)), 1.0);
 }
 
-// A chunk of `rows` rows whose first is row `first` of the batch: sq[item] is the chunk's
-// (row, layer) squared norm, factors[first * layers + item] its clip factor (factors
-// spans the batch, so each chunk writes its own part).
-#define DP_SQ_NORMS_KERNEL(NAME, T)                                                       \
+// The layer of segment `seg`: the last l with seg_bounds[l] <= seg (a layer of no
+// columns has no segments and is passed over).
+static __device__ __forceinline__ u32 dp_layer_of(const u64 *seg_bounds, u32 layers, u64 seg) {
+    u32 lo = 0, hi = layers;
+    while (hi - lo > 1) {
+        u32 mid = (lo + hi) / 2;
+        if (seg_bounds[mid] <= seg) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// A chunk of `rows` rows: partials[row * segs + seg] is the sum of squares of one segment
+// of a row, segs = seg_bounds[layers]. Layer l's segments are seg_bounds[l] ..
+// seg_bounds[l + 1], each DP_SEGMENT of its columns (the last one shorter).
+#define DP_SQ_PARTIALS_KERNEL(NAME, T)                                                    \
     extern "C" __global__ void __launch_bounds__(DP_LANES)                                \
-        NAME(const T *g, u64 rows, u64 cols, const u64 *bounds, u32 layers,               \
-             const double *clip, u64 first, double *sq, double *factors) {                \
+        NAME(const T *g, u64 rows, u64 cols, const u64 *bounds, const u64 *seg_bounds,    \
+             u32 layers, double *partials) {                                              \
         __shared__ double lanes[DP_LANES];                                                \
-        for (u64 item = blockIdx.x; item < rows * layers; item += gridDim.x) {            \
-            u64 row = item / layers;                                                      \
-            u32 layer = (u32)(item % layers);                                             \
+        u64 segs = seg_bounds[layers];                                                    \
+        for (u64 item = blockIdx.x; item < rows * segs; item += gridDim.x) {              \
+            u64 row = item / segs, seg = item % segs;                                     \
+            u32 layer = dp_layer_of(seg_bounds, layers, seg);                             \
+            u64 start = bounds[layer] + (seg - seg_bounds[layer]) * DP_SEGMENT;           \
+            u64 end = start + DP_SEGMENT < bounds[layer + 1] ? start + DP_SEGMENT         \
+                                                             : bounds[layer + 1];         \
             const T *r = g + row * cols;                                                  \
             double acc = 0.0;                                                             \
-            for (u64 c = bounds[layer] + threadIdx.x; c < bounds[layer + 1]; c += DP_LANES) { \
+            for (u64 c = start + threadIdx.x; c < end; c += DP_LANES) {                   \
                 double v = (double)r[c];                                                  \
                 acc = DADD(acc, DMUL(v, v));                                              \
             }                                                                             \
@@ -45,16 +64,32 @@ static __device__ __forceinline__ double dp_clip_factor(double clip, double sq) 
                     lanes[threadIdx.x] = DADD(lanes[threadIdx.x], lanes[threadIdx.x + s]); \
                 __syncthreads();                                                          \
             }                                                                             \
-            if (threadIdx.x == 0) {                                                       \
-                sq[item] = lanes[0];                                                      \
-                factors[first * layers + item] = dp_clip_factor(clip[layer], lanes[0]);   \
-            }                                                                             \
+            if (threadIdx.x == 0) partials[item] = lanes[0];                              \
             __syncthreads();                                                              \
         }                                                                                 \
     }
 
-DP_SQ_NORMS_KERNEL(dp_sq_norms_f32, float)
-DP_SQ_NORMS_KERNEL(dp_sq_norms_f64, double)
+DP_SQ_PARTIALS_KERNEL(dp_sq_partials_f32, float)
+DP_SQ_PARTIALS_KERNEL(dp_sq_partials_f64, double)
+
+// One thread per (row, layer) of the chunk whose first row is row `first` of the batch:
+// the layer's segment partials added in order from 0.0 into sq[item], and its clip
+// factor into factors[first * layers + item] (factors spans the batch).
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    dp_fold_norms(const double *partials, u64 rows, const u64 *seg_bounds, u32 layers,
+                  const double *clip, u64 first, double *sq, double *factors) {
+    u64 segs = seg_bounds[layers];
+    for (u64 item = blockIdx.x * (u64)blockDim.x + threadIdx.x; item < rows * layers;
+         item += (u64)gridDim.x * blockDim.x) {
+        u64 row = item / layers;
+        u32 layer = (u32)(item % layers);
+        const double *p = partials + row * segs;
+        double acc = 0.0;
+        for (u64 s = seg_bounds[layer]; s < seg_bounds[layer + 1]; s++) acc = DADD(acc, p[s]);
+        sq[item] = acc;
+        factors[first * layers + item] = dp_clip_factor(clip[layer], acc);
+    }
+}
 
 // One thread per column: the chunk's rows, each scaled by its layer's clip factor, added
 // to the column's running sum in row order. Chunks must run in row order (their launcher

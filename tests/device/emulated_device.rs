@@ -443,9 +443,10 @@ fn gradients(n: usize, seed: u64) -> Vec<f64> {
 
 #[test]
 fn dp_privatize_kernels_match_the_cpu_twin_bit_for_bit() {
-    // Three layers of uneven widths, more (row, layer) items than the grid has blocks.
-    let (rows, cols) = (40usize, 700usize);
-    let clipping = Clipping::Layers(vec![(100, 0.5), (350, 1.0), (250, 2.0)]);
+    // Three layers of uneven widths, the middle one three segments of 4096 columns (the
+    // last short), more (row, segment) items than the grid has blocks.
+    let (rows, cols) = (12usize, 9000usize);
+    let clipping = Clipping::Layers(vec![(100, 0.5), (8700, 1.0), (200, 2.0)]);
     let g = gradients(rows * cols, 7);
     let job = SgdPlan::new(1.1, &clipping, rows, cols).unwrap().job(
         Gradients::F64(g.clone().into()),
@@ -456,27 +457,46 @@ fn dp_privatize_kernels_match_the_cpu_twin_bit_for_bit() {
     );
     let want = job.run_cpu();
 
-    // Two chunks of rows, 25 then 15, as the launcher streams them: each chunk's norms
-    // and factors, then its clipped rows into the running column sums.
+    // Two chunks of rows, 7 then 5, as the launcher streams them: each chunk's segment
+    // partials, folded into its norms and factors, then its clipped rows into the running
+    // column sums.
     let layers = job.layers();
+    let seg_bounds: Vec<u64> = vec![0, 1, 4, 5];
+    let segments = 5;
+    let mut partials = vec![0f64; rows * segments];
     let mut sq = vec![0f64; rows * layers];
     let mut factors = vec![0f64; rows * layers];
     let mut sums = vec![0f64; cols];
     let (mut cols_v, mut layers_v) = (cols as u64, layers as u32);
-    let (mut pb, mut pc) = (job.bounds.as_ptr(), job.clip_norms.as_ptr());
-    let (mut pf, mut psum) = (factors.as_mut_ptr(), sums.as_mut_ptr());
-    for chunk in [0..25usize, 25..rows] {
+    let (mut pb, mut psb, mut pc) = (
+        job.bounds.as_ptr(),
+        seg_bounds.as_ptr(),
+        job.clip_norms.as_ptr(),
+    );
+    let (mut pp, mut pf, mut psum) = (
+        partials.as_mut_ptr(),
+        factors.as_mut_ptr(),
+        sums.as_mut_ptr(),
+    );
+    for chunk in [0..7usize, 7..rows] {
         let mut pg = g[chunk.start * cols..].as_ptr();
         let mut ps = sq[chunk.start * layers..].as_mut_ptr();
         let (mut n, mut first) = (chunk.len() as u64, chunk.start as u64);
-        // SAFETY: pg holds the chunk's n × cols values, bounds layers + 1, clip layers,
-        // ps the chunk's n × layers, factors rows × layers, sums cols; one block of
-        // exactly 256 threads per (row, layer), as the launcher runs it.
+        // SAFETY: pg holds the chunk's n × cols values, bounds and seg_bounds layers + 1,
+        // clip layers, partials rows × segments, ps the chunk's n × layers, factors
+        // rows × layers, sums cols; one block of exactly 256 threads per (row, segment),
+        // as the launcher runs it.
         unsafe {
             emulated::launch(
-                "dp_sq_norms_f64",
+                "dp_sq_partials_f64",
                 config(16, 256, 0),
-                args![pg, n, cols_v, pb, layers_v, pc, first, ps, pf],
+                args![pg, n, cols_v, pb, psb, layers_v, pp],
+            )
+            .unwrap();
+            emulated::launch(
+                "dp_fold_norms",
+                config(1, 32, 0),
+                args![pp, n, psb, layers_v, pc, first, ps, pf],
             )
             .unwrap();
             emulated::launch(

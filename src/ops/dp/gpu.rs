@@ -1,11 +1,10 @@
 //! GPU launchers for `kernels/dp.cu`. The batch's rows are streamed in chunks on two
-//! lanes: each chunk's norms and clip factors, then its clipped rows added to the column
-//! sums, while the next chunk is uploaded on the other lane. A chunk's kernels wait for
-//! the previous chunk's, so the sums are added in row order, as the CPU twin adds them.
-//! The clip factors are computed on the device with each step correctly rounded, so they
-//! equal the twin's to the bit.
-
-use super::privatize::{clip_stats, Gradients, PrivatizeJob, Privatized, LANES};
+//! lanes: each chunk's norms (per segment of a row, then folded) and clip factors, then
+//! its clipped rows added to the column sums, while the next chunk is uploaded on the
+//! other lane. A chunk's kernels wait for the previous chunk's, so the sums are added in
+//! row order, as the CPU twin adds them. The clip factors are computed on the device with
+//! each step correctly rounded, so they equal the twin's to the bit.
+use super::privatize::{clip_stats, Gradients, PrivatizeJob, Privatized, LANES, SEGMENT};
 use super::release::{Mechanism, NoiseJob};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::{Event, Operand};
@@ -14,8 +13,9 @@ use crate::backend::{DeviceBuffer, DeviceError, Element};
 
 /// Every kernel `kernels/dp.cu` must provide.
 const KERNEL_NAMES: &[&str] = &[
-    "dp_sq_norms_f32",
-    "dp_sq_norms_f64",
+    "dp_sq_partials_f32",
+    "dp_sq_partials_f64",
+    "dp_fold_norms",
     "dp_clip_sum_f32",
     "dp_clip_sum_f64",
     "dp_snap_noise",
@@ -48,24 +48,34 @@ impl GradientElement for f64 {
     const DTYPE: &'static str = "f64";
 }
 
-/// What every chunk of one batch shares on the device: the layer bounds and clip norms,
-/// the clip factors of the whole batch (each chunk writes its rows'), the column sums.
+/// What every chunk of one batch shares on the device: the layer bounds, their segments'
+/// bounds and the clip norms, room for a chunk's segment partials (as many as the batch
+/// has), the clip factors of the whole batch (each chunk writes its rows'), the column
+/// sums.
 /// The kernels that write them are given them mutably, so the emulated device's order
 /// check sees two lanes' writes and refuses any the events do not order.
 struct Batch<'j> {
     job: &'j PrivatizeJob,
     bounds: DeviceBuffer<u64>,
+    seg_bounds: DeviceBuffer<u64>,
+    segments: usize,
     clip: DeviceBuffer<f64>,
+    partials: DeviceBuffer<f64>,
     factors: DeviceBuffer<f64>,
     sums: DeviceBuffer<f64>,
 }
 
 impl<'j> Batch<'j> {
     fn new(job: &'j PrivatizeJob, dev: &DeviceLease<'_>) -> Result<Self, DeviceError> {
+        let seg_bounds = segment_bounds(job);
+        let segments = seg_bounds[job.layers()] as usize;
         Ok(Batch {
             job,
             bounds: dev.upload(&job.bounds)?,
+            seg_bounds: dev.upload(&seg_bounds)?,
+            segments,
             clip: dev.upload(&job.clip_norms)?,
+            partials: dev.alloc_zeros((job.rows * segments).max(1))?,
             factors: dev.alloc_zeros(job.rows * job.layers())?,
             sums: dev.alloc_zeros(job.cols)?,
         })
@@ -73,12 +83,15 @@ impl<'j> Batch<'j> {
 
     /// Device bytes it holds besides the chunks, for the memory budget.
     fn bytes(job: &PrivatizeJob) -> usize {
-        8 * (job.bounds.len() + job.clip_norms.len() + job.rows * job.layers() + job.cols)
+        let segments = segment_bounds(job)[job.layers()] as usize;
+        let per_row = segments + job.layers();
+        8 * (2 * job.bounds.len() + job.clip_norms.len() + job.rows * per_row + job.cols)
     }
 
     /// Queues chunk `rows` (from row `first`, held in `g`) on the current stream, after
     /// `previous` (the end of the chunk before it, on either lane): its squared norms
-    /// into `sq` and its clip factors, then its clipped rows into the column sums.
+    /// into `sq` (by segment partials, folded) and its clip factors, then its clipped rows
+    /// into the column sums.
     fn chunk<T: GradientElement>(
         &mut self,
         dev: &DeviceLease<'_>,
@@ -90,8 +103,8 @@ impl<'j> Batch<'j> {
         let (dtype, job) = (T::DTYPE, self.job);
         let (n, first) = (rows.len() as u64, rows.start as u64);
         let (cols, layers) = (job.cols as u64, job.layers() as u32);
-        let (norms, sum) = (
-            format!("dp_sq_norms_{dtype}"),
+        let (partials, sum) = (
+            format!("dp_sq_partials_{dtype}"),
             format!("dp_clip_sum_{dtype}"),
         );
         // The chunk's kernels follow the previous chunk's (the other lane's) in row order;
@@ -99,23 +112,35 @@ impl<'j> Batch<'j> {
         if let Some(previous) = previous {
             dev.wait(previous)?;
         }
-        let mut launch = dev.launch(&norms)?;
+        let mut launch = dev.launch(&partials)?;
         launch
             .arg(g)
             .arg(&n)
             .arg(&cols)
             .arg(&self.bounds)
+            .arg(&self.seg_bounds)
+            .arg(&layers)
+            .arg(&mut self.partials);
+        // The reduction needs exactly LANES threads per block; one block per (row, segment).
+        let config = dev.launch_config(rows.len() * self.segments * LANES);
+        assert_eq!(config.block_dim.0 as usize, LANES);
+        // SAFETY: g holds the chunk's n × cols values, bounds and seg_bounds layers + 1
+        // (bounds' last = cols, seg_bounds' the segments of a row), partials
+        // rows × segments ≥ n × segments.
+        unsafe { launch.launch(config) }?;
+        let mut launch = dev.launch("dp_fold_norms")?;
+        launch
+            .arg(&self.partials)
+            .arg(&n)
+            .arg(&self.seg_bounds)
             .arg(&layers)
             .arg(&self.clip)
             .arg(&first)
             .arg(sq)
             .arg(&mut self.factors);
-        // The reduction needs exactly LANES threads per block; one block per (row, layer).
-        let config = dev.launch_config(rows.len() * job.layers() * LANES);
-        assert_eq!(config.block_dim.0 as usize, LANES);
-        // SAFETY: g holds the chunk's n × cols values, bounds layers + 1 (the last = cols),
-        // clip layers, sq n × layers, factors the batch's rows × layers, first + n ≤ rows.
-        unsafe { launch.launch(config) }?;
+        // SAFETY: as above; clip holds layers, sq n × layers, factors the batch's
+        // rows × layers, and first + n ≤ rows.
+        unsafe { launch.launch(dev.launch_config(rows.len() * job.layers())) }?;
         let mut launch = dev.launch(&sum)?;
         launch
             .arg(g)
@@ -156,6 +181,18 @@ impl<'j> Batch<'j> {
             stats: clip_stats(sq, &job.clip_norms),
         })
     }
+}
+
+/// Where each layer's segments start, and (last) how many a row has: layer l has
+/// ceil(width / SEGMENT) of them.
+fn segment_bounds(job: &PrivatizeJob) -> Vec<u64> {
+    let mut at = 0u64;
+    let widths = job.bounds.windows(2).map(|w| w[1] - w[0]);
+    let starts = widths.map(|w| {
+        at += w.div_ceil(SEGMENT as u64);
+        at
+    });
+    std::iter::once(0).chain(starts).collect()
 }
 
 /// The batch streamed in chunks of rows on two lanes (`DeviceLease::stream_items`, the

@@ -1,8 +1,9 @@
 //! DP-SGD privatization of a [rows, cols] batch of per-example gradients: per-example
 //! (optionally per-layer) L2 clipping, column sums, snapping, discrete Gaussian noise.
-//! The floating-point order is the kernels' (`kernels/dp.cu`): squared norms in 256
-//! strided lanes then a tree, column sums in row order, no fused multiply-add, so the
-//! CPU and the GPU agree bit for bit.
+//! The floating-point order is the kernels' (`kernels/dp.cu`): squared norms over
+//! segments of 4096 columns, each in 256 strided lanes then a tree, the segments added in
+//! order; column sums in row order; no fused multiply-add; so the CPU and the GPU agree
+//! bit for bit.
 
 use super::noise::{for_each_stream, NoiseKey, DOMAIN_GAUSSIAN};
 use super::plan::{snap, GaussianPlan};
@@ -13,6 +14,9 @@ use std::ops::Range;
 
 /// Lanes of the squared-norm reduction (the kernel's block size).
 pub const LANES: usize = 256;
+/// Columns of a layer one block of the norm kernel sums (`DP_SEGMENT`): a row is cut into
+/// segments so that even a chunk of a few wide rows keeps a GPU's SMs busy.
+pub const SEGMENT: usize = 4096;
 /// Opacus' guard against division by a zero norm.
 const NORM_EPS: f64 = 1e-6;
 
@@ -104,7 +108,7 @@ impl PrivatizeJob {
                 let base = row * self.cols;
                 let part =
                     &g[base + self.bounds[layer] as usize..base + self.bounds[layer + 1] as usize];
-                lane_tree_sum_of_squares(part)
+                sum_of_squares(part)
             })
             .collect()
     }
@@ -164,8 +168,15 @@ const ROW_BLOCK: usize = 1 << 14;
 /// Columns one task of the column sums takes.
 const COLUMN_CHUNK: usize = 2048;
 
-/// Σ x² in the kernel's order: lane j takes elements j, j + 256, …; then lanes fold as
-/// a tree (j += j + s for s = 128, 64, …, 1).
+/// Σ x² in the kernels' order: each segment of `SEGMENT` values by
+/// `lane_tree_sum_of_squares`, the segments' sums added in order from 0.0.
+pub fn sum_of_squares<T: Copy + Into<f64>>(xs: &[T]) -> f64 {
+    xs.chunks(SEGMENT)
+        .fold(0.0, |acc, segment| acc + lane_tree_sum_of_squares(segment))
+}
+
+/// Σ x² of one segment in the kernel's order: lane j takes elements j, j + 256, …; then
+/// lanes fold as a tree (j += j + s for s = 128, 64, …, 1).
 pub fn lane_tree_sum_of_squares<T: Copy + Into<f64>>(xs: &[T]) -> f64 {
     let mut lanes = [0.0f64; LANES];
     for chunk in xs.chunks(LANES) {
@@ -355,5 +366,11 @@ mod tests {
         let plain: f64 = xs.iter().map(|x| x * x).sum();
         assert!((lane_tree_sum_of_squares(&xs) - plain).abs() < 1e-9 * plain);
         assert_eq!(lane_tree_sum_of_squares::<f64>(&[]), 0.0);
+        // Segments: added in order, each by its own lane tree.
+        let by_segment = lane_tree_sum_of_squares(&xs[..SEGMENT])
+            + lane_tree_sum_of_squares(&xs[SEGMENT..2 * SEGMENT])
+            + lane_tree_sum_of_squares(&xs[2 * SEGMENT..]);
+        assert_eq!(sum_of_squares(&xs).to_bits(), (0.0 + by_segment).to_bits());
+        assert_eq!(sum_of_squares::<f64>(&[]), 0.0);
     }
 }
