@@ -5,8 +5,9 @@
 //!    waiting for the emulated engine (in allocations and host waits), whose streams run
 //!    the copies, memsets and launches on threads of their own (what a GPU's allocator,
 //!    copy engines and SMs would do); the engine's own time, summed over its streams, is
-//!    shown beside it. Each case runs with page-locked staging (field ops, Shamir and
-//!    lookups in chunks on two lanes, the others' large copies in staged pieces), and
+//!    shown beside it. Each case runs with page-locked staging (field ops, DP privatize,
+//!    Shamir and lookups in chunks on two lanes, the others' large copies in staged
+//!    pieces), and
 //!    with staging off (`StagingBudget` 0: pageable copies, the chunked ones in
 //!    single-lane passes), in the same process, with the host bytes each moved. On the emulated
 //!    device a staged copy is two memcpys (host → staging by the job, staging → device by
@@ -14,7 +15,7 @@
 //!    GPU's driver would otherwise make itself, slower, from pageable memory.
 //!    DP privatize runs a third time with its gradients read in place from a request
 //!    body in page-locked memory (`backend::device::PinnedBlock`, as a bulk body is read
-//!    on a GPU host): the upload is one copy straight from it, no staging.
+//!    on a GPU host): each chunk's upload is one copy straight from it, no staging.
 //! 2. Several jobs at once: the same field additions from 8 threads on one emulated
 //!    device, `--gpu-jobs-per-device` 1 against 4.
 //!
