@@ -7,10 +7,9 @@
 //!    copy engines and SMs would do); the engine's own time, summed over its streams, is
 //!    shown beside it. Each case runs with page-locked staging (field ops, DP privatize,
 //!    Shamir and lookups in chunks on two lanes, the others' large copies in staged
-//!    pieces), and
-//!    with staging off (`StagingBudget` 0: pageable copies, the chunked ones in
-//!    single-lane passes), in the same process, with the host bytes each moved. On the emulated
-//!    device a staged copy is two memcpys (host → staging by the job, staging → device by
+//!    pieces), and with staging off (`StagingBudget` 0: pageable copies, the chunked ones
+//!    in single-lane passes), in the same process, with the host bytes each moved. On the
+//!    emulated device a staged copy is two memcpys (host → staging by the job, staging → device by
 //!    the engine) where a pageable one is one, so the staged host side includes a copy a
 //!    GPU's driver would otherwise make itself, slower, from pageable memory.
 //!    DP privatize runs a third time with its gradients read in place from a request
