@@ -19,10 +19,10 @@
 // Opacus' guard against division by a zero norm (NORM_EPS in privatize.rs).
 #define DP_NORM_EPS 1e-6
 
-// min(1, C / (sqrt(s) + eps)): each step correctly rounded (a double sqrt is, on every
-// engine), so the factor is the CPU twin's `clip_factors` to the bit.
+// min(1, C / (sqrt(s) + eps)): each step correctly rounded (the _rn intrinsics, on
+// every engine), so the factor is the CPU twin's `clip_factors` to the bit.
 static __device__ __forceinline__ double dp_clip_factor(double clip, double sq) {
-    return fmin(__ddiv_rn(clip, DADD(sqrt(sq), DP_NORM_EPS)), 1.0);
+    return fmin(__ddiv_rn(clip, DADD(__dsqrt_rn(sq), DP_NORM_EPS)), 1.0);
 }
 
 // The layer of segment `seg`: the last l with seg_bounds[l] <= seg (a layer of no
@@ -72,12 +72,11 @@ static __device__ __forceinline__ u32 dp_layer_of(const u64 *seg_bounds, u32 lay
 DP_SQ_PARTIALS_KERNEL(dp_sq_partials_f32, float)
 DP_SQ_PARTIALS_KERNEL(dp_sq_partials_f64, double)
 
-// One thread per (row, layer) of the chunk whose first row is row `first` of the batch:
-// the layer's segment partials added in order from 0.0 into sq[item], and its clip
-// factor into factors[first * layers + item] (factors spans the batch).
+// One thread per (row, layer) of the chunk: the layer's segment partials added in order
+// from 0.0 into sq[item], and its clip factor into factors[item].
 extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
     dp_fold_norms(const double *partials, u64 rows, const u64 *seg_bounds, u32 layers,
-                  const double *clip, u64 first, double *sq, double *factors) {
+                  const double *clip, double *sq, double *factors) {
     u64 segs = seg_bounds[layers];
     for (u64 item = blockIdx.x * (u64)blockDim.x + threadIdx.x; item < rows * layers;
          item += (u64)gridDim.x * blockDim.x) {
@@ -87,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
         double acc = 0.0;
         for (u64 s = seg_bounds[layer]; s < seg_bounds[layer + 1]; s++) acc = DADD(acc, p[s]);
         sq[item] = acc;
-        factors[first * layers + item] = dp_clip_factor(clip[layer], acc);
+        factors[item] = dp_clip_factor(clip[layer], acc);
     }
 }
 
@@ -97,8 +96,8 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
 #define DP_CLIP_SUM_KERNEL(NAME, T)                                                       \
     extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)                   \
         NAME(const T *g, u64 rows, u64 cols, const u64 *bounds, u32 layers,               \
-             const double *factors, u64 first, double *sums) {                            \
-        const double *f = factors + first * layers;                                       \
+             const double *factors, double *sums) {                                       \
+        const double *f = factors;                                                        \
         for (u64 d = blockIdx.x * (u64)blockDim.x + threadIdx.x; d < cols;                 \
              d += (u64)gridDim.x * blockDim.x) {                                          \
             u32 lo = 0, hi = layers;                                                      \

@@ -173,7 +173,7 @@ impl Metrics {
         for status in ["completed", "failed", "cancelled", "interrupted"] {
             m.dataset_jobs.with_label_values(&[status]);
         }
-        for backend in ["cpu", "cuda"] {
+        for backend in ["cpu", "cuda", "hip", "emulated"] {
             m.dataset_batches.with_label_values(&[backend]);
         }
         // Zero from the start, so a rate over them is defined before the first refusal.

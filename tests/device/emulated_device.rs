@@ -463,7 +463,7 @@ fn dp_privatize_kernels_match_the_cpu_twin_bit_for_bit() {
     let layers = job.layers();
     let seg_bounds: Vec<u64> = vec![0, 1, 4, 5];
     let segments = 5;
-    let mut partials = vec![0f64; rows * segments];
+    let mut partials = vec![0f64; 7 * segments];
     let mut sq = vec![0f64; rows * layers];
     let mut factors = vec![0f64; rows * layers];
     let mut sums = vec![0f64; cols];
@@ -473,19 +473,16 @@ fn dp_privatize_kernels_match_the_cpu_twin_bit_for_bit() {
         seg_bounds.as_ptr(),
         job.clip_norms.as_ptr(),
     );
-    let (mut pp, mut pf, mut psum) = (
-        partials.as_mut_ptr(),
-        factors.as_mut_ptr(),
-        sums.as_mut_ptr(),
-    );
+    let (mut pp, mut psum) = (partials.as_mut_ptr(), sums.as_mut_ptr());
     for chunk in [0..7usize, 7..rows] {
         let mut pg = g[chunk.start * cols..].as_ptr();
         let mut ps = sq[chunk.start * layers..].as_mut_ptr();
-        let (mut n, mut first) = (chunk.len() as u64, chunk.start as u64);
+        let mut pf = factors[chunk.start * layers..].as_mut_ptr();
+        let mut n = chunk.len() as u64;
         // SAFETY: pg holds the chunk's n × cols values, bounds and seg_bounds layers + 1,
-        // clip layers, partials rows × segments, ps the chunk's n × layers, factors
-        // rows × layers, sums cols; one block of exactly 256 threads per (row, segment),
-        // as the launcher runs it.
+        // clip layers, partials 7 × segments (the largest chunk's), ps and pf the chunk's
+        // n × layers, sums cols; one block of exactly 256 threads per (row, segment), as
+        // the launcher runs it.
         unsafe {
             emulated::launch(
                 "dp_sq_partials_f64",
@@ -496,13 +493,13 @@ fn dp_privatize_kernels_match_the_cpu_twin_bit_for_bit() {
             emulated::launch(
                 "dp_fold_norms",
                 config(1, 32, 0),
-                args![pp, n, psb, layers_v, pc, first, ps, pf],
+                args![pp, n, psb, layers_v, pc, ps, pf],
             )
             .unwrap();
             emulated::launch(
                 "dp_clip_sum_f64",
                 config(2, 128, 0),
-                args![pg, n, cols_v, pb, layers_v, pf, first, psum],
+                args![pg, n, cols_v, pb, layers_v, pf, psum],
             )
             .unwrap();
         }

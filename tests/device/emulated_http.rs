@@ -35,8 +35,8 @@ pub(super) fn emulated_server() -> TestServer {
 }
 
 /// The same request on the emulated device (`backend: gpu`) and on the CPU: both 200,
-/// `x-backend` saying where each ran (`cuda`: the emulated device stands in for an NVIDIA
-/// one); returns (device, cpu) bodies.
+/// `x-backend` saying where each ran (`emulated`, not `cuda`: the emulated device is not
+/// an NVIDIA GPU); returns (device, cpu) bodies.
 pub(super) async fn both(s: &TestServer, path: &str, body: Value) -> (Value, Value) {
     let mut out = Vec::new();
     for (backend, ran_on) in [("gpu", "emulated"), ("cpu", "cpu")] {

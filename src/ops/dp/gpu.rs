@@ -49,20 +49,25 @@ impl GradientElement for f64 {
 }
 
 /// What every chunk of one batch shares on the device: the layer bounds, their segments'
-/// bounds and the clip norms, room for a chunk's segment partials (as many as the batch
-/// has), the clip factors of the whole batch (each chunk writes its rows'), the column
-/// sums.
-/// The kernels that write them are given them mutably, so the emulated device's order
-/// check sees two lanes' writes and refuses any the events do not order.
+/// bounds, the clip norms and the running column sums, which every chunk's sums kernel
+/// writes, on either lane: it is handed to that kernel mutably, so the emulated device's
+/// order check sees both lanes' writes and refuses any the events do not order.
 struct Batch<'j> {
     job: &'j PrivatizeJob,
     bounds: DeviceBuffer<u64>,
     seg_bounds: DeviceBuffer<u64>,
     segments: usize,
     clip: DeviceBuffer<f64>,
-    partials: DeviceBuffer<f64>,
-    factors: DeviceBuffer<f64>,
     sums: DeviceBuffer<f64>,
+}
+
+/// A chunk's own device room, per lane: its rows' segment partials (`segments` f64 a row)
+/// and clip factors (`layers` f64 a row). Typed as the lane's other buffers are (the
+/// pipeline's scratch operands share the gradients' element type); the kernels read
+/// them as f64.
+struct Scratch<'b, S> {
+    partials: &'b mut DeviceBuffer<S>,
+    factors: &'b mut DeviceBuffer<S>,
 }
 
 impl<'j> Batch<'j> {
@@ -75,33 +80,31 @@ impl<'j> Batch<'j> {
             seg_bounds: dev.upload(&seg_bounds)?,
             segments,
             clip: dev.upload(&job.clip_norms)?,
-            partials: dev.alloc_zeros((job.rows * segments).max(1))?,
-            factors: dev.alloc_zeros(job.rows * job.layers())?,
             sums: dev.alloc_zeros(job.cols)?,
         })
     }
 
-    /// Device bytes it holds besides the chunks, for the memory budget.
+    /// Device bytes the batch holds besides its chunks, for the memory budget: the
+    /// bounds, the clip norms, the sums, and (at the end) the answer and the key.
     fn bytes(job: &PrivatizeJob) -> usize {
-        let segments = segment_bounds(job)[job.layers()] as usize;
-        let per_row = segments + job.layers();
-        8 * (2 * job.bounds.len() + job.clip_norms.len() + job.rows * per_row + job.cols)
+        8 * (2 * job.bounds.len() + job.clip_norms.len() + 2 * job.cols) + 32
     }
 
-    /// Queues chunk `rows` (from row `first`, held in `g`) on the current stream, after
-    /// `previous` (the end of the chunk before it, on either lane): its squared norms
-    /// into `sq` (by segment partials, folded) and its clip factors, then its clipped rows
-    /// into the column sums.
-    fn chunk<T: GradientElement>(
+    /// Queues chunk `rows` (held in `g`) on the current stream, after `previous` (the
+    /// end of the chunk before it, on either lane): its squared norms into `sq` (by
+    /// segment partials, folded) and its clip factors, then its clipped rows into the
+    /// column sums.
+    fn chunk<T: GradientElement, S: Element>(
         &mut self,
         dev: &DeviceLease<'_>,
         g: &DeviceBuffer<T>,
         rows: std::ops::Range<usize>,
+        scratch: Scratch<'_, S>,
         sq: &mut DeviceBuffer<f64>,
         previous: Option<&Event>,
     ) -> Result<(), DeviceError> {
         let (dtype, job) = (T::DTYPE, self.job);
-        let (n, first) = (rows.len() as u64, rows.start as u64);
+        let n = rows.len() as u64;
         let (cols, layers) = (job.cols as u64, job.layers() as u32);
         let (partials, sum) = (
             format!("dp_sq_partials_{dtype}"),
@@ -120,26 +123,24 @@ impl<'j> Batch<'j> {
             .arg(&self.bounds)
             .arg(&self.seg_bounds)
             .arg(&layers)
-            .arg(&mut self.partials);
+            .arg(&mut *scratch.partials);
         // The reduction needs exactly LANES threads per block; one block per (row, segment).
         let config = dev.launch_config(rows.len() * self.segments * LANES);
         assert_eq!(config.block_dim.0 as usize, LANES);
         // SAFETY: g holds the chunk's n × cols values, bounds and seg_bounds layers + 1
-        // (bounds' last = cols, seg_bounds' the segments of a row), partials
-        // rows × segments ≥ n × segments.
+        // (bounds' last = cols, seg_bounds' the segments of a row), partials n × segments
+        // f64 (`scratch_elements`).
         unsafe { launch.launch(config) }?;
         let mut launch = dev.launch("dp_fold_norms")?;
         launch
-            .arg(&self.partials)
+            .arg(&*scratch.partials)
             .arg(&n)
             .arg(&self.seg_bounds)
             .arg(&layers)
             .arg(&self.clip)
-            .arg(&first)
             .arg(sq)
-            .arg(&mut self.factors);
-        // SAFETY: as above; clip holds layers, sq n × layers, factors the batch's
-        // rows × layers, and first + n ≤ rows.
+            .arg(&mut *scratch.factors);
+        // SAFETY: as above; clip holds layers, sq and factors n × layers f64.
         unsafe { launch.launch(dev.launch_config(rows.len() * job.layers())) }?;
         let mut launch = dev.launch(&sum)?;
         launch
@@ -148,8 +149,7 @@ impl<'j> Batch<'j> {
             .arg(&cols)
             .arg(&self.bounds)
             .arg(&layers)
-            .arg(&self.factors)
-            .arg(&first)
+            .arg(&*scratch.factors)
             .arg(&mut self.sums);
         // SAFETY: as above; sums holds cols.
         unsafe { launch.launch(dev.launch_config(job.cols)) }
@@ -208,21 +208,34 @@ pub fn launch_privatize(
     }
 }
 
+/// Elements of `S` that hold `f64s` f64 values (S is 4 or 8 bytes wide).
+fn scratch_elements<S>(f64s: usize) -> usize {
+    8 * f64s / std::mem::size_of::<S>()
+}
+
 fn privatize_streamed<T: GradientElement>(
     job: &PrivatizeJob,
     g: &[T],
     dev: &DeviceLease<'_>,
 ) -> Result<Privatized, DeviceError> {
     let mut batch = Batch::new(job, dev)?;
-    let rows = [Operand::slice(g, job.cols)];
+    let operands = [
+        Operand::slice(g, job.cols),
+        Operand::scratch(scratch_elements::<T>(batch.segments)),
+        Operand::scratch(scratch_elements::<T>(job.layers())),
+    ];
     let mut previous: Option<Event> = None;
     let sq = dev.stream_items(
         job.rows,
-        &rows,
+        &operands,
         job.layers(),
         Batch::bytes(job),
-        |g, sq, chunk| {
-            batch.chunk(dev, &g[0], chunk.items, sq, previous.as_ref())?;
+        |ins, sq, chunk| {
+            let [g, partials, factors] = ins else {
+                unreachable!("three operands")
+            };
+            let scratch = Scratch { partials, factors };
+            batch.chunk(dev, g, chunk.items, scratch, sq, previous.as_ref())?;
             previous = Some(dev.record()?);
             Ok(())
         },
@@ -239,8 +252,14 @@ pub fn privatize_resident<T: GradientElement>(
     dev: &DeviceLease<'_>,
 ) -> Result<Privatized, DeviceError> {
     let mut batch = Batch::new(job, dev)?;
+    let mut partials: DeviceBuffer<f64> = dev.alloc_zeros((job.rows * batch.segments).max(1))?;
+    let mut factors: DeviceBuffer<f64> = dev.alloc_zeros(job.rows * job.layers())?;
     let mut dsq: DeviceBuffer<f64> = dev.alloc_zeros(job.rows * job.layers())?;
-    batch.chunk(dev, dg, 0..job.rows, &mut dsq, None)?;
+    let scratch = Scratch {
+        partials: &mut partials,
+        factors: &mut factors,
+    };
+    batch.chunk(dev, dg, 0..job.rows, scratch, &mut dsq, None)?;
     let sq = dev.download(&dsq)?;
     batch.finish(dev, &sq)
 }

@@ -73,9 +73,11 @@ fn privatize_and_mechanisms_are_bit_identical_to_the_cpu() {
                     }
                 }
             }
-            // With room for about ten rows of 700 f64 (and the batch's factors and sums),
-            // 40 rows run in chunks of about five on two lanes: each chunk's sums wait
-            // for the previous chunk's, so the column sums keep the CPU's row order.
+            // With room beside the batch's own buffers (bounds, clip norms, sums, answer
+            // and key) for ten rows of 700 f64 (with their two segment partials, two
+            // factors and two norms), 40 rows run in eight chunks of five on two lanes:
+            // each chunk's kernels wait for the previous chunk's, so the column sums keep
+            // the CPU's row order.
             let (rows, cols) = (40, 700);
             let job = PrivatizeJob {
                 gradients: Gradients::F64(gradients(rows, cols).into()),
@@ -87,7 +89,7 @@ fn privatize_and_mechanisms_are_bit_identical_to_the_cpu() {
                 divisor: 1.0,
                 key,
             };
-            d.in_passes(8 * (3 + 2 + 80 + 700) + 10 * 8 * (700 + 2), |d| {
+            d.in_passes(8 * (2 * 3 + 2 + 2 * 700) + 32 + 10 * 8 * (700 + 6), |d| {
                 d.check("privatize 40x700 in chunks", &job);
             });
             for n in d.sizes(&[1usize, 1000, 300_000], &[1, 1000, 9000]) {
