@@ -15,18 +15,27 @@ fn operands() -> (Vec<u64>, Vec<u64>) {
 fn add(lease: &DeviceLease<'_>, x: &[u64], y: &[u64]) -> Result<Vec<u64>, DeviceError> {
     let inputs = [Operand::slice(x, 1), Operand::slice(y, 1)];
     lease.stream_items(x.len(), &inputs, 1, 0, |ins, out, chunk| {
-        let (m, stride) = (chunk.len(), 1u32);
-        let n = m as u64;
-        let mut launch = lease.launch("goldilocks_add")?;
-        launch
-            .arg(&ins[0])
-            .arg(&ins[1])
-            .arg(out)
-            .arg(&n)
-            .arg(&stride);
-        // SAFETY: goldilocks_add's parameters in order; each buffer holds at least m.
-        unsafe { launch.launch(lease.launch_config(m)) }
+        add_chunk(lease, ins, out, chunk)
     })
+}
+
+/// One chunk of `add`: its two inputs' sums into its output.
+fn add_chunk(
+    lease: &DeviceLease<'_>,
+    ins: &mut [DeviceBuffer<u64>],
+    out: &mut DeviceBuffer<u64>,
+    chunk: Chunk,
+) -> Result<(), DeviceError> {
+    let (n, stride) = (chunk.len() as u64, 1u32);
+    let mut launch = lease.launch("goldilocks_add")?;
+    launch
+        .arg(&ins[0])
+        .arg(&ins[1])
+        .arg(out)
+        .arg(&n)
+        .arg(&stride);
+    // SAFETY: goldilocks_add's parameters in order; each buffer holds at least n.
+    unsafe { launch.launch(lease.launch_config(chunk.len())) }
 }
 
 fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
@@ -118,17 +127,9 @@ fn scratch_is_not_copied_and_chunks_are_delivered_in_order() {
     let (x, _) = operands();
     let inputs = [Operand::slice(&x, 1), Operand::scratch(1)];
     let (mut got, mut chunks) = (Vec::new(), Vec::new());
+    // x + scratch: the scratch operand stands in for y.
     let kernel = |ins: &mut [DeviceBuffer<u64>], out: &mut DeviceBuffer<u64>, c: Chunk| {
-        let (n, stride) = (c.len() as u64, 1u32);
-        let mut launch = lease.launch("goldilocks_add")?;
-        launch
-            .arg(&ins[0])
-            .arg(&ins[1])
-            .arg(out)
-            .arg(&n)
-            .arg(&stride);
-        // SAFETY: goldilocks_add's parameters in order; each buffer holds at least n.
-        unsafe { launch.launch(lease.launch_config(c.len())) }
+        add_chunk(&lease, ins, out, c)
     };
     lease
         .stream_items_to(ITEMS, &inputs, 1, 0, kernel, &mut |items, out: &[u64]| {
