@@ -5,7 +5,8 @@
 //! without OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE, which force OpenBLAS onto older
 //! kernels (this project's development machines set both); only its process loses them.
 //! Then conv2d on the three ResNet-50 shapes of `gpu-ops check` against our own product
-//! of the same work (the im2col product's m × k × n, batched), fused CPU attention at
+//! of the same work (the im2col product's m × k × n, batched) and, where BENCH_PYTHON has
+//! PyTorch, its CPU `F.conv2d` of the same shape, fused CPU attention at
 //! B 1, H 8, S 1024, D 64 beside NumPy's unfused attention of the same maths, and the beam
 //! sweep. Best of BENCH_LINALG_REPEATS (default 3) runs each. The kernels gemm picked are
 //! the host's widest (`ops::linalg::cpu_kernels`); built without the `avx512` feature, AVX-512 hosts
@@ -203,7 +204,7 @@ fn numpy_best(setup: &str, repeats: usize) -> Result<f64, String> {
         .map_err(|e| format!("{python}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "{python} has no NumPy ({})",
+            "{python} failed ({})",
             String::from_utf8_lossy(&out.stderr)
                 .lines()
                 .last()
@@ -354,10 +355,11 @@ fn main() {
 fn conv_rows(repeats: usize) {
     use gpu_ops::ops::nn::{Conv2dJob, Conv2dShape, ConvTensors};
     println!("\n# gpu-ops conv2d benchmark (CPU, f32, N 32)\n");
+    println!("{}\n", torch_version());
     println!(
-        "| layer | ours | GFLOP/s | our product of the same work | GFLOP/s | conv / product |"
+        "| layer | ours | GFLOP/s | our product of the same work | GFLOP/s | conv / product | PyTorch | ours / PyTorch |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let layers = [
         ("conv1 7×7/2 3→64 224²", 3, 224, 64, 7, 2, 3, true),
         ("stage 3 3×3 128→128 28²", 128, 28, 128, 3, 1, 1, true),
@@ -398,8 +400,12 @@ fn conv_rows(repeats: usize) {
         let (m, k, n) = (out_channels, shape.window(), shape.positions());
         let flops = 2.0 * (batch * m * k * n) as f64;
         let product = product_seconds(repeats, self::shape(batch, m, k, n, true), Compute::F32);
+        let (torch, ratio) = match torch_conv_seconds(&shape, bias_relu, repeats) {
+            Ok(t) => (format!("{:.1} ms", t * 1e3), format!("{:.2}", ours / t)),
+            Err(why) => (why, "-".into()),
+        };
         println!(
-            "| {label} | {:.1} ms | {:.1} | {batch} × {m}×{k}×{n}: {:.1} ms | {:.1} | {:.0} % |",
+            "| {label} | {:.1} ms | {:.1} | {batch} × {m}×{k}×{n}: {:.1} ms | {:.1} | {:.0} % | {torch} | {ratio} |",
             ours * 1e3,
             flops / ours / 1e9,
             product * 1e3,
@@ -408,6 +414,51 @@ fn conv_rows(repeats: usize) {
         );
     }
     println!("\nGFLOP/s counts 2·N·O·C·KH·KW·OH·OW; ours includes the bias and ReLU pass.");
+}
+
+/// PyTorch's version, its CPU capability and oneDNN, from BENCH_PYTHON, or why not known.
+fn torch_version() -> String {
+    let python = std::env::var("BENCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = "import torch\n\
+        print(f'PyTorch {torch.__version__} (CPU: {torch.backends.cpu.get_cpu_capability()}, \
+        oneDNN {torch.backends.mkldnn.is_available()}, {torch.get_num_threads()} threads)')";
+    match numpy_command(&python).args(["-c", script]).output() {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        Ok(_) => format!("{python} has no PyTorch: its column is empty"),
+        Err(e) => format!("{python}: {e}"),
+    }
+}
+
+/// PyTorch's CPU conv2d (f32, the same shape, bias and ReLU where ours has them) in
+/// BENCH_PYTHON on the same cores: the best of `repeats` after a warm-up.
+fn torch_conv_seconds(
+    shape: &gpu_ops::ops::nn::Conv2dShape,
+    bias_relu: bool,
+    repeats: usize,
+) -> Result<f64, String> {
+    let threads = rayon::current_num_threads();
+    let setup = format!(
+        "import torch, torch.nn.functional as F\n\
+         torch.set_num_threads({threads})\n\
+         x = torch.rand({n}, {c}, {h}, {w}) - 0.5\n\
+         wt = torch.rand({o}, {c}, {kh}, {kw}) - 0.5\n\
+         b = (torch.rand({o}) - 0.5) if {bias} else None\n\
+         def run():\n\
+         \x20   with torch.no_grad():\n\
+         \x20       y = F.conv2d(x, wt, b, stride={s}, padding={p})\n\
+         \x20       return F.relu(y) if {bias} else y\n",
+        n = shape.batch,
+        c = shape.channels,
+        h = shape.height,
+        w = shape.width,
+        o = shape.out_channels,
+        kh = shape.kernel_h,
+        kw = shape.kernel_w,
+        s = shape.stride.0,
+        p = shape.padding[0],
+        bias = if bias_relu { "True" } else { "False" },
+    );
+    numpy_best(&setup, repeats)
 }
 
 /// A beam sweep of uploaded channels with DFT codebooks (the job as the worker runs it,
