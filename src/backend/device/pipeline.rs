@@ -17,6 +17,7 @@
 //! body on a host with a GPU, its f32 or f64 buffer read in place) is not staged: each
 //! chunk is uploaded straight from the body, and the host touches none of its bytes.
 
+use super::engine::PinnedHost;
 use super::lease::CopyCounts;
 pub use super::operand::Operand;
 use super::staging::{StagingBuffer, STAGING_BUFFER_BYTES};
@@ -301,39 +302,28 @@ impl DeviceLease<'_> {
             self.on_lane(i, || -> Result<(), DeviceError> {
                 let (engine, stream) = (self.engine(), self.stream());
                 for (j, (buf, range)) in lane.inputs.iter_mut().zip(&staged).enumerate() {
-                    if let Some(range) = range {
-                        // SAFETY: the range is inside the staging buffer and no longer
-                        // than the device buffer (chunk * per_item elements); the host
-                        // leaves it until this lane is waited for (`collect`,
-                        // `Lanes::drop`).
-                        unsafe {
-                            engine.upload_pinned(
-                                stream,
-                                &mut *buf.memory,
-                                0,
-                                lane.staging.pinned(),
-                                range.clone(),
-                            )?
-                        };
-                    } else if let Some((body, at)) = &bodies[j] {
-                        let per_item = inputs[j].per_item * t;
-                        let from = at.start + first * per_item..at.start + (first + m) * per_item;
-                        let pinned = body.lock().unwrap_or_else(|e| e.into_inner());
-                        // SAFETY: the items lie inside the operand's range of the
-                        // registered block, which the caller's slice keeps alive past this
-                        // call; the host only reads the block, and every lane is waited
-                        // for before this returns (`collect`, `Lanes::drop`).
-                        unsafe {
-                            engine.upload_pinned(
-                                stream,
-                                &mut *buf.memory,
-                                0,
-                                &**pinned,
-                                from.clone(),
-                            )?
-                        };
-                        CopyCounts::add(&self.copies.body_to_device, from.len());
-                    }
+                    // Its chunk's bytes: in the lane's staging buffer, or in the request
+                    // body (whose registration stays locked while the copy is queued).
+                    let body;
+                    let (from, bytes, from_body) = match (range, &bodies[j]) {
+                        (Some(range), _) => (lane.staging.pinned(), range.clone(), 0),
+                        (None, Some((registration, at))) => {
+                            let per_item = inputs[j].per_item * t;
+                            let bytes =
+                                at.start + first * per_item..at.start + (first + m) * per_item;
+                            body = registration.lock().unwrap_or_else(|e| e.into_inner());
+                            let from: &dyn PinnedHost = &**body;
+                            (from, bytes.clone(), bytes.len())
+                        }
+                        (None, None) => continue,
+                    };
+                    // SAFETY: the bytes lie inside the staging buffer or the operand's
+                    // range of the registered block (which the caller's slice keeps alive
+                    // past this call), and are no more than the device buffer holds
+                    // (chunk * per_item elements); the host leaves them until this lane
+                    // is waited for (`collect`, `Lanes::drop`).
+                    unsafe { engine.upload_pinned(stream, &mut *buf.memory, 0, from, bytes)? };
+                    CopyCounts::add(&self.copies.body_to_device, from_body);
                 }
                 let items = first..first + m;
                 kernel(&mut lane.inputs, &mut lane.output, Chunk { items, lane: i })?;
