@@ -244,6 +244,7 @@ impl App {
             refused: metrics.arrays_refused.clone(),
             expired: metrics.arrays_expired.clone(),
             uses: metrics.array_uses.clone(),
+            reads_back: metrics.array_reads_back.clone(),
         };
         let array_dir = cfg.data_dir.join("arrays");
         // Arrays are shared by replicas exactly when datasets are: their catalog in the

@@ -55,16 +55,17 @@ metrics! {
     tenant_requests_refused: IntCounterVec = ("gpu_ops_tenant_requests_refused_total", "API requests refused 429 by the tenant's limits, by tenant (anonymous without keys) and reason: rate (--tenant-requests-per-second), concurrency (--tenant-max-concurrent-requests)", ["tenant", "reason"]);
     http_bodies_refused: IntCounterVec = ("gpu_ops_http_bodies_refused_total", "Request bodies refused, by reason: inflight_budget (--max-inflight-body-bytes), tenant_share (--max-tenant-inflight-body-percent), too_slow (--min-body-rate), decoded (the body's parsed values would pass --max-inflight-body-bytes)", ["reason"]);
     secagg_rounds_expired: IntCounter = ("gpu_ops_secagg_rounds_expired_total", "Secure-aggregation rounds deleted, with all they stored, after --secagg-round-ttl without a change", []);
-    array_bytes: IntGaugeVec = ("gpu_ops_array_bytes", "Bytes of resident arrays held, by tier: host (parsed, in this replica's memory), disk (under --data-dir), object_store (all replicas' arrays in the artifact store, when they share them); against --max-arrays-mib", ["tier"]);
+    array_bytes: IntGaugeVec = ("gpu_ops_array_bytes", "Bytes of resident arrays held, by tier: host (parsed, in this replica's memory), disk (under --data-dir), device (kept results held only on a device, not read back yet), object_store (all replicas' arrays in the artifact store, when they share them); against --max-arrays-mib", ["tier"]);
     arrays: IntGauge = ("gpu_ops_arrays", "Resident arrays held, all tenants (of all replicas, when they share them)", []);
     arrays_refused: IntCounterVec = ("gpu_ops_arrays_refused_total", "Array uploads refused, by reason: tenant_bytes (--max-tenant-array-mib), tenant_count (--max-tenant-arrays), server_bytes (--max-arrays-mib), server_count (--max-arrays), io (the disk or the artifact store), storage (the shared catalog)", ["reason"]);
     arrays_expired: IntCounter = ("gpu_ops_arrays_expired_total", "Resident arrays deleted, with their files (or objects), after their time to live", []);
     array_uses: IntCounterVec = ("gpu_ops_array_uses_total", "Operands that named a resident array instead of carrying data, by kind (field_elements, points, tensor, recording, bytes)", ["kind"]);
+    array_reads_back: IntCounterVec = ("gpu_ops_array_reads_back_total", "Kept results held only on a device, read back to the host at their first read or use there, by result: read (downloaded, then held on the host and disk), lost (the device no longer had them: the array is gone, 410 array_lost)", ["result"]);
     cpu_inline_jobs: IntCounterVec = ("gpu_ops_cpu_inline_jobs_total", "CPU jobs small enough to run on the queue's worker task rather than the compute threads, by op", ["op"]);
     job_queue_wait: HistogramVec = ("gpu_ops_job_queue_wait_seconds", "Time a job waited in the queue, by op and backend", ["op", "backend"], latency_buckets());
     job_compute: HistogramVec = ("gpu_ops_job_compute_seconds", "Time a job computed, by op and backend", ["op", "backend"], latency_buckets());
     jobs: IntCounterVec = ("gpu_ops_jobs_total", "Jobs by op, backend and outcome", ["op", "backend", "outcome"]);
-    placements: IntCounterVec = ("gpu_ops_placements_total", "Jobs placed, by op, backend and reason: measured (predicted to finish first there, backlog counted), explored (to measure a side predicted slower or never run at that size), forced (the request or --backend named it), only_choice (no usable device, or a shape the device refuses), prior (nothing measured of the op yet: its size threshold decided), threshold (--placement threshold)", ["op", "backend", "reason"]);
+    placements: IntCounterVec = ("gpu_ops_placements_total", "Jobs placed, by op, backend and reason: measured (predicted to finish first there, backlog counted), explored (to measure a side predicted slower or never run at that size), forced (the request or --backend named it), only_choice (no usable device, or a shape the device refuses), prior (nothing measured of the op yet: its size threshold decided), threshold (--placement threshold), resident (the device holding kept results the job reads)", ["op", "backend", "reason"]);
     fallbacks: IntCounterVec = ("gpu_ops_fallbacks_total", "Jobs rerun on the CPU after a device failure, by op and reason", ["op", "reason"]);
     elements: IntCounterVec = ("gpu_ops_processed_elements_total", "Input elements processed, by op and backend", ["op", "backend"]);
     bytes: IntCounterVec = ("gpu_ops_processed_bytes_total", "Input bytes processed, by op and backend", ["op", "backend"]);
@@ -196,8 +197,11 @@ impl Metrics {
         ] {
             m.arrays_refused.with_label_values(&[reason]);
         }
-        for tier in ["host", "disk", "object_store"] {
+        for tier in ["host", "disk", "device", "object_store"] {
             m.array_bytes.with_label_values(&[tier]);
+        }
+        for result in ["read", "lost"] {
+            m.array_reads_back.with_label_values(&[result]);
         }
         for kind in ["field_elements", "points", "tensor", "recording", "bytes"] {
             m.array_uses.with_label_values(&[kind]);

@@ -8,6 +8,7 @@ use super::auth::Tenant;
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
 use crate::arrays::{ArrayData, Arrays, Recording, ResidentArray, Tensor};
+use crate::ops::zk::held::FieldSource;
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
 use crate::wire::{BufferRef, Dtype};
@@ -145,15 +146,10 @@ impl ArrayScope {
 
     /// The array `id` names for the operand at `path`.
     fn resolve(&self, id: &str, path: &str) -> Result<Arc<ResidentArray>, Problem> {
-        self.arrays.use_operand(&self.tenant, id)?.ok_or_else(|| {
-            Problem::at(
-                ErrorCode::UnknownArray,
-                format!("{path}/array"),
-                format!(
-                    "{id:.40}: no resident array of this tenant has this id (it may have expired)"
-                ),
-            )
-        })
+        self.arrays
+            .use_operand(&self.tenant, id)
+            .map_err(|e| at_operand(e.into(), path))?
+            .ok_or_else(|| unknown(id, path))
     }
 
     /// The elements of `field` the array `id` holds.
@@ -166,6 +162,30 @@ impl ArrayScope {
         let a = self.resolve(id, path)?;
         match &a.data {
             ArrayData::FieldElements(v) if v.field() == field => Ok(v.clone()),
+            _ => Err(mismatch(&a, &format!("{} elements", field.name()), path)),
+        }
+    }
+
+    /// The elements of `field` the array `id` holds, where they are held: a result a
+    /// device holds stays there; host values carry the array's device key, so a device
+    /// keeps its upload of them for the next use.
+    pub(super) fn field_source(
+        &self,
+        id: &str,
+        field: Field,
+        path: &str,
+    ) -> Result<FieldSource, Problem> {
+        let a = self
+            .arrays
+            .use_operand_where_held(&self.tenant, id)
+            .map_err(|e| at_operand(e.into(), path))?
+            .ok_or_else(|| unknown(id, path))?;
+        match &a.data {
+            ArrayData::Held(h) if h.field() == field => Ok(FieldSource::Held(h.clone())),
+            ArrayData::FieldElements(v) if v.field() == field => Ok(FieldSource::Host {
+                values: FieldVec::clone(v),
+                key: Some(crate::arrays::device_key(id)),
+            }),
             _ => Err(mismatch(&a, &format!("{} elements", field.name()), path)),
         }
     }
@@ -225,6 +245,22 @@ impl ArrayScope {
     }
 }
 
+fn unknown(id: &str, path: &str) -> Problem {
+    Problem::at(
+        ErrorCode::UnknownArray,
+        format!("{path}/array"),
+        format!("{id:.40}: no resident array of this tenant has this id (it may have expired)"),
+    )
+}
+
+/// A refusal about the array an operand names, pointed at that operand.
+fn at_operand(p: Problem, path: &str) -> Problem {
+    if p.code != ErrorCode::ArrayLost {
+        return p;
+    }
+    Problem::at(p.code, format!("{path}/array"), p.detail)
+}
+
 /// What an array holds, in words.
 pub(super) fn describe(a: &ResidentArray) -> String {
     match &a.data {
@@ -233,6 +269,7 @@ pub(super) fn describe(a: &ResidentArray) -> String {
         ArrayData::Tensor(t) => format!("a {} tensor shaped {:?}", t.dtype.name(), t.shape),
         ArrayData::Recording(r) => format!("a recording of {} samples", r.len()),
         ArrayData::Bytes(b) => format!("{} bytes", b.len()),
+        ArrayData::Held(h) => format!("{} {} elements", h.len(), h.field().name()),
     }
 }
 

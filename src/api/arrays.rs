@@ -214,7 +214,27 @@ pub(super) fn store(
     ttl: u64,
     data: ArrayData,
 ) -> Result<ArrayView, Problem> {
-    let id = format!("arr_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32);
+    store_as(arrays, new_id()?, tenant, name, ttl, data)
+}
+
+/// A fresh array id: never reused, so a device's copy under it cannot outlive it.
+pub(super) fn new_id() -> Result<String, Problem> {
+    Ok(format!(
+        "arr_{:016x}{:08x}",
+        entropy_u64()?,
+        entropy_u64()? as u32
+    ))
+}
+
+/// As `store`, under an id made before (`new_id`).
+pub(super) fn store_as(
+    arrays: &crate::arrays::Arrays,
+    id: String,
+    tenant: String,
+    name: Option<String>,
+    ttl: u64,
+    data: ArrayData,
+) -> Result<ArrayView, Problem> {
     let meta = ArrayMeta::describe(&data, id, tenant, name, now_ms().saturating_add(ttl));
     let array = arrays.add(meta, data)?;
     Ok(view(arrays.listing(&array)))
@@ -473,6 +493,8 @@ pub async fn array_data(
         .arrays
         .get(&tenant(&who), &id)?
         .ok_or_else(not_found)?;
+    // A result held on a device is read back now, and kept on the host from then on.
+    let a = state.arrays.materialised(a)?;
     let encoding = q.encoding.unwrap_or_default();
     if matches!(a.data, ArrayData::Tensor(_)) && encoding == Encoding::Hex {
         return Err(Problem::at(
@@ -527,6 +549,10 @@ pub async fn array_data(
                     dtype: crate::wire::Dtype::U8,
                     bytes: b.clone(),
                 })
+            }
+            ArrayData::Held(_) => {
+                let why = "the array's values were not read back from the device holding them";
+                return Err(Problem::new(ErrorCode::Internal, why));
             }
         };
         let base64 = |b: &ByteStringOut| b.bytes.len() / 3 * 4 + 4;

@@ -265,6 +265,7 @@ impl From<crate::arrays::ArrayError> for Problem {
             }
             ArrayError::Full { .. } | ArrayError::FullCount { .. } => ErrorCode::ArraysFull,
             ArrayError::Io(_) => ErrorCode::Internal,
+            ArrayError::Lost { .. } => ErrorCode::ArrayLost,
             ArrayError::Storage { unavailable, .. } => {
                 if unavailable {
                     let mut p = Problem::new(ErrorCode::StorageUnavailable, e.to_string());

@@ -6,6 +6,7 @@ use super::array_operands::{object_operand, ArrayScope, ObjectOperand};
 use super::numbers::number_cap;
 use super::packed::{base64_json_string, PackedWords};
 use super::problem::{ErrorCode, FieldIssue, Problem};
+use crate::ops::zk::held::FieldSource;
 use crate::ops::zk::{ElementError, Field, FieldVec, U256};
 use crate::wire;
 use bytes::Bytes;
@@ -246,6 +247,31 @@ impl Elements {
             Elements::Array(id) => Ok(FieldVec::clone(&*arrays.field_elements(&id, field, path)?)),
             data => data.decode_inline(field, encoding, path, max_elements),
         }
+    }
+
+    /// As `decode`, for a job that reads operands where they are held
+    /// (`ops::zk::held`): a resident array's elements named with their device key, and
+    /// a result a device holds left there.
+    pub fn decode_source(
+        self,
+        field: Field,
+        encoding: Encoding,
+        path: &str,
+        max_elements: usize,
+        arrays: &ArrayScope,
+    ) -> Result<FieldSource, Problem> {
+        match self {
+            Elements::Array(id) => arrays.field_source(&id, field, path),
+            data => Ok(FieldSource::Host {
+                values: data.decode_inline(field, encoding, path, max_elements)?,
+                key: None,
+            }),
+        }
+    }
+
+    /// Whether it names a resident array.
+    pub fn is_array(&self) -> bool {
+        matches!(self, Elements::Array(_))
     }
 
     /// `decode` of elements the request carries.

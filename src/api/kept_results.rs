@@ -6,11 +6,12 @@
 //! array_quota_exceeded, and nothing is kept).
 
 use super::array_operands::ArrayScope;
-use super::arrays::{check_name, store, ttl_ms, ArrayView};
+use super::arrays::{check_name, new_id, store, store_as, ttl_ms, ArrayView};
 use super::problem::Problem;
 use super::AppState;
 use crate::arrays::{ArrayData, Recording, Tensor};
 use crate::ops::linalg::{Dtype, Values};
+use crate::ops::zk::held::HeldVector;
 use crate::ops::zk::FieldVec;
 use serde::Deserialize;
 use std::sync::Arc;
@@ -28,7 +29,8 @@ pub struct Keep {
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub ttl_seconds: Option<u64>,
     /// Whether the answer carries the values too (the default); with false it carries
-    /// only `kept`, and the values stay on the server.
+    /// only `kept`, and the values stay on the server: a field op's or an NTT's result
+    /// made on a device then stays on that device until it is read (`held: ["device"]`).
     #[serde(default = "yes")]
     pub with_data: bool,
 }
@@ -39,6 +41,9 @@ fn yes() -> bool {
 
 /// A `keep` checked before its job runs.
 pub(super) struct KeepPlan {
+    /// The id the kept array will have, known before the job runs so a device can keep
+    /// the result under it.
+    id: String,
     name: Option<String>,
     ttl: u64,
     pub with_data: bool,
@@ -54,6 +59,7 @@ pub(super) fn plan(
     let Some(k) = keep else { return Ok(None) };
     check_name(&k.name, "/keep/name")?;
     Ok(Some(KeepPlan {
+        id: new_id()?,
         ttl: ttl_ms(state, k.ttl_seconds, "/keep/ttl_seconds")?,
         name: k.name,
         with_data: k.with_data,
@@ -98,9 +104,31 @@ impl KeepPlan {
         Ok(kept)
     }
 
+    /// The key a device keeps the result under, when the job may leave it there: only
+    /// when the answer does not carry the values (which would read it back at once).
+    pub(super) fn device_key(&self) -> Option<String> {
+        (!self.with_data).then(|| crate::arrays::device_key(&self.id))
+    }
+
+    /// Stores a result a device holds; past a quota the device's copy is dropped.
+    pub(super) fn keep_held(self, held: Arc<HeldVector>) -> Result<ArrayView, Problem> {
+        let kept = self.keep(ArrayData::Held(held.clone()));
+        if kept.is_err() {
+            held.discard();
+        }
+        kept
+    }
+
     fn keep(self, data: ArrayData) -> Result<ArrayView, Problem> {
         let (arrays, tenant) = self.scope.parts();
-        store(arrays, tenant.to_string(), self.name, self.ttl, data)
+        store_as(
+            arrays,
+            self.id,
+            tenant.to_string(),
+            self.name,
+            self.ttl,
+            data,
+        )
     }
 }
 

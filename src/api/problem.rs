@@ -90,6 +90,7 @@ error_codes! {
     DeadlineExceeded = ("deadline_exceeded", 504, "The job's deadline passed"),
     InsufficientStorage = ("insufficient_storage", 507, "Not enough free disk space under --data-dir for the dataset"),
     EmbeddingTablesFull = ("embedding_tables_full", 507, "All embedding tables together would exceed --max-embedding-tables-mib"),
+    ArrayLost = ("array_lost", 410, "A resident array kept only on a device is gone: the device lost it (its context was rebuilt after a fault) before its values were read back"),
     ArraysFull = ("arrays_full", 507, "All resident arrays together would exceed --max-arrays-mib or --max-arrays"),
     HttpError = ("http_error", 400, "The request was refused"),
 }

@@ -9,6 +9,7 @@ use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking_if, bulk, job_timeout, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
+use crate::ops::zk::held::{FieldResult, FieldStep, HeldVector, KeptFieldJob, StepFailed};
 use crate::ops::zk::ntt::{Direction, NttJob, Order};
 use crate::ops::zk::FieldVec;
 use crate::ops::zk::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob};
@@ -38,11 +39,11 @@ pub struct FieldBinaryRequest {
     /// Force a backend; `auto` picks by input size and device health.
     #[serde(default)]
     pub backend: BackendChoice,
-    /// A deadline shorter than the server's `--job-timeout`, in milliseconds.
     /// Keep the result as a resident array (`kept` in the answer), for the next op to
     /// name as `{"array": id}`.
     #[schema(value_type = Option<Keep>)]
     pub keep: Option<ObjectOnly<Keep>>,
+    /// A deadline shorter than the server's `--job-timeout`, in milliseconds.
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub timeout_ms: Option<u64>,
 }
@@ -134,6 +135,18 @@ async fn field_binary(
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.a.approx_len() > INLINE_ELEMENTS;
+    let names_arrays = req.a.is_array() || req.b.is_array();
+    if (keep.is_some() || names_arrays) && devices_may_hold(&state, backend) {
+        let key = keep.as_ref().and_then(KeepPlan::device_key);
+        let build = move || -> Result<KeptFieldJob, Problem> {
+            let a = req.a.decode_source(field, encoding, "/a", max, &arrays)?;
+            let b = req.b.decode_source(field, encoding, "/b", max, &arrays)?;
+            Ok(KeptFieldJob::binary(op, a, b, key)?)
+        };
+        let job = blocking_if(large, build).await?;
+        let done = state.pool.submit(job, backend, timeout).await?;
+        return answer_step(done, (field, encoding), large, form, keep, &["/a", "/b"]).await;
+    }
     let build = move || -> Result<FieldBinaryJob, Problem> {
         let a = req.a.decode(field, encoding, "/a", max, &arrays)?;
         let b = req.b.decode(field, encoding, "/b", max, &arrays)?;
@@ -300,6 +313,65 @@ async fn answer(
     blocking_if(large || keeping, encode).await
 }
 
+/// Whether a step may leave its operands or result on a device (`KeptFieldJob`): a
+/// device is there, the request does not ask for the CPU, and replicas do not share
+/// arrays (they read each other's from the artifact store, not from a device).
+fn devices_may_hold(state: &AppState, backend: BackendChoice) -> bool {
+    backend != BackendChoice::Cpu && !state.arrays.is_shared() && !state.backends.gpus().is_empty()
+}
+
+/// Answers a `KeptFieldJob`: from the host as `answer` does, or with the array its result
+/// was kept as on the device. An operand a device no longer holds is 410 array_lost at
+/// its path (`paths`, by input).
+async fn answer_step(
+    done: Completed<Result<FieldResult, StepFailed>>,
+    shape: (Field, Encoding),
+    large: bool,
+    form: AnswerForm,
+    keep: Option<KeepPlan>,
+    paths: &[&str],
+) -> Result<Response, Problem> {
+    let run = done.run;
+    let output = done
+        .output
+        .map_err(|e| match e.input.and_then(|i| paths.get(i)) {
+            Some(path) => Problem::at(ErrorCode::ArrayLost, format!("{path}/array"), e.message),
+            None => Problem::new(ErrorCode::Internal, e.message),
+        })?;
+    match output {
+        FieldResult::Host(output) => {
+            answer(Completed { output, run }, shape, large, form, keep).await
+        }
+        FieldResult::Held(held) => answer_held(held, run, shape, form, keep).await,
+    }
+}
+
+/// The answer for a result a device holds: its array only (a result is left on the
+/// device only when the answer is not to carry it).
+async fn answer_held(
+    held: Arc<HeldVector>,
+    run: crate::pool::RunInfo,
+    (field, encoding): (Field, Encoding),
+    form: AnswerForm,
+    keep: Option<KeepPlan>,
+) -> Result<Response, Problem> {
+    let Some(plan) = keep else {
+        held.discard();
+        let why = "a result was left on the device without a request to keep it";
+        return Err(Problem::new(ErrorCode::Internal, why));
+    };
+    let length = held.len();
+    let kept = blocking_if(true, move || plan.keep_held(held)).await?;
+    let body = FieldVectorResponse {
+        field,
+        encoding,
+        length,
+        result: None,
+        kept: Some(kept),
+    };
+    bulk::answer(form, &body, |b| Ok(b.to_json()), &run)
+}
+
 /// A batch of equal-size polynomials to transform.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -388,10 +460,9 @@ async fn transform(
     let max = state.settings.config.max_elements;
     let max_log2 = state.settings.config.max_ntt_log2;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
-    let build = move || -> Result<NttJob, Problem> {
-        let values = req
-            .values
-            .decode(field, encoding, "/values", max, &arrays)?;
+    let held = (keep.is_some() || req.values.is_array()) && devices_may_hold(&state, backend);
+    let key = keep.as_ref().and_then(KeepPlan::device_key);
+    let build = move || -> Result<Transform, Problem> {
         let shift = match req.coset_shift {
             None => None,
             Some(s) => {
@@ -406,21 +477,53 @@ async fn transform(
                 Some(v.get(0))
             }
         };
-        let batch = req.batch.unwrap_or(1);
-        NttJob::new(
+        let (batch, input_order, output_order) =
+            (req.batch.unwrap_or(1), req.input_order, req.output_order);
+        if held {
+            let values = req
+                .values
+                .decode_source(field, encoding, "/values", max, &arrays)?;
+            let step = FieldStep::Ntt {
+                direction,
+                batch,
+                input_order,
+                output_order,
+                coset_shift: shift,
+            };
+            return Ok(Transform::Kept(KeptFieldJob::ntt(
+                values, step, max_log2, key,
+            )?));
+        }
+        let values = req
+            .values
+            .decode(field, encoding, "/values", max, &arrays)?;
+        let job = NttJob::new(
             direction,
             values,
             batch,
-            req.input_order,
-            req.output_order,
+            input_order,
+            output_order,
             shift,
             max_log2,
-        )
-        .map_err(Problem::from)
+        )?;
+        Ok(Transform::Plain(job))
     };
-    let job = blocking_if(large, build).await?;
-    let done = state.pool.submit(job, backend, timeout).await?;
-    answer(done, (field, encoding), large, form, keep).await
+    match blocking_if(large, build).await? {
+        Transform::Kept(job) => {
+            let done = state.pool.submit(job, backend, timeout).await?;
+            answer_step(done, (field, encoding), large, form, keep, &["/values"]).await
+        }
+        Transform::Plain(job) => {
+            let done = state.pool.submit(job, backend, timeout).await?;
+            answer(done, (field, encoding), large, form, keep).await
+        }
+    }
+}
+
+/// An NTT request's job: one that may read or leave values on a device, or the plain one.
+enum Transform {
+    Kept(KeptFieldJob),
+    Plain(NttJob),
 }
 
 /// The zk domain's operations and their OpenAPI tag (`api::API_DOMAINS`).

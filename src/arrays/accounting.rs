@@ -26,6 +26,8 @@ pub struct ArrayMetrics {
     pub expired: prometheus::IntCounter,
     /// Operands that named an array, by kind.
     pub uses: prometheus::IntCounterVec,
+    /// Results held on a device read back, by result (`read`, `lost`).
+    pub reads_back: prometheus::IntCounterVec,
 }
 
 impl ArrayMetrics {
@@ -39,6 +41,7 @@ impl ArrayMetrics {
             refused: IntCounterVec::new(opts("r"), &["reason"]).expect("metric"),
             expired: IntCounter::with_opts(opts("e")).expect("metric"),
             uses: IntCounterVec::new(opts("u"), &["kind"]).expect("metric"),
+            reads_back: IntCounterVec::new(opts("rb"), &["result"]).expect("metric"),
         }
     }
 }

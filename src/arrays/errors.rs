@@ -27,6 +27,11 @@ pub enum ArrayError {
         cap: usize,
     },
     Io(String),
+    /// A result held only on a device that no longer has it.
+    Lost {
+        id: String,
+        why: String,
+    },
     /// The shared catalog could not be read or written (`unavailable`: it could not be
     /// reached; a retry may succeed).
     Storage {
@@ -53,6 +58,7 @@ impl ArrayError {
             ArrayError::Full { .. } => "server_bytes",
             ArrayError::FullCount { .. } => "server_count",
             ArrayError::Io(_) => "io",
+            ArrayError::Lost { .. } => "lost",
             ArrayError::Storage { .. } => "storage",
         }
     }
@@ -78,6 +84,10 @@ impl std::fmt::Display for ArrayError {
                 "the server holds {count} arrays of at most {cap} (--max-arrays)"
             ),
             ArrayError::Io(e) => write!(f, "{e}"),
+            ArrayError::Lost { id, why } => write!(
+                f,
+                "{id} was held only on a device, which no longer has it ({why}); it is gone"
+            ),
             ArrayError::Storage { message, .. } => write!(f, "{message}"),
         }
     }

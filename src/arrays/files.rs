@@ -14,20 +14,28 @@ fn io(what: &Path, e: std::io::Error) -> ArrayError {
     ArrayError::Io(format!("{}: {e}", what.display()))
 }
 
-/// The values' disk (and artifact store) form.
-pub(super) fn values_bytes(data: &ArrayData) -> std::borrow::Cow<'_, [u8]> {
-    match data {
+/// The values' disk (and artifact store) form; none for values held on a device (read
+/// back first: `Arrays::materialised`).
+pub(super) fn values_bytes(data: &ArrayData) -> Result<std::borrow::Cow<'_, [u8]>, ArrayError> {
+    Ok(match data {
         ArrayData::FieldElements(v) => v.le_bytes(),
         ArrayData::Points(p) => std::borrow::Cow::Owned(p.to_le_bytes()),
         ArrayData::Tensor(t) => t.values.le_bytes(t.dtype),
         ArrayData::Recording(r) => std::borrow::Cow::Borrowed(r.as_le_bytes()),
         ArrayData::Bytes(b) => std::borrow::Cow::Borrowed(&b[..]),
-    }
+        ArrayData::Held(h) => {
+            return Err(ArrayError::Io(format!(
+                "{} is held on device {}, not read back",
+                h.field().name(),
+                h.ordinal()
+            )))
+        }
+    })
 }
 
 pub(super) fn write(dir: &Path, array: &ResidentArray) -> Result<(), ArrayError> {
     let meta = serde_json::to_vec(&array.meta).expect("metadata serializes");
-    let values = values_bytes(&array.data);
+    let values = values_bytes(&array.data)?;
     let parts: [(&str, &[u8]); 2] = [("bin", &values), ("json", &meta)];
     crate::durable::write_parts(dir, &array.meta.id, &parts).map_err(|(p, e)| io(&p, e))
 }

@@ -15,6 +15,8 @@
 mod accounting;
 mod errors;
 mod files;
+mod held;
+mod meta;
 mod recording;
 mod shared;
 mod tensor;
@@ -22,45 +24,17 @@ mod tensor;
 use accounting::Catalog;
 pub use accounting::{ArrayLimits, ArrayMetrics};
 pub use errors::ArrayError;
+pub use meta::{ArrayKind, ArrayMeta};
 pub use recording::{Recording, RecordingDefect};
 pub use shared::Shared;
 pub use tensor::Tensor;
 
 use crate::ops::linalg::Dtype;
+use crate::ops::zk::held::HeldVector;
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-
-/// What an array holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum ArrayKind {
-    /// Canonical elements of one field.
-    FieldElements,
-    /// Affine points of one curve, checked.
-    Points,
-    /// A dense tensor of rank 1 to 4 in f16, bf16, f32 or f64.
-    Tensor,
-    /// An IQ recording: complex samples, interleaved little-endian f32 (`cf32_le`).
-    Recording,
-    /// Bytes, as they were sent: an HE public key, secret key or ciphertext.
-    Bytes,
-}
-
-impl ArrayKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            ArrayKind::FieldElements => "field_elements",
-            ArrayKind::Points => "points",
-            ArrayKind::Tensor => "tensor",
-            ArrayKind::Recording => "recording",
-            ArrayKind::Bytes => "bytes",
-        }
-    }
-}
 
 /// An array's values, parsed and checked.
 #[derive(Clone, Debug)]
@@ -70,6 +44,10 @@ pub enum ArrayData {
     Tensor(Arc<Tensor>),
     Recording(Arc<Recording>),
     Bytes(bytes::Bytes),
+    /// Field elements a device made and holds, not read back yet (a kept result,
+    /// `held.rs`); of kind `field_elements`, and read back on their first use on the
+    /// host.
+    Held(Arc<HeldVector>),
 }
 
 impl ArrayData {
@@ -80,6 +58,7 @@ impl ArrayData {
             ArrayData::Tensor(_) => ArrayKind::Tensor,
             ArrayData::Recording(_) => ArrayKind::Recording,
             ArrayData::Bytes(_) => ArrayKind::Bytes,
+            ArrayData::Held(_) => ArrayKind::FieldElements,
         }
     }
 
@@ -90,6 +69,7 @@ impl ArrayData {
             ArrayData::Tensor(t) => t.values.len(),
             ArrayData::Recording(r) => r.len(),
             ArrayData::Bytes(b) => b.len(),
+            ArrayData::Held(h) => h.len(),
         }
     }
 
@@ -101,6 +81,7 @@ impl ArrayData {
     pub fn field(&self) -> Option<Field> {
         match self {
             ArrayData::FieldElements(v) => Some(v.field()),
+            ArrayData::Held(h) => Some(h.field()),
             _ => None,
         }
     }
@@ -149,54 +130,7 @@ impl ArrayData {
             ArrayData::Tensor(t) => t.held_bytes(),
             ArrayData::Recording(r) => 8 * r.len() as u64,
             ArrayData::Bytes(b) => b.len() as u64,
-        }
-    }
-}
-
-/// An array's description, as stored beside its values.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct ArrayMeta {
-    pub id: String,
-    pub tenant: String,
-    pub name: Option<String>,
-    pub kind: ArrayKind,
-    /// Set for field elements.
-    pub field: Option<Field>,
-    /// Set for points.
-    pub curve: Option<Curve>,
-    /// Set for tensors (absent from arrays stored before tensors were).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dtype: Option<Dtype>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shape: Option<Vec<usize>>,
-    pub len: usize,
-    /// RFC 3339, UTC.
-    pub created_at: String,
-    /// Milliseconds since the Unix epoch; the array is gone from then on.
-    pub expires_at_ms: u64,
-}
-
-impl ArrayMeta {
-    /// The description of `data`, made now, expiring at `expires_at_ms`.
-    pub fn describe(
-        data: &ArrayData,
-        id: String,
-        tenant: String,
-        name: Option<String>,
-        expires_at_ms: u64,
-    ) -> Self {
-        Self {
-            id,
-            tenant,
-            name,
-            kind: data.kind(),
-            field: data.field(),
-            curve: data.curve(),
-            dtype: data.dtype(),
-            shape: data.shape(),
-            len: data.len(),
-            created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-            expires_at_ms,
+            ArrayData::Held(h) => h.byte_len() as u64,
         }
     }
 }
@@ -219,14 +153,6 @@ impl ResidentArray {
     /// When it expires, RFC 3339 with milliseconds.
     pub fn expires_at(&self) -> String {
         self.meta.expires_at()
-    }
-}
-
-impl ArrayMeta {
-    /// When it expires, RFC 3339 with milliseconds.
-    pub fn expires_at(&self) -> String {
-        let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.expires_at_ms);
-        humantime::format_rfc3339_millis(at).to_string()
     }
 }
 
@@ -328,12 +254,19 @@ impl Arrays {
         arrays
     }
 
+    /// Whether replicas share the arrays (then results are never left on a device).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
     /// Where copies of `a` are held.
     pub fn listing(&self, a: &ResidentArray) -> Listing {
         Listing {
             meta: a.meta.clone(),
             bytes: a.bytes(),
-            held: if self.shared.is_some() {
+            held: if matches!(a.data, ArrayData::Held(_)) {
+                &["device"]
+            } else if self.shared.is_some() {
                 &["host", "object_store"]
             } else {
                 &["host", "disk"]
@@ -365,9 +298,13 @@ impl Arrays {
     /// shared, the host holds what this replica has read, and `export_shared` sets the
     /// rest).
     fn export(&self, catalog: &Catalog) {
-        let bytes: u64 = catalog.arrays.values().map(|a| a.bytes()).sum();
+        let on_device = |a: &&Arc<ResidentArray>| matches!(a.data, ArrayData::Held(_));
+        let arrays = || catalog.arrays.values();
+        let held: u64 = arrays().filter(on_device).map(|a| a.bytes()).sum();
+        let bytes: u64 = arrays().map(|a| a.bytes()).sum::<u64>() - held;
         let gauge = |tier: &str| self.metrics.bytes.with_label_values(&[tier]);
         gauge("host").set(bytes as i64);
+        gauge("device").set(held as i64);
         if self.shared.is_none() {
             gauge("disk").set(bytes as i64);
             self.metrics.count.set(catalog.arrays.len() as i64);
@@ -376,6 +313,20 @@ impl Arrays {
 
     /// Stores an array under `meta.id`, within the tenant's quotas and the server's cap.
     pub fn add(&self, meta: ArrayMeta, data: ArrayData) -> Result<Arc<ResidentArray>, ArrayError> {
+        // Replicas read arrays from the artifact store: a device's copy is of no use to
+        // them, so it is read back before it is shared.
+        let data = match data {
+            ArrayData::Held(h) if self.shared.is_some() => {
+                let values =
+                    shared::off_runtime(|| h.download()).map_err(|e| ArrayError::Lost {
+                        id: meta.id.clone(),
+                        why: e.message,
+                    })?;
+                h.release();
+                ArrayData::FieldElements(Arc::new(values))
+            }
+            data => data,
+        };
         let array = ResidentArray {
             meta,
             data: data.detached(),
@@ -430,7 +381,12 @@ impl Arrays {
             }
             catalog.writing.insert(id.clone(), (tenant, need));
         }
-        let written = files::write(&self.dir, &array);
+        // A result held on a device has no values here to write until it is read back
+        // (`materialised`).
+        let written = match array.data {
+            ArrayData::Held(_) => Ok(()),
+            _ => files::write(&self.dir, &array),
+        };
         let mut catalog = self.write_lock();
         catalog.writing.remove(&id);
         written?;
@@ -459,8 +415,21 @@ impl Arrays {
             .cloned()
     }
 
-    /// The tenant's array `id` as an operand: counted in `gpu_ops_array_uses_total`.
+    /// The tenant's array `id` as an operand on the host: counted in
+    /// `gpu_ops_array_uses_total`; values held on a device are read back first.
     pub fn use_operand(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<Arc<ResidentArray>>, ArrayError> {
+        self.use_operand_where_held(tenant, id)?
+            .map(|a| self.materialised(a))
+            .transpose()
+    }
+
+    /// As `use_operand`, leaving values held on a device there: for a job that can read
+    /// them where they are (`ops::zk::held`).
+    pub fn use_operand_where_held(
         &self,
         tenant: &str,
         id: &str,

@@ -34,7 +34,7 @@ const SWEEP_BATCH: usize = 1000;
 /// database client runs a runtime of its own, which may not be started inside another's,
 /// so `f` runs on a plain thread; on a worker of the server's runtime the worker first
 /// hands its other tasks on (`block_in_place`).
-fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+pub(super) fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     let run = || std::thread::scope(|s| s.spawn(f).join().expect("a shared-array call panicked"));
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
@@ -69,7 +69,7 @@ impl Arrays {
                 now,
                 reserved_until,
             )?;
-            let values = bytes::Bytes::from(files::values_bytes(&array.data).into_owned());
+            let values = bytes::Bytes::from(files::values_bytes(&array.data)?.into_owned());
             if let Err(e) = shared.objects.put_array(id, values) {
                 if let Err(undo) = shared.store.drop_array_row(id) {
                     tracing::warn!(array = %id, error = %undo, "a failed array's reservation is left to lapse");

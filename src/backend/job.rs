@@ -48,6 +48,13 @@ pub trait Job: Send + Sync + 'static {
         false
     }
 
+    /// The device (by ordinal) that holds operands of this job no other side has: kept
+    /// results not read back yet. `auto` and `gpu` run the job there while it is
+    /// usable, so those operands cross no bus; elsewhere the job reads them back first.
+    fn resident_on(&self) -> Option<usize> {
+        None
+    }
+
     /// The CPU twin: the oracle every device result is held to.
     fn run_cpu(&self) -> Self::Output;
 

@@ -91,7 +91,8 @@ impl Shared {
                 _ => Duration::ZERO,
             };
             running.set(d.jobs_running() as i64);
-            let lease = lease?;
+            let mut lease = lease?;
+            lease.set_handle(d.clone());
             // Exported from the device's first job on, at 0 until a job waits.
             let waits = metrics.device_lease_waits.with_label_values(&[&label]);
             if lease.waited() {

@@ -334,6 +334,19 @@ impl Shared {
             let d = p.decided(shape, Side::Device(dev.info.ordinal), reason);
             (Target::Device(dev), d)
         };
+        // Where the job's device-only operands are, while that device can take it.
+        let holder = (requested != BackendChoice::Cpu && job.device_refusal().is_none())
+            .then(|| job.resident_on())
+            .flatten()
+            .and_then(|n| {
+                self.backends
+                    .gpus_for(job.name())
+                    .find(|d| d.info.ordinal == n)
+                    .cloned()
+            });
+        if let Some(dev) = holder {
+            return Ok(on(dev, Reason::Resident));
+        }
         match (requested, job.device_refusal()) {
             (BackendChoice::Cpu, _) => Ok(on_cpu(Reason::Forced)),
             (BackendChoice::Gpu, Some(why)) => Err(JobError::NotOnDevice(why)),

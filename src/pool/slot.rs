@@ -19,6 +19,7 @@ pub(super) trait Runnable: Send + Sync {
     fn placement_lane(&self) -> std::borrow::Cow<'static, str>;
     fn device_refusal(&self) -> Option<String>;
     fn runs_inline(&self) -> bool;
+    fn resident_on(&self) -> Option<usize>;
     fn run_cpu(&self);
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<(), DeviceError>;
     /// After `run_device`: a copy of its output and the check against the CPU twin, to
@@ -82,6 +83,10 @@ impl<J: Job> Runnable for Slot<J> {
 
     fn runs_inline(&self) -> bool {
         self.job.runs_inline()
+    }
+
+    fn resident_on(&self) -> Option<usize> {
+        self.job.resident_on()
     }
 
     fn run_cpu(&self) {

@@ -52,6 +52,9 @@ pub struct DeviceLease<'a> {
     /// When the job stops being wanted: its deadline, and its caller leaving.
     stop: Option<Stop>,
     waited: bool,
+    /// The device as the pool shares it, when the lease was given one (`set_handle`):
+    /// what a result kept on the device (`keep_table`) holds on to.
+    handle: Option<Arc<GpuDevice>>,
 }
 
 /// What ends a job's claim on the device before it finishes.
@@ -164,6 +167,7 @@ impl GpuDevice {
             reserved,
             stop,
             waited,
+            handle: None,
         };
         let stream = {
             let engine = lease.engine();
@@ -328,6 +332,16 @@ impl DeviceLease<'_> {
         self.engine().wait(self.stream(), &*event.0)
     }
 
+    /// Gives the lease the shared handle of its device (the pool's leases have one).
+    pub fn set_handle(&mut self, device: Arc<GpuDevice>) {
+        self.handle = Some(device);
+    }
+
+    /// The shared handle of the device, if the lease was given one.
+    pub fn handle(&self) -> Option<&Arc<GpuDevice>> {
+        self.handle.as_ref()
+    }
+
     /// The cached device table under `key`, or the one `make` uploads (then cached). A
     /// table another job uploaded is used only after its upload (an event), which may
     /// still be in flight on that job's stream.
@@ -350,6 +364,39 @@ impl DeviceLease<'_> {
         self.tables()
             .insert(key.to_string(), Arc::new(cached), bytes);
         Ok(table)
+    }
+
+    /// The table cached under `key`, if any, without making one: a kept result's only
+    /// copy (`keep_table`), or an array's copy another job uploaded.
+    pub fn table<T: Element>(
+        &self,
+        key: &str,
+    ) -> Result<Option<Arc<DeviceBuffer<T>>>, DeviceError> {
+        let found = self.tables().get(key);
+        let Some(t) = found.and_then(|t| t.downcast::<Cached<T>>().ok()) else {
+            return Ok(None);
+        };
+        self.wait(&t.ready)?;
+        Ok(Some(t.table.clone()))
+    }
+
+    /// Keeps `table`, written by this lease's work so far, under `key` as a kept
+    /// result's only copy: pinned, so never evicted until `GpuDevice::release_table` or
+    /// `forget_table`. False (nothing kept) when the cache cannot make room for it among
+    /// its evictable entries.
+    pub fn keep_table<T: Element>(
+        &self,
+        key: &str,
+        table: Arc<DeviceBuffer<T>>,
+    ) -> Result<bool, DeviceError> {
+        let bytes = table.len() * std::mem::size_of::<T>();
+        let cached = Cached {
+            table,
+            ready: self.record()?,
+        };
+        Ok(self
+            .tables()
+            .insert_pinned(key.to_string(), Arc::new(cached), bytes))
     }
 
     fn tables(&self) -> MutexGuard<'_, TableCache> {

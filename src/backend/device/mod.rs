@@ -417,6 +417,17 @@ impl GpuDevice {
         self.table_cache().forget(key);
     }
 
+    /// Lets a kept result's copy under `key` (`DeviceLease::keep_table`) be evicted like
+    /// any cached copy: its values are on the host now.
+    pub fn release_table(&self, key: &str) {
+        self.table_cache().unpin(key);
+    }
+
+    /// Bytes of kept results held only on this device.
+    pub fn kept_bytes(&self) -> usize {
+        self.table_cache().pinned_bytes()
+    }
+
     /// Whether a table under `key` is cached here now.
     pub fn holds_table(&self, key: &str) -> bool {
         self.table_cache().contains(key)

@@ -43,14 +43,16 @@ pub struct CacheCounts {
 }
 
 /// Tables by key, least recently used first out once their bytes pass the cap. Values
-/// are `Arc<DeviceBuffer<T>>` behind `Any`.
+/// are `Arc<DeviceBuffer<T>>` behind `Any`. A pinned entry (a kept result held only
+/// here, `insert_pinned`) counts under the cap but is never evicted: it is the only
+/// copy of its values until it is unpinned (read back to the host) or forgotten.
 pub(super) struct TableCache {
     cap_bytes: usize,
     bytes: usize,
     /// By `CacheKind`, in `CacheKind::ALL`'s order.
     counts: [CacheCounts; 2],
     tick: u64,
-    entries: HashMap<String, (Arc<dyn Any + Send + Sync>, usize, u64)>,
+    entries: HashMap<String, Entry>,
     /// Keys whose source was deleted: a job that looked its table up before the delete
     /// must not cache it again. Keys are never reused; the oldest are let go past
     /// FORGOTTEN_KEPT.
@@ -59,6 +61,14 @@ pub(super) struct TableCache {
 }
 
 const FORGOTTEN_KEPT: usize = 100_000;
+
+struct Entry {
+    value: Arc<dyn Any + Send + Sync>,
+    bytes: usize,
+    /// When it was last used (the cache's tick).
+    used: u64,
+    pinned: bool,
+}
 
 impl TableCache {
     pub fn new(cap_bytes: usize) -> Self {
@@ -124,10 +134,19 @@ impl TableCache {
     }
 
     pub fn remove(&mut self, key: &str) {
-        if let Some((_, b, _)) = self.entries.remove(key) {
-            self.bytes -= b;
-            self.count(key).bytes -= b;
+        if let Some(e) = self.entries.remove(key) {
+            self.bytes -= e.bytes;
+            self.count(key).bytes -= e.bytes;
         }
+    }
+
+    /// Bytes of pinned entries now.
+    pub fn pinned_bytes(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|e| e.pinned)
+            .map(|e| e.bytes)
+            .sum()
     }
 
     /// A new cap; the least recently used go until the rest fit.
@@ -136,28 +155,31 @@ impl TableCache {
         self.evict_until(0);
     }
 
-    /// Evicts the least recently used until `room` more bytes fit under the cap.
-    fn evict_until(&mut self, room: usize) {
+    /// Evicts the least recently used unpinned entries until `room` more bytes fit under
+    /// the cap; false if they do not fit even with none of those left.
+    fn evict_until(&mut self, room: usize) -> bool {
         while self.bytes + room > self.cap_bytes {
             let Some(oldest) = self
                 .entries
                 .iter()
-                .min_by_key(|(_, e)| e.2)
+                .filter(|(_, e)| !e.pinned)
+                .min_by_key(|(_, e)| e.used)
                 .map(|(k, _)| k.clone())
             else {
-                break;
+                return false;
             };
             self.remove(&oldest);
             self.count(&oldest).evictions += 1;
         }
+        true
     }
 
     pub fn get(&mut self, key: &str) -> Option<Arc<dyn Any + Send + Sync>> {
         self.tick += 1;
         let tick = self.tick;
         let found = self.entries.get_mut(key).map(|e| {
-            e.2 = tick;
-            e.0.clone()
+            e.used = tick;
+            e.value.clone()
         });
         let counts = self.count(key);
         match found {
@@ -168,15 +190,52 @@ impl TableCache {
     }
 
     pub fn insert(&mut self, key: String, value: Arc<dyn Any + Send + Sync>, bytes: usize) {
-        self.remove(&key);
-        if bytes > self.cap_bytes || self.is_forgotten(&key) {
-            return;
+        self.put(key, value, bytes, false);
+    }
+
+    /// As `insert`, pinned: false (and nothing kept) when the unpinned entries' room
+    /// cannot hold it, or the key was forgotten.
+    pub fn insert_pinned(
+        &mut self,
+        key: String,
+        value: Arc<dyn Any + Send + Sync>,
+        bytes: usize,
+    ) -> bool {
+        self.put(key, value, bytes, true)
+    }
+
+    /// Lets the entry under `key` be evicted again (its values are on the host now).
+    pub fn unpin(&mut self, key: &str) {
+        if let Some(e) = self.entries.get_mut(key) {
+            e.pinned = false;
         }
-        self.evict_until(bytes);
+    }
+
+    fn put(
+        &mut self,
+        key: String,
+        value: Arc<dyn Any + Send + Sync>,
+        bytes: usize,
+        pinned: bool,
+    ) -> bool {
+        self.remove(&key);
+        if bytes > self.cap_bytes || self.is_forgotten(&key) || !self.evict_until(bytes) {
+            return false;
+        }
         self.tick += 1;
         self.bytes += bytes;
         self.count(&key).bytes += bytes;
-        self.entries.insert(key, (value, bytes, self.tick));
+        let used = self.tick;
+        self.entries.insert(
+            key,
+            Entry {
+                value,
+                bytes,
+                used,
+                pinned,
+            },
+        );
+        true
     }
 }
 
@@ -221,6 +280,35 @@ mod tests {
         c.insert("d".into(), value(7), 10);
         assert!(!c.contains("d"));
         assert_eq!(c.bytes, 0);
+    }
+
+    #[test]
+    fn a_pinned_entry_is_never_evicted_until_unpinned() {
+        let mut c = TableCache::new(100);
+        assert!(c.insert_pinned("array/kept".into(), value(1), 60));
+        c.insert("t1".into(), value(2), 30);
+        // Room for t2 comes from t1, the only unpinned entry, however recently used.
+        assert!(c.get("t1").is_some());
+        c.insert("t2".into(), value(3), 40);
+        assert!(c.contains("array/kept") && !c.contains("t1") && c.contains("t2"));
+        // A second pinned entry that fits only by evicting the first is refused.
+        assert!(!c.insert_pinned("array/other".into(), value(4), 50));
+        assert!(!c.contains("array/other") && c.contains("array/kept"));
+        assert_eq!(c.pinned_bytes(), 60);
+        // A lower cap cannot push out a pinned entry either.
+        c.set_cap(50);
+        assert!(c.contains("array/kept") && !c.contains("t2"));
+        // Unpinned, it is an ordinary copy: the next insert that needs room evicts it.
+        c.unpin("array/kept");
+        assert_eq!(c.pinned_bytes(), 0);
+        c.insert("t3".into(), value(5), 10);
+        assert!(!c.contains("array/kept") && c.contains("t3"));
+        // Forgetting takes a pinned entry too.
+        c.set_cap(100);
+        assert!(c.insert_pinned("array/p".into(), value(6), 10));
+        c.forget("array/p");
+        assert!(!c.contains("array/p"));
+        assert_eq!(c.bytes, 10);
     }
 
     #[test]

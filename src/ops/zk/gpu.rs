@@ -9,7 +9,7 @@ use crate::backend::{DeviceBuffer, DeviceError, Element};
 
 /// The `extern "C"` name of the kernel for `op` over `field`; the device loads and the
 /// launcher calls kernels by this one rule.
-fn kernel_name(field: Field, op: FieldOp) -> String {
+pub(crate) fn kernel_name(field: Field, op: FieldOp) -> String {
     format!("{}_{}", field.name(), op.kernel_suffix())
 }
 
@@ -221,61 +221,83 @@ pub fn ntt_module() -> KernelModule {
 /// the device between calls, keyed by (field, size, direction[, shift]); a batch larger
 /// than the memory budget runs in passes of whole polynomials.
 pub fn launch_ntt(job: &NttJob, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
-    let field = job.values.field();
-    let n = job.size();
-    let host_tables = std::cell::OnceCell::new();
-    let tables =
-        || host_tables.get_or_init(|| ntt::kernel_tables(field, n, job.direction, job.coset_shift));
-    let key = format!("ntt/{}/{n}/{:?}", field.name(), job.direction);
-    let scaled = job.direction == Direction::Inverse || job.coset_shift.is_some();
-    let scale_key = format!("{key}/scale/{:?}", job.coset_shift);
+    let plan = NttPlan::of(job);
     match words(&job.values) {
         Words::U64(x) => {
-            let tw = dev.cached_table(&format!("{key}/twiddles"), || {
-                upload_table(dev, u64_words(&tables().0))
-            })?;
-            let scale = scaled
-                .then(|| {
-                    dev.cached_table(&scale_key, || {
-                        upload_table(dev, u64_words(tables().1.as_ref().expect("scaled")))
-                    })
-                })
-                .transpose()?;
-            Ok(from_u64(
-                field,
-                ntt_steps(dev, job, x, &tw, scale.as_deref())?,
-            ))
+            let (tw, scale) = ntt_tables(dev, &plan, u64_words)?;
+            let out = ntt_steps(dev, &plan, job.batch, x, &tw, scale.as_deref())?;
+            Ok(from_u64(plan.field, out))
         }
         Words::U32(x) => {
-            let tw = dev.cached_table(&format!("{key}/twiddles"), || {
-                upload_table(dev, u32_words(&tables().0))
-            })?;
-            let scale = scaled
-                .then(|| {
-                    dev.cached_table(&scale_key, || {
-                        upload_table(dev, u32_words(tables().1.as_ref().expect("scaled")))
-                    })
-                })
-                .transpose()?;
-            Ok(FieldVec::BabyBear(ntt_steps(
-                dev,
-                job,
-                x,
-                &tw,
-                scale.as_deref(),
-            )?))
+            let (tw, scale) = ntt_tables(dev, &plan, u32_words)?;
+            let out = ntt_steps(dev, &plan, job.batch, x, &tw, scale.as_deref())?;
+            Ok(FieldVec::BabyBear(out))
         }
     }
 }
 
-fn u64_words(v: &FieldVec) -> &[u64] {
+/// What the NTT's kernels need of a job: everything but its values.
+pub(crate) struct NttPlan {
+    pub field: Field,
+    /// The size of one transform.
+    pub n: usize,
+    pub direction: Direction,
+    pub input_order: Order,
+    pub output_order: Order,
+    pub coset_shift: Option<super::U256>,
+}
+
+impl NttPlan {
+    fn of(job: &NttJob) -> Self {
+        Self {
+            field: job.values.field(),
+            n: job.size(),
+            direction: job.direction,
+            input_order: job.input_order,
+            output_order: job.output_order,
+            coset_shift: job.coset_shift,
+        }
+    }
+}
+
+type Table<T> = std::sync::Arc<DeviceBuffer<T>>;
+
+/// The transform's twiddles and, when it scales, its scale factors: kept on the device
+/// between calls, keyed by (field, size, direction[, shift]).
+pub(crate) fn ntt_tables<T: Element>(
+    dev: &DeviceLease<'_>,
+    plan: &NttPlan,
+    words: fn(&FieldVec) -> &[T],
+) -> Result<(Table<T>, Option<Table<T>>), DeviceError> {
+    let (field, n) = (plan.field, plan.n);
+    let host_tables = std::cell::OnceCell::new();
+    let tables = || {
+        host_tables.get_or_init(|| ntt::kernel_tables(field, n, plan.direction, plan.coset_shift))
+    };
+    let key = format!("ntt/{}/{n}/{:?}", field.name(), plan.direction);
+    let scaled = plan.direction == Direction::Inverse || plan.coset_shift.is_some();
+    let scale_key = format!("{key}/scale/{:?}", plan.coset_shift);
+    let tw = dev.cached_table(&format!("{key}/twiddles"), || {
+        upload_table(dev, words(&tables().0))
+    })?;
+    let scale = scaled
+        .then(|| {
+            dev.cached_table(&scale_key, || {
+                upload_table(dev, words(tables().1.as_ref().expect("scaled")))
+            })
+        })
+        .transpose()?;
+    Ok((tw, scale))
+}
+
+pub(crate) fn u64_words(v: &FieldVec) -> &[u64] {
     match words(v) {
         Words::U64(w) => w,
         Words::U32(_) => &[],
     }
 }
 
-fn u32_words(v: &FieldVec) -> &[u32] {
+pub(crate) fn u32_words(v: &FieldVec) -> &[u32] {
     match words(v) {
         Words::U32(w) => w,
         Words::U64(_) => &[],
@@ -307,17 +329,43 @@ pub fn tile_plan(n: usize, element_bytes: usize) -> (u32, u32) {
     (tile.trailing_zeros(), (tile / 2).clamp(1, 512) as u32)
 }
 
+/// `batch` transforms of `x` (w words per element) in passes of whole polynomials that
+/// fit the lease's memory, each uploaded, transformed in place and downloaded.
 fn ntt_steps<T: Element>(
     dev: &DeviceLease<'_>,
-    job: &NttJob,
+    plan: &NttPlan,
+    batch: usize,
     x: &[T],
     tw: &DeviceBuffer<T>,
     scale: Option<&DeviceBuffer<T>>,
 ) -> Result<Vec<T>, DeviceError> {
-    let name = job.values.field().name();
-    let n = job.size();
-    let batch = job.values.len() / n;
-    let w = x.len() / job.values.len();
+    let n = plan.n;
+    let w = x.len() / (n * batch);
+    let polys = dev.items_per_pass(batch, n * w * std::mem::size_of::<T>(), 0);
+    let mut host = Vec::with_capacity(x.len());
+    for first in (0..batch).step_by(polys) {
+        dev.still_wanted()?;
+        let m = polys.min(batch - first);
+        let mut dx = dev.upload(&x[first * n * w..(first + m) * n * w])?;
+        ntt_in_place(dev, plan, w, &mut dx, tw, scale)?;
+        dev.download_into(&dx, &mut host)?;
+    }
+    Ok(host)
+}
+
+/// The same steps as the CPU twin (`ntt.rs`) over every polynomial `dx` holds, in place:
+/// [bit-reverse a bit-reversed input back], [coset scaling], bit-reverse, stages, [n^-1
+/// and inverse coset scaling], [bit-reverse for a bit-reversed output].
+pub(crate) fn ntt_in_place<T: Element>(
+    dev: &DeviceLease<'_>,
+    plan: &NttPlan,
+    w: usize,
+    dx: &mut DeviceBuffer<T>,
+    tw: &DeviceBuffer<T>,
+    scale: Option<&DeviceBuffer<T>>,
+) -> Result<(), DeviceError> {
+    let name = plan.field.name();
+    let n = plan.n;
     let element_bytes = w * std::mem::size_of::<T>();
     let (log_tile, tile_threads) = tile_plan(n, element_bytes);
     let (n64, log_n) = (n as u64, n.trailing_zeros());
@@ -325,68 +373,60 @@ fn ntt_steps<T: Element>(
     let scale_fn = format!("{name}_ntt_scale");
     let stage = format!("{name}_ntt_stage");
     let tile_fn = format!("{name}_ntt_tile");
-    let polys = dev.items_per_pass(batch, n * element_bytes, 0);
-    let mut host = Vec::with_capacity(x.len());
-    for first in (0..batch).step_by(polys) {
-        dev.still_wanted()?;
-        let m = polys.min(batch - first);
-        let total = (m * n) as u64;
-        let mut dx = dev.upload(&x[first * n * w..(first + m) * n * w])?;
-        let all = dev.launch_config(m * n);
-        let permute = |dx: &mut DeviceBuffer<T>| -> Result<(), DeviceError> {
-            let mut l = dev.launch(&bitrev)?;
-            l.arg(dx).arg(&n64).arg(&log_n).arg(&total);
-            // SAFETY: x holds `total` elements in polynomials of n; swaps stay inside each.
-            unsafe { l.launch(all) }?;
-            Ok(())
-        };
-        let scale_by =
-            |dx: &mut DeviceBuffer<T>, ds: &DeviceBuffer<T>| -> Result<(), DeviceError> {
-                let mut l = dev.launch(&scale_fn)?;
-                l.arg(dx).arg(ds).arg(&n64).arg(&total);
-                // SAFETY: x holds `total` elements, the table n.
-                unsafe { l.launch(all) }?;
-                Ok(())
-            };
-        if job.input_order == Order::BitReversed {
-            permute(&mut dx)?;
-        }
-        if let (Direction::Forward, Some(ds)) = (job.direction, scale) {
-            scale_by(&mut dx, ds)?;
-        }
-        permute(&mut dx)?;
-        if n > 1 {
-            let tiles = total >> log_tile;
-            let mut l = dev.launch(&tile_fn)?;
-            l.arg(&mut dx).arg(tw).arg(&n64).arg(&log_tile).arg(&tiles);
-            let config = LaunchConfig {
-                grid_dim: (tiles.min(1 << 16) as u32, 1, 1),
-                block_dim: (tile_threads, 1, 1),
-                shared_mem_bytes: (element_bytes << log_tile) as u32,
-            };
-            // SAFETY: tiles·2^log_tile = total elements; each block stages its own tile in
-            // `shared_mem_bytes` of shared memory; twiddle indices stay below n/2.
-            unsafe { l.launch(config) }?;
-        }
-        let butterflies = dev.launch_config(m * n / 2);
-        let mut half = 1u64 << log_tile;
-        while half < n64 {
-            let mut l = dev.launch(&stage)?;
-            l.arg(&mut dx).arg(tw).arg(&n64).arg(&half).arg(&total);
-            // SAFETY: total/2 butterflies, each on two elements of its own polynomial;
-            // twiddle indices stay below n/2.
-            unsafe { l.launch(butterflies) }?;
-            half *= 2;
-        }
-        if let (Direction::Inverse, Some(ds)) = (job.direction, scale) {
-            scale_by(&mut dx, ds)?;
-        }
-        if job.output_order == Order::BitReversed {
-            permute(&mut dx)?;
-        }
-        dev.download_into(&dx, &mut host)?;
+    let elements = dx.len() / w;
+    let total = elements as u64;
+    let all = dev.launch_config(elements);
+    let permute = |dx: &mut DeviceBuffer<T>| -> Result<(), DeviceError> {
+        let mut l = dev.launch(&bitrev)?;
+        l.arg(dx).arg(&n64).arg(&log_n).arg(&total);
+        // SAFETY: x holds `total` elements in polynomials of n; swaps stay inside each.
+        unsafe { l.launch(all) }?;
+        Ok(())
+    };
+    let scale_by = |dx: &mut DeviceBuffer<T>, ds: &DeviceBuffer<T>| -> Result<(), DeviceError> {
+        let mut l = dev.launch(&scale_fn)?;
+        l.arg(dx).arg(ds).arg(&n64).arg(&total);
+        // SAFETY: x holds `total` elements, the table n.
+        unsafe { l.launch(all) }?;
+        Ok(())
+    };
+    if plan.input_order == Order::BitReversed {
+        permute(dx)?;
     }
-    Ok(host)
+    if let (Direction::Forward, Some(ds)) = (plan.direction, scale) {
+        scale_by(dx, ds)?;
+    }
+    permute(dx)?;
+    if n > 1 {
+        let tiles = total >> log_tile;
+        let mut l = dev.launch(&tile_fn)?;
+        l.arg(&mut *dx).arg(tw).arg(&n64).arg(&log_tile).arg(&tiles);
+        let config = LaunchConfig {
+            grid_dim: (tiles.min(1 << 16) as u32, 1, 1),
+            block_dim: (tile_threads, 1, 1),
+            shared_mem_bytes: (element_bytes << log_tile) as u32,
+        };
+        // SAFETY: tiles·2^log_tile = total elements; each block stages its own tile in
+        // `shared_mem_bytes` of shared memory; twiddle indices stay below n/2.
+        unsafe { l.launch(config) }?;
+    }
+    let butterflies = dev.launch_config(elements / 2);
+    let mut half = 1u64 << log_tile;
+    while half < n64 {
+        let mut l = dev.launch(&stage)?;
+        l.arg(&mut *dx).arg(tw).arg(&n64).arg(&half).arg(&total);
+        // SAFETY: total/2 butterflies, each on two elements of its own polynomial;
+        // twiddle indices stay below n/2.
+        unsafe { l.launch(butterflies) }?;
+        half *= 2;
+    }
+    if let (Direction::Inverse, Some(ds)) = (plan.direction, scale) {
+        scale_by(dx, ds)?;
+    }
+    if plan.output_order == Order::BitReversed {
+        permute(dx)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

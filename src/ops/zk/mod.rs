@@ -2,6 +2,7 @@
 pub(crate) mod check_cases;
 mod field;
 mod gpu;
+pub mod held;
 pub mod msm;
 mod msm_gpu;
 pub mod ntt;

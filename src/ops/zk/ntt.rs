@@ -95,24 +95,8 @@ impl NttJob {
         coset_shift: Option<U256>,
         max_log2: u32,
     ) -> Result<Self, NttShape> {
-        if batch == 0 {
-            return Err(NttShape::ZeroBatch);
-        }
-        let len = values.len();
-        if len == 0 || len % batch != 0 {
-            return Err(NttShape::Uneven { len, batch });
-        }
-        let n = len / batch;
-        if !n.is_power_of_two() {
-            return Err(NttShape::NotPowerOfTwo { n });
-        }
-        let max_log2 = max_log2.min(values.field().two_adicity());
-        if n.trailing_zeros() > max_log2 {
-            return Err(NttShape::TooLarge { n, max_log2 });
-        }
-        if coset_shift.is_some_and(|s| s.is_zero()) {
-            return Err(NttShape::ZeroShift);
-        }
+        let shape = (values.len(), batch, coset_shift.as_ref());
+        Self::check_shape(values.field(), shape, max_log2)?;
         Ok(Self {
             direction,
             values,
@@ -121,6 +105,32 @@ impl NttJob {
             output_order,
             coset_shift,
         })
+    }
+
+    /// `new`'s checks of `len` values of `field` in `batch` transforms with `coset_shift`.
+    pub fn check_shape(
+        field: Field,
+        (len, batch, coset_shift): (usize, usize, Option<&U256>),
+        max_log2: u32,
+    ) -> Result<(), NttShape> {
+        if batch == 0 {
+            return Err(NttShape::ZeroBatch);
+        }
+        if len == 0 || len % batch != 0 {
+            return Err(NttShape::Uneven { len, batch });
+        }
+        let n = len / batch;
+        if !n.is_power_of_two() {
+            return Err(NttShape::NotPowerOfTwo { n });
+        }
+        let max_log2 = max_log2.min(field.two_adicity());
+        if n.trailing_zeros() > max_log2 {
+            return Err(NttShape::TooLarge { n, max_log2 });
+        }
+        if coset_shift.is_some_and(|s| s.is_zero()) {
+            return Err(NttShape::ZeroShift);
+        }
+        Ok(())
     }
 
     /// Size of one transform.

@@ -313,6 +313,17 @@ pub(crate) mod goldilocks {
     }
 }
 
+/// Placement's prior for `op` over `field`. Provisional until measured on a GPU host
+/// (docs/PERFORMANCE.md): a 256-bit multiplication pays for a launch sooner than an
+/// addition or a small field does.
+pub(crate) fn binary_threshold(field: Field, op: FieldOp) -> usize {
+    match (field, op) {
+        (Field::Bn254Fr | Field::Bls12_381Fr, FieldOp::Mul) => 1 << 12,
+        (Field::Bn254Fr | Field::Bls12_381Fr, _) => 1 << 15,
+        (Field::Goldilocks | Field::BabyBear, _) => 1 << 17,
+    }
+}
+
 impl Job for FieldBinaryJob {
     type Output = FieldVec;
 
@@ -332,14 +343,8 @@ impl Job for FieldBinaryJob {
         FieldBinaryJob::input_bytes(self)
     }
 
-    /// Provisional until measured on a GPU host (docs/PERFORMANCE.md): a 256-bit
-    /// multiplication pays for a launch sooner than an addition or a small field does.
     fn gpu_threshold(&self) -> usize {
-        match (self.field(), self.op) {
-            (Field::Bn254Fr | Field::Bls12_381Fr, FieldOp::Mul) => 1 << 12,
-            (Field::Bn254Fr | Field::Bls12_381Fr, _) => 1 << 15,
-            (Field::Goldilocks | Field::BabyBear, _) => 1 << 17,
-        }
+        binary_threshold(self.field(), self.op)
     }
 
     fn runs_inline(&self) -> bool {

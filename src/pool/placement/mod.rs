@@ -59,6 +59,8 @@ pub enum Reason {
     Prior,
     /// `--placement threshold`.
     Threshold,
+    /// The device holding the job's operands (`Job::resident_on`).
+    Resident,
 }
 
 impl Reason {
@@ -70,6 +72,7 @@ impl Reason {
             Reason::OnlyChoice => "only_choice",
             Reason::Prior => "prior",
             Reason::Threshold => "threshold",
+            Reason::Resident => "resident",
         }
     }
 }

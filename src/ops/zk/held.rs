@@ -1,0 +1,533 @@
+//! Field vectors kept where a device made them. A field op or an NTT asked to keep its
+//! result (`KeptFieldJob` with a key) leaves the result in the device's cache of copies,
+//! pinned, instead of downloading it. The next step of a chain that names it runs on that
+//! device (`Job::resident_on`) and reads it there, so an NTT → product → inverse NTT
+//! crosses the bus with its first operands and its last answer only. The values come
+//! back to the host when they are read (`HeldVector::download`), after which the device
+//! copy is an ordinary cached copy (`release`).
+
+use super::gpu::{self, NttPlan};
+use super::ntt::{Direction, NttJob, NttShape, Order};
+use super::vector_ops::{binary_threshold, LengthMismatch};
+use super::{Field, FieldBinaryJob, FieldOp, FieldVec, U256};
+use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Element, GpuDevice, Job};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+/// A field vector whose only copy is on a device, under `key` in its cache of copies.
+pub struct HeldVector {
+    device: Arc<GpuDevice>,
+    key: String,
+    field: Field,
+    len: usize,
+}
+
+impl std::fmt::Debug for HeldVector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldVector")
+            .field("device", &self.device.info.ordinal)
+            .field("key", &self.key)
+            .field("field", &self.field)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl HeldVector {
+    pub fn field(&self) -> Field {
+        self.field
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device that holds it.
+    pub fn ordinal(&self) -> usize {
+        self.device.info.ordinal
+    }
+
+    pub fn byte_len(&self) -> usize {
+        self.len * self.field.byte_width()
+    }
+
+    /// Reads the values back: a lease on the device (this blocks, possibly behind the
+    /// jobs holding it) and one download. Fails when the device no longer has them (its
+    /// context was rebuilt after a fault, or the array was deleted meanwhile).
+    pub fn download(&self) -> Result<FieldVec, DeviceError> {
+        let lease = self.device.lease_for(None, 0)?;
+        if self.field == Field::BabyBear {
+            return Ok(FieldVec::BabyBear(read::<u32>(&lease, &self.key)?));
+        }
+        Ok(gpu::from_u64(self.field, read::<u64>(&lease, &self.key)?))
+    }
+
+    /// Nobody keeps it (its array was refused): the device's copy goes.
+    pub fn discard(&self) {
+        self.device.forget_table(&self.key);
+    }
+
+    /// The values are on the host now: the device's copy may be evicted like any other.
+    pub fn release(&self) {
+        self.device.release_table(&self.key);
+    }
+}
+
+fn read<T: Element>(dev: &DeviceLease<'_>, key: &str) -> Result<Vec<T>, DeviceError> {
+    let table = dev.table::<T>(key)?.ok_or_else(|| lost(key))?;
+    dev.download(&table)
+}
+
+/// Not a fault of the device (it neither retires it nor counts towards doing so).
+fn lost(key: &str) -> DeviceError {
+    DeviceError::unsupported(format!(
+        "the device no longer holds {key} (its context was rebuilt, or the array was deleted)"
+    ))
+}
+
+/// One operand of a kept step.
+#[derive(Clone)]
+pub enum FieldSource {
+    /// Values on the host; `key`: the device key of the resident array they are, if any,
+    /// so a device keeps their upload for the next use.
+    Host {
+        values: FieldVec,
+        key: Option<String>,
+    },
+    /// A kept result on a device.
+    Held(Arc<HeldVector>),
+}
+
+impl FieldSource {
+    pub fn len(&self) -> usize {
+        match self {
+            FieldSource::Host { values, .. } => values.len(),
+            FieldSource::Held(h) => h.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn field(&self) -> Field {
+        match self {
+            FieldSource::Host { values, .. } => values.field(),
+            FieldSource::Held(h) => h.field,
+        }
+    }
+
+    fn byte_len(&self) -> usize {
+        self.len() * self.field().byte_width()
+    }
+
+    /// The values on the host: downloaded if held.
+    fn host(&self) -> Result<Cow<'_, FieldVec>, DeviceError> {
+        match self {
+            FieldSource::Host { values, .. } => Ok(Cow::Borrowed(values)),
+            FieldSource::Held(h) => h.download().map(Cow::Owned),
+        }
+    }
+}
+
+/// What a kept step computes.
+#[derive(Clone, Debug)]
+pub enum FieldStep {
+    /// `a (op) b`, `b` of `a`'s length or one element.
+    Binary(FieldOp),
+    /// `batch` transforms of the one operand.
+    Ntt {
+        direction: Direction,
+        batch: usize,
+        input_order: Order,
+        output_order: Order,
+        coset_shift: Option<U256>,
+    },
+}
+
+/// A kept step's result: on the host, or held on the device that made it.
+#[derive(Clone)]
+pub enum FieldResult {
+    Host(FieldVec),
+    Held(Arc<HeldVector>),
+}
+
+/// Why a step has no result: an operand held on a device that no longer has it
+/// (`input`: its index), or a result held on a device that lost it before the check.
+#[derive(Clone, Debug)]
+pub struct StepFailed {
+    pub input: Option<usize>,
+    pub message: String,
+}
+
+/// A field op or NTT whose operands may be held on a device and whose result may stay
+/// there (under `keep`, when it runs on a device and the cache has room for it).
+pub struct KeptFieldJob {
+    step: FieldStep,
+    inputs: Vec<FieldSource>,
+    keep: Option<String>,
+}
+
+impl KeptFieldJob {
+    /// `a (op) b`, checked as `FieldBinaryJob::new` checks it.
+    pub fn binary(
+        op: FieldOp,
+        a: FieldSource,
+        b: FieldSource,
+        keep: Option<String>,
+    ) -> Result<Self, LengthMismatch> {
+        if a.field() != b.field() {
+            return Err(LengthMismatch::Fields {
+                a: a.field().name(),
+                b: b.field().name(),
+            });
+        }
+        if a.is_empty() {
+            return Err(LengthMismatch::Empty);
+        }
+        if b.len() != a.len() && b.len() != 1 {
+            return Err(LengthMismatch::Lengths {
+                a: a.len(),
+                b: b.len(),
+            });
+        }
+        Ok(Self {
+            step: FieldStep::Binary(op),
+            inputs: vec![a, b],
+            keep,
+        })
+    }
+
+    /// The transforms of `values` that `step` (an `FieldStep::Ntt`) describes, checked as
+    /// `NttJob::new` checks them.
+    pub fn ntt(
+        values: FieldSource,
+        step: FieldStep,
+        max_log2: u32,
+        keep: Option<String>,
+    ) -> Result<Self, NttShape> {
+        let FieldStep::Ntt {
+            batch, coset_shift, ..
+        } = &step
+        else {
+            return Err(NttShape::ZeroBatch);
+        };
+        let shape = (values.len(), *batch, coset_shift.as_ref());
+        NttJob::check_shape(values.field(), shape, max_log2)?;
+        Ok(Self {
+            step,
+            inputs: vec![values],
+            keep,
+        })
+    }
+
+    fn field(&self) -> Field {
+        self.inputs[0].field()
+    }
+
+    fn len(&self) -> usize {
+        self.inputs[0].len()
+    }
+
+    /// The host job computing the same from `values` (the inputs, downloaded if held).
+    fn host_job(&self, values: Vec<FieldVec>) -> Result<HostJob, StepFailed> {
+        let failed = |message: String| StepFailed {
+            input: None,
+            message,
+        };
+        let mut values = values.into_iter();
+        let mut next = || {
+            values
+                .next()
+                .ok_or_else(|| failed("an input is missing".into()))
+        };
+        Ok(match &self.step {
+            FieldStep::Binary(op) => {
+                let (a, b) = (next()?, next()?);
+                HostJob::Binary(FieldBinaryJob::new(*op, a, b).map_err(|e| failed(e.to_string()))?)
+            }
+            FieldStep::Ntt {
+                direction,
+                batch,
+                input_order,
+                output_order,
+                coset_shift,
+            } => HostJob::Ntt(
+                NttJob::new(
+                    *direction,
+                    next()?,
+                    *batch,
+                    *input_order,
+                    *output_order,
+                    *coset_shift,
+                    u32::MAX,
+                )
+                .map_err(|e| failed(e.to_string()))?,
+            ),
+        })
+    }
+
+    /// The inputs on the host, downloading those held on a device.
+    fn host_inputs(&self) -> Result<Vec<FieldVec>, StepFailed> {
+        self.inputs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                s.host().map(Cow::into_owned).map_err(|e| StepFailed {
+                    input: Some(i),
+                    message: e.message,
+                })
+            })
+            .collect()
+    }
+
+    fn plan(&self) -> Option<NttPlan> {
+        match &self.step {
+            FieldStep::Binary(_) => None,
+            FieldStep::Ntt {
+                direction,
+                batch,
+                input_order,
+                output_order,
+                coset_shift,
+            } => Some(NttPlan {
+                field: self.field(),
+                n: self.len() / batch,
+                direction: *direction,
+                input_order: *input_order,
+                output_order: *output_order,
+                coset_shift: *coset_shift,
+            }),
+        }
+    }
+}
+
+enum HostJob {
+    Binary(FieldBinaryJob),
+    Ntt(NttJob),
+}
+
+impl HostJob {
+    fn run_cpu(&self) -> FieldVec {
+        match self {
+            HostJob::Binary(j) => j.run_cpu(),
+            HostJob::Ntt(j) => j.run_cpu(),
+        }
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
+        match self {
+            HostJob::Binary(j) => gpu::launch_field_binary(j, dev),
+            HostJob::Ntt(j) => gpu::launch_ntt(j, dev),
+        }
+    }
+}
+
+impl Job for KeptFieldJob {
+    type Output = Result<FieldResult, StepFailed>;
+
+    fn name(&self) -> &'static str {
+        match &self.step {
+            FieldStep::Binary(op) => op.name(),
+            FieldStep::Ntt { direction, .. } => direction.name(),
+        }
+    }
+
+    /// The plain op's lane, apart: a kept step's device time has no download, and a
+    /// step over held operands no upload.
+    fn placement_lane(&self) -> Cow<'static, str> {
+        let field = self.field().name();
+        match &self.step {
+            FieldStep::Binary(_) => format!("{field}/kept").into(),
+            FieldStep::Ntt { batch, .. } => {
+                let shape = if *batch > 1 { "batched" } else { "single" };
+                format!("{field}/{shape}/kept").into()
+            }
+        }
+    }
+
+    fn size(&self) -> usize {
+        self.len()
+    }
+
+    fn input_bytes(&self) -> usize {
+        self.inputs.iter().map(FieldSource::byte_len).sum()
+    }
+
+    fn gpu_threshold(&self) -> usize {
+        match &self.step {
+            FieldStep::Binary(op) => binary_threshold(self.field(), *op),
+            FieldStep::Ntt { .. } => 1 << 14,
+        }
+    }
+
+    fn resident_on(&self) -> Option<usize> {
+        self.inputs.iter().find_map(|s| match s {
+            FieldSource::Held(h) => Some(h.ordinal()),
+            FieldSource::Host { .. } => None,
+        })
+    }
+
+    fn run_cpu(&self) -> Self::Output {
+        let job = self.host_job(self.host_inputs()?)?;
+        Ok(FieldResult::Host(job.run_cpu()))
+    }
+
+    fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Self::Output, DeviceError> {
+        let width = self.field().byte_width();
+        let whole = self.len() * width * (self.inputs.len() + 1);
+        if whole > dev.memory_budget() {
+            // Too large to hold whole: the plain launchers' passes, the result downloaded.
+            let job = match self.host_inputs().and_then(|v| self.host_job(v)) {
+                Ok(job) => job,
+                Err(e) => return Ok(Err(e)),
+            };
+            return Ok(Ok(FieldResult::Host(job.run_device(dev)?)));
+        }
+        if self.field() == Field::BabyBear {
+            let words = Words {
+                of: gpu::u32_words,
+                per_element: 1,
+                to_host: |_, v| FieldVec::BabyBear(v),
+            };
+            self.whole(dev, words)
+        } else {
+            let words = Words {
+                of: gpu::u64_words,
+                per_element: width / 8,
+                to_host: gpu::from_u64,
+            };
+            self.whole(dev, words)
+        }
+    }
+
+    fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        let (Ok(device), Ok(cpu)) = (device, cpu) else {
+            return match (device, cpu) {
+                (Err(_), Err(_)) => Ok(()),
+                _ => Err("one side failed to read an operand, the other did not".into()),
+            };
+        };
+        let FieldResult::Host(cpu) = cpu else {
+            return Err("the CPU twin kept its result on a device".into());
+        };
+        let device = match device {
+            FieldResult::Host(v) => Cow::Borrowed(v),
+            FieldResult::Held(h) => match h.download() {
+                Ok(v) => Cow::Owned(v),
+                // Deleted (or its device rebuilt) before the check came round: nothing is
+                // left to compare, which says nothing against the kernels.
+                Err(e) => {
+                    tracing::debug!(error = %e, "a kept result was gone before its shadow check");
+                    return Ok(());
+                }
+            },
+        };
+        crate::backend::verify::exactly(&*device, cpu)
+    }
+}
+
+/// How a field's elements are the kernels' words `T`.
+struct Words<T> {
+    of: fn(&FieldVec) -> &[T],
+    per_element: usize,
+    to_host: fn(Field, Vec<T>) -> FieldVec,
+}
+
+impl KeptFieldJob {
+    /// The step over whole buffers: the inputs read where they are held or uploaded,
+    /// the result kept under `keep` when the cache has room (else downloaded).
+    fn whole<T: Element>(
+        &self,
+        dev: &DeviceLease<'_>,
+        words: Words<T>,
+    ) -> Result<Result<FieldResult, StepFailed>, DeviceError> {
+        let w = words.per_element;
+        let mut ins = Vec::with_capacity(self.inputs.len());
+        for (i, source) in self.inputs.iter().enumerate() {
+            match on_device(dev, source, words.of) {
+                Ok(b) => ins.push(b),
+                Err(e) if e.kind == crate::backend::DeviceErrorKind::Unsupported => {
+                    return Ok(Err(StepFailed {
+                        input: Some(i),
+                        message: e.message,
+                    }))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let out = match &self.step {
+            FieldStep::Binary(op) => {
+                let (n, stride) = (self.len(), u32::from(self.inputs[1].len() == self.len()));
+                let mut out = dev.alloc_zeros::<T>(n * w)?;
+                let n64 = n as u64;
+                let kernel = gpu::kernel_name(self.field(), *op);
+                let mut launch = dev.launch(&kernel)?;
+                launch
+                    .arg(&*ins[0])
+                    .arg(&*ins[1])
+                    .arg(&mut out)
+                    .arg(&n64)
+                    .arg(&stride);
+                // SAFETY: the kernel reads n elements of x, n (or 1, stride 0) of y, and
+                // writes n of out; the buffers hold those words.
+                unsafe { launch.launch(dev.launch_config(n)) }?;
+                out
+            }
+            FieldStep::Ntt { .. } => {
+                let plan = self.plan().expect("an NTT step");
+                let source = ins.pop().expect("one input");
+                // Transformed in place: a buffer of its own, unless the upload is this
+                // job's alone.
+                let mut out = match Arc::try_unwrap(source) {
+                    Ok(fresh) => fresh,
+                    Err(shared) => {
+                        let mut copy = dev.alloc_zeros::<T>(shared.len())?;
+                        dev.copy(&shared, &mut copy)?;
+                        copy
+                    }
+                };
+                let (tw, scale) = gpu::ntt_tables(dev, &plan, words.of)?;
+                gpu::ntt_in_place(dev, &plan, w, &mut out, &tw, scale.as_deref())?;
+                out
+            }
+        };
+        let out = Arc::new(out);
+        if let (Some(key), Some(device)) = (&self.keep, dev.handle()) {
+            if dev.keep_table(key, out.clone())? {
+                return Ok(Ok(FieldResult::Held(Arc::new(HeldVector {
+                    device: device.clone(),
+                    key: key.clone(),
+                    field: self.field(),
+                    len: self.len(),
+                }))));
+            }
+        }
+        let host = dev.download(&out)?;
+        Ok(Ok(FieldResult::Host((words.to_host)(self.field(), host))))
+    }
+}
+
+/// `source` as a buffer on `dev`: its held copy there, a resident array's cached upload,
+/// or a fresh upload (a copy held on another device is read back first).
+fn on_device<T: Element>(
+    dev: &DeviceLease<'_>,
+    source: &FieldSource,
+    words: fn(&FieldVec) -> &[T],
+) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
+    match source {
+        FieldSource::Held(h) if h.ordinal() == dev.device.info.ordinal => {
+            dev.table::<T>(&h.key)?.ok_or_else(|| lost(&h.key))
+        }
+        FieldSource::Held(h) => Ok(Arc::new(dev.upload(words(&h.download()?))?)),
+        FieldSource::Host {
+            values,
+            key: Some(key),
+        } => dev.cached_table(key, || dev.upload(words(values))),
+        FieldSource::Host { values, key: None } => Ok(Arc::new(dev.upload(words(values))?)),
+    }
+}

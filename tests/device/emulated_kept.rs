@@ -1,0 +1,191 @@
+//! Kept results held on the emulated device: an NTT → product → inverse NTT chain whose
+//! intermediates stay on the device (nothing downloaded between the steps, each later
+//! step placed where its operands are), read back only when read, with the CPU's answers;
+//! a result the device lost is 410 array_lost at the operand that names it.
+
+use super::emulated_http::strings;
+use crate::common::{problem, TestServer};
+use gpu_ops::ops::zk::Field;
+use serde_json::{json, Value};
+
+/// A server of its own: the copy counters below count this test's jobs alone. No shadow
+/// checks, which would read kept results back to compare them.
+async fn server() -> TestServer {
+    TestServer::start(&[
+        "--backend",
+        "auto",
+        "--emulate-device",
+        "--verify-fraction",
+        "0",
+        "--job-timeout",
+        "600s",
+    ])
+    .await
+}
+
+/// Host bytes device jobs downloaded so far.
+fn downloaded(s: &TestServer) -> u64 {
+    ["page_locked", "pageable"]
+        .iter()
+        .map(|memory| {
+            s.state
+                .metrics
+                .device_copy_bytes
+                .with_label_values(&["0", "from_device", memory])
+                .get()
+        })
+        .sum()
+}
+
+fn resident_placements(s: &TestServer, op: &str) -> u64 {
+    s.state
+        .metrics
+        .placements
+        .with_label_values(&[op, "emulated", "resident"])
+        .get()
+}
+
+/// POSTs `body` to `path` and returns the answer (200, run on `ran_on`).
+async fn run(s: &TestServer, path: &str, body: Value, ran_on: &str) -> Value {
+    let res = s.post(path, body).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{path}");
+    assert_eq!(res.headers()["x-backend"], ran_on, "{path}");
+    res.json().await.unwrap()
+}
+
+/// The id of the array an answer kept, which must be held on the device only.
+fn kept_on_device(answer: &Value) -> String {
+    assert!(answer.get("result").is_none(), "{answer}");
+    assert_eq!(answer["kept"]["held"], json!(["device"]), "{answer}");
+    answer["kept"]["id"].as_str().unwrap().to_string()
+}
+
+const KEEP: &str = r#"{"with_data": false}"#;
+
+fn keep() -> Value {
+    serde_json::from_str(KEEP).unwrap()
+}
+
+#[tokio::test]
+async fn a_kept_chain_stays_on_the_emulated_device_until_read() {
+    let s = server().await;
+    for (i, field) in [Field::Goldilocks, Field::Bn254Fr].into_iter().enumerate() {
+        let n = 1024;
+        let (x, y) = (
+            strings(field, n, 70 + i as u64),
+            strings(field, n, 80 + i as u64),
+        );
+        let f = field.name();
+        // The chain on the CPU, values sent and returned each step.
+        let cpu = |path: &'static str, body: Value| {
+            let mut b = body;
+            b["field"] = json!(f);
+            b["backend"] = json!("cpu");
+            run(&s, path, b, "cpu")
+        };
+        let fx = cpu("/zk/ntt", json!({"values": x})).await["result"].clone();
+        let fy = cpu("/zk/ntt", json!({"values": y})).await["result"].clone();
+        let fz = cpu("/zk/field_mul", json!({"a": fx, "b": fy})).await["result"].clone();
+        let want = cpu("/zk/intt", json!({"values": fz})).await["result"].clone();
+
+        // The same chain on the device, keeping every intermediate there.
+        let before = downloaded(&s);
+        let dev = |path: &'static str, body: Value, backend: &str| {
+            let mut b = body;
+            b["field"] = json!(f);
+            b["backend"] = json!(backend);
+            run(&s, path, b, "emulated")
+        };
+        let keep = keep();
+        let ax = kept_on_device(&dev("/zk/ntt", json!({"values": x, "keep": keep}), "gpu").await);
+        let ay = kept_on_device(&dev("/zk/ntt", json!({"values": y, "keep": keep}), "gpu").await);
+        // `auto` takes the product to the device that holds its operands.
+        let resident = resident_placements(&s, "field_mul");
+        let product = json!({"a": {"array": ax}, "b": {"array": ay}, "keep": keep});
+        let az = kept_on_device(&dev("/zk/field_mul", product, "auto").await);
+        assert_eq!(resident_placements(&s, "field_mul"), resident + 1);
+        assert_eq!(
+            downloaded(&s),
+            before,
+            "{f}: nothing downloaded between the steps"
+        );
+        let last = dev("/zk/intt", json!({"values": {"array": az}}), "auto").await;
+        assert_eq!(last["result"], want, "{f}: the chain's answer is the CPU's");
+        let width = if field == Field::Goldilocks { 8 } else { 32 };
+        assert_eq!(
+            downloaded(&s),
+            before + (n * width) as u64,
+            "{f}: the answer, and only it, came back"
+        );
+
+        // Read: the values come back once and are then held on the host and the disk.
+        let reads = reads_back(&s, "read");
+        let listed: Value = s.get(&format!("/arrays/{ax}")).await.json().await.unwrap();
+        assert_eq!(listed["held"], json!(["device"]), "{listed}");
+        let data: Value = s
+            .get(&format!("/arrays/{ax}/data"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(data["values"], fx, "{f}: the kept NTT is the CPU's");
+        assert_eq!(reads_back(&s, "read"), reads + 1);
+        let listed: Value = s.get(&format!("/arrays/{ax}")).await.json().await.unwrap();
+        assert_eq!(listed["held"], json!(["host", "disk"]), "{listed}");
+        // A held array named on the CPU is read back for it.
+        let forced = json!({"field": f, "a": {"array": ay}, "b": fx, "backend": "cpu"});
+        let sum = run(&s, "/zk/field_add", forced, "cpu").await;
+        let plain = json!({"field": f, "a": fy, "b": fx, "backend": "cpu"});
+        assert_eq!(
+            sum["result"],
+            run(&s, "/zk/field_add", plain, "cpu").await["result"]
+        );
+        assert_eq!(reads_back(&s, "read"), reads + 2);
+
+        // Deleting a held array takes the device's copy with it.
+        let key = gpu_ops::arrays::device_key(&az);
+        let gpus = s.state.backends.gpus();
+        assert!(gpus[0].holds_table(&key));
+        let deleted = s.delete(&format!("/arrays/{az}")).send().await.unwrap();
+        assert_eq!(deleted.status(), 204);
+        assert!(!gpus[0].holds_table(&key));
+        assert_eq!(
+            gpus[0].kept_bytes(),
+            0,
+            "{f}: nothing else is held only there"
+        );
+    }
+    a_lost_result_is_gone(&s).await;
+}
+
+fn reads_back(s: &TestServer, result: &str) -> u64 {
+    s.state
+        .metrics
+        .array_reads_back
+        .with_label_values(&[result])
+        .get()
+}
+
+/// A kept result the device no longer has (as after its context was rebuilt): the step
+/// that names it and a read of it are 410 array_lost, and the array is gone.
+async fn a_lost_result_is_gone(s: &TestServer) {
+    let x = strings(Field::BabyBear, 64, 5);
+    let body = json!({"field": "babybear", "values": x, "keep": keep(), "backend": "gpu"});
+    let kept = run(s, "/zk/ntt", body.clone(), "emulated").await;
+    let gone = kept_on_device(&kept);
+    let other = kept_on_device(&run(s, "/zk/ntt", body, "emulated").await);
+    let gpus = s.state.backends.gpus();
+    for id in [&gone, &other] {
+        gpus[0].forget_table(&gpu_ops::arrays::device_key(id));
+    }
+    let step = json!({"field": "babybear", "a": x, "b": {"array": gone}});
+    let res = s.post("/zk/field_add", step).send().await.unwrap();
+    let p = problem(res, 410, "array_lost").await;
+    assert_eq!(p["errors"][0]["path"], "/b/array", "{p}");
+    let lost = reads_back(s, "lost");
+    let res = s.get(&format!("/arrays/{other}/data")).await;
+    problem(res, 410, "array_lost").await;
+    assert_eq!(reads_back(s, "lost"), lost + 1);
+    let res = s.get(&format!("/arrays/{other}")).await;
+    assert_eq!(res.status(), 404, "a lost array is gone");
+}
