@@ -1,6 +1,7 @@
 //! HTTP only: routes, extractors, problem+json, middleware and the OpenAPI document.
 //! Knows nothing about devices.
 
+mod array_data;
 mod array_operands;
 pub mod arrays;
 mod auth;

@@ -166,6 +166,7 @@ fn parse_x(text: &str, field: Field, path: &str) -> Result<U256, Problem> {
         (status = 200, description = "The shares (and commitments)", body = ShamirSplitResponse),
         (status = 403, description = "seed_not_allowed"),
         (status = 413, description = "More secrets than --max-elements, secrets × share_count over --max-elements, or with commitments secrets × threshold over 65,536"),
+        (status = 410, description = "array_lost: an operand names a result held only on a device, which lost it"),
         (status = 422, description = "invalid_request, invalid_field_element, invalid_parameter (threshold, share_count, x_coordinates, empty secrets, commitments for a field without a curve)"),
     ),
     security((), ("bearer" = []))
@@ -362,6 +363,7 @@ pub struct ShamirCombineResponse {
     responses(
         (status = 200, description = "The secrets", body = ShamirCombineResponse),
         (status = 413, description = "A share longer than --max-elements"),
+        (status = 410, description = "array_lost: an operand names a result held only on a device, which lost it"),
         (status = 422, description = "invalid_request, invalid_field_element, invalid_parameter (zero or repeated x, ragged shares), insufficient_shares, inconsistent_shares"),
     ),
     security((), ("bearer" = []))
@@ -477,6 +479,7 @@ pub struct ShamirVerifyResponse {
     responses(
         (status = 200, description = "Whether the share is consistent", body = ShamirVerifyResponse),
         (status = 413, description = "More values or points than --max-elements, or rows × values over 65,536 commitments"),
+        (status = 410, description = "array_lost: an operand names a result held only on a device, which lost it"),
         (status = 422, description = "invalid_request, invalid_field_element, invalid_point, invalid_parameter (field without a curve, zero x, empty values, commitments' shape)"),
     ),
     security((), ("bearer" = []))

@@ -372,6 +372,7 @@ impl Serialize for PointOut {
     responses(
         (status = 200, description = "The sum(s)", body = MsmResponse),
         (status = 413, description = "More points or scalars than --max-elements"),
+        (status = 410, description = "array_lost: an operand names a result held only on a device, which lost it"),
         (status = 422, description = "invalid_request, invalid_point, invalid_field_element, length_mismatch, invalid_parameter",
             example = json!({"type": "urn:gpu-ops:problem:invalid_point", "title": "A point is malformed, not on the curve, or outside the prime-order subgroup",
                 "status": 422, "detail": "/points/1: not on the curve y² = x³ + 3", "code": "invalid_point",

@@ -100,6 +100,7 @@ macro_rules! field_route {
             request_body(content((FieldBinaryRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
             responses(
                 (status = 200, description = "The result vector", body = FieldVectorResponse),
+                (status = 410, description = "array_lost: an operand names a result held only on a device, which lost it"),
                 (status = 413, description = "Body or vector too large"),
                 (status = 422, description = "Invalid input: invalid_request, invalid_field_element, length_mismatch, invalid_parameter"),
             ),
@@ -210,7 +211,8 @@ pub struct FieldInvRequest {
     request_body(content((FieldPowRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The result vector", body = FieldVectorResponse),
-        (status = 413, description = "Body or vector too large"),
+        (status = 410, description = "array_lost: an operand names a result held only on a device, which lost it"),
+                (status = 413, description = "Body or vector too large"),
         (status = 422, description = "invalid_request, invalid_field_element, length_mismatch, invalid_parameter"),
     ),
     security((), ("bearer" = []))
@@ -246,7 +248,8 @@ pub async fn field_pow(
     request_body(content((FieldInvRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The inverses", body = FieldVectorResponse),
-        (status = 413, description = "Body or vector too large"),
+        (status = 410, description = "array_lost: an operand names a result held only on a device, which lost it"),
+                (status = 413, description = "Body or vector too large"),
         (status = 422, description = "invalid_request, invalid_field_element, not_invertible, length_mismatch"),
     ),
     security((), ("bearer" = []))
@@ -413,6 +416,7 @@ macro_rules! ntt_route {
             request_body(content((NttRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
             responses(
                 (status = 200, description = "The transformed values, batch after batch", body = FieldVectorResponse),
+                (status = 410, description = "array_lost: an operand names a result held only on a device, which lost it"),
                 (status = 413, description = "Body or vector too large"),
                 (status = 422, description = "invalid_request, invalid_field_element, invalid_parameter (size, batch, coset)"),
             ),
