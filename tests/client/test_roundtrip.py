@@ -656,6 +656,28 @@ def test_arrays(client):
         assert array_delete.sync_detailed(x.id, client=client).status_code == 204
 
 
+def test_a_result_kept_on_the_emulated_device_stays_there_until_read(start_server, connect):
+    """A result kept without its values on a device stays there (`held: ["device"]`): the
+    next step runs where it is, and reading it brings it to the host and the disk."""
+    flags = ("--backend", "auto", "--emulate-device", "--verify-fraction", "0")
+    dev = connect(start_server(flags=flags).url)
+    deadline = time.monotonic() + 120  # the emulated device's self-tests run first
+    while health_ready.sync_detailed(client=dev).status_code != 200:
+        assert time.monotonic() < deadline, "the emulated device did not become ready"
+        time.sleep(0.2)
+    x = [str(v) for v in [3, 1, 4, 1, 5, 9, 2, 6]]
+    r = ok(ntt.sync_detailed(client=dev, body=NttRequest(
+        field=Field.GOLDILOCKS, values=x, backend=BackendChoice.GPU, keep=Keep(with_data=False))),
+        200, FieldVectorResponse)
+    assert not r.result and r.kept.held == ["device"]
+    back = ok(intt.sync_detailed(client=dev, body=NttRequest(
+        field=Field.GOLDILOCKS, values=ArrayRefDoc(array=r.kept.id))), 200, FieldVectorResponse)
+    assert back.result == x
+    data = ok(array_data.sync_detailed(r.kept.id, client=dev), 200, ArrayDataResponse)
+    assert data.values == transform(dev, ntt, Field.GOLDILOCKS, [int(v) for v in x])
+    assert ok(array_get.sync_detailed(r.kept.id, client=dev), 200, ArrayView).held == ["host", "disk"]
+
+
 @refusal("array_create", 422, "invalid_point", "/points/0")
 def refuse_array_create(c: Ctx):  # (1, 3) is not on y² = x³ + 3
     body = CreateArrayRequest(kind=ArrayKind.POINTS, curve=Curve.BN254_G1, points=[AffinePointDoc(x="1", y="3")])
