@@ -271,9 +271,12 @@ impl Elements {
         }
     }
 
-    /// Whether it names a resident array.
-    pub fn is_array(&self) -> bool {
-        matches!(self, Elements::Array(_))
+    /// The resident array it names, if any.
+    pub fn array_id(&self) -> Option<&str> {
+        match self {
+            Elements::Array(id) => Some(id),
+            _ => None,
+        }
     }
 
     /// `decode` of elements the request carries.

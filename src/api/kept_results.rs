@@ -112,11 +112,16 @@ impl KeepPlan {
 
     /// Stores a result a device holds; past a quota the device's copy is dropped.
     pub(super) fn keep_held(self, held: Arc<HeldVector>) -> Result<ArrayView, Problem> {
-        let kept = self.keep(ArrayData::Held(held.clone()));
-        if kept.is_err() {
-            held.discard();
+        match self.keep(ArrayData::Held(held.clone())) {
+            Ok(view) => {
+                held.adopt();
+                Ok(view)
+            }
+            Err(e) => {
+                held.discard();
+                Err(e)
+            }
         }
-        kept
     }
 
     fn keep(self, data: ArrayData) -> Result<ArrayView, Problem> {

@@ -9,7 +9,7 @@ use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{blocking_if, bulk, job_timeout, AnswerForm, ApiBody, AppState};
 use crate::backend::BackendChoice;
-use crate::ops::zk::held::{FieldResult, FieldStep, HeldVector, KeptFieldJob, StepFailed};
+use crate::ops::zk::held::{FieldStep, KeptFieldJob};
 use crate::ops::zk::ntt::{Direction, NttJob, Order};
 use crate::ops::zk::FieldVec;
 use crate::ops::zk::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob};
@@ -20,6 +20,9 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
 use utoipa_axum::routes;
+
+mod steps;
+use steps::{answer_step, devices_may_hold, Step};
 
 /// `a (op) b` element-wise over one prime field.
 #[derive(Deserialize, ToSchema)]
@@ -136,8 +139,13 @@ async fn field_binary(
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.a.approx_len() > INLINE_ELEMENTS;
-    let names_arrays = req.a.is_array() || req.b.is_array();
-    if (keep.is_some() || names_arrays) && devices_may_hold(&state, backend) {
+    let named = [req.a.array_id(), req.b.array_id()].map(|id| id.map(str::to_string));
+    if (keep.is_some() || named.iter().any(Option::is_some)) && devices_may_hold(&state, backend) {
+        let step = Step {
+            scope: arrays.clone(),
+            named: named.to_vec(),
+            paths: &["/a", "/b"],
+        };
         let key = keep.as_ref().and_then(KeepPlan::device_key);
         let build = move || -> Result<KeptFieldJob, Problem> {
             let a = req.a.decode_source(field, encoding, "/a", max, &arrays)?;
@@ -146,7 +154,7 @@ async fn field_binary(
         };
         let job = blocking_if(large, build).await?;
         let done = state.pool.submit(job, backend, timeout).await?;
-        return answer_step(done, (field, encoding), large, form, keep, &["/a", "/b"]).await;
+        return answer_step(done, (field, encoding), large, form, keep, step).await;
     }
     let build = move || -> Result<FieldBinaryJob, Problem> {
         let a = req.a.decode(field, encoding, "/a", max, &arrays)?;
@@ -278,7 +286,7 @@ pub async fn field_inv(
 
 /// Answers a job's field vector in `encoding`, or as a buffer in the bulk form; kept as
 /// a resident array first when the request asked (`keep`).
-async fn answer(
+pub(super) async fn answer(
     done: Completed<FieldVec>,
     (field, encoding): (Field, Encoding),
     large: bool,
@@ -314,65 +322,6 @@ async fn answer(
     };
     // Keeping writes the array's files: never on the runtime's threads.
     blocking_if(large || keeping, encode).await
-}
-
-/// Whether a step may leave its operands or result on a device (`KeptFieldJob`): a
-/// device is there, the request does not ask for the CPU, and replicas do not share
-/// arrays (they read each other's from the artifact store, not from a device).
-fn devices_may_hold(state: &AppState, backend: BackendChoice) -> bool {
-    backend != BackendChoice::Cpu && !state.arrays.is_shared() && !state.backends.gpus().is_empty()
-}
-
-/// Answers a `KeptFieldJob`: from the host as `answer` does, or with the array its result
-/// was kept as on the device. An operand a device no longer holds is 410 array_lost at
-/// its path (`paths`, by input).
-async fn answer_step(
-    done: Completed<Result<FieldResult, StepFailed>>,
-    shape: (Field, Encoding),
-    large: bool,
-    form: AnswerForm,
-    keep: Option<KeepPlan>,
-    paths: &[&str],
-) -> Result<Response, Problem> {
-    let run = done.run;
-    let output = done
-        .output
-        .map_err(|e| match e.input.and_then(|i| paths.get(i)) {
-            Some(path) => Problem::at(ErrorCode::ArrayLost, format!("{path}/array"), e.message),
-            None => Problem::new(ErrorCode::Internal, e.message),
-        })?;
-    match output {
-        FieldResult::Host(output) => {
-            answer(Completed { output, run }, shape, large, form, keep).await
-        }
-        FieldResult::Held(held) => answer_held(held, run, shape, form, keep).await,
-    }
-}
-
-/// The answer for a result a device holds: its array only (a result is left on the
-/// device only when the answer is not to carry it).
-async fn answer_held(
-    held: Arc<HeldVector>,
-    run: crate::pool::RunInfo,
-    (field, encoding): (Field, Encoding),
-    form: AnswerForm,
-    keep: Option<KeepPlan>,
-) -> Result<Response, Problem> {
-    let Some(plan) = keep else {
-        held.discard();
-        let why = "a result was left on the device without a request to keep it";
-        return Err(Problem::new(ErrorCode::Internal, why));
-    };
-    let length = held.len();
-    let kept = blocking_if(true, move || plan.keep_held(held)).await?;
-    let body = FieldVectorResponse {
-        field,
-        encoding,
-        length,
-        result: None,
-        kept: Some(kept),
-    };
-    bulk::answer(form, &body, |b| Ok(b.to_json()), &run)
 }
 
 /// A batch of equal-size polynomials to transform.
@@ -464,7 +413,13 @@ async fn transform(
     let max = state.settings.config.max_elements;
     let max_log2 = state.settings.config.max_ntt_log2;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
-    let held = (keep.is_some() || req.values.is_array()) && devices_may_hold(&state, backend);
+    let named = vec![req.values.array_id().map(str::to_string)];
+    let held = (keep.is_some() || named[0].is_some()) && devices_may_hold(&state, backend);
+    let step = Step {
+        scope: arrays.clone(),
+        named,
+        paths: &["/values"],
+    };
     let key = keep.as_ref().and_then(KeepPlan::device_key);
     let build = move || -> Result<Transform, Problem> {
         let shift = match req.coset_shift {
@@ -515,7 +470,7 @@ async fn transform(
     match blocking_if(large, build).await? {
         Transform::Kept(job) => {
             let done = state.pool.submit(job, backend, timeout).await?;
-            answer_step(done, (field, encoding), large, form, keep, &["/values"]).await
+            answer_step(done, (field, encoding), large, form, keep, step).await
         }
         Transform::Plain(job) => {
             let done = state.pool.submit(job, backend, timeout).await?;

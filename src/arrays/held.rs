@@ -5,8 +5,8 @@
 //! cached copy that may be evicted. Until then a restart loses them, as does a fault
 //! that rebuilds the device's context: the array is then gone (`ArrayError::Lost`).
 
-use super::shared::off_runtime;
 use super::{files, ArrayData, ArrayError, Arrays, ResidentArray};
+use crate::backend::DeviceErrorKind;
 use std::sync::Arc;
 
 impl Arrays {
@@ -14,26 +14,47 @@ impl Arrays {
     /// back, written to disk, and put in the catalog in its place. Blocks on the device
     /// (a lease, one download) and the disk; may be called from an async task.
     pub fn materialised(&self, a: Arc<ResidentArray>) -> Result<Arc<ResidentArray>, ArrayError> {
+        if !matches!(a.data, ArrayData::Held(_)) {
+            return Ok(a);
+        }
+        // On a worker of the server's runtime, its other tasks are handed on first.
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| self.read_back(a))
+            }
+            _ => self.read_back(a),
+        }
+    }
+
+    fn read_back(&self, a: Arc<ResidentArray>) -> Result<Arc<ResidentArray>, ArrayError> {
         let ArrayData::Held(held) = &a.data else {
             return Ok(a);
         };
-        let values = match off_runtime(|| held.download()) {
-            Ok(v) => v,
-            Err(e) => {
+        let id = &a.meta.id;
+        // One reader at a time: the next finds the catalog changed and takes its entry.
+        let _turn = held.read_back_turn();
+        let now = self.read().arrays.get(id).cloned();
+        if let Some(now) = now.filter(|now| !Arc::ptr_eq(now, &a)) {
+            return Ok(now);
+        }
+        let values = match held.download() {
+            Ok(v) => Arc::new(v),
+            Err(e) if e.kind == DeviceErrorKind::Unsupported => {
                 self.lose(&a);
                 return Err(ArrayError::Lost {
-                    id: a.meta.id.clone(),
+                    id: id.clone(),
                     why: e.message,
                 });
             }
+            Err(e) => return Err(ArrayError::Io(format!("{id}: reading it back: {e}"))),
         };
+        held.set_host(values.clone());
         self.metrics.reads_back.with_label_values(&["read"]).inc();
         let array = Arc::new(ResidentArray {
             meta: a.meta.clone(),
-            data: ArrayData::FieldElements(Arc::new(values)),
+            data: ArrayData::FieldElements(values),
         });
-        let id = &a.meta.id;
-        off_runtime(|| files::write(&self.dir, &array))?;
+        files::write(&self.dir, &array)?;
         let mut catalog = self.write_lock();
         match catalog.arrays.get(id) {
             Some(now) if Arc::ptr_eq(now, &a) => {
@@ -41,7 +62,7 @@ impl Arrays {
                 held.release();
                 self.export(&catalog);
             }
-            // Another use read it back first: the same values, in the same files.
+            // Replaced some other way meanwhile (no reader could: it holds the turn).
             Some(now) => return Ok(now.clone()),
             // Deleted or expired meanwhile: the files just written belong to nothing.
             None => {

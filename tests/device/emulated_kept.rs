@@ -189,3 +189,68 @@ async fn a_lost_result_is_gone(s: &TestServer) {
     let res = s.get(&format!("/arrays/{other}")).await;
     assert_eq!(res.status(), 404, "a lost array is gone");
 }
+
+/// The job alone, on a lease with its device's handle: a result kept on the device and
+/// dropped before any array adopted it (its request gone) leaves the device; a result
+/// the cache has no room for comes back to the host, equal to the CPU's.
+#[test]
+fn a_kept_result_nobody_stores_leaves_the_device() {
+    use gpu_ops::backend::{GpuDevice, Job};
+    use gpu_ops::ops::zk::held::{FieldResult, FieldSource, FieldStep, KeptFieldJob};
+    use gpu_ops::ops::zk::ntt::{Direction, Order};
+    use gpu_ops::ops::zk::samples::random_elements;
+    use gpu_ops::ops::zk::FieldVec;
+    use std::sync::Arc;
+
+    let dev = Arc::new(GpuDevice::emulated(0, 64 << 20));
+    let values = FieldVec::from_integers(
+        Field::Goldilocks,
+        &random_elements(Field::Goldilocks, 256, 9),
+    )
+    .unwrap();
+    let step = FieldStep::Ntt {
+        direction: Direction::Forward,
+        batch: 1,
+        input_order: Order::Natural,
+        output_order: Order::Natural,
+        coset_shift: None,
+    };
+    let job = |key: &str| {
+        let source = FieldSource::Host {
+            values: values.clone(),
+            key: None,
+        };
+        KeptFieldJob::ntt(source, step.clone(), 32, Some(key.to_string())).unwrap()
+    };
+    let run = |job: &KeptFieldJob| {
+        let mut lease = dev.lease().unwrap();
+        lease.set_handle(dev.clone());
+        job.run_device(&lease).unwrap().unwrap()
+    };
+    let kept = run(&job("array/arr_dropped"));
+    assert!(matches!(kept, FieldResult::Held(_)));
+    // A shadow check whose CPU twin found an operand gone has nothing to compare: that
+    // is no mismatch (which would quarantine the kernels).
+    let gone = Err(gpu_ops::ops::zk::held::StepFailed {
+        input: Some(0),
+        message: "deleted".into(),
+    });
+    assert_eq!(job("array/x").agrees(&Ok(kept.clone()), &gone), Ok(()));
+    assert!(dev.holds_table("array/arr_dropped") && dev.kept_bytes() == 256 * 8);
+    drop(kept);
+    assert!(
+        !dev.holds_table("array/arr_dropped"),
+        "its pinned copy went with it"
+    );
+    assert_eq!(dev.kept_bytes(), 0);
+
+    // No room in the cache: downloaded instead, the CPU twin's answer.
+    dev.set_table_cache_limit(1024);
+    let cpu = job("array/arr_full").run_cpu().unwrap();
+    let (FieldResult::Host(on_host), FieldResult::Host(want)) = (run(&job("array/arr_full")), cpu)
+    else {
+        panic!("a result the cache cannot hold is not held");
+    };
+    assert_eq!(on_host, want);
+    assert!(!dev.holds_table("array/arr_full"));
+}

@@ -49,6 +49,8 @@ pub struct CacheCounts {
 pub(super) struct TableCache {
     cap_bytes: usize,
     bytes: usize,
+    /// Of `bytes`, those of pinned entries.
+    pinned_bytes: usize,
     /// By `CacheKind`, in `CacheKind::ALL`'s order.
     counts: [CacheCounts; 2],
     tick: u64,
@@ -75,6 +77,7 @@ impl TableCache {
         Self {
             cap_bytes,
             bytes: 0,
+            pinned_bytes: 0,
             counts: Default::default(),
             tick: 0,
             entries: HashMap::new(),
@@ -86,6 +89,7 @@ impl TableCache {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.bytes = 0;
+        self.pinned_bytes = 0;
         for c in &mut self.counts {
             c.bytes = 0;
         }
@@ -136,17 +140,16 @@ impl TableCache {
     pub fn remove(&mut self, key: &str) {
         if let Some(e) = self.entries.remove(key) {
             self.bytes -= e.bytes;
+            if e.pinned {
+                self.pinned_bytes -= e.bytes;
+            }
             self.count(key).bytes -= e.bytes;
         }
     }
 
     /// Bytes of pinned entries now.
     pub fn pinned_bytes(&self) -> usize {
-        self.entries
-            .values()
-            .filter(|e| e.pinned)
-            .map(|e| e.bytes)
-            .sum()
+        self.pinned_bytes
     }
 
     /// A new cap; the least recently used go until the rest fit.
@@ -207,7 +210,10 @@ impl TableCache {
     /// Lets the entry under `key` be evicted again (its values are on the host now).
     pub fn unpin(&mut self, key: &str) {
         if let Some(e) = self.entries.get_mut(key) {
-            e.pinned = false;
+            if e.pinned {
+                e.pinned = false;
+                self.pinned_bytes -= e.bytes;
+            }
         }
     }
 
@@ -219,11 +225,17 @@ impl TableCache {
         pinned: bool,
     ) -> bool {
         self.remove(&key);
-        if bytes > self.cap_bytes || self.is_forgotten(&key) || !self.evict_until(bytes) {
+        // Refused before anything is evicted when it could not fit beside the pinned
+        // entries even with every other one gone.
+        let room = self.cap_bytes.saturating_sub(self.pinned_bytes);
+        if bytes > room || self.is_forgotten(&key) || !self.evict_until(bytes) {
             return false;
         }
         self.tick += 1;
         self.bytes += bytes;
+        if pinned {
+            self.pinned_bytes += bytes;
+        }
         self.count(&key).bytes += bytes;
         let used = self.tick;
         self.entries.insert(
@@ -291,9 +303,10 @@ mod tests {
         assert!(c.get("t1").is_some());
         c.insert("t2".into(), value(3), 40);
         assert!(c.contains("array/kept") && !c.contains("t1") && c.contains("t2"));
-        // A second pinned entry that fits only by evicting the first is refused.
+        // A second pinned entry that fits only by evicting the first is refused, and
+        // evicts nothing on the way.
         assert!(!c.insert_pinned("array/other".into(), value(4), 50));
-        assert!(!c.contains("array/other") && c.contains("array/kept"));
+        assert!(!c.contains("array/other") && c.contains("array/kept") && c.contains("t2"));
         assert_eq!(c.pinned_bytes(), 60);
         // A lower cap cannot push out a pinned entry either.
         c.set_cap(50);

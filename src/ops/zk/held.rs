@@ -10,84 +10,14 @@ use super::gpu::{self, NttPlan};
 use super::ntt::{Direction, NttJob, NttShape, Order};
 use super::vector_ops::{binary_threshold, LengthMismatch};
 use super::{Field, FieldBinaryJob, FieldOp, FieldVec, U256};
-use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Element, GpuDevice, Job};
+use crate::backend::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element, Job};
 use std::borrow::Cow;
 use std::sync::Arc;
 
-/// A field vector whose only copy is on a device, under `key` in its cache of copies.
-pub struct HeldVector {
-    device: Arc<GpuDevice>,
-    key: String,
-    field: Field,
-    len: usize,
-}
+mod vector;
 
-impl std::fmt::Debug for HeldVector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeldVector")
-            .field("device", &self.device.info.ordinal)
-            .field("key", &self.key)
-            .field("field", &self.field)
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl HeldVector {
-    pub fn field(&self) -> Field {
-        self.field
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The device that holds it.
-    pub fn ordinal(&self) -> usize {
-        self.device.info.ordinal
-    }
-
-    pub fn byte_len(&self) -> usize {
-        self.len * self.field.byte_width()
-    }
-
-    /// Reads the values back: a lease on the device (this blocks, possibly behind the
-    /// jobs holding it) and one download. Fails when the device no longer has them (its
-    /// context was rebuilt after a fault, or the array was deleted meanwhile).
-    pub fn download(&self) -> Result<FieldVec, DeviceError> {
-        let lease = self.device.lease_for(None, 0)?;
-        if self.field == Field::BabyBear {
-            return Ok(FieldVec::BabyBear(read::<u32>(&lease, &self.key)?));
-        }
-        Ok(gpu::from_u64(self.field, read::<u64>(&lease, &self.key)?))
-    }
-
-    /// Nobody keeps it (its array was refused): the device's copy goes.
-    pub fn discard(&self) {
-        self.device.forget_table(&self.key);
-    }
-
-    /// The values are on the host now: the device's copy may be evicted like any other.
-    pub fn release(&self) {
-        self.device.release_table(&self.key);
-    }
-}
-
-fn read<T: Element>(dev: &DeviceLease<'_>, key: &str) -> Result<Vec<T>, DeviceError> {
-    let table = dev.table::<T>(key)?.ok_or_else(|| lost(key))?;
-    dev.download(&table)
-}
-
-/// Not a fault of the device (it neither retires it nor counts towards doing so).
-fn lost(key: &str) -> DeviceError {
-    DeviceError::unsupported(format!(
-        "the device no longer holds {key} (its context was rebuilt, or the array was deleted)"
-    ))
-}
+pub use vector::HeldVector;
+use vector::{lost, read_field};
 
 /// One operand of a kept step.
 #[derive(Clone)]
@@ -106,7 +36,7 @@ impl FieldSource {
     pub fn len(&self) -> usize {
         match self {
             FieldSource::Host { values, .. } => values.len(),
-            FieldSource::Held(h) => h.len,
+            FieldSource::Held(h) => h.len(),
         }
     }
 
@@ -117,7 +47,7 @@ impl FieldSource {
     pub fn field(&self) -> Field {
         match self {
             FieldSource::Host { values, .. } => values.field(),
-            FieldSource::Held(h) => h.field,
+            FieldSource::Held(h) => h.field(),
         }
     }
 
@@ -227,6 +157,14 @@ impl KeptFieldJob {
 
     fn field(&self) -> Field {
         self.inputs[0].field()
+    }
+
+    /// The operands held on a device.
+    fn held(&self) -> impl Iterator<Item = &Arc<HeldVector>> {
+        self.inputs.iter().filter_map(|s| match s {
+            FieldSource::Held(h) => Some(h),
+            FieldSource::Host { .. } => None,
+        })
     }
 
     fn len(&self) -> usize {
@@ -366,10 +304,7 @@ impl Job for KeptFieldJob {
     }
 
     fn resident_on(&self) -> Option<usize> {
-        self.inputs.iter().find_map(|s| match s {
-            FieldSource::Held(h) => Some(h.ordinal()),
-            FieldSource::Host { .. } => None,
-        })
+        self.held().next().map(|h| h.ordinal())
     }
 
     fn run_cpu(&self) -> Self::Output {
@@ -378,11 +313,35 @@ impl Job for KeptFieldJob {
     }
 
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<Self::Output, DeviceError> {
+        // An operand another device holds would need a lease there while this one is
+        // held: two jobs doing that the other way round would wait for each other for
+        // ever. The CPU run reads each back in turn instead (`fallback`).
+        let here = dev.device.info.ordinal;
+        if let Some(h) = self.held().find(|h| h.ordinal() != here) {
+            return Err(DeviceError::unsupported(format!(
+                "an operand is held on device {}, not {here}: the step runs on the CPU",
+                h.ordinal()
+            )));
+        }
         let width = self.field().byte_width();
         let whole = self.len() * width * (self.inputs.len() + 1);
         if whole > dev.memory_budget() {
-            // Too large to hold whole: the plain launchers' passes, the result downloaded.
-            let job = match self.host_inputs().and_then(|v| self.host_job(v)) {
+            // Too large to hold whole: the plain launchers' passes, the result downloaded,
+            // held operands read back on this lease (another would wait for this one).
+            let mut values = Vec::with_capacity(self.inputs.len());
+            for (i, source) in self.inputs.iter().enumerate() {
+                values.push(match source {
+                    FieldSource::Host { values, .. } => values.clone(),
+                    FieldSource::Held(h) => match h.host_copy() {
+                        Some(v) => FieldVec::clone(&v),
+                        None => match read_field(dev, h) {
+                            Ok(v) => v,
+                            Err(e) => return gone(i, e),
+                        },
+                    },
+                });
+            }
+            let job = match self.host_job(values) {
                 Ok(job) => job,
                 Err(e) => return Ok(Err(e)),
             };
@@ -406,11 +365,11 @@ impl Job for KeptFieldJob {
     }
 
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        // A side that could not read an operand (deleted, or lost with its device, before
+        // the check came round) computed nothing to compare: that says nothing against
+        // the kernels, and must not quarantine them.
         let (Ok(device), Ok(cpu)) = (device, cpu) else {
-            return match (device, cpu) {
-                (Err(_), Err(_)) => Ok(()),
-                _ => Err("one side failed to read an operand, the other did not".into()),
-            };
+            return Ok(());
         };
         let FieldResult::Host(cpu) = cpu else {
             return Err("the CPU twin kept its result on a device".into());
@@ -451,12 +410,7 @@ impl KeptFieldJob {
         for (i, source) in self.inputs.iter().enumerate() {
             match on_device(dev, source, words.of) {
                 Ok(b) => ins.push(b),
-                Err(e) if e.kind == crate::backend::DeviceErrorKind::Unsupported => {
-                    return Ok(Err(StepFailed {
-                        input: Some(i),
-                        message: e.message,
-                    }))
-                }
+                Err(e) if e.kind == DeviceErrorKind::Unsupported => return gone(i, e),
                 Err(e) => return Err(e),
             }
         }
@@ -481,15 +435,12 @@ impl KeptFieldJob {
             FieldStep::Ntt { .. } => {
                 let plan = self.plan().expect("an NTT step");
                 let source = ins.pop().expect("one input");
-                // Transformed in place: a buffer of its own, unless the upload is this
-                // job's alone.
-                let mut out = match Arc::try_unwrap(source) {
-                    Ok(fresh) => fresh,
-                    Err(shared) => {
-                        let mut copy = dev.alloc_zeros::<T>(shared.len())?;
-                        dev.copy(&shared, &mut copy)?;
-                        copy
-                    }
+                // Transformed in place only when the upload is this job's own: a held
+                // or cached buffer is copied first (another stream may still read it).
+                let mut out = match (&self.inputs[0], Arc::try_unwrap(source)) {
+                    (FieldSource::Host { key: None, .. }, Ok(fresh)) => fresh,
+                    (_, Ok(shared)) => copied(dev, &shared)?,
+                    (_, Err(shared)) => copied(dev, &shared)?,
                 };
                 let (tw, scale) = gpu::ntt_tables(dev, &plan, words.of)?;
                 gpu::ntt_in_place(dev, &plan, w, &mut out, &tw, scale.as_deref())?;
@@ -497,14 +448,16 @@ impl KeptFieldJob {
             }
         };
         let out = Arc::new(out);
+        // Not kept for a job nobody waits for any more.
+        dev.still_wanted()?;
         if let (Some(key), Some(device)) = (&self.keep, dev.handle()) {
             if dev.keep_table(key, out.clone())? {
-                return Ok(Ok(FieldResult::Held(Arc::new(HeldVector {
-                    device: device.clone(),
-                    key: key.clone(),
-                    field: self.field(),
-                    len: self.len(),
-                }))));
+                return Ok(Ok(FieldResult::Held(Arc::new(HeldVector::new(
+                    device.clone(),
+                    key.clone(),
+                    self.field(),
+                    self.len(),
+                )))));
             }
         }
         let host = dev.download(&out)?;
@@ -512,22 +465,45 @@ impl KeptFieldJob {
     }
 }
 
-/// `source` as a buffer on `dev`: its held copy there, a resident array's cached upload,
-/// or a fresh upload (a copy held on another device is read back first).
+/// `source` as a buffer on `dev` (which holds every held operand: `run_device`): its held
+/// copy, a resident array's cached upload, or a fresh upload.
 fn on_device<T: Element>(
     dev: &DeviceLease<'_>,
     source: &FieldSource,
     words: fn(&FieldVec) -> &[T],
 ) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
     match source {
-        FieldSource::Held(h) if h.ordinal() == dev.device.info.ordinal => {
-            dev.table::<T>(&h.key)?.ok_or_else(|| lost(&h.key))
-        }
-        FieldSource::Held(h) => Ok(Arc::new(dev.upload(words(&h.download()?))?)),
+        FieldSource::Held(h) => match (dev.table::<T>(h.key())?, h.host_copy()) {
+            (Some(table), _) => Ok(table),
+            // Read back, and its device copy evicted since: the host's copy, uploaded.
+            (None, Some(values)) => Ok(Arc::new(dev.upload(words(&values))?)),
+            (None, None) => Err(lost(h.key())),
+        },
         FieldSource::Host {
             values,
             key: Some(key),
         } => dev.cached_table(key, || dev.upload(words(values))),
         FieldSource::Host { values, key: None } => Ok(Arc::new(dev.upload(words(values))?)),
     }
+}
+
+/// A copy of `table` on the device, for a step that writes over it.
+fn copied<T: Element>(
+    dev: &DeviceLease<'_>,
+    table: &DeviceBuffer<T>,
+) -> Result<DeviceBuffer<T>, DeviceError> {
+    let mut copy = dev.alloc_zeros::<T>(table.len())?;
+    dev.copy(table, &mut copy)?;
+    Ok(copy)
+}
+
+/// The step's answer when operand `input` is no longer held: not a device failure.
+fn gone(input: usize, e: DeviceError) -> Result<Result<FieldResult, StepFailed>, DeviceError> {
+    if e.kind != DeviceErrorKind::Unsupported {
+        return Err(e);
+    }
+    Ok(Err(StepFailed {
+        input: Some(input),
+        message: e.message,
+    }))
 }

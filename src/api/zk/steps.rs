@@ -1,0 +1,96 @@
+//! Field ops and NTTs whose operands or result may stay on a device (`KeptFieldJob`):
+//! when they are chosen, and how they are answered.
+
+use super::super::array_operands::ArrayScope;
+use super::super::elements::Encoding;
+use super::super::kept_results::KeepPlan;
+use super::super::problem::{ErrorCode, Problem};
+use super::super::{blocking_if, bulk, AnswerForm, AppState};
+use super::{answer, FieldVectorResponse};
+use crate::backend::BackendChoice;
+use crate::ops::zk::held::{FieldResult, HeldVector, StepFailed};
+use crate::ops::zk::Field;
+use crate::pool::Completed;
+use axum::response::Response;
+use std::sync::Arc;
+
+/// Whether a step may leave its operands or result on a device (`KeptFieldJob`): a
+/// device is there, the request does not ask for the CPU, and replicas do not share
+/// arrays (they read each other's from the artifact store, not from a device).
+pub(super) fn devices_may_hold(state: &AppState, backend: BackendChoice) -> bool {
+    backend != BackendChoice::Cpu && !state.arrays.is_shared() && !state.backends.gpus().is_empty()
+}
+
+/// What a `KeptFieldJob`'s answer needs of its request: the arrays its operands named
+/// (by input) and their paths.
+pub(super) struct Step {
+    pub scope: ArrayScope,
+    pub named: Vec<Option<String>>,
+    pub paths: &'static [&'static str],
+}
+
+/// Answers a `KeptFieldJob`: from the host as `answer` does, or with the array its result
+/// was kept as on the device. An operand a device no longer holds is 410 array_lost at
+/// its path, and its array is gone.
+pub(super) async fn answer_step(
+    done: Completed<Result<FieldResult, StepFailed>>,
+    shape: (Field, Encoding),
+    large: bool,
+    form: AnswerForm,
+    keep: Option<KeepPlan>,
+    step: Step,
+) -> Result<Response, Problem> {
+    let run = done.run;
+    let output = match done.output {
+        Ok(output) => output,
+        Err(e) => {
+            let Some(i) = e.input.filter(|&i| i < step.paths.len()) else {
+                return Err(Problem::new(ErrorCode::Internal, e.message));
+            };
+            if let Some(id) = step.named[i].clone() {
+                // Reading it back finds it gone and deletes it, as a read of it would.
+                let scope = step.scope.clone();
+                let read_back = move || -> Result<(), Problem> {
+                    let (arrays, tenant) = scope.parts();
+                    arrays.use_operand(tenant, &id)?;
+                    Ok(())
+                };
+                let _ = blocking_if(true, read_back).await;
+            }
+            let path = format!("{}/array", step.paths[i]);
+            return Err(Problem::at(ErrorCode::ArrayLost, path, e.message));
+        }
+    };
+    match output {
+        FieldResult::Host(output) => {
+            answer(Completed { output, run }, shape, large, form, keep).await
+        }
+        FieldResult::Held(held) => answer_held(held, run, shape, form, keep).await,
+    }
+}
+
+/// The answer for a result a device holds: its array only (a result is left on the
+/// device only when the answer is not to carry it).
+async fn answer_held(
+    held: Arc<HeldVector>,
+    run: crate::pool::RunInfo,
+    (field, encoding): (Field, Encoding),
+    form: AnswerForm,
+    keep: Option<KeepPlan>,
+) -> Result<Response, Problem> {
+    let Some(plan) = keep else {
+        held.discard();
+        let why = "a result was left on the device without a request to keep it";
+        return Err(Problem::new(ErrorCode::Internal, why));
+    };
+    let length = held.len();
+    let kept = blocking_if(true, move || plan.keep_held(held)).await?;
+    let body = FieldVectorResponse {
+        field,
+        encoding,
+        length,
+        result: None,
+        kept: Some(kept),
+    };
+    bulk::answer(form, &body, |b| Ok(b.to_json()), &run)
+}
