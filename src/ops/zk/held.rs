@@ -110,21 +110,7 @@ impl KeptFieldJob {
         b: FieldSource,
         keep: Option<String>,
     ) -> Result<Self, LengthMismatch> {
-        if a.field() != b.field() {
-            return Err(LengthMismatch::Fields {
-                a: a.field().name(),
-                b: b.field().name(),
-            });
-        }
-        if a.is_empty() {
-            return Err(LengthMismatch::Empty);
-        }
-        if b.len() != a.len() && b.len() != 1 {
-            return Err(LengthMismatch::Lengths {
-                a: a.len(),
-                b: b.len(),
-            });
-        }
+        LengthMismatch::check((a.field(), a.len()), (b.field(), b.len()))?;
         Ok(Self {
             step: FieldStep::Binary(op),
             inputs: vec![a, b],

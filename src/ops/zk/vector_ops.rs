@@ -62,23 +62,29 @@ const PAR_MIN_LEN: usize = 4096;
 /// about 30 ns, so at most some 30 µs, and far under `PAR_MIN_LEN`, so one plain loop.
 const INLINE_MAX_LEN: usize = 1024;
 
-impl FieldBinaryJob {
-    pub fn new(op: FieldOp, a: FieldVec, b: FieldVec) -> Result<Self, LengthMismatch> {
-        if a.field() != b.field() {
+impl LengthMismatch {
+    /// `a (op) b`'s operands, each (field, length): one field, `a` not empty, `b` as long
+    /// as `a` or one element.
+    pub(crate) fn check(a: (Field, usize), b: (Field, usize)) -> Result<(), Self> {
+        if a.0 != b.0 {
             return Err(LengthMismatch::Fields {
-                a: a.field().name(),
-                b: b.field().name(),
+                a: a.0.name(),
+                b: b.0.name(),
             });
         }
-        if a.is_empty() {
+        if a.1 == 0 {
             return Err(LengthMismatch::Empty);
         }
-        if b.len() != a.len() && b.len() != 1 {
-            return Err(LengthMismatch::Lengths {
-                a: a.len(),
-                b: b.len(),
-            });
+        if b.1 != a.1 && b.1 != 1 {
+            return Err(LengthMismatch::Lengths { a: a.1, b: b.1 });
         }
+        Ok(())
+    }
+}
+
+impl FieldBinaryJob {
+    pub fn new(op: FieldOp, a: FieldVec, b: FieldVec) -> Result<Self, LengthMismatch> {
+        LengthMismatch::check((a.field(), a.len()), (b.field(), b.len()))?;
         Ok(Self { op, a, b })
     }
 
