@@ -1,12 +1,19 @@
 //! Kept results held on the emulated device: an NTT → product → inverse NTT chain whose
 //! intermediates stay on the device (nothing downloaded between the steps, each later
 //! step placed where its operands are), read back only when read, with the CPU's answers;
-//! a result the device lost is 410 array_lost at the operand that names it.
+//! a result the device lost is 410 array_lost at the operand that names it. And the job
+//! alone: a result nobody adopts leaves the device, one the cache cannot hold comes back,
+//! and one read on another stream waits for the kernel that wrote it.
 
 use super::emulated_http::strings;
 use crate::common::{problem, TestServer};
-use gpu_ops::ops::zk::Field;
+use gpu_ops::backend::{GpuDevice, Job};
+use gpu_ops::ops::zk::held::{FieldResult, FieldSource, FieldStep, KeptFieldJob};
+use gpu_ops::ops::zk::ntt::{Direction, Order};
+use gpu_ops::ops::zk::samples::random_elements;
+use gpu_ops::ops::zk::{Field, FieldOp, FieldVec};
 use serde_json::{json, Value};
+use std::sync::Arc;
 
 /// A server of its own: the copy counters below count this test's jobs alone. No shadow
 /// checks, which would read kept results back to compare them.
@@ -195,13 +202,6 @@ async fn a_lost_result_is_gone(s: &TestServer) {
 /// the cache has no room for comes back to the host, equal to the CPU's.
 #[test]
 fn a_kept_result_nobody_stores_leaves_the_device() {
-    use gpu_ops::backend::{GpuDevice, Job};
-    use gpu_ops::ops::zk::held::{FieldResult, FieldSource, FieldStep, KeptFieldJob};
-    use gpu_ops::ops::zk::ntt::{Direction, Order};
-    use gpu_ops::ops::zk::samples::random_elements;
-    use gpu_ops::ops::zk::FieldVec;
-    use std::sync::Arc;
-
     let dev = Arc::new(GpuDevice::emulated(0, 64 << 20));
     let values = FieldVec::from_integers(
         Field::Goldilocks,
@@ -253,4 +253,50 @@ fn a_kept_result_nobody_stores_leaves_the_device() {
     };
     assert_eq!(on_host, want);
     assert!(!dev.holds_table("array/arr_full"));
+}
+
+/// A result kept by one lease's stream, read by another lease's while the first still
+/// holds its own: the reader waits for the event that ends the writing kernel (without
+/// it the emulated device's order check refuses the read), and the sum is the CPU's.
+#[test]
+fn a_kept_result_is_read_on_another_stream_after_its_kernel() {
+    let dev = Arc::new(GpuDevice::emulated(0, 64 << 20));
+    let field = Field::Bn254Fr;
+    let vector = |seed| FieldVec::from_integers(field, &random_elements(field, 512, seed)).unwrap();
+    let (x, y) = (vector(3), vector(4));
+    let lease = || {
+        let mut l = dev.lease_for(None, 1 << 20).unwrap();
+        l.set_handle(dev.clone());
+        l
+    };
+    let (first, second) = (lease(), lease());
+    let host = |values: &FieldVec| FieldSource::Host {
+        values: values.clone(),
+        key: None,
+    };
+    let step = FieldStep::Ntt {
+        direction: Direction::Forward,
+        batch: 1,
+        input_order: Order::Natural,
+        output_order: Order::Natural,
+        coset_shift: None,
+    };
+    let ntt = KeptFieldJob::ntt(host(&x), step, 32, Some("array/arr_x".into())).unwrap();
+    let FieldResult::Held(held) = ntt.run_device(&first).unwrap().unwrap() else {
+        panic!("kept on the device");
+    };
+    let sum = KeptFieldJob::binary(FieldOp::Add, FieldSource::Held(held), host(&y), None).unwrap();
+    let on_device = sum.run_device(&second).unwrap().unwrap();
+    let fx = on_host(ntt.run_cpu().unwrap());
+    let want = KeptFieldJob::binary(FieldOp::Add, host(&fx), host(&y), None).unwrap();
+    assert_eq!(on_host(on_device), on_host(want.run_cpu().unwrap()));
+    drop((first, second));
+}
+
+/// The values of a result on the host.
+fn on_host(r: FieldResult) -> FieldVec {
+    match r {
+        FieldResult::Host(v) => v,
+        FieldResult::Held(_) => panic!("expected the values on the host"),
+    }
 }
