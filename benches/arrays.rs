@@ -1,8 +1,11 @@
 //! `cargo bench --bench arrays`: resident arrays over HTTP (loopback, one client, the CPU
-//! backend), each beside its reference in the same process: an MSM whose points are sent
+//! backend, or with BENCH_BACKEND=gpu every op on a device: the host's GPUs, or the
+//! emulated device with BENCH_EMULATE=1, shadow checks off), each beside its reference in
+//! the same process: an MSM whose points are sent
 //! in every request's bulk body against one whose points name a resident array; a
 //! polynomial product (NTT, NTT, multiply, inverse NTT) whose vectors go back and forth
-//! against one whose intermediates stay on the server (`keep`). Medians of BENCH_RUNS
+//! against one whose intermediates stay on the server (`keep`; on a device they stay on
+//! the device, not downloaded until read). Medians of BENCH_RUNS
 //! (default 5) after one warm-up. Then the caps filled (`caps`): memory, files and a
 //! restart's load time with many arrays.
 //! Env: BENCH_CASES (comma-separated of msm, chain, caps; default all), BENCH_MSM_LOG2
@@ -87,12 +90,33 @@ async fn run() {
     }
 }
 
+/// Where the ops run: `cpu`, or `gpu` (BENCH_BACKEND).
+fn backend() -> &'static str {
+    match std::env::var("BENCH_BACKEND").as_deref() {
+        Ok("gpu") => "gpu",
+        _ => "cpu",
+    }
+}
+
 async fn msm_and_chain(msm: bool, chain: bool) {
     let runs = env("BENCH_RUNS", 5);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let url = common::serve(&["--backend", "cpu", "--max-elements", "16777216"]).await;
+    let mut args = vec!["--max-elements", "16777216", "--backend"];
+    let on = if backend() == "gpu" {
+        args.extend(["auto", "--verify-fraction", "0"]);
+        if std::env::var("BENCH_EMULATE").as_deref() == Ok("1") {
+            args.push("--emulate-device");
+            "the emulated device (kernels on the host's CPU: its times are not a GPU's)"
+        } else {
+            "the host's GPU"
+        }
+    } else {
+        args.push("cpu");
+        "CPU backend"
+    };
+    let url = common::serve(&args).await;
     let client = reqwest::Client::new();
-    println!("# gpu-ops benchmark: resident arrays over HTTP, CPU backend, {threads} threads\n");
+    println!("# gpu-ops benchmark: resident arrays over HTTP, {on}, {threads} threads\n");
     if msm {
         msm_cases(&client, &url, runs).await;
     }
@@ -126,7 +150,7 @@ async fn msm_cases(client: &reqwest::Client, url: &str, runs: usize) {
                 )
             };
             let scalar_buf = || ("scalars", Dtype::U256, vec![n as u64], scalars.clone());
-            let header = json!({"curve": curve.name()});
+            let header = json!({"curve": curve.name(), "backend": backend()});
             let sent = bulk(header.clone(), vec![scalar_buf(), point_buf()]);
             let msm = format!("{url}/zk/msm");
             let (t_sent, want) = timed(runs, || post(client, &msm, MEDIA_TYPE, sent.clone())).await;
@@ -149,7 +173,7 @@ async fn msm_cases(client: &reqwest::Client, url: &str, runs: usize) {
                 .unwrap()
                 .to_string();
             let named = bulk(
-                json!({"curve": curve.name(), "points": {"array": id}}),
+                json!({"curve": curve.name(), "points": {"array": id}, "backend": backend()}),
                 vec![scalar_buf()],
             );
             let (t_named, got) =
@@ -186,28 +210,28 @@ async fn chain_case(client: &reqwest::Client, url: &str, runs: usize) {
         format!("{url}/zk/field_mul"),
         format!("{url}/zk/intt"),
     );
+    let on = backend();
     let sent_chain = || async {
-        let base =
-            |values: &Value| json!({"field": "bn254_fr", "encoding": "base64", "values": values});
+        let base = |values: &Value| json!({"field": "bn254_fr", "encoding": "base64", "values": values, "backend": on});
         let nf = post(client, &ntt, json, j(base(&json!(f64s)))).await;
         let ng = post(client, &ntt, json, j(base(&json!(g64s)))).await;
-        let p = post(client, &mul, json, j(json!({"field": "bn254_fr", "encoding": "base64", "a": nf["result"], "b": ng["result"]}))).await;
+        let p = post(client, &mul, json, j(json!({"field": "bn254_fr", "encoding": "base64", "a": nf["result"], "b": ng["result"], "backend": on}))).await;
         post(client, &intt, json, j(base(&p["result"]))).await["result"].clone()
     };
     let kept_chain = || async {
         let keep = json!({"ttl_seconds": 60, "with_data": false});
-        let base = |values: Value| json!({"field": "bn254_fr", "encoding": "base64", "values": values, "keep": keep});
+        let base = |values: Value| json!({"field": "bn254_fr", "encoding": "base64", "values": values, "keep": keep, "backend": on});
         let nf = post(client, &ntt, json, j(base(json!(f64s)))).await;
         let ng = post(client, &ntt, json, j(base(json!(g64s)))).await;
         let id = |v: &Value| json!({"array": v["kept"]["id"]});
-        let p = post(client, &mul, json, j(json!({"field": "bn254_fr", "encoding": "base64", "a": id(&nf), "b": id(&ng), "keep": keep}))).await;
-        let out = post(
-            client,
-            &intt,
-            json,
-            j(json!({"field": "bn254_fr", "encoding": "base64", "values": id(&p)})),
-        )
-        .await;
+        let p = post(client, &mul, json, j(json!({"field": "bn254_fr", "encoding": "base64", "a": id(&nf), "b": id(&ng), "keep": keep, "backend": on}))).await;
+        let last =
+            json!({"field": "bn254_fr", "encoding": "base64", "values": id(&p), "backend": on});
+        let out = post(client, &intt, json, j(last)).await;
+        if on == "gpu" {
+            // On a device the intermediates stayed there: none was read back.
+            assert_eq!(nf["kept"]["held"], json!(["device"]), "{nf}");
+        }
         for v in [&nf, &ng, &p] {
             let _ = client
                 .delete(format!(
@@ -222,14 +246,14 @@ async fn chain_case(client: &reqwest::Client, url: &str, runs: usize) {
     let (t_sent, want) = timed(runs, sent_chain).await;
     let (t_kept, got) = timed(runs, kept_chain).await;
     assert_eq!(got, want, "the same product");
-    println!("| chain | median | ratio |");
+    println!("| chain | median | sent / this (above 1: this is faster) |");
     println!("|---|---|---|");
     println!(
-        "| every vector sent back and forth | {} | 1.00× |",
+        "| every vector sent back and forth | {} | 1.00 |",
         ms(t_sent)
     );
     println!(
-        "| intermediates kept (`keep`, `with_data: false`) | {} | {:.2}× faster |",
+        "| intermediates kept (`keep`, `with_data: false`) | {} | {:.2} |",
         ms(t_kept),
         t_sent.as_secs_f64() / t_kept.as_secs_f64()
     );
