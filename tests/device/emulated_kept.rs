@@ -208,13 +208,7 @@ fn a_kept_result_nobody_stores_leaves_the_device() {
         &random_elements(Field::Goldilocks, 256, 9),
     )
     .unwrap();
-    let step = FieldStep::Ntt {
-        direction: Direction::Forward,
-        batch: 1,
-        input_order: Order::Natural,
-        output_order: Order::Natural,
-        coset_shift: None,
-    };
+    let step = forward_ntt();
     let job = |key: &str| {
         let source = FieldSource::Host {
             values: values.clone(),
@@ -274,13 +268,7 @@ fn a_kept_result_is_read_on_another_stream_after_its_kernel() {
         values: values.clone(),
         key: None,
     };
-    let step = FieldStep::Ntt {
-        direction: Direction::Forward,
-        batch: 1,
-        input_order: Order::Natural,
-        output_order: Order::Natural,
-        coset_shift: None,
-    };
+    let step = forward_ntt();
     let ntt = KeptFieldJob::ntt(host(&x), step, 32, Some("array/arr_x".into())).unwrap();
     let FieldResult::Held(held) = ntt.run_device(&first).unwrap().unwrap() else {
         panic!("kept on the device");
@@ -291,6 +279,17 @@ fn a_kept_result_is_read_on_another_stream_after_its_kernel() {
     let want = KeptFieldJob::binary(FieldOp::Add, host(&fx), host(&y), None).unwrap();
     assert_eq!(on_host(on_device), on_host(want.run_cpu().unwrap()));
     drop((first, second));
+}
+
+/// One forward transform in natural order.
+fn forward_ntt() -> FieldStep {
+    FieldStep::Ntt {
+        direction: Direction::Forward,
+        batch: 1,
+        input_order: Order::Natural,
+        output_order: Order::Natural,
+        coset_shift: None,
+    }
 }
 
 /// The values of a result on the host.
