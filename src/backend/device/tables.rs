@@ -159,8 +159,8 @@ impl TableCache {
     }
 
     /// Evicts the least recently used unpinned entries until `room` more bytes fit under
-    /// the cap; false if they do not fit even with none of those left.
-    fn evict_until(&mut self, room: usize) -> bool {
+    /// the cap, or none is left.
+    fn evict_until(&mut self, room: usize) {
         while self.bytes + room > self.cap_bytes {
             let Some(oldest) = self
                 .entries
@@ -169,12 +169,11 @@ impl TableCache {
                 .min_by_key(|(_, e)| e.used)
                 .map(|(k, _)| k.clone())
             else {
-                return false;
+                break;
             };
             self.remove(&oldest);
             self.count(&oldest).evictions += 1;
         }
-        true
     }
 
     pub fn get(&mut self, key: &str) -> Option<Arc<dyn Any + Send + Sync>> {
@@ -226,11 +225,12 @@ impl TableCache {
     ) -> bool {
         self.remove(&key);
         // Refused before anything is evicted when it could not fit beside the pinned
-        // entries even with every other one gone.
+        // entries even with every other one gone; otherwise evicting makes room.
         let room = self.cap_bytes.saturating_sub(self.pinned_bytes);
-        if bytes > room || self.is_forgotten(&key) || !self.evict_until(bytes) {
+        if bytes > room || self.is_forgotten(&key) {
             return false;
         }
+        self.evict_until(bytes);
         self.tick += 1;
         self.bytes += bytes;
         if pinned {
