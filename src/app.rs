@@ -129,9 +129,11 @@ impl App {
             let table_cache = cfg.gpu_table_cache_mib << 20;
             let vendor_libraries = !cfg.no_cuda_libraries;
             let (emulate, backoff) = (cfg.emulate_device, cfg.device_reprobe_backoff);
+            let software_adapters = cfg.wgpu_software_adapters;
             let calibration_budget = cfg.placement_calibration_budget;
             tokio::task::spawn_blocking(move || {
                 let library = ops::kernel_library();
+                let wgsl_library = ops::wgsl_library();
                 let hip_compiler = backend::hip::discover::Compiler::for_this_binary(cache.clone());
                 let (gpus, reason) = if emulate {
                     tracing::warn!(
@@ -148,14 +150,24 @@ impl App {
                             }
                             Err(e) => (Vec::new(), format!("AMD GPUs are not used: {e}")),
                         };
-                        (amd, format!("{why}; {hip_why}"))
+                        if amd.is_empty() {
+                            // Neither: any GPU wgpu reaches (Metal, Vulkan, DX12).
+                            let (adapters, wgpu_why) = backend::wgpu::discover(
+                                &selection,
+                                software_adapters,
+                                &wgsl_library,
+                            );
+                            (adapters, format!("{why}; {hip_why}; {wgpu_why}"))
+                        } else {
+                            (amd, format!("{why}; {hip_why}"))
+                        }
                     } else {
                         (cuda, why)
                     }
                 };
-                let amd = gpus
-                    .iter()
-                    .any(|g| g.info.vendor == backend::GpuVendor::Amd);
+                let on = |kind| gpus.iter().any(|g| g.backend_kind() == kind);
+                let amd = on(backend::BackendKind::Hip);
+                let wgpu = on(backend::BackendKind::Wgpu);
                 let tests = Arc::new(ops::self_tests());
                 for g in &gpus {
                     g.set_memory_limit(memory_limit);
@@ -171,6 +183,8 @@ impl App {
                 b.set_probe(backend::Probe {
                     reopen: if emulate {
                         backend::reopen_emulated()
+                    } else if wgpu {
+                        backend::wgpu::reopen(software_adapters, wgsl_library)
                     } else if let (true, Ok(compiler)) = (amd, hip_compiler) {
                         backend::reopen_hip(compiler, library)
                     } else {
@@ -194,7 +208,7 @@ impl App {
                         tracing::warn!(reason = %why, "AMD GPU gauges will not be exported");
                     }
                 }
-                if !gpus.is_empty() && !emulate && !amd {
+                if !gpus.is_empty() && !emulate && !amd && !wgpu {
                     if let Err(why) = backend::spawn_nvml_sampler(m, interval) {
                         tracing::warn!(reason = %why, "GPU gauges will not be exported");
                     }
@@ -204,7 +218,7 @@ impl App {
                 } else {
                     backend::hip::status(std::time::Duration::from_secs(10))
                 });
-                for g in gpus.iter().filter(|g| g.is_emulated()) {
+                for g in gpus.iter().filter(|g| g.on_host_cores()) {
                     placement.set_shares_host(g.info.ordinal, true);
                 }
                 b.set_gpus(gpus.clone(), reason);
@@ -213,7 +227,8 @@ impl App {
                 if !calibration_budget.is_zero() && !gpus.is_empty() {
                     let mut cases = ops::self_tests();
                     cases.extend(ops::check_cases(backend::measure::CheckLevel::Quick));
-                    for g in gpus.iter().filter(|g| g.is_healthy()) {
+                    // A device `auto` keeps off (a software adapter) needs no calibration.
+                    for g in gpus.iter().filter(|g| g.is_healthy() && g.auto_placement()) {
                         pool::placement::calibrate::calibrate(
                             &placement,
                             g,

@@ -130,6 +130,17 @@ pub struct Config {
     /// Correct answers, slowly; never for production.
     #[arg(long, env = "GPU_OPS_EMULATE_DEVICE", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub emulate_device: bool,
+    /// wgpu adapters that are the CPU (lavapipe, llvmpipe, WARP), looked for with the
+    /// other wgpu adapters when no CUDA or HIP device is usable: off (not opened),
+    /// forced (opened and self-tested; only requests naming the GPU backend run there),
+    /// auto (also a side `auto` places work on by measured time).
+    #[arg(
+        long,
+        env = "GPU_OPS_WGPU_SOFTWARE_ADAPTERS",
+        value_enum,
+        default_value = "off"
+    )]
+    pub wgpu_software_adapters: crate::backend::wgpu::SoftwareAdapters,
     /// Jobs that may wait in the queue; beyond it requests get 503 queue_full.
     #[arg(long, env = "GPU_OPS_QUEUE_CAPACITY", default_value_t = 1024)]
     pub queue_capacity: usize,
@@ -558,43 +569,8 @@ impl Config {
     }
 }
 
-fn load_api_keys(path: &std::path::Path) -> Result<HashMap<String, String>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--api-keys-file {}: {e}", path.display()))?;
-    let mut keys = HashMap::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let mut parts = line.split_whitespace();
-        let (Some(key), Some(tenant), None) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!(
-                "--api-keys-file {} line {}: expected \"KEY TENANT\"",
-                path.display(),
-                n + 1
-            ));
-        };
-        if key.len() < 16 {
-            return Err(format!(
-                "--api-keys-file {} line {}: keys must be at least 16 characters",
-                path.display(),
-                n + 1
-            ));
-        }
-        if keys.insert(key.to_string(), tenant.to_string()).is_some() {
-            return Err(format!(
-                "--api-keys-file {} line {}: duplicate key",
-                path.display(),
-                n + 1
-            ));
-        }
-    }
-    if keys.is_empty() {
-        return Err(format!("--api-keys-file {}: no keys", path.display()));
-    }
-    Ok(keys)
-}
+mod api_keys;
+use api_keys::load_api_keys;
 
 #[cfg(test)]
 mod tests;

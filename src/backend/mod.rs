@@ -10,6 +10,7 @@ mod job;
 pub mod measure;
 mod nvml;
 pub mod verify;
+pub mod wgpu;
 
 use crate::metrics::Metrics;
 use serde::{Deserialize, Serialize};
@@ -58,6 +59,8 @@ pub enum BackendKind {
     /// The emulated device: the kernels compiled for the host and run on its CPU under
     /// an emulation of CUDA's streams and blocks (CI's stand-in for a GPU, docs/GPU.md).
     Emulated,
+    /// A GPU reached through wgpu (Vulkan, Apple's Metal, DX12), its kernels WGSL.
+    Wgpu,
 }
 
 impl BackendKind {
@@ -67,6 +70,7 @@ impl BackendKind {
             BackendKind::Cuda => "cuda",
             BackendKind::Hip => "hip",
             BackendKind::Emulated => "emulated",
+            BackendKind::Wgpu => "wgpu",
         }
     }
 }
@@ -224,6 +228,10 @@ impl Backends {
         let started = std::time::Instant::now();
         let mut failed = 0;
         for t in tests {
+            if !dev.serves(t.op()) {
+                dev.set_op_unavailable(t.op());
+                continue;
+            }
             let outcome = match dev.lease() {
                 Ok(lease) if !t.applies(&lease) => continue,
                 Ok(lease) => {

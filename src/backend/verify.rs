@@ -193,6 +193,9 @@ pub enum OpState {
     Verified,
     /// Failed the self-test or a shadow check: served elsewhere until a re-probe passes.
     Quarantined,
+    /// The device's engine has no kernels for it (a wgpu adapter, for most ops): served
+    /// by the CPU or another device.
+    Unavailable,
 }
 
 /// `/device`'s entry for one op on one device.
@@ -201,7 +204,7 @@ pub enum OpState {
 pub struct OpStatus {
     pub op: String,
     pub state: OpState,
-    /// Why it is quarantined.
+    /// Why it is quarantined, or unavailable.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }

@@ -3,6 +3,7 @@
 //! (`Domain::kernel_modules`); a new header, here.
 
 use crate::backend::cuda::kernels::KernelLibrary;
+use crate::backend::wgpu::WgslLibrary;
 
 /// The headers the `.cu` files include: device functions shared across modules.
 const HEADERS: &[(&str, &str)] = &[
@@ -47,6 +48,15 @@ pub fn kernel_library() -> KernelLibrary {
     KernelLibrary {
         headers: HEADERS,
         modules,
+    }
+}
+
+/// The wgpu engine's kernels: the domains' WGSL (the field ops' so far), and the ops
+/// they serve whole; every other op stays off a wgpu adapter.
+pub fn wgsl_library() -> WgslLibrary {
+    WgslLibrary {
+        kernels: super::zk::wgsl::kernels(),
+        ops: super::zk::wgsl::OPS.to_vec(),
     }
 }
 

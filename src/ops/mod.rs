@@ -17,7 +17,7 @@ pub mod zk;
 
 pub use domain::Domain;
 pub use invalid::{FieldPath, Invalid};
-pub use kernels::kernel_library;
+pub use kernels::{kernel_library, wgsl_library};
 
 /// Every domain, registered once: a new domain is one line here (and its `pub mod`).
 pub const DOMAINS: &[Domain] = &[

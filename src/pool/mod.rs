@@ -365,8 +365,12 @@ impl Shared {
                 },
             )),
             (BackendChoice::Auto, None) => {
-                let devices: Vec<Arc<GpuDevice>> =
-                    self.backends.gpus_for(job.name()).cloned().collect();
+                let devices: Vec<Arc<GpuDevice>> = self
+                    .backends
+                    .gpus_for(job.name())
+                    .filter(|d| d.auto_placement())
+                    .cloned()
+                    .collect();
                 if devices.is_empty() {
                     return Ok(on_cpu(Reason::OnlyChoice));
                 }

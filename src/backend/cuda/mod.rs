@@ -243,6 +243,7 @@ pub fn open_device(
         hiprtc_version: String::new(),
         kernel_arch: arch,
         emulated: false,
+        adapter: None,
     };
     let mut engine = CudaEngine {
         id: EngineId::fresh(),

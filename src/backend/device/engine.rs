@@ -280,6 +280,12 @@ pub trait DeviceEngine: Send + Sync + 'static {
     /// Whether kernel `name` is loaded.
     fn has_kernel(&self, name: &str) -> bool;
 
+    /// Whether the engine has every kernel `op`'s device path launches: an engine with
+    /// kernels for some ops only (wgpu's) leaves the others to the CPU or another device.
+    fn serves(&self, _op: &str) -> bool {
+        true
+    }
+
     /// Kernel `name`'s limits as this engine knows them.
     fn kernel_limits(&self, name: &str) -> KernelLimits;
 

@@ -47,7 +47,9 @@ pub use tables::{CacheCounts, CacheKind};
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct GpuInfo {
     pub ordinal: usize,
-    /// Whose device: `nvidia` (CUDA), `amd` (HIP), or `emulated`.
+    /// Whose device: `nvidia`, `amd`, `intel`, `apple`, `other`, or `emulated`. Which
+    /// engine runs it is `backend` in answers: CUDA for NVIDIA and HIP for AMD unless
+    /// `adapter` is set (wgpu's).
     pub vendor: GpuVendor,
     pub name: String,
     pub uuid: String,
@@ -69,6 +71,9 @@ pub struct GpuInfo {
     /// True for the emulated device (`--emulate-device`): the kernels run on the CPU
     /// under CUDA's execution model, for testing; nothing about its speed means anything.
     pub emulated: bool,
+    /// A wgpu adapter's API, type, driver and limits (absent on the other engines).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<super::wgpu::AdapterFacts>,
 }
 
 /// Whose device, and so which engine runs it.
@@ -78,6 +83,10 @@ pub struct GpuInfo {
 pub enum GpuVendor {
     Nvidia,
     Amd,
+    Intel,
+    Apple,
+    /// A vendor the id does not name (a software adapter's, say).
+    Other,
     Emulated,
 }
 
@@ -172,6 +181,8 @@ pub struct GpuDevice {
     ops: Mutex<BTreeMap<String, OpStatus>>,
     /// False under `--no-cuda-libraries`.
     vendor_libraries: AtomicBool,
+    /// Whether `auto` may place work here (`auto_placement`).
+    auto_placement: AtomicBool,
     /// `gpu-ops check`'s kernel clock (`clock.rs`); off in the server.
     clock: clock::ClockSlot,
 }
@@ -193,6 +204,7 @@ impl GpuDevice {
             staging: Default::default(),
             ops: Mutex::new(BTreeMap::new()),
             vendor_libraries: AtomicBool::new(true),
+            auto_placement: AtomicBool::new(true),
             clock: Default::default(),
         }
     }
@@ -213,6 +225,7 @@ impl GpuDevice {
             hiprtc_version: String::new(),
             kernel_arch: "host".into(),
             emulated: true,
+            adapter: None,
         };
         Self::new(info, Box::new(EmulatedEngine::new(memory_bytes)))
     }
@@ -256,13 +269,22 @@ impl GpuDevice {
         self.info.emulated
     }
 
-    /// What answers call the backend a job ran on here: `hip` on AMD, else `cuda` (the
-    /// emulated device stands in for a CUDA device).
+    /// Whether its work runs on the host's own cores: the emulated device, and a
+    /// software wgpu adapter (lavapipe). Placement counts the CPU's backlog against it.
+    pub fn on_host_cores(&self) -> bool {
+        self.info.emulated || self.info.adapter.as_ref().is_some_and(|a| a.software)
+    }
+
+    /// What answers call the backend a job ran on here: `wgpu` for a wgpu adapter, else
+    /// `hip` on AMD, `emulated` for the emulated device, `cuda` on NVIDIA.
     pub fn backend_kind(&self) -> super::BackendKind {
+        if self.info.adapter.is_some() {
+            return super::BackendKind::Wgpu;
+        }
         match self.info.vendor {
-            GpuVendor::Nvidia => super::BackendKind::Cuda,
             GpuVendor::Amd => super::BackendKind::Hip,
             GpuVendor::Emulated => super::BackendKind::Emulated,
+            _ => super::BackendKind::Cuda,
         }
     }
 
@@ -356,6 +378,16 @@ impl GpuDevice {
         self.op_table().insert(op.to_string(), status);
     }
 
+    /// Records that the engine has no kernels for `op` (`/device` lists it so).
+    pub fn set_op_unavailable(&self, op: &str) {
+        let status = OpStatus {
+            op: op.to_string(),
+            state: OpState::Unavailable,
+            reason: Some("no kernels for it on this engine".into()),
+        };
+        self.op_table().insert(op.to_string(), status);
+    }
+
     /// Whether `op`'s self-test passed here (and nothing quarantined it since).
     pub fn op_verified(&self, op: &str) -> bool {
         self.op_table()
@@ -373,11 +405,29 @@ impl GpuDevice {
         self.vendor_libraries.load(Ordering::Relaxed)
     }
 
-    /// Whether `op` may run here: not quarantined (an op without a self-test may).
+    /// Whether `op` may run here: the engine has its kernels, and it is not quarantined
+    /// (an op without a self-test may).
     pub fn op_usable(&self, op: &str) -> bool {
-        self.op_table()
-            .get(op)
-            .is_none_or(|s| s.state != OpState::Quarantined)
+        self.serves(op)
+            && self
+                .op_table()
+                .get(op)
+                .is_none_or(|s| s.state != OpState::Quarantined)
+    }
+
+    /// Whether the engine has every kernel of `op`'s device path (`DeviceEngine::serves`).
+    pub fn serves(&self, op: &str) -> bool {
+        self.engine().serves(op)
+    }
+
+    /// Whether `auto` may place work here: false for a software wgpu adapter unless
+    /// the operator allowed it (`--wgpu-software-adapters auto`).
+    pub fn auto_placement(&self) -> bool {
+        self.auto_placement.load(Ordering::Relaxed)
+    }
+
+    pub fn set_auto_placement(&self, allowed: bool) {
+        self.auto_placement.store(allowed, Ordering::Relaxed);
     }
 
     /// Every self-tested op's state, by name.
@@ -395,15 +445,10 @@ impl GpuDevice {
         self.memory_limit.store(bytes, Ordering::Relaxed);
     }
 
-    /// `cuda:N`, `hip:N`, or `emulated:N` for the emulated device: how answers name a
-    /// device.
+    /// `cuda:N`, `hip:N`, `wgpu:N`, or `emulated:N` for the emulated device: how answers
+    /// name a device.
     pub fn label(&self) -> String {
-        let kind = match self.info.vendor {
-            GpuVendor::Nvidia => "cuda",
-            GpuVendor::Amd => "hip",
-            GpuVendor::Emulated => "emulated",
-        };
-        format!("{kind}:{}", self.info.ordinal)
+        format!("{}:{}", self.backend_kind().name(), self.info.ordinal)
     }
 
     /// `--gpu-table-cache-mib`: the cached tables' cap, evicting down to it now.

@@ -147,6 +147,7 @@ pub fn open_device(
             .unwrap_or_default(),
         kernel_arch: arch,
         emulated: false,
+        adapter: None,
     };
     Ok(GpuDevice::new(info, Box::new(opened.engine)))
 }

@@ -378,6 +378,7 @@ fn a_hip_device_takes_uploads_launches_and_downloads_through_its_lease() {
         hiprtc_version: String::new(),
         kernel_arch: "gfx90a".into(),
         emulated: false,
+        adapter: None,
     };
     let dev = GpuDevice::new(info, Box::new(opened.engine));
     assert_eq!(dev.label(), "hip:0");

@@ -11,6 +11,7 @@ pub mod samples;
 pub(crate) mod self_test;
 mod u256;
 mod vector_ops;
+pub mod wgsl;
 
 pub use field::{ElementError, Field, FieldVec};
 pub(crate) use gpu::{from_u64, words, Words};

@@ -1,10 +1,11 @@
 //! The parity harness: each domain's module below builds its jobs (edge values, sizes
 //! that cross the launchers' branches: grid-stride wraps, tiles, stages, passes and
-//! chunks), and the harness runs every one on every usable CUDA device and on the
-//! emulated device through `Job::run_device` — the path the service takes — holding it to
-//! its CPU twin with `Job::agrees` (integers bit for bit, floats within the op's stated
-//! tolerance). Without a GPU nothing is skipped: the emulated device runs it all. On a GPU
-//! host: `scripts/gpu-check.sh run`.
+//! chunks), and the harness runs every one on every usable CUDA device, on every wgpu
+//! adapter (software ones included: lavapipe in CI) for the ops its WGSL kernels serve,
+//! and on the emulated device, through `Job::run_device` — the path the service takes —
+//! holding it to its CPU twin with `Job::agrees` (integers bit for bit, floats within the
+//! op's stated tolerance). Without a GPU nothing is skipped: the emulated device runs it
+//! all. On a GPU host: `scripts/gpu-check.sh run`.
 //!
 //! A disagreement does not stop the test: every case runs, and the test fails listing
 //! each case that parted from its twin, by device.
@@ -19,10 +20,11 @@ mod rf;
 mod zk;
 
 use gpu_ops::backend::cuda::{discover, DeviceSelection};
+use gpu_ops::backend::wgpu::SoftwareAdapters;
 use gpu_ops::backend::{DeviceError, DeviceLease, GpuDevice, Job};
 use std::cell::RefCell;
 use std::fmt::Display;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One device a parity test runs on, and what its cases found.
 pub struct Device {
@@ -30,9 +32,35 @@ pub struct Device {
     failures: RefCell<Vec<String>>,
 }
 
+/// Every wgpu adapter, software ones included, opened once for the whole test binary
+/// (each opening compiles every WGSL kernel). None found fails the test where
+/// `REQUIRE_WGPU=1` (CI, which installs lavapipe).
+pub fn wgpu_devices() -> &'static [Arc<GpuDevice>] {
+    static DEVICES: OnceLock<Vec<Arc<GpuDevice>>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let (devices, reason) = gpu_ops::backend::wgpu::discover(
+            &DeviceSelection::All,
+            SoftwareAdapters::Forced,
+            &gpu_ops::ops::wgsl_library(),
+        );
+        eprintln!("{reason}");
+        assert!(
+            !devices.is_empty() || std::env::var("REQUIRE_WGPU").as_deref() != Ok("1"),
+            "REQUIRE_WGPU=1 but no wgpu adapter opened: {reason}"
+        );
+        devices
+    })
+}
+
 /// Runs `body` on every usable CUDA device, then on the emulated device (256 MiB of
 /// pretend memory), and fails listing every case that disagreed anywhere.
-pub fn on_every_device(test: &str, mut body: impl FnMut(&Device)) {
+pub fn on_every_device(test: &str, body: impl FnMut(&Device)) {
+    on_devices_serving(&[], test, body)
+}
+
+/// `on_every_device`, and on every wgpu adapter whose kernels serve all of `ops` (the
+/// ops `body` runs; none: no adapter).
+pub fn on_devices_serving(test_ops: &[&str], test: &str, mut body: impl FnMut(&Device)) {
     let cache = std::env::temp_dir().join("gpu-ops-parity-kernels");
     let (mut devices, reason) = discover(
         &DeviceSelection::All,
@@ -40,13 +68,22 @@ pub fn on_every_device(test: &str, mut body: impl FnMut(&Device)) {
         &gpu_ops::ops::kernel_library(),
     );
     eprintln!("{test}: CUDA: {reason}; the emulated device runs it too");
+    if !test_ops.is_empty() {
+        let serving = wgpu_devices()
+            .iter()
+            .filter(|d| test_ops.iter().all(|op| d.serves(op)));
+        devices.extend(serving.cloned());
+    }
     devices.push(Arc::new(GpuDevice::emulated(devices.len(), 256 << 20)));
     let mut failures = Vec::new();
     for dev in devices {
         let info = &dev.info;
         let name = format!(
-            "GPU {} ({}, sm {}, {})",
-            info.ordinal, info.name, info.compute_capability, info.kernel_arch
+            "{} ({}, {}, {})",
+            dev.label(),
+            info.name,
+            info.compute_capability,
+            info.kernel_arch
         );
         let device = Device {
             dev,
@@ -80,8 +117,10 @@ impl Device {
     /// than its 32 × 256 threads, passes, chunks, tiles and stages). Under ThreadSanitizer
     /// (CI's race check, many times slower) the largest is left out: races need a block's
     /// threads, not long loops.
+    /// A software wgpu adapter (lavapipe) shares the host's cores too: it runs the
+    /// emulated sizes.
     pub fn sizes<T: Clone>(&self, real: &[T], emulated: &[T]) -> Vec<T> {
-        if !self.is_emulated() {
+        if !self.dev.on_host_cores() {
             real.to_vec()
         } else if self.race_checked() {
             emulated[..emulated.len() - 1].to_vec()
@@ -118,6 +157,12 @@ impl Device {
         job: &J,
         launch: impl FnOnce(&J, &DeviceLease<'_>) -> Result<J::Output, DeviceError>,
     ) -> Option<J::Output> {
+        // A wgpu adapter runs a test only for the ops it serves (`on_devices_serving`):
+        // a job of another op means the test's list is wrong.
+        if !self.dev.serves(job.name()) {
+            self.fail(case, format!("{} is not among the test's ops", job.name()));
+            return None;
+        }
         let outcome = match self.dev.lease() {
             Ok(lease) => launch(job, &lease).map_err(|e| format!("the device failed: {e}")),
             Err(e) => Err(format!("no lease: {e}")),

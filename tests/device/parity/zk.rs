@@ -1,6 +1,6 @@
 //! Field vectors, pow and inversion, NTT and MSM: bit for bit (MSM compared in affine).
 
-use super::{on_every_device, Device};
+use super::{on_devices_serving, on_every_device, Device};
 use gpu_ops::ops::zk::msm::{Curve, MsmJob, Points};
 use gpu_ops::ops::zk::ntt::{Direction, NttJob, Order};
 use gpu_ops::ops::zk::samples::{edge_values, random_elements, random_points};
@@ -26,7 +26,8 @@ pub(super) fn vec(field: Field, xs: &[U256]) -> FieldVec {
 /// also with a broadcast right operand.
 #[test]
 fn field_ops_are_bit_identical_to_the_cpu() {
-    on_every_device("field_ops_are_bit_identical_to_the_cpu", |d| {
+    let ops = ["field_add", "field_sub", "field_mul"];
+    on_devices_serving(&ops, "field_ops_are_bit_identical_to_the_cpu", |d| {
         for n in d.sizes(
             &[1usize, 255, 257, 100_000, 3_000_000],
             &[1, 255, 257, 9000],
@@ -49,7 +50,8 @@ fn field_ops_are_bit_identical_to_the_cpu() {
 
 #[test]
 fn pow_and_inv_are_bit_identical_to_the_cpu() {
-    on_every_device("pow_and_inv_are_bit_identical_to_the_cpu", |d| {
+    let ops = ["field_pow", "field_inv"];
+    on_devices_serving(&ops, "pow_and_inv_are_bit_identical_to_the_cpu", |d| {
         for n in d.sizes(&[1usize, 7, 1000, 300_000], &[1, 7, 1000, 9000]) {
             for field in Field::ALL {
                 let mut xs = edge_values(field);
@@ -241,7 +243,7 @@ fn msm_bucket_work_is_balanced_whatever_the_scalars() {
 fn work_beyond_the_memory_limit_runs_in_passes() {
     on_every_device("work_beyond_the_memory_limit_runs_in_passes", |d| {
         // The emulated device at 1/16 of the limit and the sizes: still many passes.
-        let scale = if d.is_emulated() { 4 } else { 0 };
+        let scale = if d.device().on_host_cores() { 4 } else { 0 };
         d.in_passes(1 << (20 - scale), |d| {
             let field = Field::Bn254Fr;
             let (xs, ys) = inputs(field, 1 << (18 - scale));

@@ -1,0 +1,51 @@
+//! The fourth engine: any GPU wgpu reaches (Vulkan, Apple's Metal, DX12), its kernels
+//! hand-written WGSL (docs/GPU.md, "Vulkan and Apple GPUs"). It implements
+//! `DeviceEngine` like CUDA, HIP and the emulated device, so the launchers run on it
+//! unchanged: a kernel is launched by the CUDA kernel's name, with the same arguments,
+//! grid and block, and the WGSL kernel reads them as CUDA's does (`kernels/wgsl/`).
+//!
+//! An engine serves only the ops whose kernels it has (`WgslLibrary::ops`); the others
+//! stay on the CPU or another device (`DeviceEngine::serves`). Adapters are looked for
+//! when no CUDA or HIP device is usable; a software adapter (lavapipe, llvmpipe, WARP) is
+//! opened only when the operator asks (`--wgpu-software-adapters`), and `auto` places
+//! work on it only under `auto` there.
+
+mod engine;
+mod open;
+
+pub use engine::WgpuEngine;
+pub use open::{discover, reopen, AdapterFacts, SoftwareAdapters};
+
+/// How a kernel's launch argument is read: a buffer (a storage binding, read-only or
+/// written), or a scalar of so many bytes (4 or 8), packed into the launch's `params`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Param {
+    Read,
+    Write,
+    Scalar(usize),
+}
+
+/// One WGSL kernel: a whole module with one entry point, `main`.
+#[derive(Clone, Debug)]
+pub struct WgslKernel {
+    /// The launchers' name for it (the CUDA kernel's).
+    pub name: String,
+    /// The group it is reported under (`/device`'s module loads): the CUDA module's name.
+    pub module: &'static str,
+    pub source: String,
+    /// Its parameters in the launchers' order: buffer bindings 1, 2, … in that order,
+    /// scalars packed into `params` after the launch geometry.
+    pub params: Vec<Param>,
+}
+
+/// What the domains give the engine: their WGSL kernels, and the ops those serve whole
+/// (every kernel each op's device path launches is among them).
+#[derive(Clone, Debug, Default)]
+pub struct WgslLibrary {
+    pub kernels: Vec<WgslKernel>,
+    pub ops: Vec<&'static str>,
+}
+
+/// The threads of every kernel's workgroup (`@workgroup_size` in `kernels/wgsl/`): a
+/// launch's block may have at most this many.
+pub const BLOCK_THREADS: u32 = 256;

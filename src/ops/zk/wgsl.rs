@@ -1,0 +1,174 @@
+//! The field ops' WGSL kernels (`kernels/wgsl/`) for the wgpu engine: add, sub, mul,
+//! pow and inv over the four fields, under the CUDA kernels' names and with their
+//! arguments, so `gpu.rs`'s launchers run them unchanged. Each kernel is one module: the
+//! shared prelude, the field's arithmetic (its constants computed here from the
+//! modulus), and the op's entry point.
+
+use super::{Field, FieldOp};
+use crate::backend::wgpu::{Param, WgslKernel};
+
+const PRELUDE: &str = include_str!("../../../kernels/wgsl/prelude.wgsl");
+const FP: &str = include_str!("../../../kernels/wgsl/fp.wgsl");
+const GOLDILOCKS: &str = include_str!("../../../kernels/wgsl/goldilocks.wgsl");
+const BINARY: &str = include_str!("../../../kernels/wgsl/field_binary.wgsl");
+const POW: &str = include_str!("../../../kernels/wgsl/field_pow.wgsl");
+const INV: &str = include_str!("../../../kernels/wgsl/field_inv.wgsl");
+
+/// The ops these kernels serve whole.
+pub const OPS: [&str; 5] = [
+    "field_add",
+    "field_sub",
+    "field_mul",
+    "field_pow",
+    "field_inv",
+];
+
+/// The modulus as little-endian u32 limbs, as many as the field's elements have.
+fn limbs(field: Field) -> Vec<u32> {
+    let words = field.modulus().0;
+    let all: Vec<u32> = words
+        .iter()
+        .flat_map(|w| [*w as u32, (*w >> 32) as u32])
+        .collect();
+    all[..field.byte_width() / 4].to_vec()
+}
+
+/// R^2 mod p for R = 2^(32N): 1 doubled 64N times, reduced each time (p < 2^(32N-1),
+/// so a doubled value below p fits N limbs).
+fn r_squared(p: &[u32]) -> Vec<u32> {
+    let mut x = vec![0u32; p.len()];
+    x[0] = 1;
+    for _ in 0..64 * p.len() {
+        let mut carry = 0u32;
+        for limb in x.iter_mut() {
+            let next = *limb >> 31;
+            *limb = (*limb << 1) | carry;
+            carry = next;
+        }
+        if !less(&x, p) {
+            subtract(&mut x, p);
+        }
+    }
+    x
+}
+
+/// x -= y, limb by limb (y no longer than x, x ≥ y).
+fn subtract(x: &mut [u32], y: &[u32]) {
+    let mut borrow = 0u64;
+    for (i, limb) in x.iter_mut().enumerate() {
+        let q = u64::from(y.get(i).copied().unwrap_or(0));
+        let d = u64::from(*limb).wrapping_sub(q + borrow);
+        *limb = d as u32;
+        borrow = (d >> 63) & 1;
+    }
+}
+
+fn less(a: &[u32], b: &[u32]) -> bool {
+    a.iter().rev().cmp(b.iter().rev()) == std::cmp::Ordering::Less
+}
+
+/// -p^-1 mod 2^32, by Newton's iteration (p odd).
+fn mont_inv(p0: u32) -> u32 {
+    let mut inv = 1u32;
+    for _ in 0..5 {
+        inv = inv.wrapping_mul(2u32.wrapping_sub(p0.wrapping_mul(inv)));
+    }
+    inv.wrapping_neg()
+}
+
+fn list(words: &[u32]) -> String {
+    words
+        .iter()
+        .map(|w| format!("0x{w:08x}u"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The field's arithmetic: `fe_add`, `fe_sub`, `fe_mul`, `fe_pow` and `P_MINUS_2` over
+/// `Fe`, an element of `N` words.
+fn field_source(field: Field) -> String {
+    if field == Field::Goldilocks {
+        return GOLDILOCKS.to_string();
+    }
+    let p = limbs(field);
+    let n = p.len();
+    let mut p_minus_2 = p.clone();
+    subtract(&mut p_minus_2, &[2]);
+    p_minus_2.resize(8, 0);
+    FP.replace("{{N_PLUS_2}}", &(n + 2).to_string())
+        .replace("{{N}}", &n.to_string())
+        .replace("{{P}}", &list(&p))
+        .replace("{{R2}}", &list(&r_squared(&p)))
+        .replace("{{P_MINUS_2}}", &list(&p_minus_2))
+        .replace("{{INV}}", &format!("0x{:08x}", mont_inv(p[0])))
+}
+
+fn kernel(name: String, field: Field, entry: String, params: Vec<Param>) -> WgslKernel {
+    WgslKernel {
+        name,
+        module: "field_ops",
+        source: format!("{PRELUDE}\n{}\n{entry}", field_source(field)),
+        params,
+    }
+}
+
+/// Every field op's kernel, under `kernels/field_ops.cu`'s names.
+pub fn kernels() -> Vec<WgslKernel> {
+    use Param::{Read, Scalar, Write};
+    let pair = || vec![Read, Read, Write, Scalar(8), Scalar(4)];
+    let mut out = Vec::new();
+    for field in Field::ALL {
+        for op in FieldOp::ALL {
+            let entry = BINARY.replace("{{OP}}", &format!("fe_{}", op.kernel_suffix()));
+            out.push(kernel(
+                super::gpu::kernel_name(field, op),
+                field,
+                entry,
+                pair(),
+            ));
+        }
+        let name = |op: &str| format!("{}_{op}", field.name());
+        out.push(kernel(name("pow"), field, POW.into(), pair()));
+        let inv = vec![Read, Write, Scalar(8), Scalar(8)];
+        out.push(kernel(name("inv"), field, INV.into(), inv));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The constants match kernels/bn254_fr.cuh's, written there by hand.
+    #[test]
+    fn the_computed_constants_are_the_cuda_headers() {
+        let p = limbs(Field::Bn254Fr);
+        assert_eq!(
+            r_squared(&p),
+            [
+                0xae216da7, 0x1bb8e645, 0xe35c59e3, 0x53fe3ab1, 0x53bb8085, 0x8c49833d, 0x7f4e44a5,
+                0x0216d0b1
+            ]
+        );
+        assert_eq!(mont_inv(p[0]), 0xefffffff);
+        // BabyBear: R = 2^32, R^2 mod p by u128 arithmetic.
+        let bb = limbs(Field::BabyBear);
+        assert_eq!(bb.len(), 1);
+        let r2 = ((1u128 << 64) % u128::from(bb[0])) as u32;
+        assert_eq!(r_squared(&bb), [r2]);
+        assert_eq!(bb[0].wrapping_mul(mont_inv(bb[0])), u32::MAX); // p * -p^-1 = -1
+    }
+
+    #[test]
+    fn every_field_op_has_a_kernel_under_the_cuda_name() {
+        let names: Vec<String> = kernels().into_iter().map(|k| k.name).collect();
+        let cuda = super::super::gpu::field_ops_module().entry_points;
+        assert_eq!(names.len(), cuda.len());
+        for n in cuda {
+            assert!(names.contains(&n), "{n}");
+        }
+        for k in kernels() {
+            assert!(!k.source.contains("{{"), "{}: a placeholder left", k.name);
+        }
+    }
+}
