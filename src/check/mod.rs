@@ -44,6 +44,15 @@ pub struct CheckArgs {
     /// Check the emulated device (our kernels compiled for the host) instead of CUDA's.
     #[arg(long, env = "GPU_OPS_EMULATE_DEVICE", default_value_t = false)]
     pub emulate_device: bool,
+    /// wgpu adapters that are the CPU (lavapipe, llvmpipe, WARP): off (not checked), or
+    /// forced / auto (checked like any adapter), as for `serve`.
+    #[arg(
+        long,
+        env = "GPU_OPS_WGPU_SOFTWARE_ADAPTERS",
+        value_enum,
+        default_value = "off"
+    )]
+    pub wgpu_software_adapters: crate::backend::wgpu::SoftwareAdapters,
     /// GPUs to check: "all" or ordinals such as "0,1".
     #[arg(long, env = "GPU_OPS_DEVICES", default_value = "all")]
     pub devices: DeviceSelection,
@@ -250,7 +259,16 @@ fn open_devices(args: &CheckArgs, library: &KernelLibrary) -> (Vec<Arc<GpuDevice
         Ok(c) => discover_guarded(&args.devices, library, &c),
         Err(e) => (Vec::new(), format!("AMD GPUs are not used: {e}")),
     };
-    (amd, format!("{why}; {hip_why}"))
+    if !amd.is_empty() {
+        return (amd, format!("{why}; {hip_why}"));
+    }
+    // Neither: any GPU wgpu reaches, as the server would use them.
+    let (adapters, wgpu_why) = crate::backend::wgpu::discover(
+        &args.devices,
+        args.wgpu_software_adapters,
+        &crate::ops::wgsl_library(),
+    );
+    (adapters, format!("{why}; {hip_why}; {wgpu_why}"))
 }
 
 /// Copy rates with ≥ 1 GiB copies on a GPU (anything smaller sits in an H100's 50 MiB L2
@@ -285,6 +303,10 @@ fn check_one(
     copy_gbps: Option<f64>,
 ) -> Vec<OpEntry> {
     let (op, label) = (test.op(), dev.label());
+    if !dev.serves(op) {
+        let why = "no kernels for it on this engine (a wgpu adapter's are the field ops')";
+        return vec![OpEntry::skipped(op, phase, &label, why.into())];
+    }
     let lease = match dev.lease() {
         Ok(l) => l,
         Err(e) => {
@@ -345,7 +367,17 @@ fn device_report(
         info: dev.info.clone(),
         facts: dev.facts(),
         modules: dev.module_loads(),
-        functions: dev.kernel_limits(kernels),
+        // A wgpu adapter has the WGSL kernels of some ops only: those are its functions.
+        functions: if dev.backend_kind() == crate::backend::BackendKind::Wgpu {
+            let own: Vec<String> = kernels
+                .iter()
+                .filter(|k| dev.has_kernel(k))
+                .cloned()
+                .collect();
+            dev.kernel_limits(&own)
+        } else {
+            dev.kernel_limits(kernels)
+        },
         copy,
         copy_error,
     }

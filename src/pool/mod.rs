@@ -193,7 +193,7 @@ impl Pool {
             }
             // Checked again when the job runs: a device can be lost while it waits.
             if s.backends.gpus_for(job.name()).next().is_none() {
-                return Err(s.no_device());
+                return Err(s.no_device_for(job.name()));
             }
         }
         let timeout = timeout.map_or(s.config.default_timeout, |t| {
@@ -321,6 +321,24 @@ impl Shared {
         JobError::DeviceUnavailable(format!("no usable GPU: {}", self.backends.reason()))
     }
 
+    /// No device takes `op`: none usable, or (a wgpu adapter's) none with its kernels.
+    fn no_device_for(&self, op: &str) -> JobError {
+        let without: Vec<String> = self
+            .backends
+            .healthy_gpus()
+            .filter(|d| !d.serves(op))
+            .map(|d| d.label())
+            .collect();
+        if without.is_empty() {
+            return self.no_device();
+        }
+        JobError::DeviceUnavailable(format!(
+            "no usable GPU runs {op}: {} ha{} no kernels for it",
+            without.join(", "),
+            if without.len() == 1 { "s" } else { "ve" }
+        ))
+    }
+
     /// Where the job runs, and the decision placement books it under.
     fn choose(
         &self,
@@ -354,7 +372,7 @@ impl Shared {
                 .backends
                 .pick_gpu(job.name())
                 .map(|dev| on(dev, Reason::Forced))
-                .ok_or_else(|| self.no_device()),
+                .ok_or_else(|| self.no_device_for(job.name())),
             (BackendChoice::Auto, Some(_)) => Ok(on_cpu(Reason::OnlyChoice)),
             (BackendChoice::Auto, None) if self.backends.gpus().is_empty() => Ok((
                 Target::Cpu,

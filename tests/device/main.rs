@@ -17,3 +17,4 @@ mod hip_compile;
 mod nvrtc_compile;
 mod parity;
 mod placement;
+mod wgpu_adapter;

@@ -56,6 +56,11 @@ impl GpuDevice {
         self.engine().module_loads()
     }
 
+    /// Whether the engine has kernel `name` loaded.
+    pub fn has_kernel(&self, name: &str) -> bool {
+        self.engine().has_kernel(name)
+    }
+
     /// The limits of each of `kernels` (the library's entry points), in that order.
     pub fn kernel_limits(&self, kernels: &[String]) -> Vec<KernelLimits> {
         let engine = self.engine();

@@ -247,6 +247,22 @@ impl GpuDevice {
         }
     }
 
+    /// Destroys a wgpu adapter's device, as a driver reset or an unplugged GPU would: its
+    /// next operation fails as fatal. Tests of the fault policy on a real driver.
+    pub fn destroy_wgpu_device(&self) -> Result<(), String> {
+        match self
+            .engine()
+            .as_any()
+            .downcast_ref::<super::wgpu::WgpuEngine>()
+        {
+            Some(e) => {
+                e.destroy();
+                Ok(())
+            }
+            None => Err("only a wgpu adapter's device is destroyed".into()),
+        }
+    }
+
     /// The emulated device's seconds in allocations, copies, memsets and launches so far,
     /// summed over its streams (`None` on a GPU).
     pub fn emulated_engine_seconds(&self) -> Option<f64> {

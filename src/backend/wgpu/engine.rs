@@ -8,6 +8,7 @@
 //! Errors wgpu reports (validation, out of memory) are caught per operation with error
 //! scopes, never left to wgpu's default handler, which panics.
 
+use super::handles::{WgpuEvent, WgpuMemory, WgpuStream};
 use super::{Param, WgslKernel, WgslLibrary, BLOCK_THREADS};
 use crate::backend::device::engine::{
     own, own_event, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId, EngineMemory,
@@ -16,7 +17,6 @@ use crate::backend::device::engine::{
 use crate::backend::device::{DeviceError, KernelLimits, ModuleLoad};
 use std::any::Any;
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wgpu::util::DeviceExt;
@@ -44,67 +44,6 @@ pub struct WgpuEngine {
     lost: Arc<Mutex<Option<String>>>,
     /// The queue's last submission: what an event recorded now waits for.
     last: Mutex<Option<wgpu::SubmissionIndex>>,
-}
-
-struct WgpuMemory {
-    engine: EngineId,
-    buffer: wgpu::Buffer,
-    bytes: usize,
-    /// What a launch's argument for this buffer points to: a number no other live
-    /// buffer has (the engine finds the buffer by this slot's address).
-    slot: Box<u64>,
-}
-
-impl EngineMemory for WgpuMemory {
-    fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    fn engine_id(&self) -> EngineId {
-        self.engine
-    }
-
-    fn address_slot(&self) -> *mut c_void {
-        &*self.slot as *const u64 as *mut c_void
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
-
-struct WgpuStream {
-    engine: EngineId,
-}
-
-impl EngineStream for WgpuStream {
-    fn engine_id(&self) -> EngineId {
-        self.engine
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-struct WgpuEvent {
-    engine: EngineId,
-    /// None: nothing had been submitted, so nothing to wait for.
-    submission: Option<wgpu::SubmissionIndex>,
-}
-
-impl EngineEvent for WgpuEvent {
-    fn engine_id(&self) -> EngineId {
-        self.engine
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
 }
 
 fn words(bytes: usize) -> usize {
@@ -161,6 +100,11 @@ impl WgpuEngine {
             lost,
             last: Mutex::new(None),
         })
+    }
+
+    /// Destroys the device (`GpuDevice::destroy_wgpu_device`).
+    pub fn destroy(&self) {
+        self.device.destroy();
     }
 
     fn lost(&self) -> Result<(), DeviceError> {
@@ -520,6 +464,9 @@ impl DeviceEngine for WgpuEngine {
         let bound = self.kernels.contains_key(name).then_some(BLOCK_THREADS);
         let mut limits = KernelLimits::unknown(name, bound);
         limits.max_threads = bound;
+        // Every WGSL kernel's workgroup is its launch bound: a block fits if it is no
+        // larger (`launch` refuses one that is).
+        limits.fits = bound.is_some();
         limits
     }
 

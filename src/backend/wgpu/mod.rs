@@ -11,6 +11,7 @@
 //! work on it only under `auto` there.
 
 mod engine;
+mod handles;
 mod open;
 
 pub use engine::WgpuEngine;
