@@ -190,9 +190,44 @@ fn cudarc_outside_its_engine(src: &std::path::Path) -> Vec<String> {
     lines_where(src, files, |code| code.contains("cudarc"))
 }
 
+/// Lines outside the wgpu engine's folder that name the `wgpu` crate (not the engine's
+/// module, `backend::wgpu`), as `path:line`: the engine is reached through the trait.
+fn wgpu_outside_its_engine(src: &std::path::Path) -> Vec<String> {
+    let allowed = [src.join("backend/wgpu"), src.join("layering.rs")];
+    let files = sources(src)
+        .into_iter()
+        .filter(|f| !allowed.iter().any(|a| f.starts_with(a)));
+    lines_where(src, files, |code| {
+        code.match_indices("wgpu::").any(|(at, _)| {
+            let before = &code[..at];
+            let the_module = before.ends_with("backend::") || before.ends_with("super::");
+            let longer_name = before.ends_with(|c: char| c.is_alphanumeric() || c == '_');
+            !(the_module || longer_name)
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_wgpu_engine_names_the_wgpu_crate() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        assert_eq!(wgpu_outside_its_engine(&src), Vec::<String>::new());
+        let dir = std::env::temp_dir().join(format!("gpu-ops-wgpu-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("backend/wgpu")).unwrap();
+        std::fs::create_dir_all(dir.join("ops/zk")).unwrap();
+        std::fs::write(dir.join("backend/wgpu/x.rs"), "use wgpu::Device;\n").unwrap();
+        std::fs::write(
+            dir.join("ops/zk/gpu.rs"),
+            "use crate::backend::wgpu::Param;\nlet d: wgpu::Device;\n",
+        )
+        .unwrap();
+        assert_eq!(wgpu_outside_its_engine(&dir), ["ops/zk/gpu.rs:2"]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 
     #[test]
     fn no_layer_names_a_layer_above_it() {

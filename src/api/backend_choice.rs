@@ -12,7 +12,8 @@ impl utoipa::PartialSchema for BackendChoice {
             .schema_type(SchemaType::Type(Type::String))
             .description(Some(
                 "Where a job may run: `auto` (where it is predicted to finish first on this \
-                 host, from times measured here), `gpu` (a GPU of any vendor: NVIDIA, AMD, or the \
+                 host, from times measured here), `gpu` (a GPU of any vendor: NVIDIA, AMD, one \
+                 wgpu reaches (Apple, Vulkan, DX12; the ops it has kernels for), or the \
                  emulated device; 503 device_unavailable where none is usable), `cpu`. `cuda` \
                  is the same choice as `gpu`, its name before 2026-12-02.",
             ))

@@ -38,8 +38,9 @@ pub enum BackendChoice {
     /// CPU, from times measured here (`pool::placement`).
     #[default]
     Auto,
-    /// A GPU of any vendor (NVIDIA through CUDA, AMD through HIP, or the emulated
-    /// device); refused where none is usable. `cuda` is the same choice.
+    /// A GPU of any vendor (NVIDIA through CUDA, AMD through HIP, Apple, Vulkan and DX12
+    /// GPUs through wgpu, or the emulated device); refused where none is usable. `cuda`
+    /// is the same choice.
     #[serde(alias = "cuda")]
     #[value(alias = "cuda")]
     Gpu,
