@@ -397,8 +397,13 @@ impl Backends {
             Ok(())
         })?;
         self.self_test(dev, &probe.tests);
-        if dev
+        // Ops without kernels on the engine (`unavailable`) say nothing either way.
+        let tested: Vec<_> = dev
             .op_states()
+            .into_iter()
+            .filter(|s| s.state != verify::OpState::Unavailable)
+            .collect();
+        if tested
             .iter()
             .all(|s| s.state == verify::OpState::Quarantined)
         {
@@ -438,7 +443,7 @@ impl Backends {
     /// The backend `auto` work goes to now.
     pub fn active(&self) -> BackendKind {
         self.healthy_gpus()
-            .next()
+            .find(|d| d.auto_placement())
             .map_or(BackendKind::Cpu, |d| d.backend_kind())
     }
 

@@ -77,8 +77,7 @@ impl Batcher {
                 .shared
                 .backends
                 .gpus_for(job.name())
-                .next()
-                .is_some(),
+                .any(|d| d.auto_placement()),
         };
         if !enabled || !small || backend == BackendChoice::Cpu {
             return Err(job);

@@ -286,6 +286,13 @@ pub trait DeviceEngine: Send + Sync + 'static {
         true
     }
 
+    /// The most dynamic shared memory a launch of kernel `name` may ask, where the
+    /// engine bounds it below what the launchers assume (a WGSL kernel's workgroup
+    /// array); `None`: the launcher's own budget holds.
+    fn max_shared_bytes(&self, _name: &str) -> Option<u32> {
+        None
+    }
+
     /// Kernel `name`'s limits as this engine knows them.
     fn kernel_limits(&self, name: &str) -> KernelLimits;
 

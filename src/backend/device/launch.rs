@@ -50,6 +50,17 @@ impl<'a, T> KernelArg<'a> for &'a mut DeviceBuffer<T> {
 }
 
 impl DeviceLease<'_> {
+    /// The most threads a block of kernel `name` may have, where the engine knows it.
+    pub fn max_threads(&self, name: &str) -> Option<u32> {
+        self.engine().kernel_limits(name).max_threads
+    }
+
+    /// The most dynamic shared memory a launch of kernel `name` may ask, where the engine
+    /// bounds it (`DeviceEngine::max_shared_bytes`).
+    pub fn max_shared_bytes(&self, name: &str) -> Option<u32> {
+        self.engine().max_shared_bytes(name)
+    }
+
     /// Starts a launch of kernel `name`.
     pub fn launch<'s>(&'s self, name: &'s str) -> Result<Launch<'s>, DeviceError> {
         let engine = self.engine();

@@ -9,6 +9,7 @@
 //! cache runs in CI without a GPU, exactly as it would on one.
 
 mod bandwidth;
+mod budget;
 mod buffer;
 mod clock;
 pub mod engine;
@@ -183,6 +184,8 @@ pub struct GpuDevice {
     vendor_libraries: AtomicBool,
     /// Whether `auto` may place work here (`auto_placement`).
     auto_placement: AtomicBool,
+    /// `memory_budget` where the engine reports no memory (`set_unknown_memory_budget`).
+    unknown_memory_budget: AtomicU64,
     /// `gpu-ops check`'s kernel clock (`clock.rs`); off in the server.
     clock: clock::ClockSlot,
 }
@@ -205,6 +208,7 @@ impl GpuDevice {
             ops: Mutex::new(BTreeMap::new()),
             vendor_libraries: AtomicBool::new(true),
             auto_placement: AtomicBool::new(true),
+            unknown_memory_budget: AtomicU64::new(u64::MAX / 2),
             clock: Default::default(),
         }
     }
@@ -455,12 +459,6 @@ impl GpuDevice {
         self.ops.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The device memory its jobs may use together (`--gpu-memory-limit-mib`, 0 for half
-    /// of the memory free when a job starts on the idle device).
-    pub fn set_memory_limit(&self, bytes: u64) {
-        self.memory_limit.store(bytes, Ordering::Relaxed);
-    }
-
     /// `cuda:N`, `hip:N`, `wgpu:N`, or `emulated:N` for the emulated device: how answers
     /// name a device.
     pub fn label(&self) -> String {
@@ -505,22 +503,6 @@ impl GpuDevice {
 
     fn table_cache(&self) -> MutexGuard<'_, TableCache> {
         self.tables.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Bytes the device's jobs may allocate together, as the idle device would give them
-    /// now: `--gpu-memory-limit-mib` but never more than is free, or without a limit half
-    /// of what is free (the other half is headroom for the driver and the table cache).
-    pub fn memory_budget(&self) -> usize {
-        let free = self.memory().map_or(usize::MAX, |(f, _)| f as usize);
-        match self.memory_limit.load(Ordering::Relaxed) as usize {
-            0 => free / 2,
-            limit => limit.min(free),
-        }
-    }
-
-    /// (free, total) bytes now.
-    pub fn memory(&self) -> Option<(u64, u64)> {
-        self.engine().memory()
     }
 }
 

@@ -28,6 +28,7 @@ struct Kernel {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     params: Vec<Param>,
+    shared_bytes: u32,
 }
 
 pub struct WgpuEngine {
@@ -189,7 +190,11 @@ impl WgpuEngine {
                         .map(|(m, _)| *m)
                         .ok_or_else(|| mismatch(format!("argument {i} is not a buffer")))?;
                     let memory: &WgpuMemory = own(self.id, memory)?;
-                    if memory.buffer.size() > self.limits.max_storage_buffer_binding_size {
+                    // The kernels index u32 words in 32 bits.
+                    let indexable = memory.buffer.size() <= 4 * u64::from(u32::MAX);
+                    if !indexable
+                        || memory.buffer.size() > self.limits.max_storage_buffer_binding_size
+                    {
                         return Err(DeviceError::unsupported(format!(
                             "{name}: a buffer of {} bytes, more than the adapter binds \
                              ({} bytes)",
@@ -232,6 +237,8 @@ impl WgpuEngine {
 }
 
 fn compile(device: &wgpu::Device, k: &WgslKernel) -> Result<Kernel, String> {
+    let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
+    let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(&k.name),
@@ -245,13 +252,19 @@ fn compile(device: &wgpu::Device, k: &WgslKernel) -> Result<Kernel, String> {
         compilation_options: Default::default(),
         cache: None,
     });
-    if let Some(e) = pollster::block_on(scope.pop()) {
+    let validation = pollster::block_on(scope.pop());
+    let memory = pollster::block_on(memory.pop());
+    let internal = pollster::block_on(internal.pop());
+    // A translation to the driver's language that fails is an internal error, not a
+    // validation one: either fails the opening.
+    if let Some(e) = validation.or(internal).or(memory) {
         return Err(format!("WGSL kernel {} does not compile: {e}", k.name));
     }
     Ok(Kernel {
         layout: pipeline.get_bind_group_layout(0),
         pipeline,
         params: k.params.clone(),
+        shared_bytes: k.shared_bytes,
     })
 }
 
@@ -264,7 +277,8 @@ impl DeviceEngine for WgpuEngine {
     fn alloc(&self, bytes: usize) -> Result<Box<dyn EngineMemory>, DeviceError> {
         let size = words(bytes) as u64;
         if size > self.limits.max_buffer_size {
-            return Err(DeviceError::out_of_memory(format!(
+            // The job's size, not the device's state: never counted towards retiring it.
+            return Err(DeviceError::unsupported(format!(
                 "a buffer of {bytes} bytes, more than the adapter's largest ({} bytes)",
                 self.limits.max_buffer_size
             )));
@@ -341,6 +355,14 @@ impl DeviceEngine for WgpuEngine {
         let dst: &mut WgpuMemory = own_mut(self.id, dst)?;
         if bytes == 0 {
             return Ok(());
+        }
+        if bytes % WORD != 0 && bytes != dst.bytes {
+            // The last word's other bytes are the buffer's, not padding: refused (no
+            // launcher writes a part of a buffer that is not whole words).
+            return Err(DeviceError::unsupported(format!(
+                "a copy of {bytes} bytes into a buffer of {}: wgpu copies whole words",
+                dst.bytes
+            )));
         }
         // SAFETY: the caller's contract: `src` is valid for `bytes` reads.
         let data = unsafe { std::slice::from_raw_parts(src, bytes) };
@@ -456,6 +478,10 @@ impl DeviceEngine for WgpuEngine {
         self.kernels.contains_key(name)
     }
 
+    fn max_shared_bytes(&self, name: &str) -> Option<u32> {
+        self.kernels.get(name).map(|k| k.shared_bytes)
+    }
+
     fn serves(&self, op: &str) -> bool {
         self.ops.contains(&op)
     }
@@ -483,11 +509,15 @@ impl DeviceEngine for WgpuEngine {
         })?;
         let (g, b) = (config.grid_dim, config.block_dim);
         let most = self.limits.max_compute_workgroups_per_dimension;
-        if b.1 != 1 || b.2 != 1 || b.0 > BLOCK_THREADS || config.shared_mem_bytes != 0 {
+        if b.1 != 1
+            || b.2 != 1
+            || b.0 > BLOCK_THREADS
+            || config.shared_mem_bytes > kernel.shared_bytes
+        {
             return Err(DeviceError::unsupported(format!(
-                "{name}: a block of {b:?} with {} shared bytes; the WGSL kernels take \
-                 {BLOCK_THREADS} threads along x at most and no dynamic shared memory",
-                config.shared_mem_bytes
+                "{name}: a block of {b:?} with {} shared bytes; the WGSL kernel takes \
+                 {BLOCK_THREADS} threads along x at most and {} shared bytes",
+                config.shared_mem_bytes, kernel.shared_bytes
             )));
         }
         if g.0 > most || g.1 > most || g.2 > most {

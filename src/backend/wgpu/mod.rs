@@ -37,6 +37,9 @@ pub struct WgslKernel {
     /// Its parameters in the launchers' order: buffer bindings 1, 2, … in that order,
     /// scalars packed into `params` after the launch geometry.
     pub params: Vec<Param>,
+    /// Bytes of its `var<workgroup>` array that stand for CUDA's dynamic shared memory:
+    /// the most a launch may ask (0: none).
+    pub shared_bytes: u32,
 }
 
 /// What the domains give the engine: their WGSL kernels, and the ops those serve whole

@@ -155,6 +155,10 @@ fn device_type(t: wgpu::DeviceType) -> &'static str {
 /// workgroups of 256 threads, which fills any GPU the grid-stride kernels run on.
 const NOMINAL_UNITS: u32 = 64;
 
+/// The table cache of an adapter whose memory is not known (`--gpu-table-cache-mib`
+/// otherwise): kept results and resident operands, least recently used out.
+const UNKNOWN_MEMORY_TABLE_CACHE: usize = 256 << 20;
+
 fn open(
     ordinal: usize,
     adapter: &wgpu::Adapter,
@@ -216,6 +220,11 @@ fn open(
     };
     let dev = GpuDevice::new(gpu, Box::new(engine));
     dev.set_auto_placement(facts.auto_placement);
+    // wgpu reports no memory sizes: a job's budget is one storage binding (so larger
+    // work runs in passes, never past what a kernel may bind), the tables' cache a
+    // fixed 256 MiB (both overridden by --gpu-memory-limit-mib and --gpu-table-cache-mib).
+    dev.set_unknown_memory_budget(facts.max_storage_binding_bytes.min(facts.max_buffer_bytes));
+    dev.set_table_cache_limit(UNKNOWN_MEMORY_TABLE_CACHE);
     Ok(dev)
 }
 

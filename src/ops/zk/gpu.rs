@@ -324,7 +324,12 @@ pub const TILE_BYTES: usize = 32 << 10;
 /// log2 of the tile (elements whose first stages run in shared memory) and the threads
 /// per tile block.
 pub fn tile_plan(n: usize, element_bytes: usize) -> (u32, u32) {
-    let max_tile = (TILE_BYTES / element_bytes).max(2);
+    tile_plan_within(n, element_bytes, TILE_BYTES)
+}
+
+/// `tile_plan` for a tile kernel whose shared memory holds `tile_bytes`.
+fn tile_plan_within(n: usize, element_bytes: usize, tile_bytes: usize) -> (u32, u32) {
+    let max_tile = (tile_bytes / element_bytes).max(2);
     let tile = n.min(1 << max_tile.ilog2());
     (tile.trailing_zeros(), (tile / 2).clamp(1, 512) as u32)
 }
@@ -367,12 +372,18 @@ pub(crate) fn ntt_in_place<T: Element>(
     let name = plan.field.name();
     let n = plan.n;
     let element_bytes = w * std::mem::size_of::<T>();
-    let (log_tile, tile_threads) = tile_plan(n, element_bytes);
     let (n64, log_n) = (n as u64, n.trailing_zeros());
     let bitrev = format!("{name}_ntt_bitrev");
     let scale_fn = format!("{name}_ntt_scale");
     let stage = format!("{name}_ntt_stage");
     let tile_fn = format!("{name}_ntt_tile");
+    // An engine may bound the tile kernel's shared memory and block below CUDA's (a
+    // WGSL kernel's workgroup array and size): the tile shrinks, its block loops.
+    let tile_bytes = dev
+        .max_shared_bytes(&tile_fn)
+        .map_or(TILE_BYTES, |b| TILE_BYTES.min(b as usize));
+    let (log_tile, tile_threads) = tile_plan_within(n, element_bytes, tile_bytes);
+    let tile_threads = tile_threads.min(dev.max_threads(&tile_fn).unwrap_or(tile_threads));
     let elements = dx.len() / w;
     let total = elements as u64;
     let all = dev.launch_config(elements);

@@ -1,6 +1,6 @@
-//! The field ops' WGSL kernels (`kernels/wgsl/`) for the wgpu engine: add, sub, mul,
-//! pow and inv over the four fields, under the CUDA kernels' names and with their
-//! arguments, so `gpu.rs`'s launchers run them unchanged. Each kernel is one module: the
+//! The field ops' and the NTT's WGSL kernels (`kernels/wgsl/`) for the wgpu engine: add,
+//! sub, mul, pow, inv and the NTT's four kernels over the four fields, under the CUDA
+//! kernels' names and with their arguments, so `gpu.rs`'s launchers run them unchanged. Each kernel is one module: the
 //! shared prelude, the field's arithmetic (its constants computed here from the
 //! modulus), and the op's entry point.
 
@@ -13,14 +13,24 @@ const GOLDILOCKS: &str = include_str!("../../../kernels/wgsl/goldilocks.wgsl");
 const BINARY: &str = include_str!("../../../kernels/wgsl/field_binary.wgsl");
 const POW: &str = include_str!("../../../kernels/wgsl/field_pow.wgsl");
 const INV: &str = include_str!("../../../kernels/wgsl/field_inv.wgsl");
+const NTT: &str = include_str!("../../../kernels/wgsl/ntt.wgsl");
+const NTT_SCALE: &str = include_str!("../../../kernels/wgsl/ntt_scale.wgsl");
+const NTT_BITREV: &str = include_str!("../../../kernels/wgsl/ntt_bitrev.wgsl");
+const NTT_STAGE: &str = include_str!("../../../kernels/wgsl/ntt_stage.wgsl");
+const NTT_TILE: &str = include_str!("../../../kernels/wgsl/ntt_tile.wgsl");
+/// `ntt_tile.wgsl`'s workgroup array: 16 KiB, the workgroup memory every WebGPU
+/// adapter has.
+const NTT_TILE_BYTES: u32 = 16 << 10;
 
 /// The ops these kernels serve whole.
-pub const OPS: [&str; 5] = [
+pub const OPS: [&str; 7] = [
     "field_add",
     "field_sub",
     "field_mul",
     "field_pow",
     "field_inv",
+    "ntt",
+    "intt",
 ];
 
 /// The modulus as little-endian u32 limbs, as many as the field's elements have.
@@ -109,7 +119,61 @@ fn kernel(name: String, field: Field, entry: String, params: Vec<Param>) -> Wgsl
         module: "field_ops",
         source: format!("{PRELUDE}\n{}\n{entry}", field_source(field)),
         params,
+        shared_bytes: 0,
     }
+}
+
+/// The NTT's four kernels over `field`, under `kernels/ntt.cu`'s names. Its tables hold
+/// the 256-bit fields' twiddles and scale factors in Montgomery form, the word fields'
+/// canonical (`ntt::kernel_tables`).
+fn ntt_kernels(field: Field) -> Vec<WgslKernel> {
+    use Param::{Read, Scalar, Write};
+    let table_mul = match field {
+        Field::Bn254Fr | Field::Bls12_381Fr => "fe_mont",
+        Field::Goldilocks | Field::BabyBear => "fe_mul",
+    };
+    let kernels = [
+        (
+            "scale",
+            NTT_SCALE,
+            vec![Write, Read, Scalar(8), Scalar(8)],
+            0,
+        ),
+        (
+            "bitrev",
+            NTT_BITREV,
+            vec![Write, Scalar(8), Scalar(4), Scalar(8)],
+            0,
+        ),
+        (
+            "stage",
+            NTT_STAGE,
+            vec![Write, Read, Scalar(8), Scalar(8), Scalar(8)],
+            0,
+        ),
+        (
+            "tile",
+            NTT_TILE,
+            vec![Write, Read, Scalar(8), Scalar(4), Scalar(8)],
+            NTT_TILE_BYTES,
+        ),
+    ];
+    kernels
+        .into_iter()
+        .map(|(kind, entry, params, shared_bytes)| {
+            let source = format!("{NTT}\n{entry}").replace("{{TABLE_MUL}}", table_mul);
+            WgslKernel {
+                module: "ntt",
+                shared_bytes,
+                ..kernel(
+                    format!("{}_ntt_{kind}", field.name()),
+                    field,
+                    source,
+                    params,
+                )
+            }
+        })
+        .collect()
 }
 
 /// Every field op's kernel, under `kernels/field_ops.cu`'s names.
@@ -131,6 +195,7 @@ pub fn kernels() -> Vec<WgslKernel> {
         out.push(kernel(name("pow"), field, POW.into(), pair()));
         let inv = vec![Read, Write, Scalar(8), Scalar(8)];
         out.push(kernel(name("inv"), field, INV.into(), inv));
+        out.extend(ntt_kernels(field));
     }
     out
 }
@@ -160,9 +225,10 @@ mod tests {
     }
 
     #[test]
-    fn every_field_op_has_a_kernel_under_the_cuda_name() {
+    fn every_field_op_and_ntt_kernel_has_one_under_the_cuda_name() {
         let names: Vec<String> = kernels().into_iter().map(|k| k.name).collect();
-        let cuda = super::super::gpu::field_ops_module().entry_points;
+        let mut cuda = super::super::gpu::field_ops_module().entry_points;
+        cuda.extend(super::super::gpu::ntt_module().entry_points);
         assert_eq!(names.len(), cuda.len());
         for n in cuda {
             assert!(names.contains(&n), "{n}");

@@ -79,7 +79,7 @@ fn pow_and_inv_are_bit_identical_to_the_cpu() {
 /// BabyBear, which 2^13 crosses.
 #[test]
 fn ntt_is_bit_identical_to_the_cpu() {
-    on_every_device("ntt_is_bit_identical_to_the_cpu", |d| {
+    on_devices_serving(&["ntt", "intt"], "ntt_is_bit_identical_to_the_cpu", |d| {
         for field in Field::ALL {
             let shapes = d.sizes(
                 &[(0u32, 3usize), (1, 1), (5, 4), (12, 2), (20, 1)],
