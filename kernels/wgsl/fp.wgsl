@@ -20,17 +20,23 @@ struct Difference {
     borrow: u32,
 }
 
-fn fe_sub_p(a_in: Fe) -> Difference {
+// a - b limb by limb, and the final borrow.
+fn fe_sub_borrow(a_in: Fe, b_in: Fe) -> Difference {
     var a = a_in;
+    var b = b_in;
     var r: Fe;
     var borrow = 0u;
     for (var i = 0u; i < N; i++) {
-        let d1 = a[i] - P[i];
+        let d1 = a[i] - b[i];
         let d2 = d1 - borrow;
-        borrow = select(0u, 1u, a[i] < P[i]) | select(0u, 1u, d1 < borrow);
+        borrow = select(0u, 1u, a[i] < b[i]) | select(0u, 1u, d1 < borrow);
         r[i] = d2;
     }
     return Difference(r, borrow);
+}
+
+fn fe_sub_p(a: Fe) -> Difference {
+    return fe_sub_borrow(a, P);
 }
 
 // a if a < p, else a - p; a < 2p is the caller's invariant.
@@ -42,42 +48,33 @@ fn fe_reduce_once(a: Fe) -> Fe {
     return a;
 }
 
-fn fe_add(a_in: Fe, b_in: Fe) -> Fe {
+// a + b limb by limb, the carry out of the top limb dropped.
+fn fe_add_limbs(a_in: Fe, b_in: Fe) -> Fe {
     var a = a_in;
     var b = b_in;
     var r: Fe;
     var c = 0u;
-    // p < 2^(32N-1): a + b never carries out of N limbs.
     for (var i = 0u; i < N; i++) {
         let s1 = a[i] + b[i];
         let s2 = s1 + c;
         c = carry(s1, a[i]) | carry(s2, s1);
         r[i] = s2;
     }
-    return fe_reduce_once(r);
+    return r;
 }
 
-fn fe_sub(a_in: Fe, b_in: Fe) -> Fe {
-    var a = a_in;
-    var b = b_in;
-    var r: Fe;
-    var borrow = 0u;
-    for (var i = 0u; i < N; i++) {
-        let d1 = a[i] - b[i];
-        let d2 = d1 - borrow;
-        borrow = select(0u, 1u, a[i] < b[i]) | select(0u, 1u, d1 < borrow);
-        r[i] = d2;
+fn fe_add(a: Fe, b: Fe) -> Fe {
+    // p < 2^(32N-1): a + b never carries out of N limbs.
+    return fe_reduce_once(fe_add_limbs(a, b));
+}
+
+fn fe_sub(a: Fe, b: Fe) -> Fe {
+    let d = fe_sub_borrow(a, b);
+    if (d.borrow != 0u) {
+        // a - b + 2^(32N) + p: the dropped carry takes the 2^(32N) back off.
+        return fe_add_limbs(d.value, P);
     }
-    if (borrow != 0u) {
-        var c = 0u;
-        for (var i = 0u; i < N; i++) {
-            let s1 = r[i] + P[i];
-            let s2 = s1 + c;
-            c = carry(s1, P[i]) | carry(s2, s1);
-            r[i] = s2;
-        }
-    }
-    return r;
+    return d.value;
 }
 
 // a * b * R^-1 mod p (CIOS), as fp_mont_mul in kernels/fp.cuh.
