@@ -398,15 +398,11 @@ impl Backends {
         })?;
         self.self_test(dev, &probe.tests);
         // Ops without kernels on the engine (`unavailable`) say nothing either way.
-        let tested: Vec<_> = dev
-            .op_states()
-            .into_iter()
-            .filter(|s| s.state != verify::OpState::Unavailable)
-            .collect();
-        if tested
+        let states = dev.op_states();
+        let mut tested = states
             .iter()
-            .all(|s| s.state == verify::OpState::Quarantined)
-        {
+            .filter(|s| s.state != verify::OpState::Unavailable);
+        if tested.all(|s| s.state == verify::OpState::Quarantined) {
             return Err("every op failed its self-test".into());
         }
         dev.mark_healthy();

@@ -198,6 +198,9 @@ pub enum OpState {
     Unavailable,
 }
 
+/// Why an op is `Unavailable` on a device (`/device`, `gpu-ops check`).
+pub const NO_KERNELS: &str = "no kernels for it on this engine";
+
 /// `/device`'s entry for one op on one device.
 #[derive(Clone, Debug, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

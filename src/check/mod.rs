@@ -304,7 +304,7 @@ fn check_one(
 ) -> Vec<OpEntry> {
     let (op, label) = (test.op(), dev.label());
     if !dev.serves(op) {
-        let why = "no kernels for it on this engine (a wgpu adapter's are the field ops')";
+        let why = crate::backend::verify::NO_KERNELS;
         return vec![OpEntry::skipped(op, phase, &label, why.into())];
     }
     let lease = match dev.lease() {

@@ -56,7 +56,7 @@ pub fn kernel_library() -> KernelLibrary {
 pub fn wgsl_library() -> WgslLibrary {
     WgslLibrary {
         kernels: super::zk::wgsl::kernels(),
-        ops: super::zk::wgsl::OPS.to_vec(),
+        ops: super::zk::wgsl::ops(),
     }
 }
 

@@ -403,7 +403,7 @@ impl GpuDevice {
         let status = OpStatus {
             op: op.to_string(),
             state: OpState::Unavailable,
-            reason: Some("no kernels for it on this engine".into()),
+            reason: Some(super::verify::NO_KERNELS.into()),
         };
         self.op_table().insert(op.to_string(), status);
     }

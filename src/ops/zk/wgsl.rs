@@ -22,16 +22,18 @@ const NTT_TILE: &str = include_str!("../../../kernels/wgsl/ntt_tile.wgsl");
 /// adapter has.
 const NTT_TILE_BYTES: u32 = 16 << 10;
 
-/// The ops these kernels serve whole.
-pub const OPS: [&str; 7] = [
-    "field_add",
-    "field_sub",
-    "field_mul",
-    "field_pow",
-    "field_inv",
-    "ntt",
-    "intt",
-];
+/// The domain's device ops these kernels do not serve: MSM has no WGSL yet.
+const WITHOUT_KERNELS: [&str; 1] = ["msm"];
+
+/// The ops these kernels serve whole: every device op of the domain but those.
+pub fn ops() -> Vec<&'static str> {
+    super::DOMAIN
+        .device_ops
+        .iter()
+        .copied()
+        .filter(|op| !WITHOUT_KERNELS.contains(op))
+        .collect()
+}
 
 /// The modulus as little-endian u32 limbs, as many as the field's elements have.
 fn limbs(field: Field) -> Vec<u32> {
