@@ -29,7 +29,7 @@ fn store(i: u32, v_in: Fe) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) block: vec3<u32>, @builtin(local_invocation_id) thread: vec3<u32>) {
-    if (thread.x >= params[3]) {
+    if (thread.x >= block_threads()) {
         return;
     }
     // The high words (arg 1 and 3) are zero: the engine refuses larger values.

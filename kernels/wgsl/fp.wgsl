@@ -1,11 +1,13 @@
-// A prime field of N 32-bit limbs with p < 2^(32N - 1), little-endian: BN254 Fr and
-// BLS12-381 Fr (N = 8), BabyBear (N = 1). The same arithmetic as kernels/fp.cuh:
+// A prime field of N 32-bit limbs with p < 2^(32N - 1), little-endian: BN254 Fr, BN254 Fq
+// and BLS12-381 Fr (N = 8), BLS12-381 Fq (N = 12), BabyBear (N = 1). The same arithmetic as kernels/fp.cuh:
 // canonical in and out, Montgomery products (CIOS) inside. The engine's library fills in
 // N and the constants from the field's modulus (`ops::zk::wgsl`).
 const N: u32 = {{N}}u;
 alias Fe = array<u32, {{N}}>;
-// A 256-bit exponent, eight little-endian limbs, in every field.
-alias Exp = array<u32, 8>;
+// An exponent of EXP_LIMBS little-endian limbs: 256 bits (the ops' exponents) in every
+// field but a wider one, which takes N.
+const EXP_LIMBS: u32 = {{EXP_LIMBS}}u;
+alias Exp = array<u32, {{EXP_LIMBS}}>;
 
 var<private> P: Fe = Fe({{P}});
 // R^2 mod p, R = 2^(32N).
@@ -114,15 +116,15 @@ fn fe_mul(a: Fe, b: Fe) -> Fe {
     return fe_mont(fe_mont(a, b), R2);
 }
 
-// x^e, canonical in and out, 0^0 = 1: square-and-multiply over all 256 bits in the
-// Montgomery domain.
+// x^e, canonical in and out, 0^0 = 1: square-and-multiply over all 32·EXP_LIMBS bits in
+// the Montgomery domain.
 fn fe_pow(x: Fe, e_in: Exp) -> Fe {
     var e = e_in;
     var one: Fe;
     one[0] = 1u;
     let xm = fe_mont(x, R2);
     var acc = fe_mont(one, R2);
-    for (var i = 255i; i >= 0i; i--) {
+    for (var i = i32(32u * EXP_LIMBS) - 1i; i >= 0i; i--) {
         acc = fe_mont(acc, acc);
         if (((e[u32(i) / 32u] >> (u32(i) % 32u)) & 1u) != 0u) {
             acc = fe_mont(acc, xm);

@@ -4,7 +4,7 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) block: vec3<u32>, @builtin(local_invocation_id) thread: vec3<u32>) {
-    if (thread.x >= params[3]) {
+    if (thread.x >= block_threads()) {
         return;
     }
     let n = arg(0u);

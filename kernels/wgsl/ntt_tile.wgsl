@@ -25,12 +25,12 @@ fn store_sh(i: u32, v_in: Fe) {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) block: vec3<u32>, @builtin(local_invocation_id) thread: vec3<u32>) {
-    let threads = params[3];
+    let threads = block_threads();
     let n = arg(0u);
     let log_tile = arg(2u);
     let tiles = arg(3u);
     let tile = 1u << log_tile;
-    for (var b = block.x; b < tiles; b += params[0]) {
+    for (var b = block.x; b < tiles; b += grid_blocks()) {
         let base = N * tile * b;
         for (var i = thread.x; i < N * tile && thread.x < threads; i += threads) {
             sh[i] = x[base + i];

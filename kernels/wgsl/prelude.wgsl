@@ -4,8 +4,23 @@
 //
 // `params`, as the engine packs it for every launch: words 0-2 gridDim, 3-5 blockDim,
 // then each scalar argument in the launcher's order, an 8-byte one as two words (low
-// first). The buffers follow as bindings 1, 2, … in the launcher's order.
-@group(0) @binding(0) var<storage, read> params: array<u32>;
+// first), PARAM_WORDS in all. A uniform buffer, so that every storage binding a
+// kernel has is one of its buffers, which follow as bindings 1, 2, … in the launcher's
+// order (WebGPU promises 8 a stage; the MSM's bucket kernel binds 8).
+@group(0) @binding(0) var<uniform> params: array<vec4<u32>, 8>;
+
+fn param(word: u32) -> u32 {
+    return params[word / 4u][word % 4u];
+}
+
+// CUDA's gridDim.x and blockDim.x.
+fn grid_blocks() -> u32 {
+    return param(0u);
+}
+
+fn block_threads() -> u32 {
+    return param(3u);
+}
 
 // Every kernel's @workgroup_size: the engine's `max_threads` for a launch's block.
 const BLOCK: u32 = 256u;
@@ -13,16 +28,16 @@ const BLOCK: u32 = 256u;
 // The launch's index of this thread (blockIdx.x * blockDim.x + threadIdx.x), and the
 // threads in the grid (a grid-stride loop's step).
 fn thread_index(block: vec3<u32>, thread: vec3<u32>) -> u32 {
-    return block.x * params[3] + thread.x;
+    return block.x * block_threads() + thread.x;
 }
 
 fn grid_threads() -> u32 {
-    return params[0] * params[3];
+    return grid_blocks() * block_threads();
 }
 
 // A scalar argument: `word` counts from the first scalar's first word.
 fn arg(word: u32) -> u32 {
-    return params[6u + word];
+    return param(6u + word);
 }
 
 fn carry(sum: u32, addend: u32) -> u32 {

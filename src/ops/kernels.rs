@@ -85,4 +85,31 @@ mod tests {
             }
         }
     }
+
+    /// Every WGSL kernel binds no more storage buffers than every WebGPU adapter allows
+    /// a stage, and its scalars fit the launch's `params` uniform after the grid and
+    /// block: a kernel past either would fail to open on some adapter, or at launch.
+    #[test]
+    fn every_wgsl_kernel_fits_the_limits_every_adapter_has() {
+        use crate::backend::wgpu::{Param, MAX_BUFFERS, PARAM_WORDS};
+        for k in wgsl_library().kernels {
+            let buffers = k
+                .params
+                .iter()
+                .filter(|p| matches!(p, Param::Read | Param::Write))
+                .count();
+            let words: usize = k
+                .params
+                .iter()
+                .map(|p| match p {
+                    Param::Scalar(bytes) => bytes / 4,
+                    _ => 0,
+                })
+                .sum();
+            assert!(buffers <= MAX_BUFFERS, "{}: {buffers} buffers", k.name);
+            assert!(6 + words <= PARAM_WORDS, "{}: {words} scalar words", k.name);
+            let declared = k.source.matches("var<storage").count();
+            assert_eq!(declared, buffers, "{}: bindings against parameters", k.name);
+        }
+    }
 }

@@ -98,10 +98,10 @@ async fn a_software_adapter_serves_the_field_ops_only_when_asked() {
     ] {
         assert_eq!(state(op), "verified", "{op}: {gpu}");
     }
-    for op in ["ntt", "intt"] {
+    for op in ["ntt", "intt", "msm"] {
         assert_eq!(state(op), "verified", "{op}: {gpu}");
     }
-    assert_eq!(state("msm"), "unavailable", "{gpu}");
+    assert_eq!(state("matmul"), "unavailable", "{gpu}");
 
     let (side, on_device) = mul(&s, 3000, "gpu").await;
     assert_eq!(side, "wgpu");
@@ -120,9 +120,8 @@ async fn a_software_adapter_serves_the_field_ops_only_when_asked() {
     let forced = r#"gpu_ops_placements_total{backend="wgpu",op="field_mul",reason="forced"}"#;
     assert_eq!(s.metric(forced).await, 1.0);
 
-    let points = json!([{"x": "1", "y": "2"}]);
-    let msm = json!({"curve": "bn254_g1", "points": points, "scalars": ["3"], "backend": "gpu"});
-    let res = s.post("/zk/msm", msm).send().await.unwrap();
+    let matmul = json!({"a": [[1, 2], [3, 4]], "b": [[5, 6], [7, 8]], "backend": "gpu"});
+    let res = s.post("/linalg/matmul", matmul).send().await.unwrap();
     let p = problem(res, 503, "device_unavailable").await;
     let detail = p["detail"].as_str().unwrap();
     assert!(detail.contains("wgpu:0 has no kernels for it"), "{detail}");

@@ -295,6 +295,16 @@ impl GpuDevice {
         self.info.emulated || self.info.adapter.as_ref().is_some_and(|a| a.software)
     }
 
+    /// Whether the driver ends a kernel's loops early past a count: llvmpipe (lavapipe)
+    /// stops every loop of an invocation, silently, once 65,535 iterations have run in
+    /// all (its guard against endless shaders; measured 2026-12-06, Mesa 22.3.6: a BN254
+    /// MSM reduction thread went wrong at its 476th point addition). Other software
+    /// adapters are held to the same bound. Launchers with long per-thread loops (the
+    /// MSM's) give such a device shorter ones.
+    pub fn bounds_loop_iterations(&self) -> bool {
+        self.info.adapter.as_ref().is_some_and(|a| a.software)
+    }
+
     /// What answers call the backend a job ran on here: `wgpu` for a wgpu adapter, else
     /// `hip` on AMD, `emulated` for the emulated device, `cuda` on NVIDIA.
     pub fn backend_kind(&self) -> super::BackendKind {

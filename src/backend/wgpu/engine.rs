@@ -9,7 +9,7 @@
 //! scopes, never left to wgpu's default handler, which panics.
 
 use super::handles::{WgpuEvent, WgpuMemory, WgpuStream};
-use super::{Param, WgslKernel, WgslLibrary, BLOCK_THREADS};
+use super::{Param, WgslKernel, WgslLibrary, BLOCK_THREADS, PARAM_WORDS};
 use crate::backend::device::engine::{
     own, own_event, own_mut, own_stream, DeviceEngine, EngineEvent, EngineId, EngineMemory,
     EngineStream, KernelArgs, LaunchConfig,
@@ -232,6 +232,13 @@ impl WgpuEngine {
                 }
             }
         }
+        if words.len() > PARAM_WORDS {
+            return Err(mismatch(format!(
+                "{} parameter words, more than the {PARAM_WORDS} of `params`",
+                words.len()
+            )));
+        }
+        words.resize(PARAM_WORDS, 0);
         Ok((words, buffers))
     }
 }
@@ -532,7 +539,7 @@ impl DeviceEngine for WgpuEngine {
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some("params"),
                     contents: bytemuck::cast_slice(&params),
-                    usage: wgpu::BufferUsages::STORAGE,
+                    usage: wgpu::BufferUsages::UNIFORM,
                 });
             let mut entries = vec![wgpu::BindGroupEntry {
                 binding: 0,

@@ -53,3 +53,11 @@ pub struct WgslLibrary {
 /// The threads of every kernel's workgroup (`@workgroup_size` in `kernels/wgsl/`): a
 /// launch's block may have at most this many.
 pub const BLOCK_THREADS: u32 = 256;
+
+/// The words of every launch's `params` uniform (`kernels/wgsl/prelude.wgsl`): the grid
+/// and the block (6), then the scalar arguments.
+pub const PARAM_WORDS: usize = 32;
+
+/// The storage buffers every WebGPU adapter binds in one shader stage: no kernel takes
+/// more buffers (the launch's `params` is a uniform, counted apart).
+pub const MAX_BUFFERS: usize = 8;

@@ -12,6 +12,7 @@ pub(crate) mod self_test;
 mod u256;
 mod vector_ops;
 pub mod wgsl;
+mod wgsl_msm;
 
 pub use field::{ElementError, Field, FieldVec};
 pub(crate) use gpu::{from_u64, words, Words};

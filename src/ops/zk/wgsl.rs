@@ -1,13 +1,14 @@
-//! The field ops' and the NTT's WGSL kernels (`kernels/wgsl/`) for the wgpu engine: add,
-//! sub, mul, pow, inv and the NTT's four kernels over the four fields, under the CUDA
-//! kernels' names and with their arguments, so `gpu.rs`'s launchers run them unchanged. Each kernel is one module: the
-//! shared prelude, the field's arithmetic (its constants computed here from the
-//! modulus), and the op's entry point.
+//! The zk domain's WGSL kernels (`kernels/wgsl/`) for the wgpu engine: add, sub, mul,
+//! pow, inv and the NTT's four kernels over the four fields here, the MSM's in
+//! `wgsl_msm.rs`, under the CUDA kernels' names and with their arguments, so the
+//! launchers run them unchanged. Each kernel is one module: the shared prelude, the
+//! field's arithmetic (its constants computed here from the modulus), and the op's
+//! entry point.
 
 use super::{Field, FieldOp};
 use crate::backend::wgpu::{Param, WgslKernel};
 
-const PRELUDE: &str = include_str!("../../../kernels/wgsl/prelude.wgsl");
+pub(super) const PRELUDE: &str = include_str!("../../../kernels/wgsl/prelude.wgsl");
 const FP: &str = include_str!("../../../kernels/wgsl/fp.wgsl");
 const GOLDILOCKS: &str = include_str!("../../../kernels/wgsl/goldilocks.wgsl");
 const BINARY: &str = include_str!("../../../kernels/wgsl/field_binary.wgsl");
@@ -22,17 +23,9 @@ const NTT_TILE: &str = include_str!("../../../kernels/wgsl/ntt_tile.wgsl");
 /// adapter has.
 const NTT_TILE_BYTES: u32 = 16 << 10;
 
-/// The domain's device ops these kernels do not serve: MSM has no WGSL yet.
-const WITHOUT_KERNELS: [&str; 1] = ["msm"];
-
-/// The ops these kernels serve whole: every device op of the domain but those.
+/// The ops these kernels serve whole: every device op of the domain.
 pub fn ops() -> Vec<&'static str> {
-    super::DOMAIN
-        .device_ops
-        .iter()
-        .copied()
-        .filter(|op| !WITHOUT_KERNELS.contains(op))
-        .collect()
+    super::DOMAIN.device_ops.to_vec()
 }
 
 /// The modulus as little-endian u32 limbs, as many as the field's elements have.
@@ -102,15 +95,22 @@ fn field_source(field: Field) -> String {
     if field == Field::Goldilocks {
         return GOLDILOCKS.to_string();
     }
-    let p = limbs(field);
+    fp_source(&limbs(field))
+}
+
+/// `fp.wgsl` for the prime `p` (little-endian u32 limbs, p < 2^(32N - 1)): the scalar
+/// fields' and the curves' base fields.
+pub(super) fn fp_source(p: &[u32]) -> String {
     let n = p.len();
-    let mut p_minus_2 = p.clone();
+    let exp_limbs = n.max(8);
+    let mut p_minus_2 = p.to_vec();
     subtract(&mut p_minus_2, &[2]);
-    p_minus_2.resize(8, 0);
+    p_minus_2.resize(exp_limbs, 0);
     FP.replace("{{N_PLUS_2}}", &(n + 2).to_string())
+        .replace("{{EXP_LIMBS}}", &exp_limbs.to_string())
         .replace("{{N}}", &n.to_string())
-        .replace("{{P}}", &list(&p))
-        .replace("{{R2}}", &list(&r_squared(&p)))
+        .replace("{{P}}", &list(p))
+        .replace("{{R2}}", &list(&r_squared(p)))
         .replace("{{P_MINUS_2}}", &list(&p_minus_2))
         .replace("{{INV}}", &format!("0x{:08x}", mont_inv(p[0])))
 }
@@ -178,7 +178,8 @@ fn ntt_kernels(field: Field) -> Vec<WgslKernel> {
         .collect()
 }
 
-/// Every field op's kernel, under `kernels/field_ops.cu`'s names.
+/// Every kernel of the domain, under `kernels/field_ops.cu`'s, `ntt.cu`'s and `msm.cu`'s
+/// names.
 pub fn kernels() -> Vec<WgslKernel> {
     use Param::{Read, Scalar, Write};
     let pair = || vec![Read, Read, Write, Scalar(8), Scalar(4)];
@@ -199,6 +200,7 @@ pub fn kernels() -> Vec<WgslKernel> {
         out.push(kernel(name("inv"), field, INV.into(), inv));
         out.extend(ntt_kernels(field));
     }
+    out.extend(super::wgsl_msm::kernels());
     out
 }
 
@@ -227,10 +229,12 @@ mod tests {
     }
 
     #[test]
-    fn every_field_op_and_ntt_kernel_has_one_under_the_cuda_name() {
+    fn every_cuda_kernel_has_one_under_its_name() {
         let names: Vec<String> = kernels().into_iter().map(|k| k.name).collect();
-        let mut cuda = super::super::gpu::field_ops_module().entry_points;
-        cuda.extend(super::super::gpu::ntt_module().entry_points);
+        let cuda: Vec<String> = super::super::kernel_modules()
+            .into_iter()
+            .flat_map(|m| m.entry_points)
+            .collect();
         assert_eq!(names.len(), cuda.len());
         for n in cuda {
             assert!(names.contains(&n), "{n}");

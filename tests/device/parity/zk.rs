@@ -145,7 +145,7 @@ fn msm_equals_the_cpu() {
             Points::Bls12_381G1(p) => Points::Bls12_381G1(mix(p)),
         }
     }
-    on_every_device("msm_equals_the_cpu", |d| {
+    on_devices_serving(&["msm"], "msm_equals_the_cpu", |d| {
         for &curve in msm_curves(d) {
             let field = curve.scalar_field();
             for n in d.sizes(&[2usize, 31, 1000, 1 << 16], &[2, 31, 1000, 3000]) {
@@ -184,56 +184,60 @@ fn msm_equals_the_cpu() {
 #[test]
 fn msm_bucket_work_is_balanced_whatever_the_scalars() {
     use gpu_ops::ops::zk::launch_msm_measured;
-    on_every_device("msm_bucket_work_is_balanced_whatever_the_scalars", |d| {
-        for &curve in msm_curves(d) {
-            let field = curve.scalar_field();
-            for n in d.sizes(&[1usize << 16], &[1000, 3000]) {
-                let points = random_points(curve, n, 77);
-                let random = random_elements(field, n, 78);
-                let mut r_minus_1 = field.modulus();
-                r_minus_1.0[0] -= 1;
-                let few: Vec<U256> = (0..n).map(|i| random[i % 4]).collect();
-                let cases = [
-                    ("random", random.clone()),
-                    ("all zero", vec![U256::ZERO; n]),
-                    ("all one", vec![U256::from_u64(1); n]),
-                    ("one repeated value", vec![random[0]; n]),
-                    ("four values in turn", few),
-                    ("r - 1", vec![r_minus_1; n]),
-                ];
-                // The random scalars' critical path, once measured.
-                let mut random_path = None;
-                for (name, scalars) in cases {
-                    let job = MsmJob::new(points.clone(), vec![vec(field, &scalars)]).unwrap();
-                    let at = format!("{curve:?} n={n} {name}");
-                    let mut work = None;
-                    d.check_with(&at, &job, |j, l| {
-                        let (out, w) = launch_msm_measured(j, l, usize::MAX)?;
-                        work = Some(w);
-                        Ok(out)
-                    });
-                    let Some(work) = work else { continue };
-                    eprintln!("{at}: {work:?}, critical path {}", work.critical_path());
-                    for (level, &adds) in work.most_adds_per_level.iter().enumerate() {
-                        if adds > work.chunk {
-                            d.fail(&at, format!("level {level} {work:?}"));
+    on_devices_serving(
+        &["msm"],
+        "msm_bucket_work_is_balanced_whatever_the_scalars",
+        |d| {
+            for &curve in msm_curves(d) {
+                let field = curve.scalar_field();
+                for n in d.sizes(&[1usize << 16], &[1000, 3000]) {
+                    let points = random_points(curve, n, 77);
+                    let random = random_elements(field, n, 78);
+                    let mut r_minus_1 = field.modulus();
+                    r_minus_1.0[0] -= 1;
+                    let few: Vec<U256> = (0..n).map(|i| random[i % 4]).collect();
+                    let cases = [
+                        ("random", random.clone()),
+                        ("all zero", vec![U256::ZERO; n]),
+                        ("all one", vec![U256::from_u64(1); n]),
+                        ("one repeated value", vec![random[0]; n]),
+                        ("four values in turn", few),
+                        ("r - 1", vec![r_minus_1; n]),
+                    ];
+                    // The random scalars' critical path, once measured.
+                    let mut random_path = None;
+                    for (name, scalars) in cases {
+                        let job = MsmJob::new(points.clone(), vec![vec(field, &scalars)]).unwrap();
+                        let at = format!("{curve:?} n={n} {name}");
+                        let mut work = None;
+                        d.check_with(&at, &job, |j, l| {
+                            let (out, w) = launch_msm_measured(j, l, usize::MAX)?;
+                            work = Some(w);
+                            Ok(out)
+                        });
+                        let Some(work) = work else { continue };
+                        eprintln!("{at}: {work:?}, critical path {}", work.critical_path());
+                        for (level, &adds) in work.most_adds_per_level.iter().enumerate() {
+                            if adds > work.chunk {
+                                d.fail(&at, format!("level {level} {work:?}"));
+                            }
                         }
-                    }
-                    match random_path {
-                        None if name == "random" => random_path = Some(work.critical_path()),
-                        Some(random) if work.critical_path() > random + work.chunk => {
-                            d.fail(&at, format!("{work:?} against random's {random}"));
+                        match random_path {
+                            None if name == "random" => random_path = Some(work.critical_path()),
+                            Some(random) if work.critical_path() > random + work.chunk => {
+                                d.fail(&at, format!("{work:?} against random's {random}"));
+                            }
+                            _ => {}
                         }
-                        _ => {}
-                    }
-                    // One thread per bucket would have added every point in turn.
-                    if name == "all one" && work.largest_bucket as usize != n {
-                        d.fail(&at, format!("largest bucket {}", work.largest_bucket));
+                        // One thread per bucket would have added every point in turn.
+                        if name == "all one" && work.largest_bucket as usize != n {
+                            d.fail(&at, format!("largest bucket {}", work.largest_bucket));
+                        }
                     }
                 }
             }
-        }
-    });
+        },
+    );
 }
 
 /// With a 1 MiB memory limit (`--gpu-memory-limit-mib`), work many times larger runs in
