@@ -75,10 +75,9 @@ impl WgpuEngine {
         }));
         let mut kernels = HashMap::new();
         let mut loads: Vec<ModuleLoad> = Vec::new();
-        for k in &library.kernels {
-            let started = Instant::now();
-            let kernel = compile(&device, k)?;
-            let seconds = started.elapsed().as_secs_f64();
+        for (k, compiled) in library.kernels.iter().zip(compile_all(&device, library)) {
+            let (kernel, seconds) = compiled?;
+            tracing::debug!(kernel = %k.name, seconds, "WGSL kernel compiled");
             match loads.iter_mut().find(|l| l.module == k.module) {
                 Some(l) => l.seconds += seconds,
                 None => loads.push(ModuleLoad {
@@ -241,6 +240,42 @@ impl WgpuEngine {
         words.resize(PARAM_WORDS, 0);
         Ok((words, buffers))
     }
+}
+
+/// A kernel's pipeline and the seconds its compile took, or why it failed.
+type Compiled = Result<(Kernel, f64), String>;
+
+/// Every kernel of `library` compiled, in its order, with the seconds each took: on as
+/// many threads as the host has cores, the largest sources first. A driver that compiles
+/// on the CPU takes most of a minute for the MSM's curve kernels (lavapipe, 2026-12-06:
+/// 4.7-27 s each, 79 s in all on one thread); wgpu's error scopes are per thread, so each
+/// compile keeps its own.
+fn compile_all(device: &wgpu::Device, library: &WgslLibrary) -> Vec<Compiled> {
+    let kernels = &library.kernels;
+    let mut order: Vec<usize> = (0..kernels.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(kernels[i].source.len()));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done: Mutex<Vec<Option<Compiled>>> = Mutex::new((0..kernels.len()).map(|_| None).collect());
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(kernels.len().max(1));
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&i) = order.get(taken) else { break };
+                let started = Instant::now();
+                let result =
+                    compile(device, &kernels[i]).map(|k| (k, started.elapsed().as_secs_f64()));
+                done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
+            });
+        }
+    });
+    done.into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err("a compile thread stopped".to_string())))
+        .collect()
 }
 
 fn compile(device: &wgpu::Device, k: &WgslKernel) -> Result<Kernel, String> {
