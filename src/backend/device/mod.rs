@@ -296,11 +296,12 @@ impl GpuDevice {
     }
 
     /// Whether the driver ends a kernel's loops early past a count: llvmpipe (lavapipe)
-    /// stops every loop of an invocation, silently, once 65,535 iterations have run in
-    /// all (its guard against endless shaders; measured 2026-12-06, Mesa 22.3.6: a BN254
-    /// MSM reduction thread went wrong at its 476th point addition). Other software
-    /// adapters are held to the same bound. Launchers with long per-thread loops (the
-    /// MSM's) give such a device shorter ones.
+    /// runs 8 invocations as the lanes of one vector and stops every loop they run,
+    /// silently, once 65,535 iterations in which any lane was active have run in all
+    /// (its guard against endless shaders; found 2026-12-06, Mesa 22.3.6: a BN254 MSM
+    /// reduction thread went wrong at its 476th point addition). Other software adapters
+    /// are held to the same bound. Launchers with long per-thread loops (the MSM's) give
+    /// such a device shorter ones.
     pub fn bounds_loop_iterations(&self) -> bool {
         self.info.adapter.as_ref().is_some_and(|a| a.software)
     }

@@ -247,9 +247,10 @@ type Compiled = Result<(Kernel, f64), String>;
 
 /// Every kernel of `library` compiled, in its order, with the seconds each took: on as
 /// many threads as the host has cores, the largest sources first. A driver that compiles
-/// on the CPU takes most of a minute for the MSM's curve kernels (lavapipe, 2026-12-06:
-/// 4.7-27 s each, 79 s in all on one thread); wgpu's error scopes are per thread, so each
-/// compile keeps its own.
+/// on the CPU takes about a minute for the MSM's curve kernels (lavapipe, 2026-12-06:
+/// 4.7-27 s each; the library 57.7 s on one thread, 35 s on two); wgpu's error scopes
+/// are per thread, so each compile keeps its own. A compile that panics (a naga or
+/// driver fault) fails the opening as an error, as one that does not compile does.
 fn compile_all(device: &wgpu::Device, library: &WgslLibrary) -> Vec<Compiled> {
     let kernels = &library.kernels;
     let mut order: Vec<usize> = (0..kernels.len()).collect();
@@ -265,8 +266,11 @@ fn compile_all(device: &wgpu::Device, library: &WgslLibrary) -> Vec<Compiled> {
                 let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(&i) = order.get(taken) else { break };
                 let started = Instant::now();
+                let k = &kernels[i];
                 let result =
-                    compile(device, &kernels[i]).map(|k| (k, started.elapsed().as_secs_f64()));
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| compile(device, k)))
+                        .unwrap_or_else(|_| Err(format!("{}: its compile panicked", k.name)))
+                        .map(|kernel| (kernel, started.elapsed().as_secs_f64()));
                 done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
             });
         }

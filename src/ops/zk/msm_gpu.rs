@@ -6,11 +6,22 @@ use super::msm::{MsmJob, Points};
 use super::FieldVec;
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::LaunchConfig;
-use crate::backend::DeviceLease;
 use crate::backend::{DeviceBuffer, DeviceError};
+use crate::backend::{DeviceLease, GpuDevice};
 use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
 use ark_ec::{AffineRepr, CurveGroup};
 use ark_ff::{AdditiveGroup, BigInt, Zero};
+
+/// `MsmPlan::for_device`'s loops on a device that bounds them.
+const SHORT_SEGMENT: u32 = 32;
+const SHORT_CHUNK: u32 = 64;
+
+/// Points one pass takes on a device that bounds its loops. A grid-stride kernel's
+/// thread takes a further chunk each time the work wraps the grid
+/// (`DeviceLease::launch_config` caps it at 32 blocks of 256 a unit, 2^19 threads at
+/// wgpu's nominal 64 units), and llvmpipe counts those loops too: at 2^19 points or
+/// fewer every bucket-sum thread has one chunk (`short_loop_passes_fit_one_grid`).
+const SHORT_LOOP_PASS: usize = 1 << 19;
 
 /// Window size and reduction layout for `n` points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,15 +59,20 @@ impl MsmPlan {
         }
     }
 
-    /// The plan for a device whose driver ends long loops early
-    /// (`GpuDevice::bounds_loop_iterations`): each reduction thread walks 64 buckets (192
-    /// additions, about 40,000 loop iterations for BLS12-381 at 12 limbs) and each
-    /// bucket-sum thread adds 128 items at most, well inside llvmpipe's 65,535.
-    pub fn with_short_loops(self) -> Self {
+    /// The plan for `n` points on `dev`: shorter per-thread loops where its driver ends
+    /// long ones early (`GpuDevice::bounds_loop_iterations`, llvmpipe: 65,535 iterations
+    /// for all the lanes run together, about 210 for one BLS12-381 addition). Each
+    /// reduction thread walks 32 buckets (128 additions) and each bucket-sum thread adds
+    /// 64 items, so that two lanes' worth of divergent work still fits.
+    pub fn for_device(n: usize, scalar_bits: u32, dev: &GpuDevice) -> Self {
+        let plan = Self::new(n, scalar_bits);
+        if !dev.bounds_loop_iterations() {
+            return plan;
+        }
         Self {
-            seg_len: self.seg_len.min(64),
-            chunk: self.chunk.min(128),
-            ..self
+            seg_len: plan.seg_len.min(SHORT_SEGMENT),
+            chunk: plan.chunk.min(SHORT_CHUNK),
+            ..plan
         }
     }
 
@@ -277,8 +293,8 @@ fn run_job(
 }
 
 /// Device bytes for a chunk of `n` points.
-fn chunk_bytes<P: DeviceCurve>(n: usize) -> usize {
-    let plan = MsmPlan::new(n, P::SCALAR_BITS);
+fn chunk_bytes<P: DeviceCurve>(n: usize, dev: &GpuDevice) -> usize {
+    let plan = MsmPlan::for_device(n, P::SCALAR_BITS, dev);
     let per_point = 4 * 2 * P::LIMBS + 32 + 2 * 4 * plan.windows as usize;
     let per_bucket = 4 * 4 * P::LIMBS + 3 * 4;
     let (first, second) = plan.slot_buffers(plan.terms(n));
@@ -294,7 +310,10 @@ fn chunk_len<P: DeviceCurve>(dev: &DeviceLease<'_>, n: usize) -> usize {
     // the host.
     let budget = dev.memory_budget();
     let mut len = n;
-    while len > 1 << 10 && chunk_bytes::<P>(len) > budget {
+    if dev.device.bounds_loop_iterations() {
+        len = len.min(SHORT_LOOP_PASS);
+    }
+    while len > 1 << 10 && chunk_bytes::<P>(len, dev.device) > budget {
         len = len.div_ceil(2);
     }
     len
@@ -317,10 +336,7 @@ fn run_curve<P: DeviceCurve>(
     let mut sums = vec![Projective::<P>::zero(); scalars.len()];
     let chunk = chunk_len::<P>(dev, keep.len()).min(max_chunk).max(1);
     for part in keep.chunks(chunk) {
-        let mut plan = MsmPlan::new(part.len(), P::SCALAR_BITS);
-        if dev.device.bounds_loop_iterations() {
-            plan = plan.with_short_loops();
-        }
+        let plan = MsmPlan::for_device(part.len(), P::SCALAR_BITS, dev.device);
         let upload = || {
             let chosen: Vec<Affine<P>> = part.iter().map(|&i| points[i]).collect();
             dev.upload(&point_words(&chosen))
@@ -548,13 +564,37 @@ mod tests {
                 assert!(bits - (p.windows - 1) * p.c < p.c, "{p:?}");
                 assert!((p.windows - 1) * p.c < bits, "an empty top window: {p:?}");
                 assert_eq!(p.segments() * p.seg_len, p.nb);
-                let short = p.with_short_loops();
+                let short = MsmPlan {
+                    seg_len: p.seg_len.min(SHORT_SEGMENT),
+                    chunk: p.chunk.min(SHORT_CHUNK),
+                    ..p
+                };
                 assert_eq!(short.segments() * short.seg_len, short.nb);
-                assert!(short.chunk >= 4 && short.seg_len <= 64);
             }
         }
         assert_eq!(MsmPlan::new(1 << 20, 254).c, 16);
         assert_eq!(MsmPlan::new(1 << 10, 254).c, 8);
+    }
+
+    /// A pass of SHORT_LOOP_PASS points or fewer on a device that bounds its loops gives
+    /// every bucket-sum thread one chunk and every reduction thread one segment: no
+    /// grid-stride wrap adds a second to one thread's loops.
+    #[test]
+    fn short_loop_passes_fit_one_grid() {
+        let grid = 64 * 32 * 256; // DeviceLease::launch_config at wgpu's nominal 64 units
+        for bits in [254u32, 255] {
+            for log2 in 1..=19 {
+                let k = 1usize << log2;
+                for n in [k - 1, k, k + 1, k + k / 2, 2 * k - 1] {
+                    let n = n.min(SHORT_LOOP_PASS);
+                    let p = MsmPlan::new(n, bits);
+                    let chunk = p.chunk.min(SHORT_CHUNK) as usize;
+                    assert!(p.terms(n).div_ceil(chunk) <= grid, "n = {n}");
+                    let segs = p.nb.div_ceil(p.seg_len.min(SHORT_SEGMENT));
+                    assert!((p.windows * segs) as usize <= grid, "n = {n}");
+                }
+            }
+        }
     }
 
     #[test]
