@@ -10,6 +10,7 @@
 //! opened only when the operator asks (`--wgpu-software-adapters`), and `auto` places
 //! work on it only under `auto` there.
 
+mod compile;
 mod engine;
 mod handles;
 mod open;

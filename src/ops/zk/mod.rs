@@ -5,6 +5,7 @@ mod gpu;
 pub mod held;
 pub mod msm;
 mod msm_gpu;
+mod msm_plan;
 pub mod ntt;
 mod pow_inv;
 pub mod samples;
