@@ -30,12 +30,16 @@ pub fn ops() -> Vec<&'static str> {
 
 /// The modulus as little-endian u32 limbs, as many as the field's elements have.
 fn limbs(field: Field) -> Vec<u32> {
-    let words = field.modulus().0;
+    u32_limbs(&field.modulus().0, field.byte_width() / 4)
+}
+
+/// The low `n` u32 limbs of a little-endian u64 integer (a modulus here).
+pub(super) fn u32_limbs(words: &[u64], n: usize) -> Vec<u32> {
     let all: Vec<u32> = words
         .iter()
         .flat_map(|w| [*w as u32, (*w >> 32) as u32])
         .collect();
-    all[..field.byte_width() / 4].to_vec()
+    all[..n].to_vec()
 }
 
 /// R^2 mod p for R = 2^(32N): 1 doubled 64N times, reduced each time (p < 2^(32N-1),

@@ -4,7 +4,7 @@
 //! field (`fp.wgsl` with the curve's modulus) and its XYZZ points (`curve.wgsl`).
 
 use super::msm_gpu::DeviceCurve;
-use super::wgsl::{fp_source, PRELUDE};
+use super::wgsl::{fp_source, u32_limbs, PRELUDE};
 use crate::backend::wgpu::{Param, WgslKernel};
 use ark_ff::PrimeField;
 
@@ -24,13 +24,7 @@ fn base_modulus<P: DeviceCurve>() -> Vec<u32>
 where
     P::BaseField: PrimeField,
 {
-    let words = <P::BaseField as PrimeField>::MODULUS;
-    let limbs: Vec<u32> = words
-        .as_ref()
-        .iter()
-        .flat_map(|w| [*w as u32, (*w >> 32) as u32])
-        .collect();
-    limbs[..P::LIMBS].to_vec()
+    u32_limbs(<P::BaseField as PrimeField>::MODULUS.as_ref(), P::LIMBS)
 }
 
 /// No MSM kernel takes CUDA's dynamic shared memory (the scan's array is static).
