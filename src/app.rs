@@ -34,6 +34,8 @@ impl App {
     /// Must be called inside a Tokio runtime.
     pub fn start(settings: Settings) -> Result<Self, String> {
         let cfg = &settings.config;
+        // Checked first, whatever the backend: a misspelt op is a start-up error.
+        let wgsl_library = ops::wgsl_library().select(&cfg.wgpu_ops)?;
         let metrics = Arc::new(Metrics::new());
         let database = store::DatabaseUrl::parse(&cfg.database_url, cfg.database_max_connections)?;
         let mut store = Store::open_with(&cfg.data_dir, &database)?;
@@ -133,7 +135,6 @@ impl App {
             let calibration_budget = cfg.placement_calibration_budget;
             tokio::task::spawn_blocking(move || {
                 let library = ops::kernel_library();
-                let wgsl_library = ops::wgsl_library();
                 let hip_compiler = backend::hip::discover::Compiler::for_this_binary(cache.clone());
                 let (gpus, reason) = if emulate {
                     tracing::warn!(

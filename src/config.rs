@@ -141,6 +141,17 @@ pub struct Config {
         default_value = "off"
     )]
     pub wgpu_software_adapters: crate::backend::wgpu::SoftwareAdapters,
+    /// The ops wgpu adapters serve (comma-separated, as /device names them): only their
+    /// kernels compile when an adapter opens, and the others are `unavailable` there and
+    /// run on the CPU. `all`: every op with WGSL kernels (the field ops, NTT, MSM; the
+    /// MSM's take about a minute to compile on a CPU driver).
+    #[arg(
+        long,
+        env = "GPU_OPS_WGPU_OPS",
+        value_delimiter = ',',
+        default_value = "all"
+    )]
+    pub wgpu_ops: Vec<String>,
     /// Jobs that may wait in the queue; beyond it requests get 503 queue_full.
     #[arg(long, env = "GPU_OPS_QUEUE_CAPACITY", default_value_t = 1024)]
     pub queue_capacity: usize,

@@ -263,11 +263,18 @@ fn open_devices(args: &CheckArgs, library: &KernelLibrary) -> (Vec<Arc<GpuDevice
         return (amd, format!("{why}; {hip_why}"));
     }
     // Neither: any GPU wgpu reaches, as the server would use them.
-    let (adapters, wgpu_why) = crate::backend::wgpu::discover(
-        &args.devices,
-        args.wgpu_software_adapters,
-        &crate::ops::wgsl_library(),
-    );
+    // Only the kernels of the ops checked (`--ops`): the others' would compile for nothing.
+    let all = crate::ops::wgsl_library();
+    let checked: Vec<String> = if args.ops.is_empty() {
+        vec!["all".into()]
+    } else {
+        (all.ops.iter().map(|op| op.to_string()))
+            .filter(|op| args.ops.contains(op))
+            .collect()
+    };
+    let library = all.select(&checked).unwrap_or(all);
+    let (adapters, wgpu_why) =
+        crate::backend::wgpu::discover(&args.devices, args.wgpu_software_adapters, &library);
     (adapters, format!("{why}; {hip_why}; {wgpu_why}"))
 }
 
@@ -304,7 +311,7 @@ fn check_one(
 ) -> Vec<OpEntry> {
     let (op, label) = (test.op(), dev.label());
     if !dev.serves(op) {
-        let why = crate::backend::verify::NO_KERNELS;
+        let why = dev.why_not_served(op);
         return vec![OpEntry::skipped(op, phase, &label, why.into())];
     }
     let lease = match dev.lease() {

@@ -57,6 +57,7 @@ pub fn wgsl_library() -> WgslLibrary {
     WgslLibrary {
         kernels: super::zk::wgsl::kernels(),
         ops: super::zk::wgsl::ops(),
+        left_off: Vec::new(),
     }
 }
 
@@ -84,6 +85,48 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// `--wgpu-ops` keeps exactly the kernels its ops launch, by the launchers' names:
+    /// the field product's one per field, the NTT's four per field for both directions,
+    /// and every op it has, each kernel once.
+    #[test]
+    fn selecting_wgpu_ops_keeps_the_kernels_they_launch() {
+        let all = wgsl_library();
+        let names = |lib: &WgslLibrary| -> Vec<String> {
+            let mut n: Vec<String> = lib.kernels.iter().map(|k| k.name.clone()).collect();
+            n.sort();
+            n
+        };
+        let mul = all.select(&["field_mul".into()]).unwrap();
+        assert_eq!(mul.ops, ["field_mul"]);
+        assert_eq!(
+            names(&mul),
+            [
+                "babybear_mul",
+                "bls12_381_fr_mul",
+                "bn254_fr_mul",
+                "goldilocks_mul"
+            ]
+        );
+        assert!(mul.left_off.contains(&"msm") && !mul.left_off.contains(&"field_mul"));
+        assert_eq!(mul.left_off.len() + 1, all.ops.len());
+
+        let ntt = all.select(&["intt".into()]).unwrap();
+        assert_eq!(ntt.ops, ["intt"]);
+        assert_eq!(ntt.kernels.len(), 16, "{:?}", names(&ntt));
+        assert!(ntt.kernels.iter().all(|k| k.name.contains("_ntt_")));
+
+        let msm = all.select(&["msm".into()]).unwrap();
+        assert!(msm.kernels.iter().all(|k| k.module == "msm"));
+        assert!(names(&msm).contains(&"bls12_381_g1_msm_reduce".to_string()));
+
+        let every: Vec<String> = all.ops.iter().map(|s| s.to_string()).collect();
+        assert_eq!(names(&all.select(&every).unwrap()), names(&all));
+        assert_eq!(names(&all.select(&["all".into()]).unwrap()), names(&all));
+
+        let e = all.select(&["matmul".into()]).unwrap_err();
+        assert!(e.contains("\"matmul\"") && e.contains("field_mul"), "{e}");
     }
 
     /// Every WGSL kernel binds no more storage buffers than every WebGPU adapter allows

@@ -321,22 +321,19 @@ impl Shared {
         JobError::DeviceUnavailable(format!("no usable GPU: {}", self.backends.reason()))
     }
 
-    /// No device takes `op`: none usable, or (a wgpu adapter's) none with its kernels.
+    /// No device takes `op`: none usable, or (a wgpu adapter's) none that serves it,
+    /// each with why.
     fn no_device_for(&self, op: &str) -> JobError {
         let without: Vec<String> = self
             .backends
             .healthy_gpus()
             .filter(|d| !d.serves(op))
-            .map(|d| d.label())
+            .map(|d| format!("{} ({})", d.label(), d.why_not_served(op)))
             .collect();
         if without.is_empty() {
             return self.no_device();
         }
-        JobError::DeviceUnavailable(format!(
-            "no usable GPU runs {op}: {} ha{} no kernels for it",
-            without.join(", "),
-            if without.len() == 1 { "s" } else { "ve" }
-        ))
+        JobError::DeviceUnavailable(format!("no usable GPU runs {op}: {}", without.join(", ")))
     }
 
     /// Where the job runs, and the decision placement books it under.

@@ -7,7 +7,10 @@
 
 use crate::common::{problem, TestServer};
 use gpu_ops::backend::cuda::DeviceSelection;
-use gpu_ops::backend::wgpu::{discover, Param, SoftwareAdapters, WgslKernel, WgslLibrary};
+use gpu_ops::backend::verify::NO_KERNELS;
+use gpu_ops::backend::wgpu::{
+    discover, Param, SoftwareAdapters, WgslKernel, WgslLibrary, LEFT_OFF,
+};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -29,12 +32,17 @@ fn adapter_here() -> bool {
     false
 }
 
-async fn server(software: &str, extra: &[&str]) -> TestServer {
+/// A server on the software adapter, serving there only the ops of `wgpu_ops`: the
+/// others' kernels (the MSM's above all, a minute of CPU on lavapipe) are not compiled,
+/// and the parity harness checks them on its own opening.
+async fn server(software: &str, wgpu_ops: &str, extra: &[&str]) -> TestServer {
     let mut args = vec![
         "--backend",
         "auto",
         "--wgpu-software-adapters",
         software,
+        "--wgpu-ops",
+        wgpu_ops,
         "--batching",
         "off",
         "--placement-calibration-budget",
@@ -64,15 +72,17 @@ async fn mul(s: &TestServer, n: usize, backend: &str) -> (String, Value) {
     (side, res.json::<Value>().await.unwrap()["result"].clone())
 }
 
-/// A software adapter opened under `forced`: it serves the field ops it has kernels for
+/// A software adapter opened under `forced`: it serves the field ops `--wgpu-ops` names
 /// (self-tested, shadow-checked), only to requests that name the GPU backend; `auto`
-/// keeps off it; an op without kernels there is refused by name.
+/// keeps off it; an op without kernels there, or left off by `--wgpu-ops`, is refused
+/// by name, with why.
 #[tokio::test]
 async fn a_software_adapter_serves_the_field_ops_only_when_asked() {
     if !adapter_here() {
         return;
     }
-    let s = server("forced", &["--verify-fraction", "1"]).await;
+    let field_ops = "field_add,field_sub,field_mul,field_pow,field_inv";
+    let s = server("forced", field_ops, &["--verify-fraction", "1"]).await;
     let device: Value = s.get("/device").await.json().await.unwrap();
     let gpu = &device["gpus"][0];
     assert_eq!(gpu["adapter"]["software"], true, "{gpu}");
@@ -84,24 +94,27 @@ async fn a_software_adapter_serves_the_field_ops_only_when_asked() {
         Some(budget),
         gpu["adapter"]["max_storage_binding_bytes"].as_u64()
     );
-    let state = |op: &str| {
+    let entry = |op: &str| {
         let ops = gpu["operations"].as_array().unwrap();
-        let entry = ops.iter().find(|o| o["op"] == op).cloned();
-        entry.map_or(Value::Null, |o| o["state"].clone())
+        ops.iter()
+            .find(|o| o["op"] == op)
+            .cloned()
+            .unwrap_or_default()
     };
-    for op in [
-        "field_add",
-        "field_sub",
-        "field_mul",
-        "field_pow",
-        "field_inv",
-    ] {
-        assert_eq!(state(op), "verified", "{op}: {gpu}");
+    for op in field_ops.split(',') {
+        assert_eq!(entry(op)["state"], "verified", "{op}: {gpu}");
     }
     for op in ["ntt", "intt", "msm"] {
-        assert_eq!(state(op), "verified", "{op}: {gpu}");
+        assert_eq!(entry(op)["state"], "unavailable", "{op}: {gpu}");
+        assert_eq!(entry(op)["reason"], LEFT_OFF, "{op}: {gpu}");
     }
-    assert_eq!(state("matmul"), "unavailable", "{gpu}");
+    assert_eq!(entry("matmul")["state"], "unavailable", "{gpu}");
+    assert_eq!(entry("matmul")["reason"], NO_KERNELS, "{gpu}");
+    let kernels = s.state.backends.gpus()[0].module_loads();
+    assert!(
+        kernels.iter().all(|m| m.module == "field_ops"),
+        "{kernels:?}"
+    );
 
     let (side, on_device) = mul(&s, 3000, "gpu").await;
     assert_eq!(side, "wgpu");
@@ -124,7 +137,15 @@ async fn a_software_adapter_serves_the_field_ops_only_when_asked() {
     let res = s.post("/linalg/matmul", matmul).send().await.unwrap();
     let p = problem(res, 503, "device_unavailable").await;
     let detail = p["detail"].as_str().unwrap();
-    assert!(detail.contains("wgpu:0 has no kernels for it"), "{detail}");
+    assert!(
+        detail.contains(&format!("wgpu:0 ({NO_KERNELS})")),
+        "{detail}"
+    );
+    let ntt = json!({"field": "goldilocks", "values": ["1", "2"], "backend": "gpu"});
+    let res = s.post("/zk/ntt", ntt).send().await.unwrap();
+    let p = problem(res, 503, "device_unavailable").await;
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains(&format!("wgpu:0 ({LEFT_OFF})")), "{detail}");
 }
 
 /// Under `auto`, a software adapter is a side like any device: `auto` measures it (a
@@ -134,7 +155,7 @@ async fn under_auto_a_software_adapter_competes_by_measured_time() {
     if !adapter_here() {
         return;
     }
-    let s = server("auto", &[]).await;
+    let s = server("auto", "field_mul", &[]).await;
     let device: Value = s.get("/device").await.json().await.unwrap();
     assert_eq!(device["gpus"][0]["adapter"]["auto_placement"], true);
     let mut sides = Vec::new();
@@ -155,7 +176,7 @@ async fn a_lost_device_is_retired_and_comes_back_after_a_reprobe() {
     if !adapter_here() {
         return;
     }
-    let s = server("forced", &["--device-reprobe-backoff", "1s"]).await;
+    let s = server("forced", "field_mul", &["--device-reprobe-backoff", "1s"]).await;
     let dev = s.state.backends.gpus()[0].clone();
     dev.destroy_wgpu_device().unwrap();
     let (side, _) = mul(&s, 100, "gpu").await;
@@ -185,6 +206,7 @@ fn a_kernel_that_does_not_compile_fails_the_opening() {
     let broken = WgslKernel {
         name: "goldilocks_add".into(),
         module: "field_ops",
+        ops: vec!["field_add"],
         source: "@compute @workgroup_size(256) fn main() { let x: u32 = 1.5; }".into(),
         params: vec![Param::Read, Param::Read, Param::Write, Param::Scalar(8)],
         shared_bytes: 0,
@@ -192,6 +214,7 @@ fn a_kernel_that_does_not_compile_fails_the_opening() {
     let library = WgslLibrary {
         kernels: vec![broken],
         ops: vec!["field_add"],
+        left_off: Vec::new(),
     };
     let (opened, why) = discover(&DeviceSelection::All, SoftwareAdapters::Forced, &library);
     assert!(opened.is_empty(), "{why}");

@@ -240,3 +240,20 @@ async fn bandwidth_is_measured_once_and_cached_until_a_refresh() {
     .await;
     assert_eq!(p["errors"][0]["path"], "/refresh", "{p}");
 }
+
+/// `--wgpu-ops` names ops with WGSL kernels: a misspelt or unserved one stops the start
+/// with the flag and the ops it takes, whatever the backend (it is checked before any
+/// device is looked for).
+#[tokio::test]
+async fn an_unknown_wgpu_op_stops_the_start() {
+    let settings = common::settings(&["--wgpu-ops", "field_mul,matmul"]);
+    let err = gpu_ops::App::start(settings)
+        .err()
+        .expect("the start fails");
+    assert!(
+        err.contains("--wgpu-ops") && err.contains("\"matmul\"") && err.contains("msm"),
+        "{err}"
+    );
+    let settings = common::settings(&["--wgpu-ops", "field_mul,msm"]);
+    assert!(gpu_ops::App::start(settings).is_ok());
+}

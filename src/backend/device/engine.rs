@@ -286,6 +286,12 @@ pub trait DeviceEngine: Send + Sync + 'static {
         true
     }
 
+    /// Why `op` is not served here (`serves` is false): `/device`'s reason for an
+    /// `unavailable` op, and the 503's.
+    fn why_not_served(&self, _op: &str) -> &'static str {
+        crate::backend::verify::NO_KERNELS
+    }
+
     /// The most dynamic shared memory a launch of kernel `name` may ask, where the
     /// engine bounds it below what the launchers assume (a WGSL kernel's workgroup
     /// array); `None`: the launcher's own budget holds.

@@ -409,12 +409,12 @@ impl GpuDevice {
         self.op_table().insert(op.to_string(), status);
     }
 
-    /// Records that the engine has no kernels for `op` (`/device` lists it so).
+    /// Records that the engine does not serve `op` (`/device` lists it so, with why).
     pub fn set_op_unavailable(&self, op: &str) {
         let status = OpStatus {
             op: op.to_string(),
             state: OpState::Unavailable,
-            reason: Some(super::verify::NO_KERNELS.into()),
+            reason: Some(self.why_not_served(op).into()),
         };
         self.op_table().insert(op.to_string(), status);
     }
@@ -449,6 +449,11 @@ impl GpuDevice {
     /// Whether the engine has every kernel of `op`'s device path (`DeviceEngine::serves`).
     pub fn serves(&self, op: &str) -> bool {
         self.engine().serves(op)
+    }
+
+    /// Why the engine does not serve `op` (`DeviceEngine::why_not_served`).
+    pub fn why_not_served(&self, op: &str) -> &'static str {
+        self.engine().why_not_served(op)
     }
 
     /// Whether `auto` may place work here: false for a software wgpu adapter unless

@@ -30,6 +30,8 @@ pub struct WgpuEngine {
     queue: wgpu::Queue,
     kernels: HashMap<String, Kernel>,
     ops: Vec<&'static str>,
+    /// Ops `--wgpu-ops` kept off (their kernels not compiled).
+    left_off: Vec<&'static str>,
     limits: wgpu::Limits,
     module_loads: Vec<ModuleLoad>,
     facts: serde_json::Value,
@@ -88,6 +90,7 @@ impl WgpuEngine {
             queue,
             kernels,
             ops: library.ops.clone(),
+            left_off: library.left_off.clone(),
             module_loads: loads,
             facts,
             lost,
@@ -451,6 +454,14 @@ impl DeviceEngine for WgpuEngine {
 
     fn serves(&self, op: &str) -> bool {
         self.ops.contains(&op)
+    }
+
+    fn why_not_served(&self, op: &str) -> &'static str {
+        if self.left_off.contains(&op) {
+            super::LEFT_OFF
+        } else {
+            crate::backend::verify::NO_KERNELS
+        }
     }
 
     fn kernel_limits(&self, name: &str) -> KernelLimits {

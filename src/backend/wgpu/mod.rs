@@ -34,6 +34,8 @@ pub struct WgslKernel {
     pub name: String,
     /// The group it is reported under (`/device`'s module loads): the CUDA module's name.
     pub module: &'static str,
+    /// The ops whose device paths launch it (`WgslLibrary::select` keeps it for these).
+    pub ops: Vec<&'static str>,
     pub source: String,
     /// Its parameters in the launchers' order: buffer bindings 1, 2, … in that order,
     /// scalars packed into `params` after the launch geometry.
@@ -49,6 +51,46 @@ pub struct WgslKernel {
 pub struct WgslLibrary {
     pub kernels: Vec<WgslKernel>,
     pub ops: Vec<&'static str>,
+    /// Ops it has kernels for that the operator left off (`--wgpu-ops`): `unavailable`
+    /// on an adapter, with that reason.
+    pub left_off: Vec<&'static str>,
+}
+
+/// Why an op is `unavailable` on an adapter that `--wgpu-ops` kept it off.
+pub const LEFT_OFF: &str = "left off the wgpu adapters by --wgpu-ops";
+
+impl WgslLibrary {
+    /// Only the ops of `wanted` (`--wgpu-ops`; `all`: every op) and the kernels they
+    /// launch: an adapter then compiles no kernel of the ops left off (the MSM's take a
+    /// minute on a CPU driver) and serves those ops nowhere. A name the library has no
+    /// kernels for is an error listing the ones it has.
+    pub fn select(&self, wanted: &[String]) -> Result<Self, String> {
+        if wanted.iter().any(|w| w == "all") {
+            return Ok(self.clone());
+        }
+        if let Some(unknown) = wanted.iter().find(|w| !self.ops.contains(&w.as_str())) {
+            return Err(format!(
+                "--wgpu-ops: the wgpu engine has no kernels for {unknown:?}; its ops are all, {}",
+                self.ops.join(", ")
+            ));
+        }
+        let (ops, left_off) = self
+            .ops
+            .iter()
+            .copied()
+            .partition(|op| wanted.iter().any(|w| w == *op));
+        let kernels = self
+            .kernels
+            .iter()
+            .filter(|k| k.ops.iter().any(|op| wanted.iter().any(|w| w == op)))
+            .cloned()
+            .collect();
+        Ok(Self {
+            kernels,
+            ops,
+            left_off: self.left_off.iter().copied().chain(left_off).collect(),
+        })
+    }
 }
 
 /// The threads of every kernel's workgroup (`@workgroup_size` in `kernels/wgsl/`): a

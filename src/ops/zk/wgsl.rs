@@ -119,10 +119,18 @@ pub(super) fn fp_source(p: &[u32]) -> String {
         .replace("{{INV}}", &format!("0x{:08x}", mont_inv(p[0])))
 }
 
-fn kernel(name: String, field: Field, entry: String, params: Vec<Param>) -> WgslKernel {
+/// A kernel over `field` that `op`'s device path launches.
+fn kernel(
+    name: String,
+    op: &'static str,
+    field: Field,
+    entry: String,
+    params: Vec<Param>,
+) -> WgslKernel {
     WgslKernel {
         name,
         module: "field_ops",
+        ops: vec![op],
         source: format!("{PRELUDE}\n{}\n{entry}", field_source(field)),
         params,
         shared_bytes: 0,
@@ -170,9 +178,11 @@ fn ntt_kernels(field: Field) -> Vec<WgslKernel> {
             let source = format!("{NTT}\n{entry}").replace("{{TABLE_MUL}}", table_mul);
             WgslKernel {
                 module: "ntt",
+                ops: vec!["ntt", "intt"],
                 shared_bytes,
                 ..kernel(
                     format!("{}_ntt_{kind}", field.name()),
+                    "ntt",
                     field,
                     source,
                     params,
@@ -193,15 +203,16 @@ pub fn kernels() -> Vec<WgslKernel> {
             let entry = BINARY.replace("{{OP}}", &format!("fe_{}", op.kernel_suffix()));
             out.push(kernel(
                 super::gpu::kernel_name(field, op),
+                op.name(),
                 field,
                 entry,
                 pair(),
             ));
         }
         let name = |op: &str| format!("{}_{op}", field.name());
-        out.push(kernel(name("pow"), field, POW.into(), pair()));
+        out.push(kernel(name("pow"), "field_pow", field, POW.into(), pair()));
         let inv = vec![Read, Write, Scalar(8), Scalar(8)];
-        out.push(kernel(name("inv"), field, INV.into(), inv));
+        out.push(kernel(name("inv"), "field_inv", field, INV.into(), inv));
         out.extend(ntt_kernels(field));
     }
     out.extend(super::wgsl_msm::kernels());

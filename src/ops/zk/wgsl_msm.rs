@@ -32,6 +32,7 @@ fn msm_kernel(name: String, source: String, params: Vec<Param>) -> WgslKernel {
     WgslKernel {
         name,
         module: "msm",
+        ops: vec!["msm"],
         source: format!("{PRELUDE}\n{MSM}\n{source}"),
         params,
         shared_bytes: 0,
