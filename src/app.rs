@@ -253,6 +253,7 @@ impl App {
             tenant_count: cfg.max_tenant_arrays,
             server_bytes: cfg.max_arrays_mib << 20,
             server_count: cfg.max_arrays,
+            read_back_wait: cfg.job_timeout,
         };
         let array_metrics = arrays::ArrayMetrics {
             bytes: metrics.array_bytes.clone(),

@@ -60,7 +60,7 @@ metrics! {
     arrays_refused: IntCounterVec = ("gpu_ops_arrays_refused_total", "Array uploads refused, by reason: tenant_bytes (--max-tenant-array-mib), tenant_count (--max-tenant-arrays), server_bytes (--max-arrays-mib), server_count (--max-arrays), io (the disk or the artifact store), storage (the shared catalog)", ["reason"]);
     arrays_expired: IntCounter = ("gpu_ops_arrays_expired_total", "Resident arrays deleted, with their files (or objects), after their time to live", []);
     array_uses: IntCounterVec = ("gpu_ops_array_uses_total", "Operands that named a resident array instead of carrying data, by kind (field_elements, points, tensor, recording, bytes)", ["kind"]);
-    array_reads_back: IntCounterVec = ("gpu_ops_array_reads_back_total", "Kept results held only on a device, read back to the host at their first read or use there, by result: read (downloaded, then held on the host and disk), lost (the device no longer had them: the array is gone, 410 array_lost)", ["result"]);
+    array_reads_back: IntCounterVec = ("gpu_ops_array_reads_back_total", "Kept results held only on a device, read back to the host at their first read or use there, by result: read (downloaded, then held on the host and disk), lost (the device no longer had them: the array is gone, 410 array_lost), deadline (no lease on the device came free within --job-timeout: 504 deadline_exceeded, still held there)", ["result"]);
     cpu_inline_jobs: IntCounterVec = ("gpu_ops_cpu_inline_jobs_total", "CPU jobs small enough to run on the queue's worker task rather than the compute threads, by op", ["op"]);
     job_queue_wait: HistogramVec = ("gpu_ops_job_queue_wait_seconds", "Time a job waited in the queue, by op and backend", ["op", "backend"], latency_buckets());
     job_compute: HistogramVec = ("gpu_ops_job_compute_seconds", "Time a job computed, by op and backend", ["op", "backend"], latency_buckets());
@@ -200,7 +200,7 @@ impl Metrics {
         for tier in ["host", "disk", "device", "object_store"] {
             m.array_bytes.with_label_values(&[tier]);
         }
-        for result in ["read", "lost"] {
+        for result in ["read", "lost", "deadline"] {
             m.array_reads_back.with_label_values(&[result]);
         }
         for kind in ["field_elements", "points", "tensor", "recording", "bytes"] {

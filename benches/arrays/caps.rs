@@ -139,6 +139,7 @@ pub async fn run(count: usize, mib: u64) {
         tenant_count: usize::MAX,
         server_bytes: u64::MAX,
         server_count: usize::MAX,
+        read_back_wait: std::time::Duration::from_secs(60),
     };
     for (dir, what, n) in [
         (

@@ -123,6 +123,7 @@ impl Serialize for PointsOut {
         (status = 404, description = "array_not_found"),
         (status = 410, description = "array_lost: the array was held only on a device, which lost it"),
         (status = 422, description = "invalid_parameter (encoding: hex for a tensor; other than base64 for a recording)"),
+        (status = 504, description = "deadline_exceeded: the array is held only on a device with no lease free within --job-timeout; still held there"),
     ),
     security((), ("bearer" = []))
 )]

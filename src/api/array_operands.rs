@@ -131,6 +131,7 @@ impl ArrayScope {
             tenant_count: 10,
             server_bytes: 1 << 20,
             server_count: 10,
+            read_back_wait: std::time::Duration::from_secs(60),
         };
         let arrays = Arrays::open(dir, limits, crate::arrays::ArrayMetrics::unregistered());
         Self::new(

@@ -211,8 +211,7 @@ impl DenseIn {
                 }
                 (t.shape.clone(), t.values.clone(), Some(t.dtype.into()))
             }
-            // Only operands whose handler resolves them take arrays (integer ids and
-            // positions do not: a resident tensor holds floats).
+            // Only operands whose handler resolves them take arrays.
             DenseIn::Array(_) => {
                 return Err(Problem::at(
                     ErrorCode::InvalidRequest,

@@ -266,6 +266,7 @@ impl From<crate::arrays::ArrayError> for Problem {
             ArrayError::Full { .. } | ArrayError::FullCount { .. } => ErrorCode::ArraysFull,
             ArrayError::Io(_) => ErrorCode::Internal,
             ArrayError::Lost { .. } => ErrorCode::ArrayLost,
+            ArrayError::DeviceBusy { .. } => ErrorCode::DeadlineExceeded,
             ArrayError::Storage { unavailable, .. } => {
                 if unavailable {
                     let mut p = Problem::new(ErrorCode::StorageUnavailable, e.to_string());

@@ -1,6 +1,7 @@
 //! `/embeddings/tables`: resident embedding tables. Upload once, then look rows up by id;
 //! a device keeps the table cached between lookups.
 
+use super::array_operands::ArrayScope;
 use super::auth::{tenant, Tenant};
 use super::dense_tensors::{Dense2Doc, DenseIn, DenseOut, DenseOutDoc, TensorDtype};
 use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncoding, PositionsDoc};
@@ -227,7 +228,8 @@ pub async fn embedding_table_delete(
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"ids": [[0, 2], [1, 1]]}))]
 pub struct LookupRequest {
-    /// `[S]` or `[B, S]` ids: JSON integers from 0 to V − 1.
+    /// `[S]` or `[B, S]` ids: JSON integers from 0 to V − 1, or a resident tensor of them
+    /// (`{"array": id}`; from an f32 tensor, ids below 2^24).
     #[schema(value_type = PositionsDoc)]
     pub ids: DenseIn,
     #[serde(default)]
@@ -261,7 +263,8 @@ pub struct LookupResponse {
         (status = 200, description = "The rows", body = LookupResponse),
         (status = 404, description = "embedding_table_not_found"),
         (status = 413, description = "The answer over --max-tensor-elements"),
-        (status = 422, description = "invalid_tensor (ids not JSON integers from 0 to V − 1, rank)"),
+        (status = 422, description = "invalid_tensor (ids not JSON integers from 0 to V − 1, rank), \
+            unknown_array, array_mismatch (ids naming an array that is not a tensor of rank 1 or 2)"),
         (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
@@ -271,9 +274,11 @@ pub async fn embedding_table_lookup(
     who: Option<Extension<Tenant>>,
     ApiPath(IdParam { id }): ApiPath<IdParam>,
     form: AnswerForm,
-    ApiBody(req): ApiBody<LookupRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<LookupRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    req.ids.resolve(&arrays, "/ids")?;
     let table = state.tables.get(&tenant(&who), &id).ok_or_else(not_found)?;
     let max = state.settings.config.max_tensor_elements;
     let (vocab, dim) = (table.meta.vocab, table.meta.dim);

@@ -1,6 +1,7 @@
 //! `/embeddings/sinusoidal`: the sinusoidal position table, or its rows for a batch of
 //! positions.
 
+use super::array_operands::ArrayScope;
 use super::dense_tensors::{DenseIn, DenseOut, DenseOutDoc, TensorDtype};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
@@ -75,8 +76,8 @@ pub struct SinusoidalRequest {
     /// 2^32.
     #[schema(minimum = 1, maximum = 4294967296_u64)]
     pub num_positions: Option<u64>,
-    /// `[S]` or `[B, S]` positions: JSON integers from 0 to 2^32 (give this or
-    /// `num_positions`).
+    /// `[S]` or `[B, S]` positions: JSON integers from 0 to 2^32, or a resident tensor
+    /// of them (`{"array": id}`) (give this or `num_positions`).
     #[schema(value_type = Option<PositionsDoc>)]
     pub positions: Option<DenseIn>,
     /// Even, 2 to 65536.
@@ -157,8 +158,8 @@ fn positions(req: &mut SinusoidalRequest, max: usize) -> Result<(Vec<f64>, Vec<u
     }
 }
 
-/// `[S]` or `[B, S]` JSON integers from 0 to `top` (written `top_text` in messages); not
-/// packed, since packed floats are not integers.
+/// `[S]` or `[B, S]` JSON integers from 0 to `top` (written `top_text` in messages), or
+/// a resident tensor of them; not packed, since packed floats are not integers.
 pub(super) fn integer_tensor(
     t: DenseIn,
     path: &str,
@@ -166,6 +167,19 @@ pub(super) fn integer_tensor(
     top: f64,
     top_text: &str,
 ) -> Result<IntegerTensor, Problem> {
+    // A resident tensor holds floats rounded to its dtype when it was uploaded: an
+    // integer at or above 2^(significand bits) may have been rounded to its neighbour, so
+    // only those below are taken from it (every id of a table of up to 2^24 rows from an
+    // f32 tensor; any position from an f64 one).
+    let resident = match &t {
+        DenseIn::Resident(r) => Some(r.dtype),
+        _ => None,
+    };
+    let asked = top;
+    let (top, at) = match resident {
+        Some(dtype) => (top.min(exact_below(dtype) - 1.0), format!("{path}/array")),
+        None => (top, path.to_string()),
+    };
     let p = match t {
         DenseIn::Packed(_) => {
             return Err(Problem::at(
@@ -190,13 +204,34 @@ pub(super) fn integer_tensor(
         .iter()
         .position(|&x| x < 0.0 || x.fract() != 0.0 || x > top)
     {
-        return Err(Problem::at(
-            ErrorCode::InvalidTensor,
-            path,
-            format!("value {i} (row-major) is not an integer from 0 to {top_text}"),
-        ));
+        let x = p.values[i];
+        let why = match resident {
+            Some(dtype) if x.fract() == 0.0 && x >= exact_below(dtype) && x <= asked => format!(
+                "value {i} (row-major) of the resident {} tensor is {x}: integers from 2^{} up \
+                 may have been rounded when it was uploaded; keep them in an f64 tensor",
+                dtype.name(),
+                exact_below(dtype).log2()
+            ),
+            Some(_) => format!(
+                "value {i} (row-major) of the resident tensor is not an integer from 0 to {top_text}"
+            ),
+            None => format!("value {i} (row-major) is not an integer from 0 to {top_text}"),
+        };
+        return Err(Problem::at(ErrorCode::InvalidTensor, at, why));
     }
     Ok(p)
+}
+
+/// The first integer that a value rounded to `dtype` may not hold exactly:
+/// 2^(significand bits).
+fn exact_below(dtype: Dtype) -> f64 {
+    let bits = match dtype {
+        Dtype::Bf16 => 8,
+        Dtype::F16 => 11,
+        Dtype::F32 => 24,
+        Dtype::F64 => 53,
+    };
+    f64::from(2u32).powi(bits)
 }
 
 /// A bulk body's `u32` or `u64` integers as `integer_tensor` takes them: values above
@@ -245,12 +280,13 @@ pub(super) fn too_large(path: &str, values: u64, max: usize) -> Problem {
 }
 
 /// Schema of `positions`: an array of integers, or an array of equally long arrays of
-/// them (which JSON Schema cannot state), each from 0 to 2^32.
+/// them (which JSON Schema cannot state), each from 0 to 2^32; or a resident tensor of
+/// them (`{"array": id}`, integers below 2^24 from an f32 tensor, 2^53 from an f64 one).
 pub struct PositionsDoc;
 
 impl utoipa::PartialSchema for PositionsDoc {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Ref, Type};
         let rank1 = || {
             ArrayBuilder::new()
                 .items(
@@ -264,11 +300,12 @@ impl utoipa::PartialSchema for PositionsDoc {
         OneOfBuilder::new()
             .item(rank1())
             .item(ArrayBuilder::new().items(rank1()).min_items(Some(1)))
+            .item(Ref::from_schema_name("ArrayRefDoc"))
             .into()
     }
 }
 
-impl ToSchema for PositionsDoc {}
+super::array_operands::names_array_ref!(PositionsDoc);
 
 #[utoipa::path(
     post, path = "/embeddings/sinusoidal", tag = "embeddings", operation_id = "embeddings_sinusoidal",
@@ -282,7 +319,8 @@ impl ToSchema for PositionsDoc {}
         (status = 200, description = "The embeddings", body = SinusoidalResponse),
         (status = 413, description = "The answer over --max-tensor-elements"),
         (status = 422, description = "invalid_tensor (positions not integers from 0 to 2^32, rank), \
-            invalid_parameter (dim, base, scale, offset, both or neither of num_positions and positions)"),
+            invalid_parameter (dim, base, scale, offset, both or neither of num_positions and positions), \
+            unknown_array, array_mismatch (positions naming an array that is not a tensor of rank 1 or 2)"),
         (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
@@ -290,9 +328,11 @@ impl ToSchema for PositionsDoc {}
 pub async fn embeddings_sinusoidal(
     State(state): State<Arc<AppState>>,
     form: AnswerForm,
+    arrays: ArrayScope,
     ApiBody(mut req): ApiBody<SinusoidalRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    DenseIn::resolve_some(&mut req.positions, &arrays, "/positions")?;
     let max = state.settings.config.max_tensor_elements;
     let (backend, encoding) = (req.backend, req.encoding);
     let (job, mut shape) = blocking(move || {

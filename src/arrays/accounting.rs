@@ -13,6 +13,9 @@ pub struct ArrayLimits {
     pub tenant_count: usize,
     pub server_bytes: u64,
     pub server_count: usize,
+    /// The longest a read of a result held on a device waits for a lease there
+    /// (`--job-timeout`): then 504 `deadline_exceeded`, the array still held.
+    pub read_back_wait: std::time::Duration,
 }
 
 /// What the arrays export (registered by `Metrics`; fresh ones in unit tests).

@@ -32,6 +32,12 @@ pub enum ArrayError {
         id: String,
         why: String,
     },
+    /// A result held only on a device whose leases stayed taken for `waited`: not read
+    /// back, still held there.
+    DeviceBusy {
+        id: String,
+        waited: std::time::Duration,
+    },
     /// The shared catalog could not be read or written (`unavailable`: it could not be
     /// reached; a retry may succeed).
     Storage {
@@ -59,6 +65,7 @@ impl ArrayError {
             ArrayError::FullCount { .. } => "server_count",
             ArrayError::Io(_) => "io",
             ArrayError::Lost { .. } => "lost",
+            ArrayError::DeviceBusy { .. } => "device_busy",
             ArrayError::Storage { .. } => "storage",
         }
     }
@@ -87,6 +94,12 @@ impl std::fmt::Display for ArrayError {
             ArrayError::Lost { id, why } => write!(
                 f,
                 "{id} was held only on a device, which no longer has it ({why}); it is gone"
+            ),
+            ArrayError::DeviceBusy { id, waited } => write!(
+                f,
+                "{id} is held only on a device, which had no lease free for {:.1} s (--job-timeout); \
+                 it is still held there: read it again later",
+                waited.as_secs_f64()
             ),
             ArrayError::Storage { message, .. } => write!(f, "{message}"),
         }

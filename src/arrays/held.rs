@@ -37,8 +37,19 @@ impl Arrays {
         if let Some(now) = now.filter(|now| !Arc::ptr_eq(now, &a)) {
             return Ok(now);
         }
-        let values = match held.download() {
+        let wait = self.limits.read_back_wait;
+        let values = match held.download_by(Some(std::time::Instant::now() + wait)) {
             Ok(v) => Arc::new(v),
+            Err(e) if e.kind == DeviceErrorKind::Abandoned => {
+                self.metrics
+                    .reads_back
+                    .with_label_values(&["deadline"])
+                    .inc();
+                return Err(ArrayError::DeviceBusy {
+                    id: id.clone(),
+                    waited: wait,
+                });
+            }
             Err(e) if e.kind == DeviceErrorKind::Unsupported => {
                 self.lose(&a);
                 return Err(ArrayError::Lost {

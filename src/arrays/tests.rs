@@ -15,6 +15,7 @@ const ROOMY: ArrayLimits = ArrayLimits {
     tenant_count: 100,
     server_bytes: 1 << 20,
     server_count: 100,
+    read_back_wait: std::time::Duration::from_secs(60),
 };
 
 fn open(dir: &std::path::Path, limits: ArrayLimits) -> Arrays {
@@ -231,6 +232,7 @@ fn quotas_and_the_cap_refuse_what_would_pass_them_and_count_refusals() {
         tenant_count: 2,
         server_bytes: 64,
         server_count: 100,
+        read_back_wait: std::time::Duration::from_secs(60),
     };
     let a = open(&dir, limits);
     let (m, d) = goldilocks("arr_1", "a", vec![0; 4], LATER);
@@ -284,6 +286,7 @@ fn the_server_count_cap_holds_across_tenants_and_a_deletion_makes_room() {
     let dir = scratch("server-count");
     let limits = ArrayLimits {
         server_count: 2,
+        read_back_wait: std::time::Duration::from_secs(60),
         ..ROOMY
     };
     let a = open(&dir, limits);

@@ -21,7 +21,7 @@ use std::time::Duration;
 pub use cpu::CpuExecutor;
 pub use device::{
     best_rate, CopyBandwidth, DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element,
-    GpuDevice, GpuInfo, GpuVendor,
+    GpuDevice, GpuInfo, GpuVendor, Stop,
 };
 pub use job::{Batchable, Job};
 pub use nvml::{driver_version as nvml_driver_version, spawn_sampler as spawn_nvml_sampler};

@@ -197,6 +197,97 @@ async fn a_lost_result_is_gone(s: &TestServer) {
     assert_eq!(res.status(), 404, "a lost array is gone");
 }
 
+/// A read of a result held on a device waits for a lease there no longer than
+/// `--job-timeout`: with the device's one lease taken, the read is 504
+/// deadline_exceeded after about that long and the array is still held; freed, the
+/// same read answers the values. A step that names a held result deleted while it
+/// waited for the device is 422 unknown_array, not 410 array_lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_back_waits_for_the_device_no_longer_than_a_job() {
+    let s = TestServer::start(&[
+        "--backend",
+        "auto",
+        "--emulate-device",
+        "--verify-fraction",
+        "0",
+        "--gpu-jobs-per-device",
+        "1",
+        "--job-timeout",
+        "2s",
+    ])
+    .await;
+    let x = strings(Field::Goldilocks, 256, 11);
+    let body = json!({"field": "goldilocks", "values": x, "keep": keep(), "backend": "gpu"});
+    let id = kept_on_device(&run(&s, "/zk/ntt", body, "emulated").await);
+    let want = run(
+        &s,
+        "/zk/ntt",
+        json!({"field": "goldilocks", "values": x, "backend": "cpu"}),
+        "cpu",
+    )
+    .await["result"]
+        .clone();
+    let dev = s.state.backends.gpus()[0].clone();
+    let (taken, release) = std::sync::mpsc::channel::<()>();
+    let (held, wait) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let _lease = dev.lease().unwrap();
+        held.send(()).unwrap();
+        let _ = release.recv();
+    });
+    wait.recv().unwrap();
+    let deadlines = reads_back(&s, "deadline");
+    let started = std::time::Instant::now();
+    let res = s.get(&format!("/arrays/{id}/data")).await;
+    let waited = started.elapsed();
+    problem(res, 504, "deadline_exceeded").await;
+    assert!(
+        waited >= std::time::Duration::from_millis(1900)
+            && waited < std::time::Duration::from_secs(20),
+        "{waited:?}"
+    );
+    assert_eq!(reads_back(&s, "deadline"), deadlines + 1);
+    let listed: Value = s.get(&format!("/arrays/{id}")).await.json().await.unwrap();
+    assert_eq!(listed["held"], json!(["device"]), "still held: {listed}");
+    taken.send(()).unwrap();
+    holder.join().unwrap();
+    let data: Value = s
+        .get(&format!("/arrays/{id}/data"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(data["values"], want);
+
+    // A step that names a held result deleted while the step waited for the device is
+    // 422 unknown_array at the operand, as if it had been deleted before.
+    let body = json!({"field": "goldilocks", "values": x, "keep": keep(), "backend": "gpu"});
+    let doomed = kept_on_device(&run(&s, "/zk/ntt", body, "emulated").await);
+    let dev = s.state.backends.gpus()[0].clone();
+    let (taken, release) = std::sync::mpsc::channel::<()>();
+    let (held, wait) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let _lease = dev.lease().unwrap();
+        held.send(()).unwrap();
+        let _ = release.recv();
+    });
+    wait.recv().unwrap();
+    let step = s
+        .post(
+            "/zk/field_add",
+            json!({"field": "goldilocks", "a": x, "b": {"array": doomed}, "backend": "gpu"}),
+        )
+        .send();
+    let step = tokio::spawn(step);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let deleted = s.delete(&format!("/arrays/{doomed}")).send().await.unwrap();
+    assert_eq!(deleted.status(), 204);
+    taken.send(()).unwrap();
+    holder.join().unwrap();
+    let p = problem(step.await.unwrap().unwrap(), 422, "unknown_array").await;
+    assert_eq!(p["errors"][0]["path"], "/b/array", "{p}");
+}
+
 /// The job alone, on a lease with its device's handle: a result kept on the device and
 /// dropped before any array adopted it (its request gone) leaves the device; a result
 /// the cache has no room for comes back to the host, equal to the CPU's.

@@ -944,12 +944,38 @@ async fn every_refusal_has_its_code_and_path() {
         apply_masks(&mut q, &[]);
         B64.encode(q.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())
     };
-    for me in [&a, &b, &c] {
-        let res = me
-            .post(&s, &round, "inputs", json!({"masked": masked}))
+    // The vector may be a resident array of kind bytes: refused at `/masked/array` when it
+    // is not whole words, is not bytes, or is not there.
+    let array = |body: Value| {
+        let s = &s;
+        async move {
+            let res = s.post("/arrays", body).send().await.unwrap();
+            assert_eq!(res.status(), 201);
+            res.json::<Value>().await.unwrap()["id"].clone()
+        }
+    };
+    let odd = array(json!({"kind": "bytes", "bytes": B64.encode([0u8; 6])})).await;
+    let tensor = array(json!({"kind": "tensor", "tensor": [1.0]})).await;
+    for (named, status, code) in [
+        (odd, 422, "invalid_parameter"),
+        (tensor, 422, "array_mismatch"),
+        (json!("arr_nothing"), 422, "unknown_array"),
+    ] {
+        let res = a
+            .post(&s, &round, "inputs", json!({"masked": {"array": named}}))
             .send()
             .await
             .unwrap();
+        let p = problem(res, status, code).await;
+        assert_eq!(p["errors"][0]["path"], "/masked/array", "{p}");
+    }
+    let resident = array(json!({"kind": "bytes", "bytes": masked})).await;
+    for (me, body) in [
+        (&a, json!({"masked": {"array": resident}})),
+        (&b, json!({"masked": masked})),
+        (&c, json!({"masked": masked})),
+    ] {
+        let res = me.post(&s, &round, "inputs", body).send().await.unwrap();
         assert_eq!(res.status(), 200);
     }
     let res = a.post(&s, &round, "unmask", json!({"shares": [{"owner": b.id, "secret": "self_mask", "share": B64.encode([0xffu8; 32])}]})).send().await.unwrap();

@@ -446,26 +446,111 @@ async fn tensors_that_do_not_fit_are_refused_at_the_operand() {
     assert_eq!(res.status(), 413);
 }
 
-/// Integer ids are not floats: a lookup's ids cannot name a resident tensor.
+/// A lookup's ids and sinusoidal positions name resident tensors of integers: the rows
+/// are those of the same ids sent; an id an f32 tensor may have rounded at its upload
+/// (2^24 up), a non-integer, another rank or another kind is refused at `…/array`.
 #[tokio::test]
-async fn a_lookup_s_ids_do_not_take_an_array() {
+async fn integer_operands_take_resident_tensors_of_integers() {
     let s = TestServer::start(&[]).await;
     let res = s
-        .post("/embeddings/tables", json!({"table": [[1.0], [2.0]]}))
+        .post(
+            "/embeddings/tables",
+            json!({"table": [[1.0, 1.5], [2.0, 2.5], [3.0, 3.5]]}),
+        )
         .send()
         .await
         .unwrap();
     assert_eq!(res.status(), 201);
     let t: Value = res.json().await.unwrap();
-    let ids = created(&s, json!({"kind": "tensor", "tensor": [1.0]})).await["id"].clone();
-    let path = format!("/embeddings/tables/{}/lookup", t["id"].as_str().unwrap());
-    let res = s
-        .post(&path, json!({"ids": {"array": ids}}))
-        .send()
-        .await
-        .unwrap();
-    let p = problem(res, 422, "invalid_request").await;
-    assert_eq!(p["errors"][0]["path"], "/ids/array");
+    let lookup = format!("/embeddings/tables/{}/lookup", t["id"].as_str().unwrap());
+    let ids = json!([[2, 0], [1, 1]]);
+    let sent = ok(&s, &lookup, json!({"ids": ids})).await;
+    assert_eq!(
+        sent["result"],
+        json!([[[3.0, 3.5], [1.0, 1.5]], [[2.0, 2.5], [2.0, 2.5]]])
+    );
+    for dtype in ["f32", "f64", "bf16"] {
+        let made = created(&s, json!({"kind": "tensor", "tensor": ids, "dtype": dtype})).await;
+        let named = ok(&s, &lookup, json!({"ids": {"array": made["id"]}})).await;
+        assert_eq!(named["result"], sent["result"], "{dtype}");
+        assert_eq!(named["shape"], sent["shape"], "{dtype}");
+    }
+    let positions = json!([0, 5, 70000]);
+    let body = |p: Value| json!({"positions": p, "dim": 4});
+    let want = ok(&s, "/embeddings/sinusoidal", body(positions.clone())).await;
+    let made = created(
+        &s,
+        json!({"kind": "tensor", "tensor": positions, "dtype": "f64"}),
+    )
+    .await;
+    let named = ok(
+        &s,
+        "/embeddings/sinusoidal",
+        body(json!({"array": made["id"]})),
+    )
+    .await;
+    assert_eq!(named["result"], want["result"]);
+
+    let refused = |path: String, body: Value, code: &'static str| {
+        let s = &s;
+        async move {
+            let res = s.post(&path, body).send().await.unwrap();
+            problem(res, 422, code).await
+        }
+    };
+    // 2^24 + 1 is stored as 2^24 by an f32 tensor: no id from 2^24 up is taken from one.
+    let big = created(
+        &s,
+        json!({"kind": "tensor", "tensor": [16777217.0], "dtype": "f32"}),
+    )
+    .await;
+    let p = refused(
+        "/embeddings/sinusoidal".into(),
+        body(json!({"array": big["id"]})),
+        "invalid_tensor",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/positions/array", "{p}");
+    assert!(p["detail"].as_str().unwrap().contains("f64"), "{p}");
+    let half = created(&s, json!({"kind": "tensor", "tensor": [0.5]})).await;
+    let p = refused(
+        lookup.clone(),
+        json!({"ids": {"array": half["id"]}}),
+        "invalid_tensor",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/ids/array", "{p}");
+    let out_of_range = created(&s, json!({"kind": "tensor", "tensor": [3.0]})).await;
+    let p = refused(
+        lookup.clone(),
+        json!({"ids": {"array": out_of_range["id"]}}),
+        "invalid_tensor",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/ids/array", "{p}");
+    let cube = created(&s, json!({"kind": "tensor", "tensor": [[[1.0]]]})).await;
+    let p = refused(
+        lookup.clone(),
+        json!({"ids": {"array": cube["id"]}}),
+        "array_mismatch",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/ids/array", "{p}");
+    let bytes = created(&s, json!({"kind": "bytes", "bytes": "AAAAAA=="})).await;
+    let p = refused(
+        lookup.clone(),
+        json!({"ids": {"array": bytes["id"]}}),
+        "array_mismatch",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/ids/array", "{p}");
+    let p = refused(
+        lookup,
+        json!({"ids": {"array": "arr_nothing"}}),
+        "unknown_array",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/ids/array", "{p}");
 }
 
 /// The DP releases' operands name resident tensors too: privatize's gradients (rank 2),

@@ -6,7 +6,8 @@ use super::{
     aggregate_in_background, count, decode_32, new_token, presented_token, x25519_key, RoundView,
     B64,
 };
-use crate::api::byte_strings::ByteStringIn;
+use crate::api::array_operands::ArrayScope;
+use crate::api::byte_strings::{ByteStringDoc, ByteStringIn};
 use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{
@@ -221,11 +222,9 @@ pub async fn secagg_inbox(
 #[serde(deny_unknown_fields)]
 pub struct InputRequest {
     /// The masked, quantised vector: `vector_length` little-endian u32 in standard base64;
-    /// in the bulk form a `u32` buffer.
-    #[schema(
-        value_type = String,
-        pattern = r"^(?:[A-Za-z0-9+/]{16})*(?:[A-Za-z0-9+/]{5}[AQgw]==|[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=)?$"
-    )]
+    /// in the bulk form a `u32` buffer; or a resident array of kind bytes holding them
+    /// (`{"array": id}`).
+    #[schema(value_type = ByteStringDoc)]
     pub masked: ByteStringIn,
 }
 
@@ -244,7 +243,8 @@ pub struct InputRequest {
         (status = 404, description = "secagg_round_not_found"),
         (status = 409, description = "secagg_wrong_stage (also for a client that sent no shares), secagg_already_submitted"),
         (status = 413, description = "payload_too_large"),
-        (status = 422, description = "invalid_request, invalid_parameter (not base64 of whole words, or not vector_length of them)"),
+        (status = 422, description = "invalid_request, invalid_parameter (not base64 of whole words, or not vector_length of them), \
+            unknown_array, array_mismatch (masked naming an array that is not bytes)"),
         (status = 503, description = "storage_unavailable"),
     ),
     security((), ("bearer" = []))
@@ -254,9 +254,11 @@ pub async fn secagg_input(
     ApiPath(IdParam { id }): ApiPath<IdParam>,
     headers: HeaderMap,
     form: AnswerForm,
-    ApiBody(req): ApiBody<InputRequest>,
+    arrays: ArrayScope,
+    ApiBody(mut req): ApiBody<InputRequest>,
 ) -> Result<Response, Problem> {
     let token = presented_token(&headers)?;
+    req.masked.resolve(&arrays, "/masked")?;
     let store = state.store.clone();
     // Always off the async threads: the store's clients block.
     let (client_id, round) = blocking(move || {
@@ -264,9 +266,10 @@ pub async fn secagg_input(
             .masked
             .bytes(Dtype::U32, ErrorCode::InvalidParameter, "/masked")?;
         if bytes.len() % 4 != 0 {
+            let resident = matches!(req.masked, ByteStringIn::Resident(_));
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
-                "/masked",
+                if resident { "/masked/array" } else { "/masked" },
                 "must be little-endian u32 words in standard base64",
             ));
         }

@@ -31,7 +31,8 @@ pub(super) struct Step {
 
 /// Answers a `KeptFieldJob`: from the host as `answer` does, or with the array its result
 /// was kept as on the device. An operand a device no longer holds is 410 array_lost at
-/// its path, and its array is gone.
+/// its path, and its array is gone; one deleted (or expired) while the step waited is
+/// 422 unknown_array there, as it would have been had it gone before.
 pub(super) async fn answer_step(
     done: Completed<Result<FieldResult, StepFailed>>,
     shape: (Field, Encoding),
@@ -47,17 +48,21 @@ pub(super) async fn answer_step(
             let Some(i) = e.input.filter(|&i| i < step.paths.len()) else {
                 return Err(Problem::new(ErrorCode::Internal, e.message));
             };
-            if let Some(id) = step.named[i].clone() {
-                // Reading it back finds it gone and deletes it, as a read of it would.
-                let scope = step.scope.clone();
-                let read_back = move || -> Result<(), Problem> {
-                    let (arrays, tenant) = scope.parts();
-                    arrays.use_operand(tenant, &id)?;
-                    Ok(())
-                };
-                let _ = blocking_if(true, read_back).await;
-            }
             let path = format!("{}/array", step.paths[i]);
+            if let Some(id) = step.named[i].clone() {
+                // Reading it back finds it gone and deletes it, as a read of it would; or
+                // finds no such array: the tenant deleted it meanwhile.
+                let scope = step.scope.clone();
+                let named = id.clone();
+                let read_back = move || -> Result<bool, Problem> {
+                    let (arrays, tenant) = scope.parts();
+                    Ok(arrays.use_operand(tenant, &named)?.is_none())
+                };
+                if let Ok(true) = blocking_if(true, read_back).await {
+                    let why = format!("{id:.40} was deleted or expired while this step waited");
+                    return Err(Problem::at(ErrorCode::UnknownArray, path, why));
+                }
+            }
             return Err(Problem::at(ErrorCode::ArrayLost, path, e.message));
         }
     };

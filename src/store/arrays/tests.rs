@@ -16,6 +16,7 @@ const LIMITS: ArrayLimits = ArrayLimits {
     tenant_count: 2,
     server_bytes: 150,
     server_count: 3,
+    read_back_wait: std::time::Duration::from_secs(60),
 };
 
 /// Reserves and commits `id` at time 1000, living until `expires`.

@@ -2,8 +2,10 @@
 
 use super::super::gpu;
 use super::super::{Field, FieldVec};
-use crate::backend::{DeviceError, DeviceLease, Element, GpuDevice};
+use crate::backend::{DeviceError, DeviceLease, Element, GpuDevice, Stop};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A field vector whose only copy is on a device, under `key` in its cache of copies.
 /// Dropped before anything adopted it (its request gone before its array was stored),
@@ -68,10 +70,20 @@ impl HeldVector {
     /// Fails (`DeviceErrorKind::Unsupported`) when the device no longer has them (its
     /// context was rebuilt after a fault, or the array was deleted meanwhile).
     pub fn download(&self) -> Result<FieldVec, DeviceError> {
+        self.download_by(None)
+    }
+
+    /// `download`, giving up (`DeviceErrorKind::Abandoned`) if no lease on the device is
+    /// free by `deadline`: a read from the API waits no longer than a job would.
+    pub fn download_by(&self, deadline: Option<Instant>) -> Result<FieldVec, DeviceError> {
         if let Some(v) = self.host_copy() {
             return Ok(FieldVec::clone(&v));
         }
-        read_field(&self.device.lease_for(None, 0)?, self)
+        let stop = deadline.map(|deadline| Stop {
+            deadline,
+            abandoned: Arc::new(AtomicBool::new(false)),
+        });
+        read_field(&self.device.lease_for(stop, 0)?, self)
     }
 
     /// The values on the host, if they were read back.
