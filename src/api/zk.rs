@@ -236,6 +236,28 @@ pub async fn field_pow(
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.base.approx_len() > INLINE_ELEMENTS;
+    let named = req.base.array_id().map(str::to_string);
+    if (keep.is_some() || named.is_some()) && devices_may_hold(&state, backend) {
+        // The base may be held on a device and the result kept there (`KeptFieldJob`).
+        let step = Step {
+            scope: arrays.clone(),
+            named: vec![named],
+            paths: &["/base"],
+        };
+        let key = keep.as_ref().and_then(KeepPlan::device_key);
+        let build = move || -> Result<KeptFieldJob, Problem> {
+            let base = req
+                .base
+                .decode_source(field, encoding, "/base", max, &arrays)?;
+            let exponents = req
+                .exponent
+                .decode_integers(encoding, "/exponent", max, &arrays)?;
+            Ok(KeptFieldJob::pow(base, exponents, key)?)
+        };
+        let job = blocking_if(large, build).await?;
+        let done = state.pool.submit(job, backend, timeout).await?;
+        return answer_step(done, (field, encoding), large, form, keep, step).await;
+    }
     let build = move || -> Result<FieldPowJob, Problem> {
         let base = req.base.decode(field, encoding, "/base", max, &arrays)?;
         let exponents = req

@@ -165,6 +165,49 @@ async fn a_kept_chain_stays_on_the_emulated_device_until_read() {
     a_lost_result_is_gone(&s).await;
 }
 
+/// A power of a kept result stays on the device too, over every field (the word fields'
+/// exponents are the kernel's u64 or u32 limbs): nothing is downloaded between the NTT
+/// and the power, the step is placed where its base is, and the values read back are
+/// the CPU's, with one exponent for all and one per element.
+#[tokio::test]
+async fn a_kept_power_stays_on_the_emulated_device() {
+    let s = server().await;
+    for (i, field) in Field::ALL.into_iter().enumerate() {
+        let (n, f) = (256, field.name());
+        let x = strings(field, n, 90 + i as u64);
+        let exponents: Vec<String> = (0..n).map(|j| (j * j + 3).to_string()).collect();
+        for exponent in [json!(["65537"]), json!(exponents)] {
+            let cpu = |path: &'static str, body: Value| {
+                let mut b = body;
+                b["field"] = json!(f);
+                b["backend"] = json!("cpu");
+                run(&s, path, b, "cpu")
+            };
+            let fx = cpu("/zk/ntt", json!({"values": x})).await["result"].clone();
+            let want = cpu("/zk/field_pow", json!({"base": fx, "exponent": exponent})).await
+                ["result"]
+                .clone();
+
+            let body = json!({"field": f, "values": x, "keep": keep(), "backend": "gpu"});
+            let ax = kept_on_device(&run(&s, "/zk/ntt", body, "emulated").await);
+            let before = downloaded(&s);
+            let resident = resident_placements(&s, "field_pow");
+            let power =
+                json!({"field": f, "base": {"array": ax}, "exponent": exponent, "keep": keep()});
+            let ap = kept_on_device(&run(&s, "/zk/field_pow", power, "emulated").await);
+            assert_eq!(resident_placements(&s, "field_pow"), resident + 1, "{f}");
+            assert_eq!(downloaded(&s), before, "{f}: nothing downloaded");
+            let data: Value = s
+                .get(&format!("/arrays/{ap}/data"))
+                .await
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(data["values"], want, "{f}: the kept power is the CPU's");
+        }
+    }
+}
+
 fn reads_back(s: &TestServer, result: &str) -> u64 {
     s.state
         .metrics

@@ -9,7 +9,7 @@
 use super::gpu::{self, NttPlan};
 use super::ntt::{Direction, NttJob, NttShape, Order};
 use super::vector_ops::{binary_threshold, LengthMismatch};
-use super::{Field, FieldBinaryJob, FieldOp, FieldVec, U256};
+use super::{Field, FieldBinaryJob, FieldOp, FieldPowJob, FieldVec, PowShape, U256};
 use crate::backend::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element, Job};
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -69,6 +69,9 @@ impl FieldSource {
 pub enum FieldStep {
     /// `a (op) b`, `b` of `a`'s length or one element.
     Binary(FieldOp),
+    /// `base ^ exponents[i]`: one exponent per element, or one for all (on the host;
+    /// integers, not elements of the field).
+    Pow(Arc<Vec<U256>>),
     /// `batch` transforms of the one operand.
     Ntt {
         direction: Direction,
@@ -118,6 +121,28 @@ impl KeptFieldJob {
         })
     }
 
+    /// `base ^ exponents`, checked as `FieldPowJob::new` checks it.
+    pub fn pow(
+        base: FieldSource,
+        exponents: Vec<U256>,
+        keep: Option<String>,
+    ) -> Result<Self, PowShape> {
+        if base.is_empty() {
+            return Err(PowShape::Empty);
+        }
+        if exponents.len() != base.len() && exponents.len() != 1 {
+            return Err(PowShape::Lengths {
+                base: base.len(),
+                exponent: exponents.len(),
+            });
+        }
+        Ok(Self {
+            step: FieldStep::Pow(Arc::new(exponents)),
+            inputs: vec![base],
+            keep,
+        })
+    }
+
     /// The transforms of `values` that `step` (an `FieldStep::Ntt`) describes, checked as
     /// `NttJob::new` checks them.
     pub fn ntt(
@@ -157,6 +182,14 @@ impl KeptFieldJob {
         self.inputs[0].len()
     }
 
+    /// A pow step's exponents, 32 bytes each (none for the other steps).
+    fn exponent_bytes(&self) -> usize {
+        match &self.step {
+            FieldStep::Pow(e) => 32 * e.len(),
+            _ => 0,
+        }
+    }
+
     /// The host job computing the same from `values` (the inputs, downloaded if held).
     fn host_job(&self, values: Vec<FieldVec>) -> Result<HostJob, StepFailed> {
         let failed = |message: String| StepFailed {
@@ -174,6 +207,9 @@ impl KeptFieldJob {
                 let (a, b) = (next()?, next()?);
                 HostJob::Binary(FieldBinaryJob::new(*op, a, b).map_err(|e| failed(e.to_string()))?)
             }
+            FieldStep::Pow(exponents) => HostJob::Pow(
+                FieldPowJob::new(next()?, exponents.to_vec()).map_err(|e| failed(e.to_string()))?,
+            ),
             FieldStep::Ntt {
                 direction,
                 batch,
@@ -211,7 +247,7 @@ impl KeptFieldJob {
 
     fn plan(&self) -> Option<NttPlan> {
         match &self.step {
-            FieldStep::Binary(_) => None,
+            FieldStep::Binary(_) | FieldStep::Pow(_) => None,
             FieldStep::Ntt {
                 direction,
                 batch,
@@ -232,6 +268,7 @@ impl KeptFieldJob {
 
 enum HostJob {
     Binary(FieldBinaryJob),
+    Pow(FieldPowJob),
     Ntt(NttJob),
 }
 
@@ -239,6 +276,7 @@ impl HostJob {
     fn run_cpu(&self) -> FieldVec {
         match self {
             HostJob::Binary(j) => j.run_cpu(),
+            HostJob::Pow(j) => j.run_cpu(),
             HostJob::Ntt(j) => j.run_cpu(),
         }
     }
@@ -246,6 +284,7 @@ impl HostJob {
     fn run_device(&self, dev: &DeviceLease<'_>) -> Result<FieldVec, DeviceError> {
         match self {
             HostJob::Binary(j) => gpu::launch_field_binary(j, dev),
+            HostJob::Pow(j) => gpu::launch_field_pow(j, dev),
             HostJob::Ntt(j) => gpu::launch_ntt(j, dev),
         }
     }
@@ -257,6 +296,7 @@ impl Job for KeptFieldJob {
     fn name(&self) -> &'static str {
         match &self.step {
             FieldStep::Binary(op) => op.name(),
+            FieldStep::Pow(_) => "field_pow",
             FieldStep::Ntt { direction, .. } => direction.name(),
         }
     }
@@ -266,7 +306,7 @@ impl Job for KeptFieldJob {
     fn placement_lane(&self) -> Cow<'static, str> {
         let field = self.field().name();
         match &self.step {
-            FieldStep::Binary(_) => format!("{field}/kept").into(),
+            FieldStep::Binary(_) | FieldStep::Pow(_) => format!("{field}/kept").into(),
             FieldStep::Ntt { batch, .. } => {
                 let shape = if *batch > 1 { "batched" } else { "single" };
                 format!("{field}/{shape}/kept").into()
@@ -279,12 +319,14 @@ impl Job for KeptFieldJob {
     }
 
     fn input_bytes(&self) -> usize {
-        self.inputs.iter().map(FieldSource::byte_len).sum()
+        self.inputs.iter().map(FieldSource::byte_len).sum::<usize>() + self.exponent_bytes()
     }
 
     fn gpu_threshold(&self) -> usize {
         match &self.step {
             FieldStep::Binary(op) => binary_threshold(self.field(), *op),
+            // As `FieldPowJob`'s: 256 squarings an element pay for their copies early.
+            FieldStep::Pow(_) => 1 << 10,
             FieldStep::Ntt { .. } => 1 << 14,
         }
     }
@@ -310,7 +352,7 @@ impl Job for KeptFieldJob {
             )));
         }
         let width = self.field().byte_width();
-        let whole = self.len() * width * (self.inputs.len() + 1);
+        let whole = self.len() * width * (self.inputs.len() + 1) + self.exponent_bytes();
         if whole > dev.memory_budget() {
             // Too large to hold whole: the plain launchers' passes, the result downloaded,
             // held operands read back on this lease (another would wait for this one).
@@ -338,6 +380,13 @@ impl Job for KeptFieldJob {
                 of: gpu::u32_words,
                 per_element: 1,
                 to_host: |_, v| FieldVec::BabyBear(v),
+                // Eight little-endian u32 limbs an exponent.
+                exponent: |e| {
+                    e.iter()
+                        .flat_map(|e| e.0)
+                        .flat_map(|w| [w as u32, (w >> 32) as u32])
+                        .collect()
+                },
             };
             self.whole(dev, words)
         } else {
@@ -345,6 +394,8 @@ impl Job for KeptFieldJob {
                 of: gpu::u64_words,
                 per_element: width / 8,
                 to_host: gpu::from_u64,
+                // Four u64 words an exponent, beside any field's elements.
+                exponent: |e| e.iter().flat_map(|e| e.0).collect(),
             };
             self.whole(dev, words)
         }
@@ -381,6 +432,8 @@ struct Words<T> {
     of: fn(&FieldVec) -> &[T],
     per_element: usize,
     to_host: fn(Field, Vec<T>) -> FieldVec,
+    /// Exponents as the pow kernel reads them (`gpu::launch_field_pow`).
+    exponent: fn(&[U256]) -> Vec<T>,
 }
 
 impl KeptFieldJob {
@@ -402,21 +455,15 @@ impl KeptFieldJob {
         }
         let out = match &self.step {
             FieldStep::Binary(op) => {
-                let (n, stride) = (self.len(), u32::from(self.inputs[1].len() == self.len()));
-                let mut out = dev.alloc_zeros::<T>(n * w)?;
-                let n64 = n as u64;
+                let stride = u32::from(self.inputs[1].len() == self.len());
                 let kernel = gpu::kernel_name(self.field(), *op);
-                let mut launch = dev.launch(&kernel)?;
-                launch
-                    .arg(&*ins[0])
-                    .arg(&*ins[1])
-                    .arg(&mut out)
-                    .arg(&n64)
-                    .arg(&stride);
-                // SAFETY: the kernel reads n elements of x, n (or 1, stride 0) of y, and
-                // writes n of out; the buffers hold those words.
-                unsafe { launch.launch(dev.launch_config(n)) }?;
-                out
+                pair(dev, &kernel, (&ins[0], &ins[1]), (self.len(), w), stride)?
+            }
+            FieldStep::Pow(exponents) => {
+                let stride = u32::from(exponents.len() == self.len());
+                let exps = dev.upload(&(words.exponent)(exponents))?;
+                let kernel = format!("{}_pow", self.field().name());
+                pair(dev, &kernel, (&ins[0], &exps), (self.len(), w), stride)?
             }
             FieldStep::Ntt { .. } => {
                 let plan = self.plan().expect("an NTT step");
@@ -471,6 +518,25 @@ fn on_device<T: Element>(
         } => dev.cached_table(key, || dev.upload(words(values))),
         FieldSource::Host { values, key: None } => Ok(Arc::new(dev.upload(words(values))?)),
     }
+}
+
+/// The binary and pow kernels' launch over whole buffers: `out[i] = x[i] (op) y[i * stride]`
+/// for `n` elements of `per_element` words each.
+fn pair<T: Element>(
+    dev: &DeviceLease<'_>,
+    kernel: &str,
+    (x, y): (&DeviceBuffer<T>, &DeviceBuffer<T>),
+    (n, per_element): (usize, usize),
+    stride: u32,
+) -> Result<DeviceBuffer<T>, DeviceError> {
+    let mut out = dev.alloc_zeros::<T>(n * per_element)?;
+    let n64 = n as u64;
+    let mut launch = dev.launch(kernel)?;
+    launch.arg(x).arg(y).arg(&mut out).arg(&n64).arg(&stride);
+    // SAFETY: the kernel reads n elements of x, n (or 1, stride 0) of y, and writes n of
+    // out; the buffers hold those words.
+    unsafe { launch.launch(dev.launch_config(n)) }?;
+    Ok(out)
 }
 
 /// A copy of `table` on the device, for a step that writes over it.
