@@ -254,9 +254,10 @@ fn unknown(id: &str, path: &str) -> Problem {
     )
 }
 
-/// A refusal about the array an operand names, pointed at that operand.
+/// A refusal about the array an operand names (lost, or held by a busy device), pointed
+/// at that operand.
 fn at_operand(p: Problem, path: &str) -> Problem {
-    if p.code != ErrorCode::ArrayLost {
+    if p.code != ErrorCode::ArrayLost && p.code != ErrorCode::DeadlineExceeded {
         return p;
     }
     Problem::at(p.code, format!("{path}/array"), p.detail)

@@ -229,7 +229,7 @@ pub async fn embedding_table_delete(
 #[schema(example = json!({"ids": [[0, 2], [1, 1]]}))]
 pub struct LookupRequest {
     /// `[S]` or `[B, S]` ids: JSON integers from 0 to V − 1, or a resident tensor of them
-    /// (`{"array": id}`; from an f32 tensor, ids below 2^24).
+    /// (`{"array": id}`; ids below 2^24 from an f32 tensor, 2^11 from f16, 2^8 from bf16).
     #[schema(value_type = PositionsDoc)]
     pub ids: DenseIn,
     #[serde(default)]

@@ -281,7 +281,8 @@ pub(super) fn too_large(path: &str, values: u64, max: usize) -> Problem {
 
 /// Schema of `positions`: an array of integers, or an array of equally long arrays of
 /// them (which JSON Schema cannot state), each from 0 to 2^32; or a resident tensor of
-/// them (`{"array": id}`, integers below 2^24 from an f32 tensor, 2^53 from an f64 one).
+/// them (`{"array": id}`, integers below 2^24 from an f32 tensor, 2^11 from f16, 2^8
+/// from bf16, 2^53 from f64).
 pub struct PositionsDoc;
 
 impl utoipa::PartialSchema for PositionsDoc {

@@ -31,25 +31,31 @@ impl Arrays {
             return Ok(a);
         };
         let id = &a.meta.id;
+        // One deadline for the turn and the device together: readers queued behind a
+        // busy device each wait at most `--job-timeout`, not one more per reader ahead.
+        let wait = self.limits.read_back_wait;
+        let deadline = std::time::Instant::now() + wait;
+        let busy = || {
+            self.metrics
+                .reads_back
+                .with_label_values(&["deadline"])
+                .inc();
+            ArrayError::DeviceBusy {
+                id: id.clone(),
+                waited: wait,
+            }
+        };
         // One reader at a time: the next finds the catalog changed and takes its entry.
-        let _turn = held.read_back_turn();
+        let Some(_turn) = held.read_back_turn_by(deadline) else {
+            return Err(busy());
+        };
         let now = self.read().arrays.get(id).cloned();
         if let Some(now) = now.filter(|now| !Arc::ptr_eq(now, &a)) {
             return Ok(now);
         }
-        let wait = self.limits.read_back_wait;
-        let values = match held.download_by(Some(std::time::Instant::now() + wait)) {
+        let values = match held.download_by(Some(deadline)) {
             Ok(v) => Arc::new(v),
-            Err(e) if e.kind == DeviceErrorKind::Abandoned => {
-                self.metrics
-                    .reads_back
-                    .with_label_values(&["deadline"])
-                    .inc();
-                return Err(ArrayError::DeviceBusy {
-                    id: id.clone(),
-                    waited: wait,
-                });
-            }
+            Err(e) if e.kind == DeviceErrorKind::Abandoned => return Err(busy()),
             Err(e) if e.kind == DeviceErrorKind::Unsupported => {
                 self.lose(&a);
                 return Err(ArrayError::Lost {

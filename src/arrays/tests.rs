@@ -286,7 +286,6 @@ fn the_server_count_cap_holds_across_tenants_and_a_deletion_makes_room() {
     let dir = scratch("server-count");
     let limits = ArrayLimits {
         server_count: 2,
-        read_back_wait: std::time::Duration::from_secs(60),
         ..ROOMY
     };
     let a = open(&dir, limits);

@@ -322,13 +322,23 @@ async fn a_read_back_waits_for_the_device_no_longer_than_a_job() {
         )
         .send();
     let step = tokio::spawn(step);
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Deleted once the step waits for the device (its operand resolved before).
+    let dev = s.state.backends.gpus()[0].clone();
+    for _ in 0..400 {
+        if dev.jobs_waiting() > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(dev.jobs_waiting(), 1, "the step waits for the device");
     let deleted = s.delete(&format!("/arrays/{doomed}")).send().await.unwrap();
     assert_eq!(deleted.status(), 204);
     taken.send(()).unwrap();
     holder.join().unwrap();
     let p = problem(step.await.unwrap().unwrap(), 422, "unknown_array").await;
     assert_eq!(p["errors"][0]["path"], "/b/array", "{p}");
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("while this step waited"), "{p}");
 }
 
 /// The job alone, on a lease with its device's handle: a result kept on the device and

@@ -182,8 +182,8 @@ async fn a_lost_device_is_retired_and_comes_back_after_a_reprobe() {
     let (side, _) = mul(&s, 100, "gpu").await;
     assert_eq!(side, "cpu", "rerun on the CPU");
     assert!(!dev.is_healthy(), "retired");
-    // Up to two minutes: the re-probe compiles every kernel again and reruns the
-    // self-test, on a CPU driver that CI's other tests keep busy.
+    // Up to two minutes: the re-probe compiles the kernels again (those of --wgpu-ops)
+    // and reruns the self-test, on a CPU driver that CI's other tests keep busy.
     let mut back = false;
     for _ in 0..480 {
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -194,6 +194,11 @@ async fn a_lost_device_is_retired_and_comes_back_after_a_reprobe() {
     }
     assert!(back, "the re-probe brought it back");
     assert_eq!(mul(&s, 100, "gpu").await.0, "wgpu");
+    let kernels = dev.module_loads();
+    assert!(
+        kernels.iter().all(|m| m.module == "field_ops"),
+        "the re-probe compiled --wgpu-ops' kernels only: {kernels:?}"
+    );
 }
 
 /// A kernel that does not compile fails the adapter's opening, naming the kernel: no

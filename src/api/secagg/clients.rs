@@ -7,7 +7,7 @@ use super::{
     B64,
 };
 use crate::api::array_operands::ArrayScope;
-use crate::api::byte_strings::{ByteStringDoc, ByteStringIn};
+use crate::api::byte_strings::ByteStringIn;
 use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
 use crate::api::{
@@ -224,9 +224,32 @@ pub struct InputRequest {
     /// The masked, quantised vector: `vector_length` little-endian u32 in standard base64;
     /// in the bulk form a `u32` buffer; or a resident array of kind bytes holding them
     /// (`{"array": id}`).
-    #[schema(value_type = ByteStringDoc)]
+    #[schema(value_type = MaskedVectorDoc)]
     pub masked: ByteStringIn,
 }
+
+/// Schema of `masked`: base64 of whole little-endian u32 words, or a resident array of
+/// kind bytes holding them.
+pub struct MaskedVectorDoc;
+
+impl utoipa::PartialSchema for MaskedVectorDoc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Ref, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some("Standard base64 of little-endian u32 words"))
+                    .pattern(Some(
+                        r"^(?:[A-Za-z0-9+/]{16})*(?:[A-Za-z0-9+/]{5}[AQgw]==|[A-Za-z0-9+/]{10}[AEIMQUYcgkosw048]=)?$",
+                    )),
+            )
+            .item(Ref::from_schema_name("ArrayRefDoc"))
+            .into()
+    }
+}
+
+crate::api::array_operands::names_array_ref!(MaskedVectorDoc);
 
 #[utoipa::path(
     post, path = "/secagg/rounds/{id}/inputs", tag = "secagg", operation_id = "secagg_input",

@@ -65,24 +65,21 @@ impl WgslLibrary {
     /// minute on a CPU driver) and serves those ops nowhere. A name the library has no
     /// kernels for is an error listing the ones it has.
     pub fn select(&self, wanted: &[String]) -> Result<Self, String> {
-        if wanted.iter().any(|w| w == "all") {
+        let wanted: Vec<&str> = wanted.iter().map(|w| w.trim()).collect();
+        if wanted.contains(&"all") {
             return Ok(self.clone());
         }
-        if let Some(unknown) = wanted.iter().find(|w| !self.ops.contains(&w.as_str())) {
+        if let Some(unknown) = wanted.iter().find(|w| !self.ops.contains(w)) {
             return Err(format!(
                 "--wgpu-ops: the wgpu engine has no kernels for {unknown:?}; its ops are all, {}",
                 self.ops.join(", ")
             ));
         }
-        let (ops, left_off) = self
-            .ops
-            .iter()
-            .copied()
-            .partition(|op| wanted.iter().any(|w| w == *op));
+        let (ops, left_off) = self.ops.iter().copied().partition(|op| wanted.contains(op));
         let kernels = self
             .kernels
             .iter()
-            .filter(|k| k.ops.iter().any(|op| wanted.iter().any(|w| w == op)))
+            .filter(|k| k.ops.iter().any(|op| wanted.contains(op)))
             .cloned()
             .collect();
         Ok(Self {

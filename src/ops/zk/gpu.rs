@@ -1,7 +1,7 @@
 //! GPU launchers for the field vector kernels (`kernels/field_ops.cu`).
 
 use super::ntt::{self, Direction, NttJob, Order};
-use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec};
+use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec, U256};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::{LaunchConfig, Operand};
 use crate::backend::DeviceLease;
@@ -117,13 +117,19 @@ pub fn launch_field_pow(job: &FieldPowJob, dev: &DeviceLease<'_>) -> Result<Fiel
             FieldVec::Goldilocks(launch_pair(dev, &name, base, &exps, n, stride)?)
         }
         FieldVec::BabyBear(base) => {
-            let limbs: Vec<u32> = exps()
-                .flatten()
-                .flat_map(|w| [w as u32, (w >> 32) as u32])
-                .collect();
+            let limbs = exponent_limbs(job.exponents());
             FieldVec::BabyBear(launch_pair(dev, &name, base, &limbs, n, stride)?)
         }
     })
+}
+
+/// Exponents as the BabyBear pow kernel reads them: eight little-endian u32 limbs each.
+pub(crate) fn exponent_limbs(exponents: &[U256]) -> Vec<u32> {
+    exponents
+        .iter()
+        .flat_map(|e| e.0)
+        .flat_map(|w| [w as u32, (w >> 32) as u32])
+        .collect()
 }
 
 /// The binary and pow kernels' shape: (x, y, out, n, y_stride), out as long as x, y

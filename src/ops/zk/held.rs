@@ -127,15 +127,7 @@ impl KeptFieldJob {
         exponents: Vec<U256>,
         keep: Option<String>,
     ) -> Result<Self, PowShape> {
-        if base.is_empty() {
-            return Err(PowShape::Empty);
-        }
-        if exponents.len() != base.len() && exponents.len() != 1 {
-            return Err(PowShape::Lengths {
-                base: base.len(),
-                exponent: exponents.len(),
-            });
-        }
+        PowShape::check(base.len(), exponents.len())?;
         Ok(Self {
             step: FieldStep::Pow(Arc::new(exponents)),
             inputs: vec![base],
@@ -380,13 +372,7 @@ impl Job for KeptFieldJob {
                 of: gpu::u32_words,
                 per_element: 1,
                 to_host: |_, v| FieldVec::BabyBear(v),
-                // Eight little-endian u32 limbs an exponent.
-                exponent: |e| {
-                    e.iter()
-                        .flat_map(|e| e.0)
-                        .flat_map(|w| [w as u32, (w >> 32) as u32])
-                        .collect()
-                },
+                exponent: gpu::exponent_limbs,
             };
             self.whole(dev, words)
         } else {

@@ -31,17 +31,25 @@ pub enum PowShape {
     Lengths { base: usize, exponent: usize },
 }
 
-impl FieldPowJob {
-    pub fn new(base: FieldVec, exponents: Vec<U256>) -> Result<Self, PowShape> {
-        if base.is_empty() {
+impl PowShape {
+    /// A base of `base` elements takes as many exponents, or one for all.
+    pub fn check(base: usize, exponents: usize) -> Result<(), PowShape> {
+        if base == 0 {
             return Err(PowShape::Empty);
         }
-        if exponents.len() != base.len() && exponents.len() != 1 {
+        if exponents != base && exponents != 1 {
             return Err(PowShape::Lengths {
-                base: base.len(),
-                exponent: exponents.len(),
+                base,
+                exponent: exponents,
             });
         }
+        Ok(())
+    }
+}
+
+impl FieldPowJob {
+    pub fn new(base: FieldVec, exponents: Vec<U256>) -> Result<Self, PowShape> {
+        PowShape::check(base.len(), exponents.len())?;
         Ok(Self { base, exponents })
     }
 

@@ -96,9 +96,21 @@ impl HeldVector {
         let _ = self.host.set(values);
     }
 
-    /// Held while its values are read back: one reader at a time.
-    pub fn read_back_turn(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.turn.lock().unwrap_or_else(|e| e.into_inner())
+    /// Held while its values are read back: one reader at a time; `None` if the reader
+    /// before still holds it at `deadline`.
+    pub fn read_back_turn_by(&self, deadline: Instant) -> Option<std::sync::MutexGuard<'_, ()>> {
+        loop {
+            match self.turn.try_lock() {
+                Ok(turn) => return Some(turn),
+                Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() >= deadline => {
+                    return None
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+            }
+        }
     }
 
     /// Its array is stored: from now on the array's deletion or expiry, or its reading
