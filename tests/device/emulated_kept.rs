@@ -256,7 +256,7 @@ async fn a_read_back_waits_for_the_device_no_longer_than_a_job() {
         "--gpu-jobs-per-device",
         "1",
         "--job-timeout",
-        "2s",
+        "5s",
     ])
     .await;
     let x = strings(Field::Goldilocks, 256, 11);
@@ -285,8 +285,8 @@ async fn a_read_back_waits_for_the_device_no_longer_than_a_job() {
     let waited = started.elapsed();
     problem(res, 504, "deadline_exceeded").await;
     assert!(
-        waited >= std::time::Duration::from_millis(1900)
-            && waited < std::time::Duration::from_secs(20),
+        waited >= std::time::Duration::from_millis(4900)
+            && waited < std::time::Duration::from_secs(30),
         "{waited:?}"
     );
     assert_eq!(reads_back(&s, "deadline"), deadlines + 1);
@@ -324,7 +324,8 @@ async fn a_read_back_waits_for_the_device_no_longer_than_a_job() {
     let step = tokio::spawn(step);
     // Deleted once the step waits for the device (its operand resolved before).
     let dev = s.state.backends.gpus()[0].clone();
-    for _ in 0..400 {
+    // (Within the step's 5 s deadline, however busy the machine.)
+    for _ in 0..800 {
         if dev.jobs_waiting() > 0 {
             break;
         }
