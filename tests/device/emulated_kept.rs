@@ -208,6 +208,19 @@ async fn a_kept_power_stays_on_the_emulated_device() {
     }
 }
 
+/// Takes `dev`'s lease on a thread of its own, held until the sender is sent to.
+fn hold_lease(dev: Arc<GpuDevice>) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (taken, release) = std::sync::mpsc::channel::<()>();
+    let (held, wait) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let _lease = dev.lease().unwrap();
+        held.send(()).unwrap();
+        let _ = release.recv();
+    });
+    wait.recv().unwrap();
+    (taken, holder)
+}
+
 fn reads_back(s: &TestServer, result: &str) -> u64 {
     s.state
         .metrics
@@ -274,14 +287,7 @@ async fn a_read_back_waits_for_the_device_no_longer_than_a_job() {
     .await["result"]
         .clone();
     let dev = s.state.backends.gpus()[0].clone();
-    let (taken, release) = std::sync::mpsc::channel::<()>();
-    let (held, wait) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        let _lease = dev.lease().unwrap();
-        held.send(()).unwrap();
-        let _ = release.recv();
-    });
-    wait.recv().unwrap();
+    let (taken, holder) = hold_lease(dev);
     let deadlines = reads_back(&s, "deadline");
     let started = std::time::Instant::now();
     let res = s.get(&format!("/arrays/{id}/data")).await;
@@ -310,14 +316,7 @@ async fn a_read_back_waits_for_the_device_no_longer_than_a_job() {
     let body = json!({"field": "goldilocks", "values": x, "keep": keep(), "backend": "gpu"});
     let doomed = kept_on_device(&run(&s, "/zk/ntt", body, "emulated").await);
     let dev = s.state.backends.gpus()[0].clone();
-    let (taken, release) = std::sync::mpsc::channel::<()>();
-    let (held, wait) = std::sync::mpsc::channel::<()>();
-    let holder = std::thread::spawn(move || {
-        let _lease = dev.lease().unwrap();
-        held.send(()).unwrap();
-        let _ = release.recv();
-    });
-    wait.recv().unwrap();
+    let (taken, holder) = hold_lease(dev);
     let step = s
         .post(
             "/zk/field_add",
