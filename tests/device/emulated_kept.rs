@@ -60,6 +60,13 @@ async fn run(s: &TestServer, path: &str, body: Value, ran_on: &str) -> Value {
     res.json().await.unwrap()
 }
 
+/// POSTs `body` over `field` to `path` on the CPU, and returns its result.
+async fn on_cpu(s: &TestServer, field: &str, path: &str, mut body: Value) -> Value {
+    body["field"] = json!(field);
+    body["backend"] = json!("cpu");
+    run(s, path, body, "cpu").await["result"].clone()
+}
+
 /// The id of the array an answer kept, which must be held on the device only.
 fn kept_on_device(answer: &Value) -> String {
     assert!(answer.get("result").is_none(), "{answer}");
@@ -84,16 +91,10 @@ async fn a_kept_chain_stays_on_the_emulated_device_until_read() {
         );
         let f = field.name();
         // The chain on the CPU, values sent and returned each step.
-        let cpu = |path: &'static str, body: Value| {
-            let mut b = body;
-            b["field"] = json!(f);
-            b["backend"] = json!("cpu");
-            run(&s, path, b, "cpu")
-        };
-        let fx = cpu("/zk/ntt", json!({"values": x})).await["result"].clone();
-        let fy = cpu("/zk/ntt", json!({"values": y})).await["result"].clone();
-        let fz = cpu("/zk/field_mul", json!({"a": fx, "b": fy})).await["result"].clone();
-        let want = cpu("/zk/intt", json!({"values": fz})).await["result"].clone();
+        let fx = on_cpu(&s, f, "/zk/ntt", json!({"values": x})).await;
+        let fy = on_cpu(&s, f, "/zk/ntt", json!({"values": y})).await;
+        let fz = on_cpu(&s, f, "/zk/field_mul", json!({"a": fx, "b": fy})).await;
+        let want = on_cpu(&s, f, "/zk/intt", json!({"values": fz})).await;
 
         // The same chain on the device, keeping every intermediate there.
         let before = downloaded(&s);
@@ -177,16 +178,14 @@ async fn a_kept_power_stays_on_the_emulated_device() {
         let x = strings(field, n, 90 + i as u64);
         let exponents: Vec<String> = (0..n).map(|j| (j * j + 3).to_string()).collect();
         for exponent in [json!(["65537"]), json!(exponents)] {
-            let cpu = |path: &'static str, body: Value| {
-                let mut b = body;
-                b["field"] = json!(f);
-                b["backend"] = json!("cpu");
-                run(&s, path, b, "cpu")
-            };
-            let fx = cpu("/zk/ntt", json!({"values": x})).await["result"].clone();
-            let want = cpu("/zk/field_pow", json!({"base": fx, "exponent": exponent})).await
-                ["result"]
-                .clone();
+            let fx = on_cpu(&s, f, "/zk/ntt", json!({"values": x})).await;
+            let want = on_cpu(
+                &s,
+                f,
+                "/zk/field_pow",
+                json!({"base": fx, "exponent": exponent}),
+            )
+            .await;
 
             let body = json!({"field": f, "values": x, "keep": keep(), "backend": "gpu"});
             let ax = kept_on_device(&run(&s, "/zk/ntt", body, "emulated").await);
