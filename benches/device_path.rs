@@ -246,7 +246,12 @@ fn cases() -> Vec<(String, Job<'static>)> {
             env("BENCH_LOOKUP_DIM", 512),
         );
         let vocab = 4096;
-        let table: Arc<Vec<f32>> = Arc::new((0..vocab * dim).map(|i| i as f32 * 0.5).collect());
+        let table = gpu_ops::wire::Array::from(
+            (0..vocab * dim)
+                .map(|i| i as f32 * 0.5)
+                .collect::<Vec<f32>>(),
+        )
+        .shared();
         let ids: Vec<u32> = (0..rows as u32)
             .map(|i| i.wrapping_mul(2_654_435_761) % vocab as u32)
             .collect();

@@ -240,20 +240,17 @@ impl App {
                 }
             });
         }
-        let tables = Arc::new(
-            tables::EmbeddingTables::open(
-                cfg.data_dir.join("embedding-tables"),
-                cfg.max_tenant_embedding_mib << 20,
-                cfg.max_embedding_tables_mib << 20,
-            )?
-            .with_tenant_table_cap(cfg.max_tenant_embedding_tables),
-        );
         let array_limits = arrays::ArrayLimits {
             tenant_bytes: cfg.max_tenant_array_mib << 20,
             tenant_count: cfg.max_tenant_arrays,
             server_bytes: cfg.max_arrays_mib << 20,
             server_count: cfg.max_arrays,
             read_back_wait: cfg.job_timeout,
+            tables: arrays::TableLimits {
+                tenant_bytes: cfg.max_tenant_embedding_mib << 20,
+                tenant_count: cfg.max_tenant_embedding_tables,
+                server_bytes: cfg.max_embedding_tables_mib << 20,
+            },
         };
         let array_metrics = arrays::ArrayMetrics {
             bytes: metrics.array_bytes.clone(),
@@ -279,6 +276,14 @@ impl App {
             None => arrays::Arrays::open(array_dir, array_limits, array_metrics)?,
         });
         tracing::info!(shared = store.arrays_shared(), "resident arrays opened");
+        // Embedding tables kept before they were arrays become arrays once.
+        let imported = tables::import_legacy(&cfg.data_dir.join("embedding-tables"), &arrays);
+        if imported.tables > 0 {
+            tracing::info!(
+                tables = imported.tables,
+                "embedding tables imported as resident arrays"
+            );
+        }
         // A deleted or expired array's device copies go with it.
         let (devices, m) = (Arc::downgrade(&backends), metrics.clone());
         arrays.on_removed(move |id| {
@@ -298,13 +303,7 @@ impl App {
             metrics.secagg_rounds_expired.clone(),
         );
         let state = Arc::new(AppState::new(
-            settings,
-            metrics,
-            pool,
-            backends,
-            store,
-            datasets,
-            api::Resident { tables, arrays },
+            settings, metrics, pool, backends, store, datasets, arrays,
         ));
         Ok(Self { state, discovered })
     }

@@ -248,7 +248,8 @@ pub struct Config {
     /// cuDNN are installed and passed their self-tests.
     #[arg(long, env = "GPU_OPS_NO_CUDA_LIBRARIES")]
     pub no_cuda_libraries: bool,
-    /// Most MiB one tenant's resident embedding tables may take together.
+    /// Most MiB one tenant's resident embedding tables may take together (tables are
+    /// resident arrays: the arrays' quotas hold too).
     #[arg(long, env = "GPU_OPS_MAX_TENANT_EMBEDDING_MIB", default_value_t = 1024)]
     pub max_tenant_embedding_mib: u64,
     /// Most embedding tables one tenant may hold, however small; more gets 422

@@ -3,7 +3,7 @@
 //! restart takes to load them all (checked again, as `Arrays::open` does at start).
 
 use super::common::ms;
-use gpu_ops::arrays::{ArrayLimits, ArrayMetrics, Arrays};
+use gpu_ops::arrays::{ArrayLimits, ArrayMetrics, Arrays, TableLimits};
 use gpu_ops::wire::{Dtype, EnvelopeWriter, MEDIA_TYPE};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -140,6 +140,7 @@ pub async fn run(count: usize, mib: u64) {
         server_bytes: u64::MAX,
         server_count: usize::MAX,
         read_back_wait: std::time::Duration::from_secs(60),
+        tables: TableLimits::NONE,
     };
     for (dir, what, n) in [
         (

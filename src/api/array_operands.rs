@@ -132,6 +132,7 @@ impl ArrayScope {
             server_bytes: 1 << 20,
             server_count: 10,
             read_back_wait: std::time::Duration::from_secs(60),
+            tables: crate::arrays::TableLimits::NONE,
         };
         let arrays = Arrays::open(dir, limits, crate::arrays::ArrayMetrics::unregistered());
         Self::new(

@@ -11,7 +11,7 @@ use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::rf::recording::{RecordingDoc, RecordingIn};
 use super::{blocking, entropy_u64, ApiBody, ApiPath, AppState, IdParam};
-use crate::arrays::{now_ms, ArrayData, ArrayKind, ArrayMeta, Listing, Tensor};
+use crate::arrays::{now_ms, ArrayData, ArrayKind, ArrayMeta, ArrayRole, Listing, Tensor};
 use crate::ops::zk::msm::Curve;
 use crate::ops::zk::Field;
 use axum::extract::State;
@@ -98,8 +98,14 @@ pub struct ArrayView {
     /// are held widened to f32, and stored on disk as halves), 8 per complex sample.
     pub size_bytes: u64,
     pub created_at: String,
-    /// After this instant the array is gone (refused at once, deleted within seconds).
-    pub expires_at: String,
+    /// After this instant the array is gone (refused at once, deleted within seconds);
+    /// null: kept until it is deleted (an embedding table whose upload gave no
+    /// `ttl_seconds`).
+    pub expires_at: Option<String>,
+    /// `embedding_table` for a table made through `POST /embeddings/tables` (held to the
+    /// tables' limits too, and listed at `/embeddings/tables`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<ArrayRole>,
     /// Where copies are held: `host` (parsed, in this replica's memory), `disk` (under
     /// --data-dir), `object_store` (in the artifact store, when replicas share arrays:
     /// --database-url with --artifact-store), or only `device`: a field op's or NTT's
@@ -131,6 +137,7 @@ pub(super) fn view(a: Listing) -> ArrayView {
         length: meta.len,
         size_bytes: bytes,
         created_at: meta.created_at,
+        role: meta.role,
         held: held.to_vec(),
     }
 }

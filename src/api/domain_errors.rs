@@ -240,21 +240,6 @@ pub(crate) fn submit_refused(e: SubmitError, pointer: Option<&str>) -> Problem {
     }
 }
 
-/// An embedding table the store refused.
-impl From<crate::tables::TableError> for Problem {
-    fn from(e: crate::tables::TableError) -> Self {
-        use crate::tables::TableError;
-        let code = match e {
-            TableError::QuotaExceeded { .. } | TableError::TooMany { .. } => {
-                ErrorCode::EmbeddingQuotaExceeded
-            }
-            TableError::Full { .. } => ErrorCode::EmbeddingTablesFull,
-            TableError::Io(_) => ErrorCode::Internal,
-        };
-        Problem::new(code, e.to_string())
-    }
-}
-
 /// A resident array the store refused.
 impl From<crate::arrays::ArrayError> for Problem {
     fn from(e: crate::arrays::ArrayError) -> Self {
@@ -264,6 +249,10 @@ impl From<crate::arrays::ArrayError> for Problem {
                 ErrorCode::ArrayQuotaExceeded
             }
             ArrayError::Full { .. } | ArrayError::FullCount { .. } => ErrorCode::ArraysFull,
+            ArrayError::TableQuotaExceeded { .. } | ArrayError::TablesTooMany { .. } => {
+                ErrorCode::EmbeddingQuotaExceeded
+            }
+            ArrayError::TablesFull { .. } => ErrorCode::EmbeddingTablesFull,
             ArrayError::Io(_) => ErrorCode::Internal,
             ArrayError::Lost { .. } => ErrorCode::ArrayLost,
             ArrayError::DeviceBusy { .. } => ErrorCode::DeadlineExceeded,

@@ -1,7 +1,10 @@
-//! `/embeddings/tables`: resident embedding tables. Upload once, then look rows up by id;
-//! a device keeps the table cached between lookups.
+//! `/embeddings/tables`: resident embedding tables, kept as resident arrays of kind
+//! tensor (f32, `[V, D]`, role `embedding_table`): upload once, then look rows up by id; a
+//! device keeps the table cached between lookups. A lookup also takes any resident tensor
+//! of rank 2 whose values are held as f32 (f16, bf16, f32) as its table.
 
 use super::array_operands::ArrayScope;
+use super::arrays::{check_name, ttl_ms};
 use super::auth::{tenant, Tenant};
 use super::dense_tensors::{Dense2Doc, DenseIn, DenseOut, DenseOutDoc, TensorDtype};
 use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncoding, PositionsDoc};
@@ -11,9 +14,10 @@ use super::{
     blocking, bulk, entropy_u64, job_timeout, json_body, AnswerForm, ApiBody, ApiPath, AppState,
     IdParam,
 };
+use crate::arrays::{now_ms, ArrayData, ArrayMeta, ArrayRole, ResidentArray, Tensor, NEVER};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::{Dtype, LookupJob, Values};
-use crate::tables::{EmbeddingTable, TableMeta};
+use crate::wire::Array;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -34,10 +38,16 @@ pub struct CreateTableRequest {
     /// A label for people; at most 200 characters.
     #[schema(max_length = 200)]
     pub name: Option<String>,
+    /// Seconds the table lives, from now: 1 to --max-array-ttl. Absent: kept until it is
+    /// deleted.
+    #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
+    pub ttl_seconds: Option<u64>,
 }
 
 #[derive(Serialize, ToSchema)]
 pub struct TableView {
+    /// Also its id as a resident array (`/arrays/{id}`, and `{"array": id}` wherever an
+    /// operand takes a tensor).
     #[schema(example = "emb_5f0c3a9e1d2b4c6a8e7f9012")]
     pub id: String,
     pub name: Option<String>,
@@ -48,6 +58,8 @@ pub struct TableView {
     /// Host and disk bytes (4 per value).
     pub size_bytes: u64,
     pub created_at: String,
+    /// After this instant the table is gone; null: kept until it is deleted.
+    pub expires_at: Option<String>,
     /// Ordinals of the devices that hold a copy now (cached on first use, least recently
     /// used out under --gpu-table-cache-mib).
     pub resident_on: Vec<usize>,
@@ -60,15 +72,17 @@ pub struct TableList {
     pub tables: Vec<TableView>,
 }
 
-fn view(state: &AppState, t: &EmbeddingTable) -> TableView {
-    let key = t.device_key();
+fn view(state: &AppState, meta: &ArrayMeta, size_bytes: u64) -> TableView {
+    let key = crate::arrays::device_key(&meta.id);
+    let shape = meta.shape.as_deref().unwrap_or(&[0, 0]);
     TableView {
-        id: t.meta.id.clone(),
-        name: t.meta.name.clone(),
-        vocab: t.meta.vocab,
-        dim: t.meta.dim,
-        size_bytes: t.bytes(),
-        created_at: t.meta.created_at.clone(),
+        id: meta.id.clone(),
+        name: meta.name.clone(),
+        vocab: shape[0],
+        dim: shape.get(1).copied().unwrap_or(0),
+        size_bytes,
+        created_at: meta.created_at.clone(),
+        expires_at: meta.expires_at(),
         resident_on: state
             .backends
             .gpus()
@@ -76,7 +90,7 @@ fn view(state: &AppState, t: &EmbeddingTable) -> TableView {
             .filter(|g| g.holds_table(&key))
             .map(|g| g.info.ordinal)
             .collect(),
-        lookup_url: format!("/embeddings/tables/{}/lookup", t.meta.id),
+        lookup_url: format!("/embeddings/tables/{}/lookup", meta.id),
     }
 }
 
@@ -87,14 +101,59 @@ fn not_found() -> Problem {
     )
 }
 
+/// The tenant's table `id`: an array made through `POST /embeddings/tables` (the others
+/// are at `/arrays`).
+fn kept_table(state: &AppState, tenant: &str, id: &str) -> Result<Arc<ResidentArray>, Problem> {
+    state
+        .arrays
+        .get(tenant, id)?
+        .filter(|a| a.meta.is_table())
+        .ok_or_else(not_found)
+}
+
+/// A table's rows and values: a resident tensor of rank 2 held as f32.
+fn rows_of(a: &ResidentArray) -> Result<(usize, usize, Array<f32>), Problem> {
+    match &a.data {
+        ArrayData::Tensor(t) => match (&t.values, t.shape.as_slice()) {
+            (Values::F32(v), &[vocab, dim]) => Ok((vocab, dim, v.clone())),
+            (Values::F64(_), &[_, _]) => Err(Problem::new(
+                ErrorCode::ArrayMismatch,
+                format!(
+                    "{} is an f64 tensor: a lookup gathers rows held as f32 (upload it as f32, f16 or bf16)",
+                    a.meta.id
+                ),
+            )),
+            (_, shape) => Err(Problem::new(
+                ErrorCode::ArrayMismatch,
+                format!(
+                    "{} is a tensor of rank {}: a table has rank 2 ([V, D])",
+                    a.meta.id,
+                    shape.len()
+                ),
+            )),
+        },
+        _ => Err(Problem::new(
+            ErrorCode::ArrayMismatch,
+            format!(
+                "{} holds {}: a table is a tensor of rank 2",
+                a.meta.id,
+                a.meta.kind.name()
+            ),
+        )),
+    }
+}
+
 #[utoipa::path(
     post, path = "/embeddings/tables", tag = "embeddings", operation_id = "embedding_table_create",
     summary = "Keep an embedding table for lookups",
-    description = "Stores a `[V, D]` table (as f32, in host memory and on disk under --data-dir, so it \
-        survives a restart) and answers its id. Lookups by id then send only token ids; a device keeps \
-        the table cached between them. The tenant's tables together stay within \
-        --max-tenant-embedding-mib (422 embedding_quota_exceeded), all tables within \
-        --max-embedding-tables-mib (507 embedding_tables_full).",
+    description = "Stores a `[V, D]` table as a resident array (kind tensor, f32; in host memory and on disk \
+        under --data-dir, so it survives a restart; in the artifact store when replicas share arrays) and \
+        answers its id. Lookups by id then send only token ids; a device keeps the table cached between \
+        them. It is kept until deleted unless `ttl_seconds` says otherwise. The tenant's tables together \
+        stay within --max-tenant-embedding-mib and --max-tenant-embedding-tables (422 \
+        embedding_quota_exceeded), all tables within --max-embedding-tables-mib (507 \
+        embedding_tables_full), and, as arrays, within the arrays' quotas (422 array_quota_exceeded, \
+        507 arrays_full).",
     request_body(content((CreateTableRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 201, description = "Stored", body = TableView, links(
@@ -103,8 +162,9 @@ fn not_found() -> Problem {
             ("delete" = (operation_id = "embedding_table_delete", parameters(("id" = "$response.body#/id")))),
         )),
         (status = 413, description = "The table over --max-tensor-elements"),
-        (status = 422, description = "invalid_tensor (rank, not finite), invalid_parameter (name), embedding_quota_exceeded"),
-        (status = 507, description = "embedding_tables_full"),
+        (status = 422, description = "invalid_tensor (rank, not finite), invalid_parameter (name, ttl_seconds), \
+            embedding_quota_exceeded, array_quota_exceeded"),
+        (status = 507, description = "embedding_tables_full, arrays_full"),
     ),
     security((), ("bearer" = []))
 )]
@@ -115,17 +175,15 @@ pub async fn embedding_table_create(
     ApiBody(mut req): ApiBody<CreateTableRequest>,
 ) -> Result<Response, Problem> {
     req.table.resolve(&arrays, "/table")?;
-    if req.name.as_ref().is_some_and(|n| n.chars().count() > 200) {
-        return Err(Problem::at(
-            ErrorCode::InvalidParameter,
-            "/name",
-            "at most 200 characters",
-        ));
-    }
+    check_name(&req.name, "/name")?;
+    let expires_at_ms = match req.ttl_seconds {
+        None => NEVER,
+        asked => now_ms().saturating_add(ttl_ms(&state, asked, "/ttl_seconds")?),
+    };
     let max = state.settings.config.max_tensor_elements;
     let st = state.clone();
     let tenant = tenant(&who);
-    let table = blocking(move || {
+    let (meta, bytes) = blocking(move || {
         let t = req.table.decode("/table", 2..=2, max)?;
         let (vocab, dim) = (t.shape[0], t.shape[1]);
         if vocab as u64 > 1 << 32 {
@@ -136,27 +194,23 @@ pub async fn embedding_table_create(
                 "at most 2^32 rows",
             ));
         }
-        let id = format!("emb_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32);
-        let meta = TableMeta {
-            id,
-            tenant,
-            name: req.name,
-            vocab,
-            dim,
-            created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        };
-        let values: Vec<f32> = t.values.into_f32();
-        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+        let values = Values::F32(t.values.into_f32_array());
+        if let Some(i) = values.first_non_finite() {
             return Err(Problem::at(
                 ErrorCode::InvalidTensor,
                 "/table",
                 format!("value {i} (row-major) overflows f32"),
             ));
         }
-        Ok(st.tables.add(meta, values)?)
+        let data = ArrayData::Tensor(Arc::new(Tensor::new(Dtype::F32, t.shape, values)));
+        let id = format!("emb_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32);
+        let mut meta = ArrayMeta::describe(&data, id, tenant, req.name, expires_at_ms);
+        meta.role = Some(ArrayRole::EmbeddingTable);
+        let table = st.arrays.add(meta, data)?;
+        Ok((table.meta.clone(), table.bytes()))
     })
     .await?;
-    let v = view(&state, &table);
+    let v = view(&state, &meta, bytes);
     let location =
         HeaderValue::from_str(&format!("/embeddings/tables/{}", v.id)).expect("ascii id");
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(v)).into_response())
@@ -165,17 +219,22 @@ pub async fn embedding_table_create(
 #[utoipa::path(
     get, path = "/embeddings/tables", tag = "embeddings", operation_id = "embedding_table_list",
     summary = "This tenant's embedding tables, by id",
+    description = "The tables made through `POST /embeddings/tables` that have not expired (other \
+        tensors a lookup can take are listed at `/arrays`).",
     responses((status = 200, description = "The tables", body = TableList)),
     security((), ("bearer" = []))
 )]
 pub async fn embedding_table_list(
     State(state): State<Arc<AppState>>,
     who: Option<Extension<Tenant>>,
-) -> Json<TableList> {
-    let tables = state.tables.list(&tenant(&who));
-    Json(TableList {
-        tables: tables.iter().map(|t| view(&state, t)).collect(),
-    })
+) -> Result<Json<TableList>, Problem> {
+    let arrays = state.arrays.list(&tenant(&who))?;
+    let tables = arrays
+        .iter()
+        .filter(|a| a.meta.is_table())
+        .map(|a| view(&state, &a.meta, a.bytes))
+        .collect();
+    Ok(Json(TableList { tables }))
 }
 
 #[utoipa::path(
@@ -184,7 +243,8 @@ pub async fn embedding_table_list(
     params(("id" = String, Path, description = "Table id")),
     responses(
         (status = 200, description = "The table", body = TableView),
-        (status = 404, description = "embedding_table_not_found (also for another tenant's table)"),
+        (status = 404, description = "embedding_table_not_found (also for another tenant's table, an \
+            expired one, or an array not made as a table)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -193,8 +253,8 @@ pub async fn embedding_table_get(
     who: Option<Extension<Tenant>>,
     ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Json<TableView>, Problem> {
-    let t = state.tables.get(&tenant(&who), &id).ok_or_else(not_found)?;
-    Ok(Json(view(&state, &t)))
+    let t = kept_table(&state, &tenant(&who), &id)?;
+    Ok(Json(view(&state, &t.meta, t.bytes())))
 }
 
 #[utoipa::path(
@@ -203,7 +263,7 @@ pub async fn embedding_table_get(
     params(("id" = String, Path, description = "Table id")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 404, description = "embedding_table_not_found"),
+        (status = 404, description = "embedding_table_not_found (an array not made as a table is deleted at /arrays)"),
     ),
     security((), ("bearer" = []))
 )]
@@ -213,12 +273,14 @@ pub async fn embedding_table_delete(
     ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<StatusCode, Problem> {
     let (st, t) = (state.clone(), tenant(&who));
-    let removed = blocking(move || Ok(st.tables.remove(&t, &id)?)).await?;
-    let table = removed.ok_or_else(not_found)?;
-    let key = table.device_key();
-    for g in state.backends.gpus() {
-        g.forget_table(&key);
-        crate::pool::export_device_cache(&state.metrics, g);
+    // Device copies go with the array (`Arrays::on_removed`).
+    let removed = blocking(move || {
+        kept_table(&st, &t, &id)?;
+        Ok(st.arrays.remove(&t, &id)?)
+    })
+    .await?;
+    if !removed {
+        return Err(not_found());
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -255,16 +317,18 @@ pub struct LookupResponse {
     post, path = "/embeddings/tables/{id}/lookup", tag = "embeddings", operation_id = "embedding_table_lookup",
     summary = "Rows of a resident embedding table",
     description = "Row `ids[…]` of the table for each id, exactly as stored (a gather), rounded to `out_dtype`. \
-        On a device the table is uploaded on its first use there and kept (least recently used out under \
-        --gpu-table-cache-mib); later lookups send only the ids.",
-    params(("id" = String, Path, description = "Table id")),
+        The table is one made through `POST /embeddings/tables`, or any resident tensor of rank 2 in f16, \
+        bf16 or f32 (`/arrays`). On a device the table is uploaded on its first use there and kept (least \
+        recently used out under --gpu-table-cache-mib); later lookups send only the ids.",
+    params(("id" = String, Path, description = "Table id, or the id of a resident tensor of rank 2")),
     request_body(content((LookupRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
         (status = 200, description = "The rows", body = LookupResponse),
         (status = 404, description = "embedding_table_not_found"),
         (status = 413, description = "The answer over --max-tensor-elements"),
         (status = 422, description = "invalid_tensor (ids not JSON integers from 0 to V − 1, rank), \
-            unknown_array, array_mismatch (ids naming an array that is not a tensor of rank 1 or 2)"),
+            unknown_array, array_mismatch (ids naming an array that is not a tensor of rank 1 or 2; a \
+            table id naming an array that is not a tensor of rank 2 in f16, bf16 or f32)"),
         (status = 503, description = "queue_full, shutting_down, device_unavailable (backend gpu without a device)"),
     ),
     security((), ("bearer" = []))
@@ -279,25 +343,34 @@ pub async fn embedding_table_lookup(
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     req.ids.resolve(&arrays, "/ids")?;
-    let table = state.tables.get(&tenant(&who), &id).ok_or_else(not_found)?;
+    let table = state
+        .arrays
+        .use_operand(&tenant(&who), &id)?
+        .ok_or_else(not_found)?;
+    let (vocab, dim, values) = rows_of(&table)?;
+    let key = crate::arrays::device_key(&id);
     let max = state.settings.config.max_tensor_elements;
-    let (vocab, dim) = (table.meta.vocab, table.meta.dim);
     let output = Dtype::from(req.out_dtype);
     let (backend, packed) = (req.backend, req.encoding == OutputEncoding::Base64);
+    // Too many ids in a resident tensor is a fault of the array it names.
+    let ids_at = match req.ids {
+        DenseIn::Resident(_) => "/ids/array",
+        _ => "/ids",
+    };
     let (job, mut shape) = blocking(move || {
         let ids = integer_tensor(
             req.ids,
             "/ids",
             max,
             vocab as f64 - 1.0,
-            &format!("{} (the rows)", vocab - 1),
+            &format!("{} (the rows)", vocab.saturating_sub(1)),
         )?;
-        let values = (ids.values.len() as u64).saturating_mul(dim as u64);
-        if values > max as u64 {
-            return Err(too_large("/ids", values, max));
+        let values_out = (ids.values.len() as u64).saturating_mul(dim as u64);
+        if values_out > max as u64 {
+            return Err(too_large(ids_at, values_out, max));
         }
         let rows = ids.values.iter().map(|&x| x as u32).collect();
-        let job = LookupJob::new(table.device_key(), table.values.clone(), dim, rows, output)?;
+        let job = LookupJob::new(key, values, dim, rows, output)?;
         Ok((job, ids.shape))
     })
     .await?;

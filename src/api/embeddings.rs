@@ -143,10 +143,14 @@ fn positions(req: &mut SinusoidalRequest, max: usize) -> Result<(Vec<f64>, Vec<u
             Ok(((0..n).map(|p| p as f64).collect(), vec![n as usize]))
         }
         (None, Some(p)) => {
+            let at = match p {
+                DenseIn::Resident(_) => "/positions/array",
+                _ => "/positions",
+            };
             let p = integer_tensor(p, "/positions", max, MAX_POSITION, "2^32")?;
             let rows = (p.values.len() as u64).saturating_mul(req.dim as u64);
             if rows > max as u64 {
-                return Err(too_large("/positions", rows, max));
+                return Err(too_large(at, rows, max));
             }
             Ok((p.values, p.shape))
         }
@@ -193,7 +197,7 @@ pub(super) fn integer_tensor(
             shape,
             bytes,
         } => integer_buffer(dtype, shape, &bytes, path, max)?,
-        t => t.decode(path, 1..=2, max)?,
+        t => t.decode(&at, 1..=2, max)?,
     };
     let p = IntegerTensor {
         shape: p.shape,

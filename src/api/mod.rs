@@ -76,7 +76,7 @@ pub struct AppState {
     pub backends: Arc<Backends>,
     pub store: Arc<Store>,
     pub datasets: Arc<crate::datasets::Datasets>,
-    pub tables: Arc<crate::tables::EmbeddingTables>,
+    /// Resident arrays, embedding tables among them.
     pub arrays: Arc<crate::arrays::Arrays>,
     /// `/device/bandwidth`'s last measurement and the lock of the one in progress.
     bandwidth: bandwidth::BandwidthCache,
@@ -88,12 +88,6 @@ pub struct AppState {
     shutting_down: AtomicBool,
 }
 
-/// What tenants keep between requests: embedding tables and resident arrays.
-pub struct Resident {
-    pub tables: Arc<crate::tables::EmbeddingTables>,
-    pub arrays: Arc<crate::arrays::Arrays>,
-}
-
 impl AppState {
     pub fn new(
         settings: Settings,
@@ -102,9 +96,8 @@ impl AppState {
         backends: Arc<Backends>,
         store: Arc<Store>,
         datasets: Arc<crate::datasets::Datasets>,
-        resident: Resident,
+        arrays: Arc<crate::arrays::Arrays>,
     ) -> Self {
-        let Resident { tables, arrays } = resident;
         Self {
             body_budget: body_budget::BodyBudget::new(
                 settings.max_inflight_body_bytes,
@@ -138,7 +131,6 @@ impl AppState {
             backends,
             store,
             datasets,
-            tables,
             arrays,
             bandwidth: bandwidth::BandwidthCache::default(),
             shutting_down: AtomicBool::new(false),

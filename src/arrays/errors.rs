@@ -26,6 +26,23 @@ pub enum ArrayError {
         count: usize,
         cap: usize,
     },
+    /// An embedding table: the tenant's tables would pass `--max-tenant-embedding-mib`.
+    TableQuotaExceeded {
+        need: u64,
+        used: u64,
+        quota: u64,
+    },
+    /// An embedding table: the tenant holds `--max-tenant-embedding-tables` already.
+    TablesTooMany {
+        count: usize,
+        cap: usize,
+    },
+    /// An embedding table: all tables would pass `--max-embedding-tables-mib`.
+    TablesFull {
+        need: u64,
+        used: u64,
+        cap: u64,
+    },
     Io(String),
     /// A result held only on a device that no longer has it.
     Lost {
@@ -63,6 +80,9 @@ impl ArrayError {
             ArrayError::TooMany { .. } => "tenant_count",
             ArrayError::Full { .. } => "server_bytes",
             ArrayError::FullCount { .. } => "server_count",
+            ArrayError::TableQuotaExceeded { .. } => "table_tenant_bytes",
+            ArrayError::TablesTooMany { .. } => "table_tenant_count",
+            ArrayError::TablesFull { .. } => "table_server_bytes",
             ArrayError::Io(_) => "io",
             ArrayError::Lost { .. } => "lost",
             ArrayError::DeviceBusy { .. } => "device_busy",
@@ -89,6 +109,18 @@ impl std::fmt::Display for ArrayError {
             ArrayError::FullCount { count, cap } => write!(
                 f,
                 "the server holds {count} arrays of at most {cap} (--max-arrays)"
+            ),
+            ArrayError::TableQuotaExceeded { need, used, quota } => write!(
+                f,
+                "the table takes {need} bytes; the tenant's tables take {used} of {quota} (--max-tenant-embedding-mib)"
+            ),
+            ArrayError::TablesTooMany { count, cap } => write!(
+                f,
+                "the tenant has {count} tables of at most {cap} (--max-tenant-embedding-tables); delete one first"
+            ),
+            ArrayError::TablesFull { need, used, cap } => write!(
+                f,
+                "the table takes {need} bytes; all tables take {used} of {cap} (--max-embedding-tables-mib)"
             ),
             ArrayError::Io(e) => write!(f, "{e}"),
             ArrayError::Lost { id, why } => write!(

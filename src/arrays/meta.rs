@@ -36,6 +36,25 @@ impl ArrayKind {
     }
 }
 
+/// What an array was made as, where that matters beyond its kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum ArrayRole {
+    /// An embedding table made through `/embeddings/tables`: an f32 `[V, D]` tensor,
+    /// counted against the tables' own limits besides the arrays', and kept until it is
+    /// deleted unless its upload gave it a time to live.
+    EmbeddingTable,
+}
+
+impl ArrayRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            ArrayRole::EmbeddingTable => "embedding_table",
+        }
+    }
+}
+
 /// An array's description, as stored beside its values.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ArrayMeta {
@@ -55,9 +74,17 @@ pub struct ArrayMeta {
     pub len: usize,
     /// RFC 3339, UTC.
     pub created_at: String,
-    /// Milliseconds since the Unix epoch; the array is gone from then on.
+    /// Milliseconds since the Unix epoch; the array is gone from then on (`NEVER`: kept
+    /// until it is deleted).
     pub expires_at_ms: u64,
+    /// Absent for arrays made through `/arrays` or kept as results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<ArrayRole>,
 }
+
+/// The expiry of an array kept until it is deleted: an embedding table whose upload gave
+/// no time to live (tables were kept so before they were arrays).
+pub const NEVER: u64 = u64::MAX;
 
 impl ArrayMeta {
     /// The description of `data`, made now, expiring at `expires_at_ms`.
@@ -80,14 +107,22 @@ impl ArrayMeta {
             len: data.len(),
             created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             expires_at_ms,
+            role: None,
         }
+    }
+
+    pub fn is_table(&self) -> bool {
+        self.role == Some(ArrayRole::EmbeddingTable)
     }
 }
 
 impl ArrayMeta {
-    /// When it expires, RFC 3339 with milliseconds.
-    pub fn expires_at(&self) -> String {
+    /// When it expires, RFC 3339 with milliseconds; `None` when it is kept until deleted.
+    pub fn expires_at(&self) -> Option<String> {
+        if self.expires_at_ms == NEVER {
+            return None;
+        }
         let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.expires_at_ms);
-        humantime::format_rfc3339_millis(at).to_string()
+        Some(humantime::format_rfc3339_millis(at).to_string())
     }
 }

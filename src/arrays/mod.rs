@@ -22,9 +22,9 @@ mod shared;
 mod tensor;
 
 use accounting::Catalog;
-pub use accounting::{ArrayLimits, ArrayMetrics};
+pub use accounting::{check_room, ArrayLimits, ArrayMetrics, TableLimits};
 pub use errors::ArrayError;
-pub use meta::{ArrayKind, ArrayMeta};
+pub use meta::{ArrayKind, ArrayMeta, ArrayRole, NEVER};
 pub use recording::{Recording, RecordingDefect};
 pub use shared::Shared;
 pub use tensor::Tensor;
@@ -150,8 +150,8 @@ impl ResidentArray {
         now_ms >= self.meta.expires_at_ms
     }
 
-    /// When it expires, RFC 3339 with milliseconds.
-    pub fn expires_at(&self) -> String {
+    /// When it expires, RFC 3339 with milliseconds; `None` when it is kept until deleted.
+    pub fn expires_at(&self) -> Option<String> {
         self.meta.expires_at()
     }
 }
@@ -344,42 +344,16 @@ impl Arrays {
     fn reserve_and_write(&self, array: ResidentArray) -> Result<Arc<ResidentArray>, ArrayError> {
         let need = array.bytes();
         let (id, tenant) = (array.meta.id.clone(), array.meta.tenant.clone());
+        let table = array.meta.is_table();
         // Reserve the room first, so two uploads cannot both fit in the room of one; write
         // the files without the lock, so uses never wait for a disk.
         {
             let mut catalog = self.write_lock();
             self.drop_expired(&mut catalog, now_ms());
-            let count = catalog.count(&tenant);
-            if count >= self.limits.tenant_count {
-                return Err(ArrayError::TooMany {
-                    count,
-                    cap: self.limits.tenant_count,
-                });
-            }
-            let used = catalog.used(Some(&tenant));
-            if used + need > self.limits.tenant_bytes {
-                return Err(ArrayError::QuotaExceeded {
-                    need,
-                    used,
-                    quota: self.limits.tenant_bytes,
-                });
-            }
-            let all = catalog.used(None);
-            if all + need > self.limits.server_bytes {
-                return Err(ArrayError::Full {
-                    need,
-                    used: all,
-                    cap: self.limits.server_bytes,
-                });
-            }
-            let all = catalog.count_all();
-            if all >= self.limits.server_count {
-                return Err(ArrayError::FullCount {
-                    count: all,
-                    cap: self.limits.server_count,
-                });
-            }
-            catalog.writing.insert(id.clone(), (tenant, need));
+            check_room(&self.limits, &tenant, table, need, |t, tables| {
+                Ok(catalog.held(t, tables))
+            })?;
+            catalog.writing.insert(id.clone(), (tenant, need, table));
         }
         // A result held on a device has no values here to write until it is read back
         // (`materialised`).

@@ -64,6 +64,7 @@ impl Arrays {
                 id,
                 tenant,
                 &meta,
+                array.meta.role,
                 need,
                 &self.limits,
                 now,

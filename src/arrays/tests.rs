@@ -16,6 +16,7 @@ const ROOMY: ArrayLimits = ArrayLimits {
     server_bytes: 1 << 20,
     server_count: 100,
     read_back_wait: std::time::Duration::from_secs(60),
+    tables: TableLimits::NONE,
 };
 
 fn open(dir: &std::path::Path, limits: ArrayLimits) -> Arrays {
@@ -41,6 +42,7 @@ fn goldilocks(
         len: v.len(),
         created_at: "2026-12-03T00:00:00Z".into(),
         expires_at_ms,
+        role: None,
     };
     (meta, ArrayData::FieldElements(Arc::new(v)))
 }
@@ -68,6 +70,7 @@ fn arrays_survive_a_reopen_checked_and_stay_with_their_tenant() {
         len: 2,
         created_at: "2026-12-03T00:00:00Z".into(),
         expires_at_ms: LATER,
+        role: None,
     };
     a.add(meta.clone(), ArrayData::Points(Arc::new(points.clone())))
         .unwrap();
@@ -233,6 +236,7 @@ fn quotas_and_the_cap_refuse_what_would_pass_them_and_count_refusals() {
         server_bytes: 64,
         server_count: 100,
         read_back_wait: std::time::Duration::from_secs(60),
+        tables: TableLimits::NONE,
     };
     let a = open(&dir, limits);
     let (m, d) = goldilocks("arr_1", "a", vec![0; 4], LATER);
@@ -332,4 +336,66 @@ fn an_expired_array_is_refused_at_once_and_its_files_go_with_the_sweep() {
     let again = open(&dir, ROOMY);
     assert!(!dir.join("arr_past.json").exists());
     assert_eq!(again.list("t").unwrap().len(), 1);
+}
+
+/// Embedding tables are held to the tables' limits (their own bytes and count) besides
+/// the arrays', and other arrays do not count against the tables'.
+#[test]
+fn tables_are_held_to_their_own_limits_within_the_arrays() {
+    let dir = scratch("tables");
+    let limits = ArrayLimits {
+        tables: TableLimits {
+            tenant_bytes: 32,
+            tenant_count: 2,
+            server_bytes: 48,
+        },
+        ..ROOMY
+    };
+    let a = open(&dir, limits);
+    let table = |id: &str, tenant: &str, words: usize| {
+        let (mut m, d) = goldilocks(id, tenant, vec![0; words], LATER);
+        m.role = Some(ArrayRole::EmbeddingTable);
+        a.add(m, d)
+    };
+    let (m, d) = goldilocks("arr_plain", "a", vec![0; 100], LATER);
+    a.add(m, d).unwrap();
+    table("emb_1", "a", 4).unwrap();
+    assert_eq!(
+        table("emb_2", "a", 1).unwrap_err(),
+        ArrayError::TableQuotaExceeded {
+            need: 8,
+            used: 32,
+            quota: 32
+        }
+    );
+    assert_eq!(
+        table("emb_3", "b", 3).unwrap_err(),
+        ArrayError::TablesFull {
+            need: 24,
+            used: 32,
+            cap: 48
+        }
+    );
+    table("emb_3", "b", 1).unwrap();
+    table("emb_4", "b", 0).unwrap();
+    assert_eq!(
+        table("emb_5", "b", 0).unwrap_err(),
+        ArrayError::TablesTooMany { count: 2, cap: 2 }
+    );
+    // A restart keeps the role, so the tables' sums hold across it.
+    let again = open(&dir, limits);
+    let t = again.get("a", "emb_1").unwrap().unwrap();
+    assert!(t.meta.is_table());
+    assert!(!again
+        .get("a", "arr_plain")
+        .unwrap()
+        .unwrap()
+        .meta
+        .is_table());
+    let (mut m, d) = goldilocks("emb_6", "a", vec![0; 1], LATER);
+    m.role = Some(ArrayRole::EmbeddingTable);
+    assert!(matches!(
+        again.add(m, d),
+        Err(ArrayError::TableQuotaExceeded { .. })
+    ));
 }

@@ -7,14 +7,15 @@
 //! once by every replica), then removes the object, then the row, so an object that
 //! cannot be removed yet keeps a row for the next sweep to retry.
 //!
-//! The quotas are sums over the rows, checked under one advisory lock on PostgreSQL
+//! An embedding table's row says so (`role`, schema version 6), so the tables' own limits
+//! are sums over their rows alone. The quotas are sums over the rows, checked under one advisory lock on PostgreSQL
 //! (SQLite's write transaction already excludes every other writer), so two replicas
 //! reserving at once cannot both fit in the room of one.
 
 use super::database::DbError;
 use super::database::{Param, Row, Tx};
 use super::{Store, StoreError};
-use crate::arrays::{ArrayError, ArrayLimits};
+use crate::arrays::{check_room, ArrayError, ArrayLimits, ArrayRole};
 
 const PART: &str = "array catalog";
 
@@ -45,18 +46,33 @@ fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Bytes and count of the live rows (committed or reserved) of `tenant`, or of everyone.
-fn held(tx: &mut Tx<'_>, tenant: Option<&str>, now_ms: u64) -> Result<(u64, usize), StoreError> {
+/// Bytes and count of the live rows (committed or reserved) of `tenant`, or of everyone;
+/// of embedding tables only (`tables_only`), or of all arrays.
+fn held(
+    tx: &mut Tx<'_>,
+    tenant: Option<&str>,
+    tables_only: bool,
+    now_ms: u64,
+) -> Result<(u64, usize), StoreError> {
     let now = i64_of(now_ms);
+    let role = if tables_only {
+        " AND role = 'embedding_table'"
+    } else {
+        ""
+    };
     let r = match tenant {
         Some(t) => tx.query_opt(
-            "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT), COUNT(*) FROM arrays \
-             WHERE tenant = ?1 AND expires_at_ms > ?2",
+            &format!(
+                "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT), COUNT(*) FROM arrays \
+                 WHERE tenant = ?1 AND expires_at_ms > ?2{role}"
+            ),
             &[Param::Text(t), Param::I64(now)],
         )?,
         None => tx.query_opt(
-            "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT), COUNT(*) FROM arrays \
-             WHERE expires_at_ms > ?1",
+            &format!(
+                "SELECT CAST(COALESCE(SUM(bytes), 0) AS BIGINT), COUNT(*) FROM arrays \
+                 WHERE expires_at_ms > ?1{role}"
+            ),
             &[Param::I64(now)],
         )?,
     };
@@ -70,58 +86,37 @@ impl Store {
         self.is_catalog_shared()
     }
 
-    /// Reserves room for array `id` of `tenant` (`bytes`, within `limits`), held until
-    /// `reserved_until_ms` unless committed first.
+    /// Reserves room for array `id` of `tenant` (`bytes`, within `limits`; an embedding
+    /// table's `role` within the tables' too), held until `reserved_until_ms` unless
+    /// committed first.
     #[allow(clippy::too_many_arguments)]
     pub fn reserve_array(
         &self,
         id: &str,
         tenant: &str,
         meta: &str,
+        role: Option<ArrayRole>,
         bytes: u64,
         limits: &ArrayLimits,
         now_ms: u64,
         reserved_until_ms: u64,
     ) -> Result<(), ArrayError> {
+        let table = role == Some(ArrayRole::EmbeddingTable);
         self.catalog.write(PART, |tx| {
             tx.serialize_on(RESERVE_LOCK)?;
-            let (used, count) = held(tx, Some(tenant), now_ms)?;
-            if count >= limits.tenant_count {
-                return Err(ArrayError::TooMany {
-                    count,
-                    cap: limits.tenant_count,
-                });
-            }
-            if used + bytes > limits.tenant_bytes {
-                return Err(ArrayError::QuotaExceeded {
-                    need: bytes,
-                    used,
-                    quota: limits.tenant_bytes,
-                });
-            }
-            let (all, all_count) = held(tx, None, now_ms)?;
-            if all + bytes > limits.server_bytes {
-                return Err(ArrayError::Full {
-                    need: bytes,
-                    used: all,
-                    cap: limits.server_bytes,
-                });
-            }
-            if all_count >= limits.server_count {
-                return Err(ArrayError::FullCount {
-                    count: all_count,
-                    cap: limits.server_count,
-                });
-            }
+            check_room(limits, tenant, table, bytes, |t, tables_only| {
+                Ok(held(tx, t, tables_only, now_ms)?)
+            })?;
             tx.exec(
-                "INSERT INTO arrays (id, tenant, meta, bytes, expires_at_ms, committed) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 0)",
+                "INSERT INTO arrays (id, tenant, meta, bytes, expires_at_ms, committed, role) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 0, ?6)",
                 &[
                     Param::Text(id),
                     Param::Text(tenant),
                     Param::Text(meta),
                     Param::I64(i64_of(bytes)),
                     Param::I64(i64_of(reserved_until_ms)),
+                    Param::Text(role.map_or("", |r| r.name())),
                 ],
             )?;
             Ok(())

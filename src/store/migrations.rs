@@ -271,6 +271,16 @@ CREATE INDEX arrays_by_tenant ON arrays (tenant, expires_at_ms);
 CREATE INDEX arrays_by_expiry ON arrays (expires_at_ms);
 ",
     },
+    Migration {
+        version: 6,
+        name: "embedding tables among the shared arrays, held to their own limits too",
+        sql: "
+ALTER TABLE arrays ADD COLUMN role TEXT NOT NULL DEFAULT '';
+",
+        postgres: "
+ALTER TABLE arrays ADD COLUMN role TEXT NOT NULL DEFAULT '';
+",
+    },
 ];
 
 /// The version this build writes.

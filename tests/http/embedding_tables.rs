@@ -1,6 +1,8 @@
 //! `/embeddings/tables` over HTTP: upload, list, get, lookups of `[S]` and `[B, S]` ids
-//! in each output form, delete; tables kept across a restart; tenants apart; quota,
-//! server cap and each refusal with its code and path.
+//! in each output form, delete; tables kept across a restart (and those the store kept
+//! before tables were arrays, imported at start); tenants apart; quota, server cap and
+//! each refusal with its code and path; a table is a resident array, and any resident
+//! tensor of rank 2 in f16, bf16 or f32 serves lookups.
 
 use crate::common;
 
@@ -137,7 +139,26 @@ async fn tables_survive_a_restart_and_stay_with_their_tenant() {
         .unwrap()
     };
     let (alice, bob) = ("key-alice-0123456789", "key-bobby-0123456789");
+    // A table as the store kept them before tables were arrays: imported at start.
+    let old = data.join("embedding-tables");
+    std::fs::create_dir_all(&old).unwrap();
+    let values: Vec<u8> = [0.5f32, 1.5, 2.5, 3.5]
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect();
+    std::fs::write(old.join("emb_0123456789abcdef01234567.f32"), values).unwrap();
+    let meta = json!({"id": "emb_0123456789abcdef01234567", "tenant": "bob", "name": null,
+        "vocab": 2, "dim": 2, "created_at": "2026-11-24T00:00:00Z"});
+    std::fs::write(
+        old.join("emb_0123456789abcdef01234567.json"),
+        meta.to_string(),
+    )
+    .unwrap();
     let mut s = TestServer::start_with(settings(), |r| r).await;
+    assert!(
+        !old.exists(),
+        "the old table's files are gone once imported"
+    );
     let res = s
         .post("/embeddings/tables", json!({"table": table(3, 2)}))
         .bearer_auth(alice)
@@ -175,6 +196,7 @@ async fn tables_survive_a_restart_and_stay_with_their_tenant() {
         .await
         .unwrap();
     problem(res, 404, "embedding_table_not_found").await;
+    // Bob's imported table, served after both restarts, kept until deleted.
     let list: Value = s
         .client
         .get(format!("{}/embeddings/tables", s.url))
@@ -185,7 +207,30 @@ async fn tables_survive_a_restart_and_stay_with_their_tenant() {
         .json()
         .await
         .unwrap();
-    assert_eq!(list["tables"], json!([]));
+    let tables = list["tables"].as_array().unwrap();
+    assert_eq!(tables.len(), 1, "{list}");
+    assert_eq!(tables[0]["id"], "emb_0123456789abcdef01234567");
+    assert_eq!(
+        (
+            &tables[0]["vocab"],
+            &tables[0]["created_at"],
+            &tables[0]["expires_at"]
+        ),
+        (&json!(2), &json!("2026-11-24T00:00:00Z"), &Value::Null)
+    );
+    let body: Value = s
+        .post(
+            "/embeddings/tables/emb_0123456789abcdef01234567/lookup",
+            json!({"ids": [1, 0]}),
+        )
+        .bearer_auth(bob)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["result"], json!([[2.5, 3.5], [0.5, 1.5]]));
 }
 
 #[tokio::test]
@@ -347,4 +392,124 @@ async fn a_tenant_past_its_count_of_tables_is_refused() {
         .unwrap();
     assert!(res.status().is_success());
     assert_eq!(create(&s, tiny).await.status(), 201);
+}
+
+/// A table is a resident array of kind tensor: listed at `/arrays` with its role, named as
+/// an operand by `{"array": id}`, and deleted from either route. A lookup takes any
+/// resident tensor of rank 2 held as f32 as its table; an f64 tensor, another rank or
+/// another kind is 422 array_mismatch. `ttl_seconds` bounds a table's life.
+#[tokio::test]
+async fn a_table_is_a_resident_array_and_a_tensor_array_serves_lookups() {
+    let s = TestServer::start(&[]).await;
+    let res = create(&s, json!({"table": table(4, 2), "ttl_seconds": 3600})).await;
+    assert_eq!(res.status(), 201);
+    let t: Value = res.json().await.unwrap();
+    let id = t["id"].as_str().unwrap().to_string();
+    assert!(t["expires_at"].is_string(), "{t}");
+    let a: Value = s.get(&format!("/arrays/{id}")).await.json().await.unwrap();
+    assert_eq!(
+        (
+            &a["kind"],
+            &a["dtype"],
+            &a["shape"],
+            &a["role"],
+            &a["size_bytes"]
+        ),
+        (
+            &json!("tensor"),
+            &json!("f32"),
+            &json!([4, 2]),
+            &json!("embedding_table"),
+            &json!(32)
+        ),
+        "{a}"
+    );
+    assert_eq!(a["expires_at"], t["expires_at"]);
+    // The table as a matmul operand: [1, 4] × [4, 2] picks row 2.
+    let body: Value = s
+        .post(
+            "/linalg/matmul",
+            json!({"a": [[0, 0, 1, 0]], "b": {"array": id}}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["result"], json!([[20.125, 21.125]]), "{body}");
+    // A tensor uploaded through /arrays, in bf16 (held as f32), serves lookups and is not
+    // listed among the tables.
+    let res = s
+        .post(
+            "/arrays",
+            json!({"kind": "tensor", "dtype": "bf16", "tensor": [[1.5, 2.5], [3.5, 4.5], [5.5, 6.5]]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let weights = res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let body: Value = lookup(&s, &weights, json!({"ids": [2, 0]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["result"], json!([[5.5, 6.5], [1.5, 2.5]]), "{body}");
+    problem(
+        lookup(&s, &weights, json!({"ids": [3]})).await,
+        422,
+        "invalid_tensor",
+    )
+    .await;
+    let list: Value = s.get("/embeddings/tables").await.json().await.unwrap();
+    assert_eq!(list["tables"].as_array().unwrap().len(), 1, "{list}");
+    for res in [
+        s.get(&format!("/embeddings/tables/{weights}")).await,
+        s.delete(&format!("/embeddings/tables/{weights}"))
+            .send()
+            .await
+            .unwrap(),
+    ] {
+        problem(res, 404, "embedding_table_not_found").await;
+    }
+    // Tensors a lookup cannot gather from.
+    for body in [
+        json!({"kind": "tensor", "dtype": "f64", "tensor": [[1.0, 2.0]]}),
+        json!({"kind": "tensor", "tensor": [1.0, 2.0]}),
+        json!({"kind": "field_elements", "field": "goldilocks", "values": ["1"]}),
+    ] {
+        let res = s.post("/arrays", body).send().await.unwrap();
+        assert_eq!(res.status(), 201);
+        let other = res.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        problem(
+            lookup(&s, &other, json!({"ids": [0]})).await,
+            422,
+            "array_mismatch",
+        )
+        .await;
+    }
+    // Deleted as an array, the table is gone from the tables' routes too.
+    let res = s.delete(&format!("/arrays/{id}")).send().await.unwrap();
+    assert_eq!(res.status(), 204);
+    problem(
+        lookup(&s, &id, json!({"ids": [0]})).await,
+        404,
+        "embedding_table_not_found",
+    )
+    .await;
+    // A time to live past --max-array-ttl is refused at its field.
+    let p = problem(
+        create(&s, json!({"table": [[1.0]], "ttl_seconds": 0})).await,
+        422,
+        "invalid_parameter",
+    )
+    .await;
+    assert_eq!(p["errors"][0]["path"], "/ttl_seconds", "{p}");
 }

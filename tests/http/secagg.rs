@@ -945,7 +945,7 @@ async fn every_refusal_has_its_code_and_path() {
         B64.encode(q.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>())
     };
     // The vector may be a resident array of kind bytes: refused at `/masked/array` when it
-    // is not whole words, is not bytes, or is not there.
+    // is not whole words, is not the round's vector_length, is not bytes, or is not there.
     let array = |body: Value| {
         let s = &s;
         async move {
@@ -956,8 +956,10 @@ async fn every_refusal_has_its_code_and_path() {
     };
     let odd = array(json!({"kind": "bytes", "bytes": B64.encode([0u8; 6])})).await;
     let tensor = array(json!({"kind": "tensor", "tensor": [1.0]})).await;
+    let short = array(json!({"kind": "bytes", "bytes": B64.encode([0u8; 16])})).await;
     for (named, status, code) in [
         (odd, 422, "invalid_parameter"),
+        (short, 422, "invalid_parameter"),
         (tensor, 422, "array_mismatch"),
         (json!("arr_nothing"), 422, "unknown_array"),
     ] {

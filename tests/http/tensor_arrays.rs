@@ -553,6 +553,44 @@ async fn integer_operands_take_resident_tensors_of_integers() {
     assert_eq!(p["errors"][0]["path"], "/ids/array", "{p}");
 }
 
+/// A resident tensor of ids or positions whose answer would pass --max-tensor-elements is
+/// refused at the array it names (413 at `…/array`), as the same ids sent are at theirs.
+#[tokio::test]
+async fn an_answer_too_large_for_resident_ids_is_refused_at_their_array() {
+    let s = TestServer::start(&["--max-tensor-elements", "100"]).await;
+    let t: Value = s
+        .post(
+            "/embeddings/tables",
+            json!({"table": [[1.0, 2.0], [3.0, 4.0]]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lookup = format!("/embeddings/tables/{}/lookup", t["id"].as_str().unwrap());
+    // 60 ids of 2 values each: 120 values to answer.
+    let ids = created(&s, json!({"kind": "tensor", "tensor": vec![1.0; 60]})).await;
+    for (path, body, at) in [
+        (
+            lookup.clone(),
+            json!({"ids": {"array": ids["id"]}}),
+            "/ids/array",
+        ),
+        (lookup, json!({"ids": vec![1; 60]}), "/ids"),
+        (
+            "/embeddings/sinusoidal".to_string(),
+            json!({"positions": {"array": ids["id"]}, "dim": 2}),
+            "/positions/array",
+        ),
+    ] {
+        let res = s.post(&path, body).send().await.unwrap();
+        let p = problem(res, 413, "payload_too_large").await;
+        assert_eq!(p["errors"][0]["path"], at, "{p}");
+    }
+}
+
 /// The DP releases' operands name resident tensors too: privatize's gradients (rank 2),
 /// laplace's and gaussian's values (rank 1), the same release (same seed) as with the
 /// values sent as numbers; another rank or an unknown array is refused at `…/array`.

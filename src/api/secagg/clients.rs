@@ -288,11 +288,15 @@ pub async fn secagg_input(
         let bytes = req
             .masked
             .bytes(Dtype::U32, ErrorCode::InvalidParameter, "/masked")?;
+        // What is wrong with a resident vector is wrong with the array it names.
+        let at = match req.masked {
+            ByteStringIn::Resident(_) => "/masked/array",
+            _ => "/masked",
+        };
         if bytes.len() % 4 != 0 {
-            let resident = matches!(req.masked, ByteStringIn::Resident(_));
             return Err(Problem::at(
                 ErrorCode::InvalidParameter,
-                if resident { "/masked/array" } else { "/masked" },
+                at,
                 "must be little-endian u32 words in standard base64",
             ));
         }
@@ -300,7 +304,13 @@ pub async fn secagg_input(
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
             .collect();
-        Ok(store.submit_input(&id, &token, &words)?)
+        store.submit_input(&id, &token, &words).map_err(|e| {
+            let mut p = Problem::from(e);
+            for issue in p.errors.iter_mut().filter(|i| i.path == "/masked") {
+                issue.path = at.to_string();
+            }
+            p
+        })
     })
     .await?;
     count(&state, Stage::MaskedInput, &round);

@@ -235,7 +235,7 @@ fn sinusoidal_cases(level: CheckLevel, seed: u64) -> Vec<(CaseInfo, SinusoidalJo
 /// values, 12 000 threads, past the emulated grid of 8 192.
 fn lookup_cases(level: CheckLevel, seed: u64) -> Vec<(CaseInfo, LookupJob)> {
     let (vocab, dim, count) = level.pick((97, 40, 300), (100_000, 512, 65_536));
-    let table = Arc::new(mixed(vocab * dim, seed ^ 0x31, 3e38, 1e-45));
+    let table = crate::wire::Array::from(mixed(vocab * dim, seed ^ 0x31, 3e38, 1e-45)).shared();
     let mut rng = StdRng::seed_from_u64(seed ^ 0x32);
     let hot: Vec<u32> = (0..64).map(|_| rng.random_range(0..vocab as u32)).collect();
     let ids: Vec<u32> = (0..count)

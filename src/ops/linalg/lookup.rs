@@ -6,15 +6,16 @@
 use super::precision::Dtype;
 use crate::backend::{DeviceError, DeviceLease, Job};
 use crate::ops::invalid::{FieldPath, Invalid};
+use crate::wire::Array;
 use rayon::prelude::*;
-use std::sync::Arc;
 
 #[derive(Clone, Debug)]
 pub struct LookupJob {
     /// Where devices cache the table (unique per table).
     pub key: String,
-    /// `vocab × dim` values, row-major.
-    pub table: Arc<Vec<f32>>,
+    /// `vocab × dim` values, row-major: a resident tensor's, shared with it (`Array::shared`:
+    /// clones read the same memory).
+    pub table: Array<f32>,
     pub dim: usize,
     pub ids: Vec<u32>,
     pub output: Dtype,
@@ -24,7 +25,7 @@ impl LookupJob {
     /// Checks every id is a row of the table; `ids` paths index the request's flat ids.
     pub fn new(
         key: String,
-        table: Arc<Vec<f32>>,
+        table: Array<f32>,
         dim: usize,
         ids: Vec<u32>,
         output: Dtype,

@@ -95,7 +95,7 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
     .collect();
     // Lookups past one grid stride, repeated and extreme ids, both output roundings; the
     // table under a key of its own, so a self-test never meets a caller's table.
-    let table = Arc::new(values(97 * 40, 4));
+    let table = crate::wire::Array::from(values(97 * 40, 4)).shared();
     let ids: Vec<u32> = (0..9000u32)
         .map(|i| (i * 31 + i / 7) % 97)
         .chain([0, 96, 96])

@@ -170,7 +170,7 @@ fn lookups_equal_the_cpu_and_keep_their_table() {
             let table: Vec<f32> = (0..vocab * dim)
                 .map(|i| ((i * 37 % 1001) as f32 - 500.0) / 7.0)
                 .collect();
-            let table = Arc::new(table);
+            let table = gpu_ops::wire::Array::from(table).shared();
             let ids: Vec<u32> = (0..n).map(|i| ((i * 7919) % vocab) as u32).collect();
             let key = format!("parity/{vocab}x{dim}");
             for output in [Dtype::F32, Dtype::F16] {
@@ -186,7 +186,8 @@ fn lookups_equal_the_cpu_and_keep_their_table() {
             assert!(!d.device().holds_table(&key));
         }
         d.in_passes(4 << 10, |d| {
-            let table = Arc::new((0..64 * 16).map(|i| i as f32).collect::<Vec<_>>());
+            let table =
+                gpu_ops::wire::Array::from((0..64 * 16).map(|i| i as f32).collect::<Vec<_>>());
             let ids: Vec<u32> = (0..2000).map(|i| (i % 64) as u32).collect();
             let job = LookupJob::new("parity/passes".into(), table, 16, ids, Dtype::F32).unwrap();
             d.check("in passes", &job);
