@@ -185,8 +185,7 @@ pub async fn embedding_table_create(
     let tenant = tenant(&who);
     let (meta, bytes) = blocking(move || {
         let t = req.table.decode("/table", 2..=2, max)?;
-        let (vocab, dim) = (t.shape[0], t.shape[1]);
-        if vocab as u64 > 1 << 32 {
+        if t.shape[0] as u64 > 1 << 32 {
             // Ids are 32-bit on both backends.
             return Err(Problem::at(
                 ErrorCode::InvalidTensor,

@@ -197,7 +197,7 @@ pub(super) fn integer_tensor(
             shape,
             bytes,
         } => integer_buffer(dtype, shape, &bytes, path, max)?,
-        t => t.decode(&at, 1..=2, max)?,
+        t => t.decode(path, 1..=2, max)?,
     };
     let p = IntegerTensor {
         shape: p.shape,

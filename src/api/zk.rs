@@ -548,7 +548,8 @@ mod tests {
                 length: 2,
                 size_bytes: 8,
                 created_at: "2026-12-03T00:00:00Z".into(),
-                expires_at: "2026-12-04T00:00:00.000Z".into(),
+                expires_at: Some("2026-12-04T00:00:00.000Z".into()),
+                role: None,
                 held: vec!["host", "disk"],
                 data_url: "/arrays/arr_1/data".into(),
             };

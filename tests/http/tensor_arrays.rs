@@ -150,9 +150,10 @@ async fn a_resident_tensor_stands_for_any_tensor_operand() {
     let named = ok(&s, "/beams/sweep", json!({"channels": {"array": cid}})).await;
     assert_eq!(named["best"], sent["best"]);
 
+    // Seven operands, and the lookup's table (a table is a resident tensor).
     assert_eq!(
         s.metric("gpu_ops_array_uses_total{kind=\"tensor\"}").await,
-        7.0
+        8.0
     );
 }
 

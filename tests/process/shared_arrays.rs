@@ -3,7 +3,8 @@
 //! as `--database-url` with `--artifact-store` run them. An array made through one
 //! replica is used, listed, read, kept from and deleted through another; the quotas hold
 //! across replicas; a replica started later serves them; expiry reaches every replica
-//! and the bucket.
+//! and the bucket. Embedding tables are shared arrays too, held to the tables' own limits
+//! across replicas.
 
 use crate::common;
 
@@ -166,6 +167,77 @@ fn arrays_made_through_one_replica_are_served_kept_and_deleted_through_another()
             expired += metric(&r.url, "gpu_ops_arrays_expired_total").await;
         }
         assert!(expired >= 1.0, "{expired}");
+    });
+}
+
+/// An embedding table made through one replica is listed and serves lookups through
+/// another; the tables' own count (`--max-tenant-embedding-tables`, summed over the table
+/// rows of the PostgreSQL catalog) holds across replicas while other arrays still fit; a
+/// table deleted through one replica frees its room and its object.
+#[test]
+fn embedding_tables_are_shared_arrays_held_to_their_own_limits() {
+    let Some(db) = pg::fresh_database() else {
+        return;
+    };
+    let Some((store, bucket)) = s3::fresh_bucket() else {
+        return;
+    };
+    let target = format!("s3://{bucket}/shared");
+    let flags = [
+        "--database-url",
+        &db,
+        "--artifact-store",
+        &target,
+        "--max-tenant-embedding-tables",
+        "1",
+    ];
+    let a = Replica::start(&flags, &store.env());
+    let b = Replica::start(&flags, &store.env());
+    let objects = || store.keys(&bucket, "shared/arrays/");
+    rt().block_on(async {
+        let table = json!({"table": [[0.5, 1.5], [2.5, 3.5], [4.5, 5.5]]});
+        let made = ok(&a.url, "/embeddings/tables", table.clone()).await;
+        let id = made["id"].as_str().unwrap().to_string();
+        assert_eq!(made["expires_at"], Value::Null, "{made}");
+        assert_eq!(objects(), [format!("shared/arrays/{id}.bin")]);
+        let (_, listed) = get(&b.url, "/embeddings/tables").await;
+        assert_eq!(listed["tables"][0]["id"], json!(id), "{listed}");
+        let rows = ok(
+            &b.url,
+            &format!("/embeddings/tables/{id}/lookup"),
+            json!({"ids": [2, 0]}),
+        )
+        .await;
+        assert_eq!(rows["result"], json!([[4.5, 5.5], [0.5, 1.5]]), "{rows}");
+        let (status, refused) = post(&b.url, "/embeddings/tables", table.clone()).await;
+        assert_eq!(
+            (status, &refused["code"]),
+            (422, &json!("embedding_quota_exceeded")),
+            "{refused}"
+        );
+        let reason = "gpu_ops_arrays_refused_total{reason=\"table_tenant_count\"}";
+        assert_eq!(metric(&b.url, reason).await, 1.0);
+        ok(
+            &b.url,
+            "/arrays",
+            json!({"kind": "tensor", "tensor": [1.0]}),
+        )
+        .await;
+        let deleted = reqwest::Client::new()
+            .delete(format!("{}/embeddings/tables/{id}", b.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(deleted.status(), 204);
+        assert!(!objects().contains(&format!("shared/arrays/{id}.bin")));
+        let (status, _) = post(
+            &a.url,
+            &format!("/embeddings/tables/{id}/lookup"),
+            json!({"ids": [0]}),
+        )
+        .await;
+        assert_eq!(status, 404);
+        ok(&a.url, "/embeddings/tables", table).await;
     });
 }
 

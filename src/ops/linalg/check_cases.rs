@@ -24,7 +24,6 @@ use crate::backend::verify::{JobCheck, LibraryCheck, SelfTest};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-use std::sync::Arc;
 
 /// The edge magnitudes of a product's operands: A's large one, B's, and both operands'
 /// small one. Within the compute precision's range, and such that no value of D

@@ -7,7 +7,6 @@ use super::{run_matmul_on, MatmulProvider};
 use super::{Compute, Dtype, Layout, LookupJob, MatmulJob, MatmulShape, Operands, SinusoidalJob};
 use crate::backend::cuda::blaslt::MATMUL_BLASLT_OP;
 use crate::backend::verify::{JobCheck, LibraryCheck, SelfTest};
-use std::sync::Arc;
 
 /// Values of mixed sign and magnitude (within f16's normal range), zeros among them.
 fn values(len: usize, salt: usize) -> Vec<f32> {

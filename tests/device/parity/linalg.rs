@@ -5,7 +5,6 @@ use super::on_every_device;
 use gpu_ops::ops::linalg::{
     Compute, Dtype, Layout, LookupJob, MatmulJob, MatmulShape, Operands, SinusoidalJob,
 };
-use std::sync::Arc;
 
 /// Matmul: tiles cut at every edge, more tiles than the grid (block-stride wraps), K across
 /// several 16-deep slices and not a multiple of them, transposes, broadcast operands, C
