@@ -25,6 +25,16 @@ async fn lookup(s: &TestServer, id: &str, body: Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// The id of a new resident array made from `body` (`POST /arrays`).
+async fn array_id(s: &TestServer, body: Value) -> String {
+    let res = s.post("/arrays", body).send().await.unwrap();
+    assert_eq!(res.status(), 201);
+    res.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 fn table(vocab: usize, dim: usize) -> Vec<Vec<f64>> {
     (0..vocab)
         .map(|r| {
@@ -440,19 +450,11 @@ async fn a_table_is_a_resident_array_and_a_tensor_array_serves_lookups() {
     assert_eq!(body["result"], json!([[20.125, 21.125]]), "{body}");
     // A tensor uploaded through /arrays, in bf16 (held as f32), serves lookups and is not
     // listed among the tables.
-    let res = s
-        .post(
-            "/arrays",
-            json!({"kind": "tensor", "dtype": "bf16", "tensor": [[1.5, 2.5], [3.5, 4.5], [5.5, 6.5]]}),
-        )
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 201);
-    let weights = res.json::<Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let weights = array_id(
+        &s,
+        json!({"kind": "tensor", "dtype": "bf16", "tensor": [[1.5, 2.5], [3.5, 4.5], [5.5, 6.5]]}),
+    )
+    .await;
     let body: Value = lookup(&s, &weights, json!({"ids": [2, 0]}))
         .await
         .json()
@@ -482,12 +484,7 @@ async fn a_table_is_a_resident_array_and_a_tensor_array_serves_lookups() {
         json!({"kind": "tensor", "tensor": [1.0, 2.0]}),
         json!({"kind": "field_elements", "field": "goldilocks", "values": ["1"]}),
     ] {
-        let res = s.post("/arrays", body).send().await.unwrap();
-        assert_eq!(res.status(), 201);
-        let other = res.json::<Value>().await.unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let other = array_id(&s, body).await;
         problem(
             lookup(&s, &other, json!({"ids": [0]})).await,
             422,

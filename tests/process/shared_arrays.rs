@@ -58,6 +58,42 @@ async fn metric(base: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Replicas sharing a fresh database and bucket: their flags, and the bucket's objects.
+struct Shared {
+    store: &'static s3::ObjectServer,
+    bucket: String,
+    flags: Vec<String>,
+}
+
+impl Shared {
+    /// `None` where PostgreSQL or the S3-compatible server is missing (the helpers say
+    /// why, and fail the run where they may not skip).
+    fn new(extra: &[&str]) -> Option<Self> {
+        let db = pg::fresh_database()?;
+        let (store, bucket) = s3::fresh_bucket()?;
+        let target = format!("s3://{bucket}/shared");
+        let mut flags: Vec<String> = ["--database-url", &db, "--artifact-store", &target]
+            .map(String::from)
+            .to_vec();
+        flags.extend(extra.iter().map(|f| f.to_string()));
+        Some(Self {
+            store,
+            bucket,
+            flags,
+        })
+    }
+
+    fn replica(&self) -> Replica {
+        let flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+        Replica::start(&flags, &self.store.env())
+    }
+
+    /// The arrays' objects in the bucket.
+    fn objects(&self) -> Vec<String> {
+        self.store.keys(&self.bucket, "shared/arrays/")
+    }
+}
+
 /// Goldilocks elements, the largest one canonical (p − 1).
 fn values() -> Value {
     json!(["1", "2", "3", "18446744069414584320"])
@@ -65,24 +101,11 @@ fn values() -> Value {
 
 #[test]
 fn arrays_made_through_one_replica_are_served_kept_and_deleted_through_another() {
-    let Some(db) = pg::fresh_database() else {
+    let Some(shared) = Shared::new(&["--max-tenant-arrays", "3"]) else {
         return;
     };
-    let Some((store, bucket)) = s3::fresh_bucket() else {
-        return;
-    };
-    let target = format!("s3://{bucket}/shared");
-    let flags = [
-        "--database-url",
-        &db,
-        "--artifact-store",
-        &target,
-        "--max-tenant-arrays",
-        "3",
-    ];
-    let a = Replica::start(&flags, &store.env());
-    let b = Replica::start(&flags, &store.env());
-    let objects = || store.keys(&bucket, "shared/arrays/");
+    let (a, b) = (shared.replica(), shared.replica());
+    let objects = || shared.objects();
     rt().block_on(async {
         let made = ok(
             &a.url,
@@ -141,7 +164,7 @@ fn arrays_made_through_one_replica_are_served_kept_and_deleted_through_another()
         assert!(!objects().contains(&format!("shared/arrays/{id}.bin")));
 
         // A replica started later serves what is there, from the bucket.
-        let late = Replica::start(&flags, &store.env());
+        let late = shared.replica();
         let (status, again) = get(&late.url, &format!("/arrays/{kept_id}/data")).await;
         assert_eq!((status, &again["values"]), (200, &want["result"]));
 
@@ -176,24 +199,11 @@ fn arrays_made_through_one_replica_are_served_kept_and_deleted_through_another()
 /// table deleted through one replica frees its room and its object.
 #[test]
 fn embedding_tables_are_shared_arrays_held_to_their_own_limits() {
-    let Some(db) = pg::fresh_database() else {
+    let Some(shared) = Shared::new(&["--max-tenant-embedding-tables", "1"]) else {
         return;
     };
-    let Some((store, bucket)) = s3::fresh_bucket() else {
-        return;
-    };
-    let target = format!("s3://{bucket}/shared");
-    let flags = [
-        "--database-url",
-        &db,
-        "--artifact-store",
-        &target,
-        "--max-tenant-embedding-tables",
-        "1",
-    ];
-    let a = Replica::start(&flags, &store.env());
-    let b = Replica::start(&flags, &store.env());
-    let objects = || store.keys(&bucket, "shared/arrays/");
+    let (a, b) = (shared.replica(), shared.replica());
+    let objects = || shared.objects();
     rt().block_on(async {
         let table = json!({"table": [[0.5, 1.5], [2.5, 3.5], [4.5, 5.5]]});
         let made = ok(&a.url, "/embeddings/tables", table.clone()).await;
