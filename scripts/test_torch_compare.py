@@ -110,6 +110,18 @@ class Logic(unittest.TestCase):
         self.assertEqual(tc.fmt_ratio(1.234), "1.23x")
         self.assertEqual(tc.cell("a|b\nc"), "a\\|b c")
 
+    def test_the_table_gives_tflops_where_flops_are_counted(self):
+        op = {"op": "matmul", "case": "4096^3 bf16", "flops": 2 * 4096.0 ** 3}
+        timed = tc.op_row(op, "torch.mm", 0.5, "kernel_ms", 0.25,
+                          extra={"ours_tflops": 274.9, "ref_tflops": 549.8})
+        lines = tc.ops_table([timed, tc.roofline_row({"op": "ntt", "case": "c", "bytes": 1e9},
+                                                     1.0, "kernel_ms", (1000.0, "test"))])
+        self.assertIn("| Ours TFLOP/s | Ref TFLOP/s |", lines[0])
+        self.assertEqual(lines[0].count("|"), lines[1].count("|"))
+        self.assertIn("| 2.00x | 274.9 | 549.8 |", lines[2])
+        self.assertIn("| - | - |", lines[3])
+        self.assertEqual(tc.fmt_tflops(0.123), "0.12")
+
     def test_roofline_row(self):
         op = {"op": "ntt", "case": "c", "bytes": 1.5e9}
         # 1.5 GB of traffic at twice a 1500 GB/s copy rate: 0.5 ms.

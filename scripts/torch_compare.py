@@ -759,15 +759,23 @@ def copy_table(copies, report, env_device_name):
     return lines
 
 
+def fmt_tflops(x):
+    return "-" if x is None else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
 def ops_table(rows):
-    lines = ["| Op | Case | Reference | Ours ms | Ref ms | Ours/Ref | Note |",
-             "|---|---|---|---|---|---|---|"]
+    """One line per row; TFLOP/s beside the times where the report counts the op's flops
+    (the rows against a roofline have none)."""
+    lines = ["| Op | Case | Reference | Ours ms | Ref ms | Ours/Ref | Ours TFLOP/s | Ref TFLOP/s | Note |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ours = fmt_ms(r["ours_ms"])
         if r["ours_ms"] is not None and r.get("ours_timing") == "device_ms":
             ours += " (device)"
         lines.append(f"| {cell(r['op'])} | {cell(r['case'])} | {cell(r['reference'])} | {ours} | "
-                     f"{fmt_ms(r['ref_ms'])} | {fmt_ratio(r['ratio'])} | {cell(r['note'])} |")
+                     f"{fmt_ms(r['ref_ms'])} | {fmt_ratio(r['ratio'])} | "
+                     f"{fmt_tflops(r.get('ours_tflops'))} | {fmt_tflops(r.get('ref_tflops'))} | "
+                     f"{cell(r['note'])} |")
     return lines
 
 

@@ -19,6 +19,12 @@ use std::alloc::{GlobalAlloc, Layout, System};
 /// traced); from 128 MiB it peaks as unadvised, and the buffers of a request of hundreds
 /// of megabytes, where the faults cost most, are still advised.
 pub const ADVISED_BYTES: usize = 128 << 20;
+/// Outputs a job writes whole right after allocating them are advised from this size up
+/// (`zeroed_output`): every page of them is touched at once, so huge pages cost no memory
+/// beyond the values, while a fresh 4 MiB matmul output otherwise took 1024 first-touch
+/// faults inside the product, about 15 % of a 1024³ f32 product's time on a 2-core
+/// AVX-512 host (docs/PERFORMANCE.md, 2026-12-07).
+pub const WRITTEN_WHOLE_BYTES: usize = 2 << 20;
 const HUGE_PAGE: usize = 2 << 20;
 
 pub struct HugePageHint;
@@ -49,10 +55,29 @@ unsafe impl GlobalAlloc for HugePageHint {
     }
 }
 
+/// `len` zeros in a fresh vector whose whole 2 MiB pages are advised as huge pages before
+/// anything touches them (from `WRITTEN_WHOLE_BYTES` up): for an output its job writes
+/// entirely. Fresh zeroed memory from the kernel is untouched until written, so the
+/// advice decides how it is faulted in; memory glibc reuses is already there.
+pub fn zeroed_output<T: Clone + Default>(len: usize) -> Vec<T> {
+    let v = vec![T::default(); len];
+    advise_from(
+        v.as_ptr() as *mut u8,
+        std::mem::size_of_val(v.as_slice()),
+        WRITTEN_WHOLE_BYTES,
+    );
+    v
+}
+
 /// `madvise(MADV_HUGEPAGE)` on the 2 MiB-aligned part of `[p, p + size)`; a failure (a
 /// kernel without transparent huge pages) leaves the block as it was.
 fn advise(p: *mut u8, size: usize) {
-    if p.is_null() || size < ADVISED_BYTES {
+    advise_from(p, size, ADVISED_BYTES)
+}
+
+/// `advise`, for blocks of at least `threshold` bytes.
+fn advise_from(p: *mut u8, size: usize, threshold: usize) {
+    if p.is_null() || size < threshold {
         return;
     }
     let start = (p as usize).next_multiple_of(HUGE_PAGE);
@@ -102,7 +127,7 @@ mod tests {
     #[test]
     fn large_blocks_are_advised_and_small_ones_are_not() {
         if !thp_available() {
-            gpu_ops::skips::skip(
+            crate::skips::skip(
                 "huge_pages::tests::large_blocks_are_advised_and_small_ones_are_not",
                 "this kernel has no transparent huge pages",
             );
@@ -123,5 +148,25 @@ mod tests {
             assert!(!vm_flags(q as usize).split(' ').any(|f| f == "hg"));
             HugePageHint.dealloc(q, small);
         }
+    }
+
+    /// An output written whole is advised (from 2 MiB up), zeros all the same.
+    #[test]
+    fn outputs_written_whole_are_advised_from_two_mib() {
+        if !thp_available() {
+            crate::skips::skip(
+                "huge_pages::tests::outputs_written_whole_are_advised_from_two_mib",
+                "this kernel has no transparent huge pages",
+            );
+            return;
+        }
+        let v: Vec<f32> = zeroed_output(2 * WRITTEN_WHOLE_BYTES / 4);
+        assert!(v.iter().all(|&x| x == 0.0));
+        let inner = (v.as_ptr() as usize).next_multiple_of(HUGE_PAGE);
+        assert!(
+            vm_flags(inner).split(' ').any(|f| f == "hg"),
+            "{}",
+            vm_flags(inner)
+        );
     }
 }

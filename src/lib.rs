@@ -19,6 +19,7 @@ pub mod check;
 pub mod config;
 pub mod datasets;
 mod durable;
+pub mod huge_pages;
 #[cfg(test)]
 mod layering;
 pub mod metrics;

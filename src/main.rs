@@ -3,10 +3,8 @@ use gpu_ops::backend::{BackendChoice, BackendKind};
 use gpu_ops::config::{Cli, Command, Config, LogFormat};
 use std::process::ExitCode;
 
-mod huge_pages;
-
 #[global_allocator]
-static ALLOCATOR: huge_pages::HugePageHint = huge_pages::HugePageHint;
+static ALLOCATOR: gpu_ops::huge_pages::HugePageHint = gpu_ops::huge_pages::HugePageHint;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {

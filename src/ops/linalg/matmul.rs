@@ -398,7 +398,9 @@ impl MatmulJob {
     /// D before the product: C broadcast over the batch, or zeros.
     fn seed<T: Copy + Default>(&self, c: Option<&[T]>) -> Array3<T> {
         let s = self.shape;
-        let mut d = Array3::from_elem((s.batch, s.m, s.n), T::default());
+        // Zeros whose pages are advised huge before the product first writes them.
+        let zeros = crate::huge_pages::zeroed_output(s.batch * s.m * s.n);
+        let mut d = Array3::from_shape_vec((s.batch, s.m, s.n), zeros).expect("the shape's length");
         if let Some(c) = c {
             let strides = Strides {
                 batch: s.c_batch_stride(),
