@@ -101,10 +101,12 @@ pub struct ArrayView {
     /// After this instant the array is gone (refused at once, deleted within seconds);
     /// null: kept until it is deleted (an embedding table whose upload gave no
     /// `ttl_seconds`).
+    #[schema(required = true)]
     pub expires_at: Option<String>,
     /// `embedding_table` for a table made through `POST /embeddings/tables` (held to the
     /// tables' limits too, and listed at `/embeddings/tables`); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub role: Option<ArrayRole>,
     /// Where copies are held: `host` (parsed, in this replica's memory), `disk` (under
     /// --data-dir), `object_store` (in the artifact store, when replicas share arrays:

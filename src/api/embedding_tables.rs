@@ -14,7 +14,9 @@ use super::{
     blocking, bulk, entropy_u64, job_timeout, json_body, AnswerForm, ApiBody, ApiPath, AppState,
     IdParam,
 };
-use crate::arrays::{now_ms, ArrayData, ArrayMeta, ArrayRole, ResidentArray, Tensor, NEVER};
+use crate::arrays::{
+    now_ms, ArrayData, ArrayMeta, ArrayRole, Listing, ResidentArray, Tensor, NEVER,
+};
 use crate::backend::BackendChoice;
 use crate::ops::linalg::{Dtype, LookupJob, Values};
 use crate::wire::Array;
@@ -59,6 +61,7 @@ pub struct TableView {
     pub size_bytes: u64,
     pub created_at: String,
     /// After this instant the table is gone; null: kept until it is deleted.
+    #[schema(required = true)]
     pub expires_at: Option<String>,
     /// Ordinals of the devices that hold a copy now (cached on first use, least recently
     /// used out under --gpu-table-cache-mib).
@@ -101,12 +104,12 @@ fn not_found() -> Problem {
     )
 }
 
-/// The tenant's table `id`: an array made through `POST /embeddings/tables` (the others
-/// are at `/arrays`).
-fn kept_table(state: &AppState, tenant: &str, id: &str) -> Result<Arc<ResidentArray>, Problem> {
+/// The tenant's table `id`, described: an array made through `POST /embeddings/tables`
+/// (the others are at `/arrays`). Its values are not read (shared, one catalog row).
+fn kept_table(state: &AppState, tenant: &str, id: &str) -> Result<Listing, Problem> {
     state
         .arrays
-        .get(tenant, id)?
+        .listing_of(tenant, id)?
         .filter(|a| a.meta.is_table())
         .ok_or_else(not_found)
 }
@@ -115,6 +118,11 @@ fn kept_table(state: &AppState, tenant: &str, id: &str) -> Result<Arc<ResidentAr
 fn rows_of(a: &ResidentArray) -> Result<(usize, usize, Array<f32>), Problem> {
     match &a.data {
         ArrayData::Tensor(t) => match (&t.values, t.shape.as_slice()) {
+            // Ids are 32-bit on both backends.
+            (Values::F32(_), &[vocab, _]) if vocab as u64 > 1 << 32 => Err(Problem::new(
+                ErrorCode::ArrayMismatch,
+                format!("{} has {vocab} rows: a table has at most 2^32", a.meta.id),
+            )),
             (Values::F32(v), &[vocab, dim]) => Ok((vocab, dim, v.clone())),
             (Values::F64(_), &[_, _]) => Err(Problem::new(
                 ErrorCode::ArrayMismatch,
@@ -253,7 +261,7 @@ pub async fn embedding_table_get(
     ApiPath(IdParam { id }): ApiPath<IdParam>,
 ) -> Result<Json<TableView>, Problem> {
     let t = kept_table(&state, &tenant(&who), &id)?;
-    Ok(Json(view(&state, &t.meta, t.bytes())))
+    Ok(Json(view(&state, &t.meta, t.bytes)))
 }
 
 #[utoipa::path(
@@ -342,9 +350,11 @@ pub async fn embedding_table_lookup(
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
     req.ids.resolve(&arrays, "/ids")?;
+    // Where held: a kept field result (held on a device) is no table, and is refused
+    // without being read back first.
     let table = state
         .arrays
-        .use_operand(&tenant(&who), &id)?
+        .use_operand_where_held(&tenant(&who), &id)?
         .ok_or_else(not_found)?;
     let (vocab, dim, values) = rows_of(&table)?;
     let key = crate::arrays::device_key(&id);

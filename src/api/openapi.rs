@@ -286,10 +286,16 @@ fn shared_problems(op: &Map<String, Value>, job: bool, naming: bool) -> Vec<(u16
     }
     // The dataset and array catalogs may live in the shared database (`--database-url`
     // with `--artifact-store`), which can be out of reach; so may a request's array.
-    let catalog = op
-        .get("tags")
-        .and_then(Value::as_array)
-        .is_some_and(|t| t.iter().any(|t| t == "datasets" || t == "arrays"));
+    // Embedding tables are arrays: every route of theirs reads the array catalog.
+    let tables = op
+        .get("operationId")
+        .and_then(Value::as_str)
+        .is_some_and(|o| o.starts_with("embedding_table_"));
+    let catalog = tables
+        || op
+            .get("tags")
+            .and_then(Value::as_array)
+            .is_some_and(|t| t.iter().any(|t| t == "datasets" || t == "arrays"));
     if catalog || naming {
         out.push((503, vec![ErrorCode::StorageUnavailable]));
     }

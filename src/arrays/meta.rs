@@ -83,8 +83,11 @@ pub struct ArrayMeta {
 }
 
 /// The expiry of an array kept until it is deleted: an embedding table whose upload gave
-/// no time to live (tables were kept so before they were arrays).
-pub const NEVER: u64 = u64::MAX;
+/// no time to live (tables were kept so before they were arrays). The last millisecond
+/// of year 9999, not `u64::MAX`: a build from before tables were arrays, reading the
+/// shared catalog during a rolling upgrade, formats every expiry as a date, and no date
+/// past 9999 formats; no time to live reaches it.
+pub const NEVER: u64 = 253_402_300_799_999;
 
 impl ArrayMeta {
     /// The description of `data`, made now, expiring at `expires_at_ms`.

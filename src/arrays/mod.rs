@@ -10,7 +10,9 @@
 //! and count (`--max-tenant-arrays`), all arrays' bytes (`--max-arrays-mib`) and count
 //! (`--max-arrays`), and a time
 //! to live (`--array-ttl` by default, at most `--max-array-ttl`), after which an array is
-//! gone: refused at once, its memory and files freed by the next sweep.
+//! gone: refused at once, its memory and files freed by the next sweep. Embedding tables
+//! are arrays too (`ArrayRole::EmbeddingTable`), held to the tables' own limits as well,
+//! and kept until deleted (`NEVER`) unless their upload gave a time to live.
 
 mod accounting;
 mod errors;
@@ -313,6 +315,34 @@ impl Arrays {
 
     /// Stores an array under `meta.id`, within the tenant's quotas and the server's cap.
     pub fn add(&self, meta: ArrayMeta, data: ArrayData) -> Result<Arc<ResidentArray>, ArrayError> {
+        self.add_within(meta, data, &self.limits)
+    }
+
+    /// Stores an array admitted before it was one (an embedding table the store kept
+    /// before tables were arrays, `tables::import_legacy`): counted from now on like any
+    /// other, but not refused for quotas it was never held to.
+    pub fn admit(
+        &self,
+        meta: ArrayMeta,
+        data: ArrayData,
+    ) -> Result<Arc<ResidentArray>, ArrayError> {
+        let unbounded = ArrayLimits {
+            tenant_bytes: u64::MAX,
+            tenant_count: usize::MAX,
+            server_bytes: u64::MAX,
+            server_count: usize::MAX,
+            tables: TableLimits::NONE,
+            ..self.limits
+        };
+        self.add_within(meta, data, &unbounded)
+    }
+
+    fn add_within(
+        &self,
+        meta: ArrayMeta,
+        data: ArrayData,
+        limits: &ArrayLimits,
+    ) -> Result<Arc<ResidentArray>, ArrayError> {
         // Replicas read arrays from the artifact store: a device's copy is of no use to
         // them, so it is read back before it is shared.
         let data = match data {
@@ -332,8 +362,8 @@ impl Arrays {
             data: data.detached(),
         };
         let result = match &self.shared {
-            Some(shared) => self.add_shared(shared, array),
-            None => self.reserve_and_write(array),
+            Some(shared) => self.add_shared(shared, array, limits),
+            None => self.reserve_and_write(array, limits),
         };
         if let Err(e) = &result {
             self.metrics.refused.with_label_values(&[e.reason()]).inc();
@@ -341,7 +371,11 @@ impl Arrays {
         result
     }
 
-    fn reserve_and_write(&self, array: ResidentArray) -> Result<Arc<ResidentArray>, ArrayError> {
+    fn reserve_and_write(
+        &self,
+        array: ResidentArray,
+        limits: &ArrayLimits,
+    ) -> Result<Arc<ResidentArray>, ArrayError> {
         let need = array.bytes();
         let (id, tenant) = (array.meta.id.clone(), array.meta.tenant.clone());
         let table = array.meta.is_table();
@@ -350,7 +384,7 @@ impl Arrays {
         {
             let mut catalog = self.write_lock();
             self.drop_expired(&mut catalog, now_ms());
-            check_room(&self.limits, &tenant, table, need, |t, tables| {
+            check_room(limits, &tenant, table, need, |t, tables| {
                 Ok(catalog.held(t, tables))
             })?;
             catalog.writing.insert(id.clone(), (tenant, need, table));
@@ -416,6 +450,15 @@ impl Arrays {
                 .inc();
         }
         Ok(found)
+    }
+
+    /// The tenant's array `id` as a listing shows it, unless it has expired: its
+    /// description without its values (shared, one catalog row; nothing is fetched).
+    pub fn listing_of(&self, tenant: &str, id: &str) -> Result<Option<Listing>, ArrayError> {
+        if let Some(shared) = &self.shared {
+            return self.listing_shared(shared, tenant, id);
+        }
+        Ok(self.cached(tenant, id, now_ms()).map(|a| self.listing(&a)))
     }
 
     /// The tenant's arrays that have not expired, by id.

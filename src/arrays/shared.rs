@@ -12,7 +12,7 @@
 //! deleted yet keeps its row for the next sweep). Each sweep also drops this replica's
 //! copies of arrays that are gone, so its memory follows the catalog within one sweep.
 
-use super::{files, now_ms, ArrayError, ArrayMeta, Arrays, Listing, ResidentArray};
+use super::{files, now_ms, ArrayError, ArrayLimits, ArrayMeta, Arrays, Listing, ResidentArray};
 use crate::datasets::artifacts::ObjectArtifacts;
 use crate::store::Store;
 use std::sync::Arc;
@@ -53,6 +53,7 @@ impl Arrays {
         &self,
         shared: &Shared,
         array: ResidentArray,
+        limits: &ArrayLimits,
     ) -> Result<Arc<ResidentArray>, ArrayError> {
         let meta = serde_json::to_string(&array.meta).expect("metadata serializes");
         let (id, need) = (array.meta.id.as_str(), array.bytes());
@@ -66,7 +67,7 @@ impl Arrays {
                 &meta,
                 array.meta.role,
                 need,
-                &self.limits,
+                limits,
                 now,
                 reserved_until,
             )?;
@@ -134,29 +135,41 @@ impl Arrays {
         Ok(Some(kept))
     }
 
+    pub(super) fn listing_shared(
+        &self,
+        shared: &Shared,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<Listing>, ArrayError> {
+        let Some(row) = off_runtime(|| shared.store.array(tenant, id, now_ms()))? else {
+            return Ok(None);
+        };
+        self.row_listing(row).map(Some)
+    }
+
+    /// A catalog row as a listing shows it (held in this replica's memory too once read).
+    fn row_listing(&self, row: crate::store::ArrayRow) -> Result<Listing, ArrayError> {
+        let meta: ArrayMeta = serde_json::from_str(&row.meta)
+            .map_err(|e| ArrayError::Io(format!("a catalog row: {e}")))?;
+        let held: &'static [&'static str] = if self.read().arrays.contains_key(&meta.id) {
+            &["host", "object_store"]
+        } else {
+            &["object_store"]
+        };
+        Ok(Listing {
+            meta,
+            bytes: row.bytes,
+            held,
+        })
+    }
+
     pub(super) fn list_shared(
         &self,
         shared: &Shared,
         tenant: &str,
     ) -> Result<Vec<Listing>, ArrayError> {
         let rows = off_runtime(|| shared.store.arrays_of(tenant, now_ms()))?;
-        let catalog = self.read();
-        rows.into_iter()
-            .map(|row| {
-                let meta: ArrayMeta = serde_json::from_str(&row.meta)
-                    .map_err(|e| ArrayError::Io(format!("a catalog row: {e}")))?;
-                let held: &'static [&'static str] = if catalog.arrays.contains_key(&meta.id) {
-                    &["host", "object_store"]
-                } else {
-                    &["object_store"]
-                };
-                Ok(Listing {
-                    meta,
-                    bytes: row.bytes,
-                    held,
-                })
-            })
-            .collect()
+        rows.into_iter().map(|row| self.row_listing(row)).collect()
     }
 
     pub(super) fn remove_shared(

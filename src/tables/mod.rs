@@ -33,40 +33,58 @@ pub struct Imported {
 }
 
 /// Imports every table under `dir` into `arrays` (see the module's note). A missing
-/// directory holds nothing; an empty one is removed.
+/// directory holds nothing; values that no description claims (an upload a crash cut
+/// short) are deleted; the directory goes once it is empty.
 pub fn import_legacy(dir: &Path, arrays: &Arrays) -> Imported {
     let mut done = Imported::default();
     let Ok(entries) = std::fs::read_dir(dir) else {
         return done;
     };
-    let metas = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"));
-    for path in metas {
-        match import_one(&path, arrays) {
-            Ok(()) => done.tables += 1,
-            Err(e) => {
-                done.left += 1;
-                tracing::warn!(table = %path.display(), error = %e, "embedding table not imported as an array; its files are kept");
-            }
+    let paths: Vec<_> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    for path in &paths {
+        match path.extension().and_then(|x| x.to_str()) {
+            Some("json") => match import_one(path, arrays) {
+                Ok(()) => done.tables += 1,
+                Err(e) => {
+                    done.left += 1;
+                    tracing::warn!(table = %path.display(), error = %e, "embedding table not imported as an array; its files are kept for the next start");
+                }
+            },
+            Some("f32") if !path.with_extension("json").exists() => remove(path),
+            _ => {}
         }
     }
-    // Values no description claims are what a crash mid-upload left: no table.
+    if done.left > 0 {
+        tracing::warn!(
+            tables = done.left,
+            dir = %dir.display(),
+            "embedding tables kept before tables were arrays are not served until an import succeeds"
+        );
+    }
     let _ = std::fs::remove_dir(dir);
     done
+}
+
+/// Removes a file the import is done with; one that stays is only untidy (a later start
+/// removes it: its table is already an array, or its values are claimed by nothing).
+fn remove(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(file = %path.display(), error = %e, "an imported embedding table's old file stays");
+        }
+    }
 }
 
 fn import_one(meta_path: &Path, arrays: &Arrays) -> Result<(), String> {
     let old: TableMeta =
         serde_json::from_slice(&std::fs::read(meta_path).map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;
-    let dir = meta_path.parent().unwrap_or(Path::new("."));
+    let values_path = meta_path.with_extension("f32");
     // An import that stopped after the array was stored but before the files went.
     let stored = arrays
         .get(&old.tenant, &old.id)
         .map_err(|e| e.to_string())?;
     if stored.is_none() {
-        let values_path = meta_path.with_extension("f32");
         let bytes = std::fs::read(&values_path).map_err(|e| e.to_string())?;
         if bytes.len() as u64 != 4 * old.vocab as u64 * old.dim as u64 {
             return Err(format!(
@@ -89,10 +107,14 @@ fn import_one(meta_path: &Path, arrays: &Arrays) -> Result<(), String> {
         let mut meta = ArrayMeta::describe(&data, old.id.clone(), old.tenant, old.name, NEVER);
         meta.created_at = old.created_at;
         meta.role = Some(ArrayRole::EmbeddingTable);
-        arrays.add(meta, data).map_err(|e| e.to_string())?;
+        // Admitted under the limits of its day: the arrays' quotas, which it never counted
+        // against, do not refuse it now.
+        arrays.admit(meta, data).map_err(|e| e.to_string())?;
     }
-    crate::durable::remove_parts(dir, &old.id, &["json", "f32"])
-        .map_err(|(p, e)| format!("{}: {e}", p.display()))
+    // The description first: values left without it are removed as unclaimed.
+    remove(meta_path);
+    remove(&values_path);
+    Ok(())
 }
 
 #[cfg(test)]
@@ -178,25 +200,61 @@ mod tests {
     }
 
     #[test]
-    fn a_table_the_arrays_refuse_keeps_its_files_for_the_next_start() {
-        let root = scratch("refused");
+    fn old_tables_are_admitted_past_todays_quotas_and_unclaimed_values_go() {
+        let root = scratch("admitted");
         let old = root.join("embedding-tables");
         old_table(&old, "emb_big", "alice", &[0.5; 8], 2);
+        std::fs::write(old.join("emb_cut.f32"), [0u8; 8]).unwrap();
+        // 32 bytes of table against a 16-byte table quota: kept all the same.
         let tight = Arrays::open(
             root.join("arrays"),
             limits(16),
             ArrayMetrics::unregistered(),
         )
         .unwrap();
-        assert_eq!(import_legacy(&old, &tight), Imported { tables: 0, left: 1 });
-        assert!(old.join("emb_big.json").exists() && old.join("emb_big.f32").exists());
-        let roomy = Arrays::open(
+        assert_eq!(import_legacy(&old, &tight), Imported { tables: 1, left: 0 });
+        assert!(tight
+            .get("alice", "emb_big")
+            .unwrap()
+            .unwrap()
+            .meta
+            .is_table());
+        assert!(!old.exists(), "the values no description claimed went too");
+        // Counted from now on: another table of the tenant's is refused.
+        let (mut meta, data) = {
+            let t = tight.get("alice", "emb_big").unwrap().unwrap();
+            (t.meta.clone(), t.data.clone())
+        };
+        meta.id = "emb_new".into();
+        assert!(tight.add(meta, data).is_err());
+    }
+
+    /// An import cut short after the array was stored finishes by removing the files.
+    #[test]
+    fn an_import_cut_short_finishes_at_the_next_start() {
+        let root = scratch("resume");
+        let old = root.join("embedding-tables");
+        old_table(&old, "emb_r", "bob", &[1.0, 2.0], 1);
+        let arrays = Arrays::open(
             root.join("arrays"),
             limits(1 << 20),
             ArrayMetrics::unregistered(),
         )
         .unwrap();
-        assert_eq!(import_legacy(&old, &roomy), Imported { tables: 1, left: 0 });
+        assert_eq!(import_legacy(&old, &arrays).tables, 1);
+        old_table(&old, "emb_r", "bob", &[7.0, 7.0], 1);
+        assert_eq!(
+            import_legacy(&old, &arrays),
+            Imported { tables: 1, left: 0 }
+        );
+        let t = arrays.get("bob", "emb_r").unwrap().unwrap();
+        let ArrayData::Tensor(t) = &t.data else {
+            panic!("not a tensor")
+        };
+        let Values::F32(v) = &t.values else {
+            panic!("not f32")
+        };
+        assert_eq!(**v, [1.0, 2.0], "the stored array stands");
         assert!(!old.exists());
     }
 }

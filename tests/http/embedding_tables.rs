@@ -501,12 +501,14 @@ async fn a_table_is_a_resident_array_and_a_tensor_array_serves_lookups() {
         "embedding_table_not_found",
     )
     .await;
-    // A time to live past --max-array-ttl is refused at its field.
-    let p = problem(
-        create(&s, json!({"table": [[1.0]], "ttl_seconds": 0})).await,
-        422,
-        "invalid_parameter",
-    )
-    .await;
-    assert_eq!(p["errors"][0]["path"], "/ttl_seconds", "{p}");
+    // A time to live of 0, or past --max-array-ttl (30 days), is refused at its field.
+    for ttl in [0, 30 * 24 * 3600 + 1] {
+        let p = problem(
+            create(&s, json!({"table": [[1.0]], "ttl_seconds": ttl})).await,
+            422,
+            "invalid_parameter",
+        )
+        .await;
+        assert_eq!(p["errors"][0]["path"], "/ttl_seconds", "{p}");
+    }
 }

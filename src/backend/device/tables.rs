@@ -1,13 +1,13 @@
-//! Device-resident tables (NTT twiddles and scale factors, resident embedding tables)
-//! kept between jobs.
+//! Device-resident tables (NTT twiddles and scale factors, and resident arrays' copies,
+//! embedding tables among them) kept between jobs.
 
 use std::any::Any;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 /// What a cached entry is, for the metrics: a resident array's copy (keys
-/// `array/…`, `arrays::device_key`) or a table the ops keep (NTT twiddles and scale
-/// factors, embedding tables).
+/// `array/…`, `arrays::device_key`; embedding tables are arrays) or a table the ops keep
+/// (NTT twiddles and scale factors).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheKind {
     Array,
