@@ -191,8 +191,9 @@ pub(super) fn ttl_ms(state: &AppState, asked: Option<u64>, path: &str) -> Result
     let cfg = &state.settings.config;
     let max = cfg.max_array_ttl.as_secs().max(1);
     match asked {
-        None => Ok(cfg.array_ttl.as_millis() as u64),
-        Some(s) if (1..=max).contains(&s) => Ok(s * 1000),
+        None => Ok(u64::try_from(cfg.array_ttl.as_millis()).unwrap_or(u64::MAX)),
+        // Saturating: --max-array-ttl may be set past what milliseconds count.
+        Some(s) if (1..=max).contains(&s) => Ok(s.saturating_mul(1000)),
         Some(_) => Err(Problem::at(
             ErrorCode::InvalidParameter,
             path,

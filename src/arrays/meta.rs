@@ -120,9 +120,10 @@ impl ArrayMeta {
 }
 
 impl ArrayMeta {
-    /// When it expires, RFC 3339 with milliseconds; `None` when it is kept until deleted.
+    /// When it expires, RFC 3339 with milliseconds; `None` when it is kept until deleted
+    /// (or a time to live reaches past year 9999, which no date formats).
     pub fn expires_at(&self) -> Option<String> {
-        if self.expires_at_ms == NEVER {
+        if self.expires_at_ms >= NEVER {
             return None;
         }
         let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(self.expires_at_ms);

@@ -399,3 +399,15 @@ fn tables_are_held_to_their_own_limits_within_the_arrays() {
         Err(ArrayError::TableQuotaExceeded { .. })
     ));
 }
+
+/// An expiry past year 9999 (a huge --max-array-ttl) reads as kept until deleted, never as
+/// a date that cannot be formatted.
+#[test]
+fn an_expiry_past_year_9999_reads_as_never() {
+    let (mut m, _) = goldilocks("arr_far", "a", vec![1], NEVER);
+    assert_eq!(m.expires_at(), None);
+    m.expires_at_ms = u64::MAX;
+    assert_eq!(m.expires_at(), None);
+    m.expires_at_ms = NEVER - 1;
+    assert_eq!(m.expires_at().as_deref(), Some("9999-12-31T23:59:59.998Z"));
+}
