@@ -229,8 +229,13 @@ pub(super) fn store(
 
 /// A fresh array id: never reused, so a device's copy under it cannot outlive it.
 pub(super) fn new_id() -> Result<String, Problem> {
+    new_id_with("arr")
+}
+
+/// A fresh array id under `prefix` (`emb` for an embedding table).
+pub(super) fn new_id_with(prefix: &str) -> Result<String, Problem> {
     Ok(format!(
-        "arr_{:016x}{:08x}",
+        "{prefix}_{:016x}{:08x}",
         entropy_u64()?,
         entropy_u64()? as u32
     ))

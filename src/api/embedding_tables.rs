@@ -4,15 +4,14 @@
 //! of rank 2 whose values are held as f32 (f16, bf16, f32) as its table.
 
 use super::array_operands::ArrayScope;
-use super::arrays::{check_name, ttl_ms};
+use super::arrays::{check_name, new_id_with, ttl_ms};
 use super::auth::{tenant, Tenant};
 use super::dense_tensors::{Dense2Doc, DenseIn, DenseOut, DenseOutDoc, TensorDtype};
 use super::embeddings::{integer_tensor, too_large, EmbeddingDtype, OutputEncoding, PositionsDoc};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::{
-    blocking, bulk, entropy_u64, job_timeout, json_body, AnswerForm, ApiBody, ApiPath, AppState,
-    IdParam,
+    blocking, bulk, job_timeout, json_body, AnswerForm, ApiBody, ApiPath, AppState, IdParam,
 };
 use crate::arrays::{
     now_ms, ArrayData, ArrayMeta, ArrayRole, Listing, ResidentArray, Tensor, NEVER,
@@ -210,7 +209,7 @@ pub async fn embedding_table_create(
             ));
         }
         let data = ArrayData::Tensor(Arc::new(Tensor::new(Dtype::F32, t.shape, values)));
-        let id = format!("emb_{:016x}{:08x}", entropy_u64()?, entropy_u64()? as u32);
+        let id = new_id_with("emb")?;
         let mut meta = ArrayMeta::describe(&data, id, tenant, req.name, expires_at_ms);
         meta.role = Some(ArrayRole::EmbeddingTable);
         let table = st.arrays.add(meta, data)?;

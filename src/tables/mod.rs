@@ -98,7 +98,7 @@ fn import_one(meta_path: &Path, arrays: &Arrays) -> Result<(), String> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        if values.iter().any(|x| !x.is_finite()) {
+        if crate::wire::first_non_finite(&values).is_some() {
             return Err("a value is not finite".into());
         }
         let shape = vec![old.vocab, old.dim];
