@@ -2,7 +2,7 @@
 // machines without a GPU:
 // - the kernels' field arithmetic and noise samplers (`kernels/host/*.cpp`), checked
 //   against the CPU twins;
-// - the emulated device (`kernels/emu/`): every `kernels/*.cu` compiled whole for the host
+// - the emulated device (`kernels/emu/`): every `kernels/*.cu` and `kernels/nvidia/*.cu` compiled whole for the host
 //   with CUDA's execution model, and a table of its kernels (with their
 //   `__launch_bounds__`) for launches by name.
 use std::path::{Path, PathBuf};
@@ -24,10 +24,11 @@ fn main() {
     emulated_device();
 }
 
-/// The kernel modules, by file stem: `kernels/*.cu`, and the emulator's own check
-/// kernels (`kernels/emu/*.cu`, never shipped).
+/// The kernel modules, by file stem: `kernels/*.cu`, the NVIDIA-only ones
+/// (`kernels/nvidia/*.cu`: tensor cores and warp shuffles, which the emulated device
+/// models), and the emulator's own check kernels (`kernels/emu/*.cu`, never shipped).
 fn modules() -> Vec<(String, PathBuf)> {
-    let mut found: Vec<(String, PathBuf)> = ["kernels", "kernels/emu"]
+    let mut found: Vec<(String, PathBuf)> = ["kernels", "kernels/nvidia", "kernels/emu"]
         .iter()
         .flat_map(|dir| std::fs::read_dir(dir).expect("kernels/ exists"))
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -48,6 +49,8 @@ fn emu_build(out: &Path, sanitizer: Option<&str>) -> cc::Build {
         .flag_if_supported("-pthread")
         .flag_if_supported("-Wno-unused-function")
         .flag_if_supported("-Wno-unused-parameter")
+        // `#pragma unroll` is NVRTC's; the host compiler unrolls as it sees fit.
+        .flag_if_supported("-Wno-unknown-pragmas")
         .opt_level(2);
     if let Some(s) = sanitizer {
         b.flag(format!("-fsanitize={s}"))

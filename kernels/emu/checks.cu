@@ -36,3 +36,34 @@ extern "C" __global__ void __launch_bounds__(1024) emu_check_shared_race(unsigne
     slot[threadIdx.x] = threadIdx.x + 1;
     out[threadIdx.x] = slot[(threadIdx.x + 1) % blockDim.x];
 }
+
+// One warp's mma.sync m16n8k16 (emu_mma_m16n8k16) from row-major A (16×16) and B (16×8)
+// of 16-bit values, each lane gathering its fragments as PTX lays them out (lane 4·g + t);
+// `out` gets D = 1 + A·B, row-major, from each lane's accumulators. Launched with one warp.
+extern "C" __global__ void __launch_bounds__(1024)
+    emu_check_warp_mma(const unsigned short *a, const unsigned short *b, float *out,
+                       unsigned bf16) {
+    const unsigned lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    auto pair = [](unsigned short lo, unsigned short hi) { return lo | ((unsigned)hi << 16); };
+    const unsigned fa[4] = {pair(a[g * 16 + 2 * t], a[g * 16 + 2 * t + 1]),
+                            pair(a[(g + 8) * 16 + 2 * t], a[(g + 8) * 16 + 2 * t + 1]),
+                            pair(a[g * 16 + 2 * t + 8], a[g * 16 + 2 * t + 9]),
+                            pair(a[(g + 8) * 16 + 2 * t + 8], a[(g + 8) * 16 + 2 * t + 9])};
+    const unsigned fb[2] = {pair(b[2 * t * 8 + g], b[(2 * t + 1) * 8 + g]),
+                            pair(b[(2 * t + 8) * 8 + g], b[(2 * t + 9) * 8 + g])};
+    float d[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    emu_mma_m16n8k16(bf16 != 0, d, fa, fb, EMU_HERE);
+    out[g * 8 + 2 * t] = d[0];
+    out[g * 8 + 2 * t + 1] = d[1];
+    out[(g + 8) * 8 + 2 * t] = d[2];
+    out[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+
+// out[i] = i ^ 5 through a shuffle (emu_shfl_xor_f32) of every warp. With `diverge`, the
+// odd lanes return while the even ones wait at the shuffle: a reported fault (and no
+// thread has written anything, so a race checker has nothing to see).
+extern "C" __global__ void __launch_bounds__(1024)
+    emu_check_warp_shuffle(float *out, unsigned diverge) {
+    if (diverge && threadIdx.x % 2 == 1) return;
+    out[threadIdx.x] = emu_shfl_xor_f32((float)threadIdx.x, 5, EMU_HERE);
+}

@@ -81,6 +81,74 @@ static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) {
     return uint4{x, y, z, w};
 }
 
+// Warp collectives, for the NVIDIA-only kernels (kernels/nvidia/): a warp is 32
+// consecutive threads of the block's linear index, as on NVIDIA GPUs. Every live lane of
+// the warp must reach the same call site (`EMU_HERE`) together, as `.aligned` and
+// `_sync` instructions require of a full mask, or the launch fails. They order nothing
+// in memory: a kernel that passes shared memory between lanes without a barrier is still
+// a race under ThreadSanitizer, as it is on hardware.
+#define EMU_HERE __FILE__ ":" EMU_STR(__LINE__)
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A·B, the fragments in PTX's
+// lane layout (kernels/nvidia/attention_mma.cu spells it out). The products are exact in
+// f32; the sum runs over k in order, then adds d.
+void emu_mma_m16n8k16(bool bf16, float d[4], const unsigned a[4], const unsigned b[2],
+                      const char *site);
+// __shfl_xor_sync(0xffffffff, value, lane_mask): the value of lane `lane ^ lane_mask`.
+float emu_shfl_xor_f32(float value, unsigned lane_mask, const char *site);
+
+// f16 and bf16 as the device's conversions make them: round to nearest, ties to even
+// (cvt.rn), and back exactly.
+static inline unsigned short emu_f32_to_bf16(float x) {
+    unsigned u;
+    std::memcpy(&u, &x, 4);
+    if (std::isnan(x)) return (unsigned short)((u >> 16) | 0x40);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (unsigned short)(u >> 16);
+}
+static inline float emu_bf16_to_f32(unsigned short h) {
+    unsigned u = (unsigned)h << 16;
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+}
+static inline unsigned short emu_f32_to_f16(float x) {
+    unsigned u;
+    std::memcpy(&u, &x, 4);
+    unsigned short sign = (unsigned short)((u >> 16) & 0x8000);
+    float a = std::fabs(x);
+    if (std::isnan(x)) return sign | 0x7e00;
+    // 65520 is halfway between f16's largest value and the next power of two: it and
+    // anything above round to infinity.
+    if (a >= 65520.0f) return sign | 0x7c00;
+    if (a < 6.103515625e-05f) {
+        // Subnormal: a multiple of 2^-24, rounded to nearest even by the host's mode.
+        return sign | (unsigned short)std::nearbyint(a * 16777216.0f);
+    }
+    unsigned bits = u & 0x7fffffff;
+    unsigned half = ((((bits >> 23) - 127 + 15) << 10) | ((bits & 0x7fffff) >> 13));
+    unsigned rest = bits & 0x1fff;
+    if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) half++;
+    return sign | (unsigned short)half;
+}
+static inline float emu_f16_to_f32(unsigned short h) {
+    unsigned exponent = (h >> 10) & 31, mantissa = h & 1023;
+    float v;
+    if (exponent == 0) {
+        v = std::ldexp((float)mantissa, -24);
+    } else if (exponent == 31) {
+        v = mantissa ? NAN : INFINITY;
+    } else {
+        v = std::ldexp((float)(mantissa | 1024), (int)exponent - 25);
+    }
+    return (h & 0x8000) ? -v : v;
+}
+// cvt.rn.{f16x2,bf16x2}.f32: `lo` into the lower half.
+static inline unsigned emu_pack_pair(bool bf16, float lo, float hi) {
+    unsigned l = bf16 ? emu_f32_to_bf16(lo) : emu_f32_to_f16(lo);
+    unsigned h = bf16 ? emu_f32_to_bf16(hi) : emu_f32_to_f16(hi);
+    return l | (h << 16);
+}
+
 static inline unsigned atomicAdd(unsigned *address, unsigned value) {
     return __atomic_fetch_add(address, value, __ATOMIC_RELAXED);
 }

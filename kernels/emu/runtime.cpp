@@ -8,7 +8,10 @@
 // AddressSanitizer, which checks the bounds of statics but not of thread-locals, the
 // arrays stay process-wide and launches take turns. A barrier that not every live thread
 // of the block reaches (one returns, or waits at another barrier, while others wait)
-// fails the launch.
+// fails the launch. Warp collectives (cuda_emu.h: mma, shuffles) are barriers of a warp's
+// 32 lanes: a warp whose live lanes all wait at one runs on within the round, and a lane
+// that returns or waits elsewhere meanwhile fails the launch, as `.aligned` instructions
+// require.
 #include "cuda_emu.h"
 
 #include <sys/mman.h>
@@ -166,14 +169,24 @@ struct Fiber {
     dim3 index{0, 0, 0};
     bool done = false;
     const char *barrier = nullptr;   // where it waits, while it waits
+    const char *warp_site = nullptr; // the warp collective it waits at, while it waits
+    bool ready = false;              // may run in this round (not waiting)
     void *fake_stack = nullptr;      // AddressSanitizer's, across a switch
     void *tsan = nullptr;            // ThreadSanitizer's fiber
+};
+
+// What the lanes of one warp hand each other in a collective: up to six words a lane
+// (an mma's A and B fragments; a shuffle's one value).
+constexpr unsigned WARP = 32;
+struct Warp {
+    unsigned words[WARP][6];
 };
 
 // The block being run: its fibers, the scheduler's context, the kernel and its arguments.
 struct Block {
     Context scheduler;
     std::vector<Fiber> fibers;
+    std::vector<Warp> warps;
     Fiber *running = nullptr;
     const emu_kernel *kernel = nullptr;
     void **args = nullptr;
@@ -279,9 +292,44 @@ void resume(Fiber &f) {
     block.running = nullptr;
 }
 
-// Runs one block to the end; false if a barrier was not reached by every live thread.
-bool run_block(unsigned threads, dim3 bd) {
+// How a block's run ended.
+enum BlockEnd { BLOCK_DONE, BLOCK_BARRIER_DIVERGENCE, BLOCK_WARP_DIVERGENCE };
+
+// Releases each warp whose live lanes all wait at one collective (they become ready);
+// false if a warp has lanes at a collective and others elsewhere (returned, at a block
+// barrier or at another collective). `released` tells whether any warp was.
+bool release_warps(bool &released) {
+    released = false;
+    const size_t threads = block.fibers.size();
+    for (size_t first = 0; first < threads; first += WARP) {
+        const size_t last = first + WARP < threads ? first + WARP : threads;
+        const char *site = nullptr;
+        bool waiting = false, elsewhere = false, mixed = false;
+        for (size_t i = first; i < last; i++) {
+            const Fiber &f = block.fibers[i];
+            if (f.warp_site) {
+                if (site && site != f.warp_site) mixed = true;
+                site = f.warp_site;
+                waiting = true;
+            } else {
+                elsewhere = true;
+            }
+        }
+        if (!waiting) continue;
+        if (elsewhere || mixed) return false;
+        for (size_t i = first; i < last; i++) {
+            block.fibers[i].warp_site = nullptr;
+            block.fibers[i].ready = true;
+        }
+        released = true;
+    }
+    return true;
+}
+
+// Runs one block to the end.
+BlockEnd run_block(unsigned threads, dim3 bd) {
     block.fibers.assign(threads, Fiber{});
+    block.warps.resize((threads + WARP - 1) / WARP);
     for (unsigned t = 0; t < threads; t++) {
         Fiber &f = block.fibers[t];
         f.stack = thread_stacks.stacks[t];
@@ -293,31 +341,59 @@ bool run_block(unsigned threads, dim3 bd) {
     EMU_TSAN_RELEASE(&block.start_sync);
     unsigned live = threads;
     while (live > 0) {
-        // One round: every live thread runs to its next barrier or to its end.
-        const char *site = nullptr;
-        bool waiting = false, returned = false, mixed_sites = false;
+        // One round: every live thread runs to its next barrier or to its end, a warp
+        // released from a collective running on until then.
+        bool returned = false;
         for (Fiber &f : block.fibers) {
-            if (f.done) continue;
+            f.ready = !f.done;
             f.barrier = nullptr;
-            resume(f);
-            if (f.done) {
-                live--;
-                returned = true;
-            } else {
-                waiting = true;
-                if (site && site != f.barrier) mixed_sites = true;
-                site = f.barrier;
+        }
+        for (bool released = true; released;) {
+            for (Fiber &f : block.fibers) {
+                if (!f.ready) continue;
+                f.ready = false;
+                resume(f);
+                if (f.done) {
+                    live--;
+                    returned = true;
+                }
             }
+            if (!release_warps(released)) return BLOCK_WARP_DIVERGENCE;
+        }
+        const char *site = nullptr;
+        bool waiting = false, mixed_sites = false;
+        for (const Fiber &f : block.fibers) {
+            if (f.done) continue;
+            waiting = true;
+            if (site && site != f.barrier) mixed_sites = true;
+            site = f.barrier;
         }
         if (waiting && (returned || mixed_sites)) {
             // Leave the stranded fibers where they are: their stacks are reused, never
             // resumed.
-            return false;
+            return BLOCK_BARRIER_DIVERGENCE;
         }
         block.round++;
     }
     EMU_TSAN_ACQUIRE(&block.end_sync);
-    return true;
+    return BLOCK_DONE;
+}
+
+// The running fiber's warp and lane.
+Warp &warp_of(const Fiber &f, unsigned &lane) {
+    const size_t t = (size_t)(&f - block.fibers.data());
+    lane = (unsigned)(t % WARP);
+    return block.warps[t / WARP];
+}
+
+// Waits until every live lane of the running fiber's warp is at `site`.
+void warp_wait(Fiber &f, const char *site) {
+    f.warp_site = site;
+    yield_to_scheduler(f);
+}
+
+float value_of(bool bf16, unsigned short bits) {
+    return bf16 ? emu_bf16_to_f32(bits) : emu_f16_to_f32(bits);
 }
 
 }  // namespace
@@ -333,6 +409,55 @@ void emu_syncthreads_at(const char *site) {
 
 void *emu_dynamic_shared() { return block.shared; }
 
+void emu_mma_m16n8k16(bool bf16, float d[4], const unsigned a[4], const unsigned b[2],
+                      const char *site) {
+    Fiber &f = *block.running;
+    unsigned lane;
+    Warp &w = warp_of(f, lane);
+    for (int i = 0; i < 4; i++) w.words[lane][i] = a[i];
+    w.words[lane][4] = b[0];
+    w.words[lane][5] = b[1];
+    warp_wait(f, site);
+    // The whole A (16×16) and B (16×8) from the lanes' fragments: lane 4·g + t holds
+    // A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..] and B[2t..][g], B[2t+8..][g],
+    // two values a word, the lower column (or row) in the lower half.
+    float A[16][16], B[16][8];
+    for (unsigned l = 0; l < WARP; l++) {
+        const unsigned g = l / 4, t = l % 4;
+        const unsigned *x = w.words[l];
+        for (unsigned half = 0; half < 2; half++) {
+            const unsigned shift = 16 * half;
+            A[g][2 * t + half] = value_of(bf16, (unsigned short)(x[0] >> shift));
+            A[g + 8][2 * t + half] = value_of(bf16, (unsigned short)(x[1] >> shift));
+            A[g][2 * t + 8 + half] = value_of(bf16, (unsigned short)(x[2] >> shift));
+            A[g + 8][2 * t + 8 + half] = value_of(bf16, (unsigned short)(x[3] >> shift));
+            B[2 * t + half][g] = value_of(bf16, (unsigned short)(x[4] >> shift));
+            B[2 * t + 8 + half][g] = value_of(bf16, (unsigned short)(x[5] >> shift));
+        }
+    }
+    const unsigned g = lane / 4, t = lane % 4;
+    for (unsigned e = 0; e < 4; e++) {
+        const unsigned row = e < 2 ? g : g + 8, col = 2 * t + (e & 1);
+        float sum = 0.0f;
+        for (unsigned k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+        d[e] += sum;
+    }
+    // No lane writes the next collective's words before every lane has read these.
+    warp_wait(f, site);
+}
+
+float emu_shfl_xor_f32(float value, unsigned lane_mask, const char *site) {
+    Fiber &f = *block.running;
+    unsigned lane;
+    Warp &w = warp_of(f, lane);
+    std::memcpy(&w.words[lane][0], &value, 4);
+    warp_wait(f, site);
+    float got;
+    std::memcpy(&got, &w.words[(lane ^ lane_mask) % WARP][0], 4);
+    warp_wait(f, site);
+    return got;
+}
+
 // Error codes of emu_launch.
 enum {
     EMU_OK = 0,
@@ -341,6 +466,7 @@ enum {
     EMU_BAD_LAUNCH = 3,
     EMU_BARRIER_DIVERGENCE = 4,
     EMU_ABOVE_LAUNCH_BOUNDS = 5,
+    EMU_WARP_DIVERGENCE = 6,
 };
 
 extern "C" {
@@ -456,11 +582,19 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block_di
     unsigned long long blocks = (unsigned long long)g.x * g.y * g.z;
     for (unsigned long long n = 0; n < blocks; n++) {
         blockIdx = dim3{(unsigned)(n % g.x), (unsigned)(n / g.x % g.y), (unsigned)(n / g.x / g.y)};
-        if (!run_block((unsigned)threads, bd)) {
+        switch (run_block((unsigned)threads, bd)) {
+        case BLOCK_DONE:
+            break;
+        case BLOCK_BARRIER_DIVERGENCE:
             set_error(err, err_len, std::string(name) +
                                         ": a __syncthreads() that not every live thread of the "
                                         "block reached");
             return EMU_BARRIER_DIVERGENCE;
+        case BLOCK_WARP_DIVERGENCE:
+            set_error(err, err_len, std::string(name) +
+                                        ": a warp collective (mma.sync, a shuffle) that not "
+                                        "every live lane of the warp reached");
+            return EMU_WARP_DIVERGENCE;
         }
     }
     return EMU_OK;

@@ -19,7 +19,8 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
             ));
         }
         let started = std::time::Instant::now();
-        for m in cuda::cubins_for(&library, sm, &cache) {
+        let for_arch = library.for_nvidia_arch(sm);
+        for m in cuda::cubins_for(&for_arch, sm, &cache) {
             match &m.cubin {
                 Ok(c) => println!(
                     "{sm} {:<10} {:>8} bytes  {:>6.2} s  {}",
@@ -36,7 +37,7 @@ pub fn run(args: &CheckArgs) -> Result<(), String> {
         }
         println!(
             "{sm}: {} modules with NVRTC {major}.{minor} in {:.1} s, into {}",
-            library.modules.len(),
+            for_arch.modules.len(),
             started.elapsed().as_secs_f64(),
             cache.display()
         );

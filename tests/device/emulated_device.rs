@@ -62,7 +62,8 @@ fn every_registered_kernel_is_on_the_emulated_device_with_its_launch_bound() {
 }
 
 /// The bounds the launchers' blocks were read from (`docs/GPU.md`): msm_scan runs one
-/// block of 1024, the NTT tile up to 512 threads (`tile_plan`), attention 128, and every
+/// block of 1024, the NTT tile up to 512 threads (`tile_plan`), attention 128 (both
+/// kernels: four warps on the tensor cores'), and every
 /// other kernel `DeviceLease::launch_config`'s 256.
 #[test]
 fn each_kernel_declares_the_largest_block_its_launcher_uses() {
@@ -71,7 +72,7 @@ fn each_kernel_declares_the_largest_block_its_launcher_uses() {
             1024
         } else if name.ends_with("_ntt_tile") {
             512
-        } else if name == "attention_f32" {
+        } else if name == "attention_f32" || name.starts_with("attention_mma_") {
             128
         } else {
             256
@@ -211,6 +212,78 @@ fn a_barrier_that_some_threads_never_reach_is_reported() {
         unsafe { emulated::launch("emu_check_divergent_barrier", config(1, 64, 0), args![p]) }
             .unwrap_err();
     assert_eq!(err.kind, LaunchErrorKind::BarrierDivergence, "{err}");
+}
+
+/// The emulated `mma.sync` reads each lane's fragments as PTX lays them out: a 16 × 8
+/// product of small multiples of a power of two (exact in f16, bf16 and f32, so the
+/// order of the sums cannot matter) equals the naive product, for both input types.
+#[test]
+fn the_emulated_mma_follows_ptxs_fragment_layout() {
+    let a: Vec<f32> = (0..256)
+        .map(|e| ((e / 16 * 7 + e % 16 * 3) % 11) as f32 / 4.0 - 1.25)
+        .collect();
+    let b: Vec<f32> = (0..128)
+        .map(|e| ((e / 8 * 5 + e % 8 * 9) % 13) as f32 / 8.0 - 0.75)
+        .collect();
+    let mut want = vec![0f32; 128];
+    for (e, w) in want.iter_mut().enumerate() {
+        let (i, j) = (e / 8, e % 8);
+        *w = 1.0 + (0..16).map(|k| a[i * 16 + k] * b[k * 8 + j]).sum::<f32>();
+    }
+    for bf16 in [0u32, 1] {
+        let bits = |x: &[f32]| -> Vec<u16> {
+            x.iter()
+                .map(|&v| match bf16 {
+                    1 => half::bf16::from_f32(v).to_bits(),
+                    _ => half::f16::from_f32(v).to_bits(),
+                })
+                .collect()
+        };
+        let (ha, hb) = (bits(&a), bits(&b));
+        let mut out = vec![0f32; 128];
+        let (mut pa, mut pb, mut po, mut flag) = (ha.as_ptr(), hb.as_ptr(), out.as_mut_ptr(), bf16);
+        // SAFETY: one warp; A holds 256 values, B 128, out 128.
+        unsafe {
+            emulated::launch(
+                "emu_check_warp_mma",
+                config(1, 32, 0),
+                args![pa, pb, po, flag],
+            )
+        }
+        .unwrap();
+        assert_eq!(out, want, "bf16 = {bf16}");
+    }
+}
+
+/// A shuffle hands each lane its partner's value, in every warp of the block; a lane
+/// that returns while the rest of its warp waits at a shuffle fails the launch.
+#[test]
+fn warp_shuffles_exchange_values_and_a_missing_lane_is_reported() {
+    let mut out = vec![0f32; 96];
+    let (mut p, mut diverge) = (out.as_mut_ptr(), 0u32);
+    // SAFETY: `out` has a word per thread.
+    unsafe {
+        emulated::launch(
+            "emu_check_warp_shuffle",
+            config(1, 96, 0),
+            args![p, diverge],
+        )
+    }
+    .unwrap();
+    let want: Vec<f32> = (0..96u32).map(|t| (t ^ 5) as f32).collect();
+    assert_eq!(out, want);
+    diverge = 1;
+    // SAFETY: as above.
+    let err = unsafe {
+        emulated::launch(
+            "emu_check_warp_shuffle",
+            config(1, 96, 0),
+            args![p, diverge],
+        )
+    }
+    .unwrap_err();
+    assert_eq!(err.kind, LaunchErrorKind::WarpDivergence, "{err}");
+    assert!(err.message.contains("warp"), "{err}");
 }
 
 /// Runs the racy check kernel: the child process of the race checker's test.

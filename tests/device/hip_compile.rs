@@ -134,8 +134,7 @@ fn every_kernel_compiles_for_amd_gpus_with_its_entry_points_and_no_spills() {
         );
     }
     let work: Vec<(&str, String, Vec<&str>, &str)> = library
-        .modules
-        .iter()
+        .amd_modules()
         .flat_map(|m| {
             let (source, options) = (library.expand(m.source), m.options());
             ARCHES
@@ -270,7 +269,8 @@ fn a_broken_kernel_is_reported_with_hiprtcs_log() {
 /// Kernels that hold on both vendors: AMD's wavefronts are 64 wide (32 on RDNA), so no
 /// kernel may use a warp intrinsic or take a lane or warp from `threadIdx` with a literal
 /// 32; block-wide work synchronises with `__syncthreads` (docs/GPU.md, "AMD GPUs"). Text
-/// is checked with comments removed.
+/// is checked with comments removed. The NVIDIA-only sources (`kernels/nvidia/`: tensor
+/// cores, warps of 32) are exempt, and the library never hands them to hipRTC.
 #[test]
 fn no_kernel_assumes_a_warp_of_32() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
@@ -310,6 +310,21 @@ fn no_kernel_assumes_a_warp_of_32() {
                 ));
             }
         }
+    }
+    let library = kernel_library();
+    for m in library.modules.iter().filter(|m| m.nvidia_only) {
+        assert!(
+            library.amd_modules().all(|a| a.name != m.name),
+            "{} is NVIDIA-only but offered to AMD",
+            m.name
+        );
+    }
+    for m in library.amd_modules() {
+        assert!(
+            !m.source.contains("mma.sync") && !m.source.contains("__shfl"),
+            "{} uses NVIDIA-only instructions but is compiled for AMD",
+            m.name
+        );
     }
     assert!(
         files >= 20,

@@ -23,6 +23,11 @@ pub struct KernelModule {
     /// device are built with -ffp-contract=off, so neither would see it). False where
     /// results are held to a tolerance and FMA is the speed (matmul, attention, conv2d).
     pub exact_floats: bool,
+    /// Its kernels use what only NVIDIA GPUs have (tensor cores' `mma.sync`, warps of 32
+    /// and their shuffles): the sources under `kernels/nvidia/`. Never compiled for AMD
+    /// (hipRTC); the emulated device runs them with its warp collectives. Launchers ask
+    /// `DeviceLease::has_kernel` before choosing them.
+    pub nvidia_only: bool,
 }
 
 impl KernelModule {
@@ -48,6 +53,32 @@ pub struct KernelLibrary {
 }
 
 impl KernelLibrary {
+    /// The library an NVIDIA GPU of real architecture `sm` (`sm_90`) compiles: every
+    /// module, but the NVIDIA-only ones (`mma.sync.m16n8k16`) only from sm_80 on. A
+    /// device before that loads the rest, and its launchers fall back (`has_kernel`).
+    pub fn for_nvidia_arch(&self, sm: &str) -> KernelLibrary {
+        let version: u32 = sm
+            .trim_start_matches("sm_")
+            .trim_start_matches("compute_")
+            .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            .parse()
+            .unwrap_or(0);
+        KernelLibrary {
+            headers: self.headers,
+            modules: self
+                .modules
+                .iter()
+                .filter(|m| !m.nvidia_only || version >= NVIDIA_ONLY_FROM)
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// The modules AMD GPUs compile: all but the NVIDIA-only ones.
+    pub fn amd_modules(&self) -> impl Iterator<Item = &KernelModule> {
+        self.modules.iter().filter(|m| !m.nvidia_only)
+    }
+
     /// `source` with every `#include "x.cuh"` replaced by the header's text (once each;
     /// the headers also carry include guards).
     pub fn expand(&self, source: &str) -> String {
@@ -95,6 +126,10 @@ pub fn nvrtc_version() -> Option<(i32, i32)> {
     let rc = unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     (rc == nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
 }
+
+/// The first architecture (compute capability × 10) the NVIDIA-only modules compile for:
+/// `mma.sync` at m16n8k16 with f16 and bf16 needs sm_80.
+const NVIDIA_ONLY_FROM: u32 = 80;
 
 /// NVRTC options of every module besides the architecture (`KernelModule::options` adds
 /// a module's own). The noise samplers do exact arithmetic in 128-bit integers.
@@ -251,12 +286,33 @@ pub fn compile_cached(
 mod tests {
     use super::*;
 
+    #[test]
+    fn nvidia_only_modules_are_left_out_before_sm_80_and_for_amd() {
+        let mut tensor = module(false);
+        tensor.name = "tc";
+        tensor.nvidia_only = true;
+        let library = KernelLibrary {
+            headers: &[],
+            modules: vec![module(true), tensor],
+        };
+        let names = |l: KernelLibrary| l.modules.iter().map(|m| m.name).collect::<Vec<_>>();
+        assert_eq!(names(library.for_nvidia_arch("sm_75")), ["m"]);
+        assert_eq!(names(library.for_nvidia_arch("sm_80")), ["m", "tc"]);
+        assert_eq!(names(library.for_nvidia_arch("sm_90a")), ["m", "tc"]);
+        assert_eq!(names(library.for_nvidia_arch("sm_120")), ["m", "tc"]);
+        assert_eq!(
+            library.amd_modules().map(|m| m.name).collect::<Vec<_>>(),
+            ["m"]
+        );
+    }
+
     fn module(exact_floats: bool) -> KernelModule {
         KernelModule {
             name: "m",
             source: "extern \"C\" __global__ void k() {}",
             entry_points: vec!["k".into()],
             exact_floats,
+            nvidia_only: false,
         }
     }
 

@@ -169,6 +169,7 @@ pub fn open_device(
     unsafe { ctx.disable_event_tracking() };
     let (major, minor) = ctx.compute_capability().map_err(|e| e.to_string())?;
     let sm = format!("sm_{major}{minor}");
+    let library = &library.for_nvidia_arch(&sm);
     let mut arch = sm.clone();
     let mut functions = HashMap::new();
     let mut module_loads = Vec::new();

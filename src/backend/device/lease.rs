@@ -254,6 +254,12 @@ impl DeviceLease<'_> {
         &**self.engine
     }
 
+    /// Whether the device has kernel `name` loaded: how a launcher chooses a kernel that
+    /// only some engines have (the NVIDIA-only ones).
+    pub fn has_kernel(&self, name: &str) -> bool {
+        self.engine().has_kernel(name)
+    }
+
     /// The stream the lease's work is queued on now, in order: its own, or within
     /// `on_lane(1, ..)` its second.
     pub(crate) fn stream(&self) -> &dyn EngineStream {

@@ -175,6 +175,9 @@ pub enum LaunchErrorKind {
     /// A block of more threads than the kernel's `__launch_bounds__`, which a device
     /// refuses too.
     AboveLaunchBounds,
+    /// A warp collective (`mma.sync`, a shuffle) that not every live lane of a warp
+    /// reached, or lanes of one warp at different ones.
+    WarpDivergence,
 }
 
 /// The byte size of each parameter of kernel `name`, or None when no module defines it.
@@ -253,6 +256,7 @@ pub unsafe fn launch(
         1 => LaunchErrorKind::UnknownKernel,
         2 => LaunchErrorKind::ArgumentCount,
         4 => LaunchErrorKind::BarrierDivergence,
+        6 => LaunchErrorKind::WarpDivergence,
         5 => LaunchErrorKind::AboveLaunchBounds,
         _ => LaunchErrorKind::InvalidLaunch,
     };

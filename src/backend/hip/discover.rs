@@ -113,7 +113,7 @@ pub fn open_device(
         .map_err(|e| format!("AMD device {ordinal}: {e}"))?;
     let mut modules = Vec::new();
     let mut cache = Vec::new();
-    for m in &library.modules {
+    for m in library.amd_modules() {
         let started = Instant::now();
         let (code, hit) = code_object(library, m, &arch, compiler)
             .map_err(|e| format!("AMD device {ordinal}: {e}"))?;
@@ -276,8 +276,7 @@ pub fn compile_to_file(
     out: &Path,
 ) -> Result<(), String> {
     let m = library
-        .modules
-        .iter()
+        .amd_modules()
         .find(|m| m.name == name)
         .ok_or_else(|| format!("no kernel module named {name}"))?;
     let code = rtc::compile(&library.expand(m.source), arch, &m.options())?;

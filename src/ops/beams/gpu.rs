@@ -32,6 +32,7 @@ pub fn kernel_module() -> KernelModule {
         entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
         // Channels and powers are held to a tolerance (`SweepJob::agrees`): FMA stays.
         exact_floats: false,
+        nvidia_only: false,
     }
 }
 

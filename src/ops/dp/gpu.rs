@@ -32,6 +32,7 @@ pub fn kernel_module() -> KernelModule {
         entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
         // Privatized gradients and releases are checked bit for bit (`verify::same_bits`).
         exact_floats: true,
+        nvidia_only: false,
     }
 }
 

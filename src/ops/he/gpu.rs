@@ -14,6 +14,7 @@ pub fn kernel_module() -> KernelModule {
         entry_points: vec![SUM_KERNEL.to_string()],
         // Residues are checked bit for bit; any float it gained would be too.
         exact_floats: true,
+        nvidia_only: false,
     }
 }
 

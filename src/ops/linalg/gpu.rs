@@ -27,6 +27,7 @@ pub fn kernel_module() -> KernelModule {
         // Matmul and sinusoidal embeddings are held to tolerances, and FMA is matmul's
         // speed; the lookups, checked bit for bit, only copy.
         exact_floats: false,
+        nvidia_only: false,
     }
 }
 

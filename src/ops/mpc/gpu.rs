@@ -31,6 +31,7 @@ pub fn kernel_module() -> KernelModule {
         // Shares and unmasked sums are checked bit for bit (`verify::exactly`); any float
         // it gained would be too.
         exact_floats: true,
+        nvidia_only: false,
     }
 }
 

@@ -355,24 +355,36 @@ impl AttentionJob {
     /// each side rounds once to the output dtype, so the two may sit a whole unit in the
     /// last place apart: 2·u_out of the value (a value near a rounding boundary of bf16
     /// went one way on each side; `gpu-ops check`'s fresh seeds found it, 2026-11-27).
+    /// Where the tensor cores' kernel may run (`tensor_cores::kernel_for`), its own
+    /// rounding is allowed for: f32 sums at twice f32's unit roundoff (tensor cores
+    /// align and may truncate rather than round: Fasi et al., 2021), and P rounded to the
+    /// input dtype before P·V, `u_in` relative to `Σ_j p_ij·|v_j|`, plus half the dtype's
+    /// smallest subnormal step per visible key where a weight underflows.
+    /// Rows are independent: they are bounded in parallel.
     pub fn tolerance(&self) -> (Vec<f64>, Option<Vec<f64>>) {
         let s = self.shape;
         let (q, k, v) = match &self.tensors {
             Tensors::F32 { q, k, v } => (widen(q), widen(k), widen(v)),
             Tensors::F64 { q, k, v } => (q.clone(), k.clone(), v.clone()),
         };
-        let u = if self.input == Dtype::F64 {
-            Dtype::F64.unit_roundoff()
-        } else {
-            Dtype::F32.unit_roundoff()
+        let tensor_cores = tensor_cores::kernel_for(self).is_some();
+        let u = match (self.input, tensor_cores) {
+            (Dtype::F64, _) => Dtype::F64.unit_roundoff(),
+            (_, false) => Dtype::F32.unit_roundoff(),
+            (_, true) => 2.0 * Dtype::F32.unit_roundoff(),
+        };
+        // P's rounding on the tensor cores' path: relative, and absolute where a weight
+        // falls below the dtype's normal range.
+        let (p_u, p_floor) = match (tensor_cores, self.input) {
+            (false, _) => (0.0, 0.0),
+            (true, Dtype::Bf16) => (Dtype::Bf16.unit_roundoff(), 2f64.powi(-134)),
+            (true, _) => (Dtype::F16.unit_roundoff(), 2f64.powi(-25)),
         };
         let out_u = self.output.unit_roundoff();
         let n = (s.keys + 3 * s.keys.div_ceil(SMALLEST_KEY_BLOCK) + 16) as f64;
         let gamma = |m: f64| m * u / (1.0 - m * u);
         let (d, dv) = (s.head_dim, s.value_dim);
-        let mut out_tol = vec![0.0; s.out_len()];
-        let mut w_tol = self.weights.then(|| vec![0.0; s.weights_len()]);
-        for row in 0..s.rows() {
+        let row_tolerance = |row: usize| {
             let (bh, i) = (row / s.queries, row % s.queries);
             let (b, h) = (bh / s.heads, bh % s.heads);
             let g = b * s.kv_heads + s.kv_head(h);
@@ -392,23 +404,40 @@ impl AttentionJob {
             let top = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let p: Vec<f64> = logits.iter().map(|&l| (l - top).exp()).collect();
             let sum: f64 = p.iter().sum();
-            let relative = (2.0 * err).exp_m1() + gamma(n);
-            for c in 0..dv {
-                let (mut mag, mut val) = (0.0, 0.0);
+            let relative = (2.0 * err).exp_m1() + gamma(n) + p_u;
+            let out: Vec<f64> = (0..dv)
+                .map(|c| {
+                    let (mut mag, mut val, mut all) = (0.0, 0.0, 0.0);
+                    for (j, pj) in p.iter().enumerate() {
+                        let x = v[(g * s.keys + j) * dv + c];
+                        mag += pj / sum * x.abs();
+                        val += pj / sum * x;
+                        all += x.abs();
+                    }
+                    relative * mag * 1.01
+                        + p_floor * all
+                        + 2.0 * out_u * val.abs()
+                        + f64::from(f32::MIN_POSITIVE)
+                })
+                .collect();
+            let weights = self.weights.then(|| {
+                let mut w = vec![0.0; s.keys];
                 for (j, pj) in p.iter().enumerate() {
-                    let x = v[(g * s.keys + j) * dv + c];
-                    mag += pj / sum * x.abs();
-                    val += pj / sum * x;
+                    w[j] =
+                        (relative * 1.01 + 2.0 * out_u) * (pj / sum) + f64::from(f32::MIN_POSITIVE);
                 }
-                out_tol[row * dv + c] =
-                    relative * mag * 1.01 + 2.0 * out_u * val.abs() + f64::from(f32::MIN_POSITIVE);
-            }
-            if let Some(w) = &mut w_tol {
-                for (j, pj) in p.iter().enumerate() {
-                    let wj = pj / sum;
-                    w[row * s.keys + j] =
-                        (relative * 1.01 + 2.0 * out_u) * wj + f64::from(f32::MIN_POSITIVE);
-                }
+                w
+            });
+            (out, weights)
+        };
+        let rows: Vec<(Vec<f64>, Option<Vec<f64>>)> =
+            (0..s.rows()).into_par_iter().map(row_tolerance).collect();
+        let mut out_tol = Vec::with_capacity(s.out_len());
+        let mut w_tol = self.weights.then(|| Vec::with_capacity(s.weights_len()));
+        for (out, weights) in rows {
+            out_tol.extend(out);
+            if let (Some(all), Some(w)) = (&mut w_tol, weights) {
+                all.extend(w);
             }
         }
         (out_tol, w_tol)
@@ -433,7 +462,9 @@ fn max_abs<T: Real>(x: &[T]) -> f64 {
 }
 
 mod blocks;
+pub mod tensor_cores;
 use blocks::{block_logits, online_softmax_block};
+pub use tensor_cores::tensor_core_module;
 
 impl Job for AttentionJob {
     type Output = Attended;

@@ -2,9 +2,11 @@
 //! (`conv_im2col_f32`), one product per group on linalg's `matmul_f32`, then bias and
 //! ReLU. Attention uploads whole sequences (all heads of a batch
 //! entry) in passes that fit the device's memory budget, sizes the key tile so that the
-//! fused kernel's shared memory fits 48 KiB, and rounds the output to its dtype.
+//! fused kernel's shared memory fits 48 KiB, and rounds the output to its dtype. f16 and
+//! bf16 attention without weights goes to the tensor cores' kernel where the device has
+//! it (`attention::tensor_cores`).
 
-use super::attention::{Attended, AttentionJob, Tensors};
+use super::attention::{tensor_cores, Attended, AttentionJob, Tensors};
 use super::conv2d::{Conv2dJob, ConvTensors};
 use crate::backend::cuda::cudnn::{ConvGeometry, CONV2D_CUDNN_OP};
 use crate::backend::cuda::kernels::KernelModule;
@@ -34,6 +36,7 @@ pub fn kernel_module() -> KernelModule {
         entry_points: KERNEL_NAMES.iter().map(|s| s.to_string()).collect(),
         // Attention and conv2d are held to tolerances: FMA is their speed.
         exact_floats: false,
+        nvidia_only: false,
     }
 }
 
@@ -55,6 +58,9 @@ pub fn launch_attention(
     job: &AttentionJob,
     dev: &DeviceLease<'_>,
 ) -> Result<Attended, DeviceError> {
+    if let Some(kernel) = tensor_cores::kernel_for(job).filter(|k| dev.has_kernel(k)) {
+        return tensor_cores::launch(job, dev, kernel);
+    }
     let Tensors::F32 { q, k, v } = &job.tensors else {
         return Err(DeviceError {
             kind: DeviceErrorKind::Unsupported,

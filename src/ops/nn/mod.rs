@@ -52,7 +52,7 @@ pub(crate) fn within(
 pub const DOMAIN: super::Domain = super::Domain {
     name: "nn",
     device_ops: &["conv2d", "attention"],
-    kernel_modules: || vec![kernel_module()],
+    kernel_modules: || vec![kernel_module(), attention::tensor_core_module()],
     self_tests: self_test::self_tests,
     library_checks: || vec![self_test::cudnn_check()],
     check_cases: check_cases::check_cases,

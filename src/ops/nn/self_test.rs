@@ -1,7 +1,9 @@
 //! The conv2d self-tests: groups (depthwise too), stride, dilation, uneven padding, bias
 //! and ReLU, each output dtype. The attention self-tests: grouped heads, queries past one query block and keys past
 //! one key tile, a causal mask with fewer queries than keys, padded sequences (one with no
-//! key at all), head dimensions that pick each key tile, weights, and f16 output.
+//! key at all), head dimensions that pick each key tile, weights, and f16 output; and f16
+//! and bf16 inputs without weights, which run on the tensor cores' kernel where the device
+//! has it (so a GPU checks it against the CPU twin before it serves one).
 
 use super::run_conv2d_cudnn;
 use super::{AttentionJob, AttentionShape, Conv2dJob, Conv2dShape, ConvTensors, Tensors};
@@ -41,6 +43,7 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
             Some(vec![75, 0]),
             true,
             Dtype::F32,
+            Dtype::F32,
         ),
         // One tile of 8 keys (D = 256), padded, f16 out.
         (
@@ -48,29 +51,56 @@ pub(crate) fn self_tests() -> Vec<Box<dyn SelfTest>> {
             false,
             Some(vec![13]),
             false,
+            Dtype::F32,
             Dtype::F16,
         ),
-        (shape(3, 1, 1, 33, 33, 8, 8), true, None, true, Dtype::Bf16),
+        (
+            shape(3, 1, 1, 33, 33, 8, 8),
+            true,
+            None,
+            true,
+            Dtype::F32,
+            Dtype::Bf16,
+        ),
+        // The tensor cores' kernel where the device has it (f16 and bf16 in, no
+        // weights): two query blocks of 64, the second cut; key tiles of 32, the last
+        // cut; D and D_v off their multiples of 16 and 8; grouped heads; a row that sees
+        // no key.
+        (
+            shape(1, 4, 2, 70, 45, 40, 20),
+            true,
+            Some(vec![44]),
+            false,
+            Dtype::F16,
+            Dtype::F32,
+        ),
+        (
+            shape(2, 2, 1, 65, 33, 128, 128),
+            false,
+            Some(vec![33, 5]),
+            false,
+            Dtype::Bf16,
+            Dtype::Bf16,
+        ),
     ];
     let jobs = cases
         .into_iter()
         .enumerate()
-        .map(|(n, (shape, causal, lengths, weights, output))| {
+        .map(|(n, (shape, causal, lengths, weights, input, output))| {
+            let rounded = |len, salt| -> Vec<f32> {
+                values(len, salt)
+                    .into_iter()
+                    .map(|x| input.round(x))
+                    .collect()
+            };
             let tensors = Tensors::F32 {
-                q: values(shape.q_len(), 3 * n + 1),
-                k: values(shape.k_len(), 3 * n + 2),
-                v: values(shape.v_len(), 3 * n + 3),
+                q: rounded(shape.q_len(), 3 * n + 1),
+                k: rounded(shape.k_len(), 3 * n + 2),
+                v: rounded(shape.v_len(), 3 * n + 3),
             };
             let scale = 1.0 / (shape.head_dim as f64).sqrt();
             AttentionJob::new(
-                shape,
-                tensors,
-                scale,
-                causal,
-                lengths,
-                Dtype::F32,
-                output,
-                weights,
+                shape, tensors, scale, causal, lengths, input, output, weights,
             )
             .expect("a valid self-test attention")
         })

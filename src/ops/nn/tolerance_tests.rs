@@ -140,3 +140,40 @@ fn attention_tolerance_is_within_a_small_factor_of_an_in_order_f32_sums_error() 
     job.agrees(&device, &cpu)
         .expect("the check accepts the in-order device");
 }
+
+/// Where the tensor cores' kernel may run (f16 or bf16 in, no weights), the bound allows
+/// for P rounded to the input dtype: a relative `u_in` of the weighted values. With
+/// weights asked (attention_f32 runs) or f32 inputs it does not, so those stay tight.
+#[test]
+fn attention_allows_for_p_in_the_input_dtype_only_where_tensor_cores_may_run() {
+    let shape = AttentionShape {
+        batch: 1,
+        heads: 1,
+        kv_heads: 1,
+        queries: 1,
+        keys: 4,
+        head_dim: 1,
+        value_dim: 1,
+    };
+    // Equal logits: four weights of 1/4 on values of 1, so the output is 1.
+    let tolerance = |input: Dtype, weights: bool| {
+        let tensors = Tensors::F32 {
+            q: vec![0.0],
+            k: vec![0.0; 4],
+            v: vec![1.0; 4],
+        };
+        let job = AttentionJob::new(shape, tensors, 1.0, false, None, input, Dtype::F32, weights)
+            .unwrap();
+        job.tolerance().0[0]
+    };
+    let f32_bound = tolerance(Dtype::F32, false);
+    assert!(f32_bound < 2f64.powi(-18), "{f32_bound:e}");
+    assert!(tolerance(Dtype::F16, true) < 2f64.powi(-18));
+    for (input, u) in [(Dtype::F16, 2f64.powi(-11)), (Dtype::Bf16, 2f64.powi(-8))] {
+        let bound = tolerance(input, false);
+        assert!(
+            (u..2.0 * u).contains(&bound),
+            "{input:?}: {bound:e} against u = {u:e}"
+        );
+    }
+}

@@ -28,6 +28,7 @@ pub fn kernel_module() -> KernelModule {
         // The FIR, the noise and the chunk sums round as the host twins do, bit for bit
         // (kernels/rf.cuh; ops/rf/gpu_host_parity.rs), and datasets compare sums exactly.
         exact_floats: true,
+        nvidia_only: false,
     }
 }
 /// Receivers run along the grid's y dimension.

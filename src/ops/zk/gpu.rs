@@ -31,6 +31,7 @@ pub fn field_ops_module() -> KernelModule {
         // Field elements are checked bit for bit (`verify::exactly`); any float it gained
         // would be too.
         exact_floats: true,
+        nvidia_only: false,
     }
 }
 
@@ -218,6 +219,7 @@ pub fn ntt_module() -> KernelModule {
         entry_points,
         // As field_ops: checked bit for bit.
         exact_floats: true,
+        nvidia_only: false,
     }
 }
 

@@ -71,6 +71,7 @@ pub fn msm_module() -> KernelModule {
         // Sums are checked bit for bit (`verify::exactly`); any float it gained would be
         // too.
         exact_floats: true,
+        nvidia_only: false,
     }
 }
 

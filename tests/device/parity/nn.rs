@@ -1,6 +1,9 @@
 //! Attention and convolution, within each job's stated tolerance.
 
 use super::on_every_device;
+use gpu_ops::backend::device::DeviceErrorKind;
+use gpu_ops::backend::emulated::Fault;
+use gpu_ops::backend::Job;
 use gpu_ops::ops::linalg::Dtype;
 use gpu_ops::ops::nn::{
     AttentionJob, AttentionShape, Conv2dJob, Conv2dShape, ConvTensors, Tensors,
@@ -61,6 +64,87 @@ fn attention_agrees_with_the_cpu() {
             let s = shape(5, 2, 1, 30, 40, 16, 16);
             d.check("in passes", &job(s, true, lengths, Dtype::F32, 1.0));
         });
+    });
+}
+
+/// f16 and bf16 attention without weights, on the tensor cores' kernel
+/// (`kernels/nvidia/attention_mma.cu`) wherever the device has it: query blocks of 64 cut
+/// at their edge and wrapping the grid, key tiles of 32 cut at theirs, D and D_v that are
+/// not multiples of 16 or 8 (and the largest, 128), grouped heads, causal masks with
+/// fewer and more queries than keys, empty sequences and rows that see no key, large
+/// logits; then passes under a memory limit. On the emulated device a fault injected into
+/// the kernel shows the jobs went to it.
+#[test]
+fn attention_on_tensor_cores_agrees_with_the_cpu() {
+    let shape = |batch, heads, kv_heads, queries, keys, head_dim, value_dim| AttentionShape {
+        batch,
+        heads,
+        kv_heads,
+        queries,
+        keys,
+        head_dim,
+        value_dim,
+    };
+    let values = |len: usize, salt: usize, gain: f32, dtype: Dtype| -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                let x =
+                    ((i * 31 + salt * 7) as f32 * 0.377).sin() * gain * (1 + (i + salt) % 3) as f32;
+                dtype.round(x)
+            })
+            .collect()
+    };
+    let job =
+        |s: AttentionShape, causal, lengths: Option<Vec<usize>>, input: Dtype, output, gain| {
+            let tensors = Tensors::F32 {
+                q: values(s.q_len(), 1, gain, input),
+                k: values(s.k_len(), 2, 1.0, input),
+                v: values(s.v_len(), 3, 1.0, input),
+            };
+            let scale = 1.0 / (s.head_dim as f64).sqrt();
+            AttentionJob::new(s, tensors, scale, causal, lengths, input, output, false).unwrap()
+        };
+    on_every_device("attention_on_tensor_cores_agrees_with_the_cpu", |d| {
+        let cases = d.sizes(
+            &[
+                (shape(2, 8, 2, 512, 512, 64, 64), true, None),
+                (shape(1, 4, 4, 300, 1000, 128, 128), false, Some(vec![777])),
+            ],
+            &[
+                (shape(2, 4, 2, 19, 75, 32, 24), true, Some(vec![75, 0])),
+                (shape(1, 2, 1, 40, 9, 8, 16), true, None),
+                (shape(1, 2, 2, 130, 64, 24, 40), true, None),
+                (shape(3, 2, 1, 1, 33, 100, 3), false, None),
+                (shape(1, 1, 1, 70, 100, 128, 128), false, Some(vec![45])),
+            ],
+        );
+        for (s, causal, lengths) in cases {
+            for (input, output, gain) in [
+                (Dtype::F16, Dtype::F32, 1.0),
+                (Dtype::Bf16, Dtype::Bf16, 1.0),
+                (Dtype::Bf16, Dtype::F32, 3000.0),
+            ] {
+                let case = format!("{s:?} causal={causal} {input:?}→{output:?} ×{gain}");
+                d.check(case, &job(s, causal, lengths.clone(), input, output, gain));
+            }
+        }
+        d.in_passes(32 << 10, |d| {
+            let lengths = Some(vec![40, 3, 0, 39, 1]);
+            let s = shape(5, 2, 1, 30, 40, 16, 16);
+            let j = job(s, true, lengths, Dtype::F16, Dtype::F16, 1.0);
+            d.check("in passes", &j);
+        });
+        if d.is_emulated() {
+            let s = shape(1, 1, 1, 8, 8, 16, 16);
+            for input in [Dtype::F16, Dtype::Bf16] {
+                let j = job(s, false, None, input, Dtype::F32, 1.0);
+                let fault = Fault::Fail(DeviceErrorKind::Fatal);
+                d.device().inject_fault("attention_mma_", fault, 1).unwrap();
+                if j.run_device(&d.lease()).is_ok() {
+                    d.fail(format!("{input:?}"), "the job did not run attention_mma_*");
+                }
+            }
+        }
     });
 }
 
