@@ -11,7 +11,9 @@ typedef unsigned long long u64;
 // GPUs") define __HIP__ instead. Every device branch of every kernel tests this one name,
 // so the same source compiles for both vendors; the host build and the emulated device
 // define neither. HIP provides the CUDA intrinsics the kernels use (__umul64hi, __brev,
-// the _rn arithmetic); no kernel uses warp intrinsics or assumes a warp of 32.
+// the _rn arithmetic); no kernel here uses warp intrinsics or assumes a warp of 32. The
+// NVIDIA-only modules under kernels/nvidia/ (tensor cores, shuffles) are never built for
+// AMD (`KernelModule::nvidia_only`).
 #if defined(__CUDACC__) || defined(__HIP__)
 #define GPU_OPS_DEVICE 1
 #endif

@@ -63,6 +63,13 @@ REPORT = {
         {"op": "matmul", "case": "bad compute", "device": "cuda:0", "parity": "ok",
          "timings": {"kernel_ms": {"median": 1.0}},
          "compare": {"kind": "matmul", "m": 4, "n": 4, "k": 4, "compute": "int8"}},
+        {"op": "attention", "case": "grouped", "device": "cuda:0", "parity": "ok",
+         "timings": {"kernel_ms": {"median": 0.2}},
+         "compare": {"kind": "attention", "batch": 1, "heads": 4, "kv_heads": 2, "seq_q": 16,
+                     "dim": 8, "causal": True}},
+        {"op": "attention", "case": "bad groups", "device": "cuda:0", "parity": "ok",
+         "timings": {"kernel_ms": {"median": 0.2}},
+         "compare": {"kind": "attention", "heads": 4, "kv_heads": 3, "seq_q": 16, "dim": 8}},
     ],
 }
 
@@ -102,6 +109,10 @@ class Logic(unittest.TestCase):
                          tc.compare_key(REPORT["ops"][1]["compare"]))
         other = dict(MATMUL, compute="tf32")
         self.assertNotEqual(tc.compare_key(MATMUL), tc.compare_key(other))
+        # One key/value head a query head unless the compare says otherwise.
+        attn = {"kind": "attention", "heads": 4, "seq_q": 16, "dim": 8}
+        self.assertEqual(tc.compare_key(attn), tc.compare_key(dict(attn, kv_heads=4)))
+        self.assertNotEqual(tc.compare_key(attn), tc.compare_key(dict(attn, kv_heads=2)))
 
     def test_ratio_and_formats(self):
         self.assertAlmostEqual(tc.ratio(2.0, 1.0), 2.0)
@@ -200,6 +211,8 @@ class EndToEnd(unittest.TestCase):
         self.assertEqual(by_case[("matmul", "bad parity")][0]["status"], "skipped")
         self.assertEqual(by_case[("msm", "emulated")][0]["status"], "skipped")
         self.assertEqual(by_case[("matmul", "bad compute")][0]["status"], "error")
+        self.assertEqual(by_case[("attention", "grouped")][0]["status"], "ok")
+        self.assertEqual(by_case[("attention", "bad groups")][0]["status"], "error")
         self.assertIn("| Op | Case | Reference |", table)
         self.assertEqual(out["copies"][0]["copy"], "d2d")
 

@@ -156,6 +156,7 @@ def compare_key(compare):
         c["trans_a"], c["trans_b"] = bool(c["trans_a"]), bool(c["trans_b"])
     if c.get("kind") == "attention":
         c.setdefault("seq_k", c.get("seq_q"))
+        c.setdefault("kv_heads", c.get("heads"))
         c["causal"] = bool(c["causal"])
     if c.get("kind") == "conv2d":
         c.setdefault("s", c.get("r"))
@@ -370,19 +371,24 @@ def run_attention(ctx, c, half_dtypes):
     torch = ctx.torch
     F = torch.nn.functional
     b, h = need_int(c, "batch", 1), need_int(c, "heads", 1)
+    kv = need_int(c, "kv_heads", h)
     sq, sk, d = need_int(c, "seq_q"), need_int(c, "seq_k", c.get("seq_q")), need_int(c, "dim")
     causal = bool(c.get("causal", False))
+    if kv < 1 or h % kv:
+        raise ValueError(f"kv_heads {kv} does not divide heads {h}")
+    # Grouped heads: K and V have kv heads, which SDPA shares across each group itself.
+    gqa = {"enable_gqa": True} if kv != h else {}
     dev = ctx.device
     results = []
     note_causal = "causal mask top-left aligned (seq_q != seq_k)" if causal and sq != sk else ""
 
     def inputs(dtype):
         return (torch.randn(b, h, sq, d, device=dev, dtype=dtype),
-                torch.randn(b, h, sk, d, device=dev, dtype=dtype),
-                torch.randn(b, h, sk, d, device=dev, dtype=dtype))
+                torch.randn(b, kv, sk, d, device=dev, dtype=dtype),
+                torch.randn(b, kv, sk, d, device=dev, dtype=dtype))
 
     def sdpa(q, k, v):
-        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, **gqa)
 
     # f32 through the default dispatch (TF32 off, should it fall back to the math backend).
     try:

@@ -360,87 +360,10 @@ impl AttentionJob {
     /// align and may truncate rather than round: Fasi et al., 2021), and P rounded to the
     /// input dtype before P·V, `u_in` relative to `Σ_j p_ij·|v_j|`, plus half the dtype's
     /// smallest subnormal step per visible key where a weight underflows.
-    /// Rows are independent: they are bounded in parallel.
+    /// Computed in f64 a block of 64 rows at a time, the block's logits, their
+    /// magnitudes and the weighted values as products (`bound.rs`), blocks in parallel.
     pub fn tolerance(&self) -> (Vec<f64>, Option<Vec<f64>>) {
-        let s = self.shape;
-        let (q, k, v) = match &self.tensors {
-            Tensors::F32 { q, k, v } => (widen(q), widen(k), widen(v)),
-            Tensors::F64 { q, k, v } => (q.clone(), k.clone(), v.clone()),
-        };
-        let tensor_cores = tensor_cores::kernel_for(self).is_some();
-        let u = match (self.input, tensor_cores) {
-            (Dtype::F64, _) => Dtype::F64.unit_roundoff(),
-            (_, false) => Dtype::F32.unit_roundoff(),
-            (_, true) => 2.0 * Dtype::F32.unit_roundoff(),
-        };
-        // P's rounding on the tensor cores' path: relative, and absolute where a weight
-        // falls below the dtype's normal range.
-        let (p_u, p_floor) = match (tensor_cores, self.input) {
-            (false, _) => (0.0, 0.0),
-            (true, Dtype::Bf16) => (Dtype::Bf16.unit_roundoff(), 2f64.powi(-134)),
-            (true, _) => (Dtype::F16.unit_roundoff(), 2f64.powi(-25)),
-        };
-        let out_u = self.output.unit_roundoff();
-        let n = (s.keys + 3 * s.keys.div_ceil(SMALLEST_KEY_BLOCK) + 16) as f64;
-        let gamma = |m: f64| m * u / (1.0 - m * u);
-        let (d, dv) = (s.head_dim, s.value_dim);
-        let row_tolerance = |row: usize| {
-            let (bh, i) = (row / s.queries, row % s.queries);
-            let (b, h) = (bh / s.heads, bh % s.heads);
-            let g = b * s.kv_heads + s.kv_head(h);
-            let end = self.visible_keys(b, i);
-            let qi = &q[row * d..][..d];
-            let mut logits = Vec::with_capacity(end);
-            let mut err = 0.0f64;
-            for j in 0..end {
-                let kj = &k[(g * s.keys + j) * d..][..d];
-                let dot: f64 = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                let mag: f64 = qi.iter().zip(kj).map(|(a, b)| (a * b).abs()).sum();
-                let logit = self.scale * dot;
-                err =
-                    err.max(gamma(d as f64 + 2.0) * self.scale.abs() * mag + 2.0 * u * logit.abs());
-                logits.push(logit);
-            }
-            let top = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let p: Vec<f64> = logits.iter().map(|&l| (l - top).exp()).collect();
-            let sum: f64 = p.iter().sum();
-            let relative = (2.0 * err).exp_m1() + gamma(n) + p_u;
-            let out: Vec<f64> = (0..dv)
-                .map(|c| {
-                    let (mut mag, mut val, mut all) = (0.0, 0.0, 0.0);
-                    for (j, pj) in p.iter().enumerate() {
-                        let x = v[(g * s.keys + j) * dv + c];
-                        mag += pj / sum * x.abs();
-                        val += pj / sum * x;
-                        all += x.abs();
-                    }
-                    relative * mag * 1.01
-                        + p_floor * all
-                        + 2.0 * out_u * val.abs()
-                        + f64::from(f32::MIN_POSITIVE)
-                })
-                .collect();
-            let weights = self.weights.then(|| {
-                let mut w = vec![0.0; s.keys];
-                for (j, pj) in p.iter().enumerate() {
-                    w[j] =
-                        (relative * 1.01 + 2.0 * out_u) * (pj / sum) + f64::from(f32::MIN_POSITIVE);
-                }
-                w
-            });
-            (out, weights)
-        };
-        let rows: Vec<(Vec<f64>, Option<Vec<f64>>)> =
-            (0..s.rows()).into_par_iter().map(row_tolerance).collect();
-        let mut out_tol = Vec::with_capacity(s.out_len());
-        let mut w_tol = self.weights.then(|| Vec::with_capacity(s.weights_len()));
-        for (out, weights) in rows {
-            out_tol.extend(out);
-            if let (Some(all), Some(w)) = (&mut w_tol, weights) {
-                all.extend(w);
-            }
-        }
-        (out_tol, w_tol)
+        bound::tolerance(self)
     }
 }
 
@@ -453,15 +376,12 @@ pub fn visible_keys(len: usize, i: usize, queries: usize, causal: bool) -> usize
     }
 }
 
-fn widen(x: &[f32]) -> Vec<f64> {
-    x.iter().map(|&x| f64::from(x)).collect()
-}
-
 fn max_abs<T: Real>(x: &[T]) -> f64 {
     x.iter().fold(0.0, |m, &x| m.max(x.to_f64().abs()))
 }
 
 mod blocks;
+mod bound;
 pub mod tensor_cores;
 use blocks::{block_logits, online_softmax_block};
 pub use tensor_cores::tensor_core_module;
