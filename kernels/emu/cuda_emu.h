@@ -95,6 +95,32 @@ void emu_mma_m16n8k16(bool bf16, float d[4], const unsigned a[4], const unsigned
                       const char *site);
 // __shfl_xor_sync(0xffffffff, value, lane_mask): the value of lane `lane ^ lane_mask`.
 float emu_shfl_xor_f32(float value, unsigned lane_mask, const char *site);
+// Each lane hands over `words` (at most 4) 32-bit words; `all` gets lane l's at
+// `all[l * words]`. The building block of the collectives below.
+void emu_warp_exchange(const unsigned *mine, unsigned words, unsigned *all, const char *site);
+// The calling thread's lane: its linear index in the block, modulo 32.
+unsigned emu_lane();
+
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l names row l % 8 of matrix
+// l / 8 (`row`: 8 values, 16 bytes); r[i] gets matrix i's row l / 4, columns 2(l % 4)
+// and the next, or with `trans` rows 2(l % 4) and the next of column l / 4, the lower
+// index in the lower half. Each lane reads its own row here, in the kernel's unit, so
+// the checkers see that read and bound it.
+static inline void emu_ldmatrix_x4(bool trans, unsigned r[4], const unsigned short *row,
+                                   const char *site) {
+    unsigned mine[4], all[32 * 4];
+    std::memcpy(mine, row, 16);
+    emu_warp_exchange(mine, 4, all, site);
+    unsigned short halves[32 * 8];
+    std::memcpy(halves, all, sizeof halves);
+    const unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
+    for (unsigned i = 0; i < 4; i++) {
+        const unsigned short *m = halves + 64 * i;
+        const unsigned lo = trans ? m[2 * t * 8 + g] : m[g * 8 + 2 * t];
+        const unsigned hi = trans ? m[(2 * t + 1) * 8 + g] : m[g * 8 + 2 * t + 1];
+        r[i] = lo | (hi << 16);
+    }
+}
 
 // f16 and bf16 as the device's conversions make them: round to nearest, ties to even
 // (cvt.rn), and back exactly.

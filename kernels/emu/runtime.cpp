@@ -446,6 +446,23 @@ void emu_mma_m16n8k16(bool bf16, float d[4], const unsigned a[4], const unsigned
     warp_wait(f, site);
 }
 
+void emu_warp_exchange(const unsigned *mine, unsigned words, unsigned *all, const char *site) {
+    Fiber &f = *block.running;
+    unsigned lane;
+    Warp &w = warp_of(f, lane);
+    for (unsigned i = 0; i < words; i++) w.words[lane][i] = mine[i];
+    warp_wait(f, site);
+    for (unsigned l = 0; l < WARP; l++)
+        for (unsigned i = 0; i < words; i++) all[l * words + i] = w.words[l][i];
+    warp_wait(f, site);
+}
+
+unsigned emu_lane() {
+    unsigned lane;
+    warp_of(*block.running, lane);
+    return lane;
+}
+
 float emu_shfl_xor_f32(float value, unsigned lane_mask, const char *site) {
     Fiber &f = *block.running;
     unsigned lane;

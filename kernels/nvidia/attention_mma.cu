@@ -24,9 +24,11 @@
 //   B (16×8, k × n): b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g]
 //   C, D (16×8, f32): c0, c1 = C[g][2t], C[g][2t+1]; c2, c3 = C[g+8][2t], C[g+8][2t+1]
 // Shared memory (dynamic, sized by the launcher): Q [MMA_ROWS][dq], K [MMA_KEYS][dq],
-// V [MMA_KEYS][dw] as 16-bit values, rows padded by MMA_PAD values so the eight rows a
-// fragment reads start in different banks; dq is D rounded up to 16, dw is D_v rounded up
-// to 8, and the padding columns hold zeros (a zero adds nothing to a dot product).
+// V [MMA_KEYS][dw] as 16-bit values, rows padded by MMA_PAD values so the eight rows an
+// ldmatrix reads start in different banks (and every row on 16 bytes); dq and dw are D
+// and D_v rounded up to 16, and the padding columns hold zeros (a zero adds nothing to a
+// dot product). Fragments come out of shared memory by ldmatrix, four 8×8 matrices a
+// call (V's transposed); rows whose length is a multiple of 8 are staged 16 bytes a load.
 #include "common.cuh"
 
 typedef unsigned short u16;
@@ -71,6 +73,28 @@ template <bool BF16> __device__ __forceinline__ u32 pack_pair(float lo, float hi
     return r;
 }
 
+// Four 8×8 matrices of 16-bit values from shared memory, lane l naming row l % 8 of
+// matrix l / 8; `_trans` gives each lane a column pair instead of a row pair.
+__device__ __forceinline__ void ldmatrix_x4(u32 r[4], const u16 *row) {
+    u32 at = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 r[4], const u16 *row) {
+    u32 at = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(at));
+}
+#define LDMATRIX_X4(r, row) ldmatrix_x4(r, row)
+#define LDMATRIX_X4_TRANS(r, row) ldmatrix_x4_trans(r, row)
+
+// 16 bytes from `from` to `to`, both 16-byte aligned.
+__device__ __forceinline__ void copy16(u16 *to, const u16 *from) {
+    *reinterpret_cast<uint4 *>(to) = *reinterpret_cast<const uint4 *>(from);
+}
+
 #define WARP_MMA(BF16, d, a, b) warp_mma<BF16>(d, a, b)
 #define WARP_XOR_MAX(x, m) fmaxf((x), __shfl_xor_sync(0xffffffffu, (x), (m)))
 #define WARP_XOR_SUM(x, m) ((x) + __shfl_xor_sync(0xffffffffu, (x), (m)))
@@ -78,6 +102,9 @@ template <bool BF16> __device__ __forceinline__ u32 pack_pair(float lo, float hi
 #define MMA_NEG_INF (-INFINITY)
 template <bool BF16> inline u32 pack_pair(float lo, float hi) { return emu_pack_pair(BF16, lo, hi); }
 #define WARP_MMA(BF16, d, a, b) emu_mma_m16n8k16(BF16, d, a, b, EMU_HERE)
+#define LDMATRIX_X4(r, row) emu_ldmatrix_x4(false, r, row, EMU_HERE)
+#define LDMATRIX_X4_TRANS(r, row) emu_ldmatrix_x4(true, r, row, EMU_HERE)
+inline void copy16(u16 *to, const u16 *from) { std::memcpy(to, from, 16); }
 #define WARP_XOR_MAX(x, m) fmaxf((x), emu_shfl_xor_f32((x), (m), EMU_HERE))
 #define WARP_XOR_SUM(x, m) ((x) + emu_shfl_xor_f32((x), (m), EMU_HERE))
 #endif
@@ -91,18 +118,29 @@ __device__ __forceinline__ u64 mma_visible(u64 len, u64 i, u64 queries, u32 caus
     return end < len ? end : len;
 }
 
-// Two adjacent 16-bit values of a shared row, the lower column in the lower half.
-__device__ __forceinline__ u32 pair_at(const u16 *row, u64 col) {
-    return (u32)row[col] | ((u32)row[col + 1] << 16);
-}
-
 // `count` rows of `width` values from `src` (rows `stride` apart) into shared rows of
 // `padded` values (plus MMA_PAD), zeros past `count` rows of `rows` and past `width`.
+// Rows of a multiple of 8 values (16-byte aligned in every buffer the launcher passes)
+// move 16 bytes a load.
 __device__ __forceinline__ void stage_rows(u16 *dst, const u16 *src, u64 count, u64 rows,
                                            u64 width, u64 padded) {
+    const u64 stride = padded + MMA_PAD;
+    if (width % 8 == 0) {
+        const u64 chunks = padded / 8;
+        for (u64 e = threadIdx.x; e < rows * chunks; e += blockDim.x) {
+            u64 r = e / chunks, c = e % chunks * 8;
+            u16 *to = dst + r * stride + c;
+            if (r < count && c < width) {
+                copy16(to, src + r * width + c);
+            } else {
+                for (int i = 0; i < 8; i++) to[i] = 0;
+            }
+        }
+        return;
+    }
     for (u64 e = threadIdx.x; e < rows * padded; e += blockDim.x) {
         u64 r = e / padded, c = e % padded;
-        dst[r * (padded + MMA_PAD) + c] = r < count && c < width ? src[r * width + c] : 0;
+        dst[r * stride + c] = r < count && c < width ? src[r * width + c] : 0;
     }
 }
 
@@ -112,13 +150,15 @@ __device__ __forceinline__ void attention_mma(const u16 *q, const u16 *k, const 
                                               u64 heads, u64 kv_heads, u64 queries, u64 keys,
                                               u64 d, u64 dv, u32 causal, float scale) {
     extern __shared__ u16 mma_shared[];
-    const u64 dq = (d + 15) / 16 * 16, dw = (dv + 7) / 8 * 8;
+    const u64 dq = (d + 15) / 16 * 16, dw = (dv + 15) / 16 * 16;
     const u64 q_stride = dq + MMA_PAD, v_stride = dw + MMA_PAD;
     u16 *qs = mma_shared;
     u16 *ks = qs + MMA_ROWS * q_stride;
     u16 *vs = ks + MMA_KEYS * q_stride;
     const u32 warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u32 g = lane / 4, t = lane % 4;
+    // The row this lane names to ldmatrix: row lane % 8 of matrix lane / 8.
+    const u32 m_row = lane % 8, m = lane / 8;
     const u64 d_steps = dq / 16, v_tiles = dw / 8;
     const u64 blocks_per_head = (queries + MMA_ROWS - 1) / MMA_ROWS;
     for (u64 task = blockIdx.x; task < batch * heads * blocks_per_head; task += gridDim.x) {
@@ -157,15 +197,19 @@ __device__ __forceinline__ void attention_mma(const u16 *q, const u16 *k, const 
 #pragma unroll
             for (int step = 0; step < MMA_MAX_DIM / 16; step++) {
                 if ((u64)step >= d_steps) break;
-                const u16 *qa = qs + (warp * 16 + g) * q_stride + step * 16 + 2 * t;
-                u32 a[4] = {pair_at(qa, 0), pair_at(qa + 8 * q_stride, 0), pair_at(qa, 8),
-                            pair_at(qa + 8 * q_stride, 8)};
+                // A: rows 0–7 then 8–15 of the warp's queries, columns 0–7 then 8–15.
+                u32 a[4];
+                LDMATRIX_X4(a, qs + (warp * 16 + m_row + 8 * (m & 1)) * q_stride + step * 16 +
+                                   8 * (m >> 1));
 #pragma unroll
-                for (int j = 0; j < MMA_KEYS / 8; j++) {
-                    // B[c][key] = K[key][c]: key 8j + g, columns 2t.. of this step.
-                    const u16 *kr = ks + (j * 8 + g) * q_stride + step * 16 + 2 * t;
-                    u32 bk[2] = {pair_at(kr, 0), pair_at(kr, 8)};
+                for (int j = 0; j < MMA_KEYS / 8; j += 2) {
+                    // B[c][key] = K[key][c]: keys 8j.. (columns 0–7, 8–15 of the step),
+                    // then keys 8j + 8.. likewise; a row of K is a column of B.
+                    u32 bk[4];
+                    LDMATRIX_X4(bk, ks + (j * 8 + m_row + 8 * (m >> 1)) * q_stride + step * 16 +
+                                        8 * (m & 1));
                     WARP_MMA(BF16, s[j], a, bk);
+                    WARP_MMA(BF16, s[j + 1], a, bk + 2);
                 }
             }
             // Scale and mask; each row's maximum over the tile, across the four lanes
@@ -220,15 +264,16 @@ __device__ __forceinline__ void attention_mma(const u16 *q, const u16 *k, const 
                 const float *l = s[2 * step], *r = s[2 * step + 1];
                 u32 a[4] = {pack_pair<BF16>(l[0], l[1]), pack_pair<BF16>(l[2], l[3]),
                             pack_pair<BF16>(r[0], r[1]), pack_pair<BF16>(r[2], r[3])};
-                const u16 *v0 = vs + (step * 16 + 2 * t) * v_stride + g;
 #pragma unroll
-                for (int c = 0; c < MMA_MAX_DIM / 8; c++) {
+                for (int c = 0; c < MMA_MAX_DIM / 8; c += 2) {
                     if ((u64)c >= v_tiles) break;
-                    // B[key][col] = V[key][col]: keys 2t, 2t + 1 (and + 8), column 8c + g.
-                    const u16 *vc = v0 + c * 8;
-                    u32 bv[2] = {(u32)vc[0] | ((u32)vc[v_stride] << 16),
-                                 (u32)vc[8 * v_stride] | ((u32)vc[9 * v_stride] << 16)};
+                    // B[key][col] = V[key][col], transposed out of V's rows: keys 0–7
+                    // then 8–15 of the step, columns 8c.. then 8c + 8...
+                    u32 bv[4];
+                    LDMATRIX_X4_TRANS(bv, vs + (step * 16 + m_row + 8 * (m & 1)) * v_stride +
+                                              8 * c + 8 * (m >> 1));
                     WARP_MMA(BF16, o[c], a, bv);
+                    WARP_MMA(BF16, o[c + 1], a, bv + 2);
                 }
             }
         }

@@ -49,9 +49,9 @@ pub fn kernel_for(job: &AttentionJob) -> Option<&'static str> {
 }
 
 /// The kernel's dynamic shared memory: Q's block and one tile of keys, then one of
-/// values, 16 bits a value, rows padded (D up to a multiple of 16, D_v of 8).
+/// values, 16 bits a value, rows padded (D and D_v up to a multiple of 16).
 pub fn shared_bytes(d: usize, dv: usize) -> usize {
-    let (dq, dw) = (d.div_ceil(16) * 16, dv.div_ceil(8) * 8);
+    let (dq, dw) = (d.div_ceil(16) * 16, dv.div_ceil(16) * 16);
     2 * ((ROWS + KEYS) * (dq + PAD) + KEYS * (dw + PAD))
 }
 
@@ -157,9 +157,10 @@ mod tests {
     fn the_largest_heads_fit_the_shared_memory_every_device_gives() {
         assert_eq!(shared_bytes(MAX_DIM, MAX_DIM), 34_816);
         assert!(shared_bytes(MAX_DIM, MAX_DIM) <= 48 * 1024);
-        // D rounds up to 16, D_v to 8.
-        assert_eq!(shared_bytes(1, 1), shared_bytes(16, 8));
-        assert!(shared_bytes(17, 8) > shared_bytes(16, 8));
+        // D and D_v round up to 16.
+        assert_eq!(shared_bytes(1, 1), shared_bytes(16, 16));
+        assert!(shared_bytes(17, 16) > shared_bytes(16, 16));
+        assert!(shared_bytes(16, 17) > shared_bytes(16, 16));
     }
 
     #[test]
