@@ -67,3 +67,13 @@ extern "C" __global__ void __launch_bounds__(1024)
     if (diverge && threadIdx.x % 2 == 1) return;
     out[threadIdx.x] = emu_shfl_xor_f32((float)threadIdx.x, 5, EMU_HERE);
 }
+
+// One warp's ldmatrix.x4 (emu_ldmatrix_x4) of four 8×8 matrices of 16-bit values stored one
+// after another (`m`: 256 values), lane l naming row l % 8 of matrix l / 8; out[4l + i]
+// is lane l's register i. Launched with one warp.
+extern "C" __global__ void __launch_bounds__(1024)
+    emu_check_ldmatrix(const unsigned short *m, unsigned *out, unsigned trans) {
+    unsigned r[4];
+    emu_ldmatrix_x4(trans != 0, r, m + threadIdx.x / 8 * 64 + threadIdx.x % 8 * 8, EMU_HERE);
+    for (unsigned i = 0; i < 4; i++) out[4 * threadIdx.x + i] = r[i];
+}

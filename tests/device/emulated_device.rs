@@ -255,6 +255,37 @@ fn the_emulated_mma_follows_ptxs_fragment_layout() {
     }
 }
 
+/// The emulated `ldmatrix.x4` hands lane `l` = 4·g + t, in register i, matrix i's row g,
+/// columns 2t and 2t + 1 (with `.trans`, rows 2t and 2t + 1 of column g), the lower in the
+/// lower half: PTX's layout, the one the tensor cores' fragments take.
+#[test]
+fn the_emulated_ldmatrix_follows_ptxs_layout() {
+    let m: Vec<u16> = (0..256).collect();
+    for trans in [0u32, 1] {
+        let mut out = vec![0u32; 128];
+        let (mut pm, mut po, mut flag) = (m.as_ptr(), out.as_mut_ptr(), trans);
+        // SAFETY: one warp; `m` holds four 8×8 matrices, `out` four words a lane.
+        unsafe { emulated::launch("emu_check_ldmatrix", config(1, 32, 0), args![pm, po, flag]) }
+            .unwrap();
+        for lane in 0..32u32 {
+            let (g, t) = (lane / 4, lane % 4);
+            for i in 0..4u32 {
+                let at = |row: u32, col: u32| i * 64 + row * 8 + col;
+                let (lo, hi) = if trans == 1 {
+                    (at(2 * t, g), at(2 * t + 1, g))
+                } else {
+                    (at(g, 2 * t), at(g, 2 * t + 1))
+                };
+                assert_eq!(
+                    out[(4 * lane + i) as usize],
+                    lo | (hi << 16),
+                    "trans {trans}, lane {lane}, register {i}"
+                );
+            }
+        }
+    }
+}
+
 /// A shuffle hands each lane its partner's value, in every warp of the block; a lane
 /// that returns while the rest of its warp waits at a shuffle fails the launch.
 #[test]
