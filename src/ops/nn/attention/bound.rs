@@ -5,9 +5,10 @@
 //! - their magnitudes `Σ_c |q_ic·k_jc|`;
 //! - `Σ_j p_ij·v_jc` and `Σ_j p_ij·|v_jc|`.
 //!
-//! The rounding terms of each row follow from those. Tasks run on rayon. The row-by-row
-//! loop this replaced took 16 CPU-seconds for one head at S = S_kv = 4096, D = 128, which
-//! kept `gpu-ops check` to one head a case.
+//! The rounding terms of each row follow from those. Tasks run on rayon. One head at
+//! S = S_kv = 4096, D = D_v = 128 takes 0.14 s causal and 0.22 s not (wall clock, two
+//! AVX-512 threads, release build, 2026-12-07). The row-by-row loop this replaced took
+//! 7.0 and 16.3 CPU-seconds, which had kept `gpu-ops check` to one head a case.
 
 use super::{tensor_cores, AttentionJob, Tensors, SMALLEST_KEY_BLOCK};
 use crate::ops::linalg::views::gemm_into;
