@@ -69,11 +69,18 @@ extern "C" __global__ void __launch_bounds__(1024)
 }
 
 // One warp's ldmatrix.x4 (emu_ldmatrix_x4) of four 8×8 matrices of 16-bit values stored one
-// after another (`m`: 256 values), lane l naming row l % 8 of matrix l / 8; out[4l + i]
-// is lane l's register i. Launched with one warp.
+// after another (`m`: 256 values, copied into dynamic shared memory of 512 bytes first),
+// lane l naming row l % 8 of matrix l / 8; out[4l + i] is lane l's register i. With
+// `from_global`, the rows are named in `m` itself: a reported fault. One warp.
 extern "C" __global__ void __launch_bounds__(1024)
-    emu_check_ldmatrix(const unsigned short *m, unsigned *out, unsigned trans) {
+    emu_check_ldmatrix(const unsigned short *m, unsigned *out, unsigned trans,
+                       unsigned from_global) {
+    extern __shared__ unsigned short staged[];
+    for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) staged[i] = m[i];
+    __syncthreads();
+    const unsigned short *base = from_global ? m : staged;
     unsigned r[4];
-    emu_ldmatrix_x4(trans != 0, r, m + threadIdx.x / 8 * 64 + threadIdx.x % 8 * 8, EMU_HERE);
+    emu_ldmatrix_x4(trans != 0, r, base + threadIdx.x / 8 * 64 + threadIdx.x % 8 * 8,
+                    EMU_HERE);
     for (unsigned i = 0; i < 4; i++) out[4 * threadIdx.x + i] = r[i];
 }

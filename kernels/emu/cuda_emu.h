@@ -101,15 +101,26 @@ void emu_warp_exchange(const unsigned *mine, unsigned words, unsigned *all, cons
 // The calling thread's lane: its linear index in the block, modulo 32.
 unsigned emu_lane();
 
+// Whether [p, p + bytes) lies in the running launch's dynamic shared memory.
+bool emu_in_dynamic_shared(const void *p, size_t bytes);
+// Fails the running launch with `what` once its block ends (the first fault is kept).
+void emu_fault(const char *what);
+
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l names row l % 8 of matrix
 // l / 8 (`row`: 8 values, 16 bytes); r[i] gets matrix i's row l / 4, columns 2(l % 4)
 // and the next, or with `trans` rows 2(l % 4) and the next of column l / 4, the lower
 // index in the lower half. Each lane reads its own row here, in the kernel's unit, so
-// the checkers see that read and bound it.
+// the checkers see that read and bound it. A row outside the launch's dynamic shared
+// memory (where the kernels keep what they load this way) fails the launch, as an
+// address outside the shared window faults on a GPU; the lane reads zeros instead.
 static inline void emu_ldmatrix_x4(bool trans, unsigned r[4], const unsigned short *row,
                                    const char *site) {
-    unsigned mine[4], all[32 * 4];
-    std::memcpy(mine, row, 16);
+    unsigned mine[4] = {0, 0, 0, 0}, all[32 * 4];
+    if (emu_in_dynamic_shared(row, 16)) {
+        std::memcpy(mine, row, 16);
+    } else {
+        emu_fault("ldmatrix of a row outside the launch's dynamic shared memory");
+    }
     emu_warp_exchange(mine, 4, all, site);
     unsigned short halves[32 * 8];
     std::memcpy(halves, all, sizeof halves);

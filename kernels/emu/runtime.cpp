@@ -191,6 +191,9 @@ struct Block {
     const emu_kernel *kernel = nullptr;
     void **args = nullptr;
     unsigned char *shared = nullptr;
+    size_t shared_bytes = 0;
+    // A fault a thread met (`emu_fault`): the launch fails with it once the block ends.
+    const char *fault = nullptr;
     const void *scheduler_stack = nullptr;  // AddressSanitizer's view of the host stack
     size_t scheduler_stack_size = 0;
     void *scheduler_tsan = nullptr;          // ThreadSanitizer's fiber of the host thread
@@ -409,6 +412,16 @@ void emu_syncthreads_at(const char *site) {
 
 void *emu_dynamic_shared() { return block.shared; }
 
+bool emu_in_dynamic_shared(const void *p, size_t bytes) {
+    const unsigned char *at = static_cast<const unsigned char *>(p);
+    return block.shared && at >= block.shared && bytes <= block.shared_bytes &&
+           (size_t)(at - block.shared) <= block.shared_bytes - bytes;
+}
+
+void emu_fault(const char *what) {
+    if (!block.fault) block.fault = what;
+}
+
 void emu_mma_m16n8k16(bool bf16, float d[4], const unsigned a[4], const unsigned b[2],
                       const char *site) {
     Fiber &f = *block.running;
@@ -593,13 +606,20 @@ int emu_launch(const char *name, const unsigned grid[3], const unsigned block_di
     block.kernel = k;
     block.args = args;
     block.shared = shared_bytes ? shared.data() : nullptr;
+    block.shared_bytes = shared_bytes;
+    block.fault = nullptr;
     const dim3 g{grid[0], grid[1], grid[2]}, bd{block_dim[0], block_dim[1], block_dim[2]};
     gridDim = g;
     blockDim = bd;
     unsigned long long blocks = (unsigned long long)g.x * g.y * g.z;
     for (unsigned long long n = 0; n < blocks; n++) {
         blockIdx = dim3{(unsigned)(n % g.x), (unsigned)(n / g.x % g.y), (unsigned)(n / g.x / g.y)};
-        switch (run_block((unsigned)threads, bd)) {
+        BlockEnd end = run_block((unsigned)threads, bd);
+        if (block.fault) {
+            set_error(err, err_len, std::string(name) + ": " + block.fault);
+            return EMU_BAD_LAUNCH;
+        }
+        switch (end) {
         case BLOCK_DONE:
             break;
         case BLOCK_BARRIER_DIVERGENCE:

@@ -257,16 +257,25 @@ fn the_emulated_mma_follows_ptxs_fragment_layout() {
 
 /// The emulated `ldmatrix.x4` hands lane `l` = 4·g + t, in register i, matrix i's row g,
 /// columns 2t and 2t + 1 (with `.trans`, rows 2t and 2t + 1 of column g), the lower in the
-/// lower half: PTX's layout, the one the tensor cores' fragments take.
+/// lower half: PTX's layout, the one the tensor cores' fragments take. A row outside the
+/// launch's shared memory fails the launch.
 #[test]
 fn the_emulated_ldmatrix_follows_ptxs_layout() {
     let m: Vec<u16> = (0..256).collect();
+    let mut out = vec![0u32; 128];
+    let (mut pm, mut po) = (m.as_ptr(), out.as_mut_ptr());
     for trans in [0u32, 1] {
-        let mut out = vec![0u32; 128];
-        let (mut pm, mut po, mut flag) = (m.as_ptr(), out.as_mut_ptr(), trans);
-        // SAFETY: one warp; `m` holds four 8×8 matrices, `out` four words a lane.
-        unsafe { emulated::launch("emu_check_ldmatrix", config(1, 32, 0), args![pm, po, flag]) }
-            .unwrap();
+        let (mut flag, mut global) = (trans, 0u32);
+        // SAFETY: one warp; `m` holds four 8×8 matrices (512 bytes, the shared memory
+        // given), `out` four words a lane.
+        unsafe {
+            emulated::launch(
+                "emu_check_ldmatrix",
+                config(1, 32, 512),
+                args![pm, po, flag, global],
+            )
+        }
+        .unwrap();
         for lane in 0..32u32 {
             let (g, t) = (lane / 4, lane % 4);
             for i in 0..4u32 {
@@ -284,6 +293,19 @@ fn the_emulated_ldmatrix_follows_ptxs_layout() {
             }
         }
     }
+    // Rows named outside the launch's shared memory: refused, as a GPU faults.
+    let (mut flag, mut global) = (0u32, 1u32);
+    // SAFETY: as above.
+    let err = unsafe {
+        emulated::launch(
+            "emu_check_ldmatrix",
+            config(1, 32, 512),
+            args![pm, po, flag, global],
+        )
+    }
+    .unwrap_err();
+    assert_eq!(err.kind, LaunchErrorKind::InvalidLaunch, "{err}");
+    assert!(err.message.contains("shared memory"), "{err}");
 }
 
 /// A shuffle hands each lane its partner's value, in every warp of the block; a lane
