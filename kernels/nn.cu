@@ -10,6 +10,7 @@
 //   max, sum and rescale [ATT_QUERIES] each.
 // Blocks stride over (batch, head, query block). Inputs f32 (already rounded to the
 // request's dtype), arithmetic f32; the launcher rounds the output.
+#include "attention.cuh"
 #include "common.cuh"
 
 #define ATT_QUERIES 16
@@ -24,14 +25,6 @@
 #else
 #define ATT_NEG_INF (-INFINITY)
 #endif
-
-// Keys query `i` sees in a sequence of `len` keys and `queries` queries: a prefix.
-__device__ __forceinline__ u64 attention_visible(u64 len, u64 i, u64 queries, u32 causal) {
-    if (!causal) return len;
-    if (i + len + 1 <= queries) return 0;
-    u64 end = i + len + 1 - queries;
-    return end < len ? end : len;
-}
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attention_f32(const float *q, const float *k, const float *v, const u32 *key_len,

@@ -29,6 +29,7 @@
 // and D_v rounded up to 16, and the padding columns hold zeros (a zero adds nothing to a
 // dot product). Fragments come out of shared memory by ldmatrix, four 8×8 matrices a
 // call (V's transposed); rows whose length is a multiple of 8 are staged 16 bytes a load.
+#include "attention.cuh"
 #include "common.cuh"
 
 typedef unsigned short u16;
@@ -109,15 +110,6 @@ inline void copy16(u16 *to, const u16 *from) { std::memcpy(to, from, 16); }
 #define WARP_XOR_SUM(x, m) ((x) + emu_shfl_xor_f32((x), (m), EMU_HERE))
 #endif
 
-// Keys query `i` sees in a sequence of `len` keys and `queries` queries: a prefix (the
-// same as nn.cu's attention_visible).
-__device__ __forceinline__ u64 mma_visible(u64 len, u64 i, u64 queries, u32 causal) {
-    if (!causal) return len;
-    if (i + len + 1 <= queries) return 0;
-    u64 end = i + len + 1 - queries;
-    return end < len ? end : len;
-}
-
 // `count` rows of `width` values from `src` (rows `stride` apart) into shared rows of
 // `padded` values (plus MMA_PAD), zeros past `count` rows of `rows` and past `width`.
 // Rows of a multiple of 8 values (16-byte aligned in every buffer the launcher passes)
@@ -173,11 +165,12 @@ __device__ __forceinline__ void attention_mma(const u16 *q, const u16 *k, const 
         // each sees (none for rows past the sequence's end), and the keys the warp's
         // last row and the block's last row see: a prefix grows with the row.
         u64 row0 = warp * 16 + g, row1 = row0 + 8;
-        u64 end0 = row0 < rows ? mma_visible(len, first + row0, queries, causal) : 0;
-        u64 end1 = row1 < rows ? mma_visible(len, first + row1, queries, causal) : 0;
+        u64 end0 = row0 < rows ? attention_visible(len, first + row0, queries, causal) : 0;
+        u64 end1 = row1 < rows ? attention_visible(len, first + row1, queries, causal) : 0;
         u64 warp_last = warp * 16 + 15 < rows - 1 ? warp * 16 + 15 : rows - 1;
-        u64 warp_end = warp * 16 < rows ? mma_visible(len, first + warp_last, queries, causal) : 0;
-        u64 block_end = mma_visible(len, first + rows - 1, queries, causal);
+        u64 warp_end =
+            warp * 16 < rows ? attention_visible(len, first + warp_last, queries, causal) : 0;
+        u64 block_end = attention_visible(len, first + rows - 1, queries, causal);
         float o[MMA_MAX_DIM / 8][4];
 #pragma unroll
         for (int n = 0; n < MMA_MAX_DIM / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;

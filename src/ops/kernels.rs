@@ -8,6 +8,7 @@ use crate::backend::wgpu::WgslLibrary;
 /// The headers the `.cu` files include: device functions shared across modules.
 const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../../kernels/common.cuh")),
+    ("attention.cuh", include_str!("../../kernels/attention.cuh")),
     ("fp.cuh", include_str!("../../kernels/fp.cuh")),
     ("bn254_fr.cuh", include_str!("../../kernels/bn254_fr.cuh")),
     (

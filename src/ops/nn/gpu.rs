@@ -11,7 +11,7 @@ use super::conv2d::{Conv2dJob, ConvTensors};
 use crate::backend::cuda::cudnn::{ConvGeometry, CONV2D_CUDNN_OP};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
-use crate::backend::device::LaunchConfig;
+use crate::backend::device::{Launch, LaunchConfig};
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use crate::ops::linalg::{matmul_pass, Compute, MatmulPass, MatmulProvider, Strides, Values};
 use std::sync::Arc;
@@ -88,38 +88,22 @@ pub fn launch_attention(
         let d_len = dev.upload(&lengths[first..first + count])?;
         let mut d_out = dev.alloc_zeros::<f32>(count * per_q * dv)?;
         let mut d_lse = dev.alloc_zeros::<f32>(count * per_q)?;
-        let (batch, heads, kv_heads) = (count as u64, s.heads as u64, s.kv_heads as u64);
-        let (queries, keys) = (s.queries as u64, s.keys as u64);
-        let (d64, dv64) = (d as u64, dv as u64);
-        let causal = u32::from(job.causal);
-        let scale = job.scale as f32;
-        let tile32 = tile as u32;
+        let scalars = AttentionScalars::of(job, count);
+        let (batch, heads, kv_heads) = (scalars.batch, scalars.heads, scalars.kv_heads);
+        let (queries, keys, d64, causal) =
+            (scalars.queries, scalars.keys, scalars.d, scalars.causal);
+        let (scale, tile32) = (scalars.scale, tile as u32);
         let tasks = count * s.heads * s.queries.div_ceil(QUERY_ROWS);
-        // One block per task, up to the device's cap (launch_config counts blocks of 256
-        // threads, so ask it for 256 per task).
-        let blocks = tasks.min(dev.launch_config(tasks * 256).grid_dim.0 as usize);
-        let config = LaunchConfig {
-            grid_dim: (blocks.max(1) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: attention_shared_bytes(d, dv, tile) as u32,
-        };
+        let config = block_per_task(dev, tasks, THREADS, attention_shared_bytes(d, dv, tile));
         let mut l = dev.launch("attention_f32")?;
         l.arg(&d_q)
             .arg(&d_k)
             .arg(&d_v)
             .arg(&d_len)
             .arg(&mut d_out)
-            .arg(&mut d_lse)
-            .arg(&batch)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&queries)
-            .arg(&keys)
-            .arg(&d64)
-            .arg(&dv64)
-            .arg(&causal)
-            .arg(&scale)
-            .arg(&tile32);
+            .arg(&mut d_lse);
+        scalars.push(&mut l);
+        l.arg(&tile32);
         // SAFETY: the pass's Q, K, V, lengths and outputs hold `count` batch entries of
         // the job's shape; the shared memory is what the kernel lays out for `tile`.
         unsafe { l.launch(config) }?;
@@ -155,6 +139,65 @@ pub fn launch_attention(
         output: Values::F32(out.into()),
         weights: weights.map(|w| Values::F32(w.into())),
     })
+}
+
+/// The scalars both attention kernels take after their buffers, in their order, for a
+/// pass of `count` sequences: B, H, H_kv, S, S_kv, D, D_v, the mask and the scale.
+pub(super) struct AttentionScalars {
+    pub batch: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub queries: u64,
+    pub keys: u64,
+    pub d: u64,
+    pub dv: u64,
+    pub causal: u32,
+    pub scale: f32,
+}
+
+impl AttentionScalars {
+    pub fn of(job: &AttentionJob, count: usize) -> Self {
+        let s = job.shape;
+        AttentionScalars {
+            batch: count as u64,
+            heads: s.heads as u64,
+            kv_heads: s.kv_heads as u64,
+            queries: s.queries as u64,
+            keys: s.keys as u64,
+            d: s.head_dim as u64,
+            dv: s.value_dim as u64,
+            causal: u32::from(job.causal),
+            scale: job.scale as f32,
+        }
+    }
+
+    pub fn push<'a>(&'a self, l: &mut Launch<'a>) {
+        l.arg(&self.batch)
+            .arg(&self.heads)
+            .arg(&self.kv_heads)
+            .arg(&self.queries)
+            .arg(&self.keys)
+            .arg(&self.d)
+            .arg(&self.dv)
+            .arg(&self.causal)
+            .arg(&self.scale);
+    }
+}
+
+/// One block of `threads` per task, up to the device's cap (`launch_config` counts blocks
+/// of 256 threads, so it is asked for 256 per task), with `shared` bytes each.
+pub(super) fn block_per_task(
+    dev: &DeviceLease<'_>,
+    tasks: usize,
+    threads: u32,
+    shared: usize,
+) -> LaunchConfig {
+    let blocks = tasks.min(dev.launch_config(tasks * 256).grid_dim.0 as usize);
+    LaunchConfig {
+        grid_dim: (blocks.max(1) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared as u32,
+    }
 }
 
 /// A job's f32 tensors.

@@ -9,13 +9,17 @@ use gpu_ops::ops::nn::{
     AttentionJob, AttentionShape, Conv2dJob, Conv2dShape, ConvTensors, Tensors,
 };
 
-/// Query blocks cut at their edge, more tasks than the grid, every key tile size (D from 8
-/// to 256), grouped heads, causal masks with fewer and more queries than keys, padded and
-/// empty sequences, weights, each output dtype, large logits; then passes under a memory
-/// limit, one sequence at a time.
-#[test]
-fn attention_agrees_with_the_cpu() {
-    let shape = |batch, heads, kv_heads, queries, keys, head_dim, value_dim| AttentionShape {
+/// B, H, H_kv, S, S_kv, D, D_v.
+fn shape(
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    queries: usize,
+    keys: usize,
+    head_dim: usize,
+    value_dim: usize,
+) -> AttentionShape {
+    AttentionShape {
         batch,
         heads,
         kv_heads,
@@ -23,7 +27,15 @@ fn attention_agrees_with_the_cpu() {
         keys,
         head_dim,
         value_dim,
-    };
+    }
+}
+
+/// Query blocks cut at their edge, more tasks than the grid, every key tile size (D from 8
+/// to 256), grouped heads, causal masks with fewer and more queries than keys, padded and
+/// empty sequences, weights, each output dtype, large logits; then passes under a memory
+/// limit, one sequence at a time.
+#[test]
+fn attention_agrees_with_the_cpu() {
     let values = |len: usize, salt: usize, gain: f32| -> Vec<f32> {
         (0..len)
             .map(|i| {
@@ -76,15 +88,6 @@ fn attention_agrees_with_the_cpu() {
 /// the kernel shows the jobs went to it.
 #[test]
 fn attention_on_tensor_cores_agrees_with_the_cpu() {
-    let shape = |batch, heads, kv_heads, queries, keys, head_dim, value_dim| AttentionShape {
-        batch,
-        heads,
-        kv_heads,
-        queries,
-        keys,
-        head_dim,
-        value_dim,
-    };
     let values = |len: usize, salt: usize, gain: f32, dtype: Dtype| -> Vec<f32> {
         (0..len)
             .map(|i| {

@@ -90,27 +90,26 @@ impl Operands {
     }
 }
 
-/// `out = a · bᵀ` (`a` rows × inner, `b` cols × inner), on this thread.
-fn product_t(out: &mut [f64], a: &[f64], b: &[f64], rows: usize, cols: usize, inner: usize) {
+/// `out = a · b` (`a` rows × inner), on this thread: `b` is `cols × inner` read transposed
+/// when `b_rows_are_cols`, else `inner × cols`.
+fn product(
+    out: &mut [f64],
+    a: &[f64],
+    b: &[f64],
+    (rows, cols, inner): (usize, usize, usize),
+    b_rows_are_cols: bool,
+) {
     if rows == 0 || cols == 0 || inner == 0 {
         out.fill(0.0);
         return;
     }
     let a = ArrayView2::from_shape((rows, inner), &a[..rows * inner]).expect("rows × inner");
-    let b = ArrayView2::from_shape((cols, inner), &b[..cols * inner]).expect("cols × inner");
-    let out =
-        ArrayViewMut2::from_shape((rows, cols), &mut out[..rows * cols]).expect("rows × cols");
-    gemm_into(out, a, b.t(), 1.0, None, false, Parallelism::None);
-}
-
-/// `out = a · b` (`a` rows × inner, `b` inner × cols), on this thread.
-fn product(out: &mut [f64], a: &[f64], b: &[f64], rows: usize, cols: usize, inner: usize) {
-    if rows == 0 || cols == 0 || inner == 0 {
-        out.fill(0.0);
-        return;
+    let b = if b_rows_are_cols {
+        ArrayView2::from_shape((cols, inner), &b[..cols * inner]).map(|b| b.reversed_axes())
+    } else {
+        ArrayView2::from_shape((inner, cols), &b[..inner * cols])
     }
-    let a = ArrayView2::from_shape((rows, inner), &a[..rows * inner]).expect("rows × inner");
-    let b = ArrayView2::from_shape((inner, cols), &b[..inner * cols]).expect("inner × cols");
+    .expect("b's shape");
     let out =
         ArrayViewMut2::from_shape((rows, cols), &mut out[..rows * cols]).expect("rows × cols");
     gemm_into(out, a, b, 1.0, None, false, Parallelism::None);
@@ -155,8 +154,14 @@ pub(super) fn tolerance(job: &AttentionJob) -> (Vec<f64>, Option<Vec<f64>>) {
             let (kg, vg) = (g * s.keys * d, g * s.keys * dv);
             let mut dots = vec![0.0; rows * width];
             let mut mags = vec![0.0; rows * width];
-            product_t(&mut dots, &x.q[at..], &x.k[kg..], rows, width, d);
-            product_t(&mut mags, &x.q_abs[at..], &x.k_abs[kg..], rows, width, d);
+            product(&mut dots, &x.q[at..], &x.k[kg..], (rows, width, d), true);
+            product(
+                &mut mags,
+                &x.q_abs[at..],
+                &x.k_abs[kg..],
+                (rows, width, d),
+                true,
+            );
             // Each row's relative factor; `dots` becomes its softmax p (zero past its end).
             let mut relative = vec![0.0; rows];
             for (i, &end) in ends.iter().enumerate() {
@@ -179,8 +184,14 @@ pub(super) fn tolerance(job: &AttentionJob) -> (Vec<f64>, Option<Vec<f64>>) {
             }
             let mut values = vec![0.0; rows * dv];
             let mut magnitudes = vec![0.0; rows * dv];
-            product(&mut values, &dots, &x.v[vg..], rows, dv, width);
-            product(&mut magnitudes, &dots, &x.v_abs[vg..], rows, dv, width);
+            product(&mut values, &dots, &x.v[vg..], (rows, dv, width), false);
+            product(
+                &mut magnitudes,
+                &dots,
+                &x.v_abs[vg..],
+                (rows, dv, width),
+                false,
+            );
             let mut out = vec![0.0; rows * dv];
             for (i, &end) in ends.iter().enumerate() {
                 for c in 0..dv {

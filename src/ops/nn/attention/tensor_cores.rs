@@ -4,9 +4,9 @@
 //! the device has the kernels (NVIDIA GPUs, sm_80 on, and the emulated device that
 //! checks them in CI); elsewhere, and for jobs it does not take, `attention_f32` runs.
 
+use super::super::gpu::{block_per_task, AttentionScalars};
 use super::{Attended, AttentionJob, Tensors};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::device::LaunchConfig;
 use crate::backend::{DeviceError, DeviceLease};
 use crate::ops::linalg::{Dtype, Values};
 use half::{bf16, f16};
@@ -106,35 +106,12 @@ pub fn launch(
         let d_v = part(v, per_kv * dv)?;
         let d_len = dev.upload(&lengths[first..first + count])?;
         let mut d_out = dev.alloc_zeros::<f32>(count * per_q * dv)?;
-        let (batch, heads, kv_heads) = (count as u64, s.heads as u64, s.kv_heads as u64);
-        let (queries, keys) = (s.queries as u64, s.keys as u64);
-        let (d64, dv64) = (d as u64, dv as u64);
-        let causal = u32::from(job.causal);
-        let scale = job.scale as f32;
+        let scalars = AttentionScalars::of(job, count);
         let tasks = count * s.heads * s.queries.div_ceil(ROWS);
-        // One block per task, up to the device's cap (launch_config counts blocks of 256
-        // threads, so ask it for 256 per task).
-        let blocks = tasks.min(dev.launch_config(tasks * 256).grid_dim.0 as usize);
-        let config = LaunchConfig {
-            grid_dim: (blocks.max(1) as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: shared_bytes(d, dv) as u32,
-        };
+        let config = block_per_task(dev, tasks, THREADS, shared_bytes(d, dv));
         let mut l = dev.launch(kernel)?;
-        l.arg(&d_q)
-            .arg(&d_k)
-            .arg(&d_v)
-            .arg(&d_len)
-            .arg(&mut d_out)
-            .arg(&batch)
-            .arg(&heads)
-            .arg(&kv_heads)
-            .arg(&queries)
-            .arg(&keys)
-            .arg(&d64)
-            .arg(&dv64)
-            .arg(&causal)
-            .arg(&scale);
+        l.arg(&d_q).arg(&d_k).arg(&d_v).arg(&d_len).arg(&mut d_out);
+        scalars.push(&mut l);
         // SAFETY: the pass's Q, K, V (16-bit), lengths and output hold `count` batch
         // entries of the job's shape; the shared memory is what the kernel lays out for
         // D and D_v, both at most MAX_DIM (`kernel_for`).
