@@ -89,10 +89,7 @@ pub fn launch_attention(
         let mut d_out = dev.alloc_zeros::<f32>(count * per_q * dv)?;
         let mut d_lse = dev.alloc_zeros::<f32>(count * per_q)?;
         let scalars = AttentionScalars::of(job, count);
-        let (batch, heads, kv_heads) = (scalars.batch, scalars.heads, scalars.kv_heads);
-        let (queries, keys, d64, causal) =
-            (scalars.queries, scalars.keys, scalars.d, scalars.causal);
-        let (scale, tile32) = (scalars.scale, tile as u32);
+        let tile32 = tile as u32;
         let tasks = count * s.heads * s.queries.div_ceil(QUERY_ROWS);
         let config = block_per_task(dev, tasks, THREADS, attention_shared_bytes(d, dv, tile));
         let mut l = dev.launch("attention_f32")?;
@@ -116,14 +113,14 @@ pub fn launch_attention(
                 .arg(&d_len)
                 .arg(&d_lse)
                 .arg(&mut d_w)
-                .arg(&batch)
-                .arg(&heads)
-                .arg(&kv_heads)
-                .arg(&queries)
-                .arg(&keys)
-                .arg(&d64)
-                .arg(&causal)
-                .arg(&scale);
+                .arg(&scalars.batch)
+                .arg(&scalars.heads)
+                .arg(&scalars.kv_heads)
+                .arg(&scalars.queries)
+                .arg(&scalars.keys)
+                .arg(&scalars.d)
+                .arg(&scalars.causal)
+                .arg(&scalars.scale);
             // SAFETY: as above; the weights hold count·H·S·S_kv values.
             unsafe { l.launch(dev.launch_config(total)) }?;
             all.extend(dev.download(&d_w)?);
