@@ -61,14 +61,11 @@ impl Rounding {
     }
 }
 
-/// Q, K and V in f64, and their magnitudes.
+/// Q, K and V in f64.
 struct Operands {
     q: Vec<f64>,
     k: Vec<f64>,
     v: Vec<f64>,
-    q_abs: Vec<f64>,
-    k_abs: Vec<f64>,
-    v_abs: Vec<f64>,
 }
 
 impl Operands {
@@ -78,16 +75,14 @@ impl Operands {
             Tensors::F32 { q, k, v } => (widen(q), widen(k), widen(v)),
             Tensors::F64 { q, k, v } => (q.clone(), k.clone(), v.clone()),
         };
-        let abs = |x: &[f64]| x.par_iter().map(|x| x.abs()).collect::<Vec<_>>();
-        Operands {
-            q_abs: abs(&q),
-            k_abs: abs(&k),
-            v_abs: abs(&v),
-            q,
-            k,
-            v,
-        }
+        Operands { q, k, v }
     }
+}
+
+/// The magnitudes of `x`: a task's own slice (a 1/128 of its products' work), so the
+/// bound holds no whole copy of them.
+fn magnitudes_of(x: &[f64]) -> Vec<f64> {
+    x.iter().map(|x| x.abs()).collect()
 }
 
 /// `out = a · b` (`a` rows × inner), on this thread: `b` is `cols × inner` read transposed
@@ -129,7 +124,7 @@ pub(super) fn tolerance(job: &AttentionJob) -> (Vec<f64>, Option<Vec<f64>>) {
                 let mut sums = run.clone();
                 for j in 0..s.keys {
                     for (c, total) in run.iter_mut().enumerate() {
-                        *total += x.v_abs[(g * s.keys + j) * dv + c];
+                        *total += x.v[(g * s.keys + j) * dv + c].abs();
                     }
                     sums.extend_from_slice(&run);
                 }
@@ -155,13 +150,9 @@ pub(super) fn tolerance(job: &AttentionJob) -> (Vec<f64>, Option<Vec<f64>>) {
             let mut dots = vec![0.0; rows * width];
             let mut mags = vec![0.0; rows * width];
             product(&mut dots, &x.q[at..], &x.k[kg..], (rows, width, d), true);
-            product(
-                &mut mags,
-                &x.q_abs[at..],
-                &x.k_abs[kg..],
-                (rows, width, d),
-                true,
-            );
+            let q_abs = magnitudes_of(&x.q[at..][..rows * d]);
+            let k_abs = magnitudes_of(&x.k[kg..][..width * d]);
+            product(&mut mags, &q_abs, &k_abs, (rows, width, d), true);
             // Each row's relative factor; `dots` becomes its softmax p (zero past its end).
             let mut relative = vec![0.0; rows];
             for (i, &end) in ends.iter().enumerate() {
@@ -185,13 +176,8 @@ pub(super) fn tolerance(job: &AttentionJob) -> (Vec<f64>, Option<Vec<f64>>) {
             let mut values = vec![0.0; rows * dv];
             let mut magnitudes = vec![0.0; rows * dv];
             product(&mut values, &dots, &x.v[vg..], (rows, dv, width), false);
-            product(
-                &mut magnitudes,
-                &dots,
-                &x.v_abs[vg..],
-                (rows, dv, width),
-                false,
-            );
+            let v_abs = magnitudes_of(&x.v[vg..][..width * dv]);
+            product(&mut magnitudes, &dots, &v_abs, (rows, dv, width), false);
             let mut out = vec![0.0; rows * dv];
             for (i, &end) in ends.iter().enumerate() {
                 for c in 0..dv {
