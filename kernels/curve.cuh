@@ -34,6 +34,18 @@ template <int N> FIELD_FN void fp_mont_one(const fp_params<N> *f, u32 *r) {
     fp_mont_mul(f, r, f->r2, one);
 }
 
+// a^-1 for a in Montgomery form (the raw words A = aR), in Montgomery form (0 for 0):
+// fp_pow reads A as canonical, giving A^(p-2) = a^-1·R^-1; two products by R² make that
+// a^-1·R. (A square-and-multiply over the constant exponent written out here, with the
+// exponent's bits known at compile time, made NVRTC 12.9 overflow a 2 MiB thread stack
+// on BLS12-381's 12 limbs.)
+template <int N> FIELD_FN void fp_mont_inv(const fp_params<N> *f, u32 *r, const u32 *a) {
+    u32 t[N];
+    fp_pow(f, t, a, f->p_minus_2);
+    fp_mont_mul(f, r, t, f->r2);
+    fp_mont_mul(f, r, r, f->r2);
+}
+
 template <int N> FIELD_FN void xyzz_identity(xyzz<N> *p) {
     for (int i = 0; i < N; i++) p->x[i] = p->y[i] = p->zz[i] = p->zzz[i] = 0;
 }
@@ -169,6 +181,18 @@ template <int N> FIELD_FN void xyzz_to_jacobian(const fp_params<N> *f, const xyz
     fp_mont_mul(f, b, b, p->zz);             // ZZ³·ZZZ²
     fp_mont_mul(f, out + N, p->y, b);
     fp_copy<N>(out + 2 * N, a);
+}
+
+// Affine (X/ZZ, Y/ZZZ) into out (x then y, 2N limbs, Montgomery form), for a point that is
+// not the identity: one inversion, of ZZ·ZZZ.
+template <int N> FIELD_FN void xyzz_to_affine(const fp_params<N> *f, const xyzz<N> *p, u32 *out) {
+    u32 t[N], u[N];
+    fp_mont_mul(f, t, p->zz, p->zzz);
+    fp_mont_inv(f, u, t);                    // 1/(ZZ·ZZZ)
+    fp_mont_mul(f, t, u, p->zzz);            // 1/ZZ
+    fp_mont_mul(f, out, p->x, t);
+    fp_mont_mul(f, t, u, p->zz);             // 1/ZZZ
+    fp_mont_mul(f, out + N, p->y, t);
 }
 
 #endif

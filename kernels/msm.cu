@@ -1,7 +1,8 @@
 // MSM kernels (bodies in msm.cuh). The launcher (src/ops/zk/msm_gpu.rs) runs, per chunk
 // of points and per scalar vector: msm_digits -> msm_count -> msm_scan -> msm_scatter ->
 // <curve>_msm_buckets -> <curve>_msm_partials (once per further level) ->
-// <curve>_msm_reduce, then combines the segments on the host.
+// <curve>_msm_reduce, then combines the segments on the host. A resident point array's
+// multiples (<curve>_msm_multiples) are built once, before its first MSM on a device.
 #include "bn254_fq.cuh"
 #include "bls12_381_fq.cuh"
 #include "msm.cuh"
@@ -15,8 +16,11 @@
          i += (u64)gridDim.x * blockDim.x)
 
 extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
-    msm_digits(const u32 *scalars, u64 n, u32 c, u32 windows, u32 *digits) {
-    GRID_STRIDE(i, n) { msm_digits_of(scalars + 8 * i, i, n, c, windows, digits); }
+    msm_digits(const u32 *scalars, u64 n, u32 c, u32 windows, u32 block_windows,
+               u32 *digits) {
+    GRID_STRIDE(i, n) {
+        msm_digits_of(scalars + 8 * i, i, n, c, windows, block_windows, digits);
+    }
 }
 
 // counts[w * nb + |d| - 1] += 1 for every nonzero digit.
@@ -115,6 +119,17 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
         }                                                                                 \
     }
 
+// A resident point array's precomputed multiples (msm_multiples_of), built once and kept
+// in the device's table cache. Bound as the partials are: the doublings and the
+// inversion keep many field elements live.
+#define MSM_MULTIPLES(NAME, N, F)                                                         \
+    extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS, 1)                \
+        NAME(const u32 *points, u64 n, u32 blocks, u32 shift, u32 *out) {                 \
+        GRID_STRIDE(i, n) { msm_multiples_of<N>(&F, points, i, n, blocks, shift, out); }  \
+    }
+
+MSM_MULTIPLES(bn254_g1_msm_multiples, 8, BN254_FQ)
+MSM_MULTIPLES(bls12_381_g1_msm_multiples, 12, BLS12_381_FQ)
 MSM_BUCKETS(bn254_g1_msm_buckets, 8, BN254_FQ)
 MSM_PARTIALS(bn254_g1_msm_partials, 8, BN254_FQ)
 MSM_REDUCE(bn254_g1_msm_reduce, 8, BN254_FQ)

@@ -25,21 +25,57 @@ FIELD_FN u32 msm_window_bits(const u32 *s, u32 start, u32 c) {
     return (u32)(v >> shift) & ((1u << c) - 1);
 }
 
-// Digit w of scalar i at digits[w * n + i]: |d| (0: no bucket), sign in bit 31. The top
-// window holds at most c - 1 bits (see MsmPlan), so with the carry its digit is at most
-// 2^(c-1) and stays positive: no carry is lost.
-FIELD_FN void msm_digits_of(const u32 *scalar, u64 i, u64 n, u32 c, u32 windows, u32 *digits) {
+// Scalar i's `windows` digits: |d| (0: no bucket), sign in bit 31. The top window holds
+// at most c - 1 bits (see MsmPlan), so with the carry its digit is at most 2^(c-1) and
+// stays positive: no carry is lost.
+// Over precomputed bases (msm_multiples_of: `blocks` = ceil(windows / block_windows)
+// multiples of each point, block j's 2^(c·block_windows·j) times the point) digit w is
+// digit w % block_windows of point (w / block_windows)·n + i, so the buckets need only
+// block_windows windows: it goes to digits[(w % block_windows)·n·blocks + (w /
+// block_windows)·n + i], and the windows past `windows` that fill the last block are 0.
+// Without (block_windows = windows) that is digits[w·n + i].
+FIELD_FN void msm_digits_of(const u32 *scalar, u64 i, u64 n, u32 c, u32 windows,
+                            u32 block_windows, u32 *digits) {
     u32 carry = 0, half = 1u << (c - 1);
-    for (u32 w = 0; w < windows; w++) {
-        u32 raw = msm_window_bits(scalar, w * c, c) + carry;
-        u32 d = raw;
-        carry = 0;
-        if (raw >= half && w + 1 < windows) {
-            u32 mag = (1u << c) - raw;  // raw = 2^c gives 0: nothing here, carry on
-            d = mag == 0 ? 0 : (mag | MSM_NEG);
-            carry = 1;
+    u32 blocks = (windows + block_windows - 1) / block_windows;
+    u64 window_stride = n * blocks;
+    for (u32 w = 0; w < blocks * block_windows; w++) {
+        u32 d = 0;
+        if (w < windows) {
+            u32 raw = msm_window_bits(scalar, w * c, c) + carry;
+            d = raw;
+            carry = 0;
+            if (raw >= half && w + 1 < windows) {
+                u32 mag = (1u << c) - raw;  // raw = 2^c gives 0: nothing here, carry on
+                d = mag == 0 ? 0 : (mag | MSM_NEG);
+                carry = 1;
+            }
         }
-        digits[(u64)w * n + i] = d;
+        digits[(u64)(w % block_windows) * window_stride + (u64)(w / block_windows) * n + i] = d;
+    }
+}
+
+// Point i's precomputed multiples: out[j·n + i] = 2^(shift·j)·P_i for j < blocks (affine,
+// x then y, Montgomery form; block 0 the point itself). The points are in the prime-order
+// subgroup (checked when they arrived), so no multiple is the identity.
+template <int N>
+FIELD_FN void msm_multiples_of(const fp_params<N> *f, const u32 *points, u64 i, u64 n,
+                               u32 blocks, u32 shift, u32 *out) {
+    const u32 *p = points + (u64)2 * N * i;
+    fp_copy<N>(out + (u64)2 * N * i, p);
+    fp_copy<N>(out + (u64)2 * N * i + N, p + N);
+    if (blocks < 2 || shift == 0) return;
+    // From (x, y, 1, 1). (Not xyzz_double_affine: a caller bound to one block a
+    // multiprocessor made ptxas give that shared function more registers, and the bucket
+    // sums, which call it with 128, spilled.)
+    xyzz<N> acc;
+    fp_copy<N>(acc.x, p);
+    fp_copy<N>(acc.y, p + N);
+    fp_mont_one(f, acc.zz);
+    fp_mont_one(f, acc.zzz);
+    for (u32 j = 1; j < blocks; j++) {
+        for (u32 s = 0; s < shift; s++) xyzz_double(f, &acc);
+        xyzz_to_affine(f, &acc, out + (u64)2 * N * ((u64)j * n + i));
     }
 }
 

@@ -390,6 +390,7 @@ pub async fn msm(
     let (curve, encoding, backend) = (req.curve, req.encoding, req.backend);
     let batched = req.scalar_batch.is_some();
     let max = state.settings.config.max_elements;
+    let multiples = state.settings.config.msm_precompute_factor;
     let large = req.points.approx_len(curve) > INLINE_POINTS;
     // Resident points stay on a device after their first upload there.
     let device_key = match &req.points {
@@ -408,7 +409,9 @@ pub async fn msm(
             .decode(curve, encoding, max, "/points", &arrays)?;
         let job = MsmJob::new(points, scalars).map_err(|e| msm_shape(e, batched))?;
         Ok(match device_key {
-            Some(key) => job.with_device_key(key),
+            Some(key) => job
+                .with_device_key(key)
+                .with_precomputed_multiples(multiples),
             None => job,
         })
     };

@@ -114,6 +114,12 @@ pub struct CompiledModule {
     pub seconds: f64,
 }
 
+/// Stack for each NVRTC compile: its optimiser recurses deeply on large unrolled
+/// bodies, and a stack overflow aborts the whole process, not the thread (a BLS12-381
+/// kernel once needed more than a thread's default 2 MiB, 2026-12-07). The pages are
+/// touched only as far as a compile goes.
+const COMPILER_STACK_BYTES: usize = 64 << 20;
+
 /// Every module of `library` as a cubin for `sm`, compiled in parallel (NVRTC programs
 /// are independent; a cold start of ten modules takes the longest one's time, not the
 /// sum), cached in `cache_dir`. In library order.
@@ -129,25 +135,34 @@ pub fn cubins_for(
             .map(|m| {
                 let source = library.expand(m.source);
                 let options = m.options();
-                scope.spawn(move || {
-                    let started = std::time::Instant::now();
-                    let cubin = kernels::cubin_cached(m.name, &source, &options, sm, cache_dir);
-                    CompiledModule {
-                        module: m.name,
-                        cubin,
-                        seconds: started.elapsed().as_secs_f64(),
-                    }
-                })
+                std::thread::Builder::new()
+                    .name(format!("nvrtc-{}", m.name))
+                    .stack_size(COMPILER_STACK_BYTES)
+                    .spawn_scoped(scope, move || {
+                        let started = std::time::Instant::now();
+                        let cubin = kernels::cubin_cached(m.name, &source, &options, sm, cache_dir);
+                        CompiledModule {
+                            module: m.name,
+                            cubin,
+                            seconds: started.elapsed().as_secs_f64(),
+                        }
+                    })
             })
             .collect();
         jobs.into_iter()
             .zip(&library.modules)
             .map(|(job, m)| {
-                job.join().unwrap_or_else(|_| CompiledModule {
+                let failed = |why: &str| CompiledModule {
                     module: m.name,
-                    cubin: Err("the compiler thread panicked".into()),
+                    cubin: Err(why.to_string()),
                     seconds: 0.0,
-                })
+                };
+                match job {
+                    Ok(job) => job
+                        .join()
+                        .unwrap_or_else(|_| failed("the compiler thread panicked")),
+                    Err(e) => failed(&format!("no compiler thread: {e}")),
+                }
             })
             .collect()
     })

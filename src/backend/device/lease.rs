@@ -405,6 +405,12 @@ impl DeviceLease<'_> {
             .insert_pinned(key.to_string(), Arc::new(cached), bytes))
     }
 
+    /// Bytes the device's table cache holds at most (`--gpu-table-cache-mib`): a table
+    /// larger than its room is used once and not kept.
+    pub fn table_cache_cap(&self) -> usize {
+        self.tables().cap_bytes()
+    }
+
     fn tables(&self) -> MutexGuard<'_, TableCache> {
         self.device.table_cache()
     }

@@ -508,6 +508,12 @@ impl GpuDevice {
         self.table_cache().contains(key)
     }
 
+    /// The keys of the tables cached here now under `key/` (the forms and derived data
+    /// one source is kept in).
+    pub fn tables_under(&self, key: &str) -> Vec<String> {
+        self.table_cache().keys_under(key)
+    }
+
     /// Calls `f` with each kind's share of the cache, under the cache's lock: counters
     /// exported from these totals (as increments) cannot be counted twice by two callers.
     pub fn with_cache_counts(&self, mut f: impl FnMut(CacheKind, CacheCounts)) {

@@ -108,16 +108,26 @@ impl TableCache {
         self.entries.contains_key(key)
     }
 
+    /// The keys under `key` (`key/…`), sorted.
+    pub fn keys_under(&self, key: &str) -> Vec<String> {
+        let under = format!("{key}/");
+        let mut keys: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|k| k.starts_with(&under))
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    }
+
     /// Removes `key` and every key under it (`key/…`: the forms one source is kept in)
     /// for good: later inserts under them are ignored.
     pub fn forget(&mut self, key: &str) {
-        let under = format!("{key}/");
-        let gone: Vec<String> = self
-            .entries
-            .keys()
-            .filter(|k| k.as_str() == key || k.starts_with(&under))
-            .cloned()
-            .collect();
+        let mut gone = self.keys_under(key);
+        if self.entries.contains_key(key) {
+            gone.push(key.to_string());
+        }
         for k in gone {
             self.remove(&k);
         }
@@ -153,6 +163,10 @@ impl TableCache {
     }
 
     /// A new cap; the least recently used go until the rest fit.
+    pub fn cap_bytes(&self) -> usize {
+        self.cap_bytes
+    }
+
     pub fn set_cap(&mut self, cap_bytes: usize) {
         self.cap_bytes = cap_bytes;
         self.evict_until(0);

@@ -1,7 +1,8 @@
 //! The zk ops under `gpu-ops check`: field vectors of every field (edge values first, the
 //! rest uniform), pow with full-width exponents, inversion, NTTs up to 2^22 with a coset
 //! and both orders, and MSMs of 2^20 points with uniform and skewed scalars (most of them
-//! small, many repeated: the buckets a real prover's witness fills unevenly).
+//! small, many repeated: the buckets a real prover's witness fills unevenly), their points
+//! sent and resident with precomputed multiples.
 
 use super::msm::{Curve, MsmJob};
 use super::ntt::{Direction, NttJob, Order};
@@ -167,7 +168,7 @@ fn msms(level: CheckLevel, seed: u64) -> Vec<Box<dyn SelfTest>> {
     let n = level.pick(1 << 10, 1 << 20);
     let cases = Curve::ALL
         .into_iter()
-        .map(|curve| {
+        .flat_map(|curve| {
             let field = curve.scalar_field();
             let points = random_points(curve, n, seed ^ 8);
             let scalars = vec![
@@ -180,17 +181,29 @@ fn msms(level: CheckLevel, seed: u64) -> Vec<Box<dyn SelfTest>> {
                 Curve::Bn254G1 => 64.0,
                 Curve::Bls12_381G1 => 96.0,
             };
-            let info = CaseInfo::labelled(format!(
-                "{} {}, uniform and skewed scalars",
-                curve.name(),
-                size_label(n)
+            let label = format!("{} {}", curve.name(), size_label(n));
+            let sent = CaseInfo::labelled(format!("{label}, uniform and skewed scalars"))
+                .with_bytes(n as f64 * (point_bytes + 2.0 * 32.0));
+            // The same points as a resident array's: cached on the device with their
+            // precomputed multiples (built in the warm-up), so only scalars cross.
+            let key = crate::arrays::device_key(&format!("check-msm-{}", curve.name()));
+            let resident = job
+                .clone()
+                .with_device_key(key)
+                .with_precomputed_multiples(CHECK_MULTIPLES);
+            let kept = CaseInfo::labelled(format!(
+                "{label} resident, {CHECK_MULTIPLES} multiples, uniform and skewed scalars"
             ))
-            .with_bytes(n as f64 * (point_bytes + 2.0 * 32.0));
-            (info, job)
+            .with_bytes(n as f64 * 2.0 * 32.0);
+            [(sent, job), (kept, resident)]
         })
         .collect();
     vec![JobCheck::described(cases)]
 }
+
+/// The precomputed multiples of the check's resident MSM case: `serve`'s default
+/// (`--msm-precompute-factor`).
+const CHECK_MULTIPLES: u32 = super::msm::DEFAULT_PRECOMPUTE_FACTOR;
 
 pub(crate) fn check_cases(level: CheckLevel) -> Vec<Box<dyn SelfTest>> {
     let seed = case_seed();

@@ -229,6 +229,12 @@ where
 }
 
 /// One point set and one or more scalar vectors over it (a batch).
+/// `--msm-precompute-factor`'s default: multiples of each resident point a device
+/// precomputes (`MsmJob::with_precomputed_multiples`). Four, so the windows of buckets a
+/// 2^20 BN254 MSM sorts and reduces fall from 16 to 4 for four times its 64 MiB of
+/// points; not yet measured against other factors on a GPU (docs/PERFORMANCE.md).
+pub const DEFAULT_PRECOMPUTE_FACTOR: u32 = 4;
+
 #[derive(Clone, Debug)]
 pub struct MsmJob {
     /// Shared with a resident array's points when the request named one: never copied.
@@ -237,6 +243,9 @@ pub struct MsmJob {
     /// Set when the points are a resident array's: the key under which a device keeps
     /// their upload between jobs (`with_device_key`).
     device_key: Option<String>,
+    /// Multiples of each resident point a device may precompute and keep
+    /// (`with_precomputed_multiples`); 1: none.
+    multiples: u32,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -290,6 +299,7 @@ impl MsmJob {
             points,
             scalars,
             device_key: None,
+            multiples: 1,
         })
     }
 
@@ -305,6 +315,22 @@ impl MsmJob {
     /// The key a device keeps these points under, when they are a resident array's.
     pub fn device_key(&self) -> Option<&str> {
         self.device_key.as_deref()
+    }
+
+    /// For resident points (`with_device_key`): a device may build `factor` multiples of
+    /// each point once (2^(k·c·⌈windows / factor⌉)·P, k < factor) and keep them under the
+    /// points' key, so this and every later MSM over them sorts and reduces ⌈windows /
+    /// factor⌉ windows of buckets instead of all (`MsmPlan::with_multiples`). It builds
+    /// them only where they fit half its table cache (`--gpu-table-cache-mib`) and the
+    /// job's memory; 1 (the default) builds none.
+    pub fn with_precomputed_multiples(mut self, factor: u32) -> Self {
+        self.multiples = factor.max(1);
+        self
+    }
+
+    /// The multiples of each resident point a device may precompute (1: none).
+    pub fn precomputed_multiples(&self) -> u32 {
+        self.multiples
     }
 
     pub fn curve(&self) -> Curve {
@@ -365,8 +391,13 @@ impl Job for MsmJob {
         "msm"
     }
 
+    /// Resident points apart: a device's time over them has no point upload (nor, once
+    /// built, the multiples' cost).
     fn placement_lane(&self) -> std::borrow::Cow<'static, str> {
-        self.curve().name().into()
+        match self.device_key {
+            Some(_) => format!("{}/resident", self.curve().name()).into(),
+            None => self.curve().name().into(),
+        }
     }
 
     fn size(&self) -> usize {

@@ -55,7 +55,8 @@ device_curve!(
     255
 );
 
-/// `kernels/msm.cu`: the shared digit and sort kernels, and buckets and reduce per curve.
+/// `kernels/msm.cu`: the shared digit and sort kernels, and multiples, buckets and reduce
+/// per curve.
 pub fn msm_module() -> KernelModule {
     let shared = ["msm_digits", "msm_count", "msm_scan", "msm_scatter"].map(String::from);
     let per_curve = [
@@ -63,7 +64,7 @@ pub fn msm_module() -> KernelModule {
         <ark_bls12_381::g1::Config as DeviceCurve>::PREFIX,
     ]
     .into_iter()
-    .flat_map(|p| ["buckets", "partials", "reduce"].map(|k| format!("{p}_msm_{k}")));
+    .flat_map(|p| ["multiples", "buckets", "partials", "reduce"].map(|k| format!("{p}_msm_{k}")));
     KernelModule {
         name: "msm",
         source: include_str!("../../../kernels/msm.cu"),
@@ -86,12 +87,12 @@ pub(crate) fn point_words<P: DeviceCurve>(points: &[Affine<P>]) -> Vec<u32> {
     out
 }
 
-/// Σ over segments and windows (Horner in 2^c) of the reduction's Jacobian words.
+/// Σ over segments and bucket windows (Horner in 2^c) of the reduction's Jacobian words.
 pub(crate) fn combine<P: DeviceCurve>(plan: &MsmPlan, words: &[u32]) -> Projective<P> {
     let width = 3 * P::LIMBS;
     let segs = plan.segments() as usize;
     let mut total = Projective::<P>::zero();
-    for w in (0..plan.windows as usize).rev() {
+    for w in (0..plan.block_windows as usize).rev() {
         for _ in 0..plan.c {
             total.double_in_place();
         }
@@ -182,19 +183,39 @@ fn run_job(
     max_chunk: usize,
     work: Option<&mut BucketWork>,
 ) -> Result<Points, DeviceError> {
-    let (scalars, key) = (job.scalars(), job.device_key());
+    let scalars = job.scalars();
+    let resident = job.device_key().map(|key| Resident {
+        key,
+        multiples: job.precomputed_multiples(),
+    });
     Ok(match job.points() {
-        Points::Bn254G1(p) => Points::Bn254G1(run_curve(dev, p, scalars, key, max_chunk, work)?),
+        Points::Bn254G1(p) => {
+            Points::Bn254G1(run_curve(dev, p, scalars, resident, max_chunk, work)?)
+        }
         Points::Bls12_381G1(p) => {
-            Points::Bls12_381G1(run_curve(dev, p, scalars, key, max_chunk, work)?)
+            Points::Bls12_381G1(run_curve(dev, p, scalars, resident, max_chunk, work)?)
         }
     })
 }
 
+/// Points that are a resident array's: the key a device keeps them under, and the
+/// multiples of each it may precompute (`MsmJob::with_precomputed_multiples`).
+#[derive(Clone, Copy)]
+struct Resident<'k> {
+    key: &'k str,
+    multiples: u32,
+}
+
 /// Device bytes for a chunk of `n` points.
 fn chunk_bytes<P: DeviceCurve>(n: usize, dev: &GpuDevice) -> usize {
-    let plan = MsmPlan::for_device(n, P::SCALAR_BITS, dev);
-    let per_point = 4 * 2 * P::LIMBS + 32 + 2 * 4 * plan.windows as usize;
+    plan_bytes::<P>(n, &MsmPlan::for_device(n, P::SCALAR_BITS, dev))
+}
+
+/// Device bytes for `n` points under `plan`: the points (and their multiples), scalars,
+/// digits and entries, buckets, slots and partials.
+fn plan_bytes<P: DeviceCurve>(n: usize, plan: &MsmPlan) -> usize {
+    let terms_per_point = plan.terms(1);
+    let per_point = 4 * 2 * P::LIMBS * plan.blocks as usize + 32 + 2 * 4 * terms_per_point;
     let per_bucket = 4 * 4 * P::LIMBS + 3 * 4;
     let (first, second) = plan.slot_buffers(plan.terms(n));
     let per_slot = 4 * (4 * P::LIMBS + 1);
@@ -218,14 +239,15 @@ fn chunk_len<P: DeviceCurve>(dev: &DeviceLease<'_>, n: usize) -> usize {
     len
 }
 
-/// `key`: the points are a resident array's, kept on the device under it when they fit
-/// one pass (the usual case; points run in chunks only past the job's memory budget, and
-/// those chunks are uploaded each time).
+/// `resident`: the points are a resident array's, kept on the device under its key
+/// when they fit one pass (the usual case; points run in chunks only past the job's
+/// memory budget, and those chunks are uploaded each time), with their precomputed
+/// multiples where the device builds them (`multiples`).
 fn run_curve<P: DeviceCurve>(
     dev: &DeviceLease<'_>,
     points: &[Affine<P>],
     scalars: &[FieldVec],
-    key: Option<&str>,
+    resident: Option<Resident<'_>>,
     max_chunk: usize,
     mut work: Option<&mut BucketWork>,
 ) -> Result<Vec<Affine<P>>, DeviceError> {
@@ -240,9 +262,12 @@ fn run_curve<P: DeviceCurve>(
             let chosen: Vec<Affine<P>> = part.iter().map(|&i| points[i]).collect();
             dev.upload(&point_words(&chosen))
         };
-        let words = match key.filter(|_| part.len() == keep.len()) {
-            Some(key) => dev.cached_table(key, upload)?,
-            None => std::sync::Arc::new(upload()?),
+        let (plan, words) = match resident.filter(|_| part.len() == keep.len()) {
+            Some(r) => match multiples::<P>(dev, plan, part.len(), r, upload)? {
+                Some(built) => built,
+                None => (plan, dev.cached_table(r.key, upload)?),
+            },
+            None => (plan, std::sync::Arc::new(upload()?)),
         };
         let mut launcher = Launcher::<P>::new(dev, plan, words)?;
         for (sum, s) in sums.iter_mut().zip(scalars) {
@@ -255,6 +280,56 @@ fn run_curve<P: DeviceCurve>(
         }
     }
     Ok(Projective::normalize_batch(&sums))
+}
+
+/// Points on a device and the plan that reads them.
+type PlannedPoints = (MsmPlan, std::sync::Arc<DeviceBuffer<u32>>);
+
+/// `n` resident points with `r.multiples` precomputed multiples each, and the plan over
+/// them (`MsmPlan::with_multiples`): built on this device by `<curve>_msm_multiples` on
+/// their first MSM here, from the points' cached copy or `upload`, and kept in its table
+/// cache under the points' key (so dropped with the array, and evicted like any copy).
+/// None, and the plain plan runs, where the job asks for none, the device has no such
+/// kernel or bounds its loops, or the multiples would take more than half the table
+/// cache (they would be rebuilt on every call) or the run more than the job's memory.
+fn multiples<P: DeviceCurve>(
+    dev: &DeviceLease<'_>,
+    plan: MsmPlan,
+    n: usize,
+    r: Resident<'_>,
+    upload: impl FnOnce() -> Result<DeviceBuffer<u32>, DeviceError>,
+) -> Result<Option<PlannedPoints>, DeviceError> {
+    let kernel = format!("{}_msm_multiples", P::PREFIX);
+    if r.multiples < 2 || dev.device.bounds_loop_iterations() || !dev.has_kernel(&kernel) {
+        return Ok(None);
+    }
+    let plan = plan.with_multiples(n, r.multiples);
+    let table_words = n * plan.blocks as usize * 2 * P::LIMBS;
+    let fits = 4 * table_words <= dev.table_cache_cap() / 2
+        && plan_bytes::<P>(n, &plan) <= dev.memory_budget();
+    if plan.blocks < 2 || !fits {
+        return Ok(None);
+    }
+    let key = format!("{}/multiples/{}x{}", r.key, plan.blocks, plan.block_shift());
+    let table = dev.cached_table(&key, || {
+        let base = match dev.table::<u32>(r.key)? {
+            Some(cached) => cached,
+            None => std::sync::Arc::new(upload()?),
+        };
+        let mut out = dev.alloc_zeros::<u32>(table_words)?;
+        let (n64, shift) = (n as u64, plan.block_shift());
+        let mut l = dev.launch(&kernel)?;
+        l.arg(&*base)
+            .arg(&n64)
+            .arg(&plan.blocks)
+            .arg(&shift)
+            .arg(&mut out);
+        // SAFETY: base holds n points of 2·LIMBS words; out n·blocks of them, each thread
+        // writing its point's block entries.
+        unsafe { l.launch(dev.launch_config(n)) }?;
+        Ok(out)
+    })?;
+    Ok(Some((plan, table)))
 }
 
 /// Device buffers for one chunk of points, reused across the batch's scalar vectors.
@@ -285,7 +360,8 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         plan: MsmPlan,
         points: std::sync::Arc<DeviceBuffer<u32>>,
     ) -> Result<Self, DeviceError> {
-        let n = points.len() / (2 * P::LIMBS);
+        // The scalars' count: the points hold `blocks` multiples of each.
+        let n = points.len() / (2 * P::LIMBS) / plan.blocks as usize;
         let terms = plan.terms(n);
         let (first, second) = plan.slot_buffers(terms);
         let point_words = 4 * P::LIMBS;
@@ -330,6 +406,8 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         } = self;
         let (dev, plan, n_points) = (*dev, *plan, *n);
         let (n, terms) = (n_points as u64, plan.terms(n_points) as u64);
+        // Every bucket window's digits cover each point's every multiple.
+        let all_points = n * u64::from(plan.blocks);
         let buckets = plan.buckets() as u64;
         let d_scalars = dev.upload(scalars)?;
 
@@ -338,18 +416,19 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
             .arg(&n)
             .arg(&plan.c)
             .arg(&plan.windows)
+            .arg(&plan.block_windows)
             .arg(&mut *digits);
-        // SAFETY: n scalars of 8 limbs in, n·windows digits out.
+        // SAFETY: n scalars of 8 limbs in, n·blocks·block_windows digits out.
         unsafe { l.launch(dev.launch_config(n_points)) }?;
 
         dev.zero(counts)?;
         let mut l = dev.launch("msm_count")?;
         l.arg(&*digits)
             .arg(&terms)
-            .arg(&n)
+            .arg(&all_points)
             .arg(&plan.nb)
             .arg(&mut *counts);
-        // SAFETY: digits hold `terms` words; every bucket index is < windows·nb.
+        // SAFETY: digits hold `terms` words; every bucket index is < block_windows·nb.
         unsafe { l.launch(dev.launch_config(terms as usize)) }?;
 
         let mut l = dev.launch("msm_scan")?;
@@ -370,7 +449,7 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         let mut l = dev.launch("msm_scatter")?;
         l.arg(&*digits)
             .arg(&terms)
-            .arg(&n)
+            .arg(&all_points)
             .arg(&plan.nb)
             .arg(&mut *cursor)
             .arg(&mut *entries);
@@ -396,7 +475,7 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
             .arg(&mut *first_keys)
             .arg(&mut *first_vals)
             .arg(&mut *most_adds);
-        // SAFETY: entries name points < n; one XYZZ point (4·LIMBS words) per bucket;
+        // SAFETY: entries name points < n·blocks; one XYZZ point (4·LIMBS words) per bucket;
         // `threads` chunks leave two slots each, which the first slot buffers hold.
         unsafe { l.launch(dev.launch_config(threads as usize)) }?;
 
@@ -438,10 +517,10 @@ impl<'a, P: DeviceCurve> Launcher<'a, P> {
         let mut l = dev.launch(&name)?;
         l.arg(&*bucket_sums)
             .arg(&plan.nb)
-            .arg(&plan.windows)
+            .arg(&plan.block_windows)
             .arg(&plan.seg_len)
             .arg(&mut *partials);
-        // SAFETY: windows·segments threads each write 3·LIMBS words of `partials`.
+        // SAFETY: block_windows·segments threads each write 3·LIMBS words of `partials`.
         unsafe { l.launch(dev.launch_config(plan.partials())) }?;
 
         let words = dev.download(partials)?;

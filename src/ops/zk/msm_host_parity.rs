@@ -1,6 +1,7 @@
 //! The MSM kernels' bodies (kernels/msm.cuh, curve.cuh), compiled for the host by
 //! build.rs, against arkworks: digits, XYZZ formulas, buckets and the segment reduction
-//! the GPU runs, checked without a GPU. Only the launches, the atomic counting sort and
+//! the GPU runs, and the precomputed multiples a resident array's MSM runs over, checked
+//! without a GPU. Only the launches, the atomic counting sort and
 //! the one-block scan are GPU-only (tests/device/parity/zk.rs).
 
 use super::msm::{msm_cpu, Curve, Points};
@@ -19,6 +20,7 @@ extern "C" {
         n: usize,
         c: u32,
         windows: u32,
+        block_windows: u32,
         seg_len: u32,
         chunk: u32,
         out: *mut u32,
@@ -50,6 +52,7 @@ fn host_msm<P: DeviceCurve>(
             keep.len(),
             plan.c,
             plan.windows,
+            plan.block_windows,
             plan.seg_len,
             plan.chunk,
             out.as_mut_ptr(),
@@ -71,15 +74,27 @@ fn plans(bits: u32) -> Vec<Option<MsmPlan>> {
     let small = |c: u32, seg_len: u32, chunk: u32| MsmPlan {
         c,
         windows: bits / c + 1,
+        blocks: 1,
+        block_windows: bits / c + 1,
         nb: 1 << (c - 1),
         seg_len,
         chunk,
+    };
+    // Over precomputed multiples: `factor` blocks of points (the last one's windows
+    // padded with zero digits where the factor does not divide them).
+    let multiples = |plan: MsmPlan, factor: u32| MsmPlan {
+        chunk: plan.chunk,
+        ..plan.with_multiples(1, factor)
     };
     vec![
         None,
         Some(small(4, 2, 4)),
         Some(small(6, 8, 5)),
         Some(small(13, 256, 16)),
+        Some(multiples(small(4, 2, 4), 2)),
+        Some(multiples(small(6, 8, 5), 5)),
+        Some(multiples(small(13, 256, 16), 20)),
+        Some(multiples(MsmPlan::new(3000, bits), 4)),
     ]
 }
 

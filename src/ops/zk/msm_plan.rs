@@ -19,7 +19,14 @@ pub(crate) const SHORT_LOOP_PASS: usize = 1 << 19;
 pub(crate) struct MsmPlan {
     /// Window bits.
     pub c: u32,
+    /// Digit windows of a scalar.
     pub windows: u32,
+    /// Multiples of each point the MSM adds (`with_multiples`): block j of the points is
+    /// 2^(c·block_windows·j) times block 0, the points themselves; 1 without.
+    pub blocks: u32,
+    /// The buckets' windows: a block's share of the digit windows, ⌈windows / blocks⌉
+    /// (the last block's share padded with zero digits).
+    pub block_windows: u32,
     /// Buckets per window: signed digits need 2^(c-1).
     pub nb: u32,
     /// Buckets one reduction thread walks.
@@ -39,15 +46,38 @@ impl MsmPlan {
         let log2 = usize::BITS - n.max(1).leading_zeros();
         let c = (log2 as i32 - 3).clamp(4, 16) as u32;
         let nb = 1 << (c - 1);
+        let windows = scalar_bits / c + 1;
         Self {
             c,
-            windows: scalar_bits / c + 1,
+            windows,
+            blocks: 1,
+            block_windows: windows,
             nb,
             seg_len: nb.min(256),
-            // A bucket's average share of random scalars' entries, so there are about as
-            // many threads as buckets; capped so that 2^24 points still have 2^20 threads.
-            chunk: (n / nb as usize).clamp(16, 256) as u32,
+            chunk: chunk_for(n, nb),
         }
+    }
+
+    /// The plan over `factor` precomputed multiples of each of the `n` points (at most
+    /// as many as there are windows; 1 or 0: the plan as it is): the same digits and
+    /// window size, ⌈windows / factor⌉ bucket windows, so fewer buckets to sort and
+    /// reduce and fewer windows to combine, for `factor` times the points in memory.
+    pub fn with_multiples(self, n: usize, factor: u32) -> Self {
+        let block_windows = self.windows.div_ceil(factor.clamp(1, self.windows));
+        let blocks = self.windows.div_ceil(block_windows);
+        Self {
+            blocks,
+            block_windows,
+            // Each bucket takes entries from every block's points. (Not for a device that
+            // bounds its loops: `for_device`'s shorter chunks are not kept.)
+            chunk: chunk_for(n * blocks as usize, self.nb),
+            ..self
+        }
+    }
+
+    /// The doublings between one block of multiples and the next.
+    pub fn block_shift(&self) -> u32 {
+        self.c * self.block_windows
     }
 
     /// The plan for `n` points on `dev`: shorter per-thread loops where its driver ends
@@ -67,9 +97,10 @@ impl MsmPlan {
         }
     }
 
-    /// Entries a chunk of `n` points can sort: one per point and window at most.
+    /// Entries a chunk of `n` points can sort: one per point, block and bucket window at
+    /// most (with one block, one per point and digit window).
     pub fn terms(&self, n: usize) -> usize {
-        n * self.windows as usize
+        n * (self.blocks * self.block_windows) as usize
     }
 
     /// The lengths of the slot sequences that the levels after the first reduce, for
@@ -98,13 +129,20 @@ impl MsmPlan {
     }
 
     pub fn buckets(&self) -> usize {
-        (self.windows * self.nb) as usize
+        (self.block_windows * self.nb) as usize
     }
 
     /// Segment sums the reduction returns.
     pub fn partials(&self) -> usize {
-        (self.windows * self.segments()) as usize
+        (self.block_windows * self.segments()) as usize
     }
+}
+
+/// A bucket's average share of random scalars' entries over `entries` points, so there
+/// are about as many bucket-sum threads as buckets; capped so that 2^24 points still
+/// have 2^20 threads.
+fn chunk_for(points: usize, nb: u32) -> u32 {
+    (points / nb as usize).clamp(16, 256) as u32
 }
 
 #[cfg(test)]
@@ -131,6 +169,36 @@ mod tests {
         }
         assert_eq!(MsmPlan::new(1 << 20, 254).c, 16);
         assert_eq!(MsmPlan::new(1 << 10, 254).c, 8);
+    }
+
+    /// Multiples leave ⌈windows / factor⌉ bucket windows, no block without a digit
+    /// window, and every digit a slot; a factor past the windows is clamped, and 1
+    /// changes nothing.
+    #[test]
+    fn multiples_cover_every_window_with_fewer_buckets() {
+        for bits in [254u32, 255] {
+            for n in [1usize, 300, 1 << 16, 1 << 20] {
+                let plain = MsmPlan::new(n, bits);
+                assert_eq!(plain.with_multiples(n, 1), plain);
+                for factor in [2u32, 3, 4, 5, 8, 16, 100] {
+                    let p = plain.with_multiples(n, factor);
+                    assert_eq!(
+                        p.block_windows,
+                        plain.windows.div_ceil(factor.min(plain.windows))
+                    );
+                    assert!(p.blocks * p.block_windows >= p.windows, "{p:?}");
+                    assert!(
+                        (p.blocks - 1) * p.block_windows < p.windows,
+                        "an empty block: {p:?}"
+                    );
+                    assert_eq!(p.buckets(), (p.block_windows * p.nb) as usize);
+                    assert_eq!(p.terms(n), n * (p.blocks * p.block_windows) as usize);
+                    assert_eq!(p.block_shift(), p.c * p.block_windows);
+                    assert!(p.buckets() < plain.buckets() || p.blocks == 1, "{p:?}");
+                    assert!(p.chunk >= plain.chunk);
+                }
+            }
+        }
     }
 
     /// A pass of SHORT_LOOP_PASS points or fewer on a device that bounds its loops gives

@@ -243,12 +243,17 @@ mod tests {
         assert_eq!(bb[0].wrapping_mul(mont_inv(bb[0])), u32::MAX); // p * -p^-1 = -1
     }
 
+    /// Every kernel but the MSM's precomputed multiples: the wgpu engine builds none
+    /// (`msm_gpu::multiples` asks `has_kernel`, and llvmpipe, which bounds its loops,
+    /// could not run 250 doublings and an inversion in one thread), so its MSMs over
+    /// resident points run on the plain plan.
     #[test]
     fn every_cuda_kernel_has_one_under_its_name() {
         let names: Vec<String> = kernels().into_iter().map(|k| k.name).collect();
         let cuda: Vec<String> = super::super::kernel_modules()
             .into_iter()
             .flat_map(|m| m.entry_points)
+            .filter(|n| !n.ends_with("_msm_multiples"))
             .collect();
         assert_eq!(names.len(), cuda.len());
         for n in cuda {

@@ -95,7 +95,7 @@ pub(super) fn kernels() -> Vec<WgslKernel> {
         msm_kernel(
             "msm_digits".into(),
             DIGITS.into(),
-            vec![Read, Scalar(8), Scalar(4), Scalar(4), Write],
+            vec![Read, Scalar(8), Scalar(4), Scalar(4), Scalar(4), Write],
         ),
         msm_kernel(
             "msm_count".into(),

@@ -128,42 +128,50 @@ fn msm_curves(d: &Device) -> &'static [Curve] {
     }
 }
 
+/// `points` with the hard cases appended: the identity, duplicates (the doubling path
+/// inside a bucket) and P beside −P.
+fn with_hard_points(points: Points) -> Points {
+    use ark_ec::short_weierstrass::{Affine, SWCurveConfig};
+    fn mix<P: SWCurveConfig>(mut p: Vec<Affine<P>>) -> Vec<Affine<P>> {
+        let (a, b) = (p[0], p[1]);
+        p.extend([Affine::identity(), a, a, -b]);
+        p
+    }
+    match points {
+        Points::Bn254G1(p) => Points::Bn254G1(mix(p)),
+        Points::Bls12_381G1(p) => Points::Bls12_381G1(mix(p)),
+    }
+}
+
+/// The hard scalar vectors for `m` points: random, the edge values (zero, one, r − 1, …),
+/// one repeated value (every point in one bucket a window), all zero.
+fn hard_scalars(field: Field, m: usize) -> Vec<FieldVec> {
+    let mut edge = edge_values(field);
+    edge.extend(random_elements(field, m, 5));
+    edge.truncate(m);
+    [
+        random_elements(field, m, 9),
+        edge,
+        vec![U256::from_u64(7); m],
+        vec![U256::ZERO; m],
+    ]
+    .iter()
+    .map(|v| vec(field, v))
+    .collect()
+}
+
 /// MSM against arkworks on the CPU on the hard cases: tiny and odd sizes, zero and r − 1
 /// scalars, the identity, duplicates (the doubling path inside a bucket), P beside −P,
 /// every scalar in one bucket, a batch, and the chunked path.
 #[test]
 fn msm_equals_the_cpu() {
-    fn with_hard_points(points: Points) -> Points {
-        use ark_ec::short_weierstrass::{Affine, SWCurveConfig};
-        fn mix<P: SWCurveConfig>(mut p: Vec<Affine<P>>) -> Vec<Affine<P>> {
-            let (a, b) = (p[0], p[1]);
-            p.extend([Affine::identity(), a, a, -b]);
-            p
-        }
-        match points {
-            Points::Bn254G1(p) => Points::Bn254G1(mix(p)),
-            Points::Bls12_381G1(p) => Points::Bls12_381G1(mix(p)),
-        }
-    }
     on_devices_serving(&["msm"], "msm_equals_the_cpu", |d| {
         for &curve in msm_curves(d) {
             let field = curve.scalar_field();
             for n in d.sizes(&[2usize, 31, 1000, 1 << 16], &[2, 31, 1000, 3000]) {
                 let points = with_hard_points(random_points(curve, n, n as u64));
                 let m = points.len();
-                let mut edge = edge_values(field);
-                edge.extend(random_elements(field, m, 5));
-                edge.truncate(m);
-                let scalars = [
-                    random_elements(field, m, 9),
-                    edge,
-                    vec![U256::from_u64(7); m],
-                    vec![U256::ZERO; m],
-                ]
-                .iter()
-                .map(|v| vec(field, v))
-                .collect();
-                let job = MsmJob::new(points, scalars).unwrap();
+                let job = MsmJob::new(points, hard_scalars(field, m)).unwrap();
                 d.check(format!("{curve:?} n={m}"), &job);
                 if m > 1000 {
                     d.check_with(
@@ -175,6 +183,59 @@ fn msm_equals_the_cpu() {
             }
         }
     });
+}
+
+/// An MSM over resident points with precomputed multiples
+/// (`MsmJob::with_precomputed_multiples`) equals the CPU's on the hard points and scalars,
+/// with factors that divide the windows and factors that leave the last block padded:
+/// built on the first run and kept under the points' key, read from the cache on the
+/// second, and dropped with the key. A device that builds none (wgpu: it bounds its
+/// loops, and has no such kernel) runs the plain plan and keeps the points alone.
+#[test]
+fn msm_over_precomputed_multiples_equals_the_cpu() {
+    on_devices_serving(
+        &["msm"],
+        "msm_over_precomputed_multiples_equals_the_cpu",
+        |d| {
+            let builds = d.lease().has_kernel("bn254_g1_msm_multiples")
+                && !d.device().bounds_loop_iterations();
+            for &curve in msm_curves(d) {
+                let field = curve.scalar_field();
+                let mut cases = d.sizes(
+                    &[(1usize << 16, 4u32), (1000, 3), (64, 16)],
+                    &[(300, 2), (500, 3), (64, 16)],
+                );
+                if !builds {
+                    // The plain plan, which msm_equals_the_cpu covers: one case shows the
+                    // fallback.
+                    cases.truncate(1);
+                }
+                for (n, factor) in cases {
+                    let points = with_hard_points(random_points(curve, n, 40 + n as u64));
+                    let m = points.len();
+                    let key = format!("array/multiples-test-{curve:?}-{n}-{factor}");
+                    let job = MsmJob::new(points, hard_scalars(field, m))
+                        .unwrap()
+                        .with_device_key(key.clone())
+                        .with_precomputed_multiples(factor);
+                    for run in ["first run", "second run"] {
+                        d.check(format!("{curve:?} n={m} ×{factor}, {run}"), &job);
+                    }
+                    let held = d.device().tables_under(&key);
+                    let at = format!("{curve:?} n={m} ×{factor}");
+                    match (builds, held.as_slice()) {
+                        (true, [one]) if one.starts_with(&format!("{key}/multiples/")) => {}
+                        (false, []) if d.device().holds_table(&key) => {}
+                        _ => d.fail(&at, format!("device tables under the key: {held:?}")),
+                    }
+                    d.device().forget_table(&key);
+                    if !d.device().tables_under(&key).is_empty() {
+                        d.fail(&at, "the multiples outlived their key");
+                    }
+                }
+            }
+        },
+    );
 }
 
 /// Skewed scalars cost the bucket sums no more than random ones: all zero, all one, one
