@@ -186,7 +186,7 @@ fn msms(level: CheckLevel, seed: u64) -> Vec<Box<dyn SelfTest>> {
                 .with_bytes(n as f64 * (point_bytes + 2.0 * 32.0));
             // The same points as a resident array's: cached on the device with their
             // precomputed multiples (built in the warm-up), so only scalars cross.
-            let key = crate::arrays::device_key(&format!("check-msm-{}", curve.name()));
+            let key = format!("check/msm-{}", curve.name());
             let resident = job
                 .clone()
                 .with_device_key(key)
