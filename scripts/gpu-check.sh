@@ -7,7 +7,8 @@
 #   scripts/gpu-check.sh run     on the GPU host, from the repository root, with .gpu/
 #                                carried: `gpu-ops check --level standard`, the same shapes
 #                                through PyTorch, the server with a few requests, its
-#                                gauges and a short `gpu-ops bench`. At most 8 files land in
+#                                gauges, a short `gpu-ops bench` and the MSM sweep
+#                                (`check --msm-log2`). At most 8 files land in
 #                                $OUT (default gpu-out/). No Rust, curl or network needed.
 #
 # `run` on a machine without a GPU (GPU_CHECK_EMULATE=1) checks the emulated device at the
@@ -276,6 +277,19 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
   kill -TERM "$server_pid" 2>/dev/null
   timeout 20 tail --pid="$server_pid" -f /dev/null 2>/dev/null || kill -9 "$server_pid" 2>/dev/null
   server_pid=""
+  # Issue 58's MSM sweep: 2^16, 2^18 and 2^22 points (2^20 is in the check above) on both
+  # curves, sent and resident with precomputed multiples, appended to check.md. Last, so
+  # a short lease loses only this; skipped when GPU_CHECK_OPS leaves msm out.
+  local sweep="16,18,22"
+  [ "$emulate" = 1 ] && sweep="8,12"
+  if [ -z "${GPU_CHECK_OPS:-}" ] || [[ ",$GPU_CHECK_OPS," == *,msm,* ]]; then
+    step "check msm sweep" 240 "$bin" check --level "$level" "${device_flag[@]}" --ops msm \
+      --msm-log2 "$sweep" --runs 5 --data-dir "$work/data" --json "$logs/msm-sweep.json" \
+      --markdown "$logs/msm-sweep.md" > "$logs/msm-sweep.log" 2>&1
+    if [ -s "$logs/msm-sweep.md" ]; then
+      { echo; echo "# MSM sweep (--msm-log2 $sweep)"; echo; cat "$logs/msm-sweep.md"; } >> "$out/check.md"
+    fi
+  fi
   tar -czf "$out/logs.tar.gz" -C "$work" logs
   echo "== steps"; cat "$steps"
   echo "files in $out:"

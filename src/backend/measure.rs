@@ -237,6 +237,19 @@ pub fn set_case_seed(seed: u64) {
     let _ = CASE_SEED.set(seed);
 }
 
+static MSM_LOG2: std::sync::OnceLock<Vec<u32>> = std::sync::OnceLock::new();
+
+/// Sets the check's MSM sizes, as log2 of the points (`gpu-ops check --msm-log2`), in
+/// place of the level's one size; the first call wins.
+pub fn set_msm_log2(sizes: Vec<u32>) {
+    let _ = MSM_LOG2.set(sizes);
+}
+
+/// The MSM sizes `--msm-log2` asked for, if it did.
+pub fn msm_log2() -> Option<&'static [u32]> {
+    MSM_LOG2.get().map(Vec::as_slice).filter(|s| !s.is_empty())
+}
+
 /// The seed the check's cases draw their inputs from: `--seed`, else fresh from the clock
 /// (the report names it, so a failure can be replayed).
 pub fn case_seed() -> u64 {

@@ -13,7 +13,7 @@ pub mod report;
 
 use crate::backend::cuda::kernels::KernelLibrary;
 use crate::backend::cuda::{self, DeviceSelection};
-use crate::backend::measure::{case_seed, set_case_seed, CheckLevel, Repeats};
+use crate::backend::measure::{case_seed, set_case_seed, set_msm_log2, CheckLevel, Repeats};
 use crate::backend::verify::SelfTest;
 use crate::backend::GpuDevice;
 use report::{CopyRates, DeviceReport, OpEntry, Phase, Report};
@@ -63,6 +63,11 @@ pub struct CheckArgs {
     /// Architectures for --compile-only, e.g. sm_90 or sm_80,sm_90.
     #[arg(long, value_delimiter = ',', default_value = "sm_90")]
     pub arch: Vec<String>,
+    /// MSM sizes as log2 of the points, e.g. 16,18,20,22 (each 1 to 24), in place of the
+    /// level's one size (2^10 quick, 2^20 standard): each on both curves, points sent and
+    /// resident.
+    #[arg(long, env = "GPU_OPS_CHECK_MSM_LOG2", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=24))]
+    pub msm_log2: Vec<u32>,
     /// Timed device runs per case (after warm-up): default 1 at quick, 10 at standard.
     #[arg(long)]
     pub runs: Option<usize>,
@@ -139,6 +144,9 @@ pub fn run_on(
 ) -> Result<Report, String> {
     if let Some(seed) = args.seed {
         set_case_seed(seed);
+    }
+    if !args.msm_log2.is_empty() {
+        set_msm_log2(args.msm_log2.clone());
     }
     let level = args.level;
     let self_tests = crate::ops::self_tests();

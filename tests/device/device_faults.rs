@@ -372,6 +372,76 @@ fn the_check_proves_every_registered_op_on_the_emulated_device() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--msm-log2` gives the check's MSM sizes: each on both curves, points sent and resident
+/// (with precomputed multiples), all held to the CPU; a size past 2^24 is refused before
+/// anything runs.
+#[test]
+fn the_check_runs_the_msm_at_the_sizes_asked_for() {
+    if gpu_ops::backend::emulated::sanitizer() != "none" {
+        gpu_ops::skips::skip(
+            "device_faults::the_check_runs_the_msm_at_the_sizes_asked_for",
+            "the check runs as its own process, in the plain build",
+        );
+        return;
+    }
+    let dir = std::path::PathBuf::from(common::temp_data_dir());
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("report.json");
+    let check = |log2: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_gpu-ops"))
+            .args([
+                "check",
+                "--emulate-device",
+                "--ops",
+                "msm",
+                "--msm-log2",
+                log2,
+            ])
+            .arg("--json")
+            .arg(&json)
+            .arg("--data-dir")
+            .arg(&dir)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap()
+    };
+    let out = check("5,7");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let mut cases: Vec<String> = report["ops"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["phase"] == "parity")
+        .map(|e| {
+            assert!(e["reason"].is_null(), "{e}");
+            e["case"]
+                .as_str()
+                .unwrap()
+                .split(',')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    cases.sort();
+    let mut want = Vec::new();
+    for curve in ["bls12_381_g1", "bn254_g1"] {
+        for size in ["2^5", "2^7"] {
+            want.push(format!("{curve} {size}"));
+            want.push(format!("{curve} {size} resident"));
+        }
+    }
+    assert_eq!(cases, want);
+    let refused = check("25");
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A wrong answer planted in one op's device path (every Goldilocks addition's output
 /// corrupted) fails the check, which names that op and only that op.
 #[test]

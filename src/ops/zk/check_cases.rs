@@ -8,7 +8,7 @@ use super::msm::{Curve, MsmJob};
 use super::ntt::{Direction, NttJob, Order};
 use super::samples::{edge_values, random_elements, random_points};
 use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec, U256};
-use crate::backend::measure::{case_seed, CaseInfo, CheckLevel};
+use crate::backend::measure::{case_seed, msm_log2, CaseInfo, CheckLevel};
 use crate::backend::verify::{JobCheck, SelfTest};
 
 fn vec(field: Field, xs: &[U256]) -> FieldVec {
@@ -164,11 +164,19 @@ fn skewed_scalars(field: Field, n: usize, seed: u64) -> Vec<U256> {
     xs
 }
 
+/// The check's MSM sizes: `--msm-log2`'s, else the level's one.
+fn msm_sizes(level: CheckLevel) -> Vec<usize> {
+    match msm_log2() {
+        Some(log2) => log2.iter().map(|&k| 1usize << k).collect(),
+        None => vec![level.pick(1 << 10, 1 << 20)],
+    }
+}
+
 fn msms(level: CheckLevel, seed: u64) -> Vec<Box<dyn SelfTest>> {
-    let n = level.pick(1 << 10, 1 << 20);
-    let cases = Curve::ALL
+    let cases = msm_sizes(level)
         .into_iter()
-        .flat_map(|curve| {
+        .flat_map(|n| Curve::ALL.into_iter().map(move |curve| (n, curve)))
+        .flat_map(|(n, curve)| {
             let field = curve.scalar_field();
             let points = random_points(curve, n, seed ^ 8);
             let scalars = vec![
@@ -186,7 +194,7 @@ fn msms(level: CheckLevel, seed: u64) -> Vec<Box<dyn SelfTest>> {
                 .with_bytes(n as f64 * (point_bytes + 2.0 * 32.0));
             // The same points as a resident array's: cached on the device with their
             // precomputed multiples (built in the warm-up), so only scalars cross.
-            let key = format!("check/msm-{}", curve.name());
+            let key = format!("check/msm-{}-{n}", curve.name());
             let resident = job
                 .clone()
                 .with_device_key(key)
