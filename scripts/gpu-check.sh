@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The GPU check in two halves (docs/GPU.md, "A session with a GPU"):
 #
-#   scripts/gpu-check.sh stage   here, with Rust: one stripped release binary, compressed,
+#   scripts/gpu-check.sh stage   here, with Rust: one stripped release binary and the
+#                                arrays bench's, compressed,
 #                                and the kernel cache filled for sm_90 (H100, H200) with
 #                                NVRTC 13.0, into .gpu/ (git-ignored; at most 48 MiB).
 #   scripts/gpu-check.sh run     on the GPU host, from the repository root, with .gpu/
 #                                carried: `gpu-ops check --level standard`, the same shapes
 #                                through PyTorch, the server with a few requests, its
-#                                gauges, a short `gpu-ops bench` and the MSM sweep
-#                                (`check --msm-log2`). At most 8 files land in
+#                                gauges, a short `gpu-ops bench`, the arrays bench
+#                                (issue 59) and the MSM sweep (`check --msm-log2`).
+#                                At most 8 files land in
 #                                $OUT (default gpu-out/). No Rust, curl or network needed.
 #
 # `run` on a machine without a GPU (GPU_CHECK_EMULATE=1) checks the emulated device at the
@@ -51,6 +53,19 @@ EOF
   echo "== cubins for sm_90: $(took "$t") s"
   strip -o .gpu/gpu-ops "$built"
   xz -6 -T0 -f .gpu/gpu-ops
+  # Issue 59's device figures: `cargo bench --bench arrays`, its release harness.
+  t=$(now)
+  local bench_bin
+  bench_bin="$(cargo bench --locked --no-run --bench arrays --message-format=json |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "arrays" and m.get("executable"):
+        print(m["executable"])')"
+  [ -x "$bench_bin" ] || { echo "stage: the arrays bench was not built" >&2; exit 1; }
+  strip -o .gpu/bench-arrays "$bench_bin"
+  xz -6 -T0 -f .gpu/bench-arrays
+  echo "== arrays bench build: $(took "$t") s"
   local bytes
   bytes=$(du -sb .gpu | cut -f1)
   echo "== .gpu/: $((bytes >> 20)) MiB (limit $((STAGE_LIMIT_BYTES >> 20)) MiB)"
@@ -148,6 +163,13 @@ print(text if url.endswith("/metrics") else text[:4000])
 EOF
 }
 
+# Decompresses an xz file without xz (python's lzma): the GPU hosts may lack it.
+unxz_to() {
+  python3 -c 'import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)' "$1" "$2"
+}
+
 run() {
   local out="${OUT:-$here/gpu-out}" emulate="${GPU_CHECK_EMULATE:-0}"
   mkdir -p "$out"
@@ -176,9 +198,7 @@ run() {
 
   local bin="$work/gpu-ops"
   if [ -f "$here/.gpu/gpu-ops.xz" ]; then
-    python3 -c 'import lzma, shutil, sys
-with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
-    shutil.copyfileobj(src, dst)' "$here/.gpu/gpu-ops.xz" "$bin"
+    unxz_to "$here/.gpu/gpu-ops.xz" "$bin"
   elif [ -x "$here/.gpu/gpu-ops" ]; then
     cp "$here/.gpu/gpu-ops" "$bin"
   else
@@ -277,6 +297,21 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
   kill -TERM "$server_pid" 2>/dev/null
   timeout 20 tail --pid="$server_pid" -f /dev/null 2>/dev/null || kill -9 "$server_pid" 2>/dev/null
   server_pid=""
+  # Issue 59's device figures (the arrays bench, staged): MSM in the bulk form at 2^16 and
+  # 2^18 points on both curves, points sent each call against a resident array, and the
+  # polynomial product (2^20) with its intermediates kept on the device against sent
+  # back and forth; its own server in process, the staged kernel cache; into bench.md.
+  if [ -f "$here/.gpu/bench-arrays.xz" ]; then
+    unxz_to "$here/.gpu/bench-arrays.xz" "$work/bench-arrays"
+    chmod +x "$work/bench-arrays"
+    local bench_env=(BENCH_BACKEND=gpu "BENCH_CASES=msm,chain" BENCH_RUNS=5
+      GPU_OPS_DATA_DIR="$work/data")
+    [ "$emulate" = 1 ] && bench_env+=(BENCH_EMULATE=1 BENCH_MSM_LOG2=10 BENCH_CHAIN_LOG2=12)
+    step "bench arrays (issue 59)" 180 env "${bench_env[@]}" "$work/bench-arrays" --bench \
+      >> "$out/bench.md" 2>> "$logs/bench-arrays.log"
+  else
+    echo "bench arrays: skipped (no .gpu/bench-arrays.xz: stage it)" | tee -a "$steps"
+  fi
   # Issue 58's MSM sweep: 2^16, 2^18 and 2^22 points (2^20 is in the check above) on both
   # curves, sent and resident with precomputed multiples, appended to check.md. Last, so
   # a short lease loses only this; skipped when GPU_CHECK_OPS leaves msm out.
