@@ -244,10 +244,11 @@ pub struct Config {
     /// 512 MiB, at most 4 GiB, never over a quarter.
     #[arg(long, env = "GPU_OPS_GPU_TABLE_CACHE_MIB", default_value_t = 0)]
     pub gpu_table_cache_mib: u64,
-    /// Multiples of each point of a resident point array a GPU precomputes on the first
-    /// MSM over it and keeps in its table cache (counted under --gpu-table-cache-mib, and
-    /// built only where they fit half of it): factor t leaves ⌈windows / t⌉ windows of
-    /// buckets to sort and reduce, for t times the points' device memory. 1: none.
+    /// Multiples of each point of a resident point array a GPU precomputes (at most) on
+    /// the first MSM over it and keeps in its table cache in place of the points (counted
+    /// under --gpu-table-cache-mib, and built only where they fit half the room kept
+    /// results leave it): factor t leaves ⌈windows / t⌉ windows of buckets to sort and
+    /// reduce, for up to t times the points' device memory. 1: none.
     #[arg(long, env = "GPU_OPS_MSM_PRECOMPUTE_FACTOR", default_value_t = crate::ops::zk::msm::DEFAULT_PRECOMPUTE_FACTOR, value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=16))]
     pub msm_precompute_factor: u32,
     /// Keep matrix products and convolutions on our own kernels even where cuBLASLt and

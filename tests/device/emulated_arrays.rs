@@ -35,9 +35,13 @@ async fn created(s: &crate::common::TestServer, body: Value) -> String {
 }
 
 /// Deletes array `id`; its copy under `key` leaves the device.
+/// The device holds a copy under the array's key, or derived data under it (an MSM's
+/// precomputed multiples, in place of the points), and none once the array is deleted.
 async fn delete_drops_the_copy(s: &crate::common::TestServer, id: &str, key: &str) {
     let gpus = s.state.backends.gpus();
-    assert!(gpus[0].holds_table(key), "{key}");
+    let held =
+        |g: &gpu_ops::backend::GpuDevice| g.holds_table(key) || !g.tables_under(key).is_empty();
+    assert!(held(&gpus[0]), "{key}");
     let text = s.metrics().await;
     assert!(
         text.contains(r#"gpu_ops_device_cache_bytes{gpu="0",kind="array"}"#),
@@ -45,7 +49,7 @@ async fn delete_drops_the_copy(s: &crate::common::TestServer, id: &str, key: &st
     );
     let deleted = s.delete(&format!("/arrays/{id}")).send().await.unwrap();
     assert_eq!(deleted.status(), 204);
-    assert!(!gpus[0].holds_table(key), "{key}");
+    assert!(!held(&gpus[0]), "{key}");
     let held = s
         .state
         .metrics
@@ -97,6 +101,14 @@ async fn msm_points_stay(s: &crate::common::TestServer) {
             assert_eq!(array_lookups(s, "miss"), misses + 1, "round {round}");
             assert_eq!(array_lookups(s, "hit"), hits + round as u64);
         }
+        // Kept as its precomputed multiples (--msm-precompute-factor's default 4), in
+        // place of the points' plain copy.
+        let under = s.state.backends.gpus()[0].tables_under(&key);
+        assert!(
+            under.len() == 1 && under[0].starts_with(&format!("{key}/multiples/")),
+            "{under:?}"
+        );
+        assert!(!s.state.backends.gpus()[0].holds_table(&key));
         delete_drops_the_copy(s, &id, &key).await;
     }
 }

@@ -405,10 +405,33 @@ impl DeviceLease<'_> {
             .insert_pinned(key.to_string(), Arc::new(cached), bytes))
     }
 
-    /// Bytes the device's table cache holds at most (`--gpu-table-cache-mib`): a table
-    /// larger than its room is used once and not kept.
-    pub fn table_cache_cap(&self) -> usize {
-        self.tables().cap_bytes()
+    /// Bytes the device's table cache can hold beside the results pinned in it (of
+    /// `--gpu-table-cache-mib`): a table larger than that is used once and not kept.
+    pub fn table_cache_room(&self) -> usize {
+        self.tables().room()
+    }
+
+    /// Caches `table`, written by this lease's work so far, under `key` (evictable, as
+    /// `cached_table` keeps what it makes): for a table whose lookup already missed.
+    pub fn cache_table<T: Element>(
+        &self,
+        key: &str,
+        table: Arc<DeviceBuffer<T>>,
+    ) -> Result<(), DeviceError> {
+        let bytes = table.len() * std::mem::size_of::<T>();
+        let cached = Cached {
+            table,
+            ready: self.record()?,
+        };
+        self.tables()
+            .insert(key.to_string(), Arc::new(cached), bytes);
+        Ok(())
+    }
+
+    /// Drops the cached table under `key`, if any, from the cache (not for good: a later
+    /// job may cache it again); jobs using it keep their copy until they end.
+    pub fn uncache(&self, key: &str) {
+        self.tables().remove(key);
     }
 
     fn tables(&self) -> MutexGuard<'_, TableCache> {

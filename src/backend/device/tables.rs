@@ -163,8 +163,9 @@ impl TableCache {
     }
 
     /// A new cap; the least recently used go until the rest fit.
-    pub fn cap_bytes(&self) -> usize {
-        self.cap_bytes
+    /// Bytes that unpinned entries may take: the cap less the pinned entries'.
+    pub fn room(&self) -> usize {
+        self.cap_bytes.saturating_sub(self.pinned_bytes)
     }
 
     pub fn set_cap(&mut self, cap_bytes: usize) {
@@ -240,8 +241,7 @@ impl TableCache {
         self.remove(&key);
         // Refused before anything is evicted when it could not fit beside the pinned
         // entries even with every other one gone; otherwise evicting makes room.
-        let room = self.cap_bytes.saturating_sub(self.pinned_bytes);
-        if bytes > room || self.is_forgotten(&key) {
+        if bytes > self.room() || self.is_forgotten(&key) {
             return false;
         }
         self.evict_until(bytes);

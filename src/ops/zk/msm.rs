@@ -228,13 +228,13 @@ where
     Ok(point)
 }
 
-/// One point set and one or more scalar vectors over it (a batch).
 /// `--msm-precompute-factor`'s default: multiples of each resident point a device
 /// precomputes (`MsmJob::with_precomputed_multiples`). Four, so the windows of buckets a
 /// 2^20 BN254 MSM sorts and reduces fall from 16 to 4 for four times its 64 MiB of
 /// points; not yet measured against other factors on a GPU (docs/PERFORMANCE.md).
 pub const DEFAULT_PRECOMPUTE_FACTOR: u32 = 4;
 
+/// One point set and one or more scalar vectors over it (a batch).
 #[derive(Clone, Debug)]
 pub struct MsmJob {
     /// Shared with a resident array's points when the request named one: never copied.
@@ -317,12 +317,13 @@ impl MsmJob {
         self.device_key.as_deref()
     }
 
-    /// For resident points (`with_device_key`): a device may build `factor` multiples of
-    /// each point once (2^(k·c·⌈windows / factor⌉)·P, k < factor) and keep them under the
-    /// points' key, so this and every later MSM over them sorts and reduces ⌈windows /
-    /// factor⌉ windows of buckets instead of all (`MsmPlan::with_multiples`). It builds
-    /// them only where they fit half its table cache (`--gpu-table-cache-mib`) and the
-    /// job's memory; 1 (the default) builds none.
+    /// For resident points (`with_device_key`): a device may build up to `factor`
+    /// multiples of each point once (2^(k·c·W')·P for k < ⌈W/W'⌉, W' = ⌈W / factor⌉ of
+    /// the W digit windows) and keep them under the points' key, so this and every later
+    /// MSM over them sorts and reduces W' windows of buckets instead of W
+    /// (`MsmPlan::with_multiples`). It builds them only where they fit half the room of
+    /// its table cache (`--gpu-table-cache-mib`) and the job's memory; 1 (the default)
+    /// builds none.
     pub fn with_precomputed_multiples(mut self, factor: u32) -> Self {
         self.multiples = factor.max(1);
         self

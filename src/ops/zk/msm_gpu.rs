@@ -8,7 +8,7 @@ use super::msm_plan::SHORT_LOOP_PASS;
 use super::FieldVec;
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::LaunchConfig;
-use crate::backend::{DeviceBuffer, DeviceError};
+use crate::backend::{DeviceBuffer, DeviceError, DeviceErrorKind};
 use crate::backend::{DeviceLease, GpuDevice};
 use ark_ec::short_weierstrass::{Affine, Projective, SWCurveConfig};
 use ark_ec::{AffineRepr, CurveGroup};
@@ -285,13 +285,16 @@ fn run_curve<P: DeviceCurve>(
 /// Points on a device and the plan that reads them.
 type PlannedPoints = (MsmPlan, std::sync::Arc<DeviceBuffer<u32>>);
 
-/// `n` resident points with `r.multiples` precomputed multiples each, and the plan over
-/// them (`MsmPlan::with_multiples`): built on this device by `<curve>_msm_multiples` on
-/// their first MSM here, from the points' cached copy or `upload`, and kept in its table
-/// cache under the points' key (so dropped with the array, and evicted like any copy).
-/// None, and the plain plan runs, where the job asks for none, the device has no such
-/// kernel or bounds its loops, or the multiples would take more than half the table
-/// cache (they would be rebuilt on every call) or the run more than the job's memory.
+/// `n` resident points with their precomputed multiples (`MsmPlan::with_multiples`: up
+/// to `r.multiples` of each), and the plan over them: built on this device by
+/// `<curve>_msm_multiples` on their first MSM here and kept in its table cache under the
+/// points' key (so dropped with the array, and evicted like any copy), in place of the
+/// points' plain copy (block 0 is the points). None, and the plain plan runs, where the
+/// job asks for none, the device has no such kernel or bounds its loops, the build fails,
+/// or they are not built yet and would not be kept (more than half the room that results
+/// pinned in the cache leave: they would be built again on every call) or the run would
+/// take more than the job's memory. Two jobs that miss at once both build; the second's
+/// copy is the one kept.
 fn multiples<P: DeviceCurve>(
     dev: &DeviceLease<'_>,
     plan: MsmPlan,
@@ -304,17 +307,30 @@ fn multiples<P: DeviceCurve>(
         return Ok(None);
     }
     let plan = plan.with_multiples(n, r.multiples);
-    let table_words = n * plan.blocks as usize * 2 * P::LIMBS;
-    let fits = 4 * table_words <= dev.table_cache_cap() / 2
-        && plan_bytes::<P>(n, &plan) <= dev.memory_budget();
-    if plan.blocks < 2 || !fits {
+    if plan.blocks < 2 {
         return Ok(None);
     }
     let key = format!("{}/multiples/{}x{}", r.key, plan.blocks, plan.block_shift());
-    let table = dev.cached_table(&key, || {
-        let base = match dev.table::<u32>(r.key)? {
-            Some(cached) => cached,
-            None => std::sync::Arc::new(upload()?),
+    let table_words = n * plan.blocks as usize * 2 * P::LIMBS;
+    // Built already: their bytes are the cache's, not this job's.
+    if let Some(table) = dev.table::<u32>(&key)?.filter(|t| t.len() == table_words) {
+        return Ok(Some((plan, table)));
+    }
+    let fits = 4 * table_words <= dev.table_cache_room() / 2
+        && plan_bytes::<P>(n, &plan) <= dev.memory_budget();
+    if !fits {
+        return Ok(None);
+    }
+    // One lookup a build (the one above missed): the points' plain copy is read only
+    // where the cache holds it, a hit.
+    let built = (|| {
+        let base = match dev.device.holds_table(r.key) {
+            true => dev.table::<u32>(r.key)?,
+            false => None,
+        };
+        let base = match base {
+            Some(cached) if cached.len() == n * 2 * P::LIMBS => cached,
+            _ => std::sync::Arc::new(upload()?),
         };
         let mut out = dev.alloc_zeros::<u32>(table_words)?;
         let (n64, shift) = (n as u64, plan.block_shift());
@@ -324,12 +340,24 @@ fn multiples<P: DeviceCurve>(
             .arg(&plan.blocks)
             .arg(&shift)
             .arg(&mut out);
-        // SAFETY: base holds n points of 2·LIMBS words; out n·blocks of them, each thread
-        // writing its point's block entries.
+        // SAFETY: base holds n points of 2·LIMBS words (checked above); out n·blocks of
+        // them, each thread writing its point's block entries.
         unsafe { l.launch(dev.launch_config(n)) }?;
-        Ok(out)
-    })?;
-    Ok(Some((plan, table)))
+        let out = std::sync::Arc::new(out);
+        dev.cache_table(&key, out.clone())?;
+        Ok::<_, DeviceError>(out)
+    })();
+    match built {
+        Ok(table) => {
+            dev.uncache(r.key);
+            Ok(Some((plan, table)))
+        }
+        Err(e) if e.kind == DeviceErrorKind::Abandoned => Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "an MSM's precomputed multiples were not built; the plain plan runs");
+            Ok(None)
+        }
+    }
 }
 
 /// Device buffers for one chunk of points, reused across the batch's scalar vectors.

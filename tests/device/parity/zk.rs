@@ -218,13 +218,26 @@ fn msm_over_precomputed_multiples_equals_the_cpu() {
                         .unwrap()
                         .with_device_key(key.clone())
                         .with_precomputed_multiples(factor);
-                    for run in ["first run", "second run"] {
-                        d.check(format!("{curve:?} n={m} ×{factor}, {run}"), &job);
-                    }
-                    let held = d.device().tables_under(&key);
                     let at = format!("{curve:?} n={m} ×{factor}");
+                    d.check(format!("{at}, first run"), &job);
+                    // The table the first run kept, to see that the second reads it.
+                    let held = d.device().tables_under(&key);
+                    let cached = |k: &str| d.lease().table::<u32>(k).ok().flatten();
+                    let first = held.first().and_then(|k| cached(k));
+                    d.check(format!("{at}, second run"), &job);
                     match (builds, held.as_slice()) {
-                        (true, [one]) if one.starts_with(&format!("{key}/multiples/")) => {}
+                        (true, [one]) if one.starts_with(&format!("{key}/multiples/")) => {
+                            // Built again, the cache would hold another table there.
+                            let same = first
+                                .zip(cached(one))
+                                .is_some_and(|(a, b)| std::sync::Arc::ptr_eq(&a, &b));
+                            if !same {
+                                d.fail(&at, "the second run did not read the first's multiples");
+                            }
+                            if d.device().holds_table(&key) {
+                                d.fail(&at, "the points' plain copy was kept beside them");
+                            }
+                        }
                         (false, []) if d.device().holds_table(&key) => {}
                         _ => d.fail(&at, format!("device tables under the key: {held:?}")),
                     }
