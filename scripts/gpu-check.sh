@@ -319,7 +319,7 @@ run() {
   [ "$emulate" = 1 ] && sweep="8,12"
   if [ -z "${GPU_CHECK_OPS:-}" ] || [[ ",$GPU_CHECK_OPS," == *,msm,* ]]; then
     step "check msm sweep" 240 "$bin" check --level "$level" "${device_flag[@]}" --ops msm \
-      --msm-log2 "$sweep" --runs 5 --data-dir "$work/data" --json "$logs/msm-sweep.json" \
+      --msm-log2 "$sweep" --runs 3 --data-dir "$work/data" --json "$logs/msm-sweep.json" \
       --markdown "$logs/msm-sweep.md" > "$logs/msm-sweep.log" 2>&1
     if [ -s "$logs/msm-sweep.md" ]; then
       { echo; echo "# MSM sweep (--msm-log2 $sweep)"; echo; cat "$logs/msm-sweep.md"; } >> "$out/check.md"
