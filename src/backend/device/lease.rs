@@ -89,14 +89,7 @@ impl CopyCounts {
 }
 
 /// A point in one lease's work another lease (or a later use) can wait for.
-pub struct Event(Box<dyn EngineEvent>);
-
-/// A table kept on the device, with the event that ends its upload: a job on another
-/// stream waits for it before its first use.
-struct Cached<T> {
-    table: Arc<DeviceBuffer<T>>,
-    ready: Event,
-}
+pub struct Event(pub(super) Box<dyn EngineEvent>);
 
 /// How often a job waiting for a lease looks at its deadline and its caller.
 const WAIT_CHECK: Duration = Duration::from_millis(20);
@@ -346,96 +339,6 @@ impl DeviceLease<'_> {
     /// The shared handle of the device, if the lease was given one.
     pub fn handle(&self) -> Option<&Arc<GpuDevice>> {
         self.handle.as_ref()
-    }
-
-    /// The cached device table under `key`, or the one `make` uploads (then cached). A
-    /// table another job uploaded is used only after its upload (an event), which may
-    /// still be in flight on that job's stream.
-    pub fn cached_table<T: Element>(
-        &self,
-        key: &str,
-        make: impl FnOnce() -> Result<DeviceBuffer<T>, DeviceError>,
-    ) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
-        let found = self.tables().get(key);
-        if let Some(t) = found.and_then(|t| t.downcast::<Cached<T>>().ok()) {
-            self.wait(&t.ready)?;
-            return Ok(t.table.clone());
-        }
-        let table = Arc::new(make()?);
-        let bytes = table.len() * std::mem::size_of::<T>();
-        let cached = Cached {
-            table: table.clone(),
-            ready: self.record()?,
-        };
-        self.tables()
-            .insert(key.to_string(), Arc::new(cached), bytes);
-        Ok(table)
-    }
-
-    /// The table cached under `key`, if any, without making one: a kept result's only
-    /// copy (`keep_table`), or an array's copy another job uploaded.
-    pub fn table<T: Element>(
-        &self,
-        key: &str,
-    ) -> Result<Option<Arc<DeviceBuffer<T>>>, DeviceError> {
-        let found = self.tables().get(key);
-        let Some(t) = found.and_then(|t| t.downcast::<Cached<T>>().ok()) else {
-            return Ok(None);
-        };
-        self.wait(&t.ready)?;
-        Ok(Some(t.table.clone()))
-    }
-
-    /// Keeps `table`, written by this lease's work so far, under `key` as a kept
-    /// result's only copy: pinned, so never evicted until `GpuDevice::release_table` or
-    /// `forget_table`. False (nothing kept) when the cache cannot make room for it among
-    /// its evictable entries.
-    pub fn keep_table<T: Element>(
-        &self,
-        key: &str,
-        table: Arc<DeviceBuffer<T>>,
-    ) -> Result<bool, DeviceError> {
-        let bytes = table.len() * std::mem::size_of::<T>();
-        let cached = Cached {
-            table,
-            ready: self.record()?,
-        };
-        Ok(self
-            .tables()
-            .insert_pinned(key.to_string(), Arc::new(cached), bytes))
-    }
-
-    /// Bytes the device's table cache can hold beside the results pinned in it (of
-    /// `--gpu-table-cache-mib`): a table larger than that is used once and not kept.
-    pub fn table_cache_room(&self) -> usize {
-        self.tables().room()
-    }
-
-    /// Caches `table`, written by this lease's work so far, under `key` (evictable, as
-    /// `cached_table` keeps what it makes): for a table whose lookup already missed.
-    pub fn cache_table<T: Element>(
-        &self,
-        key: &str,
-        table: Arc<DeviceBuffer<T>>,
-    ) -> Result<(), DeviceError> {
-        let bytes = table.len() * std::mem::size_of::<T>();
-        let cached = Cached {
-            table,
-            ready: self.record()?,
-        };
-        self.tables()
-            .insert(key.to_string(), Arc::new(cached), bytes);
-        Ok(())
-    }
-
-    /// Drops the cached table under `key`, if any, from the cache (not for good: a later
-    /// job may cache it again); jobs using it keep their copy until they end.
-    pub fn uncache(&self, key: &str) {
-        self.tables().remove(key);
-    }
-
-    fn tables(&self) -> MutexGuard<'_, TableCache> {
-        self.device.table_cache()
     }
 
     /// A grid-stride launch over `n` items: enough blocks to fill the device, no more.

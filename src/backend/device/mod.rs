@@ -16,6 +16,7 @@ pub mod engine;
 mod inventory;
 mod launch;
 mod lease;
+mod lease_tables;
 mod operand;
 mod pinned_body;
 mod pipeline;
