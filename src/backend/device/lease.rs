@@ -11,8 +11,7 @@
 //! `items_per_pass`), so jobs side by side never ask the device for more than it has.
 
 use super::engine::{DeviceEngine, EngineEvent, EngineStream, LaunchConfig};
-use super::tables::TableCache;
-use super::{DeviceBuffer, DeviceError, DeviceErrorKind, Element, Engine, GpuDevice};
+use super::{DeviceError, DeviceErrorKind, Engine, GpuDevice};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard, OnceLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
