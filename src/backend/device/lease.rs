@@ -362,6 +362,7 @@ impl DeviceLease<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::DeviceBuffer;
     use std::sync::atomic::AtomicUsize;
     use std::sync::mpsc;
 
