@@ -53,10 +53,12 @@ EOF
   echo "== cubins for sm_90: $(took "$t") s"
   strip -o .gpu/gpu-ops "$built"
   xz -6 -T0 -f .gpu/gpu-ops
-  # Issue 59's device figures: `cargo bench --bench arrays`, its release harness.
+  # Issue 59's device figures: `cargo bench --bench arrays`'s harness, built with the
+  # release profile so it reuses the library just built (`cargo bench`'s own profile
+  # would compile it again).
   t=$(now)
   local bench_bin
-  bench_bin="$(cargo bench --locked --no-run --bench arrays --message-format=json |
+  bench_bin="$(cargo build --release --locked --bench arrays --message-format=json |
     python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
