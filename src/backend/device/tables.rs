@@ -162,12 +162,12 @@ impl TableCache {
         self.pinned_bytes
     }
 
-    /// A new cap; the least recently used go until the rest fit.
     /// Bytes that unpinned entries may take: the cap less the pinned entries'.
     pub fn room(&self) -> usize {
         self.cap_bytes.saturating_sub(self.pinned_bytes)
     }
 
+    /// A new cap; the least recently used go until the rest fit.
     pub fn set_cap(&mut self, cap_bytes: usize) {
         self.cap_bytes = cap_bytes;
         self.evict_until(0);

@@ -321,33 +321,7 @@ fn multiples<P: DeviceCurve>(
     if !fits {
         return Ok(None);
     }
-    // One lookup a build (the one above missed): the points' plain copy is read only
-    // where the cache holds it, a hit.
-    let built = (|| {
-        let base = match dev.device.holds_table(r.key) {
-            true => dev.table::<u32>(r.key)?,
-            false => None,
-        };
-        let base = match base {
-            Some(cached) if cached.len() == n * 2 * P::LIMBS => cached,
-            _ => std::sync::Arc::new(upload()?),
-        };
-        let mut out = dev.alloc_zeros::<u32>(table_words)?;
-        let (n64, shift) = (n as u64, plan.block_shift());
-        let mut l = dev.launch(&kernel)?;
-        l.arg(&*base)
-            .arg(&n64)
-            .arg(&plan.blocks)
-            .arg(&shift)
-            .arg(&mut out);
-        // SAFETY: base holds n points of 2·LIMBS words (checked above); out n·blocks of
-        // them, each thread writing its point's block entries.
-        unsafe { l.launch(dev.launch_config(n)) }?;
-        let out = std::sync::Arc::new(out);
-        dev.cache_table(&key, out.clone())?;
-        Ok::<_, DeviceError>(out)
-    })();
-    match built {
+    match build_multiples::<P>(dev, &plan, n, r.key, &key, upload) {
         Ok(table) => {
             dev.uncache(r.key);
             Ok(Some((plan, table)))
@@ -358,6 +332,43 @@ fn multiples<P: DeviceCurve>(
             Ok(None)
         }
     }
+}
+
+/// Builds the multiples `plan` reads of the `n` points under `points_key` and caches them
+/// under `key`. One cache lookup a build (the caller's missed): the points' plain copy is
+/// read only where the cache holds it, a hit, and is uploaded otherwise.
+fn build_multiples<P: DeviceCurve>(
+    dev: &DeviceLease<'_>,
+    plan: &MsmPlan,
+    n: usize,
+    points_key: &str,
+    key: &str,
+    upload: impl FnOnce() -> Result<DeviceBuffer<u32>, DeviceError>,
+) -> Result<std::sync::Arc<DeviceBuffer<u32>>, DeviceError> {
+    let cached = if dev.device.holds_table(points_key) {
+        dev.table::<u32>(points_key)?
+    } else {
+        None
+    };
+    let base = match cached {
+        Some(cached) if cached.len() == n * 2 * P::LIMBS => cached,
+        _ => std::sync::Arc::new(upload()?),
+    };
+    let mut out = dev.alloc_zeros::<u32>(n * plan.blocks as usize * 2 * P::LIMBS)?;
+    let (n64, shift) = (n as u64, plan.block_shift());
+    let kernel = format!("{}_msm_multiples", P::PREFIX);
+    let mut l = dev.launch(&kernel)?;
+    l.arg(&*base)
+        .arg(&n64)
+        .arg(&plan.blocks)
+        .arg(&shift)
+        .arg(&mut out);
+    // SAFETY: base holds n points of 2·LIMBS words (checked above); out n·blocks of them,
+    // each thread writing its point's block entries.
+    unsafe { l.launch(dev.launch_config(n)) }?;
+    let out = std::sync::Arc::new(out);
+    dev.cache_table(key, out.clone())?;
+    Ok(out)
 }
 
 /// Device buffers for one chunk of points, reused across the batch's scalar vectors.
