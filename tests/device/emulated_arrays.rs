@@ -1,5 +1,6 @@
 //! Resident arrays on the emulated device: an MSM over a resident array's points, a
-//! product over a resident weight matrix and a convolution over resident weights upload the array on their first run there and
+//! product over a resident weight matrix, a convolution over resident weights and
+//! attention over resident keys and values upload the array on their first run there and
 //! reuse the device's copy after (a cache hit, no upload), with the CPU's answers every
 //! time; deleting the array drops the copy.
 
@@ -25,6 +26,7 @@ async fn resident_arrays_stay_on_the_emulated_device() {
     msm_points_stay(&s).await;
     matmul_weights_stay(&s).await;
     conv2d_weights_stay(&s).await;
+    attention_keys_and_values_stay(&s).await;
 }
 
 async fn created(s: &crate::common::TestServer, body: Value) -> String {
@@ -180,4 +182,66 @@ async fn conv2d_weights_stay(s: &crate::common::TestServer) {
     }
     let key = format!("{}/f32", gpu_ops::arrays::device_key(&id));
     delete_drops_the_copy(s, &id, &key).await;
+}
+
+/// Attention's keys and values resident `[1, H_kv, S_kv, D]`, queries sent each time, in
+/// f32 (the f32 kernel, which keeps f32 copies) and bf16 (the tensor cores' kernel, which
+/// keeps the 16-bit form: `…/bf16/bits`): the same output as with K and V sent inline,
+/// within the dtype's rounding of the CPU's; one upload of each, then hits.
+async fn attention_keys_and_values_stay(s: &crate::common::TestServer) {
+    let tensor = |heads: usize, len: usize, dim: usize, salt: usize| -> Value {
+        let rows = |h: usize| -> Vec<Vec<f64>> {
+            let at = |i: usize, j: usize| ((i * 7 + j * 3 + h * 5 + salt) % 13) as f64 / 4.0 - 1.5;
+            (0..len)
+                .map(|i| (0..dim).map(|j| at(i, j)).collect())
+                .collect()
+        };
+        json!([(0..heads).map(rows).collect::<Vec<_>>()])
+    };
+    let flat = |v: &Value| -> Vec<f64> {
+        let mut out = Vec::new();
+        let mut stack = vec![v.clone()];
+        while let Some(x) = stack.pop() {
+            match x {
+                Value::Array(items) => stack.extend(items.into_iter().rev()),
+                x => out.push(x.as_f64().unwrap()),
+            }
+        }
+        out
+    };
+    for (dtype, form, tolerance) in [("f32", "", 1e-5), ("bf16", "/bits", 1.0 / 64.0)] {
+        let (k, v) = (tensor(2, 40, 16, 2), tensor(2, 40, 8, 3));
+        let make = |t: &Value| json!({"kind": "tensor", "tensor": t, "dtype": dtype});
+        let (k_id, v_id) = (created(s, make(&k)).await, created(s, make(&v)).await);
+        let (misses, hits) = (array_lookups(s, "miss"), array_lookups(s, "hit"));
+        for round in 0..2u64 {
+            let body = |k: Value, v: Value| {
+                json!({"q": tensor(4, 21, 16, round as usize), "k": k, "v": v,
+                       "dtype": dtype, "causal": true, "key_lengths": [33]})
+            };
+            let resident = body(json!({"array": k_id}), json!({"array": v_id}));
+            let (dev, cpu) = both(s, "/nn/attention", resident).await;
+            let (d, c) = (flat(&dev["output"]), flat(&cpu["output"]));
+            assert_eq!(d.len(), 4 * 21 * 8, "{dtype}");
+            for (i, (x, y)) in d.iter().zip(&c).enumerate() {
+                let close = (x - y).abs() <= tolerance * (1.0 + y.abs());
+                assert!(close, "{dtype} round {round}, value {i}: {x} against {y}");
+            }
+            let inline = both(s, "/nn/attention", body(k.clone(), v.clone())).await.0;
+            assert_eq!(dev["output"], inline["output"], "{dtype} round {round}");
+            assert_eq!(
+                array_lookups(s, "miss"),
+                misses + 2,
+                "{dtype} round {round}"
+            );
+            assert_eq!(array_lookups(s, "hit"), hits + 2 * round, "{dtype}");
+        }
+        let key = |id: &str| format!("{}/{dtype}{form}", gpu_ops::arrays::device_key(id));
+        let gpu = &s.state.backends.gpus()[0];
+        assert!(gpu.holds_table(&key(&k_id)), "{dtype}");
+        let deleted = s.delete(&format!("/arrays/{k_id}")).send().await.unwrap();
+        assert_eq!(deleted.status(), 204);
+        assert!(!gpu.holds_table(&key(&k_id)), "{dtype}");
+        delete_drops_the_copy(s, &v_id, &key(&v_id)).await;
+    }
 }

@@ -129,14 +129,16 @@ pub async fn attention(
     ApiBody(mut req): ApiBody<AttentionRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
-    req.q.resolve(&arrays, "/q")?;
-    req.k.resolve(&arrays, "/k")?;
-    req.v.resolve(&arrays, "/v")?;
+    let device_keys = [
+        req.q.resolve(&arrays, "/q")?,
+        req.k.resolve(&arrays, "/k")?,
+        req.v.resolve(&arrays, "/v")?,
+    ];
     let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
     let backend = req.backend;
     let packed = req.q.answers_packed();
-    let job = blocking(move || build_job(req, max)).await?;
+    let job = blocking(move || Ok(build_job(req, max)?.with_device_keys(device_keys))).await?;
     let (shape, out_dtype) = (job.shape, job.output);
     let done = state.pool.submit(job, backend, timeout).await?;
     if let Some(i) = done.output.output.first_non_finite() {

@@ -128,6 +128,10 @@ pub struct AttentionJob {
     pub input: Dtype,
     pub output: Dtype,
     pub weights: bool,
+    /// Q, K and V's keys in a device's cache when they are resident arrays' (with the
+    /// input dtype, which fixes their rounded values): uploaded once per device, kept
+    /// between jobs (`with_device_keys`).
+    pub device_keys: [Option<String>; 3],
 }
 
 impl AttentionJob {
@@ -250,7 +254,19 @@ impl AttentionJob {
             input,
             output,
             weights,
+            device_keys: Default::default(),
         })
+    }
+
+    /// Marks Q, K and V (those `Some`) as resident arrays' (`arrays::device_key`): a
+    /// device keeps each one's upload, when one pass reads it whole, and a later job over
+    /// the same array (a model's keys and values, say) uploads only the rest. The key
+    /// names the input dtype, as matmul's name the compute precision; each launcher adds
+    /// the form it uploads. f64 attention runs on the CPU.
+    pub fn with_device_keys(mut self, keys: [Option<String>; 3]) -> Self {
+        let dtype = self.input.name();
+        self.device_keys = keys.map(|k| k.map(|k| format!("{k}/{dtype}")));
+        self
     }
 
     /// How many keys query `i` of sequence `b` sees (a prefix of the keys).

@@ -2,7 +2,9 @@
 //! (`conv_im2col_f32`), one product per group on linalg's `matmul_f32`, then bias and
 //! ReLU. Attention uploads whole sequences (all heads of a batch
 //! entry) in passes that fit the device's memory budget, sizes the key tile so that the
-//! fused kernel's shared memory fits 48 KiB, and rounds the output to its dtype. f16 and
+//! fused kernel's shared memory fits 48 KiB, and rounds the output to its dtype (a
+//! resident array's Q, K or V read whole in one pass is kept in the device's cache:
+//! `resident_operand`). f16 and
 //! bf16 attention without weights goes to the tensor cores' kernel where the device has
 //! it (`attention::tensor_cores`).
 
@@ -12,7 +14,7 @@ use crate::backend::cuda::cudnn::{ConvGeometry, CONV2D_CUDNN_OP};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
 use crate::backend::device::{Launch, LaunchConfig};
-use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
+use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease, Element};
 use crate::ops::linalg::{matmul_pass, Compute, MatmulPass, MatmulProvider, Strides, Values};
 use std::sync::Arc;
 
@@ -77,14 +79,25 @@ pub fn launch_attention(
     let lengths: Vec<u32> = job.key_lengths.iter().map(|&l| l as u32).collect();
     let mut out = Vec::with_capacity(s.out_len());
     let mut weights = job.weights.then(|| Vec::with_capacity(s.weights_len()));
+    let one_pass = per_pass >= s.batch;
+    let whole = |x: &[f32], key: &Option<String>| {
+        resident_operand(dev, key.as_deref(), one_pass, || dev.upload(x))
+    };
+    let [key_q, key_k, key_v] = &job.device_keys;
+    let (q_all, k_all, v_all) = (whole(q, key_q)?, whole(k, key_k)?, whole(v, key_v)?);
     let mut first = 0;
     while first < s.batch {
         dev.still_wanted()?;
         let count = per_pass.min(s.batch - first);
-        let part = |x: &[f32], per: usize| dev.upload(&x[first * per..(first + count) * per]);
-        let d_q = part(q, per_q * d)?;
-        let d_k = part(k, per_kv * d)?;
-        let d_v = part(v, per_kv * dv)?;
+        let part = |all: &Option<Arc<DeviceBuffer<f32>>>, x: &[f32], per: usize| match all {
+            Some(all) => Ok(all.clone()),
+            None => Ok::<_, DeviceError>(Arc::new(
+                dev.upload(&x[first * per..(first + count) * per])?,
+            )),
+        };
+        let d_q = part(&q_all, q, per_q * d)?;
+        let d_k = part(&k_all, k, per_kv * d)?;
+        let d_v = part(&v_all, v, per_kv * dv)?;
         let d_len = dev.upload(&lengths[first..first + count])?;
         let mut d_out = dev.alloc_zeros::<f32>(count * per_q * dv)?;
         let mut d_lse = dev.alloc_zeros::<f32>(count * per_q)?;
@@ -93,9 +106,9 @@ pub fn launch_attention(
         let tasks = count * s.heads * s.queries.div_ceil(QUERY_ROWS);
         let config = block_per_task(dev, tasks, THREADS, attention_shared_bytes(d, dv, tile));
         let mut l = dev.launch("attention_f32")?;
-        l.arg(&d_q)
-            .arg(&d_k)
-            .arg(&d_v)
+        l.arg(d_q.as_ref())
+            .arg(d_k.as_ref())
+            .arg(d_v.as_ref())
             .arg(&d_len)
             .arg(&mut d_out)
             .arg(&mut d_lse);
@@ -108,8 +121,8 @@ pub fn launch_attention(
             let total = count * per_q * s.keys;
             let mut d_w = dev.alloc_zeros::<f32>(total)?;
             let mut l = dev.launch("attention_weights_f32")?;
-            l.arg(&d_q)
-                .arg(&d_k)
+            l.arg(d_q.as_ref())
+                .arg(d_k.as_ref())
                 .arg(&d_len)
                 .arg(&d_lse)
                 .arg(&mut d_w)
@@ -178,6 +191,21 @@ impl AttentionScalars {
             .arg(&self.dv)
             .arg(&self.causal)
             .arg(&self.scale);
+    }
+}
+
+/// A resident operand's copy on the device (`AttentionJob::device_keys`): the cached one,
+/// or `upload` cached under `key`, when the job reads it whole in one pass; `None` (the
+/// pass uploads its part) otherwise.
+pub(super) fn resident_operand<T: Element>(
+    dev: &DeviceLease<'_>,
+    key: Option<&str>,
+    one_pass: bool,
+    upload: impl FnOnce() -> Result<DeviceBuffer<T>, DeviceError>,
+) -> Result<Option<Arc<DeviceBuffer<T>>>, DeviceError> {
+    match key {
+        Some(key) if one_pass => dev.cached_table(key, upload).map(Some),
+        _ => Ok(None),
     }
 }
 

@@ -4,13 +4,14 @@
 //! the device has the kernels (NVIDIA GPUs, sm_80 on, and the emulated device that
 //! checks them in CI); elsewhere, and for jobs it does not take, `attention_f32` runs.
 
-use super::super::gpu::{block_per_task, AttentionScalars};
+use super::super::gpu::{block_per_task, resident_operand, AttentionScalars};
 use super::{Attended, AttentionJob, Tensors};
 use crate::backend::cuda::kernels::KernelModule;
-use crate::backend::{DeviceError, DeviceLease};
+use crate::backend::{DeviceBuffer, DeviceError, DeviceLease};
 use crate::ops::linalg::{Dtype, Values};
 use half::{bf16, f16};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// The largest D and D_v the kernels take (`MMA_MAX_DIM`: the output accumulators are
 /// registers sized for it).
@@ -94,23 +95,41 @@ pub fn launch(
     let per_pass = (dev.memory_budget() / bytes_per_sequence(job)).clamp(1, s.batch.max(1));
     let lengths: Vec<u32> = job.key_lengths.iter().map(|&l| l as u32).collect();
     let mut out = Vec::with_capacity(s.out_len());
+    // A resident operand is kept in its 16-bit form, beside (not in place of) the f32
+    // kernel's copy of the same array.
+    let one_pass = per_pass >= s.batch;
+    let whole = |x: &[f32], key: &Option<String>| {
+        let key = key.as_ref().map(|k| format!("{k}/bits"));
+        resident_operand(dev, key.as_deref(), one_pass, || {
+            dev.upload(&bits_of(x, job.input))
+        })
+    };
+    let [key_q, key_k, key_v] = &job.device_keys;
+    let (q_all, k_all, v_all) = (whole(q, key_q)?, whole(k, key_k)?, whole(v, key_v)?);
     let mut first = 0;
     while first < s.batch {
         dev.still_wanted()?;
         let count = per_pass.min(s.batch - first);
-        let part = |x: &[f32], per: usize| {
-            dev.upload(&bits_of(&x[first * per..(first + count) * per], job.input))
+        let part = |all: &Option<Arc<DeviceBuffer<u16>>>, x: &[f32], per: usize| match all {
+            Some(all) => Ok(all.clone()),
+            None => Ok::<_, DeviceError>(Arc::new(
+                dev.upload(&bits_of(&x[first * per..(first + count) * per], job.input))?,
+            )),
         };
-        let d_q = part(q, per_q * d)?;
-        let d_k = part(k, per_kv * d)?;
-        let d_v = part(v, per_kv * dv)?;
+        let d_q = part(&q_all, q, per_q * d)?;
+        let d_k = part(&k_all, k, per_kv * d)?;
+        let d_v = part(&v_all, v, per_kv * dv)?;
         let d_len = dev.upload(&lengths[first..first + count])?;
         let mut d_out = dev.alloc_zeros::<f32>(count * per_q * dv)?;
         let scalars = AttentionScalars::of(job, count);
         let tasks = count * s.heads * s.queries.div_ceil(ROWS);
         let config = block_per_task(dev, tasks, THREADS, shared_bytes(d, dv));
         let mut l = dev.launch(kernel)?;
-        l.arg(&d_q).arg(&d_k).arg(&d_v).arg(&d_len).arg(&mut d_out);
+        l.arg(d_q.as_ref())
+            .arg(d_k.as_ref())
+            .arg(d_v.as_ref())
+            .arg(&d_len)
+            .arg(&mut d_out);
         scalars.push(&mut l);
         // SAFETY: the pass's Q, K, V (16-bit), lengths and output hold `count` batch
         // entries of the job's shape; the shared memory is what the kernel lays out for
