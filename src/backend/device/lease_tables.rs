@@ -1,10 +1,11 @@
 //! A lease's view of its device's table cache (`tables.rs`): copies kept between jobs
 //! (twiddles, resident arrays' uploads and their derived data) and kept results held
-//! only there, each with the event that ends its writing.
+//! only there, each with the event that ends its writing; and the claims that keep two
+//! jobs from building the same derived data at once.
 
 use super::lease::{DeviceLease, Event};
 use super::tables::TableCache;
-use super::{DeviceBuffer, DeviceError, Element};
+use super::{DeviceBuffer, DeviceError, Element, GpuDevice};
 use std::sync::{Arc, MutexGuard};
 
 /// A table kept on the device, with the event that ends its upload: a job on another
@@ -12,6 +13,32 @@ use std::sync::{Arc, MutexGuard};
 struct Cached<T> {
     table: Arc<DeviceBuffer<T>>,
     ready: Event,
+}
+
+/// A job's claim to build the table under `key` on its device (`claim_build`), given up
+/// when dropped.
+pub struct BuildClaim<'a> {
+    device: &'a GpuDevice,
+    key: String,
+}
+
+impl Drop for BuildClaim<'_> {
+    fn drop(&mut self) {
+        self.device.table_cache().end_build(&self.key);
+    }
+}
+
+impl GpuDevice {
+    /// The claim to build derived data to be cached under `key` (an MSM's precomputed
+    /// multiples), unless another job on this device holds it now. That job caches what
+    /// it builds, so a job refused here does without it this once rather than build
+    /// the same again beside it (or wait for it).
+    pub fn claim_build(&self, key: &str) -> Option<BuildClaim<'_>> {
+        self.table_cache().start_build(key).then(|| BuildClaim {
+            device: self,
+            key: key.to_string(),
+        })
+    }
 }
 
 impl DeviceLease<'_> {

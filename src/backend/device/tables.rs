@@ -60,6 +60,8 @@ pub(super) struct TableCache {
     /// FORGOTTEN_KEPT.
     forgotten: HashSet<String>,
     forgotten_order: VecDeque<String>,
+    /// Keys whose table a job is building now (`DeviceLease::claim_build`).
+    building: HashSet<String>,
 }
 
 const FORGOTTEN_KEPT: usize = 100_000;
@@ -83,7 +85,17 @@ impl TableCache {
             entries: HashMap::new(),
             forgotten: HashSet::new(),
             forgotten_order: VecDeque::new(),
+            building: HashSet::new(),
         }
+    }
+
+    /// Marks `key` as being built; false if it already was.
+    pub fn start_build(&mut self, key: &str) -> bool {
+        self.building.insert(key.to_string())
+    }
+
+    pub fn end_build(&mut self, key: &str) {
+        self.building.remove(key);
     }
 
     pub fn clear(&mut self) {

@@ -321,6 +321,18 @@ fn multiples<P: DeviceCurve>(
     if !fits {
         return Ok(None);
     }
+    // Another job building them now caches them for the next: this one runs the plain
+    // plan (a build costs several MSMs: waiting would not pay either).
+    let Some(_claim) = dev.device.claim_build(&key) else {
+        return Ok(None);
+    };
+    // Built and cached between this job's lookup and its claim (looked up again only
+    // then, so a build counts one miss).
+    if dev.device.holds_table(&key) {
+        if let Some(table) = dev.table::<u32>(&key)?.filter(|t| t.len() == table_words) {
+            return Ok(Some((plan, table)));
+        }
+    }
     match build_multiples::<P>(dev, &plan, n, r.key, &key, upload) {
         Ok(table) => {
             dev.uncache(r.key);

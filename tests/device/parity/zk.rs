@@ -237,6 +237,15 @@ fn msm_over_precomputed_multiples_equals_the_cpu() {
                             if d.device().holds_table(&key) {
                                 d.fail(&at, "the points' plain copy was kept beside them");
                             }
+                            // While another job builds them, a job does without: the
+                            // plain plan, nothing built beside the builder's.
+                            d.lease().uncache(one);
+                            let claim = d.device().claim_build(one);
+                            d.check(format!("{at}, while another builds"), &job);
+                            if claim.is_none() || d.device().holds_table(one) {
+                                d.fail(&at, "built beside another job's claim");
+                            }
+                            drop(claim);
                         }
                         (false, []) if d.device().holds_table(&key) => {}
                         _ => d.fail(&at, format!("device tables under the key: {held:?}")),
