@@ -5,7 +5,7 @@
 // `tile` keys: the tile's logits, each row's running max and sum, the partial output
 // rescaled and the tile's weighted values added. Nothing of size S × S_kv is ever held.
 // All of it in dynamic shared memory (the launcher sizes `tile` to fit 48 KiB):
-//   queries [ATT_QUERIES][d], keys then values [tile][max(d, dv)],
+//   queries [ATT_QUERIES][d], keys [tile][d + 1] then values [tile][dv] in one region,
 //   logits then weights [ATT_QUERIES][tile], output [ATT_QUERIES][dv],
 //   max, sum and rescale [ATT_QUERIES] each.
 // Blocks stride over (batch, head, query block). Inputs f32 (already rounded to the
@@ -31,7 +31,11 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
                   float *out, float *lse, u64 batch, u64 heads, u64 kv_heads, u64 queries,
                   u64 keys, u64 d, u64 dv, u32 causal, float scale, u32 tile) {
     extern __shared__ float att_shared[];
-    u64 width = d > dv ? d : dv;
+    // A key's row is padded by one word: the threads of a warp read one word of
+    // consecutive keys at once, and rows d words apart (a multiple of 32 for the usual
+    // head dimensions) would all be in one bank, 32 reads in turn instead of one.
+    u64 key_stride = d + 1;
+    u64 width = key_stride > dv ? key_stride : dv;
     float *qs = att_shared;
     float *kv = qs + ATT_QUERIES * d;
     float *p = kv + tile * width;
@@ -62,12 +66,12 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         for (u64 k0 = 0; k0 < key_end; k0 += tile) {
             u64 n = key_end - k0 < tile ? key_end - k0 : tile;
             for (u64 e = tid; e < tile * d; e += threads)
-                kv[e] = e / d < n ? kb[k0 * d + e] : 0.0f;
+                kv[e / d * key_stride + e % d] = e / d < n ? kb[k0 * d + e] : 0.0f;
             __syncthreads();
             for (u64 e = tid; e < ATT_QUERIES * tile; e += threads) {
                 u64 r = e / tile, j = e % tile;
                 float dot = 0.0f;
-                for (u64 c = 0; c < d; c++) dot = fmaf(qs[r * d + c], kv[j * d + c], dot);
+                for (u64 c = 0; c < d; c++) dot = fmaf(qs[r * d + c], kv[j * key_stride + c], dot);
                 bool seen = r < rows && j < n &&
                             k0 + j < attention_visible(len, first + r, queries, causal);
                 p[e] = seen ? dot * scale : ATT_NEG_INF;

@@ -42,9 +42,11 @@ pub fn kernel_module() -> KernelModule {
     }
 }
 
-/// The fused kernel's dynamic shared memory for a key tile of `tile` keys.
+/// The fused kernel's dynamic shared memory for a key tile of `tile` keys (their rows
+/// padded by a word, against bank conflicts: kernels/nn.cu).
 pub fn attention_shared_bytes(d: usize, dv: usize, tile: usize) -> usize {
-    4 * (QUERY_ROWS * d + tile * d.max(dv) + QUERY_ROWS * tile + QUERY_ROWS * dv + 3 * QUERY_ROWS)
+    let tile_width = (d + 1).max(dv);
+    4 * (QUERY_ROWS * d + tile * tile_width + QUERY_ROWS * tile + QUERY_ROWS * dv + 3 * QUERY_ROWS)
 }
 
 /// The largest key tile (64, 32, 16 or 8 keys) whose shared memory fits; 8 always does
