@@ -9,6 +9,15 @@ use std::path::{Path, PathBuf};
 
 fn main() {
     println!("cargo:rerun-if-changed=kernels");
+    println!("cargo:rerun-if-env-changed=GPU_OPS_SKIP_NATIVE");
+    if std::env::var_os("GPU_OPS_SKIP_NATIVE").is_some_and(|v| v == "1") {
+        // A check that never links (`--emit=metadata`: .ci/run's library without
+        // openapi) needs no C++, which takes minutes on two cores; only the directory
+        // `backend::emulated` names with env! is given.
+        let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("emu");
+        println!("cargo:rustc-env=GPU_OPS_EMU_LIBRARY_DIR={}", out.display());
+        return;
+    }
     cc::Build::new()
         .cpp(true)
         .file("kernels/host/field_host.cpp")

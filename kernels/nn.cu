@@ -18,6 +18,11 @@
 // works, since every loop strides by blockDim.x; the bound lets NVRTC budget registers
 // for it. The other kernels are grid-stride loops over DeviceLease::launch_config's blocks.
 #define ATT_THREADS 128
+// Query rows one thread takes per key (logits) or per value column (output): each key
+// or value word it reads from shared memory then serves that many rows' sums, whose
+// query or weight words every thread of the warp reads at once (one broadcast). Fewer
+// where a small tile or value width would leave threads idle (rows_per_thread).
+#define ATT_ROWS_PER_THREAD 4
 
 // −∞ without <math.h> (NVRTC has none): the bit pattern, or the host's.
 #ifdef GPU_OPS_DEVICE
@@ -25,6 +30,14 @@
 #else
 #define ATT_NEG_INF (-INFINITY)
 #endif
+
+// The rows per thread for `items` keys or value columns per row: ATT_ROWS_PER_THREAD
+// halved while the block's threads would not each have an item (it divides ATT_QUERIES).
+static __device__ __forceinline__ u32 att_rows_per_thread(u64 items, u32 threads) {
+    u32 rows = ATT_ROWS_PER_THREAD;
+    while (rows > 1 && (ATT_QUERIES / rows) * items < threads) rows /= 2;
+    return rows;
+}
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attention_f32(const float *q, const float *k, const float *v, const u32 *key_len,
@@ -44,6 +57,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     float *row_sum = row_max + ATT_QUERIES;
     float *rescale = row_sum + ATT_QUERIES;
     u32 tid = threadIdx.x, threads = blockDim.x;
+    u32 key_rows = att_rows_per_thread(tile, threads), value_rows = att_rows_per_thread(dv, threads);
     u64 blocks_per_head = (queries + ATT_QUERIES - 1) / ATT_QUERIES;
     for (u64 task = blockIdx.x; task < batch * heads * blocks_per_head; task += gridDim.x) {
         u64 bh = task / blocks_per_head, first = (task % blocks_per_head) * ATT_QUERIES;
@@ -68,13 +82,24 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
             for (u64 e = tid; e < tile * d; e += threads)
                 kv[e / d * key_stride + e % d] = e / d < n ? kb[k0 * d + e] : 0.0f;
             __syncthreads();
-            for (u64 e = tid; e < ATT_QUERIES * tile; e += threads) {
-                u64 r = e / tile, j = e % tile;
-                float dot = 0.0f;
-                for (u64 c = 0; c < d; c++) dot = fmaf(qs[r * d + c], kv[j * key_stride + c], dot);
-                bool seen = r < rows && j < n &&
-                            k0 + j < attention_visible(len, first + r, queries, causal);
-                p[e] = seen ? dot * scale : ATT_NEG_INF;
+            // Logit (r, j) for rows r0 .. r0 + key_rows of key j, each summed over c in
+            // order (attention_weights_f32 sums it the same way).
+            for (u64 e = tid; e < ATT_QUERIES / key_rows * tile; e += threads) {
+                u64 r0 = e / tile * key_rows, j = e % tile;
+                const float *kj = kv + j * key_stride;
+                float dot[ATT_ROWS_PER_THREAD] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (u64 c = 0; c < d; c++) {
+                    float kc = kj[c];
+                    for (u32 t = 0; t < ATT_ROWS_PER_THREAD; t++)
+                        if (t < key_rows) dot[t] = fmaf(qs[(r0 + t) * d + c], kc, dot[t]);
+                }
+                for (u32 t = 0; t < ATT_ROWS_PER_THREAD; t++) {
+                    u64 r = r0 + t;
+                    if (t >= key_rows) continue;
+                    bool seen = r < rows && j < n &&
+                                k0 + j < attention_visible(len, first + r, queries, causal);
+                    p[r * tile + j] = seen ? dot[t] * scale : ATT_NEG_INF;
+                }
             }
             __syncthreads();
             if (tid < ATT_QUERIES) {
@@ -102,11 +127,20 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
             for (u64 e = tid; e < tile * dv; e += threads)
                 kv[e] = e / dv < n ? vb[k0 * dv + e] : 0.0f;
             __syncthreads();
-            for (u64 e = tid; e < ATT_QUERIES * dv; e += threads) {
-                u64 r = e / dv, c = e % dv;
-                float acc = o[e] * rescale[r];
-                for (u64 j = 0; j < n; j++) acc = fmaf(p[r * tile + j], kv[j * dv + c], acc);
-                o[e] = acc;
+            // Output column c of rows r0 .. r0 + value_rows: each rescaled, then the
+            // tile's weighted values added in key order.
+            for (u64 e = tid; e < ATT_QUERIES / value_rows * dv; e += threads) {
+                u64 r0 = e / dv * value_rows, c = e % dv;
+                float acc[ATT_ROWS_PER_THREAD] = {0.0f, 0.0f, 0.0f, 0.0f};
+                for (u32 t = 0; t < ATT_ROWS_PER_THREAD; t++)
+                    if (t < value_rows) acc[t] = o[(r0 + t) * dv + c] * rescale[r0 + t];
+                for (u64 j = 0; j < n; j++) {
+                    float vc = kv[j * dv + c];
+                    for (u32 t = 0; t < ATT_ROWS_PER_THREAD; t++)
+                        if (t < value_rows) acc[t] = fmaf(p[(r0 + t) * tile + j], vc, acc[t]);
+                }
+                for (u32 t = 0; t < ATT_ROWS_PER_THREAD; t++)
+                    if (t < value_rows) o[(r0 + t) * dv + c] = acc[t];
             }
             // The next tile overwrites keys, logits and rescales.
             __syncthreads();
