@@ -4,7 +4,7 @@
 //! reuse the device's copy after (a cache hit, no upload), with the CPU's answers every
 //! time; deleting the array drops the copy.
 
-use super::emulated_http::{both, emulated_server, strings};
+use super::emulated_http::{both, emulated_server, flat, strings};
 use gpu_ops::ops::zk::msm::Curve;
 use gpu_ops::ops::zk::samples::random_points;
 use serde_json::{json, Value};
@@ -197,17 +197,6 @@ async fn attention_keys_and_values_stay(s: &crate::common::TestServer) {
                 .collect()
         };
         json!([(0..heads).map(rows).collect::<Vec<_>>()])
-    };
-    let flat = |v: &Value| -> Vec<f64> {
-        let mut out = Vec::new();
-        let mut stack = vec![v.clone()];
-        while let Some(x) = stack.pop() {
-            match x {
-                Value::Array(items) => stack.extend(items.into_iter().rev()),
-                x => out.push(x.as_f64().unwrap()),
-            }
-        }
-        out
     };
     for (dtype, form, tolerance) in [("f32", "", 1e-5), ("bf16", "/bits", 1.0 / 64.0)] {
         let (k, v) = (tensor(2, 40, 16, 2), tensor(2, 40, 8, 3));

@@ -51,6 +51,19 @@ pub(super) async fn both(s: &TestServer, path: &str, body: Value) -> (Value, Val
     (out.pop().unwrap(), cpu)
 }
 
+/// A nested JSON array's numbers in row-major order.
+pub(super) fn flat(v: &Value) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut stack = vec![v.clone()];
+    while let Some(x) = stack.pop() {
+        match x {
+            Value::Array(items) => stack.extend(items.into_iter().rev()),
+            x => out.push(x.as_f64().unwrap()),
+        }
+    }
+    out
+}
+
 pub(super) fn strings(field: Field, n: usize, seed: u64) -> Vec<String> {
     random_elements(field, n, seed)
         .iter()
@@ -348,17 +361,6 @@ async fn attention_runs_on_the_emulated_device() {
     let (dev, cpu) = both(&s, "/nn/attention", body).await;
     assert_eq!(dev["shape"], json!([2, 4, 21, 8]));
     for field in ["output", "weights"] {
-        let flat = |v: &Value| -> Vec<f64> {
-            let mut out = Vec::new();
-            let mut stack = vec![v.clone()];
-            while let Some(x) = stack.pop() {
-                match x {
-                    Value::Array(items) => stack.extend(items.into_iter().rev()),
-                    x => out.push(x.as_f64().unwrap()),
-                }
-            }
-            out
-        };
         let (d, c) = (flat(&dev[field]), flat(&cpu[field]));
         assert_eq!(d.len(), c.len(), "{field}");
         for (i, (x, y)) in d.iter().zip(&c).enumerate() {
