@@ -72,6 +72,18 @@ impl DeviceLease<'_> {
         Ok(Some(t.table.clone()))
     }
 
+    /// `table`, but a look that finds nothing counts no miss: a second look after one
+    /// that missed, or at a copy that may serve but is not this job's to make.
+    pub fn held_table<T: Element>(
+        &self,
+        key: &str,
+    ) -> Result<Option<Arc<DeviceBuffer<T>>>, DeviceError> {
+        if !self.device.holds_table(key) {
+            return Ok(None);
+        }
+        self.table(key)
+    }
+
     /// Keeps `table`, written by this lease's work so far, under `key` as a kept
     /// result's only copy: pinned, so never evicted until `GpuDevice::release_table` or
     /// `forget_table`. False (nothing kept) when the cache cannot make room for it among

@@ -60,7 +60,7 @@ pub(super) struct TableCache {
     /// FORGOTTEN_KEPT.
     forgotten: HashSet<String>,
     forgotten_order: VecDeque<String>,
-    /// Keys whose table a job is building now (`DeviceLease::claim_build`).
+    /// Keys whose table a job is building now (`GpuDevice::claim_build`).
     building: HashSet<String>,
 }
 

@@ -91,11 +91,8 @@ pub fn launch_attention(
     while first < s.batch {
         dev.still_wanted()?;
         let count = per_pass.min(s.batch - first);
-        let part = |all: &Option<Arc<DeviceBuffer<f32>>>, x: &[f32], per: usize| match all {
-            Some(all) => Ok(all.clone()),
-            None => Ok::<_, DeviceError>(Arc::new(
-                dev.upload(&x[first * per..(first + count) * per])?,
-            )),
+        let part = |all: &Option<Arc<DeviceBuffer<f32>>>, x: &[f32], per: usize| {
+            pass_part(all, || dev.upload(&x[first * per..(first + count) * per]))
         };
         let d_q = part(&q_all, q, per_q * d)?;
         let d_k = part(&k_all, k, per_kv * d)?;
@@ -208,6 +205,18 @@ pub(super) fn resident_operand<T: Element>(
     match key {
         Some(key) if one_pass => dev.cached_table(key, upload).map(Some),
         _ => Ok(None),
+    }
+}
+
+/// A pass's part of an operand: its whole copy where `resident_operand` kept one, else
+/// `upload`'s of the part.
+pub(super) fn pass_part<T: Element>(
+    all: &Option<Arc<DeviceBuffer<T>>>,
+    upload: impl FnOnce() -> Result<DeviceBuffer<T>, DeviceError>,
+) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
+    match all {
+        Some(all) => Ok(all.clone()),
+        None => upload().map(Arc::new),
     }
 }
 

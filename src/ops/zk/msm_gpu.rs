@@ -293,8 +293,8 @@ type PlannedPoints = (MsmPlan, std::sync::Arc<DeviceBuffer<u32>>);
 /// job asks for none, the device has no such kernel or bounds its loops, the build fails,
 /// or they are not built yet and would not be kept (more than half the room that results
 /// pinned in the cache leave: they would be built again on every call) or the run would
-/// take more than the job's memory. Two jobs that miss at once both build; the second's
-/// copy is the one kept.
+/// take more than the job's memory. One job builds them at a time (`claim_build`); an
+/// MSM meanwhile runs the plain plan.
 fn multiples<P: DeviceCurve>(
     dev: &DeviceLease<'_>,
     plan: MsmPlan,
@@ -326,12 +326,12 @@ fn multiples<P: DeviceCurve>(
     let Some(_claim) = dev.device.claim_build(&key) else {
         return Ok(None);
     };
-    // Built and cached between this job's lookup and its claim (looked up again only
-    // then, so a build counts one miss).
-    if dev.device.holds_table(&key) {
-        if let Some(table) = dev.table::<u32>(&key)?.filter(|t| t.len() == table_words) {
-            return Ok(Some((plan, table)));
-        }
+    // Built and cached between this job's lookup and its claim.
+    if let Some(table) = dev
+        .held_table::<u32>(&key)?
+        .filter(|t| t.len() == table_words)
+    {
+        return Ok(Some((plan, table)));
     }
     match build_multiples::<P>(dev, &plan, n, r.key, &key, upload) {
         Ok(table) => {
@@ -357,12 +357,7 @@ fn build_multiples<P: DeviceCurve>(
     key: &str,
     upload: impl FnOnce() -> Result<DeviceBuffer<u32>, DeviceError>,
 ) -> Result<std::sync::Arc<DeviceBuffer<u32>>, DeviceError> {
-    let cached = if dev.device.holds_table(points_key) {
-        dev.table::<u32>(points_key)?
-    } else {
-        None
-    };
-    let base = match cached {
+    let base = match dev.held_table::<u32>(points_key)? {
         Some(cached) if cached.len() == n * 2 * P::LIMBS => cached,
         _ => std::sync::Arc::new(upload()?),
     };

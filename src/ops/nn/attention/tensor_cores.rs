@@ -4,7 +4,7 @@
 //! the device has the kernels (NVIDIA GPUs, sm_80 on, and the emulated device that
 //! checks them in CI); elsewhere, and for jobs it does not take, `attention_f32` runs.
 
-use super::super::gpu::{block_per_task, resident_operand, AttentionScalars};
+use super::super::gpu::{block_per_task, pass_part, resident_operand, AttentionScalars};
 use super::{Attended, AttentionJob, Tensors};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::{DeviceBuffer, DeviceError, DeviceLease};
@@ -110,11 +110,9 @@ pub fn launch(
     while first < s.batch {
         dev.still_wanted()?;
         let count = per_pass.min(s.batch - first);
-        let part = |all: &Option<Arc<DeviceBuffer<u16>>>, x: &[f32], per: usize| match all {
-            Some(all) => Ok(all.clone()),
-            None => Ok::<_, DeviceError>(Arc::new(
-                dev.upload(&bits_of(&x[first * per..(first + count) * per], job.input))?,
-            )),
+        let part = |all: &Option<Arc<DeviceBuffer<u16>>>, x: &[f32], per: usize| {
+            let range = first * per..(first + count) * per;
+            pass_part(all, || dev.upload(&bits_of(&x[range], job.input)))
         };
         let d_q = part(&q_all, q, per_q * d)?;
         let d_k = part(&k_all, k, per_kv * d)?;
