@@ -26,15 +26,22 @@
 #define EMU_SHARED static
 #endif
 #endif
-#ifndef EMU_SHARED
+#ifdef EMU_SHARED
+// The launch's own state (threadIdx and the rest, the runtime's block) is process-wide
+// there too: launches take turns, and each access to a thread-local of this dlopen'ed
+// library is a call to __tls_get_addr, which AddressSanitizer intercepts at a cost
+// (three quarters of the DP parity case's 50 s, 2026-12-07).
+#define EMU_LAUNCH_LOCAL
+#else
 #define EMU_SHARED static thread_local
+#define EMU_LAUNCH_LOCAL thread_local
 #endif
 
 struct dim3 {
     unsigned x, y, z;
 };
 
-extern thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+extern EMU_LAUNCH_LOCAL dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 // build.rs reads each module's kernels and their __launch_bounds__ from the preprocessed
 // unit, once with GPU_OPS_EMU_SCAN defined: there both leave a marker it finds (that text

@@ -6,7 +6,8 @@
 // statics of thread storage, `EMU_SHARED` in cuda_emu.h), so launches of two streams
 // (each stream a thread) run at once, as two streams' kernels can on a GPU; under
 // AddressSanitizer, which checks the bounds of statics but not of thread-locals, the
-// arrays stay process-wide and launches take turns. A barrier that not every live thread
+// arrays and the launch's state (`EMU_LAUNCH_LOCAL`) are process-wide and launches take
+// turns. A barrier that not every live thread
 // of the block reaches (one returns, or waits at another barrier, while others wait)
 // fails the launch. Warp collectives (cuda_emu.h: mma, shuffles) are barriers of a warp's
 // 32 lanes: a warp whose live lanes all wait at one runs on within the round, and a lane
@@ -20,6 +21,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -65,13 +67,20 @@
 #define EMU_TSAN_SWITCH(fiber) __tsan_switch_to_fiber(fiber, __tsan_switch_to_fiber_no_sync)
 #define EMU_TSAN_RELEASE(addr) __tsan_release(addr)
 #define EMU_TSAN_ACQUIRE(addr) __tsan_acquire(addr)
+// The runtime's entry points for a range read or written (exported, not in its header).
+extern "C" void __tsan_read_range(void *addr, unsigned long size);
+extern "C" void __tsan_write_range(void *addr, unsigned long size);
+#define EMU_TSAN_READ_RANGE(addr, size) __tsan_read_range((void *)(addr), size)
+#define EMU_TSAN_WRITE_RANGE(addr, size) __tsan_write_range(addr, size)
 #else
 #define EMU_TSAN_SWITCH(fiber) ((void)(fiber))
 #define EMU_TSAN_RELEASE(addr) ((void)(addr))
 #define EMU_TSAN_ACQUIRE(addr) ((void)(addr))
+#define EMU_TSAN_READ_RANGE(addr, size) ((void)(addr), (void)(size))
+#define EMU_TSAN_WRITE_RANGE(addr, size) ((void)(addr), (void)(size))
 #endif
 
-thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+EMU_LAUNCH_LOCAL dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 // build.rs generates this table from the kernels each module defines.
 extern const emu_kernel *const emu_modules[];
@@ -204,7 +213,7 @@ struct Block {
     char start_sync = 0, end_sync = 0, barrier_sync[2] = {0, 0};
 };
 
-thread_local Block block;
+EMU_LAUNCH_LOCAL Block block;
 
 const emu_kernel *find(const char *name) {
     for (size_t m = 0; m < emu_module_count; m++)
@@ -516,11 +525,30 @@ const char *emu_sanitizer() {
 // through primitives ThreadSanitizer cannot see (Rust's futex-based Mutex and Condvar),
 // announced to it: everything the calling thread did before `emu_sync_release(addr)`
 // happens before everything a thread does after a later `emu_sync_acquire(addr)`. Without
-// it every copy a stream's thread makes of bytes the host wrote looks like a race, each
-// one matched against the suppressions, which took the checked run from 3 minutes to
-// well over 10. No-ops in the other builds.
+// it a stream's copy, made on its own thread, of a buffer a kernel of another stream
+// wrote before an event the copy waited for would look like a race. No-ops in the other
+// builds.
 void emu_sync_release(void *addr) { EMU_TSAN_RELEASE(addr); }
 void emu_sync_acquire(void *addr) { EMU_TSAN_ACQUIRE(addr); }
+
+// A stream's copies and memsets, made here rather than in Rust so that the checkers see
+// them. ThreadSanitizer runs with ignore_noninstrumented_modules=1 (.ci/run): on Linux
+// that ignores the accesses of every intercepted call (memcpy, malloc, free), since no
+// module counts as instrumented there, and checks only the instrumented code's own. So
+// the copy names its ranges itself, and one that overlaps a kernel of another stream on
+// the same bytes is a reported race like two kernels' would be. (The Rust side's memcpy,
+// malloc and free, ordered by atomics the checker cannot see, were each a race that the
+// suppressions then matched: every one slowed every later check, since each is compared
+// with every address already found racy, and the checked run took five minutes.)
+void emu_copy(void *to, const void *from, size_t bytes) {
+    EMU_TSAN_READ_RANGE(from, bytes);
+    EMU_TSAN_WRITE_RANGE(to, bytes);
+    std::memcpy(to, from, bytes);
+}
+void emu_zero(void *at, size_t bytes) {
+    EMU_TSAN_WRITE_RANGE(at, bytes);
+    std::memset(at, 0, bytes);
+}
 
 // The parameter sizes of kernel `name` (up to `cap`), and their count; -1 if no module
 // defines it.

@@ -349,23 +349,37 @@ fn race_probe() {
     unsafe { emulated::launch("emu_check_shared_race", config(1, 64, 0), args![p]) }.unwrap();
 }
 
-/// Under ThreadSanitizer (`GPU_OPS_EMU_SANITIZE=thread`, a CI step), two threads of a
-/// block touching one shared word between barriers, one writing, is a reported race. The
-/// racy kernel runs in a child process, since the report ends it.
+/// A kernel writes a buffer and another thread copies it as a stream's copy does, ordered
+/// only by a Rust channel, which ThreadSanitizer cannot see: to it, as to a GPU, the copy
+/// and the kernel are unordered. The child process of the race checker's copy test.
 #[test]
-fn a_shared_memory_race_is_reported_under_thread_sanitizer() {
-    if emulated::sanitizer() != "thread" {
-        eprintln!(
-            "the race checker runs under GPU_OPS_EMU_SANITIZE=thread (.ci/run's last step); this run has {}",
-            emulated::sanitizer()
-        );
-        return;
-    }
-    // The child inherits TSAN_OPTIONS (.ci/run's suppressions); a report makes its exit
-    // status nonzero either way.
+#[ignore = "run by a_copy_beside_a_kernel_is_reported_under_thread_sanitizer in a child process"]
+fn copy_race_probe() {
+    let mut out = vec![0u32; 64];
+    let at = out.as_mut_ptr() as usize;
+    let (written, wait) = std::sync::mpsc::channel::<()>();
+    let copier = std::thread::spawn(move || {
+        wait.recv().unwrap();
+        let mut copy = vec![0u32; 64];
+        // SAFETY: `out` outlives the thread (joined below) and holds 64 words.
+        unsafe { emulated::copy_bytes(copy.as_mut_ptr().cast(), at as *const u8, 256) };
+        copy
+    });
+    let mut p = out.as_mut_ptr();
+    // SAFETY: `out` has a word per thread.
+    unsafe { emulated::launch("emu_check_shared_exchange", config(1, 64, 0), args![p]) }.unwrap();
+    written.send(()).unwrap();
+    copier.join().unwrap();
+}
+
+/// Runs `probe` of this module in a child process (a report ends the process) and checks
+/// that ThreadSanitizer reported a race naming `frame`.
+fn assert_race_reported(probe: &str, frame: &str) {
+    // The child inherits TSAN_OPTIONS (.ci/run's); a report makes its exit status nonzero
+    // either way.
     // The probe's full test name: this module's path without the binary's crate name.
     let module = module_path!().split_once("::").map_or("", |(_, m)| m);
-    let probe = format!("{module}::race_probe");
+    let probe = format!("{module}::{probe}");
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--ignored", "--exact", &probe, "--nocapture"])
         .output()
@@ -381,9 +395,42 @@ fn a_shared_memory_race_is_reported_under_thread_sanitizer() {
         "the race went unreported: {stderr}"
     );
     assert!(
-        stderr.contains("ThreadSanitizer: data race") && stderr.contains("emu_check_shared_race"),
+        stderr.contains("ThreadSanitizer: data race") && stderr.contains(frame),
         "{stderr}"
     );
+}
+
+/// Whether the race checker runs; says so when it does not.
+fn under_thread_sanitizer() -> bool {
+    let on = emulated::sanitizer() == "thread";
+    if !on {
+        eprintln!(
+            "the race checker runs under GPU_OPS_EMU_SANITIZE=thread (.ci/run's last step); this run has {}",
+            emulated::sanitizer()
+        );
+    }
+    on
+}
+
+/// Under ThreadSanitizer (`GPU_OPS_EMU_SANITIZE=thread`, a CI step), two threads of a
+/// block touching one shared word between barriers, one writing, is a reported race. The
+/// racy kernel runs in a child process, since the report ends it.
+#[test]
+fn a_shared_memory_race_is_reported_under_thread_sanitizer() {
+    if under_thread_sanitizer() {
+        assert_race_reported("race_probe", "emu_check_shared_race");
+    }
+}
+
+/// Under ThreadSanitizer, a stream's copy (`emulated::copy_bytes`, in the checked
+/// library) of bytes a kernel wrote with nothing ordering the two is a reported race:
+/// the checker sees the streams' copies, not only the kernels (.ci/run ignores what the
+/// uninstrumented Rust side does).
+#[test]
+fn a_copy_beside_a_kernel_is_reported_under_thread_sanitizer() {
+    if under_thread_sanitizer() {
+        assert_race_reported("copy_race_probe", "emu_copy");
+    }
 }
 
 #[test]

@@ -134,9 +134,7 @@ impl EmulatedEngine {
     fn copy_work(&self, from: Address, to: Address, bytes: usize) -> Work {
         // SAFETY: the caller checked both ranges hold `bytes` bytes, and the engine's
         // contracts keep them alive and untouched by the host until this has run.
-        self.timed_work(move || unsafe {
-            std::ptr::copy_nonoverlapping(from.ptr(), to.ptr(), bytes)
-        })
+        self.timed_work(move || unsafe { super::copy_bytes(to.ptr(), from.ptr(), bytes) })
     }
 
     fn fault_list(&self) -> std::sync::MutexGuard<'_, Vec<Injected>> {
@@ -339,7 +337,7 @@ impl DeviceEngine for EmulatedEngine {
         let memory = own_mut::<HostMemory>(self.id(), memory)?;
         let (at, n) = memory.span(0, memory.bytes);
         // SAFETY: the allocation holds n bytes from `at`, alive until this has run.
-        let work = self.timed_work(move || unsafe { std::ptr::write_bytes(at.ptr(), 0, n) });
+        let work = self.timed_work(move || unsafe { super::zero_bytes(at.ptr(), n) });
         self.order
             .operation(stream, "a memset", &[memory.touch(true)], work)?;
         Ok(())

@@ -31,6 +31,8 @@ type CountFn = unsafe extern "C" fn() -> usize;
 type NameFn = unsafe extern "C" fn(usize) -> *const c_char;
 type SanitizerFn = unsafe extern "C" fn() -> *const c_char;
 type SyncFn = unsafe extern "C" fn(*mut c_void);
+type CopyFn = unsafe extern "C" fn(*mut c_void, *const c_void, usize);
+type ZeroFn = unsafe extern "C" fn(*mut c_void, usize);
 
 // The plain build, linked in (build.rs).
 extern "C" {
@@ -51,6 +53,8 @@ extern "C" {
     fn emu_sanitizer() -> *const c_char;
     fn emu_sync_release(addr: *mut c_void);
     fn emu_sync_acquire(addr: *mut c_void);
+    fn emu_copy(to: *mut c_void, from: *const c_void, bytes: usize);
+    fn emu_zero(at: *mut c_void, bytes: usize);
 }
 
 /// The emulated device's entry points: the plain build linked in, or the build under a
@@ -66,6 +70,8 @@ struct Runtime {
     sanitizer: SanitizerFn,
     sync_release: SyncFn,
     sync_acquire: SyncFn,
+    copy: CopyFn,
+    zero: ZeroFn,
     /// Kept open for the process's life: the entry points point into it.
     _library: Option<libloading::Library>,
 }
@@ -84,6 +90,8 @@ fn runtime() -> &'static Runtime {
                 sanitizer: emu_sanitizer,
                 sync_release: emu_sync_release,
                 sync_acquire: emu_sync_acquire,
+                copy: emu_copy,
+                zero: emu_zero,
                 _library: None,
             },
             "address" | "thread" => checked_runtime(&wanted).unwrap_or_else(|why| {
@@ -117,6 +125,8 @@ fn checked_runtime(sanitizer: &str) -> Result<Runtime, String> {
         sanitizer: entry_point(&library, &path, "emu_sanitizer")?,
         sync_release: entry_point(&library, &path, "emu_sync_release")?,
         sync_acquire: entry_point(&library, &path, "emu_sync_acquire")?,
+        copy: entry_point(&library, &path, "emu_copy")?,
+        zero: entry_point(&library, &path, "emu_zero")?,
         _library: Some(library),
     })
 }
@@ -155,6 +165,27 @@ pub(super) fn sync_release<T>(addr: &T) {
 pub(super) fn sync_acquire<T>(addr: &T) {
     // SAFETY: as above.
     unsafe { (runtime().sync_acquire)(addr as *const T as *mut c_void) }
+}
+
+/// Copies `bytes` bytes from `from` to `to` in the emulated device's library, where the
+/// checkers see the copy: a stream's copy that overlaps a kernel of another stream is a
+/// race ThreadSanitizer reports. The streams' copies are made with it (public for the
+/// race checker's test).
+///
+/// # Safety
+/// Both ranges hold `bytes` bytes and do not overlap.
+pub unsafe fn copy_bytes(to: *mut u8, from: *const u8, bytes: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { (runtime().copy)(to.cast(), from.cast(), bytes) }
+}
+
+/// Zeroes `bytes` bytes at `at`, where the checkers see it (as `copy_bytes`).
+///
+/// # Safety
+/// The range holds `bytes` bytes.
+pub(super) unsafe fn zero_bytes(at: *mut u8, bytes: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { (runtime().zero)(at.cast(), bytes) }
 }
 
 /// Why an emulated launch failed.
