@@ -51,6 +51,9 @@ struct Attention {
     dim: usize,
     causal: bool,
     dtype: Dtype,
+    /// Whether the check also runs it with K and V resident (a model server's keys and
+    /// values kept as arrays: only Q crosses the bus).
+    resident_kv: bool,
 }
 
 fn attentions(level: CheckLevel) -> Vec<Attention> {
@@ -62,14 +65,21 @@ fn attentions(level: CheckLevel) -> Vec<Attention> {
         dim,
         causal,
         dtype,
+        resident_kv: false,
+    };
+    let resident = |a: Attention| Attention {
+        resident_kv: true,
+        ..a
     };
     match level {
         // D = 128 takes the 32-key tile, as at the standard size; 75 keys end inside a
         // third tile, 75 queries inside a fifth block of 16 rows, and 2 × 4 × 5 = 40
         // blocks pass the emulated grid of 32.
+        // Both with K and V resident too: each launcher's kept copies (f32, and the
+        // tensor cores' 16-bit form) on the emulated device.
         CheckLevel::Quick => vec![
-            case(2, 4, 75, 128, true, Dtype::F32),
-            case(1, 2, 75, 128, false, Dtype::Bf16),
+            resident(case(2, 4, 75, 128, true, Dtype::F32)),
+            resident(case(1, 2, 75, 128, false, Dtype::Bf16)),
         ],
         // One head as before (the H200 run of 2026-11-28 measured these two; the f32
         // one is `attention_f32`'s case), then the batches of issue 58's aims, on the
@@ -78,12 +88,15 @@ fn attentions(level: CheckLevel) -> Vec<Attention> {
         // S4096 D128); the tolerance, four f64 products a block of rows
         // (`attention/bound.rs`), 0.28–0.44: a B4 H32 case is 128 heads, seconds on 16
         // cores. B4 H32 in f32 is left out: `attention_f32` took 10.6 ms a head causal
-        // on the H200, so its 12 runs would take about 40 s of the check's 330.
+        // on the H200, so its 12 runs would take about 40 s of the check's 330. The bf16
+        // B4 H32 case runs again with K and V resident (issue 59: what a model server
+        // that keeps them as arrays saves; 2 × 128 MiB of 16-bit copies, well within the
+        // table cache).
         CheckLevel::Standard => vec![
             case(1, 1, 4096, 128, true, Dtype::F32),
             case(1, 1, 4096, 128, false, Dtype::Bf16),
             case(4, 32, 4096, 128, true, Dtype::F16),
-            case(4, 32, 4096, 128, false, Dtype::Bf16),
+            resident(case(4, 32, 4096, 128, false, Dtype::Bf16)),
             Attention {
                 kv_heads: 8,
                 ..case(4, 32, 4096, 128, true, Dtype::Bf16)
@@ -99,8 +112,25 @@ fn attention_cases(level: CheckLevel, seed: u64) -> Vec<(CaseInfo, AttentionJob)
     attentions(level)
         .into_iter()
         .enumerate()
-        .map(|(i, a)| attention_case(i, a, seed))
+        .flat_map(|(i, a)| {
+            let resident_kv = a.resident_kv;
+            let sent = attention_case(i, a, seed);
+            let kept = resident_kv.then(|| resident_kv_case(i, &sent));
+            std::iter::once(sent).chain(kept)
+        })
         .collect()
+}
+
+/// Case `i` again with K and V as resident arrays': the warm-up uploads them into the
+/// device's table cache, and the timed runs send only Q, so its wall time against case
+/// `i`'s is what keeping them saves (the kernels, and the device memory they read, are
+/// the same).
+fn resident_kv_case(i: usize, (info, job): &(CaseInfo, AttentionJob)) -> (CaseInfo, AttentionJob) {
+    let key = |operand: &str| Some(format!("check/attention-{i}-{operand}"));
+    let job = job.clone().with_device_keys([None, key("k"), key("v")]);
+    let mut kept = info.clone();
+    kept.label = format!("{}, K and V resident", info.label);
+    (kept, job)
 }
 
 /// Case `i` of a level, its inputs drawn from `seed`.
@@ -297,6 +327,7 @@ pub(crate) fn check_cases(level: CheckLevel) -> Vec<Box<dyn SelfTest>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::device::CacheKind;
     use crate::backend::Job;
 
     const SEED: u64 = 0x5eed;
@@ -342,6 +373,58 @@ mod tests {
             .expect("a bf16 case");
         let device = job.run_device(&lease).expect("the device runs");
         job.agrees(&device, &job.run_cpu()).expect(&info.label);
+    }
+
+    /// Each quick case with `resident_kv` follows its original with K and V under device
+    /// keys: on the emulated device its first run keeps them (the warm-up), the next
+    /// finds them, and both answer as the case with K and V sent.
+    #[test]
+    fn resident_kv_cases_keep_k_and_v_and_answer_as_sent() {
+        let cases = attention_cases(CheckLevel::Quick, SEED);
+        assert_eq!(cases.len(), 4, "two cases, each also resident");
+        let dev = crate::backend::GpuDevice::emulated(0, 1 << 30);
+        // (hits, misses) of the cache's tables (the check's keys are not arrays').
+        let lookups = || {
+            let mut seen = (0, 0);
+            dev.with_cache_counts(|kind, c| {
+                if kind == CacheKind::Table {
+                    seen = (c.hits, c.misses);
+                }
+            });
+            seen
+        };
+        for pair in cases.chunks(2) {
+            let [(sent_info, sent), (kept_info, kept)] = pair else {
+                unreachable!()
+            };
+            assert_eq!(
+                kept_info.label,
+                format!("{}, K and V resident", sent_info.label)
+            );
+            assert_eq!(sent.device_keys, [None, None, None]);
+            let [None, Some(k), Some(v)] = &kept.device_keys else {
+                panic!("{}: {:?}", kept_info.label, kept.device_keys)
+            };
+            let lease = dev.lease().expect("the emulated device");
+            let expected = sent.run_device(&lease).expect("the device runs");
+            for run in 0..2 {
+                let (hits, misses) = lookups();
+                let got = kept.run_device(&lease).expect("the device runs");
+                assert_eq!(got, expected, "{} run {run}", kept_info.label);
+                let (hits_after, misses_after) = lookups();
+                let (hit, missed) = (hits_after - hits, misses_after - misses);
+                let want = if run == 0 { (0, 2) } else { (2, 0) };
+                assert_eq!((hit, missed), want, "{} run {run}", kept_info.label);
+            }
+            // The tensor cores' kernel keeps the 16-bit form, under the key's `bits`.
+            for key in [k, v] {
+                assert!(
+                    dev.holds_table(key) || dev.holds_table(&format!("{key}/bits")),
+                    "{key}: {:?}",
+                    dev.tables_under(key)
+                );
+            }
+        }
     }
 
     #[test]
