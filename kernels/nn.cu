@@ -7,7 +7,7 @@
 // All of it in dynamic shared memory (the launcher sizes `tile` to fit 48 KiB):
 //   queries [ATT_QUERIES][d], keys [tile][d + 1] then values [tile][dv] in one region,
 //   logits then weights [ATT_QUERIES][tile], output [ATT_QUERIES][dv],
-//   max, sum and rescale [ATT_QUERIES] each.
+//   max, sum and rescale [ATT_QUERIES] each, the softmax's pieces [ATT_QUERIES][ATT_SOFTMAX_PARTS].
 // Blocks stride over (batch, head, query block). Inputs f32 (already rounded to the
 // request's dtype), arithmetic f32; the launcher rounds the output.
 #include "attention.cuh"
@@ -23,6 +23,11 @@
 // query or weight words every thread of the warp reads at once (one broadcast). Fewer
 // where a small tile or value width would leave threads idle (rows_per_thread).
 #define ATT_ROWS_PER_THREAD 4
+// Threads per query row in the softmax step (threads / ATT_QUERIES of them, up to this):
+// each takes every parts-th logit of the tile for the row's max, then for the weights and
+// their sum, so the exponentials of a tile are spread over the block rather than made by
+// ATT_QUERIES threads while the others wait.
+#define ATT_SOFTMAX_PARTS 8
 
 // −∞ without <math.h> (NVRTC has none): the bit pattern, or the host's.
 #ifdef GPU_OPS_DEVICE
@@ -56,7 +61,9 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     float *row_max = o + ATT_QUERIES * dv;
     float *row_sum = row_max + ATT_QUERIES;
     float *rescale = row_sum + ATT_QUERIES;
+    float *part = rescale + ATT_QUERIES;
     u32 tid = threadIdx.x, threads = blockDim.x;
+    u32 parts = threads / ATT_QUERIES < ATT_SOFTMAX_PARTS ? threads / ATT_QUERIES : ATT_SOFTMAX_PARTS;
     u32 key_rows = att_rows_per_thread(tile, threads), value_rows = att_rows_per_thread(dv, threads);
     u64 blocks_per_head = (queries + ATT_QUERIES - 1) / ATT_QUERIES;
     for (u64 task = blockIdx.x; task < batch * heads * blocks_per_head; task += gridDim.x) {
@@ -102,26 +109,42 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
                 }
             }
             __syncthreads();
+            // Softmax, each row in `parts` pieces of every parts-th logit: the pieces' max,
+            // then the row's new max and the rescale of what it held so far...
+            if (tid < ATT_QUERIES * parts) {
+                u32 r = tid / parts, s = tid % parts;
+                const float *row = p + r * tile;
+                float top = ATT_NEG_INF;
+                for (u32 j = s; j < tile; j += parts) top = fmaxf(top, row[j]);
+                part[r * ATT_SOFTMAX_PARTS + s] = top;
+            }
+            __syncthreads();
             if (tid < ATT_QUERIES) {
-                float *row = p + tid * tile;
                 float top = row_max[tid];
-                for (u32 j = 0; j < tile; j++) top = fmaxf(top, row[j]);
-                if (top == ATT_NEG_INF) {
-                    // Nothing visible yet: the row's partial output stays zero.
-                    for (u32 j = 0; j < tile; j++) row[j] = 0.0f;
-                    rescale[tid] = 1.0f;
-                } else {
-                    float added = 0.0f;
-                    for (u32 j = 0; j < tile; j++) {
-                        row[j] = row[j] == ATT_NEG_INF ? 0.0f : expf(row[j] - top);
-                        added += row[j];
-                    }
-                    // expf(-inf) = 0: a row's first visible tile needs no rescale.
-                    float factor = expf(row_max[tid] - top);
-                    rescale[tid] = factor;
-                    row_sum[tid] = row_sum[tid] * factor + added;
-                    row_max[tid] = top;
+                for (u32 s = 0; s < parts; s++) top = fmaxf(top, part[tid * ATT_SOFTMAX_PARTS + s]);
+                // Nothing visible yet: no rescale, and the row's weights and partial output
+                // stay zero. expf(-inf) = 0: a row's first visible tile needs no rescale.
+                rescale[tid] = top == ATT_NEG_INF ? 1.0f : expf(row_max[tid] - top);
+                row_max[tid] = top;
+            }
+            __syncthreads();
+            // ...then the weights, each piece summing its own...
+            if (tid < ATT_QUERIES * parts) {
+                u32 r = tid / parts, s = tid % parts;
+                float *row = p + r * tile;
+                float top = row_max[r], added = 0.0f;
+                for (u32 j = s; j < tile; j += parts) {
+                    row[j] = row[j] == ATT_NEG_INF ? 0.0f : expf(row[j] - top);
+                    added += row[j];
                 }
+                part[r * ATT_SOFTMAX_PARTS + s] = added;
+            }
+            __syncthreads();
+            // ...and the row's sum, in piece order, beside the values' load below.
+            if (tid < ATT_QUERIES) {
+                float added = 0.0f;
+                for (u32 s = 0; s < parts; s++) added += part[tid * ATT_SOFTMAX_PARTS + s];
+                row_sum[tid] = row_sum[tid] * rescale[tid] + added;
             }
             // The keys are read: the values take their place.
             for (u64 e = tid; e < tile * dv; e += threads)

@@ -28,6 +28,8 @@ const KERNEL_NAMES: &[&str] = &[
 /// Query rows per block (kernels/nn.cu `ATT_QUERIES`) and the block's threads.
 const QUERY_ROWS: usize = 16;
 const THREADS: u32 = 128;
+/// The softmax's pieces per query row (kernels/nn.cu `ATT_SOFTMAX_PARTS`).
+const SOFTMAX_PARTS: usize = 8;
 /// Shared memory any kernel may use without opting in.
 const SHARED_LIMIT: usize = 48 * 1024;
 
@@ -46,7 +48,12 @@ pub fn kernel_module() -> KernelModule {
 /// padded by a word, against bank conflicts: kernels/nn.cu).
 pub fn attention_shared_bytes(d: usize, dv: usize, tile: usize) -> usize {
     let tile_width = (d + 1).max(dv);
-    4 * (QUERY_ROWS * d + tile * tile_width + QUERY_ROWS * tile + QUERY_ROWS * dv + 3 * QUERY_ROWS)
+    4 * (QUERY_ROWS * d
+        + tile * tile_width
+        + QUERY_ROWS * tile
+        + QUERY_ROWS * dv
+        + 3 * QUERY_ROWS
+        + QUERY_ROWS * SOFTMAX_PARTS)
 }
 
 /// The largest key tile (64, 32, 16 or 8 keys) whose shared memory fits; 8 always does
