@@ -61,6 +61,35 @@ extern "C" __global__ void __launch_bounds__(MM_THREADS)
 }
 
 // Sinusoidal embeddings (src/ops/linalg/sinusoidal.rs): row j, pair i gets sin and cos of
+// A product kept on the device (src/ops/linalg/kept.rs) rounded to its output dtype in
+// place, as the host's Dtype::round does: `dtype` 1 is f16, 2 bf16 (round to nearest,
+// ties to even, kept in f32), 0 leaves each value as it is. Counts the values left not
+// finite (an overflow of the dtype, or of f32's sums) in *non_finite, so the launcher
+// learns of one without reading the product back. A grid-stride loop.
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    round_output_f32(float *v, u64 n, u32 dtype, u32 *non_finite) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u32 bits = __float_as_uint(v[i]);
+        u32 magnitude = bits & 0x7fffffffu;
+        if (magnitude < 0x7f800000u && dtype == 1) {
+            if (magnitude >= 0x477fe000u + 0x1000u) {
+                // 65520, halfway between f16's largest value and 2^16, and above: infinity.
+                bits = (bits & 0x80000000u) | 0x7f800000u;
+            } else if (magnitude < 0x38800000u) {
+                // Below 2^-14, f16's subnormals: a multiple of 2^-24 (exact scalings).
+                bits = __float_as_uint(rintf(v[i] * 16777216.0f) * 5.9604644775390625e-8f);
+            } else {
+                bits = (bits + 0xfffu + ((bits >> 13) & 1u)) & 0xffffe000u;
+            }
+        } else if (magnitude < 0x7f800000u && dtype == 2) {
+            bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+        }
+        v[i] = __uint_as_float(bits);
+        if ((bits & 0x7f800000u) == 0x7f800000u) atomicAdd(non_finite, 1u);
+    }
+}
+
 // times[j]·freq[i] in f64, at (2i, 2i + 1) or, split, at (i, half + i). The launcher
 // rounds to the output dtype. A grid-stride loop over DeviceLease::launch_config's blocks,
 // as is the gather below.

@@ -7,7 +7,9 @@
 use super::auth::Tenant;
 use super::problem::{ErrorCode, Problem};
 use super::AppState;
-use crate::arrays::{ArrayData, Arrays, Recording, ResidentArray, Tensor};
+use crate::arrays::{ArrayData, Arrays, HeldArray, Recording, ResidentArray, Tensor};
+use crate::ops::linalg::held::HeldTensor;
+use crate::ops::linalg::Compute;
 use crate::ops::zk::held::FieldSource;
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
@@ -183,7 +185,9 @@ impl ArrayScope {
             .map_err(|e| at_operand(e.into(), path))?
             .ok_or_else(|| unknown(id, path))?;
         match &a.data {
-            ArrayData::Held(h) if h.field() == field => Ok(FieldSource::Held(h.clone())),
+            ArrayData::Held(HeldArray::Field(h)) if h.field() == field => {
+                Ok(FieldSource::Held(h.clone()))
+            }
             ArrayData::FieldElements(v) if v.field() == field => Ok(FieldSource::Host {
                 values: FieldVec::clone(v),
                 key: Some(crate::arrays::device_key(id)),
@@ -210,6 +214,30 @@ impl ArrayScope {
         let a = self.resolve(id, path)?;
         match &a.data {
             ArrayData::Tensor(t) => Ok(t.clone()),
+            _ => Err(mismatch(&a, "a tensor", path)),
+        }
+    }
+
+    /// The tensor the array `id` holds, where it is held: a product a device holds stays
+    /// there when `compute` takes its values as they are (`HeldTensor::serves`); any
+    /// other is read back (`tensor`).
+    pub(super) fn tensor_where_held(
+        &self,
+        id: &str,
+        compute: Compute,
+        path: &str,
+    ) -> Result<TensorOperand, Problem> {
+        let a = self
+            .arrays
+            .use_operand_where_held(&self.tenant, id)
+            .map_err(|e| at_operand(e.into(), path))?
+            .ok_or_else(|| unknown(id, path))?;
+        match &a.data {
+            ArrayData::Held(HeldArray::Tensor(h)) if h.serves(compute) => {
+                Ok(TensorOperand::Held(h.clone()))
+            }
+            ArrayData::Tensor(t) => Ok(TensorOperand::Host(t.clone())),
+            ArrayData::Held(HeldArray::Tensor(_)) => self.tensor(id, path).map(TensorOperand::Host),
             _ => Err(mismatch(&a, "a tensor", path)),
         }
     }
@@ -247,6 +275,12 @@ impl ArrayScope {
     }
 }
 
+/// A resident tensor, where it is held.
+pub(super) enum TensorOperand {
+    Host(Arc<Tensor>),
+    Held(Arc<HeldTensor>),
+}
+
 fn unknown(id: &str, path: &str) -> Problem {
     Problem::at(
         ErrorCode::UnknownArray,
@@ -272,7 +306,7 @@ pub(super) fn describe(a: &ResidentArray) -> String {
         ArrayData::Tensor(t) => format!("a {} tensor shaped {:?}", t.dtype.name(), t.shape),
         ArrayData::Recording(r) => format!("a recording of {} samples", r.len()),
         ArrayData::Bytes(b) => format!("{} bytes", b.len()),
-        ArrayData::Held(h) => format!("{} {} elements", h.len(), h.field().name()),
+        ArrayData::Held(h) => h.describe(),
     }
 }
 

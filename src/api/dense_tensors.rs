@@ -4,13 +4,14 @@
 //! form of the request's first operand. DP's f32/f64 vectors and matrices are
 //! `float_arrays`.
 
-use super::array_operands::ArrayScope;
+use super::array_operands::{ArrayScope, TensorOperand};
 use super::float_arrays::{too_many, BinaryEncoding};
 use super::numbers::Counted;
 use super::packed::PackedWords;
 use super::problem::{ErrorCode, Problem};
 use crate::arrays::Tensor;
-use crate::ops::linalg::{Dtype, Values};
+use crate::ops::linalg::held::HeldTensor;
+use crate::ops::linalg::{Compute, Dtype, Values};
 use bytes::Bytes;
 use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
@@ -115,6 +116,9 @@ pub enum DenseIn {
     Array(String),
     /// A resident tensor, found: its values were checked when it was made.
     Resident(Arc<Tensor>),
+    /// A resident tensor a device holds (a kept product), found by `resolve_where_held`
+    /// for an op that reads it there.
+    Held(Arc<HeldTensor>),
 }
 
 impl TryFrom<crate::wire::Dtype> for TensorDtype {
@@ -152,6 +156,7 @@ impl DenseIn {
             DenseIn::Packed(p) => Some(p.dtype),
             DenseIn::Buffer { dtype, .. } => TensorDtype::try_from(*dtype).ok(),
             DenseIn::Resident(t) => Some(t.dtype.into()),
+            DenseIn::Held(h) => Some(h.dtype().into()),
             DenseIn::Nested { .. } | DenseIn::Array(_) => None,
         }
     }
@@ -177,6 +182,41 @@ impl DenseIn {
         Ok(Some(key))
     }
 
+    /// `resolve`, but a product a device holds stays there when `compute` takes its
+    /// values as they are (`DenseIn::Held`; `ArrayScope::tensor_where_held`).
+    pub fn resolve_where_held(
+        &mut self,
+        scope: &ArrayScope,
+        compute: Compute,
+        path: &str,
+    ) -> Result<Option<String>, Problem> {
+        let DenseIn::Array(id) = self else {
+            return Ok(None);
+        };
+        let key = crate::arrays::device_key(id);
+        *self = match scope.tensor_where_held(id, compute, path)? {
+            TensorOperand::Host(t) => DenseIn::Resident(t),
+            TensorOperand::Held(h) => DenseIn::Held(h),
+        };
+        Ok(Some(key))
+    }
+
+    /// The array an operand names, before it is resolved.
+    pub fn array_id(&self) -> Option<String> {
+        match self {
+            DenseIn::Array(id) => Some(id.clone()),
+            _ => None,
+        }
+    }
+
+    /// The tensor a device holds, for a resolved operand that names one.
+    pub fn held(&self) -> Option<Arc<HeldTensor>> {
+        match self {
+            DenseIn::Held(h) => Some(h.clone()),
+            _ => None,
+        }
+    }
+
     /// `resolve` for an optional operand.
     pub fn resolve_some(
         t: &mut Option<DenseIn>,
@@ -194,7 +234,7 @@ impl DenseIn {
         max: usize,
     ) -> Result<DenseValues, Problem> {
         let bad = |p: String, m: String| Problem::at(ErrorCode::InvalidTensor, p, m);
-        let resident = matches!(self, DenseIn::Resident(_));
+        let resident = matches!(self, DenseIn::Resident(_) | DenseIn::Held(_));
         let (shape, values, packed) = match self {
             DenseIn::Resident(t) => {
                 if !ranks.contains(&t.shape.len()) {
@@ -210,6 +250,13 @@ impl DenseIn {
                     ));
                 }
                 (t.shape.clone(), t.values.clone(), Some(t.dtype.into()))
+            }
+            // Read back here; an op that reads it on its device takes it before this.
+            DenseIn::Held(h) => {
+                let values = h.download().map_err(|e| {
+                    Problem::at(ErrorCode::ArrayLost, format!("{path}/array"), e.message)
+                })?;
+                (h.shape().to_vec(), values, Some(h.dtype().into()))
             }
             // Only operands whose handler resolves them take arrays.
             DenseIn::Array(_) => {

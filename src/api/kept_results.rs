@@ -9,9 +9,8 @@ use super::array_operands::ArrayScope;
 use super::arrays::{check_name, new_id, store, store_as, ttl_ms, ArrayView};
 use super::problem::Problem;
 use super::AppState;
-use crate::arrays::{ArrayData, Recording, Tensor};
+use crate::arrays::{ArrayData, HeldArray, Recording, Tensor};
 use crate::ops::linalg::{Dtype, Values};
-use crate::ops::zk::held::HeldVector;
 use crate::ops::zk::FieldVec;
 use serde::Deserialize;
 use std::sync::Arc;
@@ -29,8 +28,10 @@ pub struct Keep {
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub ttl_seconds: Option<u64>,
     /// Whether the answer carries the values too (the default); with false it carries
-    /// only `kept`, and the values stay on the server: a field op's or an NTT's result
-    /// made on a device then stays on that device until it is read (`held: ["device"]`).
+    /// only `kept`, and the values stay on the server: a field op's, an NTT's or a
+    /// matmul's result made on a device then stays on that device until it is read
+    /// (`held: ["device"]`), and the next step that names it runs there (a matmul naming a
+    /// held product whose values its `compute` would round reads it back first).
     #[serde(default = "yes")]
     pub with_data: bool,
 }
@@ -111,7 +112,7 @@ impl KeepPlan {
     }
 
     /// Stores a result a device holds; past a quota the device's copy is dropped.
-    pub(super) fn keep_held(self, held: Arc<HeldVector>) -> Result<ArrayView, Problem> {
+    pub(super) fn keep_held(self, held: HeldArray) -> Result<ArrayView, Problem> {
         match self.keep(ArrayData::Held(held.clone())) {
             Ok(view) => {
                 held.adopt();

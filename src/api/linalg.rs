@@ -4,12 +4,17 @@ use super::array_operands::ArrayScope;
 use super::arrays::ArrayView;
 use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, DenseOutDoc, DenseValues, TensorDtype};
 use super::extract::ObjectOnly;
-use super::kept_results::{self, Keep};
+use super::kept_results::{self, Keep, KeepPlan};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
+use super::zk::steps::{devices_may_hold, Step};
 use super::{blocking, blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
+use crate::arrays::HeldArray;
 use crate::backend::BackendChoice;
+use crate::ops::linalg::held::HeldTensor;
+use crate::ops::linalg::kept::{KeepOnDevice, KeptMatmulJob, TensorResult};
 use crate::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
+use crate::pool::Completed;
 use axum::extract::State;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
@@ -209,20 +214,89 @@ pub async fn matmul(
     ApiBody(mut req): ApiBody<MatmulRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
+    let backend = req.backend;
+    // A product a device holds is read there when every operand may stay on a device
+    // (`KeptMatmulJob`), else read back first.
+    let holding = devices_may_hold(&state, backend);
+    let compute = req.compute.map_or(Compute::F32, Compute::from);
+    let named = [
+        req.a.array_id(),
+        req.b.array_id(),
+        req.c.as_ref().and_then(DenseIn::array_id),
+    ];
+    let resolve = |t: &mut DenseIn, path| match holding {
+        true => t.resolve_where_held(&arrays, compute, path),
+        false => t.resolve(&arrays, path),
+    };
     // Resident operands stay on a device after their first upload there.
     let device_keys = [
-        req.a.resolve(&arrays, "/a")?,
-        req.b.resolve(&arrays, "/b")?,
-        DenseIn::resolve_some(&mut req.c, &arrays, "/c")?,
+        resolve(&mut req.a, "/a")?,
+        resolve(&mut req.b, "/b")?,
+        req.c.as_mut().map_or(Ok(None), |c| resolve(c, "/c"))?,
     ];
     let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
-    let backend = req.backend;
     let packed = req.a.answers_packed();
-    let job = blocking(move || Ok(build_job(req, max)?.with_device_keys(device_keys))).await?;
+    let held = [
+        req.a.held(),
+        req.b.held(),
+        req.c.as_ref().and_then(DenseIn::held),
+    ];
+    let placeholders = held.clone();
+    let job =
+        blocking(move || Ok(build_job(req, max, &placeholders)?.with_device_keys(device_keys)))
+            .await?;
     let (shape, flops) = (job.shape, job.shape.flops());
     let (out_dtype, compute) = (job.output, job.compute);
-    let done = state.pool.submit(job, backend, timeout).await?;
+    let out_shape = if shape.a_batched || shape.b_batched || shape.c_batched {
+        vec![shape.batch, shape.m, shape.n]
+    } else {
+        vec![shape.m, shape.n]
+    };
+    let stay = keep
+        .as_ref()
+        .and_then(KeepPlan::device_key)
+        .filter(|_| holding);
+    let done = if held.iter().any(Option::is_some) || (stay.is_some() && compute != Compute::F64) {
+        let keep_on_device = stay.map(|key| KeepOnDevice {
+            key,
+            shape: out_shape.clone(),
+        });
+        let kept = KeptMatmulJob::new(job, held, keep_on_device);
+        let done = state.pool.submit(kept, backend, timeout).await?;
+        let step = Step {
+            scope: arrays.clone(),
+            named: named.to_vec(),
+            paths: &["/a", "/b", "/c"],
+        };
+        match done.output {
+            Err(e) => return Err(step.failed(e).await),
+            Ok(TensorResult::Held(h)) => {
+                let Some(plan) = keep else {
+                    h.discard();
+                    let why = "a product was left on the device without a request to keep it";
+                    return Err(Problem::new(ErrorCode::Internal, why));
+                };
+                let kept = blocking_if(true, move || plan.keep_held(HeldArray::Tensor(h))).await?;
+                let body = MatmulResponse {
+                    result: None,
+                    shape: out_shape,
+                    dtype: TensorDtype::from(out_dtype),
+                    compute: compute_type(compute),
+                    flops,
+                    gflops_per_second: gflops_per_second(flops, done.run.compute_time),
+                    kept: Some(kept),
+                };
+                return bulk::answer(form, &body, |b| json_body(b, 256), &done.run);
+            }
+            Ok(TensorResult::Host(values)) => Completed {
+                output: values,
+                run: done.run,
+            },
+        }
+    } else {
+        state.pool.submit(job, backend, timeout).await?
+    };
     if let Some(i) = done.output.first_non_finite() {
         return Err(Problem::at(
             ErrorCode::ResultNotFinite,
@@ -231,11 +305,6 @@ pub async fn matmul(
         ));
     }
     let values = done.output;
-    let out_shape = if shape.a_batched || shape.b_batched || shape.c_batched {
-        vec![shape.batch, shape.m, shape.n]
-    } else {
-        vec![shape.m, shape.n]
-    };
     let dtype = TensorDtype::from(out_dtype);
     let rate = gflops_per_second(flops, done.run.compute_time);
     let keeping = keep.is_some();
@@ -259,7 +328,13 @@ pub async fn matmul(
 
 /// Decodes the operands and checks everything the job needs (on a blocking thread: the
 /// operands may be large).
-fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
+/// Operands a device holds (`held`: A, B, C) are left empty in the job
+/// (`MatmulJob::checked`), for `KeptMatmulJob` to read where they are.
+fn build_job(
+    req: MatmulRequest,
+    max: usize,
+    held: &[Option<Arc<HeldTensor>>; 3],
+) -> Result<MatmulJob, Problem> {
     let dtype = req
         .dtype
         .or(req.a.packed_dtype())
@@ -323,9 +398,16 @@ fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
         }
     };
     let beta = req.beta.unwrap_or(1.0);
-    Ok(MatmulJob::new(
-        shape, operands, req.alpha, beta, compute, input, output,
-    )?)
+    let placeholders = held.each_ref().map(Option::is_some);
+    let precision = (compute, input, output);
+    if placeholders.iter().any(|&h| h) && !held.iter().flatten().all(|h| h.serves(compute)) {
+        // Resolved for the compute precision the request named; its default follows dtype.
+        let why =
+            "a tensor held on a device is an operand only in a precision that keeps its values";
+        return Err(Problem::new(ErrorCode::Internal, why));
+    }
+    let job = MatmulJob::checked(shape, operands, placeholders, (req.alpha, beta), precision)?;
+    Ok(job)
 }
 
 /// One operand of one of `ranks`: decoded, in the request's dtype (packed ones must
@@ -338,14 +420,18 @@ pub(super) fn operand(
     max: usize,
 ) -> Result<DenseValues, Problem> {
     if let Some(own) = t.packed_dtype().filter(|&own| own != dtype) {
-        if let DenseIn::Resident(r) = &t {
+        let array = match &t {
+            DenseIn::Resident(r) => Some((r.dtype, r.shape.clone())),
+            DenseIn::Held(h) => Some((h.dtype(), h.shape().to_vec())),
+            _ => None,
+        };
+        if let Some((own, shape)) = array {
             return Err(Problem::at(
                 ErrorCode::ArrayMismatch,
                 format!("{path}/array"),
                 format!(
-                    "the array is a {} tensor shaped {:?} where the operands are {} (dtype, or a's)",
-                    r.dtype.name(),
-                    r.shape,
+                    "the array is a {} tensor shaped {shape:?} where the operands are {} (dtype, or a's)",
+                    own.name(),
                     Dtype::from(dtype).name()
                 ),
             ));
@@ -359,6 +445,27 @@ pub(super) fn operand(
                 Dtype::from(dtype).name()
             ),
         ));
+    }
+    if let DenseIn::Held(h) = &t {
+        // Its values stay on the device: only its shape is checked here.
+        let shape = h.shape().to_vec();
+        if !ranks.contains(&shape.len()) {
+            return Err(Problem::at(
+                ErrorCode::ArrayMismatch,
+                format!("{path}/array"),
+                format!(
+                    "the array is shaped {shape:?}; this operand takes rank {} to {}",
+                    ranks.start(),
+                    ranks.end()
+                ),
+            ));
+        }
+        let values = Values::F32(Vec::new().into());
+        return Ok(DenseValues {
+            shape,
+            values,
+            packed: Some(dtype),
+        });
     }
     let mut t = t.decode(path, ranks, max)?;
     let dtype = Dtype::from(dtype);

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use utoipa::ToSchema;
 use utoipa_axum::routes;
 
-mod steps;
+pub(super) mod steps;
 use steps::{answer_step, devices_may_hold, Step};
 
 /// `a (op) b` element-wise over one prime field.

@@ -26,7 +26,7 @@ pub(super) fn values_bytes(data: &ArrayData) -> Result<std::borrow::Cow<'_, [u8]
         ArrayData::Held(h) => {
             return Err(ArrayError::Io(format!(
                 "{} is held on device {}, not read back",
-                h.field().name(),
+                h.describe(),
                 h.ordinal()
             )))
         }

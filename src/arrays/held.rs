@@ -1,13 +1,140 @@
-//! Kept results held on a device (`ArrayData::Held`): counted in the quotas like any
-//! array and listed as held on `device`, with no copy in host memory or on disk. They are
+//! Kept results held on a device (`ArrayData::Held`): field vectors a field op or NTT
+//! made, tensors a product made. Counted in the quotas like any array and listed as held
+//! on `device`, with no copy in host memory or on disk. They are
 //! read back (`materialised`) on their first read or use on the host; from then on they
 //! are ordinary arrays, in memory and on disk, and the device's copy is an ordinary
 //! cached copy that may be evicted. Until then a restart loses them, as does a fault
 //! that rebuilds the device's context: the array is then gone (`ArrayError::Lost`).
 
-use super::{files, ArrayData, ArrayError, Arrays, ResidentArray};
-use crate::backend::DeviceErrorKind;
-use std::sync::Arc;
+use super::{files, ArrayData, ArrayError, ArrayKind, Arrays, ResidentArray, Tensor};
+use crate::backend::{DeviceError, DeviceErrorKind};
+use crate::ops::linalg::held::HeldTensor;
+use crate::ops::linalg::Dtype;
+use crate::ops::zk::held::HeldVector;
+use crate::ops::zk::Field;
+use std::sync::{Arc, MutexGuard};
+use std::time::Instant;
+
+/// A kept result whose only copy is on a device.
+#[derive(Clone, Debug)]
+pub enum HeldArray {
+    Field(Arc<HeldVector>),
+    Tensor(Arc<HeldTensor>),
+}
+
+impl HeldArray {
+    pub fn kind(&self) -> ArrayKind {
+        match self {
+            HeldArray::Field(_) => ArrayKind::FieldElements,
+            HeldArray::Tensor(_) => ArrayKind::Tensor,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            HeldArray::Field(h) => h.len(),
+            HeldArray::Tensor(h) => h.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes the quotas count, as for the same values on the host.
+    pub fn byte_len(&self) -> usize {
+        match self {
+            HeldArray::Field(h) => h.byte_len(),
+            HeldArray::Tensor(h) => h.byte_len(),
+        }
+    }
+
+    pub fn field(&self) -> Option<Field> {
+        match self {
+            HeldArray::Field(h) => Some(h.field()),
+            HeldArray::Tensor(_) => None,
+        }
+    }
+
+    pub fn dtype(&self) -> Option<Dtype> {
+        match self {
+            HeldArray::Tensor(h) => Some(h.dtype()),
+            HeldArray::Field(_) => None,
+        }
+    }
+
+    pub fn shape(&self) -> Option<Vec<usize>> {
+        match self {
+            HeldArray::Tensor(h) => Some(h.shape().to_vec()),
+            HeldArray::Field(_) => None,
+        }
+    }
+
+    /// The device that holds it.
+    pub fn ordinal(&self) -> usize {
+        match self {
+            HeldArray::Field(h) => h.ordinal(),
+            HeldArray::Tensor(h) => h.ordinal(),
+        }
+    }
+
+    /// What it holds, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            HeldArray::Field(h) => format!("{} {} elements", h.len(), h.field().name()),
+            HeldArray::Tensor(h) => {
+                format!("a {} tensor shaped {:?}", h.dtype().name(), h.shape())
+            }
+        }
+    }
+
+    pub fn adopt(&self) {
+        match self {
+            HeldArray::Field(h) => h.adopt(),
+            HeldArray::Tensor(h) => h.adopt(),
+        }
+    }
+
+    pub fn discard(&self) {
+        match self {
+            HeldArray::Field(h) => h.discard(),
+            HeldArray::Tensor(h) => h.discard(),
+        }
+    }
+
+    pub fn release(&self) {
+        match self {
+            HeldArray::Field(h) => h.release(),
+            HeldArray::Tensor(h) => h.release(),
+        }
+    }
+
+    fn read_back_turn_by(&self, deadline: Instant) -> Option<MutexGuard<'_, ()>> {
+        match self {
+            HeldArray::Field(h) => h.read_back_turn_by(deadline),
+            HeldArray::Tensor(h) => h.read_back_turn_by(deadline),
+        }
+    }
+
+    /// The values read back (`HeldCopy::download_by`), as the array they now are; the
+    /// handle records its host copy, for steps that still name the device's.
+    pub fn read_back(&self, deadline: Option<Instant>) -> Result<ArrayData, DeviceError> {
+        Ok(match self {
+            HeldArray::Field(h) => {
+                let values = Arc::new(h.download_by(deadline)?);
+                h.set_host(values.clone());
+                ArrayData::FieldElements(values)
+            }
+            HeldArray::Tensor(h) => {
+                let values = h.download_by(deadline)?;
+                let tensor = Tensor::new(h.dtype(), h.shape().to_vec(), values);
+                // The tensor's values are shared: the handle's copy is the same memory.
+                h.set_host(Arc::new(tensor.values.clone()));
+                ArrayData::Tensor(Arc::new(tensor))
+            }
+        })
+    }
+}
 
 impl Arrays {
     /// `a` with its values on the host: `a` itself, or, when a device holds them, read
@@ -53,8 +180,8 @@ impl Arrays {
         if let Some(now) = now.filter(|now| !Arc::ptr_eq(now, &a)) {
             return Ok(now);
         }
-        let values = match held.download_by(Some(deadline)) {
-            Ok(v) => Arc::new(v),
+        let data = match held.read_back(Some(deadline)) {
+            Ok(data) => data,
             Err(e) if e.kind == DeviceErrorKind::Abandoned => return Err(busy()),
             Err(e) if e.kind == DeviceErrorKind::Unsupported => {
                 self.lose(&a);
@@ -65,11 +192,10 @@ impl Arrays {
             }
             Err(e) => return Err(ArrayError::Io(format!("{id}: reading it back: {e}"))),
         };
-        held.set_host(values.clone());
         self.metrics.reads_back.with_label_values(&["read"]).inc();
         let array = Arc::new(ResidentArray {
             meta: a.meta.clone(),
-            data: ArrayData::FieldElements(values),
+            data,
         });
         files::write(&self.dir, &array)?;
         let mut catalog = self.write_lock();

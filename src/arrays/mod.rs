@@ -26,13 +26,13 @@ mod tensor;
 use accounting::Catalog;
 pub use accounting::{check_room, ArrayLimits, ArrayMetrics, TableLimits};
 pub use errors::ArrayError;
+pub use held::HeldArray;
 pub use meta::{ArrayKind, ArrayMeta, ArrayRole, NEVER};
 pub use recording::{Recording, RecordingDefect};
 pub use shared::Shared;
 pub use tensor::Tensor;
 
 use crate::ops::linalg::Dtype;
-use crate::ops::zk::held::HeldVector;
 use crate::ops::zk::msm::{Curve, Points};
 use crate::ops::zk::{Field, FieldVec};
 use std::path::PathBuf;
@@ -46,10 +46,10 @@ pub enum ArrayData {
     Tensor(Arc<Tensor>),
     Recording(Arc<Recording>),
     Bytes(bytes::Bytes),
-    /// Field elements a device made and holds, not read back yet (a kept result,
-    /// `held.rs`); of kind `field_elements`, and read back on their first use on the
-    /// host.
-    Held(Arc<HeldVector>),
+    /// Field elements or a tensor a device made and holds, not read back yet (a kept
+    /// result, `held.rs`); of kind `field_elements` or `tensor`, and read back on their
+    /// first use on the host.
+    Held(HeldArray),
 }
 
 impl ArrayData {
@@ -60,7 +60,7 @@ impl ArrayData {
             ArrayData::Tensor(_) => ArrayKind::Tensor,
             ArrayData::Recording(_) => ArrayKind::Recording,
             ArrayData::Bytes(_) => ArrayKind::Bytes,
-            ArrayData::Held(_) => ArrayKind::FieldElements,
+            ArrayData::Held(h) => h.kind(),
         }
     }
 
@@ -83,7 +83,7 @@ impl ArrayData {
     pub fn field(&self) -> Option<Field> {
         match self {
             ArrayData::FieldElements(v) => Some(v.field()),
-            ArrayData::Held(h) => Some(h.field()),
+            ArrayData::Held(h) => h.field(),
             _ => None,
         }
     }
@@ -99,6 +99,7 @@ impl ArrayData {
     pub fn dtype(&self) -> Option<Dtype> {
         match self {
             ArrayData::Tensor(t) => Some(t.dtype),
+            ArrayData::Held(h) => h.dtype(),
             _ => None,
         }
     }
@@ -107,6 +108,7 @@ impl ArrayData {
     pub fn shape(&self) -> Option<Vec<usize>> {
         match self {
             ArrayData::Tensor(t) => Some(t.shape.clone()),
+            ArrayData::Held(h) => h.shape(),
             _ => None,
         }
     }
@@ -348,12 +350,12 @@ impl Arrays {
         let data = match data {
             ArrayData::Held(h) if self.shared.is_some() => {
                 let values =
-                    shared::off_runtime(|| h.download()).map_err(|e| ArrayError::Lost {
+                    shared::off_runtime(|| h.read_back(None)).map_err(|e| ArrayError::Lost {
                         id: meta.id.clone(),
                         why: e.message,
                     })?;
                 h.release();
-                ArrayData::FieldElements(Arc::new(values))
+                values
             }
             data => data,
         };

@@ -7,6 +7,7 @@ use super::super::kept_results::KeepPlan;
 use super::super::problem::{ErrorCode, Problem};
 use super::super::{blocking_if, bulk, AnswerForm, AppState};
 use super::{answer, FieldVectorResponse};
+use crate::arrays::HeldArray;
 use crate::backend::BackendChoice;
 use crate::ops::zk::held::{FieldResult, HeldVector, StepFailed};
 use crate::ops::zk::Field;
@@ -17,22 +18,48 @@ use std::sync::Arc;
 /// Whether a step may leave its operands or result on a device (`KeptFieldJob`): a
 /// device is there, the request does not ask for the CPU, and replicas do not share
 /// arrays (they read each other's from the artifact store, not from a device).
-pub(super) fn devices_may_hold(state: &AppState, backend: BackendChoice) -> bool {
+pub(in crate::api) fn devices_may_hold(state: &AppState, backend: BackendChoice) -> bool {
     backend != BackendChoice::Cpu && !state.arrays.is_shared() && !state.backends.gpus().is_empty()
 }
 
 /// What a `KeptFieldJob`'s answer needs of its request: the arrays its operands named
 /// (by input) and their paths.
-pub(super) struct Step {
+pub(in crate::api) struct Step {
     pub scope: ArrayScope,
     pub named: Vec<Option<String>>,
     pub paths: &'static [&'static str],
 }
 
+impl Step {
+    /// The refusal for a step whose operand `e.input` a device no longer holds: 410
+    /// array_lost at its path, and its array is gone; 422 unknown_array there when it was
+    /// deleted (or expired) while the step waited, as it would have been had it gone
+    /// before.
+    pub(in crate::api) async fn failed(self, e: StepFailed) -> Problem {
+        let Some(i) = e.input.filter(|&i| i < self.paths.len()) else {
+            return Problem::new(ErrorCode::Internal, e.message);
+        };
+        let path = format!("{}/array", self.paths[i]);
+        if let Some(id) = self.named[i].clone() {
+            // Reading it back finds it gone and deletes it, as a read of it would; or
+            // finds no such array: the tenant deleted it meanwhile.
+            let scope = self.scope.clone();
+            let named = id.clone();
+            let read_back = move || -> Result<bool, Problem> {
+                let (arrays, tenant) = scope.parts();
+                Ok(arrays.use_operand(tenant, &named)?.is_none())
+            };
+            if let Ok(true) = blocking_if(true, read_back).await {
+                let why = format!("{id:.40} was deleted or expired while this step waited");
+                return Problem::at(ErrorCode::UnknownArray, path, why);
+            }
+        }
+        Problem::at(ErrorCode::ArrayLost, path, e.message)
+    }
+}
+
 /// Answers a `KeptFieldJob`: from the host as `answer` does, or with the array its result
-/// was kept as on the device. An operand a device no longer holds is 410 array_lost at
-/// its path, and its array is gone; one deleted (or expired) while the step waited is
-/// 422 unknown_array there, as it would have been had it gone before.
+/// was kept as on the device; an operand no longer held as `Step::failed` says.
 pub(super) async fn answer_step(
     done: Completed<Result<FieldResult, StepFailed>>,
     shape: (Field, Encoding),
@@ -44,27 +71,7 @@ pub(super) async fn answer_step(
     let run = done.run;
     let output = match done.output {
         Ok(output) => output,
-        Err(e) => {
-            let Some(i) = e.input.filter(|&i| i < step.paths.len()) else {
-                return Err(Problem::new(ErrorCode::Internal, e.message));
-            };
-            let path = format!("{}/array", step.paths[i]);
-            if let Some(id) = step.named[i].clone() {
-                // Reading it back finds it gone and deletes it, as a read of it would; or
-                // finds no such array: the tenant deleted it meanwhile.
-                let scope = step.scope.clone();
-                let named = id.clone();
-                let read_back = move || -> Result<bool, Problem> {
-                    let (arrays, tenant) = scope.parts();
-                    Ok(arrays.use_operand(tenant, &named)?.is_none())
-                };
-                if let Ok(true) = blocking_if(true, read_back).await {
-                    let why = format!("{id:.40} was deleted or expired while this step waited");
-                    return Err(Problem::at(ErrorCode::UnknownArray, path, why));
-                }
-            }
-            return Err(Problem::at(ErrorCode::ArrayLost, path, e.message));
-        }
+        Err(e) => return Err(step.failed(e).await),
     };
     match output {
         FieldResult::Host(output) => {
@@ -89,7 +96,7 @@ async fn answer_held(
         return Err(Problem::new(ErrorCode::Internal, why));
     };
     let length = held.len();
-    let kept = blocking_if(true, move || plan.keep_held(held)).await?;
+    let kept = blocking_if(true, move || plan.keep_held(HeldArray::Field(held))).await?;
     let body = FieldVectorResponse {
         field,
         encoding,

@@ -13,6 +13,7 @@ mod budget;
 mod buffer;
 mod clock;
 pub mod engine;
+pub mod held;
 mod inventory;
 mod launch;
 mod lease;

@@ -13,7 +13,12 @@ use crate::backend::device::{LaunchConfig, Operand};
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use std::sync::Arc;
 
-const KERNEL_NAMES: &[&str] = &["matmul_f32", "sinusoidal_f64", "embedding_gather_f32"];
+const KERNEL_NAMES: &[&str] = &[
+    "matmul_f32",
+    "round_output_f32",
+    "sinusoidal_f64",
+    "embedding_gather_f32",
+];
 
 /// Output tile of one block (kernels/linalg.cu `MM_TILE`) and its threads.
 const TILE: usize = 64;
@@ -264,6 +269,29 @@ pub(crate) fn launch_matmul_f32(
     // SAFETY: the caller's buffers hold `batches` entries read through the strides (a
     // zero batch stride for a broadcast operand), and D batches·m·n values.
     unsafe { l.launch(config) }
+}
+
+/// Rounds `d` to `dtype` on the device, as `Dtype::round_all` does on the host (f32:
+/// unchanged); how many values are not finite afterwards (one read of four bytes).
+pub(crate) fn round_output(
+    dev: &DeviceLease<'_>,
+    d: &mut DeviceBuffer<f32>,
+    dtype: super::Dtype,
+) -> Result<u32, DeviceError> {
+    use super::Dtype;
+    let code: u32 = match dtype {
+        Dtype::F16 => 1,
+        Dtype::Bf16 => 2,
+        Dtype::F32 | Dtype::F64 => 0,
+    };
+    let mut non_finite = dev.alloc_zeros::<u32>(1)?;
+    let len = d.len();
+    let n = len as u64;
+    let mut l = dev.launch("round_output_f32")?;
+    l.arg(d).arg(&n).arg(&code).arg(&mut non_finite);
+    // SAFETY: the kernel reads and writes d's n values and adds to the one counter.
+    unsafe { l.launch(dev.launch_config(len)) }?;
+    Ok(dev.download(&non_finite)?[0])
 }
 
 pub fn launch_sinusoidal(

@@ -281,16 +281,32 @@ impl MatmulJob {
         input: Dtype,
         output: Dtype,
     ) -> Result<Self, Invalid> {
+        let precision = (compute, input, output);
+        Self::checked(shape, operands, [false; 3], (alpha, beta), precision)
+    }
+
+    /// `new`, the operands marked in `held` (A, B, C) left empty: a device holds their
+    /// values (`kept::KeptMatmulJob`), of the shape's lengths, already representable in
+    /// the compute precision.
+    pub fn checked(
+        shape: MatmulShape,
+        operands: Operands,
+        held: [bool; 3],
+        (alpha, beta): (f64, f64),
+        (compute, input, output): (Compute, Dtype, Dtype),
+    ) -> Result<Self, Invalid> {
         let root = FieldPath::root();
         let (a, b, c) = match &operands {
             Operands::F32 { a, b, c } => (a.len(), b.len(), c.as_ref().map(|c| c.len())),
             Operands::F64 { a, b, c } => (a.len(), b.len(), c.as_ref().map(Vec::len)),
         };
-        for (name, got, want) in [("a", a, shape.a_len()), ("b", b, shape.b_len())]
+        let lengths = [("a", a, shape.a_len()), ("b", b, shape.b_len())];
+        for (i, (name, got, want)) in lengths
             .into_iter()
             .chain(c.map(|c| ("c", c, shape.c_len())))
+            .enumerate()
         {
-            if got != want {
+            if got != want && !(held[i] && got == 0) {
                 return Err(Invalid::new(
                     root.field(name),
                     format!("{got} values where the shape needs {want}"),

@@ -5,6 +5,8 @@
 //! in the order of the f32 sums (`docs/TENSORS.md` states the error bounds).
 pub(crate) mod check_cases;
 mod gpu;
+pub mod held;
+pub mod kept;
 pub mod lookup;
 pub mod matmul;
 mod precision;

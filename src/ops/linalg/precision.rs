@@ -120,6 +120,12 @@ impl Compute {
         }
     }
 
+    /// Whether rounding values of `dtype` to this precision changes none of them: a
+    /// tensor held on a device in `dtype` is then an operand as it is.
+    pub fn keeps(self, dtype: Dtype) -> bool {
+        self != Compute::F64 && dtype != Dtype::F64 && self.operand_roundoff(dtype) == 0.0
+    }
+
     /// Unit roundoff of the operand rounding (0 when an input of `dtype` is exact here).
     pub fn operand_roundoff(self, dtype: Dtype) -> f64 {
         let u = match self {
@@ -152,6 +158,41 @@ fn round_tf32(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_precision_keeps_a_dtype_exactly_when_rounding_changes_none_of_its_values() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for dtype in [Dtype::F16, Dtype::Bf16, Dtype::F32] {
+            // Values of `dtype`: random magnitudes over its range, its extremes.
+            let (_, largest) = dtype.subnormal_step_and_max();
+            let mut values: Vec<f32> = (0..4000)
+                .map(|_| {
+                    dtype.round(
+                        rng.random_range(-1.0f32..1.0) * 2f32.powi(rng.random_range(-30..15)),
+                    )
+                })
+                .collect();
+            values.extend([
+                largest as f32,
+                -(largest as f32),
+                dtype.round(2f32.powi(-24)),
+                0.0,
+            ]);
+            for compute in [Compute::F32, Compute::Tf32, Compute::F16, Compute::Bf16] {
+                let changed = values
+                    .iter()
+                    .any(|&x| compute.round(x).to_bits() != x.to_bits());
+                assert_eq!(
+                    compute.keeps(dtype),
+                    !changed,
+                    "{} of {} values",
+                    compute.name(),
+                    dtype.name()
+                );
+            }
+        }
+    }
 
     #[test]
     fn tf32_rounds_to_ten_mantissa_bits_ties_to_even() {

@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 mod vector;
 
-pub use vector::HeldVector;
-use vector::{lost, read_field};
+use crate::backend::device::held::lost;
+pub use vector::{FieldShape, HeldVector};
 
 /// One operand of a kept step.
 #[derive(Clone)]
@@ -354,7 +354,7 @@ impl Job for KeptFieldJob {
                     FieldSource::Host { values, .. } => values.clone(),
                     FieldSource::Held(h) => match h.host_copy() {
                         Some(v) => FieldVec::clone(&v),
-                        None => match read_field(dev, h) {
+                        None => match h.read_on(dev) {
                             Ok(v) => v,
                             Err(e) => return gone(i, e),
                         },
@@ -471,11 +471,14 @@ impl KeptFieldJob {
         dev.still_wanted()?;
         if let (Some(key), Some(device)) = (&self.keep, dev.handle()) {
             if dev.keep_table(key, out.clone())? {
+                let shape = FieldShape {
+                    field: self.field(),
+                    len: self.len(),
+                };
                 return Ok(Ok(FieldResult::Held(Arc::new(HeldVector::new(
                     device.clone(),
                     key.clone(),
-                    self.field(),
-                    self.len(),
+                    shape,
                 )))));
             }
         }
