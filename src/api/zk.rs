@@ -273,7 +273,8 @@ pub async fn field_pow(
 #[utoipa::path(
     post, path = "/zk/field_inv", tag = "zk", operation_id = "field_inv", summary = "1 / x mod p, batched",
     description = "Batch inversion by Montgomery's trick (prefix products, one inversion per chunk, back \
-        substitution). A zero element is refused with 422 not_invertible naming its index (up to 16 listed). \
+        substitution). A zero element is refused with 422 not_invertible naming its index (up to 16 listed); \
+        values that name a result held on a device are inverted there, their zeros counted where they lie. \
         Bit-identical on the CPU and CUDA backends.",
     request_body(content((FieldInvRequest = "application/json"), (inline(Binary) = "application/vnd.gpu-ops.bulk"))),
     responses(
@@ -295,6 +296,23 @@ pub async fn field_inv(
     let (field, encoding, backend) = (req.field, req.encoding, req.backend);
     let max = state.settings.config.max_elements;
     let large = req.values.approx_len() > INLINE_ELEMENTS;
+    let named = req.values.array_id().map(str::to_string);
+    if (keep.is_some() || named.is_some()) && devices_may_hold(&state, backend) {
+        // The values may be held on a device and the inverses kept there.
+        let step = Step {
+            scope: arrays.clone(),
+            named: vec![named],
+            paths: &["/values"],
+        };
+        let key = keep.as_ref().and_then(KeepPlan::device_key);
+        let build = move || -> Result<KeptFieldJob, Problem> {
+            let values = (req.values).decode_source(field, encoding, "/values", max, &arrays)?;
+            Ok(KeptFieldJob::inv(values, key)?)
+        };
+        let job = blocking_if(large, build).await?;
+        let done = state.pool.submit(job, backend, timeout).await?;
+        return answer_step(done, (field, encoding), large, form, keep, step).await;
+    }
     let build = move || -> Result<FieldInvJob, Problem> {
         let values = req
             .values

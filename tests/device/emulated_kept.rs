@@ -169,7 +169,8 @@ async fn a_kept_chain_stays_on_the_emulated_device_until_read() {
 /// A power of a kept result stays on the device too, over every field (the word fields'
 /// exponents are the kernel's u64 or u32 limbs): nothing is downloaded between the NTT
 /// and the power, the step is placed where its base is, and the values read back are
-/// the CPU's, with one exponent for all and one per element.
+/// the CPU's, with one exponent for all and one per element. So do the inverses of a kept
+/// vector, its zeros counted on the device: a vector of zeros is 422 not_invertible.
 #[tokio::test]
 async fn a_kept_power_stays_on_the_emulated_device() {
     let s = server().await;
@@ -204,6 +205,46 @@ async fn a_kept_power_stays_on_the_emulated_device() {
                 .unwrap();
             assert_eq!(data["values"], want, "{f}: the kept power is the CPU's");
         }
+        // The inverses of a held vector, kept there too; zeros are refused where held.
+        let body = json!({"field": f, "values": x, "keep": keep(), "backend": "gpu"});
+        let ax = kept_on_device(&run(&s, "/zk/ntt", body, "emulated").await);
+        let before = downloaded(&s);
+        let inverse = json!({"field": f, "values": {"array": ax}, "keep": keep()});
+        let ai = kept_on_device(&run(&s, "/zk/field_inv", inverse, "emulated").await);
+        // Four bytes came back: the count of zeros the device found (none).
+        assert_eq!(
+            downloaded(&s),
+            before + 4,
+            "{f}: the vector stayed on the device"
+        );
+        let fx = on_cpu(&s, f, "/zk/ntt", json!({"values": x})).await;
+        let want = on_cpu(&s, f, "/zk/field_inv", json!({"values": fx})).await;
+        let data: Value = s
+            .get(&format!("/arrays/{ai}/data"))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(data["values"], want, "{f}: the kept inverses are the CPU's");
+        let zeros = json!({"field": f, "a": {"array": ax}, "b": {"array": ax}, "keep": keep()});
+        let az = kept_on_device(&run(&s, "/zk/field_sub", zeros, "emulated").await);
+        let res = s
+            .post(
+                "/zk/field_inv",
+                json!({"field": f, "values": {"array": az}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        let p = problem(res, 422, "not_invertible").await;
+        assert_eq!(p["errors"][0]["path"], "/values/0", "{p}");
+        assert!(
+            p["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{n} zero")),
+            "{p}"
+        );
     }
 }
 
@@ -374,6 +415,7 @@ fn a_kept_result_nobody_stores_leaves_the_device() {
     let gone = Err(gpu_ops::ops::zk::held::StepFailed {
         input: Some(0),
         message: "deleted".into(),
+        not_invertible: None,
     });
     assert_eq!(job("array/x").agrees(&Ok(kept.clone()), &gone), Ok(()));
     assert!(dev.holds_table("array/arr_dropped") && dev.kept_bytes() == 256 * 8);
@@ -425,6 +467,58 @@ fn a_kept_result_is_read_on_another_stream_after_its_kernel() {
     let want = KeptFieldJob::binary(FieldOp::Add, host(&fx), host(&y), None).unwrap();
     assert_eq!(on_host(on_device), on_host(want.run_cpu().unwrap()));
     drop((first, second));
+}
+
+/// An inversion of a held vector, on the lease of its device: the inverses are the
+/// CPU's (a 256-bit field and a word field), and a held vector with one zero is refused
+/// naming that element, found where the vector lies.
+#[test]
+fn a_held_vector_is_inverted_where_it_lies_and_its_zeros_are_named() {
+    let dev = Arc::new(GpuDevice::emulated(0, 64 << 20));
+    let mut lease = dev.lease().unwrap();
+    lease.set_handle(dev.clone());
+    for field in [Field::Bn254Fr, Field::BabyBear] {
+        let x = FieldVec::from_integers(field, &random_elements(field, 256, 11)).unwrap();
+        let mut with_zero = random_elements(field, 256, 12);
+        with_zero[37] = gpu_ops::ops::zk::U256::ZERO;
+        let y = FieldVec::from_integers(field, &with_zero).unwrap();
+        let host = |values: &FieldVec| FieldSource::Host {
+            values: values.clone(),
+            key: None,
+        };
+        let held = |job: KeptFieldJob| match job.run_device(&lease).unwrap().unwrap() {
+            FieldResult::Held(h) => h,
+            FieldResult::Host(_) => panic!("{}: kept on the device", field.name()),
+        };
+        let hx = held(
+            KeptFieldJob::ntt(
+                host(&x),
+                forward_ntt(),
+                32,
+                Some(format!("array/arr_nx_{}", field.name())),
+            )
+            .unwrap(),
+        );
+        let inverse = KeptFieldJob::inv(FieldSource::Held(hx), None).unwrap();
+        let got = on_host(inverse.run_device(&lease).unwrap().unwrap());
+        assert_eq!(got, on_host(inverse.run_cpu().unwrap()), "{}", field.name());
+        let xy = KeptFieldJob::binary(
+            FieldOp::Mul,
+            host(&x),
+            host(&y),
+            Some(format!("array/arr_xy_{}", field.name())),
+        )
+        .unwrap();
+        let inverse = KeptFieldJob::inv(FieldSource::Held(held(xy)), None).unwrap();
+        let Ok(Err(refused)) = inverse.run_device(&lease) else {
+            panic!("{}: a zero is refused", field.name());
+        };
+        let zeros = gpu_ops::ops::zk::InvError::Zeros {
+            indices: vec![37],
+            count: 1,
+        };
+        assert_eq!(refused.not_invertible, Some(zeros), "{}", field.name());
+    }
 }
 
 /// One forward transform in natural order.

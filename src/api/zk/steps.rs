@@ -31,11 +31,15 @@ pub(in crate::api) struct Step {
 }
 
 impl Step {
-    /// The refusal for a step whose operand `e.input` a device no longer holds: 410
+    /// The refusal for an inversion of a held operand with zeros (422 not_invertible, as
+    /// for values sent), or for a step whose operand `e.input` a device no longer holds: 410
     /// array_lost at its path, and its array is gone; 422 unknown_array there when it was
     /// deleted (or expired) while the step waited, as it would have been had it gone
     /// before.
     pub(in crate::api) async fn failed(self, e: StepFailed) -> Problem {
+        if let Some(zeros) = e.not_invertible {
+            return Problem::from(zeros);
+        }
         let Some(i) = e.input.filter(|&i| i < self.paths.len()) else {
             return Problem::new(ErrorCode::Internal, e.message);
         };

@@ -232,6 +232,7 @@ impl Job for KeptMatmulJob {
         let job = self.filled(|h| h.download()).map_err(|(i, e)| StepFailed {
             input: Some(i),
             message: e.message,
+            not_invertible: None,
         })?;
         Ok(TensorResult::Host(job.run_cpu()))
     }
@@ -303,5 +304,6 @@ fn gone(input: usize, e: DeviceError) -> Result<Result<TensorResult, StepFailed>
     Ok(Err(StepFailed {
         input: Some(input),
         message: e.message,
+        not_invertible: None,
     }))
 }

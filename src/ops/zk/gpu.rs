@@ -13,7 +13,8 @@ pub(crate) fn kernel_name(field: Field, op: FieldOp) -> String {
     format!("{}_{}", field.name(), op.kernel_suffix())
 }
 
-/// `kernels/field_ops.cu`: add, sub, mul, pow and inv for every field.
+/// `kernels/field_ops.cu`: add, sub, mul, pow and inv for every field, and the zero count
+/// an inversion of a held vector checks first.
 pub fn field_ops_module() -> KernelModule {
     let entry_points = Field::ALL
         .iter()
@@ -23,6 +24,7 @@ pub fn field_ops_module() -> KernelModule {
                 .into_iter()
                 .chain([format!("{}_pow", f.name()), format!("{}_inv", f.name())])
         })
+        .chain(["count_zero_elements".to_string()])
         .collect();
     KernelModule {
         name: "field_ops",
@@ -171,6 +173,41 @@ fn launch_pair<T: Element>(
 
 /// Elements per thread in the inversion kernel: enough threads to fill the device, at
 /// least 8 elements each so the one Fermat inversion per chunk is amortised.
+/// Elements of `x` (`n` of `words` u32 words each, any field's buffer) whose words are
+/// all zero, counted on the device (one read of four bytes).
+pub(super) fn count_zeros<T: Element>(
+    dev: &DeviceLease<'_>,
+    x: &DeviceBuffer<T>,
+    n: usize,
+    words: u32,
+) -> Result<u32, DeviceError> {
+    let mut zeros = dev.alloc_zeros::<u32>(1)?;
+    let n64 = n as u64;
+    let mut l = dev.launch("count_zero_elements")?;
+    l.arg(x).arg(&n64).arg(&words).arg(&mut zeros);
+    // SAFETY: x holds n·words u32 words (its elements' words, read as u32); one counter.
+    unsafe { l.launch(dev.launch_config(n)) }?;
+    Ok(dev.download(&zeros)?[0])
+}
+
+/// `{field}_inv` over whole buffers: `out` the inverses of `x`'s `n` elements (none zero).
+pub(super) fn invert_whole<T: Element>(
+    dev: &DeviceLease<'_>,
+    kernel: &str,
+    x: &DeviceBuffer<T>,
+    n: usize,
+) -> Result<DeviceBuffer<T>, DeviceError> {
+    let mut out = dev.alloc_zeros::<T>(x.len())?;
+    let config = dev.launch_config(n);
+    let threads = (config.grid_dim.0 * config.block_dim.0) as usize;
+    let (n64, chunk) = (n as u64, inv_chunk(n, threads));
+    let mut launch = dev.launch(kernel)?;
+    launch.arg(x).arg(&mut out).arg(&n64).arg(&chunk);
+    // SAFETY: x and out hold n elements; each chunk writes only its own range.
+    unsafe { launch.launch(config) }?;
+    Ok(out)
+}
+
 fn inv_chunk(n: usize, threads: usize) -> u64 {
     n.div_ceil(threads.max(1)).max(8) as u64
 }

@@ -9,15 +9,17 @@
 use super::gpu::{self, NttPlan};
 use super::ntt::{Direction, NttJob, NttShape, Order};
 use super::vector_ops::{binary_threshold, LengthMismatch};
-use super::{Field, FieldBinaryJob, FieldOp, FieldPowJob, FieldVec, PowShape, U256};
-use crate::backend::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element, Job};
+use super::{Field, FieldBinaryJob, FieldInvJob, FieldOp, FieldPowJob, FieldVec, InvError};
+use super::{PowShape, U256};
+use crate::backend::{DeviceError, DeviceLease, Job};
 use std::borrow::Cow;
 use std::sync::Arc;
 
 mod vector;
+mod whole;
 
-use crate::backend::device::held::lost;
 pub use vector::{FieldShape, HeldVector};
+use whole::{gone, Words};
 
 /// One operand of a kept step.
 #[derive(Clone)]
@@ -72,6 +74,9 @@ pub enum FieldStep {
     /// `base ^ exponents[i]`: one exponent per element, or one for all (on the host;
     /// integers, not elements of the field).
     Pow(Arc<Vec<U256>>),
+    /// `1 / x` of each element (none zero: checked on the host for values sent, on the
+    /// device for a held operand).
+    Inv,
     /// `batch` transforms of the one operand.
     Ntt {
         direction: Direction,
@@ -90,11 +95,13 @@ pub enum FieldResult {
 }
 
 /// Why a step has no result: an operand held on a device that no longer has it
-/// (`input`: its index), or a result held on a device that lost it before the check.
-#[derive(Clone, Debug)]
+/// (`input`: its index), a result held on a device that lost it before the check, or an
+/// inversion whose held operand has zeros (`not_invertible`, found where it is held).
+#[derive(Clone, Debug, Default)]
 pub struct StepFailed {
     pub input: Option<usize>,
     pub message: String,
+    pub not_invertible: Option<InvError>,
 }
 
 /// A field op or NTT whose operands may be held on a device and whose result may stay
@@ -131,6 +138,21 @@ impl KeptFieldJob {
         Ok(Self {
             step: FieldStep::Pow(Arc::new(exponents)),
             inputs: vec![base],
+            keep,
+        })
+    }
+
+    /// The inverses of `values`, checked as `FieldInvJob::new` checks them where they are
+    /// on the host; a held operand's zeros are counted where it is held, when it runs.
+    pub fn inv(values: FieldSource, keep: Option<String>) -> Result<Self, InvError> {
+        match &values {
+            FieldSource::Host { values, .. } => InvError::check(values)?,
+            FieldSource::Held(h) if h.is_empty() => return Err(InvError::Empty),
+            FieldSource::Held(_) => {}
+        }
+        Ok(Self {
+            step: FieldStep::Inv,
+            inputs: vec![values],
             keep,
         })
     }
@@ -185,8 +207,8 @@ impl KeptFieldJob {
     /// The host job computing the same from `values` (the inputs, downloaded if held).
     fn host_job(&self, values: Vec<FieldVec>) -> Result<HostJob, StepFailed> {
         let failed = |message: String| StepFailed {
-            input: None,
             message,
+            ..Default::default()
         };
         let mut values = values.into_iter();
         let mut next = || {
@@ -202,6 +224,7 @@ impl KeptFieldJob {
             FieldStep::Pow(exponents) => HostJob::Pow(
                 FieldPowJob::new(next()?, exponents.to_vec()).map_err(|e| failed(e.to_string()))?,
             ),
+            FieldStep::Inv => HostJob::Inv(FieldInvJob::new(next()?).map_err(not_invertible)?),
             FieldStep::Ntt {
                 direction,
                 batch,
@@ -232,6 +255,7 @@ impl KeptFieldJob {
                 s.host().map(Cow::into_owned).map_err(|e| StepFailed {
                     input: Some(i),
                     message: e.message,
+                    not_invertible: None,
                 })
             })
             .collect()
@@ -239,7 +263,7 @@ impl KeptFieldJob {
 
     fn plan(&self) -> Option<NttPlan> {
         match &self.step {
-            FieldStep::Binary(_) | FieldStep::Pow(_) => None,
+            FieldStep::Binary(_) | FieldStep::Pow(_) | FieldStep::Inv => None,
             FieldStep::Ntt {
                 direction,
                 batch,
@@ -261,7 +285,17 @@ impl KeptFieldJob {
 enum HostJob {
     Binary(FieldBinaryJob),
     Pow(FieldPowJob),
+    Inv(FieldInvJob),
     Ntt(NttJob),
+}
+
+/// The step's refusal for an operand with zeros.
+fn not_invertible(e: InvError) -> StepFailed {
+    StepFailed {
+        input: None,
+        message: "an inverse of zero".into(),
+        not_invertible: Some(e),
+    }
 }
 
 impl HostJob {
@@ -269,6 +303,7 @@ impl HostJob {
         match self {
             HostJob::Binary(j) => j.run_cpu(),
             HostJob::Pow(j) => j.run_cpu(),
+            HostJob::Inv(j) => j.run_cpu(),
             HostJob::Ntt(j) => j.run_cpu(),
         }
     }
@@ -277,6 +312,7 @@ impl HostJob {
         match self {
             HostJob::Binary(j) => gpu::launch_field_binary(j, dev),
             HostJob::Pow(j) => gpu::launch_field_pow(j, dev),
+            HostJob::Inv(j) => gpu::launch_field_inv(j, dev),
             HostJob::Ntt(j) => gpu::launch_ntt(j, dev),
         }
     }
@@ -289,6 +325,7 @@ impl Job for KeptFieldJob {
         match &self.step {
             FieldStep::Binary(op) => op.name(),
             FieldStep::Pow(_) => "field_pow",
+            FieldStep::Inv => "field_inv",
             FieldStep::Ntt { direction, .. } => direction.name(),
         }
     }
@@ -298,7 +335,9 @@ impl Job for KeptFieldJob {
     fn placement_lane(&self) -> Cow<'static, str> {
         let field = self.field().name();
         match &self.step {
-            FieldStep::Binary(_) | FieldStep::Pow(_) => format!("{field}/kept").into(),
+            FieldStep::Binary(_) | FieldStep::Pow(_) | FieldStep::Inv => {
+                format!("{field}/kept").into()
+            }
             FieldStep::Ntt { batch, .. } => {
                 let shape = if *batch > 1 { "batched" } else { "single" };
                 format!("{field}/{shape}/kept").into()
@@ -319,6 +358,8 @@ impl Job for KeptFieldJob {
             FieldStep::Binary(op) => binary_threshold(self.field(), *op),
             // As `FieldPowJob`'s: 256 squarings an element pay for their copies early.
             FieldStep::Pow(_) => 1 << 10,
+            // As `FieldInvJob`'s.
+            FieldStep::Inv => 1 << 14,
             FieldStep::Ntt { .. } => 1 << 14,
         }
     }
@@ -411,140 +452,4 @@ impl Job for KeptFieldJob {
         };
         crate::backend::verify::exactly(&*device, cpu)
     }
-}
-
-/// How a field's elements are the kernels' words `T`.
-struct Words<T> {
-    of: fn(&FieldVec) -> &[T],
-    per_element: usize,
-    to_host: fn(Field, Vec<T>) -> FieldVec,
-    /// Exponents as the pow kernel reads them (`gpu::launch_field_pow`).
-    exponent: fn(&[U256]) -> Vec<T>,
-}
-
-impl KeptFieldJob {
-    /// The step over whole buffers: the inputs read where they are held or uploaded,
-    /// the result kept under `keep` when the cache has room (else downloaded).
-    fn whole<T: Element>(
-        &self,
-        dev: &DeviceLease<'_>,
-        words: Words<T>,
-    ) -> Result<Result<FieldResult, StepFailed>, DeviceError> {
-        let w = words.per_element;
-        let mut ins = Vec::with_capacity(self.inputs.len());
-        for (i, source) in self.inputs.iter().enumerate() {
-            match on_device(dev, source, words.of) {
-                Ok(b) => ins.push(b),
-                Err(e) if e.kind == DeviceErrorKind::Unsupported => return gone(i, e),
-                Err(e) => return Err(e),
-            }
-        }
-        let out = match &self.step {
-            FieldStep::Binary(op) => {
-                let stride = u32::from(self.inputs[1].len() == self.len());
-                let kernel = gpu::kernel_name(self.field(), *op);
-                pair(dev, &kernel, (&ins[0], &ins[1]), (self.len(), w), stride)?
-            }
-            FieldStep::Pow(exponents) => {
-                let stride = u32::from(exponents.len() == self.len());
-                let exps = dev.upload(&(words.exponent)(exponents))?;
-                let kernel = format!("{}_pow", self.field().name());
-                pair(dev, &kernel, (&ins[0], &exps), (self.len(), w), stride)?
-            }
-            FieldStep::Ntt { .. } => {
-                let plan = self.plan().expect("an NTT step");
-                let source = ins.pop().expect("one input");
-                // Transformed in place only when the upload is this job's own: a held
-                // or cached buffer is copied first (another stream may still read it).
-                let mut out = match (&self.inputs[0], Arc::try_unwrap(source)) {
-                    (FieldSource::Host { key: None, .. }, Ok(fresh)) => fresh,
-                    (_, Ok(shared)) => copied(dev, &shared)?,
-                    (_, Err(shared)) => copied(dev, &shared)?,
-                };
-                let (tw, scale) = gpu::ntt_tables(dev, &plan, words.of)?;
-                gpu::ntt_in_place(dev, &plan, w, &mut out, &tw, scale.as_deref())?;
-                out
-            }
-        };
-        let out = Arc::new(out);
-        // Not kept for a job nobody waits for any more.
-        dev.still_wanted()?;
-        if let (Some(key), Some(device)) = (&self.keep, dev.handle()) {
-            if dev.keep_table(key, out.clone())? {
-                let shape = FieldShape {
-                    field: self.field(),
-                    len: self.len(),
-                };
-                return Ok(Ok(FieldResult::Held(Arc::new(HeldVector::new(
-                    device.clone(),
-                    key.clone(),
-                    shape,
-                )))));
-            }
-        }
-        let host = dev.download(&out)?;
-        Ok(Ok(FieldResult::Host((words.to_host)(self.field(), host))))
-    }
-}
-
-/// `source` as a buffer on `dev` (which holds every held operand: `run_device`): its held
-/// copy, a resident array's cached upload, or a fresh upload.
-fn on_device<T: Element>(
-    dev: &DeviceLease<'_>,
-    source: &FieldSource,
-    words: fn(&FieldVec) -> &[T],
-) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
-    match source {
-        FieldSource::Held(h) => match (dev.table::<T>(h.key())?, h.host_copy()) {
-            (Some(table), _) => Ok(table),
-            // Read back, and its device copy evicted since: the host's copy, uploaded.
-            (None, Some(values)) => Ok(Arc::new(dev.upload(words(&values))?)),
-            (None, None) => Err(lost(h.key())),
-        },
-        FieldSource::Host {
-            values,
-            key: Some(key),
-        } => dev.cached_table(key, || dev.upload(words(values))),
-        FieldSource::Host { values, key: None } => Ok(Arc::new(dev.upload(words(values))?)),
-    }
-}
-
-/// The binary and pow kernels' launch over whole buffers: `out[i] = x[i] (op) y[i * stride]`
-/// for `n` elements of `per_element` words each.
-fn pair<T: Element>(
-    dev: &DeviceLease<'_>,
-    kernel: &str,
-    (x, y): (&DeviceBuffer<T>, &DeviceBuffer<T>),
-    (n, per_element): (usize, usize),
-    stride: u32,
-) -> Result<DeviceBuffer<T>, DeviceError> {
-    let mut out = dev.alloc_zeros::<T>(n * per_element)?;
-    let n64 = n as u64;
-    let mut launch = dev.launch(kernel)?;
-    launch.arg(x).arg(y).arg(&mut out).arg(&n64).arg(&stride);
-    // SAFETY: the kernel reads n elements of x, n (or 1, stride 0) of y, and writes n of
-    // out; the buffers hold those words.
-    unsafe { launch.launch(dev.launch_config(n)) }?;
-    Ok(out)
-}
-
-/// A copy of `table` on the device, for a step that writes over it.
-fn copied<T: Element>(
-    dev: &DeviceLease<'_>,
-    table: &DeviceBuffer<T>,
-) -> Result<DeviceBuffer<T>, DeviceError> {
-    let mut copy = dev.alloc_zeros::<T>(table.len())?;
-    dev.copy(table, &mut copy)?;
-    Ok(copy)
-}
-
-/// The step's answer when operand `input` is no longer held: not a device failure.
-fn gone(input: usize, e: DeviceError) -> Result<Result<FieldResult, StepFailed>, DeviceError> {
-    if e.kind != DeviceErrorKind::Unsupported {
-        return Err(e);
-    }
-    Ok(Err(StepFailed {
-        input: Some(input),
-        message: e.message,
-    }))
 }

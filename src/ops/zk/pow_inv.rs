@@ -146,7 +146,7 @@ pub struct FieldInvJob {
     values: FieldVec,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InvError {
     Empty,
     /// Indices of zero elements (the first `MAX_REPORTED`) and how many there are.
@@ -156,8 +156,9 @@ pub enum InvError {
     },
 }
 
-impl FieldInvJob {
-    pub fn new(values: FieldVec) -> Result<Self, InvError> {
+impl InvError {
+    /// Why `values` cannot be inverted, if they cannot: empty, or with zeros.
+    pub fn check(values: &FieldVec) -> Result<(), InvError> {
         if values.is_empty() {
             return Err(InvError::Empty);
         }
@@ -171,6 +172,13 @@ impl FieldInvJob {
         if count > 0 {
             return Err(InvError::Zeros { indices, count });
         }
+        Ok(())
+    }
+}
+
+impl FieldInvJob {
+    pub fn new(values: FieldVec) -> Result<Self, InvError> {
+        InvError::check(&values)?;
         Ok(Self { values })
     }
 
