@@ -156,6 +156,15 @@ impl ArrayScope {
             .ok_or_else(|| unknown(id, path))
     }
 
+    /// The array `id` names for the operand at `path`, a result a device holds left
+    /// there.
+    fn where_held(&self, id: &str, path: &str) -> Result<Arc<ResidentArray>, Problem> {
+        self.arrays
+            .use_operand_where_held(&self.tenant, id)
+            .map_err(|e| at_operand(e.into(), path))?
+            .ok_or_else(|| unknown(id, path))
+    }
+
     /// The elements of `field` the array `id` holds.
     pub(super) fn field_elements(
         &self,
@@ -179,11 +188,7 @@ impl ArrayScope {
         field: Field,
         path: &str,
     ) -> Result<FieldSource, Problem> {
-        let a = self
-            .arrays
-            .use_operand_where_held(&self.tenant, id)
-            .map_err(|e| at_operand(e.into(), path))?
-            .ok_or_else(|| unknown(id, path))?;
+        let a = self.where_held(id, path)?;
         match &a.data {
             ArrayData::Held(HeldArray::Field(h)) if h.field() == field => {
                 Ok(FieldSource::Held(h.clone()))
@@ -227,11 +232,7 @@ impl ArrayScope {
         compute: Compute,
         path: &str,
     ) -> Result<TensorOperand, Problem> {
-        let a = self
-            .arrays
-            .use_operand_where_held(&self.tenant, id)
-            .map_err(|e| at_operand(e.into(), path))?
-            .ok_or_else(|| unknown(id, path))?;
+        let a = self.where_held(id, path)?;
         match &a.data {
             ArrayData::Held(HeldArray::Tensor(h)) if h.serves(compute) => {
                 Ok(TensorOperand::Held(h.clone()))

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 /// A server of its own: the copy counters below count this test's jobs alone. No shadow
 /// checks, which would read kept results back to compare them.
-async fn server() -> TestServer {
+pub(super) async fn server() -> TestServer {
     TestServer::start(&[
         "--backend",
         "auto",
@@ -31,7 +31,7 @@ async fn server() -> TestServer {
 }
 
 /// Host bytes device jobs downloaded so far.
-fn downloaded(s: &TestServer) -> u64 {
+pub(super) fn downloaded(s: &TestServer) -> u64 {
     ["page_locked", "pageable"]
         .iter()
         .map(|memory| {
@@ -44,7 +44,7 @@ fn downloaded(s: &TestServer) -> u64 {
         .sum()
 }
 
-fn resident_placements(s: &TestServer, op: &str) -> u64 {
+pub(super) fn resident_placements(s: &TestServer, op: &str) -> u64 {
     s.state
         .metrics
         .placements
@@ -261,7 +261,7 @@ fn hold_lease(dev: Arc<GpuDevice>) -> (std::sync::mpsc::Sender<()>, std::thread:
     (taken, holder)
 }
 
-fn reads_back(s: &TestServer, result: &str) -> u64 {
+pub(super) fn reads_back(s: &TestServer, result: &str) -> u64 {
     s.state
         .metrics
         .array_reads_back

@@ -6,6 +6,7 @@
 //! the rounding at the edges of f16 and bf16, an overflow, a held operand the device
 //! lost.
 
+use super::emulated_kept::{downloaded, reads_back, resident_placements, server};
 use crate::common::TestServer;
 use gpu_ops::backend::{GpuDevice, Job};
 use gpu_ops::ops::linalg::held::HeldTensor;
@@ -13,50 +14,6 @@ use gpu_ops::ops::linalg::kept::{KeepOnDevice, KeptMatmulJob, TensorResult};
 use gpu_ops::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
 use serde_json::{json, Value};
 use std::sync::Arc;
-
-/// A server of its own, so the copy counters count this test's jobs alone; no shadow
-/// checks, which would read kept products back to compare them.
-async fn server() -> TestServer {
-    TestServer::start(&[
-        "--backend",
-        "auto",
-        "--emulate-device",
-        "--verify-fraction",
-        "0",
-        "--job-timeout",
-        "600s",
-    ])
-    .await
-}
-
-fn downloaded(s: &TestServer) -> u64 {
-    ["page_locked", "pageable"]
-        .iter()
-        .map(|memory| {
-            s.state
-                .metrics
-                .device_copy_bytes
-                .with_label_values(&["0", "from_device", memory])
-                .get()
-        })
-        .sum()
-}
-
-fn resident_placements(s: &TestServer) -> u64 {
-    s.state
-        .metrics
-        .placements
-        .with_label_values(&["matmul", "emulated", "resident"])
-        .get()
-}
-
-fn reads_back(s: &TestServer) -> u64 {
-    s.state
-        .metrics
-        .array_reads_back
-        .with_label_values(&["read"])
-        .get()
-}
 
 async fn matmul(s: &TestServer, body: Value, ran_on: &str) -> Value {
     let res = s.post("/linalg/matmul", body).send().await.unwrap();
@@ -118,11 +75,11 @@ async fn a_kept_chain_of_products_stays_on_the_emulated_device_until_read() {
     );
 
     // `auto` takes the next product to the device holding A, which reads it in place.
-    let resident = resident_placements(&s);
+    let resident = resident_placements(&s, "matmul");
     let before = downloaded(&s);
     let next = product(json!({"array": kept}), w2.clone(), "auto");
     let got = matmul(&s, next, "emulated").await;
-    assert_eq!(resident_placements(&s), resident + 1);
+    assert_eq!(resident_placements(&s, "matmul"), resident + 1);
     assert_eq!(got["result"], want, "the chain's answer is the CPU's");
     assert_eq!(
         downloaded(&s),
@@ -131,11 +88,11 @@ async fn a_kept_chain_of_products_stays_on_the_emulated_device_until_read() {
     );
 
     // A precision that rounds bf16 (f16: fewer exponent bits) reads it back first.
-    let reads = reads_back(&s);
+    let reads = reads_back(&s, "read");
     let mut f16 = product(json!({"array": kept}), w2, "gpu");
     f16["compute"] = json!("f16");
     let on_f16 = matmul(&s, f16.clone(), "emulated").await;
-    assert_eq!(reads_back(&s), reads + 1);
+    assert_eq!(reads_back(&s, "read"), reads + 1);
     f16["a"] = h.clone();
     f16["backend"] = json!("cpu");
     assert_eq!(on_f16["result"], matmul(&s, f16, "cpu").await["result"]);

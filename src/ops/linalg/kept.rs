@@ -12,8 +12,8 @@ use super::held::{HeldTensor, TensorShape};
 use super::matmul::{MatmulJob, Operands, Values};
 use super::Compute;
 use crate::backend::device::held::lost;
-use crate::backend::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Job};
-use crate::ops::zk::held::StepFailed;
+use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Job};
+use crate::ops::zk::held::{gone, StepFailed};
 use crate::wire::Array;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -294,16 +294,4 @@ impl Job for KeptMatmulJob {
             }
         }
     }
-}
-
-/// The product's answer when operand `input` is no longer held: not a device failure.
-fn gone(input: usize, e: DeviceError) -> Result<Result<TensorResult, StepFailed>, DeviceError> {
-    if e.kind != DeviceErrorKind::Unsupported {
-        return Err(e);
-    }
-    Ok(Err(StepFailed {
-        input: Some(input),
-        message: e.message,
-        not_invertible: None,
-    }))
 }

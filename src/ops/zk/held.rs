@@ -18,8 +18,10 @@ use std::sync::Arc;
 mod vector;
 mod whole;
 
+pub use whole::gone;
+
 pub use vector::{FieldShape, HeldVector};
-use whole::{gone, Words};
+use whole::Words;
 
 /// One operand of a kept step.
 #[derive(Clone)]

@@ -166,10 +166,8 @@ fn zeros_of(
 }
 
 /// The step's answer when operand `input` is no longer held: not a device failure.
-pub(super) fn gone(
-    input: usize,
-    e: DeviceError,
-) -> Result<Result<FieldResult, StepFailed>, DeviceError> {
+/// (Any step's: a product's too, `ops::linalg::kept`.)
+pub fn gone<R>(input: usize, e: DeviceError) -> Result<Result<R, StepFailed>, DeviceError> {
     if e.kind != DeviceErrorKind::Unsupported {
         return Err(e);
     }
