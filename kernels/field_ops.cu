@@ -93,16 +93,3 @@ WORD_BINARY(babybear_sub, u32, bb_sub)
 WORD_BINARY(babybear_mul, u32, bb_mul)
 WORD_POW(babybear_pow, u32, 8, bb_pow)
 WORD_INV(babybear_inv, u32, bb_batch_inv)
-
-// Zero elements of a vector a device holds (src/ops/zk/held.rs: an inversion of a kept
-// result checks its operand here, where it lies, not on the host): `words` u32 words an
-// element (the u64 fields' words read as pairs of u32), the elements whose words are all
-// zero counted in *zeros.
-extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
-    count_zero_elements(const u32 *x, u64 n, u32 words, u32 *zeros) {
-    GRID_STRIDE(i, n) {
-        u32 any = 0;
-        for (u32 w = 0; w < words; w++) any |= x[i * words + w];
-        if (!any) atomicAdd(zeros, 1u);
-    }
-}

@@ -60,12 +60,13 @@ extern "C" __global__ void __launch_bounds__(MM_THREADS)
     }
 }
 
-// Sinusoidal embeddings (src/ops/linalg/sinusoidal.rs): row j, pair i gets sin and cos of
+// Kernels for results kept on a device.
 // A product kept on the device (src/ops/linalg/kept.rs) rounded to its output dtype in
 // place, as the host's Dtype::round does: `dtype` 1 is f16, 2 bf16 (round to nearest,
-// ties to even, kept in f32), 0 leaves each value as it is. Counts the values left not
-// finite (an overflow of the dtype, or of f32's sums) in *non_finite, so the launcher
-// learns of one without reading the product back. A grid-stride loop.
+// ties to even, kept in f32), 0 leaves each value as it is. Sets *non_finite to 1 when a
+// value is left not finite (an overflow of the dtype, or of f32's sums), so the launcher
+// learns of one without reading the product back (a flag, not a count: a count could
+// wrap). A grid-stride loop.
 extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
     round_output_f32(float *v, u64 n, u32 dtype, u32 *non_finite) {
     for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
@@ -86,10 +87,25 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
             bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
         }
         v[i] = __uint_as_float(bits);
-        if ((bits & 0x7f800000u) == 0x7f800000u) atomicAdd(non_finite, 1u);
+        if ((bits & 0x7f800000u) == 0x7f800000u) atomicMax(non_finite, 1u);
     }
 }
 
+// Whether a field vector a device holds has a zero element (src/ops/zk/held/whole.rs: an
+// inversion of a kept result checks its operand where it lies, not on the host): `words`
+// u32 words an element (the u64 fields' words read as pairs of u32; every field's kernels
+// write canonical elements, so zero is all words zero); *zeros set to 1 if one is.
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    any_zero_element(const u32 *x, u64 n, u32 words, u32 *zeros) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u32 any = 0;
+        for (u32 w = 0; w < words; w++) any |= x[i * words + w];
+        if (!any) atomicMax(zeros, 1u);
+    }
+}
+
+// Sinusoidal embeddings (src/ops/linalg/sinusoidal.rs): row j, pair i gets sin and cos of
 // times[j]·freq[i] in f64, at (2i, 2i + 1) or, split, at (i, half + i). The launcher
 // rounds to the output dtype. A grid-stride loop over DeviceLease::launch_config's blocks,
 // as is the gather below.

@@ -238,7 +238,14 @@ impl ArrayScope {
                 Ok(TensorOperand::Held(h.clone()))
             }
             ArrayData::Tensor(t) => Ok(TensorOperand::Host(t.clone())),
-            ArrayData::Held(HeldArray::Tensor(_)) => self.tensor(id, path).map(TensorOperand::Host),
+            ArrayData::Held(HeldArray::Tensor(_)) => {
+                let read = self.arrays.materialised(a.clone());
+                let a = read.map_err(|e| at_operand(e.into(), path))?;
+                match &a.data {
+                    ArrayData::Tensor(t) => Ok(TensorOperand::Host(t.clone())),
+                    _ => Err(mismatch(&a, "a tensor", path)),
+                }
+            }
             _ => Err(mismatch(&a, "a tensor", path)),
         }
     }

@@ -211,7 +211,7 @@ async fn a_kept_power_stays_on_the_emulated_device() {
         let before = downloaded(&s);
         let inverse = json!({"field": f, "values": {"array": ax}, "keep": keep()});
         let ai = kept_on_device(&run(&s, "/zk/field_inv", inverse, "emulated").await);
-        // Four bytes came back: the count of zeros the device found (none).
+        // Four bytes came back: the device's flag of a zero (none).
         assert_eq!(
             downloaded(&s),
             before + 4,
@@ -470,17 +470,19 @@ fn a_kept_result_is_read_on_another_stream_after_its_kernel() {
 }
 
 /// An inversion of a held vector, on the lease of its device: the inverses are the
-/// CPU's (a 256-bit field and a word field), and a held vector with one zero is refused
-/// naming that element, found where the vector lies.
+/// CPU's (every width of element), and a held vector with one zero, late in it, is
+/// refused naming that element, found where the vector lies; the shadow check holds a
+/// side that missed the zero against the other.
 #[test]
 fn a_held_vector_is_inverted_where_it_lies_and_its_zeros_are_named() {
     let dev = Arc::new(GpuDevice::emulated(0, 64 << 20));
     let mut lease = dev.lease().unwrap();
     lease.set_handle(dev.clone());
-    for field in [Field::Bn254Fr, Field::BabyBear] {
+    // Each width of element: 8, 2 and 1 u32 words.
+    for field in [Field::Bn254Fr, Field::Goldilocks, Field::BabyBear] {
         let x = FieldVec::from_integers(field, &random_elements(field, 256, 11)).unwrap();
         let mut with_zero = random_elements(field, 256, 12);
-        with_zero[37] = gpu_ops::ops::zk::U256::ZERO;
+        with_zero[237] = gpu_ops::ops::zk::U256::ZERO;
         let y = FieldVec::from_integers(field, &with_zero).unwrap();
         let host = |values: &FieldVec| FieldSource::Host {
             values: values.clone(),
@@ -514,10 +516,14 @@ fn a_held_vector_is_inverted_where_it_lies_and_its_zeros_are_named() {
             panic!("{}: a zero is refused", field.name());
         };
         let zeros = gpu_ops::ops::zk::InvError::Zeros {
-            indices: vec![37],
+            indices: vec![237],
             count: 1,
         };
         assert_eq!(refused.not_invertible, Some(zeros), "{}", field.name());
+        let cpu = inverse.run_cpu();
+        assert!(inverse.agrees(&Err(refused), &cpu).is_ok());
+        let missed = Ok(FieldResult::Host(y.clone()));
+        assert!(inverse.agrees(&missed, &cpu).is_err(), "{}", field.name());
     }
 }
 

@@ -56,8 +56,7 @@ async fn a_kept_chain_of_products_stays_on_the_emulated_device_until_read() {
     let mut first = product(x, w1, "gpu");
     first["keep"] = json!({"with_data": false});
     let kept = kept_on_device(&matmul(&s, first, "emulated").await);
-    // A downloaded counter of its own: the rounding kernel's count of values that are
-    // not finite, four bytes.
+    // Four bytes came back: the rounding kernel's flag of a value that is not finite.
     assert_eq!(downloaded(&s), before + 4, "D stayed on the device");
     let key = gpu_ops::arrays::device_key(&kept);
     let gpus = s.state.backends.gpus();

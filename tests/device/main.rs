@@ -1,7 +1,7 @@
 //! The device tests: the emulated device's execution model (`emulated_device`), every
 //! domain's jobs against their CPU twins on it and on any GPU present (`parity`, one
 //! harness over `Job`), the server with `--emulate-device`
-//! (`emulated_http`, resident arrays' device copies in `emulated_arrays`, and kept results held on the device in `emulated_kept`), self-tests, quarantine and faults (`device_faults`), and every kernel
+//! (`emulated_http`, resident arrays' device copies in `emulated_arrays`, kept results held on the device in `emulated_kept`, and kept products in `emulated_products`), self-tests, quarantine and faults (`device_faults`), and every kernel
 //! through NVRTC and ptxas (`nvrtc_compile`) and through hipRTC for AMD GPUs (`hip_compile`). CI runs this binary again under AddressSanitizer
 //! and ThreadSanitizer (`.ci/run`).
 

@@ -10,12 +10,13 @@ use crate::backend::cuda::blaslt::{BlasCompute, RowMajorProduct, MATMUL_BLASLT_O
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
 use crate::backend::device::{LaunchConfig, Operand};
-use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
+use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease, Element};
 use std::sync::Arc;
 
 const KERNEL_NAMES: &[&str] = &[
     "matmul_f32",
     "round_output_f32",
+    "any_zero_element",
     "sinusoidal_f64",
     "embedding_gather_f32",
 ];
@@ -272,12 +273,12 @@ pub(crate) fn launch_matmul_f32(
 }
 
 /// Rounds `d` to `dtype` on the device, as `Dtype::round_all` does on the host (f32:
-/// unchanged); how many values are not finite afterwards (one read of four bytes).
+/// unchanged); whether a value is not finite afterwards (one read of four bytes).
 pub(crate) fn round_output(
     dev: &DeviceLease<'_>,
     d: &mut DeviceBuffer<f32>,
     dtype: super::Dtype,
-) -> Result<u32, DeviceError> {
+) -> Result<bool, DeviceError> {
     use super::Dtype;
     let code: u32 = match dtype {
         Dtype::F16 => 1,
@@ -289,9 +290,27 @@ pub(crate) fn round_output(
     let n = len as u64;
     let mut l = dev.launch("round_output_f32")?;
     l.arg(d).arg(&n).arg(&code).arg(&mut non_finite);
-    // SAFETY: the kernel reads and writes d's n values and adds to the one counter.
+    // SAFETY: the kernel reads and writes d's n values and sets the one flag.
     unsafe { l.launch(dev.launch_config(len)) }?;
-    Ok(dev.download(&non_finite)?[0])
+    Ok(dev.download(&non_finite)?[0] != 0)
+}
+
+/// Whether `x` (`n` elements of `words` u32 words each: any field's buffer) has an
+/// element whose words are all zero, found on the device (one read of four bytes).
+/// `Unsupported` on an engine without the kernel (wgpu's).
+pub(crate) fn any_zero_element<T: Element>(
+    dev: &DeviceLease<'_>,
+    x: &DeviceBuffer<T>,
+    n: usize,
+    words: u32,
+) -> Result<bool, DeviceError> {
+    let mut zeros = dev.alloc_zeros::<u32>(1)?;
+    let n64 = n as u64;
+    let mut l = dev.launch("any_zero_element")?;
+    l.arg(x).arg(&n64).arg(&words).arg(&mut zeros);
+    // SAFETY: x holds n·words u32 words (its elements' words, read as u32); one flag.
+    unsafe { l.launch(dev.launch_config(n)) }?;
+    Ok(dev.download(&zeros)?[0] != 0)
 }
 
 pub fn launch_sinusoidal(

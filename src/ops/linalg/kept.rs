@@ -169,7 +169,7 @@ impl KeptMatmulJob {
             // name its first value that is not finite.
             let non_finite = round_output(dev, &mut d, job.output)?;
             let d = Arc::new(d);
-            if non_finite == 0 && dev.keep_table(&keep.key, d.clone())? {
+            if !non_finite && dev.keep_table(&keep.key, d.clone())? {
                 let meta = TensorShape {
                     dtype: job.output,
                     shape: keep.shape.clone(),
@@ -256,10 +256,16 @@ impl Job for KeptMatmulJob {
         if entry * s.batch + shared > dev.memory_budget() {
             // Too large to hold whole: the plain launcher's passes over host values, held
             // operands read back on this lease (another would wait for this one).
-            let job = match self.filled(|h| h.read_on(dev)) {
+            let mut job = match self.filled(|h| h.read_on(dev)) {
                 Ok(job) => job,
                 Err((i, e)) => return gone(i, e),
             };
+            // A held operand is not cached a second time under its array's key.
+            for (key, held) in job.device_keys.iter_mut().zip(&self.held) {
+                if held.is_some() {
+                    *key = None;
+                }
+            }
             let provider = MatmulProvider::for_device(dev);
             return Ok(Ok(TensorResult::Host(run_matmul_on(&job, dev, provider)?)));
         }

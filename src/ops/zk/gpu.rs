@@ -13,8 +13,7 @@ pub(crate) fn kernel_name(field: Field, op: FieldOp) -> String {
     format!("{}_{}", field.name(), op.kernel_suffix())
 }
 
-/// `kernels/field_ops.cu`: add, sub, mul, pow and inv for every field, and the zero count
-/// an inversion of a held vector checks first.
+/// `kernels/field_ops.cu`: add, sub, mul, pow and inv for every field.
 pub fn field_ops_module() -> KernelModule {
     let entry_points = Field::ALL
         .iter()
@@ -24,7 +23,6 @@ pub fn field_ops_module() -> KernelModule {
                 .into_iter()
                 .chain([format!("{}_pow", f.name()), format!("{}_inv", f.name())])
         })
-        .chain(["count_zero_elements".to_string()])
         .collect();
     KernelModule {
         name: "field_ops",
@@ -171,25 +169,6 @@ fn launch_pair<T: Element>(
     })
 }
 
-/// Elements per thread in the inversion kernel: enough threads to fill the device, at
-/// least 8 elements each so the one Fermat inversion per chunk is amortised.
-/// Elements of `x` (`n` of `words` u32 words each, any field's buffer) whose words are
-/// all zero, counted on the device (one read of four bytes).
-pub(super) fn count_zeros<T: Element>(
-    dev: &DeviceLease<'_>,
-    x: &DeviceBuffer<T>,
-    n: usize,
-    words: u32,
-) -> Result<u32, DeviceError> {
-    let mut zeros = dev.alloc_zeros::<u32>(1)?;
-    let n64 = n as u64;
-    let mut l = dev.launch("count_zero_elements")?;
-    l.arg(x).arg(&n64).arg(&words).arg(&mut zeros);
-    // SAFETY: x holds n·words u32 words (its elements' words, read as u32); one counter.
-    unsafe { l.launch(dev.launch_config(n)) }?;
-    Ok(dev.download(&zeros)?[0])
-}
-
 /// `{field}_inv` over whole buffers: `out` the inverses of `x`'s `n` elements (none zero).
 pub(super) fn invert_whole<T: Element>(
     dev: &DeviceLease<'_>,
@@ -208,6 +187,8 @@ pub(super) fn invert_whole<T: Element>(
     Ok(out)
 }
 
+/// Elements per thread in the inversion kernel: enough threads to fill the device, at
+/// least 8 elements each so the one Fermat inversion per chunk is amortised.
 fn inv_chunk(n: usize, threads: usize) -> u64 {
     n.div_ceil(threads.max(1)).max(8) as u64
 }

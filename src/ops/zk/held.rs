@@ -431,6 +431,15 @@ impl Job for KeptFieldJob {
     }
 
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
+        // An inversion's zeros are the kernels' finding: both sides must agree on them.
+        let zeros = |r: &Self::Output| r.as_ref().err().and_then(|e| e.not_invertible.clone());
+        if zeros(device) != zeros(cpu) {
+            return Err(format!(
+                "zeros: the device found {:?}, the CPU {:?}",
+                zeros(device),
+                zeros(cpu)
+            ));
+        }
         // A side that could not read an operand (deleted, or lost with its device, before
         // the check came round) computed nothing to compare: that says nothing against
         // the kernels, and must not quarantine them.

@@ -6,6 +6,7 @@ use super::{Field, FieldShape, FieldVec, InvError, U256};
 use super::{FieldResult, FieldSource, FieldStep, HeldVector, KeptFieldJob, StepFailed};
 use crate::backend::device::held::lost;
 use crate::backend::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element};
+use crate::ops::linalg::any_zero_element;
 use std::sync::Arc;
 
 /// How a field's elements are the kernels' words `T`.
@@ -48,10 +49,18 @@ impl KeptFieldJob {
             }
             FieldStep::Inv => {
                 if let FieldSource::Held(h) = &self.inputs[0] {
-                    // Zeros are counted where the operand lies; only a refusal reads it.
+                    // Zeros are looked for where the operand lies, and only a refusal
+                    // reads it back; an engine without that kernel (wgpu's) reads it back
+                    // to look on the host.
                     let words = (w * std::mem::size_of::<T>() / 4) as u32;
-                    if gpu::count_zeros(dev, &ins[0], self.len(), words)? > 0 {
-                        return zeros_of(dev, h);
+                    let zeros = match dev.has_kernel("any_zero_element") {
+                        true => any_zero_element(dev, &ins[0], self.len(), words)?,
+                        false => true,
+                    };
+                    if zeros {
+                        if let Some(refused) = zeros_of(dev, h)? {
+                            return Ok(Err(refused));
+                        }
                     }
                 }
                 let kernel = format!("{}_inv", self.field().name());
@@ -145,23 +154,22 @@ fn copied<T: Element>(
 }
 
 /// The refusal of an inversion whose held operand `h` has zeros, naming them: `h` read
-/// back on `dev` (its device's lease) to find them.
-fn zeros_of(
-    dev: &DeviceLease<'_>,
-    h: &HeldVector,
-) -> Result<Result<FieldResult, StepFailed>, DeviceError> {
+/// back on `dev` (its device's lease) to find them; `None` when it has none (looked for
+/// on the host where the engine has no kernel for it).
+fn zeros_of(dev: &DeviceLease<'_>, h: &HeldVector) -> Result<Option<StepFailed>, DeviceError> {
     let values = match h.host_copy() {
         Some(v) => FieldVec::clone(&v),
         None => match h.read_on(dev) {
             Ok(v) => v,
-            Err(e) => return gone(0, e),
+            Err(e) => return gone::<()>(0, e).map(Result::err),
         },
     };
     match InvError::check(&values) {
-        Err(e) => Ok(Err(super::not_invertible(e))),
-        Ok(()) => Err(DeviceError::fatal(
-            "the device counted zeros in a vector whose values read back have none",
+        Err(e) => Ok(Some(super::not_invertible(e))),
+        Ok(()) if dev.has_kernel("any_zero_element") => Err(DeviceError::fatal(
+            "the device found a zero in a vector whose values read back have none",
         )),
+        Ok(()) => Ok(None),
     }
 }
 
