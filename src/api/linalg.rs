@@ -11,7 +11,6 @@ use super::zk::steps::{devices_may_hold, Step};
 use super::{blocking, blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
 use crate::arrays::HeldArray;
 use crate::backend::BackendChoice;
-use crate::ops::linalg::held::HeldTensor;
 use crate::ops::linalg::kept::{KeepOnDevice, KeptMatmulJob, TensorResult};
 use crate::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
 use crate::pool::Completed;
@@ -242,10 +241,7 @@ pub async fn matmul(
         req.b.held(),
         req.c.as_ref().and_then(DenseIn::held),
     ];
-    let placeholders = held.clone();
-    let job =
-        blocking(move || Ok(build_job(req, max, &placeholders)?.with_device_keys(device_keys)))
-            .await?;
+    let job = blocking(move || Ok(build_job(req, max)?.with_device_keys(device_keys))).await?;
     let (shape, flops) = (job.shape, job.shape.flops());
     let (out_dtype, compute) = (job.output, job.compute);
     let out_shape = if shape.a_batched || shape.b_batched || shape.c_batched {
@@ -328,13 +324,14 @@ pub async fn matmul(
 
 /// Decodes the operands and checks everything the job needs (on a blocking thread: the
 /// operands may be large).
-/// Operands a device holds (`held`: A, B, C) are left empty in the job
+/// Operands a device holds (`DenseIn::Held`) are left empty in the job
 /// (`MatmulJob::checked`), for `KeptMatmulJob` to read where they are.
-fn build_job(
-    req: MatmulRequest,
-    max: usize,
-    held: &[Option<Arc<HeldTensor>>; 3],
-) -> Result<MatmulJob, Problem> {
+fn build_job(req: MatmulRequest, max: usize) -> Result<MatmulJob, Problem> {
+    let held = [
+        req.a.held(),
+        req.b.held(),
+        req.c.as_ref().and_then(DenseIn::held),
+    ];
     let dtype = req
         .dtype
         .or(req.a.packed_dtype())

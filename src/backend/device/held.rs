@@ -6,7 +6,7 @@
 //! copy is an ordinary cached copy (`release`). The ops say what their values are
 //! (`HeldValues`): field vectors (`ops::zk::held`), tensors (`ops::linalg::held`).
 
-use super::{DeviceError, DeviceLease, GpuDevice, Stop};
+use super::{DeviceBuffer, DeviceError, DeviceLease, Element, GpuDevice, Stop};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
@@ -108,6 +108,20 @@ impl<V: HeldValues> HeldCopy<V> {
     /// second lease would wait for it).
     pub fn read_on(&self, dev: &DeviceLease<'_>) -> Result<V, DeviceError> {
         V::read(dev, &self.key, &self.meta)
+    }
+
+    /// Its copy on `dev` (its device's lease): the held one, or, read back and evicted
+    /// since, the host's copy uploaded again (`words`: the values as the kernels' words).
+    pub fn buffer_on<T: Element>(
+        &self,
+        dev: &DeviceLease<'_>,
+        words: impl Fn(&V) -> Result<&[T], DeviceError>,
+    ) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
+        match (dev.table::<T>(&self.key)?, self.host_copy()) {
+            (Some(table), _) => Ok(table),
+            (None, Some(values)) => Ok(Arc::new(dev.upload(words(&values)?)?)),
+            (None, None) => Err(lost(&self.key)),
+        }
     }
 
     /// The values on the host, if they were read back.

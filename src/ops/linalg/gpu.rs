@@ -74,7 +74,6 @@ pub(crate) fn run_matmul_on(
         });
     };
     let s = job.shape;
-    let (sa, sb) = (s.a_strides(), s.b_strides());
     let (entry_bytes, shared_bytes) = s.device_bytes(c.is_some());
     let budget = dev.memory_budget().saturating_sub(shared_bytes);
     let per_pass = (budget / entry_bytes.max(1)).clamp(1, s.batch);
@@ -119,17 +118,7 @@ pub(crate) fn run_matmul_on(
         let d_a = a_pass.as_ref().or(a_all.as_deref()).expect("A uploaded");
         let d_b = b_pass.as_ref().or(b_all.as_deref()).expect("B uploaded");
         let mut d = dev.alloc_zeros::<f32>(count * s.m * s.n)?;
-        let pass = MatmulPass {
-            m: s.m,
-            n: s.n,
-            k: s.k,
-            a: sa,
-            b: sb,
-            c_batch: s.c_batch_stride(),
-            alpha: job.alpha as f32,
-            beta: job.beta as f32,
-            batches: count,
-        };
+        let pass = MatmulPass::of(job, count);
         let d_c = c_pass.as_ref().or(c_all.as_deref());
         matmul_pass(dev, provider, job.compute, &pass, d_a, d_b, d_c, &mut d)?;
         out.extend(dev.download(&d)?);
@@ -152,6 +141,24 @@ pub(crate) struct MatmulPass {
     pub alpha: f32,
     pub beta: f32,
     pub batches: usize,
+}
+
+impl MatmulPass {
+    /// `batches` entries of `job`'s product.
+    pub(crate) fn of(job: &MatmulJob, batches: usize) -> Self {
+        let s = job.shape;
+        MatmulPass {
+            m: s.m,
+            n: s.n,
+            k: s.k,
+            a: s.a_strides(),
+            b: s.b_strides(),
+            c_batch: s.c_batch_stride(),
+            alpha: job.alpha as f32,
+            beta: job.beta as f32,
+            batches,
+        }
+    }
 }
 
 /// One pass by `provider`. cuBLASLt takes C as D's starting value, so it runs where C is

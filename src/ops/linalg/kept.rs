@@ -11,7 +11,6 @@ use super::gpu::{matmul_pass, round_output, run_matmul_on, MatmulPass, MatmulPro
 use super::held::{HeldTensor, TensorShape};
 use super::matmul::{MatmulJob, Operands, Values};
 use super::Compute;
-use crate::backend::device::held::lost;
 use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Job};
 use crate::ops::zk::held::{gone, StepFailed};
 use crate::wire::Array;
@@ -107,14 +106,10 @@ impl KeptMatmulJob {
         host: &Array<f32>,
     ) -> Result<Arc<DeviceBuffer<f32>>, DeviceError> {
         if let Some(h) = &self.held[i] {
-            return match (dev.table::<f32>(h.key())?, h.host_copy()) {
-                (Some(table), _) => Ok(table),
-                (None, Some(values)) => match &*values {
-                    Values::F32(v) => Ok(Arc::new(dev.upload(v)?)),
-                    Values::F64(_) => Err(DeviceError::unsupported("an f64 tensor is never held")),
-                },
-                (None, None) => Err(lost(h.key())),
-            };
+            return h.buffer_on(dev, |values| match values {
+                Values::F32(v) => Ok(&v[..]),
+                Values::F64(_) => Err(DeviceError::unsupported("an f64 tensor is never held")),
+            });
         }
         match &self.template.device_keys[i] {
             Some(key) => dev.cached_table(key, || dev.upload(host)),
@@ -139,17 +134,7 @@ impl KeptMatmulJob {
             }
         }
         let mut d = dev.alloc_zeros::<f32>(s.out_len())?;
-        let pass = MatmulPass {
-            m: s.m,
-            n: s.n,
-            k: s.k,
-            a: s.a_strides(),
-            b: s.b_strides(),
-            c_batch: s.c_batch_stride(),
-            alpha: job.alpha as f32,
-            beta: job.beta as f32,
-            batches: s.batch,
-        };
+        let pass = MatmulPass::of(job, s.batch);
         let provider = MatmulProvider::for_device(dev);
         let d_c = ins.get(2).map(|c| c.as_ref());
         matmul_pass(

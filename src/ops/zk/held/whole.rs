@@ -4,7 +4,6 @@
 use super::super::gpu;
 use super::{Field, FieldShape, FieldVec, InvError, U256};
 use super::{FieldResult, FieldSource, FieldStep, HeldVector, KeptFieldJob, StepFailed};
-use crate::backend::device::held::lost;
 use crate::backend::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element};
 use crate::ops::linalg::any_zero_element;
 use std::sync::Arc;
@@ -110,12 +109,7 @@ fn on_device<T: Element>(
     words: fn(&FieldVec) -> &[T],
 ) -> Result<Arc<DeviceBuffer<T>>, DeviceError> {
     match source {
-        FieldSource::Held(h) => match (dev.table::<T>(h.key())?, h.host_copy()) {
-            (Some(table), _) => Ok(table),
-            // Read back, and its device copy evicted since: the host's copy, uploaded.
-            (None, Some(values)) => Ok(Arc::new(dev.upload(words(&values))?)),
-            (None, None) => Err(lost(h.key())),
-        },
+        FieldSource::Held(h) => h.buffer_on(dev, |v| Ok(words(v))),
         FieldSource::Host {
             values,
             key: Some(key),
