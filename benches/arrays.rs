@@ -7,14 +7,17 @@
 //! against one whose intermediates stay on the server (`keep`; on a device they stay on
 //! the device, not downloaded until read). Medians of BENCH_RUNS
 //! (default 5) after one warm-up. Then the caps filled (`caps`): memory, files and a
-//! restart's load time with many arrays.
-//! Env: BENCH_CASES (comma-separated of msm, chain, caps; default all), BENCH_MSM_LOG2
+//! restart's load time with many arrays. And a model's stack of layers, products and
+//! convolutions, each output sent back and up against kept (`layers`, `arrays/layers.rs`).
+//! Env: BENCH_CASES (comma-separated of msm, chain, layers, caps; default all), BENCH_MSM_LOG2
 //! (comma-separated, default "16,18"), BENCH_CHAIN_LOG2 (default 20), BENCH_CAP_ARRAYS
 //! (default 10000), BENCH_CAP_MIB (default 256).
 
 #[path = "arrays/caps.rs"]
 mod caps;
 mod common;
+#[path = "arrays/layers.rs"]
+mod layers;
 
 use common::{env, median, ms};
 use gpu_ops::ops::zk::msm::Curve;
@@ -76,10 +79,10 @@ fn main() {
 }
 
 async fn run() {
-    let cases = std::env::var("BENCH_CASES").unwrap_or_else(|_| "msm,chain,caps".into());
+    let cases = std::env::var("BENCH_CASES").unwrap_or_else(|_| "msm,chain,layers,caps".into());
     let case = |name: &str| cases.split(',').any(|c| c.trim() == name);
-    if case("msm") || case("chain") {
-        msm_and_chain(case("msm"), case("chain")).await;
+    if case("msm") || case("chain") || case("layers") {
+        msm_and_chain(case("msm"), case("chain"), case("layers")).await;
     }
     if case("caps") {
         caps::run(
@@ -98,7 +101,7 @@ fn backend() -> &'static str {
     }
 }
 
-async fn msm_and_chain(msm: bool, chain: bool) {
+async fn msm_and_chain(msm: bool, chain: bool, layers: bool) {
     let runs = env("BENCH_RUNS", 5);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut args = vec!["--max-elements", "16777216", "--backend"];
@@ -122,6 +125,9 @@ async fn msm_and_chain(msm: bool, chain: bool) {
     }
     if chain {
         chain_case(&client, &url, runs).await;
+    }
+    if layers {
+        layers::run(&client, &url).await;
     }
 }
 

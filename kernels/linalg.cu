@@ -91,6 +91,18 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
     }
 }
 
+// A run of f32 values copied from one device buffer into another, each at its own
+// offset (src/ops/linalg/gpu.rs, copy_range): a kept convolution reads its images out of
+// the held tensor that is its input and writes each pass's output into the whole output
+// it keeps (src/ops/nn/kept.rs). Engines copy whole buffers only. A grid-stride loop.
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    copy_range_f32(const float *src, u64 src_at, float *dst, u64 dst_at, u64 n) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        dst[dst_at + i] = src[src_at + i];
+    }
+}
+
 // Whether a field vector a device holds has a zero element (src/ops/zk/held/whole.rs: an
 // inversion of a kept result checks its operand where it lies, not on the host): `words`
 // u32 words an element (the u64 fields' words read as pairs of u32; every field's kernels

@@ -302,13 +302,17 @@ run() {
   # Issue 59's device figures (the arrays bench, staged): MSM in the bulk form at 2^16 and
   # 2^18 points on both curves, points sent each call against a resident array, and the
   # polynomial product (2^20) with its intermediates kept on the device against sent
-  # back and forth; its own server in process, the staged kernel cache; into bench.md.
+  # back and forth, and a model's layers (three bf16 products of 4096 × 1024 tokens, two
+  # 3 × 3 convolutions of 32 × 64 × 56 × 56) with their outputs kept against sent; its own
+  # server in process, the staged kernel cache; into bench.md.
   if [ -f "$here/.gpu/bench-arrays.xz" ]; then
     unxz_to "$here/.gpu/bench-arrays.xz" "$work/bench-arrays"
     chmod +x "$work/bench-arrays"
-    local bench_env=(BENCH_BACKEND=gpu "BENCH_CASES=msm,chain" BENCH_RUNS=5
+    local bench_env=(BENCH_BACKEND=gpu "BENCH_CASES=msm,chain,layers" BENCH_RUNS=5
       GPU_OPS_DATA_DIR="$work/data")
-    [ "$emulate" = 1 ] && bench_env+=(BENCH_EMULATE=1 BENCH_MSM_LOG2=10 BENCH_CHAIN_LOG2=12)
+    [ "$emulate" = 1 ] && bench_env+=(BENCH_EMULATE=1 BENCH_MSM_LOG2=10 BENCH_CHAIN_LOG2=12
+      BENCH_LAYERS_TOKENS=128 BENCH_LAYERS_HIDDEN=64 BENCH_LAYERS_IMAGES=2
+      BENCH_LAYERS_CHANNELS=4 BENCH_LAYERS_SIDE=12)
     step "bench arrays (issue 59)" 180 env "${bench_env[@]}" "$work/bench-arrays" --bench \
       >> "$out/bench.md" 2>> "$logs/bench-arrays.log"
   else

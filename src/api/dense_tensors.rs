@@ -116,7 +116,8 @@ pub enum DenseIn {
     Array(String),
     /// A resident tensor, found: its values were checked when it was made.
     Resident(Arc<Tensor>),
-    /// A resident tensor a device holds (a kept product), found by `resolve_where_held`
+    /// A resident tensor a device holds (a kept product or convolution output), found by
+    /// `resolve_where_held`
     /// for an op that reads it there.
     Held(Arc<HeldTensor>),
 }

@@ -7,11 +7,17 @@
 
 use super::array_operands::ArrayScope;
 use super::arrays::{check_name, new_id, store, store_as, ttl_ms, ArrayView};
+use super::blocking_if;
+use super::problem::ErrorCode;
 use super::problem::Problem;
+use super::zk::steps::Step;
 use super::AppState;
 use crate::arrays::{ArrayData, HeldArray, Recording, Tensor};
+use crate::ops::linalg::kept::TensorResult;
 use crate::ops::linalg::{Dtype, Values};
+use crate::ops::zk::held::StepFailed;
 use crate::ops::zk::FieldVec;
+use crate::pool::{Completed, RunInfo};
 use serde::Deserialize;
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -28,10 +34,11 @@ pub struct Keep {
     #[schema(minimum = 1, maximum = 9223372036854775807_u64)]
     pub ttl_seconds: Option<u64>,
     /// Whether the answer carries the values too (the default); with false it carries
-    /// only `kept`, and the values stay on the server: a field op's, an NTT's or a
-    /// matmul's result made on a device then stays on that device until it is read
-    /// (`held: ["device"]`), and the next step that names it runs there (a matmul naming a
-    /// held product whose values its `compute` would round reads it back first).
+    /// only `kept`, and the values stay on the server: a field op's, an NTT's, a
+    /// matmul's or an NCHW conv2d's result made on a device then stays on that device
+    /// until it is read (`held: ["device"]`), and the next step that names it runs there
+    /// (a matmul naming a held product whose values its `compute` would round, or an nhwc
+    /// conv2d naming a held tensor, reads it back first).
     #[serde(default = "yes")]
     pub with_data: bool,
 }
@@ -155,4 +162,38 @@ pub(super) fn keep_tensor(
     let tensor = Arc::new(Tensor::new(dtype, shape.to_vec(), values));
     let view = plan.keep(ArrayData::Tensor(tensor.clone()))?;
     Ok((with_data.then(|| tensor.values.clone()), Some(view)))
+}
+
+/// What a job that may keep its tensor on a device (`KeptMatmulJob`, `KeptConv2dJob`)
+/// came to: its values on the host, answered as any job's; or the array `keep` stored the
+/// tensor a device holds as, answered without data.
+pub(super) enum TensorStep {
+    Host(Completed<Values>),
+    Held(ArrayView, RunInfo),
+}
+
+/// Settles such a job: an operand no longer held as `Step::failed` says; a held result
+/// stored as `keep`'s array (`keep` taken); one nobody asked to keep is dropped from the
+/// device and is an internal error (the jobs keep only under a key from `keep`).
+pub(super) async fn settle_tensor(
+    done: Completed<Result<TensorResult, StepFailed>>,
+    keep: &mut Option<KeepPlan>,
+    step: Step,
+) -> Result<TensorStep, Problem> {
+    match done.output {
+        Err(e) => Err(step.failed(e).await),
+        Ok(TensorResult::Host(output)) => Ok(TensorStep::Host(Completed {
+            output,
+            run: done.run,
+        })),
+        Ok(TensorResult::Held(h)) => {
+            let Some(plan) = keep.take() else {
+                h.discard();
+                let why = "a result was left on the device without a request to keep it";
+                return Err(Problem::new(ErrorCode::Internal, why));
+            };
+            let view = blocking_if(true, move || plan.keep_held(HeldArray::Tensor(h))).await?;
+            Ok(TensorStep::Held(view, done.run))
+        }
+    }
 }

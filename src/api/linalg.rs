@@ -4,16 +4,14 @@ use super::array_operands::ArrayScope;
 use super::arrays::ArrayView;
 use super::dense_tensors::{DenseDoc, DenseIn, DenseOut, DenseOutDoc, DenseValues, TensorDtype};
 use super::extract::ObjectOnly;
-use super::kept_results::{self, Keep, KeepPlan};
+use super::kept_results::{self, Keep, KeepPlan, TensorStep};
 use super::openapi::Binary;
 use super::problem::{ErrorCode, Problem};
 use super::zk::steps::{devices_may_hold, Step};
 use super::{blocking, blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState};
-use crate::arrays::HeldArray;
 use crate::backend::BackendChoice;
-use crate::ops::linalg::kept::{KeepOnDevice, KeptMatmulJob, TensorResult};
+use crate::ops::linalg::kept::{KeepOnDevice, KeptMatmulJob};
 use crate::ops::linalg::{Compute, Dtype, MatmulJob, MatmulShape, Operands, Values};
-use crate::pool::Completed;
 use axum::extract::State;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
@@ -233,7 +231,7 @@ pub async fn matmul(
         resolve(&mut req.b, "/b")?,
         req.c.as_mut().map_or(Ok(None), |c| resolve(c, "/c"))?,
     ];
-    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
+    let mut keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
     let packed = req.a.answers_packed();
     let held = [
@@ -265,30 +263,20 @@ pub async fn matmul(
             named: named.to_vec(),
             paths: &["/a", "/b", "/c"],
         };
-        match done.output {
-            Err(e) => return Err(step.failed(e).await),
-            Ok(TensorResult::Held(h)) => {
-                let Some(plan) = keep else {
-                    h.discard();
-                    let why = "a product was left on the device without a request to keep it";
-                    return Err(Problem::new(ErrorCode::Internal, why));
-                };
-                let kept = blocking_if(true, move || plan.keep_held(HeldArray::Tensor(h))).await?;
+        match kept_results::settle_tensor(done, &mut keep, step).await? {
+            TensorStep::Host(done) => done,
+            TensorStep::Held(kept, run) => {
                 let body = MatmulResponse {
                     result: None,
                     shape: out_shape,
                     dtype: TensorDtype::from(out_dtype),
                     compute: compute_type(compute),
                     flops,
-                    gflops_per_second: gflops_per_second(flops, done.run.compute_time),
+                    gflops_per_second: gflops_per_second(flops, run.compute_time),
                     kept: Some(kept),
                 };
-                return bulk::answer(form, &body, |b| json_body(b, 256), &done.run);
+                return bulk::answer(form, &body, |b| json_body(b, 256), &run);
             }
-            Ok(TensorResult::Host(values)) => Completed {
-                output: values,
-                run: done.run,
-            },
         }
     } else {
         state.pool.submit(job, backend, timeout).await?

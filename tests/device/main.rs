@@ -13,6 +13,7 @@ mod emulated_arrays;
 mod emulated_device;
 mod emulated_http;
 mod emulated_kept;
+mod emulated_layers;
 mod emulated_products;
 mod hip_compile;
 mod nvrtc_compile;

@@ -4,15 +4,18 @@ use crate::api::array_operands::ArrayScope;
 use crate::api::arrays::ArrayView;
 use crate::api::dense_tensors::{Dense4Doc, Dense4OutDoc, DenseIn, DenseOut, TensorDtype};
 use crate::api::extract::ObjectOnly;
-use crate::api::kept_results::{self, Keep};
+use crate::api::kept_results::{self, Keep, KeepPlan, TensorStep};
 use crate::api::linalg::{gflops_per_second, operand, MAX_MATMUL_FLOPS};
 use crate::api::openapi::Binary;
 use crate::api::problem::{ErrorCode, Problem};
+use crate::api::zk::steps::{devices_may_hold, Step};
 use crate::api::{
     blocking, blocking_if, bulk, job_timeout, json_body, AnswerForm, ApiBody, AppState,
 };
 use crate::backend::BackendChoice;
-use crate::ops::linalg::Dtype;
+use crate::ops::linalg::kept::KeepOnDevice;
+use crate::ops::linalg::{Compute, Dtype};
+use crate::ops::nn::kept::KeptConv2dJob;
 use crate::ops::nn::{Conv2dJob, Conv2dShape, ConvTensors};
 use axum::extract::State;
 use axum::response::Response;
@@ -135,18 +138,63 @@ pub async fn conv2d(
     ApiBody(mut req): ApiBody<Conv2dRequest>,
 ) -> Result<Response, Problem> {
     let timeout = job_timeout(req.timeout_ms)?;
-    req.input.resolve(&arrays, "/input")?;
+    let (backend, layout) = (req.backend, req.layout);
+    // A tensor a device holds (a kept convolution's output) is read there as the input
+    // when its layout needs no transpose (NCHW), as it is (a held tensor is already in
+    // its dtype, and every convolution sums in f32; `KeptConv2dJob`); else read back.
+    let holding = devices_may_hold(&state, backend) && layout == ConvLayout::Nchw;
+    let named = req.input.array_id();
+    match holding {
+        true => req
+            .input
+            .resolve_where_held(&arrays, Compute::F32, "/input")?,
+        false => req.input.resolve(&arrays, "/input")?,
+    };
     let weight_key = req.weight.resolve(&arrays, "/weight")?;
-    let keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
+    let mut keep = kept_results::plan(req.keep.take().map(|k| k.0), &state, &arrays)?;
     let max = state.settings.config.max_tensor_elements;
-    let backend = req.backend;
-    let layout = req.layout;
     let packed = req.input.answers_packed();
+    let held = req.input.held();
     let job = blocking(move || build_job(req, max))
         .await?
         .with_weight_key(weight_key);
     let (s, out_dtype) = (job.shape, job.output);
-    let done = state.pool.submit(job, backend, timeout).await?;
+    let (oh, ow) = s.out_size().expect("the job checked the output size");
+    let nchw = vec![s.batch, s.out_channels, oh, ow];
+    let dtype = TensorDtype::from(out_dtype);
+    let stay = keep
+        .as_ref()
+        .and_then(KeepPlan::device_key)
+        .filter(|_| holding);
+    let done = if held.is_some() || (stay.is_some() && job.input != Dtype::F64) {
+        let keep_on_device = stay.map(|key| KeepOnDevice {
+            key,
+            shape: nchw.clone(),
+        });
+        let kept = KeptConv2dJob::new(job, held, keep_on_device)?;
+        let done = state.pool.submit(kept, backend, timeout).await?;
+        let step = Step {
+            scope: arrays.clone(),
+            named: vec![named],
+            paths: &["/input"],
+        };
+        match kept_results::settle_tensor(done, &mut keep, step).await? {
+            TensorStep::Host(done) => done,
+            TensorStep::Held(kept, run) => {
+                let body = Conv2dResponse {
+                    result: None,
+                    shape: nchw,
+                    dtype,
+                    flops: s.flops(),
+                    gflops_per_second: gflops_per_second(s.flops(), run.compute_time),
+                    kept: Some(kept),
+                };
+                return bulk::answer(form, &body, |b| json_body(b, 256), &run);
+            }
+        }
+    } else {
+        state.pool.submit(job, backend, timeout).await?
+    };
     if let Some(i) = done.output.first_non_finite() {
         return Err(Problem::at(
             ErrorCode::ResultNotFinite,
@@ -157,16 +205,14 @@ pub async fn conv2d(
             ),
         ));
     }
-    let (oh, ow) = s.out_size().expect("the job checked the output size");
     let values = done.output.into_f64();
     let (shape, values) = match layout {
-        ConvLayout::Nchw => (vec![s.batch, s.out_channels, oh, ow], values),
+        ConvLayout::Nchw => (nchw, values),
         ConvLayout::Nhwc => (
             vec![s.batch, oh, ow, s.out_channels],
             swap_inner_axes(&values, s.batch, s.out_channels, oh * ow),
         ),
     };
-    let dtype = TensorDtype::from(out_dtype);
     let rate = gflops_per_second(s.flops(), done.run.compute_time);
     let keeping = keep.is_some();
     let encode = move || {
@@ -208,7 +254,10 @@ fn pair(v: Option<Vec<usize>>, path: &str) -> Result<(usize, usize), Problem> {
 
 /// Decodes the inputs and checks everything the job needs (on a blocking thread: the
 /// inputs may be large).
+/// An input a device holds (`DenseIn::Held`, NCHW only) is left empty in the job
+/// (`Conv2dJob::checked`), for `KeptConv2dJob` to read where it is.
 fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
+    let held_input = req.input.held().is_some();
     // The small parameters first: a bad one is a 422 whatever the tensors' size.
     let stride = pair(req.stride, "/stride")?;
     let dilation = pair(req.dilation, "/dilation")?;
@@ -323,12 +372,12 @@ fn build_job(req: Conv2dRequest, max: usize) -> Result<Conv2dJob, Problem> {
             bias: bias.map(narrow),
         }
     };
-    Ok(Conv2dJob::new(
+    Ok(Conv2dJob::checked(
         shape,
         tensors,
         req.relu,
-        input_dtype,
-        output,
+        (input_dtype, output),
+        held_input,
     )?)
 }
 

@@ -17,6 +17,7 @@ const KERNEL_NAMES: &[&str] = &[
     "matmul_f32",
     "round_output_f32",
     "any_zero_element",
+    "copy_range_f32",
     "sinusoidal_f64",
     "embedding_gather_f32",
 ];
@@ -300,6 +301,33 @@ pub(crate) fn round_output(
     // SAFETY: the kernel reads and writes d's n values and sets the one flag.
     unsafe { l.launch(dev.launch_config(len)) }?;
     Ok(dev.download(&non_finite)?[0] != 0)
+}
+
+/// Copies `n` values of `src` from `src_at` on into `dst` from `dst_at` on, on the device
+/// (the engines' own copies take whole buffers). A range past either end is refused here:
+/// the kernel does not check.
+pub(crate) fn copy_range(
+    dev: &DeviceLease<'_>,
+    (src, src_at): (&DeviceBuffer<f32>, usize),
+    (dst, dst_at): (&mut DeviceBuffer<f32>, usize),
+    n: usize,
+) -> Result<(), DeviceError> {
+    let fits = |at: usize, len: usize| at.checked_add(n).is_some_and(|end| end <= len);
+    if !fits(src_at, src.len()) || !fits(dst_at, dst.len()) {
+        return Err(DeviceError::fatal(format!(
+            "a device copy of {n} values from {src_at} of {} into {dst_at} of {}",
+            src.len(),
+            dst.len()
+        )));
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (from, to, count) = (src_at as u64, dst_at as u64, n as u64);
+    let mut l = dev.launch("copy_range_f32")?;
+    l.arg(src).arg(&from).arg(dst).arg(&to).arg(&count);
+    // SAFETY: both ranges lie inside their buffers (checked above).
+    unsafe { l.launch(dev.launch_config(n)) }
 }
 
 /// Whether `x` (`n` elements of `words` u32 words each: any field's buffer) has an

@@ -1,5 +1,6 @@
-//! A tensor held on a device (`backend::device::held`): a product kept where it was made
-//! (`kept::KeptMatmulJob`), its values f32 already rounded to its dtype.
+//! A tensor held on a device (`backend::device::held`): a product or a convolution's
+//! output kept where it was made (`kept::KeptMatmulJob`, `ops::nn::kept::KeptConv2dJob`),
+//! its values f32 already rounded to its dtype.
 
 use super::{Compute, Dtype, Values};
 use crate::backend::device::held::{lost, HeldCopy, HeldValues};

@@ -10,7 +10,7 @@
 use super::gpu::{matmul_pass, round_output, run_matmul_on, MatmulPass, MatmulProvider};
 use super::held::{HeldTensor, TensorShape};
 use super::matmul::{MatmulJob, Operands, Values};
-use super::Compute;
+use super::{Compute, Dtype};
 use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Job};
 use crate::ops::zk::held::{gone, StepFailed};
 use crate::wire::Array;
@@ -24,11 +24,41 @@ pub enum TensorResult {
     Held(Arc<HeldTensor>),
 }
 
-/// Where D stays: its key in the device's cache and its shape as answered.
+/// Where a result stays: its key in the device's cache and its shape as answered.
 #[derive(Clone, Debug)]
 pub struct KeepOnDevice {
     pub key: String,
     pub shape: Vec<usize>,
+}
+
+impl KeepOnDevice {
+    /// `d`, a whole result, rounded to `dtype` where it lies and kept in `dev`'s cache
+    /// under the key. Downloaded instead (rounded) when a value is not finite, so the
+    /// answer can name the first; when the cache has no room; or on a lease without a
+    /// device's handle.
+    pub fn keep(
+        &self,
+        dev: &DeviceLease<'_>,
+        mut d: DeviceBuffer<f32>,
+        dtype: Dtype,
+    ) -> Result<TensorResult, DeviceError> {
+        let Some(device) = dev.handle() else {
+            let mut out = dev.download(&d)?;
+            dtype.round_all(&mut out);
+            return Ok(TensorResult::Host(Values::F32(out.into())));
+        };
+        let non_finite = round_output(dev, &mut d, dtype)?;
+        let d = Arc::new(d);
+        if !non_finite && dev.keep_table(&self.key, d.clone())? {
+            let meta = TensorShape {
+                dtype,
+                shape: self.shape.clone(),
+            };
+            let held = HeldTensor::new(device.clone(), self.key.clone(), meta);
+            return Ok(TensorResult::Held(Arc::new(held)));
+        }
+        Ok(TensorResult::Host(Values::F32(dev.download(&d)?.into())))
+    }
 }
 
 /// A matmul over operands some of which a device holds, whose D may stay on the device.
@@ -149,22 +179,8 @@ impl KeptMatmulJob {
         )?;
         // Not kept for a job nobody waits for any more.
         dev.still_wanted()?;
-        if let (Some(keep), Some(device)) = (&self.keep, dev.handle()) {
-            // Rounded where it lies; one that overflows is read back, so the answer can
-            // name its first value that is not finite.
-            let non_finite = round_output(dev, &mut d, job.output)?;
-            let d = Arc::new(d);
-            if !non_finite && dev.keep_table(&keep.key, d.clone())? {
-                let meta = TensorShape {
-                    dtype: job.output,
-                    shape: keep.shape.clone(),
-                };
-                let held = HeldTensor::new(device.clone(), keep.key.clone(), meta);
-                return Ok(Ok(TensorResult::Held(Arc::new(held))));
-            }
-            return Ok(Ok(TensorResult::Host(Values::F32(
-                dev.download(&d)?.into(),
-            ))));
+        if let Some(keep) = &self.keep {
+            return Ok(Ok(keep.keep(dev, d, job.output)?));
         }
         let mut out = dev.download(&d)?;
         job.output.round_all(&mut out);
@@ -258,31 +274,48 @@ impl Job for KeptMatmulJob {
     }
 
     fn agrees(&self, device: &Self::Output, cpu: &Self::Output) -> Result<(), String> {
-        // A side that could not read an operand (deleted, or lost with its device, before
-        // the check came round) computed nothing to compare: that says nothing against
-        // the kernels, and must not quarantine them.
-        let (Ok(device), Ok(cpu)) = (device, cpu) else {
-            return Ok(());
-        };
-        let TensorResult::Host(cpu) = cpu else {
-            return Err("the CPU twin kept its result on a device".into());
-        };
-        let device = match device {
-            TensorResult::Host(v) => Cow::Borrowed(v),
-            TensorResult::Held(h) => match h.download() {
-                Ok(v) => Cow::Owned(v),
-                Err(e) => {
-                    tracing::debug!(error = %e, "a kept product was gone before its shadow check");
-                    return Ok(());
-                }
-            },
-        };
-        match self.filled(|h| h.download()) {
-            Ok(job) => job.agrees(&device, cpu),
-            Err((_, e)) => {
-                tracing::debug!(error = %e, "a held operand was gone before the shadow check");
-                Ok(())
+        kept_agree(
+            device,
+            cpu,
+            || self.filled(|h| h.download()).map_err(|(_, e)| e),
+            |job, d, c| job.agrees(d, c),
+        )
+    }
+}
+
+/// The shadow check of a job that may keep its result: the device's values (a kept result
+/// read back) against the CPU twin's, by `check` over the job with its held operands read
+/// back (`filled`). A side that could not read an operand (deleted, or lost with its
+/// device, before the check came round) computed nothing to compare, nor can a check
+/// whose held values are gone since: that says nothing against the kernels, and must not
+/// quarantine them.
+pub fn kept_agree<J>(
+    device: &Result<TensorResult, StepFailed>,
+    cpu: &Result<TensorResult, StepFailed>,
+    filled: impl FnOnce() -> Result<J, DeviceError>,
+    check: impl FnOnce(&J, &Values, &Values) -> Result<(), String>,
+) -> Result<(), String> {
+    let (Ok(device), Ok(cpu)) = (device, cpu) else {
+        return Ok(());
+    };
+    let TensorResult::Host(cpu) = cpu else {
+        return Err("the CPU twin kept its result on a device".into());
+    };
+    let device = match device {
+        TensorResult::Host(v) => Cow::Borrowed(v),
+        TensorResult::Held(h) => match h.download() {
+            Ok(v) => Cow::Owned(v),
+            Err(e) => {
+                tracing::debug!(error = %e, "a kept result was gone before its shadow check");
+                return Ok(());
             }
+        },
+    };
+    match filled() {
+        Ok(job) => check(&job, &device, cpu),
+        Err(e) => {
+            tracing::debug!(error = %e, "a held operand was gone before the shadow check");
+            Ok(())
         }
     }
 }

@@ -14,7 +14,9 @@ pub(crate) mod self_test;
 pub mod sinusoidal;
 pub(crate) mod views;
 
-pub(crate) use gpu::{any_zero_element, matmul_pass, run_matmul_on, MatmulPass, MatmulProvider};
+pub(crate) use gpu::{
+    any_zero_element, copy_range, matmul_pass, run_matmul_on, MatmulPass, MatmulProvider,
+};
 pub use gpu::{kernel_module, launch_lookup, launch_matmul, launch_sinusoidal};
 pub use lookup::LookupJob;
 pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};

@@ -5,14 +5,17 @@
 pub mod attention;
 pub(crate) mod check_cases;
 pub mod conv2d;
+mod conv_launch;
 mod gpu;
+pub mod kept;
 mod real;
 pub(crate) mod self_test;
 
 pub use attention::{Attended, AttentionJob, AttentionShape, Tensors, MAX_HEAD_DIM};
 pub use conv2d::{Conv2dJob, Conv2dShape, ConvTensors};
-pub(crate) use gpu::run_conv2d_cudnn;
-pub use gpu::{attention_key_tile, kernel_module, launch_attention, launch_conv2d};
+pub use conv_launch::launch_conv2d;
+pub(crate) use conv_launch::run_conv2d_cudnn;
+pub use gpu::{attention_key_tile, kernel_module, launch_attention};
 
 use crate::ops::linalg::{Dtype, Values};
 
