@@ -238,6 +238,16 @@ impl ArrayScope {
                 Ok(TensorOperand::Held(h.clone()))
             }
             ArrayData::Tensor(t) => Ok(TensorOperand::Host(t.clone())),
+            // A held tensor is never f64, and f64 products take f64 operands only: refused
+            // where it lies, not read back (to the host and disk) for a request that fails.
+            ArrayData::Held(HeldArray::Tensor(h)) if compute == Compute::F64 => Err(Problem::at(
+                ErrorCode::ArrayMismatch,
+                format!("{path}/array"),
+                format!(
+                    "the array is a {} tensor held on a device; compute f64 takes f64 tensors",
+                    h.dtype().name()
+                ),
+            )),
             ArrayData::Held(HeldArray::Tensor(_)) => {
                 let read = self.arrays.materialised(a.clone());
                 let a = read.map_err(|e| at_operand(e.into(), path))?;

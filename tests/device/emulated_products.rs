@@ -86,8 +86,25 @@ async fn a_kept_chain_of_products_stays_on_the_emulated_device_until_read() {
         "only the answer came back"
     );
 
-    // A precision that rounds bf16 (f16: fewer exponent bits) reads it back first.
+    // f64, which no held tensor can serve, is refused where it lies: nothing read back.
     let reads = reads_back(&s, "read");
+    let mut wide = product(json!({"array": kept}), w2.clone(), "gpu");
+    (wide["compute"], wide["dtype"]) = (json!("f64"), json!("f64"));
+    let refused = s.post("/linalg/matmul", wide).send().await.unwrap();
+    assert_eq!(refused.status(), 422);
+    let problem: Value = refused.json().await.unwrap();
+    assert_eq!(
+        (
+            problem["code"].clone(),
+            problem["errors"][0]["path"].clone()
+        ),
+        (json!("array_mismatch"), json!("/a/array")),
+        "{problem}"
+    );
+    assert_eq!(reads_back(&s, "read"), reads, "nothing was read back");
+    assert!(gpus[0].holds_table(&key), "still held on the device");
+
+    // A precision that rounds bf16 (f16: fewer exponent bits) reads it back first.
     let mut f16 = product(json!({"array": kept}), w2, "gpu");
     f16["compute"] = json!("f16");
     let on_f16 = matmul(&s, f16.clone(), "emulated").await;
