@@ -7,7 +7,7 @@
 
 use super::emulated_http::strings;
 use crate::common::{problem, TestServer};
-use gpu_ops::backend::{GpuDevice, Job};
+use gpu_ops::backend::{DeviceLease, GpuDevice, Job};
 use gpu_ops::ops::zk::held::{FieldResult, FieldSource, FieldStep, KeptFieldJob};
 use gpu_ops::ops::zk::ntt::{Direction, Order};
 use gpu_ops::ops::zk::samples::random_elements;
@@ -28,6 +28,13 @@ pub(super) async fn server() -> TestServer {
         "600s",
     ])
     .await
+}
+
+/// A lease of `dev` that keeps results there (`DeviceLease::set_handle`).
+pub(super) fn lease_of(dev: &Arc<GpuDevice>) -> DeviceLease<'_> {
+    let mut lease = dev.lease().unwrap();
+    lease.set_handle(dev.clone());
+    lease
 }
 
 /// Host bytes device jobs downloaded so far.
@@ -403,11 +410,7 @@ fn a_kept_result_nobody_stores_leaves_the_device() {
         };
         KeptFieldJob::ntt(source, step.clone(), 32, Some(key.to_string())).unwrap()
     };
-    let run = |job: &KeptFieldJob| {
-        let mut lease = dev.lease().unwrap();
-        lease.set_handle(dev.clone());
-        job.run_device(&lease).unwrap().unwrap()
-    };
+    let run = |job: &KeptFieldJob| job.run_device(&lease_of(&dev)).unwrap().unwrap();
     let kept = run(&job("array/arr_dropped"));
     assert!(matches!(kept, FieldResult::Held(_)));
     // A shadow check whose CPU twin found an operand gone has nothing to compare: that
@@ -476,8 +479,7 @@ fn a_kept_result_is_read_on_another_stream_after_its_kernel() {
 #[test]
 fn a_held_vector_is_inverted_where_it_lies_and_its_zeros_are_named() {
     let dev = Arc::new(GpuDevice::emulated(0, 64 << 20));
-    let mut lease = dev.lease().unwrap();
-    lease.set_handle(dev.clone());
+    let lease = lease_of(&dev);
     // Each width of element: 8, 2 and 1 u32 words.
     for field in [Field::Bn254Fr, Field::Goldilocks, Field::BabyBear] {
         let x = FieldVec::from_integers(field, &random_elements(field, 256, 11)).unwrap();

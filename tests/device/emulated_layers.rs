@@ -5,9 +5,9 @@
 //! once. And the job alone: several images through the held input and the kept output,
 //! an output too large to keep beside the work, an overflow, a lost input.
 
-use super::emulated_kept::{downloaded, resident_placements, server};
+use super::emulated_kept::{downloaded, lease_of, resident_placements, server};
 use crate::common::TestServer;
-use gpu_ops::backend::{DeviceLease, GpuDevice, Job};
+use gpu_ops::backend::{GpuDevice, Job};
 use gpu_ops::ops::linalg::kept::{KeepOnDevice, TensorResult};
 use gpu_ops::ops::linalg::Dtype;
 use gpu_ops::ops::nn::kept::KeptConv2dJob;
@@ -175,13 +175,6 @@ fn keep(key: &str, shape: Vec<usize>) -> Option<KeepOnDevice> {
         key: key.into(),
         shape,
     })
-}
-
-/// A lease of `dev` that keeps results there (`DeviceLease::set_handle`).
-fn lease_of(dev: &Arc<GpuDevice>) -> DeviceLease<'_> {
-    let mut lease = dev.lease().unwrap();
-    lease.set_handle(dev.clone());
-    lease
 }
 
 #[test]

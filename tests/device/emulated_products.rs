@@ -6,7 +6,7 @@
 //! the rounding at the edges of f16 and bf16, an overflow, a held operand the device
 //! lost.
 
-use super::emulated_kept::{downloaded, reads_back, resident_placements, server};
+use super::emulated_kept::{downloaded, lease_of, reads_back, resident_placements, server};
 use crate::common::TestServer;
 use gpu_ops::backend::{GpuDevice, Job};
 use gpu_ops::ops::linalg::held::HeldTensor;
@@ -170,8 +170,7 @@ fn f32s(v: Values) -> Vec<f32> {
 #[test]
 fn kept_products_are_rounded_on_the_device_as_on_the_host() {
     let dev = Arc::new(GpuDevice::emulated(0, 64 << 20));
-    let mut lease = dev.lease().unwrap();
-    lease.set_handle(dev.clone());
+    let lease = lease_of(&dev);
     let ulp16 = 2f32.powi(-10);
     // Ties, either side of them, f16's subnormals and its largest values, bf16's ties,
     // zero (a negative zero is no test: the product's sum starts from +0).
@@ -233,8 +232,7 @@ fn kept_products_are_rounded_on_the_device_as_on_the_host() {
 #[test]
 fn a_product_reads_a_held_operand_in_place_and_one_the_device_lost_is_named() {
     let dev = Arc::new(GpuDevice::emulated(0, 64 << 20));
-    let mut lease = dev.lease().unwrap();
-    lease.set_handle(dev.clone());
+    let lease = lease_of(&dev);
     let values: Vec<f32> = (0..64).map(|i| (i % 9) as f32 - 4.0).collect();
     let first = KeptMatmulJob::new(
         column_job(&values, Dtype::Bf16),

@@ -37,20 +37,25 @@ impl KeptConv2dJob {
         keep: Option<KeepOnDevice>,
     ) -> Result<Self, Invalid> {
         let want = template.shape.input_len();
-        let own = match &template.tensors {
-            ConvTensors::F32 { input, .. } => input.len(),
-            ConvTensors::F64 { input, .. } => input.len(),
+        let (sent, wide) = match &template.tensors {
+            ConvTensors::F32 { input, .. } => (input.len(), false),
+            ConvTensors::F64 { input, .. } => (input.len(), true),
         };
-        let got = match &held {
-            Some(h) if own == 0 && !matches!(template.tensors, ConvTensors::F64 { .. }) => h.len(),
-            Some(_) => usize::MAX,
-            None => own,
-        };
-        if got != want {
-            return Err(Invalid::new(
-                FieldPath::root().field("input"),
-                format!("{got} values (held on a device, or sent, not both) where the shape needs {want}"),
-            ));
+        let invalid = |why: String| Err(Invalid::new(FieldPath::root().field("input"), why));
+        match &held {
+            Some(_) if sent > 0 || wide => {
+                return invalid("images both held on a device and sent, or held in f64".into())
+            }
+            Some(h) if h.len() != want => {
+                return invalid(format!(
+                    "{} values held where the shape needs {want}",
+                    h.len()
+                ))
+            }
+            None if sent != want => {
+                return invalid(format!("{sent} values where the shape needs {want}"))
+            }
+            _ => {}
         }
         Ok(Self {
             template,
@@ -152,9 +157,6 @@ impl Job for KeptConv2dJob {
                 "the input is held on device {}, not {here}: the convolution runs on the CPU",
                 h.ordinal()
             )));
-        }
-        if let Some(why) = self.template.device_refusal() {
-            return Err(DeviceError::unsupported(why));
         }
         let input = match &self.held {
             Some(h) => match h.buffer_on(dev, |values| match values {
