@@ -103,6 +103,73 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
     }
 }
 
+// f32 values packed into 16-bit storage for cuBLASLt (src/ops/linalg/gpu.rs, pack_half):
+// dtype 1 is f16, 2 bf16. Matmul's operands arrive already rounded to the compute type,
+// so the packing is exact; it still rounds to nearest, ties to even (as round_output_f32
+// does) so that any f32 but NaN (whose payload is not kept) packs as `half` packs it. The library then reads
+// half the bytes, and runs its native 16-bit kernels instead of converting f32 operands
+// itself. A grid-stride loop.
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    pack_half_f32(const float *v, u64 n, u32 dtype, unsigned short *out) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u32 bits = __float_as_uint(v[i]);
+        u32 sign = (bits >> 16) & 0x8000u;
+        u32 magnitude = bits & 0x7fffffffu;
+        u32 packed;
+        if (dtype == 2) {
+            if (magnitude > 0x7f800000u) {
+                packed = sign | 0x7fc0u;
+            } else if (magnitude == 0x7f800000u) {
+                packed = sign | 0x7f80u;
+            } else {
+                // Rounding up may carry into the exponent, to infinity at the top: as bf16.
+                packed = ((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) & 0xffffu;
+            }
+        } else if (magnitude > 0x7f800000u) {
+            packed = sign | 0x7e00u;
+        } else if (magnitude >= 0x477fe000u + 0x1000u) {
+            // 65520 and above (infinity included): f16's infinity.
+            packed = sign | 0x7c00u;
+        } else if (magnitude < 0x38800000u) {
+            // Below 2^-14: f16's subnormals, k · 2^-24 for the nearest integer k <= 1024
+            // (1024 is 2^-14 itself, f16's smallest normal: the same bits).
+            packed = sign | (u32)rintf(__uint_as_float(magnitude) * 16777216.0f);
+        } else {
+            u32 rounded = (magnitude + 0xfffu + ((magnitude >> 13) & 1u)) >> 13;
+            // Rebias the exponent from 127 to 15: 112 << 10 off the shifted bits.
+            packed = sign | (rounded - (112u << 10));
+        }
+        out[i] = (unsigned short)packed;
+    }
+}
+
+// The reverse of pack_half_f32, exact: 16-bit f16 (dtype 1) or bf16 (2) values widened
+// to f32 (src/ops/linalg/on_device.rs, unpack_half), for a product whose operands were
+// uploaded packed but that our kernel runs after all (cuBLASLt declined it).
+extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
+    unpack_half_f32(const unsigned short *in, u64 n, u32 dtype, float *out) {
+    for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        u32 h = in[i];
+        u32 bits;
+        if (dtype == 2) {
+            bits = h << 16;
+        } else {
+            u32 sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+            if (exponent == 0x1fu) {
+                bits = sign | 0x7f800000u | (mantissa << 13);
+            } else if (exponent == 0) {
+                // Subnormal (or zero): mantissa · 2^-24, exact in f32.
+                bits = sign | __float_as_uint((float)mantissa * 5.9604644775390625e-8f);
+            } else {
+                bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+            }
+        }
+        out[i] = __uint_as_float(bits);
+    }
+}
+
 // Whether a field vector a device holds has a zero element (src/ops/zk/held/whole.rs: an
 // inversion of a kept result checks its operand where it lies, not on the host): `words`
 // u32 words an element (the u64 fields' words read as pairs of u32; every field's kernels

@@ -210,7 +210,7 @@ fn item(op: HintOp, shape: &[usize]) -> Result<Item, Problem> {
                 trans_a: false,
                 trans_b: false,
             };
-            let (entry, _) = s.device_bytes(false);
+            let (entry, _) = s.device_bytes(false, false);
             Ok(Item::new(
                 "matmul",
                 entry,

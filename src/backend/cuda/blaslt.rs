@@ -8,9 +8,10 @@
 //! cuBLASLt's first operand, A its second, and `D`'s buffer comes out row-major.
 
 use super::device_engine::CudaMemory;
+use super::measured::{device_ms, fastest, Chosen};
 use super::CudaEngine;
 use crate::backend::device::engine::{own, own_mut};
-use crate::backend::device::{DeviceBuffer, DeviceError, DeviceLease};
+use crate::backend::device::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element};
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys;
 use cudarc::driver::{CudaSlice, DevicePtr};
@@ -20,15 +21,42 @@ use std::mem::size_of;
 /// The op name cuBLASLt's self-test vouches under (`/device`, `gpu_ops_kernel_verified`).
 pub const MATMUL_BLASLT_OP: &str = "matmul_cublaslt";
 
-/// How the products are formed: f32 storage throughout, f32 accumulation; tensor cores
-/// may take the operands as TF32, f16 or bf16. The caller has already rounded the
-/// operands to that precision, so the down-conversion loses nothing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the products are formed: f32 accumulation; tensor cores may take the operands as
+/// TF32, f16 or bf16. The caller has already rounded the operands to that precision, so
+/// the down-conversion loses nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BlasCompute {
     F32,
     Tf32,
     F16,
     Bf16,
+}
+
+/// How A and B are stored: f32, or packed into the 16-bit type of an f16 or bf16 product
+/// (`ops::linalg` packs them on the device), which cuBLASLt's native half kernels read at
+/// half the bytes. C and D are f32 either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OperandStorage {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl OperandStorage {
+    fn data_type(self) -> sys::cudaDataType {
+        match self {
+            OperandStorage::F32 => sys::cudaDataType::CUDA_R_32F,
+            OperandStorage::F16 => sys::cudaDataType::CUDA_R_16F,
+            OperandStorage::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+        }
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            OperandStorage::F32 => 4,
+            OperandStorage::F16 | OperandStorage::Bf16 => 2,
+        }
+    }
 }
 
 /// One batched row-major product: for each of `batches` entries,
@@ -47,12 +75,45 @@ pub struct RowMajorProduct {
     pub alpha: f32,
     pub beta: f32,
     pub compute: BlasCompute,
+    pub storage: OperandStorage,
 }
+
+/// What an algorithm is chosen for: everything of a product but its scalars.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Problem {
+    shape: [usize; 6],
+    trans: (bool, bool),
+    compute: BlasCompute,
+    storage: OperandStorage,
+}
+
+impl RowMajorProduct {
+    fn problem(&self) -> Problem {
+        Problem {
+            shape: [
+                self.m,
+                self.n,
+                self.k,
+                self.a_batch_stride,
+                self.b_batch_stride,
+                self.batches,
+            ],
+            trans: (self.trans_a, self.trans_b),
+            compute: self.compute,
+            storage: self.storage,
+        }
+    }
+}
+
+/// Candidates asked of cuBLASLt's heuristic, timed the first time a problem is met.
+const CANDIDATES: usize = 8;
 
 /// A cuBLASLt handle and its workspace on one device.
 pub struct BlasLt {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
+    /// The heuristic candidate each problem ran fastest with (`measured`).
+    chosen: Chosen<Problem, sys::cublasLtMatmulAlgo_t>,
 }
 
 // SAFETY: the handle is used by one thread at a time (under `CudaEngine::library_lock`),
@@ -101,7 +162,11 @@ impl BlasLt {
             .alloc_zeros::<u8>(bytes)
             .map_err(|e| format!("cuBLASLt workspace: {e}"))?;
         let handle = lt::create_handle().map_err(|e| format!("cublasLtCreate: {e}"))?;
-        Ok(Self { handle, workspace })
+        Ok(Self {
+            handle,
+            workspace,
+            chosen: Chosen::default(),
+        })
     }
 }
 
@@ -129,8 +194,10 @@ impl Drop for Pref {
     }
 }
 
-/// A column-major f32 layout of `rows × cols` with leading dimension `ld`, batched.
+/// A column-major layout of `rows × cols` `storage` values with leading dimension `ld`,
+/// batched.
 fn layout(
+    storage: OperandStorage,
     rows: usize,
     cols: usize,
     ld: usize,
@@ -138,7 +205,7 @@ fn layout(
     stride: usize,
 ) -> Result<Layout, CublasError> {
     let l = Layout(lt::create_matrix_layout(
-        sys::cudaDataType::CUDA_R_32F,
+        storage.data_type(),
         rows as u64,
         cols as u64,
         ld as i64,
@@ -163,8 +230,13 @@ fn layout(
     Ok(l)
 }
 
-fn compute_type(c: BlasCompute) -> sys::cublasComputeType_t {
+/// Operands stored in 16 bits are read as they are, in f32 accumulation; f32 operands
+/// are converted by the library to what the compute type names.
+fn compute_type(c: BlasCompute, storage: OperandStorage) -> sys::cublasComputeType_t {
     use sys::cublasComputeType_t as T;
+    if storage != OperandStorage::F32 {
+        return T::CUBLAS_COMPUTE_32F;
+    }
     match c {
         BlasCompute::F32 => T::CUBLAS_COMPUTE_32F,
         BlasCompute::Tf32 => T::CUBLAS_COMPUTE_32F_FAST_TF32,
@@ -196,14 +268,15 @@ impl DeviceLease<'_> {
         engine.is_some_and(|c| c.blaslt.is_some()) && self.device.vendor_libraries_allowed()
     }
 
-    /// Runs `p` on cuBLASLt: `d` holds `p.batches` row-major m × n entries, contiguous,
-    /// and is read as C when `p.beta` is not 0. Unsupported on the emulated device and
-    /// where the library did not open.
-    pub fn blaslt_matmul(
+    /// Runs `p` on cuBLASLt: A and B hold `p.storage` values (T is f32 for f32, u16 for
+    /// the packed halves), `d` holds `p.batches` row-major m × n entries, contiguous, and
+    /// is read as C when `p.beta` is not 0. Unsupported on the emulated device and where
+    /// the library did not open.
+    pub fn blaslt_matmul<T: Element>(
         &self,
         p: &RowMajorProduct,
-        a: &DeviceBuffer<f32>,
-        b: &DeviceBuffer<f32>,
+        a: &DeviceBuffer<T>,
+        b: &DeviceBuffer<T>,
         d: &mut DeviceBuffer<f32>,
     ) -> Result<(), DeviceError> {
         let Some(engine) = self.engine().as_any().downcast_ref::<CudaEngine>() else {
@@ -216,6 +289,13 @@ impl DeviceLease<'_> {
                 "cuBLASLt did not open on this device",
             ));
         };
+        if size_of::<T>() != p.storage.bytes() {
+            return Err(DeviceError::unsupported(format!(
+                "operands of {} bytes stated as {:?}",
+                size_of::<T>(),
+                p.storage
+            )));
+        }
         let (a, b, d) = (
             own::<CudaMemory>(engine.id, &*a.memory)?,
             own::<CudaMemory>(engine.id, &*b.memory)?,
@@ -229,36 +309,37 @@ impl DeviceLease<'_> {
         engine.bind_to_thread()?;
         let _handle = engine.library_lock();
         self.clocked(|| engine.on_library_stream(self.stream(), |_| run(engine, blas, p, a, b, d)))?
-            .map_err(failed)
     }
 }
 
-fn run(
-    engine: &CudaEngine,
-    blas: &BlasLt,
-    p: &RowMajorProduct,
-    a: &CudaMemory,
-    b: &CudaMemory,
-    d: &mut CudaMemory,
-) -> Result<(), CublasError> {
-    let (m, n, k, batches) = (p.m, p.n, p.k, p.batches);
+/// The product's descriptors, each freed when dropped.
+struct Described {
+    first: Layout,
+    second: Layout,
+    out: Layout,
+    desc: Desc,
+    pref: Pref,
+}
+
+fn describe(p: &RowMajorProduct, workspace_bytes: usize) -> Result<Described, CublasError> {
+    let (m, n, k, batches, storage) = (p.m, p.n, p.k, p.batches, p.storage);
     // cuBLASLt's first operand is op(B)ᵀ (n × k). B stored k × n row-major is n × k
     // column-major (ld n); stored n × k (transposed) it is k × n with ld k, transposed.
     let first = if p.trans_b {
-        layout(k, n, k, batches, p.b_batch_stride)?
+        layout(storage, k, n, k, batches, p.b_batch_stride)?
     } else {
-        layout(n, k, n, batches, p.b_batch_stride)?
+        layout(storage, n, k, n, batches, p.b_batch_stride)?
     };
     // Its second is op(A)ᵀ (k × m): A stored m × k is k × m column-major (ld k); stored
     // k × m (transposed) it is m × k with ld m, transposed.
     let second = if p.trans_a {
-        layout(m, k, m, batches, p.a_batch_stride)?
+        layout(storage, m, k, m, batches, p.a_batch_stride)?
     } else {
-        layout(k, m, k, batches, p.a_batch_stride)?
+        layout(storage, k, m, k, batches, p.a_batch_stride)?
     };
-    let out = layout(n, m, n, batches, m * n)?;
+    let out = layout(OperandStorage::F32, n, m, n, batches, m * n)?;
     let desc = Desc(lt::create_matmul_desc(
-        compute_type(p.compute),
+        compute_type(p.compute, storage),
         sys::cudaDataType::CUDA_R_32F,
     )?);
     for (attr, trans) in [
@@ -284,7 +365,6 @@ fn run(
         }
     }
     let pref = Pref(lt::create_matmul_pref()?);
-    let workspace_bytes = blas.workspace.len();
     // SAFETY: the preference is live; the attribute takes a u64 (size_t on 64-bit).
     unsafe {
         lt::set_matmul_pref_attribute(
@@ -294,34 +374,135 @@ fn run(
             size_of::<u64>(),
         )?;
     }
-    // SAFETY: every descriptor is live and describes the buffers passed below.
-    let heuristic = unsafe {
-        lt::get_matmul_algo_heuristic(blas.handle, desc.0, first.0, second.0, out.0, out.0, pref.0)?
-    };
+    Ok(Described {
+        first,
+        second,
+        out,
+        desc,
+        pref,
+    })
+}
+
+/// The heuristic's candidates for the product, in its order of preference (those it
+/// states it can run), at most `CANDIDATES`.
+fn candidates(blas: &BlasLt, l: &Described) -> Result<Vec<sys::cublasLtMatmulAlgo_t>, CublasError> {
+    // SAFETY: all-zero bytes are a valid value of this plain C struct; the library
+    // overwrites the first `found` entries.
+    let mut results: [sys::cublasLtMatmulHeuristicResult_t; CANDIDATES] =
+        unsafe { std::mem::zeroed() };
+    let mut found: c_int = 0;
+    // SAFETY: every descriptor is live; the array holds CANDIDATES results.
+    unsafe {
+        sys::cublasLtMatmulAlgoGetHeuristic(
+            blas.handle,
+            l.desc.0,
+            l.first.0,
+            l.second.0,
+            l.out.0,
+            l.out.0,
+            l.pref.0,
+            CANDIDATES as c_int,
+            results.as_mut_ptr(),
+            &mut found,
+        )
+        .result()?;
+    }
+    let found = (found.max(0) as usize).min(CANDIDATES);
+    let usable: Vec<_> = results[..found]
+        .iter()
+        .filter(|r| r.state == sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
+        .map(|r| r.algo)
+        .collect();
+    if usable.is_empty() {
+        return Err(CublasError(
+            sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+        ));
+    }
+    Ok(usable)
+}
+
+fn run(
+    engine: &CudaEngine,
+    blas: &BlasLt,
+    p: &RowMajorProduct,
+    a: &CudaMemory,
+    b: &CudaMemory,
+    d: &mut CudaMemory,
+) -> Result<(), DeviceError> {
+    let workspace_bytes = blas.workspace.len();
+    let l = describe(p, workspace_bytes).map_err(failed)?;
     let stream = &engine.stream;
     let (a_ptr, b_ptr, d_ptr) = (a.address(), b.address(), d.address());
     let (w_ptr, _w_sync) = blas.workspace.device_ptr(stream);
-    // SAFETY: B and A hold `batches` entries through their strides (0: one entry, read
-    // by all), D holds batches·m·n values and is C as well (same layout, as cuBLASLt
-    // allows in place); the workspace is the size the preference stated.
-    unsafe {
-        lt::matmul(
-            blas.handle,
-            desc.0,
-            (&p.alpha as *const f32).cast(),
-            (&p.beta as *const f32).cast(),
-            b_ptr as *const c_void,
-            first.0,
-            a_ptr as *const c_void,
-            second.0,
-            d_ptr as *const c_void,
-            out.0,
-            d_ptr as *mut c_void,
-            out.0,
-            &heuristic.algo,
-            w_ptr as *mut c_void,
-            workspace_bytes,
-            stream.cu_stream() as sys::cudaStream_t,
-        )
-    }
+    let launch = |algo: &sys::cublasLtMatmulAlgo_t| {
+        // SAFETY: B and A hold `batches` entries of their storage type through their
+        // strides (0: one entry, read by all), D holds batches·m·n f32 values and is C as
+        // well (same layout, as cuBLASLt allows in place); the workspace is the size the
+        // preference stated, and the algorithm came from the heuristic for these
+        // descriptors.
+        unsafe {
+            lt::matmul(
+                blas.handle,
+                l.desc.0,
+                (&p.alpha as *const f32).cast(),
+                (&p.beta as *const f32).cast(),
+                b_ptr as *const c_void,
+                l.first.0,
+                a_ptr as *const c_void,
+                l.second.0,
+                d_ptr as *const c_void,
+                l.out.0,
+                d_ptr as *mut c_void,
+                l.out.0,
+                algo,
+                w_ptr as *mut c_void,
+                workspace_bytes,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+    };
+    let problem = p.problem();
+    let algo = match blas.chosen.get(&problem) {
+        Some(algo) => algo,
+        None => {
+            let offered = candidates(blas, &l).map_err(failed)?;
+            // With beta 0 each run overwrites D whole, so the candidates can be run in
+            // turn; with C in D a run would add to the last. Such a product takes the
+            // heuristic's first and leaves the search to one without C.
+            if p.beta != 0.0 || offered.len() == 1 {
+                offered[0]
+            } else {
+                let chosen = fastest(&offered, |algo, times| {
+                    let (ran, ms) =
+                        device_ms(stream, || (0..times).try_for_each(|_| launch(&algo)))?;
+                    match ran.map_err(failed) {
+                        Ok(()) => Ok(Some(ms)),
+                        Err(e) if e.kind == DeviceErrorKind::Unsupported => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })?;
+                let Some(chosen) = chosen else {
+                    return Err(DeviceError::unsupported(
+                        "cuBLASLt refused every candidate it offered",
+                    ));
+                };
+                tracing::info!(
+                    m = p.m,
+                    n = p.n,
+                    k = p.k,
+                    batches = p.batches,
+                    storage = ?p.storage,
+                    compute = ?p.compute,
+                    candidates = offered.len(),
+                    ran = chosen.tried,
+                    picked = offered.iter().position(|a| *a == chosen.algo),
+                    ms = chosen.ms,
+                    "cuBLASLt: algorithm chosen by measurement"
+                );
+                blas.chosen.keep(problem, chosen.algo);
+                chosen.algo
+            }
+        }
+    };
+    launch(&algo).map_err(failed)
 }

@@ -5,17 +5,22 @@
 //!
 //! The math type is `CUDNN_FMA_MATH`: cuDNN's default lets Ampere and later run f32
 //! convolutions on TF32 tensor cores, which would be outside conv2d's f32 error bound.
-//! The algorithms are the implicit GEMMs only: each output is its own window's sum, as on
-//! the CPU and im2col. cuDNN's heuristic may pick FFT or Winograd, whose rounding spreads
-//! across a tile and breaks the per-value bound where a window's sum is near zero.
+//! The algorithms are those that form each output as its own window's sum, as on the CPU
+//! and im2col: the implicit GEMMs, the explicit GEMM and the direct one. cuDNN's
+//! heuristic may pick FFT or Winograd, whose rounding spreads across a tile and breaks the
+//! per-value bound where a window's sum is near zero. Of those allowed, the one a geometry
+//! runs fastest with is found by timing each the first time the device meets it
+//! (`measured`), as `cudnn.benchmark` does, and kept.
 
 use super::device_engine::CudaMemory;
+use super::measured::{device_ms, fastest, Chosen};
 use super::CudaEngine;
 use crate::backend::device::engine::{own, own_mut, EngineMemory};
 use crate::backend::device::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease};
 use cudarc::cudnn::{result, result::CudnnError, sys, ConvForward, Cudnn};
 use std::ffi::c_int;
 use std::sync::Arc;
+use sys::cudnnConvolutionFwdAlgo_t as Algo;
 
 /// The op name cuDNN's self-test vouches under (`/device`, `gpu_ops_kernel_verified`).
 pub const CONV2D_CUDNN_OP: &str = "conv2d_cudnn";
@@ -23,7 +28,7 @@ pub const CONV2D_CUDNN_OP: &str = "conv2d_cudnn";
 /// One NCHW f32 convolution: `batch` images of `channels × height × width`, `out_channels`
 /// filters of `channels / groups × kernel.0 × kernel.1`, the same padding on both sides
 /// of each axis (cuDNN takes no other).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvGeometry {
     pub batch: usize,
     pub channels: usize,
@@ -41,7 +46,18 @@ pub struct ConvGeometry {
 /// A cuDNN handle on one device, on the engine's library stream.
 pub struct CudnnConv {
     handle: Arc<Cudnn>,
+    /// The algorithm each geometry ran fastest with (`measured`).
+    chosen: Chosen<ConvGeometry, Algo>,
 }
+
+/// The forward algorithms whose outputs are each their own window's sum, in the order
+/// tried (the first is the one cuDNN's own heuristic prefers among them).
+const PER_WINDOW: [Algo; 4] = [
+    Algo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+    Algo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+    Algo::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+    Algo::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+];
 
 // SAFETY: the handle is used by one thread at a time (under `CudaEngine::library_lock`)
 // and always on the engine's library stream; cuDNN handles may move between threads.
@@ -80,7 +96,10 @@ impl CudnnConv {
         result::version_check().map_err(|e| format!("cuDNN version check: {:?}", e.0))?;
         engine.bind_to_thread().map_err(|e| e.to_string())?;
         let handle = Cudnn::new(engine.stream.clone()).map_err(|e| format!("cudnnCreate: {e}"))?;
-        Ok(Self { handle })
+        Ok(Self {
+            handle,
+            chosen: Chosen::default(),
+        })
     }
 }
 
@@ -204,39 +223,83 @@ impl DeviceLease<'_> {
             w: &w_desc,
             y: &y_desc,
         };
-        use sys::cudnnConvolutionFwdAlgo_t as Algo;
-        let mut refusal = DeviceError::unsupported("cuDNN took neither implicit GEMM");
-        for algo in [
-            Algo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-            Algo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-        ] {
-            let bytes = match op.get_workspace_size(algo).map_err(failed) {
-                Ok(b) if b <= self.memory_budget() => b,
-                Ok(b) => {
+        // The allowed algorithms cuDNN takes for this geometry within the job's budget,
+        // with their workspaces.
+        let mut refusal = DeviceError::unsupported("cuDNN took no per-window algorithm");
+        let mut fitting = Vec::with_capacity(PER_WINDOW.len());
+        let mut over_budget = false;
+        for algo in PER_WINDOW {
+            match op.get_workspace_size(algo).map_err(failed) {
+                Ok(bytes) if bytes <= self.memory_budget() => fitting.push((algo, bytes)),
+                Ok(bytes) => {
+                    over_budget = true;
                     refusal = DeviceError::unsupported(format!(
-                        "cuDNN's workspace ({b} bytes) is over the job's memory budget"
+                        "cuDNN's workspace ({bytes} bytes) is over the job's memory budget"
                     ));
-                    continue;
                 }
+                // A refusal for the budget says more than an algorithm cuDNN lacks.
                 Err(e) if e.kind == DeviceErrorKind::Unsupported => {
-                    refusal = e;
-                    continue;
+                    if !over_budget {
+                        refusal = e;
+                    }
                 }
                 Err(e) => return Err(e),
-            };
-            let mut workspace = engine.stream.alloc_zeros::<u8>(bytes.max(1))?;
-            // SAFETY: the descriptors describe exactly these buffers (NCHW f32, the
-            // lengths above), and the workspace is the size cuDNN asked for.
-            let launched = self.clocked(|| {
-                engine.on_library_stream(self.stream(), |_| unsafe {
-                    op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), &x, &w, &mut y)
-                })
-            })?;
-            match launched.map_err(failed) {
-                Err(e) if e.kind == DeviceErrorKind::Unsupported => refusal = e,
-                done => return done,
             }
         }
-        Err(refusal)
+        let Some(bytes) = fitting.iter().map(|(_, b)| *b).max() else {
+            return Err(refusal);
+        };
+        let mut workspace = engine.stream.alloc_zeros::<u8>(bytes.max(1))?;
+        let mut launch = |algo: Algo| {
+            // SAFETY: the descriptors describe exactly these buffers (NCHW f32, the
+            // lengths above), and the workspace is at least the size cuDNN asked for it.
+            unsafe { op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), &x, &w, &mut y) }
+                .map_err(failed)
+        };
+        let known = conv
+            .chosen
+            .get(g)
+            .filter(|a| fitting.iter().any(|(f, _)| f == a));
+        self.clocked(|| {
+            engine.on_library_stream(self.stream(), |stream| {
+                let algo = match known {
+                    Some(algo) => algo,
+                    None => {
+                        let algos: Vec<Algo> = fitting.iter().map(|(a, _)| *a).collect();
+                        // beta is 0: every run overwrites y whole, so they may run in turn.
+                        let chosen = fastest(&algos, |algo, times| {
+                            let (ran, ms) =
+                                device_ms(stream, || (0..times).try_for_each(|_| launch(algo)))?;
+                            match ran {
+                                Ok(()) => Ok(Some(ms)),
+                                Err(e) if e.kind == DeviceErrorKind::Unsupported => {
+                                    refusal = e;
+                                    Ok(None)
+                                }
+                                Err(e) => Err(e),
+                            }
+                        })?;
+                        let Some(chosen) = chosen else {
+                            return Err(refusal);
+                        };
+                        tracing::info!(
+                            geometry = ?g,
+                            candidates = algos.len(),
+                            ran = chosen.tried,
+                            picked = ?chosen.algo,
+                            ms = chosen.ms,
+                            "cuDNN: convolution algorithm chosen by measurement"
+                        );
+                        // A choice made without the algorithms the budget left out is
+                        // this job's, not the geometry's.
+                        if !over_budget {
+                            conv.chosen.keep(*g, chosen.algo);
+                        }
+                        chosen.algo
+                    }
+                };
+                launch(algo)
+            })?
+        })
     }
 }

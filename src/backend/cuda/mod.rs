@@ -7,6 +7,7 @@ pub mod blaslt;
 pub mod cudnn;
 mod device_engine;
 pub mod kernels;
+mod measured;
 
 use super::device::engine::EngineId;
 use super::device::{

@@ -4,9 +4,12 @@
 
 use super::lookup::LookupJob;
 use super::matmul::{MatmulJob, Operands, Strides, Values};
+use super::on_device::{pack_half, pack_half_on_host, unpack_half};
 use super::sinusoidal::{Layout, SinusoidalJob};
 use super::Compute;
-use crate::backend::cuda::blaslt::{BlasCompute, RowMajorProduct, MATMUL_BLASLT_OP};
+use crate::backend::cuda::blaslt::{
+    BlasCompute, OperandStorage, RowMajorProduct, MATMUL_BLASLT_OP,
+};
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
 use crate::backend::device::{LaunchConfig, Operand};
@@ -18,6 +21,8 @@ const KERNEL_NAMES: &[&str] = &[
     "round_output_f32",
     "any_zero_element",
     "copy_range_f32",
+    "pack_half_f32",
+    "unpack_half_f32",
     "sinusoidal_f64",
     "embedding_gather_f32",
 ];
@@ -59,6 +64,14 @@ impl MatmulProvider {
     }
 }
 
+impl MatmulProvider {
+    /// Whether this provider's passes pack A and B into 16 bits on the device (cuBLASLt's
+    /// f16 and bf16 products), so a pass needs room for the packed copies too.
+    pub(crate) fn packs(self, compute: Compute) -> bool {
+        self == MatmulProvider::BlasLt && matches!(compute, Compute::F16 | Compute::Bf16)
+    }
+}
+
 pub fn launch_matmul(job: &MatmulJob, dev: &DeviceLease<'_>) -> Result<Values, DeviceError> {
     run_matmul_on(job, dev, MatmulProvider::for_device(dev))
 }
@@ -75,53 +88,81 @@ pub(crate) fn run_matmul_on(
         });
     };
     let s = job.shape;
-    let (entry_bytes, shared_bytes) = s.device_bytes(c.is_some());
+    let (entry_bytes, shared_bytes) = s.device_bytes(c.is_some(), provider.packs(job.compute));
     let budget = dev.memory_budget().saturating_sub(shared_bytes);
     let per_pass = (budget / entry_bytes.max(1)).clamp(1, s.batch);
+    // A and B go up packed into 16 bits where cuBLASLt will read them so (an f16 or bf16
+    // product whose strides it takes): half the bytes cross the bus.
+    // (A C broadcast over a pass of several entries is not one cuBLASLt takes.)
+    let c_fits = c.is_none() || s.c_batched || per_pass == 1;
+    let packed = (provider.packs(job.compute)
+        && c_fits
+        && blaslt_product(&MatmulPass::of(job, 1), job.compute).is_some())
+    .then(|| half_dtype(job.compute))
+    .flatten();
+    let upload = |v: &[f32]| match packed {
+        Some(dtype) => Ok(Uploaded::Packed(
+            Arc::new(dev.upload(&pack_half_on_host(v, dtype))?),
+            dtype,
+        )),
+        None => Ok::<_, DeviceError>(Uploaded::F32(Arc::new(dev.upload(v)?))),
+    };
     // An operand is uploaded once when it is broadcast or the batch fits one pass (from
-    // the device's cache when it is a resident array's: `MatmulJob::device_keys`), else
-    // per pass.
+    // the device's cache when it is a resident array's: `MatmulJob::device_keys`, packed
+    // ones under a key of their own), else per pass.
     let one_pass = per_pass >= s.batch;
     let whole = |v: &[f32], batched: bool, key: &Option<String>| {
         if batched && !one_pass {
             return Ok(None);
         }
-        Ok::<_, DeviceError>(Some(match key {
-            Some(key) => dev.cached_table(key, || dev.upload(v))?,
-            None => Arc::new(dev.upload(v)?),
+        Ok::<_, DeviceError>(Some(match (key, packed) {
+            (Some(key), Some(dtype)) => {
+                let packed_key = format!("{key}/packed");
+                let table =
+                    dev.cached_table(&packed_key, || dev.upload(&pack_half_on_host(v, dtype)))?;
+                Uploaded::Packed(table, dtype)
+            }
+            (Some(key), None) => Uploaded::F32(dev.cached_table(key, || dev.upload(v))?),
+            (None, _) => upload(v)?,
         }))
     };
     let [key_a, key_b, key_c] = &job.device_keys;
     let a_all = whole(a, s.a_batched, key_a)?;
     let b_all = whole(b, s.b_batched, key_b)?;
     let c_all = match c {
-        Some(c) => whole(c, s.c_batched, key_c)?,
-        None => None,
+        Some(c) if !s.c_batched || one_pass => Some(match key_c {
+            Some(key) => dev.cached_table(key, || dev.upload(c))?,
+            None => Arc::new(dev.upload(c)?),
+        }),
+        _ => None,
     };
     let mut out = Vec::with_capacity(s.out_len());
     let mut first = 0;
     while first < s.batch {
         dev.still_wanted()?;
         let count = per_pass.min(s.batch - first);
-        let slice = |v: &[f32], batched: bool, len: usize| -> Result<_, DeviceError> {
-            Ok(if batched && !one_pass {
-                Some(dev.upload(&v[first * len..(first + count) * len])?)
-            } else {
-                None
-            })
+        // A batched operand's entries of this pass, when the batch takes several.
+        let range = |len: usize| first * len..(first + count) * len;
+        let per_pass = |batched: bool| batched && !one_pass;
+        let a_pass = match per_pass(s.a_batched) {
+            true => Some(upload(&a[range(s.m * s.k)])?),
+            false => None,
         };
-        let a_pass = slice(a, s.a_batched, s.m * s.k)?;
-        let b_pass = slice(b, s.b_batched, s.k * s.n)?;
+        let b_pass = match per_pass(s.b_batched) {
+            true => Some(upload(&b[range(s.k * s.n)])?),
+            false => None,
+        };
         let c_pass = match c {
-            Some(c) => slice(c, s.c_batched, s.m * s.n)?,
-            None => None,
+            Some(c) if per_pass(s.c_batched) => Some(dev.upload(&c[range(s.m * s.n)])?),
+            _ => None,
         };
-        let d_a = a_pass.as_ref().or(a_all.as_deref()).expect("A uploaded");
-        let d_b = b_pass.as_ref().or(b_all.as_deref()).expect("B uploaded");
+        let d_a = a_pass.as_ref().or(a_all.as_ref()).expect("A uploaded");
+        let d_b = b_pass.as_ref().or(b_all.as_ref()).expect("B uploaded");
         let mut d = dev.alloc_zeros::<f32>(count * s.m * s.n)?;
         let pass = MatmulPass::of(job, count);
         let d_c = c_pass.as_ref().or(c_all.as_deref());
-        matmul_pass(dev, provider, job.compute, &pass, d_a, d_b, d_c, &mut d)?;
+        let operands = (d_a.operand(), d_b.operand());
+        matmul_pass(dev, provider, job.compute, &pass, operands, d_c, &mut d)?;
         out.extend(dev.download(&d)?);
         first += count;
     }
@@ -162,22 +203,96 @@ impl MatmulPass {
     }
 }
 
+/// An operand of a pass on the device: f32, or packed into 16 bits of `Dtype`.
+#[derive(Clone, Copy)]
+pub(crate) enum PassOperand<'a> {
+    F32(&'a DeviceBuffer<f32>),
+    Packed(&'a DeviceBuffer<u16>, super::Dtype),
+}
+
+/// An operand uploaded for a pass (or cached for the job's passes).
+enum Uploaded {
+    F32(Arc<DeviceBuffer<f32>>),
+    Packed(Arc<DeviceBuffer<u16>>, super::Dtype),
+}
+
+impl Uploaded {
+    fn operand(&self) -> PassOperand<'_> {
+        match self {
+            Uploaded::F32(b) => PassOperand::F32(b),
+            Uploaded::Packed(b, dtype) => PassOperand::Packed(b, *dtype),
+        }
+    }
+}
+
+/// The 16-bit storage of an f16 or bf16 product's operands.
+fn half_dtype(compute: Compute) -> Option<super::Dtype> {
+    match compute {
+        Compute::F16 => Some(super::Dtype::F16),
+        Compute::Bf16 => Some(super::Dtype::Bf16),
+        _ => None,
+    }
+}
+
+/// A buffer this pass borrows, or made for it.
+enum Held<'a, T: Element> {
+    Borrowed(&'a DeviceBuffer<T>),
+    Made(DeviceBuffer<T>),
+}
+
+impl<T: Element> std::ops::Deref for Held<'_, T> {
+    type Target = DeviceBuffer<T>;
+    fn deref(&self) -> &DeviceBuffer<T> {
+        match self {
+            Held::Borrowed(b) => b,
+            Held::Made(b) => b,
+        }
+    }
+}
+
+impl<'a> PassOperand<'a> {
+    /// As f32, widened on the device if it came packed (for our kernel).
+    fn widened(self, dev: &DeviceLease<'_>) -> Result<Held<'a, f32>, DeviceError> {
+        match self {
+            PassOperand::F32(b) => Ok(Held::Borrowed(b)),
+            PassOperand::Packed(b, dtype) => Ok(Held::Made(unpack_half(dev, b, dtype)?)),
+        }
+    }
+
+    /// As 16-bit `dtype`, packed on the device if it came as f32 (for cuBLASLt).
+    fn packed(
+        self,
+        dev: &DeviceLease<'_>,
+        dtype: super::Dtype,
+    ) -> Result<Held<'a, u16>, DeviceError> {
+        match self {
+            PassOperand::Packed(b, had) if had == dtype => Ok(Held::Borrowed(b)),
+            PassOperand::Packed(..) => Err(DeviceError::fatal(
+                "an operand packed in another 16-bit type than its product's",
+            )),
+            PassOperand::F32(b) => Ok(Held::Made(pack_half(dev, b, dtype)?)),
+        }
+    }
+}
+
 /// One pass by `provider`. cuBLASLt takes C as D's starting value, so it runs where C is
 /// absent or can be copied into D whole (batched, or a single entry); a pass it cannot
 /// take, whose operand strides are not plain row-major, or that cuBLASLt refuses (no
-/// algorithm for it), runs on our kernel. Our kernel reads C, not D, and writes all of
-/// D, so the copy already made does not matter then.
-#[allow(clippy::too_many_arguments)]
+/// algorithm for it), runs on our kernel, with packed operands widened first. Our kernel
+/// reads C, not D, and writes all of D, so the copy already made does not matter then.
 pub(crate) fn matmul_pass(
     dev: &DeviceLease<'_>,
     provider: MatmulProvider,
     compute: Compute,
     pass: &MatmulPass,
-    a: &DeviceBuffer<f32>,
-    b: &DeviceBuffer<f32>,
+    (a, b): (PassOperand<'_>, PassOperand<'_>),
     c: Option<&DeviceBuffer<f32>>,
     d: &mut DeviceBuffer<f32>,
 ) -> Result<(), DeviceError> {
+    let on_kernel = |d: &mut DeviceBuffer<f32>| {
+        let (a, b) = (a.widened(dev)?, b.widened(dev)?);
+        launch_matmul_f32(dev, pass, &a, &b, c, d)
+    };
     let product = match provider {
         MatmulProvider::BlasLt => blaslt_product(pass, compute),
         MatmulProvider::Kernel => None,
@@ -185,16 +300,32 @@ pub(crate) fn matmul_pass(
     let whole_c = pass.batches == 1 || pass.c_batch == pass.m * pass.n;
     let c_fits = c.is_none_or(|c| c.len() == d.len() && whole_c);
     let (Some(mut product), true) = (product, c_fits) else {
-        return launch_matmul_f32(dev, pass, a, b, c, d);
+        return on_kernel(d);
     };
     match c {
         Some(c) => dev.copy(c, d)?,
         None => product.beta = 0.0,
     }
-    match dev.blaslt_matmul(&product, a, b, d) {
+    let ran = match half_dtype(compute).filter(|_| product.storage != OperandStorage::F32) {
+        None => {
+            let (a, b) = (a.widened(dev)?, b.widened(dev)?);
+            dev.blaslt_matmul(&product, &a, &b, d)
+        }
+        Some(dtype) => match (a.packed(dev, dtype), b.packed(dev, dtype)) {
+            (Ok(a16), Ok(b16)) => dev.blaslt_matmul(&product, &a16, &b16, d),
+            // No room for packed copies of f32 operands: the library converts them.
+            (Err(e), _) | (_, Err(e)) if e.kind == DeviceErrorKind::OutOfMemory => {
+                product.storage = OperandStorage::F32;
+                let (a, b) = (a.widened(dev)?, b.widened(dev)?);
+                dev.blaslt_matmul(&product, &a, &b, d)
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
+        },
+    };
+    match ran {
         Err(e) if e.kind == DeviceErrorKind::Unsupported => {
             tracing::debug!(reason = %e.message, "cuBLASLt declined a pass; our kernel runs it");
-            launch_matmul_f32(dev, pass, a, b, c, d)
+            on_kernel(d)
         }
         done => done,
     }
@@ -232,6 +363,11 @@ fn blaslt_product(pass: &MatmulPass, compute: Compute) -> Option<RowMajorProduct
         alpha: pass.alpha,
         beta: pass.beta,
         compute,
+        storage: match compute {
+            BlasCompute::F16 => OperandStorage::F16,
+            BlasCompute::Bf16 => OperandStorage::Bf16,
+            BlasCompute::F32 | BlasCompute::Tf32 => OperandStorage::F32,
+        },
     })
 }
 
@@ -278,74 +414,6 @@ pub(crate) fn launch_matmul_f32(
     // SAFETY: the caller's buffers hold `batches` entries read through the strides (a
     // zero batch stride for a broadcast operand), and D batches·m·n values.
     unsafe { l.launch(config) }
-}
-
-/// Rounds `d` to `dtype` on the device, as `Dtype::round_all` does on the host (f32:
-/// unchanged); whether a value is not finite afterwards (one read of four bytes).
-pub(crate) fn round_output(
-    dev: &DeviceLease<'_>,
-    d: &mut DeviceBuffer<f32>,
-    dtype: super::Dtype,
-) -> Result<bool, DeviceError> {
-    use super::Dtype;
-    let code: u32 = match dtype {
-        Dtype::F16 => 1,
-        Dtype::Bf16 => 2,
-        Dtype::F32 | Dtype::F64 => 0,
-    };
-    let mut non_finite = dev.alloc_zeros::<u32>(1)?;
-    let len = d.len();
-    let n = len as u64;
-    let mut l = dev.launch("round_output_f32")?;
-    l.arg(d).arg(&n).arg(&code).arg(&mut non_finite);
-    // SAFETY: the kernel reads and writes d's n values and sets the one flag.
-    unsafe { l.launch(dev.launch_config(len)) }?;
-    Ok(dev.download(&non_finite)?[0] != 0)
-}
-
-/// Copies `n` values of `src` from `src_at` on into `dst` from `dst_at` on, on the device
-/// (the engines' own copies take whole buffers). A range past either end is refused here:
-/// the kernel does not check.
-pub(crate) fn copy_range(
-    dev: &DeviceLease<'_>,
-    (src, src_at): (&DeviceBuffer<f32>, usize),
-    (dst, dst_at): (&mut DeviceBuffer<f32>, usize),
-    n: usize,
-) -> Result<(), DeviceError> {
-    let fits = |at: usize, len: usize| at.checked_add(n).is_some_and(|end| end <= len);
-    if !fits(src_at, src.len()) || !fits(dst_at, dst.len()) {
-        return Err(DeviceError::fatal(format!(
-            "a device copy of {n} values from {src_at} of {} into {dst_at} of {}",
-            src.len(),
-            dst.len()
-        )));
-    }
-    if n == 0 {
-        return Ok(());
-    }
-    let (from, to, count) = (src_at as u64, dst_at as u64, n as u64);
-    let mut l = dev.launch("copy_range_f32")?;
-    l.arg(src).arg(&from).arg(dst).arg(&to).arg(&count);
-    // SAFETY: both ranges lie inside their buffers (checked above).
-    unsafe { l.launch(dev.launch_config(n)) }
-}
-
-/// Whether `x` (`n` elements of `words` u32 words each: any field's buffer) has an
-/// element whose words are all zero, found on the device (one read of four bytes).
-/// `Unsupported` on an engine without the kernel (wgpu's).
-pub(crate) fn any_zero_element<T: Element>(
-    dev: &DeviceLease<'_>,
-    x: &DeviceBuffer<T>,
-    n: usize,
-    words: u32,
-) -> Result<bool, DeviceError> {
-    let mut zeros = dev.alloc_zeros::<u32>(1)?;
-    let n64 = n as u64;
-    let mut l = dev.launch("any_zero_element")?;
-    l.arg(x).arg(&n64).arg(&words).arg(&mut zeros);
-    // SAFETY: x holds n·words u32 words (its elements' words, read as u32); one flag.
-    unsafe { l.launch(dev.launch_config(n)) }?;
-    Ok(dev.download(&zeros)?[0] != 0)
 }
 
 pub fn launch_sinusoidal(
@@ -439,6 +507,68 @@ mod tests {
             assert_eq!((p.m, p.n, p.k, p.batches), (5, 7, 11, 3));
             assert_eq!((p.a_batch_stride, p.b_batch_stride), (55, 0));
             assert_eq!((p.alpha, p.beta, p.compute), (2.0, 0.5, BlasCompute::Tf32));
+        }
+    }
+
+    /// Bytes a lease copied to its device, all ways.
+    fn uploaded(dev: &DeviceLease<'_>) -> u64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = dev.copies();
+        [
+            &c.staged_to_device,
+            &c.body_to_device,
+            &c.pageable_to_device,
+        ]
+        .iter()
+        .map(|n| n.load(Relaxed))
+        .sum()
+    }
+
+    /// With cuBLASLt the operands of an f16 or bf16 product go up packed into 16 bits.
+    /// The emulated device has no cuBLASLt, so there each pass takes the way back: the
+    /// packed operands widened on the device for our kernel. The answer must be the CPU's,
+    /// in one pass and in several, with two bytes uploaded a value of A and B.
+    #[test]
+    fn half_products_upload_packed_operands_and_our_kernel_reads_them_widened() {
+        use crate::backend::{GpuDevice, Job};
+        use crate::ops::linalg::{Dtype, MatmulJob, Operands};
+        let spread = |len: usize, salt: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i * 31 + salt * 7) as f32 * 0.377).sin() * (1 + (i + salt) % 5) as f32)
+                .collect()
+        };
+        let shape = MatmulShape {
+            batch: 24,
+            m: 70,
+            n: 33,
+            k: 65,
+            a_batched: true,
+            b_batched: false,
+            c_batched: true,
+            trans_a: false,
+            trans_b: true,
+        };
+        // A device whose budget takes the batch whole, and one that takes it in passes.
+        for (memory, passes) in [(1u64 << 28, false), (1 << 20, true)] {
+            let dev = GpuDevice::emulated(0, memory);
+            for compute in [Compute::F16, Compute::Bf16] {
+                let operands = Operands::F32 {
+                    a: spread(shape.a_len(), 1).into(),
+                    b: spread(shape.b_len(), 2).into(),
+                    c: Some(spread(shape.c_len(), 3).into()),
+                };
+                let job =
+                    MatmulJob::new(shape, operands, 1.25, -0.5, compute, Dtype::F32, Dtype::F32)
+                        .unwrap();
+                let lease = dev.lease().unwrap();
+                let (entry, shared) = shape.device_bytes(true, true);
+                assert_eq!(entry * shape.batch + shared > lease.memory_budget(), passes);
+                let got = run_matmul_on(&job, &lease, MatmulProvider::BlasLt).unwrap();
+                job.agrees(&got, &job.run_cpu())
+                    .unwrap_or_else(|e| panic!("{compute:?}, passes {passes}: {e}"));
+                let halves = 2 * (shape.a_len() + shape.b_len()) + 4 * shape.c_len();
+                assert_eq!(uploaded(&lease), halves as u64, "{compute:?}");
+            }
         }
     }
 

@@ -7,9 +7,10 @@
 //! the field ops' and NTT's chains do (`ops::zk::held`). The CPU twin, the shadow check
 //! and a product too large to hold whole read held operands back first.
 
-use super::gpu::{matmul_pass, round_output, run_matmul_on, MatmulPass, MatmulProvider};
+use super::gpu::{matmul_pass, run_matmul_on, MatmulPass, MatmulProvider, PassOperand};
 use super::held::{HeldTensor, TensorShape};
 use super::matmul::{MatmulJob, Operands, Values};
+use super::on_device::round_output;
 use super::{Compute, Dtype};
 use crate::backend::{DeviceBuffer, DeviceError, DeviceLease, Job};
 use crate::ops::zk::held::{gone, StepFailed};
@@ -172,8 +173,7 @@ impl KeptMatmulJob {
             provider,
             job.compute,
             &pass,
-            &ins[0],
-            &ins[1],
+            (PassOperand::F32(&ins[0]), PassOperand::F32(&ins[1])),
             d_c,
             &mut d,
         )?;
@@ -253,7 +253,8 @@ impl Job for KeptMatmulJob {
             return Err(DeviceError::unsupported("f64 matmul runs on the CPU only"));
         };
         let s = self.template.shape;
-        let (entry, shared) = s.device_bytes(c.is_some());
+        let packed = MatmulProvider::for_device(dev).packs(self.template.compute);
+        let (entry, shared) = s.device_bytes(c.is_some(), packed);
         if entry * s.batch + shared > dev.memory_budget() {
             // Too large to hold whole: the plain launcher's passes over host values, held
             // operands read back on this lease (another would wait for this one).

@@ -87,18 +87,18 @@ impl MatmulShape {
     }
 
     /// Device bytes of one pass of the f32 launcher: (per batch entry, shared by the
-    /// pass). Batched operands and D count per entry; a broadcast operand once.
-    pub fn device_bytes(&self, has_c: bool) -> (usize, usize) {
+    /// pass). Batched operands and D count per entry; a broadcast operand once. `packed`:
+    /// A and B are also packed into 16 bits for the pass (cuBLASLt's f16 and bf16).
+    pub fn device_bytes(&self, has_c: bool, packed: bool) -> (usize, usize) {
         let per = |batched: bool, len: usize| if batched { len } else { 0 };
-        let entry = 4
-            * (per(self.a_batched, self.m * self.k)
-                + per(self.b_batched, self.k * self.n)
-                + per(self.c_batched && has_c, self.m * self.n)
-                + self.m * self.n);
-        let shared = 4
-            * (per(!self.a_batched, self.m * self.k)
-                + per(!self.b_batched, self.k * self.n)
-                + per(!self.c_batched && has_c, self.m * self.n));
+        // A and B packed into 16 bits beside their f32 copies (cuBLASLt's halves).
+        let width = if packed { 6 } else { 4 };
+        let entry = width
+            * (per(self.a_batched, self.m * self.k) + per(self.b_batched, self.k * self.n))
+            + 4 * (per(self.c_batched && has_c, self.m * self.n) + self.m * self.n);
+        let shared = width
+            * (per(!self.a_batched, self.m * self.k) + per(!self.b_batched, self.k * self.n))
+            + 4 * per(!self.c_batched && has_c, self.m * self.n);
         (entry, shared)
     }
 

@@ -9,17 +9,17 @@ pub mod held;
 pub mod kept;
 pub mod lookup;
 pub mod matmul;
+mod on_device;
 mod precision;
 pub(crate) mod self_test;
 pub mod sinusoidal;
 pub(crate) mod views;
 
-pub(crate) use gpu::{
-    any_zero_element, copy_range, matmul_pass, run_matmul_on, MatmulPass, MatmulProvider,
-};
 pub use gpu::{kernel_module, launch_lookup, launch_matmul, launch_sinusoidal};
+pub(crate) use gpu::{matmul_pass, run_matmul_on, MatmulPass, MatmulProvider, PassOperand};
 pub use lookup::LookupJob;
 pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};
+pub(crate) use on_device::{any_zero_element, copy_range};
 pub use precision::{Compute, Dtype};
 pub use sinusoidal::{Layout, SinusoidalJob};
 pub use views::cpu_kernels;

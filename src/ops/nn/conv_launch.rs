@@ -10,7 +10,7 @@ use crate::backend::cuda::cudnn::{ConvGeometry, CONV2D_CUDNN_OP};
 use crate::backend::device::DeviceBuffer;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use crate::ops::linalg::{
-    copy_range, matmul_pass, Compute, MatmulPass, MatmulProvider, Strides, Values,
+    copy_range, matmul_pass, Compute, MatmulPass, MatmulProvider, PassOperand, Strides, Values,
 };
 use std::sync::Arc;
 
@@ -247,8 +247,7 @@ pub(crate) fn conv2d_between(
             provider,
             Compute::F32,
             &pass,
-            &d_weight,
-            &cols,
+            (PassOperand::F32(&d_weight), PassOperand::F32(&cols)),
             None,
             &mut d_out,
         )?;
