@@ -331,6 +331,14 @@ run() {
       { echo; echo "# MSM sweep (--msm-log2 $sweep)"; echo; cat "$logs/msm-sweep.md"; } >> "$out/check.md"
     fi
   fi
+  # The library algorithms each shape was given by measurement (backend/cuda/measured.rs),
+  # in the check and the server: with their times, what the next session compares.
+  local chosen
+  chosen=$(grep -h "chosen by measurement" "$logs"/*.log 2>/dev/null || true)
+  if [ -n "$chosen" ]; then
+    { echo; echo "# Library algorithms chosen by measurement"; echo; echo '```';
+      echo "$chosen"; echo '```'; } >> "$out/check.md"
+  fi
   tar -czf "$out/logs.tar.gz" -C "$work" logs
   echo "== steps"; cat "$steps"
   echo "files in $out:"
