@@ -210,11 +210,14 @@ extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
 // One image's windows: cols[(c·kh + i)·kw + j][oh·out_w + ow] is the input at row
 // oh·stride_h + i·dil_h − pad_top and column ow·stride_w + j·dil_w − pad_left of channel
 // c, or 0 in the padding. Channels of one group are consecutive rows, so group g's
-// rows start at g·(channels/groups)·kh·kw.
+// rows start at g·(channels/groups)·kh·kw. The image starts at value `image_at` of its
+// buffer: a held batch of images is read in place (src/ops/nn/conv_launch.rs).
 extern "C" __global__ void __launch_bounds__(LAUNCH_CONFIG_THREADS)
-    conv_im2col_f32(const float *image, float *cols, u64 channels, u64 height, u64 width,
-                    u64 kh, u64 kw, u64 out_h, u64 out_w, u64 stride_h, u64 stride_w,
-                    u64 pad_top, u64 pad_left, u64 dil_h, u64 dil_w) {
+    conv_im2col_f32(const float *images, u64 image_at, float *cols, u64 channels,
+                    u64 height, u64 width, u64 kh, u64 kw, u64 out_h, u64 out_w,
+                    u64 stride_h, u64 stride_w, u64 pad_top, u64 pad_left, u64 dil_h,
+                    u64 dil_w) {
+    const float *image = images + image_at;
     u64 positions = out_h * out_w, total = channels * kh * kw * positions;
     for (u64 e = blockIdx.x * (u64)blockDim.x + threadIdx.x; e < total;
          e += (u64)gridDim.x * blockDim.x) {

@@ -173,22 +173,38 @@ with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
 }
 
 run() {
-  local out="${OUT:-$here/gpu-out}" emulate="${GPU_CHECK_EMULATE:-0}"
+  local emulate="${GPU_CHECK_EMULATE:-0}"
+  out="${OUT:-$here/gpu-out}" # global, as work and server_pid: the EXIT trap reads them
   mkdir -p "$out"
   local logs status=0
-  work="$(mktemp -d)" # global, as server_pid below: the EXIT trap reads both
+  work="$(mktemp -d)"
 
   logs="$work/logs"
   mkdir -p "$logs"
   # Everything below runs under its own timeout; nothing here may leave a server behind
   # (server_pid is global: the trap runs after this function has returned).
   server_pid=""
-  trap 'if [ -n "${server_pid:-}" ]; then kill -9 "$server_pid" 2>/dev/null; fi; rm -rf "${work:-/nonexistent}"' EXIT
+  # Killed or not, the logs come back (packed before the work folder goes), and a TERM
+  # from the device call's own timeout ends the run through this trap.
+  trap 'if [ -n "${server_pid:-}" ]; then kill -9 "$server_pid" 2>/dev/null; fi; if [ -d "${work:-/nonexistent}/logs" ] && [ ! -f "${out:-.}/logs.tar.gz" ]; then tar -czf "$out/logs.tar.gz" -C "$work" logs; fi; rm -rf "${work:-/nonexistent}"' EXIT
+  trap 'exit 143' TERM INT
   local steps="$out/steps.txt"
   : > "$steps"
+  # The whole run ends by GPU_CHECK_DEADLINE seconds (default 510: a device command may
+  # take 600, and the machine's start and the files' return take their share): each step
+  # gets at most what is left, and one with under 20 s left is skipped.
+  local deadline
+  deadline=$(( $(date +%s) + ${GPU_CHECK_DEADLINE:-510} ))
   step() { # name seconds command...
-    local name="$1" limit="$2" t rc
+    local name="$1" limit="$2" t rc left
     shift 2
+    left=$(( deadline - $(date +%s) - 10 ))
+    if [ "$left" -lt 20 ]; then
+      printf '%-28s skipped: the run'"'"'s deadline\n' "$name" | tee -a "$steps"
+      status=1
+      return 0
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     t=$(now)
     echo "== $name (limit ${limit}s)"
     timeout --kill-after=10 "$limit" "$@"

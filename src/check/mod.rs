@@ -102,14 +102,39 @@ pub fn run_cli(args: &CheckArgs) -> Result<Verdict, String> {
     let report = run(args)?;
     let markdown = report.markdown();
     print!("{markdown}");
+    write_report(args, &report, &markdown)?;
+    Ok(verdict(&report))
+}
+
+/// The report (and its markdown) to the files `args` names.
+fn write_report(args: &CheckArgs, report: &Report, markdown: &str) -> Result<(), String> {
     if let Some(path) = &args.markdown {
-        std::fs::write(path, &markdown).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(path, markdown).map_err(|e| format!("{}: {e}", path.display()))?;
     }
     if let Some(path) = &args.json {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        let json = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
         std::fs::write(path, json).map_err(|e| format!("{}: {e}", path.display()))?;
     }
-    Ok(verdict(&report))
+    Ok(())
+}
+
+/// The report so far, written after each op's cases, so a check stopped by a timeout
+/// (a GPU session's prepared run has minutes) still leaves what it measured. The final
+/// report overwrites it; this one's last phase says where it stopped.
+fn write_partial(args: &CheckArgs, report: &Report, phases: &[Phase], after: &str) {
+    if args.markdown.is_none() && args.json.is_none() {
+        return;
+    }
+    let mut partial = report.clone();
+    partial.phases = phases.to_vec();
+    partial.phases.push(Phase {
+        phase: format!("partial report, written after {after}: the check did not finish"),
+        seconds: 0.0,
+    });
+    partial.summarize();
+    if let Err(e) = write_report(args, &partial, &partial.markdown()) {
+        tracing::warn!(error = %e, "check: the partial report was not written");
+    }
 }
 
 pub fn verdict(report: &Report) -> Verdict {
@@ -159,20 +184,21 @@ pub fn run_on(
     }
     let wanted = |t: &dyn SelfTest| args.ops.is_empty() || args.ops.iter().any(|o| o == t.op());
     let mut phases = Vec::new();
-    let mut timed = |name: &str, started: Instant| {
+    let timed = |phases: &mut Vec<Phase>, name: &str, started: Instant| {
         phases.push(Phase {
             phase: name.to_string(),
             seconds: started.elapsed().as_secs_f64(),
         })
     };
     timed(
+        &mut phases,
         &opened.phase,
         Instant::now() - Duration::from_secs_f64(opened.seconds),
     );
 
     let started = Instant::now();
     let environment = environment::probe();
-    timed("environment", started);
+    timed(&mut phases, "environment", started);
 
     let kernels: Vec<String> = crate::ops::kernel_library()
         .modules
@@ -212,7 +238,11 @@ pub fn run_on(
 
         let started = Instant::now();
         let copy = measure_copies(dev, level);
-        timed(&format!("{} copy bandwidth", dev.label()), started);
+        timed(
+            &mut phases,
+            &format!("{} copy bandwidth", dev.label()),
+            started,
+        );
         let copy_gbps = copy.as_ref().ok().map(|c| c.d2d_gbps);
 
         let started = Instant::now();
@@ -225,7 +255,8 @@ pub fn run_on(
                 .ops
                 .extend(check_one(dev, t.as_ref(), "self_test", one, copy_gbps));
         }
-        timed(&format!("{} self-test", dev.label()), started);
+        timed(&mut phases, &format!("{} self-test", dev.label()), started);
+        write_partial(args, &report, &phases, "the self-tests");
 
         let started = Instant::now();
         for t in crate::ops::check_cases(level)
@@ -235,8 +266,10 @@ pub fn run_on(
             report
                 .ops
                 .extend(check_one(dev, t.as_ref(), "parity", repeats, copy_gbps));
+            write_partial(args, &report, &phases, t.op());
         }
         timed(
+            &mut phases,
             &format!("{} parity at {level:?} sizes", dev.label()),
             started,
         );

@@ -443,18 +443,24 @@ fn the_check_runs_the_msm_at_the_sizes_asked_for() {
 }
 
 /// A wrong answer planted in one op's device path (every Goldilocks addition's output
-/// corrupted) fails the check, which names that op and only that op.
+/// corrupted) fails the check, which names that op and only that op. The report so far is
+/// written after each op, so a check stopped by a timeout still leaves one.
 #[test]
 fn the_check_fails_and_names_the_op_whose_device_answer_is_wrong() {
     use clap::Parser;
     use gpu_ops::check::{report::Phase, run_on, Verdict};
     use gpu_ops::config::{Cli, Command};
+    let dir = std::env::temp_dir().join(format!("gpu-ops-check-partial-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("check.json");
     let cli = Cli::try_parse_from([
         "gpu-ops",
         "check",
         "--emulate-device",
         "--ops",
         "field_add,field_mul",
+        "--json",
+        json.to_str().unwrap(),
     ])
     .unwrap();
     let Some(Command::Check(args)) = cli.command else {
@@ -487,6 +493,22 @@ fn the_check_fails_and_names_the_op_whose_device_answer_is_wrong() {
         .ops
         .iter()
         .any(|e| e.op == "field_mul" && e.reason.is_none()));
+    // `run_on` writes no final report (`run_cli` does): what is on disk is the partial
+    // one, after the last op, with every case and a last phase saying so.
+    let partial: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let phases = partial["phases"].as_array().unwrap();
+    let last = phases.last().unwrap()["phase"].as_str().unwrap();
+    assert!(
+        last.starts_with("partial report, written after field_"),
+        "{last}"
+    );
+    assert_eq!(partial["ops"].as_array().unwrap().len(), report.ops.len());
+    assert_eq!(
+        partial["summary"]["failed_ops"],
+        serde_json::json!(["field_add"])
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// With one job per device, a device job arriving while another holds the device waits

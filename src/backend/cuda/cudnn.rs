@@ -46,8 +46,9 @@ pub struct ConvGeometry {
 /// A cuDNN handle on one device, on the engine's library stream.
 pub struct CudnnConv {
     handle: Arc<Cudnn>,
-    /// The algorithm each geometry ran fastest with (`measured`).
-    chosen: Chosen<ConvGeometry, Algo>,
+    /// The algorithm each geometry ran fastest with, among those whose workspace fitted
+    /// (a bit per `Algo`'s value) (`measured`).
+    chosen: Chosen<(ConvGeometry, u8), Algo>,
 }
 
 /// The forward algorithms whose outputs are each their own window's sum, in the order
@@ -134,13 +135,16 @@ impl DeviceLease<'_> {
     }
 
     /// `y = conv(x, w)` for `g`: x holds batch·C·H·W values, w O·(C/groups)·KH·KW, y
-    /// batch·O·OH·OW. Unsupported on the emulated device and where cuDNN did not open.
+    /// batch·O·OH·OW; cuDNN's workspace may take up to `workspace_room` bytes (what the
+    /// caller's buffers leave of its budget). Unsupported on the emulated device and where
+    /// cuDNN did not open.
     pub fn cudnn_conv2d(
         &self,
         g: &ConvGeometry,
         x: &DeviceBuffer<f32>,
         w: &DeviceBuffer<f32>,
         y: &mut DeviceBuffer<f32>,
+        workspace_room: usize,
     ) -> Result<(), DeviceError> {
         let Some(engine) = self.engine().as_any().downcast_ref::<CudaEngine>() else {
             return Err(DeviceError::unsupported("cuDNN runs on a CUDA device only"));
@@ -223,18 +227,19 @@ impl DeviceLease<'_> {
             w: &w_desc,
             y: &y_desc,
         };
-        // The allowed algorithms cuDNN takes for this geometry within the job's budget,
-        // with their workspaces.
+        // The allowed algorithms cuDNN takes for this geometry whose workspace fits the
+        // room the caller left, with their workspaces.
         let mut refusal = DeviceError::unsupported("cuDNN took no per-window algorithm");
         let mut fitting = Vec::with_capacity(PER_WINDOW.len());
         let mut over_budget = false;
         for algo in PER_WINDOW {
             match op.get_workspace_size(algo).map_err(failed) {
-                Ok(bytes) if bytes <= self.memory_budget() => fitting.push((algo, bytes)),
+                Ok(bytes) if bytes <= workspace_room => fitting.push((algo, bytes)),
                 Ok(bytes) => {
                     over_budget = true;
                     refusal = DeviceError::unsupported(format!(
-                        "cuDNN's workspace ({bytes} bytes) is over the job's memory budget"
+                        "cuDNN's workspace ({bytes} bytes) is over the {workspace_room} bytes \
+                         the job's memory budget leaves it"
                     ));
                 }
                 // A refusal for the budget says more than an algorithm cuDNN lacks.
@@ -246,20 +251,28 @@ impl DeviceLease<'_> {
                 Err(e) => return Err(e),
             }
         }
-        let Some(bytes) = fitting.iter().map(|(_, b)| *b).max() else {
+        // A choice is the geometry's among the algorithms that fit: where the room leaves
+        // fewer of them, another search finds the best of those.
+        let problem = (*g, fitting.iter().fold(0u8, |m, (a, _)| m | 1 << *a as u32));
+        let known = match fitting.as_slice() {
+            [(only, _)] => Some(*only),
+            _ => conv.chosen.get(&problem),
+        };
+        let bytes = match known {
+            Some(algo) => fitting.iter().find(|(a, _)| *a == algo).map(|(_, b)| *b),
+            None => fitting.iter().map(|(_, b)| *b).max(),
+        };
+        let Some(bytes) = bytes else {
             return Err(refusal);
         };
-        let mut workspace = engine.stream.alloc_zeros::<u8>(bytes.max(1))?;
+        // SAFETY: cuDNN writes its workspace before it reads it; nothing else reads it.
+        let mut workspace = unsafe { engine.stream.alloc::<u8>(bytes.max(1)) }?;
         let mut launch = |algo: Algo| {
             // SAFETY: the descriptors describe exactly these buffers (NCHW f32, the
             // lengths above), and the workspace is at least the size cuDNN asked for it.
             unsafe { op.launch(algo, Some(&mut workspace), (1.0f32, 0.0f32), &x, &w, &mut y) }
                 .map_err(failed)
         };
-        let known = conv
-            .chosen
-            .get(g)
-            .filter(|a| fitting.iter().any(|(f, _)| f == a));
         self.clocked(|| {
             engine.on_library_stream(self.stream(), |stream| {
                 let algo = match known {
@@ -290,11 +303,7 @@ impl DeviceLease<'_> {
                             ms = chosen.ms,
                             "cuDNN: convolution algorithm chosen by measurement"
                         );
-                        // A choice made without the algorithms the budget left out is
-                        // this job's, not the geometry's.
-                        if !over_budget {
-                            conv.chosen.keep(*g, chosen.algo);
-                        }
+                        conv.chosen.keep(problem, chosen.algo);
                         chosen.algo
                     }
                 };

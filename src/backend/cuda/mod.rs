@@ -213,13 +213,26 @@ pub fn open_device(
                 arch = format!("compute_{major}{minor}");
                 cache = "ptx";
                 let source = library.expand(module_def.source);
-                let ptx = kernels::compile_cached(
-                    module_name,
-                    &source,
-                    &module_def.options(),
-                    &arch,
-                    cache_dir,
-                )?;
+                let options = module_def.options();
+                // On a compiler's stack, as `cubins_for` compiles: this thread's may be a
+                // runtime's 2 MiB, and an overflow would abort the process.
+                let ptx = std::thread::scope(|scope| {
+                    std::thread::Builder::new()
+                        .name(format!("nvrtc-{module_name}"))
+                        .stack_size(COMPILER_STACK_BYTES)
+                        .spawn_scoped(scope, || {
+                            kernels::compile_cached(
+                                module_name,
+                                &source,
+                                &options,
+                                &arch,
+                                cache_dir,
+                            )
+                        })
+                        .map_err(|e| format!("a thread for NVRTC: {e}"))?
+                        .join()
+                        .map_err(|_| format!("NVRTC panicked compiling {module_name}"))?
+                })?;
                 ctx.load_module(ptx)
                     .map_err(|e| format!("device {ordinal}: loading {module_name}: {e}"))?
             }

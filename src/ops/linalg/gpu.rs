@@ -4,7 +4,7 @@
 
 use super::lookup::LookupJob;
 use super::matmul::{MatmulJob, Operands, Strides, Values};
-use super::on_device::{pack_half, pack_half_on_host, unpack_half};
+use super::on_device::{pack_half, pack_half_on_host, unpack_half, DeviceRef};
 use super::sinusoidal::{Layout, SinusoidalJob};
 use super::Compute;
 use crate::backend::cuda::blaslt::{
@@ -13,7 +13,7 @@ use crate::backend::cuda::blaslt::{
 use crate::backend::cuda::kernels::KernelModule;
 use crate::backend::device::DeviceBuffer;
 use crate::backend::device::{LaunchConfig, Operand};
-use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease, Element};
+use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use std::sync::Arc;
 
 const KERNEL_NAMES: &[&str] = &[
@@ -234,28 +234,12 @@ fn half_dtype(compute: Compute) -> Option<super::Dtype> {
     }
 }
 
-/// A buffer this pass borrows, or made for it.
-enum Held<'a, T: Element> {
-    Borrowed(&'a DeviceBuffer<T>),
-    Made(DeviceBuffer<T>),
-}
-
-impl<T: Element> std::ops::Deref for Held<'_, T> {
-    type Target = DeviceBuffer<T>;
-    fn deref(&self) -> &DeviceBuffer<T> {
-        match self {
-            Held::Borrowed(b) => b,
-            Held::Made(b) => b,
-        }
-    }
-}
-
 impl<'a> PassOperand<'a> {
     /// As f32, widened on the device if it came packed (for our kernel).
-    fn widened(self, dev: &DeviceLease<'_>) -> Result<Held<'a, f32>, DeviceError> {
+    fn widened(self, dev: &DeviceLease<'_>) -> Result<DeviceRef<'a, f32>, DeviceError> {
         match self {
-            PassOperand::F32(b) => Ok(Held::Borrowed(b)),
-            PassOperand::Packed(b, dtype) => Ok(Held::Made(unpack_half(dev, b, dtype)?)),
+            PassOperand::F32(b) => Ok(DeviceRef::Borrowed(b)),
+            PassOperand::Packed(b, dtype) => Ok(DeviceRef::Made(unpack_half(dev, b, dtype)?)),
         }
     }
 
@@ -264,13 +248,13 @@ impl<'a> PassOperand<'a> {
         self,
         dev: &DeviceLease<'_>,
         dtype: super::Dtype,
-    ) -> Result<Held<'a, u16>, DeviceError> {
+    ) -> Result<DeviceRef<'a, u16>, DeviceError> {
         match self {
-            PassOperand::Packed(b, had) if had == dtype => Ok(Held::Borrowed(b)),
+            PassOperand::Packed(b, had) if had == dtype => Ok(DeviceRef::Borrowed(b)),
             PassOperand::Packed(..) => Err(DeviceError::fatal(
                 "an operand packed in another 16-bit type than its product's",
             )),
-            PassOperand::F32(b) => Ok(Held::Made(pack_half(dev, b, dtype)?)),
+            PassOperand::F32(b) => Ok(DeviceRef::Made(pack_half(dev, b, dtype)?)),
         }
     }
 }

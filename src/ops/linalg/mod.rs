@@ -19,7 +19,7 @@ pub use gpu::{kernel_module, launch_lookup, launch_matmul, launch_sinusoidal};
 pub(crate) use gpu::{matmul_pass, run_matmul_on, MatmulPass, MatmulProvider, PassOperand};
 pub use lookup::LookupJob;
 pub use matmul::{MatmulJob, MatmulShape, Operands, Strides, Values};
-pub(crate) use on_device::{any_zero_element, copy_range};
+pub(crate) use on_device::{any_zero_element, copy_range, DeviceRef};
 pub use precision::{Compute, Dtype};
 pub use sinusoidal::{Layout, SinusoidalJob};
 pub use views::cpu_kernels;

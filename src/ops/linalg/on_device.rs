@@ -6,6 +6,23 @@ use crate::backend::device::DeviceBuffer;
 use crate::backend::{DeviceError, DeviceLease, Element};
 use crate::ops::linalg::Dtype;
 
+/// A device buffer borrowed where it lies, or made for the caller (a packed, widened or
+/// uploaded copy).
+pub(crate) enum DeviceRef<'a, T: Element> {
+    Borrowed(&'a DeviceBuffer<T>),
+    Made(DeviceBuffer<T>),
+}
+
+impl<T: Element> std::ops::Deref for DeviceRef<'_, T> {
+    type Target = DeviceBuffer<T>;
+    fn deref(&self) -> &DeviceBuffer<T> {
+        match self {
+            DeviceRef::Borrowed(b) => b,
+            DeviceRef::Made(b) => b,
+        }
+    }
+}
+
 /// `v` packed into 16-bit f16 or bf16 storage on the device (`pack_half_f32`), rounded
 /// to nearest, ties to even, bit for bit as the `half` crate packs on the host (NaN
 /// aside: its payload is not kept).

@@ -10,7 +10,8 @@ use crate::backend::cuda::cudnn::{ConvGeometry, CONV2D_CUDNN_OP};
 use crate::backend::device::DeviceBuffer;
 use crate::backend::{DeviceError, DeviceErrorKind, DeviceLease};
 use crate::ops::linalg::{
-    copy_range, matmul_pass, Compute, MatmulPass, MatmulProvider, PassOperand, Strides, Values,
+    copy_range, matmul_pass, Compute, DeviceRef, MatmulPass, MatmulProvider, PassOperand, Strides,
+    Values,
 };
 use std::sync::Arc;
 
@@ -42,6 +43,25 @@ impl ConvEnds<'_> {
                 Ok(part)
             }
             None => dev.upload(&input[at..at + len]),
+        }
+    }
+
+    /// Image `n` (of `image_len` values) for the im2col kernel, with the value it starts
+    /// at: read in place in the held input, or uploaded from the job's.
+    fn image(
+        &self,
+        dev: &DeviceLease<'_>,
+        input: &[f32],
+        (n, image_len): (usize, usize),
+    ) -> Result<(DeviceRef<'_, f32>, u64), DeviceError> {
+        let at = n * image_len;
+        match self.input {
+            Some(all) if at + image_len <= all.len() => Ok((DeviceRef::Borrowed(all), at as u64)),
+            Some(all) => Err(DeviceError::fatal(format!(
+                "image {n} of {image_len} values past a held input of {}",
+                all.len()
+            ))),
+            None => Ok((DeviceRef::Made(dev.upload(&input[at..at + image_len])?), 0)),
         }
     }
 
@@ -231,15 +251,16 @@ pub(crate) fn conv2d_between(
     });
     for n in 0..s.batch {
         dev.still_wanted()?;
-        let d_image = ends.images(dev, input, (n, 1, image_len))?;
+        let (d_image, image_at) = ends.image(dev, input, (n, image_len))?;
         let mut cols = dev.alloc_zeros::<f32>(s.groups * k * p)?;
         let mut l = dev.launch("conv_im2col_f32")?;
-        l.arg(&d_image).arg(&mut cols);
+        l.arg(&*d_image).arg(&image_at).arg(&mut cols);
         for x in &dims {
             l.arg(x);
         }
-        // SAFETY: the image holds C·H·W values and cols C·KH·KW·OH·OW (groups·k·p); the
-        // kernel reads inside the image only where the window is off the padding.
+        // SAFETY: the buffer holds the image's C·H·W values from `image_at` on (checked in
+        // `image`) and cols C·KH·KW·OH·OW (groups·k·p); the kernel reads inside the image
+        // only where the window is off the padding.
         unsafe { l.launch(dev.launch_config(s.groups * k * p)) }?;
         let mut d_out = dev.alloc_zeros::<f32>(out_image)?;
         matmul_pass(
@@ -291,9 +312,11 @@ fn conv2d_cudnn(
     let out_len = s.out_channels * p;
     let d_weight = weights_on(job, dev, weight)?;
     // Each image's input, output and bias copy; the weights (and a kept output) held once.
+    // Passes take at most half the budget: cuDNN's workspace has what they leave.
     let per_image = 4 * (image_len + out_len + s.out_channels);
     let fixed = 4 * weight.len() + ends.fixed_bytes();
-    let per_pass = dev.items_per_pass(s.batch, per_image, fixed);
+    let budget = dev.memory_budget();
+    let per_pass = ((budget / 2).saturating_sub(fixed) / per_image).clamp(1, s.batch.max(1));
     // The bias repeated for a full pass (a shorter last pass reads its first part), so
     // the pass's images run as one run of count·O channels.
     let repeated = bias.as_ref().map(|b| b.repeat(per_pass));
@@ -322,7 +345,14 @@ fn conv2d_cudnn(
             dilation: s.dilation,
             groups: s.groups,
         };
-        dev.cudnn_conv2d(&geometry, &d_input, &d_weight, &mut d_out)?;
+        let held = fixed + count * per_image;
+        dev.cudnn_conv2d(
+            &geometry,
+            &d_input,
+            &d_weight,
+            &mut d_out,
+            budget.saturating_sub(held),
+        )?;
         if d_bias.is_some() || job.relu {
             let channels = count * s.out_channels;
             bias_relu(
