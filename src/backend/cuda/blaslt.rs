@@ -14,9 +14,10 @@ use crate::backend::device::engine::{own, own_mut};
 use crate::backend::device::{DeviceBuffer, DeviceError, DeviceErrorKind, DeviceLease, Element};
 use cudarc::cublaslt::result::{self as lt, CublasError};
 use cudarc::cublaslt::sys;
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
 use std::ffi::{c_int, c_void};
 use std::mem::size_of;
+use std::sync::Arc;
 
 /// The op name cuBLASLt's self-test vouches under (`/device`, `gpu_ops_kernel_verified`).
 pub const MATMUL_BLASLT_OP: &str = "matmul_cublaslt";
@@ -110,6 +111,8 @@ const CANDIDATES: usize = 8;
 
 /// A cuBLASLt handle and its workspace on one device.
 pub struct BlasLt {
+    /// The context the handle was made in, current when it is destroyed.
+    ctx: Arc<CudaContext>,
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     /// The heuristic candidate each problem ran fastest with (`measured`).
@@ -123,8 +126,12 @@ unsafe impl Sync for BlasLt {}
 
 impl Drop for BlasLt {
     fn drop(&mut self) {
-        // SAFETY: created by `open` and destroyed only here.
-        let _ = unsafe { lt::destroy_handle(self.handle) };
+        // SAFETY: the context is alive (held here); the handle was created by `open` in
+        // it and is destroyed only here.
+        let _ = unsafe {
+            cudarc::driver::result::ctx::set_current(self.ctx.cu_ctx())
+                .map(|()| lt::destroy_handle(self.handle))
+        };
     }
 }
 
@@ -163,6 +170,7 @@ impl BlasLt {
             .map_err(|e| format!("cuBLASLt workspace: {e}"))?;
         let handle = lt::create_handle().map_err(|e| format!("cublasLtCreate: {e}"))?;
         Ok(Self {
+            ctx: engine.ctx.clone(),
             handle,
             workspace,
             chosen: Chosen::default(),

@@ -59,10 +59,14 @@ impl Drop for CudaMemory {
             // The view gives the address back without freeing it; cuMemFree waits for
             // the work queued on it, on any stream.
             let address = view.leak();
-            let freed = self.ctx.bind_to_thread().and_then(|()| {
-                // SAFETY: allocated by cuMemAlloc in `alloc`, freed once, here.
-                unsafe { result::free_sync(address) }
-            });
+            // The context made current directly, as `CudaPinned`'s drop does:
+            // `bind_to_thread` would first return (and clear) an error some other call
+            // left, and the memory would leak. SAFETY: the context is alive (held by
+            // `ctx`); the address was allocated by cuMemAlloc in `alloc`, freed once, here.
+            let freed = unsafe {
+                result::ctx::set_current(self.ctx.cu_ctx())
+                    .and_then(|()| result::free_sync(address))
+            };
             if let Err(e) = freed {
                 tracing::warn!(error = %e, "cuMemFree failed; the context is likely lost");
             }
