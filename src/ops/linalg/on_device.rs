@@ -31,18 +31,7 @@ pub(crate) fn pack_half(
     v: &DeviceBuffer<f32>,
     dtype: Dtype,
 ) -> Result<DeviceBuffer<u16>, DeviceError> {
-    let code = half_code(dtype)?;
-    let len = v.len();
-    let mut out = dev.alloc_zeros::<u16>(len)?;
-    if len == 0 {
-        return Ok(out);
-    }
-    let n = len as u64;
-    let mut l = dev.launch("pack_half_f32")?;
-    l.arg(v).arg(&n).arg(&code).arg(&mut out);
-    // SAFETY: the kernel reads v's n values and writes out's n.
-    unsafe { l.launch(dev.launch_config(len)) }?;
-    Ok(out)
+    convert_half(dev, v, dtype, "pack_half_f32")
 }
 
 /// `v` (16-bit f16 or bf16 values) widened to f32 on the device (`unpack_half_f32`), each
@@ -52,14 +41,24 @@ pub(crate) fn unpack_half(
     v: &DeviceBuffer<u16>,
     dtype: Dtype,
 ) -> Result<DeviceBuffer<f32>, DeviceError> {
+    convert_half(dev, v, dtype, "unpack_half_f32")
+}
+
+/// `kernel` (`(in, n, dtype code, out)`, one value out for each in) over `v`.
+fn convert_half<I: Element, O: Element>(
+    dev: &DeviceLease<'_>,
+    v: &DeviceBuffer<I>,
+    dtype: Dtype,
+    kernel: &str,
+) -> Result<DeviceBuffer<O>, DeviceError> {
     let code = half_code(dtype)?;
     let len = v.len();
-    let mut out = dev.alloc_zeros::<f32>(len)?;
+    let mut out = dev.alloc_zeros::<O>(len)?;
     if len == 0 {
         return Ok(out);
     }
     let n = len as u64;
-    let mut l = dev.launch("unpack_half_f32")?;
+    let mut l = dev.launch(kernel)?;
     l.arg(v).arg(&n).arg(&code).arg(&mut out);
     // SAFETY: the kernel reads v's n values and writes out's n.
     unsafe { l.launch(dev.launch_config(len)) }?;
