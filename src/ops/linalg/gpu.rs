@@ -62,9 +62,7 @@ impl MatmulProvider {
             MatmulProvider::Kernel
         }
     }
-}
 
-impl MatmulProvider {
     /// Whether this provider's passes pack A and B into 16 bits on the device (cuBLASLt's
     /// f16 and bf16 products), so a pass needs room for the packed copies too.
     pub(crate) fn packs(self, compute: Compute) -> bool {
@@ -92,14 +90,14 @@ pub(crate) fn run_matmul_on(
     let budget = dev.memory_budget().saturating_sub(shared_bytes);
     let per_pass = (budget / entry_bytes.max(1)).clamp(1, s.batch);
     // A and B go up packed into 16 bits where cuBLASLt will read them so (an f16 or bf16
-    // product whose strides it takes): half the bytes cross the bus.
-    // (A C broadcast over a pass of several entries is not one cuBLASLt takes.)
-    let c_fits = c.is_none() || s.c_batched || per_pass == 1;
-    let packed = (provider.packs(job.compute)
-        && c_fits
-        && blaslt_product(&MatmulPass::of(job, 1), job.compute).is_some())
-    .then(|| half_dtype(job.compute))
-    .flatten();
+    // product it takes, judged on a full pass): half the bytes cross the bus.
+    let (m, n) = (s.m, s.n);
+    let c_len = c
+        .as_ref()
+        .map(|_| if s.c_batched { per_pass * m * n } else { m * n });
+    let full_pass = MatmulPass::of(job, per_pass);
+    let packed = blaslt_takes(provider, &full_pass, job.compute, c_len, per_pass * m * n)
+        .and_then(|_| half_dtype(job.compute));
     let upload = |v: &[f32]| match packed {
         Some(dtype) => Ok(Uploaded::Packed(
             Arc::new(dev.upload(&pack_half_on_host(v, dtype))?),
@@ -277,20 +275,15 @@ pub(crate) fn matmul_pass(
         let (a, b) = (a.widened(dev)?, b.widened(dev)?);
         launch_matmul_f32(dev, pass, &a, &b, c, d)
     };
-    let product = match provider {
-        MatmulProvider::BlasLt => blaslt_product(pass, compute),
-        MatmulProvider::Kernel => None,
-    };
-    let whole_c = pass.batches == 1 || pass.c_batch == pass.m * pass.n;
-    let c_fits = c.is_none_or(|c| c.len() == d.len() && whole_c);
-    let (Some(mut product), true) = (product, c_fits) else {
+    let c_len = c.map(|c| c.len());
+    let Some(mut product) = blaslt_takes(provider, pass, compute, c_len, d.len()) else {
         return on_kernel(d);
     };
     match c {
         Some(c) => dev.copy(c, d)?,
         None => product.beta = 0.0,
     }
-    let ran = match half_dtype(compute).filter(|_| product.storage != OperandStorage::F32) {
+    let ran = match half_dtype(compute) {
         None => {
             let (a, b) = (a.widened(dev)?, b.widened(dev)?);
             dev.blaslt_matmul(&product, &a, &b, d)
@@ -313,6 +306,23 @@ pub(crate) fn matmul_pass(
         }
         done => done,
     }
+}
+
+/// The pass as cuBLASLt runs it, where `provider` is cuBLASLt and the pass is one it
+/// takes: its operands' strides (`blaslt_product`), and C (`c_len` values) absent or one
+/// it can start from, copied into D (`d_len` values) whole: batched, or a single entry.
+fn blaslt_takes(
+    provider: MatmulProvider,
+    pass: &MatmulPass,
+    compute: Compute,
+    c_len: Option<usize>,
+    d_len: usize,
+) -> Option<RowMajorProduct> {
+    let whole_c = pass.batches == 1 || pass.c_batch == pass.m * pass.n;
+    let c_fits = c_len.is_none_or(|c| c == d_len && whole_c);
+    (provider == MatmulProvider::BlasLt && c_fits)
+        .then(|| blaslt_product(pass, compute))
+        .flatten()
 }
 
 /// The pass as cuBLASLt takes it, if its operands are plain row-major matrices (each
